@@ -1,0 +1,103 @@
+// Fibers for the host platform: stacks, the initial frame, and sanitizer-aware switching.
+#include "host/fiber.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+extern "C" void pv_fiber_switch(void** save_sp, void* load_sp);
+extern "C" void pv_fiber_trampoline();
+
+namespace pv::host {
+
+size_t fiber_stack_bytes() {
+    static const size_t bytes = [] {
+#if defined(__SANITIZE_ADDRESS__)
+        size_t kb = 1024;
+#else
+        size_t kb = 256;
+#endif
+        if (const char* env = std::getenv("POLEVAULT_HOST_STACK_KB")) kb = std::strtoull(env, nullptr, 10);
+        if (kb < 16) kb = 16;
+        return kb * 1024;
+    }();
+    return bytes;
+}
+
+StackPool::StackPool(size_t stack_bytes) : stack_bytes_(stack_bytes) {}
+
+StackPool::~StackPool() {
+    const size_t page = size_t(sysconf(_SC_PAGESIZE));
+    for (const FiberStack& s : all_) munmap(s.base - page, s.size + page);
+}
+
+FiberStack StackPool::acquire() {
+    if (!free_.empty()) {
+        FiberStack s = free_.back();
+        free_.pop_back();
+        return s;
+    }
+    const size_t page = size_t(sysconf(_SC_PAGESIZE));
+    const size_t size = (stack_bytes_ + page - 1) / page * page;
+    void* mem = mmap(nullptr, size + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mem == MAP_FAILED) {
+        std::fprintf(stderr, "polevault host: cannot map a %zu-byte fiber stack (too many threads alive?)\n", size);
+        std::abort();
+    }
+    mprotect(mem, page, PROT_NONE);  // guard page below the stack: overflow faults
+    FiberStack s{static_cast<char*>(mem) + page, size};
+    all_.push_back(s);
+    return s;
+}
+
+void fiber_prepare(FiberContext& context, FiberStack stack, void (*entry)(void*), void* arg) {
+    // The initial frame pv_fiber_switch pops (layout in fiber_switch.S); the top is 16-aligned
+    // so the trampoline's call leaves the entry function ABI-aligned.
+    auto top = (reinterpret_cast<uintptr_t>(stack.base + stack.size)) & ~uintptr_t(15);
+    auto* frame = reinterpret_cast<uint64_t*>(top) - 8;
+    const uint32_t mxcsr_default = 0x1F80;  // all exceptions masked, round to nearest
+    const uint16_t x87_cw_default = 0x037F;
+    std::memset(frame, 0, 8 * sizeof(uint64_t));
+    std::memcpy(reinterpret_cast<char*>(frame), &mxcsr_default, 4);
+    std::memcpy(reinterpret_cast<char*>(frame) + 4, &x87_cw_default, 2);
+    frame[3] = reinterpret_cast<uint64_t>(entry);  // r13
+    frame[4] = reinterpret_cast<uint64_t>(arg);    // r12
+    frame[7] = reinterpret_cast<uint64_t>(&pv_fiber_trampoline);
+    context.sp = frame;
+    context.stack_bottom = stack.base;
+    context.stack_size = stack.size;
+    context.asan_fake_stack = nullptr;
+}
+
+void switch_to(FiberContext& from, FiberContext& to, bool leaving_for_good) {
+#if defined(__SANITIZE_ADDRESS__)
+    __sanitizer_start_switch_fiber(leaving_for_good ? nullptr : &from.asan_fake_stack, to.stack_bottom, to.stack_size);
+#else
+    (void)leaving_for_good;
+#endif
+    pv_fiber_switch(&from.sp, to.sp);
+#if defined(__SANITIZE_ADDRESS__)
+    // Back in `from`. Only fibers and their worker's scheduler switch to each other, so the
+    // context we came from is known to the caller; ASan needs its own handle restored.
+    __sanitizer_finish_switch_fiber(from.asan_fake_stack, nullptr, nullptr);
+#endif
+}
+
+void fiber_started(FiberContext& scheduler) {
+#if defined(__SANITIZE_ADDRESS__)
+    // The stack we came from is the worker's own: remember its bounds for switching back.
+    __sanitizer_finish_switch_fiber(nullptr, &scheduler.stack_bottom, &scheduler.stack_size);
+#else
+    (void)scheduler;
+#endif
+}
+
+}  // namespace pv::host

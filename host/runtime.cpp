@@ -1,0 +1,392 @@
+// The CUDA runtime subset polevault uses, on the CPU, with NVIDIA's signatures.
+//
+// Memory. cudaMalloc is posix_memalign of exactly the requested size (so AddressSanitizer's
+// redzone begins at the first byte past it and an off-by-one kernel write is reported) filled
+// with 0xFF bytes (so reading memory nobody wrote gives NaN in every floating type). A registry
+// of live allocations lets copies check their direction and bounds, as a debugging GPU
+// runtime would, and lets cudaFree reject pointers it never returned.
+//
+// Streams and events. Work is submitted through stream_submit (host/stream.h), which runs it at
+// once today; events record when the work before them completed.
+#include "host/device_profile.h"
+#include "host/stream.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+
+struct CUstream_st {
+    unsigned flags = 0;
+    int priority = 0;
+};
+
+struct CUevent_st {
+    unsigned flags = 0;
+    bool recorded = false;
+    std::chrono::steady_clock::time_point when;
+};
+
+namespace pv::host {
+namespace {
+
+thread_local cudaError_t last_error = cudaSuccess;
+thread_local int current_device = 0;
+
+enum class AllocKind { device, pinned_host };
+struct Allocation {
+    size_t bytes;
+    AllocKind kind;
+};
+
+std::mutex registry_mutex;
+std::map<const char*, Allocation> allocations;  // by start address
+std::set<cudaStream_t> live_streams;
+std::set<cudaEvent_t> live_events;
+
+// The allocation containing [p, p + bytes), or nullptr.
+const Allocation* find_allocation(const void* p, size_t bytes, AllocKind kind) {
+    const char* c = static_cast<const char*>(p);
+    auto it = allocations.upper_bound(c);
+    if (it == allocations.begin()) return nullptr;
+    --it;
+    if (it->second.kind != kind) return nullptr;
+    const size_t offset = size_t(c - it->first);
+    if (offset >= std::max<size_t>(it->second.bytes, 1) || bytes > it->second.bytes - std::min(offset, it->second.bytes))
+        return nullptr;
+    return &it->second;
+}
+
+cudaError_t allocate(void** ptr, size_t bytes, AllocKind kind) {
+    if (!ptr) return set_last_error(cudaErrorInvalidValue);
+    *ptr = nullptr;
+    if (bytes == 0) return cudaSuccess;  // CUDA returns success and a null pointer
+    void* p = nullptr;
+    if (posix_memalign(&p, 256, bytes) != 0) return set_last_error(cudaErrorMemoryAllocation);
+    std::memset(p, 0xFF, bytes);
+    std::lock_guard lock(registry_mutex);
+    allocations[static_cast<const char*>(p)] = {bytes, kind};
+    *ptr = p;
+    return cudaSuccess;
+}
+
+cudaError_t release(void* ptr, AllocKind kind) {
+    if (!ptr) return cudaSuccess;
+    {
+        std::lock_guard lock(registry_mutex);
+        auto it = allocations.find(static_cast<const char*>(ptr));
+        if (it == allocations.end() || it->second.kind != kind) return set_last_error(cudaErrorInvalidValue);
+        allocations.erase(it);
+    }
+    cudaDeviceSynchronize();  // as on the device, freeing waits for work that may still use it
+    std::free(ptr);
+    return cudaSuccess;
+}
+
+bool is_device(const void* p, size_t bytes) {
+    std::lock_guard lock(registry_mutex);
+    return find_allocation(p, bytes, AllocKind::device) != nullptr;
+}
+
+// Checks a copy's pointers against its declared direction: device sides must lie inside one
+// device allocation, host sides must not be device memory.
+cudaError_t check_copy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+    if (count == 0) return cudaSuccess;
+    if (!dst || !src) return cudaErrorInvalidValue;
+    const bool dst_dev = is_device(dst, count), src_dev = is_device(src, count);
+    const bool dst_touches_dev = is_device(dst, 1), src_touches_dev = is_device(src, 1);
+    switch (kind) {
+        case cudaMemcpyHostToHost: return !dst_touches_dev && !src_touches_dev ? cudaSuccess : cudaErrorInvalidValue;
+        case cudaMemcpyHostToDevice: return dst_dev && !src_touches_dev ? cudaSuccess : cudaErrorInvalidValue;
+        case cudaMemcpyDeviceToHost: return src_dev && !dst_touches_dev ? cudaSuccess : cudaErrorInvalidValue;
+        case cudaMemcpyDeviceToDevice: return dst_dev && src_dev ? cudaSuccess : cudaErrorInvalidValue;
+        case cudaMemcpyDefault:
+            // Direction inferred from the pointers; a device side must still fit its allocation.
+            if ((dst_touches_dev && !dst_dev) || (src_touches_dev && !src_dev)) return cudaErrorInvalidValue;
+            return cudaSuccess;
+    }
+    return cudaErrorInvalidMemcpyDirection;
+}
+
+}  // namespace
+
+cudaError_t set_last_error(cudaError_t error) {
+    if (error != cudaSuccess) last_error = error;
+    return error;
+}
+
+bool is_device_range(const void* p, size_t bytes) { return is_device(p, bytes); }
+
+bool stream_is_valid(cudaStream_t stream) {
+    if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return true;
+    std::lock_guard lock(registry_mutex);
+    return live_streams.count(stream) != 0;
+}
+
+void stream_submit(cudaStream_t, std::function<void()> work) { work(); }
+
+int host_device_count() {
+    static const int count = [] {
+        int n = 8;
+        if (const char* env = std::getenv("POLEVAULT_HOST_DEVICES")) n = std::max(1, std::atoi(env));
+        if (const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) n = std::max(n, std::atoi(env));
+        return n;
+    }();
+    return count;
+}
+
+}  // namespace pv::host
+
+using namespace pv::host;
+
+// ---- errors ---------------------------------------------------------------------------------
+extern "C" cudaError_t cudaGetLastError() {
+    const cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+extern "C" cudaError_t cudaPeekAtLastError() { return last_error; }
+
+extern "C" const char* cudaGetErrorName(cudaError_t error) {
+    switch (error) {
+#define PV_NAME(e) \
+    case e: return #e;
+        PV_NAME(cudaSuccess)
+        PV_NAME(cudaErrorInvalidValue)
+        PV_NAME(cudaErrorMemoryAllocation)
+        PV_NAME(cudaErrorInvalidConfiguration)
+        PV_NAME(cudaErrorInvalidDevice)
+        PV_NAME(cudaErrorInvalidDeviceFunction)
+        PV_NAME(cudaErrorInvalidResourceHandle)
+        PV_NAME(cudaErrorInvalidMemcpyDirection)
+        PV_NAME(cudaErrorNotReady)
+        PV_NAME(cudaErrorNoDevice)
+        PV_NAME(cudaErrorLaunchOutOfResources)
+#undef PV_NAME
+        default: return "cudaErrorUnknown";
+    }
+}
+
+extern "C" const char* cudaGetErrorString(cudaError_t error) {
+    // The texts the CUDA runtime prints for these codes.
+    switch (error) {
+        case cudaSuccess: return "no error";
+        case cudaErrorInvalidValue: return "invalid argument";
+        case cudaErrorMemoryAllocation: return "out of memory";
+        case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+        case cudaErrorInvalidDevice: return "invalid device ordinal";
+        case cudaErrorInvalidDeviceFunction: return "invalid device function";
+        case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+        case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+        case cudaErrorNotReady: return "device not ready";
+        case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+        case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+        default: return "unrecognized error code";
+    }
+}
+
+// ---- devices --------------------------------------------------------------------------------
+extern "C" cudaError_t cudaGetDeviceCount(int* count) {
+    if (!count) return set_last_error(cudaErrorInvalidValue);
+    *count = host_device_count();
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaSetDevice(int device) {
+    if (device < 0 || device >= host_device_count()) return set_last_error(cudaErrorInvalidDevice);
+    current_device = device;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaGetDevice(int* device) {
+    if (!device) return set_last_error(cudaErrorInvalidValue);
+    *device = current_device;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }  // every stream is synchronous
+extern "C" cudaError_t cudaDeviceReset() { return cudaSuccess; }
+
+extern "C" cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+    if (!prop) return set_last_error(cudaErrorInvalidValue);
+    if (device < 0 || device >= host_device_count()) return set_last_error(cudaErrorInvalidDevice);
+    std::memset(prop, 0, sizeof *prop);
+    std::snprintf(prop->name, sizeof prop->name, "%s", kDeviceName);
+    prop->totalGlobalMem = kTotalGlobalMem;
+    prop->sharedMemPerBlock = kSharedMemPerBlock;
+    prop->sharedMemPerBlockOptin = kSharedMemPerBlockOptin;
+    prop->sharedMemPerMultiprocessor = kSharedMemPerMultiprocessor;
+    prop->regsPerBlock = kRegsPerBlock;
+    prop->regsPerMultiprocessor = kRegsPerBlock;
+    prop->warpSize = kWarpSize;
+    prop->maxThreadsPerBlock = kMaxThreadsPerBlock;
+    prop->maxThreadsPerMultiProcessor = kMaxThreadsPerMultiProcessor;
+    for (int i = 0; i < 3; ++i) prop->maxThreadsDim[i] = kMaxBlockDim[i], prop->maxGridSize[i] = kMaxGridDim[i];
+    prop->totalConstMem = kTotalConstMem;
+    prop->major = kComputeMajor;
+    prop->minor = kComputeMinor;
+    prop->multiProcessorCount = kMultiProcessorCount;
+    prop->l2CacheSize = kL2CacheBytes;
+    prop->memoryBusWidth = kMemoryBusWidthBits;
+    prop->maxBlocksPerMultiProcessor = 32;
+    prop->concurrentKernels = 1;
+    prop->unifiedAddressing = 1;
+    prop->canMapHostMemory = 1;
+    prop->asyncEngineCount = 2;
+    prop->streamPrioritiesSupported = 1;
+    prop->cooperativeLaunch = 1;
+    prop->pciBusID = device;
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+    if (!value) return set_last_error(cudaErrorInvalidValue);
+    if (device < 0 || device >= host_device_count()) return set_last_error(cudaErrorInvalidDevice);
+    switch (attr) {
+        case cudaDevAttrMaxThreadsPerBlock: *value = kMaxThreadsPerBlock; break;
+        case cudaDevAttrMaxBlockDimX: *value = kMaxBlockDim[0]; break;
+        case cudaDevAttrMaxBlockDimY: *value = kMaxBlockDim[1]; break;
+        case cudaDevAttrMaxBlockDimZ: *value = kMaxBlockDim[2]; break;
+        case cudaDevAttrMaxGridDimX: *value = kMaxGridDim[0]; break;
+        case cudaDevAttrMaxGridDimY: *value = kMaxGridDim[1]; break;
+        case cudaDevAttrMaxGridDimZ: *value = kMaxGridDim[2]; break;
+        case cudaDevAttrMaxSharedMemoryPerBlock: *value = kSharedMemPerBlock; break;
+        case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = kSharedMemPerBlockOptin; break;
+        case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *value = kSharedMemPerMultiprocessor; break;
+        case cudaDevAttrWarpSize: *value = kWarpSize; break;
+        case cudaDevAttrMultiProcessorCount: *value = kMultiProcessorCount; break;
+        case cudaDevAttrComputeCapabilityMajor: *value = kComputeMajor; break;
+        case cudaDevAttrComputeCapabilityMinor: *value = kComputeMinor; break;
+        case cudaDevAttrMaxThreadsPerMultiProcessor: *value = kMaxThreadsPerMultiProcessor; break;
+        case cudaDevAttrL2CacheSize: *value = kL2CacheBytes; break;
+        case cudaDevAttrGlobalMemoryBusWidth: *value = kMemoryBusWidthBits; break;
+        default: return set_last_error(cudaErrorInvalidValue);
+    }
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+    if (!free_bytes || !total_bytes) return set_last_error(cudaErrorInvalidValue);
+    size_t used = 0;
+    {
+        std::lock_guard lock(registry_mutex);
+        for (const auto& [p, a] : allocations)
+            if (a.kind == AllocKind::device) used += a.bytes;
+    }
+    *total_bytes = kTotalGlobalMem;
+    *free_bytes = kTotalGlobalMem - std::min(used, kTotalGlobalMem);
+    return cudaSuccess;
+}
+
+// ---- memory ---------------------------------------------------------------------------------
+extern "C" cudaError_t cudaMalloc(void** ptr, size_t bytes) { return allocate(ptr, bytes, AllocKind::device); }
+extern "C" cudaError_t cudaFree(void* ptr) { return release(ptr, AllocKind::device); }
+extern "C" cudaError_t cudaMallocHost(void** ptr, size_t bytes) { return allocate(ptr, bytes, AllocKind::pinned_host); }
+extern "C" cudaError_t cudaFreeHost(void* ptr) { return release(ptr, AllocKind::pinned_host); }
+
+extern "C" cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
+    if (const cudaError_t e = check_copy(dst, src, count, kind); e != cudaSuccess) return set_last_error(e);
+    if (!stream_is_valid(stream)) return set_last_error(cudaErrorInvalidResourceHandle);
+    if (count) stream_submit(stream, [=] { std::memmove(dst, src, count); });
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+    const cudaError_t e = cudaMemcpyAsync(dst, src, count, kind, nullptr);
+    if (e == cudaSuccess) cudaDeviceSynchronize();
+    return e;
+}
+extern "C" cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
+    if (count && !is_device(ptr, count)) return set_last_error(cudaErrorInvalidValue);
+    if (!stream_is_valid(stream)) return set_last_error(cudaErrorInvalidResourceHandle);
+    if (count) stream_submit(stream, [=] { std::memset(ptr, value, count); });
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaMemset(void* ptr, int value, size_t count) {
+    const cudaError_t e = cudaMemsetAsync(ptr, value, count, nullptr);
+    if (e == cudaSuccess) cudaDeviceSynchronize();
+    return e;
+}
+
+// ---- streams --------------------------------------------------------------------------------
+extern "C" cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned flags, int priority) {
+    if (!stream || (flags & ~unsigned(cudaStreamNonBlocking))) return set_last_error(cudaErrorInvalidValue);
+    *stream = new CUstream_st{flags, priority};
+    std::lock_guard lock(registry_mutex);
+    live_streams.insert(*stream);
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
+    return cudaStreamCreateWithPriority(stream, flags, 0);
+}
+extern "C" cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithPriority(stream, 0, 0); }
+extern "C" cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    {
+        std::lock_guard lock(registry_mutex);
+        if (!stream || live_streams.erase(stream) == 0) return set_last_error(cudaErrorInvalidResourceHandle);
+    }
+    delete stream;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    return stream_is_valid(stream) ? cudaSuccess : set_last_error(cudaErrorInvalidResourceHandle);
+}
+extern "C" cudaError_t cudaStreamQuery(cudaStream_t stream) {
+    return stream_is_valid(stream) ? cudaSuccess : set_last_error(cudaErrorInvalidResourceHandle);
+}
+extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags) {
+    if (!stream_is_valid(stream)) return set_last_error(cudaErrorInvalidResourceHandle);
+    {
+        std::lock_guard lock(registry_mutex);
+        if (!event || !live_events.count(event)) return set_last_error(cudaErrorInvalidResourceHandle);
+    }
+    if (flags != 0 && flags != cudaEventWaitExternal) return set_last_error(cudaErrorInvalidValue);
+    return cudaSuccess;  // synchronous streams: the event's work is already complete
+}
+
+// ---- events ---------------------------------------------------------------------------------
+namespace {
+bool event_is_live(cudaEvent_t event) {
+    std::lock_guard lock(registry_mutex);
+    return event && live_events.count(event) != 0;
+}
+}  // namespace
+
+extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
+    const unsigned known = cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess;
+    if (!event || (flags & ~known)) return set_last_error(cudaErrorInvalidValue);
+    *event = new CUevent_st{flags, false, {}};
+    std::lock_guard lock(registry_mutex);
+    live_events.insert(*event);
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
+extern "C" cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    {
+        std::lock_guard lock(registry_mutex);
+        if (!event || live_events.erase(event) == 0) return set_last_error(cudaErrorInvalidResourceHandle);
+    }
+    delete event;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    if (!event_is_live(event) || !stream_is_valid(stream)) return set_last_error(cudaErrorInvalidResourceHandle);
+    stream_submit(stream, [event] {
+        event->when = std::chrono::steady_clock::now();
+        event->recorded = true;
+    });
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    return event_is_live(event) ? cudaSuccess : set_last_error(cudaErrorInvalidResourceHandle);
+}
+extern "C" cudaError_t cudaEventQuery(cudaEvent_t event) {
+    return event_is_live(event) ? cudaSuccess : set_last_error(cudaErrorInvalidResourceHandle);
+}
+extern "C" cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+    if (!ms) return set_last_error(cudaErrorInvalidValue);
+    if (!event_is_live(start) || !event_is_live(end)) return set_last_error(cudaErrorInvalidResourceHandle);
+    if ((start->flags | end->flags) & cudaEventDisableTiming) return set_last_error(cudaErrorInvalidResourceHandle);
+    if (!start->recorded || !end->recorded) return set_last_error(cudaErrorInvalidResourceHandle);
+    *ms = std::chrono::duration<float, std::milli>(end->when - start->when).count();
+    return cudaSuccess;
+}

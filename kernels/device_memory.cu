@@ -1,0 +1,123 @@
+// Device memory accounting by category (see device_memory.h). Built on cudaMalloc/cudaFree, so
+// it is the same code on both backends.
+#include "kernels/device_memory.h"
+
+#include "kernels/platform.h"
+
+#include <cstdio>
+#include <mutex>
+#include <unordered_map>
+
+namespace pv {
+namespace {
+
+struct Ledger {
+    std::mutex mutex;
+    std::unordered_map<void*, std::pair<size_t, MemoryCategory>> live;
+    MemoryStats stats;
+
+    void add(void* p, size_t bytes, MemoryCategory c) {
+        std::lock_guard lock(mutex);
+        live[p] = {bytes, c};
+        const int i = int(c);
+        stats.current[i] += bytes;
+        stats.peak[i] = std::max(stats.peak[i], stats.current[i]);
+        if (c != MemoryCategory::pinned_host) {
+            stats.device_current += bytes;
+            stats.device_peak = std::max(stats.device_peak, stats.device_current);
+        }
+    }
+    // Returns the category the pointer was charged to.
+    MemoryCategory remove(void* p) {
+        std::lock_guard lock(mutex);
+        auto it = live.find(p);
+        if (it == live.end()) {
+            std::fprintf(stderr, "polevault: memory_free(%p): not a pointer from device_alloc/pinned_host_alloc\n", p);
+            std::abort();
+        }
+        const auto [bytes, c] = it->second;
+        live.erase(it);
+        stats.current[int(c)] -= bytes;
+        if (c != MemoryCategory::pinned_host) stats.device_current -= bytes;
+        return c;
+    }
+};
+
+Ledger& ledger() {
+    static Ledger* l = new Ledger;  // never destroyed: buffers may be freed during static destruction
+    return *l;
+}
+
+}  // namespace
+
+const char* category_name(MemoryCategory c) {
+    switch (c) {
+        case MemoryCategory::parameters: return "parameters";
+        case MemoryCategory::gradients: return "gradients";
+        case MemoryCategory::optimizer_state: return "optimizer state";
+        case MemoryCategory::activations: return "activations";
+        case MemoryCategory::comm_buffers: return "communication buffers";
+        case MemoryCategory::workspace: return "workspace";
+        case MemoryCategory::pinned_host: return "pinned host";
+    }
+    return "?";
+}
+
+void* device_alloc(size_t bytes, MemoryCategory category) {
+    if (bytes == 0) return nullptr;
+    if (category == MemoryCategory::pinned_host) return pinned_host_alloc(bytes);
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+        const MemoryStats s = memory_stats();
+        std::fprintf(stderr, "polevault: cannot allocate %zu bytes of device memory for %s: %s\n%s", bytes,
+                     category_name(category), cudaGetErrorString(e), format_memory_stats(s).c_str());
+        std::abort();
+    }
+    ledger().add(p, bytes, category);
+    return p;
+}
+
+void* pinned_host_alloc(size_t bytes) {
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    CUDA_CHECK(cudaMallocHost(&p, bytes));
+    ledger().add(p, bytes, MemoryCategory::pinned_host);
+    return p;
+}
+
+void memory_free(void* ptr) {
+    if (!ptr) return;
+    if (ledger().remove(ptr) == MemoryCategory::pinned_host) {
+        CUDA_CHECK(cudaFreeHost(ptr));
+    } else {
+        CUDA_CHECK(cudaFree(ptr));
+    }
+}
+
+MemoryStats memory_stats() {
+    std::lock_guard lock(ledger().mutex);
+    return ledger().stats;
+}
+
+void reset_memory_peaks() {
+    std::lock_guard lock(ledger().mutex);
+    MemoryStats& s = ledger().stats;
+    s.peak = s.current;
+    s.device_peak = s.device_current;
+}
+
+std::string format_memory_stats(const MemoryStats& s) {
+    std::string out;
+    char line[160];
+    for (int i = 0; i < kMemoryCategoryCount; ++i) {
+        std::snprintf(line, sizeof line, "  %-22s current %14zu B   peak %14zu B\n", category_name(MemoryCategory(i)),
+                      s.current[i], s.peak[i]);
+        out += line;
+    }
+    std::snprintf(line, sizeof line, "  %-22s current %14zu B   peak %14zu B\n", "device total", s.device_current,
+                  s.device_peak);
+    return out + line;
+}
+
+}  // namespace pv
