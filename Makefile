@@ -61,6 +61,7 @@ TEST_SUPPORT := $(BUILD)/test/catch_main.o $(BUILD)/test/child_process.o
 BENCH_BINS := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu))
 
 .PHONY: all test test-asan bench clean
+.SECONDARY:
 .DEFAULT_GOAL := all
 
 all: demo $(TEST_BINS) $(BENCH_BINS)

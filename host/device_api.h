@@ -120,6 +120,12 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_bytes, cuda
                               stream);
 }
 
+// cuda_runtime.h declares this typed convenience overload only for nvcc.
+template <class T>
+cudaError_t cudaFuncSetAttribute(T* entry, cudaFuncAttribute attr, int value) {
+    return ::cudaFuncSetAttribute(reinterpret_cast<const void*>(entry), attr, value);
+}
+
 #define PV_DYNAMIC_SHARED(T, name) T* name = reinterpret_cast<T*>(::pv::host::tls_block.dynamic_smem)
 
 // ---- barriers -------------------------------------------------------------------------------
@@ -343,6 +349,22 @@ inline long long __double_as_longlong(double x) { return std::bit_cast<long long
 inline double __longlong_as_double(long long x) { return std::bit_cast<double>(x); }
 template <class T>
 T __ldg(const T* p) { return *p; }
+// CUDA's min/max overloads for one type (it also has mixed signed/unsigned ones; here those are
+// ambiguous, which only asks for an explicit cast that nvcc accepts too).
+#define PV_DEFINE_MIN_MAX(T)                                  \
+    inline T min(T a, T b) { return b < a ? b : a; }          \
+    inline T max(T a, T b) { return a < b ? b : a; }
+PV_DEFINE_MIN_MAX(int)
+PV_DEFINE_MIN_MAX(unsigned)
+PV_DEFINE_MIN_MAX(long)
+PV_DEFINE_MIN_MAX(unsigned long)
+PV_DEFINE_MIN_MAX(long long)
+PV_DEFINE_MIN_MAX(unsigned long long)
+#undef PV_DEFINE_MIN_MAX
+inline float min(float a, float b) { return std::fmin(a, b); }
+inline float max(float a, float b) { return std::fmax(a, b); }
+inline double min(double a, double b) { return std::fmin(a, b); }
+inline double max(double a, double b) { return std::fmax(a, b); }
 // bf16 arithmetic missing from cuda_bf16.h on the host (its device-only functions).
 inline __nv_bfloat16 __hfma(__nv_bfloat16 a, __nv_bfloat16 b, __nv_bfloat16 c) {
     return __float2bfloat16(std::fma(__bfloat162float(a), __bfloat162float(b), __bfloat162float(c)));
