@@ -20,6 +20,7 @@
 #include <dlfcn.h>
 
 #include <chrono>
+#include <mutex>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -136,6 +137,9 @@ bool is_shuffle(WarpOp op) {
 }
 
 [[noreturn]] void report(const std::string& problem) {
+    // Blocks on other workers may hit the same bug at the same moment: one report is enough.
+    static std::mutex one_report;
+    one_report.lock();
     const Runner& r = runner;
     const uint3 b = tls_block.block_idx;
     std::fprintf(stderr, "polevault host: %s\n  kernel %s, block (%u,%u,%u) of a (%u,%u,%u) grid, %u threads per block\n",

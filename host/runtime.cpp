@@ -283,6 +283,11 @@ extern "C" cudaError_t cudaMalloc(void** ptr, size_t bytes) { return allocate(pt
 extern "C" cudaError_t cudaFree(void* ptr) { return release(ptr, AllocKind::device); }
 extern "C" cudaError_t cudaMallocHost(void** ptr, size_t bytes) { return allocate(ptr, bytes, AllocKind::pinned_host); }
 extern "C" cudaError_t cudaFreeHost(void* ptr) { return release(ptr, AllocKind::pinned_host); }
+extern "C" cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned flags) {
+    const unsigned known = cudaHostAllocPortable | cudaHostAllocMapped | cudaHostAllocWriteCombined;
+    if (flags & ~known) return set_last_error(cudaErrorInvalidValue);
+    return allocate(ptr, bytes, AllocKind::pinned_host);
+}
 
 extern "C" cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
     if (const cudaError_t e = check_copy(dst, src, count, kind); e != cudaSuccess) return set_last_error(e);
