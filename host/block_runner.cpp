@@ -411,7 +411,7 @@ void run_block(const KernelLaunch& launch, uint3 block_idx) {
         dynamic_smem.resize(launch.smem_bytes);
         dynamic_smem.shrink_to_fit();
     }
-    std::memset(dynamic_smem.data(), 0xFF, dynamic_smem.size());
+    if (!dynamic_smem.empty()) std::memset(dynamic_smem.data(), 0xFF, dynamic_smem.size());
     tls_block.dynamic_smem = dynamic_smem.data();
 
     // Passes in thread order until every thread has exited.
