@@ -113,7 +113,7 @@ test-asan:
 	@$(MAKE) --no-print-directory SANITIZE=1 test
 
 bench: $(BENCH_BINS)
-	@for b in $(BENCH_BINS); do echo "== $$b"; POLEVAULT_HOST_WORKERS=1 $$b || exit 1; done
+	@for b in $(BENCH_BINS); do echo "== $$b"; POLEVAULT_HOST_WORKERS=1 OPENBLAS_NUM_THREADS=1 $$b || exit 1; done
 
 clean:
 	rm -rf build demo

@@ -62,15 +62,13 @@ void fiber_prepare(FiberContext& context, FiberStack stack, void (*entry)(void*)
     // The initial frame pv_fiber_switch pops (layout in fiber_switch.S); the top is 16-aligned
     // so the trampoline's call leaves the entry function ABI-aligned.
     auto top = (reinterpret_cast<uintptr_t>(stack.base + stack.size)) & ~uintptr_t(15);
-    auto* frame = reinterpret_cast<uint64_t*>(top) - 8;
-    const uint32_t mxcsr_default = 0x1F80;  // all exceptions masked, round to nearest
-    const uint16_t x87_cw_default = 0x037F;
-    std::memset(frame, 0, 8 * sizeof(uint64_t));
-    std::memcpy(reinterpret_cast<char*>(frame), &mxcsr_default, 4);
-    std::memcpy(reinterpret_cast<char*>(frame) + 4, &x87_cw_default, 2);
-    frame[3] = reinterpret_cast<uint64_t>(entry);  // r13
-    frame[4] = reinterpret_cast<uint64_t>(arg);    // r12
-    frame[7] = reinterpret_cast<uint64_t>(&pv_fiber_trampoline);
+    // Seven slots (r15, r14, r13, r12, rbx, rbp, resume address) placed so that after they are
+    // popped rsp is 16-aligned again (top - 16), as the trampoline's call requires.
+    auto* frame = reinterpret_cast<uint64_t*>(top) - 9;
+    for (int i = 0; i < 9; ++i) frame[i] = 0;
+    frame[2] = reinterpret_cast<uint64_t>(entry);  // r13
+    frame[3] = reinterpret_cast<uint64_t>(arg);    // r12
+    frame[6] = reinterpret_cast<uint64_t>(&pv_fiber_trampoline);
     context.sp = frame;
     context.stack_bottom = stack.base;
     context.stack_size = stack.size;

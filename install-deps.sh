@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the Debian packages polevault needs to build and test (as root, or with sudo).
+# The CUDA toolkit (nvcc, cuBLAS, NCCL) comes with the machine image, not from here.
+#
+#   catch2             Catch2 v2, the test framework
+#   libopenblas-dev    the host backend's GEMM
+#   libopenmpi-dev, openmpi-bin   launch and host collectives (multi-rank tests, NCCL on MPI)
+#   nlohmann-json3-dev config.json, safetensors headers, tokenizer.json
+#   libcli11-dev       the command line
+#   libpcre2-dev       the tokenizer's Unicode pre-split
+#   make, g++          the build
+set -euo pipefail
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update
+$SUDO apt-get install -y --no-install-recommends \
+  make g++ catch2 libopenblas-dev libopenmpi-dev openmpi-bin nlohmann-json3-dev libcli11-dev libpcre2-dev
+if ! command -v nvcc >/dev/null && [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
+  echo "note: nvcc not found; BACKEND=cuda builds need the CUDA toolkit (the host backend does not)" >&2
+fi
