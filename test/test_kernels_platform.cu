@@ -204,6 +204,38 @@ TEST_CASE("shuffles: idx, up, down, xor with widths; warp reduce", "[platform]")
     }
 }
 
+// ---- __syncwarp and __activemask ------------------------------------------------------------
+// Lanes exchange values through shared memory with only a warp barrier between write and read.
+__global__ void warp_exchange(const int* in, int* out) {
+    __shared__ int s[64];
+    const int t = threadIdx.x;
+    s[t] = in[t];
+    __syncwarp();
+    out[t] = s[(t & ~31) + ((t + 5) & 31)];
+    out[64 + t] = int(__activemask());
+    __syncwarp();  // every lane has read s before the first eight overwrite it
+    if (t % 32 < 8) {  // a partial-mask warp barrier among the first eight lanes of each warp
+        s[t] = -in[t];
+        __syncwarp(0x000000ffu);
+        out[128 + t] = s[(t & ~31) + ((t + 1) & 7)];
+    }
+}
+
+TEST_CASE("__syncwarp (full and partial masks) and __activemask", "[platform]") {
+    std::vector<int> host(64);
+    std::mt19937 rng(9);
+    for (auto& v : host) v = int(rng() % 1000) + 1;
+    DeviceArray<int> in(host), out(192);
+    launch(warp_exchange, dim3(1), dim3(64), 0, nullptr, in.get(), out.get());
+    CUDA_CHECK_LAUNCH();
+    const auto got = out.download();
+    for (int t = 0; t < 64; ++t) {
+        REQUIRE(got[size_t(t)] == host[size_t((t & ~31) + ((t + 5) & 31))]);
+        REQUIRE(unsigned(got[size_t(64 + t)]) == 0xffffffffu);
+        if (t % 32 < 8) REQUIRE(got[size_t(128 + t)] == -host[size_t((t & ~31) + ((t + 1) & 7))]);
+    }
+}
+
 // ---- atomics from many blocks -----------------------------------------------------------------
 __global__ void atomics(const int* values, int n, int* counter, float* fsum, double* dsum, int* imax, int* imin,
                         unsigned* wrap, unsigned long long* bits) {
