@@ -1,7 +1,7 @@
 // The block runner: a CUDA block's threads as fibers on one worker thread.
 //
-// Scheduling. The runner makes passes over the block's threads in index order, resuming every
-// thread that can run. A thread runs until it exits or must wait: at __syncthreads (until every
+// Scheduling. The runner makes passes over the block's threads in the order the schedule gives
+// (host/schedule.h; in index order by default), resuming every thread that can run. A thread runs until it exits or must wait: at __syncthreads (until every
 // live thread has arrived) or at a warp collective (until every lane of its mask has arrived).
 // The thread whose arrival completes a barrier or collective releases the others and carries on
 // without a switch. When a pass finds nothing to run while threads are still alive, the block is
@@ -15,6 +15,7 @@
 #include "host/block_runner.h"
 
 #include "host/fiber.h"
+#include "host/schedule.h"
 
 #include <cxxabi.h>
 #include <dlfcn.h>
@@ -142,9 +143,12 @@ bool is_shuffle(WarpOp op) {
     one_report.lock();
     const Runner& r = runner;
     const uint3 b = tls_block.block_idx;
-    std::fprintf(stderr, "polevault host: %s\n  kernel %s, block (%u,%u,%u) of a (%u,%u,%u) grid, %u threads per block\n",
+    std::fprintf(stderr,
+                 "polevault host: %s\n  kernel %s, block (%u,%u,%u) of a (%u,%u,%u) grid, %u threads per block\n"
+                 "  schedule: %s (launch %llu)\n",
                  problem.c_str(), kernel_name(r.launch->kernel).c_str(), b.x, b.y, b.z, tls_block.grid_dim.x,
-                 tls_block.grid_dim.y, tls_block.grid_dim.z, unsigned(r.threads.size()));
+                 tls_block.grid_dim.y, tls_block.grid_dim.z, unsigned(r.threads.size()), describe(schedule()).c_str(),
+                 static_cast<unsigned long long>(r.launch->sequence));
     std::fflush(stderr);
     std::abort();
 }
@@ -166,18 +170,32 @@ void release_barrier(Runner& r) {
     r.barrier_count = 0;
 }
 
+std::string hex(unsigned v) {
+    char b[16];
+    std::snprintf(b, sizeof b, "0x%08x", v);
+    return b;
+}
+
+// A collective that can never complete: the lanes `waiting` wait at it for the lanes `missing`,
+// which `why` (exited, wait at a barrier). One wording whichever side is noticed first, so the
+// report does not depend on the schedule.
+[[noreturn]] void report_stuck_collective(unsigned warp, WarpOp op, unsigned mask, const std::source_location& site,
+                                          unsigned waiting, unsigned missing, const std::string& why) {
+    report(std::string(op_name(op)) + " (mask " + hex(mask) + ") at " + site_text(site) +
+           " can never complete: threads " + lane_list(warp, waiting) + " wait at it for threads " +
+           lane_list(warp, missing) + ", which " + why);
+}
+
 // A lane that waits at a warp collective whose mask names `t` can never be released once `t`
 // waits at a barrier or has exited.
-template <class What>
-void check_no_lane_waits_for(Runner& r, const EmulatedThread& t, What what) {
+template <class Why>
+void check_no_lane_waits_for(Runner& r, const EmulatedThread& t, Why why) {
     const WarpState& w = r.warps[t.warp];
     for (unsigned waiting = w.waiting; waiting; waiting &= waiting - 1) {
         const EmulatedThread& other = r.threads[t.warp * 32 + unsigned(std::countr_zero(waiting))];
         if (other.mask & (1u << t.lane))
-            report("thread " + std::to_string(t.linear) + " " + what() + " while lanes " +
-                   lane_list(t.warp, w.waiting & other.mask) + " wait for it at " + op_name(other.op) + " (mask 0x" +
-                   [&] { char b[16]; std::snprintf(b, sizeof b, "%08x", other.mask); return std::string(b); }() +
-                   ") at " + site_text(other.site));
+            report_stuck_collective(t.warp, other.op, other.mask, other.site, w.waiting & other.mask, 1u << t.lane,
+                                    why());
     }
 }
 
@@ -293,12 +311,6 @@ void complete_collective(Runner& r, unsigned warp, unsigned mask) {
     r.warps[warp].waiting &= ~mask;
 }
 
-std::string hex(unsigned v) {
-    char b[16];
-    std::snprintf(b, sizeof b, "0x%08x", v);
-    return b;
-}
-
 }  // namespace
 
 int block_barrier(int predicate, std::source_location site) {
@@ -311,7 +323,7 @@ int block_barrier(int predicate, std::source_location site) {
                site_text(site) + ", others at " + site_text(r.barrier_site) +
                " (a __syncthreads in divergent code can never complete)");
     }
-    check_no_lane_waits_for(r, t, [&] { return "waits at __syncthreads at " + site_text(site); });
+    check_no_lane_waits_for(r, t, [&] { return "wait at __syncthreads at " + site_text(site); });
     t.state = State::at_barrier;
     t.site = site;
     r.warps[t.warp].at_barrier |= 1u << t.lane;
@@ -344,12 +356,10 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t bits, int arg, int w
                lane_list(t.warp, mask & ~w.existing) + " are beyond the block's " +
                std::to_string(r.threads.size()) + " threads)");
     if (mask & w.exited)
-        report("mask " + hex(mask) + " of " + where() + " names lanes that have exited: threads " +
-               lane_list(t.warp, mask & w.exited));
+        report_stuck_collective(t.warp, op, mask, site, (w.waiting & mask) | me, mask & w.exited, "exited");
     if (mask & w.at_barrier)
-        report("thread " + std::to_string(t.linear) + " waits at " + where() + " for threads " +
-               lane_list(t.warp, mask & w.at_barrier) + ", which wait at __syncthreads at " +
-               site_text(r.barrier_site));
+        report_stuck_collective(t.warp, op, mask, site, (w.waiting & mask) | me, mask & w.at_barrier,
+                                "wait at __syncthreads at " + site_text(r.barrier_site));
     // Lanes of this mask already waiting must wait at the same collective with the same mask;
     // each arrival was checked against the lowest waiting lane, so checking that one suffices.
     if (const unsigned others = mask & w.waiting) {
@@ -385,7 +395,52 @@ unsigned active_mask() {
     return w.existing & ~w.exited;
 }
 
-void run_block(const KernelLaunch& launch, uint3 block_idx) {
+// One pass over the block: resumes every thread that can run, in the schedule's order. Returns
+// whether any thread ran.
+bool run_pass(Runner& r, ThreadOrder order, Rng& rng) {
+    bool progressed = false;
+    const unsigned n = unsigned(r.threads.size());
+    auto try_resume = [&](unsigned i) {
+        EmulatedThread& t = r.threads[i];
+        if (t.state != State::not_started && t.state != State::runnable) return false;
+        resume(r, t);
+        return progressed = true;
+    };
+    switch (order) {
+        case ThreadOrder::in_order:
+            for (unsigned i = 0; i < n; ++i) try_resume(i);
+            break;
+        case ThreadOrder::reverse:
+            for (unsigned i = n; i-- > 0;) try_resume(i);
+            break;
+        case ThreadOrder::random: {
+            thread_local std::vector<unsigned> perm;
+            perm.resize(n);
+            for (unsigned i = 0; i < n; ++i) perm[i] = i;
+            shuffle(perm.data(), n, rng);
+            for (unsigned i : perm) try_resume(i);
+            break;
+        }
+        case ThreadOrder::warp_greedy: {
+            // A random warp runs as far as it can before the next one starts.
+            thread_local std::vector<unsigned> warps;
+            const unsigned nw = unsigned(r.warps.size());
+            warps.resize(nw);
+            for (unsigned w = 0; w < nw; ++w) warps[w] = w;
+            shuffle(warps.data(), nw, rng);
+            for (unsigned w : warps) {
+                for (bool again = true; again;) {
+                    again = false;
+                    for (unsigned i = w * 32; i < std::min(n, w * 32 + 32); ++i) again |= try_resume(i);
+                }
+            }
+            break;
+        }
+    }
+    return progressed;
+}
+
+void run_block(const KernelLaunch& launch, uint3 block_idx, size_t linear_block) {
     Runner& r = runner;
     const unsigned bx = launch.block.x, by = launch.block.y, bz = launch.block.z;
     const unsigned n = bx * by * bz;
@@ -414,16 +469,10 @@ void run_block(const KernelLaunch& launch, uint3 block_idx) {
     if (!dynamic_smem.empty()) std::memset(dynamic_smem.data(), 0xFF, dynamic_smem.size());
     tls_block.dynamic_smem = dynamic_smem.data();
 
-    // Passes in thread order until every thread has exited.
-    bool progressed = true;
-    while (r.live > 0 && progressed) {
-        progressed = false;
-        for (auto& t : r.threads) {
-            if (t.state == State::not_started || t.state == State::runnable) {
-                resume(r, t);
-                progressed = true;
-            }
-        }
+    // Passes until every thread has exited, or none can run (a deadlock).
+    const Schedule& sched = schedule();
+    Rng rng(mix_seed(sched.seed, launch.sequence, linear_block));
+    while (r.live > 0 && run_pass(r, sched.threads, rng)) {
     }
     if (r.live > 0) report_deadlock(r);
     tls_thread = nullptr;

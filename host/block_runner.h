@@ -9,7 +9,8 @@
 
 namespace pv::host {
 
-void run_block(const KernelLaunch& launch, uint3 block_idx);
+// `linear_block` is the block's index in x-fastest order (it keys the schedule's random choices).
+void run_block(const KernelLaunch& launch, uint3 block_idx, size_t linear_block);
 
 // The kernel's name for messages (its symbol, demangled; the address if it has none).
 std::string kernel_name(const void* kernel);

@@ -73,6 +73,7 @@ struct KernelLaunch {
     size_t smem_bytes;
     void (*invoke)(const void* closure);
     std::shared_ptr<const void> closure;  // kept alive until the launch has run
+    uint64_t sequence = 0;                // the process's n-th launch (keys the schedule's choices)
 };
 // Validates the configuration (errors as cudaGetLastError reports them) and queues the grid.
 void launch_kernel(KernelLaunch launch, cudaStream_t stream);

@@ -6,6 +6,7 @@
 // is one of the workers, so with one worker a launch never leaves the calling thread.
 #include "host/block_runner.h"
 #include "host/device_profile.h"
+#include "host/schedule.h"
 #include "host/stream.h"
 
 #include <atomic>
@@ -59,6 +60,37 @@ uint3 block_index(const KernelLaunch& k, size_t linear) {
     return uint3{unsigned(linear % gx), unsigned((linear / gx) % gy), unsigned(linear / (gx * gy))};
 }
 
+// The order in which a grid's blocks are taken: the i-th block taken is order[i] (or i itself
+// when in order, without building the table).
+class BlockSequence {
+  public:
+    BlockSequence(const KernelLaunch& k, size_t blocks) : blocks_(blocks), order_(schedule().blocks) {
+        if (order_ == BlockOrder::random) {
+            perm_.resize(blocks);
+            for (size_t i = 0; i < blocks; ++i) perm_[i] = i;
+            Rng rng(mix_seed(schedule().seed, k.sequence, ~uint64_t(0)));
+            shuffle(perm_.data(), blocks, rng);
+        }
+    }
+    size_t operator[](size_t i) const {
+        switch (order_) {
+            case BlockOrder::reverse: return blocks_ - 1 - i;
+            case BlockOrder::random: return perm_[i];
+            default: return i;
+        }
+    }
+
+  private:
+    size_t blocks_;
+    BlockOrder order_;
+    std::vector<size_t> perm_;
+};
+
+void run_block_at(const KernelLaunch& k, const BlockSequence& order, size_t i) {
+    const size_t linear = order[i];
+    run_block(k, block_index(k, linear), linear);
+}
+
 // Workers wait for a grid, take block indices from a shared counter until none are left, and
 // report back. One grid runs at a time.
 class WorkerPool {
@@ -78,34 +110,38 @@ class WorkerPool {
     void run_grid(const KernelLaunch& k) {
         std::lock_guard one_grid_at_a_time(grid_mutex_);
         const size_t blocks = size_t(k.grid.x) * k.grid.y * k.grid.z;
+        const BlockSequence order(k, blocks);
         if (threads_.empty() || blocks == 1) {
-            for (size_t i = 0; i < blocks; ++i) run_block(k, block_index(k, i));
+            for (size_t i = 0; i < blocks; ++i) run_block_at(k, order, i);
             return;
         }
         {
             std::lock_guard lock(mutex_);
             grid_ = &k;
+            order_ = &order;
             blocks_ = blocks;
             next_block_ = 0;
             busy_workers_ = threads_.size();
             ++generation_;
         }
         wake_.notify_all();
-        take_blocks(k, blocks);
+        take_blocks(k, order, blocks);
         std::unique_lock lock(mutex_);
         done_.wait(lock, [this] { return busy_workers_ == 0; });
         grid_ = nullptr;
+        order_ = nullptr;
     }
 
   private:
-    void take_blocks(const KernelLaunch& k, size_t blocks) {
-        for (size_t i; (i = next_block_.fetch_add(1)) < blocks;) run_block(k, block_index(k, i));
+    void take_blocks(const KernelLaunch& k, const BlockSequence& order, size_t blocks) {
+        for (size_t i; (i = next_block_.fetch_add(1)) < blocks;) run_block_at(k, order, i);
     }
 
     void work() {
         uint64_t seen = 0;
         for (;;) {
             const KernelLaunch* k;
+            const BlockSequence* order;
             size_t blocks;
             {
                 std::unique_lock lock(mutex_);
@@ -113,9 +149,10 @@ class WorkerPool {
                 if (stopping_) return;
                 seen = generation_;
                 k = grid_;
+                order = order_;
                 blocks = blocks_;
             }
-            take_blocks(*k, blocks);
+            take_blocks(*k, *order, blocks);
             {
                 std::lock_guard lock(mutex_);
                 --busy_workers_;
@@ -128,6 +165,7 @@ class WorkerPool {
     std::mutex grid_mutex_, mutex_;
     std::condition_variable wake_, done_;
     const KernelLaunch* grid_ = nullptr;
+    const BlockSequence* order_ = nullptr;
     size_t blocks_ = 0, busy_workers_ = 0;
     std::atomic<size_t> next_block_{0};
     uint64_t generation_ = 0;
@@ -150,6 +188,8 @@ void launch_kernel(KernelLaunch launch, cudaStream_t stream) {
         set_last_error(cudaErrorInvalidResourceHandle);
         return;
     }
+    static std::atomic<uint64_t> launches{0};
+    launch.sequence = launches.fetch_add(1);
     stream_submit(stream, [k = std::move(launch)] { pool().run_grid(k); });
 }
 
