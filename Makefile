@@ -106,8 +106,16 @@ else
   TEST_FILTER := ~[.]~[asan]
 endif
 
+# The host suites run under several schedules (host/schedule.h): threads and blocks in order;
+# warp-greedy threads with reversed blocks; random threads and blocks.
+ifeq ($(BACKEND),host)
+  SCHEDULES := --schedule 'in-order:' \
+    --schedule 'warp-greedy:POLEVAULT_HOST_THREAD_ORDER=warp-greedy,POLEVAULT_HOST_BLOCK_ORDER=reverse,POLEVAULT_HOST_SEED=1' \
+    --schedule 'random:POLEVAULT_HOST_THREAD_ORDER=random,POLEVAULT_HOST_BLOCK_ORDER=random,POLEVAULT_HOST_SEED=2'
+endif
+
 test: $(TEST_BINS)
-	@test/run_tests.sh --filter '$(TEST_FILTER)' $(TEST_BINS)
+	@test/run_tests.sh --filter '$(TEST_FILTER)' $(SCHEDULES) $(TEST_BINS)
 
 test-asan:
 	@$(MAKE) --no-print-directory SANITIZE=1 test

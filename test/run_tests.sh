@@ -1,30 +1,43 @@
 #!/usr/bin/env bash
-# Runs Catch2 test binaries and aggregates their results into one closing line
-# `N passed, M failed` (test cases), exiting non-zero if anything failed.
+# Runs Catch2 test binaries, each under every schedule given, and aggregates their results into
+# one closing line `N passed, M failed` (test cases), exiting non-zero if anything failed.
 #
-#   test/run_tests.sh [--filter 'CATCH TAG EXPRESSION'] [--timeout SECONDS] BINARY...
+#   test/run_tests.sh [--filter 'CATCH TAG EXPRESSION'] [--timeout SECONDS]
+#                     [--schedule 'LABEL:VAR=VALUE,VAR=VALUE']... BINARY...
 #
-# A binary that crashes, hangs past the timeout or prints no Catch2 summary counts as one
-# failed test case, and its whole output is shown. Passing binaries print one line each.
+# A schedule is a label and the environment variables it sets (host/schedule.h: thread and block
+# orders, seed; host/stream.h: deferred streams); without --schedule each binary runs once in the
+# current environment. A binary that crashes, hangs past the timeout or prints no Catch2 summary
+# counts as one failed test case, and its whole output is shown, with the variables to reproduce
+# it. Passing runs print one line each.
 set -u
 filter=""
 timeout_s="${TEST_TIMEOUT:-900}"
+schedules=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --filter) filter="$2"; shift 2 ;;
     --timeout) timeout_s="$2"; shift 2 ;;
+    --schedule) schedules+=("$2"); shift 2 ;;
     *) break ;;
   esac
 done
+[[ ${#schedules[@]} -eq 0 ]] && schedules=(":")
 
 total_passed=0
 total_failed=0
 for bin in "$@"; do
+for schedule in "${schedules[@]}"; do
+  label="${schedule%%:*}"
+  vars="${schedule#*:}"
+  env_args=()
+  [[ -n "$vars" ]] && IFS=',' read -r -a env_args <<< "$vars"
   name=$(basename "$bin")
+  [[ -n "$label" ]] && name="$name [$label]"
   args=()
   [[ -n "$filter" ]] && args+=("$filter")
   start=$(date +%s)
-  output=$(timeout --kill-after=10 "$timeout_s" "$bin" "${args[@]}" 2>&1)
+  output=$(env "${env_args[@]}" timeout --kill-after=10 "$timeout_s" "$bin" "${args[@]}" 2>&1)
   rc=$?
   seconds=$(( $(date +%s) - start ))
   passed=""; failed=0
@@ -46,10 +59,12 @@ for bin in "$@"; do
   if [[ $failed -gt 0 ]]; then
     echo "---- $name (exit $rc) ----"
     echo "$output"
-    echo "---- $name: $passed passed, $failed failed (${seconds}s)"
+    echo "---- $name: $passed passed, $failed failed (${seconds}s); reproduce with:"
+    echo "     ${env_args[*]} $bin '${filter}'"
   else
     echo "$name: $passed passed (${seconds}s)"
   fi
+done
 done
 echo "$total_passed passed, $total_failed failed"
 [[ $total_failed -eq 0 ]]
