@@ -15,6 +15,7 @@
 #include "host/block_runner.h"
 
 #include "host/fiber.h"
+#include "host/sanitizer_hooks.h"
 #include "host/schedule.h"
 
 #include <cxxabi.h>
@@ -51,6 +52,11 @@ struct EmulatedThread : ThreadIndex {
     bool is_signed = false;
     uint64_t result = 0;
     int barrier_result = 0;
+    // Happens-before bookkeeping for ThreadSanitizer (host/sanitizer_hooks.h).
+    unsigned barrier_generation = 0;  // of the barrier it waits at
+    unsigned syncwarp_count = 0;      // __syncwarp calls completed
+    unsigned group_parity = 0;        // parity of each lane's syncwarp_count at the current one
+    char syncwarp_tokens[2] = {};     // released at __syncwarp arrival, by parity
 };
 
 struct WarpState {
@@ -72,6 +78,10 @@ struct Runner {
     unsigned barrier_arrived = 0;
     int barrier_count = 0;
     std::source_location barrier_site;
+    unsigned barrier_generation = 0;
+    // Happens-before tokens: barrier arrivals (by generation parity), block start and end.
+    char barrier_tokens[2] = {};
+    char block_start_token = 0, block_end_token = 0;
 };
 
 thread_local Runner runner;
@@ -168,6 +178,7 @@ void release_barrier(Runner& r) {
     for (auto& w : r.warps) w.at_barrier = 0;
     r.barrier_arrived = 0;
     r.barrier_count = 0;
+    ++r.barrier_generation;
 }
 
 std::string hex(unsigned v) {
@@ -211,7 +222,9 @@ void thread_main(void* arg) {
     auto* t = static_cast<EmulatedThread*>(arg);
     Runner& r = runner;
     fiber_started(r.scheduler);
+    tsan_acquire(&r.block_start_token);  // CUDA: the launch happens-before every thread
     r.launch->invoke(r.launch->closure.get());
+    tsan_release(&r.block_end_token);    // CUDA: every thread happens-before the kernel's end
     thread_exited(r, *t);
     switch_to(t->context, r.scheduler, /*leaving_for_good=*/true);
     __builtin_unreachable();
@@ -223,10 +236,18 @@ void resume(Runner& r, EmulatedThread& t) {
     if (t.state == State::not_started) {
         t.stack = r.stacks.acquire();
         fiber_prepare(t.context, t.stack, &thread_main, &t);
+#if defined(POLEVAULT_TSAN)
+        t.context.tsan_fiber = __tsan_create_fiber(0);
+#endif
         t.state = State::runnable;
     }
     switch_to(r.scheduler, t.context);
-    if (t.state == State::exited) r.stacks.release(t.stack);
+    if (t.state == State::exited) {
+        r.stacks.release(t.stack);
+#if defined(POLEVAULT_TSAN)
+        __tsan_destroy_fiber(t.context.tsan_fiber);
+#endif
+    }
 }
 
 [[noreturn]] void report_deadlock(const Runner& r) {
@@ -255,6 +276,11 @@ void resume(Runner& r, EmulatedThread& t) {
 void complete_collective(Runner& r, unsigned warp, unsigned mask) {
     EmulatedThread* lanes = &r.threads[warp * 32];
     const EmulatedThread& first = lanes[std::countr_zero(mask)];
+    unsigned parity = 0;  // which syncwarp token each lane released into
+    for (unsigned m = mask; m; m &= m - 1) {
+        const unsigned l = unsigned(std::countr_zero(m));
+        parity |= (lanes[l].syncwarp_count & 1u) << l;
+    }
     uint64_t ballot = 0, sum = 0, bit_and = ~uint64_t(0), bit_or = 0, bit_xor = 0;
     int64_t smin = INT64_MAX, smax = INT64_MIN;
     uint64_t umin = UINT64_MAX, umax = 0;
@@ -306,6 +332,7 @@ void complete_collective(Runner& r, unsigned warp, unsigned mask) {
                 default: t.result = 0; break;
             }
         }
+        t.group_parity = parity;
         t.state = State::runnable;
     }
     r.warps[warp].waiting &= ~mask;
@@ -326,6 +353,8 @@ int block_barrier(int predicate, std::source_location site) {
     check_no_lane_waits_for(r, t, [&] { return "wait at __syncthreads at " + site_text(site); });
     t.state = State::at_barrier;
     t.site = site;
+    t.barrier_generation = r.barrier_generation;
+    tsan_release(&r.barrier_tokens[t.barrier_generation & 1]);
     r.warps[t.warp].at_barrier |= 1u << t.lane;
     ++r.barrier_arrived;
     r.barrier_count += predicate;
@@ -334,6 +363,8 @@ int block_barrier(int predicate, std::source_location site) {
     } else {
         yield(t);
     }
+    // Everything every thread did before arriving happens-before what any does after leaving.
+    tsan_acquire(&r.barrier_tokens[t.barrier_generation & 1]);
     return t.barrier_result;
 }
 
@@ -379,11 +410,22 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t bits, int arg, int w
     t.state = State::at_warp;
     t.site = site;
     t.op = op, t.mask = mask, t.value = bits, t.arg = arg, t.width = width, t.is_signed = is_signed;
+    if (op == WarpOp::sync) tsan_release(&t.syncwarp_tokens[t.syncwarp_count & 1]);
     w.waiting |= me;
     if ((w.waiting & mask) == mask) {
         complete_collective(r, t.warp, mask);  // the last lane to arrive computes and carries on
     } else {
         yield(t);
+    }
+    if (op == WarpOp::sync) {
+        // __syncwarp orders memory among its lanes (shuffles and votes do not, so they add no
+        // edge): acquire what each lane released on arriving at this __syncwarp.
+        if constexpr (kThreadSanitizer)
+            for (unsigned m = mask; m; m &= m - 1) {
+                const unsigned l = unsigned(std::countr_zero(m));
+                tsan_acquire(&r.threads[t.warp * 32 + l].syncwarp_tokens[(t.group_parity >> l) & 1]);
+            }
+        ++t.syncwarp_count;
     }
     return t.result;
 }
@@ -456,6 +498,7 @@ void run_block(const KernelLaunch& launch, uint3 block_idx, size_t linear_block)
     r.live = n;
     r.barrier_arrived = 0;
     r.barrier_count = 0;
+    r.barrier_generation = 0;
     tls_block.block_idx = block_idx;
     tls_block.block_dim = uint3{bx, by, bz};
     tls_block.grid_dim = uint3{launch.grid.x, launch.grid.y, launch.grid.z};
@@ -468,6 +511,10 @@ void run_block(const KernelLaunch& launch, uint3 block_idx, size_t linear_block)
     }
     if (!dynamic_smem.empty()) std::memset(dynamic_smem.data(), 0xFF, dynamic_smem.size());
     tls_block.dynamic_smem = dynamic_smem.data();
+#if defined(POLEVAULT_TSAN)
+    r.scheduler.tsan_fiber = __tsan_get_current_fiber();
+#endif
+    tsan_release(&r.block_start_token);
 
     // Passes until every thread has exited, or none can run (a deadlock).
     const Schedule& sched = schedule();
@@ -475,6 +522,7 @@ void run_block(const KernelLaunch& launch, uint3 block_idx, size_t linear_block)
     while (r.live > 0 && run_pass(r, sched.threads, rng)) {
     }
     if (r.live > 0) report_deadlock(r);
+    tsan_acquire(&r.block_end_token);
     tls_thread = nullptr;
     r.current = nullptr;
 }

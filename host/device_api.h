@@ -218,15 +218,18 @@ PV_DEFINE_WARP_REDUCE(__reduce_xor_sync, reduce_xor, unsigned)
 #undef PV_DEFINE_WARP_REDUCE
 
 // ---- atomics (exactly CUDA's overloads; see host-platform-facts.md) --------------------------
+// Relaxed, as CUDA's atomics are: they order nothing else, so under ThreadSanitizer they do not
+// hide a race on other memory behind a happens-before edge CUDA does not promise.
 namespace pv::host {
+inline constexpr auto relaxed = std::memory_order_relaxed;
 template <class T>
 std::atomic_ref<T> atomic_at(T* address) { return std::atomic_ref<T>(*address); }
 // Read-modify-write by compare-and-swap, for the operations std::atomic_ref lacks.
 template <class T, class F>
 T atomic_update(T* address, F f) {
     auto ref = atomic_at(address);
-    T old = ref.load();
-    while (!ref.compare_exchange_weak(old, f(old))) {
+    T old = ref.load(relaxed);
+    while (!ref.compare_exchange_weak(old, f(old), relaxed)) {
     }
     return old;
 }
@@ -242,11 +245,11 @@ T atomic_update_bits(T* address, F f) {  // for 16-bit types without atomic_ref 
 }
 }  // namespace pv::host
 
-inline int atomicAdd(int* a, int v) { return pv::host::atomic_at(a).fetch_add(v); }
-inline unsigned atomicAdd(unsigned* a, unsigned v) { return pv::host::atomic_at(a).fetch_add(v); }
-inline unsigned long long atomicAdd(unsigned long long* a, unsigned long long v) { return pv::host::atomic_at(a).fetch_add(v); }
-inline float atomicAdd(float* a, float v) { return pv::host::atomic_at(a).fetch_add(v); }
-inline double atomicAdd(double* a, double v) { return pv::host::atomic_at(a).fetch_add(v); }
+inline int atomicAdd(int* a, int v) { return pv::host::atomic_at(a).fetch_add(v, pv::host::relaxed); }
+inline unsigned atomicAdd(unsigned* a, unsigned v) { return pv::host::atomic_at(a).fetch_add(v, pv::host::relaxed); }
+inline unsigned long long atomicAdd(unsigned long long* a, unsigned long long v) { return pv::host::atomic_at(a).fetch_add(v, pv::host::relaxed); }
+inline float atomicAdd(float* a, float v) { return pv::host::atomic_at(a).fetch_add(v, pv::host::relaxed); }
+inline double atomicAdd(double* a, double v) { return pv::host::atomic_at(a).fetch_add(v, pv::host::relaxed); }
 inline __nv_bfloat16 atomicAdd(__nv_bfloat16* a, __nv_bfloat16 v) {
     return pv::host::atomic_update_bits(a, [v](__nv_bfloat16 x) { return __float2bfloat16(__bfloat162float(x) + __bfloat162float(v)); });
 }
@@ -263,12 +266,12 @@ inline __nv_bfloat162 atomicAdd(__nv_bfloat162* a, __nv_bfloat162 v) {
     });
     return pv::host::from_bits<__nv_bfloat162>(old);
 }
-inline int atomicSub(int* a, int v) { return pv::host::atomic_at(a).fetch_sub(v); }
-inline unsigned atomicSub(unsigned* a, unsigned v) { return pv::host::atomic_at(a).fetch_sub(v); }
-inline int atomicExch(int* a, int v) { return pv::host::atomic_at(a).exchange(v); }
-inline unsigned atomicExch(unsigned* a, unsigned v) { return pv::host::atomic_at(a).exchange(v); }
-inline unsigned long long atomicExch(unsigned long long* a, unsigned long long v) { return pv::host::atomic_at(a).exchange(v); }
-inline float atomicExch(float* a, float v) { return pv::host::atomic_at(a).exchange(v); }
+inline int atomicSub(int* a, int v) { return pv::host::atomic_at(a).fetch_sub(v, pv::host::relaxed); }
+inline unsigned atomicSub(unsigned* a, unsigned v) { return pv::host::atomic_at(a).fetch_sub(v, pv::host::relaxed); }
+inline int atomicExch(int* a, int v) { return pv::host::atomic_at(a).exchange(v, pv::host::relaxed); }
+inline unsigned atomicExch(unsigned* a, unsigned v) { return pv::host::atomic_at(a).exchange(v, pv::host::relaxed); }
+inline unsigned long long atomicExch(unsigned long long* a, unsigned long long v) { return pv::host::atomic_at(a).exchange(v, pv::host::relaxed); }
+inline float atomicExch(float* a, float v) { return pv::host::atomic_at(a).exchange(v, pv::host::relaxed); }
 #define PV_DEFINE_ATOMIC_MINMAX(T)                                                                   \
     inline T atomicMax(T* a, T v) { return pv::host::atomic_update(a, [v](T x) { return x > v ? x : v; }); } \
     inline T atomicMin(T* a, T v) { return pv::host::atomic_update(a, [v](T x) { return x < v ? x : v; }); }
@@ -279,7 +282,7 @@ PV_DEFINE_ATOMIC_MINMAX(unsigned long long)
 #undef PV_DEFINE_ATOMIC_MINMAX
 #define PV_DEFINE_ATOMIC_CAS(T)                                   \
     inline T atomicCAS(T* a, T compare, T v) {                    \
-        pv::host::atomic_at(a).compare_exchange_strong(compare, v); \
+        pv::host::atomic_at(a).compare_exchange_strong(compare, v, pv::host::relaxed); \
         return compare;                                           \
     }
 PV_DEFINE_ATOMIC_CAS(int)
@@ -288,9 +291,9 @@ PV_DEFINE_ATOMIC_CAS(unsigned long long)
 PV_DEFINE_ATOMIC_CAS(unsigned short)
 #undef PV_DEFINE_ATOMIC_CAS
 #define PV_DEFINE_ATOMIC_BITS(T)                                                              \
-    inline T atomicAnd(T* a, T v) { return pv::host::atomic_at(a).fetch_and(v); }             \
-    inline T atomicOr(T* a, T v) { return pv::host::atomic_at(a).fetch_or(v); }               \
-    inline T atomicXor(T* a, T v) { return pv::host::atomic_at(a).fetch_xor(v); }
+    inline T atomicAnd(T* a, T v) { return pv::host::atomic_at(a).fetch_and(v, pv::host::relaxed); }             \
+    inline T atomicOr(T* a, T v) { return pv::host::atomic_at(a).fetch_or(v, pv::host::relaxed); }               \
+    inline T atomicXor(T* a, T v) { return pv::host::atomic_at(a).fetch_xor(v, pv::host::relaxed); }
 PV_DEFINE_ATOMIC_BITS(int)
 PV_DEFINE_ATOMIC_BITS(unsigned)
 PV_DEFINE_ATOMIC_BITS(unsigned long long)

@@ -1,6 +1,8 @@
 // Fibers for the host platform: stacks, the initial frame, and sanitizer-aware switching.
 #include "host/fiber.h"
 
+#include "host/sanitizer_hooks.h"
+
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -37,6 +39,16 @@ StackPool::StackPool(size_t stack_bytes) : stack_bytes_(stack_bytes) {}
 StackPool::~StackPool() {
     const size_t page = size_t(sysconf(_SC_PAGESIZE));
     for (const FiberStack& s : all_) munmap(s.base - page, s.size + page);
+}
+
+void StackPool::release(FiberStack stack) {
+    if constexpr (kThreadSanitizer) {
+        const size_t page = size_t(sysconf(_SC_PAGESIZE));
+        munmap(stack.base - page, stack.size + page);
+        std::erase_if(all_, [&](const FiberStack& s) { return s.base == stack.base; });
+    } else {
+        free_.push_back(stack);
+    }
 }
 
 FiberStack StackPool::acquire() {
@@ -80,6 +92,10 @@ void switch_to(FiberContext& from, FiberContext& to, bool leaving_for_good) {
     __sanitizer_start_switch_fiber(leaving_for_good ? nullptr : &from.asan_fake_stack, to.stack_bottom, to.stack_size);
 #else
     (void)leaving_for_good;
+#endif
+#if defined(POLEVAULT_TSAN)
+    // Without synchronisation: the platform states CUDA's happens-before edges itself.
+    __tsan_switch_to_fiber(to.tsan_fiber, 1 /* __tsan_switch_to_fiber_no_sync */);
 #endif
     pv_fiber_switch(&from.sp, to.sp);
 #if defined(__SANITIZE_ADDRESS__)

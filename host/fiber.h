@@ -25,10 +25,14 @@ struct FiberContext {
     const void* stack_bottom = nullptr; // for the sanitizers (nullptr: a worker's own stack)
     size_t stack_size = 0;
     void* asan_fake_stack = nullptr;    // ASan's per-context fake stack handle
+    void* tsan_fiber = nullptr;         // TSan's context for it (TSan build only)
 };
 
 // Reuses stacks of threads that have finished: a barrier-free kernel needs only one stack per
-// worker, however many threads it has.
+// worker, however many threads it has. Under ThreadSanitizer stacks are unmapped instead: TSan
+// forgets an unmapped range, where reusing it would make one emulated thread's stack frames look
+// like a race with the next one's (or, with a happens-before edge to prevent that, hide real
+// races between them).
 class StackPool {
   public:
     explicit StackPool(size_t stack_bytes);
@@ -36,7 +40,7 @@ class StackPool {
     StackPool(const StackPool&) = delete;
     StackPool& operator=(const StackPool&) = delete;
     FiberStack acquire();
-    void release(FiberStack stack) { free_.push_back(stack); }
+    void release(FiberStack stack);
 
   private:
     size_t stack_bytes_;

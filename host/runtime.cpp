@@ -6,8 +6,9 @@
 // of live allocations lets copies check their direction and bounds, as a debugging GPU
 // runtime would, and lets cudaFree reject pointers it never returned.
 //
-// Streams and events. Work is submitted through stream_submit (host/stream.h), which runs it at
-// once today; events record when the work before them completed.
+// Copies and memsets go through the streams of host/stream.cpp, with CUDA's rules for what is
+// synchronous with the host: cudaMemcpy/cudaMemset always; cudaMemcpyAsync from pageable memory
+// returns once the source is staged (here: snapshotted), to pageable memory once the copy is done.
 #include "host/device_profile.h"
 #include "host/stream.h"
 
@@ -17,18 +18,8 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <set>
-
-struct CUstream_st {
-    unsigned flags = 0;
-    int priority = 0;
-};
-
-struct CUevent_st {
-    unsigned flags = 0;
-    bool recorded = false;
-    std::chrono::steady_clock::time_point when;
-};
+#include <memory>
+#include <vector>
 
 namespace pv::host {
 namespace {
@@ -44,8 +35,6 @@ struct Allocation {
 
 std::mutex registry_mutex;
 std::map<const char*, Allocation> allocations;  // by start address
-std::set<cudaStream_t> live_streams;
-std::set<cudaEvent_t> live_events;
 
 // The allocation containing [p, p + bytes), or nullptr.
 const Allocation* find_allocation(const void* p, size_t bytes, AllocKind kind) {
@@ -91,6 +80,11 @@ bool is_device(const void* p, size_t bytes) {
     return find_allocation(p, bytes, AllocKind::device) != nullptr;
 }
 
+bool is_pinned(const void* p, size_t bytes) {
+    std::lock_guard lock(registry_mutex);
+    return find_allocation(p, bytes, AllocKind::pinned_host) != nullptr;
+}
+
 // Checks a copy's pointers against its declared direction: device sides must lie inside one
 // device allocation, host sides must not be device memory.
 cudaError_t check_copy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
@@ -119,14 +113,7 @@ cudaError_t set_last_error(cudaError_t error) {
 }
 
 bool is_device_range(const void* p, size_t bytes) { return is_device(p, bytes); }
-
-bool stream_is_valid(cudaStream_t stream) {
-    if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return true;
-    std::lock_guard lock(registry_mutex);
-    return live_streams.count(stream) != 0;
-}
-
-void stream_submit(cudaStream_t, std::function<void()> work) { work(); }
+bool is_pinned_range(const void* p, size_t bytes) { return is_pinned(p, bytes); }
 
 int host_device_count() {
     static const int count = [] {
@@ -204,7 +191,6 @@ extern "C" cudaError_t cudaGetDevice(int* device) {
     *device = current_device;
     return cudaSuccess;
 }
-extern "C" cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }  // every stream is synchronous
 extern "C" cudaError_t cudaDeviceReset() { return cudaSuccess; }
 
 extern "C" cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
@@ -289,109 +275,50 @@ extern "C" cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned flags) {
     return allocate(ptr, bytes, AllocKind::pinned_host);
 }
 
-extern "C" cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
+namespace {
+
+// A copy with CUDA's host-synchronisation rules. `sync_call` is true for cudaMemcpy.
+cudaError_t copy(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream, bool sync_call) {
     if (const cudaError_t e = check_copy(dst, src, count, kind); e != cudaSuccess) return set_last_error(e);
     if (!stream_is_valid(stream)) return set_last_error(cudaErrorInvalidResourceHandle);
-    if (count) stream_submit(stream, [=] { std::memmove(dst, src, count); });
+    if (count == 0) return cudaSuccess;
+    const bool src_pageable = !is_device(src, count) && !is_pinned(src, count);
+    const bool dst_pageable = !is_device(dst, count) && !is_pinned(dst, count);
+    if (sync_call || dst_pageable) {
+        // The call returns once the copy is done.
+        stream_submit_and_wait(stream, [=] { std::memmove(dst, src, count); });
+    } else if (src_pageable && streams_are_deferred()) {
+        // Staged at the call: the caller may overwrite its buffer as soon as this returns.
+        auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + count);
+        stream_submit(stream, [=] { std::memcpy(dst, staged->data(), count); });
+    } else {
+        stream_submit(stream, [=] { std::memmove(dst, src, count); });
+    }
     return cudaSuccess;
 }
-extern "C" cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
-    const cudaError_t e = cudaMemcpyAsync(dst, src, count, kind, nullptr);
-    if (e == cudaSuccess) cudaDeviceSynchronize();
-    return e;
-}
-extern "C" cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
+
+cudaError_t fill(void* ptr, int value, size_t count, cudaStream_t stream, bool sync_call) {
     if (count && !is_device(ptr, count)) return set_last_error(cudaErrorInvalidValue);
     if (!stream_is_valid(stream)) return set_last_error(cudaErrorInvalidResourceHandle);
-    if (count) stream_submit(stream, [=] { std::memset(ptr, value, count); });
+    if (count == 0) return cudaSuccess;
+    auto work = [=] { std::memset(ptr, value, count); };
+    if (sync_call) {
+        stream_submit_and_wait(stream, work);
+    } else {
+        stream_submit(stream, work);
+    }
     return cudaSuccess;
-}
-extern "C" cudaError_t cudaMemset(void* ptr, int value, size_t count) {
-    const cudaError_t e = cudaMemsetAsync(ptr, value, count, nullptr);
-    if (e == cudaSuccess) cudaDeviceSynchronize();
-    return e;
 }
 
-// ---- streams --------------------------------------------------------------------------------
-extern "C" cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned flags, int priority) {
-    if (!stream || (flags & ~unsigned(cudaStreamNonBlocking))) return set_last_error(cudaErrorInvalidValue);
-    *stream = new CUstream_st{flags, priority};
-    std::lock_guard lock(registry_mutex);
-    live_streams.insert(*stream);
-    return cudaSuccess;
-}
-extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
-    return cudaStreamCreateWithPriority(stream, flags, 0);
-}
-extern "C" cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithPriority(stream, 0, 0); }
-extern "C" cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-    {
-        std::lock_guard lock(registry_mutex);
-        if (!stream || live_streams.erase(stream) == 0) return set_last_error(cudaErrorInvalidResourceHandle);
-    }
-    delete stream;
-    return cudaSuccess;
-}
-extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-    return stream_is_valid(stream) ? cudaSuccess : set_last_error(cudaErrorInvalidResourceHandle);
-}
-extern "C" cudaError_t cudaStreamQuery(cudaStream_t stream) {
-    return stream_is_valid(stream) ? cudaSuccess : set_last_error(cudaErrorInvalidResourceHandle);
-}
-extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags) {
-    if (!stream_is_valid(stream)) return set_last_error(cudaErrorInvalidResourceHandle);
-    {
-        std::lock_guard lock(registry_mutex);
-        if (!event || !live_events.count(event)) return set_last_error(cudaErrorInvalidResourceHandle);
-    }
-    if (flags != 0 && flags != cudaEventWaitExternal) return set_last_error(cudaErrorInvalidValue);
-    return cudaSuccess;  // synchronous streams: the event's work is already complete
-}
-
-// ---- events ---------------------------------------------------------------------------------
-namespace {
-bool event_is_live(cudaEvent_t event) {
-    std::lock_guard lock(registry_mutex);
-    return event && live_events.count(event) != 0;
-}
 }  // namespace
 
-extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
-    const unsigned known = cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess;
-    if (!event || (flags & ~known)) return set_last_error(cudaErrorInvalidValue);
-    *event = new CUevent_st{flags, false, {}};
-    std::lock_guard lock(registry_mutex);
-    live_events.insert(*event);
-    return cudaSuccess;
+extern "C" cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
+    return copy(dst, src, count, kind, stream, false);
 }
-extern "C" cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
-extern "C" cudaError_t cudaEventDestroy(cudaEvent_t event) {
-    {
-        std::lock_guard lock(registry_mutex);
-        if (!event || live_events.erase(event) == 0) return set_last_error(cudaErrorInvalidResourceHandle);
-    }
-    delete event;
-    return cudaSuccess;
+extern "C" cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+    return copy(dst, src, count, kind, nullptr, true);
 }
-extern "C" cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-    if (!event_is_live(event) || !stream_is_valid(stream)) return set_last_error(cudaErrorInvalidResourceHandle);
-    stream_submit(stream, [event] {
-        event->when = std::chrono::steady_clock::now();
-        event->recorded = true;
-    });
-    return cudaSuccess;
+extern "C" cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
+    return fill(ptr, value, count, stream, false);
 }
-extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-    return event_is_live(event) ? cudaSuccess : set_last_error(cudaErrorInvalidResourceHandle);
-}
-extern "C" cudaError_t cudaEventQuery(cudaEvent_t event) {
-    return event_is_live(event) ? cudaSuccess : set_last_error(cudaErrorInvalidResourceHandle);
-}
-extern "C" cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
-    if (!ms) return set_last_error(cudaErrorInvalidValue);
-    if (!event_is_live(start) || !event_is_live(end)) return set_last_error(cudaErrorInvalidResourceHandle);
-    if ((start->flags | end->flags) & cudaEventDisableTiming) return set_last_error(cudaErrorInvalidResourceHandle);
-    if (!start->recorded || !end->recorded) return set_last_error(cudaErrorInvalidResourceHandle);
-    *ms = std::chrono::duration<float, std::milli>(end->when - start->when).count();
-    return cudaSuccess;
-}
+extern "C" cudaError_t cudaMemset(void* ptr, int value, size_t count) { return fill(ptr, value, count, nullptr, true); }

@@ -44,8 +44,8 @@ struct Rng {
         state ^= state >> 12, state ^= state << 25, state ^= state >> 27;
         return state * 0x2545F4914F6CDD1Dull;
     }
-    // Uniform in [0, n).
-    uint64_t below(uint64_t n) { return next() % n; }
+    // Uniform in [0, n), from the high bits (xorshift64*'s low bits are its weakest).
+    uint64_t below(uint64_t n) { return uint64_t((static_cast<unsigned __int128>(next()) * n) >> 64); }
 };
 
 // Fisher-Yates shuffle of [first, first + n).

@@ -1,10 +1,7 @@
-// Internal to host/: how emulated CUDA work (kernels, copies, memsets, events, GEMMs,
-// collectives) is put on a stream.
-//
-// Today every stream executes its work synchronously, at the call: the simplest model that is
-// still a correct CUDA program order. The deferred mode (work runs later on an executor,
-// independent streams interleaved in a seeded random order honouring events) plugs in here
-// without touching any caller, because every piece of stream work goes through stream_submit.
+// Internal to host/: how emulated CUDA work (kernels, copies, memsets, GEMMs, collectives) is
+// put on a stream. Every piece of stream work goes through stream_submit, so the two execution
+// modes of host/stream.cpp (sync: at the call; deferred: later, streams interleaved at random,
+// POLEVAULT_HOST_STREAMS=deferred) apply to all of it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,12 +16,21 @@ bool stream_is_valid(cudaStream_t stream);
 // Queues `work` on `stream`; it runs after everything submitted to that stream before it.
 // The work must own (capture by value) whatever it reads later.
 void stream_submit(cudaStream_t stream, std::function<void()> work);
+// Queues `work` and returns once it has run (calls that are synchronous with the host:
+// cudaMemcpy, copies to and from pageable memory).
+void stream_submit_and_wait(cudaStream_t stream, std::function<void()> work);
+// Runs everything queued on every stream (cudaDeviceSynchronize).
+void synchronize_all_streams();
+// True in the deferred mode.
+bool streams_are_deferred();
 
 // Records `error` as the calling host thread's last CUDA error (what cudaGetLastError returns)
 // and returns it, so callers can write `return set_last_error(cudaErrorInvalidValue);`.
 cudaError_t set_last_error(cudaError_t error);
 
-// The device memory registry: true if [p, p + bytes) lies inside one cudaMalloc allocation.
+// The memory registry: true if [p, p + bytes) lies inside one cudaMalloc allocation / one
+// cudaMallocHost allocation.
 bool is_device_range(const void* p, size_t bytes);
+bool is_pinned_range(const void* p, size_t bytes);
 
 }  // namespace pv::host

@@ -15,7 +15,7 @@
 
 namespace pv::test {
 
-ChildResult run_in_child(const std::string& test_name, int timeout_seconds) {
+ChildResult run_in_child(const std::string& test_name, const Environment& env, int timeout_seconds) {
     ChildResult result;
     int fds[2];
     if (pipe(fds) != 0) {
@@ -33,6 +33,7 @@ ChildResult run_in_child(const std::string& test_name, int timeout_seconds) {
         const rlimit no_core{0, 0};
         setrlimit(RLIMIT_CORE, &no_core);
         setenv("POLEVAULT_CHILD_TEST", "1", 1);
+        for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
         execl("/proc/self/exe", "child", test_name.c_str(), "--reporter", "compact", static_cast<char*>(nullptr));
         _exit(127);
     }

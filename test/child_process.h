@@ -3,6 +3,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace pv::test {
 
@@ -14,8 +16,11 @@ struct ChildResult {
     std::string output;      // stdout and stderr, interleaved
 };
 
-// Runs this test binary again with only the (usually hidden) test case `test_name` selected.
-ChildResult run_in_child(const std::string& test_name, int timeout_seconds = 60);
+using Environment = std::vector<std::pair<std::string, std::string>>;
+
+// Runs this test binary again with only the (usually hidden) test case `test_name` selected,
+// with `env` added to (or replacing in) this process's environment.
+ChildResult run_in_child(const std::string& test_name, const Environment& env = {}, int timeout_seconds = 120);
 
 }  // namespace pv::test
 
