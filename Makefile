@@ -117,7 +117,7 @@ ifeq ($(BACKEND),cuda)
 else ifeq ($(FLAVOUR),asan)
   TEST_FILTER := ~[.]~[tsan]
 else ifeq ($(FLAVOUR),tsan)
-  TEST_FILTER := ~[.]~[asan]
+  TEST_FILTER := ~[.]~[asan]~[schedules]
 else
   TEST_FILTER := ~[.]~[asan]~[tsan]
 endif

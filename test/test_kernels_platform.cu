@@ -249,8 +249,9 @@ __global__ void atomics(const int* values, int n, int* counter, float* fsum, dou
     atomicMin(imin, v);
     atomicInc(wrap, 9u);
     atomicOr(bits, 1ull << (i % 64));
-    // A CAS loop (the pattern behind atomics CUDA lacks) adding 1 to the counter's neighbour.
-    int old = counter[1], assumed;
+    // A CAS loop (the pattern behind atomics CUDA lacks) adding 2 to the counter's neighbour. The
+    // first read is atomic too: a plain load racing with other threads' atomics is a data race.
+    int old = atomicAdd(&counter[1], 0), assumed;
     do {
         assumed = old;
         old = atomicCAS(&counter[1], assumed, assumed + 2);
