@@ -12,6 +12,10 @@
 #include "host/device_profile.h"
 #include "host/stream.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -49,6 +53,24 @@ const Allocation* find_allocation(const void* p, size_t bytes, AllocKind kind) {
     return &it->second;
 }
 
+// ASan build: device allocations are poisoned except inside DeviceMemoryAccess scopes.
+int device_access_depth = 0;  // guarded by registry_mutex
+
+void poison_device_memory(bool poisoned) {
+#if defined(__SANITIZE_ADDRESS__)
+    for (const auto& [p, a] : allocations) {
+        if (a.kind != AllocKind::device) continue;
+        if (poisoned) {
+            ASAN_POISON_MEMORY_REGION(p, a.bytes);
+        } else {
+            ASAN_UNPOISON_MEMORY_REGION(p, a.bytes);
+        }
+    }
+#else
+    (void)poisoned;
+#endif
+}
+
 cudaError_t allocate(void** ptr, size_t bytes, AllocKind kind) {
     if (!ptr) return set_last_error(cudaErrorInvalidValue);
     *ptr = nullptr;
@@ -58,6 +80,9 @@ cudaError_t allocate(void** ptr, size_t bytes, AllocKind kind) {
     std::memset(p, 0xFF, bytes);
     std::lock_guard lock(registry_mutex);
     allocations[static_cast<const char*>(p)] = {bytes, kind};
+#if defined(__SANITIZE_ADDRESS__)
+    if (kind == AllocKind::device && device_access_depth == 0) ASAN_POISON_MEMORY_REGION(p, bytes);
+#endif
     *ptr = p;
     return cudaSuccess;
 }
@@ -71,6 +96,9 @@ cudaError_t release(void* ptr, AllocKind kind) {
         allocations.erase(it);
     }
     cudaDeviceSynchronize();  // as on the device, freeing waits for work that may still use it
+#if defined(__SANITIZE_ADDRESS__)
+    ASAN_UNPOISON_MEMORY_REGION(ptr, 1);  // free() needs the chunk's header region sane; ASan repoisons
+#endif
     std::free(ptr);
     return cudaSuccess;
 }
@@ -114,6 +142,16 @@ cudaError_t set_last_error(cudaError_t error) {
 
 bool is_device_range(const void* p, size_t bytes) { return is_device(p, bytes); }
 bool is_pinned_range(const void* p, size_t bytes) { return is_pinned(p, bytes); }
+
+DeviceMemoryAccess::DeviceMemoryAccess() {
+    std::lock_guard lock(registry_mutex);
+    if (device_access_depth++ == 0) poison_device_memory(false);
+}
+
+DeviceMemoryAccess::~DeviceMemoryAccess() {
+    std::lock_guard lock(registry_mutex);
+    if (--device_access_depth == 0) poison_device_memory(true);
+}
 
 int host_device_count() {
     static const int count = [] {

@@ -88,7 +88,10 @@ bool pending(const Item& item) { return item && !item->done; }
 
 void execute(WorkItem& item) {
     tsan_acquire(&item);  // its submission, and the items it depends on
-    item.run();
+    {
+        DeviceMemoryAccess access;
+        item.run();
+    }
     item.run = nullptr;   // release captured buffers (snapshots) now
     item.done = true;
     item.finished = std::chrono::steady_clock::now();
@@ -164,6 +167,7 @@ bool streams_are_deferred() { return deferred_mode(); }
 
 void stream_submit(cudaStream_t stream, std::function<void()> work) {
     if (!deferred_mode()) {
+        DeviceMemoryAccess access;
         work();
         return;
     }
@@ -173,6 +177,7 @@ void stream_submit(cudaStream_t stream, std::function<void()> work) {
 
 void stream_submit_and_wait(cudaStream_t stream, std::function<void()> work) {
     if (!deferred_mode()) {
+        DeviceMemoryAccess access;
         work();
         return;
     }

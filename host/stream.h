@@ -33,4 +33,15 @@ cudaError_t set_last_error(cudaError_t error);
 bool is_device_range(const void* p, size_t bytes);
 bool is_pinned_range(const void* p, size_t bytes);
 
+// In the ASan build device memory is poisoned while host code runs, so a host dereference of a
+// device pointer is reported; stream work (kernels, copies, GEMMs, collectives) runs inside this
+// scope, which makes device memory accessible. Elsewhere it does nothing.
+class DeviceMemoryAccess {
+  public:
+    DeviceMemoryAccess();
+    ~DeviceMemoryAccess();
+    DeviceMemoryAccess(const DeviceMemoryAccess&) = delete;
+    DeviceMemoryAccess& operator=(const DeviceMemoryAccess&) = delete;
+};
+
 }  // namespace pv::host

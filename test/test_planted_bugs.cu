@@ -106,6 +106,15 @@ TEST_CASE("planted: early exit in strict mode", "[.planted]") {
     CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+TEST_CASE("planted: host reads device memory", "[.planted]") {
+    float* device = nullptr;
+    CUDA_CHECK(cudaMalloc(&device, 64 * sizeof(float)));
+    CUDA_CHECK(cudaMemset(device, 0, 64 * sizeof(float)));
+    volatile float x = device[3];  // a device pointer dereferenced on the host
+    (void)x;
+    CUDA_CHECK(cudaFree(device));
+}
+
 TEST_CASE("planted: write past the end", "[.planted]") {
     DeviceArray<float> out(1000);
     launch(write_past_end, dim3(4), dim3(256), 0, nullptr, out.get(), 1000);
@@ -170,4 +179,10 @@ TEST_CASE("an out-of-bounds kernel write is reported by AddressSanitizer", "[asa
     REQUIRE_DIES_WITH("planted: write past the end", "heap-buffer-overflow");
     const auto child = run_in_child("planted: write past the end");
     REQUIRE(child.output.find("write_past_end") != std::string::npos);  // the kernel's frame
+}
+
+TEST_CASE("host code dereferencing a device pointer is reported by AddressSanitizer", "[asan][planted]") {
+    REQUIRE_DIES_WITH("planted: host reads device memory", "use-after-poison");
+    const auto child = run_in_child("planted: host reads device memory");
+    REQUIRE(child.output.find("test_planted_bugs.cu") != std::string::npos);  // the offending line
 }
