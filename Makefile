@@ -70,7 +70,7 @@ else
 endif
 
 # Product code shared by every program.
-CORE_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard kernels/*.cu)) $(PLATFORM_OBJS)
+CORE_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard kernels/*.cu model/*.cu)) $(PLATFORM_OBJS)
 
 TEST_SOURCES := $(wildcard test/test_*.cu)
 TEST_BINS := $(patsubst test/%.cu,$(BUILD)/test/%,$(TEST_SOURCES))
