@@ -1,0 +1,222 @@
+// Small kernels the training step needs between the big ones. All are deterministic.
+//
+// Elementwise (one thread per element, memory-bound, no reductions):
+//   cast             out[i] = round_To(in[i])                 conversions between bf16, fp32, fp64:
+//                    widening is exact; narrowing rounds to nearest even, once (fp64 -> bf16 goes
+//                    directly, not through fp32, which would round twice)
+//   scale_inplace    x[i] = x[i] · factor                      in acc_t<T>, rounded once
+//   add              out[i] = a[i] + b[i]                      out may alias a or b (residual adds):
+//                    each thread reads both inputs before writing its own element, and no thread
+//                    touches another's element
+//   accumulate       acc[i] += x[i]                            gradient accumulation
+//   fill             x[i] = value
+// None has a backward of its own: they are linear glue whose adjoints are themselves (add's
+// gradient flows to both inputs unchanged, scale's is scale, cast's is a cast back).
+//
+// Reductions:
+//   count_targets    *count = #{ i : targets[i] != ignore_index }  (the loss normaliser, DESIGN.md §4)
+//     One block of kCountBlock threads strides over the targets, each counting in an int, then a
+//     block_sum. No atomics at all: one launch, a fixed order (and integer sums are exact anyway).
+//     A step's token count is far below 2^31.
+//   sum_of_squares   *out = Σ x[i]²   (squared gradient norms for clipping)
+//   sum_of_squares_accumulate   *out += Σ x[i]²   (the same sum, added to *out)
+//     Two launches on one stream. The partition of the elements is a function of n only (never of
+//     the device's SM count or the host's worker count): P = min(ceil(n / kSumSqMinPerBlock),
+//     kSumSqMaxBlocks) blocks of kSumSqBlock threads, thread t of block b taking the elements
+//     i ≡ b·kSumSqBlock + t (mod P·kSumSqBlock) in increasing order. Each thread accumulates x² in
+//     acc_t<T>; a block_sum (fixed butterfly, then warps in order) gives the block's partial in
+//     acc_t<T>, stored as a double in `scratch[b]`. One block then sums the P partials in double:
+//     thread t adds partials t, t + kSumSqBlock, ... in index order, then a block_sum. Every
+//     addition therefore happens in an order fixed by n, so the result is bitwise reproducible
+//     across runs, thread and block schedules and worker counts. No atomics.
+//     The accumulate variant is how the norm of many tensors is formed: zero *out (or call
+//     sum_of_squares for the first tensor), then sum_of_squares_accumulate each other tensor on the
+//     same stream; the total is (((s0 + s1) + s2) + ...) in the call order, deterministic given
+//     that order. `scratch` holds sum_of_squares_scratch_bytes<T>(n) bytes (at most
+//     kSumSqMaxBlocks doubles, so one buffer of sum_of_squares_scratch_bytes<T>(largest n) serves
+//     every call on the stream: stream order keeps successive calls from overlapping).
+#pragma once
+
+#include "kernels/common.cuh"
+
+namespace pv {
+
+// The conversion of one value: widening exactly, narrowing with one round to nearest even.
+template <class From, class To>
+__host__ __device__ inline To cast_value(From v) {
+    if constexpr (std::is_same_v<From, To>) {
+        return v;
+    } else if constexpr (std::is_same_v<To, __nv_bfloat16>) {
+        if constexpr (std::is_same_v<From, double>) return __double2bfloat16(v);  // one rounding
+        else return __float2bfloat16(v);                                           // From is float
+    } else if constexpr (std::is_same_v<From, __nv_bfloat16>) {
+        return To(__bfloat162float(v));  // exact into float, then exact into double
+    } else {
+        return To(v);  // float <-> double: exact widening or one round to nearest even
+    }
+}
+
+template <class From, class To>
+__global__ void cast_kernel(const From* in, To* out, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    out[i] = cast_value<From, To>(in[i]);
+}
+
+template <class T>
+__global__ void scale_inplace_kernel(T* x, acc_t<T> factor, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    x[i] = from_acc<T>(to_acc(x[i]) * factor);
+}
+
+// No __restrict__: out may be a or b.
+template <class T>
+__global__ void add_kernel(const T* a, const T* b, T* out, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const acc_t<T> sum = to_acc(a[i]) + to_acc(b[i]);
+    out[i] = from_acc<T>(sum);
+}
+
+template <class T>
+__global__ void accumulate_kernel(T* acc, const T* x, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    acc[i] = from_acc<T>(to_acc(acc[i]) + to_acc(x[i]));
+}
+
+template <class T>
+__global__ void fill_kernel(T* x, T value, long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    x[i] = value;
+}
+
+// One block: every thread counts a strided share, then the block sums the counts.
+inline constexpr int kCountBlock = 512;
+
+__global__ inline void count_targets_kernel(const int* targets, long long n, int ignore_index, int* count) {
+    __shared__ int scratch[32];
+    int c = 0;
+    for (long long i = threadIdx.x; i < n; i += blockDim.x) c += targets[i] != ignore_index ? 1 : 0;
+    c = block_sum(c, scratch);  // every thread reaches it: no early exit above
+    if (threadIdx.x == 0) *count = c;
+}
+
+// The fixed partition of sum_of_squares (see the header comment).
+inline constexpr int kSumSqBlock = 256;
+inline constexpr long long kSumSqMinPerBlock = 8LL * kSumSqBlock;  // no block with fewer than 8 per thread
+inline constexpr int kSumSqMaxBlocks = 1024;                       // about one wave on an H100
+
+inline int sum_of_squares_blocks(long long n) {
+    const long long blocks = (n + kSumSqMinPerBlock - 1) / kSumSqMinPerBlock;
+    return int(blocks < kSumSqMaxBlocks ? blocks : kSumSqMaxBlocks);
+}
+
+// partials[b] = the sum of x² over block b's share, in acc_t<T>, then widened to double.
+template <class T>
+__global__ void sum_of_squares_partials_kernel(const T* x, long long n, double* partials) {
+    using A = acc_t<T>;
+    __shared__ A scratch[32];
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    A s = 0;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const A v = to_acc(x[i]);
+        s += v * v;
+    }
+    s = block_sum(s, scratch);
+    if (threadIdx.x == 0) partials[blockIdx.x] = double(s);
+}
+
+// One block: *out = (accumulate ? *out : 0) + Σ partials, in double, in a fixed order.
+__global__ inline void sum_of_squares_final_kernel(const double* partials, int count, double* out, bool accumulate) {
+    __shared__ double scratch[32];
+    double s = 0;
+    for (int i = threadIdx.x; i < count; i += blockDim.x) s += partials[i];
+    s = block_sum(s, scratch);
+    if (threadIdx.x == 0) *out = accumulate ? *out + s : s;
+}
+
+// ---- launchers --------------------------------------------------------------------------------
+
+inline constexpr int kGlueBlock = 256;
+
+// out[n] = in[n] converted to To (round to nearest even when narrowing).
+template <class From, class To>
+void cast(const From* in, To* out, long long n, cudaStream_t stream) {
+    if (n <= 0) return;  // an empty grid is a launch error
+    launch(cast_kernel<From, To>, dim3(ceil_div(n, kGlueBlock)), dim3(kGlueBlock), 0, stream, in, out, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+// x[n] *= factor.
+template <class T>
+void scale_inplace(T* x, acc_t<T> factor, long long n, cudaStream_t stream) {
+    if (n <= 0) return;
+    launch(scale_inplace_kernel<T>, dim3(ceil_div(n, kGlueBlock)), dim3(kGlueBlock), 0, stream, x, factor, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+// out[n] = a[n] + b[n]; out may be a or b.
+template <class T>
+void add(const T* a, const T* b, T* out, long long n, cudaStream_t stream) {
+    if (n <= 0) return;
+    launch(add_kernel<T>, dim3(ceil_div(n, kGlueBlock)), dim3(kGlueBlock), 0, stream, a, b, out, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+// acc[n] += x[n].
+template <class T>
+void accumulate(T* acc, const T* x, long long n, cudaStream_t stream) {
+    if (n <= 0) return;
+    launch(accumulate_kernel<T>, dim3(ceil_div(n, kGlueBlock)), dim3(kGlueBlock), 0, stream, acc, x, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+// x[n] = value.
+template <class T>
+void fill(T* x, T value, long long n, cudaStream_t stream) {
+    if (n <= 0) return;
+    launch(fill_kernel<T>, dim3(ceil_div(n, kGlueBlock)), dim3(kGlueBlock), 0, stream, x, value, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+// *count (one device int) = the number of targets[n] different from ignore_index. No atomics.
+inline void count_targets(const int* targets, long long n, int ignore_index, int* count, cudaStream_t stream) {
+    launch(count_targets_kernel, dim3(1), dim3(kCountBlock), 0, stream, targets, n, ignore_index, count);
+    CUDA_CHECK_LAUNCH();
+}
+
+// Bytes of device scratch sum_of_squares(_accumulate) needs for n elements (0 when n == 0).
+template <class T>
+size_t sum_of_squares_scratch_bytes(long long n) {
+    return size_t(n > 0 ? sum_of_squares_blocks(n) : 0) * sizeof(double);
+}
+
+// *out (one device double) = Σ x[n]², or += with accumulate; the common body of the two below.
+template <class T>
+void sum_of_squares_launch(const T* x, long long n, double* out, void* scratch, bool accumulate, cudaStream_t stream) {
+    const int blocks = n > 0 ? sum_of_squares_blocks(n) : 0;
+    double* partials = static_cast<double*>(scratch);
+    if (blocks > 0) {
+        launch(sum_of_squares_partials_kernel<T>, dim3(blocks), dim3(kSumSqBlock), 0, stream, x, n, partials);
+        CUDA_CHECK_LAUNCH();
+    }
+    launch(sum_of_squares_final_kernel, dim3(1), dim3(kSumSqBlock), 0, stream, partials, blocks, out, accumulate);
+    CUDA_CHECK_LAUNCH();
+}
+
+// *out (one device double) = Σ x[n]²; scratch: sum_of_squares_scratch_bytes<T>(n) device bytes.
+template <class T>
+void sum_of_squares(const T* x, long long n, double* out, void* scratch, cudaStream_t stream) {
+    sum_of_squares_launch(x, n, out, scratch, false, stream);
+}
+
+// *out += Σ x[n]², for the norm of many tensors (deterministic given the call order).
+template <class T>
+void sum_of_squares_accumulate(const T* x, long long n, double* out, void* scratch, cudaStream_t stream) {
+    sum_of_squares_launch(x, n, out, scratch, true, stream);
+}
+
+}  // namespace pv
