@@ -57,6 +57,15 @@ constexpr bool kHostBackend =
     true;
 #endif
 
+// True in the ThreadSanitizer build (test-tsan), where every emulated thread costs a fresh fiber:
+// tests run their smallest shapes there.
+constexpr bool kThreadSanitizer =
+#if defined(POLEVAULT_TSAN)
+    true;
+#else
+    false;
+#endif
+
 // True in the ASan/UBSan build (test-asan).
 constexpr bool kAddressSanitizer =
 #if defined(__SANITIZE_ADDRESS__)
