@@ -1,0 +1,181 @@
+// Fused softmax + cross-entropy over the vocabulary, the last op of the model.
+//
+// logits is [N][V] row-major, targets[N] the next-token ids. For a row n with target t:
+//   loss_n = logsumexp(logits[n]) − logits[n][t],   logsumexp(x) = m + log Σ_j exp(x_j − m),
+// with m = max_j x_j, so no exp overflows whatever the logits' magnitude. A row whose target is
+// ignore_index has loss 0 and is not counted. A target outside [0, V) that is not ignore_index is
+// a data error: that row's loss (and, in the backward, its whole gradient row) is NaN, so it
+// surfaces in loss_sum instead of reading out of bounds; the row is counted.
+// The forward writes row_loss[N], loss_sum = Σ_n row_loss[n] and count = #counted rows.
+//
+// Backward of L = scale · Σ_n loss_n (scale = 1 / the step's global count of counted tokens,
+// passed in by the caller: DESIGN.md §4, the count covers all micro-steps and ranks):
+//   dlogits[n][j] = scale · (softmax(logits[n])_j − [j == t])  for counted rows, 0 for ignored.
+// The probabilities are recomputed from the logits (nothing V-sized is kept from the forward).
+//
+// Kernels: one block per row. Each thread walks the row with stride blockDim keeping an online
+// (max, sum) pair — sum = Σ exp(x − max), rescaled when the max grows — so the logits are read
+// once for both statistics; the pairs are then merged by warp shuffles and across warps through
+// shared memory, in a fixed order, and every thread gets the same (max, sum). The backward then
+// writes the gradient; each thread writes only the elements it reads in that second pass, and
+// every read of the first pass happens before the reduction's barriers, so dlogits may alias
+// logits (in place, as llm.c does, saving an N·V buffer). loss_sum and count come from a second,
+// single-block kernel that sums row_loss in a fixed order: no atomics, so the loss is bitwise
+// reproducible. V may be anything from 1 to the 128256 of Llama 3 (odd sizes included).
+#pragma once
+
+#include "kernels/common.cuh"
+
+#include <cfloat>
+
+namespace pv {
+
+// The online softmax statistics of a set of values: max and Σ exp(x − max).
+template <class A>
+struct CrossEntropyStats {
+    A max;
+    A sum;
+};
+
+// The "empty set": the lowest finite value, not −∞, so that merging two empty sets (or adding a
+// −∞ logit) computes exp(lowest − lowest) = 1 times a zero sum, never exp(−∞ + ∞) = NaN.
+__device__ inline float cross_entropy_lowest(float) { return -FLT_MAX; }
+__device__ inline double cross_entropy_lowest(double) { return -DBL_MAX; }
+
+// Merges (m2, s2) into (m, s). Commutative bit for bit (max and the two-term sum are), so both
+// lanes of a butterfly step get the same result.
+template <class A>
+__device__ inline CrossEntropyStats<A> cross_entropy_merge(CrossEntropyStats<A> a, CrossEntropyStats<A> b) {
+    const A m = acc_max(a.max, b.max);
+    return {m, a.sum * acc_exp(a.max - m) + b.sum * acc_exp(b.max - m)};
+}
+
+// Every thread's (max, sum) over the row `x` of length V, merged over the block; every thread gets
+// the same result. `scratch` holds 32 pairs of shared memory; it may be reused after the call.
+template <class T>
+__device__ inline CrossEntropyStats<acc_t<T>> cross_entropy_row_stats(const T* x, int V,
+                                                                       CrossEntropyStats<acc_t<T>>* scratch) {
+    using A = acc_t<T>;
+    CrossEntropyStats<A> st{cross_entropy_lowest(A(0)), A(0)};
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        const A v = to_acc(x[j]);
+        if (v > st.max) {
+            st.sum = st.sum * acc_exp(st.max - v) + A(1);
+            st.max = v;
+        } else {
+            st.sum += acc_exp(v - st.max);  // a NaN logit lands here and makes the sum NaN
+        }
+    }
+    for (int offset = 16; offset > 0; offset /= 2) {
+        const CrossEntropyStats<A> other{__shfl_xor_sync(0xffffffffu, st.max, offset),
+                                         __shfl_xor_sync(0xffffffffu, st.sum, offset)};
+        st = cross_entropy_merge(st, other);
+    }
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    if (lane == 0) scratch[warp] = st;
+    __syncthreads();
+    CrossEntropyStats<A> total = scratch[0];
+    for (int w = 1; w < warps; ++w) total = cross_entropy_merge(total, scratch[w]);  // same order everywhere
+    __syncthreads();
+    return total;
+}
+
+// One block per row: row_loss[n].
+template <class T>
+__global__ void cross_entropy_forward_kernel(const T* logits, const int* targets, acc_t<T>* row_loss, int V,
+                                             int ignore_index) {
+    using A = acc_t<T>;
+    __shared__ CrossEntropyStats<A> scratch[32];
+    const long long row = blockIdx.x;
+    const T* x = logits + row * V;
+    const int t = targets[row];
+    const CrossEntropyStats<A> st = cross_entropy_row_stats(x, V, &scratch[0]);
+    if (threadIdx.x == 0) {
+        A loss;
+        if (t == ignore_index) loss = A(0);
+        else if (t < 0 || t >= V) loss = A(NAN);
+        else loss = st.max + acc_log(st.sum) - to_acc(x[t]);
+        row_loss[row] = loss;
+    }
+}
+
+// One block: loss_sum = Σ row_loss and count = #(targets != ignore_index), each thread summing a
+// fixed strided subset, then a fixed-order block reduction.
+template <class T>
+__global__ void cross_entropy_sum_kernel(const acc_t<T>* row_loss, const int* targets, acc_t<T>* loss_sum,
+                                         int* count, long long N, int ignore_index) {
+    using A = acc_t<T>;
+    __shared__ A scratch[32];
+    __shared__ int count_scratch[32];
+    A sum = 0;
+    int counted = 0;
+    for (long long n = threadIdx.x; n < N; n += blockDim.x) {
+        sum += row_loss[n];
+        counted += targets[n] != ignore_index;
+    }
+    sum = block_sum(sum, &scratch[0]);
+    counted = block_sum(counted, &count_scratch[0]);
+    if (threadIdx.x == 0) {
+        *loss_sum = sum;
+        *count = counted;
+    }
+}
+
+// One block per row: dlogits[n] = scale·(softmax − onehot), or 0 for an ignored row. dlogits may
+// be logits (see the header comment).
+template <class T>
+__global__ void cross_entropy_backward_kernel(const T* logits, const int* targets, T* dlogits, int V,
+                                              int ignore_index, acc_t<T> scale) {
+    using A = acc_t<T>;
+    __shared__ CrossEntropyStats<A> scratch[32];
+    const long long row = blockIdx.x;
+    const T* x = logits + row * V;
+    T* dx = dlogits + row * V;
+    const int t = targets[row];
+    if (t == ignore_index) {  // uniform over the block: no barrier is skipped by part of it
+        for (int j = threadIdx.x; j < V; j += blockDim.x) dx[j] = from_acc<T>(A(0));
+    } else {
+        const CrossEntropyStats<A> st = cross_entropy_row_stats(x, V, &scratch[0]);
+        // A target outside [0, V) poisons the whole row with NaN.
+        const A bad = (t < 0 || t >= V) ? A(NAN) : A(0);
+        const A norm = scale / st.sum;
+        for (int j = threadIdx.x; j < V; j += blockDim.x) {
+            const A p = acc_exp(to_acc(x[j]) - st.max);  // read before this thread's own write
+            dx[j] = from_acc<T>(p * norm - (j == t ? scale : A(0)) + bad);
+        }
+    }
+}
+
+// Threads per row: a multiple of 32 giving each thread about 16 logits or more (the N rows in flight
+// keep the GPU busy), at most 1024 (from V = 16384 on; Llama 3's 128256 gives 126 each).
+inline int cross_entropy_block_size(int V) { return V >= 16384 ? 1024 : 32 * ceil_div(V, 16 * 32); }
+
+// row_loss[N] (0 for ignored rows), *loss_sum = Σ row_loss (fixed order), *count = the number of
+// counted rows; loss_sum and count are single device values.
+template <class T>
+void cross_entropy_forward(const T* logits, const int* targets, acc_t<T>* row_loss, acc_t<T>* loss_sum, int* count,
+                           long long N, int V, int ignore_index, cudaStream_t stream) {
+    if (N > 0) {
+        launch(cross_entropy_forward_kernel<T>, dim3(unsigned(N)), dim3(cross_entropy_block_size(V)), 0, stream,
+               logits, targets, row_loss, V, ignore_index);
+        CUDA_CHECK_LAUNCH();
+    }
+    // A warp per 32 rows, at most 8 (the sum is a few microseconds at any N); N < 2^31 (grid size).
+    const int sum_block = N >= 256 ? 256 : 32 * ceil_div(N > 0 ? N : 1, 32);
+    launch(cross_entropy_sum_kernel<T>, dim3(1), dim3(sum_block), 0, stream, row_loss, targets, loss_sum, count, N,
+           ignore_index);
+    CUDA_CHECK_LAUNCH();
+}
+
+// dlogits[N][V] = (softmax(logits) − onehot(target))·scale for counted rows, 0 for ignored rows;
+// scale is 1 / (the global count of counted tokens). dlogits may equal logits (in place).
+template <class T>
+void cross_entropy_backward(const T* logits, const int* targets, T* dlogits, long long N, int V, int ignore_index,
+                            double scale, cudaStream_t stream) {
+    if (N == 0) return;  // an empty grid is a launch error
+    launch(cross_entropy_backward_kernel<T>, dim3(unsigned(N)), dim3(cross_entropy_block_size(V)), 0, stream, logits,
+           targets, dlogits, V, ignore_index, acc_t<T>(scale));
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace pv

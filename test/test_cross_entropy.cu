@@ -1,0 +1,201 @@
+// Fused softmax + cross-entropy against the fp64 reference (bf16, fp32, fp64), with ignored rows,
+// logits large enough that a naive exp overflows, bad targets, the in-place backward, a
+// central-difference check of the backward in fp64 and the bitwise determinism of loss_sum.
+#include "kernels/cross_entropy.cuh"
+#include "test/check.h"
+#include "test/gradcheck.h"
+#include "test/reference/cross_entropy.h"
+
+#include <cstring>
+#include <random>
+
+using namespace pv::test;
+
+namespace cross_entropy_test {
+
+constexpr int kIgnore = -100;
+
+// Under ThreadSanitizer (make test-tsan) every emulated thread is a fresh fiber context and runs
+// ~100 times slower; the races it looks for (the shared-memory merge, the in-place backward) show
+// up at small row counts, so that build runs fewer rows (multi-warp blocks stay: V = 4099) and
+// samples the gradient check.
+constexpr bool kTsanBuild = pv::kThreadSanitizer;
+long long rows_for_build(long long rows, long long tsan_rows) { return kTsanBuild ? tsan_rows : rows; }
+
+enum class Ignore { Some, All };
+
+// Targets in [0, V); with Ignore::Some about a quarter of the rows get kIgnore, with Ignore::All
+// every row does.
+std::vector<int> random_targets(size_t N, int V, Ignore ignore, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_int_distribution<int> token(0, V - 1), quarter(0, 3);
+    std::vector<int> t(N);
+    for (auto& v : t) v = (ignore == Ignore::All || quarter(rng) == 0) ? kIgnore : token(rng);
+    return t;
+}
+
+template <class T>
+bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// The forward's outputs on the host.
+template <class T>
+struct Forward {
+    std::vector<pv::acc_t<T>> row_loss;
+    pv::acc_t<T> loss_sum;
+    int count;
+};
+
+template <class T>
+Forward<T> run_forward(const DeviceArray<T>& logits, const DeviceArray<int>& targets, long long N, int V) {
+    using A = pv::acc_t<T>;
+    DeviceArray<A> row_loss{size_t(N)}, loss_sum{1};
+    DeviceArray<int> count{1};
+    pv::cross_entropy_forward(logits.get(), targets.get(), row_loss.get(), loss_sum.get(), count.get(), N, V, kIgnore,
+                              nullptr);
+    return {row_loss.download(), loss_sum.download()[0], count.download()[0]};
+}
+
+// Inputs rounded to T, so the reference sees exactly what the kernel sees. Checks the forward, the
+// backward out of place, and that the backward in place (dlogits == logits) gives the same bits.
+template <class T>
+void check_against_reference(long long N, int V, Ignore ignore, uint64_t seed, double lo = -4.0, double hi = 4.0) {
+    const auto logits = random_vector<T>(size_t(N) * V, seed, lo, hi);
+    const auto targets = random_targets(size_t(N), V, ignore, seed + 1);
+    DeviceArray<T> d_logits(logits), d_dlogits(logits.size()), d_inplace(logits);
+    DeviceArray<int> d_targets(targets);
+
+    const Forward<T> f = run_forward(d_logits, d_targets, N, V);
+    const auto ref = pv::reference::cross_entropy_forward(to_double(logits), targets, size_t(N), size_t(V), kIgnore);
+    const double scale = ref.count > 0 ? 1.0 / ref.count : 1.0;
+    pv::cross_entropy_backward(d_logits.get(), d_targets.get(), d_dlogits.get(), N, V, kIgnore, scale, nullptr);
+    pv::cross_entropy_backward(d_inplace.get(), d_targets.get(), d_inplace.get(), N, V, kIgnore, scale, nullptr);
+    const auto ref_d = pv::reference::cross_entropy_backward(to_double(logits), targets, size_t(N), size_t(V), kIgnore,
+                                                             scale);
+    const auto dlogits = d_dlogits.download();
+
+    const std::string e1 = compare(to_double(f.row_loss), ref.row_loss, tolerance<T>());
+    const std::string e2 = compare({double(f.loss_sum)}, {ref.loss_sum}, tolerance<T>());
+    const std::string e3 = compare(to_double(dlogits), ref_d, tolerance<T>());
+    INFO("N " << N << " V " << V << " logits in [" << lo << ", " << hi << ") counted " << ref.count
+              << "\nrow_loss: " << e1 << "\nloss_sum: " << e2 << "\ndlogits: " << e3);
+    REQUIRE(e1.empty());
+    REQUIRE(e2.empty());
+    REQUIRE(f.count == ref.count);
+    REQUIRE(e3.empty());
+    REQUIRE(bitwise_equal(d_inplace.download(), dlogits));
+}
+
+}  // namespace cross_entropy_test
+
+using namespace cross_entropy_test;
+
+TEST_CASE("cross-entropy matches the fp64 reference", "[kernels][cross_entropy]") {
+    for (long long N : {1LL, 7LL, 33LL, 130LL})
+        for (int V : {5, 515, 4099}) {
+            if (kTsanBuild && (N > 7 || N * V > 4099)) continue;  // TSan: 1 row of each V, 7 of the small ones
+            const uint64_t seed = uint64_t(N * 10000 + V);
+            check_against_reference<double>(N, V, Ignore::Some, seed);
+            check_against_reference<float>(N, V, Ignore::Some, seed + 2);
+            check_against_reference<__nv_bfloat16>(N, V, Ignore::Some, seed + 4);
+        }
+}
+
+// Every row ignored: count 0, loss_sum exactly 0, every gradient exactly 0.
+TEST_CASE("cross-entropy with every row ignored", "[kernels][cross_entropy]") {
+    for (long long N : {1LL, 7LL}) {
+        check_against_reference<double>(N, 515, Ignore::All, 50);
+        check_against_reference<float>(N, 515, Ignore::All, 51);
+        check_against_reference<__nv_bfloat16>(N, 515, Ignore::All, 52);
+    }
+}
+
+// exp(100) overflows float (and exp(-100) underflows): the max-shifted online sums do not.
+TEST_CASE("cross-entropy with logits where a naive exp overflows", "[kernels][cross_entropy]") {
+    const long long N = rows_for_build(33, 7);
+    check_against_reference<float>(N, 515, Ignore::Some, 60, -100.0, 100.0);
+    check_against_reference<float>(N, 515, Ignore::Some, 61, 85.0, 100.0);   // a naive Σ exp is inf
+    check_against_reference<float>(7, 4099, Ignore::Some, 62, -100.0, -85.0);  // a naive Σ exp is 0
+    check_against_reference<__nv_bfloat16>(N, 515, Ignore::Some, 63, -100.0, 100.0);
+    check_against_reference<double>(N, 515, Ignore::Some, 64, -800.0, 800.0);  // exp(710) overflows double
+}
+
+TEST_CASE("cross-entropy at Llama 3's vocabulary size", "[kernels][cross_entropy]") {
+    check_against_reference<float>(rows_for_build(3, 1), 128256, Ignore::Some, 70);
+    check_against_reference<__nv_bfloat16>(rows_for_build(2, 1), 128256, Ignore::Some, 71);
+}
+
+// A target outside [0, V) that is not ignore_index: that row's loss and gradient are NaN, the row
+// is counted, and the other rows are unaffected.
+TEST_CASE("cross-entropy marks out-of-range targets with NaN", "[kernels][cross_entropy]") {
+    const long long N = 4;
+    const int V = 9;
+    const auto logits = random_vector<float>(size_t(N) * V, 80);
+    const std::vector<int> targets = {2, -1, V, kIgnore};
+    DeviceArray<float> d_logits(logits), d_dlogits(logits.size());
+    DeviceArray<int> d_targets(targets);
+    const Forward<float> f = run_forward(d_logits, d_targets, N, V);
+    pv::cross_entropy_backward(d_logits.get(), d_targets.get(), d_dlogits.get(), N, V, kIgnore, 1.0 / 3, nullptr);
+    const auto d = d_dlogits.download();
+
+    const auto ref = pv::reference::cross_entropy_forward(to_double(logits), {2, kIgnore, kIgnore, kIgnore}, 1, V,
+                                                          kIgnore);
+    const auto ref_d = pv::reference::cross_entropy_backward(to_double(logits), {2}, 1, V, kIgnore, 1.0 / 3);
+    REQUIRE(compare({double(f.row_loss[0])}, {ref.row_loss[0]}, tolerance<float>()).empty());
+    REQUIRE(std::isnan(f.row_loss[1]));
+    REQUIRE(std::isnan(f.row_loss[2]));
+    REQUIRE(f.row_loss[3] == 0.0f);
+    REQUIRE(std::isnan(f.loss_sum));
+    REQUIRE(f.count == 3);
+    REQUIRE(compare(to_double(std::vector<float>(d.begin(), d.begin() + V)), ref_d, tolerance<float>()).empty());
+    for (int j = 0; j < V; ++j) {
+        INFO("column " << j);
+        REQUIRE(std::isnan(d[size_t(V + j)]));
+        REQUIRE(std::isnan(d[size_t(2 * V + j)]));
+        REQUIRE(d[size_t(3 * V + j)] == 0.0f);
+    }
+}
+
+// L = loss_sum · scale with scale = 1 / count, the step loss of DESIGN.md §4.
+TEST_CASE("cross-entropy backward equals central differences of its forward (fp64)",
+          "[kernels][cross_entropy][gradcheck]") {
+    const long long N = 5;
+    const int V = 7;
+    auto logits = random_vector<double>(size_t(N) * V, 90, -3.0, 3.0);
+    const std::vector<int> targets = {3, kIgnore, 0, 6, 3};
+    const double scale = 1.0 / 4;
+    DeviceArray<double> d_logits(logits), d_dlogits(logits.size());
+    DeviceArray<int> d_targets(targets);
+    auto loss = [&] {
+        d_logits.upload(logits);
+        const Forward<double> f = run_forward(d_logits, d_targets, N, V);
+        REQUIRE(f.count == 4);
+        return f.loss_sum * scale;
+    };
+    // Every coordinate, or under TSan every 4th (each forward there costs ~0.1 s).
+    std::vector<size_t> indices;
+    for (size_t i = 0; i < logits.size(); i += kTsanBuild ? 4 : 1) indices.push_back(i);
+    const auto numeric = numerical_gradient(logits, loss, indices);
+    d_logits.upload(logits);
+    pv::cross_entropy_backward(d_logits.get(), d_targets.get(), d_dlogits.get(), N, V, kIgnore, scale, nullptr);
+    const std::string err = compare(gather(d_dlogits.download(), indices), gather(numeric, indices), kGradTolerance);
+    INFO(err);
+    REQUIRE(err.empty());
+}
+
+// The same inputs give the same bits: fixed reduction orders, no atomics (under the random
+// schedules each launch also runs its threads and blocks in a different order).
+TEST_CASE("cross-entropy loss_sum is bitwise deterministic", "[kernels][cross_entropy]") {
+    const long long N = rows_for_build(130, 2);
+    const int V = 4099;
+    const auto logits = random_vector<float>(size_t(N) * V, 100, -6.0, 6.0);
+    const auto targets = random_targets(size_t(N), V, Ignore::Some, 101);
+    DeviceArray<float> d_logits(logits);
+    DeviceArray<int> d_targets(targets);
+    const Forward<float> a = run_forward(d_logits, d_targets, N, V);
+    const Forward<float> b = run_forward(d_logits, d_targets, N, V);
+    REQUIRE(std::memcmp(&a.loss_sum, &b.loss_sum, sizeof(float)) == 0);
+    REQUIRE(bitwise_equal(a.row_loss, b.row_loss));
+    REQUIRE(a.count == b.count);
+}

@@ -1,0 +1,227 @@
+// RoPE kernels against the fp64 reference (bf16, fp32, fp64) on a fused [q | k | v | pad] row,
+// the inverse frequencies (plain and Llama-3 scaled) against values computed here in long double,
+// a forward-backward round trip, and a central-difference check of the backward in fp64.
+#include "kernels/rope.cuh"
+#include "test/check.h"
+#include "test/gradcheck.h"
+#include "test/reference/rope.h"
+
+using namespace pv::test;
+
+namespace rope_test {
+
+// Under ThreadSanitizer (make test-tsan) every emulated thread is a fresh fiber context and runs
+// ~100 times slower; this barrier-free kernel has no shared memory to race on, so that build
+// keeps only short sequences and samples the gradient check.
+constexpr bool kTsanBuild = pv::kThreadSanitizer;
+
+// inv_freq as the kernel gets it: rounded to acc_t<T>. The reference gets the rounded values too.
+template <class T>
+std::vector<pv::acc_t<T>> to_acc_vector(const std::vector<double>& v) {
+    return std::vector<pv::acc_t<T>>(v.begin(), v.end());
+}
+
+// The fused attention projection row: q (n_heads heads), k (n_kv_heads heads), v (n_kv_heads
+// heads), then `pad` values. q is rotated by one call and k by a second call on x + q_width; v
+// and the padding must come back bit for bit.
+struct Layout {
+    int n_heads = 3, n_kv_heads = 1, head_dim = 8, pad = 5;
+    int q_width() const { return n_heads * head_dim; }
+    int rotated() const { return (n_heads + n_kv_heads) * head_dim; }  // q and k are adjacent
+    long long stride() const { return (n_heads + 2LL * n_kv_heads) * head_dim + pad; }
+};
+
+// Runs forward (sign +1) or backward (-1) on both q and k of the fused rows.
+template <class T>
+void rotate_q_and_k(T* x, const pv::acc_t<T>* inv_freq, long long rows, int seq_len, const Layout& l, int sign) {
+    if (sign > 0) {
+        pv::rope_forward(x, inv_freq, rows, seq_len, l.n_heads, l.head_dim, l.stride(), nullptr);
+        pv::rope_forward(x + l.q_width(), inv_freq, rows, seq_len, l.n_kv_heads, l.head_dim, l.stride(), nullptr);
+    } else {
+        pv::rope_backward(x, inv_freq, rows, seq_len, l.n_heads, l.head_dim, l.stride(), nullptr);
+        pv::rope_backward(x + l.q_width(), inv_freq, rows, seq_len, l.n_kv_heads, l.head_dim, l.stride(), nullptr);
+    }
+}
+
+// The number of elements outside q and k that changed (must be 0: compared bit for bit).
+template <class T>
+size_t changed_outside(const std::vector<T>& got, const std::vector<T>& in, long long rows, const Layout& l) {
+    size_t changed = 0;
+    for (long long r = 0; r < rows; ++r)
+        for (long long c = l.rotated(); c < l.stride(); ++c) {
+            const size_t k = size_t(r * l.stride() + c);
+            if (std::memcmp(&got[k], &in[k], sizeof(T)) != 0) ++changed;
+        }
+    return changed;
+}
+
+template <class T>
+void check_against_reference(int seq_len, int head_dim, const pv::Llama3RopeScaling& scaling, double theta,
+                             uint64_t seed) {
+    const long long batch = 2, rows = batch * seq_len;
+    Layout l;
+    l.head_dim = head_dim;
+    const auto inv_freq = to_acc_vector<T>(pv::rope_inverse_frequencies(head_dim, theta, scaling));
+    const auto x = random_vector<T>(size_t(rows * l.stride()), seed);
+    const auto dout = random_vector<T>(x.size(), seed + 1);
+    DeviceArray<pv::acc_t<T>> d_inv(inv_freq);
+    DeviceArray<T> d_x(x), d_dx(dout);
+
+    rotate_q_and_k(d_x.get(), d_inv.get(), rows, seq_len, l, +1);
+    rotate_q_and_k(d_dx.get(), d_inv.get(), rows, seq_len, l, -1);
+    const auto got = d_x.download(), got_d = d_dx.download();
+
+    const auto ref = pv::reference::rope_forward(to_double(x), to_double(inv_freq), size_t(rows), size_t(seq_len),
+                                                 size_t(l.n_heads + l.n_kv_heads), size_t(head_dim),
+                                                 size_t(l.stride()));
+    const auto ref_d = pv::reference::rope_backward(to_double(dout), to_double(inv_freq), size_t(rows),
+                                                    size_t(seq_len), size_t(l.n_heads + l.n_kv_heads),
+                                                    size_t(head_dim), size_t(l.stride()));
+    const std::string e1 = compare(to_double(got), ref, tolerance<T>());
+    const std::string e2 = compare(to_double(got_d), ref_d, tolerance<T>());
+    INFO("seq_len " << seq_len << " head_dim " << head_dim << " llama3 " << scaling.enabled() << "\nforward: " << e1
+                    << "\nbackward: " << e2);
+    REQUIRE(e1.empty());
+    REQUIRE(e2.empty());
+    REQUIRE(changed_outside(got, x, rows, l) == 0);
+    REQUIRE(changed_outside(got_d, dout, rows, l) == 0);
+}
+
+// Llama-3.2-1B's published config.json: rope_theta 500000, head_dim 64 (2048 / 32 heads),
+// rope_scaling {rope_type "llama3", factor 32, low_freq_factor 1, high_freq_factor 4,
+// original_max_position_embeddings 8192}.
+pv::Llama3RopeScaling llama32_scaling() {
+    pv::Llama3RopeScaling s;
+    s.factor = 32;
+    s.low_freq_factor = 1;
+    s.high_freq_factor = 4;
+    s.original_max_position = 8192;
+    return s;
+}
+
+}  // namespace rope_test
+
+using namespace rope_test;
+
+TEST_CASE("rope matches the fp64 reference on fused q|k|v rows", "[kernels][rope]") {
+    const pv::Llama3RopeScaling none;
+    for (int seq_len : {1, 7, 33, 130})
+        for (int head_dim : {8, 64, 128}) {
+            if (kTsanBuild && (seq_len != 7 || head_dim != 8)) continue;
+            // Llama-3 scaled frequencies at head_dim 64 (Llama-3.2-1B's), plain ones elsewhere.
+            const bool llama3 = head_dim == 64;
+            const pv::Llama3RopeScaling scaling = llama3 ? llama32_scaling() : none;
+            const double theta = llama3 ? 500000.0 : 10000.0;
+            const uint64_t seed = uint64_t(seq_len * 1000 + head_dim);
+            check_against_reference<double>(seq_len, head_dim, scaling, theta, seed);
+            check_against_reference<float>(seq_len, head_dim, scaling, theta, seed + 2);
+            check_against_reference<__nv_bfloat16>(seq_len, head_dim, scaling, theta, seed + 4);
+        }
+}
+
+// The angle is formed in float for fp32 (see kernels/rope.cuh); with the product's rounding error
+// carried along, positions far past the test sequences above still rotate to fp32 accuracy.
+TEST_CASE("rope in fp32 stays accurate at long positions", "[kernels][rope]") {
+    const int seq_len = kTsanBuild ? 64 : 8192, head_dim = 64;
+    const auto inv_freq = to_acc_vector<float>(pv::rope_inverse_frequencies(head_dim, 500000.0, llama32_scaling()));
+    const auto x = random_vector<float>(size_t(seq_len) * head_dim, 7);
+    DeviceArray<float> d_inv(inv_freq), d_x(x);
+    pv::rope_forward(d_x.get(), d_inv.get(), seq_len, seq_len, 1, head_dim, head_dim, nullptr);
+    const auto ref = pv::reference::rope_forward(to_double(x), to_double(inv_freq), size_t(seq_len), size_t(seq_len),
+                                                 1, size_t(head_dim), size_t(head_dim));
+    const std::string err = compare(to_double(d_x.download()), ref, tolerance<float>());
+    INFO(err);
+    REQUIRE(err.empty());
+}
+
+// Expected values from the published formula (transformers, src/transformers/modeling_rope_utils.py,
+// _compute_llama3_parameters, the same as Meta's llama-models apply_scaling), in long double.
+TEST_CASE("rope inverse frequencies, plain and Llama-3 scaled (Llama-3.2-1B)", "[kernels][rope]") {
+    const int head_dim = 64;
+    const long double theta = 500000.0L, factor = 32, low = 1, high = 4, original = 8192;
+    const long double pi = 3.141592653589793238462643383279502884L;
+
+    std::vector<double> plain_expected, scaled_expected;
+    int unchanged = 0, interpolated = 0, divided = 0;
+    for (int i = 0; i < head_dim / 2; ++i) {
+        const long double f = 1.0L / std::pow(theta, (long double)(2 * i) / head_dim);
+        plain_expected.push_back(double(f));
+        const long double wavelen = 2 * pi / f;
+        long double scaled;
+        if (wavelen < original / high) {
+            scaled = f, ++unchanged;
+        } else if (wavelen > original / low) {
+            scaled = f / factor, ++divided;
+        } else {
+            const long double smooth = (original / wavelen - low) / (high - low);
+            scaled = (1 - smooth) * f / factor + smooth * f, ++interpolated;
+        }
+        scaled_expected.push_back(double(scaled));
+    }
+    // The config exercises all three regimes: pairs 0-14 keep their frequency, 15-17 are
+    // interpolated, 18-31 are divided by 32.
+    REQUIRE(unchanged == 15);
+    REQUIRE(interpolated == 3);
+    REQUIRE(divided == 14);
+
+    const auto plain = pv::rope_inverse_frequencies(head_dim, 500000.0, pv::Llama3RopeScaling{});
+    const auto scaled = pv::rope_inverse_frequencies(head_dim, 500000.0, llama32_scaling());
+    // A few ulps of double: pow, then the interpolation's handful of operations.
+    const std::string e1 = compare(plain, plain_expected, 1e-14);
+    const std::string e2 = compare(scaled, scaled_expected, 1e-14);
+    INFO("plain: " << e1 << "\nscaled: " << e2);
+    REQUIRE(e1.empty());
+    REQUIRE(e2.empty());
+    REQUIRE(plain[0] == 1.0);
+    REQUIRE(scaled[0] == 1.0);
+
+    // Another head size and base without scaling (Llama 2 / SmolLM2 style).
+    const auto other = pv::rope_inverse_frequencies(128, 10000.0, pv::Llama3RopeScaling{});
+    std::vector<double> other_expected;
+    for (int i = 0; i < 64; ++i) other_expected.push_back(double(std::pow(10000.0L, -(long double)(2 * i) / 128)));
+    const std::string e3 = compare(other, other_expected, 1e-14);
+    INFO(e3);
+    REQUIRE(e3.empty());
+}
+
+TEST_CASE("rope backward undoes the forward (fp64)", "[kernels][rope]") {
+    Layout l;
+    l.head_dim = 64;
+    const int seq_len = kTsanBuild ? 7 : 130;
+    const long long rows = 2LL * seq_len;
+    const auto inv_freq = pv::rope_inverse_frequencies(l.head_dim, 500000.0, llama32_scaling());
+    const auto x = random_vector<double>(size_t(rows * l.stride()), 30);
+    DeviceArray<double> d_inv(inv_freq), d_x(x);
+    rotate_q_and_k(d_x.get(), d_inv.get(), rows, seq_len, l, +1);
+    rotate_q_and_k(d_x.get(), d_inv.get(), rows, seq_len, l, -1);
+    const auto got = d_x.download();
+    const std::string err = compare(got, x, 1e-12);
+    INFO(err);
+    REQUIRE(err.empty());
+    REQUIRE(changed_outside(got, x, rows, l) == 0);
+}
+
+TEST_CASE("rope backward equals central differences of its forward (fp64)", "[kernels][rope][gradcheck]") {
+    Layout l;
+    l.n_heads = 2, l.n_kv_heads = 1, l.head_dim = 8, l.pad = 3;
+    const int seq_len = 3;
+    const long long rows = 2LL * seq_len;
+    const auto inv_freq = pv::rope_inverse_frequencies(l.head_dim, 10000.0, pv::Llama3RopeScaling{});
+    auto x = random_vector<double>(size_t(rows * l.stride()), 40);
+    const auto g = random_vector<double>(x.size(), 41);
+    DeviceArray<double> d_inv(inv_freq), d_x(x.size()), d_g(g);
+    // L = <g, rope(x)> over whole rows: v and the padding pass through, so their gradient is g.
+    auto loss = [&] {
+        d_x.upload(x);
+        rotate_q_and_k(d_x.get(), d_inv.get(), rows, seq_len, l, +1);
+        return dot(d_x.download(), g);
+    };
+    // Every coordinate, or under TSan every 8th (each forward there costs ~0.1 s).
+    std::vector<size_t> indices;
+    for (size_t i = 0; i < x.size(); i += kTsanBuild ? 8 : 1) indices.push_back(i);
+    const auto numeric = numerical_gradient(x, loss, indices);
+    rotate_q_and_k(d_g.get(), d_inv.get(), rows, seq_len, l, -1);  // in place: g becomes dL/dx
+    const std::string err = compare(gather(d_g.download(), indices), gather(numeric, indices), kGradTolerance);
+    INFO(err);
+    REQUIRE(err.empty());
+}
