@@ -1,0 +1,513 @@
+// Causal self-attention with grouped-query heads (GQA), flash-style: forward and backward.
+//
+// Layout. The fused projection output qkv is row-major [B][T][(H + 2·Hkv)·hd]; each row holds H
+// query heads, then Hkv key heads, then Hkv value heads, each hd wide (RoPE already applied to q
+// and k). Query head h reads KV head h / (H / Hkv). The output is [B][T][H·hd]; the backward's
+// dqkv has the layout of qkv and is overwritten, every element (q, k and v parts).
+//
+// Forward, with s = 1/sqrt(hd) and causal keys j ≤ i:
+//   x_ij  = s · q_i·k_j
+//   lse_i = log Σ_j exp(x_ij)                 saved as lse[b][h][i] in acc_t<T>, the only statistic
+//   P_ij  = exp(x_ij − lse_i)
+//   out_i = Σ_j P_ij v_j
+// Backward (FlashAttention-2), with dO the incoming gradient:
+//   D_i   = dO_i·out_i                        (attention_backward_dot_kernel, into the scratch)
+//   dP_ij = dO_i·v_j,   dS_ij = P_ij (dP_ij − D_i)      (Σ_j P_ij dP_ij = D_i: the softmax backward)
+//   dQ_i  = s Σ_j dS_ij k_j
+//   dK_j  = s Σ_i dS_ij q_i     and   dV_j = Σ_i P_ij dO_i,   summed over the query heads of KV head j.
+//
+// How the kernels work. No T×T matrix ever reaches device memory: a block owns a tile of rows
+// and streams the other side through shared memory one tile at a time; P is recomputed from the
+// saved lse in the backward. Every block has G = 4 threads per owned row (a row's four threads are
+// adjacent lanes of one warp), so thread t owns row t / 4 and, within it, lane g = t % 4 owns
+//   - the streamed columns c ≡ g (mod 4) of each score tile (their dot products over hd), and
+//   - the head dimensions d ≡ g (mod 4) of the row's accumulators, in registers: hd/4 values per
+//     accumulator with a compile-time head dim (64 and 128 are specialised), at most 128/4 = 32
+//     in the generic path (any other hd ≤ 128, e.g. 8, 32, 48, 96, read at run time).
+// A score tile goes from its column owners to its dimension owners through shared memory; since
+// a row's four threads share a warp, a __syncwarp is the only barrier between the two phases, and
+// a __syncthreads separates each tile load from its use and each use from the next load.
+//
+// - attention_forward_kernel: grid (query tile, query head, batch), 4·Br threads. Q tile [Br][hd]
+//   stays in shared memory; for each key tile up to the diagonal it loads K and V [Bc][hd], then
+//   each thread computes its Bc/4 scores, takes the row max over the 4 lanes (two xor shuffles),
+//   rescales (online softmax: running max m, running partial sum l per lane, summed over the
+//   lanes once at the end), writes its probabilities into the shared tile S [Br][Bc], and updates
+//   its output dims with Σ_c S[r][c]·V[c][d]. lse = m + log l.
+// - attention_backward_dot_kernel: one warp per (b, i, h) row, D = warp_sum(dO·O).
+// - attention_backward_dkv_kernel: grid (key tile, KV head, batch), 4·Bc threads. K and V [Bc][hd]
+//   stay in shared memory; the block loops over the query heads sharing the KV head and, for each,
+//   over the query tiles from the diagonal on, loading Q and dO [Br][hd] with their lse and D.
+//   Each thread computes P and dS for its Br/4 query rows, both go to shared tiles [Bc][Br], and
+//   each thread accumulates dV[c][d] += Σ_r P·dO[r][d] and dK[c][d] += Σ_r dS·Q[r][d] for its dims.
+//   The block alone owns these key rows, so the sum over query heads and tiles has a fixed order.
+// - attention_backward_dq_kernel: grid (query tile, query head, batch), 4·Br threads. Q and dO
+//   [Br][hd] stay; for each key tile up to the diagonal it loads K and V, computes dS for the
+//   thread's Bc/4 keys into a shared tile, and accumulates dQ[r][d] += Σ_c dS·K[c][d].
+// Every sum runs in one fixed order and nothing is accumulated across blocks (no atomics), so the
+// results are bitwise deterministic.
+//
+// Shared memory. Tiles are kept in T (rows padded to hd + 2 for bf16, hd + 1 otherwise, so
+// that the four lanes of a row and the eight rows of a warp fall in different banks); score
+// tiles and the backward's per-row lse and D are in acc_t<T>, rows padded to the streamed tile
+// + 4. Each kernel takes the largest of the tile pairs (owned, streamed) = (32, 32), (32, 16),
+// (16, 16), (16, 8), (8, 8) whose footprint fits the default 48 KiB (attention_pick_tile), so
+// no instantiation needs the opt-in. Per instantiation (the generic path uses hd = 128's tiles;
+// a smaller run-time hd uses less memory):
+//
+//   T     hd    forward Br×Bc, bytes   dK/dV Bc×Br, bytes    dQ Br×Bc, bytes
+//   bf16  64    32×32  17,280          32×32  26,368         32×32  21,504
+//   bf16  128   32×32  29,568          32×32  42,752         32×32  37,888
+//   fp32  64    32×32  29,568          32×32  42,752         32×32  37,888
+//   fp32  128   32×16  35,584          16×16  35,712         16×16  34,304
+//   fp64  64    32×16  38,400          16×16  38,656         16×16  35,840
+//   fp64  128   16×8   34,560           8×8   34,688          8×8   33,792
+//
+// The accumulation loops run over the streamed rows outside and the thread's dims inside, so the
+// inner loop has a compile-time trip count, unrolls, and the accumulators stay in registers
+// (ptxas -v: no local memory in any instantiation, at most 182 registers, fp64 generic).
+// D is computed from `out` as stored (rounded to T), as in FlashAttention-2.
+//
+// These are CUDA-core kernels (scalar FMAs from shared memory, no tensor cores): simple enough to
+// be checked on the host, with the flash structure (tiling, online softmax, recomputation).
+#pragma once
+
+#include "kernels/common.cuh"
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace pv {
+
+inline constexpr int kAttentionGroup = 4;                // threads per owned row
+inline constexpr int kAttentionMaxGenericHeadDim = 128;  // the generic path's bound on hd
+inline constexpr size_t kAttentionSmemLimit = 48 * 1024;
+
+// Elements of padding per shared row of T: one 4-byte bank.
+template <class T>
+__host__ __device__ constexpr int attention_pad() {
+    return sizeof(T) < 4 ? int(4 / sizeof(T)) : 1;
+}
+
+// A block's tiles: rows it owns (4 threads each) and rows it streams per step.
+struct AttentionTile {
+    int own, other;
+};
+enum class AttentionKernel { forward, dkv, dq };
+
+// Dynamic shared memory of a kernel with tile `t` and head dim `hd`; the layouts are in the kernels.
+template <class T>
+constexpr size_t attention_smem_bytes(AttentionKernel k, AttentionTile t, int hd) {
+    const size_t a = sizeof(acc_t<T>), e = sizeof(T), ld = size_t(hd + attention_pad<T>());
+    const size_t score = size_t(t.own) * size_t(t.other + 4) * a;
+    switch (k) {
+        case AttentionKernel::forward: return score + size_t(t.own + 2 * t.other) * ld * e;
+        case AttentionKernel::dkv: return 2 * score + 2 * size_t(t.other) * a + size_t(2 * t.own + 2 * t.other) * ld * e;
+        case AttentionKernel::dq: return score + size_t(2 * t.own + 2 * t.other) * ld * e;
+    }
+    return 0;
+}
+
+// The largest candidate tile that fits the default shared memory (the last one otherwise; the
+// config's static_assert then fails).
+template <class T>
+constexpr AttentionTile attention_pick_tile(AttentionKernel k, int hd) {
+    constexpr AttentionTile candidates[] = {{32, 32}, {32, 16}, {16, 16}, {16, 8}, {8, 8}};
+    for (const AttentionTile& t : candidates)
+        if (attention_smem_bytes<T>(k, t, hd) <= kAttentionSmemLimit) return t;
+    return candidates[4];
+}
+
+// Compile-time configuration of one instantiation: HD is the head dim (64 or 128), or 0 for the
+// generic path (run-time hd ≤ kAttentionMaxGenericHeadDim).
+template <class T, int HD>
+struct AttentionConfig {
+    static constexpr int kMaxHd = HD > 0 ? HD : kAttentionMaxGenericHeadDim;
+    static constexpr int kDims = (kMaxHd + kAttentionGroup - 1) / kAttentionGroup;  // accumulators per thread
+    static constexpr AttentionTile kForward = attention_pick_tile<T>(AttentionKernel::forward, kMaxHd);
+    static constexpr AttentionTile kDkv = attention_pick_tile<T>(AttentionKernel::dkv, kMaxHd);
+    static constexpr AttentionTile kDq = attention_pick_tile<T>(AttentionKernel::dq, kMaxHd);
+    static_assert(attention_smem_bytes<T>(AttentionKernel::forward, kForward, kMaxHd) <= kAttentionSmemLimit);
+    static_assert(attention_smem_bytes<T>(AttentionKernel::dkv, kDkv, kMaxHd) <= kAttentionSmemLimit);
+    static_assert(attention_smem_bytes<T>(AttentionKernel::dq, kDq, kMaxHd) <= kAttentionSmemLimit);
+};
+
+// Copies rows [row0, row0 + rows) of a global matrix (row stride `stride`, hd wide) into shared
+// dst[rows][ld], with zeros for rows at or past `limit` (so padded rows never feed NaN into sums).
+// Every thread of the block takes part; the caller puts a barrier between this and any use.
+template <class T>
+__device__ inline void attention_load_tile(T* dst, const T* src, long long stride, int row0, int rows, int limit,
+                                           int hd, int ld) {
+    for (int idx = threadIdx.x; idx < rows * hd; idx += blockDim.x) {
+        const int r = idx / hd, d = idx % hd;
+        dst[r * ld + d] = row0 + r < limit ? src[(long long)(row0 + r) * stride + d] : from_acc<T>(acc_t<T>(0));
+    }
+}
+
+// a·b over hd elements of two shared rows, in index order.
+template <class T>
+__device__ inline acc_t<T> attention_dot(const T* a, const T* b, int hd) {
+    acc_t<T> s = 0;
+    for (int d = 0; d < hd; ++d) s += to_acc(a[d]) * to_acc(b[d]);
+    return s;
+}
+
+// The max and the sum over a row's four lanes (adjacent lanes of one warp); every lane gets the
+// same bits (the butterfly adds the same pairs in each lane, and + is commutative).
+template <class A>
+__device__ inline A attention_group_max(A v) {
+    v = acc_max(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return acc_max(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+template <class A>
+__device__ inline A attention_group_sum(A v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// ---- forward -----------------------------------------------------------------------------------
+
+// Block (query tile, h, b), 4·Br threads; thread owns query row r = t/4, keys c ≡ g and dims d ≡ g
+// (mod 4), g = t%4. Shared: S[Br][Bc+4] (acc), then Q[Br][ld], K[Bc][ld], V[Bc][ld] (T).
+template <class T, int HD>
+__global__ void attention_forward_kernel(const T* qkv, T* out, acc_t<T>* lse, int T_len, int H, int Hkv, int hd_rt) {
+    using A = acc_t<T>;
+    using Cfg = AttentionConfig<T, HD>;
+    constexpr int G = kAttentionGroup, Br = Cfg::kForward.own, Bc = Cfg::kForward.other, ldS = Bc + 4;
+    const int hd = HD > 0 ? HD : hd_rt;
+    const int ld = hd + attention_pad<T>();
+    const int q0 = blockIdx.x * Br, h = blockIdx.y, b = blockIdx.z;
+    const int kvh = h / (H / Hkv);
+    const long long stride = (long long)(H + 2 * Hkv) * hd;
+    const T* rows = qkv + (long long)b * T_len * stride;
+    const T* q = rows + (long long)h * hd;
+    const T* k = rows + (long long)(H + kvh) * hd;
+    const T* v = rows + (long long)(H + Hkv + kvh) * hd;
+    const A scale = A(1) / acc_sqrt(A(hd));
+
+    PV_DYNAMIC_SHARED(A, S);
+    T* Qs = reinterpret_cast<T*>(S + Br * ldS);
+    T* Ks = Qs + Br * ld;
+    T* Vs = Ks + Bc * ld;
+
+    const int r = threadIdx.x / G, g = threadIdx.x % G;
+    const int i = q0 + r;
+    // A padding row (i ≥ T_len, zero q) attends like row T_len-1: finite values, never stored.
+    const int i_eff = min(i, T_len - 1);
+    attention_load_tile(Qs, q, stride, q0, Br, T_len, hd, ld);
+
+    A m = acc_neg_infinity<A>();  // running max of the row's scores (identical in its 4 lanes)
+    A l = 0;                      // running sum of exp(x - m) over this lane's keys
+    A o[Cfg::kDims];
+    for (int e = 0; e < Cfg::kDims; ++e) o[e] = 0;
+
+    const int tiles = (min(q0 + Br, T_len) - 1) / Bc + 1;  // key tiles up to the tile's last row
+    for (int t = 0; t < tiles; ++t) {
+        const int k0 = t * Bc;
+        attention_load_tile(Ks, k, stride, k0, Bc, T_len, hd, ld);
+        attention_load_tile(Vs, v, stride, k0, Bc, T_len, hd, ld);
+        __syncthreads();  // Q (first tile), K and V loaded
+
+        A x[Bc / G];
+        A tile_max = acc_neg_infinity<A>();
+        for (int e = 0; e < Bc / G; ++e) {
+            const int c = g + G * e;
+            x[e] = k0 + c <= i_eff ? scale * attention_dot(Qs + r * ld, Ks + c * ld, hd) : acc_neg_infinity<A>();
+            tile_max = acc_max(tile_max, x[e]);
+        }
+        // Key 0 is in every row's first tile, so m_new is finite and alpha = 0 on the first tile.
+        const A m_new = acc_max(m, attention_group_max(tile_max));
+        const A alpha = acc_exp(m - m_new);
+        A sum = 0;
+        for (int e = 0; e < Bc / G; ++e) {
+            const int c = g + G * e;
+            const A p = k0 + c <= i_eff ? acc_exp(x[e] - m_new) : A(0);
+            S[r * ldS + c] = p;
+            sum += p;
+        }
+        l = l * alpha + sum;
+        m = m_new;
+        __syncwarp();  // the row's probabilities, written by its 4 lanes, are visible to all 4
+
+        // Keys outer, dims inner: the dims loop has a compile-time trip count, so it unrolls and
+        // o[] stays in registers. Masked keys (p = 0) are skipped.
+        for (int e = 0; e < Cfg::kDims; ++e) o[e] *= alpha;
+        const int c_end = min(Bc, i_eff - k0 + 1);
+        for (int c = 0; c < c_end; ++c) {
+            const A p = S[r * ldS + c];
+            const T* v_row = Vs + c * ld + g;
+            for (int e = 0; e < Cfg::kDims; ++e)
+                if (HD > 0 || g + G * e < hd) o[e] += p * to_acc(v_row[G * e]);
+        }
+        __syncthreads();  // everyone is done with K, V and S before the next tile overwrites them
+    }
+
+    l = attention_group_sum(l);  // ≥ 1: the row max contributes exp(0)
+    if (i < T_len) {
+        const A inv = A(1) / l;
+        T* o_row = out + ((long long)b * T_len + i) * H * hd + (long long)h * hd;
+        for (int e = 0; e < Cfg::kDims; ++e) {
+            const int d = g + G * e;
+            if (HD > 0 || d < hd) o_row[d] = from_acc<T>(o[e] * inv);
+        }
+        if (g == 0) lse[((long long)b * H + h) * T_len + i] = m + acc_log(l);
+    }
+}
+
+// ---- backward ----------------------------------------------------------------------------------
+
+// D[b][h][i] = dO·O over one head's row; one warp per (b, i, h) row, rows in out's order.
+template <class T>
+__global__ void attention_backward_dot_kernel(const T* out, const T* dout, acc_t<T>* D, int B, int T_len, int H,
+                                              int hd) {
+    using A = acc_t<T>;
+    const long long rows = (long long)B * T_len * H;
+    const long long n = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    A s = 0;
+    if (n < rows)
+        for (int d = lane; d < hd; d += 32) s += to_acc(out[n * hd + d]) * to_acc(dout[n * hd + d]);
+    s = warp_sum(s);  // every lane of the warp takes part, valid row or not
+    if (n < rows && lane == 0) {
+        const long long h = n % H, bi = n / H, i = bi % T_len, b = bi / T_len;
+        D[(b * H + h) * T_len + i] = s;
+    }
+}
+
+// Block (key tile, KV head, batch), 4·Bc threads; thread owns key row c = t/4, query rows r ≡ g and
+// dims d ≡ g (mod 4). Shared: P[Bc][Br+4], dS[Bc][Br+4], lse[Br], D[Br] (acc), then K[Bc][ld],
+// V[Bc][ld], Q[Br][ld], dO[Br][ld] (T). Writes the k and v parts of dqkv for its key rows.
+template <class T, int HD>
+__global__ void attention_backward_dkv_kernel(const T* qkv, const T* dout, const acc_t<T>* lse, const acc_t<T>* D,
+                                              T* dqkv, int T_len, int H, int Hkv, int hd_rt) {
+    using A = acc_t<T>;
+    using Cfg = AttentionConfig<T, HD>;
+    constexpr int G = kAttentionGroup, Bc = Cfg::kDkv.own, Br = Cfg::kDkv.other, ldS = Br + 4;
+    const int hd = HD > 0 ? HD : hd_rt;
+    const int ld = hd + attention_pad<T>();
+    const int k0 = blockIdx.x * Bc, kvh = blockIdx.y, b = blockIdx.z;
+    const int group = H / Hkv;
+    const long long stride = (long long)(H + 2 * Hkv) * hd, dstride = (long long)H * hd;
+    const T* rows = qkv + (long long)b * T_len * stride;
+    const T* drows = dout + (long long)b * T_len * dstride;
+    const A scale = A(1) / acc_sqrt(A(hd));
+
+    PV_DYNAMIC_SHARED(A, P);
+    A* dS = P + Bc * ldS;
+    A* lse_s = dS + Bc * ldS;
+    A* D_s = lse_s + Br;
+    T* Ks = reinterpret_cast<T*>(D_s + Br);
+    T* Vs = Ks + Bc * ld;
+    T* Qs = Vs + Bc * ld;
+    T* dOs = Qs + Br * ld;
+
+    const int c = threadIdx.x / G, g = threadIdx.x % G;
+    const int j = k0 + c;
+    attention_load_tile(Ks, rows + (long long)(H + kvh) * hd, stride, k0, Bc, T_len, hd, ld);
+    attention_load_tile(Vs, rows + (long long)(H + Hkv + kvh) * hd, stride, k0, Bc, T_len, hd, ld);
+
+    A dk[Cfg::kDims], dv[Cfg::kDims];
+    for (int e = 0; e < Cfg::kDims; ++e) dk[e] = dv[e] = 0;
+
+    const int q_tiles = (T_len - 1) / Br + 1;
+    for (int hh = 0; hh < group; ++hh) {  // the query heads of this KV head, in order
+        const int h = kvh * group + hh;
+        const A* lse_h = lse + ((long long)b * H + h) * T_len;
+        const A* D_h = D + ((long long)b * H + h) * T_len;
+        for (int qt = k0 / Br; qt < q_tiles; ++qt) {  // query tiles from the diagonal on
+            const int q0 = qt * Br;
+            attention_load_tile(Qs, rows + (long long)h * hd, stride, q0, Br, T_len, hd, ld);
+            attention_load_tile(dOs, drows + (long long)h * hd, dstride, q0, Br, T_len, hd, ld);
+            for (int r = threadIdx.x; r < Br; r += blockDim.x) {
+                lse_s[r] = q0 + r < T_len ? lse_h[q0 + r] : A(0);
+                D_s[r] = q0 + r < T_len ? D_h[q0 + r] : A(0);
+            }
+            __syncthreads();  // K, V (first step), Q, dO, lse and D loaded
+
+            for (int e = 0; e < Br / G; ++e) {
+                const int r = g + G * e, i = q0 + r;
+                A p = 0, ds = 0;
+                if (i < T_len && j <= i) {
+                    p = acc_exp(scale * attention_dot(Qs + r * ld, Ks + c * ld, hd) - lse_s[r]);
+                    ds = p * (attention_dot(dOs + r * ld, Vs + c * ld, hd) - D_s[r]);
+                }
+                P[c * ldS + r] = p;
+                dS[c * ldS + r] = ds;
+            }
+            __syncwarp();  // the key row's P and dS, written by its 4 lanes, are visible to all 4
+
+            // Query rows outer, dims inner (unrolled: dk[] and dv[] stay in registers); only rows
+            // with j ≤ i < T contribute.
+            const int r_begin = max(0, j - q0), r_end = min(Br, T_len - q0);
+            for (int r = r_begin; r < r_end; ++r) {
+                const A p = P[c * ldS + r], ds = dS[c * ldS + r];
+                const T* do_row = dOs + r * ld + g;
+                const T* q_row = Qs + r * ld + g;
+                for (int e = 0; e < Cfg::kDims; ++e)
+                    if (HD > 0 || g + G * e < hd) {
+                        dv[e] += p * to_acc(do_row[G * e]);
+                        dk[e] += ds * to_acc(q_row[G * e]);
+                    }
+            }
+            __syncthreads();  // everyone is done with Q, dO, P and dS before the next load
+        }
+    }
+
+    if (j < T_len) {
+        T* dk_row = dqkv + ((long long)b * T_len + j) * stride + (long long)(H + kvh) * hd;
+        T* dv_row = dqkv + ((long long)b * T_len + j) * stride + (long long)(H + Hkv + kvh) * hd;
+        for (int e = 0; e < Cfg::kDims; ++e) {
+            const int d = g + G * e;
+            if (HD > 0 || d < hd) {
+                dk_row[d] = from_acc<T>(scale * dk[e]);
+                dv_row[d] = from_acc<T>(dv[e]);
+            }
+        }
+    }
+}
+
+// Block (query tile, h, b), 4·Br threads; thread owns query row r = t/4, keys c ≡ g and dims d ≡ g
+// (mod 4). Shared: dS[Br][Bc+4] (acc), then Q[Br][ld], dO[Br][ld], K[Bc][ld], V[Bc][ld] (T).
+// Writes the q part of dqkv for its rows.
+template <class T, int HD>
+__global__ void attention_backward_dq_kernel(const T* qkv, const T* dout, const acc_t<T>* lse, const acc_t<T>* D,
+                                             T* dqkv, int T_len, int H, int Hkv, int hd_rt) {
+    using A = acc_t<T>;
+    using Cfg = AttentionConfig<T, HD>;
+    constexpr int G = kAttentionGroup, Br = Cfg::kDq.own, Bc = Cfg::kDq.other, ldS = Bc + 4;
+    const int hd = HD > 0 ? HD : hd_rt;
+    const int ld = hd + attention_pad<T>();
+    const int q0 = blockIdx.x * Br, h = blockIdx.y, b = blockIdx.z;
+    const int kvh = h / (H / Hkv);
+    const long long stride = (long long)(H + 2 * Hkv) * hd, dstride = (long long)H * hd;
+    const T* rows = qkv + (long long)b * T_len * stride;
+    const A scale = A(1) / acc_sqrt(A(hd));
+
+    PV_DYNAMIC_SHARED(A, dS);
+    T* Qs = reinterpret_cast<T*>(dS + Br * ldS);
+    T* dOs = Qs + Br * ld;
+    T* Ks = dOs + Br * ld;
+    T* Vs = Ks + Bc * ld;
+
+    const int r = threadIdx.x / G, g = threadIdx.x % G;
+    const int i = q0 + r;
+    const bool valid = i < T_len;
+    const A lse_i = valid ? lse[((long long)b * H + h) * T_len + i] : A(0);
+    const A D_i = valid ? D[((long long)b * H + h) * T_len + i] : A(0);
+    attention_load_tile(Qs, rows + (long long)h * hd, stride, q0, Br, T_len, hd, ld);
+    attention_load_tile(dOs, dout + (long long)b * T_len * dstride + (long long)h * hd, dstride, q0, Br, T_len, hd, ld);
+
+    A dq[Cfg::kDims];
+    for (int e = 0; e < Cfg::kDims; ++e) dq[e] = 0;
+
+    const int tiles = (min(q0 + Br, T_len) - 1) / Bc + 1;
+    for (int t = 0; t < tiles; ++t) {
+        const int k0 = t * Bc;
+        attention_load_tile(Ks, rows + (long long)(H + kvh) * hd, stride, k0, Bc, T_len, hd, ld);
+        attention_load_tile(Vs, rows + (long long)(H + Hkv + kvh) * hd, stride, k0, Bc, T_len, hd, ld);
+        __syncthreads();  // Q, dO (first tile), K and V loaded
+
+        for (int e = 0; e < Bc / G; ++e) {
+            const int c = g + G * e;
+            A ds = 0;
+            if (valid && k0 + c <= i) {
+                const A p = acc_exp(scale * attention_dot(Qs + r * ld, Ks + c * ld, hd) - lse_i);
+                ds = p * (attention_dot(dOs + r * ld, Vs + c * ld, hd) - D_i);
+            }
+            dS[r * ldS + c] = ds;
+        }
+        __syncwarp();  // the row's dS, written by its 4 lanes, is visible to all 4
+
+        // Keys outer, dims inner (unrolled: dq[] stays in registers); masked keys are skipped.
+        const int c_end = valid ? min(Bc, i - k0 + 1) : 0;
+        for (int c = 0; c < c_end; ++c) {
+            const A ds = dS[r * ldS + c];
+            const T* k_row = Ks + c * ld + g;
+            for (int e = 0; e < Cfg::kDims; ++e)
+                if (HD > 0 || g + G * e < hd) dq[e] += ds * to_acc(k_row[G * e]);
+        }
+        __syncthreads();  // everyone is done with K, V and dS before the next tile overwrites them
+    }
+
+    if (valid) {
+        T* dq_row = dqkv + ((long long)b * T_len + i) * stride + (long long)h * hd;
+        for (int e = 0; e < Cfg::kDims; ++e) {
+            const int d = g + G * e;
+            if (HD > 0 || d < hd) dq_row[d] = from_acc<T>(scale * dq[e]);
+        }
+    }
+}
+
+// ---- launchers ---------------------------------------------------------------------------------
+
+inline void attention_check_shape(int B, int T_len, int H, int Hkv, int hd) {
+    if (B < 1 || T_len < 1 || H < 1 || Hkv < 1 || H % Hkv != 0 || hd < 1 ||
+        (hd != 64 && hd != 128 && hd > kAttentionMaxGenericHeadDim)) {
+        std::fprintf(stderr, "polevault: attention: unsupported shape B=%d T=%d H=%d Hkv=%d hd=%d\n", B, T_len, H, Hkv,
+                     hd);
+        std::abort();
+    }
+}
+
+template <class T, int HD>
+void attention_forward_launch(const T* qkv, T* out, acc_t<T>* lse, int B, int T_len, int H, int Hkv, int hd,
+                              cudaStream_t stream) {
+    constexpr AttentionTile tile = AttentionConfig<T, HD>::kForward;
+    launch(attention_forward_kernel<T, HD>, dim3(ceil_div(T_len, tile.own), H, B), dim3(kAttentionGroup * tile.own),
+           attention_smem_bytes<T>(AttentionKernel::forward, tile, hd), stream, qkv, out, lse, T_len, H, Hkv, hd);
+    CUDA_CHECK_LAUNCH();
+}
+
+// out[B][T][H·hd] and lse[B][H][T] from qkv[B][T][(H + 2·Hkv)·hd].
+template <class T>
+void attention_forward(const T* qkv, T* out, acc_t<T>* lse, int B, int T_len, int H, int Hkv, int hd,
+                       cudaStream_t stream) {
+    attention_check_shape(B, T_len, H, Hkv, hd);
+    if (hd == 64) attention_forward_launch<T, 64>(qkv, out, lse, B, T_len, H, Hkv, hd, stream);
+    else if (hd == 128) attention_forward_launch<T, 128>(qkv, out, lse, B, T_len, H, Hkv, hd, stream);
+    else attention_forward_launch<T, 0>(qkv, out, lse, B, T_len, H, Hkv, hd, stream);
+}
+
+// The backward's scratch: D[B][H][T] in acc_t<T>.
+template <class T>
+size_t attention_backward_scratch_bytes(int B, int T_len, int H) {
+    return size_t(B) * size_t(T_len) * size_t(H) * sizeof(acc_t<T>);
+}
+
+template <class T>
+void attention_backward_dot(const T* out, const T* dout, acc_t<T>* D, int B, int T_len, int H, int hd,
+                            cudaStream_t stream) {
+    const int block = 128, rows_per_block = block / 32;
+    launch(attention_backward_dot_kernel<T>, dim3(ceil_div((long long)B * T_len * H, rows_per_block)), dim3(block), 0,
+           stream, out, dout, D, B, T_len, H, hd);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <class T, int HD>
+void attention_backward_launch(const T* qkv, const T* dout, const acc_t<T>* lse, const acc_t<T>* D, T* dqkv, int B,
+                               int T_len, int H, int Hkv, int hd, cudaStream_t stream) {
+    using Cfg = AttentionConfig<T, HD>;
+    launch(attention_backward_dkv_kernel<T, HD>, dim3(ceil_div(T_len, Cfg::kDkv.own), Hkv, B),
+           dim3(kAttentionGroup * Cfg::kDkv.own), attention_smem_bytes<T>(AttentionKernel::dkv, Cfg::kDkv, hd), stream,
+           qkv, dout, lse, D, dqkv, T_len, H, Hkv, hd);
+    CUDA_CHECK_LAUNCH();
+    launch(attention_backward_dq_kernel<T, HD>, dim3(ceil_div(T_len, Cfg::kDq.own), H, B),
+           dim3(kAttentionGroup * Cfg::kDq.own), attention_smem_bytes<T>(AttentionKernel::dq, Cfg::kDq, hd), stream,
+           qkv, dout, lse, D, dqkv, T_len, H, Hkv, hd);
+    CUDA_CHECK_LAUNCH();
+}
+
+// dqkv (layout of qkv, every element overwritten) from the forward's qkv, out and lse and the
+// gradient dout[B][T][H·hd]. `scratch` holds attention_backward_scratch_bytes<T>(B, T_len, H).
+template <class T>
+void attention_backward(const T* qkv, const T* out, const T* dout, const acc_t<T>* lse, T* dqkv, void* scratch, int B,
+                        int T_len, int H, int Hkv, int hd, cudaStream_t stream) {
+    attention_check_shape(B, T_len, H, Hkv, hd);
+    acc_t<T>* D = static_cast<acc_t<T>*>(scratch);
+    attention_backward_dot(out, dout, D, B, T_len, H, hd, stream);
+    if (hd == 64) attention_backward_launch<T, 64>(qkv, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
+    else if (hd == 128) attention_backward_launch<T, 128>(qkv, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
+    else attention_backward_launch<T, 0>(qkv, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
+}
+
+}  // namespace pv
