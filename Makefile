@@ -4,7 +4,9 @@
 #   make test             build and run the test suite on this backend
 #   make test-asan        the suite on the host backend under AddressSanitizer + UBSan
 #   make test-tsan        the kernel suites under ThreadSanitizer (shared-memory race checker)
+#   make test-full        the suite plus the larger cases kept out of `make test` ([.full])
 #   make bench            build and run the benchmarks
+#   make ptxas-report     registers, shared memory and spills of every kernel for sm_90
 #   make clean
 #
 # BACKEND=auto|cuda|host. auto picks cuda when `nvidia-smi -L` lists a GPU, else host.
@@ -77,7 +79,7 @@ TEST_BINS := $(patsubst test/%.cu,$(BUILD)/test/%,$(TEST_SOURCES))
 TEST_SUPPORT := $(BUILD)/test/catch_main.o $(BUILD)/test/child_process.o
 BENCH_BINS := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu))
 
-.PHONY: all test test-asan test-tsan tsan-suite bench clean
+.PHONY: all test test-full test-asan test-tsan tsan-suite bench ptxas-report clean
 .SECONDARY:
 .DEFAULT_GOAL := all
 
@@ -134,11 +136,16 @@ else ifneq ($(SANITIZE),)
   SCHEDULES := $(S_IN_ORDER) $(S_RANDOM)
 endif
 # test-tsan checks the kernel suites (where shared-memory races live) at their small shapes.
-TSAN_TESTS := $(BUILD)/test/test_kernels_platform $(BUILD)/test/test_planted_races
+TSAN_TESTS := $(addprefix $(BUILD)/test/,test_kernels_platform test_planted_races test_attention test_rmsnorm \
+  test_cross_entropy)
 TSAN_OPTIONS_ := TSAN_OPTIONS='halt_on_error=0 exitcode=66 history_size=4'
 
 test: $(TEST_BINS)
 	@test/run_tests.sh --filter '$(TEST_FILTER)' $(SCHEDULES) $(TEST_BINS)
+
+# The full cross-product: everything `make test` runs plus the hidden [.full] cases.
+test-full: $(TEST_BINS)
+	@test/run_tests.sh --filter '$(TEST_FILTER),[full]' $(SCHEDULES) $(TEST_BINS)
 
 test-asan:
 	@$(MAKE) --no-print-directory SANITIZE=address test
@@ -148,6 +155,9 @@ test-tsan:
 
 tsan-suite: $(TSAN_TESTS)
 	@$(TSAN_OPTIONS_) test/run_tests.sh --filter '$(TEST_FILTER)' $(SCHEDULES) $(TSAN_TESTS)
+
+ptxas-report:
+	@bench/ptxas_report.sh
 
 bench: $(BENCH_BINS)
 	@for b in $(BENCH_BINS); do echo "== $$b"; POLEVAULT_HOST_WORKERS=1 OPENBLAS_NUM_THREADS=1 $$b || exit 1; done

@@ -1,0 +1,257 @@
+// Kernel benchmarks: every op of a Llama step at a named model shape, with the bytes it must
+// move and the FLOPs it must do, its time, and what that achieves. On a GPU it also prints the
+// fraction of the device's ceiling (H100 SXM: HBM3 3.35 TB/s; dense tensor-core 989 TFLOP/s in
+// bf16, 495 in tf32/fp32-input, 67 in fp64). On the host backend the times are CPU times and
+// are labelled so; they are for tracking the emulation, not for judging kernels.
+//
+//   kernels_bench [--shape NAME] [--dtype bf16|fp32|fp64] [--batch B] [--seq T] [--repeat R]
+//
+// Default: --shape smollm2-135m --batch 1 --seq 256 --dtype bf16 (B·T ≤ 512 suits the host);
+// on a GPU use e.g. --shape llama-3.2-1b --batch 4 --seq 2048.
+//
+// "Bytes" is the minimum traffic: every input read once and every output written once (the
+// model's real traffic can only be higher); "FLOPs" counts multiply-adds as two.
+#include "kernels/attention.cuh"
+#include "kernels/cross_entropy.cuh"
+#include "kernels/device_memory.h"
+#include "kernels/embedding.cuh"
+#include "kernels/glue.cuh"
+#include "kernels/matmul.cuh"
+#include "kernels/philox.cuh"
+#include "kernels/rmsnorm.cuh"
+#include "kernels/rope.cuh"
+#include "kernels/swiglu.cuh"
+#include "model/config.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace kernels_bench {
+
+struct Options {
+    std::string shape = "smollm2-135m";
+    std::string dtype = "bf16";
+    int batch = 1, seq = 256, repeat = 3;
+};
+
+[[noreturn]] void usage(const char* problem) {
+    std::fprintf(stderr,
+                 "kernels_bench: %s\nusage: kernels_bench [--shape NAME] [--dtype bf16|fp32|fp64] [--batch B] "
+                 "[--seq T] [--repeat R]\nshapes:",
+                 problem);
+    for (const std::string& n : pv::preset_names()) std::fprintf(stderr, " %s", n.c_str());
+    std::fprintf(stderr, "\n");
+    std::exit(2);
+}
+
+Options parse(int argc, char** argv) {
+    Options o;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--help" || a == "-h") usage("benchmarks each kernel at a model's shapes");
+        if (i + 1 >= argc) usage(("missing value after " + a).c_str());
+        const std::string v = argv[++i];
+        if (a == "--shape") o.shape = v;
+        else if (a == "--dtype") o.dtype = v;
+        else if (a == "--batch") o.batch = std::atoi(v.c_str());
+        else if (a == "--seq") o.seq = std::atoi(v.c_str());
+        else if (a == "--repeat") o.repeat = std::atoi(v.c_str());
+        else usage(("unknown option " + a).c_str());
+    }
+    if (o.batch < 1 || o.seq < 1 || o.repeat < 1) usage("--batch, --seq and --repeat must be positive");
+    if (o.dtype != "bf16" && o.dtype != "fp32" && o.dtype != "fp64") usage("--dtype must be bf16, fp32 or fp64");
+    return o;
+}
+
+// Seconds per call of `body`, measured with CUDA events after one warm-up call.
+double time_it(int repeats, const std::function<void()>& body) {
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    body();
+    CUDA_CHECK(cudaEventRecord(start, nullptr));
+    for (int i = 0; i < repeats; ++i) body();
+    CUDA_CHECK(cudaEventRecord(stop, nullptr));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    CUDA_CHECK(cudaEventDestroy(start));
+    CUDA_CHECK(cudaEventDestroy(stop));
+    return double(ms) * 1e-3 / repeats;
+}
+
+// A device buffer of n elements holding small random values (so no kernel sees NaN or overflows).
+template <class T>
+T* random_buffer(long long n, uint32_t id) {
+    T* p = static_cast<T*>(pv::device_alloc(size_t(n) * sizeof(T), pv::MemoryCategory::workspace));
+    pv::init_normal(p, n, 0.5, 1234, id, 0, nullptr);
+    return p;
+}
+
+int* token_buffer(long long n, int vocab) {
+    std::vector<int> host(static_cast<size_t>(n));
+    for (long long i = 0; i < n; ++i) host[size_t(i)] = int((i * 7919 + 13) % vocab);
+    int* p = static_cast<int*>(pv::device_alloc(size_t(n) * sizeof(int), pv::MemoryCategory::workspace));
+    CUDA_CHECK(cudaMemcpy(p, host.data(), size_t(n) * sizeof(int), cudaMemcpyHostToDevice));
+    return p;
+}
+
+struct Ceiling {
+    double bytes_per_s, flops_per_s;
+};
+
+template <class T>
+Ceiling h100_ceiling() {
+    if constexpr (std::is_same_v<T, double>) return {3.35e12, 67e12};
+    else if constexpr (std::is_same_v<T, float>) return {3.35e12, 495e12};
+    else return {3.35e12, 989e12};
+}
+
+template <class T>
+void report(const char* name, double seconds, double bytes, double flops, bool on_gpu) {
+    const double gbs = bytes / seconds * 1e-9, tflops = flops / seconds * 1e-12;
+    std::printf("  %-28s %10.3f ms  %9.2f GB/s  %9.4f TFLOP/s", name, seconds * 1e3, gbs, tflops);
+    if (on_gpu) {
+        const Ceiling c = h100_ceiling<T>();
+        // The bound that matters is whichever of memory and compute takes longer.
+        const double bound = std::max(bytes / c.bytes_per_s, flops / c.flops_per_s);
+        std::printf("  %5.1f%% of ceiling", 100.0 * bound / seconds);
+    }
+    std::printf("\n");
+}
+
+template <class T>
+void run(const pv::LlamaConfig& c, const Options& o) {
+    using A = pv::acc_t<T>;
+    const bool on_gpu = !pv::kHostBackend;
+    const int B = o.batch, Tn = o.seq, C = c.hidden_size, V = c.vocab_size, F = c.ffn_size;
+    const int H = c.num_heads, Hkv = c.num_kv_heads, hd = c.head_dim_resolved();
+    const long long N = (long long)B * Tn;
+    const int qkv_w = c.qkv_width(), q_w = c.q_width();
+    const double t = sizeof(T), a = sizeof(A);
+    std::printf("%s, %s, batch %d x seq %d (N = %lld rows)%s\n", c.name.c_str(), o.dtype.c_str(), B, Tn, N,
+                on_gpu ? "" : "  [host CPU emulation: times are CPU times, not GPU figures]");
+    cublasHandle_t handle;
+    CUBLAS_CHECK(cublasCreate(&handle));
+
+    int* tokens = token_buffer(N, V);
+    T* wte = random_buffer<T>((long long)V * C, 1);
+    T* x = random_buffer<T>(N * C, 2);
+    T* y = random_buffer<T>(N * C, 3);
+    T* dx = random_buffer<T>(N * C, 4);
+    T* w = random_buffer<T>(C, 5);
+    T* dw = random_buffer<T>(C, 6);
+    T* dwte = random_buffer<T>((long long)V * C, 7);
+    A* rstd = static_cast<A*>(pv::device_alloc(size_t(N) * sizeof(A), pv::MemoryCategory::workspace));
+    void* norm_scratch = pv::device_alloc(pv::rmsnorm_backward_scratch_bytes<T>(N, C), pv::MemoryCategory::workspace);
+    const int R = o.repeat;
+
+    report<T>("embedding forward", time_it(R, [&] { pv::embedding_forward(tokens, wte, x, N, C, V, nullptr); }),
+              2.0 * N * C * t + N * 4.0, 0, on_gpu);
+    report<T>("embedding backward", time_it(R, [&] { pv::embedding_backward(tokens, y, dwte, N, C, V, nullptr); }),
+              3.0 * N * C * t + N * 4.0, N * C, on_gpu);
+    report<T>("rmsnorm forward", time_it(R, [&] { pv::rmsnorm_forward(x, w, y, rstd, N, C, 1e-5, nullptr); }),
+              2.0 * N * C * t + C * t + N * a, 4.0 * N * C, on_gpu);
+    report<T>("rmsnorm backward",
+              time_it(R, [&] { pv::rmsnorm_backward(x, w, rstd, y, dx, dw, norm_scratch, N, C, nullptr); }),
+              4.0 * N * C * t + N * a + 2.0 * C * t, 8.0 * N * C, on_gpu);
+
+    // Attention block: QKV projection, RoPE, attention, output projection.
+    T* qkv = random_buffer<T>(N * qkv_w, 8);
+    T* wqkv = random_buffer<T>((long long)qkv_w * C, 9);
+    T* att = random_buffer<T>(N * q_w, 10);
+    T* datt = random_buffer<T>(N * q_w, 11);
+    T* dqkv = random_buffer<T>(N * qkv_w, 12);
+    A* lse = static_cast<A*>(pv::device_alloc(size_t(B) * H * Tn * sizeof(A), pv::MemoryCategory::workspace));
+    void* att_scratch = pv::device_alloc(pv::attention_backward_scratch_bytes<T>(B, Tn, H), pv::MemoryCategory::workspace);
+    const auto freqs = pv::rope_inverse_frequencies(hd, c.rope_theta,
+                                                    pv::Llama3RopeScaling{c.rope_scaling.factor, c.rope_scaling.low_freq_factor,
+                                                                          c.rope_scaling.high_freq_factor,
+                                                                          c.rope_scaling.original_max_position_embeddings});
+    std::vector<A> freqs_acc(freqs.begin(), freqs.end());
+    A* inv_freq = static_cast<A*>(pv::device_alloc(freqs_acc.size() * sizeof(A), pv::MemoryCategory::workspace));
+    CUDA_CHECK(cudaMemcpy(inv_freq, freqs_acc.data(), freqs_acc.size() * sizeof(A), cudaMemcpyHostToDevice));
+
+    const double gemm_qkv = 2.0 * N * C * qkv_w;
+    report<T>("matmul qkv forward", time_it(R, [&] { pv::matmul_forward(handle, x, wqkv, qkv, N, C, qkv_w, nullptr); }),
+              (double(N) * C + double(qkv_w) * C + double(N) * qkv_w) * t, gemm_qkv, on_gpu);
+    report<T>("rope forward (q and k)", time_it(R, [&] {
+                  pv::rope_forward(qkv, inv_freq, N, Tn, H, hd, qkv_w, nullptr);
+                  pv::rope_forward(qkv + q_w, inv_freq, N, Tn, Hkv, hd, qkv_w, nullptr);
+              }),
+              2.0 * N * (H + Hkv) * hd * t, 3.0 * N * (H + Hkv) * hd, on_gpu);
+    // Causal attention: half of the T x T scores, two matmuls (QKᵀ, PV) forward, five backward.
+    const double att_flops = 2.0 * 2.0 * B * H * (double(Tn) * (Tn + 1) / 2) * hd;
+    report<T>("attention forward", time_it(R, [&] { pv::attention_forward(qkv, att, lse, B, Tn, H, Hkv, hd, nullptr); }),
+              (double(N) * qkv_w + double(N) * q_w) * t + double(B) * H * Tn * a, att_flops, on_gpu);
+    report<T>("attention backward", time_it(R, [&] {
+                  pv::attention_backward(qkv, att, datt, lse, dqkv, att_scratch, B, Tn, H, Hkv, hd, nullptr);
+              }),
+              (2.0 * N * qkv_w + 2.0 * N * q_w) * t + double(B) * H * Tn * a, 2.5 * att_flops, on_gpu);
+    report<T>("matmul qkv backward", time_it(R, [&] {
+                  pv::matmul_backward(handle, dqkv, x, wqkv, dx, dwte, N, C, qkv_w, false, nullptr);
+              }),
+              (2.0 * N * C + 2.0 * qkv_w * C + double(N) * qkv_w) * t, 2.0 * gemm_qkv, on_gpu);
+
+    // MLP: gate/up projection, SwiGLU, down projection.
+    T* gate_up = random_buffer<T>(N * 2 * F, 13);
+    T* act = random_buffer<T>(N * F, 14);
+    T* dgate_up = random_buffer<T>(N * 2 * F, 15);
+    T* wgu = random_buffer<T>(2LL * F * C, 16);
+    T* dwgu = random_buffer<T>(2LL * F * C, 17);
+    report<T>("matmul gate_up forward",
+              time_it(R, [&] { pv::matmul_forward(handle, x, wgu, gate_up, N, C, 2 * F, nullptr); }),
+              (double(N) * C + 2.0 * F * C + 2.0 * N * F) * t, 2.0 * N * C * 2.0 * F, on_gpu);
+    report<T>("swiglu forward", time_it(R, [&] { pv::swiglu_forward(gate_up, act, N, F, nullptr); }),
+              3.0 * N * F * t, 5.0 * N * F, on_gpu);
+    report<T>("swiglu backward", time_it(R, [&] { pv::swiglu_backward(gate_up, act, dgate_up, N, F, nullptr); }),
+              5.0 * N * F * t, 10.0 * N * F, on_gpu);
+    report<T>("matmul gate_up backward", time_it(R, [&] {
+                  pv::matmul_backward(handle, dgate_up, x, wgu, dx, dwgu, N, C, 2 * F, false, nullptr);
+              }),
+              (2.0 * N * C + 4.0 * F * C + 2.0 * N * F) * t, 2.0 * 2.0 * N * C * 2.0 * F, on_gpu);
+
+    // Head: logits and the fused softmax + cross-entropy.
+    T* logits = random_buffer<T>(N * V, 18);
+    A* row_loss = static_cast<A*>(pv::device_alloc(size_t(N) * sizeof(A), pv::MemoryCategory::workspace));
+    A* loss_sum = static_cast<A*>(pv::device_alloc(sizeof(A), pv::MemoryCategory::workspace));
+    int* count = static_cast<int*>(pv::device_alloc(sizeof(int), pv::MemoryCategory::workspace));
+    report<T>("matmul lm_head forward", time_it(R, [&] { pv::matmul_forward(handle, x, wte, logits, N, C, V, nullptr); }),
+              (double(N) * C + double(V) * C + double(N) * V) * t, 2.0 * N * C * V, on_gpu);
+    report<T>("cross-entropy forward", time_it(R, [&] {
+                  pv::cross_entropy_forward(logits, tokens, row_loss, loss_sum, count, N, V, -100, nullptr);
+              }),
+              double(N) * V * t + N * 4.0 + N * a, 3.0 * N * V, on_gpu);
+    report<T>("cross-entropy backward", time_it(R, [&] {
+                  pv::cross_entropy_backward(logits, tokens, logits, N, V, -100, 1.0 / double(N), nullptr);
+              }),
+              2.0 * double(N) * V * t + N * 4.0, 4.0 * N * V, on_gpu);
+
+    for (void* p : std::initializer_list<void*>{tokens, wte, x, y, dx, w, dw, dwte, rstd, norm_scratch, qkv, wqkv, att, datt,
+                                               dqkv, lse, att_scratch, inv_freq, gate_up, act, dgate_up, wgu, dwgu, logits,
+                                               row_loss, loss_sum, count})
+        pv::memory_free(p);
+    CUBLAS_CHECK(cublasDestroy(handle));
+}
+
+}  // namespace kernels_bench
+
+int main(int argc, char** argv) {
+    using namespace kernels_bench;
+    const Options o = parse(argc, argv);
+    const pv::LlamaConfig* config = nullptr;
+    try {
+        config = &pv::preset(o.shape);
+    } catch (const std::exception& e) {
+        usage(e.what());
+    }
+    if (o.seq > config->max_seq_len) usage("--seq exceeds the model's max_seq_len");
+    if (o.dtype == "bf16") run<__nv_bfloat16>(*config, o);
+    else if (o.dtype == "fp32") run<float>(*config, o);
+    else run<double>(*config, o);
+    return 0;
+}

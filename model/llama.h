@@ -1,0 +1,136 @@
+// The Llama model as a list of units (DESIGN.md §2-3): the embedding, num_layers transformer
+// blocks, the head (final RMSNorm + lm_head + cross-entropy). A strategy (parallel/) drives it:
+// it calls forward_unit and backward_unit with explicit residual-stream buffers and decides what
+// runs where; the model knows nothing of ranks or strategies.
+//
+// Per unit the model holds its parameter groups (model/parameters.h) and, when trainable, a
+// gradient buffer of the same layout; per unit and per micro-batch slot an activation arena with
+// what the backward needs (sized by activation_layout, which the memory planner reuses); and one
+// shared workspace for the transient buffers of whichever unit is running.
+//
+// One block, N = batch·seq rows, C hidden, in the order the forward runs:
+//   h1 = RMSNorm(x)·w_attn             (rstd1 saved)
+//   qkv = h1·W_qkvᵀ, RoPE on q and k   (saved, roped)
+//   att = attention(qkv)               (att and lse saved)
+//   x2 = x + att·W_oᵀ, h2 = RMSNorm(x2)·w_mlp   (fused; x2, h2, rstd2 saved)
+//   gu = h2·W_guᵀ, s = SwiGLU(gu)      (gu, s saved)
+//   out = x2 + s·W_downᵀ
+// The head: hN = RMSNorm(x)·w_final, logits = hN·W_lmᵀ (W_lm = wte when tied), loss = Σ CE.
+#pragma once
+
+#include "kernels/common.cuh"
+#include "kernels/device_memory.h"
+#include "model/config.h"
+#include "model/parameters.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace pv {
+
+// Token id that the cross-entropy skips (Hugging Face's convention).
+inline constexpr int kIgnoreIndex = -100;
+
+// One buffer of an arena: name, element count and element size.
+struct ActivationBuffer {
+    std::string name;
+    long long elements = 0;
+    size_t element_bytes = 0;
+    size_t bytes() const { return size_t(elements) * element_bytes; }
+};
+
+// The activations one unit keeps for its backward, for a micro-batch of batch x seq_len tokens in
+// storage type `dtype` (statistics in its accumulator type). The memory planner uses this too.
+std::vector<ActivationBuffer> activation_layout(const LlamaConfig& c, UnitKind kind, int batch, int seq_len, DType dtype);
+
+// Buffers of a unit call. Which fields a unit reads depends on its kind (see each).
+template <class T>
+struct UnitIO {
+    const int* tokens = nullptr;      // embedding: [N] token ids
+    const int* targets = nullptr;     // head: [N] next-token ids, kIgnoreIndex to skip
+    const T* residual_in = nullptr;   // block, head: the residual stream in, [N][C]
+    T* residual_out = nullptr;        // embedding, block: the residual stream out, [N][C]
+    acc_t<T>* loss_sum = nullptr;     // head forward: Σ cross-entropy over counted tokens (device)
+    int* count = nullptr;             // head forward: number of counted tokens (device)
+    // Backward:
+    const T* dresidual_out = nullptr; // embedding, block: gradient of residual_out
+    T* dresidual_in = nullptr;        // block, head: gradient of residual_in (written)
+    double loss_scale = 1.0;          // head: 1 / (global count of counted tokens), DESIGN.md §4
+};
+
+template <class T>
+class Llama {
+  public:
+    // A model for micro-batches of batch x seq_len tokens, with `slots` activation arenas
+    // (micro-batches in flight), parameters initialised from `seed`, groups splittable into
+    // `shards`. `trainable` allocates gradient buffers.
+    Llama(const LlamaConfig& config, int batch, int seq_len, int slots, uint64_t seed, bool trainable = true,
+          int shards = 1, cudaStream_t stream = nullptr);
+    ~Llama();
+    Llama(const Llama&) = delete;
+    Llama& operator=(const Llama&) = delete;
+
+    const LlamaConfig& config() const { return config_; }
+    int batch() const { return batch_; }
+    int seq_len() const { return seq_len_; }
+    long long rows() const { return (long long)batch_ * seq_len_; }
+    int num_units() const { return int(units_.size()); }
+    UnitKind unit_kind(int u) const { return units_[size_t(u)].spec.kind; }
+
+    void forward_unit(int u, int slot, const UnitIO<T>& io);
+    void backward_unit(int u, int slot, const UnitIO<T>& io);
+
+    // The residual-stream output buffer of unit u in `slot` (embedding and blocks), where the
+    // single driver reads the next unit's input from.
+    T* unit_output(int u, int slot);
+    // The head's logits [N][V] of the last forward in `slot` (overwritten by its backward).
+    const T* logits(int slot) const;
+    // Two [N][C] gradient buffers for the residual stream, used alternately by a driver.
+    T* residual_grad(int which) { return dresidual_[which]; }
+
+    // Parameters and gradients of unit u (one group each for now).
+    const GroupLayout& layout(int u) const { return units_[size_t(u)].layout; }
+    T* params(int u) { return units_[size_t(u)].params; }
+    T* grads(int u) { return units_[size_t(u)].grads; }
+    // Sets every gradient (padding included) to zero: the start of an optimizer step.
+    void zero_grads();
+    // The device pointer of a tensor by name ("wte", "layers.0.w_qkv", ...).
+    T* tensor(const std::string& name);
+    T* tensor_grad(const std::string& name);
+
+    cudaStream_t stream() const { return stream_; }
+
+  private:
+    struct Unit {
+        UnitSpec spec;
+        GroupLayout layout;
+        T* params = nullptr;
+        T* grads = nullptr;
+        std::vector<void*> arenas;                  // one per slot
+        std::vector<ActivationBuffer> arena_layout; // buffers in each arena, in order
+    };
+    template <class U>
+    U* arena_buffer(int u, int slot, const std::string& name);
+    const T* weight(int u, const std::string& name) const;
+    T* weight_grad(int u, const std::string& name);
+    void forward_block(int u, int slot, const UnitIO<T>& io);
+    void backward_block(int u, int slot, const UnitIO<T>& io);
+    void forward_head(int slot, const UnitIO<T>& io);
+    void backward_head(int slot, const UnitIO<T>& io);
+
+    LlamaConfig config_;
+    int batch_, seq_len_;
+    cudaStream_t stream_;
+    cublasHandle_t cublas_ = nullptr;
+    std::vector<Unit> units_;
+    acc_t<T>* inv_freq_ = nullptr;  // RoPE inverse frequencies, head_dim / 2
+    T* dresidual_[2] = {nullptr, nullptr};
+    // The shared workspace: named transient buffers of the running unit.
+    void* workspace_ = nullptr;
+    std::vector<ActivationBuffer> workspace_layout_;
+    template <class U>
+    U* work(const std::string& name);
+};
+
+}  // namespace pv
