@@ -4,7 +4,10 @@
 // bf16, 495 in tf32/fp32-input, 67 in fp64). On the host backend the times are CPU times and
 // are labelled so; they are for tracking the emulation, not for judging kernels.
 //
-//   kernels_bench [--shape NAME] [--dtype bf16|fp32|fp64] [--batch B] [--seq T] [--repeat R]
+//   kernels_bench [--shape NAME] [--dtype bf16|fp32|fp64] [--batch B] [--seq T] [--repeat R] [--dry-run]
+//
+// --dry-run prints each kernel's bytes and FLOPs at the shape without allocating or running
+// anything (for shapes too large for the host).
 //
 // Default: --shape smollm2-135m --batch 1 --seq 256 --dtype bf16 (B·T ≤ 512 suits the host);
 // on a GPU use e.g. --shape llama-3.2-1b --batch 4 --seq 2048.
@@ -36,12 +39,15 @@ struct Options {
     std::string shape = "smollm2-135m";
     std::string dtype = "bf16";
     int batch = 1, seq = 256, repeat = 3;
+    bool dry_run = false;
 };
+
+bool g_dry_run = false;
 
 [[noreturn]] void usage(const char* problem) {
     std::fprintf(stderr,
                  "kernels_bench: %s\nusage: kernels_bench [--shape NAME] [--dtype bf16|fp32|fp64] [--batch B] "
-                 "[--seq T] [--repeat R]\nshapes:",
+                 "[--seq T] [--repeat R] [--dry-run]\nshapes:",
                  problem);
     for (const std::string& n : pv::preset_names()) std::fprintf(stderr, " %s", n.c_str());
     std::fprintf(stderr, "\n");
@@ -53,6 +59,10 @@ Options parse(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
         if (a == "--help" || a == "-h") usage("benchmarks each kernel at a model's shapes");
+        if (a == "--dry-run") {
+            o.dry_run = true;
+            continue;
+        }
         if (i + 1 >= argc) usage(("missing value after " + a).c_str());
         const std::string v = argv[++i];
         if (a == "--shape") o.shape = v;
@@ -69,6 +79,7 @@ Options parse(int argc, char** argv) {
 
 // Seconds per call of `body`, measured with CUDA events after one warm-up call.
 double time_it(int repeats, const std::function<void()>& body) {
+    if (g_dry_run) return 0;
     cudaEvent_t start, stop;
     CUDA_CHECK(cudaEventCreate(&start));
     CUDA_CHECK(cudaEventCreate(&stop));
@@ -87,12 +98,14 @@ double time_it(int repeats, const std::function<void()>& body) {
 // A device buffer of n elements holding small random values (so no kernel sees NaN or overflows).
 template <class T>
 T* random_buffer(long long n, uint32_t id) {
+    if (g_dry_run) return nullptr;
     T* p = static_cast<T*>(pv::device_alloc(size_t(n) * sizeof(T), pv::MemoryCategory::workspace));
     pv::init_normal(p, n, 0.5, 1234, id, 0, nullptr);
     return p;
 }
 
 int* token_buffer(long long n, int vocab) {
+    if (g_dry_run) return nullptr;
     std::vector<int> host(static_cast<size_t>(n));
     for (long long i = 0; i < n; ++i) host[size_t(i)] = int((i * 7919 + 13) % vocab);
     int* p = static_cast<int*>(pv::device_alloc(size_t(n) * sizeof(int), pv::MemoryCategory::workspace));
@@ -113,6 +126,10 @@ Ceiling h100_ceiling() {
 
 template <class T>
 void report(const char* name, double seconds, double bytes, double flops, bool on_gpu) {
+    if (g_dry_run) {
+        std::printf("  %-28s %12.4g bytes  %12.4g FLOPs  %8.2f FLOP/byte\n", name, bytes, flops, flops / bytes);
+        return;
+    }
     const double gbs = bytes / seconds * 1e-9, tflops = flops / seconds * 1e-12;
     std::printf("  %-28s %10.3f ms  %9.2f GB/s  %9.4f TFLOP/s", name, seconds * 1e3, gbs, tflops);
     if (on_gpu) {
@@ -146,8 +163,10 @@ void run(const pv::LlamaConfig& c, const Options& o) {
     T* w = random_buffer<T>(C, 5);
     T* dw = random_buffer<T>(C, 6);
     T* dwte = random_buffer<T>((long long)V * C, 7);
-    A* rstd = static_cast<A*>(pv::device_alloc(size_t(N) * sizeof(A), pv::MemoryCategory::workspace));
-    void* norm_scratch = pv::device_alloc(pv::rmsnorm_backward_scratch_bytes<T>(N, C), pv::MemoryCategory::workspace);
+    // Device buffers (none in a dry run).
+    auto alloc = [](size_t bytes) { return g_dry_run ? nullptr : pv::device_alloc(bytes, pv::MemoryCategory::workspace); };
+    A* rstd = static_cast<A*>(alloc(size_t(N) * sizeof(A)));
+    void* norm_scratch = alloc(pv::rmsnorm_backward_scratch_bytes<T>(N, C));
     const int R = o.repeat;
 
     report<T>("embedding forward", time_it(R, [&] { pv::embedding_forward(tokens, wte, x, N, C, V, nullptr); }),
@@ -166,15 +185,15 @@ void run(const pv::LlamaConfig& c, const Options& o) {
     T* att = random_buffer<T>(N * q_w, 10);
     T* datt = random_buffer<T>(N * q_w, 11);
     T* dqkv = random_buffer<T>(N * qkv_w, 12);
-    A* lse = static_cast<A*>(pv::device_alloc(size_t(B) * H * Tn * sizeof(A), pv::MemoryCategory::workspace));
-    void* att_scratch = pv::device_alloc(pv::attention_backward_scratch_bytes<T>(B, Tn, H), pv::MemoryCategory::workspace);
+    A* lse = static_cast<A*>(alloc(size_t(B) * H * Tn * sizeof(A)));
+    void* att_scratch = alloc(pv::attention_backward_scratch_bytes<T>(B, Tn, H));
     const auto freqs = pv::rope_inverse_frequencies(hd, c.rope_theta,
                                                     pv::Llama3RopeScaling{c.rope_scaling.factor, c.rope_scaling.low_freq_factor,
                                                                           c.rope_scaling.high_freq_factor,
                                                                           c.rope_scaling.original_max_position_embeddings});
     std::vector<A> freqs_acc(freqs.begin(), freqs.end());
-    A* inv_freq = static_cast<A*>(pv::device_alloc(freqs_acc.size() * sizeof(A), pv::MemoryCategory::workspace));
-    CUDA_CHECK(cudaMemcpy(inv_freq, freqs_acc.data(), freqs_acc.size() * sizeof(A), cudaMemcpyHostToDevice));
+    A* inv_freq = static_cast<A*>(alloc(freqs_acc.size() * sizeof(A)));
+    if (inv_freq) CUDA_CHECK(cudaMemcpy(inv_freq, freqs_acc.data(), freqs_acc.size() * sizeof(A), cudaMemcpyHostToDevice));
 
     const double gemm_qkv = 2.0 * N * C * qkv_w;
     report<T>("matmul qkv forward", time_it(R, [&] { pv::matmul_forward(handle, x, wqkv, qkv, N, C, qkv_w, nullptr); }),
@@ -217,9 +236,9 @@ void run(const pv::LlamaConfig& c, const Options& o) {
 
     // Head: logits and the fused softmax + cross-entropy.
     T* logits = random_buffer<T>(N * V, 18);
-    A* row_loss = static_cast<A*>(pv::device_alloc(size_t(N) * sizeof(A), pv::MemoryCategory::workspace));
-    A* loss_sum = static_cast<A*>(pv::device_alloc(sizeof(A), pv::MemoryCategory::workspace));
-    int* count = static_cast<int*>(pv::device_alloc(sizeof(int), pv::MemoryCategory::workspace));
+    A* row_loss = static_cast<A*>(alloc(size_t(N) * sizeof(A)));
+    A* loss_sum = static_cast<A*>(alloc(sizeof(A)));
+    int* count = static_cast<int*>(alloc(sizeof(int)));
     report<T>("matmul lm_head forward", time_it(R, [&] { pv::matmul_forward(handle, x, wte, logits, N, C, V, nullptr); }),
               (double(N) * C + double(V) * C + double(N) * V) * t, 2.0 * N * C * V, on_gpu);
     report<T>("cross-entropy forward", time_it(R, [&] {
@@ -243,6 +262,7 @@ void run(const pv::LlamaConfig& c, const Options& o) {
 int main(int argc, char** argv) {
     using namespace kernels_bench;
     const Options o = parse(argc, argv);
+    g_dry_run = o.dry_run;
     const pv::LlamaConfig* config = nullptr;
     try {
         config = &pv::preset(o.shape);

@@ -156,3 +156,18 @@ TEST_CASE("whole-model gradient check (fp64): random directions and sampled coor
         REQUIRE(std::isfinite(loss0));
     }
 }
+
+TEST_CASE("forward-only evaluation gives next-token logits equal to the reference's (fp64)", "[model]") {
+    const pv::LlamaConfig& c = pv::preset("test-tiny");
+    const int B = 1, Tn = 9;
+    pv::Llama<double> m(c, B, Tn, 2, 123, /*trainable=*/false);
+    const Batch b = make_batch(c, B, Tn, 10);
+    DeviceArray<int> tokens(b.tokens);
+    pv::single_forward<double>(m, 1, tokens.get(), nullptr, nullptr, nullptr);  // slot 1, no targets
+    std::vector<double> logits(size_t(B * Tn) * size_t(c.vocab_size));
+    CUDA_CHECK(cudaMemcpy(logits.data(), m.logits(1), logits.size() * sizeof(double), cudaMemcpyDeviceToHost));
+    const auto ref = pv::reference::llama_forward_backward(c, download_params(m), b.tokens, b.targets, B, Tn, 1.0, false);
+    const std::string err = compare(logits, ref.logits, 1e-12);
+    INFO(err);
+    REQUIRE(err.empty());
+}
