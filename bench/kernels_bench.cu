@@ -14,6 +14,7 @@
 //
 // "Bytes" is the minimum traffic: every input read once and every output written once (the
 // model's real traffic can only be higher); "FLOPs" counts multiply-adds as two.
+#include "bench/timing.h"
 #include "kernels/attention.cuh"
 #include "kernels/cross_entropy.cuh"
 #include "kernels/device_memory.h"
@@ -77,22 +78,9 @@ Options parse(int argc, char** argv) {
     return o;
 }
 
-// Seconds per call of `body`, measured with CUDA events after one warm-up call.
+// Seconds per call of `body` (nothing runs in a dry run).
 double time_it(int repeats, const std::function<void()>& body) {
-    if (g_dry_run) return 0;
-    cudaEvent_t start, stop;
-    CUDA_CHECK(cudaEventCreate(&start));
-    CUDA_CHECK(cudaEventCreate(&stop));
-    body();
-    CUDA_CHECK(cudaEventRecord(start, nullptr));
-    for (int i = 0; i < repeats; ++i) body();
-    CUDA_CHECK(cudaEventRecord(stop, nullptr));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    CUDA_CHECK(cudaEventDestroy(start));
-    CUDA_CHECK(cudaEventDestroy(stop));
-    return double(ms) * 1e-3 / repeats;
+    return g_dry_run ? 0.0 : pv::bench::seconds_per_call(repeats, body);
 }
 
 // A device buffer of n elements holding small random values (so no kernel sees NaN or overflows).

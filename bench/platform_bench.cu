@@ -7,6 +7,7 @@
 //   crossings/s         a kernel whose threads cross __syncthreads and __shfl_xor_sync in a loop,
 //                       in thread-crossings per second (one thread passing one barrier/shuffle)
 //   GEMM GFLOP/s        cublasGemmEx, square, per dtype
+#include "bench/timing.h"
 #include "kernels/device_memory.h"
 #include "kernels/platform.h"
 
@@ -36,22 +37,9 @@ __global__ void crossings(float* out, int rounds) {
     out[blockIdx.x * blockDim.x + threadIdx.x] = v;
 }
 
-// Times `body` with CUDA events (so it measures device time on a GPU too), in seconds per call.
 template <class F>
 double time_it(int repeats, F body) {
-    cudaEvent_t start, stop;
-    CUDA_CHECK(cudaEventCreate(&start));
-    CUDA_CHECK(cudaEventCreate(&stop));
-    body();  // warm up: first-touch of buffers, worker start, fiber stacks
-    CUDA_CHECK(cudaEventRecord(start, nullptr));
-    for (int i = 0; i < repeats; ++i) body();
-    CUDA_CHECK(cudaEventRecord(stop, nullptr));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    CUDA_CHECK(cudaEventDestroy(start));
-    CUDA_CHECK(cudaEventDestroy(stop));
-    return double(ms) * 1e-3 / repeats;
+    return pv::bench::seconds_per_call(repeats, body);
 }
 
 void bench_gemm(cublasHandle_t handle, const char* name, cudaDataType type, cublasComputeType_t compute, int n,
