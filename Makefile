@@ -62,17 +62,20 @@ ifeq ($(BACKEND),cuda)
   CU := $(NVCC) -x cu -std=c++20 -O2 $(GENCODE) -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror \
         $(INCLUDES) -MMD -MP
   LINK := $(NVCC) $(GENCODE)
-  BACKEND_LIBS := -lcublas -lcudart
+  BACKEND_LIBS := -lcublas -lcudart $(PRODUCT_LIBS)
   PLATFORM_OBJS :=
 else
   CU := $(CXX) -x c++ $(HOST_CXXFLAGS)
   LINK := $(CXX) $(OPT) -rdynamic
-  BACKEND_LIBS := -lopenblas -lpthread -ldl
+  BACKEND_LIBS := -lopenblas -lpthread -ldl $(PRODUCT_LIBS)
   PLATFORM_OBJS := $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard host/*.cpp)) $(BUILD)/host/fiber_switch.o
 endif
 
-# Product code shared by every program.
-CORE_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard kernels/*.cu model/*.cu)) $(PLATFORM_OBJS)
+# Product code shared by every program: CUDA C++ (.cu, through the flavour's compiler) and plain
+# host C++ (.cpp: data pipeline, tokenizer, file formats; always g++).
+CORE_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard kernels/*.cu model/*.cu optim/*.cu parallel/*.cu)) \
+             $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard data/*.cpp model/*.cpp optim/*.cpp)) $(PLATFORM_OBJS)
+PRODUCT_LIBS := -lpcre2-8
 
 TEST_SOURCES := $(wildcard test/test_*.cu)
 TEST_BINS := $(patsubst test/%.cu,$(BUILD)/test/%,$(TEST_SOURCES))
@@ -100,8 +103,21 @@ $(BUILD)/host/fiber_switch.o: host/fiber_switch.S
 	@mkdir -p $(dir $@)
 	$(CXX) -c $< -o $@
 
-# Catch2's main and the child-process helper are plain C++ for every flavour.
+# Catch2's main, the child-process helper and the host-only product code are plain C++ for
+# every flavour.
 $(BUILD)/test/%.o: test/%.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(HOST_CXXFLAGS) -c $< -o $@
+
+$(BUILD)/data/%.o: data/%.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(HOST_CXXFLAGS) -c $< -o $@
+
+$(BUILD)/model/%.o: model/%.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(HOST_CXXFLAGS) -c $< -o $@
+
+$(BUILD)/optim/%.o: optim/%.cpp
 	@mkdir -p $(dir $@)
 	$(CXX) $(HOST_CXXFLAGS) -c $< -o $@
 
