@@ -56,6 +56,9 @@ else
 endif
 BUILD := build/$(FLAVOUR)
 
+# Libraries the product code itself needs (the tokenizer's Unicode pre-split), on both backends.
+PRODUCT_LIBS := -lpcre2-8
+
 HOST_CXXFLAGS := -std=c++20 $(OPT) $(WARNINGS) $(INCLUDES) -MMD -MP
 ifeq ($(BACKEND),cuda)
   GENCODE := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
@@ -75,7 +78,6 @@ endif
 # host C++ (.cpp: data pipeline, tokenizer, file formats; always g++).
 CORE_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard kernels/*.cu model/*.cu optim/*.cu parallel/*.cu)) \
              $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard data/*.cpp model/*.cpp optim/*.cpp)) $(PLATFORM_OBJS)
-PRODUCT_LIBS := -lpcre2-8
 
 TEST_SOURCES := $(wildcard test/test_*.cu)
 TEST_BINS := $(patsubst test/%.cu,$(BUILD)/test/%,$(TEST_SOURCES))
@@ -90,6 +92,24 @@ all: demo $(TEST_BINS) $(BENCH_BINS)
 
 demo: $(BUILD)/demo.o $(CORE_OBJS)
 	$(LINK) -o $@ $^ $(BACKEND_LIBS)
+
+train: $(BUILD)/train.o $(BUILD)/train_options.o $(BUILD)/corpus.o $(CORE_OBJS)
+	$(LINK) -o $@ $^ $(BACKEND_LIBS)
+
+$(BUILD)/train_options.o: train_options.cpp train_options.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(HOST_CXXFLAGS) -c $< -o $@
+
+# The built-in corpus of `train`: the project's own README and headers, concatenated in a fixed
+# order and embedded with .incbin (pv_corpus_begin .. pv_corpus_end).
+CORPUS_FILES := README.md $(sort $(wildcard kernels/*.cuh kernels/*.h model/*.h host/*.h parallel/*.h data/*.h optim/*.h))
+$(BUILD)/corpus.txt: $(CORPUS_FILES)
+	@mkdir -p $(dir $@)
+	cat $^ > $@
+
+$(BUILD)/corpus.o: $(BUILD)/corpus.txt
+	printf '.section .rodata\n.globl pv_corpus_begin\n.globl pv_corpus_end\npv_corpus_begin:\n.incbin "%s"\npv_corpus_end:\n.byte 0\n.section .note.GNU-stack,"",@progbits\n' $< \
+	  | $(CXX) -x assembler -c - -o $@
 
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
@@ -179,6 +199,6 @@ bench: $(BENCH_BINS)
 	@for b in $(BENCH_BINS); do echo "== $$b"; POLEVAULT_HOST_WORKERS=1 OPENBLAS_NUM_THREADS=1 $$b || exit 1; done
 
 clean:
-	rm -rf build demo
+	rm -rf build demo train
 
 -include $(shell find build/$(FLAVOUR) -name '*.d' 2>/dev/null)

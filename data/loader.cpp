@@ -1,0 +1,173 @@
+// The data loader; the order and batch semantics are described in data/loader.h.
+#include "data/loader.h"
+
+#include <algorithm>
+#include <random>
+#include <stdexcept>
+
+namespace pv {
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+// The mt19937_64 seed of epoch e: a hash of (seed, e), so neighbouring seeds or epochs give
+// unrelated streams.
+uint64_t epoch_seed(uint64_t seed, long long epoch) {
+    return splitmix64(splitmix64(seed) ^ splitmix64(0x5DEECE66Dull + static_cast<uint64_t>(epoch)));
+}
+
+// Uniform in [0, bound] by rejection on the raw 64-bit output: portable, unlike
+// std::uniform_int_distribution, whose algorithm differs between standard libraries.
+uint64_t uniform_upto(std::mt19937_64& rng, uint64_t bound) {
+    if (bound == ~0ull) return rng();
+    const uint64_t range = bound + 1;
+    const uint64_t limit = ~0ull - (~0ull % range + 1) % range;  // largest multiple of range, minus 1
+    uint64_t x;
+    do x = rng();
+    while (x > limit);
+    return x % range;
+}
+
+std::string batch_mismatch(const BatchGeometry& g) {
+    const long long product = 1LL * g.micro_batch * g.accumulation * g.world;
+    return "batch " + std::to_string(g.global_batch) + " is not micro_batch " + std::to_string(g.micro_batch) +
+           " × accumulation " + std::to_string(g.accumulation) + " × ranks " + std::to_string(g.world) + " = " +
+           std::to_string(product) + ": set --batch " + std::to_string(product) +
+           ", or --micro-batch/--accumulation so that their product with the rank count is " +
+           std::to_string(g.global_batch);
+}
+
+void require_positive(std::vector<std::string>& errors, const char* what, const char* flag, int v) {
+    if (v <= 0)
+        errors.push_back(std::string(what) + " is " + std::to_string(v) + ": " + flag + " must be a positive integer");
+}
+
+}  // namespace
+
+std::vector<std::string> validate(const BatchGeometry& g) {
+    std::vector<std::string> errors;
+    require_positive(errors, "batch", "--batch (sequences per optimizer step over all ranks)", g.global_batch);
+    require_positive(errors, "micro_batch", "--micro-batch (sequences per forward pass on one rank)", g.micro_batch);
+    require_positive(errors, "accumulation", "--accumulation (micro-steps per optimizer step)", g.accumulation);
+    require_positive(errors, "ranks", "the data-parallel rank count (mpirun -np)", g.world);
+    if (errors.empty() && 1LL * g.micro_batch * g.accumulation * g.world != g.global_batch)
+        errors.push_back(batch_mismatch(g));
+    return errors;
+}
+
+int accumulation_for(int global_batch, int micro_batch, int world) {
+    std::vector<std::string> errors;
+    require_positive(errors, "batch", "--batch (sequences per optimizer step over all ranks)", global_batch);
+    require_positive(errors, "micro_batch", "--micro-batch (sequences per forward pass on one rank)", micro_batch);
+    require_positive(errors, "ranks", "the data-parallel rank count (mpirun -np)", world);
+    if (!errors.empty()) {
+        std::string all;
+        for (const auto& e : errors) all += (all.empty() ? "" : "; ") + e;
+        throw std::invalid_argument(all);
+    }
+    const long long per_step = 1LL * micro_batch * world;
+    if (global_batch % per_step != 0) {
+        const long long below = global_batch / per_step * per_step, above = below + per_step;
+        std::string choices = below > 0 ? std::to_string(below) + " or " + std::to_string(above)
+                                        : std::to_string(above);
+        throw std::invalid_argument(
+            "batch " + std::to_string(global_batch) + " is not micro_batch " + std::to_string(micro_batch) +
+            " × accumulation k × ranks " + std::to_string(world) + " for any whole k (micro_batch × ranks = " +
+            std::to_string(per_step) + " does not divide " + std::to_string(global_batch) + "): set --batch to a multiple of " +
+            std::to_string(per_step) + " (e.g. " + choices + "), or a --micro-batch whose product with the rank count divides " +
+            std::to_string(global_batch));
+    }
+    return static_cast<int>(global_batch / per_step);
+}
+
+DataLoader::DataLoader(std::vector<TokenShard> shards, int seq_len, uint64_t seed)
+    : shards_(std::move(shards)), seq_len_(seq_len), seed_(seed) {
+    if (seq_len_ < 1)
+        throw std::invalid_argument("sequence length " + std::to_string(seq_len_) + " must be at least 1");
+    for (size_t i = 0; i < shards_.size(); ++i) {
+        if (i > 0 && shards_[i].vocab_size != shards_[0].vocab_size)
+            throw std::invalid_argument("shard " + std::to_string(i) + " has vocab_size " +
+                                        std::to_string(shards_[i].vocab_size) + " but shard 0 has " +
+                                        std::to_string(shards_[0].vocab_size) +
+                                        ": all shards must come from the same tokenizer");
+        offsets_.push_back(total_);
+        total_ += static_cast<long long>(shards_[i].tokens.size());
+    }
+    if (!shards_.empty()) vocab_size_ = shards_[0].vocab_size;
+    windows_ = total_ > 0 ? (total_ - 1) / seq_len_ : 0;
+    if (windows_ == 0)
+        throw std::invalid_argument("the data has " + std::to_string(total_) + " tokens; a sequence length of " +
+                                    std::to_string(seq_len_) + " needs at least " + std::to_string(seq_len_ + 1LL) +
+                                    ": add data or lower the sequence length");
+}
+
+long long DataLoader::window_of(long long g) const {
+    if (g < 0) throw std::invalid_argument("global sample index " + std::to_string(g) + " is negative");
+    const long long epoch = g / windows_;
+    if (epoch != cached_epoch_) {
+        perm_.resize(static_cast<size_t>(windows_));
+        for (long long i = 0; i < windows_; ++i) perm_[i] = i;
+        std::mt19937_64 rng(epoch_seed(seed_, epoch));
+        for (long long i = windows_ - 1; i > 0; --i)
+            std::swap(perm_[i], perm_[uniform_upto(rng, static_cast<uint64_t>(i))]);
+        cached_epoch_ = epoch;
+    }
+    return perm_[g % windows_];
+}
+
+void DataLoader::copy_tokens(long long start, long long n, int* out) const {
+    // The shard holding `start`: the last one whose offset is ≤ start (empty shards are skipped
+    // naturally because the next one shares their offset).
+    size_t s = static_cast<size_t>(std::upper_bound(offsets_.begin(), offsets_.end(), start) - offsets_.begin()) - 1;
+    long long pos = start - offsets_[s];
+    while (n > 0) {
+        const auto& tokens = shards_[s].tokens;
+        const long long take = std::min<long long>(n, static_cast<long long>(tokens.size()) - pos);
+        for (long long i = 0; i < take; ++i) *out++ = static_cast<int>(tokens[static_cast<size_t>(pos + i)]);
+        n -= take;
+        pos = 0;
+        ++s;
+    }
+}
+
+void DataLoader::window(long long k, int* inputs, int* targets) const {
+    if (k < 0 || k >= windows_)
+        throw std::invalid_argument("window " + std::to_string(k) + " is outside [0, " + std::to_string(windows_) + ")");
+    std::vector<int> buf(static_cast<size_t>(seq_len_) + 1);
+    copy_tokens(k * seq_len_, seq_len_ + 1LL, buf.data());
+    std::copy(buf.begin(), buf.end() - 1, inputs);
+    std::copy(buf.begin() + 1, buf.end(), targets);
+}
+
+DataLoader::MicroBatch DataLoader::micro_batch(long long step, int micro_step, const BatchGeometry& g,
+                                               int rank) const {
+    const auto errors = validate(g);
+    if (!errors.empty()) {
+        std::string all;
+        for (const auto& e : errors) all += (all.empty() ? "" : "; ") + e;
+        throw std::invalid_argument(all);
+    }
+    if (step < 0) throw std::invalid_argument("step " + std::to_string(step) + " is negative");
+    if (micro_step < 0 || micro_step >= g.accumulation)
+        throw std::invalid_argument("micro-step " + std::to_string(micro_step) + " is outside [0, accumulation " +
+                                    std::to_string(g.accumulation) + ")");
+    if (rank < 0 || rank >= g.world)
+        throw std::invalid_argument("rank " + std::to_string(rank) + " is outside [0, ranks " +
+                                    std::to_string(g.world) + ")");
+    const long long per_rank = g.global_batch / g.world;
+    const long long first = step * g.global_batch + rank * per_rank + 1LL * micro_step * g.micro_batch;
+    const size_t T = static_cast<size_t>(seq_len_);
+    MicroBatch mb;
+    mb.inputs.resize(static_cast<size_t>(g.micro_batch) * T);
+    mb.targets.resize(mb.inputs.size());
+    for (int i = 0; i < g.micro_batch; ++i)
+        window(window_of(first + i), mb.inputs.data() + i * T, mb.targets.data() + i * T);
+    return mb;
+}
+
+}  // namespace pv

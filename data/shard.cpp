@@ -1,0 +1,225 @@
+// Token shard writer and reader; the format is described in data/shard.h.
+#include "data/shard.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace pv {
+namespace {
+
+std::string os_error(int err) { return std::strerror(err); }
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+    throw std::runtime_error("token shard '" + path + "': " + what);
+}
+
+void put_u32(unsigned char* p, uint32_t v) {
+    for (int i = 0; i < 4; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+void put_u64(unsigned char* p, uint64_t v) {
+    for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+uint32_t get_u32(const unsigned char* p) {
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; --i) v = (v << 8) | p[i];
+    return v;
+}
+uint64_t get_u64(const unsigned char* p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+    return v;
+}
+
+// Closes the descriptor on every path out of a function.
+struct Fd {
+    int fd = -1;
+    ~Fd() {
+        if (fd >= 0) ::close(fd);
+    }
+};
+
+void write_all(int fd, const unsigned char* data, size_t n, const std::string& tmp) {
+    while (n > 0) {
+        const ssize_t w = ::write(fd, data, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            fail(tmp, "write failed: " + os_error(errno) + " (check free disk space and permissions)");
+        }
+        data += w;
+        n -= static_cast<size_t>(w);
+    }
+}
+
+void read_all(int fd, unsigned char* data, size_t n, const std::string& path) {
+    while (n > 0) {
+        const ssize_t r = ::read(fd, data, n);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            fail(path, "read failed: " + os_error(errno));
+        }
+        if (r == 0) fail(path, "the file shrank while being read; is another process rewriting it?");
+        data += r;
+        n -= static_cast<size_t>(r);
+    }
+}
+
+}  // namespace
+
+void write_shard(const std::string& path, const TokenShard& shard) {
+    if (shard.vocab_size == 0) fail(path, "vocab_size is 0; set it to the tokenizer's vocabulary size");
+    if (shard.eot_token >= shard.vocab_size)
+        fail(path, "eot_token " + std::to_string(shard.eot_token) + " is not below vocab_size " +
+                       std::to_string(shard.vocab_size) + "; use the tokenizer's end-of-text id");
+    for (size_t i = 0; i < shard.tokens.size(); ++i)
+        if (shard.tokens[i] >= shard.vocab_size)
+            fail(path, "token at index " + std::to_string(i) + " is " + std::to_string(shard.tokens[i]) +
+                           ", not below vocab_size " + std::to_string(shard.vocab_size) +
+                           "; the tokens and the vocabulary size do not belong together");
+
+    const uint32_t width = shard_token_bytes(shard.vocab_size);
+    const uint64_t count = shard.tokens.size();
+    unsigned char header[kShardHeaderBytes];
+    std::memcpy(header, kShardMagic, 8);
+    put_u32(header + 8, kShardVersion);
+    put_u32(header + 12, shard.vocab_size);
+    put_u32(header + 16, width);
+    put_u32(header + 20, shard.eot_token);
+    put_u64(header + 24, count);
+
+    const std::string tmp = path + ".tmp";
+    {
+        Fd f;
+        f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (f.fd < 0) fail(tmp, "cannot create: " + os_error(errno) + " (does the directory exist and is it writable?)");
+        try {
+            write_all(f.fd, header, sizeof header, tmp);
+            // Encode in chunks so a large shard never needs a second full-size buffer.
+            std::vector<unsigned char> buf;
+            const size_t chunk = size_t(1) << 20;
+            for (size_t begin = 0; begin < shard.tokens.size(); begin += chunk) {
+                const size_t end = std::min(shard.tokens.size(), begin + chunk);
+                buf.resize((end - begin) * width);
+                unsigned char* p = buf.data();
+                for (size_t i = begin; i < end; ++i, p += width) {
+                    const uint32_t t = shard.tokens[i];
+                    p[0] = static_cast<unsigned char>(t);
+                    p[1] = static_cast<unsigned char>(t >> 8);
+                    if (width == 4) {
+                        p[2] = static_cast<unsigned char>(t >> 16);
+                        p[3] = static_cast<unsigned char>(t >> 24);
+                    }
+                }
+                write_all(f.fd, buf.data(), buf.size(), tmp);
+            }
+            if (::fsync(f.fd) != 0) fail(tmp, "fsync failed: " + os_error(errno));
+            const int fd = f.fd;
+            f.fd = -1;
+            if (::close(fd) != 0) fail(tmp, "close failed: " + os_error(errno));
+        } catch (...) {
+            ::unlink(tmp.c_str());
+            throw;
+        }
+    }
+    if (::rename(tmp.c_str(), path.c_str()) != 0) {
+        const int err = errno;
+        ::unlink(tmp.c_str());
+        fail(path, "cannot rename '" + tmp + "' to it: " + os_error(err));
+    }
+    // Make the rename itself durable. Best effort: some file systems refuse fsync on directories.
+    std::string dir = std::filesystem::path(path).parent_path().string();
+    if (dir.empty()) dir = ".";
+    Fd d;
+    d.fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (d.fd >= 0) (void)::fsync(d.fd);
+}
+
+TokenShard read_shard(const std::string& path) {
+    Fd f;
+    f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (f.fd < 0)
+        fail(path, "cannot open: " + os_error(errno) + " (check the path; shards are made by the data preparation step)");
+    struct stat st {};
+    if (::fstat(f.fd, &st) != 0) fail(path, "cannot stat: " + os_error(errno));
+    if (!S_ISREG(st.st_mode)) fail(path, "not a regular file; pass the path of a .bin token shard");
+    const uint64_t size = static_cast<uint64_t>(st.st_size);
+
+    const std::string recreate = "; re-create the shard with the data preparation step";
+    if (size < kShardHeaderBytes) {
+        // Too short for a header: say which problem it is if the magic is already wrong.
+        unsigned char head[8] = {};
+        read_all(f.fd, head, static_cast<size_t>(std::min<uint64_t>(size, 8)), path);
+        if (size < 8 || std::memcmp(head, kShardMagic, 8) != 0)
+            fail(path, "not a polevault token shard (" + std::to_string(size) +
+                           " bytes, no \"PVTOKENS\" header); pass a file written by write_shard");
+        fail(path, "truncated: " + std::to_string(size) + " bytes, shorter than the " +
+                       std::to_string(kShardHeaderBytes) + "-byte header" + recreate);
+    }
+    unsigned char header[kShardHeaderBytes];
+    read_all(f.fd, header, sizeof header, path);
+    if (std::memcmp(header, kShardMagic, 8) != 0)
+        fail(path, "not a polevault token shard (the first 8 bytes are not \"PVTOKENS\"); pass a file written by "
+                   "write_shard");
+    const uint32_t version = get_u32(header + 8);
+    const uint32_t vocab = get_u32(header + 12);
+    const uint32_t width = get_u32(header + 16);
+    const uint32_t eot = get_u32(header + 20);
+    const uint64_t count = get_u64(header + 24);
+    if (version != kShardVersion)
+        fail(path, "unsupported shard version " + std::to_string(version) + " (this build reads version " +
+                       std::to_string(kShardVersion) + ")" + recreate + " of this build");
+    if (width != 2 && width != 4)
+        fail(path, "bad token width " + std::to_string(width) + " bytes (must be 2 or 4); the header is corrupt" +
+                       recreate);
+    if (width == 2 && vocab > 65536)
+        fail(path, "bad token width 2 bytes for vocab_size " + std::to_string(vocab) +
+                       " (ids above 65535 need 4 bytes); the header is corrupt" + recreate);
+    if (eot >= vocab)
+        fail(path, "eot_token " + std::to_string(eot) + " is not below vocab_size " + std::to_string(vocab) +
+                       "; the header is corrupt" + recreate);
+
+    const uint64_t payload = size - kShardHeaderBytes;
+    const bool overflow = count > UINT64_MAX / width;  // count × width does not fit in 64 bits
+    const uint64_t expected = overflow ? 0 : count * width;
+    if (overflow || payload < expected)
+        fail(path, "truncated: the header says " + std::to_string(count) + " tokens × " + std::to_string(width) +
+                       " bytes" + (overflow ? "" : " = " + std::to_string(expected) + " bytes") +
+                       " after the header, but the file has only " + std::to_string(payload) +
+                       " (was its writing interrupted?)" + recreate);
+    if (payload > expected)
+        fail(path, "oversized: the header says " + std::to_string(count) + " tokens × " + std::to_string(width) +
+                       " bytes = " + std::to_string(expected) + " bytes after the header, but the file has " +
+                       std::to_string(payload) + " (" + std::to_string(payload - expected) +
+                       " extra); the file is corrupt or was appended to" + recreate);
+
+    TokenShard shard;
+    shard.vocab_size = vocab;
+    shard.eot_token = eot;
+    shard.tokens.resize(static_cast<size_t>(count));
+    std::vector<unsigned char> buf;
+    const size_t chunk = size_t(1) << 20;
+    for (size_t begin = 0; begin < shard.tokens.size(); begin += chunk) {
+        const size_t end = std::min(shard.tokens.size(), begin + chunk);
+        buf.resize((end - begin) * width);
+        read_all(f.fd, buf.data(), buf.size(), path);
+        const unsigned char* p = buf.data();
+        for (size_t i = begin; i < end; ++i, p += width) {
+            const uint32_t t = width == 2 ? uint32_t(p[0]) | uint32_t(p[1]) << 8 : get_u32(p);
+            if (t >= vocab)
+                fail(path, "token at index " + std::to_string(i) + " is " + std::to_string(t) +
+                               ", not below vocab_size " + std::to_string(vocab) +
+                               "; the shard is corrupt or was made with another tokenizer" + recreate +
+                               " and the matching tokenizer");
+            shard.tokens[i] = t;
+        }
+    }
+    return shard;
+}
+
+}  // namespace pv
