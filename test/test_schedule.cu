@@ -1,0 +1,150 @@
+// Learning-rate schedules and the clipping factor (optim/schedule.h): values at chosen steps,
+// worked out here from the formulas, the warmup ramp, parsing and validation.
+#include "optim/schedule.h"
+#include "test/check.h"
+
+#include <cmath>
+#include <limits>
+#include <numbers>
+#include <stdexcept>
+
+namespace schedule_test {
+
+inline pv::LrConfig config(pv::LrSchedule kind, double lr, int warmup, long long total, double final_fraction = 0.1,
+                           double decay_fraction = 0.2) {
+    pv::LrConfig c;
+    c.kind = kind;
+    c.lr = lr;
+    c.warmup = warmup;
+    c.total_steps = total;
+    c.final_fraction = final_fraction;
+    c.decay_fraction = decay_fraction;
+    return c;
+}
+
+inline bool close(double a, double b) { return std::fabs(a - b) <= 1e-14 * std::fmax(1.0, std::fabs(b)); }
+
+inline bool mentions(const std::vector<std::string>& errors, const std::string& what) {
+    for (const auto& e : errors)
+        if (e.find(what) != std::string::npos) return true;
+    return false;
+}
+
+}  // namespace schedule_test
+
+using namespace schedule_test;
+using pv::LrSchedule;
+using pv::learning_rate;
+
+TEST_CASE("warmup ramps linearly to the peak", "[optim][schedule]") {
+    for (LrSchedule kind : {LrSchedule::constant, LrSchedule::cosine, LrSchedule::linear, LrSchedule::wsd}) {
+        const auto c = config(kind, 1e-3, 10, 110);
+        for (int s = 0; s < 10; ++s) REQUIRE(close(learning_rate(c, s), 1e-3 * (s + 1) / 10.0));
+        REQUIRE(close(learning_rate(c, 0), 1e-4));
+        REQUIRE(close(learning_rate(c, 9), 1e-3));   // end of warmup: the peak
+        REQUIRE(close(learning_rate(c, 10), 1e-3));  // first step after warmup: p = 0
+    }
+}
+
+TEST_CASE("constant schedule", "[optim][schedule]") {
+    const auto c = config(LrSchedule::constant, 0.5, 4, 100);
+    REQUIRE(close(learning_rate(c, 0), 0.125));
+    REQUIRE(close(learning_rate(c, 3), 0.5));
+    REQUIRE(close(learning_rate(c, 52), 0.5));
+    REQUIRE(close(learning_rate(c, 99), 0.5));
+}
+
+TEST_CASE("cosine schedule", "[optim][schedule]") {
+    // lr 1e-3, warmup 10, total 110, final 1e-4: p = (step − 10)/100.
+    const auto c = config(LrSchedule::cosine, 1e-3, 10, 110, 0.1);
+    REQUIRE(close(learning_rate(c, 0), 1e-4));
+    REQUIRE(close(learning_rate(c, 10), 1e-3));
+    REQUIRE(close(learning_rate(c, 60), 5.5e-4));  // p = 1/2: halfway between 1e-3 and 1e-4
+    // p = 1/4: 1e-4 + 9e-4·(1 + cos(π/4))/2 = 1e-4 + 9e-4·(2 + √2)/4
+    REQUIRE(close(learning_rate(c, 35), 1e-4 + 9e-4 * (2.0 + std::sqrt(2.0)) / 4.0));
+    // last step 109: p = 0.99
+    REQUIRE(close(learning_rate(c, 109), 1e-4 + 9e-4 * (1.0 + std::cos(0.99 * std::numbers::pi)) / 2.0));
+    REQUIRE(close(learning_rate(c, 110), 1e-4));   // one past the end reaches the final value
+    REQUIRE(close(learning_rate(c, 1000), 1e-4));  // and stays there
+    for (long long s = 10; s < 110; ++s) REQUIRE(learning_rate(c, s + 1) < learning_rate(c, s));
+}
+
+TEST_CASE("linear schedule", "[optim][schedule]") {
+    // lr 2, warmup 4, total 104, final 1: p = (step − 4)/100.
+    const auto c = config(LrSchedule::linear, 2.0, 4, 104, 0.5);
+    REQUIRE(close(learning_rate(c, 0), 0.5));
+    REQUIRE(close(learning_rate(c, 3), 2.0));
+    REQUIRE(close(learning_rate(c, 4), 2.0));
+    REQUIRE(close(learning_rate(c, 54), 1.5));
+    REQUIRE(close(learning_rate(c, 103), 1.01));
+}
+
+TEST_CASE("warmup-stable-decay schedule", "[optim][schedule]") {
+    // lr 1, no warmup, total 100, final 0.1, the last 20 % decays: p = step/100, decay from p = 0.8.
+    const auto c = config(LrSchedule::wsd, 1.0, 0, 100, 0.1, 0.2);
+    REQUIRE(close(learning_rate(c, 0), 1.0));
+    REQUIRE(close(learning_rate(c, 50), 1.0));
+    REQUIRE(close(learning_rate(c, 79), 1.0));
+    REQUIRE(close(learning_rate(c, 80), 1.0));    // the decay starts from the peak
+    REQUIRE(close(learning_rate(c, 90), 0.55));   // halfway through the decay
+    REQUIRE(close(learning_rate(c, 99), 0.145));  // 1 − 0.9·(0.19/0.2)
+    // With warmup 10 and total 110, decay from p = 0.8, step 90.
+    const auto w = config(LrSchedule::wsd, 1.0, 10, 110, 0.0, 0.2);
+    REQUIRE(close(learning_rate(w, 4), 0.5));
+    REQUIRE(close(learning_rate(w, 89), 1.0));
+    REQUIRE(close(learning_rate(w, 100), 0.5));
+    // decay_fraction 0: stable to the end.
+    REQUIRE(close(learning_rate(config(LrSchedule::wsd, 1.0, 0, 100, 0.1, 0.0), 99), 1.0));
+}
+
+TEST_CASE("a run that is all warmup", "[optim][schedule]") {
+    const auto c = config(LrSchedule::cosine, 1.0, 5, 5);
+    REQUIRE(close(learning_rate(c, 4), 1.0));
+    REQUIRE(pv::validate(c).empty());
+}
+
+TEST_CASE("schedule names parse and unknown ones are refused", "[optim][schedule]") {
+    REQUIRE(pv::parse_schedule("constant") == LrSchedule::constant);
+    REQUIRE(pv::parse_schedule("cosine") == LrSchedule::cosine);
+    REQUIRE(pv::parse_schedule("linear") == LrSchedule::linear);
+    REQUIRE(pv::parse_schedule("wsd") == LrSchedule::wsd);
+    for (LrSchedule k : {LrSchedule::constant, LrSchedule::cosine, LrSchedule::linear, LrSchedule::wsd})
+        REQUIRE(pv::parse_schedule(pv::schedule_name(k)) == k);
+    try {
+        pv::parse_schedule("cosin");
+        FAIL("no exception");
+    } catch (const std::invalid_argument& e) {
+        const std::string what = e.what();
+        INFO(what);
+        REQUIRE(what.find("'cosin'") != std::string::npos);
+        for (const char* name : {"constant", "cosine", "linear", "wsd"}) REQUIRE(what.find(name) != std::string::npos);
+    }
+}
+
+TEST_CASE("schedule validation names every problem", "[optim][schedule]") {
+    REQUIRE(pv::validate(config(LrSchedule::cosine, 3e-4, 100, 1000)).empty());
+    REQUIRE(pv::validate(config(LrSchedule::wsd, 0.0, 0, 1, 0.0, 1.0)).empty());
+    REQUIRE(mentions(pv::validate(pv::LrConfig{}), "total_steps = 0"));  // the default needs a length
+    REQUIRE(mentions(pv::validate(config(LrSchedule::cosine, -1e-3, 0, 10)), "lr = "));
+    REQUIRE(mentions(pv::validate(config(LrSchedule::cosine, std::nan(""), 0, 10)), "lr = "));
+    REQUIRE(mentions(pv::validate(config(LrSchedule::cosine, 1e-3, 11, 10)), "warmup = 11"));
+    REQUIRE(mentions(pv::validate(config(LrSchedule::cosine, 1e-3, -1, 10)), "warmup = -1"));
+    REQUIRE(mentions(pv::validate(config(LrSchedule::cosine, 1e-3, 0, 10, 1.5)), "final_fraction = "));
+    REQUIRE(mentions(pv::validate(config(LrSchedule::cosine, 1e-3, 0, 10, -0.1)), "final_fraction = "));
+    REQUIRE(mentions(pv::validate(config(LrSchedule::wsd, 1e-3, 0, 10, 0.1, 1.2)), "decay_fraction = "));
+    REQUIRE(mentions(pv::validate(config(LrSchedule::wsd, 1e-3, 0, 10, 0.1, std::nan(""))), "decay_fraction = "));
+    // Several problems: all reported.
+    REQUIRE(pv::validate(config(LrSchedule::cosine, -1.0, -2, 0, 2.0, -1.0)).size() == 5);
+}
+
+TEST_CASE("clip_scale", "[optim][schedule]") {
+    REQUIRE(pv::clip_scale(0.5, 1.0) == 1.0);                 // under the limit
+    REQUIRE(pv::clip_scale(1.0, 1.0) == 1.0);                 // at the limit
+    REQUIRE(pv::clip_scale(4.0, 1.0) == 1.0 / (4.0 + 1e-6));  // scaled to (just under) max_norm
+    REQUIRE(pv::clip_scale(4.0, 0.0) == 1.0);                 // max_norm 0 disables clipping
+    REQUIRE(pv::clip_scale(0.0, 1.0) == 1.0);
+    const double inf = std::numeric_limits<double>::infinity();
+    REQUIRE(std::isnan(pv::clip_scale(std::nan(""), 1.0)));   // a non-finite norm refuses the step
+    REQUIRE(std::isnan(pv::clip_scale(inf, 1.0)));
+    REQUIRE(std::isnan(pv::clip_scale(inf, 0.0)));            // even without clipping
+}
