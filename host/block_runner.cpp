@@ -95,7 +95,9 @@ bool strict_mode() {
 }
 
 bool same_site(const std::source_location& a, const std::source_location& b) {
-    return a.line() == b.line() && a.column() == b.column() && std::strcmp(a.file_name(), b.file_name()) == 0;
+    // The same call site's file name is the same pointer; compare the text only when they differ.
+    return a.line() == b.line() && a.column() == b.column() &&
+           (a.file_name() == b.file_name() || std::strcmp(a.file_name(), b.file_name()) == 0);
 }
 
 std::string site_text(const std::source_location& s) {

@@ -30,6 +30,7 @@
 #include "host/stream.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstddef>
 #include <vector>
 
@@ -223,6 +224,14 @@ extern "C" {
 
 cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
     if (handle == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+    // OpenBLAS's own threads busy-wait (sched_yield) after every GEMM and steal the cores the
+    // emulated kernels run on; the host's GEMMs are small, so one thread is faster overall.
+    // OPENBLAS_NUM_THREADS, when set, still decides.
+    static const bool single_threaded = [] {
+        if (!std::getenv("OPENBLAS_NUM_THREADS")) openblas_set_num_threads(1);
+        return true;
+    }();
+    (void)single_threaded;
     *handle = new cublasContext{};
     return CUBLAS_STATUS_SUCCESS;
 }
