@@ -88,12 +88,18 @@ BENCH_BINS := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu))
 .SECONDARY:
 .DEFAULT_GOAL := all
 
-all: demo $(TEST_BINS) $(BENCH_BINS)
+all: train demo $(TEST_BINS) $(BENCH_BINS)
 
-demo: $(BUILD)/demo.o $(CORE_OBJS)
+# Programs are linked per flavour in build/<flavour>/; ./train and ./demo are links to the flavour
+# built last (so `make BACKEND=cuda` then `make test` never leaves a stale binary behind).
+.PHONY: train demo
+train demo: %: $(BUILD)/%
+	ln -sf $< $@
+
+$(BUILD)/demo: $(BUILD)/demo.o $(CORE_OBJS)
 	$(LINK) -o $@ $^ $(BACKEND_LIBS)
 
-train: $(BUILD)/train.o $(BUILD)/train_options.o $(BUILD)/corpus.o $(CORE_OBJS)
+$(BUILD)/train: $(BUILD)/train.o $(BUILD)/train_options.o $(BUILD)/corpus.o $(CORE_OBJS)
 	$(LINK) -o $@ $^ $(BACKEND_LIBS)
 
 $(BUILD)/train_options.o: train_options.cpp train_options.h
@@ -176,11 +182,11 @@ TSAN_TESTS := $(addprefix $(BUILD)/test/,test_kernels_platform test_planted_race
   test_cross_entropy)
 TSAN_OPTIONS_ := TSAN_OPTIONS='halt_on_error=0 exitcode=66 history_size=4'
 
-test: $(TEST_BINS)
+test: $(TEST_BINS) $(BUILD)/train
 	@test/run_tests.sh --filter '$(TEST_FILTER)' $(SCHEDULES) $(TEST_BINS)
 
 # The full cross-product: everything `make test` runs plus the hidden [.full] cases.
-test-full: $(TEST_BINS)
+test-full: $(TEST_BINS) $(BUILD)/train
 	@test/run_tests.sh --filter '$(TEST_FILTER),[full]' $(SCHEDULES) $(TEST_BINS)
 
 test-asan:
