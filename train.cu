@@ -270,6 +270,14 @@ int main_checked(int argc, char** argv) {
         const std::vector<int> ids = tokenizer->encode(corpus, false);
         std::printf("tokenizer: byte-level BPE, %d tokens (saved to %s/tokenizer.json); corpus = %zu tokens\n",
                     tokenizer->vocab_size(), o.out_dir.c_str(), ids.size());
+        // The loss of a model that knows only token frequencies: what training must beat to show
+        // it uses context.
+        std::vector<double> frequency(size_t(tokenizer->vocab_size()), 0.0);
+        for (int id : ids) frequency[size_t(id)] += 1.0;
+        double entropy = 0;
+        for (double f : frequency)
+            if (f > 0) entropy -= f / double(ids.size()) * std::log(f / double(ids.size()));
+        std::printf("unigram entropy of the corpus: %.4f nats/token\n", entropy);
         // The last 10% is held out for validation.
         const size_t split = ids.size() - ids.size() / 10;
         TokenShard t{uint32_t(tokenizer->vocab_size()), uint32_t(std::max(0, tokenizer->eot_id())), {}};
