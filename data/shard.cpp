@@ -1,6 +1,8 @@
 // Token shard writer and reader; the format is described in data/shard.h.
 #include "data/shard.h"
 
+#include "data/atomic_file.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -45,18 +47,6 @@ struct Fd {
     }
 };
 
-void write_all(int fd, const unsigned char* data, size_t n, const std::string& tmp) {
-    while (n > 0) {
-        const ssize_t w = ::write(fd, data, n);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            fail(tmp, "write failed: " + os_error(errno) + " (check free disk space and permissions)");
-        }
-        data += w;
-        n -= static_cast<size_t>(w);
-    }
-}
-
 void read_all(int fd, unsigned char* data, size_t n, const std::string& path) {
     while (n > 0) {
         const ssize_t r = ::read(fd, data, n);
@@ -93,51 +83,27 @@ void write_shard(const std::string& path, const TokenShard& shard) {
     put_u32(header + 20, shard.eot_token);
     put_u64(header + 24, count);
 
-    const std::string tmp = path + ".tmp";
-    {
-        Fd f;
-        f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (f.fd < 0) fail(tmp, "cannot create: " + os_error(errno) + " (does the directory exist and is it writable?)");
-        try {
-            write_all(f.fd, header, sizeof header, tmp);
-            // Encode in chunks so a large shard never needs a second full-size buffer.
-            std::vector<unsigned char> buf;
-            const size_t chunk = size_t(1) << 20;
-            for (size_t begin = 0; begin < shard.tokens.size(); begin += chunk) {
-                const size_t end = std::min(shard.tokens.size(), begin + chunk);
-                buf.resize((end - begin) * width);
-                unsigned char* p = buf.data();
-                for (size_t i = begin; i < end; ++i, p += width) {
-                    const uint32_t t = shard.tokens[i];
-                    p[0] = static_cast<unsigned char>(t);
-                    p[1] = static_cast<unsigned char>(t >> 8);
-                    if (width == 4) {
-                        p[2] = static_cast<unsigned char>(t >> 16);
-                        p[3] = static_cast<unsigned char>(t >> 24);
-                    }
+    write_file_atomically(path, "token shard", [&](const ByteSink& sink) {
+        sink(header, sizeof header);
+        // Encode in chunks so a large shard never needs a second full-size buffer.
+        std::vector<unsigned char> buf;
+        const size_t chunk = size_t(1) << 20;
+        for (size_t begin = 0; begin < shard.tokens.size(); begin += chunk) {
+            const size_t end = std::min(shard.tokens.size(), begin + chunk);
+            buf.resize((end - begin) * width);
+            unsigned char* p = buf.data();
+            for (size_t i = begin; i < end; ++i, p += width) {
+                const uint32_t t = shard.tokens[i];
+                p[0] = static_cast<unsigned char>(t);
+                p[1] = static_cast<unsigned char>(t >> 8);
+                if (width == 4) {
+                    p[2] = static_cast<unsigned char>(t >> 16);
+                    p[3] = static_cast<unsigned char>(t >> 24);
                 }
-                write_all(f.fd, buf.data(), buf.size(), tmp);
             }
-            if (::fsync(f.fd) != 0) fail(tmp, "fsync failed: " + os_error(errno));
-            const int fd = f.fd;
-            f.fd = -1;
-            if (::close(fd) != 0) fail(tmp, "close failed: " + os_error(errno));
-        } catch (...) {
-            ::unlink(tmp.c_str());
-            throw;
+            sink(buf.data(), buf.size());
         }
-    }
-    if (::rename(tmp.c_str(), path.c_str()) != 0) {
-        const int err = errno;
-        ::unlink(tmp.c_str());
-        fail(path, "cannot rename '" + tmp + "' to it: " + os_error(err));
-    }
-    // Make the rename itself durable. Best effort: some file systems refuse fsync on directories.
-    std::string dir = std::filesystem::path(path).parent_path().string();
-    if (dir.empty()) dir = ".";
-    Fd d;
-    d.fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (d.fd >= 0) (void)::fsync(d.fd);
+    });
 }
 
 TokenShard read_shard(const std::string& path) {

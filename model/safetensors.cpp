@@ -1,6 +1,8 @@
 // safetensors writer and reader; the format is described in model/safetensors.h.
 #include "model/safetensors.h"
 
+#include "data/atomic_file.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -53,26 +55,6 @@ std::string shape_string(const std::vector<int64_t>& shape) {
     return s + "]";
 }
 
-// Closes the descriptor on every path out of a function.
-struct Fd {
-    int fd = -1;
-    ~Fd() {
-        if (fd >= 0) ::close(fd);
-    }
-};
-
-void write_all(int fd, const uint8_t* data, size_t n, const std::string& tmp) {
-    while (n > 0) {
-        const ssize_t w = ::write(fd, data, n);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            fail(tmp, "write failed: " + os_error(errno) + " (check free disk space and permissions)");
-        }
-        data += w;
-        n -= static_cast<size_t>(w);
-    }
-}
-
 }  // namespace
 
 size_t safetensors_dtype_size(const std::string& dtype) {
@@ -122,34 +104,11 @@ void write_safetensors(const std::string& path, const std::vector<SafeTensor>& t
     uint8_t prefix[8];
     for (int i = 0; i < 8; ++i) prefix[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
 
-    const std::string tmp = path + ".tmp";
-    {
-        Fd f;
-        f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (f.fd < 0) fail(tmp, "cannot create: " + os_error(errno) + " (does the directory exist and is it writable?)");
-        try {
-            write_all(f.fd, prefix, sizeof prefix, tmp);
-            write_all(f.fd, reinterpret_cast<const uint8_t*>(text.data()), text.size(), tmp);
-            for (const SafeTensor& t : tensors) write_all(f.fd, t.data.data(), t.data.size(), tmp);
-            if (::fsync(f.fd) != 0) fail(tmp, "fsync failed: " + os_error(errno));
-            const int fd = f.fd;
-            f.fd = -1;
-            if (::close(fd) != 0) fail(tmp, "close failed: " + os_error(errno));
-        } catch (...) {
-            ::unlink(tmp.c_str());
-            throw;
-        }
-    }
-    if (::rename(tmp.c_str(), path.c_str()) != 0) {
-        const int err = errno;
-        ::unlink(tmp.c_str());
-        fail(path, "cannot rename '" + tmp + "' to it: " + os_error(err));
-    }
-    // Make the rename itself durable. Best effort: some file systems refuse fsync on directories.
-    const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-    Fd d;
-    d.fd = ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (d.fd >= 0) (void)::fsync(d.fd);
+    write_file_atomically(path, "safetensors", [&](const ByteSink& sink) {
+        sink(prefix, sizeof prefix);
+        sink(text.data(), text.size());
+        for (const SafeTensor& t : tensors) sink(t.data.data(), t.data.size());
+    });
 }
 
 const SafeTensor& SafeTensorsFile::at(const std::string& name) const {
