@@ -1,32 +1,43 @@
 // train: the polevault training program (one rank for now; the parallel strategies plug in
 // where `single_forward`/`single_backward` are called).
 //
-//   ./train            trains a small model on the built-in corpus (the project's own README and
-//                      headers, embedded at build time), prints one line per step, evaluates on a
-//                      held-out tail, and ends with a generated sample
-//   ./train --help     every flag with its default
+//   ./train                      trains a small model on the built-in corpus (the project's own
+//                                README and headers, embedded at build time), prints one line per
+//                                step, evaluates on a held-out tail, saves a checkpoint and ends
+//                                with a generated sample
+//   ./train --resume DIR         continues a run from a checkpoint, bit for bit
+//   ./train sample CHECKPOINT    generates text from a checkpoint
+//   ./train prepare FILES --out DIR    tokenizes text or JSON lines into shards
+//   ./train --help               every flag with its default (also `train sample --help`, ...)
 //
 // One optimizer step: the loader gives the step's micro-batches; the number of counted target
 // tokens is known before any forward, so every micro-batch's backward scales by 1/count
-// (DESIGN.md §4) and gradients accumulate by sum; then the global gradient norm, clipping folded
-// into AdamW's gradient scale, and the update of every tensor (decay on matrices only).
+// (DESIGN.md §4) and gradients accumulate by sum (in the gradient buffers, or in an fp32 buffer
+// with --fp32-grad-accumulation); then the global gradient norm, clipping folded into AdamW's
+// gradient scale, and the update of every tensor (decay on matrices only by default).
 #include "data/loader.h"
+#include "data/prepare.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
+#include "generate.h"
 #include "kernels/device_memory.h"
 #include "kernels/glue.cuh"
+#include "model/config_json.h"
+#include "model/flops.h"
 #include "model/llama.h"
-#include "optim/adamw.cuh"
+#include "optim/optimizer.cuh"
 #include "optim/schedule.h"
 #include "parallel/single.h"
+#include "train_checkpoint.h"
 #include "train_options.h"
+#include "train_state.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <random>
+#include <optional>
 #include <stdexcept>
 
 // The built-in corpus, embedded by the Makefile (build/<flavour>/corpus.o).
@@ -54,39 +65,93 @@ LlamaConfig default_model(int vocab, int seq_len) {
     return c;
 }
 
-// Device buffers for one micro-batch's tokens and targets.
-struct BatchBuffers {
-    int* tokens;
-    int* targets;
-    size_t count;
-    BatchBuffers(size_t n)
-        : tokens(static_cast<int*>(device_alloc(n * sizeof(int), MemoryCategory::workspace))),
-          targets(static_cast<int*>(device_alloc(n * sizeof(int), MemoryCategory::workspace))), count(n) {}
-    ~BatchBuffers() { memory_free(tokens), memory_free(targets); }
-    void upload(const DataLoader::MicroBatch& b) {
-        CUDA_CHECK(cudaMemcpy(tokens, b.inputs.data(), count * sizeof(int), cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(targets, b.targets.data(), count * sizeof(int), cudaMemcpyHostToDevice));
-    }
-};
-
-// AdamW state for one unit: master weights (bf16 only), m and v, all padded like the group.
-template <class T>
-struct UnitOptimizerState {
-    acc_t<T>* master = nullptr;
-    acc_t<T>* m = nullptr;
-    acc_t<T>* v = nullptr;
-};
-
 double mib(size_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
 
+// What a run trains on: token shards, an optional validation shard, the tokenizer when known.
+struct RunData {
+    std::vector<TokenShard> train;
+    std::optional<TokenShard> val;
+    std::unique_ptr<Tokenizer> tokenizer;
+    std::string source;
+};
+
+// The built-in corpus: a tokenizer trained on it (or the checkpoint's, on resume), the last 10%
+// held out for validation.
+RunData builtin_data(const TrainOptions& o, const std::string& resume_dir) {
+    RunData d;
+    d.source = "built-in corpus";
+    const std::string corpus(pv_corpus_begin, pv_corpus_end);
+    std::printf("built-in corpus: %zu bytes of the project's own documentation and sources\n", corpus.size());
+    d.tokenizer = std::make_unique<Tokenizer>(resume_dir.empty() ? Tokenizer::train(corpus, o.vocab)
+                                                                 : Tokenizer::load(resume_dir + "/tokenizer.json"));
+    const std::vector<int> ids = d.tokenizer->encode(corpus, false);
+    std::printf("tokenizer: byte-level BPE, %d tokens; corpus = %zu tokens\n", d.tokenizer->vocab_size(), ids.size());
+    // The loss of a model that knows only token frequencies: what training must beat to show it
+    // uses context.
+    std::vector<double> frequency(size_t(d.tokenizer->vocab_size()), 0.0);
+    for (int id : ids) frequency[size_t(id)] += 1.0;
+    double entropy = 0;
+    for (double f : frequency)
+        if (f > 0) entropy -= f / double(ids.size()) * std::log(f / double(ids.size()));
+    std::printf("unigram entropy of the corpus: %.4f nats/token\n", entropy);
+    const size_t split = ids.size() - ids.size() / 10;
+    TokenShard t{uint32_t(d.tokenizer->vocab_size()), uint32_t(std::max(0, d.tokenizer->eot_id())), {}};
+    TokenShard v = t;
+    t.tokens.assign(ids.begin(), ids.begin() + long(split));
+    v.tokens.assign(ids.begin() + long(split), ids.end());
+    d.train.push_back(std::move(t));
+    d.val = std::move(v);
+    return d;
+}
+
+RunData load_run_data(const TrainOptions& o, const std::string& resume_dir) {
+    if (o.data.empty()) return builtin_data(o, resume_dir);
+    RunData d;
+    d.source = o.data;
+    DataSet set = load_dataset(o.data);
+    d.train = std::move(set.train);
+    d.val = std::move(set.val);
+    if (!o.val_data.empty()) d.val = read_shard(o.val_data);
+    if (!set.tokenizer_path.empty()) d.tokenizer = std::make_unique<Tokenizer>(Tokenizer::load(set.tokenizer_path));
+    return d;
+}
+
+LlamaConfig model_config(const TrainOptions& o, int data_vocab, const std::string& resume_dir) {
+    LlamaConfig c = !resume_dir.empty()  ? read_hf_config(resume_dir + "/config.json")
+                    : !o.config.empty()  ? read_hf_config(o.config)
+                    : !o.preset.empty()  ? preset(o.preset)
+                                         : default_model(data_vocab, o.seq_len);
+    if (c.vocab_size < data_vocab)
+        throw std::invalid_argument("the model's vocabulary (" + std::to_string(c.vocab_size) +
+                                    ") is smaller than the data's (" + std::to_string(data_vocab) +
+                                    "): choose a model with a larger vocabulary or data tokenized for this model");
+    return c;
+}
+
+// The dense bf16 peak of the GPU for MFU; 0 on the host backend (a CPU has no such peak worth
+// quoting) or an unknown GPU.
+double device_peak_flops() {
+    if (kHostBackend) return 0.0;
+    int device = 0, major = 0, minor = 0, sms = 0, clock_khz = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
+    return dense_bf16_peak_flops(major, minor, sms, clock_khz);
+}
+
 template <class T>
-int run(const TrainOptions& o, const Tokenizer* tokenizer, std::vector<TokenShard> train_shards,
-        std::vector<TokenShard> val_shards, const LlamaConfig& config) {
+int run_training(const TrainOptions& o, RunData data, const LlamaConfig& config, const std::string& resume_dir) {
     using A = acc_t<T>;
     const int accumulation = accumulation_for(o.batch, o.micro_batch, 1);
     const BatchGeometry geometry{o.batch, o.micro_batch, accumulation, 1};
-    DataLoader loader(std::move(train_shards), o.seq_len, o.seed);
-    DataLoader val_loader(std::move(val_shards), o.seq_len, o.seed + 1);
+    uint64_t fingerprint = 0xcbf29ce484222325ull;
+    long long train_tokens = 0;
+    for (const TokenShard& s : data.train) fingerprint = fingerprint_tokens(s.tokens, fingerprint), train_tokens += (long long)s.tokens.size();
+    DataLoader loader(std::move(data.train), o.seq_len, o.seed);
+    std::optional<DataLoader> val_loader;
+    if (data.val) val_loader.emplace(std::vector<TokenShard>{std::move(*data.val)}, o.seq_len, o.seed + 1);
     LrConfig lr_config;
     lr_config.kind = parse_schedule(o.schedule);
     lr_config.lr = o.lr;
@@ -96,56 +161,93 @@ int run(const TrainOptions& o, const Tokenizer* tokenizer, std::vector<TokenShar
     if (const auto problems = validate(lr_config); !problems.empty()) throw std::invalid_argument(problems.front());
 
     Llama<T> model(config, o.micro_batch, o.seq_len, 1, o.seed);
-    std::vector<UnitOptimizerState<T>> state(size_t(model.num_units()));
-    for (int u = 0; u < model.num_units(); ++u) {
-        const size_t n = size_t(model.layout(u).padded);
-        UnitOptimizerState<T>& s = state[size_t(u)];
-        s.m = static_cast<A*>(device_alloc(n * sizeof(A), MemoryCategory::optimizer_state));
-        s.v = static_cast<A*>(device_alloc(n * sizeof(A), MemoryCategory::optimizer_state));
-        CUDA_CHECK(cudaMemset(s.m, 0, n * sizeof(A)));
-        CUDA_CHECK(cudaMemset(s.v, 0, n * sizeof(A)));
-        if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-            s.master = static_cast<A*>(device_alloc(n * sizeof(A), MemoryCategory::optimizer_state));
-            init_master(model.params(u), s.master, (long long)n, nullptr);
+    std::vector<GroupLayout> layouts;
+    for (int u = 0; u < model.num_units(); ++u) layouts.push_back(model.layout(u));
+    AdamWState<T> optimizer(layouts, 0, 1);
+    const AdamWSettings adamw{o.beta1, o.beta2, o.eps, o.weight_decay, o.decay_norm_weights, o.stochastic_rounding, o.seed};
+    long long start_step = 0;
+    if (!resume_dir.empty()) {
+        const TrainerState state = load_checkpoint(resume_dir, model, optimizer);
+        start_step = state.step;
+        if (state.data_fingerprint != fingerprint || state.train_tokens != train_tokens) {
+            if (state.options.data == o.data)
+                throw std::runtime_error("the training data differs from the checkpoint's (" +
+                                         std::to_string(train_tokens) + " tokens now, " +
+                                         std::to_string(state.train_tokens) + " then, or the same count with other "
+                                         "tokens): resuming would not continue the same run; restore the data, or pass "
+                                         "--data explicitly to continue on other data");
+            std::printf("note: training continues on other data than the checkpoint's (%s)\n", o.data.c_str());
         }
+        std::printf("resumed from %s at step %lld\n", resume_dir.c_str(), start_step);
+    } else {
+        for (int u = 0; u < model.num_units(); ++u) optimizer.init_master(u, model.params(u), nullptr);
     }
-    BatchBuffers batch(size_t(o.micro_batch) * size_t(o.seq_len));
-    A* loss_sum = static_cast<A*>(device_alloc(sizeof(A), MemoryCategory::workspace));
-    int* count = static_cast<int*>(device_alloc(sizeof(int), MemoryCategory::workspace));
-    double* norm_sq = static_cast<double*>(device_alloc(sizeof(double), MemoryCategory::workspace));
+    if (start_step >= o.steps)
+        throw std::invalid_argument("the checkpoint is at step " + std::to_string(start_step) + " and --steps is " +
+                                    std::to_string(o.steps) + ": nothing to do; raise --steps to train further");
+    const long long end_step = o.stop_after > 0 ? std::min(o.steps, start_step + o.stop_after) : o.steps;
+
+    // With --fp32-grad-accumulation each micro-step's bf16 gradients are added into float buffers.
+    std::vector<DeviceBuffer<float>> grad32;
+    if (o.fp32_grad_accumulation)
+        for (int u = 0; u < model.num_units(); ++u) grad32.emplace_back(size_t(model.layout(u).padded), MemoryCategory::gradients);
+
+    DeviceBuffer<int> tokens(size_t(model.rows()), MemoryCategory::workspace), targets(size_t(model.rows()), MemoryCategory::workspace);
+    DeviceBuffer<A> loss_sum(1, MemoryCategory::workspace);
+    DeviceBuffer<int> count(1, MemoryCategory::workspace);
+    DeviceBuffer<double> norm_sq(1, MemoryCategory::workspace);
     long long largest_group = 0;
     for (int u = 0; u < model.num_units(); ++u) largest_group = std::max(largest_group, model.layout(u).padded);
-    void* norm_scratch = device_alloc(sum_of_squares_scratch_bytes<T>(largest_group), MemoryCategory::workspace);
+    DeviceBuffer<uint8_t> norm_scratch(sum_of_squares_scratch_bytes<float>(largest_group), MemoryCategory::workspace);
 
     std::filesystem::create_directories(o.out_dir);
-    FILE* metrics = std::fopen((o.out_dir + "/metrics.jsonl").c_str(), "w");
-    if (!metrics) throw std::runtime_error("cannot write " + o.out_dir + "/metrics.jsonl");
+    const std::string metrics_path = o.out_dir + "/metrics.jsonl";
+    if (start_step > 0) trim_metrics(metrics_path, start_step);
+    FILE* metrics = std::fopen(metrics_path.c_str(), start_step > 0 ? "a" : "w");
+    if (!metrics) throw std::runtime_error("cannot write " + metrics_path);
+    const double flops_per_token = training_flops_per_token(config, o.seq_len);
+    const double peak = device_peak_flops();
     std::printf("model %s: %lld parameters, %d layers, hidden %d, vocab %d, %s; batch %d = micro-batch %d x "
-                "accumulation %d; %lld training windows of %d tokens\n",
+                "accumulation %d; %lld training windows of %d tokens; %.3g FLOPs per token\n",
                 config.name.c_str(), parameter_count(config), config.num_layers, config.hidden_size, config.vocab_size,
-                o.dtype.c_str(), o.batch, o.micro_batch, accumulation, loader.windows(), o.seq_len);
+                o.dtype.c_str(), o.batch, o.micro_batch, accumulation, loader.windows(), o.seq_len, flops_per_token);
 
-    auto micro_loss = [&](const DataLoader::MicroBatch& b) {
-        batch.upload(b);
-        single_forward(model, 0, batch.tokens, batch.targets, loss_sum, count);
+    auto forward_loss = [&](const DataLoader::MicroBatch& b) {
+        CUDA_CHECK(cudaMemcpy(tokens.get(), b.inputs.data(), tokens.bytes(), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(targets.get(), b.targets.data(), targets.bytes(), cudaMemcpyHostToDevice));
+        single_forward(model, 0, tokens.get(), targets.get(), loss_sum.get(), count.get());
         A host_loss;
-        CUDA_CHECK(cudaMemcpy(&host_loss, loss_sum, sizeof(A), cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(&host_loss, loss_sum.get(), sizeof(A), cudaMemcpyDeviceToHost));
         return double(host_loss);
     };
     auto evaluate = [&] {
-        double sum = 0, tokens = 0;
+        double sum = 0, counted = 0;
         const BatchGeometry eval_geometry{o.micro_batch, o.micro_batch, 1, 1};
         for (int i = 0; i < o.eval_batches; ++i) {
-            const auto b = val_loader.micro_batch(i, 0, eval_geometry, 0);
-            sum += micro_loss(b);
-            tokens += double(b.targets.size());
+            const auto b = val_loader->micro_batch(i, 0, eval_geometry, 0);
+            sum += forward_loss(b);
+            for (int t : b.targets) counted += t != kIgnoreIndex;
         }
-        return sum / tokens;
+        return sum / counted;
+    };
+    auto trainer_state = [&](long long steps_done) {
+        TrainerState s;
+        s.step = steps_done;
+        s.samples = steps_done * o.batch;
+        s.seed = o.seed;
+        s.dtype = o.dtype;
+        s.data_source = data.source;
+        s.train_tokens = train_tokens;
+        s.data_fingerprint = fingerprint;
+        s.options = o;
+        s.options.resume.clear();
+        s.options.stop_after = 0;
+        return s;
     };
 
     const auto start = std::chrono::steady_clock::now();
     double first_loss = NAN, last_loss = NAN;
-    for (long long step = 0; step < o.steps; ++step) {
+    for (long long step = start_step; step < end_step; ++step) {
         const auto t0 = std::chrono::steady_clock::now();
         std::vector<DataLoader::MicroBatch> micro;
         long long counted = 0;
@@ -154,151 +256,159 @@ int run(const TrainOptions& o, const Tokenizer* tokenizer, std::vector<TokenShar
             for (int t : micro.back().targets) counted += t != kIgnoreIndex;
         }
         if (counted == 0) throw std::runtime_error("step " + std::to_string(step) + " has no counted target tokens");
-        model.zero_grads();
+        if (grad32.empty()) model.zero_grads();
         double loss = 0;
-        for (const auto& b : micro) {
-            loss += micro_loss(b);
-            single_backward(model, 0, batch.tokens, batch.targets, 1.0 / double(counted));
+        for (int j = 0; j < accumulation; ++j) {
+            if (!grad32.empty()) model.zero_grads();
+            loss += forward_loss(micro[size_t(j)]);
+            single_backward(model, 0, tokens.get(), targets.get(), 1.0 / double(counted));
+            if constexpr (sizeof(T) <= sizeof(float)) {  // the fp32 buffer only exists for bf16
+                for (size_t u = 0; u < grad32.size(); ++u) {
+                    if (j == 0) cast(model.grads(int(u)), grad32[u].get(), model.layout(int(u)).padded, nullptr);
+                    else accumulate(grad32[u].get(), model.grads(int(u)), model.layout(int(u)).padded, nullptr);
+                }
+            }
         }
         loss /= double(counted);
-        // Global gradient norm, deterministic (fixed order over units), padding contributes 0.
+        // The global gradient norm, deterministic (a fixed order over units); padding adds 0.
         for (int u = 0; u < model.num_units(); ++u) {
-            if (u == 0) sum_of_squares(model.grads(u), model.layout(u).padded, norm_sq, norm_scratch, nullptr);
-            else sum_of_squares_accumulate(model.grads(u), model.layout(u).padded, norm_sq, norm_scratch, nullptr);
+            const long long n = model.layout(u).padded;
+            if (!grad32.empty()) sum_of_squares_launch(grad32[size_t(u)].get(), n, norm_sq.get(), norm_scratch.get(), u > 0, nullptr);
+            else sum_of_squares_launch(model.grads(u), n, norm_sq.get(), norm_scratch.get(), u > 0, nullptr);
         }
         double host_norm_sq;
-        CUDA_CHECK(cudaMemcpy(&host_norm_sq, norm_sq, sizeof(double), cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(&host_norm_sq, norm_sq.get(), sizeof(double), cudaMemcpyDeviceToHost));
         const double grad_norm = std::sqrt(host_norm_sq);
         const double scale = clip_scale(grad_norm, o.clip);
         if (!std::isfinite(loss) || !std::isfinite(scale))
-            throw std::runtime_error("step " + std::to_string(step) + ": the loss or gradient norm is not finite (loss " +
+            throw std::runtime_error("step " + std::to_string(step + 1) + ": the loss or gradient norm is not finite (loss " +
                                      std::to_string(loss) + ", norm " + std::to_string(grad_norm) +
                                      "); lower --lr or enable --clip");
         const double lr = learning_rate(lr_config, step);
         for (int u = 0; u < model.num_units(); ++u) {
-            const UnitOptimizerState<T>& s = state[size_t(u)];
-            for (const TensorSlot& t : model.layout(u).tensors) {
-                AdamWStep h;
-                h.lr = lr;
-                h.weight_decay = t.spec.init == Init::normal ? o.weight_decay : 0.0;  // matrices only
-                h.t = step + 1;
-                h.grad_scale = scale;
-                adamw_update<T, T>(model.params(u) + t.offset, s.master ? s.master + t.offset : nullptr,
-                                   model.grads(u) + t.offset, s.m + t.offset, s.v + t.offset, t.spec.numel(), h, false,
-                                   o.seed, t.id, 0, nullptr);
-            }
+            if (!grad32.empty()) optimizer.update_unit(u, model.params(u), grad32[size_t(u)].get(), adamw, lr, step + 1, scale, nullptr);
+            else optimizer.update_unit(u, model.params(u), model.grads(u), adamw, lr, step + 1, scale, nullptr);
         }
         CUDA_CHECK(cudaDeviceSynchronize());
         const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         const double tokens_per_s = double(o.batch) * o.seq_len / (ms * 1e-3);
         const MemoryStats mem = memory_stats();
-        if (step == 0) first_loss = loss;
+        if (step == start_step) first_loss = loss;
         last_loss = loss;
-        std::printf("step %5lld/%lld | loss %.7f | lr %.3e | grad norm %.4f | %8.0f tok/s | %7.1f ms | device memory %.1f MiB "
-                    "(peak %.1f MiB)\n",
-                    step + 1, o.steps, loss, lr, grad_norm, tokens_per_s, ms, mib(mem.device_current), mib(mem.device_peak));
+        char mfu[32] = "";
+        if (peak > 0) std::snprintf(mfu, sizeof mfu, " | MFU %5.1f%%", 100.0 * tokens_per_s * flops_per_token / peak);
+        std::printf("step %5lld/%lld | loss %.7f | lr %.3e | grad norm %.4f | %8.0f tok/s | %7.1f ms%s | device memory "
+                    "%.1f MiB (peak %.1f MiB)\n",
+                    step + 1, o.steps, loss, lr, grad_norm, tokens_per_s, ms, mfu, mib(mem.device_current),
+                    mib(mem.device_peak));
         std::fprintf(metrics,
-                     "{\"step\": %lld, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens_per_s\": %.6g, \"ms\": %.6g, "
-                     "\"device_bytes\": %zu, \"device_peak_bytes\": %zu}\n",
+                     "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, \"tokens_per_s\": %.6g, "
+                     "\"ms\": %.6g, \"device_bytes\": %zu, \"device_peak_bytes\": %zu}\n",
                      step + 1, loss, lr, grad_norm, tokens_per_s, ms, mem.device_current, mem.device_peak);
-        if (o.eval_interval > 0 && ((step + 1) % o.eval_interval == 0 || step + 1 == o.steps)) {
+        if (val_loader && o.eval_interval > 0 && ((step + 1) % o.eval_interval == 0 || step + 1 == o.steps)) {
             const double val = evaluate();
             std::printf("          validation loss %.7f\n", val);
-            std::fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.9g}\n", step + 1, val);
+            std::fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.17g}\n", step + 1, val);
+        }
+        std::fflush(metrics);
+        if ((o.checkpoint_interval > 0 && (step + 1) % o.checkpoint_interval == 0) || step + 1 == end_step) {
+            const std::string dir = checkpoint_path(o.out_dir, step + 1);
+            save_checkpoint(dir, model, optimizer, trainer_state(step + 1), data.tokenizer.get());
+            std::printf("          checkpoint %s\n", dir.c_str());
         }
         std::fflush(stdout);
-        std::fflush(metrics);
     }
     std::fclose(metrics);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("trained %lld steps in %.1f s: loss %.4f -> %.4f\n", o.steps, seconds, first_loss, last_loss);
+    std::printf("trained steps %lld..%lld in %.1f s (%.0f tokens/s): loss %.4f -> %.4f\n", start_step + 1, end_step,
+                seconds, double(end_step - start_step) * o.batch * o.seq_len / seconds, first_loss, last_loss);
+    if (end_step < o.steps)
+        std::printf("stopped after %lld steps; continue with: train --resume %s\n", end_step - start_step, o.out_dir.c_str());
 
-    // A sample: the prompt continued token by token. The context (at most seq_len tokens) fills
-    // row 0 of a micro-batch; causal attention makes the padding after it irrelevant.
-    if (tokenizer && o.sample_tokens > 0) {
-        std::vector<int> context = tokenizer->encode(o.prompt, false);
-        std::mt19937_64 rng(o.seed);
-        std::vector<T> logits(size_t(config.vocab_size));
-        std::string text = o.prompt;
-        for (int i = 0; i < o.sample_tokens; ++i) {
-            const size_t len = std::min(context.size(), size_t(o.seq_len));
-            std::vector<int> window(size_t(o.micro_batch) * size_t(o.seq_len), 0);
-            std::copy(context.end() - long(len), context.end(), window.begin());
-            CUDA_CHECK(cudaMemcpy(batch.tokens, window.data(), window.size() * sizeof(int), cudaMemcpyHostToDevice));
-            single_forward<T>(model, 0, batch.tokens, nullptr, nullptr, nullptr);
-            CUDA_CHECK(cudaMemcpy(logits.data(), model.logits(0) + (len - 1) * size_t(config.vocab_size),
-                                  logits.size() * sizeof(T), cudaMemcpyDeviceToHost));
-            // Temperature, then the smallest set of tokens holding top_p of the probability.
-            std::vector<std::pair<double, int>> p(logits.size());
-            double max_logit = -INFINITY;
-            for (size_t k = 0; k < logits.size(); ++k) max_logit = std::max(max_logit, double(to_acc(logits[k])));
-            double total = 0;
-            for (size_t k = 0; k < logits.size(); ++k)
-                total += p[k].first = std::exp((double(to_acc(logits[k])) - max_logit) / o.temperature), p[k].second = int(k);
-            std::sort(p.begin(), p.end(), std::greater<>());
-            double kept = 0;
-            size_t n = 0;
-            while (n < p.size() && (n == 0 || kept < o.top_p * total)) kept += p[n++].first;
-            double r = std::uniform_real_distribution<double>(0, kept)(rng);
-            int next = p[n - 1].second;
-            for (size_t k = 0; k < n; ++k)
-                if ((r -= p[k].first) <= 0) {
-                    next = p[k].second;
-                    break;
-                }
-            context.push_back(next);
-            text += tokenizer->decode({next});
-        }
-        std::printf("\nsample (temperature %.2f, top-p %.2f):\n%s\n", o.temperature, o.top_p, text.c_str());
+    if (data.tokenizer && o.sample_tokens > 0 && end_step == o.steps) {
+        std::printf("\nsample (temperature %.2f, top-p %.2f):\n%s", o.temperature, o.top_p, o.prompt.c_str());
+        std::fflush(stdout);
+        generate(model, *data.tokenizer, GenerateOptions{o.prompt, o.sample_tokens, o.temperature, o.top_p, o.seed},
+                 [](const std::string& piece) { std::fputs(piece.c_str(), stdout), std::fflush(stdout); });
+        std::printf("\n");
     }
-    for (auto& s : state) memory_free(s.master), memory_free(s.m), memory_free(s.v);
-    for (void* p : {static_cast<void*>(loss_sum), static_cast<void*>(count), static_cast<void*>(norm_sq), norm_scratch})
-        memory_free(p);
+    return 0;
+}
+
+int train_command(const TrainOptions& o, const std::string& resume_dir) {
+    if (o.fp32_grad_accumulation && o.dtype != "bf16")
+        throw std::invalid_argument("--fp32-grad-accumulation is for --dtype bf16 (" + o.dtype +
+                                    " gradients already accumulate in their own type); drop the flag");
+    if (o.stochastic_rounding && o.dtype != "bf16")
+        throw std::invalid_argument("--stochastic-rounding is for --dtype bf16 (" + o.dtype +
+                                    " parameters are their own master and are never rounded); drop the flag");
+    accumulation_for(o.batch, o.micro_batch, 1);  // a bad geometry fails before any data is read
+    RunData data = load_run_data(o, resume_dir);
+    const LlamaConfig config = model_config(o, int(data.train.front().vocab_size), resume_dir);
+    if (o.dtype == "bf16") return run_training<__nv_bfloat16>(o, std::move(data), config, resume_dir);
+    if (o.dtype == "fp32") return run_training<float>(o, std::move(data), config, resume_dir);
+    return run_training<double>(o, std::move(data), config, resume_dir);
+}
+
+template <class T>
+int sample_with(const SampleOptions& o, const std::string& dir, const TrainerState& state) {
+    const LlamaConfig config = read_hf_config(dir + "/config.json");
+    if (!std::filesystem::exists(dir + "/tokenizer.json"))
+        throw std::runtime_error("checkpoint '" + dir + "' has no tokenizer.json: sampling needs the tokenizer the "
+                                 "model was trained with (copy it into the checkpoint directory)");
+    const Tokenizer tokenizer = Tokenizer::load(dir + "/tokenizer.json");
+    Llama<T> model(config, 1, state.options.seq_len, 1, o.seed, /*trainable=*/false);
+    load_weights(dir, model);
+    std::printf("%s", o.prompt.c_str());
+    std::fflush(stdout);
+    generate(model, tokenizer, GenerateOptions{o.prompt, o.max_tokens, o.temperature, o.top_p, o.seed},
+             [](const std::string& piece) { std::fputs(piece.c_str(), stdout), std::fflush(stdout); });
+    std::printf("\n");
+    return 0;
+}
+
+int sample_command(const SampleOptions& o) {
+    const std::string dir = resolve_checkpoint(o.checkpoint);
+    const TrainerState state = read_trainer_state(dir + "/" + kTrainerStateFile);
+    std::fprintf(stderr, "sampling from %s (step %lld, %s)\n", dir.c_str(), state.step, state.dtype.c_str());
+    if (state.dtype == "bf16") return sample_with<__nv_bfloat16>(o, dir, state);
+    if (state.dtype == "fp32") return sample_with<float>(o, dir, state);
+    return sample_with<double>(o, dir, state);
+}
+
+int prepare_command(const PrepareOptions& o) {
+    const PreparedData p = prepare_data(o);
+    std::printf("prepared %lld documents: %lld training tokens in %zu shard(s), %lld validation tokens, vocabulary %d\n"
+                "  tokenizer  %s\n  validation %s\n",
+                p.documents, p.train_tokens, p.train_shards.size(), p.val_tokens, p.vocab_size, p.tokenizer_path.c_str(),
+                p.val_shard.c_str());
+    for (const std::string& s : p.train_shards) std::printf("  training   %s\n", s.c_str());
+    std::printf("train on it with: train --data %s\n", o.out_dir.c_str());
     return 0;
 }
 
 int main_checked(int argc, char** argv) {
-    const TrainOptions o = parse_train_options(argc, argv);
-    std::unique_ptr<Tokenizer> tokenizer;
-    std::vector<TokenShard> train, val;
-    if (o.data.empty()) {
-        const std::string corpus(pv_corpus_begin, pv_corpus_end);
-        std::printf("built-in corpus: %zu bytes of the project's own documentation and sources\n", corpus.size());
-        tokenizer = std::make_unique<Tokenizer>(Tokenizer::train(corpus, o.vocab));
-        std::filesystem::create_directories(o.out_dir);
-        tokenizer->save(o.out_dir + "/tokenizer.json");
-        const std::vector<int> ids = tokenizer->encode(corpus, false);
-        std::printf("tokenizer: byte-level BPE, %d tokens (saved to %s/tokenizer.json); corpus = %zu tokens\n",
-                    tokenizer->vocab_size(), o.out_dir.c_str(), ids.size());
-        // The loss of a model that knows only token frequencies: what training must beat to show
-        // it uses context.
-        std::vector<double> frequency(size_t(tokenizer->vocab_size()), 0.0);
-        for (int id : ids) frequency[size_t(id)] += 1.0;
-        double entropy = 0;
-        for (double f : frequency)
-            if (f > 0) entropy -= f / double(ids.size()) * std::log(f / double(ids.size()));
-        std::printf("unigram entropy of the corpus: %.4f nats/token\n", entropy);
-        // The last 10% is held out for validation.
-        const size_t split = ids.size() - ids.size() / 10;
-        TokenShard t{uint32_t(tokenizer->vocab_size()), uint32_t(std::max(0, tokenizer->eot_id())), {}};
-        TokenShard v = t;
-        t.tokens.assign(ids.begin(), ids.begin() + long(split));
-        v.tokens.assign(ids.begin() + long(split), ids.end());
-        train.push_back(std::move(t));
-        val.push_back(std::move(v));
-    } else {
-        train.push_back(read_shard(o.data));
-        val.push_back(o.val_data.empty() ? train.back() : read_shard(o.val_data));
+    Command c = parse_command(argc, argv);
+    if (c.kind == Command::Kind::sample) return sample_command(c.sample);
+    if (c.kind == Command::Kind::prepare) return prepare_command(c.prepare);
+    std::string resume_dir;
+    if (!c.train.resume.empty()) {
+        // The checkpoint's options, then this command line's flags on top.
+        resume_dir = resolve_checkpoint(c.train.resume);
+        const TrainOptions saved = read_trainer_state(resume_dir + "/" + kTrainerStateFile).options;
+        c = parse_command(argc, argv, saved);
+        TrainOptions compare = c.train;
+        compare.resume = saved.resume;
+        compare.stop_after = saved.stop_after;
+        for (const std::string& change : train_options_diff(saved, compare)) {
+            for (const char* fixed : {"preset:", "config:", "vocab:", "dtype:", "batch:", "seq_len:", "seed:"})
+                if (change.rfind(fixed, 0) == 0)
+                    throw std::invalid_argument("cannot change " + change + " when resuming: the checkpoint's model, "
+                                                "data order and batches depend on it; start a new run instead");
+            std::printf("resume: %s (from the command line)\n", change.c_str());
+        }
     }
-    const int vocab = int(train.front().vocab_size);
-    const LlamaConfig config = o.preset.empty() ? default_model(vocab, o.seq_len) : preset(o.preset);
-    if (config.vocab_size < vocab)
-        throw std::invalid_argument("the model's vocabulary (" + std::to_string(config.vocab_size) +
-                                    ") is smaller than the data's (" + std::to_string(vocab) +
-                                    "): choose a preset with a larger vocabulary or data tokenized for this model");
-    if (o.dtype == "bf16") return run<__nv_bfloat16>(o, tokenizer.get(), std::move(train), std::move(val), config);
-    if (o.dtype == "fp32") return run<float>(o, tokenizer.get(), std::move(train), std::move(val), config);
-    return run<double>(o, tokenizer.get(), std::move(train), std::move(val), config);
+    return train_command(c.train, resume_dir);
 }
 
 }  // namespace

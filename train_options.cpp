@@ -1,24 +1,34 @@
 // Command-line parsing for `train` with CLI11: each flag documents itself and its default in
-// --help.
+// --help. The JSON form of TrainOptions (checkpoints) uses nlohmann/json with one field list.
 #include "train_options.h"
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <cstdlib>
+#include <stdexcept>
 
 namespace pv {
 
-TrainOptions parse_train_options(int argc, char** argv) {
-    TrainOptions o;
-    CLI::App app{
-        "polevault train: trains a Llama-family model. With no arguments it trains a small model on a "
-        "built-in corpus (the project's own documentation and sources) and ends with a generated sample."};
-    app.option_defaults()->always_capture_default();
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, data, val_data, vocab, steps, batch,
+                                                micro_batch, seq_len, lr, schedule, warmup, final_lr_fraction, clip,
+                                                weight_decay, decay_norm_weights, beta1, beta2, eps, dtype,
+                                                stochastic_rounding, fp32_grad_accumulation, seed, eval_interval,
+                                                eval_batches, out_dir, checkpoint_interval, resume, stop_after,
+                                                prompt, sample_tokens, temperature, top_p)
+
+namespace {
+
+void add_train_flags(CLI::App& app, TrainOptions& o) {
     app.add_option("--preset", o.preset, "Model preset (empty: a small default model sized to the tokenizer)");
-    app.add_option("--data", o.data, "Token shard to train on (empty: the built-in corpus)");
-    app.add_option("--val-data", o.val_data, "Validation shard (empty: the built-in corpus's held-out tail)");
-    app.add_option("--vocab", o.vocab, "Vocabulary size of the tokenizer trained on the built-in corpus")->check(CLI::Range(257, 1 << 20));
-    app.add_option("--steps", o.steps, "Optimizer steps")->check(CLI::PositiveNumber);
+    app.add_option("--config", o.config, "A Hugging Face config.json giving the model's shape (instead of --preset)");
+    app.add_option("--data", o.data,
+                   "Training data: a directory made by `train prepare` or one token shard (empty: the built-in corpus)");
+    app.add_option("--val-data", o.val_data, "Validation shard (empty: the data directory's val.pvtokens, or the "
+                                             "built-in corpus's held-out tail)");
+    app.add_option("--vocab", o.vocab, "Vocabulary size of the tokenizer trained on the built-in corpus")
+        ->check(CLI::Range(257, 1 << 20));
+    app.add_option("--steps", o.steps, "Optimizer steps (the learning-rate schedule spans them)")->check(CLI::PositiveNumber);
     app.add_option("--batch", o.batch, "Global batch: sequences per optimizer step (= micro-batch x accumulation x ranks)")
         ->check(CLI::PositiveNumber);
     app.add_option("--micro-batch", o.micro_batch, "Sequences per forward/backward pass")->check(CLI::PositiveNumber);
@@ -29,25 +39,116 @@ TrainOptions parse_train_options(int argc, char** argv) {
     app.add_option("--final-lr-fraction", o.final_lr_fraction, "Final learning rate as a fraction of the peak")
         ->check(CLI::Range(0.0, 1.0));
     app.add_option("--clip", o.clip, "Clip the global gradient norm to this (0: no clipping)")->check(CLI::NonNegativeNumber);
-    app.add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay (matrices only)")->check(CLI::NonNegativeNumber);
+    app.add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay (matrices only unless "
+                                                     "--decay-norm-weights)")
+        ->check(CLI::NonNegativeNumber);
+    app.add_flag("--decay-norm-weights", o.decay_norm_weights, "Apply weight decay to the RMSNorm weights too");
+    app.add_option("--beta1", o.beta1, "AdamW beta1")->check(CLI::Range(0.0, 1.0));
+    app.add_option("--beta2", o.beta2, "AdamW beta2")->check(CLI::Range(0.0, 1.0));
+    app.add_option("--eps", o.eps, "AdamW epsilon (outside the square root)")->check(CLI::PositiveNumber);
     app.add_option("--dtype", o.dtype, "Storage type of parameters, activations and gradients: bf16, fp32 or fp64")
         ->check(CLI::IsMember({"bf16", "fp32", "fp64"}));
-    app.add_option("--seed", o.seed, "Seed of initialisation, data order and sampling");
+    app.add_flag("--stochastic-rounding", o.stochastic_rounding,
+                 "bf16: round the fp32 master weights to bf16 stochastically (Philox-keyed, reproducible) instead of "
+                 "to nearest");
+    app.add_flag("--fp32-grad-accumulation", o.fp32_grad_accumulation,
+                 "bf16: accumulate gradients over micro-steps in an fp32 buffer (costs 4 bytes per parameter)");
+    app.add_option("--seed", o.seed, "Seed of initialisation, data order, stochastic rounding and sampling");
     app.add_option("--eval-interval", o.eval_interval, "Evaluate on the validation data every this many steps (0: never)")
         ->check(CLI::NonNegativeNumber);
     app.add_option("--eval-batches", o.eval_batches, "Micro-batches per evaluation")->check(CLI::PositiveNumber);
-    app.add_option("--out-dir", o.out_dir, "Output directory (metrics.jsonl, tokenizer.json)");
+    app.add_option("--out-dir", o.out_dir, "Output directory (metrics.jsonl, tokenizer.json, step_N checkpoints)");
+    app.add_option("--checkpoint-interval", o.checkpoint_interval,
+                   "Write a checkpoint every this many steps (0: only at the end)")
+        ->check(CLI::NonNegativeNumber);
+    app.add_option("--resume", o.resume,
+                   "Continue from a checkpoint: a step_N directory, or an output directory (its latest checkpoint). "
+                   "Flags not given are taken from the checkpoint")
+        ->check(CLI::ExistingDirectory);
+    app.add_option("--stop-after", o.stop_after,
+                   "Stop after this many steps of this invocation, writing a checkpoint (0: run to --steps)")
+        ->check(CLI::NonNegativeNumber);
     app.add_option("--prompt", o.prompt, "Prompt of the sample generated at the end");
     app.add_option("--sample-tokens", o.sample_tokens, "Tokens to generate at the end (0: none)")->check(CLI::NonNegativeNumber);
-    app.add_option("--temperature", o.temperature, "Sampling temperature")->check(CLI::PositiveNumber);
+    app.add_option("--temperature", o.temperature, "Sampling temperature (0: greedy)")->check(CLI::NonNegativeNumber);
     app.add_option("--top-p", o.top_p, "Nucleus sampling: the smallest set of tokens with this much probability")
         ->check(CLI::Range(0.0, 1.0));
+}
+
+void add_sample_flags(CLI::App& app, SampleOptions& o) {
+    app.add_option("checkpoint", o.checkpoint,
+                   "A checkpoint: a step_N directory, or an output directory (its latest checkpoint)")
+        ->required()
+        ->check(CLI::ExistingDirectory);
+    app.add_option("--prompt", o.prompt, "Text to continue");
+    app.add_option("--max-tokens", o.max_tokens, "Tokens to generate")->check(CLI::PositiveNumber);
+    app.add_option("--temperature", o.temperature, "Sampling temperature (0: greedy)")->check(CLI::NonNegativeNumber);
+    app.add_option("--top-p", o.top_p, "Nucleus sampling: the smallest set of tokens with this much probability")
+        ->check(CLI::Range(0.0, 1.0));
+    app.add_option("--seed", o.seed, "Seed of the sampling");
+}
+
+void add_prepare_flags(CLI::App& app, PrepareOptions& o) {
+    app.add_option("inputs", o.inputs,
+                   "Input files: *.jsonl / *.ndjson hold one JSON object per line (the document is its --field); "
+                   "anything else is plain text, one document per file")
+        ->required()
+        ->check(CLI::ExistingFile);
+    app.add_option("--out", o.out_dir, "Output directory (train_NNNNNN.pvtokens, val.pvtokens, tokenizer.json)")
+        ->required();
+    app.add_option("--field", o.text_field, "The JSON-lines field holding a document's text");
+    app.add_option("--tokenizer", o.tokenizer, "Use this tokenizer.json instead of training one")->check(CLI::ExistingFile);
+    app.add_option("--vocab", o.vocab, "Vocabulary size of the tokenizer trained on the inputs")
+        ->check(CLI::Range(257, 1 << 20));
+    app.add_option("--val-fraction", o.val_fraction, "Fraction of the tokens held out for validation (the tail)")
+        ->check(CLI::Range(0.0, 0.5));
+    app.add_option("--shard-tokens", o.shard_tokens, "Most tokens per training shard")->check(CLI::PositiveNumber);
+}
+
+}  // namespace
+
+Command parse_command(int argc, char** argv, const TrainOptions& base) {
+    Command c;
+    c.train = base;
+    CLI::App app{
+        "polevault train: trains a Llama-family model. With no arguments it trains a small model on a "
+        "built-in corpus (the project's own documentation and sources) and ends with a generated sample."};
+    app.option_defaults()->always_capture_default();
+    add_train_flags(app, c.train);
+    CLI::App* sample = app.add_subcommand("sample", "Generate text from a checkpoint");
+    sample->option_defaults()->always_capture_default();
+    add_sample_flags(*sample, c.sample);
+    CLI::App* prepare = app.add_subcommand("prepare", "Tokenize text or JSON-lines files into training and validation "
+                                                      "shards (and train a tokenizer unless --tokenizer is given)");
+    prepare->option_defaults()->always_capture_default();
+    add_prepare_flags(*prepare, c.prepare);
+    app.require_subcommand(0, 1);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
         std::exit(app.exit(e));
     }
-    return o;
+    if (sample->parsed()) c.kind = Command::Kind::sample;
+    if (prepare->parsed()) c.kind = Command::Kind::prepare;
+    return c;
+}
+
+std::string train_options_json(const TrainOptions& o) { return nlohmann::json(o).dump(2); }
+
+TrainOptions train_options_from_json(const std::string& text) {
+    try {
+        return nlohmann::json::parse(text).get<TrainOptions>();
+    } catch (const nlohmann::json::exception& e) {
+        throw std::runtime_error(std::string("training options: ") + e.what());
+    }
+}
+
+std::vector<std::string> train_options_diff(const TrainOptions& before, const TrainOptions& after) {
+    const nlohmann::json a = before, b = after;
+    std::vector<std::string> out;
+    for (auto it = a.begin(); it != a.end(); ++it)
+        if (b.at(it.key()) != it.value()) out.push_back(it.key() + ": " + it.value().dump() + " -> " + b.at(it.key()).dump());
+    return out;
 }
 
 }  // namespace pv

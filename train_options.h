@@ -1,7 +1,18 @@
-// The `train` program's options: every flag, its default and its meaning, in one struct that
-// the command line (CLI11, train_options.cpp) fills. Host C++ only, so the parser is compiled by
-// g++ on both backends.
+// The `train` program's command line: its three commands and every flag with its default and
+// meaning, filled by CLI11 (train_options.cpp). Host C++ only, so the parser is compiled by g++ on
+// both backends.
+//
+//   train [flags]            train (the default command; no flags: the built-in demo run)
+//   train sample [flags]     generate text from a checkpoint
+//   train prepare [flags]    text or JSON-lines files -> token shards + a validation shard
+//
+// Resuming: `train --resume DIR` takes every training flag from the checkpoint's
+// trainer_state.json and then applies the flags given on this command line on top, so a resumed
+// run continues the same trajectory unless the user deliberately changes something (each change
+// is reported).
 #pragma once
+
+#include "data/prepare.h"
 
 #include <cstdint>
 #include <string>
@@ -12,8 +23,9 @@ namespace pv {
 struct TrainOptions {
     // Model and data.
     std::string preset;        // a model preset; empty: the built-in default model sized to the tokenizer
-    std::string data;          // a token shard to train on; empty: the built-in corpus
-    std::string val_data;      // a validation shard; empty: the built-in corpus's held-out tail
+    std::string config;        // a Hugging Face config.json instead of a preset
+    std::string data;          // a directory from `train prepare` or a token shard; empty: the built-in corpus
+    std::string val_data;      // a validation shard; empty: the data's own (or the built-in corpus's tail)
     int vocab = 512;           // tokenizer vocabulary trained on the built-in corpus
     // Batch and length (DESIGN.md §4: batch = micro_batch x accumulation x ranks).
     long long steps = 250;
@@ -27,12 +39,19 @@ struct TrainOptions {
     double final_lr_fraction = 0.1;
     double clip = 1.0;
     double weight_decay = 0.1;
+    bool decay_norm_weights = false;
+    double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
     std::string dtype = "bf16";
+    bool stochastic_rounding = false;
+    bool fp32_grad_accumulation = false;
     uint64_t seed = 1337;
-    // Evaluation, output.
+    // Evaluation, output, checkpoints.
     int eval_interval = 50;
     int eval_batches = 4;
     std::string out_dir = "runs/default";
+    long long checkpoint_interval = 0;  // 0: only the final checkpoint
+    std::string resume;                 // a step_N checkpoint, or an output directory (its latest)
+    long long stop_after = 0;           // stop after this many steps of this invocation (0: run to --steps)
     // The sample printed at the end.
     std::string prompt = "The kernel";
     int sample_tokens = 120;
@@ -40,7 +59,31 @@ struct TrainOptions {
     double top_p = 0.95;
 };
 
-// Parses argv; prints help or errors and exits (status 0 for --help, 2 for bad flags).
-TrainOptions parse_train_options(int argc, char** argv);
+struct SampleOptions {
+    std::string checkpoint;   // a step_N directory, or an output directory (its latest)
+    std::string prompt = "The kernel";
+    int max_tokens = 200;
+    double temperature = 0.8;
+    double top_p = 0.95;
+    uint64_t seed = 1337;
+};
+
+struct Command {
+    enum class Kind { train, sample, prepare } kind = Kind::train;
+    TrainOptions train;
+    SampleOptions sample;
+    PrepareOptions prepare;
+};
+
+// Parses argv; prints help or errors and exits (status 0 for --help, 2 for bad flags). Training
+// flags not given keep the values in `base` (the defaults, or a checkpoint's options on resume).
+Command parse_command(int argc, char** argv, const TrainOptions& base = {});
+
+// The training options as a JSON object (for trainer_state.json) and back; doubles round-trip
+// exactly. from_json throws std::runtime_error naming a key of the wrong type.
+std::string train_options_json(const TrainOptions& o);
+TrainOptions train_options_from_json(const std::string& json);
+// "key: old -> new" for every option that differs, for reporting overrides on resume.
+std::vector<std::string> train_options_diff(const TrainOptions& before, const TrainOptions& after);
 
 }  // namespace pv

@@ -1,6 +1,8 @@
 // Byte-level BPE tokenizer: see data/tokenizer.h for the algorithm and the file format.
 #include "data/tokenizer.h"
 
+#include "data/atomic_file.h"
+
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
@@ -9,7 +11,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <cstdio>
 #include <fstream>
 #include <queue>
 #include <sstream>
@@ -501,18 +502,9 @@ void Tokenizer::save(const std::string& path) const {
     } catch (const std::exception& e) {  // a special token that is not valid UTF-8
         throw std::runtime_error("tokenizer '" + path + "': cannot be written as JSON: " + e.what());
     }
-    const std::string tmp = path + ".tmp";
-    {
-        std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-        if (!f) throw std::runtime_error("tokenizer '" + path + "': cannot open '" + tmp + "' for writing");
-        f << text << '\n';
-        f.flush();
-        if (!f) throw std::runtime_error("tokenizer '" + path + "': write to '" + tmp + "' failed");
-    }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-        std::remove(tmp.c_str());
-        throw std::runtime_error("tokenizer '" + path + "': cannot rename '" + tmp + "' into place");
-    }
+    text += '\n';
+    // path.tmp, fsync, rename, directory fsync: a crash leaves the old file or the new one.
+    write_file_atomically(path, "tokenizer", [&](const ByteSink& sink) { sink(text.data(), text.size()); });
 }
 
 namespace {

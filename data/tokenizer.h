@@ -47,7 +47,8 @@ public:
     static Tokenizer train(std::string_view text, int vocab_size,
                            std::vector<std::string> special_tokens = {"<|endoftext|>"});
     static Tokenizer load(const std::string& path);
-    // Writes path.tmp and renames it over path; throws std::runtime_error on I/O failure.
+    // Writes atomically (data/atomic_file.h: path.tmp, fsync, rename); throws std::runtime_error on
+    // I/O failure.
     void save(const std::string& path) const;
 
     std::vector<int> encode(std::string_view text, bool allow_special = true) const;

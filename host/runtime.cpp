@@ -279,6 +279,7 @@ extern "C" cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, i
         case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *value = kSharedMemPerMultiprocessor; break;
         case cudaDevAttrWarpSize: *value = kWarpSize; break;
         case cudaDevAttrMultiProcessorCount: *value = kMultiProcessorCount; break;
+        case cudaDevAttrClockRate: *value = kClockRateKHz; break;
         case cudaDevAttrComputeCapabilityMajor: *value = kComputeMajor; break;
         case cudaDevAttrComputeCapabilityMinor: *value = kComputeMinor; break;
         case cudaDevAttrMaxThreadsPerMultiProcessor: *value = kMaxThreadsPerMultiProcessor; break;

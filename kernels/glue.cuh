@@ -8,7 +8,9 @@
 //   add              out[i] = a[i] + b[i]                      out may alias a or b (residual adds):
 //                    each thread reads both inputs before writing its own element, and no thread
 //                    touches another's element
-//   accumulate       acc[i] += x[i]                            gradient accumulation
+//   accumulate       acc[i] += x[i]                            gradient accumulation, also into a
+//                    wider buffer (float acc, bf16 x: the fp32 gradient-accumulation buffer); the
+//                    sum is formed in acc's accumulator type and rounded once
 //   fill             x[i] = value
 // None has a backward of its own: they are linear glue whose adjoints are themselves (add's
 // gradient flows to both inputs unchanged, scale's is scale, cast's is a cast back).
@@ -79,11 +81,11 @@ __global__ void add_kernel(const T* a, const T* b, T* out, long long n) {
     out[i] = from_acc<T>(sum);
 }
 
-template <class T>
-__global__ void accumulate_kernel(T* acc, const T* x, long long n) {
+template <class Acc, class X>
+__global__ void accumulate_kernel(Acc* acc, const X* x, long long n) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    acc[i] = from_acc<T>(to_acc(acc[i]) + to_acc(x[i]));
+    acc[i] = from_acc<Acc>(to_acc(acc[i]) + acc_t<Acc>(to_acc(x[i])));
 }
 
 template <class T>
@@ -166,11 +168,12 @@ void add(const T* a, const T* b, T* out, long long n, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH();
 }
 
-// acc[n] += x[n].
-template <class T>
-void accumulate(T* acc, const T* x, long long n, cudaStream_t stream) {
+// acc[n] += x[n]; x may be narrower than acc (bf16 gradients into a float buffer).
+template <class Acc, class X>
+void accumulate(Acc* acc, const X* x, long long n, cudaStream_t stream) {
+    static_assert(sizeof(X) <= sizeof(Acc), "accumulate into a buffer at least as wide as the input");
     if (n <= 0) return;
-    launch(accumulate_kernel<T>, dim3(ceil_div(n, kGlueBlock)), dim3(kGlueBlock), 0, stream, acc, x, n);
+    launch(accumulate_kernel<Acc, X>, dim3(ceil_div(n, kGlueBlock)), dim3(kGlueBlock), 0, stream, acc, x, n);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -40,7 +40,7 @@ __host__ __device__ inline Philox4 philox4x32_10(Philox4 counter, uint32_t key0,
 }
 
 // What a random number is for; part of the counter so purposes never share values.
-enum class RandomPurpose : uint32_t { init = 1, dropout = 2, stochastic_rounding = 3, data = 4 };
+enum class RandomPurpose : uint32_t { init = 1, dropout = 2, stochastic_rounding = 3, data = 4, sampling = 5 };
 
 // The four 32-bit words for (seed, purpose, tensor, element, step).
 __host__ __device__ inline Philox4 philox_draw(uint64_t seed, RandomPurpose purpose, uint32_t tensor, uint64_t element,

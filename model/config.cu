@@ -159,6 +159,12 @@ const std::vector<LlamaConfig>& presets() {
         {.name = "stories260K", .vocab_size = 512, .hidden_size = 64, .num_layers = 5, .num_heads = 8,
          .num_kv_heads = 4, .head_dim = 0, .ffn_size = 172, .rms_norm_eps = 1e-5, .rope_theta = 10000.0,
          .rope_scaling = {}, .max_seq_len = 512, .tie_embeddings = true},
+        // A host-sized model for throughput benchmarks on a CPU (bench/train_throughput.sh): GPT-2-
+        // small-like proportions at 1/2 width and 1/2 depth, a 4096-token vocabulary, tied. Not a
+        // published model.
+        {.name = "host-11m", .vocab_size = 4096, .hidden_size = 384, .num_layers = 6, .num_heads = 6,
+         .num_kv_heads = 2, .head_dim = 64, .ffn_size = 1024, .rms_norm_eps = 1e-5, .rope_theta = 10000.0,
+         .rope_scaling = {}, .max_seq_len = 1024, .tie_embeddings = true},
         // HuggingFaceTB/SmolLM2-135M config.json: hidden_size 576, intermediate_size 1536,
         // num_hidden_layers 30, num_attention_heads 9, num_key_value_heads 3, head_dim 64,
         // vocab_size 49152, max_position_embeddings 8192, rms_norm_eps 1e-05, rope_theta 100000,

@@ -42,7 +42,7 @@ struct Published {
 using namespace config_test;
 
 TEST_CASE("preset names are the documented list", "[config]") {
-    const std::vector<std::string> expected = {"test-tiny",    "test-tied",      "stories260K",  "smollm2-135m",
+    const std::vector<std::string> expected = {"test-tiny",    "test-tied",      "stories260K",  "host-11m",     "smollm2-135m",
                                                "tinyllama-1.1b", "llama-3.2-1b", "llama-2-7b",   "llama-3.1-8b",
                                                "codellama-34b", "llama-2-70b"};
     REQUIRE(pv::preset_names() == expected);
@@ -128,6 +128,12 @@ TEST_CASE("parameter counts of the small models, by hand", "[config]") {
     //   total = 512·64 + 5·45440 + 64 = 32768 + 227200 + 64 = 260032 ("260K" in llama2.c's README)
     CHECK(pv::parameter_count(pv::preset("stories260K")) == 260032);
     CHECK(std::abs(pv::parameter_count(pv::preset("stories260K")) - 260e3) / 260e3 < 0.005);
+    // host-11m: V 4096, H 384, L 6, q 6·64 = 384, kv 2·64 = 128, F 1024, tied.
+    //   block = 2·384 + 384·384 + 2·128·384 + 384·384 + 3·1024·384
+    //         = 768 + 147456 + 98304 + 147456 + 1179648 = 1573632
+    //   total = 4096·384 + 6·1573632 + 384 = 1572864 + 9441792 + 384 = 11015040
+    CHECK(pv::block_parameter_count(pv::preset("host-11m")) == 1573632);
+    CHECK(pv::parameter_count(pv::preset("host-11m")) == 11015040);
 }
 
 TEST_CASE("parameter counts match the published model sizes", "[config]") {

@@ -130,6 +130,20 @@ void check_accumulate(long long n, uint64_t seed) {
     REQUIRE(err.empty());
 }
 
+// A float buffer accumulating bf16 values (the fp32 gradient-accumulation buffer): the sum of
+// the exact bf16 value and the float, rounded once to float.
+void check_accumulate_bf16_into_float(long long n, uint64_t seed) {
+    const auto acc = random_vector<float>(size_t(n), seed);
+    const auto x = random_vector<__nv_bfloat16>(size_t(n), seed + 1);
+    DeviceArray<float> d_acc(acc);
+    DeviceArray<__nv_bfloat16> d_x(x);
+    pv::accumulate(d_acc.get(), d_x.get(), n, nullptr);
+    const std::string err =
+        compare(to_double(d_acc.download()), pv::reference::add(to_double(acc), to_double(x)), tolerance<float>());
+    INFO("float += bf16, n " << n << ": " << err);
+    REQUIRE(err.empty());
+}
+
 // Fills exactly n elements: the one past them keeps its poison.
 template <class T>
 void check_fill(long long n) {
@@ -243,6 +257,7 @@ TEST_CASE("accumulate matches the fp64 reference", "[kernels][glue]") {
         check_accumulate<double>(n, 40);
         check_accumulate<float>(n, 41);
         check_accumulate<__nv_bfloat16>(n, 42);
+        check_accumulate_bf16_into_float(n, 43);
     }
 }
 

@@ -1,0 +1,96 @@
+// `train prepare`: text or JSON-lines files -> a tokenizer, training token shards and one held-out
+// validation shard, in a directory that `train --data DIR` loads (load_dataset). Host code only.
+//
+// Input. Each file named in `inputs` is read in the order given:
+//   *.jsonl, *.ndjson (any case)  one JSON object per line; the document is the string field
+//                                 `text_field` ("text"). Blank lines are skipped; any other line
+//                                 that is not JSON, not an object, lacks the field or holds a
+//                                 non-string there is an error naming the file and line.
+//   anything else                 plain text: the whole file, byte for byte (any encoding,
+//                                 invalid UTF-8 included), is one document.
+// Empty documents (an empty file, "text": "") are skipped: they would add nothing but an EOT.
+//
+// The token stream. Every document is encoded with allow_special = false — a document that
+// happens to contain the text "<|endoftext|>" keeps it as ordinary text, so no input can forge a
+// document boundary — and is followed by the tokenizer's end-of-text token:
+//
+//     doc0 EOT doc1 EOT ... docD-1 EOT          (N tokens in all)
+//
+// so decoding the stream gives the documents, each followed by "<|endoftext|>". A tokenizer
+// without "<|endoftext|>" is an error.
+//
+// The tokenizer. `tokenizer` names an existing tokenizer.json, used as is. Otherwise a byte-level
+// BPE of `vocab` tokens (≥ 257: the 256 bytes and "<|endoftext|>") is trained on the documents
+// joined exactly as the stream decodes, doc0 "<|endoftext|>" doc1 "<|endoftext|>" ...: training
+// cuts special tokens out before pre-splitting, so no piece — hence no merge — spans two
+// documents, and the pair counts are the sums of each document's own (a "\n" separator would add
+// newline pieces no document has; plain concatenation would learn merges across a boundary, such
+// as the last word of one document glued to the first of the next). The one difference from the
+// encoding: text "<|endoftext|>" inside a document also ends a piece for training. Training sees
+// all documents, so for a corpus much larger than memory train a tokenizer on a sample once and
+// pass it here.
+//
+// The split. The last V = ceil(val_fraction · N) tokens of the stream are the validation set, the
+// first N − V the training set: the held-out text is the end of the last documents, never mixed
+// into training. (A product within a relative 1e-9 of an integer counts as that integer, so 0.07 ×
+// 100 gives 7, not the 8 that binary 0.07, a little above 0.07, would.) val_fraction must be in (0, 0.5]; both sets need
+// at least 2 tokens (one input and one target). The training set is cut into shards of
+// shard_tokens tokens, the last one shorter; the validation set is one shard.
+//
+// On disk (out_dir, created if missing; file formats in data/shard.h and data/tokenizer.h):
+//   tokenizer.json                    the tokenizer (also when it was loaded from elsewhere)
+//   train_000000.pvtokens, ...        the training stream in order: train_%06d, counting from 0
+//   val.pvtokens                      the validation stream
+// Each file is written atomically (tmp + fsync + rename). Rerunning over an older output
+// overwrites its files and removes its train_*.pvtokens beyond the new count, so load_dataset
+// never mixes two runs; a run that crashes midway may leave such a mix, and rerunning fixes it.
+// The output is a function of the inputs and options only: the same inputs give byte-identical
+// files (documents are encoded in parallel, but concatenated in input order).
+//
+// Errors: bad options throw std::invalid_argument, bad or unreadable input files and too little
+// data std::runtime_error, each message naming the option or file (and line) and the fix.
+#pragma once
+
+#include "data/shard.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace pv {
+
+struct PrepareOptions {
+    std::vector<std::string> inputs;  // files: *.jsonl / *.ndjson JSON lines, anything else plain text
+    std::string text_field = "text";  // the JSONL field holding a document
+    std::string tokenizer;            // an existing tokenizer.json; empty: train one of `vocab` tokens
+    int vocab = 4096;                 // the trained tokenizer's size (ignored with `tokenizer`)
+    std::string out_dir;              // created if missing
+    double val_fraction = 0.1;        // of the tokens, held out at the end for validation: (0, 0.5]
+    long long shard_tokens = 100'000'000;  // max tokens per training shard
+};
+
+struct PreparedData {
+    std::string tokenizer_path;             // out_dir/tokenizer.json
+    std::vector<std::string> train_shards;  // out_dir/train_000000.pvtokens, ...
+    std::string val_shard;                  // out_dir/val.pvtokens
+    long long documents = 0;                // non-empty documents read
+    long long train_tokens = 0, val_tokens = 0;
+    int vocab_size = 0;                     // the tokenizer's (a trained one may stop short of `vocab`)
+};
+
+PreparedData prepare_data(const PrepareOptions& o);
+
+// What `train --data PATH` loads. PATH is either
+//   - a directory written by prepare_data: every regular file named train_*.pvtokens, in name
+//     order, then val.pvtokens if present and tokenizer.json's path if present; or
+//   - a single .pvtokens shard: train = {it}, no validation shard, no tokenizer.
+// Throws std::runtime_error when PATH does not exist, a directory holds no train_*.pvtokens, the
+// shards disagree on vocab_size (two runs mixed), or a shard fails read_shard's checks.
+struct DataSet {
+    std::vector<TokenShard> train;
+    std::optional<TokenShard> val;
+    std::string tokenizer_path;  // empty if none
+};
+DataSet load_dataset(const std::string& path);
+
+}  // namespace pv

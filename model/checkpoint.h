@@ -1,0 +1,89 @@
+// Checkpoints on the host: parameter groups <-> safetensors files with Hugging Face tensor names,
+// and the crash-safe directory transaction that holds them (DESIGN.md §3 "Checkpoints").
+//
+// A checkpoint is one directory per saved step:
+//
+//   out_dir/step_N/
+//     model.safetensors    the weights in the run's storage type, HF names; the same file is a
+//                          Hugging Face model export (with config.json and tokenizer.json beside it)
+//     master.safetensors   the fp32 master weights (bf16 runs only: fp32/fp64 runs have none)
+//     adam_m.safetensors   AdamW's first moment, in max(T, fp32)
+//     adam_v.safetensors   AdamW's second moment, in max(T, fp32)
+//     config.json          the model's Hugging Face config
+//     tokenizer.json       the tokenizer, when the run knows one
+//     trainer_state.json   step, loader position, RNG seed, the run's options; written last and
+//                          the marker that makes the directory count as a checkpoint
+//
+// Every .safetensors file holds every tensor whole and unpadded, under its Hugging Face name and
+// HF shape ([rows, cols], a vector [rows]), in unit, tensor, part order. In memory a unit's
+// parameters are one flat group with tensors at 64-element-aligned offsets, padded so it splits
+// into as many shards as the run has ranks (model/parameters.h), and fused tensors hold several
+// HF tensors as row ranges ([Wq; Wk; Wv], [Wgate; Wup]). Neither the padding nor the fusion is a
+// property of the model, only of one run's world size and kernels, so the file has neither: a
+// fused tensor is split by its parts' row ranges (layers.N.w_qkv -> model.layers.N.self_attn.
+// q_proj.weight, k_proj, v_proj), and a run saved at N ranks resumes at M ranks under any
+// strategy, or is loaded by Hugging Face. The reader takes any safetensors file with these names,
+// a downloaded HF model included, and converts dtypes on the way in.
+//
+// Dtype conversion on read (file BF16, F16, F32, F64 -> bf16, fp32, fp64): widening is exact;
+// narrowing rounds to nearest, ties to even, and NaN stays NaN. bf16 is the top 16 bits of the
+// fp32 bit pattern, rounded. F64 -> bf16 goes through fp32 (two roundings; see checkpoint.cpp).
+//
+// The directory transaction: a checkpoint is written into `step_N.tmp/` (begin_checkpoint_dir),
+// then committed (commit_checkpoint_dir): every file and the directory are fsynced, the
+// directory is renamed to `step_N/` and the parent fsynced. rename(2) is atomic, so a crash at any
+// moment leaves either no step_N (a .tmp that latest_checkpoint ignores and the next begin
+// removes) or a complete one: a half-written checkpoint never loads. For Hugging Face's
+// from_pretrained, pass metadata {"format": "pt"}, which transformers checks for.
+// Host code only (g++); no CUDA headers.
+#pragma once
+
+#include "model/parameters.h"
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace pv {
+
+// One value per parameter element of every unit, in one dtype: the model's weights, the fp32
+// master copy, Adam's m or v.
+struct HostGroups {
+    DType dtype = DType::fp32;
+    std::vector<std::vector<uint8_t>> units;  // units[u]: layouts[u].padded elements of `dtype`, the group's bytes
+};
+
+// Writes one safetensors file (atomically) with every tensor of every unit under its HF names,
+// unpadded, shape [rows, cols] ([rows] for a vector, cols == 1), dtype as stored ("BF16", "F32",
+// "F64"), in unit then tensor then part order; metadata passed through. Throws
+// std::invalid_argument if the unit count or a unit's byte size does not match the layouts,
+// std::runtime_error on I/O failure.
+void write_group_tensors(const std::string& path, const std::vector<GroupLayout>& layouts, const HostGroups& groups,
+                         const std::map<std::string, std::string>& metadata = {});
+
+// Reads such a file (or any safetensors file with these HF names) into padded groups of `dtype`,
+// padding zero, converting from the file's dtype. Throws std::runtime_error naming the file and
+// the tensor when a tensor the layouts need is missing, has the wrong shape or an unsupported
+// dtype, or when the file holds a tensor no layout has (unless allow_extra, e.g. a tied HF model
+// that also stores lm_head.weight).
+HostGroups read_group_tensors(const std::string& path, const std::vector<GroupLayout>& layouts, DType dtype,
+                              bool allow_extra = false);
+
+// Removes a stale `dir.tmp` if any, creates `dir.tmp` (and missing parents) and returns its path;
+// the checkpoint's files are then written inside it.
+std::string begin_checkpoint_dir(const std::string& dir);
+
+// fsyncs every regular file in `dir.tmp` and the directory itself, removes an existing `dir` (a
+// re-run of the same step), renames `dir.tmp` to `dir` and fsyncs the parent directory. Throws
+// std::runtime_error naming the path and the OS error on any failure.
+void commit_checkpoint_dir(const std::string& dir);
+
+// The complete checkpoint with the largest N among the directories out_dir/step_N (N decimal
+// digits; step_N.tmp and anything else ignored; a step_N counts only if it contains the regular
+// file `marker_file`, e.g. "trainer_state.json"); nullopt if there is none or out_dir does not
+// exist. Throws std::runtime_error if out_dir exists but cannot be listed.
+std::optional<std::string> latest_checkpoint(const std::string& out_dir, const std::string& marker_file);
+
+}  // namespace pv

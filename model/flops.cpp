@@ -1,0 +1,44 @@
+// Training FLOPs per token and the dense bf16 peak of a GPU (model/flops.h). Plain host C++.
+#include "model/flops.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace pv {
+
+double matmul_parameter_count(const LlamaConfig& c) {
+    validate_or_throw(c);
+    // In double: N for a 70B model is exact (< 2^53), and the products never overflow an int.
+    const double h = c.hidden_size, q = c.q_width(), kv = c.kv_width(), f = c.ffn_size;
+    const double block = q * h         // Wq
+                         + 2 * kv * h  // Wk, Wv
+                         + h * q       // Wo
+                         + 3 * f * h;  // Wgate, Wup, Wdown
+    const double lm_head = double(c.vocab_size) * h;  // counted even when tied: its GEMM runs anyway
+    return c.num_layers * block + lm_head;
+}
+
+double training_flops_per_token(const LlamaConfig& c, int seq_len) {
+    if (seq_len < 1)
+        throw std::invalid_argument("training_flops_per_token: seq_len = " + std::to_string(seq_len) +
+                                    " must be positive: pass the training sequence length in tokens");
+    const double n = matmul_parameter_count(c);
+    const double attention = 12.0 * c.num_layers * c.num_heads * c.head_dim_resolved() * double(seq_len);
+    return 6.0 * n + attention;
+}
+
+double dense_bf16_peak_flops(int cc_major, int cc_minor, int sm_count, int clock_khz) {
+    if (sm_count <= 0 || clock_khz <= 0)
+        throw std::invalid_argument("dense_bf16_peak_flops: sm_count = " + std::to_string(sm_count) +
+                                    " and clock_khz = " + std::to_string(clock_khz) +
+                                    " must both be positive: pass cudaDevAttrMultiProcessorCount and the "
+                                    "tensor-core boost clock in kHz");
+    // Dense bf16 FLOPs per clock per SM; the derivations from NVIDIA's published peaks are in flops.h.
+    int per_sm_per_clock = 0;
+    if (cc_major == 8 && cc_minor == 0) per_sm_per_clock = 2048;                       // A100
+    else if (cc_major == 8 && (cc_minor == 6 || cc_minor == 9)) per_sm_per_clock = 1024;  // A10, A40, L4, L40S
+    else if (cc_major == 9 && cc_minor == 0) per_sm_per_clock = 4096;                  // H100
+    return double(sm_count) * double(clock_khz) * 1e3 * per_sm_per_clock;
+}
+
+}  // namespace pv

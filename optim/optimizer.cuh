@@ -1,0 +1,137 @@
+// The optimizer state of the parameters one rank updates, and the step that updates them.
+//
+// Ownership. For every unit the rank owns one contiguous element range [begin, end) of the unit's
+// padded trainable group: the whole group on a single rank and under DDP, shard r of N under
+// ZeRO (the group is padded so that N equal, aligned shards tile it; model/parameters.h). The
+// state covers exactly the owned range: m and v in acc_t<T> and, for bf16, the float master copy
+// (DESIGN.md §4). Padding elements are owned like any other but belong to no tensor, so they are
+// never updated and stay zero.
+//
+// The step. update_unit walks the unit's tensors, intersects each with the owned range and runs
+// adamw_update on the intersection, with the tensor's own weight decay (matrices only by
+// default) and its stochastic-rounding key (tensor id, element index within the tensor), so a
+// shard makes exactly the choices the unsharded update makes. The caller passes the parameter and
+// gradient pointers of the owned range (element `begin` of the group): the full group's
+// pointers offset by begin on a single rank, a reduce-scattered gradient shard under ZeRO.
+//
+// Checkpoints read and write the state per unit as host bytes of the owned range.
+#pragma once
+
+#include "kernels/device_memory.h"
+#include "model/parameters.h"
+#include "optim/adamw.cuh"
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace pv {
+
+// What a training run sets once for every step.
+struct AdamWSettings {
+    double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+    double weight_decay = 0.0;
+    bool decay_vectors = false;        // false: decay matrices only (not the RMSNorm weights)
+    bool stochastic_rounding = false;  // bf16 only: round the master stochastically
+    uint64_t seed = 0;                 // stochastic rounding's key
+};
+
+template <class T>
+class AdamWState {
+  public:
+    using A = acc_t<T>;
+    enum class Field { master, m, v };
+
+    // State for shard `shard` of `shards` of each layout (shards = 1: everything). The layouts
+    // must be splittable into `shards` (GroupLayout::shards a multiple of it).
+    AdamWState(std::vector<GroupLayout> layouts, int shard, int shards) : layouts_(std::move(layouts)) {
+        for (const GroupLayout& l : layouts_) {
+            if (shards < 1 || shard < 0 || shard >= shards || l.padded % shards != 0)
+                throw std::invalid_argument("AdamWState: shard " + std::to_string(shard) + " of " + std::to_string(shards) +
+                                            " does not split a group of " + std::to_string(l.padded) + " elements");
+            Unit u;
+            const long long len = l.padded / shards;
+            u.begin = len * shard;
+            u.end = u.begin + len;
+            u.m = static_cast<A*>(device_alloc(size_t(len) * sizeof(A), MemoryCategory::optimizer_state));
+            u.v = static_cast<A*>(device_alloc(size_t(len) * sizeof(A), MemoryCategory::optimizer_state));
+            CUDA_CHECK(cudaMemset(u.m, 0, size_t(len) * sizeof(A)));
+            CUDA_CHECK(cudaMemset(u.v, 0, size_t(len) * sizeof(A)));
+            if constexpr (kHasMaster)
+                u.master = static_cast<A*>(device_alloc(size_t(len) * sizeof(A), MemoryCategory::optimizer_state));
+            units_.push_back(u);
+        }
+    }
+    ~AdamWState() {
+        for (Unit& u : units_) memory_free(u.master), memory_free(u.m), memory_free(u.v);
+    }
+    AdamWState(const AdamWState&) = delete;
+    AdamWState& operator=(const AdamWState&) = delete;
+
+    static constexpr bool kHasMaster = std::is_same_v<T, __nv_bfloat16>;
+    int num_units() const { return int(units_.size()); }
+    long long begin(int u) const { return units_[size_t(u)].begin; }
+    long long end(int u) const { return units_[size_t(u)].end; }
+    const GroupLayout& layout(int u) const { return layouts_[size_t(u)]; }
+
+    // The master copy from the current parameters (the owned range, starting at element begin):
+    // at the start of training and after loading weights. No-op without a master.
+    void init_master(int u, const T* params_range, cudaStream_t stream) {
+        if constexpr (kHasMaster) pv::init_master(params_range, units_[size_t(u)].master, end(u) - begin(u), stream);
+    }
+
+    // One AdamW step at 1-based step t on unit u's owned range. params_range and grads_range
+    // point at element begin(u) of the group; grad_scale folds in clipping.
+    template <class G>
+    void update_unit(int u, T* params_range, const G* grads_range, const AdamWSettings& s, double lr, long long t,
+                     double grad_scale, cudaStream_t stream) {
+        const Unit& st = units_[size_t(u)];
+        for (const TensorSlot& slot : layouts_[size_t(u)].tensors) {
+            const long long lo = std::max(slot.offset, st.begin);
+            const long long hi = std::min(slot.offset + slot.spec.numel(), st.end);
+            if (lo >= hi) continue;
+            AdamWStep h;
+            h.lr = lr;
+            h.beta1 = s.beta1, h.beta2 = s.beta2, h.eps = s.eps;
+            h.weight_decay = slot.spec.init == Init::normal || s.decay_vectors ? s.weight_decay : 0.0;
+            h.t = t;
+            h.grad_scale = grad_scale;
+            const long long at = lo - st.begin;
+            adamw_update<T, G>(params_range + at, st.master ? st.master + at : nullptr, grads_range + at, st.m + at,
+                               st.v + at, hi - lo, h, s.stochastic_rounding, s.seed, slot.id, lo - slot.offset, stream);
+        }
+    }
+
+    // Host bytes of a field over unit u's owned range (for checkpoints), and back.
+    std::vector<uint8_t> download(int u, Field f) const {
+        std::vector<uint8_t> out(range_bytes(u));
+        CUDA_CHECK(cudaMemcpy(out.data(), field(u, f), out.size(), cudaMemcpyDeviceToHost));
+        return out;
+    }
+    void upload(int u, Field f, const std::vector<uint8_t>& bytes) {
+        if (bytes.size() != range_bytes(u))
+            throw std::invalid_argument("AdamWState::upload: " + std::to_string(bytes.size()) + " bytes for a range of " +
+                                        std::to_string(range_bytes(u)));
+        CUDA_CHECK(cudaMemcpy(field(u, f), bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+    }
+
+  private:
+    struct Unit {
+        long long begin = 0, end = 0;
+        A* master = nullptr;
+        A* m = nullptr;
+        A* v = nullptr;
+    };
+    size_t range_bytes(int u) const { return size_t(end(u) - begin(u)) * sizeof(A); }
+    A* field(int u, Field f) const {
+        const Unit& st = units_[size_t(u)];
+        A* p = f == Field::master ? st.master : f == Field::m ? st.m : st.v;
+        if (!p) throw std::invalid_argument("AdamWState: no master copy for this storage type");
+        return p;
+    }
+    std::vector<GroupLayout> layouts_;
+    std::vector<Unit> units_;
+};
+
+}  // namespace pv

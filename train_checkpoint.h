@@ -1,0 +1,51 @@
+// Checkpoints of a training run: the device-side model and optimizer state to and from a step_N
+// directory (model/checkpoint.h describes the layout and the crash-safe directory commit).
+//
+//   step_N/model.safetensors     the weights in the run's dtype, Hugging Face names (an HF export)
+//   step_N/master.safetensors    bf16 runs: the fp32 master weights
+//   step_N/adam_m.safetensors    Adam's m and v in max(T, fp32)
+//   step_N/adam_v.safetensors
+//   step_N/config.json           the model's shape as a Hugging Face config.json
+//   step_N/tokenizer.json        when the run knows its tokenizer
+//   step_N/trainer_state.json    step, loader position, RNG seed, every training option
+//
+// The weights are saved even when a master copy exists: with stochastic rounding they are not a
+// function of the master, and they are the exported model either way. Resuming loads every file,
+// so a resumed run continues bit for bit.
+//
+// Today one rank holds the whole state; a sharded strategy gathers each unit to the writing rank
+// (the parallel issues add that), and because tensors are whole and unpadded in the files, a
+// checkpoint loads at any world size.
+#pragma once
+
+#include "data/tokenizer.h"
+#include "model/llama.h"
+#include "optim/optimizer.cuh"
+#include "train_state.h"
+
+#include <optional>
+#include <string>
+
+namespace pv {
+
+// step_N under out_dir.
+std::string checkpoint_path(const std::string& out_dir, long long step);
+
+// A checkpoint directory from a user's path: a step_N directory itself (it holds
+// trainer_state.json), or an output directory whose latest complete checkpoint is taken. Throws
+// std::runtime_error saying what was looked for when there is none.
+std::string resolve_checkpoint(const std::string& path);
+
+template <class T>
+void save_checkpoint(const std::string& dir, Llama<T>& model, const AdamWState<T>& optimizer, const TrainerState& state,
+                     const Tokenizer* tokenizer);
+
+// Loads weights and optimizer state (which must cover whole groups) and returns the trainer state.
+template <class T>
+TrainerState load_checkpoint(const std::string& dir, Llama<T>& model, AdamWState<T>& optimizer);
+
+// Loads only the weights (for sampling), converting from the file's dtype if it differs.
+template <class T>
+void load_weights(const std::string& dir, Llama<T>& model);
+
+}  // namespace pv

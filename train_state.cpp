@@ -1,0 +1,89 @@
+// trainer_state.json and metrics trimming (see train_state.h).
+#include "train_state.h"
+
+#include "data/atomic_file.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace pv {
+
+namespace {
+
+std::string hex64(uint64_t v) {
+    char buf[17];
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+    return buf;
+}
+
+}  // namespace
+
+void write_trainer_state(const std::string& path, const TrainerState& s) {
+    nlohmann::json j;
+    j["format"] = "polevault-checkpoint";
+    j["version"] = 1;
+    j["step"] = s.step;
+    j["loader"] = {{"position", s.step}, {"samples", s.samples}};
+    j["rng"] = {{"seed", s.seed}, {"generator", "Philox4x32-10 keyed by (seed, purpose, tensor, element, step)"}};
+    j["dtype"] = s.dtype;
+    j["data"] = {{"source", s.data_source}, {"train_tokens", s.train_tokens}, {"fingerprint", hex64(s.data_fingerprint)}};
+    j["options"] = nlohmann::json::parse(train_options_json(s.options));
+    const std::string text = j.dump(2) + "\n";
+    write_file_atomically(path, "trainer state", [&](const ByteSink& sink) { sink(text.data(), text.size()); });
+}
+
+TrainerState read_trainer_state(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw std::runtime_error("trainer state '" + path + "': cannot open it; is this a polevault checkpoint directory?");
+    std::stringstream text;
+    text << f.rdbuf();
+    TrainerState s;
+    try {
+        const nlohmann::json j = nlohmann::json::parse(text.str());
+        if (j.value("format", "") != "polevault-checkpoint")
+            throw std::runtime_error("its \"format\" is not \"polevault-checkpoint\"");
+        if (j.at("version").get<int>() != 1)
+            throw std::runtime_error("version " + j.at("version").dump() + " is not 1; use the polevault that wrote it");
+        s.step = j.at("step").get<long long>();
+        s.samples = j.at("loader").at("samples").get<long long>();
+        s.seed = j.at("rng").at("seed").get<uint64_t>();
+        s.dtype = j.at("dtype").get<std::string>();
+        s.data_source = j.at("data").at("source").get<std::string>();
+        s.train_tokens = j.at("data").at("train_tokens").get<long long>();
+        s.data_fingerprint = std::stoull(j.at("data").at("fingerprint").get<std::string>(), nullptr, 16);
+        s.options = train_options_from_json(j.at("options").dump());
+        if (s.step < 0) throw std::runtime_error("step " + std::to_string(s.step) + " is negative");
+    } catch (const std::exception& e) {
+        throw std::runtime_error("trainer state '" + path + "': " + e.what());
+    }
+    return s;
+}
+
+uint64_t fingerprint_tokens(const std::vector<uint32_t>& tokens, uint64_t h) {
+    for (uint32_t t : tokens)
+        for (int b = 0; b < 4; ++b) h = (h ^ ((t >> (8 * b)) & 0xFF)) * 0x100000001b3ull;
+    return h;
+}
+
+void trim_metrics(const std::string& path, long long step) {
+    std::ifstream in(path);
+    if (!in) return;
+    std::string kept, line;
+    while (std::getline(in, line)) {
+        long long s = -1;
+        try {
+            s = nlohmann::json::parse(line).at("step").get<long long>();
+        } catch (const std::exception&) {
+            continue;  // a torn last line from a crash
+        }
+        if (s <= step) kept += line + "\n";
+    }
+    in.close();
+    write_file_atomically(path, "metrics", [&](const ByteSink& sink) { sink(kept.data(), kept.size()); });
+}
+
+}  // namespace pv

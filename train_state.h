@@ -1,0 +1,52 @@
+// trainer_state.json: what a checkpoint needs besides tensors to continue a run exactly, and the
+// metrics file's trimming on resume. Host C++ only.
+//
+//   {"format": "polevault-checkpoint", "version": 1,
+//    "step": 10,                                  optimizer steps done (the next is step + 1)
+//    "loader": {"position": 10, "samples": 160},  the loader is stateless (data/loader.h): its
+//                                                 position is the step; samples = step · batch
+//    "rng": {"seed": 1337, "generator": "..."},   every random number is Philox keyed by
+//                                                 (seed, purpose, tensor, element, step), so the
+//                                                 seed and the step are the whole RNG state
+//    "dtype": "bf16",
+//    "data": {"source": "...", "train_tokens": N, "fingerprint": "0123abcd..."},
+//    "options": {...every training flag...}}
+//
+// The data fingerprint (FNV-1a over the training tokens) lets a resumed run notice that its data
+// changed, which would silently break the continuation.
+#pragma once
+
+#include "train_options.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace pv {
+
+struct TrainerState {
+    long long step = 0;
+    long long samples = 0;
+    uint64_t seed = 0;
+    std::string dtype;
+    std::string data_source;
+    long long train_tokens = 0;
+    uint64_t data_fingerprint = 0;
+    TrainOptions options;
+};
+
+inline constexpr const char* kTrainerStateFile = "trainer_state.json";
+
+// Writes path atomically (tmp, fsync, rename); reads and validates (std::runtime_error naming the
+// file and the problem).
+void write_trainer_state(const std::string& path, const TrainerState& s);
+TrainerState read_trainer_state(const std::string& path);
+
+// FNV-1a 64 over the tokens' int32 values, chained across calls through `h`.
+uint64_t fingerprint_tokens(const std::vector<uint32_t>& tokens, uint64_t h = 0xcbf29ce484222325ull);
+
+// Rewrites a metrics.jsonl keeping only the lines of steps ≤ step (a resumed run then appends
+// after them, so the file never holds two histories). A missing file is fine.
+void trim_metrics(const std::string& path, long long step);
+
+}  // namespace pv
