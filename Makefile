@@ -26,7 +26,21 @@ endif
 CUDA_HOME ?= /usr/local/cuda
 CXX := g++
 NVCC ?= $(CUDA_HOME)/bin/nvcc
-INCLUDES := -I. -isystem $(CUDA_HOME)/include
+# Open MPI: NCCL on the host runs on it, and every flavour's programs start with it (mpirun -np N).
+# Flags from its wrapper compiler, read once per make run; only -I, -L and -l are kept, so nvcc
+# takes them as they are. We use the C API only: OMPI_SKIP_MPICXX keeps mpi.h from pulling in
+# the deprecated C++ bindings (which would need -lmpi_cxx).
+MPI_COMPILE_FLAGS := $(shell mpicc --showme:compile 2>/dev/null)
+MPI_LINK_FLAGS := $(shell mpicc --showme:link 2>/dev/null)
+ifeq ($(strip $(MPI_LINK_FLAGS)),)
+  ifneq ($(filter-out clean,$(or $(MAKECMDGOALS),all)),)
+    $(error mpicc not found: install Open MPI (./install-deps.sh installs libopenmpi-dev and openmpi-bin))
+  endif
+endif
+MPI_INCLUDES := $(patsubst -I%,-isystem %,$(filter -I%,$(MPI_COMPILE_FLAGS))) -DOMPI_SKIP_MPICXX=1
+MPI_LIBS := $(filter -L% -l%,$(MPI_LINK_FLAGS))
+
+INCLUDES := -I. -isystem $(CUDA_HOME)/include $(MPI_INCLUDES)
 WARNINGS := -Wall -Wextra -Werror
 
 # SANITIZE=address (test-asan) builds the host flavour under ASan + UBSan in build/asan;
@@ -65,12 +79,12 @@ ifeq ($(BACKEND),cuda)
   CU := $(NVCC) -x cu -std=c++20 -O2 $(GENCODE) -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror \
         $(INCLUDES) -MMD -MP
   LINK := $(NVCC) $(GENCODE)
-  BACKEND_LIBS := -lcublas -lcudart $(PRODUCT_LIBS)
+  BACKEND_LIBS := -lcublas -lcudart -lnccl $(MPI_LIBS) $(PRODUCT_LIBS)
   PLATFORM_OBJS :=
 else
   CU := $(CXX) -x c++ $(HOST_CXXFLAGS)
   LINK := $(CXX) $(OPT) -rdynamic
-  BACKEND_LIBS := -lopenblas -lpthread -ldl $(PRODUCT_LIBS)
+  BACKEND_LIBS := -lopenblas -lpthread -ldl $(MPI_LIBS) $(PRODUCT_LIBS)
   PLATFORM_OBJS := $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard host/*.cpp)) $(BUILD)/host/fiber_switch.o
 endif
 
@@ -82,13 +96,18 @@ CORE_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard kernels/*.cu model/*.cu opt
 TEST_SOURCES := $(wildcard test/test_*.cu)
 TEST_BINS := $(patsubst test/%.cu,$(BUILD)/test/%,$(TEST_SOURCES))
 TEST_SUPPORT := $(BUILD)/test/catch_main.o $(BUILD)/test/child_process.o
+# Multi-rank suites: test/mpi/test_mpi_*.cu with a Catch2 main that starts MPI and agrees on one
+# verdict across ranks; `make test` runs each under mpirun at every size of MPI_TEST_RANKS.
+MPI_TEST_BINS := $(patsubst test/mpi/%.cu,$(BUILD)/test/mpi/%,$(wildcard test/mpi/test_mpi_*.cu))
+MPI_TEST_RANKS := 2 4
+MPI_TEST_RUNS := $(foreach n,$(MPI_TEST_RANKS),$(addprefix mpi:$(n):,$(MPI_TEST_BINS)))
 BENCH_BINS := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu))
 
 .PHONY: all test test-full test-asan test-tsan tsan-suite bench ptxas-report clean
 .SECONDARY:
 .DEFAULT_GOAL := all
 
-all: train demo $(TEST_BINS) $(BENCH_BINS)
+all: train demo $(TEST_BINS) $(MPI_TEST_BINS) $(BENCH_BINS)
 
 # Programs are linked per flavour in build/<flavour>/; ./train and ./demo are links to the flavour
 # built last (so `make BACKEND=cuda` then `make test` never leaves a stale binary behind).
@@ -154,6 +173,9 @@ $(BUILD)/optim/%.o: optim/%.cpp
 $(BUILD)/test/%: $(BUILD)/test/%.o $(TEST_SUPPORT) $(CORE_OBJS)
 	$(LINK) -o $@ $^ $(BACKEND_LIBS)
 
+$(BUILD)/test/mpi/%: $(BUILD)/test/mpi/%.o $(BUILD)/test/catch_mpi_main.o $(BUILD)/test/child_process.o $(CORE_OBJS)
+	$(LINK) -o $@ $^ $(BACKEND_LIBS)
+
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(CORE_OBJS)
 	$(LINK) -o $@ $^ $(BACKEND_LIBS)
 
@@ -187,12 +209,12 @@ TSAN_TESTS := $(addprefix $(BUILD)/test/,test_kernels_platform test_planted_race
   test_cross_entropy)
 TSAN_OPTIONS_ := TSAN_OPTIONS='halt_on_error=0 exitcode=66 history_size=4'
 
-test: $(TEST_BINS) $(BUILD)/train
-	@test/run_tests.sh --filter '$(TEST_FILTER)' $(SCHEDULES) $(TEST_BINS)
+test: $(TEST_BINS) $(MPI_TEST_BINS) $(BUILD)/train
+	@test/run_tests.sh --filter '$(TEST_FILTER)' $(SCHEDULES) $(TEST_BINS) $(MPI_TEST_RUNS)
 
 # The full cross-product: everything `make test` runs plus the hidden [.full] cases.
-test-full: $(TEST_BINS) $(BUILD)/train
-	@test/run_tests.sh --filter '$(TEST_FILTER),[full]' $(SCHEDULES) $(TEST_BINS)
+test-full: $(TEST_BINS) $(MPI_TEST_BINS) $(BUILD)/train
+	@test/run_tests.sh --filter '$(TEST_FILTER),[full]' $(SCHEDULES) $(TEST_BINS) $(MPI_TEST_RUNS)
 
 test-asan:
 	@$(MAKE) --no-print-directory SANITIZE=address test

@@ -10,9 +10,15 @@
 # current environment. A binary that crashes, hangs past the timeout or prints no Catch2 summary
 # counts as one failed test case, and its whole output is shown, with the variables to reproduce
 # it. Passing runs print one line each.
+#
+# A binary written `mpi:N:PATH` is a multi-rank suite (test/catch_mpi_main.cpp): it runs as
+# `mpirun -np N` on this machine (oversubscribed, allowed as root, ranks yielding when idle), each
+# rank with one host worker and one OpenBLAS thread and the schedule's variables, under a timeout
+# of MPI_TEST_TIMEOUT seconds (default 120); rank 0 prints the job's summary.
 set -u
 filter=""
 timeout_s="${TEST_TIMEOUT:-900}"
+mpi_timeout_s="${MPI_TEST_TIMEOUT:-120}"
 schedules=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -26,18 +32,34 @@ done
 
 total_passed=0
 total_failed=0
-for bin in "$@"; do
+for spec in "$@"; do
+ranks=0
+bin="$spec"
+if [[ "$spec" =~ ^mpi:([0-9]+):(.+)$ ]]; then
+  ranks=${BASH_REMATCH[1]}
+  bin=${BASH_REMATCH[2]}
+fi
 for schedule in "${schedules[@]}"; do
   label="${schedule%%:*}"
   vars="${schedule#*:}"
   env_args=()
   [[ -n "$vars" ]] && IFS=',' read -r -a env_args <<< "$vars"
   name=$(basename "$bin")
+  [[ $ranks -gt 0 ]] && name="$name -np $ranks"
   [[ -n "$label" ]] && name="$name [$label]"
   args=()
   [[ -n "$filter" ]] && args+=("$filter")
+  launcher=()
+  limit="$timeout_s"
+  if [[ $ranks -gt 0 ]]; then
+    env_args=(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 POLEVAULT_HOST_WORKERS=1 OPENBLAS_NUM_THREADS=1
+              "${env_args[@]}")
+    launcher=(mpirun -np "$ranks" --oversubscribe --bind-to none --mca mpi_yield_when_idle 1)
+    for v in "${env_args[@]}"; do launcher+=(-x "${v%%=*}"); done
+    (( mpi_timeout_s < limit )) && limit="$mpi_timeout_s"
+  fi
   start=$(date +%s)
-  output=$(env "${env_args[@]}" timeout --kill-after=10 "$timeout_s" "$bin" "${args[@]}" 2>&1)
+  output=$(env "${env_args[@]}" timeout --kill-after=10 "$limit" "${launcher[@]}" "$bin" "${args[@]}" 2>&1)
   rc=$?
   seconds=$(( $(date +%s) - start ))
   passed=""; failed=0
@@ -52,7 +74,7 @@ for schedule in "${schedules[@]}"; do
     # No summary (crash, abort, timeout) or a non-zero exit with nothing counted as failed.
     passed=${passed:-0}
     failed=$(( failed + 1 ))
-    [[ $rc -eq 124 || $rc -eq 137 ]] && echo "$name: TIMED OUT after ${timeout_s}s"
+    [[ $rc -eq 124 || $rc -eq 137 ]] && echo "$name: TIMED OUT after ${limit}s"
   fi
   total_passed=$(( total_passed + passed ))
   total_failed=$(( total_failed + failed ))
@@ -60,7 +82,7 @@ for schedule in "${schedules[@]}"; do
     echo "---- $name (exit $rc) ----"
     echo "$output"
     echo "---- $name: $passed passed, $failed failed (${seconds}s); reproduce with:"
-    echo "     ${env_args[*]} $bin '${filter}'"
+    echo "     ${env_args[*]} ${launcher[*]} $bin '${filter}'"
   else
     echo "$name: $passed passed (${seconds}s)"
   fi
