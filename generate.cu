@@ -3,7 +3,7 @@
 
 #include "kernels/philox.cuh"
 #include "model/sampling.h"
-#include "parallel/single.h"
+#include "parallel/unit_loop.h"
 
 #include <algorithm>
 #include <stdexcept>

@@ -27,7 +27,11 @@
 #include "model/llama.h"
 #include "optim/optimizer.cuh"
 #include "optim/schedule.h"
+#include "parallel/ddp.h"
 #include "parallel/single.h"
+#include "parallel/train_step.h"
+#include "parallel/world.h"
+#include "parallel/zero1.h"
 #include "train_checkpoint.h"
 #include "train_options.h"
 #include "train_state.h"
@@ -141,11 +145,12 @@ double device_peak_flops() {
     return dense_bf16_peak_flops(major, minor, sms, clock_khz);
 }
 
-template <class T>
-int run_training(const TrainOptions& o, RunData data, const LlamaConfig& config, const std::string& resume_dir) {
-    using A = acc_t<T>;
-    const int accumulation = accumulation_for(o.batch, o.micro_batch, 1);
-    const BatchGeometry geometry{o.batch, o.micro_batch, accumulation, 1};
+template <class T, class G>
+int run_training(const TrainOptions& o, RunData data, const LlamaConfig& config, const std::string& resume_dir,
+                 World& world) {
+    const int ranks = world.size(), rank = world.rank();
+    const int accumulation = accumulation_for(o.batch, o.micro_batch, ranks);
+    const BatchGeometry geometry{o.batch, o.micro_batch, accumulation, ranks};
     uint64_t fingerprint = 0xcbf29ce484222325ull;
     long long train_tokens = 0;
     for (const TokenShard& s : data.train) fingerprint = fingerprint_tokens(s.tokens, fingerprint), train_tokens += (long long)s.tokens.size();
@@ -160,14 +165,18 @@ int run_training(const TrainOptions& o, RunData data, const LlamaConfig& config,
     lr_config.total_steps = o.steps;
     if (const auto problems = validate(lr_config); !problems.empty()) throw std::invalid_argument(problems.front());
 
-    Llama<T> model(config, o.micro_batch, o.seq_len, 1, o.seed);
-    std::vector<GroupLayout> layouts;
-    for (int u = 0; u < model.num_units(); ++u) layouts.push_back(model.layout(u));
-    AdamWState<T> optimizer(layouts, 0, 1);
+    // The model's groups split into one shard per rank; the strategy is applied from outside.
+    Llama<T> model(config, o.micro_batch, o.seq_len, 1, o.seed, true, ranks);
+    std::unique_ptr<Strategy<T, G>> strategy;
+    if (o.parallel == "single") strategy = std::make_unique<Single<T, G>>(model);
+    else if (o.parallel == "ddp") strategy = std::make_unique<DDP<T, G>>(model, world.comm());
+    else strategy = std::make_unique<Zero1<T, G>>(model, world.comm());
+    std::unique_ptr<AdamWState<T>> optimizer = Trainer<T, G>::make_optimizer(*strategy);
+    Trainer<T, G> trainer(*strategy, *optimizer);
     const AdamWSettings adamw{o.beta1, o.beta2, o.eps, o.weight_decay, o.decay_norm_weights, o.stochastic_rounding, o.seed};
     long long start_step = 0;
     if (!resume_dir.empty()) {
-        const TrainerState state = load_checkpoint(resume_dir, model, optimizer);
+        const TrainerState state = load_checkpoint(resume_dir, model, *optimizer);
         start_step = state.step;
         if (state.data_fingerprint != fingerprint || state.train_tokens != train_tokens) {
             if (state.options.data == o.data)
@@ -179,53 +188,35 @@ int run_training(const TrainOptions& o, RunData data, const LlamaConfig& config,
             std::printf("note: training continues on other data than the checkpoint's (%s)\n", o.data.c_str());
         }
         std::printf("resumed from %s at step %lld\n", resume_dir.c_str(), start_step);
-    } else {
-        for (int u = 0; u < model.num_units(); ++u) optimizer.init_master(u, model.params(u), nullptr);
     }
     if (start_step >= o.steps)
         throw std::invalid_argument("the checkpoint is at step " + std::to_string(start_step) + " and --steps is " +
                                     std::to_string(o.steps) + ": nothing to do; raise --steps to train further");
     const long long end_step = o.stop_after > 0 ? std::min(o.steps, start_step + o.stop_after) : o.steps;
 
-    // With --fp32-grad-accumulation each micro-step's bf16 gradients are added into float buffers.
-    std::vector<DeviceBuffer<float>> grad32;
-    if (o.fp32_grad_accumulation)
-        for (int u = 0; u < model.num_units(); ++u) grad32.emplace_back(size_t(model.layout(u).padded), MemoryCategory::gradients);
-
-    DeviceBuffer<int> tokens(size_t(model.rows()), MemoryCategory::workspace), targets(size_t(model.rows()), MemoryCategory::workspace);
-    DeviceBuffer<A> loss_sum(1, MemoryCategory::workspace);
-    DeviceBuffer<int> count(1, MemoryCategory::workspace);
-    DeviceBuffer<double> norm_sq(1, MemoryCategory::workspace);
-    long long largest_group = 0;
-    for (int u = 0; u < model.num_units(); ++u) largest_group = std::max(largest_group, model.layout(u).padded);
-    DeviceBuffer<uint8_t> norm_scratch(sum_of_squares_scratch_bytes<float>(largest_group), MemoryCategory::workspace);
-
-    std::filesystem::create_directories(o.out_dir);
+    const bool writer = rank == 0;
     const std::string metrics_path = o.out_dir + "/metrics.jsonl";
-    if (start_step > 0) trim_metrics(metrics_path, start_step);
-    FILE* metrics = std::fopen(metrics_path.c_str(), start_step > 0 ? "a" : "w");
-    if (!metrics) throw std::runtime_error("cannot write " + metrics_path);
+    FILE* metrics = nullptr;
+    if (writer) {
+        std::filesystem::create_directories(o.out_dir);
+        if (start_step > 0) trim_metrics(metrics_path, start_step);
+        metrics = std::fopen(metrics_path.c_str(), start_step > 0 ? "a" : "w");
+        if (!metrics) throw std::runtime_error("cannot write " + metrics_path);
+    }
     const double flops_per_token = training_flops_per_token(config, o.seq_len);
-    const double peak = device_peak_flops();
+    const double peak = device_peak_flops() * ranks;
     std::printf("model %s: %lld parameters, %d layers, hidden %d, vocab %d, %s; batch %d = micro-batch %d x "
-                "accumulation %d; %lld training windows of %d tokens; %.3g FLOPs per token\n",
+                "accumulation %d x %d rank(s), strategy %s; %lld training windows of %d tokens; %.3g FLOPs per token\n",
                 config.name.c_str(), parameter_count(config), config.num_layers, config.hidden_size, config.vocab_size,
-                o.dtype.c_str(), o.batch, o.micro_batch, accumulation, loader.windows(), o.seq_len, flops_per_token);
+                o.dtype.c_str(), o.batch, o.micro_batch, accumulation, ranks, strategy->name(), loader.windows(),
+                o.seq_len, flops_per_token);
 
-    auto forward_loss = [&](const DataLoader::MicroBatch& b) {
-        CUDA_CHECK(cudaMemcpy(tokens.get(), b.inputs.data(), tokens.bytes(), cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(targets.get(), b.targets.data(), targets.bytes(), cudaMemcpyHostToDevice));
-        single_forward(model, 0, tokens.get(), targets.get(), loss_sum.get(), count.get());
-        A host_loss;
-        CUDA_CHECK(cudaMemcpy(&host_loss, loss_sum.get(), sizeof(A), cudaMemcpyDeviceToHost));
-        return double(host_loss);
-    };
     auto evaluate = [&] {
         double sum = 0, counted = 0;
         const BatchGeometry eval_geometry{o.micro_batch, o.micro_batch, 1, 1};
         for (int i = 0; i < o.eval_batches; ++i) {
             const auto b = val_loader->micro_batch(i, 0, eval_geometry, 0);
-            sum += forward_loss(b);
+            sum += trainer.forward_loss(b);
             for (int t : b.targets) counted += t != kIgnoreIndex;
         }
         return sum / counted;
@@ -250,82 +241,46 @@ int run_training(const TrainOptions& o, RunData data, const LlamaConfig& config,
     for (long long step = start_step; step < end_step; ++step) {
         const auto t0 = std::chrono::steady_clock::now();
         std::vector<DataLoader::MicroBatch> micro;
-        long long counted = 0;
-        for (int j = 0; j < accumulation; ++j) {
-            micro.push_back(loader.micro_batch(step, j, geometry, 0));
-            for (int t : micro.back().targets) counted += t != kIgnoreIndex;
-        }
-        if (counted == 0) throw std::runtime_error("step " + std::to_string(step) + " has no counted target tokens");
-        if (grad32.empty()) model.zero_grads();
-        double loss = 0;
-        for (int j = 0; j < accumulation; ++j) {
-            if (!grad32.empty()) model.zero_grads();
-            loss += forward_loss(micro[size_t(j)]);
-            single_backward(model, 0, tokens.get(), targets.get(), 1.0 / double(counted));
-            if constexpr (sizeof(T) <= sizeof(float)) {  // the fp32 buffer only exists for bf16
-                for (size_t u = 0; u < grad32.size(); ++u) {
-                    if (j == 0) cast(model.grads(int(u)), grad32[u].get(), model.layout(int(u)).padded, nullptr);
-                    else accumulate(grad32[u].get(), model.grads(int(u)), model.layout(int(u)).padded, nullptr);
-                }
-            }
-        }
-        loss /= double(counted);
-        // The global gradient norm, deterministic (a fixed order over units); padding adds 0.
-        for (int u = 0; u < model.num_units(); ++u) {
-            const long long n = model.layout(u).padded;
-            if (!grad32.empty()) sum_of_squares_launch(grad32[size_t(u)].get(), n, norm_sq.get(), norm_scratch.get(), u > 0, nullptr);
-            else sum_of_squares_launch(model.grads(u), n, norm_sq.get(), norm_scratch.get(), u > 0, nullptr);
-        }
-        double host_norm_sq;
-        CUDA_CHECK(cudaMemcpy(&host_norm_sq, norm_sq.get(), sizeof(double), cudaMemcpyDeviceToHost));
-        const double grad_norm = std::sqrt(host_norm_sq);
-        const double scale = clip_scale(grad_norm, o.clip);
-        if (!std::isfinite(loss) || !std::isfinite(scale))
-            throw std::runtime_error("step " + std::to_string(step + 1) + ": the loss or gradient norm is not finite (loss " +
-                                     std::to_string(loss) + ", norm " + std::to_string(grad_norm) +
-                                     "); lower --lr or enable --clip");
+        for (int j = 0; j < accumulation; ++j) micro.push_back(loader.micro_batch(step, j, geometry, rank));
         const double lr = learning_rate(lr_config, step);
-        for (int u = 0; u < model.num_units(); ++u) {
-            if (!grad32.empty()) optimizer.update_unit(u, model.params(u), grad32[size_t(u)].get(), adamw, lr, step + 1, scale, nullptr);
-            else optimizer.update_unit(u, model.params(u), model.grads(u), adamw, lr, step + 1, scale, nullptr);
-        }
-        CUDA_CHECK(cudaDeviceSynchronize());
+        const StepResult r = trainer.step(micro, lr, step + 1, o.clip, adamw);
         const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         const double tokens_per_s = double(o.batch) * o.seq_len / (ms * 1e-3);
         const MemoryStats mem = memory_stats();
-        if (step == start_step) first_loss = loss;
-        last_loss = loss;
+        if (step == start_step) first_loss = r.loss;
+        last_loss = r.loss;
         char mfu[32] = "";
         if (peak > 0) std::snprintf(mfu, sizeof mfu, " | MFU %5.1f%%", 100.0 * tokens_per_s * flops_per_token / peak);
         std::printf("step %5lld/%lld | loss %.7f | lr %.3e | grad norm %.4f | %8.0f tok/s | %7.1f ms%s | device memory "
                     "%.1f MiB (peak %.1f MiB)\n",
-                    step + 1, o.steps, loss, lr, grad_norm, tokens_per_s, ms, mfu, mib(mem.device_current),
+                    step + 1, o.steps, r.loss, lr, r.grad_norm, tokens_per_s, ms, mfu, mib(mem.device_current),
                     mib(mem.device_peak));
-        std::fprintf(metrics,
-                     "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, \"tokens_per_s\": %.6g, "
-                     "\"ms\": %.6g, \"device_bytes\": %zu, \"device_peak_bytes\": %zu}\n",
-                     step + 1, loss, lr, grad_norm, tokens_per_s, ms, mem.device_current, mem.device_peak);
+        if (metrics)
+            std::fprintf(metrics,
+                         "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, \"tokens_per_s\": %.6g, "
+                         "\"ms\": %.6g, \"device_bytes\": %zu, \"device_peak_bytes\": %zu}\n",
+                         step + 1, r.loss, lr, r.grad_norm, tokens_per_s, ms, mem.device_current, mem.device_peak);
         if (val_loader && o.eval_interval > 0 && ((step + 1) % o.eval_interval == 0 || step + 1 == o.steps)) {
             const double val = evaluate();
             std::printf("          validation loss %.7f\n", val);
-            std::fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.17g}\n", step + 1, val);
+            if (metrics) std::fprintf(metrics, "{\"step\": %lld, \"val_loss\": %.17g}\n", step + 1, val);
         }
-        std::fflush(metrics);
+        if (metrics) std::fflush(metrics);
         if ((o.checkpoint_interval > 0 && (step + 1) % o.checkpoint_interval == 0) || step + 1 == end_step) {
             const std::string dir = checkpoint_path(o.out_dir, step + 1);
-            save_checkpoint(dir, model, optimizer, trainer_state(step + 1), data.tokenizer.get());
+            save_checkpoint(dir, model, *optimizer, trainer_state(step + 1), data.tokenizer.get(), strategy->comm());
             std::printf("          checkpoint %s\n", dir.c_str());
         }
         std::fflush(stdout);
     }
-    std::fclose(metrics);
+    if (metrics) std::fclose(metrics);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf("trained steps %lld..%lld in %.1f s (%.0f tokens/s): loss %.4f -> %.4f\n", start_step + 1, end_step,
                 seconds, double(end_step - start_step) * o.batch * o.seq_len / seconds, first_loss, last_loss);
     if (end_step < o.steps)
         std::printf("stopped after %lld steps; continue with: train --resume %s\n", end_step - start_step, o.out_dir.c_str());
 
-    if (data.tokenizer && o.sample_tokens > 0 && end_step == o.steps) {
+    if (writer && data.tokenizer && o.sample_tokens > 0 && end_step == o.steps) {
         std::printf("\nsample (temperature %.2f, top-p %.2f):\n%s", o.temperature, o.top_p, o.prompt.c_str());
         std::fflush(stdout);
         generate(model, *data.tokenizer, GenerateOptions{o.prompt, o.sample_tokens, o.temperature, o.top_p, o.seed},
@@ -335,19 +290,25 @@ int run_training(const TrainOptions& o, RunData data, const LlamaConfig& config,
     return 0;
 }
 
-int train_command(const TrainOptions& o, const std::string& resume_dir) {
+int train_command(const TrainOptions& o, const std::string& resume_dir, World& world) {
     if (o.fp32_grad_accumulation && o.dtype != "bf16")
         throw std::invalid_argument("--fp32-grad-accumulation is for --dtype bf16 (" + o.dtype +
                                     " gradients already accumulate in their own type); drop the flag");
     if (o.stochastic_rounding && o.dtype != "bf16")
         throw std::invalid_argument("--stochastic-rounding is for --dtype bf16 (" + o.dtype +
                                     " parameters are their own master and are never rounded); drop the flag");
-    accumulation_for(o.batch, o.micro_batch, 1);  // a bad geometry fails before any data is read
+    if (o.parallel == "single" && world.size() > 1)
+        throw std::invalid_argument("--parallel single runs on one rank but mpirun started " +
+                                    std::to_string(world.size()) + ": choose --parallel ddp or zero1");
+    accumulation_for(o.batch, o.micro_batch, world.size());  // a bad geometry fails before any data is read
     RunData data = load_run_data(o, resume_dir);
     const LlamaConfig config = model_config(o, int(data.train.front().vocab_size), resume_dir);
-    if (o.dtype == "bf16") return run_training<__nv_bfloat16>(o, std::move(data), config, resume_dir);
-    if (o.dtype == "fp32") return run_training<float>(o, std::move(data), config, resume_dir);
-    return run_training<double>(o, std::move(data), config, resume_dir);
+    if (o.dtype == "bf16") {
+        if (o.fp32_grad_accumulation) return run_training<__nv_bfloat16, float>(o, std::move(data), config, resume_dir, world);
+        return run_training<__nv_bfloat16, __nv_bfloat16>(o, std::move(data), config, resume_dir, world);
+    }
+    if (o.dtype == "fp32") return run_training<float, float>(o, std::move(data), config, resume_dir, world);
+    return run_training<double, double>(o, std::move(data), config, resume_dir, world);
 }
 
 template <class T>
@@ -391,6 +352,9 @@ int main_checked(int argc, char** argv) {
     Command c = parse_command(argc, argv);
     if (c.kind == Command::Kind::sample) return sample_command(c.sample);
     if (c.kind == Command::Kind::prepare) return prepare_command(c.prepare);
+    World world(&argc, &argv);
+    if (world.rank() != 0 && !std::freopen("/dev/null", "w", stdout))  // rank 0 reports; errors from any rank
+        throw std::runtime_error("cannot silence the standard output of rank " + std::to_string(world.rank()));
     std::string resume_dir;
     if (!c.train.resume.empty()) {
         // The checkpoint's options, then this command line's flags on top.
@@ -408,7 +372,12 @@ int main_checked(int argc, char** argv) {
             std::printf("resume: %s (from the command line)\n", change.c_str());
         }
     }
-    return train_command(c.train, resume_dir);
+    try {
+        return train_command(c.train, resume_dir, world);
+    } catch (const std::exception& e) {
+        if (world.size() > 1) abort_all_ranks(std::string("train: ") + e.what());  // never leave the others waiting
+        throw;
+    }
 }
 
 }  // namespace

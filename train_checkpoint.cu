@@ -29,14 +29,6 @@ std::vector<GroupLayout> layouts_of(const Llama<T>& model) {
 const char* torch_dtype_name(DType d) { return d == DType::bf16 ? "bfloat16" : d == DType::fp32 ? "float32" : "float64"; }
 
 template <class T>
-void require_whole_groups(const AdamWState<T>& optimizer, const Llama<T>& model) {
-    for (int u = 0; u < model.num_units(); ++u)
-        if (optimizer.begin(u) != 0 || optimizer.end(u) != model.layout(u).padded)
-            throw std::logic_error("checkpoint: the optimizer state of unit " + std::to_string(u) +
-                                   " is sharded; gather it before saving or loading");
-}
-
-template <class T>
 HostGroups download_params(Llama<T>& model) {
     HostGroups g{dtype_of<T>(), {}};
     for (int u = 0; u < model.num_units(); ++u) {
@@ -68,21 +60,43 @@ std::string resolve_checkpoint(const std::string& path) {
 
 template <class T>
 void save_checkpoint(const std::string& dir, Llama<T>& model, const AdamWState<T>& optimizer, const TrainerState& state,
-                     const Tokenizer* tokenizer) {
+                     const Tokenizer* tokenizer, Comm* comm) {
     using A = acc_t<T>;
-    require_whole_groups(optimizer, model);
+    using Field = typename AdamWState<T>::Field;
+    const bool writer = !comm || comm->rank() == 0;
     const std::vector<GroupLayout> layouts = layouts_of(model);
+    // Each field of each unit, whole: this rank's range, or gathered from every rank's slice.
+    auto gather = [&](Field f) {
+        HostGroups g{dtype_of<A>(), {}};
+        for (int u = 0; u < model.num_units(); ++u) {
+            const long long len = optimizer.end(u) - optimizer.begin(u), padded = model.layout(u).padded;
+            if (len == padded) {
+                g.units.push_back(writer ? optimizer.download(u, f) : std::vector<uint8_t>{});
+                continue;
+            }
+            if (!comm || padded != len * comm->size())
+                throw std::logic_error("checkpoint: unit " + std::to_string(u) + "'s optimizer state is a shard but there "
+                                       "is no communicator of its shards to gather it");
+            DeviceBuffer<A> whole(size_t(padded), MemoryCategory::comm_buffers);
+            comm->fence_from(model.stream());
+            comm->all_gather(optimizer.data(u, f), whole.get(), size_t(len));
+            comm->fence_to(model.stream());
+            std::vector<uint8_t> bytes(whole.bytes());
+            CUDA_CHECK(cudaMemcpyAsync(bytes.data(), whole.get(), bytes.size(), cudaMemcpyDeviceToHost, model.stream()));
+            CUDA_CHECK(cudaStreamSynchronize(model.stream()));
+            g.units.push_back(writer ? std::move(bytes) : std::vector<uint8_t>{});
+        }
+        return g;
+    };
+    std::vector<std::pair<std::string, HostGroups>> fields;
+    if constexpr (AdamWState<T>::kHasMaster) fields.emplace_back("master.safetensors", gather(Field::master));
+    fields.emplace_back("adam_m.safetensors", gather(Field::m));
+    fields.emplace_back("adam_v.safetensors", gather(Field::v));
+    if (!writer) return;
     const std::string tmp = begin_checkpoint_dir(dir);
     const std::map<std::string, std::string> metadata{{"format", "pt"}};
     write_group_tensors(tmp + "/model.safetensors", layouts, download_params(model), metadata);
-    auto save_field = [&](const char* file, typename AdamWState<T>::Field f) {
-        HostGroups g{dtype_of<A>(), {}};
-        for (int u = 0; u < model.num_units(); ++u) g.units.push_back(optimizer.download(u, f));
-        write_group_tensors(tmp + "/" + file, layouts, g, metadata);
-    };
-    if constexpr (AdamWState<T>::kHasMaster) save_field("master.safetensors", AdamWState<T>::Field::master);
-    save_field("adam_m.safetensors", AdamWState<T>::Field::m);
-    save_field("adam_v.safetensors", AdamWState<T>::Field::v);
+    for (const auto& [file, groups] : fields) write_group_tensors(tmp + "/" + file, layouts, groups, metadata);
     write_hf_config(tmp + "/config.json", model.config(), torch_dtype_name(dtype_of<T>()));
     if (tokenizer) tokenizer->save(tmp + "/tokenizer.json");
     write_trainer_state(tmp + "/" + kTrainerStateFile, state);  // last: the marker of a complete checkpoint
@@ -92,23 +106,28 @@ void save_checkpoint(const std::string& dir, Llama<T>& model, const AdamWState<T
 template <class T>
 TrainerState load_checkpoint(const std::string& dir, Llama<T>& model, AdamWState<T>& optimizer) {
     using A = acc_t<T>;
-    require_whole_groups(optimizer, model);
+    using Field = typename AdamWState<T>::Field;
     TrainerState state = read_trainer_state(dir + "/" + kTrainerStateFile);
     const std::vector<GroupLayout> layouts = layouts_of(model);
     upload_params(model, read_group_tensors(dir + "/model.safetensors", layouts, dtype_of<T>()));
-    auto load_field = [&](const char* file, typename AdamWState<T>::Field f) {
+    auto load_field = [&](const char* file, Field f) {
         const HostGroups g = read_group_tensors(dir + "/" + file, layouts, dtype_of<A>());
-        for (int u = 0; u < model.num_units(); ++u) optimizer.upload(u, f, g.units[size_t(u)]);
+        for (int u = 0; u < model.num_units(); ++u) {
+            const auto& whole = g.units[size_t(u)];
+            const auto first = whole.begin() + long(size_t(optimizer.begin(u)) * sizeof(A));
+            optimizer.upload(u, f, std::vector<uint8_t>(first, first + long(size_t(optimizer.end(u) - optimizer.begin(u)) * sizeof(A))));
+        }
     };
     if constexpr (AdamWState<T>::kHasMaster) {
         if (std::filesystem::exists(dir + "/master.safetensors")) {
-            load_field("master.safetensors", AdamWState<T>::Field::master);
+            load_field("master.safetensors", Field::master);
         } else {  // a checkpoint of an fp32/fp64 run continued in bf16: the master from the weights
-            for (int u = 0; u < model.num_units(); ++u) optimizer.init_master(u, model.params(u), model.stream());
+            for (int u = 0; u < model.num_units(); ++u)
+                optimizer.init_master(u, model.params(u) + optimizer.begin(u), model.stream());
         }
     }
-    load_field("adam_m.safetensors", AdamWState<T>::Field::m);
-    load_field("adam_v.safetensors", AdamWState<T>::Field::v);
+    load_field("adam_m.safetensors", Field::m);
+    load_field("adam_v.safetensors", Field::v);
     return state;
 }
 
@@ -119,7 +138,7 @@ void load_weights(const std::string& dir, Llama<T>& model) {
 
 #define PV_INSTANTIATE(T)                                                                                              \
     template void save_checkpoint(const std::string&, Llama<T>&, const AdamWState<T>&, const TrainerState&,            \
-                                  const Tokenizer*);                                                                   \
+                                  const Tokenizer*, Comm*);                                                            \
     template TrainerState load_checkpoint(const std::string&, Llama<T>&, AdamWState<T>&);                              \
     template void load_weights(const std::string&, Llama<T>&);
 PV_INSTANTIATE(__nv_bfloat16)

@@ -13,14 +13,18 @@
 // function of the master, and they are the exported model either way. Resuming loads every file,
 // so a resumed run continues bit for bit.
 //
-// Today one rank holds the whole state; a sharded strategy gathers each unit to the writing rank
-// (the parallel issues add that), and because tensors are whole and unpadded in the files, a
-// checkpoint loads at any world size.
+// Every rank holds the whole model. When the optimizer state is sharded (ZeRO), each field of
+// each unit is all-gathered (through `comm`, counted like any collective) into a scratch buffer
+// before rank 0 writes it; only rank 0 writes, so the ranks need not share a filesystem for
+// saving. Loading reads the whole files on every rank (so they must be visible to every rank:
+// one machine, or a shared filesystem) and keeps each rank's slice. Tensors are whole and
+// unpadded in the files, so a checkpoint loads at any world size.
 #pragma once
 
 #include "data/tokenizer.h"
 #include "model/llama.h"
 #include "optim/optimizer.cuh"
+#include "parallel/comm.h"
 #include "train_state.h"
 
 #include <optional>
@@ -36,11 +40,12 @@ std::string checkpoint_path(const std::string& out_dir, long long step);
 // std::runtime_error saying what was looked for when there is none.
 std::string resolve_checkpoint(const std::string& path);
 
+// Collective over `comm` (null: one rank) when the optimizer state is sharded; rank 0 writes.
 template <class T>
 void save_checkpoint(const std::string& dir, Llama<T>& model, const AdamWState<T>& optimizer, const TrainerState& state,
-                     const Tokenizer* tokenizer);
+                     const Tokenizer* tokenizer, Comm* comm = nullptr);
 
-// Loads weights and optimizer state (which must cover whole groups) and returns the trainer state.
+// Loads the weights and this rank's range of the optimizer state; returns the trainer state.
 template <class T>
 TrainerState load_checkpoint(const std::string& dir, Llama<T>& model, AdamWState<T>& optimizer);
 

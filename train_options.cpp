@@ -13,7 +13,7 @@ namespace pv {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, data, val_data, vocab, steps, batch,
                                                 micro_batch, seq_len, lr, schedule, warmup, final_lr_fraction, clip,
                                                 weight_decay, decay_norm_weights, beta1, beta2, eps, dtype,
-                                                stochastic_rounding, fp32_grad_accumulation, seed, eval_interval,
+                                                stochastic_rounding, fp32_grad_accumulation, seed, parallel, eval_interval,
                                                 eval_batches, out_dir, checkpoint_interval, resume, stop_after,
                                                 prompt, sample_tokens, temperature, top_p)
 
@@ -54,6 +54,10 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
     app.add_flag("--fp32-grad-accumulation", o.fp32_grad_accumulation,
                  "bf16: accumulate gradients over micro-steps in an fp32 buffer (costs 4 bytes per parameter)");
     app.add_option("--seed", o.seed, "Seed of initialisation, data order, stochastic rounding and sampling");
+    app.add_option("--parallel", o.parallel,
+                   "Strategy over the ranks of mpirun: single (one rank), ddp (replicas, gradients all-reduced "
+                   "in per-unit buckets) or zero1 (optimizer state sharded, gradients reduce-scattered)")
+        ->check(CLI::IsMember({"single", "ddp", "zero1"}));
     app.add_option("--eval-interval", o.eval_interval, "Evaluate on the validation data every this many steps (0: never)")
         ->check(CLI::NonNegativeNumber);
     app.add_option("--eval-batches", o.eval_batches, "Micro-batches per evaluation")->check(CLI::PositiveNumber);

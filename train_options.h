@@ -45,6 +45,7 @@ struct TrainOptions {
     bool stochastic_rounding = false;
     bool fp32_grad_accumulation = false;
     uint64_t seed = 1337;
+    std::string parallel = "single";  // single, ddp or zero1 (parallel/)
     // Evaluation, output, checkpoints.
     int eval_interval = 50;
     int eval_batches = 4;

@@ -103,6 +103,9 @@ class AdamWState {
         }
     }
 
+    // The device array of a field over unit u's owned range.
+    A* data(int u, Field f) const { return field(u, f); }
+
     // Host bytes of a field over unit u's owned range (for checkpoints), and back.
     std::vector<uint8_t> download(int u, Field f) const {
         std::vector<uint8_t> out(range_bytes(u));

@@ -1,46 +1,18 @@
-// The `single` strategy: one rank runs every unit, in order. It is the plain loop the other
-// strategies add communication to, and the reference they are checked against.
-//
-// Forward: embedding -> blocks -> head, each unit reading the previous unit's output from that
-// unit's arena. Backward: head -> blocks -> embedding, the residual stream's gradient passed
-// between two buffers in turn. The caller zeroes the gradients at the start of an optimizer step
-// and passes the loss scale 1 / (global count of counted tokens) (DESIGN.md §4).
+// The `single` strategy: one rank runs every unit, in order, with no communication; its norm
+// and update cover whole groups. It is the reference the other strategies are checked against.
 #pragma once
 
-#include "model/llama.h"
+#include "parallel/strategy.h"
 
 namespace pv {
 
-template <class T>
-void single_forward(Llama<T>& model, int slot, const int* tokens, const int* targets, acc_t<T>* loss_sum, int* count) {
-    const int units = model.num_units();
-    for (int u = 0; u < units; ++u) {
-        UnitIO<T> io;
-        io.tokens = tokens;
-        io.targets = targets;
-        io.residual_in = u > 0 ? model.unit_output(u - 1, slot) : nullptr;
-        io.residual_out = u + 1 < units ? model.unit_output(u, slot) : nullptr;
-        io.loss_sum = loss_sum;
-        io.count = count;
-        model.forward_unit(u, slot, io);
-    }
-}
-
-template <class T>
-void single_backward(Llama<T>& model, int slot, const int* tokens, const int* targets, double loss_scale) {
-    const int units = model.num_units();
-    int current = 0;  // which residual-gradient buffer holds the gradient of the next unit's input
-    for (int u = units - 1; u >= 0; --u) {
-        UnitIO<T> io;
-        io.tokens = tokens;
-        io.targets = targets;
-        io.loss_scale = loss_scale;
-        io.residual_in = u > 0 ? model.unit_output(u - 1, slot) : nullptr;
-        if (u + 1 < units) io.dresidual_out = model.residual_grad(current);
-        if (u > 0) io.dresidual_in = model.residual_grad(u + 1 < units ? 1 - current : current);
-        model.backward_unit(u, slot, io);
-        if (u > 0 && u + 1 < units) current = 1 - current;
-    }
-}
+template <class T, class G>
+class Single : public Strategy<T, G> {
+  public:
+    explicit Single(Llama<T>& model) : Strategy<T, G>(model, nullptr) {}
+    const char* name() const override { return "single"; }
+    bool sharded_optimizer() const override { return false; }
+    void finish_gradients() override {}
+};
 
 }  // namespace pv

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -34,9 +35,9 @@ struct Run {
 
 fs::path build_dir() { return fs::read_symlink("/proc/self/exe").parent_path().parent_path(); }
 
-Run run_train(const std::string& args) {
+Run run_train_command(const std::string& shell_command) {
     Run r;
-    const std::string command = (build_dir() / "train").string() + " " + args + " 2>&1";
+    const std::string command = shell_command + " 2>&1";
     FILE* pipe = popen(command.c_str(), "r");
     REQUIRE(pipe != nullptr);
     std::array<char, 4096> buf;
@@ -46,6 +47,8 @@ Run run_train(const std::string& args) {
     r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
     return r;
 }
+
+Run run_train(const std::string& args) { return run_train_command((build_dir() / "train").string() + " " + args); }
 
 std::vector<std::string> losses(const std::string& output) {
     std::vector<std::string> out;
@@ -333,4 +336,55 @@ TEST_CASE("train: a small model on the built-in corpus goes clearly below the un
     REQUIRE(corpus_entropy > 3.5);  // a sanity bound: 300 tokens, far from a degenerate corpus
     REQUIRE(val[0] < corpus_entropy - 0.3);
     REQUIRE(val[0] < tail_entropy - 0.3);
+}
+
+namespace train_test {
+
+// `train` under mpirun on this machine (oversubscribed, root allowed), every launch under timeout.
+Run run_mpi(int ranks, const std::string& per_rank_command) {
+    return run_train_command("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np " +
+                             std::to_string(ranks) + " --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 " +
+                             "-x POLEVAULT_HOST_WORKERS=1 -x OPENBLAS_NUM_THREADS=1 " + per_rank_command);
+}
+
+}  // namespace train_test
+
+TEST_CASE("train under mpirun: zero1 and ddp train identically, and rank 0 alone reports", "[train][mpi]") {
+    TempDir dir("train_mpi");
+    const std::string run = (build_dir() / "train").string() + " " + kTiny + " --sample-tokens 0 ";
+    const Run ddp = run_mpi(2, run + "--parallel ddp --out-dir " + dir.file("ddp"));
+    const Run zero1 = run_mpi(2, run + "--parallel zero1 --out-dir " + dir.file("zero1"));
+    INFO(ddp.output << "\n----\n" << zero1.output);
+    REQUIRE(ddp.status == 0);
+    REQUIRE(zero1.status == 0);
+    REQUIRE(losses(ddp.output).size() == 6);  // one report, not one per rank
+    REQUIRE(losses(zero1.output) == losses(ddp.output));
+    REQUIRE(zero1.output.find("x 2 rank(s), strategy zero1") != std::string::npos);
+    // The sharded optimizer state was gathered into whole tensors: the checkpoints are identical.
+    for (const char* f : {"model.safetensors", "master.safetensors", "adam_m.safetensors", "adam_v.safetensors"}) {
+        INFO(f);
+        REQUIRE(read_file(fs::path(dir.file("ddp")) / "step_6" / f) == read_file(fs::path(dir.file("zero1")) / "step_6" / f));
+    }
+    // --parallel single cannot span ranks.
+    const Run single = run_mpi(2, run + "--parallel single --out-dir " + dir.file("single"));
+    REQUIRE(single.status != 0);
+    REQUIRE(single.output.find("choose --parallel ddp or zero1") != std::string::npos);
+}
+
+TEST_CASE("train under mpirun: a failure on one rank ends every rank within 60 s with its message", "[train][mpi]") {
+    TempDir dir("train_mpi_fail");
+    const std::string train = (build_dir() / "train").string();
+    // Rank 1 is given a data file that does not exist; rank 0 goes ahead and would wait forever in
+    // the first collective if rank 1's error did not end the job.
+    const auto start = std::chrono::steady_clock::now();
+    const Run r = run_mpi(2, "sh -c 'if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then exec " + train +
+                                 " --parallel ddp --data /nonexistent/rank1.pvtokens; else exec " + train + " " + kTiny +
+                                 " --parallel ddp --out-dir " + dir.file("run") + "; fi'");
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    INFO(r.output);
+    REQUIRE(r.status != 0);
+    REQUIRE(r.status != 124);  // not the timeout
+    REQUIRE(seconds < 60);
+    REQUIRE(r.output.find("rank 1/2") != std::string::npos);
+    REQUIRE(r.output.find("/nonexistent/rank1.pvtokens") != std::string::npos);
 }

@@ -1,0 +1,86 @@
+// The comm wrapper (see comm.h).
+#include "parallel/comm.h"
+
+#include "parallel/world.h"
+
+#include <string>
+
+namespace pv {
+
+const char* collective_name(CollectiveKind k) {
+    switch (k) {
+        case CollectiveKind::all_reduce: return "all-reduce";
+        case CollectiveKind::reduce_scatter: return "reduce-scatter";
+        case CollectiveKind::all_gather: return "all-gather";
+        case CollectiveKind::broadcast: return "broadcast";
+        case CollectiveKind::send: return "send";
+        case CollectiveKind::recv: return "recv";
+    }
+    return "?";
+}
+
+size_t nccl_type_size(ncclDataType_t t) {
+    switch (t) {
+        case ncclInt8: case ncclUint8: return 1;
+        case ncclFloat16: case ncclBfloat16: return 2;
+        case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+        case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+        default: return 0;
+    }
+}
+
+void nccl_check(ncclResult_t r, const char* what, const char* file, int line) {
+    if (r == ncclSuccess) return;
+    abort_all_ranks(std::string("NCCL error '") + ncclGetErrorString(r) + "' (" + ncclGetLastError(nullptr) + ") in " +
+                    what + " at " + file + ":" + std::to_string(line));
+}
+
+Comm::Comm(ncclComm_t comm, std::string name) : comm_(comm), name_(std::move(name)) {
+    NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
+    NCCL_CHECK(ncclCommCount(comm_, &size_));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&from_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&to_, cudaEventDisableTiming));
+}
+
+Comm::~Comm() {
+    cudaStreamSynchronize(stream_);
+    cudaEventDestroy(from_);
+    cudaEventDestroy(to_);
+    cudaStreamDestroy(stream_);
+}
+
+void Comm::fence_from(cudaStream_t compute) {
+    CUDA_CHECK(cudaEventRecord(from_, compute));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, from_, 0));
+}
+
+void Comm::fence_to(cudaStream_t compute) {
+    CUDA_CHECK(cudaEventRecord(to_, stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(compute, to_, 0));
+}
+
+void Comm::record(CollectiveKind kind, size_t count, ncclDataType_t dtype) {
+    const double n = size_, bytes = double(count) * double(nccl_type_size(dtype));
+    double wire = 0;
+    switch (kind) {
+        case CollectiveKind::all_reduce: wire = 2.0 * (n - 1) / n * bytes; break;
+        case CollectiveKind::reduce_scatter:
+        case CollectiveKind::all_gather: wire = (n - 1) * bytes; break;
+        case CollectiveKind::broadcast: wire = (n - 1) / n * bytes; break;
+        case CollectiveKind::send: wire = bytes; break;
+        case CollectiveKind::recv: wire = 0; break;
+    }
+    log_.push_back(CollectiveRecord{kind, count, dtype, size_, name_, wire});
+}
+
+Comm::Totals Comm::totals() const {
+    Totals t;
+    for (const CollectiveRecord& r : log_) {
+        ++t.calls[size_t(r.kind)];
+        t.wire_bytes += r.wire_bytes;
+    }
+    return t;
+}
+
+}  // namespace pv

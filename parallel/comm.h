@@ -1,0 +1,134 @@
+// The product-side wrapper through which every collective goes (DESIGN.md §5 "Counting").
+//
+// A Comm is one NCCL communicator plus the stream its collectives run on. Every call is recorded
+// — kind, element count, data type, communicator — on both backends, so tests and the README's
+// table read exact per-step figures from the product itself, and the bytes each rank puts on the
+// wire are derived from the record with the ring algorithm NCCL uses for large messages:
+//
+//   all-reduce      count elements         2·(N−1)/N · count · size   (reduce-scatter + all-gather)
+//   reduce-scatter  recv_count per rank    (N−1) · recv_count · size  (= (N−1)/N of the input)
+//   all-gather      send_count per rank    (N−1) · send_count · size
+//   broadcast       count elements         (N−1)/N · count · size: the ring passes the data over
+//                                          N − 1 links, counted as their average per rank
+//   send            count elements         count · size; recv: 0 (the sender counts the bytes)
+// With N = 1 nothing is sent. Sizes are bytes of the data type.
+//
+// Streams. Collectives run on the Comm's stream. `fence_from(compute)` makes the comm stream wait
+// for the compute stream's work so far (an event, no host stall), `fence_to(compute)` makes the
+// compute stream wait for the collectives issued so far: the order DDP needs between a unit's
+// backward, its gradient all-reduce and the optimizer.
+#pragma once
+
+#include "kernels/platform.h"
+
+#include <nccl.h>
+
+#include <array>
+#include <string>
+#include <vector>
+
+namespace pv {
+
+enum class CollectiveKind { all_reduce, reduce_scatter, all_gather, broadcast, send, recv };
+inline constexpr int kCollectiveKinds = 6;
+const char* collective_name(CollectiveKind k);
+
+struct CollectiveRecord {
+    CollectiveKind kind;
+    size_t count;          // elements: all-reduce/broadcast/send/recv the buffer, reduce-scatter the
+                           // output per rank, all-gather the input per rank
+    ncclDataType_t dtype;
+    int ranks;             // the communicator's size
+    std::string comm;      // the communicator's name
+    double wire_bytes;     // bytes this rank sends (header comment)
+};
+
+size_t nccl_type_size(ncclDataType_t t);
+
+template <class T>
+ncclDataType_t nccl_type() {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) return ncclBfloat16;
+    else if constexpr (std::is_same_v<T, float>) return ncclFloat32;
+    else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
+    else if constexpr (std::is_same_v<T, int>) return ncclInt32;
+    else if constexpr (std::is_same_v<T, long long>) return ncclInt64;
+    else static_assert(sizeof(T) == 0, "no NCCL type for this element type");
+}
+
+// Aborts (every rank: MPI_Abort) with the NCCL error and where it happened.
+#define NCCL_CHECK(call) ::pv::nccl_check((call), #call, __FILE__, __LINE__)
+void nccl_check(ncclResult_t r, const char* what, const char* file, int line);
+
+class Comm {
+  public:
+    // Wraps `comm` (owned by the caller, which destroys it after the Comm) with a new stream.
+    Comm(ncclComm_t comm, std::string name);
+    ~Comm();
+    Comm(const Comm&) = delete;
+    Comm& operator=(const Comm&) = delete;
+
+    int rank() const { return rank_; }
+    int size() const { return size_; }
+    const std::string& name() const { return name_; }
+    ncclComm_t nccl() const { return comm_; }
+    cudaStream_t stream() const { return stream_; }
+
+    template <class T>
+    void all_reduce(const T* send, T* recv, size_t count, ncclRedOp_t op = ncclSum) {
+        record(CollectiveKind::all_reduce, count, nccl_type<T>());
+        NCCL_CHECK(ncclAllReduce(send, recv, count, nccl_type<T>(), op, comm_, stream_));
+    }
+    // recv[recv_count] = the reduction of block rank() of every rank's send[size()·recv_count].
+    template <class T>
+    void reduce_scatter(const T* send, T* recv, size_t recv_count, ncclRedOp_t op = ncclSum) {
+        record(CollectiveKind::reduce_scatter, recv_count, nccl_type<T>());
+        NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type<T>(), op, comm_, stream_));
+    }
+    // recv[size()·send_count] = every rank's send[send_count], in rank order.
+    template <class T>
+    void all_gather(const T* send, T* recv, size_t send_count) {
+        record(CollectiveKind::all_gather, send_count, nccl_type<T>());
+        NCCL_CHECK(ncclAllGather(send, recv, send_count, nccl_type<T>(), comm_, stream_));
+    }
+    template <class T>
+    void broadcast(const T* send, T* recv, size_t count, int root) {
+        record(CollectiveKind::broadcast, count, nccl_type<T>());
+        NCCL_CHECK(ncclBroadcast(send, recv, count, nccl_type<T>(), root, comm_, stream_));
+    }
+    template <class T>
+    void send(const T* buf, size_t count, int peer) {
+        record(CollectiveKind::send, count, nccl_type<T>());
+        NCCL_CHECK(ncclSend(buf, count, nccl_type<T>(), peer, comm_, stream_));
+    }
+    template <class T>
+    void recv(T* buf, size_t count, int peer) {
+        record(CollectiveKind::recv, count, nccl_type<T>());
+        NCCL_CHECK(ncclRecv(buf, count, nccl_type<T>(), peer, comm_, stream_));
+    }
+    void group_start() { NCCL_CHECK(ncclGroupStart()); }
+    void group_end() { NCCL_CHECK(ncclGroupEnd()); }
+
+    // The comm stream waits for `compute`'s work so far; `compute` waits for the comm stream's.
+    void fence_from(cudaStream_t compute);
+    void fence_to(cudaStream_t compute);
+
+    // The record since construction or the last clear.
+    const std::vector<CollectiveRecord>& log() const { return log_; }
+    void clear_log() { log_.clear(); }
+    struct Totals {
+        std::array<long long, kCollectiveKinds> calls{};
+        double wire_bytes = 0;
+    };
+    Totals totals() const;
+
+  private:
+    void record(CollectiveKind kind, size_t count, ncclDataType_t dtype);
+    ncclComm_t comm_;
+    std::string name_;
+    int rank_ = 0, size_ = 1;
+    cudaStream_t stream_ = nullptr;
+    cudaEvent_t from_ = nullptr, to_ = nullptr;
+    std::vector<CollectiveRecord> log_;
+};
+
+}  // namespace pv

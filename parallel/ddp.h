@@ -1,0 +1,37 @@
+// DDP (DESIGN.md §2, §4): every rank holds the whole model and the whole optimizer state; the
+// gradients are summed over ranks (never averaged: the loss is already normalised by the global
+// token count), so every rank then makes the same update.
+//
+// Buckets. A bucket is one unit's gradient group. On the last micro-step of an optimizer step,
+// as soon as unit u's backward is done, its all-reduce is issued on the communication stream
+// behind an event fence (the comm stream waits for the compute stream's work so far, without a
+// host stall) and the compute stream goes on with the backward of unit u − 1: communication
+// overlaps computation. Earlier micro-steps only accumulate: one all-reduce per bucket per
+// optimizer step. finish_gradients makes the compute stream wait for every bucket before the
+// norm and the optimizer read them, and the next step's zeroing of a bucket comes after that
+// fence, so a bucket is never reused while its collective runs.
+#pragma once
+
+#include "parallel/strategy.h"
+
+namespace pv {
+
+template <class T, class G>
+class DDP : public Strategy<T, G> {
+  public:
+    DDP(Llama<T>& model, Comm& comm) : Strategy<T, G>(model, &comm) {}
+    const char* name() const override { return "ddp"; }
+    bool sharded_optimizer() const override { return false; }
+    void finish_gradients() override { this->comm_->fence_to(this->model_.stream()); }
+
+  protected:
+    void after_unit_backward(int u, bool last) override {
+        if (!last) return;
+        Comm& c = *this->comm_;
+        c.fence_from(this->model_.stream());
+        G* g = this->grads(u);
+        c.all_reduce(g, g, size_t(this->model_.layout(u).padded));
+    }
+};
+
+}  // namespace pv

@@ -1,0 +1,75 @@
+// The world of ranks (see world.h).
+#include "parallel/world.h"
+
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace pv {
+
+namespace {
+
+bool mpi_running() {
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    return initialized && !finalized;
+}
+
+void mpi_check(int result, const char* what) {
+    if (result != MPI_SUCCESS) abort_all_ranks(std::string("MPI call failed: ") + what);
+}
+
+}  // namespace
+
+void abort_all_ranks(const std::string& message) {
+    int rank = 0, size = 1;
+    const bool running = mpi_running();
+    if (running) MPI_Comm_rank(MPI_COMM_WORLD, &rank), MPI_Comm_size(MPI_COMM_WORLD, &size);
+    std::fflush(stdout);
+    if (size > 1) std::fprintf(stderr, "rank %d/%d: %s\n", rank, size, message.c_str());
+    else std::fprintf(stderr, "%s\n", message.c_str());
+    std::fflush(stderr);
+    if (running && size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    std::_Exit(1);
+}
+
+World::World(int* argc, char*** argv) {
+    if (!mpi_running()) {
+        int provided = 0;
+        mpi_check(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+        owns_mpi_ = true;
+    }
+    mpi_check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
+    mpi_check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+    MPI_Comm node;
+    mpi_check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
+              "MPI_Comm_split_type");
+    mpi_check(MPI_Comm_rank(node, &local_rank_), "MPI_Comm_rank");
+    MPI_Comm_free(&node);
+    int devices = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&devices));
+    if (devices < 1) abort_all_ranks("no CUDA device visible");
+    device_ = local_rank_ % devices;
+    CUDA_CHECK(cudaSetDevice(device_));
+    ncclUniqueId id;
+    if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    mpi_check(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD), "MPI_Bcast of the NCCL id");
+    NCCL_CHECK(ncclCommInitRank(&nccl_, size_, id, rank_));
+    comm_ = std::make_unique<Comm>(nccl_, "world");
+}
+
+World::~World() {
+    comm_.reset();
+    if (nccl_) ncclCommDestroy(nccl_);
+    if (owns_mpi_ && mpi_running()) MPI_Finalize();
+}
+
+ncclComm_t split_single_rank_comm(ncclComm_t parent, int rank) {
+    ncclComm_t single = nullptr;
+    NCCL_CHECK(ncclCommSplit(parent, rank, 0, &single, nullptr));
+    return single;
+}
+
+}  // namespace pv

@@ -1,0 +1,52 @@
+// The world of ranks (DESIGN.md §2): MPI start-up, each rank's device, the NCCL communicator of all
+// ranks, and the rule that an error on any rank ends every rank.
+//
+// Start-up follows llm.c: MPI_Init (a plain `./train` is a world of one: Open MPI starts a
+// singleton without mpirun), rank and size from MPI_COMM_WORLD, the local rank from the ranks
+// sharing this node (MPI_COMM_TYPE_SHARED), device = local rank modulo the device count
+// (cudaSetDevice), rank 0's ncclGetUniqueId broadcast with MPI_Bcast, ncclCommInitRank.
+// MPI is initialised here only if nobody did it before (a test harness may have), and finalised
+// only by whoever initialised it.
+//
+// Failure. A failed assertion or error on one rank must end every rank within seconds, never a
+// hang where the others wait in a collective: abort_all_ranks prints the message with the rank
+// and calls MPI_Abort, which makes mpirun kill the job. On a world of one it just exits non-zero.
+#pragma once
+
+#include "parallel/comm.h"
+
+#include <memory>
+#include <string>
+
+namespace pv {
+
+class World {
+  public:
+    // Starts MPI (unless already started), picks the device, creates the communicator of all ranks.
+    World(int* argc, char*** argv);
+    ~World();
+    World(const World&) = delete;
+    World& operator=(const World&) = delete;
+
+    int rank() const { return rank_; }
+    int size() const { return size_; }
+    int local_rank() const { return local_rank_; }
+    int device() const { return device_; }
+    Comm& comm() { return *comm_; }
+
+  private:
+    int rank_ = 0, size_ = 1, local_rank_ = 0, device_ = 0;
+    bool owns_mpi_ = false;
+    ncclComm_t nccl_ = nullptr;
+    std::unique_ptr<Comm> comm_;
+};
+
+// Prints "rank R/N: message" to stderr and ends every rank (MPI_Abort), or exits with status 1
+// when MPI is not running or the world has one rank.
+[[noreturn]] void abort_all_ranks(const std::string& message);
+
+// A communicator of this rank alone, split off `parent` (collective over parent): the one-rank
+// reference a parity test runs beside the real strategy. The caller destroys it (ncclCommDestroy).
+ncclComm_t split_single_rank_comm(ncclComm_t parent, int rank);
+
+}  // namespace pv

@@ -1,0 +1,268 @@
+// The parallel strategies against one rank (DESIGN.md §5 "Parity", "Counting"), in-process under
+// `mpirun -np 2` and `-np 4`: every rank runs the strategy on the world communicator and, beside
+// it, the single-rank reference on a communicator of its own (split off the world), on the same
+// global batches. The model is the awkward case: GQA (3 query heads per KV head), tied
+// embeddings, odd sizes (hidden 33, attention width 3 × 10, ffn 35) and vocab 4N + 1 so no group divides by
+// the world size without padding, accumulation 2, and ignored targets spread unevenly over ranks
+// (some ranks' micro-batches are mostly ignored).
+#include <catch2/catch.hpp>
+
+#include "data/loader.h"
+#include "kernels/device_memory.h"
+#include "model/llama.h"
+#include "optim/optimizer.cuh"
+#include "parallel/ddp.h"
+#include "parallel/single.h"
+#include "parallel/train_step.h"
+#include "parallel/world.h"
+#include "parallel/zero1.h"
+
+#include <cmath>
+#include <array>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace parallel_test {
+
+using pv::DataLoader;
+
+
+pv::LlamaConfig awkward_model(int ranks) {
+    pv::LlamaConfig c;
+    c.name = "awkward";
+    c.vocab_size = 4 * ranks + 1;
+    c.hidden_size = 33;
+    c.num_layers = 2;
+    c.num_heads = 3;
+    c.num_kv_heads = 1;
+    c.head_dim = 10;
+    c.ffn_size = 35;
+    c.max_seq_len = 16;
+    c.tie_embeddings = true;
+    return c;
+}
+
+constexpr int kMicro = 2, kAccumulation = 2, kSeq = 8, kSteps = 5;
+
+// Sample g of step s: random tokens; targets partly ignored, more on some samples than others, so
+// ranks count different numbers of tokens.
+DataLoader::MicroBatch sample(long long step, int g, int vocab) {
+    std::mt19937_64 rng(uint64_t(step) * 1000003u + uint64_t(g));
+    DataLoader::MicroBatch b;
+    const double ignored = g % 3 == 0 ? 0.8 : g % 3 == 1 ? 0.1 : 0.0;
+    for (int i = 0; i < kSeq; ++i) {
+        b.inputs.push_back(int(rng() % uint64_t(vocab)));
+        const bool skip = std::uniform_real_distribution<double>(0, 1)(rng) < ignored;
+        b.targets.push_back(skip ? pv::kIgnoreIndex : int(rng() % uint64_t(vocab)));
+    }
+    return b;
+}
+
+// Concatenates samples into micro-batches of kMicro sequences.
+std::vector<DataLoader::MicroBatch> micro_batches(long long step, int first, int count, int vocab) {
+    std::vector<DataLoader::MicroBatch> out;
+    for (int g = first; g < first + count; g += kMicro) {
+        DataLoader::MicroBatch m;
+        for (int k = 0; k < kMicro; ++k) {
+            const auto s = sample(step, g + k, vocab);
+            m.inputs.insert(m.inputs.end(), s.inputs.begin(), s.inputs.end());
+            m.targets.insert(m.targets.end(), s.targets.begin(), s.targets.end());
+        }
+        out.push_back(std::move(m));
+    }
+    return out;
+}
+
+struct RunResult {
+    std::vector<double> losses;
+    std::map<std::string, std::vector<double>> tensors;  // every tensor, unpadded, as double
+    std::vector<pv::Comm::Totals> per_step;              // collectives of each step
+    std::vector<std::vector<pv::CollectiveRecord>> logs; // and their records
+    long long psi = 0;                                   // Σ padded group elements (Ψ with padding)
+    int units = 0;
+    std::array<double, pv::kMemoryCategoryCount> peak{}; // peak bytes per category during the run
+};
+
+template <class T>
+std::vector<double> download(const T* p, long long n) {
+    std::vector<T> host(static_cast<size_t>(n));
+    CUDA_CHECK(cudaMemcpy(host.data(), p, host.size() * sizeof(T), cudaMemcpyDeviceToHost));
+    std::vector<double> out;
+    for (const T& v : host) out.push_back(double(pv::to_acc(v)));
+    return out;
+}
+
+// Trains kSteps steps of the global batch (kMicro × kAccumulation × ranks sequences) with
+// `strategy` ("single", "ddp", "zero1") on `comm` (null: single on one rank, all of the batch).
+template <class T, class G = T>
+RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks) {
+    const pv::LlamaConfig config = awkward_model(world_ranks);
+    const int ranks = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
+    const pv::MemoryStats before = pv::memory_stats();
+    pv::reset_memory_peaks();
+    RunResult r;
+    {
+    pv::Llama<T> model(config, kMicro, kSeq, 1, 42, true, ranks);
+    std::unique_ptr<pv::Strategy<T, G>> s;
+    if (strategy == "single") s = std::make_unique<pv::Single<T, G>>(model);
+    else if (strategy == "ddp") s = std::make_unique<pv::DDP<T, G>>(model, *comm);
+    else s = std::make_unique<pv::Zero1<T, G>>(model, *comm);
+    auto optimizer = pv::Trainer<T, G>::make_optimizer(*s);
+    pv::Trainer<T, G> trainer(*s, *optimizer);
+    pv::AdamWSettings adamw;
+    adamw.weight_decay = 0.1;
+    adamw.seed = 7;
+    const int global = kMicro * kAccumulation * world_ranks, per_rank = global / ranks;
+    for (long long step = 0; step < kSteps; ++step) {
+        if (comm) comm->clear_log();
+        const auto micro = micro_batches(step, rank * per_rank, per_rank, config.vocab_size);
+        const pv::StepResult res = trainer.step(micro, 3e-3, step + 1, 1.0, adamw);
+        r.losses.push_back(res.loss);
+        if (comm) r.per_step.push_back(comm->totals()), r.logs.push_back(comm->log());
+    }
+    for (int u = 0; u < model.num_units(); ++u)
+        for (const pv::TensorSlot& t : model.layout(u).tensors)
+            r.tensors[t.spec.name] = download(model.params(u) + t.offset, t.spec.numel());
+    for (int u = 0; u < model.num_units(); ++u) r.psi += model.layout(u).padded;
+    r.units = model.num_units();
+    const pv::MemoryStats after = pv::memory_stats();
+    for (int c = 0; c < pv::kMemoryCategoryCount; ++c) r.peak[size_t(c)] = double(after.peak[size_t(c)]) - double(before.current[size_t(c)]);
+    }
+    return r;
+}
+
+double relative_norm_error(const std::vector<double>& x, const std::vector<double>& ref) {
+    double d = 0, n = 0;
+    for (size_t i = 0; i < x.size(); ++i) d += (x[i] - ref[i]) * (x[i] - ref[i]), n += ref[i] * ref[i];
+    return std::sqrt(d) / std::max(std::sqrt(n), 1e-300);
+}
+
+// The single-rank reference on this rank's own communicator.
+template <class T>
+RunResult reference(pv::World& world) {
+    return train<T>("single", nullptr, world.size());
+}
+
+}  // namespace parallel_test
+
+using namespace parallel_test;
+
+TEST_CASE("ddp and zero1 train the model single trains: fp64 within 1e-10, zero1 bit-identical to ddp",
+          "[parallel][parity]") {
+    pv::World world(nullptr, nullptr);  // the world communicator, per test case (MPI is already up)
+    const RunResult single = reference<double>(world);
+    const RunResult ddp = train<double>("ddp", &world.comm(), world.size());
+    const RunResult zero1 = train<double>("zero1", &world.comm(), world.size());
+    REQUIRE(single.losses.size() == size_t(kSteps));
+    for (int s = 0; s < kSteps; ++s) {
+        INFO("step " << s + 1 << ": single " << single.losses[size_t(s)] << ", ddp " << ddp.losses[size_t(s)]);
+        CHECK(std::abs(ddp.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-10 * std::abs(single.losses[size_t(s)]));
+        CHECK(zero1.losses[size_t(s)] == ddp.losses[size_t(s)]);
+    }
+    for (const auto& [name, ref] : single.tensors) {
+        INFO(name);
+        CHECK(relative_norm_error(ddp.tensors.at(name), ref) <= 1e-10);
+        CHECK(zero1.tensors.at(name) == ddp.tensors.at(name));
+    }
+    // Training moved every tensor (parity of untouched weights would prove nothing).
+    pv::Llama<double> initial(awkward_model(world.size()), kMicro, kSeq, 1, 42, false);
+    for (int u = 0; u < initial.num_units(); ++u)
+        for (const pv::TensorSlot& t : initial.layout(u).tensors) {
+            INFO(t.spec.name);
+            CHECK(relative_norm_error(download(initial.params(u) + t.offset, t.spec.numel()), single.tensors.at(t.spec.name)) >
+                  1e-4);
+        }
+}
+
+TEST_CASE("bf16 ddp and zero1 losses stay within 1e-2 of single, fp32 gradient accumulation too",
+          "[parallel][parity]") {
+    pv::World world(nullptr, nullptr);
+    const RunResult single = reference<__nv_bfloat16>(world);
+    const RunResult ddp = train<__nv_bfloat16>("ddp", &world.comm(), world.size());
+    const RunResult zero1 = train<__nv_bfloat16, float>("zero1", &world.comm(), world.size());
+    const RunResult ddp32 = train<__nv_bfloat16, float>("ddp", &world.comm(), world.size());
+    for (int s = 0; s < kSteps; ++s) {
+        INFO("step " << s + 1);
+        CHECK(std::abs(ddp.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-2 * std::abs(single.losses[size_t(s)]));
+        CHECK(std::abs(zero1.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-2 * std::abs(single.losses[size_t(s)]));
+        CHECK(zero1.losses[size_t(s)] == ddp32.losses[size_t(s)]);
+    }
+}
+
+namespace parallel_test {
+
+double category(const RunResult& r, pv::MemoryCategory c) { return r.peak[size_t(c)]; }
+
+// Every collective of a step, as designed: DDP all-reduces the token count (int64), one bucket
+// per unit, the loss and the squared norm (doubles); ZeRO-1 reduce-scatters and all-gathers
+// each unit instead of the buckets. Bytes per rank by the ring formulas (parallel/comm.h) with
+// the padded Ψ; memory per category from the allocator's accounting against DESIGN.md §4:
+// parameters + gradients + optimizer state = 16Ψ (DDP) and 4Ψ + 12Ψ/N (ZeRO-1) bytes for bf16,
+// 32Ψ and 16Ψ + 16Ψ/N for fp64; nothing else but activations and workspace.
+template <class T>
+void check_counts(pv::World& world) {
+    using pv::CollectiveKind;
+    const double n = world.size(), t = sizeof(T), a = sizeof(pv::acc_t<T>);
+    const double master = std::is_same_v<T, __nv_bfloat16> ? 4 : 0;
+    const RunResult ddp = train<T>("ddp", &world.comm(), world.size());
+    const RunResult zero1 = train<T>("zero1", &world.comm(), world.size());
+    const double psi = double(ddp.psi), scalars = 8 + 8 + 8;  // count, loss, norm
+    REQUIRE(zero1.psi == ddp.psi);
+    REQUIRE(ddp.psi % (world.size() * 64LL) == 0);
+    for (int s = 0; s < kSteps; ++s) {
+        INFO("step " << s + 1);
+        const auto& d = ddp.per_step[size_t(s)];
+        CHECK(d.calls[size_t(CollectiveKind::all_reduce)] == ddp.units + 3);
+        CHECK(d.calls[size_t(CollectiveKind::reduce_scatter)] == 0);
+        CHECK(d.calls[size_t(CollectiveKind::all_gather)] == 0);
+        CHECK(d.wire_bytes == Approx(2 * (n - 1) / n * (psi * t + scalars)).epsilon(1e-12));
+        const auto& z = zero1.per_step[size_t(s)];
+        CHECK(z.calls[size_t(CollectiveKind::all_reduce)] == 3);
+        CHECK(z.calls[size_t(CollectiveKind::reduce_scatter)] == zero1.units);
+        CHECK(z.calls[size_t(CollectiveKind::all_gather)] == zero1.units);
+        CHECK(z.wire_bytes == Approx(2 * (n - 1) / n * scalars + 2 * (n - 1) / n * psi * t).epsilon(1e-12));
+        // The count is an integer all-reduce and comes first, before any backward's bucket.
+        CHECK(ddp.logs[size_t(s)].front().dtype == ncclInt64);
+    }
+    using C = pv::MemoryCategory;
+    CHECK(category(ddp, C::parameters) == psi * t);
+    CHECK(category(ddp, C::gradients) == psi * t);
+    CHECK(category(ddp, C::optimizer_state) == psi * (master + 2 * a));
+    CHECK(category(zero1, C::parameters) == psi * t);
+    CHECK(category(zero1, C::gradients) == psi * t);
+    CHECK(category(zero1, C::optimizer_state) == psi / n * (master + 2 * a));
+    const double ddp_total = category(ddp, C::parameters) + category(ddp, C::gradients) + category(ddp, C::optimizer_state);
+    const double zero1_total =
+        category(zero1, C::parameters) + category(zero1, C::gradients) + category(zero1, C::optimizer_state);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        CHECK(ddp_total == 16 * psi);
+        CHECK(zero1_total == 4 * psi + 12 * psi / n);
+    } else {
+        CHECK(ddp_total == 32 * psi);
+        CHECK(zero1_total == 16 * psi + 16 * psi / n);
+    }
+    CHECK(category(ddp, C::comm_buffers) == 0);
+    CHECK(category(zero1, C::comm_buffers) == 0);
+    if (world.rank() == 0) {
+        std::printf("counts, N = %d, %s: psi %.0f; per step ddp %lld all-reduce, %.0f bytes; zero1 %lld reduce-scatter + "
+                    "%lld all-gather + %lld all-reduce, %.0f bytes; memory per rank (params + grads + optimizer): "
+                    "ddp %.0f, zero1 %.0f bytes\n",
+                    world.size(), std::is_same_v<T, double> ? "fp64" : "bf16", psi,
+                    ddp.per_step[0].calls[size_t(CollectiveKind::all_reduce)], ddp.per_step[0].wire_bytes,
+                    zero1.per_step[0].calls[size_t(CollectiveKind::reduce_scatter)],
+                    zero1.per_step[0].calls[size_t(CollectiveKind::all_gather)],
+                    zero1.per_step[0].calls[size_t(CollectiveKind::all_reduce)], zero1.per_step[0].wire_bytes, ddp_total,
+                    zero1_total);
+    }
+}
+
+}  // namespace parallel_test
+
+TEST_CASE("collectives, bytes on the wire and memory per category are exactly as designed", "[parallel][counting]") {
+    pv::World world(nullptr, nullptr);
+    check_counts<__nv_bfloat16>(world);
+    check_counts<double>(world);
+}
