@@ -194,10 +194,11 @@ else
 endif
 
 # The host suites run under several schedules (host/schedule.h, host/stream.cpp): threads and
-# blocks in order; warp-greedy threads with reversed blocks; random threads and blocks with
-# deferred, randomly interleaved streams. The sanitizer flavours use the first and the last.
+# blocks in order, synchronous streams; warp-greedy threads with reversed blocks and streams
+# deferred in bursts (one stream runs far ahead of another); random threads and blocks with
+# deferred streams interleaved item by item. The sanitizer flavours use the first and the last.
 S_IN_ORDER := --schedule 'in-order:'
-S_WARP_GREEDY := --schedule 'warp-greedy:POLEVAULT_HOST_THREAD_ORDER=warp-greedy,POLEVAULT_HOST_BLOCK_ORDER=reverse,POLEVAULT_HOST_SEED=1'
+S_WARP_GREEDY := --schedule 'warp-greedy+bursts:POLEVAULT_HOST_THREAD_ORDER=warp-greedy,POLEVAULT_HOST_BLOCK_ORDER=reverse,POLEVAULT_HOST_SEED=1,POLEVAULT_HOST_STREAMS=bursts'
 S_RANDOM := --schedule 'random+deferred:POLEVAULT_HOST_THREAD_ORDER=random,POLEVAULT_HOST_BLOCK_ORDER=random,POLEVAULT_HOST_SEED=2,POLEVAULT_HOST_STREAMS=deferred'
 ifeq ($(FLAVOUR),host)
   SCHEDULES := $(S_IN_ORDER) $(S_WARP_GREEDY) $(S_RANDOM)

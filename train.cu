@@ -32,6 +32,7 @@
 #include "parallel/train_step.h"
 #include "parallel/world.h"
 #include "parallel/zero1.h"
+#include "parallel/zero2.h"
 #include "train_checkpoint.h"
 #include "train_options.h"
 #include "train_state.h"
@@ -146,8 +147,8 @@ double device_peak_flops() {
 }
 
 template <class T, class G>
-int run_training(const TrainOptions& o, RunData data, const LlamaConfig& config, const std::string& resume_dir,
-                 World& world) {
+int run_training(const TrainOptions& o, const TrainOptions& requested, RunData data, const LlamaConfig& config,
+                 const std::string& resume_dir, World& world) {
     const int ranks = world.size(), rank = world.rank();
     const int accumulation = accumulation_for(o.batch, o.micro_batch, ranks);
     const BatchGeometry geometry{o.batch, o.micro_batch, accumulation, ranks};
@@ -166,11 +167,13 @@ int run_training(const TrainOptions& o, RunData data, const LlamaConfig& config,
     if (const auto problems = validate(lr_config); !problems.empty()) throw std::invalid_argument(problems.front());
 
     // The model's groups split into one shard per rank; the strategy is applied from outside.
-    Llama<T> model(config, o.micro_batch, o.seq_len, 1, o.seed, true, ranks);
+    const bool bound = o.parallel == "zero2";  // ZeRO-2 rotates a few gradient buffers through the units
+    Llama<T> model(config, o.micro_batch, o.seq_len, 1, o.seed, bound ? Gradients::bound : Gradients::owned, ranks);
     std::unique_ptr<Strategy<T, G>> strategy;
     if (o.parallel == "single") strategy = std::make_unique<Single<T, G>>(model);
     else if (o.parallel == "ddp") strategy = std::make_unique<DDP<T, G>>(model, world.comm());
-    else strategy = std::make_unique<Zero1<T, G>>(model, world.comm());
+    else if (o.parallel == "zero1") strategy = std::make_unique<Zero1<T, G>>(model, world.comm());
+    else strategy = std::make_unique<Zero2<T, G>>(model, world.comm());
     std::unique_ptr<AdamWState<T>> optimizer = Trainer<T, G>::make_optimizer(*strategy);
     Trainer<T, G> trainer(*strategy, *optimizer);
     const AdamWSettings adamw{o.beta1, o.beta2, o.eps, o.weight_decay, o.decay_norm_weights, o.stochastic_rounding, o.seed};
@@ -230,7 +233,7 @@ int run_training(const TrainOptions& o, RunData data, const LlamaConfig& config,
         s.data_source = data.source;
         s.train_tokens = train_tokens;
         s.data_fingerprint = fingerprint;
-        s.options = o;
+        s.options = requested;  // as the user gave them (an automatic micro-batch stays automatic)
         s.options.resume.clear();
         s.options.stop_after = 0;
         return s;
@@ -290,7 +293,16 @@ int run_training(const TrainOptions& o, RunData data, const LlamaConfig& config,
     return 0;
 }
 
-int train_command(const TrainOptions& o, const std::string& resume_dir, World& world) {
+int train_command(const TrainOptions& requested, const std::string& resume_dir, World& world) {
+    TrainOptions o = requested;
+    if (o.micro_batch == 0) {  // auto: the largest divisor of batch / ranks up to 8 sequences per pass
+        if (o.batch % world.size() != 0)
+            throw std::invalid_argument("--batch " + std::to_string(o.batch) + " does not split over " +
+                                        std::to_string(world.size()) + " ranks: make --batch a multiple of " +
+                                        std::to_string(world.size()));
+        for (int m = std::min(8, o.batch / world.size()); m >= 1 && o.micro_batch == 0; --m)
+            if (o.batch / world.size() % m == 0) o.micro_batch = m;
+    }
     if (o.fp32_grad_accumulation && o.dtype != "bf16")
         throw std::invalid_argument("--fp32-grad-accumulation is for --dtype bf16 (" + o.dtype +
                                     " gradients already accumulate in their own type); drop the flag");
@@ -299,16 +311,19 @@ int train_command(const TrainOptions& o, const std::string& resume_dir, World& w
                                     " parameters are their own master and are never rounded); drop the flag");
     if (o.parallel == "single" && world.size() > 1)
         throw std::invalid_argument("--parallel single runs on one rank but mpirun started " +
-                                    std::to_string(world.size()) + ": choose --parallel ddp or zero1");
+                                    std::to_string(world.size()) + ": choose --parallel ddp, zero1 or zero2");
+    if (o.parallel == "zero2" && o.fp32_grad_accumulation)
+        throw std::invalid_argument("--parallel zero2 reduces gradients in the storage type: drop "
+                                    "--fp32-grad-accumulation (or use ddp or zero1)");
     accumulation_for(o.batch, o.micro_batch, world.size());  // a bad geometry fails before any data is read
     RunData data = load_run_data(o, resume_dir);
     const LlamaConfig config = model_config(o, int(data.train.front().vocab_size), resume_dir);
     if (o.dtype == "bf16") {
-        if (o.fp32_grad_accumulation) return run_training<__nv_bfloat16, float>(o, std::move(data), config, resume_dir, world);
-        return run_training<__nv_bfloat16, __nv_bfloat16>(o, std::move(data), config, resume_dir, world);
+        if (o.fp32_grad_accumulation) return run_training<__nv_bfloat16, float>(o, requested, std::move(data), config, resume_dir, world);
+        return run_training<__nv_bfloat16, __nv_bfloat16>(o, requested, std::move(data), config, resume_dir, world);
     }
-    if (o.dtype == "fp32") return run_training<float, float>(o, std::move(data), config, resume_dir, world);
-    return run_training<double, double>(o, std::move(data), config, resume_dir, world);
+    if (o.dtype == "fp32") return run_training<float, float>(o, requested, std::move(data), config, resume_dir, world);
+    return run_training<double, double>(o, requested, std::move(data), config, resume_dir, world);
 }
 
 template <class T>
@@ -318,7 +333,7 @@ int sample_with(const SampleOptions& o, const std::string& dir, const TrainerSta
         throw std::runtime_error("checkpoint '" + dir + "' has no tokenizer.json: sampling needs the tokenizer the "
                                  "model was trained with (copy it into the checkpoint directory)");
     const Tokenizer tokenizer = Tokenizer::load(dir + "/tokenizer.json");
-    Llama<T> model(config, 1, state.options.seq_len, 1, o.seed, /*trainable=*/false);
+    Llama<T> model(config, 1, state.options.seq_len, 1, o.seed, Gradients::none);
     load_weights(dir, model);
     std::printf("%s", o.prompt.c_str());
     std::fflush(stdout);

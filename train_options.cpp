@@ -31,7 +31,10 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
     app.add_option("--steps", o.steps, "Optimizer steps (the learning-rate schedule spans them)")->check(CLI::PositiveNumber);
     app.add_option("--batch", o.batch, "Global batch: sequences per optimizer step (= micro-batch x accumulation x ranks)")
         ->check(CLI::PositiveNumber);
-    app.add_option("--micro-batch", o.micro_batch, "Sequences per forward/backward pass")->check(CLI::PositiveNumber);
+    app.add_option("--micro-batch", o.micro_batch,
+                   "Sequences per forward/backward pass (0: the largest divisor of batch / ranks that is at most 8, "
+                   "so the same --batch works at any rank count)")
+        ->check(CLI::NonNegativeNumber);
     app.add_option("--seq-len", o.seq_len, "Tokens per sequence")->check(CLI::PositiveNumber);
     app.add_option("--lr", o.lr, "Peak learning rate")->check(CLI::NonNegativeNumber);
     app.add_option("--schedule", o.schedule, "Learning-rate schedule after warmup: constant, cosine, linear or wsd");
@@ -56,8 +59,9 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
     app.add_option("--seed", o.seed, "Seed of initialisation, data order, stochastic rounding and sampling");
     app.add_option("--parallel", o.parallel,
                    "Strategy over the ranks of mpirun: single (one rank), ddp (replicas, gradients all-reduced "
-                   "in per-unit buckets) or zero1 (optimizer state sharded, gradients reduce-scattered)")
-        ->check(CLI::IsMember({"single", "ddp", "zero1"}));
+                   "in per-unit buckets), zero1 (optimizer state sharded, gradients reduce-scattered) or zero2 "
+                   "(gradients sharded too, reduce-scattered unit by unit during the backward)")
+        ->check(CLI::IsMember({"single", "ddp", "zero1", "zero2"}));
     app.add_option("--eval-interval", o.eval_interval, "Evaluate on the validation data every this many steps (0: never)")
         ->check(CLI::NonNegativeNumber);
     app.add_option("--eval-batches", o.eval_batches, "Micro-batches per evaluation")->check(CLI::PositiveNumber);

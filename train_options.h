@@ -30,7 +30,7 @@ struct TrainOptions {
     // Batch and length (DESIGN.md §4: batch = micro_batch x accumulation x ranks).
     long long steps = 250;
     int batch = 16;
-    int micro_batch = 8;
+    int micro_batch = 0;  // 0: the largest divisor of batch / ranks that is at most 8
     int seq_len = 64;
     // Optimizer.
     double lr = 2e-3;
@@ -45,7 +45,7 @@ struct TrainOptions {
     bool stochastic_rounding = false;
     bool fp32_grad_accumulation = false;
     uint64_t seed = 1337;
-    std::string parallel = "single";  // single, ddp or zero1 (parallel/)
+    std::string parallel = "single";  // single, ddp, zero1 or zero2 (parallel/)
     // Evaluation, output, checkpoints.
     int eval_interval = 50;
     int eval_batches = 4;

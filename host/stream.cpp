@@ -1,11 +1,13 @@
-// Streams and events on the host, in two modes (POLEVAULT_HOST_STREAMS):
+// Streams and events on the host, in three modes (POLEVAULT_HOST_STREAMS):
 //
 // sync (default)  every piece of stream work runs at the call, in program order: a correct CUDA
 //                 execution, and the easiest to debug.
 // deferred        work is queued and runs later, when the host synchronises (stream, event or
 //                 device synchronisation, a synchronous copy, cudaFree). An executor then picks,
 //                 at random (POLEVAULT_HOST_SEED), which stream whose next item is ready runs next,
-//                 so independent streams interleave in every order CUDA allows. Ready means: the
+//                 so independent streams interleave in every order CUDA allows.
+// bursts          deferred, but the executor runs one stream for a random burst of items before
+//                 switching (run_until): one stream runs far ahead of another. Ready means: the
 //                 stream's earlier items are done, the event a cudaStreamWaitEvent named has
 //                 happened, and the legacy default stream's implicit synchronisation with blocking
 //                 streams holds. A kernel that reads what another stream has not finished writing,
@@ -58,16 +60,21 @@ struct CUevent_st {
 namespace pv::host {
 namespace {
 
-bool deferred_mode() {
-    static const bool deferred = [] {
+enum class Mode { sync, deferred, bursts };
+
+Mode stream_mode() {
+    static const Mode mode = [] {
         const char* v = std::getenv("POLEVAULT_HOST_STREAMS");
-        if (!v || !*v || std::strcmp(v, "sync") == 0) return false;
-        if (std::strcmp(v, "deferred") == 0) return true;
-        std::fprintf(stderr, "polevault host: POLEVAULT_HOST_STREAMS=%s; use sync or deferred\n", v);
+        if (!v || !*v || std::strcmp(v, "sync") == 0) return Mode::sync;
+        if (std::strcmp(v, "deferred") == 0) return Mode::deferred;
+        if (std::strcmp(v, "bursts") == 0) return Mode::bursts;
+        std::fprintf(stderr, "polevault host: POLEVAULT_HOST_STREAMS=%s; use sync, deferred or bursts\n", v);
         std::exit(2);
     }();
-    return deferred;
+    return mode;
 }
+
+bool deferred_mode() { return stream_mode() != Mode::sync; }
 
 // One lock for all stream state; the executor holds it while it runs items (an item never
 // calls back into the stream API).
@@ -105,11 +112,25 @@ bool ready(const CUstream_st& s) {
     return true;
 }
 
-// Runs queued items, choosing at random among streams whose next item is ready, until `done()`.
+// Runs queued items until `done()`. deferred: each item from a stream chosen at random among
+// those whose next item is ready, so a consumer that does not wait is likely to run before its
+// producer. bursts: the executor keeps running one stream while its next item is ready,
+// switching with probability 1/16 per item or when the stream blocks or empties, so one stream
+// runs far ahead of another, as on a busy GPU, and a missing wait on work issued long before
+// (a buffer reused while a collective still reads it) shows; a choice per item would almost
+// never starve a stream that long.
 template <class Done>
 void run_until(Done done) {
     std::vector<CUstream_st*> candidates;
+    CUstream_st* current = nullptr;
+    const bool bursts = stream_mode() == Mode::bursts;
     while (!done()) {
+        if (bursts && current && ready(*current) && executor_rng.below(16) != 0) {
+            Item item = current->queue.front();
+            current->queue.pop_front();
+            execute(*item);
+            continue;
+        }
         candidates.clear();
         for (CUstream_st* s : {&legacy_stream, &per_thread_stream})
             if (ready(*s)) candidates.push_back(s);
@@ -119,9 +140,9 @@ void run_until(Done done) {
             std::fprintf(stderr, "polevault host: deferred streams cannot make progress (internal error)\n");
             std::abort();
         }
-        CUstream_st* s = candidates[executor_rng.below(candidates.size())];
-        Item item = s->queue.front();
-        s->queue.pop_front();
+        current = candidates[executor_rng.below(candidates.size())];
+        Item item = current->queue.front();
+        current->queue.pop_front();
         execute(*item);
     }
 }

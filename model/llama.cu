@@ -71,9 +71,9 @@ std::vector<ActivationBuffer> activation_layout(const LlamaConfig& c, UnitKind k
 }
 
 template <class T>
-Llama<T>::Llama(const LlamaConfig& config, int batch, int seq_len, int slots, uint64_t seed, bool trainable, int shards,
+Llama<T>::Llama(const LlamaConfig& config, int batch, int seq_len, int slots, uint64_t seed, Gradients gradients, int shards,
                 cudaStream_t stream)
-    : config_(config), batch_(batch), seq_len_(seq_len), stream_(stream) {
+    : config_(config), batch_(batch), seq_len_(seq_len), gradients_(gradients), stream_(stream) {
     validate_or_throw(config_);
     if (batch < 1 || seq_len < 1 || slots < 1)
         throw std::invalid_argument("Llama: batch, seq_len and slots must be >= 1 (got " + std::to_string(batch) + ", " +
@@ -99,7 +99,7 @@ Llama<T>::Llama(const LlamaConfig& config, int batch, int seq_len, int slots, ui
                 init_normal(unit.params + t.offset, t.spec.numel(), 0.02, seed, t.id, 0, stream_);
             }
         }
-        if (trainable) {
+        if (gradients == Gradients::owned) {
             unit.grads = static_cast<T*>(device_alloc(bytes, MemoryCategory::gradients));
             CUDA_CHECK(cudaMemsetAsync(unit.grads, 0, bytes, stream_));
         }
@@ -138,7 +138,7 @@ Llama<T>::~Llama() {
     cudaStreamSynchronize(stream_);
     for (Unit& u : units_) {
         memory_free(u.params);
-        memory_free(u.grads);
+        if (gradients_ == Gradients::owned) memory_free(u.grads);
         for (void* a : u.arenas) memory_free(a);
     }
     memory_free(inv_freq_);
@@ -199,6 +199,12 @@ T* Llama<T>::tensor_grad(const std::string& name) {
         for (const TensorSlot& t : units_[size_t(u)].layout.tensors)
             if (t.spec.name == name) return weight_grad(u, name);
     throw std::invalid_argument("no tensor named '" + name + "'");
+}
+
+template <class T>
+void Llama<T>::bind_grads(int u, T* grads) {
+    if (gradients_ != Gradients::bound) throw std::logic_error("bind_grads: this model owns its gradient buffers");
+    units_.at(size_t(u)).grads = grads;
 }
 
 template <class T>

@@ -59,14 +59,18 @@ struct UnitIO {
     double loss_scale = 1.0;          // head: 1 / (global count of counted tokens), DESIGN.md §4
 };
 
+enum class Gradients { none, owned, bound };
+
 template <class T>
 class Llama {
   public:
     // A model for micro-batches of batch x seq_len tokens, with `slots` activation arenas
     // (micro-batches in flight), parameters initialised from `seed`, groups splittable into
-    // `shards`. `trainable` allocates gradient buffers.
-    Llama(const LlamaConfig& config, int batch, int seq_len, int slots, uint64_t seed, bool trainable = true,
-          int shards = 1, cudaStream_t stream = nullptr);
+    // `shards`. `gradients`: none (inference), owned (one gradient buffer per unit, allocated
+    // here) or bound (the caller binds a buffer to a unit before its backward: ZeRO-2/3 keep
+    // only a few full-size gradient buffers alive and rotate them through the units).
+    Llama(const LlamaConfig& config, int batch, int seq_len, int slots, uint64_t seed,
+          Gradients gradients = Gradients::owned, int shards = 1, cudaStream_t stream = nullptr);
     ~Llama();
     Llama(const Llama&) = delete;
     Llama& operator=(const Llama&) = delete;
@@ -93,8 +97,12 @@ class Llama {
     const GroupLayout& layout(int u) const { return units_[size_t(u)].layout; }
     T* params(int u) { return units_[size_t(u)].params; }
     T* grads(int u) { return units_[size_t(u)].grads; }
-    // Sets every gradient (padding included) to zero: the start of an optimizer step.
+    // Sets every gradient (padding included) to zero: the start of an optimizer step. Units
+    // without a buffer (bound gradients not bound now) are skipped.
     void zero_grads();
+    // Gradients::bound: unit u's backward accumulates into `grads` (layout(u).padded elements)
+    // until another buffer is bound; the buffer stays the caller's.
+    void bind_grads(int u, T* grads);
     // The device pointer of a tensor by name ("wte", "layers.0.w_qkv", ...).
     T* tensor(const std::string& name);
     T* tensor_grad(const std::string& name);
@@ -121,6 +129,7 @@ class Llama {
 
     LlamaConfig config_;
     int batch_, seq_len_;
+    Gradients gradients_;
     cudaStream_t stream_;
     cublasHandle_t cublas_ = nullptr;
     std::vector<Unit> units_;

@@ -61,7 +61,7 @@ class Strategy {
     long long owned_len(int u) const { return sharded_optimizer() ? slice_len(u) : model_.layout(u).padded; }
 
     // The start of an optimizer step: gradients to zero.
-    void begin_step() {
+    virtual void begin_step() {
         model_.zero_grads();
         for (auto& g : grad32_) CUDA_CHECK(cudaMemsetAsync(g.get(), 0, g.bytes(), model_.stream()));
     }
@@ -74,7 +74,9 @@ class Strategy {
     // One micro-step's backward; `last` marks the last micro-step of the optimizer step.
     void backward(int slot, const int* tokens, const int* targets, double loss_scale, bool last) {
         if (!grad32_.empty()) model_.zero_grads();  // each micro-step's T gradients, then added up
-        single_backward(model_, slot, tokens, targets, loss_scale, [&](int u) {
+        single_backward(
+            model_, slot, tokens, targets, loss_scale, [&](int u) { before_unit_backward(u); },
+            [&](int u) {
             if constexpr (!std::is_same_v<G, T>)
                 accumulate(grad32_[size_t(u)].get(), model_.grads(u), model_.layout(u).padded, model_.stream());
             after_unit_backward(u, last);
@@ -85,18 +87,20 @@ class Strategy {
     // compute stream's timeline.
     virtual void finish_gradients() = 0;
 
-    // Unit u's full gradient buffer, and the gradient of the owned range (element owned_begin).
+    // Unit u's full gradient buffer (where it has one), and the reduced gradient of this rank's
+    // slice and of the range its optimizer owns (element owned_begin).
     G* grads(int u) {
         if constexpr (std::is_same_v<G, T>) return model_.grads(u);
         else return grad32_[size_t(u)].get();
     }
-    const G* owned_grads(int u) { return grads(u) + owned_begin(u); }
+    virtual const G* slice_grads(int u) { return grads(u) + slice_begin(u); }
+    virtual const G* owned_grads(int u) { return grads(u) + owned_begin(u); }
 
     // The squared global gradient norm (header comment), written to `out` (one device double;
     // `scratch` a second one) and returned.
     double global_grad_norm_sq(double* out, double* scratch) {
         for (int u = 0; u < model_.num_units(); ++u)  // with one rank the slice is the group
-            sum_of_squares_launch(grads(u) + slice_begin(u), slice_len(u), out, norm_scratch_.get(), u > 0, model_.stream());
+            sum_of_squares_launch(slice_grads(u), slice_len(u), out, norm_scratch_.get(), u > 0, model_.stream());
         if (comm_) {
             comm_->fence_from(model_.stream());
             comm_->all_reduce(out, scratch, 1);
@@ -113,6 +117,7 @@ class Strategy {
     virtual void after_update() {}
 
   protected:
+    virtual void before_unit_backward(int /*u*/) {}
     virtual void after_unit_backward(int /*u*/, bool /*last*/) {}
 
     Llama<T>& model_;

@@ -2,7 +2,7 @@
 //
 // Forward: embedding -> blocks -> head, each unit reading the previous unit's output from that
 // unit's arena. Backward: head -> blocks -> embedding, the residual stream's gradient passed
-// between two buffers in turn, with an optional hook after each unit (where DDP starts a
+// between two buffers in turn, with optional hooks around each unit (where DDP starts a
 // bucket's all-reduce). The caller zeroes the gradients at the start of an optimizer step and
 // passes the loss scale 1 / (global count of counted tokens) (DESIGN.md §4).
 #pragma once
@@ -26,10 +26,11 @@ void single_forward(Llama<T>& model, int slot, const int* tokens, const int* tar
     }
 }
 
-// `after_unit(u)`, if given, runs after unit u's backward (the hook strategies communicate in).
-template <class T, class AfterUnit>
+// `before_unit(u)` and `after_unit(u)` run around unit u's backward: the hooks strategies
+// communicate in (and where ZeRO binds a gradient buffer to the unit).
+template <class T, class BeforeUnit, class AfterUnit>
 void single_backward(Llama<T>& model, int slot, const int* tokens, const int* targets, double loss_scale,
-                     AfterUnit&& after_unit) {
+                     BeforeUnit&& before_unit, AfterUnit&& after_unit) {
     const int units = model.num_units();
     int current = 0;  // which residual-gradient buffer holds the gradient of the next unit's input
     for (int u = units - 1; u >= 0; --u) {
@@ -40,6 +41,7 @@ void single_backward(Llama<T>& model, int slot, const int* tokens, const int* ta
         io.residual_in = u > 0 ? model.unit_output(u - 1, slot) : nullptr;
         if (u + 1 < units) io.dresidual_out = model.residual_grad(current);
         if (u > 0) io.dresidual_in = model.residual_grad(u + 1 < units ? 1 - current : current);
+        before_unit(u);
         model.backward_unit(u, slot, io);
         if (u > 0 && u + 1 < units) current = 1 - current;
         after_unit(u);
@@ -48,7 +50,7 @@ void single_backward(Llama<T>& model, int slot, const int* tokens, const int* ta
 
 template <class T>
 void single_backward(Llama<T>& model, int slot, const int* tokens, const int* targets, double loss_scale) {
-    single_backward(model, slot, tokens, targets, loss_scale, [](int) {});
+    single_backward(model, slot, tokens, targets, loss_scale, [](int) {}, [](int) {});
 }
 
 }  // namespace pv

@@ -37,20 +37,7 @@
 #include <string>
 #include <thread>
 
-#if defined(__SANITIZE_ADDRESS__)
-// Open MPI opens and closes plugins during MPI_Init; LeakSanitizer cannot attribute what a closed
-// plugin lost. Keeping every library loaded (this binary's dlclose does nothing) lets the
-// suppressions below name them.
-extern "C" int dlclose(void*) { return 0; }
-#endif
-
-extern "C" const char* __lsan_default_suppressions() {
-    return "leak:libmpi.so\nleak:libopen-pal.so\nleak:libopen-rte.so\nleak:libpmix.so\nleak:libhwloc.so\n"
-           "leak:libevent\nleak:/openmpi/lib/openmpi3/\nleak:/pmix2/lib/\n"
-           // Strings Open MPI builds with asprintf: the fast unwinder stops inside libc (no frame
-           // pointers), so only the libc function is known. Our code never calls asprintf.
-           "leak:__vasprintf_internal\n";
-}
+// Open MPI's own leaks are suppressed for every host binary in host/mpi_sanitizer.cpp.
 
 namespace mpi_main {
 

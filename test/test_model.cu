@@ -161,7 +161,7 @@ TEST_CASE("whole-model gradient check (fp64): random directions and sampled coor
 TEST_CASE("forward-only evaluation gives next-token logits equal to the reference's (fp64)", "[model]") {
     const pv::LlamaConfig& c = pv::preset("test-tiny");
     const int B = 1, Tn = 9;
-    pv::Llama<double> m(c, B, Tn, 2, 123, /*trainable=*/false);
+    pv::Llama<double> m(c, B, Tn, 2, 123, pv::Gradients::none);
     const Batch b = make_batch(c, B, Tn, 10);
     DeviceArray<int> tokens(b.tokens);
     pv::single_forward<double>(m, 1, tokens.get(), nullptr, nullptr, nullptr);  // slot 1, no targets

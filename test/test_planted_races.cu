@@ -63,6 +63,11 @@ __global__ void double_into(const float* x, float* y, int n) {
     if (i < n) y[i] = 2.0f * x[i];
 }
 
+__global__ void set_value(float* x, float v, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = v;
+}
+
 // Block b adds its input to block b-1's output: right only if blocks run in order, one at a time.
 __global__ void chained_prefix(const float* in, float* out) {
     if (threadIdx.x == 0) out[blockIdx.x] = in[blockIdx.x] + (blockIdx.x > 0 ? out[blockIdx.x - 1] : 0.0f);
@@ -122,9 +127,45 @@ void run_two_streams(bool wait_for_event) {
     CUDA_CHECK(cudaStreamDestroy(consumer));
 }
 
+// A buffer reused while another stream still reads it (ZeRO-2 rotates gradient buffers this
+// way): each round the writer fills x, the reader (after an event) copies it out, and the writer
+// goes on with other work and then refills x for the next round. Without waiting for the reader
+// the refill can overtake the copy — but only if the writer runs far ahead, which a per-item
+// random choice of stream almost never does and the bursts mode often does.
+void run_reuse(bool wait_for_reader) {
+    const int n = 1024, rounds = 20;
+    DeviceArray<float> x{size_t(n)}, y{size_t(n) * rounds}, busy(random_vector<float>(size_t(n), 35));
+    cudaStream_t writer, reader;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&writer, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&reader, cudaStreamNonBlocking));
+    cudaEvent_t written, read;
+    CUDA_CHECK(cudaEventCreateWithFlags(&written, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&read, cudaEventDisableTiming));
+    for (int r = 0; r < rounds; ++r) {
+        launch(set_value, dim3(n / 256), dim3(256), 0, writer, x.get(), float(r), n);
+        CUDA_CHECK(cudaEventRecord(written, writer));
+        CUDA_CHECK(cudaStreamWaitEvent(reader, written, 0));
+        launch(double_into, dim3(n / 256), dim3(256), 0, reader, x.get(), y.get() + size_t(r) * n, n);
+        CUDA_CHECK(cudaEventRecord(read, reader));
+        for (int k = 0; k < 4; ++k) launch(add_one, dim3(n / 256), dim3(256), 0, writer, busy.get(), n);
+        if (wait_for_reader) CUDA_CHECK(cudaStreamWaitEvent(writer, read, 0));
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const auto got = y.download();
+    for (int r = 0; r < rounds; ++r)
+        for (int i = 0; i < n; ++i) REQUIRE(got[size_t(r) * n + size_t(i)] == 2.0f * float(r));
+    CUDA_CHECK(cudaEventDestroy(written));
+    CUDA_CHECK(cudaEventDestroy(read));
+    CUDA_CHECK(cudaStreamDestroy(writer));
+    CUDA_CHECK(cudaStreamDestroy(reader));
+}
+
 }  // namespace planted_races
 
 using namespace planted_races;
+
+TEST_CASE("planted: buffer reused before its reader finished", "[.planted]") { run_reuse(false); }
+TEST_CASE("planted: buffer reused before its reader finished - fixed", "[.planted]") { run_reuse(true); }
 
 // ---- the programs (hidden; run by name in a child) --------------------------------------------
 
@@ -192,6 +233,18 @@ TEST_CASE("a missing cudaStreamWaitEvent: hidden by synchronous streams, wrong u
     for (const char* seed : {"1", "2", "3"}) {
         CHECK(fails("planted: missing stream wait", schedule("in-order", "in-order", "deferred", seed)));
         CHECK_FALSE(fails("planted: missing stream wait - fixed", schedule("random", "random", "deferred", seed)));
+    }
+}
+
+TEST_CASE("a buffer reused before its reader finished: wrong when one stream runs far ahead (bursts)",
+          "[host-only][planted][schedules]") {
+    CHECK_FALSE(fails("planted: buffer reused before its reader finished", schedule("in-order", "in-order", "sync")));
+    for (const char* seed : {"1", "2", "3"}) {
+        CHECK(fails("planted: buffer reused before its reader finished", schedule("in-order", "in-order", "bursts", seed)));
+        CHECK_FALSE(fails("planted: buffer reused before its reader finished - fixed",
+                          schedule("random", "random", "bursts", seed)));
+        CHECK_FALSE(fails("planted: buffer reused before its reader finished - fixed",
+                          schedule("random", "random", "deferred", seed)));
     }
 }
 

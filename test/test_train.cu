@@ -349,26 +349,30 @@ Run run_mpi(int ranks, const std::string& per_rank_command) {
 
 }  // namespace train_test
 
-TEST_CASE("train under mpirun: zero1 and ddp train identically, and rank 0 alone reports", "[train][mpi]") {
+TEST_CASE("train under mpirun: zero1, zero2 and ddp train identically, and rank 0 alone reports", "[train][mpi]") {
     TempDir dir("train_mpi");
     const std::string run = (build_dir() / "train").string() + " " + kTiny + " --sample-tokens 0 ";
     const Run ddp = run_mpi(2, run + "--parallel ddp --out-dir " + dir.file("ddp"));
     const Run zero1 = run_mpi(2, run + "--parallel zero1 --out-dir " + dir.file("zero1"));
-    INFO(ddp.output << "\n----\n" << zero1.output);
+    const Run zero2 = run_mpi(2, run + "--parallel zero2 --out-dir " + dir.file("zero2"));
+    INFO(ddp.output << "\n----\n" << zero1.output << "\n----\n" << zero2.output);
     REQUIRE(ddp.status == 0);
     REQUIRE(zero1.status == 0);
+    REQUIRE(zero2.status == 0);
     REQUIRE(losses(ddp.output).size() == 6);  // one report, not one per rank
     REQUIRE(losses(zero1.output) == losses(ddp.output));
+    REQUIRE(losses(zero2.output) == losses(ddp.output));  // accumulation 1: the same sums
     REQUIRE(zero1.output.find("x 2 rank(s), strategy zero1") != std::string::npos);
     // The sharded optimizer state was gathered into whole tensors: the checkpoints are identical.
     for (const char* f : {"model.safetensors", "master.safetensors", "adam_m.safetensors", "adam_v.safetensors"}) {
         INFO(f);
         REQUIRE(read_file(fs::path(dir.file("ddp")) / "step_6" / f) == read_file(fs::path(dir.file("zero1")) / "step_6" / f));
+        REQUIRE(read_file(fs::path(dir.file("ddp")) / "step_6" / f) == read_file(fs::path(dir.file("zero2")) / "step_6" / f));
     }
     // --parallel single cannot span ranks.
     const Run single = run_mpi(2, run + "--parallel single --out-dir " + dir.file("single"));
     REQUIRE(single.status != 0);
-    REQUIRE(single.output.find("choose --parallel ddp or zero1") != std::string::npos);
+    REQUIRE(single.output.find("choose --parallel ddp, zero1 or zero2") != std::string::npos);
 }
 
 TEST_CASE("train under mpirun: a failure on one rank ends every rank within 60 s with its message", "[train][mpi]") {

@@ -16,6 +16,7 @@
 #include "parallel/train_step.h"
 #include "parallel/world.h"
 #include "parallel/zero1.h"
+#include "parallel/zero2.h"
 
 #include <cmath>
 #include <array>
@@ -82,6 +83,7 @@ struct RunResult {
     std::vector<pv::Comm::Totals> per_step;              // collectives of each step
     std::vector<std::vector<pv::CollectiveRecord>> logs; // and their records
     long long psi = 0;                                   // Σ padded group elements (Ψ with padding)
+    std::vector<long long> padded;                       // per unit
     int units = 0;
     std::array<double, pv::kMemoryCategoryCount> peak{}; // peak bytes per category during the run
 };
@@ -98,24 +100,26 @@ std::vector<double> download(const T* p, long long n) {
 // Trains kSteps steps of the global batch (kMicro × kAccumulation × ranks sequences) with
 // `strategy` ("single", "ddp", "zero1") on `comm` (null: single on one rank, all of the batch).
 template <class T, class G = T>
-RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks) {
+RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, int accumulation = kAccumulation) {
     const pv::LlamaConfig config = awkward_model(world_ranks);
     const int ranks = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
     const pv::MemoryStats before = pv::memory_stats();
     pv::reset_memory_peaks();
     RunResult r;
     {
-    pv::Llama<T> model(config, kMicro, kSeq, 1, 42, true, ranks);
+    pv::Llama<T> model(config, kMicro, kSeq, 1, 42, strategy == "zero2" ? pv::Gradients::bound : pv::Gradients::owned,
+                       ranks);
     std::unique_ptr<pv::Strategy<T, G>> s;
     if (strategy == "single") s = std::make_unique<pv::Single<T, G>>(model);
     else if (strategy == "ddp") s = std::make_unique<pv::DDP<T, G>>(model, *comm);
-    else s = std::make_unique<pv::Zero1<T, G>>(model, *comm);
+    else if (strategy == "zero1") s = std::make_unique<pv::Zero1<T, G>>(model, *comm);
+    else s = std::make_unique<pv::Zero2<T, G>>(model, *comm);
     auto optimizer = pv::Trainer<T, G>::make_optimizer(*s);
     pv::Trainer<T, G> trainer(*s, *optimizer);
     pv::AdamWSettings adamw;
     adamw.weight_decay = 0.1;
     adamw.seed = 7;
-    const int global = kMicro * kAccumulation * world_ranks, per_rank = global / ranks;
+    const int global = kMicro * accumulation * world_ranks, per_rank = global / ranks;
     for (long long step = 0; step < kSteps; ++step) {
         if (comm) comm->clear_log();
         const auto micro = micro_batches(step, rank * per_rank, per_rank, config.vocab_size);
@@ -126,7 +130,7 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks) {
     for (int u = 0; u < model.num_units(); ++u)
         for (const pv::TensorSlot& t : model.layout(u).tensors)
             r.tensors[t.spec.name] = download(model.params(u) + t.offset, t.spec.numel());
-    for (int u = 0; u < model.num_units(); ++u) r.psi += model.layout(u).padded;
+    for (int u = 0; u < model.num_units(); ++u) r.psi += model.layout(u).padded, r.padded.push_back(model.layout(u).padded);
     r.units = model.num_units();
     const pv::MemoryStats after = pv::memory_stats();
     for (int c = 0; c < pv::kMemoryCategoryCount; ++c) r.peak[size_t(c)] = double(after.peak[size_t(c)]) - double(before.current[size_t(c)]);
@@ -142,33 +146,36 @@ double relative_norm_error(const std::vector<double>& x, const std::vector<doubl
 
 // The single-rank reference on this rank's own communicator.
 template <class T>
-RunResult reference(pv::World& world) {
-    return train<T>("single", nullptr, world.size());
+RunResult reference(pv::World& world, int accumulation = kAccumulation) {
+    return train<T>("single", nullptr, world.size(), accumulation);
 }
 
 }  // namespace parallel_test
 
 using namespace parallel_test;
 
-TEST_CASE("ddp and zero1 train the model single trains: fp64 within 1e-10, zero1 bit-identical to ddp",
+TEST_CASE("ddp, zero1 and zero2 train the model single trains: fp64 within 1e-10, zero1 bit-identical to ddp",
           "[parallel][parity]") {
     pv::World world(nullptr, nullptr);  // the world communicator, per test case (MPI is already up)
     const RunResult single = reference<double>(world);
     const RunResult ddp = train<double>("ddp", &world.comm(), world.size());
     const RunResult zero1 = train<double>("zero1", &world.comm(), world.size());
+    const RunResult zero2 = train<double>("zero2", &world.comm(), world.size());
     REQUIRE(single.losses.size() == size_t(kSteps));
     for (int s = 0; s < kSteps; ++s) {
         INFO("step " << s + 1 << ": single " << single.losses[size_t(s)] << ", ddp " << ddp.losses[size_t(s)]);
         CHECK(std::abs(ddp.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-10 * std::abs(single.losses[size_t(s)]));
         CHECK(zero1.losses[size_t(s)] == ddp.losses[size_t(s)]);
+        CHECK(std::abs(zero2.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-10 * std::abs(single.losses[size_t(s)]));
     }
     for (const auto& [name, ref] : single.tensors) {
         INFO(name);
         CHECK(relative_norm_error(ddp.tensors.at(name), ref) <= 1e-10);
         CHECK(zero1.tensors.at(name) == ddp.tensors.at(name));
+        CHECK(relative_norm_error(zero2.tensors.at(name), ref) <= 1e-10);
     }
     // Training moved every tensor (parity of untouched weights would prove nothing).
-    pv::Llama<double> initial(awkward_model(world.size()), kMicro, kSeq, 1, 42, false);
+    pv::Llama<double> initial(awkward_model(world.size()), kMicro, kSeq, 1, 42, pv::Gradients::none);
     for (int u = 0; u < initial.num_units(); ++u)
         for (const pv::TensorSlot& t : initial.layout(u).tensors) {
             INFO(t.spec.name);
@@ -177,18 +184,37 @@ TEST_CASE("ddp and zero1 train the model single trains: fp64 within 1e-10, zero1
         }
 }
 
-TEST_CASE("bf16 ddp and zero1 losses stay within 1e-2 of single, fp32 gradient accumulation too",
+// With accumulation 1 ZeRO-2 sums exactly DDP's terms (one reduce-scatter of the same buffer
+// per unit, nothing added to a zero slice changes it), so the bits must agree; with accumulation 2
+// it reduces each micro-step before summing them, which DDP does the other way round.
+TEST_CASE("zero2 with accumulation 1 is bit-identical to ddp", "[parallel][parity]") {
+    pv::World world(nullptr, nullptr);
+    const RunResult ddp = train<double>("ddp", &world.comm(), world.size(), 1);
+    const RunResult zero2 = train<double>("zero2", &world.comm(), world.size(), 1);
+    CHECK(zero2.losses == ddp.losses);
+    for (const auto& [name, ref] : ddp.tensors) {
+        INFO(name);
+        CHECK(zero2.tensors.at(name) == ref);
+    }
+    const RunResult ddp16 = train<__nv_bfloat16>("ddp", &world.comm(), world.size(), 1);
+    const RunResult zero216 = train<__nv_bfloat16>("zero2", &world.comm(), world.size(), 1);
+    CHECK(zero216.losses == ddp16.losses);
+}
+
+TEST_CASE("bf16 ddp, zero1 and zero2 losses stay within 1e-2 of single, fp32 gradient accumulation too",
           "[parallel][parity]") {
     pv::World world(nullptr, nullptr);
     const RunResult single = reference<__nv_bfloat16>(world);
     const RunResult ddp = train<__nv_bfloat16>("ddp", &world.comm(), world.size());
     const RunResult zero1 = train<__nv_bfloat16, float>("zero1", &world.comm(), world.size());
     const RunResult ddp32 = train<__nv_bfloat16, float>("ddp", &world.comm(), world.size());
+    const RunResult zero2 = train<__nv_bfloat16>("zero2", &world.comm(), world.size());
     for (int s = 0; s < kSteps; ++s) {
         INFO("step " << s + 1);
         CHECK(std::abs(ddp.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-2 * std::abs(single.losses[size_t(s)]));
         CHECK(std::abs(zero1.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-2 * std::abs(single.losses[size_t(s)]));
         CHECK(zero1.losses[size_t(s)] == ddp32.losses[size_t(s)]);
+        CHECK(std::abs(zero2.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-2 * std::abs(single.losses[size_t(s)]));
     }
 }
 
@@ -209,7 +235,9 @@ void check_counts(pv::World& world) {
     const double master = std::is_same_v<T, __nv_bfloat16> ? 4 : 0;
     const RunResult ddp = train<T>("ddp", &world.comm(), world.size());
     const RunResult zero1 = train<T>("zero1", &world.comm(), world.size());
+    const RunResult zero2 = train<T>("zero2", &world.comm(), world.size());
     const double psi = double(ddp.psi), scalars = 8 + 8 + 8;  // count, loss, norm
+    const double A = kAccumulation;
     REQUIRE(zero1.psi == ddp.psi);
     REQUIRE(ddp.psi % (world.size() * 64LL) == 0);
     for (int s = 0; s < kSteps; ++s) {
@@ -224,6 +252,11 @@ void check_counts(pv::World& world) {
         CHECK(z.calls[size_t(CollectiveKind::reduce_scatter)] == zero1.units);
         CHECK(z.calls[size_t(CollectiveKind::all_gather)] == zero1.units);
         CHECK(z.wire_bytes == Approx(2 * (n - 1) / n * scalars + 2 * (n - 1) / n * psi * t).epsilon(1e-12));
+        const auto& z2 = zero2.per_step[size_t(s)];
+        CHECK(z2.calls[size_t(CollectiveKind::all_reduce)] == 3);
+        CHECK(z2.calls[size_t(CollectiveKind::reduce_scatter)] == kAccumulation * zero2.units);
+        CHECK(z2.calls[size_t(CollectiveKind::all_gather)] == zero2.units);
+        CHECK(z2.wire_bytes == Approx(2 * (n - 1) / n * scalars + (A + 1) * (n - 1) / n * psi * t).epsilon(1e-12));
         // The count is an integer all-reduce and comes first, before any backward's bucket.
         CHECK(ddp.logs[size_t(s)].front().dtype == ncclInt64);
     }
@@ -234,6 +267,19 @@ void check_counts(pv::World& world) {
     CHECK(category(zero1, C::parameters) == psi * t);
     CHECK(category(zero1, C::gradients) == psi * t);
     CHECK(category(zero1, C::optimizer_state) == psi / n * (master + 2 * a));
+    // ZeRO-2: the reduced slices, plus two rotating buffers of the largest block or head and the
+    // tied embedding's own (DESIGN.md §3).
+    double largest = 0;
+    for (size_t u = 1; u < zero2.padded.size(); ++u) largest = std::max(largest, double(zero2.padded[u]));
+    const double rotating = (2 * largest + double(zero2.padded[0])) * t;
+    CHECK(category(zero2, C::parameters) == psi * t);
+    CHECK(category(zero2, C::gradients) == psi / n * t + rotating);
+    CHECK(category(zero2, C::optimizer_state) == psi / n * (master + 2 * a));
+    CHECK(category(zero2, C::comm_buffers) == 0);
+    const double zero2_total =
+        category(zero2, C::parameters) + category(zero2, C::gradients) + category(zero2, C::optimizer_state);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) CHECK(zero2_total == 2 * psi + 14 * psi / n + rotating);
+    else CHECK(zero2_total == 8 * psi + 24 * psi / n + rotating);
     const double ddp_total = category(ddp, C::parameters) + category(ddp, C::gradients) + category(ddp, C::optimizer_state);
     const double zero1_total =
         category(zero1, C::parameters) + category(zero1, C::gradients) + category(zero1, C::optimizer_state);
@@ -249,13 +295,17 @@ void check_counts(pv::World& world) {
     if (world.rank() == 0) {
         std::printf("counts, N = %d, %s: psi %.0f; per step ddp %lld all-reduce, %.0f bytes; zero1 %lld reduce-scatter + "
                     "%lld all-gather + %lld all-reduce, %.0f bytes; memory per rank (params + grads + optimizer): "
-                    "ddp %.0f, zero1 %.0f bytes\n",
+                    "ddp %.0f, zero1 %.0f bytes; zero2 %lld reduce-scatter + %lld all-gather + %lld all-reduce, %.0f "
+                    "bytes, memory %.0f (rotating buffers %.0f)\n",
                     world.size(), std::is_same_v<T, double> ? "fp64" : "bf16", psi,
                     ddp.per_step[0].calls[size_t(CollectiveKind::all_reduce)], ddp.per_step[0].wire_bytes,
                     zero1.per_step[0].calls[size_t(CollectiveKind::reduce_scatter)],
                     zero1.per_step[0].calls[size_t(CollectiveKind::all_gather)],
                     zero1.per_step[0].calls[size_t(CollectiveKind::all_reduce)], zero1.per_step[0].wire_bytes, ddp_total,
-                    zero1_total);
+                    zero1_total, zero2.per_step[0].calls[size_t(CollectiveKind::reduce_scatter)],
+                    zero2.per_step[0].calls[size_t(CollectiveKind::all_gather)],
+                    zero2.per_step[0].calls[size_t(CollectiveKind::all_reduce)], zero2.per_step[0].wire_bytes, zero2_total,
+                    rotating);
     }
 }
 

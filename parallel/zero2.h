@@ -1,0 +1,101 @@
+// ZeRO-2 (DESIGN.md §3-4): ZeRO-1, and the gradients sharded too. A unit's full-size gradient
+// exists only from just before its backward until its reduce-scatter has consumed it.
+//
+// Buffers. Rank r keeps, per unit, only the reduced gradient of its slice r (Ψ/N elements in
+// all), accumulated over micro-steps. Full-size gradients live in two rotating buffers the size of
+// the largest unit: before unit u's backward one is bound to the unit (Llama's Gradients::bound)
+// and zeroed; after it, on the communication stream, the buffer is reduce-scattered in place and
+// its slice r added into the slice accumulator; an event then marks the buffer free, and the
+// compute stream waits for that event before binding the buffer to the unit after next. So the
+// backward of unit u − 1 overlaps the reduce-scatter of unit u, and never more than two
+// full-size unit gradients exist. A tied embedding is the exception DESIGN.md §3 names: the
+// head's backward already writes the embedding's gradient, so the embedding unit has a buffer of
+// its own, bound from the head's backward to the embedding's.
+//
+// Per optimizer step with accumulation A that is A reduce-scatters per unit and one all-gather
+// of the parameters: (A + 1)·(N − 1)/N·Ψ elements. Memory (bf16): parameters 2Ψ, slices 2Ψ/N,
+// optimizer state 12Ψ/N, plus the rotating buffers: 2Ψ + 14Ψ/N + 2·2·max unit (+ the embedding).
+//
+// The update and the parameter all-gather are ZeRO-1's. Gradients are reduced in the run's
+// storage type; fp32 gradient accumulation is not supported here (the slices would have to be
+// float and the reduce-scatter too).
+#pragma once
+
+#include "parallel/zero1.h"
+
+#include <stdexcept>
+
+namespace pv {
+
+template <class T, class G>
+class Zero2 : public Zero1<T, G> {
+  public:
+    // The model must have been built with Gradients::bound.
+    Zero2(Llama<T>& model, Comm& comm) : Zero1<T, G>(model, comm) {
+        if constexpr (!std::is_same_v<G, T>)
+            throw std::invalid_argument("zero2 reduces gradients in the storage type: drop --fp32-grad-accumulation");
+        const int units = model.num_units();
+        long long largest = 0;
+        for (int u = 0; u < units; ++u) {
+            slices_.emplace_back(size_t(this->slice_len(u)), MemoryCategory::gradients);
+            if (u > 0 || !tied()) largest = std::max(largest, model.layout(u).padded);
+        }
+        for (int b = 0; b < 2; ++b) rotating_.emplace_back(size_t(largest), MemoryCategory::gradients);
+        if (tied()) embedding_ = DeviceBuffer<T>(size_t(model.layout(0).padded), MemoryCategory::gradients);
+        for (cudaEvent_t& e : free_) {
+            CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+            CUDA_CHECK(cudaEventRecord(e, comm.stream()));
+        }
+    }
+    ~Zero2() override {
+        for (cudaEvent_t e : free_) cudaEventDestroy(e);
+    }
+
+    const char* name() const override { return "zero2"; }
+
+    void begin_step() override {
+        for (auto& s : slices_) CUDA_CHECK(cudaMemsetAsync(s.get(), 0, s.bytes(), this->model_.stream()));
+    }
+    void finish_gradients() override { this->comm_->fence_to(this->model_.stream()); }
+    const G* slice_grads(int u) override { return slices_[size_t(u)].get(); }
+    const G* owned_grads(int u) override { return slices_[size_t(u)].get(); }
+
+  protected:
+    bool tied() const { return this->model_.config().tie_embeddings; }
+    int last() const { return this->model_.num_units() - 1; }
+    // Which buffer unit u's gradient is in: 2 = the embedding's own, else a rotating one.
+    int buffer_of(int u) const { return u == 0 && tied() ? 2 : (last() - u) % 2; }
+    T* buffer(int b) { return b == 2 ? embedding_.get() : rotating_[size_t(b)].get(); }
+
+    void bind(int u) {
+        const int b = buffer_of(u);
+        cudaStream_t compute = this->model_.stream();
+        CUDA_CHECK(cudaStreamWaitEvent(compute, free_[b], 0));  // its last reduce-scatter is done
+        CUDA_CHECK(cudaMemsetAsync(buffer(b), 0, size_t(this->model_.layout(u).padded) * sizeof(T), compute));
+        this->model_.bind_grads(u, buffer(b));
+    }
+
+    void before_unit_backward(int u) override {
+        if (u == last() && tied()) bind(0);  // the head writes the embedding's gradient first
+        if (u > 0 || !tied()) bind(u);
+    }
+
+    void after_unit_backward(int u, bool /*last*/) override {
+        Comm& c = *this->comm_;
+        const int b = buffer_of(u);
+        T* full = buffer(b);
+        const long long begin = this->slice_begin(u), len = this->slice_len(u);
+        c.fence_from(this->model_.stream());
+        c.reduce_scatter(full, full + begin, size_t(len));
+        if constexpr (std::is_same_v<G, T>) accumulate(slices_[size_t(u)].get(), full + begin, len, c.stream());
+        CUDA_CHECK(cudaEventRecord(free_[b], c.stream()));
+    }
+
+  private:
+    std::vector<DeviceBuffer<G>> slices_;    // per unit: this rank's reduced slice, summed over micro-steps
+    std::vector<DeviceBuffer<T>> rotating_;  // two full-size unit gradients
+    DeviceBuffer<T> embedding_;              // the tied embedding's own
+    cudaEvent_t free_[3] = {};
+};
+
+}  // namespace pv
