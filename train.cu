@@ -33,6 +33,7 @@
 #include "parallel/world.h"
 #include "parallel/zero1.h"
 #include "parallel/zero2.h"
+#include "parallel/zero3.h"
 #include "train_checkpoint.h"
 #include "train_options.h"
 #include "train_state.h"
@@ -167,19 +168,26 @@ int run_training(const TrainOptions& o, const TrainOptions& requested, RunData d
     if (const auto problems = validate(lr_config); !problems.empty()) throw std::invalid_argument(problems.front());
 
     // The model's groups split into one shard per rank; the strategy is applied from outside.
-    const bool bound = o.parallel == "zero2";  // ZeRO-2 rotates a few gradient buffers through the units
-    Llama<T> model(config, o.micro_batch, o.seq_len, 1, o.seed, bound ? Gradients::bound : Gradients::owned, ranks);
+    // ZeRO-2/3 rotate a few gradient buffers through the units; ZeRO-3 also gathers parameters.
+    const bool zero3 = o.parallel == "zero3", bound = o.parallel == "zero2" || zero3;
+    Llama<T> model(config, o.micro_batch, o.seq_len, 1, o.seed, bound ? Gradients::bound : Gradients::owned, ranks,
+                   nullptr, zero3 ? Parameters::bound : Parameters::owned);
     std::unique_ptr<Strategy<T, G>> strategy;
     if (o.parallel == "single") strategy = std::make_unique<Single<T, G>>(model);
     else if (o.parallel == "ddp") strategy = std::make_unique<DDP<T, G>>(model, world.comm());
     else if (o.parallel == "zero1") strategy = std::make_unique<Zero1<T, G>>(model, world.comm());
-    else strategy = std::make_unique<Zero2<T, G>>(model, world.comm());
+    else if (o.parallel == "zero2") strategy = std::make_unique<Zero2<T, G>>(model, world.comm());
+    else strategy = std::make_unique<Zero3<T, G>>(model, world.comm(), o.seed);
+    std::vector<T*> param_slices;  // ZeRO-3: each unit's slice, where checkpoints read and write
+    if (zero3)
+        for (int u = 0; u < model.num_units(); ++u) param_slices.push_back(strategy->owned_params(u));
+    const std::vector<T*>* slices = zero3 ? &param_slices : nullptr;
     std::unique_ptr<AdamWState<T>> optimizer = Trainer<T, G>::make_optimizer(*strategy);
     Trainer<T, G> trainer(*strategy, *optimizer);
     const AdamWSettings adamw{o.beta1, o.beta2, o.eps, o.weight_decay, o.decay_norm_weights, o.stochastic_rounding, o.seed};
     long long start_step = 0;
     if (!resume_dir.empty()) {
-        const TrainerState state = load_checkpoint(resume_dir, model, *optimizer);
+        const TrainerState state = load_checkpoint(resume_dir, model, *optimizer, slices);
         start_step = state.step;
         if (state.data_fingerprint != fingerprint || state.train_tokens != train_tokens) {
             if (state.options.data == o.data)
@@ -271,7 +279,7 @@ int run_training(const TrainOptions& o, const TrainOptions& requested, RunData d
         if (metrics) std::fflush(metrics);
         if ((o.checkpoint_interval > 0 && (step + 1) % o.checkpoint_interval == 0) || step + 1 == end_step) {
             const std::string dir = checkpoint_path(o.out_dir, step + 1);
-            save_checkpoint(dir, model, *optimizer, trainer_state(step + 1), data.tokenizer.get(), strategy->comm());
+            save_checkpoint(dir, model, *optimizer, trainer_state(step + 1), data.tokenizer.get(), strategy->comm(), slices);
             std::printf("          checkpoint %s\n", dir.c_str());
         }
         std::fflush(stdout);
@@ -283,7 +291,10 @@ int run_training(const TrainOptions& o, const TrainOptions& requested, RunData d
     if (end_step < o.steps)
         std::printf("stopped after %lld steps; continue with: train --resume %s\n", end_step - start_step, o.out_dir.c_str());
 
-    if (writer && data.tokenizer && o.sample_tokens > 0 && end_step == o.steps) {
+    if (zero3 && o.sample_tokens > 0 && end_step == o.steps)  // one rank alone cannot gather the parameters
+        std::printf("\nsample: zero3 keeps only slices of the parameters; sample from the checkpoint with: train sample "
+                    "%s\n", checkpoint_path(o.out_dir, end_step).c_str());
+    else if (writer && data.tokenizer && o.sample_tokens > 0 && end_step == o.steps) {
         std::printf("\nsample (temperature %.2f, top-p %.2f):\n%s", o.temperature, o.top_p, o.prompt.c_str());
         std::fflush(stdout);
         generate(model, *data.tokenizer, GenerateOptions{o.prompt, o.sample_tokens, o.temperature, o.top_p, o.seed},
@@ -311,9 +322,9 @@ int train_command(const TrainOptions& requested, const std::string& resume_dir, 
                                     " parameters are their own master and are never rounded); drop the flag");
     if (o.parallel == "single" && world.size() > 1)
         throw std::invalid_argument("--parallel single runs on one rank but mpirun started " +
-                                    std::to_string(world.size()) + ": choose --parallel ddp, zero1 or zero2");
-    if (o.parallel == "zero2" && o.fp32_grad_accumulation)
-        throw std::invalid_argument("--parallel zero2 reduces gradients in the storage type: drop "
+                                    std::to_string(world.size()) + ": choose --parallel ddp, zero1, zero2 or zero3");
+    if ((o.parallel == "zero2" || o.parallel == "zero3") && o.fp32_grad_accumulation)
+        throw std::invalid_argument("--parallel " + o.parallel + " reduces gradients in the storage type: drop "
                                     "--fp32-grad-accumulation (or use ddp or zero1)");
     accumulation_for(o.batch, o.micro_batch, world.size());  // a bad geometry fails before any data is read
     RunData data = load_run_data(o, resume_dir);

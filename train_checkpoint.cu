@@ -29,20 +29,33 @@ std::vector<GroupLayout> layouts_of(const Llama<T>& model) {
 const char* torch_dtype_name(DType d) { return d == DType::bf16 ? "bfloat16" : d == DType::fp32 ? "float32" : "float64"; }
 
 template <class T>
-HostGroups download_params(Llama<T>& model) {
-    HostGroups g{dtype_of<T>(), {}};
-    for (int u = 0; u < model.num_units(); ++u) {
-        std::vector<uint8_t> bytes(size_t(model.layout(u).padded) * sizeof(T));
-        CUDA_CHECK(cudaMemcpy(bytes.data(), model.params(u), bytes.size(), cudaMemcpyDeviceToHost));
-        g.units.push_back(std::move(bytes));
-    }
-    return g;
-}
-
-template <class T>
 void upload_params(Llama<T>& model, const HostGroups& g) {
     for (int u = 0; u < model.num_units(); ++u)
         CUDA_CHECK(cudaMemcpy(model.params(u), g.units[size_t(u)].data(), g.units[size_t(u)].size(), cudaMemcpyHostToDevice));
+}
+
+// Unit u's array of which this rank holds [begin, begin + len) (all of it when len == padded),
+// whole on the writing rank: gathered from every rank's slice through `comm` otherwise.
+template <class X, class T>
+std::vector<uint8_t> whole_group(Llama<T>& model, Comm* comm, int u, const X* range, long long len, bool writer) {
+    const long long padded = model.layout(u).padded;
+    if (len == padded) {
+        if (!writer) return {};
+        std::vector<uint8_t> bytes(size_t(padded) * sizeof(X));
+        CUDA_CHECK(cudaMemcpy(bytes.data(), range, bytes.size(), cudaMemcpyDeviceToHost));
+        return bytes;
+    }
+    if (!comm || padded != len * comm->size())
+        throw std::logic_error("checkpoint: unit " + std::to_string(u) + " is sharded but there is no communicator of "
+                               "its shards to gather it");
+    DeviceBuffer<X> whole(size_t(padded), MemoryCategory::comm_buffers);
+    comm->fence_from(model.stream());
+    comm->all_gather(range, whole.get(), size_t(len));
+    comm->fence_to(model.stream());
+    std::vector<uint8_t> bytes(whole.bytes());
+    CUDA_CHECK(cudaMemcpyAsync(bytes.data(), whole.get(), bytes.size(), cudaMemcpyDeviceToHost, model.stream()));
+    CUDA_CHECK(cudaStreamSynchronize(model.stream()));
+    return writer ? bytes : std::vector<uint8_t>{};
 }
 
 }  // namespace
@@ -60,7 +73,7 @@ std::string resolve_checkpoint(const std::string& path) {
 
 template <class T>
 void save_checkpoint(const std::string& dir, Llama<T>& model, const AdamWState<T>& optimizer, const TrainerState& state,
-                     const Tokenizer* tokenizer, Comm* comm) {
+                     const Tokenizer* tokenizer, Comm* comm, const std::vector<T*>* param_slices) {
     using A = acc_t<T>;
     using Field = typename AdamWState<T>::Field;
     const bool writer = !comm || comm->rank() == 0;
@@ -68,26 +81,15 @@ void save_checkpoint(const std::string& dir, Llama<T>& model, const AdamWState<T
     // Each field of each unit, whole: this rank's range, or gathered from every rank's slice.
     auto gather = [&](Field f) {
         HostGroups g{dtype_of<A>(), {}};
-        for (int u = 0; u < model.num_units(); ++u) {
-            const long long len = optimizer.end(u) - optimizer.begin(u), padded = model.layout(u).padded;
-            if (len == padded) {
-                g.units.push_back(writer ? optimizer.download(u, f) : std::vector<uint8_t>{});
-                continue;
-            }
-            if (!comm || padded != len * comm->size())
-                throw std::logic_error("checkpoint: unit " + std::to_string(u) + "'s optimizer state is a shard but there "
-                                       "is no communicator of its shards to gather it");
-            DeviceBuffer<A> whole(size_t(padded), MemoryCategory::comm_buffers);
-            comm->fence_from(model.stream());
-            comm->all_gather(optimizer.data(u, f), whole.get(), size_t(len));
-            comm->fence_to(model.stream());
-            std::vector<uint8_t> bytes(whole.bytes());
-            CUDA_CHECK(cudaMemcpyAsync(bytes.data(), whole.get(), bytes.size(), cudaMemcpyDeviceToHost, model.stream()));
-            CUDA_CHECK(cudaStreamSynchronize(model.stream()));
-            g.units.push_back(writer ? std::move(bytes) : std::vector<uint8_t>{});
-        }
+        for (int u = 0; u < model.num_units(); ++u)
+            g.units.push_back(whole_group(model, comm, u, optimizer.data(u, f), optimizer.end(u) - optimizer.begin(u), writer));
         return g;
     };
+    HostGroups params{dtype_of<T>(), {}};
+    for (int u = 0; u < model.num_units(); ++u)
+        params.units.push_back(param_slices ? whole_group(model, comm, u, (*param_slices)[size_t(u)],
+                                                          optimizer.end(u) - optimizer.begin(u), writer)
+                                            : whole_group(model, comm, u, model.params(u), model.layout(u).padded, writer));
     std::vector<std::pair<std::string, HostGroups>> fields;
     if constexpr (AdamWState<T>::kHasMaster) fields.emplace_back("master.safetensors", gather(Field::master));
     fields.emplace_back("adam_m.safetensors", gather(Field::m));
@@ -95,7 +97,7 @@ void save_checkpoint(const std::string& dir, Llama<T>& model, const AdamWState<T
     if (!writer) return;
     const std::string tmp = begin_checkpoint_dir(dir);
     const std::map<std::string, std::string> metadata{{"format", "pt"}};
-    write_group_tensors(tmp + "/model.safetensors", layouts, download_params(model), metadata);
+    write_group_tensors(tmp + "/model.safetensors", layouts, params, metadata);
     for (const auto& [file, groups] : fields) write_group_tensors(tmp + "/" + file, layouts, groups, metadata);
     write_hf_config(tmp + "/config.json", model.config(), torch_dtype_name(dtype_of<T>()));
     if (tokenizer) tokenizer->save(tmp + "/tokenizer.json");
@@ -104,12 +106,19 @@ void save_checkpoint(const std::string& dir, Llama<T>& model, const AdamWState<T
 }
 
 template <class T>
-TrainerState load_checkpoint(const std::string& dir, Llama<T>& model, AdamWState<T>& optimizer) {
+TrainerState load_checkpoint(const std::string& dir, Llama<T>& model, AdamWState<T>& optimizer,
+                             const std::vector<T*>* param_slices) {
     using A = acc_t<T>;
     using Field = typename AdamWState<T>::Field;
     TrainerState state = read_trainer_state(dir + "/" + kTrainerStateFile);
     const std::vector<GroupLayout> layouts = layouts_of(model);
-    upload_params(model, read_group_tensors(dir + "/model.safetensors", layouts, dtype_of<T>()));
+    const HostGroups weights = read_group_tensors(dir + "/model.safetensors", layouts, dtype_of<T>());
+    if (!param_slices) upload_params(model, weights);
+    else
+        for (int u = 0; u < model.num_units(); ++u)  // this rank's slice (the optimizer's range)
+            CUDA_CHECK(cudaMemcpy((*param_slices)[size_t(u)],
+                                  weights.units[size_t(u)].data() + size_t(optimizer.begin(u)) * sizeof(T),
+                                  size_t(optimizer.end(u) - optimizer.begin(u)) * sizeof(T), cudaMemcpyHostToDevice));
     auto load_field = [&](const char* file, Field f) {
         const HostGroups g = read_group_tensors(dir + "/" + file, layouts, dtype_of<A>());
         for (int u = 0; u < model.num_units(); ++u) {
@@ -123,7 +132,8 @@ TrainerState load_checkpoint(const std::string& dir, Llama<T>& model, AdamWState
             load_field("master.safetensors", Field::master);
         } else {  // a checkpoint of an fp32/fp64 run continued in bf16: the master from the weights
             for (int u = 0; u < model.num_units(); ++u)
-                optimizer.init_master(u, model.params(u) + optimizer.begin(u), model.stream());
+                optimizer.init_master(u, param_slices ? (*param_slices)[size_t(u)] : model.params(u) + optimizer.begin(u),
+                                      model.stream());
         }
     }
     load_field("adam_m.safetensors", Field::m);
@@ -138,8 +148,8 @@ void load_weights(const std::string& dir, Llama<T>& model) {
 
 #define PV_INSTANTIATE(T)                                                                                              \
     template void save_checkpoint(const std::string&, Llama<T>&, const AdamWState<T>&, const TrainerState&,            \
-                                  const Tokenizer*, Comm*);                                                            \
-    template TrainerState load_checkpoint(const std::string&, Llama<T>&, AdamWState<T>&);                              \
+                                  const Tokenizer*, Comm*, const std::vector<T*>*);                                    \
+    template TrainerState load_checkpoint(const std::string&, Llama<T>&, AdamWState<T>&, const std::vector<T*>*);      \
     template void load_weights(const std::string&, Llama<T>&);
 PV_INSTANTIATE(__nv_bfloat16)
 PV_INSTANTIATE(float)

@@ -13,8 +13,8 @@
 // function of the master, and they are the exported model either way. Resuming loads every file,
 // so a resumed run continues bit for bit.
 //
-// Every rank holds the whole model. When the optimizer state is sharded (ZeRO), each field of
-// each unit is all-gathered (through `comm`, counted like any collective) into a scratch buffer
+// When the optimizer state (ZeRO) or the parameters (ZeRO-3) are sharded, each field of each
+// unit is all-gathered (through `comm`, counted like any collective) into a scratch buffer
 // before rank 0 writes it; only rank 0 writes, so the ranks need not share a filesystem for
 // saving. Loading reads the whole files on every rank (so they must be visible to every rank:
 // one machine, or a shared filesystem) and keeps each rank's slice. Tensors are whole and
@@ -41,13 +41,17 @@ std::string checkpoint_path(const std::string& out_dir, long long step);
 std::string resolve_checkpoint(const std::string& path);
 
 // Collective over `comm` (null: one rank) when the optimizer state is sharded; rank 0 writes.
+// param_slices (ZeRO-3): per unit, this rank's slice of the parameters (the optimizer's range),
+// gathered instead of reading the model's.
 template <class T>
 void save_checkpoint(const std::string& dir, Llama<T>& model, const AdamWState<T>& optimizer, const TrainerState& state,
-                     const Tokenizer* tokenizer, Comm* comm = nullptr);
+                     const Tokenizer* tokenizer, Comm* comm = nullptr, const std::vector<T*>* param_slices = nullptr);
 
-// Loads the weights and this rank's range of the optimizer state; returns the trainer state.
+// Loads the weights (into param_slices' ranges when given) and this rank's range of the
+// optimizer state; returns the trainer state.
 template <class T>
-TrainerState load_checkpoint(const std::string& dir, Llama<T>& model, AdamWState<T>& optimizer);
+TrainerState load_checkpoint(const std::string& dir, Llama<T>& model, AdamWState<T>& optimizer,
+                             const std::vector<T*>* param_slices = nullptr);
 
 // Loads only the weights (for sampling), converting from the file's dtype if it differs.
 template <class T>

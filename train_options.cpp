@@ -59,9 +59,10 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
     app.add_option("--seed", o.seed, "Seed of initialisation, data order, stochastic rounding and sampling");
     app.add_option("--parallel", o.parallel,
                    "Strategy over the ranks of mpirun: single (one rank), ddp (replicas, gradients all-reduced "
-                   "in per-unit buckets), zero1 (optimizer state sharded, gradients reduce-scattered) or zero2 "
-                   "(gradients sharded too, reduce-scattered unit by unit during the backward)")
-        ->check(CLI::IsMember({"single", "ddp", "zero1", "zero2"}));
+                   "in per-unit buckets), zero1 (optimizer state sharded, gradients reduce-scattered), zero2 "
+                   "(gradients sharded too, reduce-scattered unit by unit during the backward) or zero3 (parameters "
+                   "sharded too, each unit all-gathered just before it runs)")
+        ->check(CLI::IsMember({"single", "ddp", "zero1", "zero2", "zero3"}));
     app.add_option("--eval-interval", o.eval_interval, "Evaluate on the validation data every this many steps (0: never)")
         ->check(CLI::NonNegativeNumber);
     app.add_option("--eval-batches", o.eval_batches, "Micro-batches per evaluation")->check(CLI::PositiveNumber);

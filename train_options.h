@@ -45,7 +45,7 @@ struct TrainOptions {
     bool stochastic_rounding = false;
     bool fp32_grad_accumulation = false;
     uint64_t seed = 1337;
-    std::string parallel = "single";  // single, ddp, zero1 or zero2 (parallel/)
+    std::string parallel = "single";  // single, ddp, zero1, zero2 or zero3 (parallel/)
     // Evaluation, output, checkpoints.
     int eval_interval = 50;
     int eval_batches = 4;

@@ -72,8 +72,8 @@ std::vector<ActivationBuffer> activation_layout(const LlamaConfig& c, UnitKind k
 
 template <class T>
 Llama<T>::Llama(const LlamaConfig& config, int batch, int seq_len, int slots, uint64_t seed, Gradients gradients, int shards,
-                cudaStream_t stream)
-    : config_(config), batch_(batch), seq_len_(seq_len), gradients_(gradients), stream_(stream) {
+                cudaStream_t stream, Parameters parameters)
+    : config_(config), batch_(batch), seq_len_(seq_len), gradients_(gradients), parameters_(parameters), stream_(stream) {
     validate_or_throw(config_);
     if (batch < 1 || seq_len < 1 || slots < 1)
         throw std::invalid_argument("Llama: batch, seq_len and slots must be >= 1 (got " + std::to_string(batch) + ", " +
@@ -85,19 +85,16 @@ Llama<T>::Llama(const LlamaConfig& config, int batch, int seq_len, int slots, ui
     const DType dt = dtype_of<T>();
     uint32_t next_id = 0;
     for (UnitSpec& spec : model_units(config_)) {
-        Unit unit;
-        unit.layout = layout_group(spec.tensors, next_id, shards);
+        Unit fresh;
+        fresh.layout = layout_group(spec.tensors, next_id, shards);
         next_id += uint32_t(spec.tensors.size());
-        unit.spec = std::move(spec);
+        fresh.spec = std::move(spec);
+        units_.push_back(std::move(fresh));
+        Unit& unit = units_.back();
         const size_t bytes = size_t(unit.layout.padded) * sizeof(T);
-        unit.params = static_cast<T*>(device_alloc(bytes, MemoryCategory::parameters));
-        CUDA_CHECK(cudaMemsetAsync(unit.params, 0, bytes, stream_));  // padding stays zero
-        for (const TensorSlot& t : unit.layout.tensors) {
-            if (t.spec.init == Init::ones) {
-                fill(unit.params + t.offset, from_acc<T>(acc_t<T>(1)), t.spec.numel(), stream_);
-            } else {
-                init_normal(unit.params + t.offset, t.spec.numel(), 0.02, seed, t.id, 0, stream_);
-            }
+        if (parameters == Parameters::owned) {
+            unit.params = static_cast<T*>(device_alloc(bytes, MemoryCategory::parameters));
+            init_params(num_units() - 1, unit.params, 0, unit.layout.padded, seed);
         }
         if (gradients == Gradients::owned) {
             unit.grads = static_cast<T*>(device_alloc(bytes, MemoryCategory::gradients));
@@ -106,7 +103,6 @@ Llama<T>::Llama(const LlamaConfig& config, int batch, int seq_len, int slots, ui
         unit.arena_layout = activation_layout(config_, unit.spec.kind, batch, seq_len, dt);
         for (int s = 0; s < slots; ++s)
             unit.arenas.push_back(device_alloc(arena_bytes(unit.arena_layout), MemoryCategory::activations));
-        units_.push_back(std::move(unit));
     }
     // RoPE's inverse frequencies, computed once in double on the host.
     const auto freqs = rope_inverse_frequencies(config_.head_dim_resolved(), config_.rope_theta,
@@ -137,7 +133,7 @@ template <class T>
 Llama<T>::~Llama() {
     cudaStreamSynchronize(stream_);
     for (Unit& u : units_) {
-        memory_free(u.params);
+        if (parameters_ == Parameters::owned) memory_free(u.params);
         if (gradients_ == Gradients::owned) memory_free(u.grads);
         for (void* a : u.arenas) memory_free(a);
     }
@@ -199,6 +195,29 @@ T* Llama<T>::tensor_grad(const std::string& name) {
         for (const TensorSlot& t : units_[size_t(u)].layout.tensors)
             if (t.spec.name == name) return weight_grad(u, name);
     throw std::invalid_argument("no tensor named '" + name + "'");
+}
+
+template <class T>
+void Llama<T>::init_params(int u, T* dst, long long begin, long long end, uint64_t seed) const {
+    const GroupLayout& layout = units_.at(size_t(u)).layout;
+    if (begin < 0 || end > layout.padded || begin > end)
+        throw std::invalid_argument("init_params: range [" + std::to_string(begin) + ", " + std::to_string(end) +
+                                    ") outside unit " + std::to_string(u) + "'s " + std::to_string(layout.padded) +
+                                    " elements");
+    if (end == begin) return;
+    CUDA_CHECK(cudaMemsetAsync(dst, 0, size_t(end - begin) * sizeof(T), stream_));  // padding stays zero
+    for (const TensorSlot& t : layout.tensors) {
+        const long long lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.spec.numel());
+        if (lo >= hi) continue;
+        if (t.spec.init == Init::ones) fill(dst + (lo - begin), from_acc<T>(acc_t<T>(1)), hi - lo, stream_);
+        else init_normal(dst + (lo - begin), hi - lo, 0.02, seed, t.id, lo - t.offset, stream_);
+    }
+}
+
+template <class T>
+void Llama<T>::bind_params(int u, T* params) {
+    if (parameters_ != Parameters::bound) throw std::logic_error("bind_params: this model owns its parameters");
+    units_.at(size_t(u)).params = params;
 }
 
 template <class T>

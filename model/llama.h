@@ -60,6 +60,7 @@ struct UnitIO {
 };
 
 enum class Gradients { none, owned, bound };
+enum class Parameters { owned, bound };
 
 template <class T>
 class Llama {
@@ -69,8 +70,11 @@ class Llama {
     // `shards`. `gradients`: none (inference), owned (one gradient buffer per unit, allocated
     // here) or bound (the caller binds a buffer to a unit before its backward: ZeRO-2/3 keep
     // only a few full-size gradient buffers alive and rotate them through the units).
+    // `parameters`: owned (allocated and initialised here) or bound (ZeRO-3: each rank keeps a
+    // slice, initialised with init_params, and binds a gathered copy of a unit before using it).
     Llama(const LlamaConfig& config, int batch, int seq_len, int slots, uint64_t seed,
-          Gradients gradients = Gradients::owned, int shards = 1, cudaStream_t stream = nullptr);
+          Gradients gradients = Gradients::owned, int shards = 1, cudaStream_t stream = nullptr,
+          Parameters parameters = Parameters::owned);
     ~Llama();
     Llama(const Llama&) = delete;
     Llama& operator=(const Llama&) = delete;
@@ -100,6 +104,13 @@ class Llama {
     // Sets every gradient (padding included) to zero: the start of an optimizer step. Units
     // without a buffer (bound gradients not bound now) are skipped.
     void zero_grads();
+    // Writes elements [begin, end) of unit u's initial group to dst (end − begin elements):
+    // N(0, 0.02²) from Philox keyed by (seed, tensor, element) for matrices, 1 for RMSNorm
+    // weights, 0 for padding — the same values whatever slice is asked for.
+    void init_params(int u, T* dst, long long begin, long long end, uint64_t seed) const;
+    // Parameters::bound: unit u's forward and backward read `params` (layout(u).padded elements)
+    // until another buffer is bound.
+    void bind_params(int u, T* params);
     // Gradients::bound: unit u's backward accumulates into `grads` (layout(u).padded elements)
     // until another buffer is bound; the buffer stays the caller's.
     void bind_grads(int u, T* grads);
@@ -130,6 +141,7 @@ class Llama {
     LlamaConfig config_;
     int batch_, seq_len_;
     Gradients gradients_;
+    Parameters parameters_;
     cudaStream_t stream_;
     cublasHandle_t cublas_ = nullptr;
     std::vector<Unit> units_;

@@ -68,7 +68,7 @@ class Strategy {
 
     // One micro-step's forward (loss sum and count of this micro-batch into the device scalars).
     void forward(int slot, const int* tokens, const int* targets, acc_t<T>* loss_sum, int* count) {
-        single_forward(model_, slot, tokens, targets, loss_sum, count);
+        single_forward(model_, slot, tokens, targets, loss_sum, count, [&](int u) { before_unit_forward(u); });
     }
 
     // One micro-step's backward; `last` marks the last micro-step of the optimizer step.
@@ -94,6 +94,8 @@ class Strategy {
         else return grad32_[size_t(u)].get();
     }
     virtual const G* slice_grads(int u) { return grads(u) + slice_begin(u); }
+    // The parameters of the owned range, which the optimizer updates (ZeRO-3: the rank's slice).
+    virtual T* owned_params(int u) { return model_.params(u) + owned_begin(u); }
     virtual const G* owned_grads(int u) { return grads(u) + owned_begin(u); }
 
     // The squared global gradient norm (header comment), written to `out` (one device double;
@@ -117,6 +119,7 @@ class Strategy {
     virtual void after_update() {}
 
   protected:
+    virtual void before_unit_forward(int /*u*/) {}
     virtual void before_unit_backward(int /*u*/) {}
     virtual void after_unit_backward(int /*u*/, bool /*last*/) {}
 

@@ -48,7 +48,7 @@ class Trainer {
         for (int u = 0; u < m.num_units(); ++u) layouts.push_back(m.layout(u));
         const bool sharded = strategy.sharded_optimizer();
         auto opt = std::make_unique<AdamWState<T>>(layouts, sharded ? strategy.rank() : 0, sharded ? strategy.ranks() : 1);
-        for (int u = 0; u < m.num_units(); ++u) opt->init_master(u, m.params(u) + strategy.owned_begin(u), m.stream());
+        for (int u = 0; u < m.num_units(); ++u) opt->init_master(u, strategy.owned_params(u), m.stream());
         return opt;
     }
 
@@ -89,7 +89,7 @@ class Trainer {
                                      std::to_string(r.loss) + ", norm " + std::to_string(r.grad_norm) +
                                      "); lower --lr or enable --clip");
         for (int u = 0; u < m.num_units(); ++u)
-            opt_.update_unit(u, m.params(u) + s_.owned_begin(u), s_.owned_grads(u), adamw, lr, t, scale, m.stream());
+            opt_.update_unit(u, s_.owned_params(u), s_.owned_grads(u), adamw, lr, t, scale, m.stream());
         s_.after_update();
         CUDA_CHECK(cudaStreamSynchronize(m.stream()));
         return r;

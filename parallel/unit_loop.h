@@ -11,8 +11,11 @@
 
 namespace pv {
 
-template <class T>
-void single_forward(Llama<T>& model, int slot, const int* tokens, const int* targets, acc_t<T>* loss_sum, int* count) {
+// `before_unit(u)` runs before unit u's forward (where ZeRO-3 binds the unit's gathered
+// parameters).
+template <class T, class BeforeUnit>
+void single_forward(Llama<T>& model, int slot, const int* tokens, const int* targets, acc_t<T>* loss_sum, int* count,
+                    BeforeUnit&& before_unit) {
     const int units = model.num_units();
     for (int u = 0; u < units; ++u) {
         UnitIO<T> io;
@@ -22,8 +25,14 @@ void single_forward(Llama<T>& model, int slot, const int* tokens, const int* tar
         io.residual_out = u + 1 < units ? model.unit_output(u, slot) : nullptr;
         io.loss_sum = loss_sum;
         io.count = count;
+        before_unit(u);
         model.forward_unit(u, slot, io);
     }
+}
+
+template <class T>
+void single_forward(Llama<T>& model, int slot, const int* tokens, const int* targets, acc_t<T>* loss_sum, int* count) {
+    single_forward(model, slot, tokens, targets, loss_sum, count, [](int) {});
 }
 
 // `before_unit(u)` and `after_unit(u)` run around unit u's backward: the hooks strategies

@@ -10,6 +10,7 @@
 #include "test/gradcheck.h"
 #include "test/reference/llama.h"
 
+#include <deque>
 #include <random>
 
 using namespace pv::test;
@@ -171,4 +172,50 @@ TEST_CASE("forward-only evaluation gives next-token logits equal to the referenc
     const std::string err = compare(logits, ref.logits, 1e-12);
     INFO(err);
     REQUIRE(err.empty());
+}
+
+// ZeRO-3 keeps a slice of every group and initialises it alone: every slice must hold exactly the
+// values the whole group has (Philox keyed by element, norm weights 1, padding 0).
+TEST_CASE("init_params gives any slice of a unit the values of the whole group", "[model]") {
+    const pv::LlamaConfig& c = pv::preset("test-tied");
+    pv::Llama<double> m(c, 2, 8, 1, 5, pv::Gradients::none, 3);
+    for (int u = 0; u < m.num_units(); ++u) {
+        const long long n = m.layout(u).padded;
+        std::vector<double> whole(static_cast<size_t>(n));
+        CUDA_CHECK(cudaMemcpy(whole.data(), m.params(u), whole.size() * sizeof(double), cudaMemcpyDeviceToHost));
+        REQUIRE(whole[size_t(m.layout(u).used)] == 0.0);  // padding
+        for (const auto& [begin, end] : std::vector<std::pair<long long, long long>>{
+                 {0, n / 3}, {n / 3, 2 * n / 3}, {2 * n / 3, n}, {7, n - 5}, {n - 1, n}}) {
+            DeviceArray<double> slice{size_t(end - begin)};
+            m.init_params(u, slice.get(), begin, end, 5);
+            const auto got = slice.download();
+            INFO("unit " << u << " [" << begin << ", " << end << ")");
+            REQUIRE(std::equal(got.begin(), got.end(), whole.begin() + begin));
+        }
+    }
+    DeviceArray<double> out{size_t(4)};
+    REQUIRE_THROWS_WITH(m.init_params(0, out.get(), -1, 3, 5), Catch::Contains("outside unit 0"));
+}
+
+TEST_CASE("a model with bound parameters and gradients computes exactly what an owning one does", "[model]") {
+    const pv::LlamaConfig& c = pv::preset("test-tied");
+    pv::Llama<double> owning(c, 2, 8, 1, 9);
+    pv::Llama<double> bound(c, 2, 8, 1, 9, pv::Gradients::bound, 1, nullptr, pv::Parameters::bound);
+    std::deque<DeviceArray<double>> params, grads;  // DeviceArray does not move; a deque never moves its elements
+    for (int u = 0; u < owning.num_units(); ++u) {
+        const size_t n = size_t(owning.layout(u).padded);
+        params.emplace_back(n);
+        grads.emplace_back(n);
+        CUDA_CHECK(cudaMemcpy(params.back().get(), owning.params(u), n * sizeof(double), cudaMemcpyDeviceToDevice));
+        CUDA_CHECK(cudaMemset(grads.back().get(), 0, n * sizeof(double)));
+        bound.bind_params(u, params.back().get());
+        bound.bind_grads(u, grads.back().get());
+    }
+    const Batch b = make_batch(c, 2, 8, 3);
+    const auto [loss_a, count_a] = run_step(owning, b);
+    const auto [loss_b, count_b] = run_step(bound, b);
+    REQUIRE(loss_a == loss_b);
+    REQUIRE(count_a == count_b);
+    REQUIRE(download_params(owning, true) == download_params(bound, true));
+    REQUIRE_THROWS_AS(owning.bind_params(0, params[0].get()), std::logic_error);
 }

@@ -349,13 +349,16 @@ Run run_mpi(int ranks, const std::string& per_rank_command) {
 
 }  // namespace train_test
 
-TEST_CASE("train under mpirun: zero1, zero2 and ddp train identically, and rank 0 alone reports", "[train][mpi]") {
+TEST_CASE("train under mpirun: zero1, zero2, zero3 and ddp train identically, and rank 0 alone reports", "[train][mpi]") {
     TempDir dir("train_mpi");
     const std::string run = (build_dir() / "train").string() + " " + kTiny + " --sample-tokens 0 ";
     const Run ddp = run_mpi(2, run + "--parallel ddp --out-dir " + dir.file("ddp"));
     const Run zero1 = run_mpi(2, run + "--parallel zero1 --out-dir " + dir.file("zero1"));
     const Run zero2 = run_mpi(2, run + "--parallel zero2 --out-dir " + dir.file("zero2"));
-    INFO(ddp.output << "\n----\n" << zero1.output << "\n----\n" << zero2.output);
+    const Run zero3 = run_mpi(2, run + "--parallel zero3 --out-dir " + dir.file("zero3"));
+    INFO(ddp.output << "\n----\n" << zero1.output << "\n----\n" << zero2.output << "\n----\n" << zero3.output);
+    REQUIRE(zero3.status == 0);
+    REQUIRE(losses(zero3.output) == losses(ddp.output));
     REQUIRE(ddp.status == 0);
     REQUIRE(zero1.status == 0);
     REQUIRE(zero2.status == 0);
@@ -368,11 +371,12 @@ TEST_CASE("train under mpirun: zero1, zero2 and ddp train identically, and rank 
         INFO(f);
         REQUIRE(read_file(fs::path(dir.file("ddp")) / "step_6" / f) == read_file(fs::path(dir.file("zero1")) / "step_6" / f));
         REQUIRE(read_file(fs::path(dir.file("ddp")) / "step_6" / f) == read_file(fs::path(dir.file("zero2")) / "step_6" / f));
+        REQUIRE(read_file(fs::path(dir.file("ddp")) / "step_6" / f) == read_file(fs::path(dir.file("zero3")) / "step_6" / f));
     }
     // --parallel single cannot span ranks.
     const Run single = run_mpi(2, run + "--parallel single --out-dir " + dir.file("single"));
     REQUIRE(single.status != 0);
-    REQUIRE(single.output.find("choose --parallel ddp, zero1 or zero2") != std::string::npos);
+    REQUIRE(single.output.find("choose --parallel ddp, zero1, zero2 or zero3") != std::string::npos);
 }
 
 TEST_CASE("train under mpirun: a failure on one rank ends every rank within 60 s with its message", "[train][mpi]") {
@@ -391,4 +395,50 @@ TEST_CASE("train under mpirun: a failure on one rank ends every rank within 60 s
     REQUIRE(seconds < 60);
     REQUIRE(r.output.find("rank 1/2") != std::string::npos);
     REQUIRE(r.output.find("/nonexistent/rank1.pvtokens") != std::string::npos);
+}
+
+namespace train_test {
+
+// Every step's loss from a metrics.jsonl, at its 17 digits.
+std::map<long long, double> metric_losses(const fs::path& p) {
+    std::map<long long, double> out;
+    std::istringstream in(read_file(p));
+    std::string line;
+    const std::regex loss(R"(\{"step": ([0-9]+), "loss": ([-0-9.e+]+))");
+    std::smatch m;
+    while (std::getline(in, line))
+        if (std::regex_search(line, m, loss)) out[std::stoll(m[1])] = std::stod(m[2]);
+    return out;
+}
+
+}  // namespace train_test
+
+// DESIGN.md §3: checkpoints hold whole, unpadded tensors, so a run saved by any strategy at N ranks
+// resumes with any strategy at M ranks and continues the same training (fp64: to 1e-10 of a run
+// that never stopped, on one rank).
+TEST_CASE("train: a checkpoint saved by zero3 at 4 ranks resumes with ddp at 2, and the reverse", "[train][mpi]") {
+    TempDir dir("train_reshard");
+    const std::string train = (build_dir() / "train").string();
+    const std::string run = " --dtype fp64 --steps 8 --batch 8 --seq-len 16 --vocab 300 --warmup 2 --lr 3e-3 "
+                            "--eval-interval 0 --sample-tokens 0 ";
+    REQUIRE(run_train(run + "--out-dir " + dir.file("straight")).status == 0);
+    const auto straight = metric_losses(fs::path(dir.file("straight")) / "metrics.jsonl");
+    REQUIRE(straight.size() == 8);
+    for (const auto& [first, second] : std::vector<std::pair<std::pair<int, std::string>, std::pair<int, std::string>>>{
+             {{4, "zero3"}, {2, "ddp"}}, {{2, "ddp"}, {4, "zero3"}}}) {
+        const std::string out = dir.file(first.second + std::to_string(first.first));
+        const Run a = run_mpi(first.first, train + run + "--parallel " + first.second + " --stop-after 4 --out-dir " + out);
+        INFO(a.output);
+        REQUIRE(a.status == 0);
+        const Run b = run_mpi(second.first, train + " --resume " + out + " --parallel " + second.second);
+        INFO(b.output);
+        REQUIRE(b.status == 0);
+        REQUIRE(b.output.find("resumed from") != std::string::npos);
+        const auto resumed = metric_losses(fs::path(out) / "metrics.jsonl");
+        REQUIRE(resumed.size() == 8);
+        for (const auto& [step, loss] : straight) {
+            INFO(first.second << " x" << first.first << " -> " << second.second << " x" << second.first << ", step " << step);
+            CHECK(std::abs(resumed.at(step) - loss) <= 1e-10 * std::abs(loss));
+        }
+    }
 }

@@ -17,6 +17,7 @@
 #include "parallel/world.h"
 #include "parallel/zero1.h"
 #include "parallel/zero2.h"
+#include "parallel/zero3.h"
 
 #include <cmath>
 #include <array>
@@ -107,13 +108,15 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, in
     pv::reset_memory_peaks();
     RunResult r;
     {
-    pv::Llama<T> model(config, kMicro, kSeq, 1, 42, strategy == "zero2" ? pv::Gradients::bound : pv::Gradients::owned,
-                       ranks);
+    const bool bound = strategy == "zero2" || strategy == "zero3";
+    pv::Llama<T> model(config, kMicro, kSeq, 1, 42, bound ? pv::Gradients::bound : pv::Gradients::owned, ranks, nullptr,
+                       strategy == "zero3" ? pv::Parameters::bound : pv::Parameters::owned);
     std::unique_ptr<pv::Strategy<T, G>> s;
     if (strategy == "single") s = std::make_unique<pv::Single<T, G>>(model);
     else if (strategy == "ddp") s = std::make_unique<pv::DDP<T, G>>(model, *comm);
     else if (strategy == "zero1") s = std::make_unique<pv::Zero1<T, G>>(model, *comm);
-    else s = std::make_unique<pv::Zero2<T, G>>(model, *comm);
+    else if (strategy == "zero2") s = std::make_unique<pv::Zero2<T, G>>(model, *comm);
+    else s = std::make_unique<pv::Zero3<T, G>>(model, *comm, 42);
     auto optimizer = pv::Trainer<T, G>::make_optimizer(*s);
     pv::Trainer<T, G> trainer(*s, *optimizer);
     pv::AdamWSettings adamw;
@@ -127,9 +130,19 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, in
         r.losses.push_back(res.loss);
         if (comm) r.per_step.push_back(comm->totals()), r.logs.push_back(comm->log());
     }
-    for (int u = 0; u < model.num_units(); ++u)
+    for (int u = 0; u < model.num_units(); ++u) {
+        // ZeRO-3 holds slices: gather the unit whole first.
+        std::unique_ptr<pv::DeviceBuffer<T>> whole;
+        const T* params = model.params(u);
+        if (strategy == "zero3") {
+            whole = std::make_unique<pv::DeviceBuffer<T>>(size_t(model.layout(u).padded), pv::MemoryCategory::workspace);
+            comm->all_gather(s->owned_params(u), whole->get(), size_t(s->slice_len(u)));
+            CUDA_CHECK(cudaStreamSynchronize(comm->stream()));
+            params = whole->get();
+        }
         for (const pv::TensorSlot& t : model.layout(u).tensors)
-            r.tensors[t.spec.name] = download(model.params(u) + t.offset, t.spec.numel());
+            r.tensors[t.spec.name] = download(params + t.offset, t.spec.numel());
+    }
     for (int u = 0; u < model.num_units(); ++u) r.psi += model.layout(u).padded, r.padded.push_back(model.layout(u).padded);
     r.units = model.num_units();
     const pv::MemoryStats after = pv::memory_stats();
@@ -154,25 +167,28 @@ RunResult reference(pv::World& world, int accumulation = kAccumulation) {
 
 using namespace parallel_test;
 
-TEST_CASE("ddp, zero1 and zero2 train the model single trains: fp64 within 1e-10, zero1 bit-identical to ddp",
+TEST_CASE("ddp and zero1-3 train the model single trains: fp64 within 1e-10, zero1 bit-identical to ddp",
           "[parallel][parity]") {
     pv::World world(nullptr, nullptr);  // the world communicator, per test case (MPI is already up)
     const RunResult single = reference<double>(world);
     const RunResult ddp = train<double>("ddp", &world.comm(), world.size());
     const RunResult zero1 = train<double>("zero1", &world.comm(), world.size());
     const RunResult zero2 = train<double>("zero2", &world.comm(), world.size());
+    const RunResult zero3 = train<double>("zero3", &world.comm(), world.size());
     REQUIRE(single.losses.size() == size_t(kSteps));
     for (int s = 0; s < kSteps; ++s) {
         INFO("step " << s + 1 << ": single " << single.losses[size_t(s)] << ", ddp " << ddp.losses[size_t(s)]);
         CHECK(std::abs(ddp.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-10 * std::abs(single.losses[size_t(s)]));
         CHECK(zero1.losses[size_t(s)] == ddp.losses[size_t(s)]);
         CHECK(std::abs(zero2.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-10 * std::abs(single.losses[size_t(s)]));
+        CHECK(std::abs(zero3.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-10 * std::abs(single.losses[size_t(s)]));
     }
     for (const auto& [name, ref] : single.tensors) {
         INFO(name);
         CHECK(relative_norm_error(ddp.tensors.at(name), ref) <= 1e-10);
         CHECK(zero1.tensors.at(name) == ddp.tensors.at(name));
         CHECK(relative_norm_error(zero2.tensors.at(name), ref) <= 1e-10);
+        CHECK(relative_norm_error(zero3.tensors.at(name), ref) <= 1e-10);
     }
     // Training moved every tensor (parity of untouched weights would prove nothing).
     pv::Llama<double> initial(awkward_model(world.size()), kMicro, kSeq, 1, 42, pv::Gradients::none);
@@ -184,17 +200,21 @@ TEST_CASE("ddp, zero1 and zero2 train the model single trains: fp64 within 1e-10
         }
 }
 
-// With accumulation 1 ZeRO-2 sums exactly DDP's terms (one reduce-scatter of the same buffer
+// With accumulation 1 ZeRO-2 and ZeRO-3 sum exactly DDP's terms (ZeRO-3's gathered parameters are
+// DDP's, updated slice by slice) (one reduce-scatter of the same buffer
 // per unit, nothing added to a zero slice changes it), so the bits must agree; with accumulation 2
 // it reduces each micro-step before summing them, which DDP does the other way round.
-TEST_CASE("zero2 with accumulation 1 is bit-identical to ddp", "[parallel][parity]") {
+TEST_CASE("zero2 and zero3 with accumulation 1 are bit-identical to ddp", "[parallel][parity]") {
     pv::World world(nullptr, nullptr);
     const RunResult ddp = train<double>("ddp", &world.comm(), world.size(), 1);
     const RunResult zero2 = train<double>("zero2", &world.comm(), world.size(), 1);
+    const RunResult zero3 = train<double>("zero3", &world.comm(), world.size(), 1);
     CHECK(zero2.losses == ddp.losses);
+    CHECK(zero3.losses == ddp.losses);
     for (const auto& [name, ref] : ddp.tensors) {
         INFO(name);
         CHECK(zero2.tensors.at(name) == ref);
+        CHECK(zero3.tensors.at(name) == ref);
     }
     const RunResult ddp16 = train<__nv_bfloat16>("ddp", &world.comm(), world.size(), 1);
     const RunResult zero216 = train<__nv_bfloat16>("zero2", &world.comm(), world.size(), 1);
@@ -209,12 +229,14 @@ TEST_CASE("bf16 ddp, zero1 and zero2 losses stay within 1e-2 of single, fp32 gra
     const RunResult zero1 = train<__nv_bfloat16, float>("zero1", &world.comm(), world.size());
     const RunResult ddp32 = train<__nv_bfloat16, float>("ddp", &world.comm(), world.size());
     const RunResult zero2 = train<__nv_bfloat16>("zero2", &world.comm(), world.size());
+    const RunResult zero3 = train<__nv_bfloat16>("zero3", &world.comm(), world.size());
     for (int s = 0; s < kSteps; ++s) {
         INFO("step " << s + 1);
         CHECK(std::abs(ddp.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-2 * std::abs(single.losses[size_t(s)]));
         CHECK(std::abs(zero1.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-2 * std::abs(single.losses[size_t(s)]));
         CHECK(zero1.losses[size_t(s)] == ddp32.losses[size_t(s)]);
         CHECK(std::abs(zero2.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-2 * std::abs(single.losses[size_t(s)]));
+        CHECK(std::abs(zero3.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-2 * std::abs(single.losses[size_t(s)]));
     }
 }
 
@@ -236,6 +258,7 @@ void check_counts(pv::World& world) {
     const RunResult ddp = train<T>("ddp", &world.comm(), world.size());
     const RunResult zero1 = train<T>("zero1", &world.comm(), world.size());
     const RunResult zero2 = train<T>("zero2", &world.comm(), world.size());
+    const RunResult zero3 = train<T>("zero3", &world.comm(), world.size());
     const double psi = double(ddp.psi), scalars = 8 + 8 + 8;  // count, loss, norm
     const double A = kAccumulation;
     REQUIRE(zero1.psi == ddp.psi);
@@ -257,6 +280,16 @@ void check_counts(pv::World& world) {
         CHECK(z2.calls[size_t(CollectiveKind::reduce_scatter)] == kAccumulation * zero2.units);
         CHECK(z2.calls[size_t(CollectiveKind::all_gather)] == zero2.units);
         CHECK(z2.wire_bytes == Approx(2 * (n - 1) / n * scalars + (A + 1) * (n - 1) / n * psi * t).epsilon(1e-12));
+        // ZeRO-3 per micro-step: every unit gathered for its forward, the blocks again for their
+        // backward (the head's are still there, the embedding needs none), every unit
+        // reduce-scattered.
+        const auto& z3 = zero3.per_step[size_t(s)];
+        const double psi_first = double(zero3.padded.front()), psi_last = double(zero3.padded.back());
+        CHECK(z3.calls[size_t(CollectiveKind::all_reduce)] == 3);
+        CHECK(z3.calls[size_t(CollectiveKind::reduce_scatter)] == kAccumulation * zero3.units);
+        CHECK(z3.calls[size_t(CollectiveKind::all_gather)] == kAccumulation * (2 * zero3.units - 2));
+        CHECK(z3.wire_bytes ==
+              Approx(2 * (n - 1) / n * scalars + A * (n - 1) / n * (3 * psi - psi_first - psi_last) * t).epsilon(1e-12));
         // The count is an integer all-reduce and comes first, before any backward's bucket.
         CHECK(ddp.logs[size_t(s)].front().dtype == ncclInt64);
     }
@@ -280,6 +313,16 @@ void check_counts(pv::World& world) {
         category(zero2, C::parameters) + category(zero2, C::gradients) + category(zero2, C::optimizer_state);
     if constexpr (std::is_same_v<T, __nv_bfloat16>) CHECK(zero2_total == 2 * psi + 14 * psi / n + rotating);
     else CHECK(zero2_total == 8 * psi + 24 * psi / n + rotating);
+    // ZeRO-3: slices of everything, the same rotating gradient buffers, and as many gather buffers
+    // (two of the largest block or head, the tied embedding's) in communication buffers.
+    CHECK(category(zero3, C::parameters) == psi / n * t);
+    CHECK(category(zero3, C::gradients) == psi / n * t + rotating);
+    CHECK(category(zero3, C::optimizer_state) == psi / n * (master + 2 * a));
+    CHECK(category(zero3, C::comm_buffers) == rotating);
+    const double zero3_total =
+        category(zero3, C::parameters) + category(zero3, C::gradients) + category(zero3, C::optimizer_state);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) CHECK(zero3_total == 16 * psi / n + rotating);
+    else CHECK(zero3_total == 32 * psi / n + rotating);
     const double ddp_total = category(ddp, C::parameters) + category(ddp, C::gradients) + category(ddp, C::optimizer_state);
     const double zero1_total =
         category(zero1, C::parameters) + category(zero1, C::gradients) + category(zero1, C::optimizer_state);
@@ -296,7 +339,8 @@ void check_counts(pv::World& world) {
         std::printf("counts, N = %d, %s: psi %.0f; per step ddp %lld all-reduce, %.0f bytes; zero1 %lld reduce-scatter + "
                     "%lld all-gather + %lld all-reduce, %.0f bytes; memory per rank (params + grads + optimizer): "
                     "ddp %.0f, zero1 %.0f bytes; zero2 %lld reduce-scatter + %lld all-gather + %lld all-reduce, %.0f "
-                    "bytes, memory %.0f (rotating buffers %.0f)\n",
+                    "bytes, memory %.0f (rotating buffers %.0f); zero3 %lld reduce-scatter + %lld all-gather + %lld "
+                    "all-reduce, %.0f bytes, memory %.0f (+ gather buffers %.0f)\n",
                     world.size(), std::is_same_v<T, double> ? "fp64" : "bf16", psi,
                     ddp.per_step[0].calls[size_t(CollectiveKind::all_reduce)], ddp.per_step[0].wire_bytes,
                     zero1.per_step[0].calls[size_t(CollectiveKind::reduce_scatter)],
@@ -305,7 +349,10 @@ void check_counts(pv::World& world) {
                     zero1_total, zero2.per_step[0].calls[size_t(CollectiveKind::reduce_scatter)],
                     zero2.per_step[0].calls[size_t(CollectiveKind::all_gather)],
                     zero2.per_step[0].calls[size_t(CollectiveKind::all_reduce)], zero2.per_step[0].wire_bytes, zero2_total,
-                    rotating);
+                    rotating, zero3.per_step[0].calls[size_t(CollectiveKind::reduce_scatter)],
+                    zero3.per_step[0].calls[size_t(CollectiveKind::all_gather)],
+                    zero3.per_step[0].calls[size_t(CollectiveKind::all_reduce)], zero3.per_step[0].wire_bytes, zero3_total,
+                    category(zero3, C::comm_buffers));
     }
 }
 
