@@ -99,7 +99,8 @@ TEST_SUPPORT := $(BUILD)/test/catch_main.o $(BUILD)/test/child_process.o
 # Multi-rank suites: test/mpi/test_mpi_*.cu with a Catch2 main that starts MPI and agrees on one
 # verdict across ranks; `make test` runs each under mpirun at every size of MPI_TEST_RANKS.
 MPI_TEST_BINS := $(patsubst test/mpi/%.cu,$(BUILD)/test/mpi/%,$(wildcard test/mpi/test_mpi_*.cu))
-MPI_TEST_RANKS := 2 4
+# (The asan flavour runs them at 2 ranks only: its budget is the kernels and one 2-rank parity run.)
+MPI_TEST_RANKS := $(if $(filter address,$(SANITIZE)),2,2 4)
 MPI_TEST_RUNS := $(foreach n,$(MPI_TEST_RANKS),$(addprefix mpi:$(n):,$(MPI_TEST_BINS)))
 BENCH_BINS := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu))
 
@@ -181,12 +182,13 @@ $(BUILD)/bench/%: $(BUILD)/bench/%.o $(CORE_OBJS)
 
 # Tests tagged [host-only] exercise diagnostics a GPU cannot give (a divergent barrier hangs a
 # GPU); [asan] ones need the sanitizer build; [learning] (a model must learn within a step budget)
-# tests optimisation, not memory, and is too slow under ASan. Hidden tests ([.], the planted bugs' child runs)
+# tests optimisation, not memory, and is too slow under ASan, as are the [mpi] runs of the train
+# binary under mpirun (the strategies themselves run under ASan in test/mpi/). Hidden tests ([.], the planted bugs' child runs)
 # are excluded explicitly: Catch2 v2 runs hidden tests under a filter made only of exclusions.
 ifeq ($(BACKEND),cuda)
   TEST_FILTER := ~[.]~[host-only]~[asan]~[tsan]
 else ifeq ($(FLAVOUR),asan)
-  TEST_FILTER := ~[.]~[tsan]~[learning]
+  TEST_FILTER := ~[.]~[tsan]~[learning]~[mpi]
 else ifeq ($(FLAVOUR),tsan)
   TEST_FILTER := ~[.]~[asan]~[schedules]
 else
