@@ -52,9 +52,6 @@ class Zero3 : public Zero2<T, G> {
     T* owned_params(int u) override { return slices_[size_t(u)].get(); }
     void after_update() override {}  // the optimizer updated the slices themselves
 
-    // Every unit's parameters, gathered whole into `out` (padded elements each), for checkpoints.
-    T* slice(int u) { return slices_[size_t(u)].get(); }
-
   protected:
     int gather_buffer(int u) const { return u == 0 && this->tied() ? 2 : u % 2; }
 

@@ -12,7 +12,8 @@ namespace pv::test {
 
 struct TempDir {
     std::filesystem::path path;
-    explicit TempDir(const std::string& name) {
+    // Two alive at once in one process need different names.
+    explicit TempDir(const std::string& name = "dir") {
         path = std::filesystem::temp_directory_path() / ("polevault_test_" + name + "_" + std::to_string(::getpid()));
         std::filesystem::remove_all(path);
         std::filesystem::create_directories(path);

@@ -4,6 +4,7 @@
 // of its fused tensor; dtype conversion matches an independent round-to-nearest-even reference and
 // a table of known bit patterns; a file written at one shard count loads at another; every error
 // names the file, the tensor and the fix; the directory transaction and latest_checkpoint.
+#include "test/temp_dir.h"
 #include "model/checkpoint.h"
 
 #include "model/safetensors.h"
@@ -30,21 +31,7 @@ namespace checkpoint_test {
 
 namespace fs = std::filesystem;
 
-// A fresh directory under the system temp dir, unique per process (the suite may run
-// concurrently under several schedules), removed with everything in it on scope exit.
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        path = fs::temp_directory_path() / ("polevault_test_checkpoint_" + std::to_string(::getpid()));
-        fs::remove_all(path);
-        fs::create_directories(path);
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-    std::string file(const std::string& name) const { return (path / name).string(); }
-};
+using pv::test::TempDir;  // test/temp_dir.h
 
 inline std::vector<pv::GroupLayout> layouts_for(const pv::LlamaConfig& c, int shards) {
     std::vector<pv::GroupLayout> layouts;

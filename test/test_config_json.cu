@@ -9,6 +9,7 @@
 // for the doubles, and head_dim by its resolved value: head_dim 0 means hidden_size / num_heads,
 // so 0 and the explicit quotient are the same shape (the writer always writes the resolved value;
 // the reader keeps 0 when the file has no head_dim).
+#include "test/temp_dir.h"
 #include "model/config_json.h"
 
 #include <catch2/catch.hpp>
@@ -30,21 +31,7 @@ namespace config_json_test {
 
 namespace fs = std::filesystem;
 
-// A fresh directory under the system temp dir, unique per process (the suite may run
-// concurrently under several schedules), removed with everything in it on scope exit.
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        path = fs::temp_directory_path() / ("polevault_test_config_json_" + std::to_string(::getpid()));
-        fs::remove_all(path);
-        fs::create_directories(path);
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-    std::string file(const std::string& name) const { return (path / name).string(); }
-};
+using pv::test::TempDir;  // test/temp_dir.h
 
 inline std::string read_text(const std::string& path) {
     std::ifstream in(path, std::ios::binary);

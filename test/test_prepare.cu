@@ -3,6 +3,7 @@
 // under test), split into training shards and the last ceil(fraction·N) tokens for validation;
 // a given tokenizer is used as is; runs are byte-identical; stale shards go; load_dataset reads
 // it all back; every bad input is rejected with a message naming the file, line or option.
+#include "test/temp_dir.h"
 #include "data/prepare.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
@@ -33,20 +34,7 @@ using Catch::Matchers::Contains;
 
 const std::string kEot = "<|endoftext|>";
 
-// A fresh directory under the system temp dir, unique per process and test, removed afterwards.
-struct TempDir {
-    fs::path path;
-    explicit TempDir(const std::string& name) {
-        path = fs::temp_directory_path() / ("polevault_test_prepare_" + std::to_string(::getpid()) + "_" + name);
-        fs::remove_all(path);
-        fs::create_directories(path);
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-    std::string file(const std::string& name) const { return (path / name).string(); }
-};
+using pv::test::TempDir;  // test/temp_dir.h
 
 inline void write_bytes(const std::string& path, const std::string& bytes) {
     std::ofstream out(path, std::ios::binary | std::ios::trunc);

@@ -1,6 +1,7 @@
 // safetensors: round trips keep names, dtypes, shapes, bytes and metadata; the on-disk layout
 // matches the specification byte for byte; every way a file can be broken is rejected with a
 // message naming the file and the problem; writes are atomic and leave no .tmp behind.
+#include "test/temp_dir.h"
 #include "model/safetensors.h"
 
 #include <catch2/catch.hpp>
@@ -22,20 +23,7 @@ namespace safetensors_test {
 
 namespace fs = std::filesystem;
 
-// A fresh directory under the system temp dir, unique per process, removed afterwards.
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        path = fs::temp_directory_path() / ("polevault_test_safetensors_" + std::to_string(::getpid()));
-        fs::remove_all(path);
-        fs::create_directories(path);
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-    std::string file(const std::string& name) const { return (path / name).string(); }
-};
+using pv::test::TempDir;  // test/temp_dir.h
 
 inline std::vector<uint8_t> slurp(const std::string& path) {
     std::ifstream in(path, std::ios::binary);

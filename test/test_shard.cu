@@ -1,5 +1,6 @@
 // Token shards: round trips at both token widths and empty, the atomic write, and every rejection
 // path of read_shard with a message that names the file, the problem and the fix.
+#include "test/temp_dir.h"
 #include "data/shard.h"
 
 #include <catch2/catch.hpp>
@@ -19,21 +20,7 @@ namespace shard_test {
 
 namespace fs = std::filesystem;
 
-// A fresh directory under the system temp dir, unique per process (the suite may run
-// concurrently under several schedules), removed with everything in it on scope exit.
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        path = fs::temp_directory_path() / ("polevault_test_shard_" + std::to_string(::getpid()));
-        fs::remove_all(path);
-        fs::create_directories(path);
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-    std::string file(const std::string& name) const { return (path / name).string(); }
-};
+using pv::test::TempDir;  // test/temp_dir.h
 
 inline pv::TokenShard random_shard(uint32_t vocab, size_t n, uint64_t seed) {
     std::mt19937_64 rng(seed);

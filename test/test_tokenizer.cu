@@ -1,6 +1,7 @@
 // Byte-level BPE tokenizer: exact round trips on random and adversarial byte strings (invalid
 // UTF-8 included), compression of a trained vocabulary, deterministic training, save/load,
 // special tokens, the real Llama 3 tokenizer.json, and rejection of bad files.
+#include "test/temp_dir.h"
 #include "data/tokenizer.h"
 
 #include <catch2/catch.hpp>
@@ -22,20 +23,7 @@ namespace tokenizer_test {
 
 namespace fs = std::filesystem;
 
-// A fresh directory under the system temp dir, unique per process, removed on scope exit.
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        path = fs::temp_directory_path() / ("polevault_test_tokenizer_" + std::to_string(::getpid()));
-        fs::remove_all(path);
-        fs::create_directories(path);
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path, ec);
-    }
-    std::string file(const std::string& name) const { return (path / name).string(); }
-};
+using pv::test::TempDir;  // test/temp_dir.h
 
 void write_file(const std::string& path, const std::string& text) {
     std::ofstream f(path, std::ios::binary);
