@@ -1,5 +1,6 @@
-// train: the polevault training program (one rank for now; the parallel strategies plug in
-// where `single_forward`/`single_backward` are called).
+// train: the polevault training program, on one rank or under mpirun with a strategy from
+// parallel/ (--parallel single|ddp|zero1|zero2|zero3|mp), applied to a model that knows nothing
+// of it; rank 0 reports and writes.
 //
 //   ./train                      trains a small model on the built-in corpus (the project's own
 //                                README and headers, embedded at build time), prints one line per
@@ -28,7 +29,9 @@
 #include "optim/optimizer.cuh"
 #include "optim/schedule.h"
 #include "parallel/ddp.h"
+#include "parallel/mp.h"
 #include "parallel/single.h"
+#include "parallel/stages.h"
 #include "parallel/train_step.h"
 #include "parallel/world.h"
 #include "parallel/zero1.h"
@@ -150,7 +153,10 @@ double device_peak_flops() {
 template <class T, class G>
 int run_training(const TrainOptions& o, const TrainOptions& requested, RunData data, const LlamaConfig& config,
                  const std::string& resume_dir, World& world) {
-    const int ranks = world.size(), rank = world.rank();
+    // Data-parallel strategies split the batch over the ranks; model parallelism splits the model
+    // and every stage sees the whole batch.
+    const bool mp = o.parallel == "mp";
+    const int ranks = mp ? 1 : world.size(), data_rank = mp ? 0 : world.rank();
     const int accumulation = accumulation_for(o.batch, o.micro_batch, ranks);
     const BatchGeometry geometry{o.batch, o.micro_batch, accumulation, ranks};
     uint64_t fingerprint = 0xcbf29ce484222325ull;
@@ -169,11 +175,22 @@ int run_training(const TrainOptions& o, const TrainOptions& requested, RunData d
 
     // The model's groups split into one shard per rank; the strategy is applied from outside.
     // ZeRO-2/3 rotate a few gradient buffers through the units; ZeRO-3 also gathers parameters.
+    // Model parallelism gives each rank a stage of the units, with a slot per micro-batch in flight.
     const bool zero3 = o.parallel == "zero3", bound = o.parallel == "zero2" || zero3;
-    Llama<T> model(config, o.micro_batch, o.seq_len, 1, o.seed, bound ? Gradients::bound : Gradients::owned, ranks,
-                   nullptr, zero3 ? Parameters::bound : Parameters::owned);
+    StageUnits stage;
+    std::vector<int> stages, unit_owner;  // mp: stage boundaries, and the rank holding each unit
+    if (mp) {
+        stages = balance_stages(unit_costs(config, o.seq_len, parse_stage_balance(o.balance)), world.size());
+        for (int s = 0; s < world.size(); ++s)
+            for (int u = stages[size_t(s)]; u < stages[size_t(s) + 1]; ++u) unit_owner.push_back(s);
+        stage = StageUnits{stages[size_t(world.rank())], stages[size_t(world.rank()) + 1]};
+    }
+    Llama<T> model(config, o.micro_batch, o.seq_len, mp ? o.microbatches : 1, o.seed,
+                   bound ? Gradients::bound : Gradients::owned, ranks, nullptr,
+                   zero3 ? Parameters::bound : Parameters::owned, stage);
     std::unique_ptr<Strategy<T, G>> strategy;
     if (o.parallel == "single") strategy = std::make_unique<Single<T, G>>(model);
+    else if (mp) strategy = std::make_unique<ModelParallel<T, G>>(model, world.comm(), o.microbatches);
     else if (o.parallel == "ddp") strategy = std::make_unique<DDP<T, G>>(model, world.comm());
     else if (o.parallel == "zero1") strategy = std::make_unique<Zero1<T, G>>(model, world.comm());
     else if (o.parallel == "zero2") strategy = std::make_unique<Zero2<T, G>>(model, world.comm());
@@ -187,7 +204,7 @@ int run_training(const TrainOptions& o, const TrainOptions& requested, RunData d
     const AdamWSettings adamw{o.beta1, o.beta2, o.eps, o.weight_decay, o.decay_norm_weights, o.stochastic_rounding, o.seed};
     long long start_step = 0;
     if (!resume_dir.empty()) {
-        const TrainerState state = load_checkpoint(resume_dir, model, *optimizer, slices);
+        const TrainerState state = load_checkpoint(resume_dir, model, *optimizer, slices);  // the held units
         start_step = state.step;
         if (state.data_fingerprint != fingerprint || state.train_tokens != train_tokens) {
             if (state.options.data == o.data)
@@ -205,7 +222,7 @@ int run_training(const TrainOptions& o, const TrainOptions& requested, RunData d
                                     std::to_string(o.steps) + ": nothing to do; raise --steps to train further");
     const long long end_step = o.stop_after > 0 ? std::min(o.steps, start_step + o.stop_after) : o.steps;
 
-    const bool writer = rank == 0;
+    const bool writer = world.rank() == 0;
     const std::string metrics_path = o.out_dir + "/metrics.jsonl";
     FILE* metrics = nullptr;
     if (writer) {
@@ -215,12 +232,18 @@ int run_training(const TrainOptions& o, const TrainOptions& requested, RunData d
         if (!metrics) throw std::runtime_error("cannot write " + metrics_path);
     }
     const double flops_per_token = training_flops_per_token(config, o.seq_len);
-    const double peak = device_peak_flops() * ranks;
+    const double peak = device_peak_flops() * world.size();
     std::printf("model %s: %lld parameters, %d layers, hidden %d, vocab %d, %s; batch %d = micro-batch %d x "
                 "accumulation %d x %d rank(s), strategy %s; %lld training windows of %d tokens; %.3g FLOPs per token\n",
                 config.name.c_str(), parameter_count(config), config.num_layers, config.hidden_size, config.vocab_size,
                 o.dtype.c_str(), o.batch, o.micro_batch, accumulation, ranks, strategy->name(), loader.windows(),
                 o.seq_len, flops_per_token);
+    if (mp) {
+        std::printf("pipeline: %d stages (balanced by %s):", world.size(), o.balance.c_str());
+        for (size_t s = 0; s + 1 < stages.size(); ++s) std::printf(" [units %d-%d]", stages[s], stages[s + 1] - 1);
+        std::printf("; %d micro-batch(es) in flight, theoretical bubble (p-1)/(m+p-1) = %.1f%%\n", o.microbatches,
+                    100.0 * pipeline_bubble(world.size(), o.microbatches));
+    }
 
     auto evaluate = [&] {
         double sum = 0, counted = 0;
@@ -252,7 +275,7 @@ int run_training(const TrainOptions& o, const TrainOptions& requested, RunData d
     for (long long step = start_step; step < end_step; ++step) {
         const auto t0 = std::chrono::steady_clock::now();
         std::vector<DataLoader::MicroBatch> micro;
-        for (int j = 0; j < accumulation; ++j) micro.push_back(loader.micro_batch(step, j, geometry, rank));
+        for (int j = 0; j < accumulation; ++j) micro.push_back(loader.micro_batch(step, j, geometry, data_rank));
         const double lr = learning_rate(lr_config, step);
         const StepResult r = trainer.step(micro, lr, step + 1, o.clip, adamw);
         const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -279,7 +302,8 @@ int run_training(const TrainOptions& o, const TrainOptions& requested, RunData d
         if (metrics) std::fflush(metrics);
         if ((o.checkpoint_interval > 0 && (step + 1) % o.checkpoint_interval == 0) || step + 1 == end_step) {
             const std::string dir = checkpoint_path(o.out_dir, step + 1);
-            save_checkpoint(dir, model, *optimizer, trainer_state(step + 1), data.tokenizer.get(), strategy->comm(), slices);
+            save_checkpoint(dir, model, *optimizer, trainer_state(step + 1), data.tokenizer.get(), strategy->comm(), slices,
+                            mp ? &unit_owner : nullptr);
             std::printf("          checkpoint %s\n", dir.c_str());
         }
         std::fflush(stdout);
@@ -291,9 +315,9 @@ int run_training(const TrainOptions& o, const TrainOptions& requested, RunData d
     if (end_step < o.steps)
         std::printf("stopped after %lld steps; continue with: train --resume %s\n", end_step - start_step, o.out_dir.c_str());
 
-    if (zero3 && o.sample_tokens > 0 && end_step == o.steps)  // one rank alone cannot gather the parameters
-        std::printf("\nsample: zero3 keeps only slices of the parameters; sample from the checkpoint with: train sample "
-                    "%s\n", checkpoint_path(o.out_dir, end_step).c_str());
+    if (!strategy->holds_whole_model() && o.sample_tokens > 0 && end_step == o.steps)  // one rank alone has not got them
+        std::printf("\nsample: %s keeps only part of the parameters on each rank; sample from the checkpoint with: "
+                    "train sample %s\n", strategy->name(), checkpoint_path(o.out_dir, end_step).c_str());
     else if (writer && data.tokenizer && o.sample_tokens > 0 && end_step == o.steps) {
         std::printf("\nsample (temperature %.2f, top-p %.2f):\n%s", o.temperature, o.top_p, o.prompt.c_str());
         std::fflush(stdout);
@@ -306,14 +330,29 @@ int run_training(const TrainOptions& o, const TrainOptions& requested, RunData d
 
 int train_command(const TrainOptions& requested, const std::string& resume_dir, World& world) {
     TrainOptions o = requested;
-    if (o.micro_batch == 0) {  // auto: the largest divisor of batch / ranks up to 8 sequences per pass
-        if (o.batch % world.size() != 0)
+    const bool mp = o.parallel == "mp";
+    const int data_ranks = mp ? 1 : world.size();  // model parallelism: every stage sees the whole batch
+    if (o.microbatches > 1 && !mp)
+        throw std::invalid_argument("--microbatches " + std::to_string(o.microbatches) + " is for --parallel mp (the "
+                                    "pipeline's micro-batches in flight); drop it, or choose --parallel mp");
+    if (o.micro_batch == 0) {  // auto: the largest divisor of batch / ranks up to 8 (mp: that fills the pipeline)
+        if (o.batch % data_ranks != 0)
             throw std::invalid_argument("--batch " + std::to_string(o.batch) + " does not split over " +
-                                        std::to_string(world.size()) + " ranks: make --batch a multiple of " +
-                                        std::to_string(world.size()));
-        for (int m = std::min(8, o.batch / world.size()); m >= 1 && o.micro_batch == 0; --m)
-            if (o.batch / world.size() % m == 0) o.micro_batch = m;
+                                        std::to_string(data_ranks) + " ranks: make --batch a multiple of " +
+                                        std::to_string(data_ranks));
+        const int per_rank = o.batch / data_ranks;
+        for (int m = std::min(8, per_rank); m >= 1 && o.micro_batch == 0; --m)
+            if (per_rank % m == 0 && per_rank / m % o.microbatches == 0) o.micro_batch = m;
+        if (o.micro_batch == 0)
+            throw std::invalid_argument("--batch " + std::to_string(o.batch) + " has no micro-batch size that gives a "
+                                        "multiple of --microbatches " + std::to_string(o.microbatches) +
+                                        " micro-batches: make --batch a multiple of " + std::to_string(o.microbatches));
     }
+    if (mp && o.batch % o.micro_batch == 0 && o.batch / o.micro_batch % o.microbatches != 0)
+        throw std::invalid_argument("--batch " + std::to_string(o.batch) + " / --micro-batch " +
+                                    std::to_string(o.micro_batch) + " = " + std::to_string(o.batch / o.micro_batch) +
+                                    " micro-batches per step do not fill whole pipeline rounds of --microbatches " +
+                                    std::to_string(o.microbatches) + ": make that count a multiple of it");
     if (o.fp32_grad_accumulation && o.dtype != "bf16")
         throw std::invalid_argument("--fp32-grad-accumulation is for --dtype bf16 (" + o.dtype +
                                     " gradients already accumulate in their own type); drop the flag");
@@ -322,11 +361,11 @@ int train_command(const TrainOptions& requested, const std::string& resume_dir, 
                                     " parameters are their own master and are never rounded); drop the flag");
     if (o.parallel == "single" && world.size() > 1)
         throw std::invalid_argument("--parallel single runs on one rank but mpirun started " +
-                                    std::to_string(world.size()) + ": choose --parallel ddp, zero1, zero2 or zero3");
+                                    std::to_string(world.size()) + ": choose --parallel ddp, zero1, zero2, zero3 or mp");
     if ((o.parallel == "zero2" || o.parallel == "zero3") && o.fp32_grad_accumulation)
         throw std::invalid_argument("--parallel " + o.parallel + " reduces gradients in the storage type: drop "
                                     "--fp32-grad-accumulation (or use ddp or zero1)");
-    accumulation_for(o.batch, o.micro_batch, world.size());  // a bad geometry fails before any data is read
+    accumulation_for(o.batch, o.micro_batch, data_ranks);  // a bad geometry fails before any data is read
     RunData data = load_run_data(o, resume_dir);
     const LlamaConfig config = model_config(o, int(data.train.front().vocab_size), resume_dir);
     if (o.dtype == "bf16") {
@@ -387,6 +426,8 @@ int main_checked(int argc, char** argv) {
         resume_dir = resolve_checkpoint(c.train.resume);
         const TrainOptions saved = read_trainer_state(resume_dir + "/" + kTrainerStateFile).options;
         c = parse_command(argc, argv, saved);
+        // Leaving a pipeline for another strategy drops its micro-batches in flight (unless given again).
+        if (c.train.parallel != "mp" && c.train.microbatches == saved.microbatches) c.train.microbatches = 1;
         TrainOptions compare = c.train;
         compare.resume = saved.resume;
         compare.stop_after = saved.stop_after;

@@ -31,15 +31,33 @@ const char* torch_dtype_name(DType d) { return d == DType::bf16 ? "bfloat16" : d
 template <class T>
 void upload_params(Llama<T>& model, const HostGroups& g) {
     for (int u = 0; u < model.num_units(); ++u)
-        CUDA_CHECK(cudaMemcpy(model.params(u), g.units[size_t(u)].data(), g.units[size_t(u)].size(), cudaMemcpyHostToDevice));
+        if (model.holds(u))
+            CUDA_CHECK(cudaMemcpy(model.params(u), g.units[size_t(u)].data(), g.units[size_t(u)].size(), cudaMemcpyHostToDevice));
 }
 
 // Unit u's array of which this rank holds [begin, begin + len) (all of it when len == padded),
-// whole on the writing rank: gathered from every rank's slice through `comm` otherwise.
+// whole on the writing rank: gathered from every rank's slice through `comm`, or sent by the rank
+// that owns the unit (`owner` >= 0, model parallelism).
 template <class X, class T>
-std::vector<uint8_t> whole_group(Llama<T>& model, Comm* comm, int u, const X* range, long long len, bool writer) {
+std::vector<uint8_t> whole_group(Llama<T>& model, Comm* comm, int u, const X* range, long long len, bool writer,
+                                 int owner = -1) {
     const long long padded = model.layout(u).padded;
-    if (len == padded) {
+    if (owner > 0) {  // one rank holds it whole and sends it to the writer
+        if (comm->rank() == owner) {
+            comm->fence_from(model.stream());
+            comm->send(range, size_t(padded), 0);
+            CUDA_CHECK(cudaStreamSynchronize(comm->stream()));
+            return {};
+        }
+        if (!writer) return {};
+        DeviceBuffer<X> whole(size_t(padded), MemoryCategory::comm_buffers);
+        comm->recv(whole.get(), size_t(padded), owner);
+        CUDA_CHECK(cudaStreamSynchronize(comm->stream()));
+        std::vector<uint8_t> bytes(whole.bytes());
+        CUDA_CHECK(cudaMemcpy(bytes.data(), whole.get(), bytes.size(), cudaMemcpyDeviceToHost));
+        return bytes;
+    }
+    if (len == padded || owner == 0) {
         if (!writer) return {};
         std::vector<uint8_t> bytes(size_t(padded) * sizeof(X));
         CUDA_CHECK(cudaMemcpy(bytes.data(), range, bytes.size(), cudaMemcpyDeviceToHost));
@@ -73,23 +91,28 @@ std::string resolve_checkpoint(const std::string& path) {
 
 template <class T>
 void save_checkpoint(const std::string& dir, Llama<T>& model, const AdamWState<T>& optimizer, const TrainerState& state,
-                     const Tokenizer* tokenizer, Comm* comm, const std::vector<T*>* param_slices) {
+                     const Tokenizer* tokenizer, Comm* comm, const std::vector<T*>* param_slices,
+                     const std::vector<int>* unit_owner) {
     using A = acc_t<T>;
     using Field = typename AdamWState<T>::Field;
     const bool writer = !comm || comm->rank() == 0;
     const std::vector<GroupLayout> layouts = layouts_of(model);
-    // Each field of each unit, whole: this rank's range, or gathered from every rank's slice.
+    auto owner = [&](int u) { return unit_owner ? unit_owner->at(size_t(u)) : -1; };
+    // Each field of each unit, whole: this rank's range, gathered from every rank's slice, or sent
+    // by its owner.
     auto gather = [&](Field f) {
         HostGroups g{dtype_of<A>(), {}};
         for (int u = 0; u < model.num_units(); ++u)
-            g.units.push_back(whole_group(model, comm, u, optimizer.data(u, f), optimizer.end(u) - optimizer.begin(u), writer));
+            g.units.push_back(whole_group(model, comm, u, optimizer.data(u, f), optimizer.end(u) - optimizer.begin(u),
+                                          writer, owner(u)));
         return g;
     };
     HostGroups params{dtype_of<T>(), {}};
     for (int u = 0; u < model.num_units(); ++u)
         params.units.push_back(param_slices ? whole_group(model, comm, u, (*param_slices)[size_t(u)],
                                                           optimizer.end(u) - optimizer.begin(u), writer)
-                                            : whole_group(model, comm, u, model.params(u), model.layout(u).padded, writer));
+                                            : whole_group(model, comm, u, model.params(u), model.layout(u).padded, writer,
+                                                          owner(u)));
     std::vector<std::pair<std::string, HostGroups>> fields;
     if constexpr (AdamWState<T>::kHasMaster) fields.emplace_back("master.safetensors", gather(Field::master));
     fields.emplace_back("adam_m.safetensors", gather(Field::m));
@@ -148,7 +171,7 @@ void load_weights(const std::string& dir, Llama<T>& model) {
 
 #define PV_INSTANTIATE(T)                                                                                              \
     template void save_checkpoint(const std::string&, Llama<T>&, const AdamWState<T>&, const TrainerState&,            \
-                                  const Tokenizer*, Comm*, const std::vector<T*>*);                                    \
+                                  const Tokenizer*, Comm*, const std::vector<T*>*, const std::vector<int>*);           \
     template TrainerState load_checkpoint(const std::string&, Llama<T>&, AdamWState<T>&, const std::vector<T*>*);      \
     template void load_weights(const std::string&, Llama<T>&);
 PV_INSTANTIATE(__nv_bfloat16)

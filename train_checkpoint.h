@@ -15,8 +15,10 @@
 //
 // When the optimizer state (ZeRO) or the parameters (ZeRO-3) are sharded, each field of each
 // unit is all-gathered (through `comm`, counted like any collective) into a scratch buffer
-// before rank 0 writes it; only rank 0 writes, so the ranks need not share a filesystem for
-// saving. Loading reads the whole files on every rank (so they must be visible to every rank:
+// before rank 0 writes it; with model parallelism each unit lives whole on its stage's rank,
+// which sends it to rank 0 (ncclSend/ncclRecv, unit by unit, so rank 0 never holds more than one
+// unit's field beyond what it writes). Only rank 0 writes, so the ranks need not share a
+// filesystem for saving. Loading reads the whole files on every rank (so they must be visible to every rank:
 // one machine, or a shared filesystem) and keeps each rank's slice. Tensors are whole and
 // unpadded in the files, so a checkpoint loads at any world size.
 #pragma once
@@ -42,13 +44,15 @@ std::string resolve_checkpoint(const std::string& path);
 
 // Collective over `comm` (null: one rank) when the optimizer state is sharded; rank 0 writes.
 // param_slices (ZeRO-3): per unit, this rank's slice of the parameters (the optimizer's range),
-// gathered instead of reading the model's.
+// gathered instead of reading the model's. unit_owner (model parallelism): per unit, the rank
+// that holds it whole (the others hold none of it).
 template <class T>
 void save_checkpoint(const std::string& dir, Llama<T>& model, const AdamWState<T>& optimizer, const TrainerState& state,
-                     const Tokenizer* tokenizer, Comm* comm = nullptr, const std::vector<T*>* param_slices = nullptr);
+                     const Tokenizer* tokenizer, Comm* comm = nullptr, const std::vector<T*>* param_slices = nullptr,
+                     const std::vector<int>* unit_owner = nullptr);
 
-// Loads the weights (into param_slices' ranges when given) and this rank's range of the
-// optimizer state; returns the trainer state.
+// Loads the weights (into param_slices' ranges when given; only the units the model holds) and
+// this rank's range of the optimizer state; returns the trainer state.
 template <class T>
 TrainerState load_checkpoint(const std::string& dir, Llama<T>& model, AdamWState<T>& optimizer,
                              const std::vector<T*>* param_slices = nullptr);

@@ -13,7 +13,7 @@ namespace pv {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, data, val_data, vocab, steps, batch,
                                                 micro_batch, seq_len, lr, schedule, warmup, final_lr_fraction, clip,
                                                 weight_decay, decay_norm_weights, beta1, beta2, eps, dtype,
-                                                stochastic_rounding, fp32_grad_accumulation, seed, parallel, eval_interval,
+                                                stochastic_rounding, fp32_grad_accumulation, seed, parallel, microbatches, balance, eval_interval,
                                                 eval_batches, out_dir, checkpoint_interval, resume, stop_after,
                                                 prompt, sample_tokens, temperature, top_p)
 
@@ -60,9 +60,17 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
     app.add_option("--parallel", o.parallel,
                    "Strategy over the ranks of mpirun: single (one rank), ddp (replicas, gradients all-reduced "
                    "in per-unit buckets), zero1 (optimizer state sharded, gradients reduce-scattered), zero2 "
-                   "(gradients sharded too, reduce-scattered unit by unit during the backward) or zero3 (parameters "
-                   "sharded too, each unit all-gathered just before it runs)")
-        ->check(CLI::IsMember({"single", "ddp", "zero1", "zero2", "zero3"}));
+                   "(gradients sharded too, reduce-scattered unit by unit during the backward), zero3 (parameters "
+                   "sharded too, each unit all-gathered just before it runs) or mp (model parallel: each rank "
+                   "runs a contiguous stage of the layers, the residual stream sent between stages)")
+        ->check(CLI::IsMember({"single", "ddp", "zero1", "zero2", "zero3", "mp"}));
+    app.add_option("--microbatches", o.microbatches,
+                   "mp: micro-batches in flight in the pipeline (GPipe: that many forwards, then their backwards; "
+                   "1: naive model parallel). The micro-batches per step (batch / micro-batch) must be a multiple of it")
+        ->check(CLI::PositiveNumber);
+    app.add_option("--balance", o.balance,
+                   "mp: balance the stages by training FLOPs (flops) or by parameter count (params)")
+        ->check(CLI::IsMember({"flops", "params"}));
     app.add_option("--eval-interval", o.eval_interval, "Evaluate on the validation data every this many steps (0: never)")
         ->check(CLI::NonNegativeNumber);
     app.add_option("--eval-batches", o.eval_batches, "Micro-batches per evaluation")->check(CLI::PositiveNumber);

@@ -45,7 +45,9 @@ struct TrainOptions {
     bool stochastic_rounding = false;
     bool fp32_grad_accumulation = false;
     uint64_t seed = 1337;
-    std::string parallel = "single";  // single, ddp, zero1, zero2 or zero3 (parallel/)
+    std::string parallel = "single";  // single, ddp, zero1, zero2, zero3 or mp (parallel/)
+    int microbatches = 1;             // mp: micro-batches in flight in the pipeline (GPipe)
+    std::string balance = "flops";    // mp: balance the stages by flops or params
     // Evaluation, output, checkpoints.
     int eval_interval = 50;
     int eval_batches = 4;

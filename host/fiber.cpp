@@ -12,6 +12,7 @@
 #include <cstring>
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
@@ -34,17 +35,32 @@ size_t fiber_stack_bytes() {
     return bytes;
 }
 
+namespace {
+
+// Returns a stack (and its guard page) to the system. A fiber that ends switches away for good
+// from inside its entry function, so that frame's ASan redzones stay poisoned in the shadow;
+// munmap does not clear the shadow, and the next mapping at that address (libbacktrace's, when
+// LeakSanitizer symbolises at exit) would read as poisoned: ASan then reports an error from
+// inside its own symbolizer and deadlocks on the symbolizer's lock. So the stack is unpoisoned first.
+void unmap_stack(const FiberStack& s) {
+    const size_t page = size_t(sysconf(_SC_PAGESIZE));
+#if defined(__SANITIZE_ADDRESS__)
+    __asan_unpoison_memory_region(s.base, s.size);
+#endif
+    munmap(s.base - page, s.size + page);
+}
+
+}  // namespace
+
 StackPool::StackPool(size_t stack_bytes) : stack_bytes_(stack_bytes) {}
 
 StackPool::~StackPool() {
-    const size_t page = size_t(sysconf(_SC_PAGESIZE));
-    for (const FiberStack& s : all_) munmap(s.base - page, s.size + page);
+    for (const FiberStack& s : all_) unmap_stack(s);
 }
 
 void StackPool::release(FiberStack stack) {
     if constexpr (kThreadSanitizer) {
-        const size_t page = size_t(sysconf(_SC_PAGESIZE));
-        munmap(stack.base - page, stack.size + page);
+        unmap_stack(stack);
         std::erase_if(all_, [&](const FiberStack& s) { return s.base == stack.base; });
     } else {
         free_.push_back(stack);

@@ -6,25 +6,44 @@
 
 namespace pv {
 
-double matmul_parameter_count(const LlamaConfig& c) {
-    validate_or_throw(c);
-    // In double: N for a 70B model is exact (< 2^53), and the products never overflow an int.
+namespace {
+
+// In double: N for a 70B model is exact (< 2^53), and the products never overflow an int.
+double block_matmul_weights(const LlamaConfig& c) {
     const double h = c.hidden_size, q = c.q_width(), kv = c.kv_width(), f = c.ffn_size;
-    const double block = q * h         // Wq
-                         + 2 * kv * h  // Wk, Wv
-                         + h * q       // Wo
-                         + 3 * f * h;  // Wgate, Wup, Wdown
-    const double lm_head = double(c.vocab_size) * h;  // counted even when tied: its GEMM runs anyway
-    return c.num_layers * block + lm_head;
+    return q * h         // Wq
+           + 2 * kv * h  // Wk, Wv
+           + h * q       // Wo
+           + 3 * f * h;  // Wgate, Wup, Wdown
 }
 
-double training_flops_per_token(const LlamaConfig& c, int seq_len) {
+double lm_head_weights(const LlamaConfig& c) { return double(c.vocab_size) * c.hidden_size; }  // also when tied: its GEMM runs anyway
+
+}  // namespace
+
+double matmul_parameter_count(const LlamaConfig& c) {
+    validate_or_throw(c);
+    return c.num_layers * block_matmul_weights(c) + lm_head_weights(c);
+}
+
+double unit_training_flops_per_token(const LlamaConfig& c, UnitKind kind, int seq_len) {
+    validate_or_throw(c);
     if (seq_len < 1)
         throw std::invalid_argument("training_flops_per_token: seq_len = " + std::to_string(seq_len) +
                                     " must be positive: pass the training sequence length in tokens");
-    const double n = matmul_parameter_count(c);
-    const double attention = 12.0 * c.num_layers * c.num_heads * c.head_dim_resolved() * double(seq_len);
-    return 6.0 * n + attention;
+    switch (kind) {
+        case UnitKind::embedding: return 0.0;
+        case UnitKind::block:
+            return 6.0 * block_matmul_weights(c) + 12.0 * c.num_heads * c.head_dim_resolved() * double(seq_len);
+        case UnitKind::head: return 6.0 * lm_head_weights(c);
+    }
+    return 0.0;
+}
+
+double training_flops_per_token(const LlamaConfig& c, int seq_len) {
+    return unit_training_flops_per_token(c, UnitKind::embedding, seq_len) +
+           c.num_layers * unit_training_flops_per_token(c, UnitKind::block, seq_len) +
+           unit_training_flops_per_token(c, UnitKind::head, seq_len);
 }
 
 double dense_bf16_peak_flops(int cc_major, int cc_minor, int sm_count, int clock_khz) {

@@ -49,6 +49,7 @@
 #pragma once
 
 #include "model/config.h"
+#include "model/parameters.h"
 
 namespace pv {
 
@@ -56,9 +57,13 @@ namespace pv {
 // embedding lookup and the RMSNorm weights. Validates the config first (std::invalid_argument).
 double matmul_parameter_count(const LlamaConfig& c);
 
-// 6·N + 12·num_layers·num_heads·head_dim·seq_len. Throws std::invalid_argument for an invalid
-// config or seq_len < 1.
+// 6·N + 12·num_layers·num_heads·head_dim·seq_len: the sum of unit_training_flops_per_token over
+// the model's units. Throws std::invalid_argument for an invalid config or seq_len < 1.
 double training_flops_per_token(const LlamaConfig& c, int seq_len);
+
+// One unit's share: a block 6·(its matmul weights) + 12·num_heads·head_dim·seq_len, the head
+// 6·vocab·hidden, the embedding 0 (a gather). What model parallelism balances its stages by.
+double unit_training_flops_per_token(const LlamaConfig& c, UnitKind kind, int seq_len);
 
 // The dense bf16 tensor-core peak in FLOP/s: sm_count · clock_khz·1e3 · the per-SM rate above,
 // 0 for a compute capability without a derived rate. Throws std::invalid_argument when sm_count

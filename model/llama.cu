@@ -72,7 +72,7 @@ std::vector<ActivationBuffer> activation_layout(const LlamaConfig& c, UnitKind k
 
 template <class T>
 Llama<T>::Llama(const LlamaConfig& config, int batch, int seq_len, int slots, uint64_t seed, Gradients gradients, int shards,
-                cudaStream_t stream, Parameters parameters)
+                cudaStream_t stream, Parameters parameters, StageUnits stage)
     : config_(config), batch_(batch), seq_len_(seq_len), gradients_(gradients), parameters_(parameters), stream_(stream) {
     validate_or_throw(config_);
     if (batch < 1 || seq_len < 1 || slots < 1)
@@ -81,16 +81,27 @@ Llama<T>::Llama(const LlamaConfig& config, int batch, int seq_len, int slots, ui
     if (seq_len > config_.max_seq_len)
         throw std::invalid_argument("Llama: seq_len = " + std::to_string(seq_len) + " exceeds the model's max_seq_len = " +
                                     std::to_string(config_.max_seq_len) + "; use a shorter sequence");
+    std::vector<UnitSpec> specs = model_units(config_);
+    const int all = int(specs.size());
+    first_unit_ = stage.first;
+    end_unit_ = stage.end < 0 ? all : stage.end;
+    if (first_unit_ < 0 || first_unit_ >= end_unit_ || end_unit_ > all)
+        throw std::invalid_argument("Llama: stage units [" + std::to_string(stage.first) + ", " + std::to_string(stage.end) +
+                                    ") are not a non-empty range of the model's " + std::to_string(all) + " units");
     CUBLAS_CHECK(cublasCreate(&cublas_));
     const DType dt = dtype_of<T>();
     uint32_t next_id = 0;
-    for (UnitSpec& spec : model_units(config_)) {
+    for (UnitSpec& spec : specs) {
         Unit fresh;
         fresh.layout = layout_group(spec.tensors, next_id, shards);
         next_id += uint32_t(spec.tensors.size());
         fresh.spec = std::move(spec);
         units_.push_back(std::move(fresh));
         Unit& unit = units_.back();
+        const int u = num_units() - 1;
+        const bool runs_here = u >= first_unit_ && u < end_unit_;
+        unit.held = runs_here || (u == 0 && config_.tie_embeddings && end_unit_ == all);
+        if (!unit.held) continue;
         const size_t bytes = size_t(unit.layout.padded) * sizeof(T);
         if (parameters == Parameters::owned) {
             unit.params = static_cast<T*>(device_alloc(bytes, MemoryCategory::parameters));
@@ -101,6 +112,7 @@ Llama<T>::Llama(const LlamaConfig& config, int batch, int seq_len, int slots, ui
             CUDA_CHECK(cudaMemsetAsync(unit.grads, 0, bytes, stream_));
         }
         unit.arena_layout = activation_layout(config_, unit.spec.kind, batch, seq_len, dt);
+        if (!runs_here) continue;  // the tied embedding's copy on the head's stage
         for (int s = 0; s < slots; ++s)
             unit.arenas.push_back(device_alloc(arena_bytes(unit.arena_layout), MemoryCategory::activations));
     }
@@ -133,8 +145,8 @@ template <class T>
 Llama<T>::~Llama() {
     cudaStreamSynchronize(stream_);
     for (Unit& u : units_) {
-        if (parameters_ == Parameters::owned) memory_free(u.params);
-        if (gradients_ == Gradients::owned) memory_free(u.grads);
+        if (parameters_ == Parameters::owned && u.held) memory_free(u.params);
+        if (gradients_ == Gradients::owned && u.held) memory_free(u.grads);
         for (void* a : u.arenas) memory_free(a);
     }
     memory_free(inv_freq_);
@@ -185,7 +197,10 @@ template <class T>
 T* Llama<T>::tensor(const std::string& name) {
     for (int u = 0; u < num_units(); ++u)
         for (const TensorSlot& t : units_[size_t(u)].layout.tensors)
-            if (t.spec.name == name) return units_[size_t(u)].params + t.offset;
+            if (t.spec.name == name) {
+                if (!units_[size_t(u)].held) throw std::logic_error("tensor '" + name + "' is not held by this model's stage");
+                return units_[size_t(u)].params + t.offset;
+            }
     throw std::invalid_argument("no tensor named '" + name + "'");
 }
 
@@ -234,6 +249,7 @@ void Llama<T>::zero_grads() {
 
 template <class T>
 void Llama<T>::forward_unit(int u, int slot, const UnitIO<T>& io) {
+    if (!runs(u)) throw std::logic_error("forward_unit: unit " + std::to_string(u) + " is not in this model's stage");
     switch (unit_kind(u)) {
         case UnitKind::embedding:
             embedding_forward(io.tokens, weight(u, "wte"), io.residual_out, rows(), config_.hidden_size,
@@ -246,6 +262,7 @@ void Llama<T>::forward_unit(int u, int slot, const UnitIO<T>& io) {
 
 template <class T>
 void Llama<T>::backward_unit(int u, int slot, const UnitIO<T>& io) {
+    if (!runs(u)) throw std::logic_error("backward_unit: unit " + std::to_string(u) + " is not in this model's stage");
     switch (unit_kind(u)) {
         case UnitKind::embedding:
             // With tied embeddings the head has already added its part to this same gradient.

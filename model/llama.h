@@ -62,6 +62,15 @@ struct UnitIO {
 enum class Gradients { none, owned, bound };
 enum class Parameters { owned, bound };
 
+// The units a model holds: [first, end) (end −1: to the last unit). Model parallelism gives each
+// rank one contiguous stage; the model then allocates parameters, gradients and activation arenas
+// for those units only. A stage with the head of a model with tied embeddings also holds the
+// embedding's parameters and gradients (the head multiplies by wte), but no arena for it.
+struct StageUnits {
+    int first = 0;
+    int end = -1;
+};
+
 template <class T>
 class Llama {
   public:
@@ -72,9 +81,10 @@ class Llama {
     // only a few full-size gradient buffers alive and rotate them through the units).
     // `parameters`: owned (allocated and initialised here) or bound (ZeRO-3: each rank keeps a
     // slice, initialised with init_params, and binds a gathered copy of a unit before using it).
+    // `stage`: the units held (StageUnits); the others have no buffers and cannot run.
     Llama(const LlamaConfig& config, int batch, int seq_len, int slots, uint64_t seed,
           Gradients gradients = Gradients::owned, int shards = 1, cudaStream_t stream = nullptr,
-          Parameters parameters = Parameters::owned);
+          Parameters parameters = Parameters::owned, StageUnits stage = {});
     ~Llama();
     Llama(const Llama&) = delete;
     Llama& operator=(const Llama&) = delete;
@@ -85,6 +95,12 @@ class Llama {
     long long rows() const { return (long long)batch_ * seq_len_; }
     int num_units() const { return int(units_.size()); }
     UnitKind unit_kind(int u) const { return units_[size_t(u)].spec.kind; }
+    // The stage's units [first_unit, end_unit) run here; holds(u) also for the tied embedding's
+    // copy on the head's stage (parameters and gradients, no arena).
+    int first_unit() const { return first_unit_; }
+    int end_unit() const { return end_unit_; }
+    bool runs(int u) const { return u >= first_unit_ && u < end_unit_; }
+    bool holds(int u) const { return units_[size_t(u)].held; }
 
     void forward_unit(int u, int slot, const UnitIO<T>& io);
     void backward_unit(int u, int slot, const UnitIO<T>& io);
@@ -124,6 +140,7 @@ class Llama {
     struct Unit {
         UnitSpec spec;
         GroupLayout layout;
+        bool held = true;
         T* params = nullptr;
         T* grads = nullptr;
         std::vector<void*> arenas;                  // one per slot
@@ -140,6 +157,7 @@ class Llama {
 
     LlamaConfig config_;
     int batch_, seq_len_;
+    int first_unit_ = 0, end_unit_ = 0;
     Gradients gradients_;
     Parameters parameters_;
     cudaStream_t stream_;

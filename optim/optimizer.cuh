@@ -44,13 +44,21 @@ class AdamWState {
     enum class Field { master, m, v };
 
     // State for shard `shard` of `shards` of each layout (shards = 1: everything). The layouts
-    // must be splittable into `shards` (GroupLayout::shards a multiple of it).
-    AdamWState(std::vector<GroupLayout> layouts, int shard, int shards) : layouts_(std::move(layouts)) {
-        for (const GroupLayout& l : layouts_) {
+    // must be splittable into `shards` (GroupLayout::shards a multiple of it). `held` (empty: all)
+    // says which units this rank keeps state for at all (a pipeline stage's, parallel/mp.h); the
+    // others get an empty range.
+    AdamWState(std::vector<GroupLayout> layouts, int shard, int shards, const std::vector<bool>& held = {})
+        : layouts_(std::move(layouts)) {
+        for (size_t i = 0; i < layouts_.size(); ++i) {
+            const GroupLayout& l = layouts_[i];
             if (shards < 1 || shard < 0 || shard >= shards || l.padded % shards != 0)
                 throw std::invalid_argument("AdamWState: shard " + std::to_string(shard) + " of " + std::to_string(shards) +
                                             " does not split a group of " + std::to_string(l.padded) + " elements");
             Unit u;
+            if (!held.empty() && !held.at(i)) {
+                units_.push_back(u);
+                continue;
+            }
             const long long len = l.padded / shards;
             u.begin = len * shard;
             u.end = u.begin + len;
@@ -78,6 +86,7 @@ class AdamWState {
     // The master copy from the current parameters (the owned range, starting at element begin):
     // at the start of training and after loading weights. No-op without a master.
     void init_master(int u, const T* params_range, cudaStream_t stream) {
+        if (end(u) == begin(u)) return;
         if constexpr (kHasMaster) pv::init_master(params_range, units_[size_t(u)].master, end(u) - begin(u), stream);
     }
 
@@ -109,6 +118,7 @@ class AdamWState {
     // Host bytes of a field over unit u's owned range (for checkpoints), and back.
     std::vector<uint8_t> download(int u, Field f) const {
         std::vector<uint8_t> out(range_bytes(u));
+        if (out.empty()) return out;
         CUDA_CHECK(cudaMemcpy(out.data(), field(u, f), out.size(), cudaMemcpyDeviceToHost));
         return out;
     }
@@ -116,6 +126,7 @@ class AdamWState {
         if (bytes.size() != range_bytes(u))
             throw std::invalid_argument("AdamWState::upload: " + std::to_string(bytes.size()) + " bytes for a range of " +
                                         std::to_string(range_bytes(u)));
+        if (bytes.empty()) return;
         CUDA_CHECK(cudaMemcpy(field(u, f), bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
     }
 
@@ -130,6 +141,7 @@ class AdamWState {
     A* field(int u, Field f) const {
         const Unit& st = units_[size_t(u)];
         A* p = f == Field::master ? st.master : f == Field::m ? st.m : st.v;
+        if (!p && (f != Field::master || kHasMaster)) return nullptr;  // a unit not held: an empty range
         if (!p) throw std::invalid_argument("AdamWState: no master copy for this storage type");
         return p;
     }

@@ -60,7 +60,7 @@ void Comm::fence_to(cudaStream_t compute) {
     CUDA_CHECK(cudaStreamWaitEvent(compute, to_, 0));
 }
 
-void Comm::record(CollectiveKind kind, size_t count, ncclDataType_t dtype) {
+void Comm::record(CollectiveKind kind, size_t count, ncclDataType_t dtype, int peer) {
     const double n = size_, bytes = double(count) * double(nccl_type_size(dtype));
     double wire = 0;
     switch (kind) {
@@ -71,7 +71,7 @@ void Comm::record(CollectiveKind kind, size_t count, ncclDataType_t dtype) {
         case CollectiveKind::send: wire = bytes; break;
         case CollectiveKind::recv: wire = 0; break;
     }
-    log_.push_back(CollectiveRecord{kind, count, dtype, size_, name_, wire});
+    log_.push_back(CollectiveRecord{kind, count, dtype, size_, name_, wire, peer});
 }
 
 Comm::Totals Comm::totals() const {

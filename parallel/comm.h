@@ -41,6 +41,7 @@ struct CollectiveRecord {
     int ranks;             // the communicator's size
     std::string comm;      // the communicator's name
     double wire_bytes;     // bytes this rank sends (header comment)
+    int peer = -1;         // send/recv: the other rank; collectives: -1
 };
 
 size_t nccl_type_size(ncclDataType_t t);
@@ -97,12 +98,12 @@ class Comm {
     }
     template <class T>
     void send(const T* buf, size_t count, int peer) {
-        record(CollectiveKind::send, count, nccl_type<T>());
+        record(CollectiveKind::send, count, nccl_type<T>(), peer);
         NCCL_CHECK(ncclSend(buf, count, nccl_type<T>(), peer, comm_, stream_));
     }
     template <class T>
     void recv(T* buf, size_t count, int peer) {
-        record(CollectiveKind::recv, count, nccl_type<T>());
+        record(CollectiveKind::recv, count, nccl_type<T>(), peer);
         NCCL_CHECK(ncclRecv(buf, count, nccl_type<T>(), peer, comm_, stream_));
     }
     void group_start() { NCCL_CHECK(ncclGroupStart()); }
@@ -122,7 +123,7 @@ class Comm {
     Totals totals() const;
 
   private:
-    void record(CollectiveKind kind, size_t count, ncclDataType_t dtype);
+    void record(CollectiveKind kind, size_t count, ncclDataType_t dtype, int peer = -1);
     ncclComm_t comm_;
     std::string name_;
     int rank_ = 0, size_ = 1;

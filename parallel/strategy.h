@@ -13,10 +13,13 @@
 // and, for the tied embedding, earlier by the head's; the embedding unit runs last, so "after
 // unit u's backward" is always after every write to group u.
 //
-// Ownership. Rank r of N owns slice r of every unit's padded group ([r·len, (r+1)·len), len =
-// padded/N): ZeRO keeps optimizer state only there; DDP keeps all of it, but every strategy forms
-// the global gradient norm the same way — each rank the squares of its slice, in unit order,
-// then a sum over ranks in rank order — so DDP and ZeRO clip by bit-identical scales.
+// Ownership. Data-parallel rank r of N owns slice r of every unit's padded group ([r·len,
+// (r+1)·len), len = padded/N): ZeRO keeps optimizer state only there; DDP keeps all of it, but
+// every strategy forms the global gradient norm the same way — per unit, each rank the squares
+// of its slice; those summed over ranks in rank order; then the units added in unit order — so
+// DDP and ZeRO clip by bit-identical scales. Model parallelism (mp.h) splits the units instead of
+// the data: a rank holds its stage's units whole (its data-parallel world is one rank) and counts
+// them in the norm, the other ranks zeros, so a pipeline's norm has one rank's bits.
 #pragma once
 
 #include "kernels/glue.cuh"
@@ -37,10 +40,12 @@ class Strategy {
         static_assert(std::is_same_v<G, T> || std::is_same_v<G, float>, "gradients are T or float");
         if constexpr (!std::is_same_v<G, T>)
             for (int u = 0; u < model.num_units(); ++u)
-                grad32_.emplace_back(size_t(model.layout(u).padded), MemoryCategory::gradients);
+                grad32_.push_back(model.holds(u) ? DeviceBuffer<float>(size_t(model.layout(u).padded), MemoryCategory::gradients)
+                                                 : DeviceBuffer<float>());
         long long largest = 0;
         for (int u = 0; u < model.num_units(); ++u) largest = std::max(largest, model.layout(u).padded);
         norm_scratch_ = DeviceBuffer<uint8_t>(sum_of_squares_scratch_bytes<G>(largest), MemoryCategory::workspace);
+        unit_norms_ = DeviceBuffer<double>(2 * size_t(model.num_units()), MemoryCategory::workspace);
     }
     virtual ~Strategy() = default;
     Strategy(const Strategy&) = delete;
@@ -51,36 +56,46 @@ class Strategy {
     Comm* comm() { return comm_; }
     int rank() const { return comm_ ? comm_->rank() : 0; }
     int ranks() const { return comm_ ? comm_->size() : 1; }
+    // The communicator the batch is split over (null: this rank sees the whole batch), and this
+    // rank's place in it. Every communicator the strategy uses, for counting.
+    virtual Comm* data_comm() { return comm_; }
+    int data_rank() { return data_comm() ? data_comm()->rank() : 0; }
+    int data_ranks() { return data_comm() ? data_comm()->size() : 1; }
+    virtual std::vector<Comm*> comms() { return comm_ ? std::vector<Comm*>{comm_} : std::vector<Comm*>{}; }
+    // Micro-batches in flight at once (activation slots): 1, or the pipeline's (mp.h).
+    virtual int slots() const { return 1; }
+    // Whether this rank holds every parameter whole (it can sample, for one).
+    virtual bool holds_whole_model() const { return model_.first_unit() == 0 && model_.end_unit() == model_.num_units(); }
 
     // The slice of unit u's group this rank owns.
-    long long slice_len(int u) const { return model_.layout(u).padded / ranks(); }
-    long long slice_begin(int u) const { return slice_len(u) * rank(); }
-    // The range the optimizer of this rank updates: everything, or the slice (ZeRO).
+    long long slice_len(int u) { return model_.layout(u).padded / data_ranks(); }
+    long long slice_begin(int u) { return slice_len(u) * data_rank(); }
+    // The range the optimizer of this rank updates: everything, or the slice (ZeRO); nothing of
+    // a unit the rank does not hold (mp.h).
     virtual bool sharded_optimizer() const = 0;
-    long long owned_begin(int u) const { return sharded_optimizer() ? slice_begin(u) : 0; }
-    long long owned_len(int u) const { return sharded_optimizer() ? slice_len(u) : model_.layout(u).padded; }
+    long long owned_begin(int u) { return sharded_optimizer() ? slice_begin(u) : 0; }
+    long long owned_len(int u) {
+        return !model_.holds(u) ? 0 : sharded_optimizer() ? slice_len(u) : model_.layout(u).padded;
+    }
 
     // The start of an optimizer step: gradients to zero.
     virtual void begin_step() {
         model_.zero_grads();
-        for (auto& g : grad32_) CUDA_CHECK(cudaMemsetAsync(g.get(), 0, g.bytes(), model_.stream()));
+        for (auto& g : grad32_)
+            if (g.bytes() > 0) CUDA_CHECK(cudaMemsetAsync(g.get(), 0, g.bytes(), model_.stream()));
     }
 
     // One micro-step's forward (loss sum and count of this micro-batch into the device scalars).
-    void forward(int slot, const int* tokens, const int* targets, acc_t<T>* loss_sum, int* count) {
+    virtual void forward(int slot, const int* tokens, const int* targets, acc_t<T>* loss_sum, int* count) {
         single_forward(model_, slot, tokens, targets, loss_sum, count, [&](int u) { before_unit_forward(u); });
     }
 
     // One micro-step's backward; `last` marks the last micro-step of the optimizer step.
-    void backward(int slot, const int* tokens, const int* targets, double loss_scale, bool last) {
+    virtual void backward(int slot, const int* tokens, const int* targets, double loss_scale, bool last) {
         if (!grad32_.empty()) model_.zero_grads();  // each micro-step's T gradients, then added up
         single_backward(
             model_, slot, tokens, targets, loss_scale, [&](int u) { before_unit_backward(u); },
-            [&](int u) {
-            if constexpr (!std::is_same_v<G, T>)
-                accumulate(grad32_[size_t(u)].get(), model_.grads(u), model_.layout(u).padded, model_.stream());
-            after_unit_backward(u, last);
-        });
+            [&](int u) { unit_backward_done(u, last); });
     }
 
     // After the last micro-step: the owned range's gradients are complete and reduced, on the
@@ -98,27 +113,48 @@ class Strategy {
     virtual T* owned_params(int u) { return model_.params(u) + owned_begin(u); }
     virtual const G* owned_grads(int u) { return grads(u) + owned_begin(u); }
 
-    // The squared global gradient norm (header comment), written to `out` (one device double;
-    // `scratch` a second one) and returned.
-    double global_grad_norm_sq(double* out, double* scratch) {
-        for (int u = 0; u < model_.num_units(); ++u)  // with one rank the slice is the group
-            sum_of_squares_launch(slice_grads(u), slice_len(u), out, norm_scratch_.get(), u > 0, model_.stream());
+    // The squared global gradient norm (header comment): per unit, this rank's squares of its slice
+    // (zero for a unit not counted here); the per-unit vector summed over ranks in rank order;
+    // then the units added in unit order. The last step has the same association on every
+    // strategy, so a pipeline (whose stages hold whole units) clips exactly as one rank does.
+    double global_grad_norm_sq() {
+        const int units = model_.num_units();
+        double* per_unit = unit_norms_.get();  // [units] this rank's, then [units] the sums over ranks
+        CUDA_CHECK(cudaMemsetAsync(per_unit, 0, size_t(units) * sizeof(double), model_.stream()));
+        for (int u = 0; u < units; ++u)  // with one rank the slice is the group
+            if (in_norm(u))
+                sum_of_squares_launch(slice_grads(u), slice_len(u), per_unit + u, norm_scratch_.get(), false, model_.stream());
         if (comm_) {
             comm_->fence_from(model_.stream());
-            comm_->all_reduce(out, scratch, 1);
+            comm_->all_reduce(per_unit, per_unit + units, size_t(units));
             comm_->fence_to(model_.stream());
-            out = scratch;
+            per_unit += units;
         }
-        double host = 0;
-        CUDA_CHECK(cudaMemcpyAsync(&host, out, sizeof(double), cudaMemcpyDeviceToHost, model_.stream()));
+        std::vector<double> host(size_t(units), 0.0);
+        CUDA_CHECK(cudaMemcpyAsync(host.data(), per_unit, host.size() * sizeof(double), cudaMemcpyDeviceToHost,
+                                   model_.stream()));
         CUDA_CHECK(cudaStreamSynchronize(model_.stream()));
-        return host;
+        double total = 0;
+        for (double x : host) total += x;
+        return total;
     }
 
     // After the optimizer has updated the owned ranges: every rank sees every new parameter.
     virtual void after_update() {}
 
   protected:
+    // Whether this rank's squares of unit u count in the global norm (each element once).
+    virtual bool in_norm(int /*u*/) const { return true; }
+    // After unit u's backward: the fp32 accumulation, then the strategy's hook.
+    void unit_backward_done(int u, bool last) {
+        accumulate32(u);
+        after_unit_backward(u, last);
+    }
+    // With fp32 gradient accumulation: unit u's micro-step gradient added into its float buffer.
+    void accumulate32(int u) {
+        if constexpr (!std::is_same_v<G, T>)
+            accumulate(grad32_[size_t(u)].get(), model_.grads(u), model_.layout(u).padded, model_.stream());
+    }
     virtual void before_unit_forward(int /*u*/) {}
     virtual void before_unit_backward(int /*u*/) {}
     virtual void after_unit_backward(int /*u*/, bool /*last*/) {}
@@ -127,6 +163,7 @@ class Strategy {
     Comm* comm_;
     std::vector<DeviceBuffer<float>> grad32_;
     DeviceBuffer<uint8_t> norm_scratch_;
+    DeviceBuffer<double> unit_norms_;
 };
 
 }  // namespace pv

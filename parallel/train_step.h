@@ -5,9 +5,13 @@
 //      an all-reduce of one integer gives the global count C (a step with C = 0 is an error).
 //   2. Each micro-step: forward (its loss sum kept), backward with loss scale 1/C, so that the
 //      gradients summed over micro-steps and ranks are those of the global mean loss; the
-//      strategy communicates in its hooks.
+//      strategy communicates in its hooks. With S activation slots (a pipeline, parallel/mp.h)
+//      the micro-steps run in groups of S: S forwards, then their S backwards in the same order
+//      (GPipe); with one slot, forward and backward alternate. Either way gradients accumulate
+//      in micro-batch order.
 //   3. The strategy completes the owned gradients; the loss (sum over ranks / C) is all-reduced
-//      for the log; the global gradient norm gives the clipping scale.
+//      for the log (a pipeline's stages before the last contribute zeros); the global gradient
+//      norm gives the clipping scale.
 //   4. AdamW updates the owned range of every unit; the strategy makes the new parameters visible.
 // Every cross-rank number goes through the strategy's Comm, so it is counted like the rest.
 #pragma once
@@ -17,6 +21,7 @@
 #include "optim/schedule.h"
 #include "parallel/strategy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -36,9 +41,11 @@ class Trainer {
     using A = acc_t<T>;
     // The optimizer state must cover what the strategy owns (make_optimizer does it).
     Trainer(Strategy<T, G>& strategy, AdamWState<T>& optimizer)
-        : s_(strategy), opt_(optimizer), tokens_(size_t(strategy.model().rows()), MemoryCategory::workspace),
-          targets_(size_t(strategy.model().rows()), MemoryCategory::workspace), loss_(1, MemoryCategory::workspace),
-          count_(1, MemoryCategory::workspace), scalars_(2, MemoryCategory::workspace),
+        : s_(strategy), opt_(optimizer), rows_(strategy.model().rows()),
+          tokens_(size_t(rows_ * strategy.slots()), MemoryCategory::workspace),
+          targets_(size_t(rows_ * strategy.slots()), MemoryCategory::workspace),
+          loss_(size_t(strategy.slots()), MemoryCategory::workspace),
+          count_(size_t(strategy.slots()), MemoryCategory::workspace),
           sums_(2, MemoryCategory::workspace), counts_(2, MemoryCategory::workspace) {}
 
     // Optimizer state for what `strategy` owns, the master copy initialised from the parameters.
@@ -47,21 +54,19 @@ class Trainer {
         std::vector<GroupLayout> layouts;
         for (int u = 0; u < m.num_units(); ++u) layouts.push_back(m.layout(u));
         const bool sharded = strategy.sharded_optimizer();
-        auto opt = std::make_unique<AdamWState<T>>(layouts, sharded ? strategy.rank() : 0, sharded ? strategy.ranks() : 1);
+        std::vector<bool> held;
+        for (int u = 0; u < m.num_units(); ++u) held.push_back(m.holds(u));
+        auto opt = std::make_unique<AdamWState<T>>(layouts, sharded ? strategy.data_rank() : 0,
+                                                   sharded ? strategy.data_ranks() : 1, held);
         for (int u = 0; u < m.num_units(); ++u) opt->init_master(u, strategy.owned_params(u), m.stream());
         return opt;
     }
 
-    // This micro-batch's loss sum, forward only (evaluation, and inside step).
+    // This micro-batch's loss sum, forward only (evaluation): on every rank, also in a pipeline.
     double forward_loss(const DataLoader::MicroBatch& b) {
-        Llama<T>& m = s_.model();
-        CUDA_CHECK(cudaMemcpy(tokens_.get(), b.inputs.data(), tokens_.bytes(), cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(targets_.get(), b.targets.data(), targets_.bytes(), cudaMemcpyHostToDevice));
-        s_.forward(0, tokens_.get(), targets_.get(), loss_.get(), count_.get());
-        A host = 0;
-        CUDA_CHECK(cudaMemcpyAsync(&host, loss_.get(), sizeof(A), cudaMemcpyDeviceToHost, m.stream()));
-        CUDA_CHECK(cudaStreamSynchronize(m.stream()));
-        return double(host);
+        forward_slot(0, b);
+        const double local = read_loss(0);
+        return s_.data_comm() == s_.comm() ? local : sum_over_ranks(local, sums_.get());  // a pipeline's last stage has it
     }
 
     // One optimizer step at 1-based step t over this rank's micro-batches.
@@ -72,17 +77,21 @@ class Trainer {
         long long local = 0;
         for (const auto& b : micro)
             for (int target : b.targets) local += target != kIgnoreIndex;
-        r.counted = sum_over_ranks(local, counts_.get());  // one integer all-reduce
+        r.counted = s_.data_comm() ? sum_over_ranks(local, counts_.get(), s_.data_comm()) : local;  // one integer all-reduce
         if (r.counted == 0) throw std::runtime_error("step " + std::to_string(t) + " has no counted target tokens");
         s_.begin_step();
         double loss_sum = 0;
-        for (size_t j = 0; j < micro.size(); ++j) {
-            loss_sum += forward_loss(micro[j]);
-            s_.backward(0, tokens_.get(), targets_.get(), 1.0 / double(r.counted), j + 1 == micro.size());
+        const size_t slots = size_t(s_.slots());
+        for (size_t first = 0; first < micro.size(); first += slots) {
+            const size_t n = std::min(slots, micro.size() - first);
+            for (size_t k = 0; k < n; ++k) forward_slot(int(k), micro[first + k]);
+            for (size_t k = 0; k < n; ++k)
+                s_.backward(int(k), tokens(k), targets(k), 1.0 / double(r.counted), first + k + 1 == micro.size());
+            for (size_t k = 0; k < n; ++k) loss_sum += read_loss(int(k));  // in micro-batch order
         }
         s_.finish_gradients();
         r.loss = sum_over_ranks(loss_sum, sums_.get()) / double(r.counted);
-        r.grad_norm = std::sqrt(s_.global_grad_norm_sq(scalars_.get(), scalars_.get() + 1));
+        r.grad_norm = std::sqrt(s_.global_grad_norm_sq());
         const double scale = clip_scale(r.grad_norm, clip);
         if (!std::isfinite(r.loss) || !std::isfinite(scale))
             throw std::runtime_error("step " + std::to_string(t) + ": the loss or gradient norm is not finite (loss " +
@@ -95,11 +104,11 @@ class Trainer {
         return r;
     }
 
-    // Σ over ranks of one number, in rank order (the number itself with one rank); `device` is
-    // two elements of scratch.
+    // Σ over the ranks of `c` (default: the strategy's communicator) of one number, in rank order
+    // (the number itself with one rank); `device` is two elements of scratch.
     template <class X>
-    X sum_over_ranks(X x, X* device) {
-        Comm* c = s_.comm();
+    X sum_over_ranks(X x, X* device, Comm* c = nullptr) {
+        if (!c) c = s_.comm();
         if (!c) return x;
         Llama<T>& m = s_.model();
         CUDA_CHECK(cudaMemcpyAsync(device, &x, sizeof(X), cudaMemcpyHostToDevice, m.stream()));
@@ -113,12 +122,33 @@ class Trainer {
     }
 
   private:
+    int* tokens(size_t slot) { return tokens_.get() + slot * size_t(rows_); }
+    int* targets(size_t slot) { return targets_.get() + slot * size_t(rows_); }
+    // Uploads the micro-batch into its slot and runs its forward; the loss sum stays on the device
+    // (zero on ranks without the head).
+    void forward_slot(int slot, const DataLoader::MicroBatch& b) {
+        Llama<T>& m = s_.model();
+        const size_t k = size_t(slot);
+        CUDA_CHECK(cudaMemcpy(tokens(k), b.inputs.data(), size_t(rows_) * sizeof(int), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(targets(k), b.targets.data(), size_t(rows_) * sizeof(int), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemsetAsync(loss_.get() + k, 0, sizeof(A), m.stream()));
+        s_.forward(slot, tokens(k), targets(k), loss_.get() + k, count_.get() + k);
+    }
+    double read_loss(int slot) {
+        Llama<T>& m = s_.model();
+        A host = 0;
+        CUDA_CHECK(cudaMemcpyAsync(&host, loss_.get() + slot, sizeof(A), cudaMemcpyDeviceToHost, m.stream()));
+        CUDA_CHECK(cudaStreamSynchronize(m.stream()));
+        return double(host);
+    }
+
     Strategy<T, G>& s_;
     AdamWState<T>& opt_;
+    long long rows_;
     DeviceBuffer<int> tokens_, targets_;
     DeviceBuffer<A> loss_;
     DeviceBuffer<int> count_;
-    DeviceBuffer<double> scalars_, sums_;
+    DeviceBuffer<double> sums_;
     DeviceBuffer<long long> counts_;
 };
 

@@ -2,26 +2,30 @@
 //
 // Forward: embedding -> blocks -> head, each unit reading the previous unit's output from that
 // unit's arena. Backward: head -> blocks -> embedding, the residual stream's gradient passed
-// between two buffers in turn, with optional hooks around each unit (where DDP starts a
-// bucket's all-reduce). The caller zeroes the gradients at the start of an optimizer step and
+// between the model's two buffers in turn, with optional hooks around each unit (where DDP starts
+// a bucket's all-reduce). The caller zeroes the gradients at the start of an optimizer step and
 // passes the loss scale 1 / (global count of counted tokens) (DESIGN.md §4).
+//
+// The loops run a contiguous range of units [first, end): the whole model, or one pipeline stage
+// (parallel/mp.h), whose first unit reads its input from `stage_input` (the residual stream
+// received from the previous stage) and whose last unit's output gradient arrives in `grad_out`.
 #pragma once
 
 #include "model/llama.h"
 
 namespace pv {
 
-// `before_unit(u)` runs before unit u's forward (where ZeRO-3 binds the unit's gathered
-// parameters).
+// Units [first, end) forward. `before_unit(u)` runs before unit u's forward (where ZeRO-3 binds
+// the unit's gathered parameters). `stage_input`: unit first's input when first > 0.
 template <class T, class BeforeUnit>
-void single_forward(Llama<T>& model, int slot, const int* tokens, const int* targets, acc_t<T>* loss_sum, int* count,
-                    BeforeUnit&& before_unit) {
+void forward_units(Llama<T>& model, int slot, int first, int end, const T* stage_input, const int* tokens,
+                   const int* targets, acc_t<T>* loss_sum, int* count, BeforeUnit&& before_unit) {
     const int units = model.num_units();
-    for (int u = 0; u < units; ++u) {
+    for (int u = first; u < end; ++u) {
         UnitIO<T> io;
         io.tokens = tokens;
         io.targets = targets;
-        io.residual_in = u > 0 ? model.unit_output(u - 1, slot) : nullptr;
+        io.residual_in = u == 0 ? nullptr : u == first ? stage_input : model.unit_output(u - 1, slot);
         io.residual_out = u + 1 < units ? model.unit_output(u, slot) : nullptr;
         io.loss_sum = loss_sum;
         io.count = count;
@@ -30,31 +34,51 @@ void single_forward(Llama<T>& model, int slot, const int* tokens, const int* tar
     }
 }
 
+// Units [first, end) backward, in reverse. `grad_out`: the gradient of unit end − 1's output (null
+// when that unit is the head); it must be one of the model's residual_grad buffers. Returns the
+// buffer holding the gradient of unit first's input (null when first is the embedding).
+// `before_unit(u)` and `after_unit(u)` run around unit u's backward: the hooks strategies
+// communicate in (and where ZeRO binds a gradient buffer to the unit).
+template <class T, class BeforeUnit, class AfterUnit>
+T* backward_units(Llama<T>& model, int slot, int first, int end, const T* stage_input, T* grad_out, const int* tokens,
+                  const int* targets, double loss_scale, BeforeUnit&& before_unit, AfterUnit&& after_unit) {
+    T* dout = grad_out;                           // the gradient of the current unit's output
+    int next = grad_out == model.residual_grad(0) ? 1 : 0;  // the other buffer: where its input's goes
+    for (int u = end - 1; u >= first; --u) {
+        UnitIO<T> io;
+        io.tokens = tokens;
+        io.targets = targets;
+        io.loss_scale = loss_scale;
+        io.residual_in = u == 0 ? nullptr : u == first ? stage_input : model.unit_output(u - 1, slot);
+        io.dresidual_out = dout;
+        if (u > 0) io.dresidual_in = model.residual_grad(next);
+        before_unit(u);
+        model.backward_unit(u, slot, io);
+        if (u > 0) dout = model.residual_grad(next), next = 1 - next;
+        else dout = nullptr;
+        after_unit(u);
+    }
+    return dout;
+}
+
+// The whole model on one rank.
+template <class T, class BeforeUnit>
+void single_forward(Llama<T>& model, int slot, const int* tokens, const int* targets, acc_t<T>* loss_sum, int* count,
+                    BeforeUnit&& before_unit) {
+    forward_units(model, slot, 0, model.num_units(), static_cast<const T*>(nullptr), tokens, targets, loss_sum, count,
+                  before_unit);
+}
+
 template <class T>
 void single_forward(Llama<T>& model, int slot, const int* tokens, const int* targets, acc_t<T>* loss_sum, int* count) {
     single_forward(model, slot, tokens, targets, loss_sum, count, [](int) {});
 }
 
-// `before_unit(u)` and `after_unit(u)` run around unit u's backward: the hooks strategies
-// communicate in (and where ZeRO binds a gradient buffer to the unit).
 template <class T, class BeforeUnit, class AfterUnit>
 void single_backward(Llama<T>& model, int slot, const int* tokens, const int* targets, double loss_scale,
                      BeforeUnit&& before_unit, AfterUnit&& after_unit) {
-    const int units = model.num_units();
-    int current = 0;  // which residual-gradient buffer holds the gradient of the next unit's input
-    for (int u = units - 1; u >= 0; --u) {
-        UnitIO<T> io;
-        io.tokens = tokens;
-        io.targets = targets;
-        io.loss_scale = loss_scale;
-        io.residual_in = u > 0 ? model.unit_output(u - 1, slot) : nullptr;
-        if (u + 1 < units) io.dresidual_out = model.residual_grad(current);
-        if (u > 0) io.dresidual_in = model.residual_grad(u + 1 < units ? 1 - current : current);
-        before_unit(u);
-        model.backward_unit(u, slot, io);
-        if (u > 0 && u + 1 < units) current = 1 - current;
-        after_unit(u);
-    }
+    backward_units(model, slot, 0, model.num_units(), static_cast<const T*>(nullptr), static_cast<T*>(nullptr), tokens,
+                   targets, loss_scale, before_unit, after_unit);
 }
 
 template <class T>

@@ -47,6 +47,7 @@ class Zero3 : public Zero2<T, G> {
     ~Zero3() override {
         for (cudaEvent_t e : ready_) cudaEventDestroy(e);
     }
+    bool holds_whole_model() const override { return false; }  // slices only
 
     const char* name() const override { return "zero3"; }
     T* owned_params(int u) override { return slices_[size_t(u)].get(); }

@@ -11,6 +11,9 @@
 # counts as one failed test case, and its whole output is shown, with the variables to reproduce
 # it. Passing runs print one line each.
 #
+# A binary written `LABEL@PATH` runs only under the schedule labelled LABEL (a suite whose cost
+# is whole programs, where one schedule is what a budget affords).
+#
 # A binary written `mpi:N:PATH` is a multi-rank suite (test/catch_mpi_main.cpp): it runs as
 # `mpirun -np N` on this machine (oversubscribed, allowed as root, ranks yielding when idle), each
 # rank with one host worker and one OpenBLAS thread and the schedule's variables, under a timeout
@@ -34,6 +37,11 @@ total_passed=0
 total_failed=0
 for spec in "$@"; do
 ranks=0
+only=""
+if [[ "$spec" =~ ^([^@/]+)@(.+)$ ]]; then
+  only=${BASH_REMATCH[1]}
+  spec=${BASH_REMATCH[2]}
+fi
 bin="$spec"
 if [[ "$spec" =~ ^mpi:([0-9]+):(.+)$ ]]; then
   ranks=${BASH_REMATCH[1]}
@@ -42,6 +50,7 @@ fi
 for schedule in "${schedules[@]}"; do
   label="${schedule%%:*}"
   vars="${schedule#*:}"
+  [[ -n "$only" && "$label" != "$only" ]] && continue
   env_args=()
   [[ -n "$vars" ]] && IFS=',' read -r -a env_args <<< "$vars"
   name=$(basename "$bin")

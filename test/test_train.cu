@@ -255,6 +255,15 @@ TEST_CASE("train: bad input fails with a message naming the problem and the fix"
     const Run rounding = run_train("--dtype fp64 --stochastic-rounding --out-dir " + dir.file("sr"));
     REQUIRE(rounding.status != 0);
     REQUIRE(rounding.output.find("--stochastic-rounding is for --dtype bf16") != std::string::npos);
+    // Pipelines: micro-batches in flight only with mp, and they must fill whole rounds.
+    const Run in_flight = run_train("--microbatches 2 --out-dir " + dir.file("inflight"));
+    REQUIRE(in_flight.status != 0);
+    REQUIRE(in_flight.output.find("--microbatches 2 is for --parallel mp") != std::string::npos);
+    const Run rounds = run_train("--parallel mp --microbatches 3 --batch 4 --micro-batch 1 --out-dir " + dir.file("rounds"));
+    INFO(rounds.output);
+    REQUIRE(rounds.status != 0);
+    REQUIRE(rounds.output.find("4 micro-batches per step do not fill whole pipeline rounds of --microbatches 3") !=
+            std::string::npos);
     // Resuming: a directory without checkpoints, a change that would break the run, a finished
     // run, a damaged checkpoint.
     fs::create_directories(dir.path / "empty");
@@ -376,7 +385,7 @@ TEST_CASE("train under mpirun: zero1, zero2, zero3 and ddp train identically, an
     // --parallel single cannot span ranks.
     const Run single = run_mpi(2, run + "--parallel single --out-dir " + dir.file("single"));
     REQUIRE(single.status != 0);
-    REQUIRE(single.output.find("choose --parallel ddp, zero1, zero2 or zero3") != std::string::npos);
+    REQUIRE(single.output.find("choose --parallel ddp, zero1, zero2, zero3 or mp") != std::string::npos);
 }
 
 TEST_CASE("train under mpirun: a failure on one rank ends every rank within 60 s with its message", "[train][mpi]") {
@@ -415,8 +424,10 @@ std::map<long long, double> metric_losses(const fs::path& p) {
 
 // DESIGN.md §3: checkpoints hold whole, unpadded tensors, so a run saved by any strategy at N ranks
 // resumes with any strategy at M ranks and continues the same training (fp64: to 1e-10 of a run
-// that never stopped, on one rank).
-TEST_CASE("train: a checkpoint saved by zero3 at 4 ranks resumes with ddp at 2, and the reverse", "[train][mpi]") {
+// that never stopped, on one rank). The pipelines run the default model's 6 units over 4 ranks
+// with 4 micro-batches in flight.
+TEST_CASE("train: a checkpoint saved by zero3 at 4 ranks resumes with ddp at 2, and the reverse; mp and zero2 too",
+          "[train][mpi]") {
     TempDir dir("train_reshard");
     const std::string train = (build_dir() / "train").string();
     const std::string run = " --dtype fp64 --steps 8 --batch 8 --seq-len 16 --vocab 300 --warmup 2 --lr 3e-3 "
@@ -425,8 +436,11 @@ TEST_CASE("train: a checkpoint saved by zero3 at 4 ranks resumes with ddp at 2, 
     const auto straight = metric_losses(fs::path(dir.file("straight")) / "metrics.jsonl");
     REQUIRE(straight.size() == 8);
     for (const auto& [first, second] : std::vector<std::pair<std::pair<int, std::string>, std::pair<int, std::string>>>{
-             {{4, "zero3"}, {2, "ddp"}}, {{2, "ddp"}, {4, "zero3"}}}) {
-        const std::string out = dir.file(first.second + std::to_string(first.first));
+             {{4, "zero3"}, {2, "ddp"}},
+             {{2, "ddp"}, {4, "zero3"}},
+             {{4, "mp --microbatches 4"}, {2, "zero2"}},
+             {{2, "zero2"}, {4, "mp --microbatches 4"}}}) {
+        const std::string out = dir.file(first.second.substr(0, first.second.find(' ')) + std::to_string(first.first));
         const Run a = run_mpi(first.first, train + run + "--parallel " + first.second + " --stop-after 4 --out-dir " + out);
         INFO(a.output);
         REQUIRE(a.status == 0);

@@ -4,7 +4,8 @@
 // global batches. The model is the awkward case: GQA (3 query heads per KV head), tied
 // embeddings, odd sizes (hidden 33, attention width 3 × 10, ffn 35) and vocab 4N + 1 so no group divides by
 // the world size without padding, accumulation 2, and ignored targets spread unevenly over ranks
-// (some ranks' micro-batches are mostly ignored).
+// (some ranks' micro-batches are mostly ignored). Model parallelism (mp) runs the whole global
+// batch through a pipeline of stages instead, with 1 or 4 micro-batches in flight.
 #include <catch2/catch.hpp>
 
 #include "data/loader.h"
@@ -12,7 +13,9 @@
 #include "model/llama.h"
 #include "optim/optimizer.cuh"
 #include "parallel/ddp.h"
+#include "parallel/mp.h"
 #include "parallel/single.h"
+#include "parallel/stages.h"
 #include "parallel/train_step.h"
 #include "parallel/world.h"
 #include "parallel/zero1.h"
@@ -32,7 +35,7 @@ namespace parallel_test {
 using pv::DataLoader;
 
 
-pv::LlamaConfig awkward_model(int ranks) {
+pv::LlamaConfig awkward_model(int ranks, bool tied = true) {
     pv::LlamaConfig c;
     c.name = "awkward";
     c.vocab_size = 4 * ranks + 1;
@@ -43,7 +46,7 @@ pv::LlamaConfig awkward_model(int ranks) {
     c.head_dim = 10;
     c.ffn_size = 35;
     c.max_seq_len = 16;
-    c.tie_embeddings = true;
+    c.tie_embeddings = tied;
     return c;
 }
 
@@ -80,6 +83,8 @@ std::vector<DataLoader::MicroBatch> micro_batches(long long step, int first, int
 
 struct RunResult {
     std::vector<double> losses;
+    std::vector<std::string> schedule;                   // mp: per step, this rank's F/B order (see below)
+    std::vector<int> stages;                             // mp: the stage boundaries
     std::map<std::string, std::vector<double>> tensors;  // every tensor, unpadded, as double
     std::vector<pv::Comm::Totals> per_step;              // collectives of each step
     std::vector<std::vector<pv::CollectiveRecord>> logs; // and their records
@@ -98,21 +103,53 @@ std::vector<double> download(const T* p, long long n) {
     return out;
 }
 
-// Trains kSteps steps of the global batch (kMicro × kAccumulation × ranks sequences) with
-// `strategy` ("single", "ddp", "zero1") on `comm` (null: single on one rank, all of the batch).
+// The order of a pipeline stage's forwards (F) and backwards (B) in a step, from the transfers
+// it made: each micro-batch's forward is one send to the next stage (the last stage: one receive
+// from the previous), its backward one send to the previous stage (the first: one receive from the
+// next).
+std::string pipeline_order(const std::vector<pv::CollectiveRecord>& log, int rank, int ranks) {
+    std::string out;
+    using K = pv::CollectiveKind;
+    for (const pv::CollectiveRecord& c : log) {
+        const bool forward = rank + 1 < ranks ? c.kind == K::send && c.peer == rank + 1 : c.kind == K::recv && c.peer == rank - 1;
+        const bool backward = rank > 0 ? c.kind == K::send && c.peer == rank - 1 : c.kind == K::recv && c.peer == rank + 1;
+        if (forward) out += 'F';
+        if (backward) out += 'B';
+    }
+    return out;
+}
+
+struct Options {
+    int accumulation = kAccumulation;
+    int microbatches = 1;  // mp: micro-batches in flight
+    bool tied = true;
+};
+
+// Trains kSteps steps of the global batch (kMicro × accumulation × world_ranks sequences) with
+// `strategy` ("single", "ddp", "zero1", "zero2", "zero3", "mp") on `comm` (null: single on one
+// rank, all of the batch). Data-parallel ranks take slice r of the batch; mp stages all of it.
 template <class T, class G = T>
-RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, int accumulation = kAccumulation) {
-    const pv::LlamaConfig config = awkward_model(world_ranks);
+RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Options opt = {}) {
+    const pv::LlamaConfig config = awkward_model(world_ranks, opt.tied);
     const int ranks = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
+    const bool mp = strategy == "mp";
+    const int data_ranks = mp ? 1 : ranks, data_rank = mp ? 0 : rank;
     const pv::MemoryStats before = pv::memory_stats();
     pv::reset_memory_peaks();
     RunResult r;
     {
     const bool bound = strategy == "zero2" || strategy == "zero3";
-    pv::Llama<T> model(config, kMicro, kSeq, 1, 42, bound ? pv::Gradients::bound : pv::Gradients::owned, ranks, nullptr,
-                       strategy == "zero3" ? pv::Parameters::bound : pv::Parameters::owned);
+    pv::StageUnits stage;
+    if (mp) {
+        r.stages = pv::balance_stages(pv::unit_costs(config, kSeq, pv::StageBalance::flops), ranks);
+        stage = pv::StageUnits{r.stages[size_t(rank)], r.stages[size_t(rank) + 1]};
+    }
+    pv::Llama<T> model(config, kMicro, kSeq, mp ? opt.microbatches : 1, 42,
+                       bound ? pv::Gradients::bound : pv::Gradients::owned, data_ranks, nullptr,
+                       strategy == "zero3" ? pv::Parameters::bound : pv::Parameters::owned, stage);
     std::unique_ptr<pv::Strategy<T, G>> s;
     if (strategy == "single") s = std::make_unique<pv::Single<T, G>>(model);
+    else if (mp) s = std::make_unique<pv::ModelParallel<T, G>>(model, *comm, opt.microbatches);
     else if (strategy == "ddp") s = std::make_unique<pv::DDP<T, G>>(model, *comm);
     else if (strategy == "zero1") s = std::make_unique<pv::Zero1<T, G>>(model, *comm);
     else if (strategy == "zero2") s = std::make_unique<pv::Zero2<T, G>>(model, *comm);
@@ -122,21 +159,37 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, in
     pv::AdamWSettings adamw;
     adamw.weight_decay = 0.1;
     adamw.seed = 7;
-    const int global = kMicro * accumulation * world_ranks, per_rank = global / ranks;
+    const int global = kMicro * opt.accumulation * world_ranks, per_rank = global / data_ranks;
     for (long long step = 0; step < kSteps; ++step) {
-        if (comm) comm->clear_log();
-        const auto micro = micro_batches(step, rank * per_rank, per_rank, config.vocab_size);
+        for (pv::Comm* c : s->comms()) c->clear_log();
+        const auto micro = micro_batches(step, data_rank * per_rank, per_rank, config.vocab_size);
         const pv::StepResult res = trainer.step(micro, 3e-3, step + 1, 1.0, adamw);
         r.losses.push_back(res.loss);
-        if (comm) r.per_step.push_back(comm->totals()), r.logs.push_back(comm->log());
+        if (!comm) continue;
+        pv::Comm::Totals all;  // over every communicator of the strategy
+        for (pv::Comm* c : s->comms()) {
+            const pv::Comm::Totals t = c->totals();
+            for (size_t k = 0; k < all.calls.size(); ++k) all.calls[k] += t.calls[k];
+            all.wire_bytes += t.wire_bytes;
+        }
+        r.per_step.push_back(all), r.logs.push_back(comm->log());
+        if (mp) r.schedule.push_back(pipeline_order(comm->log(), rank, ranks));
     }
     for (int u = 0; u < model.num_units(); ++u) {
-        // ZeRO-3 holds slices: gather the unit whole first.
+        // ZeRO-3 holds slices: gather the unit whole first; mp: the stage holding it broadcasts it.
         std::unique_ptr<pv::DeviceBuffer<T>> whole;
         const T* params = model.params(u);
         if (strategy == "zero3") {
             whole = std::make_unique<pv::DeviceBuffer<T>>(size_t(model.layout(u).padded), pv::MemoryCategory::workspace);
             comm->all_gather(s->owned_params(u), whole->get(), size_t(s->slice_len(u)));
+            CUDA_CHECK(cudaStreamSynchronize(comm->stream()));
+            params = whole->get();
+        } else if (mp) {
+            int owner = 0;
+            while (u >= r.stages[size_t(owner) + 1]) ++owner;
+            whole = std::make_unique<pv::DeviceBuffer<T>>(size_t(model.layout(u).padded), pv::MemoryCategory::workspace);
+            if (rank == owner) CUDA_CHECK(cudaMemcpy(whole->get(), params, whole->bytes(), cudaMemcpyDeviceToDevice));
+            comm->broadcast(whole->get(), whole->get(), whole->size(), owner);
             CUDA_CHECK(cudaStreamSynchronize(comm->stream()));
             params = whole->get();
         }
@@ -159,8 +212,8 @@ double relative_norm_error(const std::vector<double>& x, const std::vector<doubl
 
 // The single-rank reference on this rank's own communicator.
 template <class T>
-RunResult reference(pv::World& world, int accumulation = kAccumulation) {
-    return train<T>("single", nullptr, world.size(), accumulation);
+RunResult reference(pv::World& world, Options opt = {}) {
+    return train<T>("single", nullptr, world.size(), opt);
 }
 
 }  // namespace parallel_test
@@ -206,9 +259,10 @@ TEST_CASE("ddp and zero1-3 train the model single trains: fp64 within 1e-10, zer
 // it reduces each micro-step before summing them, which DDP does the other way round.
 TEST_CASE("zero2 and zero3 with accumulation 1 are bit-identical to ddp", "[parallel][parity]") {
     pv::World world(nullptr, nullptr);
-    const RunResult ddp = train<double>("ddp", &world.comm(), world.size(), 1);
-    const RunResult zero2 = train<double>("zero2", &world.comm(), world.size(), 1);
-    const RunResult zero3 = train<double>("zero3", &world.comm(), world.size(), 1);
+    const Options once{1};
+    const RunResult ddp = train<double>("ddp", &world.comm(), world.size(), once);
+    const RunResult zero2 = train<double>("zero2", &world.comm(), world.size(), once);
+    const RunResult zero3 = train<double>("zero3", &world.comm(), world.size(), once);
     CHECK(zero2.losses == ddp.losses);
     CHECK(zero3.losses == ddp.losses);
     for (const auto& [name, ref] : ddp.tensors) {
@@ -216,8 +270,8 @@ TEST_CASE("zero2 and zero3 with accumulation 1 are bit-identical to ddp", "[para
         CHECK(zero2.tensors.at(name) == ref);
         CHECK(zero3.tensors.at(name) == ref);
     }
-    const RunResult ddp16 = train<__nv_bfloat16>("ddp", &world.comm(), world.size(), 1);
-    const RunResult zero216 = train<__nv_bfloat16>("zero2", &world.comm(), world.size(), 1);
+    const RunResult ddp16 = train<__nv_bfloat16>("ddp", &world.comm(), world.size(), once);
+    const RunResult zero216 = train<__nv_bfloat16>("zero2", &world.comm(), world.size(), once);
     CHECK(zero216.losses == ddp16.losses);
 }
 
@@ -240,9 +294,121 @@ TEST_CASE("bf16 ddp, zero1 and zero2 losses stay within 1e-2 of single, fp32 gra
     }
 }
 
+TEST_CASE("mp trains the model single trains, with 1 and 4 micro-batches in flight: fp64 within 1e-10, untied "
+          "bit-identical, bf16 within 1e-2", "[parallel][parity][mp]") {
+    pv::World world(nullptr, nullptr);
+    const RunResult single = reference<double>(world);
+    const RunResult single_untied = reference<double>(world, Options{kAccumulation, 1, false});
+    for (int m : {1, 4}) {
+        INFO("micro-batches in flight: " << m);
+        const RunResult mp = train<double>("mp", &world.comm(), world.size(), Options{kAccumulation, m});
+        for (int s = 0; s < kSteps; ++s) {
+            INFO("step " << s + 1 << ": single " << single.losses[size_t(s)] << ", mp " << mp.losses[size_t(s)]);
+            CHECK(std::abs(mp.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-10 * std::abs(single.losses[size_t(s)]));
+        }
+        for (const auto& [name, ref] : single.tensors) {
+            INFO(name);
+            CHECK(relative_norm_error(mp.tensors.at(name), ref) <= 1e-10);
+        }
+        // Untied, every stage computes what single computes, in the same order: the same bits.
+        const RunResult untied = train<double>("mp", &world.comm(), world.size(), Options{kAccumulation, m, false});
+        CHECK(untied.losses == single_untied.losses);
+        for (const auto& [name, ref] : single_untied.tensors) {
+            INFO(name);
+            CHECK(untied.tensors.at(name) == ref);
+        }
+    }
+    const RunResult single16 = reference<__nv_bfloat16>(world);
+    const RunResult mp16 = train<__nv_bfloat16>("mp", &world.comm(), world.size(), Options{kAccumulation, 4});
+    const RunResult mp16_32 = train<__nv_bfloat16, float>("mp", &world.comm(), world.size(), Options{kAccumulation, 4});
+    for (int s = 0; s < kSteps; ++s) {
+        INFO("step " << s + 1);
+        CHECK(std::abs(mp16.losses[size_t(s)] - single16.losses[size_t(s)]) <= 1e-2 * std::abs(single16.losses[size_t(s)]));
+        CHECK(std::abs(mp16_32.losses[size_t(s)] - single16.losses[size_t(s)]) <= 1e-2 * std::abs(single16.losses[size_t(s)]));
+    }
+}
+
+// GPipe (parallel/mp.h): each group of M micro-batches runs M forwards, then M backwards, on every
+// stage; M = 1 alternates. The order is read from each stage's own transfers.
+TEST_CASE("mp runs the GPipe schedule: M forwards then M backwards per group, on every stage", "[parallel][mp]") {
+    pv::World world(nullptr, nullptr);
+    const int micro = kAccumulation * world.size();  // micro-batches per step: the whole global batch
+    for (int m : {1, 2, 4}) {
+        INFO("micro-batches in flight: " << m << ", rank " << world.rank());
+        std::string expected;
+        for (int g = 0; g < micro / m; ++g) expected += std::string(size_t(m), 'F') + std::string(size_t(m), 'B');
+        const RunResult mp = train<double>("mp", &world.comm(), world.size(), Options{kAccumulation, m});
+        REQUIRE(mp.schedule.size() == size_t(kSteps));
+        for (const std::string& order : mp.schedule) CHECK(order == expected);
+    }
+}
+
 namespace parallel_test {
 
 double category(const RunResult& r, pv::MemoryCategory c) { return r.peak[size_t(c)]; }
+
+// Model parallelism per step: the residual stream of every micro-batch forward to the next stage
+// and its gradient back ([kMicro·kSeq][hidden] each), the loss and the per-unit squared norms
+// all-reduced over every rank (no token count: every stage has the whole batch), and with tied
+// embeddings the wte gradient all-reduced between the first and last stages. Memory: each rank
+// holds its stage's units (the last stage also the tied wte) — parameters, gradients and
+// optimizer state of exactly those groups.
+template <class T>
+void check_mp_counts(pv::World& world) {
+    using pv::CollectiveKind;
+    using C = pv::MemoryCategory;
+    const int p = world.size(), r = world.rank(), m = 4;
+    const double n = p, t = sizeof(T), a = sizeof(pv::acc_t<T>), master = std::is_same_v<T, __nv_bfloat16> ? 4 : 0;
+    const RunResult mp = train<T>("mp", &world.comm(), world.size(), Options{kAccumulation, m});
+    const double micro = kAccumulation * p, stream = double(kMicro) * kSeq * awkward_model(p).hidden_size;
+    const int first = mp.stages[size_t(r)], end = mp.stages[size_t(r) + 1];
+    const bool tied_copy = r == p - 1 && p > 1;  // awkward_model is tied
+    double held = 0;
+    for (int u = first; u < end; ++u) held += double(mp.padded[size_t(u)]);
+    if (tied_copy) held += double(mp.padded[0]);
+    const double sends = (r + 1 < p ? micro : 0) + (r > 0 ? micro : 0);
+    const double tied_bytes = (r == 0 || r == p - 1) && p > 1 ? 2.0 * (2 - 1) / 2 * double(mp.padded[0]) * t : 0;
+    for (int s = 0; s < kSteps; ++s) {
+        INFO("step " << s + 1 << ", rank " << r);
+        const auto& c = mp.per_step[size_t(s)];
+        CHECK(c.calls[size_t(CollectiveKind::all_reduce)] == 2 + (tied_bytes > 0 ? 1 : 0));
+        CHECK(c.calls[size_t(CollectiveKind::send)] == sends);
+        CHECK(c.calls[size_t(CollectiveKind::recv)] == sends);
+        CHECK(c.calls[size_t(CollectiveKind::reduce_scatter)] == 0);
+        CHECK(c.calls[size_t(CollectiveKind::all_gather)] == 0);
+        CHECK(c.wire_bytes ==
+              Approx(2 * (n - 1) / n * (8 + 8.0 * mp.units) + sends * stream * t + tied_bytes).epsilon(1e-12));
+    }
+    CHECK(category(mp, C::parameters) == held * t);
+    CHECK(category(mp, C::gradients) == held * t);
+    CHECK(category(mp, C::optimizer_state) == held * (master + 2 * a));
+    CHECK(category(mp, C::comm_buffers) == 0);
+    // The stages together hold the model once, plus the tied copy.
+    pv::DeviceBuffer<double> sum(1, C::workspace);
+    double total = 0;
+    CUDA_CHECK(cudaMemcpy(sum.get(), &held, sizeof(double), cudaMemcpyHostToDevice));
+    world.comm().all_reduce(sum.get(), sum.get(), 1);
+    CUDA_CHECK(cudaStreamSynchronize(world.comm().stream()));
+    CUDA_CHECK(cudaMemcpy(&total, sum.get(), sizeof(double), cudaMemcpyDeviceToHost));
+    CHECK(total == double(mp.psi) + (p > 1 ? double(mp.padded[0]) : 0));
+    // Every stage's figures, gathered to rank 0 for the README's table.
+    const double memory = category(mp, C::parameters) + category(mp, C::gradients) + category(mp, C::optimizer_state);
+    const std::vector<double> mine{double(first), double(end - 1), memory, mp.per_step[0].wire_bytes};
+    pv::DeviceBuffer<double> figures(mine.size() * size_t(p), C::workspace);
+    CUDA_CHECK(cudaMemcpy(figures.get() + mine.size() * size_t(r), mine.data(), mine.size() * sizeof(double),
+                          cudaMemcpyHostToDevice));
+    world.comm().all_gather(figures.get() + mine.size() * size_t(r), figures.get(), mine.size());
+    CUDA_CHECK(cudaStreamSynchronize(world.comm().stream()));
+    std::vector<double> all(mine.size() * size_t(p));
+    CUDA_CHECK(cudaMemcpy(all.data(), figures.get(), all.size() * sizeof(double), cudaMemcpyDeviceToHost));
+    if (r == 0) {
+        std::printf("counts, mp, N = %d, %s, psi %lld, per rank: ", p, std::is_same_v<T, double> ? "fp64" : "bf16", mp.psi);
+        for (int k = 0; k < p; ++k)
+            std::printf("%srank %d units %.0f-%.0f: memory (params + grads + optimizer) %.0f bytes, %.0f bytes sent", k ? "; " : "",
+                        k, all[size_t(k) * 4], all[size_t(k) * 4 + 1], all[size_t(k) * 4 + 2], all[size_t(k) * 4 + 3]);
+        std::printf("\n");
+    }
+}
 
 // Every collective of a step, as designed: DDP all-reduces the token count (int64), one bucket
 // per unit, the loss and the squared norm (doubles); ZeRO-1 reduce-scatters and all-gathers
@@ -259,7 +425,8 @@ void check_counts(pv::World& world) {
     const RunResult zero1 = train<T>("zero1", &world.comm(), world.size());
     const RunResult zero2 = train<T>("zero2", &world.comm(), world.size());
     const RunResult zero3 = train<T>("zero3", &world.comm(), world.size());
-    const double psi = double(ddp.psi), scalars = 8 + 8 + 8;  // count, loss, norm
+    // The count and the loss (one number each), the squared norm (one per unit).
+    const double psi = double(ddp.psi), scalars = 8 + 8 + 8.0 * ddp.units;
     const double A = kAccumulation;
     REQUIRE(zero1.psi == ddp.psi);
     REQUIRE(ddp.psi % (world.size() * 64LL) == 0);
@@ -362,4 +529,10 @@ TEST_CASE("collectives, bytes on the wire and memory per category are exactly as
     pv::World world(nullptr, nullptr);
     check_counts<__nv_bfloat16>(world);
     check_counts<double>(world);
+}
+
+TEST_CASE("mp: transfers, bytes on the wire and memory per stage are exactly as designed", "[parallel][counting][mp]") {
+    pv::World world(nullptr, nullptr);
+    check_mp_counts<__nv_bfloat16>(world);
+    check_mp_counts<double>(world);
 }
