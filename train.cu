@@ -181,8 +181,7 @@ int run_training(const TrainOptions& o, const TrainOptions& requested, RunData d
     std::vector<int> stages, unit_owner;  // mp: stage boundaries, and the rank holding each unit
     if (mp) {
         stages = balance_stages(unit_costs(config, o.seq_len, parse_stage_balance(o.balance)), world.size());
-        for (int s = 0; s < world.size(); ++s)
-            for (int u = stages[size_t(s)]; u < stages[size_t(s) + 1]; ++u) unit_owner.push_back(s);
+        unit_owner = unit_stages(stages);
         stage = StageUnits{stages[size_t(world.rank())], stages[size_t(world.rank()) + 1]};
     }
     Llama<T> model(config, o.micro_batch, o.seq_len, mp ? o.microbatches : 1, o.seed,

@@ -35,9 +35,17 @@ void upload_params(Llama<T>& model, const HostGroups& g) {
             CUDA_CHECK(cudaMemcpy(model.params(u), g.units[size_t(u)].data(), g.units[size_t(u)].size(), cudaMemcpyHostToDevice));
 }
 
+// The bytes of n device elements.
+template <class X>
+std::vector<uint8_t> download_bytes(const X* p, long long n) {
+    std::vector<uint8_t> bytes(size_t(n) * sizeof(X));
+    CUDA_CHECK(cudaMemcpy(bytes.data(), p, bytes.size(), cudaMemcpyDeviceToHost));
+    return bytes;
+}
+
 // Unit u's array of which this rank holds [begin, begin + len) (all of it when len == padded),
-// whole on the writing rank: gathered from every rank's slice through `comm`, or sent by the rank
-// that owns the unit (`owner` >= 0, model parallelism).
+// whole on the writing rank: gathered from every rank's slice through `comm`, or, under model
+// parallelism (`owner` >= 0: the rank holding the unit), sent by its owner unless that is the writer.
 template <class X, class T>
 std::vector<uint8_t> whole_group(Llama<T>& model, Comm* comm, int u, const X* range, long long len, bool writer,
                                  int owner = -1) {
@@ -53,27 +61,17 @@ std::vector<uint8_t> whole_group(Llama<T>& model, Comm* comm, int u, const X* ra
         DeviceBuffer<X> whole(size_t(padded), MemoryCategory::comm_buffers);
         comm->recv(whole.get(), size_t(padded), owner);
         CUDA_CHECK(cudaStreamSynchronize(comm->stream()));
-        std::vector<uint8_t> bytes(whole.bytes());
-        CUDA_CHECK(cudaMemcpy(bytes.data(), whole.get(), bytes.size(), cudaMemcpyDeviceToHost));
-        return bytes;
+        return download_bytes(whole.get(), padded);
     }
-    if (len == padded || owner == 0) {
-        if (!writer) return {};
-        std::vector<uint8_t> bytes(size_t(padded) * sizeof(X));
-        CUDA_CHECK(cudaMemcpy(bytes.data(), range, bytes.size(), cudaMemcpyDeviceToHost));
-        return bytes;
-    }
+    if (len == padded || owner == 0) return writer ? download_bytes(range, padded) : std::vector<uint8_t>{};
     if (!comm || padded != len * comm->size())
         throw std::logic_error("checkpoint: unit " + std::to_string(u) + " is sharded but there is no communicator of "
                                "its shards to gather it");
     DeviceBuffer<X> whole(size_t(padded), MemoryCategory::comm_buffers);
     comm->fence_from(model.stream());
     comm->all_gather(range, whole.get(), size_t(len));
-    comm->fence_to(model.stream());
-    std::vector<uint8_t> bytes(whole.bytes());
-    CUDA_CHECK(cudaMemcpyAsync(bytes.data(), whole.get(), bytes.size(), cudaMemcpyDeviceToHost, model.stream()));
-    CUDA_CHECK(cudaStreamSynchronize(model.stream()));
-    return writer ? bytes : std::vector<uint8_t>{};
+    CUDA_CHECK(cudaStreamSynchronize(comm->stream()));
+    return writer ? download_bytes(whole.get(), padded) : std::vector<uint8_t>{};
 }
 
 }  // namespace

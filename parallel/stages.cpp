@@ -56,4 +56,11 @@ std::vector<int> balance_stages(const std::vector<double>& costs, int stages) {
     return bounds;
 }
 
+std::vector<int> unit_stages(const std::vector<int>& bounds) {
+    std::vector<int> out;
+    for (size_t s = 0; s + 1 < bounds.size(); ++s)
+        for (int u = bounds[s]; u < bounds[s + 1]; ++u) out.push_back(int(s));
+    return out;
+}
+
 }  // namespace pv

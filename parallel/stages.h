@@ -28,4 +28,7 @@ std::vector<double> unit_costs(const LlamaConfig& config, int seq_len, StageBala
 // Throws std::invalid_argument when there are fewer units than stages.
 std::vector<int> balance_stages(const std::vector<double>& costs, int stages);
 
+// Per unit, the stage that holds it, from the boundaries balance_stages returns.
+std::vector<int> unit_stages(const std::vector<int>& bounds);
+
 }  // namespace pv

@@ -54,8 +54,6 @@ class Strategy {
     virtual const char* name() const = 0;
     Llama<T>& model() { return model_; }
     Comm* comm() { return comm_; }
-    int rank() const { return comm_ ? comm_->rank() : 0; }
-    int ranks() const { return comm_ ? comm_->size() : 1; }
     // The communicator the batch is split over (null: this rank sees the whole batch), and this
     // rank's place in it. Every communicator the strategy uses, for counting.
     virtual Comm* data_comm() { return comm_; }

@@ -23,6 +23,7 @@
 
 #include "parallel/zero1.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace pv {
@@ -32,19 +33,17 @@ class Zero2 : public Zero1<T, G> {
   public:
     // The model must have been built with Gradients::bound.
     Zero2(Llama<T>& model, Comm& comm) : Zero1<T, G>(model, comm) {
-        if constexpr (!std::is_same_v<G, T>)
+        if constexpr (!std::is_same_v<G, T>) {
             throw std::invalid_argument("zero2 reduces gradients in the storage type: drop --fp32-grad-accumulation");
-        const int units = model.num_units();
-        long long largest = 0;
-        for (int u = 0; u < units; ++u) {
-            slices_.emplace_back(size_t(this->slice_len(u)), MemoryCategory::gradients);
-            if (u > 0 || !tied()) largest = std::max(largest, model.layout(u).padded);
-        }
-        for (int b = 0; b < 2; ++b) rotating_.emplace_back(size_t(largest), MemoryCategory::gradients);
-        if (tied()) embedding_ = DeviceBuffer<T>(size_t(model.layout(0).padded), MemoryCategory::gradients);
-        for (cudaEvent_t& e : free_) {
-            CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-            CUDA_CHECK(cudaEventRecord(e, comm.stream()));
+        } else {
+            for (int u = 0; u < model.num_units(); ++u)
+                slices_.emplace_back(size_t(this->slice_len(u)), MemoryCategory::gradients);
+            for (int b = 0; b < 2; ++b) rotating_.emplace_back(size_t(largest_rotating()), MemoryCategory::gradients);
+            if (tied()) embedding_ = DeviceBuffer<T>(size_t(model.layout(0).padded), MemoryCategory::gradients);
+            for (cudaEvent_t& e : free_) {
+                CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+                CUDA_CHECK(cudaEventRecord(e, comm.stream()));
+            }
         }
     }
     ~Zero2() override {
@@ -63,6 +62,12 @@ class Zero2 : public Zero1<T, G> {
   protected:
     bool tied() const { return this->model_.config().tie_embeddings; }
     int last() const { return this->model_.num_units() - 1; }
+    // The size of a rotating buffer: the largest unit that is not a tied embedding (which has its own).
+    long long largest_rotating() const {
+        long long largest = 0;
+        for (int u = tied() ? 1 : 0; u <= last(); ++u) largest = std::max(largest, this->model_.layout(u).padded);
+        return largest;
+    }
     // Which buffer unit u's gradient is in: 2 = the embedding's own, else a rotating one.
     int buffer_of(int u) const { return u == 0 && tied() ? 2 : (last() - u) % 2; }
     T* buffer(int b) { return b == 2 ? embedding_.get() : rotating_[size_t(b)].get(); }

@@ -32,15 +32,12 @@ class Zero3 : public Zero2<T, G> {
     // The model must have been built with Gradients::bound and Parameters::bound; `seed` is its
     // initialisation seed.
     Zero3(Llama<T>& model, Comm& comm, uint64_t seed) : Zero2<T, G>(model, comm) {
-        const int units = model.num_units();
-        long long largest = 0;
-        for (int u = 0; u < units; ++u) {
+        for (int u = 0; u < model.num_units(); ++u) {
             slices_.emplace_back(size_t(this->slice_len(u)), MemoryCategory::parameters);
             model.init_params(u, slices_.back().get(), this->slice_begin(u), this->slice_begin(u) + this->slice_len(u),
                               seed);
-            if (u > 0 || !this->tied()) largest = std::max(largest, model.layout(u).padded);
         }
-        for (int b = 0; b < 2; ++b) gathered_.emplace_back(size_t(largest), MemoryCategory::comm_buffers);
+        for (int b = 0; b < 2; ++b) gathered_.emplace_back(size_t(this->largest_rotating()), MemoryCategory::comm_buffers);
         if (this->tied()) gathered_.emplace_back(size_t(model.layout(0).padded), MemoryCategory::comm_buffers);
         for (cudaEvent_t& e : ready_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }

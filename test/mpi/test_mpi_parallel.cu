@@ -185,8 +185,7 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
             CUDA_CHECK(cudaStreamSynchronize(comm->stream()));
             params = whole->get();
         } else if (mp) {
-            int owner = 0;
-            while (u >= r.stages[size_t(owner) + 1]) ++owner;
+            const int owner = pv::unit_stages(r.stages)[size_t(u)];
             whole = std::make_unique<pv::DeviceBuffer<T>>(size_t(model.layout(u).padded), pv::MemoryCategory::workspace);
             if (rank == owner) CUDA_CHECK(cudaMemcpy(whole->get(), params, whole->bytes(), cudaMemcpyDeviceToDevice));
             comm->broadcast(whole->get(), whole->get(), whole->size(), owner);
@@ -393,7 +392,10 @@ void check_mp_counts(pv::World& world) {
     CHECK(total == double(mp.psi) + (p > 1 ? double(mp.padded[0]) : 0));
     // Every stage's figures, gathered to rank 0 for the README's table.
     const double memory = category(mp, C::parameters) + category(mp, C::gradients) + category(mp, C::optimizer_state);
-    const std::vector<double> mine{double(first), double(end - 1), memory, mp.per_step[0].wire_bytes};
+    const auto& calls = mp.per_step[0].calls;
+    const std::vector<double> mine{double(first), double(end - 1), memory, mp.per_step[0].wire_bytes,
+                                   double(calls[size_t(CollectiveKind::send)]), double(calls[size_t(CollectiveKind::recv)]),
+                                   double(calls[size_t(CollectiveKind::all_reduce)])};
     pv::DeviceBuffer<double> figures(mine.size() * size_t(p), C::workspace);
     CUDA_CHECK(cudaMemcpy(figures.get() + mine.size() * size_t(r), mine.data(), mine.size() * sizeof(double),
                           cudaMemcpyHostToDevice));
@@ -403,9 +405,12 @@ void check_mp_counts(pv::World& world) {
     CUDA_CHECK(cudaMemcpy(all.data(), figures.get(), all.size() * sizeof(double), cudaMemcpyDeviceToHost));
     if (r == 0) {
         std::printf("counts, mp, N = %d, %s, psi %lld, per rank: ", p, std::is_same_v<T, double> ? "fp64" : "bf16", mp.psi);
-        for (int k = 0; k < p; ++k)
-            std::printf("%srank %d units %.0f-%.0f: memory (params + grads + optimizer) %.0f bytes, %.0f bytes sent", k ? "; " : "",
-                        k, all[size_t(k) * 4], all[size_t(k) * 4 + 1], all[size_t(k) * 4 + 2], all[size_t(k) * 4 + 3]);
+        for (int k = 0; k < p; ++k) {
+            const double* f = all.data() + size_t(k) * mine.size();
+            std::printf("%srank %d units %.0f-%.0f: %.0f send + %.0f recv + %.0f all-reduce, %.0f bytes sent, memory "
+                        "(params + grads + optimizer) %.0f bytes",
+                        k ? "; " : "", k, f[0], f[1], f[4], f[5], f[6], f[3], f[2]);
+        }
         std::printf("\n");
     }
 }
