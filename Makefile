@@ -102,11 +102,13 @@ MPI_TEST_BINS := $(patsubst test/mpi/%.cu,$(BUILD)/test/mpi/%,$(wildcard test/mp
 # (The asan flavour runs them at 2 ranks only: its budget is the kernels and one 2-rank parity run.)
 MPI_TEST_RANKS := $(if $(filter address,$(SANITIZE)),2,2 4)
 MPI_TEST_RUNS := $(foreach n,$(MPI_TEST_RANKS),$(addprefix mpi:$(n):,$(MPI_TEST_BINS)))
-# What `make test` runs. Under ASan test_train (whole `train` programs in child processes, about
-# 75 s per schedule there) runs under the deferred-stream schedule only, the one that exposes
-# lifetime bugs (a buffer freed or reused before a stream has run the work that reads it).
+# What `make test` runs. Under ASan the two suites that run whole models — test_train (`train`
+# programs in child processes, about 75 s per schedule there) and test_model (about 35 s) — run
+# under the deferred-stream schedule only, the one that exposes lifetime bugs (a buffer freed or
+# reused before a stream has run the work that reads it); `make test` runs them under all three.
+ASAN_ONE_SCHEDULE := $(BUILD)/test/test_train $(BUILD)/test/test_model
 TEST_RUNS := $(if $(filter address,$(SANITIZE)),\
-  $(patsubst $(BUILD)/test/test_train,random+deferred@$(BUILD)/test/test_train,$(TEST_BINS)),$(TEST_BINS))
+  $(foreach b,$(TEST_BINS),$(if $(filter $(b),$(ASAN_ONE_SCHEDULE)),random+deferred@$(b),$(b))),$(TEST_BINS))
 BENCH_BINS := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu))
 
 .PHONY: all test test-full test-asan test-tsan tsan-suite bench ptxas-report clean
