@@ -91,7 +91,7 @@ endif
 # Product code shared by every program: CUDA C++ (.cu, through the flavour's compiler) and plain
 # host C++ (.cpp: data pipeline, tokenizer, file formats; always g++).
 CORE_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard kernels/*.cu model/*.cu optim/*.cu parallel/*.cu)) \
-             $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard data/*.cpp model/*.cpp optim/*.cpp parallel/*.cpp)) $(PLATFORM_OBJS)
+             $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard data/*.cpp io/*.cpp model/*.cpp optim/*.cpp parallel/*.cpp)) $(PLATFORM_OBJS)
 
 TEST_SOURCES := $(wildcard test/test_*.cu)
 TEST_BINS := $(patsubst test/%.cu,$(BUILD)/test/%,$(TEST_SOURCES))
@@ -135,7 +135,7 @@ $(BUILD)/train: $(TRAIN_OBJS) $(BUILD)/corpus.o $(CORE_OBJS)
 
 # The built-in corpus of `train`: the project's own README and headers, concatenated in a fixed
 # order and embedded with .incbin (pv_corpus_begin .. pv_corpus_end).
-CORPUS_FILES := README.md $(sort $(wildcard kernels/*.cuh kernels/*.h model/*.h host/*.h parallel/*.h data/*.h optim/*.h))
+CORPUS_FILES := README.md $(sort $(wildcard kernels/*.cuh kernels/*.h model/*.h host/*.h parallel/*.h data/*.h io/*.h optim/*.h))
 $(BUILD)/corpus.txt: $(CORPUS_FILES)
 	@mkdir -p $(dir $@)
 	cat $^ > $@

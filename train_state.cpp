@@ -1,7 +1,7 @@
 // trainer_state.json and metrics trimming (see train_state.h).
 #include "train_state.h"
 
-#include "data/atomic_file.h"
+#include "io/durable_file.h"
 
 #include <nlohmann/json.hpp>
 

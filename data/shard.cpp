@@ -1,7 +1,7 @@
 // Token shard writer and reader; the format is described in data/shard.h.
 #include "data/shard.h"
 
-#include "data/atomic_file.h"
+#include "io/durable_file.h"
 
 #include <algorithm>
 #include <cerrno>

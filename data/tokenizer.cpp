@@ -1,7 +1,7 @@
 // Byte-level BPE tokenizer: see data/tokenizer.h for the algorithm and the file format.
 #include "data/tokenizer.h"
 
-#include "data/atomic_file.h"
+#include "io/durable_file.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>

@@ -47,7 +47,7 @@ public:
     static Tokenizer train(std::string_view text, int vocab_size,
                            std::vector<std::string> special_tokens = {"<|endoftext|>"});
     static Tokenizer load(const std::string& path);
-    // Writes atomically (data/atomic_file.h: path.tmp, fsync, rename); throws std::runtime_error on
+    // Writes atomically (io/durable_file.h: path.tmp, fsync, rename); throws std::runtime_error on
     // I/O failure.
     void save(const std::string& path) const;
 

@@ -2,10 +2,10 @@
 // model/checkpoint.h.
 #include "model/checkpoint.h"
 
+#include "io/durable_file.h"
 #include "model/safetensors.h"
 
 #include <bit>
-#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -14,9 +14,6 @@
 #include <stdexcept>
 #include <string_view>
 #include <system_error>
-
-#include <fcntl.h>
-#include <unistd.h>
 
 namespace pv {
 namespace {
@@ -145,19 +142,11 @@ void check_layout(const std::string& where, size_t u, const GroupLayout& layout)
 
 // ---- directories --------------------------------------------------------------------------
 
-[[noreturn]] void dir_error(const std::string& path, const std::string& what, const std::string& os_text) {
-    throw std::runtime_error("checkpoint directory '" + path + "': " + what + ": " + os_text);
-}
+// The kind io/durable_file.h's errors name: "checkpoint directory '<path>': <what>: <os error>".
+constexpr const char* kDirKind = "checkpoint directory";
 
-// fsync of a file or directory by path. A directory on a file system that cannot sync one
-// (EINVAL) is accepted: there is nothing more to make durable there.
-void fsync_path(const std::string& path, bool directory) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (directory ? O_DIRECTORY : 0));
-    if (fd < 0) dir_error(path, "cannot open to fsync", std::strerror(errno));
-    const int rc = ::fsync(fd);
-    const int err = errno;
-    ::close(fd);
-    if (rc != 0 && !(directory && err == EINVAL)) dir_error(path, "fsync failed", std::strerror(err));
+[[noreturn]] void dir_error(const std::string& path, const std::string& what, const std::string& os_text) {
+    throw std::runtime_error(std::string(kDirKind) + " '" + path + "': " + what + ": " + os_text);
 }
 
 // "runs/x/step_5/" and "runs/x/step_5" name the same checkpoint; the .tmp goes beside it.
@@ -276,17 +265,7 @@ void commit_checkpoint_dir(const std::string& dir_in) {
                   ec ? ec.message() : std::string("not found"));
 
     // Every file's data and every directory entry durable before the rename publishes them.
-    fs::recursive_directory_iterator it(tmp, ec);
-    if (ec) dir_error(tmp, "cannot list", ec.message());
-    while (it != fs::recursive_directory_iterator()) {
-        const fs::file_status status = it->symlink_status(ec);
-        if (ec) dir_error(it->path().string(), "cannot stat", ec.message());
-        if (fs::is_regular_file(status)) fsync_path(it->path().string(), false);
-        else if (fs::is_directory(status)) fsync_path(it->path().string(), true);
-        it.increment(ec);
-        if (ec) dir_error(tmp, "cannot list", ec.message());
-    }
-    fsync_path(tmp, true);
+    fsync_tree(tmp, kDirKind);
 
     // A re-run of the same step replaces it. A crash between the removal and the rename leaves no
     // step_N, only the complete step_N.tmp: latest_checkpoint then finds the previous step.
@@ -294,10 +273,7 @@ void commit_checkpoint_dir(const std::string& dir_in) {
         fs::remove_all(dir, ec);
         if (ec) dir_error(dir, "cannot remove the existing checkpoint to replace it", ec.message());
     }
-    if (::rename(tmp.c_str(), dir.c_str()) != 0)
-        dir_error(dir, "cannot rename '" + tmp + "' to it", std::strerror(errno));
-    const fs::path parent = fs::path(dir).parent_path();
-    fsync_path(parent.empty() ? std::string(".") : parent.string(), true);
+    rename_durably(tmp, dir, kDirKind);
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& out_dir, const std::string& marker_file) {

@@ -76,8 +76,9 @@ HostGroups read_group_tensors(const std::string& path, const std::vector<GroupLa
 std::string begin_checkpoint_dir(const std::string& dir);
 
 // fsyncs every regular file in `dir.tmp` and the directory itself, removes an existing `dir` (a
-// re-run of the same step), renames `dir.tmp` to `dir` and fsyncs the parent directory. Throws
-// std::runtime_error naming the path and the OS error on any failure.
+// re-run of the same step), renames `dir.tmp` to `dir` and fsyncs the parent directory
+// (io/durable_file.h: every fsync failure is an error). Throws std::runtime_error naming the path
+// and the OS error on any failure.
 void commit_checkpoint_dir(const std::string& dir);
 
 // The complete checkpoint with the largest N among the directories out_dir/step_N (N decimal

@@ -2,7 +2,7 @@
 // model/config_json.h.
 #include "model/config_json.h"
 
-#include "data/atomic_file.h"
+#include "io/durable_file.h"
 
 #include <cerrno>
 #include <climits>

@@ -64,7 +64,7 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& ori
 // std::runtime_error naming the path and the OS error.
 LlamaConfig read_hf_config(const std::string& path);
 
-// Writes hf_config_json(c, torch_dtype) to `path` atomically (data/atomic_file.h). Argument errors
+// Writes hf_config_json(c, torch_dtype) to `path` atomically (io/durable_file.h). Argument errors
 // are thrown before the file is touched.
 void write_hf_config(const std::string& path, const LlamaConfig& c, const std::string& torch_dtype = "bfloat16");
 

@@ -1,7 +1,7 @@
 // safetensors writer and reader; the format is described in model/safetensors.h.
 #include "model/safetensors.h"
 
-#include "data/atomic_file.h"
+#include "io/durable_file.h"
 
 #include <algorithm>
 #include <cerrno>

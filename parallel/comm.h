@@ -106,8 +106,6 @@ class Comm {
         record(CollectiveKind::recv, count, nccl_type<T>(), peer);
         NCCL_CHECK(ncclRecv(buf, count, nccl_type<T>(), peer, comm_, stream_));
     }
-    void group_start() { NCCL_CHECK(ncclGroupStart()); }
-    void group_end() { NCCL_CHECK(ncclGroupEnd()); }
 
     // The comm stream waits for `compute`'s work so far; `compute` waits for the comm stream's.
     void fence_from(cudaStream_t compute);

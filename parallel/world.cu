@@ -66,10 +66,4 @@ World::~World() {
     if (owns_mpi_ && mpi_running()) MPI_Finalize();
 }
 
-ncclComm_t split_single_rank_comm(ncclComm_t parent, int rank) {
-    ncclComm_t single = nullptr;
-    NCCL_CHECK(ncclCommSplit(parent, rank, 0, &single, nullptr));
-    return single;
-}
-
 }  // namespace pv

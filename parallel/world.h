@@ -45,8 +45,4 @@ class World {
 // when MPI is not running or the world has one rank.
 [[noreturn]] void abort_all_ranks(const std::string& message);
 
-// A communicator of this rank alone, split off `parent` (collective over parent): the one-rank
-// reference a parity test runs beside the real strategy. The caller destroys it (ncclCommDestroy).
-ncclComm_t split_single_rank_comm(ncclComm_t parent, int rank);
-
 }  // namespace pv

@@ -1,0 +1,43 @@
+// Durable writes, and the project's one fsync policy. A file is written to `path.tmp`, fsynced,
+// renamed over `path` and its directory fsynced, so a crash leaves the old file or the complete
+// new one under the final name; a directory of files (a checkpoint) is fsynced entry by entry and
+// published by one rename. Every fsync failure is an error, of a file or a directory alike (no
+// EINVAL exception, no best effort): a write that is not known to be durable is never reported as
+// done. Errors are std::runtime_error naming the path and the OS error (strerror). Shards, the
+// tokenizer, config.json, safetensors files, trainer_state.json and checkpoint directories all go
+// through here. Host code only (g++); no CUDA headers.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+
+namespace pv {
+
+// Appends bytes to the file being written.
+using ByteSink = std::function<void(const void* data, size_t bytes)>;
+
+// Calls `write` with a sink into `path.tmp`, then makes the file durable and renames it over
+// `path`, then fsyncs the directory. On any failure std::runtime_error is thrown, its message
+// starting "<kind> '<file>': " and naming the OS error (e.g. kind = "token shard"); `path.tmp` is
+// removed if the failure comes before the rename. A failed directory fsync is thrown too, though
+// the new file is then already in place under `path`.
+void write_file_atomically(const std::string& path, const std::string& kind, const std::function<void(const ByteSink&)>& write);
+
+// fsync of a file (directory = false) or a directory (directory = true) by path. Throws
+// std::runtime_error "<kind> '<path>': cannot open to fsync: <os error>" or "... fsync failed:
+// <os error>"; kind defaults to "file" or "directory".
+void fsync_path(const std::string& path, bool directory, const std::string& kind = {});
+
+// Makes `tmp_dir` durable before it is published: fsyncs every regular file and directory under it
+// (symlinks and other entries are not followed) and then `tmp_dir` itself. Errors as fsync_path's,
+// plus "<kind> '<path>': cannot list: ..." / "cannot stat: ...".
+void fsync_tree(const std::string& tmp_dir, const std::string& kind);
+
+// Publishes `from` under the name `to` with rename(2) (atomic: a crash leaves one name or the
+// other) and fsyncs the parent directory of `to`. A rename failure throws "<kind> '<to>': cannot
+// rename '<from>' to it: <os error>". `from` and `to` must lie on one file system; a directory
+// `to` must not exist or be empty.
+void rename_durably(const std::string& from, const std::string& to, const std::string& kind);
+
+}  // namespace pv
