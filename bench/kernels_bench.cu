@@ -175,10 +175,7 @@ void run(const pv::LlamaConfig& c, const Options& o) {
     T* dqkv = random_buffer<T>(N * qkv_w, 12);
     A* lse = static_cast<A*>(alloc(size_t(B) * H * Tn * sizeof(A)));
     void* att_scratch = alloc(pv::attention_backward_scratch_bytes<T>(B, Tn, H));
-    const auto freqs = pv::rope_inverse_frequencies(hd, c.rope_theta,
-                                                    pv::Llama3RopeScaling{c.rope_scaling.factor, c.rope_scaling.low_freq_factor,
-                                                                          c.rope_scaling.high_freq_factor,
-                                                                          c.rope_scaling.original_max_position_embeddings});
+    const auto freqs = pv::rope_inverse_frequencies(c);
     std::vector<A> freqs_acc(freqs.begin(), freqs.end());
     A* inv_freq = static_cast<A*>(alloc(freqs_acc.size() * sizeof(A)));
     if (inv_freq) CUDA_CHECK(cudaMemcpy(inv_freq, freqs_acc.data(), freqs_acc.size() * sizeof(A), cudaMemcpyHostToDevice));

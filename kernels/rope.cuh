@@ -13,14 +13,10 @@
 // block keeps [q | k | v] in one row of a fused projection, and rotates q with one call and k
 // with a second call on x + q_width (its own head count), leaving v alone.
 //
-// Inverse frequencies: inv_freq[i] = theta^(−2i/head_dim), computed on the host in double, then,
-// for Llama 3.1/3.2 checkpoints, rescaled as Hugging Face's `_compute_llama3_parameters`
-// (transformers, src/transformers/modeling_rope_utils.py) does: with wavelen = 2π / inv_freq,
-//   wavelen < original / high_freq_factor    unchanged (high frequencies)
-//   wavelen > original / low_freq_factor     inv_freq / factor (low frequencies)
-//   otherwise                                (1 − s)·inv_freq / factor + s·inv_freq,
-//                                            s = (original / wavelen − low) / (high − low).
-// The caller converts them to acc_t<T> and keeps them on the device (head_dim / 2 values).
+// Inverse frequencies: the caller passes the head_dim / 2 values of inv_freq as acc_t<T> on the
+// device; this header only takes the array. They are computed on the host in double by
+// rope_inverse_frequencies (model/config.h): theta^(−2i/head_dim), with the optional Llama-3
+// frequency scaling of the config's RopeScaling.
 //
 // Kernel: one thread per (row, head, pair), barrier-free; each thread reads and writes only its
 // own two elements, so the in-place update has no races and the result is deterministic.
@@ -40,42 +36,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <vector>
 
 namespace pv {
-
-// Llama-3 frequency scaling (the "llama3" rope_type of Hugging Face configs); off when factor is 0.
-struct Llama3RopeScaling {
-    double factor = 0;
-    double low_freq_factor = 1;
-    double high_freq_factor = 4;
-    int original_max_position = 0;
-    bool enabled() const { return factor > 0; }
-};
-
-// The head_dim / 2 inverse frequencies, in double, scaled when `scaling` is enabled.
-inline std::vector<double> rope_inverse_frequencies(int head_dim, double theta, const Llama3RopeScaling& scaling) {
-    const double pi = 3.14159265358979323846;
-    std::vector<double> inv_freq(size_t(head_dim / 2));
-    for (int i = 0; i < head_dim / 2; ++i) {
-        double f = std::pow(theta, -2.0 * i / head_dim);
-        if (scaling.enabled()) {
-            const double original = scaling.original_max_position;
-            const double low_wavelen = original / scaling.low_freq_factor;    // longer: fully scaled
-            const double high_wavelen = original / scaling.high_freq_factor;  // shorter: untouched
-            const double wavelen = 2 * pi / f;
-            if (wavelen > low_wavelen) {
-                f = f / scaling.factor;
-            } else if (wavelen >= high_wavelen) {
-                const double s = (original / wavelen - scaling.low_freq_factor) /
-                                 (scaling.high_freq_factor - scaling.low_freq_factor);
-                f = (1 - s) * f / scaling.factor + s * f;
-            }
-        }
-        inv_freq[size_t(i)] = f;
-    }
-    return inv_freq;
-}
 
 // fma in the accumulator type (float or double), for the exact error of the angle product.
 __device__ inline float rope_fma(float a, float b, float c) { return fmaf(a, b, c); }

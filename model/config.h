@@ -1,4 +1,5 @@
-// The shape of a Llama-family model, its validation, its parameter count and named presets.
+// The shape of a Llama-family model, its validation, its parameter count, RoPE's inverse frequencies
+// and named presets.
 //
 // A LlamaConfig holds what a Hugging Face config.json says about the architecture and nothing
 // about training: the sizes of the embedding, the blocks and the MLP, grouped-query attention
@@ -15,12 +16,16 @@
 // lm_head is the embedding itself when tie_embeddings is set. head_dim = 0 means H / num_heads;
 // it is set explicitly when q ≠ H is wanted (config.json's head_dim).
 //
-// Llama-3 RoPE scaling (rope_type "llama3"): for a frequency with wavelength λ = 2π / ω,
-//   λ < original_max_position / high_freq_factor  →  ω unchanged (high frequencies),
-//   λ > original_max_position / low_freq_factor   →  ω / factor    (low frequencies),
-//   in between, a linear blend in s = (original_max_position / λ − low) / (high − low):
+// RoPE's inverse frequencies are ω_i = rope_theta^(−2i/head_dim), i < head_dim / 2, computed here
+// on the host in double (rope_inverse_frequencies); the RoPE kernels (kernels/rope.cuh) only take
+// the resulting array. Llama-3 RoPE scaling (rope_type "llama3"), as Hugging Face's
+// `_compute_llama3_parameters` (transformers, src/transformers/modeling_rope_utils.py) does it:
+// for a frequency with wavelength λ = 2π / ω, with original = original_max_position_embeddings,
+//   λ < original / high_freq_factor  →  ω unchanged (high frequencies),
+//   λ > original / low_freq_factor   →  ω / factor    (low frequencies),
+//   in between, a linear blend in s = (original / λ − low) / (high − low):
 //   ω' = (1 − s)·ω / factor + s·ω.
-// factor = 0 means no scaling. The kernels apply it; this file only holds and checks the numbers.
+// factor = 0 means no scaling.
 //
 // Validation reports every problem at once, each message naming the field, its value and the
 // fix, because a config usually comes from a user's file and one round trip per mistake is
@@ -73,6 +78,14 @@ std::vector<std::string> validate(const LlamaConfig& c);
 // Throws std::invalid_argument listing all of validate()'s messages, one per line, after a line
 // naming the config.
 void validate_or_throw(const LlamaConfig& c);
+
+// RoPE's head_dim / 2 inverse frequencies in double, theta^(−2i/head_dim), Llama-3 scaled when
+// `scaling` is enabled (the formula above). The caller rounds them to the kernels' accumulator
+// type and keeps them on the device.
+std::vector<double> rope_inverse_frequencies(int head_dim, double theta, const RopeScaling& scaling);
+
+// The same for a model: head_dim_resolved(), rope_theta and rope_scaling.
+std::vector<double> rope_inverse_frequencies(const LlamaConfig& c);
 
 // Parameters of one transformer block: two RMSNorm weights, Wq, Wk, Wv, Wo, Wgate, Wup, Wdown.
 long long block_parameter_count(const LlamaConfig& c);

@@ -117,10 +117,7 @@ Llama<T>::Llama(const LlamaConfig& config, int batch, int seq_len, int slots, ui
             unit.arenas.push_back(device_alloc(arena_bytes(unit.arena_layout), MemoryCategory::activations));
     }
     // RoPE's inverse frequencies, computed once in double on the host.
-    const auto freqs = rope_inverse_frequencies(config_.head_dim_resolved(), config_.rope_theta,
-                                                Llama3RopeScaling{config_.rope_scaling.factor, config_.rope_scaling.low_freq_factor,
-                                                                  config_.rope_scaling.high_freq_factor,
-                                                                  config_.rope_scaling.original_max_position_embeddings});
+    const auto freqs = rope_inverse_frequencies(config_);
     std::vector<acc_t<T>> freqs_acc(freqs.begin(), freqs.end());
     inv_freq_ = static_cast<acc_t<T>*>(device_alloc(freqs_acc.size() * sizeof(acc_t<T>), MemoryCategory::workspace));
     CUDA_CHECK(cudaMemcpyAsync(inv_freq_, freqs_acc.data(), freqs_acc.size() * sizeof(acc_t<T>), cudaMemcpyHostToDevice, stream_));

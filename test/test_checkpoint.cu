@@ -185,7 +185,7 @@ TEST_CASE("checkpoint tensors round-trip every byte in every dtype, with and wit
 
 TEST_CASE("checkpoint files hold Hugging Face names and shapes, unpadded", "[checkpoint]") {
     TempDir dir;
-    // test-tiny (model/config.cu): vocab 67, hidden 48, 2 layers, 6 heads and 2 KV heads of head
+    // test-tiny (model/config.cpp): vocab 67, hidden 48, 2 layers, 6 heads and 2 KV heads of head
     // dim 8 (q width 48, kv width 16), ffn 40, untied. HF Llama names, [out, in] for projections.
     using Shape = std::vector<int64_t>;
     std::vector<std::pair<std::string, Shape>> expected = {{"model.embed_tokens.weight", {67, 48}}};

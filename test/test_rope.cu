@@ -2,6 +2,7 @@
 // the inverse frequencies (plain and Llama-3 scaled) against values computed here in long double,
 // a forward-backward round trip, and a central-difference check of the backward in fp64.
 #include "kernels/rope.cuh"
+#include "model/config.h"
 #include "test/check.h"
 #include "test/gradcheck.h"
 #include "test/reference/rope.h"
@@ -56,7 +57,7 @@ size_t changed_outside(const std::vector<T>& got, const std::vector<T>& in, long
 }
 
 template <class T>
-void check_against_reference(int seq_len, int head_dim, const pv::Llama3RopeScaling& scaling, double theta,
+void check_against_reference(int seq_len, int head_dim, const pv::RopeScaling& scaling, double theta,
                              uint64_t seed) {
     const long long batch = 2, rows = batch * seq_len;
     Layout l;
@@ -90,12 +91,12 @@ void check_against_reference(int seq_len, int head_dim, const pv::Llama3RopeScal
 // Llama-3.2-1B's published config.json: rope_theta 500000, head_dim 64 (2048 / 32 heads),
 // rope_scaling {rope_type "llama3", factor 32, low_freq_factor 1, high_freq_factor 4,
 // original_max_position_embeddings 8192}.
-pv::Llama3RopeScaling llama32_scaling() {
-    pv::Llama3RopeScaling s;
+pv::RopeScaling llama32_scaling() {
+    pv::RopeScaling s;
     s.factor = 32;
     s.low_freq_factor = 1;
     s.high_freq_factor = 4;
-    s.original_max_position = 8192;
+    s.original_max_position_embeddings = 8192;
     return s;
 }
 
@@ -104,13 +105,13 @@ pv::Llama3RopeScaling llama32_scaling() {
 using namespace rope_test;
 
 TEST_CASE("rope matches the fp64 reference on fused q|k|v rows", "[kernels][rope]") {
-    const pv::Llama3RopeScaling none;
+    const pv::RopeScaling none;  // factor 0: no scaling
     for (int seq_len : {1, 7, 33, 130})
         for (int head_dim : {8, 64, 128}) {
             if (kTsanBuild && (seq_len != 7 || head_dim != 8)) continue;
             // Llama-3 scaled frequencies at head_dim 64 (Llama-3.2-1B's), plain ones elsewhere.
             const bool llama3 = head_dim == 64;
-            const pv::Llama3RopeScaling scaling = llama3 ? llama32_scaling() : none;
+            const pv::RopeScaling scaling = llama3 ? llama32_scaling() : none;
             const double theta = llama3 ? 500000.0 : 10000.0;
             const uint64_t seed = uint64_t(seq_len * 1000 + head_dim);
             check_against_reference<double>(seq_len, head_dim, scaling, theta, seed);
@@ -164,7 +165,7 @@ TEST_CASE("rope inverse frequencies, plain and Llama-3 scaled (Llama-3.2-1B)", "
     REQUIRE(interpolated == 3);
     REQUIRE(divided == 14);
 
-    const auto plain = pv::rope_inverse_frequencies(head_dim, 500000.0, pv::Llama3RopeScaling{});
+    const auto plain = pv::rope_inverse_frequencies(head_dim, 500000.0, pv::RopeScaling{});
     const auto scaled = pv::rope_inverse_frequencies(head_dim, 500000.0, llama32_scaling());
     // A few ulps of double: pow, then the interpolation's handful of operations.
     const std::string e1 = compare(plain, plain_expected, 1e-14);
@@ -174,9 +175,11 @@ TEST_CASE("rope inverse frequencies, plain and Llama-3 scaled (Llama-3.2-1B)", "
     REQUIRE(e2.empty());
     REQUIRE(plain[0] == 1.0);
     REQUIRE(scaled[0] == 1.0);
+    // The model's overload reads the same numbers from the preset: the same values, bit for bit.
+    REQUIRE(pv::rope_inverse_frequencies(pv::preset("llama-3.2-1b")) == scaled);
 
     // Another head size and base without scaling (Llama 2 / SmolLM2 style).
-    const auto other = pv::rope_inverse_frequencies(128, 10000.0, pv::Llama3RopeScaling{});
+    const auto other = pv::rope_inverse_frequencies(128, 10000.0, pv::RopeScaling{});
     std::vector<double> other_expected;
     for (int i = 0; i < 64; ++i) other_expected.push_back(double(std::pow(10000.0L, -(long double)(2 * i) / 128)));
     const std::string e3 = compare(other, other_expected, 1e-14);
@@ -206,7 +209,7 @@ TEST_CASE("rope backward equals central differences of its forward (fp64)", "[ke
     l.n_heads = 2, l.n_kv_heads = 1, l.head_dim = 8, l.pad = 3;
     const int seq_len = 3;
     const long long rows = 2LL * seq_len;
-    const auto inv_freq = pv::rope_inverse_frequencies(l.head_dim, 10000.0, pv::Llama3RopeScaling{});
+    const auto inv_freq = pv::rope_inverse_frequencies(l.head_dim, 10000.0, pv::RopeScaling{});
     auto x = random_vector<double>(size_t(rows * l.stride()), 40);
     const auto g = random_vector<double>(x.size(), 41);
     DeviceArray<double> d_inv(inv_freq), d_x(x.size()), d_g(g);

@@ -1,4 +1,5 @@
-// Validation, parameter counts and presets of LlamaConfig (model/config.h). Plain host C++.
+// Validation, parameter counts, RoPE's inverse frequencies and presets of LlamaConfig
+// (model/config.h). Plain host C++.
 #include "model/config.h"
 
 #include <cmath>
@@ -135,6 +136,33 @@ long long parameter_count(const LlamaConfig& c) {
            + (c.tie_embeddings ? 0 : embedding)       // lm_head, unless it is the embedding
            + c.num_layers * block_parameter_count(c)  // blocks
            + c.hidden_size;                           // final RMSNorm
+}
+
+std::vector<double> rope_inverse_frequencies(int head_dim, double theta, const RopeScaling& scaling) {
+    const double pi = 3.14159265358979323846;
+    std::vector<double> inv_freq(size_t(head_dim / 2));
+    for (int i = 0; i < head_dim / 2; ++i) {
+        double f = std::pow(theta, -2.0 * i / head_dim);
+        if (scaling.enabled()) {
+            const double original = scaling.original_max_position_embeddings;
+            const double low_wavelen = original / scaling.low_freq_factor;    // longer: fully scaled
+            const double high_wavelen = original / scaling.high_freq_factor;  // shorter: untouched
+            const double wavelen = 2 * pi / f;
+            if (wavelen > low_wavelen) {
+                f = f / scaling.factor;
+            } else if (wavelen >= high_wavelen) {
+                const double s = (original / wavelen - scaling.low_freq_factor) /
+                                 (scaling.high_freq_factor - scaling.low_freq_factor);
+                f = (1 - s) * f / scaling.factor + s * f;
+            }
+        }
+        inv_freq[size_t(i)] = f;
+    }
+    return inv_freq;
+}
+
+std::vector<double> rope_inverse_frequencies(const LlamaConfig& c) {
+    return rope_inverse_frequencies(c.head_dim_resolved(), c.rope_theta, c.rope_scaling);
 }
 
 namespace {
