@@ -25,18 +25,13 @@
 #include "kernels/glue.cuh"
 #include "model/config_json.h"
 #include "model/flops.h"
+#include "model/freeze.h"
 #include "model/llama.h"
 #include "optim/optimizer.cuh"
 #include "optim/schedule.h"
-#include "parallel/ddp.h"
-#include "parallel/mp.h"
-#include "parallel/single.h"
-#include "parallel/stages.h"
+#include "parallel/strategies.h"
 #include "parallel/train_step.h"
 #include "parallel/world.h"
-#include "parallel/zero1.h"
-#include "parallel/zero2.h"
-#include "parallel/zero3.h"
 #include "train_checkpoint.h"
 #include "train_options.h"
 #include "train_state.h"
@@ -55,6 +50,10 @@ extern "C" const char pv_corpus_end[];
 
 namespace pv {
 namespace {
+
+StrategyOptions strategy_options(const TrainOptions& o) {
+    return StrategyOptions{o.parallel, o.microbatches, o.balance, o.fp32_grad_accumulation};
+}
 
 // The default model: small enough that a 2-core CPU trains it in a few minutes.
 LlamaConfig default_model(int vocab, int seq_len) {
@@ -153,10 +152,11 @@ double device_peak_flops() {
 template <class T, class G>
 int run_training(const TrainOptions& o, const TrainOptions& requested, RunData data, const LlamaConfig& config,
                  const std::string& resume_dir, World& world) {
-    // Data-parallel strategies split the batch over the ranks; model parallelism splits the model
-    // and every stage sees the whole batch.
-    const bool mp = o.parallel == "mp";
-    const int ranks = mp ? 1 : world.size(), data_rank = mp ? 0 : world.rank();
+    // The strategy decides how the batch is split and how the model is built; it is applied to a
+    // model that knows nothing of it.
+    const StrategyPlan plan = plan_strategy(strategy_options(o), config, o.seq_len, world.rank(), world.size());
+    const bool mp = plan.info->stages;
+    const int ranks = plan.data_ranks, data_rank = plan.data_rank;
     const int accumulation = accumulation_for(o.batch, o.micro_batch, ranks);
     const BatchGeometry geometry{o.batch, o.micro_batch, accumulation, ranks};
     uint64_t fingerprint = 0xcbf29ce484222325ull;
@@ -173,37 +173,16 @@ int run_training(const TrainOptions& o, const TrainOptions& requested, RunData d
     lr_config.total_steps = o.steps;
     if (const auto problems = validate(lr_config); !problems.empty()) throw std::invalid_argument(problems.front());
 
-    // The model's groups split into one shard per rank; the strategy is applied from outside.
-    // ZeRO-2/3 rotate a few gradient buffers through the units; ZeRO-3 also gathers parameters.
-    // Model parallelism gives each rank a stage of the units, with a slot per micro-batch in flight.
-    const bool zero3 = o.parallel == "zero3", bound = o.parallel == "zero2" || zero3;
-    StageUnits stage;
-    std::vector<int> stages, unit_owner;  // mp: stage boundaries, and the rank holding each unit
-    if (mp) {
-        stages = balance_stages(unit_costs(config, o.seq_len, parse_stage_balance(o.balance)), world.size());
-        unit_owner = unit_stages(stages);
-        stage = StageUnits{stages[size_t(world.rank())], stages[size_t(world.rank()) + 1]};
-    }
-    Llama<T> model(config, o.micro_batch, o.seq_len, mp ? o.microbatches : 1, o.seed,
-                   bound ? Gradients::bound : Gradients::owned, ranks, nullptr,
-                   zero3 ? Parameters::bound : Parameters::owned, stage);
-    std::unique_ptr<Strategy<T, G>> strategy;
-    if (o.parallel == "single") strategy = std::make_unique<Single<T, G>>(model);
-    else if (mp) strategy = std::make_unique<ModelParallel<T, G>>(model, world.comm(), o.microbatches);
-    else if (o.parallel == "ddp") strategy = std::make_unique<DDP<T, G>>(model, world.comm());
-    else if (o.parallel == "zero1") strategy = std::make_unique<Zero1<T, G>>(model, world.comm());
-    else if (o.parallel == "zero2") strategy = std::make_unique<Zero2<T, G>>(model, world.comm());
-    else strategy = std::make_unique<Zero3<T, G>>(model, world.comm(), o.seed);
-    std::vector<T*> param_slices;  // ZeRO-3: each unit's slice, where checkpoints read and write
-    if (zero3)
-        for (int u = 0; u < model.num_units(); ++u) param_slices.push_back(strategy->owned_params(u));
-    const std::vector<T*>* slices = zero3 ? &param_slices : nullptr;
+    const FrozenTensors frozen = resolve_freeze(config, split_patterns(o.freeze));
+    for (const std::string& note : frozen.notes) std::printf("freeze: %s\n", note.c_str());
+    Llama<T> model(config, ModelOptions{o.micro_batch, o.seq_len, o.seed, frozen.names, plan.placement, nullptr});
+    std::unique_ptr<Strategy<T, G>> strategy = make_strategy<T, G>(plan, model, &world.comm(), o.seed);
     std::unique_ptr<AdamWState<T>> optimizer = Trainer<T, G>::make_optimizer(*strategy);
     Trainer<T, G> trainer(*strategy, *optimizer);
     const AdamWSettings adamw{o.beta1, o.beta2, o.eps, o.weight_decay, o.decay_norm_weights, o.stochastic_rounding, o.seed};
     long long start_step = 0;
     if (!resume_dir.empty()) {
-        const TrainerState state = load_checkpoint(resume_dir, model, *optimizer, slices);  // the held units
+        const TrainerState state = load_checkpoint(resume_dir, *strategy, *optimizer);  // what this rank keeps
         start_step = state.step;
         if (state.data_fingerprint != fingerprint || state.train_tokens != train_tokens) {
             if (state.options.data == o.data)
@@ -237,7 +216,11 @@ int run_training(const TrainOptions& o, const TrainOptions& requested, RunData d
                 config.name.c_str(), parameter_count(config), config.num_layers, config.hidden_size, config.vocab_size,
                 o.dtype.c_str(), o.batch, o.micro_batch, accumulation, ranks, strategy->name(), loader.windows(),
                 o.seq_len, flops_per_token);
+    const long long trainable = model.tensor_elements(GroupKind::trainable), fixed = model.tensor_elements(GroupKind::frozen);
+    std::printf("parameters: %lld trainable (%.2f%%), %lld frozen (%.2f%%)\n", trainable,
+                100.0 * double(trainable) / double(trainable + fixed), fixed, 100.0 * double(fixed) / double(trainable + fixed));
     if (mp) {
+        const std::vector<int>& stages = plan.stage_bounds;
         std::printf("pipeline: %d stages (balanced by %s):", world.size(), o.balance.c_str());
         for (size_t s = 0; s + 1 < stages.size(); ++s) std::printf(" [units %d-%d]", stages[s], stages[s + 1] - 1);
         std::printf("; %d micro-batch(es) in flight, theoretical bubble (p-1)/(m+p-1) = %.1f%%\n", o.microbatches,
@@ -301,8 +284,7 @@ int run_training(const TrainOptions& o, const TrainOptions& requested, RunData d
         if (metrics) std::fflush(metrics);
         if ((o.checkpoint_interval > 0 && (step + 1) % o.checkpoint_interval == 0) || step + 1 == end_step) {
             const std::string dir = checkpoint_path(o.out_dir, step + 1);
-            save_checkpoint(dir, model, *optimizer, trainer_state(step + 1), data.tokenizer.get(), strategy->comm(), slices,
-                            mp ? &unit_owner : nullptr);
+            save_checkpoint(dir, *strategy, *optimizer, trainer_state(step + 1), data.tokenizer.get());
             std::printf("          checkpoint %s\n", dir.c_str());
         }
         std::fflush(stdout);
@@ -329,11 +311,9 @@ int run_training(const TrainOptions& o, const TrainOptions& requested, RunData d
 
 int train_command(const TrainOptions& requested, const std::string& resume_dir, World& world) {
     TrainOptions o = requested;
-    const bool mp = o.parallel == "mp";
-    const int data_ranks = mp ? 1 : world.size();  // model parallelism: every stage sees the whole batch
-    if (o.microbatches > 1 && !mp)
-        throw std::invalid_argument("--microbatches " + std::to_string(o.microbatches) + " is for --parallel mp (the "
-                                    "pipeline's micro-batches in flight); drop it, or choose --parallel mp");
+    check_strategy(strategy_options(o), world.size());
+    const int data_ranks = data_ranks_of(strategy_options(o), world.size());  // mp: every stage sees the whole batch
+    const bool mp = strategy_info(o.parallel).stages;
     if (o.micro_batch == 0) {  // auto: the largest divisor of batch / ranks up to 8 (mp: that fills the pipeline)
         if (o.batch % data_ranks != 0)
             throw std::invalid_argument("--batch " + std::to_string(o.batch) + " does not split over " +
@@ -358,12 +338,6 @@ int train_command(const TrainOptions& requested, const std::string& resume_dir, 
     if (o.stochastic_rounding && o.dtype != "bf16")
         throw std::invalid_argument("--stochastic-rounding is for --dtype bf16 (" + o.dtype +
                                     " parameters are their own master and are never rounded); drop the flag");
-    if (o.parallel == "single" && world.size() > 1)
-        throw std::invalid_argument("--parallel single runs on one rank but mpirun started " +
-                                    std::to_string(world.size()) + ": choose --parallel ddp, zero1, zero2, zero3 or mp");
-    if ((o.parallel == "zero2" || o.parallel == "zero3") && o.fp32_grad_accumulation)
-        throw std::invalid_argument("--parallel " + o.parallel + " reduces gradients in the storage type: drop "
-                                    "--fp32-grad-accumulation (or use ddp or zero1)");
     accumulation_for(o.batch, o.micro_batch, data_ranks);  // a bad geometry fails before any data is read
     RunData data = load_run_data(o, resume_dir);
     const LlamaConfig config = model_config(o, int(data.train.front().vocab_size), resume_dir);
@@ -382,7 +356,7 @@ int sample_with(const SampleOptions& o, const std::string& dir, const TrainerSta
         throw std::runtime_error("checkpoint '" + dir + "' has no tokenizer.json: sampling needs the tokenizer the "
                                  "model was trained with (copy it into the checkpoint directory)");
     const Tokenizer tokenizer = Tokenizer::load(dir + "/tokenizer.json");
-    Llama<T> model(config, 1, state.options.seq_len, 1, o.seed, Gradients::none);
+    Llama<T> model(config, whole_model(1, state.options.seq_len, o.seed, Gradients::none));
     load_weights(dir, model);
     std::printf("%s", o.prompt.c_str());
     std::fflush(stdout);
@@ -431,7 +405,7 @@ int main_checked(int argc, char** argv) {
         compare.resume = saved.resume;
         compare.stop_after = saved.stop_after;
         for (const std::string& change : train_options_diff(saved, compare)) {
-            for (const char* fixed : {"preset:", "config:", "vocab:", "dtype:", "batch:", "seq_len:", "seed:"})
+            for (const char* fixed : {"preset:", "config:", "vocab:", "dtype:", "batch:", "seq_len:", "seed:", "freeze:"})
                 if (change.rfind(fixed, 0) == 0)
                     throw std::invalid_argument("cannot change " + change + " when resuming: the checkpoint's model, "
                                                 "data order and batches depend on it; start a new run instead");

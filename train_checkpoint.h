@@ -13,8 +13,10 @@
 // function of the master, and they are the exported model either way. Resuming loads every file,
 // so a resumed run continues bit for bit.
 //
-// When the optimizer state (ZeRO) or the parameters (ZeRO-3) are sharded, each field of each
-// unit is all-gathered (through `comm`, counted like any collective) into a scratch buffer
+// Every group of every unit goes to model.safetensors (frozen ones too: the file is the model);
+// the optimizer files hold the trainable groups. When the optimizer state (ZeRO) or the
+// parameters (ZeRO-3) are sharded, each field of each group is all-gathered (counted like any
+// collective) into a scratch buffer
 // before rank 0 writes it; with model parallelism each unit lives whole on its stage's rank,
 // which sends it to rank 0 (ncclSend/ncclRecv, unit by unit, so rank 0 never holds more than one
 // unit's field beyond what it writes). Only rank 0 writes, so the ranks need not share a
@@ -26,7 +28,7 @@
 #include "data/tokenizer.h"
 #include "model/llama.h"
 #include "optim/optimizer.cuh"
-#include "parallel/comm.h"
+#include "parallel/strategy.h"
 #include "train_state.h"
 
 #include <optional>
@@ -42,20 +44,16 @@ std::string checkpoint_path(const std::string& out_dir, long long step);
 // std::runtime_error saying what was looked for when there is none.
 std::string resolve_checkpoint(const std::string& path);
 
-// Collective over `comm` (null: one rank) when the optimizer state is sharded; rank 0 writes.
-// param_slices (ZeRO-3): per unit, this rank's slice of the parameters (the optimizer's range),
-// gathered instead of reading the model's. unit_owner (model parallelism): per unit, the rank
-// that holds it whole (the others hold none of it).
-template <class T>
-void save_checkpoint(const std::string& dir, Llama<T>& model, const AdamWState<T>& optimizer, const TrainerState& state,
-                     const Tokenizer* tokenizer, Comm* comm = nullptr, const std::vector<T*>* param_slices = nullptr,
-                     const std::vector<int>* unit_owner = nullptr);
+// Collective over the strategy's ranks: the strategy brings each group and optimizer field whole
+// to rank 0 (parallel/strategy.h), which writes.
+template <class T, class G>
+void save_checkpoint(const std::string& dir, Strategy<T, G>& strategy, const AdamWState<T>& optimizer,
+                     const TrainerState& state, const Tokenizer* tokenizer);
 
-// Loads the weights (into param_slices' ranges when given; only the units the model holds) and
-// this rank's range of the optimizer state; returns the trainer state.
-template <class T>
-TrainerState load_checkpoint(const std::string& dir, Llama<T>& model, AdamWState<T>& optimizer,
-                             const std::vector<T*>* param_slices = nullptr);
+// Loads what this rank keeps of the weights (as the strategy says) and of the optimizer state;
+// returns the trainer state.
+template <class T, class G>
+TrainerState load_checkpoint(const std::string& dir, Strategy<T, G>& strategy, AdamWState<T>& optimizer);
 
 // Loads only the weights (for sampling), converting from the file's dtype if it differs.
 template <class T>

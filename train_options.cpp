@@ -2,6 +2,8 @@
 // --help. The JSON form of TrainOptions (checkpoints) uses nlohmann/json with one field list.
 #include "train_options.h"
 
+#include "parallel/plan.h"
+
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -13,7 +15,7 @@ namespace pv {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, data, val_data, vocab, steps, batch,
                                                 micro_batch, seq_len, lr, schedule, warmup, final_lr_fraction, clip,
                                                 weight_decay, decay_norm_weights, beta1, beta2, eps, dtype,
-                                                stochastic_rounding, fp32_grad_accumulation, seed, parallel, microbatches, balance, eval_interval,
+                                                stochastic_rounding, fp32_grad_accumulation, seed, parallel, microbatches, balance, freeze, eval_interval,
                                                 eval_batches, out_dir, checkpoint_interval, resume, stop_after,
                                                 prompt, sample_tokens, temperature, top_p)
 
@@ -57,13 +59,14 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
     app.add_flag("--fp32-grad-accumulation", o.fp32_grad_accumulation,
                  "bf16: accumulate gradients over micro-steps in an fp32 buffer (costs 4 bytes per parameter)");
     app.add_option("--seed", o.seed, "Seed of initialisation, data order, stochastic rounding and sampling");
-    app.add_option("--parallel", o.parallel,
-                   "Strategy over the ranks of mpirun: single (one rank), ddp (replicas, gradients all-reduced "
-                   "in per-unit buckets), zero1 (optimizer state sharded, gradients reduce-scattered), zero2 "
-                   "(gradients sharded too, reduce-scattered unit by unit during the backward), zero3 (parameters "
-                   "sharded too, each unit all-gathered just before it runs) or mp (model parallel: each rank "
-                   "runs a contiguous stage of the layers, the residual stream sent between stages)")
-        ->check(CLI::IsMember({"single", "ddp", "zero1", "zero2", "zero3", "mp"}));
+    std::string strategies;
+    for (const StrategyInfo& s : strategy_registry()) strategies += std::string(strategies.empty() ? "" : ", ") + s.name + " (" + s.help + ")";
+    app.add_option("--parallel", o.parallel, "Strategy over the ranks of mpirun: " + strategies)
+        ->check(CLI::IsMember(strategy_names()));
+    app.add_option("--freeze", o.freeze,
+                   "Keep these tensors fixed: comma-separated globs over Hugging Face tensor names, e.g. "
+                   "'model.embed_tokens.*,*.input_layernorm.*' (no gradient, master or optimizer state; gradients "
+                   "still flow through them)");
     app.add_option("--microbatches", o.microbatches,
                    "mp: micro-batches in flight in the pipeline (GPipe: that many forwards, then their backwards; "
                    "1: naive model parallel). The micro-batches per step (batch / micro-batch) must be a multiple of it")

@@ -160,8 +160,8 @@ size_t rmsnorm_backward_scratch_bytes(long long N, int C) {
     return size_t(rmsnorm_backward_blocks(N)) * size_t(C) * sizeof(acc_t<T>);
 }
 
-// dx[N][C] += the gradient of x; dweight[C] += the gradient of weight (both accumulate).
-// `scratch` holds rmsnorm_backward_scratch_bytes<T>(N, C) bytes.
+// dx[N][C] += the gradient of x; dweight[C] += the gradient of weight (both accumulate; a null
+// dweight, a frozen weight, skips the weight's reduction). `scratch` holds rmsnorm_backward_scratch_bytes<T>(N, C) bytes.
 template <class T>
 void rmsnorm_backward(const T* x, const T* weight, const acc_t<T>* rstd, const T* dout, T* dx, T* dweight,
                       void* scratch, long long N, int C, cudaStream_t stream) {
@@ -179,6 +179,7 @@ void rmsnorm_backward(const T* x, const T* weight, const acc_t<T>* rstd, const T
     launch(rmsnorm_backward_kernel<T>, dim3(blocks), dim3(threads), smem, stream, x, weight, rstd, dout, dx, partials,
            N, C);
     CUDA_CHECK_LAUNCH();
+    if (dweight == nullptr) return;
     launch(rmsnorm_dweight_kernel<T>, dim3(ceil_div(C, kRmsnormReduceThreads)), dim3(kRmsnormReduceThreads), 0, stream,
            partials, dweight, blocks, C);
     CUDA_CHECK_LAUNCH();

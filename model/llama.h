@@ -3,8 +3,8 @@
 // it calls forward_unit and backward_unit with explicit residual-stream buffers and decides what
 // runs where; the model knows nothing of ranks or strategies.
 //
-// Per unit the model holds its parameter groups (model/parameters.h) and, when trainable, a
-// gradient buffer of the same layout; per unit and per micro-batch slot an activation arena with
+// Per unit the model holds its parameter groups (model/parameters.h: a trainable group and,
+// with --freeze, a frozen one) and a gradient buffer of the trainable group's layout; per unit and per micro-batch slot an activation arena with
 // what the backward needs (sized by activation_layout, which the memory planner reuses); and one
 // shared workspace for the transient buffers of whichever unit is running.
 //
@@ -22,15 +22,26 @@
 #include "kernels/device_memory.h"
 #include "model/config.h"
 #include "model/parameters.h"
+#include "model/placement.h"
 
 #include <memory>
+#include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace pv {
 
 // Token id that the cross-entropy skips (Hugging Face's convention).
 inline constexpr int kIgnoreIndex = -100;
+
+// The DType of a compute/storage type.
+template <class T>
+constexpr DType dtype_of() {
+    if constexpr (std::is_same_v<T, double>) return DType::fp64;
+    else if constexpr (std::is_same_v<T, float>) return DType::fp32;
+    else return DType::bf16;
+}
 
 // One buffer of an arena: name, element count and element size.
 struct ActivationBuffer {
@@ -41,8 +52,43 @@ struct ActivationBuffer {
 };
 
 // The activations one unit keeps for its backward, for a micro-batch of batch x seq_len tokens in
-// storage type `dtype` (statistics in its accumulator type). The memory planner uses this too.
+// storage type `dtype` (statistics in its accumulator type), in the order of the typed views
+// below. The memory planner uses this too.
 std::vector<ActivationBuffer> activation_layout(const LlamaConfig& c, UnitKind kind, int batch, int seq_len, DType dtype);
+
+// Typed views of a unit's tensors and activations, resolved once when buffers are allocated or
+// bound (never looked up by name in a step). P is `const T*` for weights, `T*` for gradients
+// (null for a frozen tensor: its backward skips dW).
+template <class P>
+struct BlockParams {
+    P attn_norm = nullptr, w_qkv = nullptr, w_o = nullptr, mlp_norm = nullptr, w_gate_up = nullptr, w_down = nullptr;
+};
+template <class P>
+struct HeadParams {
+    P final_norm = nullptr;
+    P lm_head = nullptr;  // the embedding's wte when tied
+};
+template <class T>
+struct BlockActivations {
+    T* out = nullptr;          // the residual stream out
+    T* h1 = nullptr;           // RMSNorm(x)·w_attn
+    acc_t<T>* rstd1 = nullptr;
+    T* qkv = nullptr;          // roped
+    T* att = nullptr;
+    acc_t<T>* lse = nullptr;
+    T* x2 = nullptr;
+    T* h2 = nullptr;
+    acc_t<T>* rstd2 = nullptr;
+    T* gate_up = nullptr;
+    T* act = nullptr;
+};
+template <class T>
+struct HeadActivations {
+    T* h = nullptr;
+    acc_t<T>* rstd = nullptr;
+    T* logits = nullptr;
+    acc_t<T>* row_loss = nullptr;
+};
 
 // Buffers of a unit call. Which fields a unit reads depends on its kind (see each).
 template <class T>
@@ -59,32 +105,31 @@ struct UnitIO {
     double loss_scale = 1.0;          // head: 1 / (global count of counted tokens), DESIGN.md §4
 };
 
-enum class Gradients { none, owned, bound };
-enum class Parameters { owned, bound };
-
-// The units a model holds: [first, end) (end −1: to the last unit). Model parallelism gives each
-// rank one contiguous stage; the model then allocates parameters, gradients and activation arenas
-// for those units only. A stage with the head of a model with tied embeddings also holds the
-// embedding's parameters and gradients (the head multiplies by wte), but no arena for it.
-struct StageUnits {
-    int first = 0;
-    int end = -1;
+// A model instance: micro-batches of batch x seq_len tokens, parameters initialised from `seed`,
+// the tensors named in `frozen` (model/freeze.h) in frozen groups, placed as `placement` says.
+struct ModelOptions {
+    int batch = 1;
+    int seq_len = 1;
+    uint64_t seed = 0;
+    std::set<std::string> frozen;
+    Placement placement;
+    cudaStream_t stream = nullptr;
 };
+
+// A whole model on one rank with `slots` activation slots: for training (owned gradients) or
+// inference (Gradients::none).
+inline ModelOptions whole_model(int batch, int seq_len, uint64_t seed, Gradients gradients = Gradients::owned, int slots = 1) {
+    ModelOptions o;
+    o.batch = batch, o.seq_len = seq_len, o.seed = seed;
+    o.placement.gradients = gradients;
+    o.placement.slots = slots;
+    return o;
+}
 
 template <class T>
 class Llama {
   public:
-    // A model for micro-batches of batch x seq_len tokens, with `slots` activation arenas
-    // (micro-batches in flight), parameters initialised from `seed`, groups splittable into
-    // `shards`. `gradients`: none (inference), owned (one gradient buffer per unit, allocated
-    // here) or bound (the caller binds a buffer to a unit before its backward: ZeRO-2/3 keep
-    // only a few full-size gradient buffers alive and rotate them through the units).
-    // `parameters`: owned (allocated and initialised here) or bound (ZeRO-3: each rank keeps a
-    // slice, initialised with init_params, and binds a gathered copy of a unit before using it).
-    // `stage`: the units held (StageUnits); the others have no buffers and cannot run.
-    Llama(const LlamaConfig& config, int batch, int seq_len, int slots, uint64_t seed,
-          Gradients gradients = Gradients::owned, int shards = 1, cudaStream_t stream = nullptr,
-          Parameters parameters = Parameters::owned, StageUnits stage = {});
+    Llama(const LlamaConfig& config, const ModelOptions& options);
     ~Llama();
     Llama(const Llama&) = delete;
     Llama& operator=(const Llama&) = delete;
@@ -113,43 +158,68 @@ class Llama {
     // Two [N][C] gradient buffers for the residual stream, used alternately by a driver.
     T* residual_grad(int which) { return dresidual_[which]; }
 
-    // Parameters and gradients of unit u (one group each for now).
-    const GroupLayout& layout(int u) const { return units_[size_t(u)].layout; }
-    T* params(int u) { return units_[size_t(u)].params; }
+    // Unit u's groups: group 0 is the trainable one (possibly empty), then frozen ones.
+    int num_groups(int u) const { return int(units_[size_t(u)].groups.size()); }
+    const GroupLayout& group(int u, int g) const { return units_[size_t(u)].groups[size_t(g)]; }
+    T* group_params(int u, int g) { return units_[size_t(u)].params[size_t(g)]; }
+    // The trainable group of unit u: its layout, parameters and gradient buffer.
+    const GroupLayout& trainable(int u) const { return group(u, 0); }
+    T* params(int u) { return group_params(u, 0); }
     T* grads(int u) { return units_[size_t(u)].grads; }
+    // Elements in tensors of trainable and of frozen groups, each tensor once (a tied wte once).
+    long long tensor_elements(GroupKind kind) const;
     // Sets every gradient (padding included) to zero: the start of an optimizer step. Units
     // without a buffer (bound gradients not bound now) are skipped.
     void zero_grads();
-    // Writes elements [begin, end) of unit u's initial group to dst (end − begin elements):
-    // N(0, 0.02²) from Philox keyed by (seed, tensor, element) for matrices, 1 for RMSNorm
-    // weights, 0 for padding — the same values whatever slice is asked for.
-    void init_params(int u, T* dst, long long begin, long long end, uint64_t seed) const;
-    // Parameters::bound: unit u's forward and backward read `params` (layout(u).padded elements)
-    // until another buffer is bound.
-    void bind_params(int u, T* params);
-    // Gradients::bound: unit u's backward accumulates into `grads` (layout(u).padded elements)
-    // until another buffer is bound; the buffer stays the caller's.
+    // Writes elements [begin, end) of group g of unit u, initial values, to dst (end − begin
+    // elements): N(0, 0.02²) from Philox keyed by (seed, tensor, element) for matrices, 1 for
+    // RMSNorm weights, 0 for padding — the same values whatever slice is asked for.
+    void init_params(int u, int g, T* dst, long long begin, long long end, uint64_t seed) const;
+    // Parameters::bound: group g of unit u reads `params` (group(u, g).padded elements) until
+    // another buffer is bound.
+    void bind_params(int u, int g, T* params);
+    // Gradients::bound: unit u's backward accumulates into `grads` (trainable(u).padded
+    // elements) until another buffer is bound; the buffer stays the caller's.
     void bind_grads(int u, T* grads);
-    // The device pointer of a tensor by name ("wte", "layers.0.w_qkv", ...).
+    // The device pointer of a tensor by name ("wte", "layers.0.w_qkv", ...), for tests and tools.
     T* tensor(const std::string& name);
-    T* tensor_grad(const std::string& name);
 
     cudaStream_t stream() const { return stream_; }
 
   private:
     struct Unit {
         UnitSpec spec;
-        GroupLayout layout;
+        std::vector<GroupLayout> groups;
+        std::vector<std::pair<int, long long>> place;  // per spec tensor: (group, offset)
         bool held = true;
-        T* params = nullptr;
-        T* grads = nullptr;
+        std::vector<T*> params;  // per group
+        T* grads = nullptr;      // the trainable group's
         std::vector<void*> arenas;                  // one per slot
         std::vector<ActivationBuffer> arena_layout; // buffers in each arena, in order
+        // Typed views (resolve_*).
+        std::vector<const T*> weights;  // per spec tensor
+        std::vector<T*> weight_grads;   // per spec tensor; null when frozen or without gradients
+        BlockParams<const T*> block_w;
+        BlockParams<T*> block_g;
+        HeadParams<const T*> head_w;
+        HeadParams<T*> head_g;
+        std::vector<T*> outputs;                     // per slot: the residual stream out
+        std::vector<BlockActivations<T>> block_acts; // per slot
+        std::vector<HeadActivations<T>> head_acts;   // per slot
     };
-    template <class U>
-    U* arena_buffer(int u, int slot, const std::string& name);
-    const T* weight(int u, const std::string& name) const;
-    T* weight_grad(int u, const std::string& name);
+    // Workspace: transient buffers of the running unit, forward and backward.
+    struct Workspace {
+        T* proj = nullptr;  // attention / MLP projection output before the residual add
+        T* dh = nullptr;
+        T* dact = nullptr;
+        T* dgate_up = nullptr;
+        T* datt = nullptr;
+        T* dqkv = nullptr;
+        void* norm_scratch = nullptr;
+        void* attention_scratch = nullptr;
+    };
+    void resolve_params(int u);
+    void resolve_activations(int u);
     void forward_block(int u, int slot, const UnitIO<T>& io);
     void backward_block(int u, int slot, const UnitIO<T>& io);
     void forward_head(int slot, const UnitIO<T>& io);
@@ -165,11 +235,8 @@ class Llama {
     std::vector<Unit> units_;
     acc_t<T>* inv_freq_ = nullptr;  // RoPE inverse frequencies, head_dim / 2
     T* dresidual_[2] = {nullptr, nullptr};
-    // The shared workspace: named transient buffers of the running unit.
     void* workspace_ = nullptr;
-    std::vector<ActivationBuffer> workspace_layout_;
-    template <class U>
-    U* work(const std::string& name);
+    Workspace work_;
 };
 
 }  // namespace pv

@@ -1,21 +1,31 @@
-// Parameter groups: how a unit's tensors are laid out in flat device buffers (DESIGN.md §3).
+// Parameter groups: how a unit's tensors are laid out in flat buffers (DESIGN.md §3).
 //
-// A unit (the embedding, one transformer block, the head) owns a list of groups, one per
-// (storage kind, trainable) pair: today one trainable group in the run's storage type; LoRA and
-// NF4 add frozen and quantised groups beside it. A group is ONE flat buffer; its tensors are
-// views at offsets. Every tensor starts on a 64-element boundary, and the group is padded so it
-// splits into `shards` equal slices that are themselves multiples of 64 elements: DDP buckets,
-// ZeRO shards and optimizer state then become arithmetic on offsets. Padding is zeroed when the
-// buffer is allocated and nothing ever writes it, so it contributes nothing to norms or updates.
+// A unit (the embedding, one transformer block, the head) is a list of groups. A group has a kind
+// — trainable (it gets a gradient, an fp32 master where the storage type is narrower, Adam's m
+// and v, and DDP/ZeRO reduce it) or frozen (none of those: it only feeds the forward and passes
+// gradients through to its inputs) — and a storage dtype of its own, independent of the compute
+// type. The quantized kinds QLoRA needs (packed 4-bit codes, their block scales) are further
+// kinds with their own storage dtypes; nothing here assumes a group holds the compute type.
+//
+// A group is ONE flat buffer; its tensors are views at offsets. Every tensor starts on a
+// 64-element boundary, and the group is padded so it splits into `shards` equal slices that are
+// themselves multiples of 64 elements: DDP buckets, ZeRO shards and optimizer state are then
+// arithmetic on offsets. Padding is zeroed when the buffer is allocated and nothing ever writes
+// it, so it contributes nothing to norms or updates. An empty group (a unit whose tensors are all
+// frozen has an empty trainable group) has no elements at all.
 //
 // Tensors the GEMMs fuse are one tensor here: [Wq; Wk; Wv] is one [(H + 2·Hkv)·hd][C] matrix and
 // [Wgate; Wup] one [2F][C] matrix, each with `parts` naming the Hugging Face tensors (row ranges)
-// it contains, for import and export.
+// it contains, for import, export and --freeze. Tensor parallelism will split a tensor by rows or
+// columns across ranks: that is a per-tensor placement in the layout (each rank's group holding
+// its block of rows or columns), while checkpoints keep writing whole tensors under these names.
+// Host code only.
 #pragma once
 
 #include "model/config.h"
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -35,44 +45,62 @@ struct TensorPart {
 };
 
 struct TensorSpec {
-    std::string name;  // polevault's name, e.g. "layers.3.w_qkv"
+    std::string name;              // polevault's name, e.g. "layers.3.w_qkv"
     long long rows = 0, cols = 0;  // a vector is rows x 1
     Init init = Init::normal;
-    std::vector<TensorPart> parts;  // the HF tensors it holds (one part covering it all if unfused)
+    bool decay = true;             // AdamW's weight decay applies (matrices); false for RMSNorm weights
+    std::vector<TensorPart> parts; // the HF tensors it holds (one part covering it all if unfused)
+    uint32_t id = 0;               // model-wide tensor id: keys its random initialisation and rounding (philox.cuh)
     long long numel() const { return rows * cols; }
 };
 
 // A tensor placed in a group.
 struct TensorSlot {
     TensorSpec spec;
-    uint32_t id = 0;        // model-wide tensor id: keys its random initialisation (philox.cuh)
-    long long offset = 0;   // elements from the group's start; a multiple of kTensorAlignment
+    long long offset = 0;  // elements from the group's start; a multiple of kTensorAlignment
 };
 
 inline constexpr long long kTensorAlignment = 64;  // elements
 
+enum class GroupKind { trainable, frozen };
+const char* group_kind_name(GroupKind k);
+
 struct GroupLayout {
+    GroupKind kind = GroupKind::trainable;
+    DType dtype = DType::fp32;
     std::vector<TensorSlot> tensors;
     long long used = 0;    // elements up to the end of the last tensor
-    long long padded = 0;  // total elements: a multiple of shards · kTensorAlignment
+    long long padded = 0;  // total elements: a multiple of shards · kTensorAlignment (0 when empty)
     int shards = 1;
+    bool trainable() const { return kind == GroupKind::trainable; }
     long long shard_numel() const { return padded / shards; }
-    const TensorSlot& find(const std::string& name) const;  // throws naming the tensor
+    size_t bytes() const { return size_t(padded) * dtype_size(dtype); }
+    const TensorSlot& find(const std::string& name) const;  // throws naming the tensor (for tools and tests)
 };
 
-// Places `specs` (ids first_id, first_id + 1, ...) in one group splittable into `shards`.
-GroupLayout layout_group(const std::vector<TensorSpec>& specs, uint32_t first_id, int shards);
+// Places `specs` in one group of `kind` and `dtype`, splittable into `shards`.
+GroupLayout layout_group(GroupKind kind, DType dtype, const std::vector<TensorSpec>& specs, int shards);
 
 enum class UnitKind { embedding, block, head };
+
+// A block's tensors, in layout order (model_units builds them in this order; typed views read
+// them by it).
+enum BlockTensor { kAttnNorm, kWQkv, kWO, kMlpNorm, kWGateUp, kWDown, kBlockTensors };
 
 struct UnitSpec {
     UnitKind kind;
     int layer = -1;                   // blocks only
-    std::vector<TensorSpec> tensors;  // its trainable tensors, in layout order
+    std::vector<TensorSpec> tensors;  // its tensors, in layout order
 };
 
-// The units of a Llama model in forward order: embedding, num_layers blocks, head. With tied
-// embeddings the head has no lm_head of its own: it uses the embedding unit's wte.
+// The units of a Llama model in forward order: embedding, num_layers blocks, head, tensor ids
+// 0, 1, ... in that order. With tied embeddings the head has no lm_head of its own: it uses the
+// embedding unit's wte.
 std::vector<UnitSpec> model_units(const LlamaConfig& config);
+
+// A unit's groups for storage type `dtype` and `shards` shards: groups[0] is the trainable group
+// (possibly empty), then a frozen group when any of the unit's tensors is in `frozen` (polevault
+// names, see model/freeze.h).
+std::vector<GroupLayout> layout_unit(const UnitSpec& unit, DType dtype, int shards, const std::set<std::string>& frozen = {});
 
 }  // namespace pv

@@ -1,15 +1,15 @@
 // The optimizer state of the parameters one rank updates, and the step that updates them.
 //
 // Ownership. For every unit the rank owns one contiguous element range [begin, end) of the unit's
-// padded trainable group: the whole group on a single rank and under DDP, shard r of N under
+// padded trainable group (frozen groups have no optimizer state): the whole group on a single rank and under DDP, shard r of N under
 // ZeRO (the group is padded so that N equal, aligned shards tile it; model/parameters.h). The
 // state covers exactly the owned range: m and v in acc_t<T> and, for bf16, the float master copy
 // (DESIGN.md §4). Padding elements are owned like any other but belong to no tensor, so they are
 // never updated and stay zero.
 //
 // The step. update_unit walks the unit's tensors, intersects each with the owned range and runs
-// adamw_update on the intersection, with the tensor's own weight decay (matrices only by
-// default) and its stochastic-rounding key (tensor id, element index within the tensor), so a
+// adamw_update on the intersection, with the tensor's own weight decay (its explicit decay flag:
+// matrices, not RMSNorm weights, unless decay_norm_weights) and its stochastic-rounding key (tensor id, element index within the tensor), so a
 // shard makes exactly the choices the unsharded update makes. The caller passes the parameter and
 // gradient pointers of the owned range (element `begin` of the group): the full group's
 // pointers offset by begin on a single rank, a reduce-scattered gradient shard under ZeRO.
@@ -32,7 +32,7 @@ namespace pv {
 struct AdamWSettings {
     double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
     double weight_decay = 0.0;
-    bool decay_vectors = false;        // false: decay matrices only (not the RMSNorm weights)
+    bool decay_norm_weights = false;   // also decay the tensors whose decay flag is off (RMSNorm weights)
     bool stochastic_rounding = false;  // bf16 only: round the master stochastically
     uint64_t seed = 0;                 // stochastic rounding's key
 };
@@ -62,6 +62,10 @@ class AdamWState {
             const long long len = l.padded / shards;
             u.begin = len * shard;
             u.end = u.begin + len;
+            if (len == 0) {  // a unit with nothing trainable
+                units_.push_back(u);
+                continue;
+            }
             u.m = static_cast<A*>(device_alloc(size_t(len) * sizeof(A), MemoryCategory::optimizer_state));
             u.v = static_cast<A*>(device_alloc(size_t(len) * sizeof(A), MemoryCategory::optimizer_state));
             CUDA_CHECK(cudaMemset(u.m, 0, size_t(len) * sizeof(A)));
@@ -103,25 +107,19 @@ class AdamWState {
             AdamWStep h;
             h.lr = lr;
             h.beta1 = s.beta1, h.beta2 = s.beta2, h.eps = s.eps;
-            h.weight_decay = slot.spec.init == Init::normal || s.decay_vectors ? s.weight_decay : 0.0;
+            h.weight_decay = slot.spec.decay || s.decay_norm_weights ? s.weight_decay : 0.0;
             h.t = t;
             h.grad_scale = grad_scale;
             const long long at = lo - st.begin;
             adamw_update<T, G>(params_range + at, st.master ? st.master + at : nullptr, grads_range + at, st.m + at,
-                               st.v + at, hi - lo, h, s.stochastic_rounding, s.seed, slot.id, lo - slot.offset, stream);
+                               st.v + at, hi - lo, h, s.stochastic_rounding, s.seed, slot.spec.id, lo - slot.offset, stream);
         }
     }
 
     // The device array of a field over unit u's owned range.
     A* data(int u, Field f) const { return field(u, f); }
 
-    // Host bytes of a field over unit u's owned range (for checkpoints), and back.
-    std::vector<uint8_t> download(int u, Field f) const {
-        std::vector<uint8_t> out(range_bytes(u));
-        if (out.empty()) return out;
-        CUDA_CHECK(cudaMemcpy(out.data(), field(u, f), out.size(), cudaMemcpyDeviceToHost));
-        return out;
-    }
+    // Host bytes of a field over unit u's owned range, from a checkpoint.
     void upload(int u, Field f, const std::vector<uint8_t>& bytes) {
         if (bytes.size() != range_bytes(u))
             throw std::invalid_argument("AdamWState::upload: " + std::to_string(bytes.size()) + " bytes for a range of " +

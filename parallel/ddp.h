@@ -2,7 +2,8 @@
 // gradients are summed over ranks (never averaged: the loss is already normalised by the global
 // token count), so every rank then makes the same update.
 //
-// Buckets. A bucket is one unit's gradient group. On the last micro-step of an optimizer step,
+// Buckets. A bucket is one unit's trainable group (frozen groups have no gradient and are never
+// communicated). On the last micro-step of an optimizer step,
 // as soon as unit u's backward is done, its all-reduce is issued on the communication stream
 // behind an event fence (the comm stream waits for the compute stream's work so far, without a
 // host stall) and the compute stream goes on with the backward of unit u − 1: communication
@@ -26,11 +27,11 @@ class DDP : public Strategy<T, G> {
 
   protected:
     void after_unit_backward(int u, bool last) override {
-        if (!last) return;
+        if (!last || this->model_.trainable(u).padded == 0) return;  // nothing of the unit trains
         Comm& c = *this->comm_;
         c.fence_from(this->model_.stream());
         G* g = this->grads(u);
-        c.all_reduce(g, g, size_t(this->model_.layout(u).padded));
+        c.all_reduce(g, g, size_t(this->model_.trainable(u).padded));
     }
 };
 

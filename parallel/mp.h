@@ -24,6 +24,7 @@
 // first stage's).
 #pragma once
 
+#include "parallel/stages.h"
 #include "parallel/strategy.h"
 
 #include <memory>
@@ -41,10 +42,10 @@ inline double pipeline_bubble(int stages, int microbatches) {
 template <class T, class G>
 class ModelParallel : public Strategy<T, G> {
   public:
-    // The model must hold stage comm.rank() (StageUnits) and have `microbatches` slots; collective
-    // over comm (the tied-embedding communicator is split off it).
-    ModelParallel(Llama<T>& model, Comm& comm, int microbatches)
-        : Strategy<T, G>(model, &comm), microbatches_(microbatches) {
+    // The model must hold stage comm.rank() of `bounds` (balance_stages) and have `microbatches`
+    // slots; collective over comm (the tied-embedding communicator is split off it).
+    ModelParallel(Llama<T>& model, Comm& comm, int microbatches, const std::vector<int>& bounds)
+        : Strategy<T, G>(model, &comm), microbatches_(microbatches), owner_(unit_stages(bounds)) {
         const int r = comm.rank(), p = comm.size();
         if ((model.first_unit() == 0) != (r == 0) || (model.end_unit() == model.num_units()) != (r == p - 1))
             throw std::logic_error("ModelParallel: rank " + std::to_string(r) + "'s model holds units [" +
@@ -112,16 +113,17 @@ class ModelParallel : public Strategy<T, G> {
     // The two partial gradients of a tied embedding, summed on the first and last stages.
     void finish_gradients() override {
         Llama<T>& m = this->model_;
-        if (tied_) {
+        if (tied_ && m.trainable(0).padded > 0) {  // (a frozen embedding has no gradient)
             tied_->fence_from(m.stream());
             G* g = this->grads(0);
-            tied_->all_reduce(g, g, size_t(m.layout(0).padded));
+            tied_->all_reduce(g, g, size_t(m.trainable(0).padded));
             tied_->fence_to(m.stream());
         }
         this->comm_->fence_to(m.stream());
     }
 
   protected:
+    int unit_owner(int u) const override { return owner_[size_t(u)]; }
     bool in_norm(int u) const override { return this->model_.runs(u); }  // the tied copy counts on the first stage
 
   private:
@@ -136,6 +138,7 @@ class ModelParallel : public Strategy<T, G> {
     }
 
     int microbatches_;
+    std::vector<int> owner_;               // per unit, the rank (stage) holding it
     std::vector<DeviceBuffer<T>> inputs_;  // per slot: the residual stream received from the previous stage
     ncclComm_t tied_nccl_ = nullptr;
     std::unique_ptr<Comm> tied_;

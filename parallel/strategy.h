@@ -40,10 +40,11 @@ class Strategy {
         static_assert(std::is_same_v<G, T> || std::is_same_v<G, float>, "gradients are T or float");
         if constexpr (!std::is_same_v<G, T>)
             for (int u = 0; u < model.num_units(); ++u)
-                grad32_.push_back(model.holds(u) ? DeviceBuffer<float>(size_t(model.layout(u).padded), MemoryCategory::gradients)
-                                                 : DeviceBuffer<float>());
+                grad32_.push_back(model.holds(u) && model.trainable(u).padded > 0
+                                      ? DeviceBuffer<float>(size_t(model.trainable(u).padded), MemoryCategory::gradients)
+                                      : DeviceBuffer<float>());
         long long largest = 0;
-        for (int u = 0; u < model.num_units(); ++u) largest = std::max(largest, model.layout(u).padded);
+        for (int u = 0; u < model.num_units(); ++u) largest = std::max(largest, model.trainable(u).padded);
         norm_scratch_ = DeviceBuffer<uint8_t>(sum_of_squares_scratch_bytes<G>(largest), MemoryCategory::workspace);
         unit_norms_ = DeviceBuffer<double>(2 * size_t(model.num_units()), MemoryCategory::workspace);
     }
@@ -65,15 +66,15 @@ class Strategy {
     // Whether this rank holds every parameter whole (it can sample, for one).
     virtual bool holds_whole_model() const { return model_.first_unit() == 0 && model_.end_unit() == model_.num_units(); }
 
-    // The slice of unit u's group this rank owns.
-    long long slice_len(int u) { return model_.layout(u).padded / data_ranks(); }
-    long long slice_begin(int u) { return slice_len(u) * data_rank(); }
+    // The slice of group g of unit u this rank owns (default: the trainable group).
+    long long slice_len(int u, int g = 0) { return model_.group(u, g).padded / data_ranks(); }
+    long long slice_begin(int u, int g = 0) { return slice_len(u, g) * data_rank(); }
     // The range the optimizer of this rank updates: everything, or the slice (ZeRO); nothing of
     // a unit the rank does not hold (mp.h).
     virtual bool sharded_optimizer() const = 0;
     long long owned_begin(int u) { return sharded_optimizer() ? slice_begin(u) : 0; }
     long long owned_len(int u) {
-        return !model_.holds(u) ? 0 : sharded_optimizer() ? slice_len(u) : model_.layout(u).padded;
+        return !model_.holds(u) ? 0 : sharded_optimizer() ? slice_len(u) : model_.trainable(u).padded;
     }
 
     // The start of an optimizer step: gradients to zero.
@@ -120,7 +121,7 @@ class Strategy {
         double* per_unit = unit_norms_.get();  // [units] this rank's, then [units] the sums over ranks
         CUDA_CHECK(cudaMemsetAsync(per_unit, 0, size_t(units) * sizeof(double), model_.stream()));
         for (int u = 0; u < units; ++u)  // with one rank the slice is the group
-            if (in_norm(u))
+            if (in_norm(u) && slice_len(u) > 0)
                 sum_of_squares_launch(slice_grads(u), slice_len(u), per_unit + u, norm_scratch_.get(), false, model_.stream());
         if (comm_) {
             comm_->fence_from(model_.stream());
@@ -140,7 +141,56 @@ class Strategy {
     // After the optimizer has updated the owned ranges: every rank sees every new parameter.
     virtual void after_update() {}
 
+    // Checkpoints (train/checkpoint.*) ask the strategy where this rank keeps each group, and to
+    // bring a whole padded group to the writing rank 0. The parameters of group g of unit u this
+    // rank keeps: elements [local_begin, local_begin + local_len) of the padded group (the whole
+    // group, a ZeRO-3 slice, or nothing for a unit another stage holds).
+    virtual T* local_params(int u, int g) { return model_.group_params(u, g); }
+    virtual long long local_begin(int /*u*/, int /*g*/) { return 0; }
+    virtual long long local_len(int u, int g) { return model_.holds(u) ? model_.group(u, g).padded : 0; }
+
+    // The whole `padded` elements of a field of unit u on rank 0 (empty elsewhere), from the `len`
+    // elements at `local` each rank keeps: one rank holding the unit whole sends it (model
+    // parallelism), slices are all-gathered (ZeRO), a whole local copy is read. Collective over
+    // the strategy's ranks; counted like every collective.
+    template <class X>
+    std::vector<uint8_t> whole_on_writer(int u, const X* local, long long len, long long padded) {
+        const bool writer = !comm_ || comm_->rank() == 0;
+        const int owner = unit_owner(u);
+        if (owner > 0) {  // one rank holds it whole and sends it to the writer
+            if (comm_->rank() == owner) {
+                comm_->fence_from(model_.stream());
+                comm_->send(local, size_t(padded), 0);
+                CUDA_CHECK(cudaStreamSynchronize(comm_->stream()));
+                return {};
+            }
+            if (!writer) return {};
+            DeviceBuffer<X> whole(size_t(padded), MemoryCategory::comm_buffers);
+            comm_->recv(whole.get(), size_t(padded), owner);
+            CUDA_CHECK(cudaStreamSynchronize(comm_->stream()));
+            return download_bytes(whole.get(), padded);
+        }
+        if (len == padded || owner == 0) return writer ? download_bytes(local, padded) : std::vector<uint8_t>{};
+        if (!comm_ || padded != len * comm_->size())
+            throw std::logic_error("checkpoint: unit " + std::to_string(u) + " is sharded but " + name() +
+                                   " has no communicator of its shards to gather it");
+        DeviceBuffer<X> whole(size_t(padded), MemoryCategory::comm_buffers);
+        comm_->fence_from(model_.stream());
+        comm_->all_gather(local, whole.get(), size_t(len));
+        CUDA_CHECK(cudaStreamSynchronize(comm_->stream()));
+        return writer ? download_bytes(whole.get(), padded) : std::vector<uint8_t>{};
+    }
+
   protected:
+    // The rank that holds unit u whole while the others hold none of it (model parallelism), else
+    // −1 (every rank keeps its own range).
+    virtual int unit_owner(int /*u*/) const { return -1; }
+    template <class X>
+    static std::vector<uint8_t> download_bytes(const X* p, long long n) {
+        std::vector<uint8_t> bytes(size_t(n) * sizeof(X));
+        if (n > 0) CUDA_CHECK(cudaMemcpy(bytes.data(), p, bytes.size(), cudaMemcpyDeviceToHost));
+        return bytes;
+    }
     // Whether this rank's squares of unit u count in the global norm (each element once).
     virtual bool in_norm(int /*u*/) const { return true; }
     // After unit u's backward: the fp32 accumulation, then the strategy's hook.
@@ -151,7 +201,7 @@ class Strategy {
     // With fp32 gradient accumulation: unit u's micro-step gradient added into its float buffer.
     void accumulate32(int u) {
         if constexpr (!std::is_same_v<G, T>)
-            accumulate(grad32_[size_t(u)].get(), model_.grads(u), model_.layout(u).padded, model_.stream());
+            if (model_.grads(u)) accumulate(grad32_[size_t(u)].get(), model_.grads(u), model_.trainable(u).padded, model_.stream());
     }
     virtual void before_unit_forward(int /*u*/) {}
     virtual void before_unit_backward(int /*u*/) {}

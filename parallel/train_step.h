@@ -52,7 +52,7 @@ class Trainer {
     static std::unique_ptr<AdamWState<T>> make_optimizer(Strategy<T, G>& strategy) {
         Llama<T>& m = strategy.model();
         std::vector<GroupLayout> layouts;
-        for (int u = 0; u < m.num_units(); ++u) layouts.push_back(m.layout(u));
+        for (int u = 0; u < m.num_units(); ++u) layouts.push_back(m.trainable(u));
         const bool sharded = strategy.sharded_optimizer();
         std::vector<bool> held;
         for (int u = 0; u < m.num_units(); ++u) held.push_back(m.holds(u));

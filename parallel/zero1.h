@@ -1,5 +1,6 @@
 // ZeRO-1 (DESIGN.md §3-4): every rank holds the whole model and its gradients, but the optimizer
-// state — fp32 master where it exists, m and v — only for its slice r of each group (1/N of it).
+// state — fp32 master where it exists, m and v — only for its slice r of each trainable group (1/N
+// of it). Frozen groups are neither reduced nor gathered: every rank has them and nobody updates them.
 //
 // After the last micro-step, each unit's summed gradient goes through a true reduce-scatter, in
 // place: rank r's slice of the reduced gradient lands at its own offset in its gradient buffer
@@ -29,6 +30,7 @@ class Zero1 : public Strategy<T, G> {
         Comm& c = *this->comm_;
         c.fence_from(this->model_.stream());
         for (int u = this->model_.num_units() - 1; u >= 0; --u) {
+            if (this->slice_len(u) == 0) continue;  // nothing of the unit trains
             G* g = this->grads(u);
             c.reduce_scatter(g, g + this->slice_begin(u), size_t(this->slice_len(u)));
         }
@@ -39,6 +41,7 @@ class Zero1 : public Strategy<T, G> {
         Comm& c = *this->comm_;
         c.fence_from(this->model_.stream());
         for (int u = 0; u < this->model_.num_units(); ++u) {
+            if (this->slice_len(u) == 0) continue;
             T* p = this->model_.params(u);
             c.all_gather(p + this->slice_begin(u), p, size_t(this->slice_len(u)));
         }

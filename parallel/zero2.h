@@ -1,4 +1,4 @@
-// ZeRO-2 (DESIGN.md §3-4): ZeRO-1, and the gradients sharded too. A unit's full-size gradient
+// ZeRO-2 (DESIGN.md §3-4): ZeRO-1, and the (trainable groups') gradients sharded too. A unit's full-size gradient
 // exists only from just before its backward until its reduce-scatter has consumed it.
 //
 // Buffers. Rank r keeps, per unit, only the reduced gradient of its slice r (Ψ/N elements in
@@ -39,7 +39,7 @@ class Zero2 : public Zero1<T, G> {
             for (int u = 0; u < model.num_units(); ++u)
                 slices_.emplace_back(size_t(this->slice_len(u)), MemoryCategory::gradients);
             for (int b = 0; b < 2; ++b) rotating_.emplace_back(size_t(largest_rotating()), MemoryCategory::gradients);
-            if (tied()) embedding_ = DeviceBuffer<T>(size_t(model.layout(0).padded), MemoryCategory::gradients);
+            if (tied()) embedding_ = DeviceBuffer<T>(size_t(model.trainable(0).padded), MemoryCategory::gradients);
             for (cudaEvent_t& e : free_) {
                 CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
                 CUDA_CHECK(cudaEventRecord(e, comm.stream()));
@@ -65,7 +65,7 @@ class Zero2 : public Zero1<T, G> {
     // The size of a rotating buffer: the largest unit that is not a tied embedding (which has its own).
     long long largest_rotating() const {
         long long largest = 0;
-        for (int u = tied() ? 1 : 0; u <= last(); ++u) largest = std::max(largest, this->model_.layout(u).padded);
+        for (int u = tied() ? 1 : 0; u <= last(); ++u) largest = std::max(largest, this->model_.trainable(u).padded);
         return largest;
     }
     // Which buffer unit u's gradient is in: 2 = the embedding's own, else a rotating one.
@@ -76,7 +76,7 @@ class Zero2 : public Zero1<T, G> {
         const int b = buffer_of(u);
         cudaStream_t compute = this->model_.stream();
         CUDA_CHECK(cudaStreamWaitEvent(compute, free_[b], 0));  // its last reduce-scatter is done
-        CUDA_CHECK(cudaMemsetAsync(buffer(b), 0, size_t(this->model_.layout(u).padded) * sizeof(T), compute));
+        CUDA_CHECK(cudaMemsetAsync(buffer(b), 0, this->model_.trainable(u).bytes(), compute));
         this->model_.bind_grads(u, buffer(b));
     }
 
@@ -90,6 +90,7 @@ class Zero2 : public Zero1<T, G> {
         const int b = buffer_of(u);
         T* full = buffer(b);
         const long long begin = this->slice_begin(u), len = this->slice_len(u);
+        if (len == 0) return;  // nothing of the unit trains
         c.fence_from(this->model_.stream());
         c.reduce_scatter(full, full + begin, size_t(len));
         if constexpr (std::is_same_v<G, T>) accumulate(slices_[size_t(u)].get(), full + begin, len, c.stream());

@@ -1,5 +1,6 @@
 // ZeRO-3 (DESIGN.md §3-4): ZeRO-2, and the parameters sharded too. Rank r keeps only slice r of
-// every unit's parameters (initialised alone with Llama::init_params: the same values the whole
+// every group of every unit — frozen groups too, which are gathered with the unit but never
+// reduced or updated (initialised alone with Llama::init_params: the same values the whole
 // model would have); the optimizer updates the slice in place, so there is no all-gather after
 // the update. Before a unit runs, its parameters are all-gathered into a preallocated buffer and
 // bound to the model (Parameters::bound).
@@ -32,13 +33,17 @@ class Zero3 : public Zero2<T, G> {
     // The model must have been built with Gradients::bound and Parameters::bound; `seed` is its
     // initialisation seed.
     Zero3(Llama<T>& model, Comm& comm, uint64_t seed) : Zero2<T, G>(model, comm) {
-        for (int u = 0; u < model.num_units(); ++u) {
-            slices_.emplace_back(size_t(this->slice_len(u)), MemoryCategory::parameters);
-            model.init_params(u, slices_.back().get(), this->slice_begin(u), this->slice_begin(u) + this->slice_len(u),
-                              seed);
-        }
-        for (int b = 0; b < 2; ++b) gathered_.emplace_back(size_t(this->largest_rotating()), MemoryCategory::comm_buffers);
-        if (this->tied()) gathered_.emplace_back(size_t(model.layout(0).padded), MemoryCategory::comm_buffers);
+        slices_.resize(size_t(model.num_units()));
+        for (int u = 0; u < model.num_units(); ++u)
+            for (int g = 0; g < model.num_groups(u); ++g) {
+                const long long begin = this->slice_begin(u, g), len = this->slice_len(u, g);
+                slices_[size_t(u)].emplace_back(size_t(len), MemoryCategory::parameters);
+                model.init_params(u, g, slices_[size_t(u)].back().get(), begin, begin + len, seed);
+            }
+        long long largest = 0;  // the largest unit's groups together (the tied embedding has its own)
+        for (int u = this->tied() ? 1 : 0; u < model.num_units(); ++u) largest = std::max(largest, unit_elements(u));
+        for (int b = 0; b < 2; ++b) gathered_.emplace_back(size_t(largest), MemoryCategory::comm_buffers);
+        if (this->tied()) gathered_.emplace_back(size_t(unit_elements(0)), MemoryCategory::comm_buffers);
         for (cudaEvent_t& e : ready_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
     ~Zero3() override {
@@ -47,25 +52,42 @@ class Zero3 : public Zero2<T, G> {
     bool holds_whole_model() const override { return false; }  // slices only
 
     const char* name() const override { return "zero3"; }
-    T* owned_params(int u) override { return slices_[size_t(u)].get(); }
+    T* owned_params(int u) override { return slices_[size_t(u)][0].get(); }
     void after_update() override {}  // the optimizer updated the slices themselves
+    T* local_params(int u, int g) override { return slices_[size_t(u)][size_t(g)].get(); }
+    long long local_begin(int u, int g) override { return this->slice_begin(u, g); }
+    long long local_len(int u, int g) override { return this->slice_len(u, g); }
 
   protected:
     int gather_buffer(int u) const { return u == 0 && this->tied() ? 2 : u % 2; }
+    // Unit u's groups back to back in a gather buffer: their padded sizes summed.
+    long long unit_elements(int u) const {
+        long long n = 0;
+        for (int g = 0; g < this->model_.num_groups(u); ++g) n += this->model_.group(u, g).padded;
+        return n;
+    }
 
-    // Starts the all-gather of unit u into its buffer on the communication stream.
+    // Starts the all-gather of unit u's groups (frozen ones too) into its buffer on the
+    // communication stream.
     void gather(int u) {
         Comm& c = *this->comm_;
-        const int b = gather_buffer(u);
+        T* buffer = gathered_[size_t(gather_buffer(u))].get();
         c.fence_from(this->model_.stream());
-        c.all_gather(slices_[size_t(u)].get(), gathered_[size_t(b)].get(), size_t(this->slice_len(u)));
-        CUDA_CHECK(cudaEventRecord(ready_[b], c.stream()));
+        for (int g = 0; g < this->model_.num_groups(u); ++g) {
+            if (this->slice_len(u, g) > 0) c.all_gather(slices_[size_t(u)][size_t(g)].get(), buffer, size_t(this->slice_len(u, g)));
+            buffer += this->model_.group(u, g).padded;
+        }
+        CUDA_CHECK(cudaEventRecord(ready_[gather_buffer(u)], c.stream()));
     }
-    // Makes the compute stream wait for unit u's gather and binds its parameters.
+    // Makes the compute stream wait for unit u's gather and binds its groups.
     void use(int u) {
         const int b = gather_buffer(u);
         CUDA_CHECK(cudaStreamWaitEvent(this->model_.stream(), ready_[b], 0));
-        this->model_.bind_params(u, gathered_[size_t(b)].get());
+        T* buffer = gathered_[size_t(b)].get();
+        for (int g = 0; g < this->model_.num_groups(u); ++g) {
+            this->model_.bind_params(u, g, buffer);
+            buffer += this->model_.group(u, g).padded;
+        }
     }
 
     void before_unit_forward(int u) override {
@@ -81,7 +103,7 @@ class Zero3 : public Zero2<T, G> {
     }
 
   private:
-    std::vector<DeviceBuffer<T>> slices_;    // per unit: this rank's slice of the parameters
+    std::vector<std::vector<DeviceBuffer<T>>> slices_;  // per unit, per group: this rank's slice of the parameters
     std::vector<DeviceBuffer<T>> gathered_;  // two rotating gather buffers, then the tied embedding's
     cudaEvent_t ready_[3] = {};
 };

@@ -35,11 +35,8 @@ using pv::test::TempDir;  // test/temp_dir.h
 
 inline std::vector<pv::GroupLayout> layouts_for(const pv::LlamaConfig& c, int shards) {
     std::vector<pv::GroupLayout> layouts;
-    uint32_t id = 0;
-    for (const pv::UnitSpec& unit : pv::model_units(c)) {
-        layouts.push_back(pv::layout_group(unit.tensors, id, shards));
-        id += uint32_t(unit.tensors.size());
-    }
+    for (const pv::UnitSpec& unit : pv::model_units(c))
+        layouts.push_back(pv::layout_group(pv::GroupKind::trainable, pv::DType::fp32, unit.tensors, shards));
     return layouts;
 }
 

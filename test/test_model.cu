@@ -11,6 +11,7 @@
 #include "test/reference/llama.h"
 
 #include <deque>
+#include <set>
 #include <random>
 
 using namespace pv::test;
@@ -55,19 +56,34 @@ template <class T>
 pv::reference::Tensors download_params(pv::Llama<T>& m, bool grads = false) {
     pv::reference::Tensors out;
     for (int u = 0; u < m.num_units(); ++u)
-        for (const pv::TensorSlot& t : m.layout(u).tensors) {
+        for (int g = 0; g < (grads ? 1 : m.num_groups(u)); ++g)  // gradients: the trainable group only
+            for (const pv::TensorSlot& t : m.group(u, g).tensors) {
             std::vector<T> host(size_t(t.spec.numel()));
-            const T* src = (grads ? m.grads(u) : m.params(u)) + t.offset;
+            const T* src = (grads ? m.grads(u) : m.group_params(u, g)) + t.offset;
             CUDA_CHECK(cudaMemcpy(host.data(), src, host.size() * sizeof(T), cudaMemcpyDeviceToHost));
             out[t.spec.name] = to_double(host);
         }
     return out;
 }
 
+// Training options for a whole model on one rank with `frozen` tensors.
+pv::ModelOptions options(int B, int Tn, uint64_t seed, const std::set<std::string>& frozen = {},
+                         pv::Gradients gradients = pv::Gradients::owned) {
+    pv::ModelOptions o = pv::whole_model(B, Tn, seed, gradients);
+    o.frozen = frozen;
+    return o;
+}
+
+// A frozen set that exercises every case: the (tied) embedding, a norm, a fused matrix and a
+// block's whole MLP, so gradients must flow through frozen tensors to trainable ones below.
+const std::set<std::string> kSomeFrozen = {"wte", "layers.0.attn_norm", "layers.1.w_qkv", "layers.1.w_gate_up",
+                                           "layers.1.w_down", "final_norm"};
+
 template <class T>
-void compare_with_reference(const std::string& preset, int B, int Tn, double loss_tol, double grad_tol) {
+void compare_with_reference(const std::string& preset, int B, int Tn, double loss_tol, double grad_tol,
+                            const std::set<std::string>& frozen = {}) {
     const pv::LlamaConfig& c = pv::preset(preset);
-    pv::Llama<T> m(c, B, Tn, 1, 77);
+    pv::Llama<T> m(c, options(B, Tn, 77, frozen));
     const Batch b = make_batch(c, B, Tn, 5);
     const auto [loss, count] = run_step(m, b);
     const auto params = download_params(m);
@@ -77,7 +93,9 @@ void compare_with_reference(const std::string& preset, int B, int Tn, double los
     REQUIRE(count == ref.count);
     REQUIRE(std::fabs(loss - ref.loss_sum) <= loss_tol * std::fabs(ref.loss_sum));
     const auto grads = download_params(m, true);
+    REQUIRE(grads.size() + frozen.size() == ref.grads.size());  // a gradient for every trainable tensor, none for frozen ones
     for (const auto& [name, g] : ref.grads) {
+        if (frozen.count(name)) continue;
         const std::string err = compare(grads.at(name), g, grad_tol);
         INFO("gradient of " << name << ": " << err);
         CHECK(err.empty());
@@ -93,11 +111,31 @@ TEST_CASE("model forward and backward match the fp64 reference model (fp64)", "[
     compare_with_reference<double>("test-tied", 1, 13, 1e-12, 1e-10);  // tied, 3 layers
 }
 
+TEST_CASE("with frozen tensors the trainable ones get exactly the reference's gradients (fp64)", "[model][freeze]") {
+    compare_with_reference<double>("test-tiny", 2, 7, 1e-12, 1e-10, kSomeFrozen);
+    compare_with_reference<double>("test-tied", 1, 13, 1e-12, 1e-10, kSomeFrozen);
+    const pv::LlamaConfig& c = pv::preset("test-tied");
+    pv::Llama<double> m(c, options(1, 4, 1, kSomeFrozen));
+    REQUIRE(m.num_groups(0) == 2);
+    REQUIRE(m.trainable(0).padded == 0);  // the embedding has nothing left to train
+    REQUIRE(m.grads(0) == nullptr);
+    REQUIRE(m.group(1, 1).kind == pv::GroupKind::frozen);
+    REQUIRE(m.group(1, 1).tensors.size() == 1);  // layers.0.attn_norm
+    REQUIRE(m.num_groups(1 + c.num_layers) == 2);
+    long long frozen = 0;
+    for (const std::string& name : kSomeFrozen)
+        for (const pv::UnitSpec& u : pv::model_units(c))
+            for (const pv::TensorSpec& t : u.tensors)
+                if (t.name == name) frozen += t.numel();
+    REQUIRE(m.tensor_elements(pv::GroupKind::frozen) == frozen);
+    REQUIRE(m.tensor_elements(pv::GroupKind::trainable) + frozen == pv::parameter_count(c));
+}
+
 TEST_CASE("model forward and backward in fp32 and bf16 stay close to the fp64 reference", "[model]") {
     compare_with_reference<float>("test-tiny", 2, 7, 1e-5, 1e-3);
     // bf16: the loss within 1e-2 (DESIGN.md §5); gradients are not compared element-wise.
     const pv::LlamaConfig& c = pv::preset("test-tied");
-    pv::Llama<__nv_bfloat16> m(c, 2, 9, 1, 77);
+    pv::Llama<__nv_bfloat16> m(c, options(2, 9, 77));
     const Batch b = make_batch(c, 2, 9, 6);
     const auto [loss, count] = run_step(m, b, false);
     const auto ref = pv::reference::llama_forward_backward(c, download_params(m), b.tokens, b.targets, 2, 9, 1.0, false);
@@ -106,10 +144,12 @@ TEST_CASE("model forward and backward in fp32 and bf16 stay close to the fp64 re
 }
 
 TEST_CASE("whole-model gradient check (fp64): random directions and sampled coordinates", "[model][gradcheck]") {
-    for (const char* preset : {"test-tiny", "test-tied"}) {
+    for (const auto& [preset, frozen] : std::vector<std::pair<const char*, std::set<std::string>>>{
+             {"test-tiny", {}}, {"test-tied", {}}, {"test-tied", kSomeFrozen}}) {
+        INFO("frozen tensors: " << frozen.size());
         const pv::LlamaConfig& c = pv::preset(preset);
         const int B = 2, Tn = 5;
-        pv::Llama<double> m(c, B, Tn, 1, 99);
+        pv::Llama<double> m(c, options(B, Tn, 99, frozen));
         const Batch b = make_batch(c, B, Tn, 8);
         const auto [loss0, count] = run_step(m, b);
         const double scale = 1.0 / count;
@@ -119,7 +159,8 @@ TEST_CASE("whole-model gradient check (fp64): random directions and sampled coor
 
         std::mt19937_64 rng(3);
         for (int u = 0; u < m.num_units(); ++u) {
-            const pv::GroupLayout& layout = m.layout(u);
+            const pv::GroupLayout& layout = m.trainable(u);  // frozen tensors have no gradient to check
+            if (layout.padded == 0) continue;
             std::vector<double> flat(size_t(layout.padded));
             CUDA_CHECK(cudaMemcpy(flat.data(), m.params(u), flat.size() * sizeof(double), cudaMemcpyDeviceToHost));
             auto loss_at = [&] {
@@ -162,7 +203,7 @@ TEST_CASE("whole-model gradient check (fp64): random directions and sampled coor
 TEST_CASE("forward-only evaluation gives next-token logits equal to the reference's (fp64)", "[model]") {
     const pv::LlamaConfig& c = pv::preset("test-tiny");
     const int B = 1, Tn = 9;
-    pv::Llama<double> m(c, B, Tn, 2, 123, pv::Gradients::none);
+    pv::Llama<double> m(c, pv::whole_model(B, Tn, 123, pv::Gradients::none, 2));
     const Batch b = make_batch(c, B, Tn, 10);
     DeviceArray<int> tokens(b.tokens);
     pv::single_forward<double>(m, 1, tokens.get(), nullptr, nullptr, nullptr);  // slot 1, no targets
@@ -178,37 +219,46 @@ TEST_CASE("forward-only evaluation gives next-token logits equal to the referenc
 // values the whole group has (Philox keyed by element, norm weights 1, padding 0).
 TEST_CASE("init_params gives any slice of a unit the values of the whole group", "[model]") {
     const pv::LlamaConfig& c = pv::preset("test-tied");
-    pv::Llama<double> m(c, 2, 8, 1, 5, pv::Gradients::none, 3);
-    for (int u = 0; u < m.num_units(); ++u) {
-        const long long n = m.layout(u).padded;
+    pv::ModelOptions o = options(2, 8, 5, kSomeFrozen, pv::Gradients::none);
+    o.placement.shards = 3;
+    pv::Llama<double> m(c, o);
+    for (int u = 0; u < m.num_units(); ++u)
+      for (int g = 0; g < m.num_groups(u); ++g) {
+        const long long n = m.group(u, g).padded;
+        if (n == 0) continue;
         std::vector<double> whole(static_cast<size_t>(n));
-        CUDA_CHECK(cudaMemcpy(whole.data(), m.params(u), whole.size() * sizeof(double), cudaMemcpyDeviceToHost));
-        REQUIRE(whole[size_t(m.layout(u).used)] == 0.0);  // padding
+        CUDA_CHECK(cudaMemcpy(whole.data(), m.group_params(u, g), whole.size() * sizeof(double), cudaMemcpyDeviceToHost));
+        if (m.group(u, g).used < n) REQUIRE(whole[size_t(m.group(u, g).used)] == 0.0);  // padding
         for (const auto& [begin, end] : std::vector<std::pair<long long, long long>>{
                  {0, n / 3}, {n / 3, 2 * n / 3}, {2 * n / 3, n}, {7, n - 5}, {n - 1, n}}) {
             DeviceArray<double> slice{size_t(end - begin)};
-            m.init_params(u, slice.get(), begin, end, 5);
+            m.init_params(u, g, slice.get(), begin, end, 5);
             const auto got = slice.download();
-            INFO("unit " << u << " [" << begin << ", " << end << ")");
+            INFO("unit " << u << " group " << g << " [" << begin << ", " << end << ")");
             REQUIRE(std::equal(got.begin(), got.end(), whole.begin() + begin));
         }
     }
     DeviceArray<double> out{size_t(4)};
-    REQUIRE_THROWS_WITH(m.init_params(0, out.get(), -1, 3, 5), Catch::Contains("outside unit 0"));
+    REQUIRE_THROWS_WITH(m.init_params(1, 0, out.get(), -1, 3, 5), Catch::Contains("outside unit 1"));
 }
 
 TEST_CASE("a model with bound parameters and gradients computes exactly what an owning one does", "[model]") {
     const pv::LlamaConfig& c = pv::preset("test-tied");
-    pv::Llama<double> owning(c, 2, 8, 1, 9);
-    pv::Llama<double> bound(c, 2, 8, 1, 9, pv::Gradients::bound, 1, nullptr, pv::Parameters::bound);
+    pv::Llama<double> owning(c, options(2, 8, 9, kSomeFrozen));
+    pv::ModelOptions o = options(2, 8, 9, kSomeFrozen, pv::Gradients::bound);
+    o.placement.parameters = pv::Parameters::bound;
+    pv::Llama<double> bound(c, o);
     std::deque<DeviceArray<double>> params, grads;  // DeviceArray does not move; a deque never moves its elements
     for (int u = 0; u < owning.num_units(); ++u) {
-        const size_t n = size_t(owning.layout(u).padded);
-        params.emplace_back(n);
+        for (int g = 0; g < owning.num_groups(u); ++g) {
+            const size_t n = size_t(owning.group(u, g).padded);
+            params.emplace_back(n);
+            CUDA_CHECK(cudaMemcpy(params.back().get(), owning.group_params(u, g), n * sizeof(double), cudaMemcpyDeviceToDevice));
+            bound.bind_params(u, g, params.back().get());
+        }
+        const size_t n = size_t(owning.trainable(u).padded);
         grads.emplace_back(n);
-        CUDA_CHECK(cudaMemcpy(params.back().get(), owning.params(u), n * sizeof(double), cudaMemcpyDeviceToDevice));
         CUDA_CHECK(cudaMemset(grads.back().get(), 0, n * sizeof(double)));
-        bound.bind_params(u, params.back().get());
         bound.bind_grads(u, grads.back().get());
     }
     const Batch b = make_batch(c, 2, 8, 3);
@@ -217,5 +267,5 @@ TEST_CASE("a model with bound parameters and gradients computes exactly what an 
     REQUIRE(loss_a == loss_b);
     REQUIRE(count_a == count_b);
     REQUIRE(download_params(owning, true) == download_params(bound, true));
-    REQUIRE_THROWS_AS(owning.bind_params(0, params[0].get()), std::logic_error);
+    REQUIRE_THROWS_AS(owning.bind_params(0, 0, params[0].get()), std::logic_error);
 }

@@ -16,11 +16,9 @@ TEST_CASE("every preset's units hold exactly its parameters, aligned and padded 
         REQUIRE(units.back().kind == pv::UnitKind::head);
         for (int shards : {1, 2, 3, 4, 8}) {
             long long total = 0;
-            uint32_t id = 0;
             std::set<uint32_t> ids;
             for (const auto& unit : units) {
-                const pv::GroupLayout g = pv::layout_group(unit.tensors, id, shards);
-                id += uint32_t(unit.tensors.size());
+                const pv::GroupLayout g = pv::layout_group(pv::GroupKind::trainable, pv::DType::bf16, unit.tensors, shards);
                 REQUIRE(g.padded % (pv::kTensorAlignment * shards) == 0);
                 REQUIRE(g.shard_numel() % pv::kTensorAlignment == 0);
                 REQUIRE(g.padded >= g.used);
@@ -30,7 +28,7 @@ TEST_CASE("every preset's units hold exactly its parameters, aligned and padded 
                     REQUIRE(t.offset >= end);  // no overlap
                     end = t.offset + t.spec.numel();
                     total += t.spec.numel();
-                    REQUIRE(ids.insert(t.id).second);
+                    REQUIRE(ids.insert(t.spec.id).second);
                     // The HF parts tile the tensor's rows exactly.
                     long long row = 0;
                     for (const pv::TensorPart& p : t.spec.parts) {

@@ -107,16 +107,20 @@ TEST_CASE("a stage of the model holds its units only, with the whole model's val
     const pv::LlamaConfig& c = pv::preset("test-tied");
     REQUIRE(c.tie_embeddings);
     const int units = c.num_layers + 2;
-    pv::Llama<double> whole(c, 2, 8, 1, 5);
+    pv::Llama<double> whole(c, pv::whole_model(2, 8, 5));
+    auto stage = [](int first, int end) {
+        pv::ModelOptions o = pv::whole_model(2, 8, 5);
+        o.placement.stage = pv::StageUnits{first, end};
+        return o;
+    };
     const pv::MemoryStats before = pv::memory_stats();
     {
         // The head's stage: the last block and the head, plus the tied embedding's parameters and
         // gradient (not its arena).
-        pv::Llama<double> last(c, 2, 8, 1, 5, pv::Gradients::owned, 1, nullptr, pv::Parameters::owned,
-                               pv::StageUnits{units - 2, units});
+        pv::Llama<double> last(c, stage(units - 2, units));
         const pv::MemoryStats held = pv::memory_stats();
-        long long elements = whole.layout(0).padded;
-        for (int u = units - 2; u < units; ++u) elements += whole.layout(u).padded;
+        long long elements = whole.trainable(0).padded;
+        for (int u = units - 2; u < units; ++u) elements += whole.trainable(u).padded;
         using C = pv::MemoryCategory;
         CHECK(held.current[size_t(C::parameters)] - before.current[size_t(C::parameters)] ==
               size_t(elements) * sizeof(double));
@@ -126,17 +130,16 @@ TEST_CASE("a stage of the model holds its units only, with the whole model's val
         for (int u = 1; u < units - 2; ++u) CHECK_FALSE(last.holds(u));
         for (int u : {0, units - 2, units - 1}) {
             INFO("unit " << u);
-            CHECK(download(last.params(u), last.layout(u).padded) == download(whole.params(u), whole.layout(u).padded));
+            CHECK(download(last.params(u), last.trainable(u).padded) == download(whole.params(u), whole.trainable(u).padded));
         }
         pv::UnitIO<double> io;
         CHECK_THROWS_WITH(last.forward_unit(0, 0, io), Catch::Contains("not in this model's stage"));
         CHECK_THROWS_WITH(last.tensor("layers.0.w_qkv"), Catch::Contains("not held by this model's stage"));
     }
     // A middle stage holds no embedding; an empty or out-of-range stage is refused.
-    pv::Llama<double> middle(c, 2, 8, 1, 5, pv::Gradients::owned, 1, nullptr, pv::Parameters::owned, pv::StageUnits{1, 2});
+    pv::Llama<double> middle(c, stage(1, 2));
     CHECK_FALSE(middle.holds(0));
     CHECK(middle.holds(1));
-    CHECK_THROWS_WITH(pv::Llama<double>(c, 2, 8, 1, 5, pv::Gradients::owned, 1, nullptr, pv::Parameters::owned,
-                                        pv::StageUnits{2, 2}),
+    CHECK_THROWS_WITH(pv::Llama<double>(c, stage(2, 2)),
                       Catch::Contains("not a non-empty range"));
 }

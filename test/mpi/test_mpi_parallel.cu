@@ -12,20 +12,16 @@
 #include "kernels/device_memory.h"
 #include "model/llama.h"
 #include "optim/optimizer.cuh"
-#include "parallel/ddp.h"
-#include "parallel/mp.h"
-#include "parallel/single.h"
 #include "parallel/stages.h"
+#include "parallel/strategies.h"
 #include "parallel/train_step.h"
 #include "parallel/world.h"
-#include "parallel/zero1.h"
-#include "parallel/zero2.h"
-#include "parallel/zero3.h"
 
 #include <cmath>
 #include <array>
 #include <map>
 #include <memory>
+#include <set>
 #include <random>
 #include <string>
 #include <vector>
@@ -88,8 +84,11 @@ struct RunResult {
     std::map<std::string, std::vector<double>> tensors;  // every tensor, unpadded, as double
     std::vector<pv::Comm::Totals> per_step;              // collectives of each step
     std::vector<std::vector<pv::CollectiveRecord>> logs; // and their records
-    long long psi = 0;                                   // Σ padded group elements (Ψ with padding)
-    std::vector<long long> padded;                       // per unit
+    long long psi = 0;                                   // Σ padded trainable group elements (Ψ with padding)
+    long long psi_frozen = 0;                            // Σ padded frozen group elements
+    std::vector<long long> padded;                       // per unit, its trainable group
+    std::vector<long long> unit_padded;                  // per unit, all its groups
+    std::vector<int> nonempty;                           // per unit, groups with any element
     int units = 0;
     std::array<double, pv::kMemoryCategoryCount> peak{}; // peak bytes per category during the run
 };
@@ -120,10 +119,17 @@ std::string pipeline_order(const std::vector<pv::CollectiveRecord>& log, int ran
 }
 
 struct Options {
-    int accumulation = kAccumulation;
-    int microbatches = 1;  // mp: micro-batches in flight
-    bool tied = true;
+    Options(int accumulation_ = kAccumulation, int microbatches_ = 1, bool tied_ = true, std::set<std::string> frozen_ = {})
+        : accumulation(accumulation_), microbatches(microbatches_), tied(tied_), frozen(std::move(frozen_)) {}
+    int accumulation;
+    int microbatches;              // mp: micro-batches in flight
+    bool tied;
+    std::set<std::string> frozen;  // tensors in frozen groups (polevault names)
 };
+
+// Frozen tensors that leave the tied embedding with nothing to train, split a block between a
+// trainable and a frozen group, and freeze a fused matrix.
+const std::set<std::string> kFrozen = {"wte", "layers.0.attn_norm", "layers.1.w_gate_up"};
 
 // Trains kSteps steps of the global batch (kMicro × accumulation × world_ranks sequences) with
 // `strategy` ("single", "ddp", "zero1", "zero2", "zero3", "mp") on `comm` (null: single on one
@@ -138,22 +144,14 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
     pv::reset_memory_peaks();
     RunResult r;
     {
-    const bool bound = strategy == "zero2" || strategy == "zero3";
-    pv::StageUnits stage;
-    if (mp) {
-        r.stages = pv::balance_stages(pv::unit_costs(config, kSeq, pv::StageBalance::flops), ranks);
-        stage = pv::StageUnits{r.stages[size_t(rank)], r.stages[size_t(rank) + 1]};
-    }
-    pv::Llama<T> model(config, kMicro, kSeq, mp ? opt.microbatches : 1, 42,
-                       bound ? pv::Gradients::bound : pv::Gradients::owned, data_ranks, nullptr,
-                       strategy == "zero3" ? pv::Parameters::bound : pv::Parameters::owned, stage);
-    std::unique_ptr<pv::Strategy<T, G>> s;
-    if (strategy == "single") s = std::make_unique<pv::Single<T, G>>(model);
-    else if (mp) s = std::make_unique<pv::ModelParallel<T, G>>(model, *comm, opt.microbatches);
-    else if (strategy == "ddp") s = std::make_unique<pv::DDP<T, G>>(model, *comm);
-    else if (strategy == "zero1") s = std::make_unique<pv::Zero1<T, G>>(model, *comm);
-    else if (strategy == "zero2") s = std::make_unique<pv::Zero2<T, G>>(model, *comm);
-    else s = std::make_unique<pv::Zero3<T, G>>(model, *comm, 42);
+    pv::StrategyOptions so;
+    so.name = strategy, so.microbatches = opt.microbatches, so.fp32_grad_accumulation = !std::is_same_v<G, T>;
+    const pv::StrategyPlan plan = pv::plan_strategy(so, config, kSeq, rank, ranks);
+    r.stages = plan.stage_bounds;
+    pv::ModelOptions mo;
+    mo.batch = kMicro, mo.seq_len = kSeq, mo.seed = 42, mo.frozen = opt.frozen, mo.placement = plan.placement;
+    pv::Llama<T> model(config, mo);
+    std::unique_ptr<pv::Strategy<T, G>> s = pv::make_strategy<T, G>(plan, model, comm, 42);
     auto optimizer = pv::Trainer<T, G>::make_optimizer(*s);
     pv::Trainer<T, G> trainer(*s, *optimizer);
     pv::AdamWSettings adamw;
@@ -175,27 +173,36 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
         r.per_step.push_back(all), r.logs.push_back(comm->log());
         if (mp) r.schedule.push_back(pipeline_order(comm->log(), rank, ranks));
     }
-    for (int u = 0; u < model.num_units(); ++u) {
-        // ZeRO-3 holds slices: gather the unit whole first; mp: the stage holding it broadcasts it.
-        std::unique_ptr<pv::DeviceBuffer<T>> whole;
-        const T* params = model.params(u);
-        if (strategy == "zero3") {
-            whole = std::make_unique<pv::DeviceBuffer<T>>(size_t(model.layout(u).padded), pv::MemoryCategory::workspace);
-            comm->all_gather(s->owned_params(u), whole->get(), size_t(s->slice_len(u)));
-            CUDA_CHECK(cudaStreamSynchronize(comm->stream()));
-            params = whole->get();
-        } else if (mp) {
-            const int owner = pv::unit_stages(r.stages)[size_t(u)];
-            whole = std::make_unique<pv::DeviceBuffer<T>>(size_t(model.layout(u).padded), pv::MemoryCategory::workspace);
-            if (rank == owner) CUDA_CHECK(cudaMemcpy(whole->get(), params, whole->bytes(), cudaMemcpyDeviceToDevice));
-            comm->broadcast(whole->get(), whole->get(), whole->size(), owner);
-            CUDA_CHECK(cudaStreamSynchronize(comm->stream()));
-            params = whole->get();
+    for (int u = 0; u < model.num_units(); ++u)
+        for (int g = 0; g < model.num_groups(u); ++g) {
+            // ZeRO-3 holds slices: gather the group whole first; mp: the stage holding it broadcasts it.
+            const long long padded = model.group(u, g).padded;
+            std::unique_ptr<pv::DeviceBuffer<T>> whole;
+            const T* params = model.group_params(u, g);
+            if (strategy == "zero3" && padded > 0) {
+                whole = std::make_unique<pv::DeviceBuffer<T>>(size_t(padded), pv::MemoryCategory::workspace);
+                comm->all_gather(s->local_params(u, g), whole->get(), size_t(s->local_len(u, g)));
+                CUDA_CHECK(cudaStreamSynchronize(comm->stream()));
+                params = whole->get();
+            } else if (mp && padded > 0) {
+                const int owner = pv::unit_stages(r.stages)[size_t(u)];
+                whole = std::make_unique<pv::DeviceBuffer<T>>(size_t(padded), pv::MemoryCategory::workspace);
+                if (rank == owner) CUDA_CHECK(cudaMemcpy(whole->get(), params, whole->bytes(), cudaMemcpyDeviceToDevice));
+                comm->broadcast(whole->get(), whole->get(), whole->size(), owner);
+                CUDA_CHECK(cudaStreamSynchronize(comm->stream()));
+                params = whole->get();
+            }
+            for (const pv::TensorSlot& t : model.group(u, g).tensors)
+                r.tensors[t.spec.name] = download(params + t.offset, t.spec.numel());
         }
-        for (const pv::TensorSlot& t : model.layout(u).tensors)
-            r.tensors[t.spec.name] = download(params + t.offset, t.spec.numel());
+    for (int u = 0; u < model.num_units(); ++u) {
+        r.psi += model.trainable(u).padded, r.padded.push_back(model.trainable(u).padded);
+        long long all = 0;
+        int nonempty = 0;
+        for (int g = 0; g < model.num_groups(u); ++g) all += model.group(u, g).padded, nonempty += model.group(u, g).padded > 0;
+        r.psi_frozen += all - model.trainable(u).padded;
+        r.unit_padded.push_back(all), r.nonempty.push_back(nonempty);
     }
-    for (int u = 0; u < model.num_units(); ++u) r.psi += model.layout(u).padded, r.padded.push_back(model.layout(u).padded);
     r.units = model.num_units();
     const pv::MemoryStats after = pv::memory_stats();
     for (int c = 0; c < pv::kMemoryCategoryCount; ++c) r.peak[size_t(c)] = double(after.peak[size_t(c)]) - double(before.current[size_t(c)]);
@@ -243,9 +250,9 @@ TEST_CASE("ddp and zero1-3 train the model single trains: fp64 within 1e-10, zer
         CHECK(relative_norm_error(zero3.tensors.at(name), ref) <= 1e-10);
     }
     // Training moved every tensor (parity of untouched weights would prove nothing).
-    pv::Llama<double> initial(awkward_model(world.size()), kMicro, kSeq, 1, 42, pv::Gradients::none);
+    pv::Llama<double> initial(awkward_model(world.size()), pv::whole_model(kMicro, kSeq, 42, pv::Gradients::none));
     for (int u = 0; u < initial.num_units(); ++u)
-        for (const pv::TensorSlot& t : initial.layout(u).tensors) {
+        for (const pv::TensorSlot& t : initial.trainable(u).tensors) {
             INFO(t.spec.name);
             CHECK(relative_norm_error(download(initial.params(u) + t.offset, t.spec.numel()), single.tensors.at(t.spec.name)) >
                   1e-4);

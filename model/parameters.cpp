@@ -1,0 +1,107 @@
+// Parameter layout: units, their tensors and the placement of tensors in flat groups (model/parameters.h).
+#include "model/parameters.h"
+
+#include <stdexcept>
+
+namespace pv {
+
+size_t dtype_size(DType t) {
+    switch (t) {
+        case DType::bf16: return 2;
+        case DType::fp32: return 4;
+        case DType::fp64: return 8;
+    }
+    return 0;
+}
+
+const char* dtype_name(DType t) {
+    switch (t) {
+        case DType::bf16: return "bf16";
+        case DType::fp32: return "fp32";
+        case DType::fp64: return "fp64";
+    }
+    return "?";
+}
+
+const TensorSlot& GroupLayout::find(const std::string& name) const {
+    for (const TensorSlot& t : tensors)
+        if (t.spec.name == name) return t;
+    throw std::invalid_argument("no tensor named '" + name + "' in this parameter group");
+}
+
+const char* group_kind_name(GroupKind k) { return k == GroupKind::trainable ? "trainable" : "frozen"; }
+
+GroupLayout layout_group(GroupKind kind, DType dtype, const std::vector<TensorSpec>& specs, int shards) {
+    if (shards < 1) throw std::invalid_argument("layout_group: shards must be >= 1");
+    auto round_up = [](long long x, long long m) { return (x + m - 1) / m * m; };
+    GroupLayout g;
+    g.kind = kind;
+    g.dtype = dtype;
+    g.shards = shards;
+    long long offset = 0;
+    for (const TensorSpec& spec : specs) {
+        offset = round_up(offset, kTensorAlignment);
+        g.tensors.push_back(TensorSlot{spec, offset});
+        offset += spec.numel();
+    }
+    g.used = offset;
+    g.padded = round_up(offset, kTensorAlignment * shards);
+    return g;
+}
+
+std::vector<GroupLayout> layout_unit(const UnitSpec& unit, DType dtype, int shards, const std::set<std::string>& frozen) {
+    std::vector<TensorSpec> trainable, fixed;
+    for (const TensorSpec& t : unit.tensors) (frozen.count(t.name) ? fixed : trainable).push_back(t);
+    std::vector<GroupLayout> groups{layout_group(GroupKind::trainable, dtype, trainable, shards)};
+    if (!fixed.empty()) groups.push_back(layout_group(GroupKind::frozen, dtype, fixed, shards));
+    return groups;
+}
+
+namespace {
+
+// A matrix (decayed, N(0, 0.02²)) made of HF row ranges, a whole matrix, an RMSNorm weight.
+TensorSpec fused(std::string name, long long rows, long long cols, std::vector<TensorPart> parts) {
+    return TensorSpec{std::move(name), rows, cols, Init::normal, true, std::move(parts)};
+}
+
+TensorSpec matrix(std::string name, long long rows, long long cols, std::string hf_name) {
+    return TensorSpec{std::move(name), rows, cols, Init::normal, true, {TensorPart{std::move(hf_name), 0, rows}}};
+}
+
+TensorSpec norm(std::string name, long long rows, std::string hf_name) {
+    return TensorSpec{std::move(name), rows, 1, Init::ones, false, {TensorPart{std::move(hf_name), 0, rows}}};
+}
+
+}  // namespace
+
+std::vector<UnitSpec> model_units(const LlamaConfig& c) {
+    const long long C = c.hidden_size, V = c.vocab_size, F = c.ffn_size;
+    const long long q = c.q_width(), kv = c.kv_width();
+    std::vector<UnitSpec> units;
+    units.push_back({UnitKind::embedding, -1, {matrix("wte", V, C, "model.embed_tokens.weight")}});
+    for (int l = 0; l < c.num_layers; ++l) {
+        const std::string p = "model.layers." + std::to_string(l) + ".";
+        const std::string n = "layers." + std::to_string(l) + ".";
+        UnitSpec block{UnitKind::block, l, std::vector<TensorSpec>(kBlockTensors)};
+        block.tensors[kAttnNorm] = norm(n + "attn_norm", C, p + "input_layernorm.weight");
+        block.tensors[kWQkv] = fused(n + "w_qkv", q + 2 * kv, C,
+                                     {{p + "self_attn.q_proj.weight", 0, q},
+                                      {p + "self_attn.k_proj.weight", q, kv},
+                                      {p + "self_attn.v_proj.weight", q + kv, kv}});
+        block.tensors[kWO] = matrix(n + "w_o", C, q, p + "self_attn.o_proj.weight");
+        block.tensors[kMlpNorm] = norm(n + "mlp_norm", C, p + "post_attention_layernorm.weight");
+        block.tensors[kWGateUp] =
+            fused(n + "w_gate_up", 2 * F, C, {{p + "mlp.gate_proj.weight", 0, F}, {p + "mlp.up_proj.weight", F, F}});
+        block.tensors[kWDown] = matrix(n + "w_down", C, F, p + "mlp.down_proj.weight");
+        units.push_back(std::move(block));
+    }
+    UnitSpec head{UnitKind::head, -1, {norm("final_norm", C, "model.norm.weight")}};
+    if (!c.tie_embeddings) head.tensors.push_back(matrix("lm_head", V, C, "lm_head.weight"));
+    units.push_back(std::move(head));
+    uint32_t id = 0;
+    for (UnitSpec& u : units)
+        for (TensorSpec& t : u.tensors) t.id = id++;
+    return units;
+}
+
+}  // namespace pv

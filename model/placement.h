@@ -1,0 +1,35 @@
+// How a model instance is laid out for a strategy: what the strategy decides (parallel/plan.h)
+// and the model obeys without knowing why. Host code only.
+#pragma once
+
+namespace pv {
+
+// Gradients: none (inference), owned (one buffer per unit's trainable group, allocated here) or
+// bound (the caller binds a buffer to a unit before its backward: ZeRO-2/3 keep only a few
+// full-size gradient buffers alive and rotate them through the units). Parameters: owned
+// (allocated and initialised here) or bound (ZeRO-3: each rank keeps a slice of every group,
+// initialised with init_params, and binds a gathered copy of a unit's groups before using it).
+enum class Gradients { none, owned, bound };
+enum class Parameters { owned, bound };
+
+// The units a model holds: [first, end) (end −1: to the last unit). Model parallelism gives each
+// rank one contiguous stage; the model then allocates parameters, gradients and activation arenas
+// for those units only. A stage with the head of a model with tied embeddings also holds the
+// embedding's parameters and gradients (the head multiplies by wte), but no arena for it.
+struct StageUnits {
+    int first = 0;
+    int end = -1;
+};
+
+// How a strategy needs the model built (parallel/strategies.h decides it): groups splittable
+// into `shards`, the units held, activation slots (micro-batches in flight), and which buffers
+// are bound from outside.
+struct Placement {
+    int shards = 1;
+    StageUnits stage;
+    int slots = 1;
+    Gradients gradients = Gradients::owned;
+    Parameters parameters = Parameters::owned;
+};
+
+}  // namespace pv

@@ -1,0 +1,84 @@
+// The strategy registry, checks and placement (parallel/plan.h).
+#include "parallel/plan.h"
+
+#include "parallel/stages.h"
+
+#include <stdexcept>
+
+namespace pv {
+
+namespace {
+
+// kind, name, help; one_rank, splits_batch, binds_gradients, binds_parameters, stages, fp32_accumulation
+const std::vector<StrategyInfo> kStrategies = {
+    {StrategyKind::single, "single", "one rank", true, true, false, false, false, true},
+    {StrategyKind::ddp, "ddp", "replicas, gradients all-reduced in per-unit buckets", false, true, false, false, false, true},
+    {StrategyKind::zero1, "zero1", "optimizer state sharded, gradients reduce-scattered", false, true, false, false, false,
+     true},
+    {StrategyKind::zero2, "zero2", "gradients sharded too, reduce-scattered unit by unit during the backward", false, true,
+     true, false, false, false},
+    {StrategyKind::zero3, "zero3", "parameters sharded too, each unit all-gathered just before it runs", false, true, true,
+     true, false, false},
+    {StrategyKind::mp, "mp",
+     "model parallel: each rank runs a contiguous stage of the layers, the residual stream sent between stages", false,
+     false, false, false, true, true},
+};
+
+}  // namespace
+
+const std::vector<StrategyInfo>& strategy_registry() { return kStrategies; }
+
+std::vector<std::string> strategy_names() {
+    std::vector<std::string> out;
+    for (const StrategyInfo& s : kStrategies) out.push_back(s.name);
+    return out;
+}
+
+const StrategyInfo& strategy_info(const std::string& name) {
+    std::string names;
+    for (const StrategyInfo& s : kStrategies) {
+        if (name == s.name) return s;
+        names += (names.empty() ? "" : ", ") + std::string(s.name);
+    }
+    throw std::invalid_argument("unknown strategy '" + name + "': choose one of " + names);
+}
+
+int data_ranks_of(const StrategyOptions& o, int ranks) { return strategy_info(o.name).splits_batch ? ranks : 1; }
+
+void check_strategy(const StrategyOptions& o, int ranks) {
+    const StrategyInfo& s = strategy_info(o.name);
+    if (o.microbatches > 1 && !s.stages)
+        throw std::invalid_argument("--microbatches " + std::to_string(o.microbatches) + " is for --parallel mp (the "
+                                    "pipeline's micro-batches in flight); drop it, or choose --parallel mp");
+    if (s.one_rank && ranks > 1) {
+        std::string others;
+        for (const StrategyInfo& t : kStrategies)
+            if (!t.one_rank) others += (others.empty() ? "" : ", ") + std::string(t.name);
+        throw std::invalid_argument("--parallel " + std::string(s.name) + " runs on one rank but mpirun started " +
+                                    std::to_string(ranks) + ": choose --parallel " + others);
+    }
+    if (o.fp32_grad_accumulation && !s.fp32_accumulation)
+        throw std::invalid_argument("--parallel " + std::string(s.name) + " reduces gradients in the storage type: drop "
+                                    "--fp32-grad-accumulation (or use ddp or zero1)");
+}
+
+StrategyPlan plan_strategy(const StrategyOptions& o, const LlamaConfig& config, int seq_len, int rank, int ranks) {
+    check_strategy(o, ranks);
+    StrategyPlan p;
+    p.info = &strategy_info(o.name);
+    p.options = o;
+    p.rank = rank, p.ranks = ranks;
+    p.data_ranks = p.info->splits_batch ? ranks : 1;
+    p.data_rank = p.info->splits_batch ? rank : 0;
+    p.placement.shards = p.data_ranks;
+    p.placement.gradients = p.info->binds_gradients ? Gradients::bound : Gradients::owned;
+    p.placement.parameters = p.info->binds_parameters ? Parameters::bound : Parameters::owned;
+    if (p.info->stages) {
+        p.stage_bounds = balance_stages(unit_costs(config, seq_len, parse_stage_balance(o.balance)), ranks);
+        p.placement.stage = StageUnits{p.stage_bounds[size_t(rank)], p.stage_bounds[size_t(rank) + 1]};
+        p.placement.slots = o.microbatches;
+    }
+    return p;
+}
+
+}  // namespace pv

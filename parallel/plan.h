@@ -1,0 +1,66 @@
+// The one place that knows every strategy (DESIGN.md §2): the registry of their names and what
+// each needs, the validation of the options against it, and how the model must be built for it
+// (model/placement.h: shards, stage, activation slots, which buffers are bound from outside).
+// parallel/strategies.h constructs them; `train` and the tests use only these two. Host code only.
+//
+// Adding a strategy: its class in its own file (a Strategy<T, G> subclass, parallel/strategy.h),
+// one row in the registry (plan.cpp) saying what it needs, and one line in make_strategy.
+#pragma once
+
+#include "model/config.h"
+#include "model/placement.h"
+
+#include <string>
+#include <vector>
+
+namespace pv {
+
+enum class StrategyKind { single, ddp, zero1, zero2, zero3, mp };
+
+// What a strategy is and needs, known before any model exists.
+struct StrategyInfo {
+    StrategyKind kind;
+    const char* name;
+    const char* help;
+    bool one_rank;              // runs on exactly one rank
+    bool splits_batch;          // data parallel: rank r takes slice r of each global batch
+    bool binds_gradients;       // keeps a few full-size gradient buffers and binds them (Gradients::bound)
+    bool binds_parameters;      // keeps parameter slices and binds gathered copies (Parameters::bound)
+    bool stages;                // each rank holds a contiguous stage of the units (model parallel)
+    bool fp32_accumulation;     // supports --fp32-grad-accumulation
+};
+
+// Every strategy, in the order --help lists them.
+const std::vector<StrategyInfo>& strategy_registry();
+std::vector<std::string> strategy_names();
+// Throws std::invalid_argument listing the names when `name` is none of them.
+const StrategyInfo& strategy_info(const std::string& name);
+
+struct StrategyOptions {
+    std::string name = "single";
+    int microbatches = 1;            // mp: micro-batches in flight (GPipe)
+    std::string balance = "flops";   // mp: how the stages are balanced (parallel/stages.h)
+    bool fp32_grad_accumulation = false;
+};
+
+// Throws std::invalid_argument naming the problem and the fix when the options cannot run on
+// `ranks` ranks. Cheap: no model needed.
+void check_strategy(const StrategyOptions& o, int ranks);
+
+// A strategy decided for this rank: its geometry and how the model must be built.
+struct StrategyPlan {
+    const StrategyInfo* info = nullptr;
+    StrategyOptions options;
+    int rank = 0, ranks = 1;            // the world
+    int data_rank = 0, data_ranks = 1;  // the batch is split over data_ranks (1: every rank sees it all)
+    std::vector<int> stage_bounds;      // stages: unit boundaries of every rank's stage
+    Placement placement;
+};
+
+// Checks the options and plans the strategy for rank `rank` of `ranks` with this model.
+StrategyPlan plan_strategy(const StrategyOptions& o, const LlamaConfig& config, int seq_len, int rank, int ranks);
+
+// The data-parallel ranks of a strategy on `ranks` ranks (before a model exists).
+int data_ranks_of(const StrategyOptions& o, int ranks);
+
+}  // namespace pv
