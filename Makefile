@@ -15,6 +15,11 @@
 #   cuBLAS subsets on the CPU) and OpenBLAS.
 # Warnings are errors in both. Objects go to build/<flavour>/, so flavours never mix.
 
+# Every core by default (a plain `make` on a 2-core machine builds twice as fast); -jN overrides.
+ifeq ($(filter -j%,$(MAKEFLAGS)),)
+  MAKEFLAGS += -j$(shell nproc)
+endif
+
 BACKEND ?= auto
 ifeq ($(BACKEND),auto)
   BACKEND := $(shell nvidia-smi -L 2>/dev/null | grep -q '^GPU' && echo cuda || echo host)
@@ -90,7 +95,7 @@ endif
 
 # Product code shared by every program: CUDA C++ (.cu, through the flavour's compiler) and plain
 # host C++ (.cpp: data pipeline, tokenizer, file formats; always g++).
-CORE_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard kernels/*.cu model/*.cu optim/*.cu parallel/*.cu)) \
+CORE_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard platform/device_memory.cu model/*.cu optim/*.cu parallel/*.cu)) \
              $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard data/*.cpp io/*.cpp model/*.cpp optim/*.cpp parallel/*.cpp)) $(PLATFORM_OBJS)
 
 TEST_SOURCES := $(wildcard test/test_*.cu)
@@ -123,19 +128,18 @@ all: train demo $(TEST_BINS) $(MPI_TEST_BINS) $(BENCH_BINS)
 train demo: %: $(BUILD)/%
 	ln -sf $< $@
 
-$(BUILD)/demo: $(BUILD)/demo.o $(CORE_OBJS)
+$(BUILD)/demo: $(BUILD)/platform/demo.o $(CORE_OBJS)
 	$(LINK) -o $@ $^ $(BACKEND_LIBS)
 
-# The train program: its main (train.cu), its pieces beside it (train_*.cu/.cpp, generate.cu),
+# The train program: trainer/ (main, options, run state, checkpoints, generation, the trainer),
 # the built-in corpus and the product code.
-TRAIN_OBJS := $(patsubst %.cu,$(BUILD)/%.o,train.cu generate.cu $(wildcard train_*.cu)) \
-              $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard train_*.cpp))
+TRAIN_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard trainer/*.cu)) $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard trainer/*.cpp))
 $(BUILD)/train: $(TRAIN_OBJS) $(BUILD)/corpus.o $(CORE_OBJS)
 	$(LINK) -o $@ $^ $(BACKEND_LIBS)
 
 # The built-in corpus of `train`: the project's own README and headers, concatenated in a fixed
 # order and embedded with .incbin (pv_corpus_begin .. pv_corpus_end).
-CORPUS_FILES := README.md $(sort $(wildcard kernels/*.cuh kernels/*.h model/*.h host/*.h parallel/*.h data/*.h io/*.h optim/*.h))
+CORPUS_FILES := README.md $(sort $(wildcard kernels/*.cuh platform/*.h model/*.h host/*.h parallel/*.h data/*.h io/*.h optim/*.h trainer/*.h))
 $(BUILD)/corpus.txt: $(CORPUS_FILES)
 	@mkdir -p $(dir $@)
 	cat $^ > $@

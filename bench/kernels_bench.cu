@@ -17,7 +17,7 @@
 #include "bench/timing.h"
 #include "kernels/attention.cuh"
 #include "kernels/cross_entropy.cuh"
-#include "kernels/device_memory.h"
+#include "platform/device_memory.h"
 #include "kernels/embedding.cuh"
 #include "kernels/glue.cuh"
 #include "kernels/matmul.cuh"

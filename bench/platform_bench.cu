@@ -8,8 +8,8 @@
 //                       in thread-crossings per second (one thread passing one barrier/shuffle)
 //   GEMM GFLOP/s        cublasGemmEx, square, per dtype
 #include "bench/timing.h"
-#include "kernels/device_memory.h"
-#include "kernels/platform.h"
+#include "platform/device_memory.h"
+#include "platform/platform.h"
 
 #include <cstdio>
 #include <cstdlib>

@@ -3,7 +3,7 @@
 // pays for first touches of buffers, worker start-up and fiber stacks.
 #pragma once
 
-#include "kernels/platform.h"
+#include "platform/platform.h"
 
 namespace pv::bench {
 

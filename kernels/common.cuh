@@ -6,7 +6,7 @@
 // Kernels load T into acc_t<T>, compute there, and round once on store (round to nearest even).
 #pragma once
 
-#include "kernels/platform.h"
+#include "platform/platform.h"
 
 #include <cstdint>
 #include <type_traits>

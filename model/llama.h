@@ -19,7 +19,7 @@
 #pragma once
 
 #include "kernels/common.cuh"
-#include "kernels/device_memory.h"
+#include "platform/device_memory.h"
 #include "model/config.h"
 #include "model/parameters.h"
 #include "model/placement.h"

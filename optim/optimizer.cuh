@@ -17,7 +17,7 @@
 // Checkpoints read and write the state per unit as host bytes of the owned range.
 #pragma once
 
-#include "kernels/device_memory.h"
+#include "platform/device_memory.h"
 #include "model/parameters.h"
 #include "optim/adamw.cuh"
 

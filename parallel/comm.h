@@ -19,7 +19,7 @@
 // backward, its gradient all-reduce and the optimizer.
 #pragma once
 
-#include "kernels/platform.h"
+#include "platform/platform.h"
 
 #include <nccl.h>
 

@@ -25,7 +25,7 @@
 #include "kernels/glue.cuh"
 #include "model/llama.h"
 #include "parallel/comm.h"
-#include "parallel/unit_loop.h"
+#include "model/unit_loop.h"
 
 #include <memory>
 #include <vector>

@@ -4,7 +4,7 @@
 // never by dereferencing a device pointer on the host.
 #pragma once
 
-#include "kernels/platform.h"
+#include "platform/platform.h"
 #include "test/child_process.h"
 
 #include <catch2/catch.hpp>

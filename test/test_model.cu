@@ -5,7 +5,7 @@
 // and ignored targets (DESIGN.md §5).
 #include "kernels/glue.cuh"
 #include "model/llama.h"
-#include "parallel/unit_loop.h"
+#include "model/unit_loop.h"
 #include "test/check.h"
 #include "test/gradcheck.h"
 #include "test/reference/llama.h"

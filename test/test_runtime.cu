@@ -1,7 +1,7 @@
 // The CUDA runtime subset: copies of every kind, memsets, streams, events, devices, errors, and
 // device-memory accounting by category. Written for both backends; [host-only] cases check what
 // only the emulation promises (0xFF-filled allocations, the device count from the environment).
-#include "kernels/device_memory.h"
+#include "platform/device_memory.h"
 #include "test/check.h"
 
 #include <thread>

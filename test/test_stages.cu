@@ -4,7 +4,7 @@
 // whole model has.
 #include <catch2/catch.hpp>
 
-#include "kernels/device_memory.h"
+#include "platform/device_memory.h"
 #include "model/flops.h"
 #include "model/llama.h"
 #include "parallel/stages.h"

@@ -8,7 +8,7 @@
 // test case ends by all-gathering a digest of everything each rank received and requiring that all
 // ranks agree. Host-side MPI calls synchronise the device first (a rule of the host NCCL's deferred
 // mode: never block in MPI with NCCL work queued).
-#include "kernels/platform.h"
+#include "platform/platform.h"
 #include "test/check.h"
 
 #include <mpi.h>

@@ -9,12 +9,12 @@
 #include <catch2/catch.hpp>
 
 #include "data/loader.h"
-#include "kernels/device_memory.h"
+#include "platform/device_memory.h"
 #include "model/llama.h"
 #include "optim/optimizer.cuh"
 #include "parallel/stages.h"
 #include "parallel/strategies.h"
-#include "parallel/train_step.h"
+#include "trainer/trainer.h"
 #include "parallel/world.h"
 
 #include <cmath>

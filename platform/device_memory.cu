@@ -1,8 +1,8 @@
 // Device memory accounting by category (see device_memory.h). Built on cudaMalloc/cudaFree, so
 // it is the same code on both backends.
-#include "kernels/device_memory.h"
+#include "platform/device_memory.h"
 
-#include "kernels/platform.h"
+#include "platform/platform.h"
 
 #include <cstdio>
 #include <mutex>

@@ -13,6 +13,7 @@
 #pragma once
 
 #include "data/prepare.h"
+#include "parallel/plan.h"
 
 #include <cstdint>
 #include <string>
@@ -87,6 +88,9 @@ Command parse_command(int argc, char** argv, const TrainOptions& base = {});
 // exactly. from_json throws std::runtime_error naming a key of the wrong type.
 std::string train_options_json(const TrainOptions& o);
 TrainOptions train_options_from_json(const std::string& json);
+// The strategy options among them (parallel/plan.h).
+StrategyOptions strategy_options(const TrainOptions& o);
+
 // "key: old -> new" for every option that differs, for reporting overrides on resume.
 std::vector<std::string> train_options_diff(const TrainOptions& before, const TrainOptions& after);
 

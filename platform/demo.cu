@@ -3,8 +3,8 @@
 // what it ran, how long it took and the device memory it used by category.
 //
 //   ./demo            (no arguments; exits non-zero if any check fails)
-#include "kernels/device_memory.h"
-#include "kernels/platform.h"
+#include "platform/device_memory.h"
+#include "platform/platform.h"
 
 #include <chrono>
 #include <cmath>

@@ -29,7 +29,7 @@
 #include "model/llama.h"
 #include "optim/optimizer.cuh"
 #include "parallel/strategy.h"
-#include "train_state.h"
+#include "trainer/state.h"
 
 #include <optional>
 #include <string>

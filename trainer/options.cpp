@@ -1,8 +1,6 @@
 // Command-line parsing for `train` with CLI11: each flag documents itself and its default in
 // --help. The JSON form of TrainOptions (checkpoints) uses nlohmann/json with one field list.
-#include "train_options.h"
-
-#include "parallel/plan.h"
+#include "trainer/options.h"
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -161,6 +159,10 @@ TrainOptions train_options_from_json(const std::string& text) {
     } catch (const nlohmann::json::exception& e) {
         throw std::runtime_error(std::string("training options: ") + e.what());
     }
+}
+
+StrategyOptions strategy_options(const TrainOptions& o) {
+    return StrategyOptions{o.parallel, o.microbatches, o.balance, o.fp32_grad_accumulation};
 }
 
 std::vector<std::string> train_options_diff(const TrainOptions& before, const TrainOptions& after) {

@@ -16,7 +16,7 @@
 // changed, which would silently break the continuation.
 #pragma once
 
-#include "train_options.h"
+#include "trainer/options.h"
 
 #include <cstdint>
 #include <string>

@@ -1,9 +1,9 @@
 // Text generation (see generate.h).
-#include "generate.h"
+#include "trainer/generate.h"
 
 #include "kernels/philox.cuh"
 #include "model/sampling.h"
-#include "parallel/unit_loop.h"
+#include "model/unit_loop.h"
 
 #include <algorithm>
 #include <stdexcept>

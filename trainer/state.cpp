@@ -1,5 +1,5 @@
 // trainer_state.json and metrics trimming (see train_state.h).
-#include "train_state.h"
+#include "trainer/state.h"
 
 #include "io/durable_file.h"
 

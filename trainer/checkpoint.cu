@@ -1,5 +1,5 @@
 // Checkpoints of a training run (see train_checkpoint.h).
-#include "train_checkpoint.h"
+#include "trainer/checkpoint.h"
 
 #include "model/checkpoint.h"
 #include "model/config_json.h"

@@ -1,0 +1,288 @@
+// One training run, in phases (trainer/run.h): TrainingRun builds everything in its constructor
+// (data loaders, schedule, the strategy's plan, the model, the strategy, the optimizer), then
+// run() resumes, opens the metrics, prints the header, trains step by step and finishes.
+#include "trainer/run.h"
+
+#include "data/loader.h"
+#include "kernels/glue.cuh"
+#include "model/flops.h"
+#include "model/freeze.h"
+#include "model/llama.h"
+#include "optim/optimizer.cuh"
+#include "optim/schedule.h"
+#include "parallel/strategies.h"
+#include "platform/device_memory.h"
+#include "trainer/checkpoint.h"
+#include "trainer/generate.h"
+#include "trainer/state.h"
+#include "trainer/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+
+namespace pv {
+
+namespace {
+
+double mib(size_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
+
+// The dense bf16 peak of the GPU for MFU; 0 on the host backend (a CPU has no such peak worth
+// quoting) or an unknown GPU.
+double device_peak_flops() {
+    if (kHostBackend) return 0.0;
+    int device = 0, major = 0, minor = 0, sms = 0, clock_khz = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device));
+    return dense_bf16_peak_flops(major, minor, sms, clock_khz);
+}
+
+LrConfig lr_config_of(const TrainOptions& o) {
+    LrConfig c;
+    c.kind = parse_schedule(o.schedule);
+    c.lr = o.lr;
+    c.warmup = o.warmup;
+    c.final_fraction = o.final_lr_fraction;
+    c.total_steps = o.steps;
+    if (const auto problems = validate(c); !problems.empty()) throw std::invalid_argument(problems.front());
+    return c;
+}
+
+template <class T, class G>
+class TrainingRun {
+  public:
+    TrainingRun(const TrainOptions& o, const TrainOptions& requested, RunData data, const LlamaConfig& config,
+                const std::string& resume_dir, World& world)
+        : o_(o), requested_(requested), config_(config), resume_dir_(resume_dir), world_(world),
+          plan_(plan_strategy(strategy_options(o), config, o.seq_len, world.rank(), world.size())),
+          accumulation_(accumulation_for(o.batch, o.micro_batch, plan_.data_ranks)),
+          geometry_{o.batch, o.micro_batch, accumulation_, plan_.data_ranks}, lr_(lr_config_of(o)),
+          adamw_{o.beta1, o.beta2, o.eps, o.weight_decay, o.decay_norm_weights, o.stochastic_rounding, o.seed},
+          source_(data.source), tokenizer_(std::move(data.tokenizer)) {
+        for (const TokenShard& s : data.train)
+            fingerprint_ = fingerprint_tokens(s.tokens, fingerprint_), train_tokens_ += (long long)s.tokens.size();
+        loader_.emplace(std::move(data.train), o.seq_len, o.seed);
+        if (data.val) val_loader_.emplace(std::vector<TokenShard>{std::move(*data.val)}, o.seq_len, o.seed + 1);
+        // The strategy decides how the model is built and is applied to a model that knows nothing of it.
+        const FrozenTensors frozen = resolve_freeze(config, split_patterns(o.freeze));
+        for (const std::string& note : frozen.notes) std::printf("freeze: %s\n", note.c_str());
+        model_ = std::make_unique<Llama<T>>(
+            config, ModelOptions{o.micro_batch, o.seq_len, o.seed, frozen.names, plan_.placement, nullptr});
+        strategy_ = make_strategy<T, G>(plan_, *model_, &world.comm(), o.seed);
+        optimizer_ = Trainer<T, G>::make_optimizer(*strategy_);
+        trainer_ = std::make_unique<Trainer<T, G>>(*strategy_, *optimizer_);
+    }
+
+    int run() {
+        resume();
+        open_metrics();
+        print_header();
+        train_steps();
+        finish();
+        return 0;
+    }
+
+  private:
+    // Loads the checkpoint (what this rank keeps) and checks the data is the checkpoint's.
+    void resume() {
+        if (!resume_dir_.empty()) {
+            const TrainerState state = load_checkpoint(resume_dir_, *strategy_, *optimizer_);
+            start_step_ = state.step;
+            if (state.data_fingerprint != fingerprint_ || state.train_tokens != train_tokens_) {
+                if (state.options.data == o_.data)
+                    throw std::runtime_error("the training data differs from the checkpoint's (" +
+                                             std::to_string(train_tokens_) + " tokens now, " +
+                                             std::to_string(state.train_tokens) + " then, or the same count with other "
+                                             "tokens): resuming would not continue the same run; restore the data, or "
+                                             "pass --data explicitly to continue on other data");
+                std::printf("note: training continues on other data than the checkpoint's (%s)\n", o_.data.c_str());
+            }
+            std::printf("resumed from %s at step %lld\n", resume_dir_.c_str(), start_step_);
+        }
+        if (start_step_ >= o_.steps)
+            throw std::invalid_argument("the checkpoint is at step " + std::to_string(start_step_) + " and --steps is " +
+                                        std::to_string(o_.steps) + ": nothing to do; raise --steps to train further");
+        end_step_ = o_.stop_after > 0 ? std::min(o_.steps, start_step_ + o_.stop_after) : o_.steps;
+    }
+
+    // Rank 0 writes metrics.jsonl: from scratch, or after the checkpoint's steps on resume.
+    void open_metrics() {
+        if (!writer()) return;
+        const std::string path = o_.out_dir + "/metrics.jsonl";
+        std::filesystem::create_directories(o_.out_dir);
+        if (start_step_ > 0) trim_metrics(path, start_step_);
+        metrics_ = std::fopen(path.c_str(), start_step_ > 0 ? "a" : "w");
+        if (!metrics_) throw std::runtime_error("cannot write " + path);
+    }
+
+    void print_header() {
+        const LlamaConfig& c = config_;
+        std::printf("model %s: %lld parameters, %d layers, hidden %d, vocab %d, %s; batch %d = micro-batch %d x "
+                    "accumulation %d x %d rank(s), strategy %s; %lld training windows of %d tokens; %.3g FLOPs per "
+                    "token\n",
+                    c.name.c_str(), parameter_count(c), c.num_layers, c.hidden_size, c.vocab_size, o_.dtype.c_str(),
+                    o_.batch, o_.micro_batch, accumulation_, plan_.data_ranks, strategy_->name(), loader_->windows(),
+                    o_.seq_len, training_flops_per_token(c, o_.seq_len));
+        const long long trainable = model_->tensor_elements(GroupKind::trainable);
+        const long long fixed = model_->tensor_elements(GroupKind::frozen);
+        std::printf("parameters: %lld trainable (%.2f%%), %lld frozen (%.2f%%)\n", trainable,
+                    100.0 * double(trainable) / double(trainable + fixed), fixed,
+                    100.0 * double(fixed) / double(trainable + fixed));
+        if (plan_.info->stages) {
+            const std::vector<int>& stages = plan_.stage_bounds;
+            std::printf("pipeline: %d stages (balanced by %s):", world_.size(), o_.balance.c_str());
+            for (size_t s = 0; s + 1 < stages.size(); ++s) std::printf(" [units %d-%d]", stages[s], stages[s + 1] - 1);
+            std::printf("; %d micro-batch(es) in flight, theoretical bubble (p-1)/(m+p-1) = %.1f%%\n", o_.microbatches,
+                        100.0 * pipeline_bubble(world_.size(), o_.microbatches));
+        }
+    }
+
+    void train_steps() {
+        const double flops_per_token = training_flops_per_token(config_, o_.seq_len);
+        const double peak = device_peak_flops() * world_.size();
+        start_ = std::chrono::steady_clock::now();
+        for (long long step = start_step_; step < end_step_; ++step) {
+            const auto t0 = std::chrono::steady_clock::now();
+            std::vector<DataLoader::MicroBatch> micro;
+            for (int j = 0; j < accumulation_; ++j)
+                micro.push_back(loader_->micro_batch(step, j, geometry_, plan_.data_rank));
+            const double lr = learning_rate(lr_, step);
+            const StepResult r = trainer_->step(micro, lr, step + 1, o_.clip, adamw_);
+            const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+            if (step == start_step_) first_loss_ = r.loss;
+            last_loss_ = r.loss;
+            log_step(step, r, lr, ms, flops_per_token, peak);
+            if (val_loader_ && o_.eval_interval > 0 && ((step + 1) % o_.eval_interval == 0 || step + 1 == o_.steps)) {
+                const double val = evaluate();
+                std::printf("          validation loss %.7f\n", val);
+                if (metrics_) std::fprintf(metrics_, "{\"step\": %lld, \"val_loss\": %.17g}\n", step + 1, val);
+            }
+            if (metrics_) std::fflush(metrics_);
+            if ((o_.checkpoint_interval > 0 && (step + 1) % o_.checkpoint_interval == 0) || step + 1 == end_step_) {
+                const std::string dir = checkpoint_path(o_.out_dir, step + 1);
+                save_checkpoint(dir, *strategy_, *optimizer_, trainer_state(step + 1), tokenizer_.get());
+                std::printf("          checkpoint %s\n", dir.c_str());
+            }
+            std::fflush(stdout);
+        }
+        if (metrics_) std::fclose(metrics_), metrics_ = nullptr;
+    }
+
+    // The step line and its metrics.jsonl record.
+    void log_step(long long step, const StepResult& r, double lr, double ms, double flops_per_token, double peak) {
+        const double tokens_per_s = double(o_.batch) * o_.seq_len / (ms * 1e-3);
+        const MemoryStats mem = memory_stats();
+        char mfu[32] = "";
+        if (peak > 0) std::snprintf(mfu, sizeof mfu, " | MFU %5.1f%%", 100.0 * tokens_per_s * flops_per_token / peak);
+        std::printf("step %5lld/%lld | loss %.7f | lr %.3e | grad norm %.4f | %8.0f tok/s | %7.1f ms%s | device memory "
+                    "%.1f MiB (peak %.1f MiB)\n",
+                    step + 1, o_.steps, r.loss, lr, r.grad_norm, tokens_per_s, ms, mfu, mib(mem.device_current),
+                    mib(mem.device_peak));
+        if (metrics_)
+            std::fprintf(metrics_,
+                         "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, \"tokens_per_s\": %.6g, "
+                         "\"ms\": %.6g, \"device_bytes\": %zu, \"device_peak_bytes\": %zu}\n",
+                         step + 1, r.loss, lr, r.grad_norm, tokens_per_s, ms, mem.device_current, mem.device_peak);
+    }
+
+    // The mean loss over --eval-batches micro-batches of the validation data.
+    double evaluate() {
+        double sum = 0, counted = 0;
+        const BatchGeometry eval_geometry{o_.micro_batch, o_.micro_batch, 1, 1};
+        for (int i = 0; i < o_.eval_batches; ++i) {
+            const auto b = val_loader_->micro_batch(i, 0, eval_geometry, 0);
+            sum += trainer_->forward_loss(b);
+            for (int t : b.targets) counted += t != kIgnoreIndex;
+        }
+        return sum / counted;
+    }
+
+    TrainerState trainer_state(long long steps_done) const {
+        TrainerState s;
+        s.step = steps_done;
+        s.samples = steps_done * o_.batch;
+        s.seed = o_.seed;
+        s.dtype = o_.dtype;
+        s.data_source = source_;
+        s.train_tokens = train_tokens_;
+        s.data_fingerprint = fingerprint_;
+        s.options = requested_;  // as the user gave them (an automatic micro-batch stays automatic)
+        s.options.resume.clear();
+        s.options.stop_after = 0;
+        return s;
+    }
+
+    // The summary line, and the sample continuing --prompt when the run is complete.
+    void finish() {
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+        std::printf("trained steps %lld..%lld in %.1f s (%.0f tokens/s): loss %.4f -> %.4f\n", start_step_ + 1, end_step_,
+                    seconds, double(end_step_ - start_step_) * o_.batch * o_.seq_len / seconds, first_loss_, last_loss_);
+        if (end_step_ < o_.steps)
+            std::printf("stopped after %lld steps; continue with: train --resume %s\n", end_step_ - start_step_,
+                        o_.out_dir.c_str());
+        if (o_.sample_tokens == 0 || end_step_ != o_.steps) return;
+        if (!strategy_->holds_whole_model()) {  // one rank alone has not got the parameters
+            std::printf("\nsample: %s keeps only part of the parameters on each rank; sample from the checkpoint with: "
+                        "train sample %s\n",
+                        strategy_->name(), checkpoint_path(o_.out_dir, end_step_).c_str());
+        } else if (writer() && tokenizer_) {
+            std::printf("\nsample (temperature %.2f, top-p %.2f):\n%s", o_.temperature, o_.top_p, o_.prompt.c_str());
+            std::fflush(stdout);
+            generate(*model_, *tokenizer_, GenerateOptions{o_.prompt, o_.sample_tokens, o_.temperature, o_.top_p, o_.seed},
+                     [](const std::string& piece) { std::fputs(piece.c_str(), stdout), std::fflush(stdout); });
+            std::printf("\n");
+        }
+    }
+
+    bool writer() const { return world_.rank() == 0; }
+
+    const TrainOptions o_, requested_;
+    const LlamaConfig config_;
+    const std::string resume_dir_;
+    World& world_;
+    const StrategyPlan plan_;
+    const int accumulation_;
+    const BatchGeometry geometry_;
+    const LrConfig lr_;
+    const AdamWSettings adamw_;
+    const std::string source_;
+    std::unique_ptr<Tokenizer> tokenizer_;
+    uint64_t fingerprint_ = 0xcbf29ce484222325ull;
+    long long train_tokens_ = 0;
+    std::optional<DataLoader> loader_, val_loader_;
+    std::unique_ptr<Llama<T>> model_;
+    std::unique_ptr<Strategy<T, G>> strategy_;
+    std::unique_ptr<AdamWState<T>> optimizer_;
+    std::unique_ptr<Trainer<T, G>> trainer_;
+    long long start_step_ = 0, end_step_ = 0;
+    FILE* metrics_ = nullptr;
+    std::chrono::steady_clock::time_point start_;
+    double first_loss_ = NAN, last_loss_ = NAN;
+};
+
+}  // namespace
+
+template <class T, class G>
+int run_training(const TrainOptions& o, const TrainOptions& requested, RunData data, const LlamaConfig& config,
+                 const std::string& resume_dir, World& world) {
+    return TrainingRun<T, G>(o, requested, std::move(data), config, resume_dir, world).run();
+}
+
+template int run_training<__nv_bfloat16, __nv_bfloat16>(const TrainOptions&, const TrainOptions&, RunData,
+                                                        const LlamaConfig&, const std::string&, World&);
+template int run_training<__nv_bfloat16, float>(const TrainOptions&, const TrainOptions&, RunData, const LlamaConfig&,
+                                                const std::string&, World&);
+template int run_training<float, float>(const TrainOptions&, const TrainOptions&, RunData, const LlamaConfig&,
+                                        const std::string&, World&);
+template int run_training<double, double>(const TrainOptions&, const TrainOptions&, RunData, const LlamaConfig&,
+                                          const std::string&, World&);
+
+}  // namespace pv
