@@ -3,10 +3,11 @@
 // seed print the same losses bit for bit; a run interrupted and resumed from its checkpoint ends
 // bit-identical to one that was not; `train sample` and `train prepare` work from their files;
 // a model trained on the built-in corpus beats the corpus's unigram entropy; bad input fails with
-// a message naming the fix.
+// a message naming the fix; --freeze keeps the tensors it names bit-identical on every strategy.
 #include <catch2/catch.hpp>
 
 #include "data/tokenizer.h"
+#include "model/safetensors.h"
 #include "test/temp_dir.h"
 
 #include <sys/wait.h>
@@ -19,8 +20,10 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace train_test {
@@ -452,6 +455,246 @@ TEST_CASE("train: a checkpoint saved by zero3 at 4 ranks resumes with ddp at 2, 
         REQUIRE(resumed.size() == 8);
         for (const auto& [step, loss] : straight) {
             INFO(first.second << " x" << first.first << " -> " << second.second << " x" << second.first << ", step " << step);
+            CHECK(std::abs(resumed.at(step) - loss) <= 1e-10 * std::abs(loss));
+        }
+    }
+}
+
+namespace train_test {
+
+// --freeze's tests: the embedding (tied to lm_head in the default model) and every block's
+// input_layernorm stay fixed.
+const std::string kFreeze = "model.embed_tokens.*,*.input_layernorm.*";
+
+// What kFreeze must freeze, by Hugging Face name, spelled out here rather than asked of
+// model/freeze.h.
+bool frozen_by_kfreeze(const std::string& hf_name) {
+    static const std::regex frozen(R"(model\.embed_tokens\.weight|lm_head\.weight|model\.layers\.[0-9]+\.input_layernorm\.weight)");
+    return std::regex_match(hf_name, frozen);
+}
+
+// `flags` with the value of `flag` replaced by `value` (train rejects a flag given twice).
+std::string with_flag(const std::string& flags, const std::string& flag, const std::string& value) {
+    const std::regex r("(^| )" + flag + " [^ ]+");
+    REQUIRE(std::regex_search(flags, r));
+    return std::regex_replace(flags, r, "$1" + flag + " " + value);
+}
+
+// Every tensor of a .safetensors file by name.
+std::map<std::string, pv::SafeTensor> tensors_of(const fs::path& p) {
+    std::map<std::string, pv::SafeTensor> out;
+    for (pv::SafeTensor& t : pv::read_safetensors(p.string()).tensors) out[t.name] = std::move(t);
+    return out;
+}
+
+std::set<std::string> names_of(const fs::path& p) {
+    std::set<std::string> out;
+    for (const auto& [name, t] : tensors_of(p)) out.insert(name);
+    return out;
+}
+
+// A number in a checkpoint's config.json.
+long long config_number(const std::string& config_json, const std::string& key) {
+    std::smatch m;
+    REQUIRE(std::regex_search(config_json, m, std::regex("\"" + key + "\": ([0-9]+)")));
+    return std::stoll(m[1]);
+}
+
+// The line `train` prints for `trainable` and `frozen` parameters.
+std::string parameters_line(long long trainable, long long frozen) {
+    char line[200];
+    std::snprintf(line, sizeof line, "parameters: %lld trainable (%.2f%%), %lld frozen (%.2f%%)", trainable,
+                  100.0 * double(trainable) / double(trainable + frozen), frozen,
+                  100.0 * double(frozen) / double(trainable + frozen));
+    return line;
+}
+
+// Checks a checkpoint of a kFreeze run against `initial` (the model of the same seed before any
+// step): the frozen tensors are byte-identical to it, the trainable ones changed (when
+// `trained`), and the fp32 master (bf16 runs) and Adam's moments hold exactly the trainable tensors. Returns
+// the number of frozen tensors seen.
+int check_frozen_checkpoint(const fs::path& checkpoint, const std::map<std::string, pv::SafeTensor>& initial,
+                            bool trained = true) {
+    INFO("checkpoint " << checkpoint);
+    const auto model = tensors_of(checkpoint / "model.safetensors");
+    REQUIRE(model.size() == initial.size());
+    std::set<std::string> trainable;
+    int frozen = 0;
+    for (const auto& [name, t] : model) {
+        INFO(name);
+        REQUIRE(initial.count(name));
+        const pv::SafeTensor& before = initial.at(name);
+        REQUIRE(t.dtype == before.dtype);
+        REQUIRE(t.shape == before.shape);
+        if (frozen_by_kfreeze(name)) {
+            ++frozen;
+            CHECK(t.data == before.data);
+        } else {
+            trainable.insert(name);
+            if (trained) CHECK(t.data != before.data);
+        }
+    }
+    // bf16 runs keep an fp32 master; fp32 and fp64 runs have none (model/checkpoint.h).
+    const bool bf16 = model.begin()->second.dtype == "BF16";
+    REQUIRE(fs::exists(checkpoint / "master.safetensors") == bf16);
+    for (const char* f : {"master.safetensors", "adam_m.safetensors", "adam_v.safetensors"}) {
+        INFO(f);
+        if (bf16 || f != std::string("master.safetensors")) CHECK(names_of(checkpoint / f) == trainable);
+    }
+    return frozen;
+}
+
+}  // namespace train_test
+
+// The embedding (tied: lm_head too) and the input norms stay bit-identical through training while
+// everything else trains, and have no master or optimizer state. The model before any step comes
+// from a run at learning rate 0 (AdamW's update, weight decay included, is scaled by it, so it
+// changes nothing: its checkpoints after steps 1 and 2 are identical, and so the initial model).
+TEST_CASE("train --freeze: frozen tensors keep their exact bits, have no optimizer state, and are counted",
+          "[train][freeze]") {
+    TempDir dir("train_freeze");
+    const fs::path out = dir.path / "frozen", init = dir.path / "init";
+    const Run r = run_train(kTiny + " --sample-tokens 0 --checkpoint-interval 3 --freeze '" + kFreeze + "' --out-dir " +
+                            out.string());
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    REQUIRE(losses(r.output).size() == 6);
+    REQUIRE(std::stod(losses(r.output).back()) < std::stod(losses(r.output).front()));  // the rest still learns
+    REQUIRE(r.output.find("freeze: model.embed_tokens.weight is tied to lm_head.weight: lm_head is frozen too\n") !=
+            std::string::npos);
+    REQUIRE(read_file(out / "step_6" / "trainer_state.json").find("\"freeze\": \"" + kFreeze + "\"") != std::string::npos);
+
+    // The counts, from the checkpoint's config.json: the embedding is vocab x hidden, each
+    // input_layernorm hidden; the total is every tensor the checkpoint holds.
+    const std::string config = read_file(out / "step_6" / "config.json");
+    REQUIRE(config.find("\"tie_word_embeddings\": true") != std::string::npos);
+    const long long vocab = config_number(config, "vocab_size"), hidden = config_number(config, "hidden_size"),
+                    layers = config_number(config, "num_hidden_layers");
+    const auto final_model = tensors_of(out / "step_6" / "model.safetensors");
+    REQUIRE(final_model.count("lm_head.weight") == 0);  // tied: stored once, as the embedding
+    long long total = 0;
+    for (const auto& [name, t] : final_model) {
+        long long n = 1;
+        for (int64_t d : t.shape) n *= d;
+        total += n;
+    }
+    const long long frozen = vocab * hidden + layers * hidden;
+    REQUIRE(r.output.find(": " + std::to_string(total) + " parameters,") != std::string::npos);
+    REQUIRE(r.output.find(parameters_line(total - frozen, frozen) + "\n") != std::string::npos);
+
+    const Run zero = run_train(with_flag(with_flag(kTiny, "--lr", "0"), "--steps", "2") +
+                               " --sample-tokens 0 --checkpoint-interval 1 --out-dir " + init.string());
+    INFO(zero.output);
+    REQUIRE(zero.status == 0);
+    REQUIRE(read_file(init / "step_1" / "model.safetensors") == read_file(init / "step_2" / "model.safetensors"));
+    REQUIRE(losses(zero.output).at(0) == losses(r.output).at(0));  // the same model saw the same first batch
+    const auto initial = tensors_of(init / "step_1" / "model.safetensors");
+    CHECK(check_frozen_checkpoint(out / "step_3", initial) == 1 + layers);
+    CHECK(check_frozen_checkpoint(out / "step_6", initial) == 1 + layers);
+}
+
+TEST_CASE("train --freeze: a pattern matching nothing, part of a fused tensor, everything, or a change on resume is "
+          "refused",
+          "[train][freeze]") {
+    TempDir dir("train_freeze_bad");
+    const std::string run = kTiny + " --sample-tokens 0 --out-dir " + dir.file("refused") + " --freeze ";
+    const Run none = run_train(run + "'model.embed_tokens.*,model.layers.9.*'");
+    INFO(none.output);
+    REQUIRE(none.status != 0);
+    REQUIRE(losses(none.output).empty());
+    REQUIRE(none.output.find("--freeze: the pattern 'model.layers.9.*' matches no tensor of this model") != std::string::npos);
+    REQUIRE(none.output.find("check its spelling") != std::string::npos);
+    const Run part = run_train(run + "'*.k_proj.weight'");
+    INFO(part.output);
+    REQUIRE(part.status != 0);
+    REQUIRE(part.output.find("model.layers.0.self_attn.k_proj.weight") != std::string::npos);
+    REQUIRE(part.output.find("freeze all of them or none") != std::string::npos);
+    const Run all = run_train(run + "'*'");
+    INFO(all.output);
+    REQUIRE(all.status != 0);
+    REQUIRE(all.output.find("--freeze freezes every tensor of the model: nothing would train") != std::string::npos);
+
+    // --freeze is part of the checkpoint's model: changing it, dropping it or adding it on resume is refused;
+    // giving the same patterns again is not a change.
+    const std::string two = with_flag(kTiny, "--steps", "2") + " --sample-tokens 0";
+    const std::string frozen = dir.file("frozen"), plain = dir.file("plain");
+    REQUIRE(run_train(two + " --freeze '" + kFreeze + "' --out-dir " + frozen).status == 0);
+    REQUIRE(run_train(two + " --out-dir " + plain).status == 0);
+    for (const auto& [checkpoint, flag, change] : std::vector<std::tuple<std::string, std::string, std::string>>{
+             {frozen, "--freeze 'model.norm.weight'", "freeze: \"" + kFreeze + "\" -> \"model.norm.weight\""},
+             {frozen, "--freeze ''", "freeze: \"" + kFreeze + "\" -> \"\""},
+             {plain, "--freeze '" + kFreeze + "'", "freeze: \"\" -> \"" + kFreeze + "\""}}) {
+        const Run changed = run_train("--resume " + checkpoint + " --steps 3 " + flag);
+        INFO(changed.output);
+        REQUIRE(changed.status != 0);
+        REQUIRE(changed.output.find("cannot change " + change + " when resuming") != std::string::npos);
+        REQUIRE(changed.output.find("start a new run instead") != std::string::npos);
+    }
+    const Run same = run_train("--resume " + frozen + " --steps 3 --freeze '" + kFreeze + "'");
+    INFO(same.output);
+    REQUIRE(same.status == 0);
+    REQUIRE(same.output.find("resumed from") != std::string::npos);
+    REQUIRE(losses(same.output).size() == 1);
+}
+
+// Frozen tensors under the strategies: with accumulation 1 the sharded zero3 and the replicated
+// ddp compute the same sums (bit-identical losses and checkpoints, as for unfrozen runs); a frozen
+// checkpoint saved by a 2-rank pipeline resumes with zero2 at 2 ranks and with single at 1 rank,
+// keeps the frozen tensors' bits and continues the run (fp64: to 1e-10 of one that never stopped).
+TEST_CASE("train --freeze under mpirun: zero3 and ddp agree; a frozen mp checkpoint resumes with zero2 and single",
+          "[train][freeze][mpi]") {
+    TempDir dir("train_freeze_mpi");
+    const std::string train = (build_dir() / "train").string(), freeze = "--freeze '" + kFreeze + "' ";
+    const std::string run = train + " " + kTiny + " --sample-tokens 0 " + freeze;
+    const Run ddp = run_mpi(2, run + "--parallel ddp --out-dir " + dir.file("ddp"));
+    const Run zero3 = run_mpi(2, run + "--parallel zero3 --out-dir " + dir.file("zero3"));
+    INFO(ddp.output << "\n----\n" << zero3.output);
+    REQUIRE(ddp.status == 0);
+    REQUIRE(zero3.status == 0);
+    REQUIRE(zero3.output.find("x 2 rank(s), strategy zero3") != std::string::npos);
+    REQUIRE(zero3.output.find(" frozen (") != std::string::npos);
+    REQUIRE(losses(ddp.output).size() == 6);
+    REQUIRE(losses(zero3.output) == losses(ddp.output));
+    for (const char* f : {"model.safetensors", "master.safetensors", "adam_m.safetensors", "adam_v.safetensors"}) {
+        INFO(f);
+        REQUIRE(read_file(fs::path(dir.file("ddp")) / "step_6" / f) == read_file(fs::path(dir.file("zero3")) / "step_6" / f));
+    }
+
+    const std::string fp64 = " --dtype fp64 --batch 4 --seq-len 16 --vocab 300 --eval-interval 0 --sample-tokens 0 ";
+    const Run zero = run_train(fp64 + "--steps 1 --warmup 1 --lr 0 --out-dir " + dir.file("init"));  // the initial model
+    INFO(zero.output);
+    REQUIRE(zero.status == 0);
+    const auto initial = tensors_of(fs::path(dir.file("init")) / "step_1" / "model.safetensors");
+    const std::string frozen_run = fp64 + "--steps 6 --warmup 2 --lr 3e-3 " + freeze;
+    const Run s = run_train(frozen_run + "--out-dir " + dir.file("straight"));
+    INFO(s.output);
+    REQUIRE(s.status == 0);
+    const auto straight = metric_losses(fs::path(dir.file("straight")) / "metrics.jsonl");
+    REQUIRE(straight.size() == 6);
+    std::smatch counts;
+    REQUIRE(std::regex_search(s.output, counts, std::regex("parameters: [^\n]*")));
+    const fs::path mp = dir.file("mp2"), single = dir.file("single1");
+    const Run a = run_mpi(2, train + frozen_run + "--parallel mp --microbatches 2 --stop-after 3 --out-dir " + mp.string());
+    INFO(a.output);
+    REQUIRE(a.status == 0);
+    REQUIRE(a.output.find(counts[0].str()) != std::string::npos);
+    check_frozen_checkpoint(mp / "step_3", initial);
+    fs::copy(mp, single, fs::copy_options::recursive);
+    for (const auto& [ranks, strategy, out] : std::vector<std::tuple<int, std::string, fs::path>>{{2, "zero2", mp},
+                                                                                                 {1, "single", single}}) {
+        INFO("mp x2 -> " << strategy << " x" << ranks);
+        // A copied output directory still names the original as its out_dir: name it.
+        const std::string resume = train + " --resume " + out.string() + " --parallel " + strategy + " --out-dir " + out.string();
+        const Run b = ranks > 1 ? run_mpi(ranks, resume) : run_train_command(resume);
+        INFO(b.output);
+        REQUIRE(b.status == 0);
+        REQUIRE(b.output.find("resumed from") != std::string::npos);
+        REQUIRE(b.output.find(counts[0].str()) != std::string::npos);  // still frozen: the checkpoint's --freeze
+        check_frozen_checkpoint(out / "step_6", initial);
+        const auto resumed = metric_losses(out / "metrics.jsonl");
+        REQUIRE(resumed.size() == 6);
+        for (const auto& [step, loss] : straight) {
+            INFO("step " << step);
             CHECK(std::abs(resumed.at(step) - loss) <= 1e-10 * std::abs(loss));
         }
     }
