@@ -17,6 +17,7 @@
 #include "trainer/trainer.h"
 #include "parallel/world.h"
 
+#include <algorithm>
 #include <cmath>
 #include <array>
 #include <map>
@@ -24,6 +25,7 @@
 #include <set>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace parallel_test {
@@ -222,6 +224,41 @@ RunResult reference(pv::World& world, Options opt = {}) {
     return train<T>("single", nullptr, world.size(), opt);
 }
 
+// Frozen tensors of the untied model: the whole head (the last stage of a pipeline then has
+// nothing to train) and one matrix of a block.
+const std::set<std::string> kFrozenUntied = {"final_norm", "lm_head", "layers.0.w_o"};
+
+// Every tensor of the model training starts from (frozen or not, the same values: initialisation
+// is keyed by tensor and element, not by group), whole, as double.
+std::map<std::string, std::vector<double>> initial_tensors(const pv::LlamaConfig& config) {
+    pv::Llama<double> initial(config, pv::whole_model(kMicro, kSeq, 42, pv::Gradients::none));
+    std::map<std::string, std::vector<double>> out;
+    for (const pv::UnitSpec& unit : pv::model_units(config))
+        for (const pv::TensorSpec& t : unit.tensors) out[t.name] = download(initial.tensor(t.name), t.numel());
+    return out;
+}
+
+// After training: every frozen tensor bit-identical to its initial value, every other one moved
+// (parity of untouched weights would prove nothing).
+void check_frozen(const RunResult& r, const std::map<std::string, std::vector<double>>& initial,
+                  const std::set<std::string>& frozen) {
+    CHECK(r.tensors.size() == initial.size());
+    for (const auto& [name, init] : initial) {
+        INFO(name << (frozen.count(name) ? " (frozen)" : " (trainable)"));
+        if (frozen.count(name)) CHECK(r.tensors.at(name) == init);
+        else CHECK(relative_norm_error(init, r.tensors.at(name)) > 1e-4);
+    }
+}
+
+// ", frozen a + b + c (psi_frozen N)" (nothing without frozen tensors), for the figures printed
+// for the README.
+std::string frozen_label(const std::set<std::string>& frozen, long long psi_frozen) {
+    if (frozen.empty()) return "";
+    std::string names;
+    for (const std::string& name : frozen) names += (names.empty() ? "" : " + ") + name;
+    return ", frozen " + names + " (psi_frozen " + std::to_string(psi_frozen) + ")";
+}
+
 }  // namespace parallel_test
 
 using namespace parallel_test;
@@ -334,6 +371,83 @@ TEST_CASE("mp trains the model single trains, with 1 and 4 micro-batches in flig
     }
 }
 
+// Frozen tensors (model/parameters.h: a unit's trainable group, then its frozen group) are never
+// reduced or updated, so every strategy trains what single trains and leaves them at their
+// initial values. kFrozen leaves the tied embedding with an empty trainable group: no bucket,
+// reduce-scatter or all-gather for it (ZeRO-3 still gathers its frozen wte for the forward).
+TEST_CASE("ddp and zero1-3 with frozen tensors train the model single trains: fp64 within 1e-10, zero1 "
+          "bit-identical to ddp, frozen tensors untouched", "[parallel][freeze]") {
+    pv::World world(nullptr, nullptr);
+    const Options opt{kAccumulation, 1, true, kFrozen};
+    const RunResult single = reference<double>(world, opt);
+    const RunResult ddp = train<double>("ddp", &world.comm(), world.size(), opt);
+    const RunResult zero1 = train<double>("zero1", &world.comm(), world.size(), opt);
+    const RunResult zero2 = train<double>("zero2", &world.comm(), world.size(), opt);
+    const RunResult zero3 = train<double>("zero3", &world.comm(), world.size(), opt);
+    // The layout kFrozen promises: the embedding has nothing to train, each block a trainable
+    // and a frozen group, the head only a trainable one.
+    REQUIRE(ddp.padded.front() == 0);
+    REQUIRE(ddp.nonempty == std::vector<int>{1, 2, 2, 1});
+    REQUIRE(ddp.psi_frozen > 0);
+    REQUIRE(single.losses.size() == size_t(kSteps));
+    for (int s = 0; s < kSteps; ++s) {
+        INFO("step " << s + 1 << ": single " << single.losses[size_t(s)] << ", ddp " << ddp.losses[size_t(s)]);
+        CHECK(std::abs(ddp.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-10 * std::abs(single.losses[size_t(s)]));
+        CHECK(zero1.losses[size_t(s)] == ddp.losses[size_t(s)]);
+        CHECK(std::abs(zero2.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-10 * std::abs(single.losses[size_t(s)]));
+        CHECK(std::abs(zero3.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-10 * std::abs(single.losses[size_t(s)]));
+    }
+    for (const auto& [name, ref] : single.tensors) {
+        INFO(name);
+        CHECK(relative_norm_error(ddp.tensors.at(name), ref) <= 1e-10);
+        CHECK(zero1.tensors.at(name) == ddp.tensors.at(name));
+        CHECK(relative_norm_error(zero2.tensors.at(name), ref) <= 1e-10);
+        CHECK(relative_norm_error(zero3.tensors.at(name), ref) <= 1e-10);
+    }
+    const auto initial = initial_tensors(awkward_model(world.size()));
+    const std::vector<std::pair<std::string, const RunResult*>> runs = {
+        {"single", &single}, {"ddp", &ddp}, {"zero1", &zero1}, {"zero2", &zero2}, {"zero3", &zero3}};
+    for (const auto& [strategy, r] : runs) {
+        INFO(strategy);
+        check_frozen(*r, initial, kFrozen);
+    }
+}
+
+// (Catch2 v2's console reporter aborts printing a failure under a test case name whose first ": "
+// lies beyond its 79 columns: keep it early in these long names.)
+TEST_CASE("mp with frozen tensors trains the model single trains: 1 and 4 micro-batches in flight, fp64 within "
+          "1e-10, untied (1 in flight) bit-identical, frozen tensors untouched", "[parallel][freeze][mp]") {
+    pv::World world(nullptr, nullptr);
+    const RunResult single = reference<double>(world, Options{kAccumulation, 1, true, kFrozen});
+    const RunResult single_untied = reference<double>(world, Options{kAccumulation, 1, false, kFrozenUntied});
+    const auto initial = initial_tensors(awkward_model(world.size()));
+    const auto initial_untied = initial_tensors(awkward_model(world.size(), false));
+    check_frozen(single, initial, kFrozen);
+    check_frozen(single_untied, initial_untied, kFrozenUntied);
+    for (int m : {1, 4}) {
+        INFO("micro-batches in flight: " << m);
+        const RunResult mp = train<double>("mp", &world.comm(), world.size(), Options{kAccumulation, m, true, kFrozen});
+        for (int s = 0; s < kSteps; ++s) {
+            INFO("step " << s + 1 << ": single " << single.losses[size_t(s)] << ", mp " << mp.losses[size_t(s)]);
+            CHECK(std::abs(mp.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-10 * std::abs(single.losses[size_t(s)]));
+        }
+        for (const auto& [name, ref] : single.tensors) {
+            INFO(name);
+            CHECK(relative_norm_error(mp.tensors.at(name), ref) <= 1e-10);
+        }
+        check_frozen(mp, initial, kFrozen);
+    }
+    // Untied, every stage computes what single computes, in the same order: the same bits (the
+    // last stage, the head, has nothing to train).
+    const RunResult untied = train<double>("mp", &world.comm(), world.size(), Options{kAccumulation, 1, false, kFrozenUntied});
+    CHECK(untied.losses == single_untied.losses);
+    for (const auto& [name, ref] : single_untied.tensors) {
+        INFO(name);
+        CHECK(untied.tensors.at(name) == ref);
+    }
+    check_frozen(untied, initial_untied, kFrozenUntied);
+}
+
 // GPipe (parallel/mp.h): each group of M micro-batches runs M forwards, then M backwards, on every
 // stage; M = 1 alternates. The order is read from each stage's own transfers.
 TEST_CASE("mp runs the GPipe schedule: M forwards then M backwards per group, on every stage", "[parallel][mp]") {
@@ -356,28 +470,31 @@ double category(const RunResult& r, pv::MemoryCategory c) { return r.peak[size_t
 // Model parallelism per step: the residual stream of every micro-batch forward to the next stage
 // and its gradient back ([kMicro·kSeq][hidden] each), the loss and the per-unit squared norms
 // all-reduced over every rank (no token count: every stage has the whole batch), and with tied
-// embeddings the wte gradient all-reduced between the first and last stages. Memory: each rank
-// holds its stage's units (the last stage also the tied wte) — parameters, gradients and
-// optimizer state of exactly those groups.
+// embeddings the wte gradient all-reduced between the first and last stages — unless wte is
+// frozen (it has no gradient: 2 all-reduces there instead of 3). Memory: each rank holds its
+// stage's units (the last stage also the tied wte): parameters of all their groups, frozen ones
+// included; gradients and optimizer state of their trainable groups only.
 template <class T>
-void check_mp_counts(pv::World& world) {
+void check_mp_counts(pv::World& world, const std::set<std::string>& frozen = {}) {
     using pv::CollectiveKind;
     using C = pv::MemoryCategory;
     const int p = world.size(), r = world.rank(), m = 4;
     const double n = p, t = sizeof(T), a = sizeof(pv::acc_t<T>), master = std::is_same_v<T, __nv_bfloat16> ? 4 : 0;
-    const RunResult mp = train<T>("mp", &world.comm(), world.size(), Options{kAccumulation, m});
+    const RunResult mp = train<T>("mp", &world.comm(), world.size(), Options{kAccumulation, m, true, frozen});
     const double micro = kAccumulation * p, stream = double(kMicro) * kSeq * awkward_model(p).hidden_size;
     const int first = mp.stages[size_t(r)], end = mp.stages[size_t(r) + 1];
     const bool tied_copy = r == p - 1 && p > 1;  // awkward_model is tied
-    double held = 0;
-    for (int u = first; u < end; ++u) held += double(mp.padded[size_t(u)]);
-    if (tied_copy) held += double(mp.padded[0]);
+    double held = 0, held_all = 0;                // trainable groups; all groups
+    for (int u = first; u < end; ++u) held += double(mp.padded[size_t(u)]), held_all += double(mp.unit_padded[size_t(u)]);
+    if (tied_copy) held += double(mp.padded[0]), held_all += double(mp.unit_padded[0]);
     const double sends = (r + 1 < p ? micro : 0) + (r > 0 ? micro : 0);
-    const double tied_bytes = (r == 0 || r == p - 1) && p > 1 ? 2.0 * (2 - 1) / 2 * double(mp.padded[0]) * t : 0;
+    const bool tied_reduce = (r == 0 || r == p - 1) && p > 1 && mp.padded[0] > 0;  // a frozen wte has no gradient
+    const double tied_bytes = tied_reduce ? 2.0 * (2 - 1) / 2 * double(mp.padded[0]) * t : 0;
+    if (frozen.count("wte")) REQUIRE(!tied_reduce);
     for (int s = 0; s < kSteps; ++s) {
         INFO("step " << s + 1 << ", rank " << r);
         const auto& c = mp.per_step[size_t(s)];
-        CHECK(c.calls[size_t(CollectiveKind::all_reduce)] == 2 + (tied_bytes > 0 ? 1 : 0));
+        CHECK(c.calls[size_t(CollectiveKind::all_reduce)] == 2 + (tied_reduce ? 1 : 0));
         CHECK(c.calls[size_t(CollectiveKind::send)] == sends);
         CHECK(c.calls[size_t(CollectiveKind::recv)] == sends);
         CHECK(c.calls[size_t(CollectiveKind::reduce_scatter)] == 0);
@@ -385,18 +502,20 @@ void check_mp_counts(pv::World& world) {
         CHECK(c.wire_bytes ==
               Approx(2 * (n - 1) / n * (8 + 8.0 * mp.units) + sends * stream * t + tied_bytes).epsilon(1e-12));
     }
-    CHECK(category(mp, C::parameters) == held * t);
+    CHECK(category(mp, C::parameters) == held_all * t);
     CHECK(category(mp, C::gradients) == held * t);
     CHECK(category(mp, C::optimizer_state) == held * (master + 2 * a));
     CHECK(category(mp, C::comm_buffers) == 0);
     // The stages together hold the model once, plus the tied copy.
-    pv::DeviceBuffer<double> sum(1, C::workspace);
-    double total = 0;
-    CUDA_CHECK(cudaMemcpy(sum.get(), &held, sizeof(double), cudaMemcpyHostToDevice));
-    world.comm().all_reduce(sum.get(), sum.get(), 1);
+    pv::DeviceBuffer<double> sum(2, C::workspace);
+    const double mine_held[2] = {held, held_all};
+    double total[2] = {0, 0};
+    CUDA_CHECK(cudaMemcpy(sum.get(), mine_held, sizeof mine_held, cudaMemcpyHostToDevice));
+    world.comm().all_reduce(sum.get(), sum.get(), 2);
     CUDA_CHECK(cudaStreamSynchronize(world.comm().stream()));
-    CUDA_CHECK(cudaMemcpy(&total, sum.get(), sizeof(double), cudaMemcpyDeviceToHost));
-    CHECK(total == double(mp.psi) + (p > 1 ? double(mp.padded[0]) : 0));
+    CUDA_CHECK(cudaMemcpy(total, sum.get(), sizeof total, cudaMemcpyDeviceToHost));
+    CHECK(total[0] == double(mp.psi) + (p > 1 ? double(mp.padded[0]) : 0));
+    CHECK(total[1] == double(mp.psi + mp.psi_frozen) + (p > 1 ? double(mp.unit_padded[0]) : 0));
     // Every stage's figures, gathered to rank 0 for the README's table.
     const double memory = category(mp, C::parameters) + category(mp, C::gradients) + category(mp, C::optimizer_state);
     const auto& calls = mp.per_step[0].calls;
@@ -411,7 +530,8 @@ void check_mp_counts(pv::World& world) {
     std::vector<double> all(mine.size() * size_t(p));
     CUDA_CHECK(cudaMemcpy(all.data(), figures.get(), all.size() * sizeof(double), cudaMemcpyDeviceToHost));
     if (r == 0) {
-        std::printf("counts, mp, N = %d, %s, psi %lld, per rank: ", p, std::is_same_v<T, double> ? "fp64" : "bf16", mp.psi);
+        std::printf("counts, mp, N = %d, %s%s, psi %lld, per rank: ", p, std::is_same_v<T, double> ? "fp64" : "bf16",
+                    frozen_label(frozen, mp.psi_frozen).c_str(), mp.psi);
         for (int k = 0; k < p; ++k) {
             const double* f = all.data() + size_t(k) * mine.size();
             std::printf("%srank %d units %.0f-%.0f: %.0f send + %.0f recv + %.0f all-reduce, %.0f bytes sent, memory "
@@ -423,105 +543,128 @@ void check_mp_counts(pv::World& world) {
 }
 
 // Every collective of a step, as designed: DDP all-reduces the token count (int64), one bucket
-// per unit, the loss and the squared norm (doubles); ZeRO-1 reduce-scatters and all-gathers
-// each unit instead of the buckets. Bytes per rank by the ring formulas (parallel/comm.h) with
-// the padded Ψ; memory per category from the allocator's accounting against DESIGN.md §4:
+// per unit with a non-empty trainable group, the loss and the squared norm (doubles, one per
+// unit); ZeRO-1 reduce-scatters and all-gathers each such unit instead of the buckets. Frozen
+// groups are never communicated, except that ZeRO-3 shards them and gathers each non-empty group
+// of a unit (one all-gather per group) wherever it gathers the unit. Bytes per rank by the ring
+// formulas (parallel/comm.h) with the padded Ψ (trainable groups) and Ψall (all groups); memory
+// per category from the allocator's accounting against DESIGN.md §4: parameters Ψall (ZeRO-3:
+// Ψall/N), gradients and optimizer state from Ψ only. Without frozen tensors Ψall = Ψ, and
 // parameters + gradients + optimizer state = 16Ψ (DDP) and 4Ψ + 12Ψ/N (ZeRO-1) bytes for bf16,
 // 32Ψ and 16Ψ + 16Ψ/N for fp64; nothing else but activations and workspace.
 template <class T>
-void check_counts(pv::World& world) {
+void check_counts(pv::World& world, const std::set<std::string>& frozen = {}) {
     using pv::CollectiveKind;
     const double n = world.size(), t = sizeof(T), a = sizeof(pv::acc_t<T>);
     const double master = std::is_same_v<T, __nv_bfloat16> ? 4 : 0;
-    const RunResult ddp = train<T>("ddp", &world.comm(), world.size());
-    const RunResult zero1 = train<T>("zero1", &world.comm(), world.size());
-    const RunResult zero2 = train<T>("zero2", &world.comm(), world.size());
-    const RunResult zero3 = train<T>("zero3", &world.comm(), world.size());
+    const Options opt{kAccumulation, 1, true, frozen};
+    const RunResult ddp = train<T>("ddp", &world.comm(), world.size(), opt);
+    const RunResult zero1 = train<T>("zero1", &world.comm(), world.size(), opt);
+    const RunResult zero2 = train<T>("zero2", &world.comm(), world.size(), opt);
+    const RunResult zero3 = train<T>("zero3", &world.comm(), world.size(), opt);
     // The count and the loss (one number each), the squared norm (one per unit).
-    const double psi = double(ddp.psi), scalars = 8 + 8 + 8.0 * ddp.units;
+    const double psi = double(ddp.psi), psi_all = double(ddp.psi + ddp.psi_frozen), scalars = 8 + 8 + 8.0 * ddp.units;
     const double A = kAccumulation;
-    REQUIRE(zero1.psi == ddp.psi);
+    for (const RunResult* r : {&zero1, &zero2, &zero3}) {
+        REQUIRE(r->padded == ddp.padded);
+        REQUIRE(r->unit_padded == ddp.unit_padded);
+    }
     REQUIRE(ddp.psi % (world.size() * 64LL) == 0);
+    REQUIRE(frozen.empty() == (ddp.psi_frozen == 0));
+    // Units with anything to train (the others have no bucket, reduce-scatter or all-gather), and
+    // ZeRO-3's all-gathers per micro-step: every unit's non-empty groups for the forward, the
+    // blocks' again for the backward (the head's are still there, the embedding needs none).
+    long long trained = 0, gathers = 0;
+    for (int u = 0; u < ddp.units; ++u) {
+        trained += ddp.padded[size_t(u)] > 0;
+        gathers += ddp.nonempty[size_t(u)] + (u >= 1 && u <= ddp.units - 2 ? ddp.nonempty[size_t(u)] : 0);
+    }
+    if (frozen.empty()) REQUIRE((trained == ddp.units && gathers == 2 * ddp.units - 2));
+    const double all_first = double(zero3.unit_padded.front()), all_last = double(zero3.unit_padded.back());
     for (int s = 0; s < kSteps; ++s) {
         INFO("step " << s + 1);
         const auto& d = ddp.per_step[size_t(s)];
-        CHECK(d.calls[size_t(CollectiveKind::all_reduce)] == ddp.units + 3);
+        CHECK(d.calls[size_t(CollectiveKind::all_reduce)] == trained + 3);
         CHECK(d.calls[size_t(CollectiveKind::reduce_scatter)] == 0);
         CHECK(d.calls[size_t(CollectiveKind::all_gather)] == 0);
         CHECK(d.wire_bytes == Approx(2 * (n - 1) / n * (psi * t + scalars)).epsilon(1e-12));
         const auto& z = zero1.per_step[size_t(s)];
         CHECK(z.calls[size_t(CollectiveKind::all_reduce)] == 3);
-        CHECK(z.calls[size_t(CollectiveKind::reduce_scatter)] == zero1.units);
-        CHECK(z.calls[size_t(CollectiveKind::all_gather)] == zero1.units);
+        CHECK(z.calls[size_t(CollectiveKind::reduce_scatter)] == trained);
+        CHECK(z.calls[size_t(CollectiveKind::all_gather)] == trained);
         CHECK(z.wire_bytes == Approx(2 * (n - 1) / n * scalars + 2 * (n - 1) / n * psi * t).epsilon(1e-12));
         const auto& z2 = zero2.per_step[size_t(s)];
         CHECK(z2.calls[size_t(CollectiveKind::all_reduce)] == 3);
-        CHECK(z2.calls[size_t(CollectiveKind::reduce_scatter)] == kAccumulation * zero2.units);
-        CHECK(z2.calls[size_t(CollectiveKind::all_gather)] == zero2.units);
+        CHECK(z2.calls[size_t(CollectiveKind::reduce_scatter)] == kAccumulation * trained);
+        CHECK(z2.calls[size_t(CollectiveKind::all_gather)] == trained);
         CHECK(z2.wire_bytes == Approx(2 * (n - 1) / n * scalars + (A + 1) * (n - 1) / n * psi * t).epsilon(1e-12));
-        // ZeRO-3 per micro-step: every unit gathered for its forward, the blocks again for their
-        // backward (the head's are still there, the embedding needs none), every unit
-        // reduce-scattered.
+        // ZeRO-3 per micro-step: Ψall gathered for the forward, Ψall − Ψall_first − Ψall_last for
+        // the backward, Ψ reduce-scattered; no all-gather after the update.
         const auto& z3 = zero3.per_step[size_t(s)];
-        const double psi_first = double(zero3.padded.front()), psi_last = double(zero3.padded.back());
         CHECK(z3.calls[size_t(CollectiveKind::all_reduce)] == 3);
-        CHECK(z3.calls[size_t(CollectiveKind::reduce_scatter)] == kAccumulation * zero3.units);
-        CHECK(z3.calls[size_t(CollectiveKind::all_gather)] == kAccumulation * (2 * zero3.units - 2));
-        CHECK(z3.wire_bytes ==
-              Approx(2 * (n - 1) / n * scalars + A * (n - 1) / n * (3 * psi - psi_first - psi_last) * t).epsilon(1e-12));
+        CHECK(z3.calls[size_t(CollectiveKind::reduce_scatter)] == kAccumulation * trained);
+        CHECK(z3.calls[size_t(CollectiveKind::all_gather)] == kAccumulation * gathers);
+        CHECK(z3.wire_bytes == Approx(2 * (n - 1) / n * scalars +
+                                      A * (n - 1) / n * (2 * psi_all - all_first - all_last + psi) * t).epsilon(1e-12));
         // The count is an integer all-reduce and comes first, before any backward's bucket.
         CHECK(ddp.logs[size_t(s)].front().dtype == ncclInt64);
     }
     using C = pv::MemoryCategory;
-    CHECK(category(ddp, C::parameters) == psi * t);
+    CHECK(category(ddp, C::parameters) == psi_all * t);
     CHECK(category(ddp, C::gradients) == psi * t);
     CHECK(category(ddp, C::optimizer_state) == psi * (master + 2 * a));
-    CHECK(category(zero1, C::parameters) == psi * t);
+    CHECK(category(zero1, C::parameters) == psi_all * t);
     CHECK(category(zero1, C::gradients) == psi * t);
     CHECK(category(zero1, C::optimizer_state) == psi / n * (master + 2 * a));
     // ZeRO-2: the reduced slices, plus two rotating buffers of the largest block or head and the
-    // tied embedding's own (DESIGN.md §3).
-    double largest = 0;
-    for (size_t u = 1; u < zero2.padded.size(); ++u) largest = std::max(largest, double(zero2.padded[u]));
+    // tied embedding's own (DESIGN.md §3), trainable groups only.
+    double largest = 0, largest_all = 0;
+    for (size_t u = 1; u < zero2.padded.size(); ++u) {
+        largest = std::max(largest, double(zero2.padded[u]));
+        largest_all = std::max(largest_all, double(zero2.unit_padded[u]));
+    }
     const double rotating = (2 * largest + double(zero2.padded[0])) * t;
-    CHECK(category(zero2, C::parameters) == psi * t);
+    CHECK(category(zero2, C::parameters) == psi_all * t);
     CHECK(category(zero2, C::gradients) == psi / n * t + rotating);
     CHECK(category(zero2, C::optimizer_state) == psi / n * (master + 2 * a));
     CHECK(category(zero2, C::comm_buffers) == 0);
     const double zero2_total =
         category(zero2, C::parameters) + category(zero2, C::gradients) + category(zero2, C::optimizer_state);
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) CHECK(zero2_total == 2 * psi + 14 * psi / n + rotating);
-    else CHECK(zero2_total == 8 * psi + 24 * psi / n + rotating);
-    // ZeRO-3: slices of everything, the same rotating gradient buffers, and as many gather buffers
-    // (two of the largest block or head, the tied embedding's) in communication buffers.
-    CHECK(category(zero3, C::parameters) == psi / n * t);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) CHECK(zero2_total == 2 * psi_all + 14 * psi / n + rotating);
+    else CHECK(zero2_total == 8 * psi_all + 24 * psi / n + rotating);
+    // ZeRO-3: slices of every group, the same rotating gradient buffers, and gather buffers (two
+    // of the largest block or head, the tied embedding's, each of all its groups) in
+    // communication buffers; without frozen tensors the same size as the rotating ones.
+    const double gather_buffers = (2 * largest_all + double(zero3.unit_padded[0])) * t;
+    if (frozen.empty()) REQUIRE(gather_buffers == rotating);
+    CHECK(category(zero3, C::parameters) == psi_all / n * t);
     CHECK(category(zero3, C::gradients) == psi / n * t + rotating);
     CHECK(category(zero3, C::optimizer_state) == psi / n * (master + 2 * a));
-    CHECK(category(zero3, C::comm_buffers) == rotating);
+    CHECK(category(zero3, C::comm_buffers) == gather_buffers);
     const double zero3_total =
         category(zero3, C::parameters) + category(zero3, C::gradients) + category(zero3, C::optimizer_state);
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) CHECK(zero3_total == 16 * psi / n + rotating);
-    else CHECK(zero3_total == 32 * psi / n + rotating);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) CHECK(zero3_total == 2 * psi_all / n + 14 * psi / n + rotating);
+    else CHECK(zero3_total == 8 * psi_all / n + 24 * psi / n + rotating);
     const double ddp_total = category(ddp, C::parameters) + category(ddp, C::gradients) + category(ddp, C::optimizer_state);
     const double zero1_total =
         category(zero1, C::parameters) + category(zero1, C::gradients) + category(zero1, C::optimizer_state);
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-        CHECK(ddp_total == 16 * psi);
-        CHECK(zero1_total == 4 * psi + 12 * psi / n);
+        CHECK(ddp_total == 2 * psi_all + 14 * psi);
+        CHECK(zero1_total == 2 * psi_all + 2 * psi + 12 * psi / n);
     } else {
-        CHECK(ddp_total == 32 * psi);
-        CHECK(zero1_total == 16 * psi + 16 * psi / n);
+        CHECK(ddp_total == 8 * psi_all + 24 * psi);
+        CHECK(zero1_total == 8 * psi_all + 8 * psi + 16 * psi / n);
     }
     CHECK(category(ddp, C::comm_buffers) == 0);
     CHECK(category(zero1, C::comm_buffers) == 0);
     if (world.rank() == 0) {
-        std::printf("counts, N = %d, %s: psi %.0f; per step ddp %lld all-reduce, %.0f bytes; zero1 %lld reduce-scatter + "
+        std::printf("counts, N = %d, %s%s: psi %.0f; per step ddp %lld all-reduce, %.0f bytes; zero1 %lld reduce-scatter + "
                     "%lld all-gather + %lld all-reduce, %.0f bytes; memory per rank (params + grads + optimizer): "
                     "ddp %.0f, zero1 %.0f bytes; zero2 %lld reduce-scatter + %lld all-gather + %lld all-reduce, %.0f "
                     "bytes, memory %.0f (rotating buffers %.0f); zero3 %lld reduce-scatter + %lld all-gather + %lld "
                     "all-reduce, %.0f bytes, memory %.0f (+ gather buffers %.0f)\n",
-                    world.size(), std::is_same_v<T, double> ? "fp64" : "bf16", psi,
-                    ddp.per_step[0].calls[size_t(CollectiveKind::all_reduce)], ddp.per_step[0].wire_bytes,
+                    world.size(), std::is_same_v<T, double> ? "fp64" : "bf16", frozen_label(frozen, ddp.psi_frozen).c_str(),
+                    psi, ddp.per_step[0].calls[size_t(CollectiveKind::all_reduce)], ddp.per_step[0].wire_bytes,
                     zero1.per_step[0].calls[size_t(CollectiveKind::reduce_scatter)],
                     zero1.per_step[0].calls[size_t(CollectiveKind::all_gather)],
                     zero1.per_step[0].calls[size_t(CollectiveKind::all_reduce)], zero1.per_step[0].wire_bytes, ddp_total,
@@ -547,4 +690,18 @@ TEST_CASE("mp: transfers, bytes on the wire and memory per stage are exactly as 
     pv::World world(nullptr, nullptr);
     check_mp_counts<__nv_bfloat16>(world);
     check_mp_counts<double>(world);
+}
+
+TEST_CASE("with frozen tensors: collectives, bytes on the wire and memory per category are exactly as designed",
+          "[parallel][freeze][counting]") {
+    pv::World world(nullptr, nullptr);
+    check_counts<__nv_bfloat16>(world, kFrozen);
+    check_counts<double>(world, kFrozen);
+}
+
+TEST_CASE("mp with frozen tensors: transfers, bytes on the wire and memory per stage are exactly as designed",
+          "[parallel][freeze][counting][mp]") {
+    pv::World world(nullptr, nullptr);
+    check_mp_counts<__nv_bfloat16>(world, kFrozen);
+    check_mp_counts<double>(world, kFrozen);
 }
