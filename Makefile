@@ -7,6 +7,7 @@
 #   make test-full        the suite plus the larger cases kept out of `make test` ([.full])
 #   make bench            build and run the benchmarks
 #   make ptxas-report     registers, shared memory and spills of every kernel for sm_90
+#   make format           clang-format (.clang-format) over every C++/CUDA source
 #   make clean
 #
 # BACKEND=auto|cuda|host. auto picks cuda when `nvidia-smi -L` lists a GPU, else host.
@@ -116,7 +117,7 @@ TEST_RUNS := $(if $(filter address,$(SANITIZE)),\
   $(foreach b,$(TEST_BINS),$(if $(filter $(b),$(ASAN_ONE_SCHEDULE)),random+deferred@$(b),$(b))),$(TEST_BINS))
 BENCH_BINS := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu))
 
-.PHONY: all test test-full test-asan test-tsan tsan-suite bench ptxas-report clean
+.PHONY: all test test-full test-asan test-tsan tsan-suite bench ptxas-report format clean
 .SECONDARY:
 .DEFAULT_GOAL := all
 
@@ -229,6 +230,9 @@ ptxas-report:
 bench: $(BENCH_BINS) $(BUILD)/train
 	@for b in $(BENCH_BINS); do echo "== $$b"; POLEVAULT_HOST_WORKERS=1 OPENBLAS_NUM_THREADS=1 $$b || exit 1; done
 	@echo "== bench/train_throughput.sh"; TRAIN=$(BUILD)/train bench/train_throughput.sh
+
+format:
+	clang-format -i $$(git ls-files '*.cu' '*.cuh' '*.cpp' '*.h')
 
 clean:
 	rm -rf build demo train

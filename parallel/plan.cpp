@@ -51,9 +51,12 @@ void check_strategy(const StrategyOptions& o, int ranks) {
         throw std::invalid_argument("--microbatches " + std::to_string(o.microbatches) + " is for --parallel mp (the "
                                     "pipeline's micro-batches in flight); drop it, or choose --parallel mp");
     if (s.one_rank && ranks > 1) {
-        std::string others;
+        std::vector<std::string> names;
         for (const StrategyInfo& t : kStrategies)
-            if (!t.one_rank) others += (others.empty() ? "" : ", ") + std::string(t.name);
+            if (!t.one_rank) names.push_back(t.name);
+        std::string others;
+        for (size_t i = 0; i < names.size(); ++i)
+            others += (i == 0 ? "" : i + 1 == names.size() ? " or " : ", ") + names[i];
         throw std::invalid_argument("--parallel " + std::string(s.name) + " runs on one rank but mpirun started " +
                                     std::to_string(ranks) + ": choose --parallel " + others);
     }

@@ -13,8 +13,9 @@
 // its own, bound from the head's backward to the embedding's.
 //
 // Per optimizer step with accumulation A that is A reduce-scatters per unit and one all-gather
-// of the parameters: (A + 1)·(N − 1)/N·Ψ elements. Memory (bf16): parameters 2Ψ, slices 2Ψ/N,
-// optimizer state 12Ψ/N, plus the rotating buffers: 2Ψ + 14Ψ/N + 2·2·max unit (+ the embedding).
+// of the parameters: (A + 1)·(N − 1)/N·Ψ elements (Ψ: trainable elements). Memory (bf16):
+// parameters 2Ψall (frozen groups included), slices 2Ψ/N, optimizer state 12Ψ/N, plus the
+// rotating buffers: 2Ψall + 14Ψ/N + 2·2·max unit (+ the embedding).
 //
 // The update and the parameter all-gather are ZeRO-1's. Gradients are reduced in the run's
 // storage type; fp32 gradient accumulation is not supported here (the slices would have to be

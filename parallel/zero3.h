@@ -17,10 +17,12 @@
 //   backward: the head's parameters are still in their buffer from its forward; before unit u
 //             runs, prefetch unit u − 1. The embedding's backward reads no parameters (its
 //             gradient is a scatter of the incoming one), so it is not gathered again.
-// Per micro-step that gathers Ψ in the forward and Ψ − Ψ_embedding − Ψ_head in the backward, and
-// reduce-scatters Ψ (ZeRO-2's gradients): (3Ψ − Ψ_embedding − Ψ_head)·(N − 1)/N elements, times
-// the accumulation A, per optimizer step. Memory (bf16): 16Ψ/N plus the gather buffers and
-// ZeRO-2's rotating gradient buffers.
+// With Ψ the trainable elements and Ψall every group's (frozen ones too), per micro-step that
+// gathers Ψall in the forward and Ψall − Ψall_embedding − Ψall_head in the backward, and
+// reduce-scatters Ψ (ZeRO-2's gradients): (2Ψall − Ψall_embedding − Ψall_head + Ψ)·(N − 1)/N
+// elements, times the accumulation A, per optimizer step; without frozen tensors (3Ψ − Ψ_embedding
+// − Ψ_head)·(N − 1)/N. Memory (bf16): 2Ψall/N + 14Ψ/N (16Ψ/N without frozen tensors) plus the
+// gather buffers and ZeRO-2's rotating gradient buffers.
 #pragma once
 
 #include "parallel/zero2.h"

@@ -4,6 +4,7 @@
 // of its fused tensor; dtype conversion matches an independent round-to-nearest-even reference and
 // a table of known bit patterns; a file written at one shard count loads at another; every error
 // names the file, the tensor and the fix; the directory transaction and latest_checkpoint.
+#include "test/error_of.h"
 #include "test/temp_dir.h"
 #include "model/checkpoint.h"
 
@@ -126,17 +127,7 @@ inline float bf16_reference(float x) {
     return float(r);  // exact: r has at most 8 significant bits
 }
 
-// The error that `call` throws, as text; fails the test if it throws nothing or another type.
-template <typename E, typename F>
-std::string error_of(F&& call) {
-    try {
-        call();
-    } catch (const E& e) {
-        return e.what();
-    }
-    FAIL("no exception of the expected type");
-    return "";
-}
+using pv::test::error_of;  // test/error_of.h
 
 inline void touch(const fs::path& p, const std::string& text = "x") {
     std::ofstream(p) << text;

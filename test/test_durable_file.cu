@@ -2,6 +2,7 @@
 // name and leaves no .tmp, or throws and leaves the old file; every failure (creating the .tmp, a
 // rename, the fsync of a file or of a directory, EINVAL included) is an error naming the path and
 // the OS error. /proc gives a real fsync failure: its files and directories refuse fsync (EINVAL).
+#include "test/error_of.h"
 #include "test/temp_dir.h"
 #include "io/durable_file.h"
 
@@ -19,17 +20,7 @@ namespace fs = std::filesystem;
 
 using pv::test::TempDir;  // test/temp_dir.h
 
-// The error that `call` throws, as text; fails the test if it throws nothing or another type.
-template <typename E, typename F>
-std::string error_of(F&& call) {
-    try {
-        call();
-    } catch (const E& e) {
-        return e.what();
-    }
-    FAIL("no exception of the expected type");
-    return "";
-}
+using pv::test::error_of;  // test/error_of.h
 
 inline std::string slurp(const fs::path& p) {
     std::ifstream in(p, std::ios::binary);
