@@ -66,12 +66,18 @@ Options parse(int argc, char** argv) {
         }
         if (i + 1 >= argc) usage(("missing value after " + a).c_str());
         const std::string v = argv[++i];
-        if (a == "--shape") o.shape = v;
-        else if (a == "--dtype") o.dtype = v;
-        else if (a == "--batch") o.batch = std::atoi(v.c_str());
-        else if (a == "--seq") o.seq = std::atoi(v.c_str());
-        else if (a == "--repeat") o.repeat = std::atoi(v.c_str());
-        else usage(("unknown option " + a).c_str());
+        if (a == "--shape")
+            o.shape = v;
+        else if (a == "--dtype")
+            o.dtype = v;
+        else if (a == "--batch")
+            o.batch = std::atoi(v.c_str());
+        else if (a == "--seq")
+            o.seq = std::atoi(v.c_str());
+        else if (a == "--repeat")
+            o.repeat = std::atoi(v.c_str());
+        else
+            usage(("unknown option " + a).c_str());
     }
     if (o.batch < 1 || o.seq < 1 || o.repeat < 1) usage("--batch, --seq and --repeat must be positive");
     if (o.dtype != "bf16" && o.dtype != "fp32" && o.dtype != "fp64") usage("--dtype must be bf16, fp32 or fp64");
@@ -107,9 +113,12 @@ struct Ceiling {
 
 template <class T>
 Ceiling h100_ceiling() {
-    if constexpr (std::is_same_v<T, double>) return {3.35e12, 67e12};
-    else if constexpr (std::is_same_v<T, float>) return {3.35e12, 495e12};
-    else return {3.35e12, 989e12};
+    if constexpr (std::is_same_v<T, double>)
+        return {3.35e12, 67e12};
+    else if constexpr (std::is_same_v<T, float>)
+        return {3.35e12, 495e12};
+    else
+        return {3.35e12, 989e12};
 }
 
 template <class T>
@@ -152,7 +161,9 @@ void run(const pv::LlamaConfig& c, const Options& o) {
     T* dw = random_buffer<T>(C, 6);
     T* dwte = random_buffer<T>((long long)V * C, 7);
     // Device buffers (none in a dry run).
-    auto alloc = [](size_t bytes) { return g_dry_run ? nullptr : pv::device_alloc(bytes, pv::MemoryCategory::workspace); };
+    auto alloc = [](size_t bytes) {
+        return g_dry_run ? nullptr : pv::device_alloc(bytes, pv::MemoryCategory::workspace);
+    };
     A* rstd = static_cast<A*>(alloc(size_t(N) * sizeof(A)));
     void* norm_scratch = alloc(pv::rmsnorm_backward_scratch_bytes<T>(N, C));
     const int R = o.repeat;
@@ -178,27 +189,30 @@ void run(const pv::LlamaConfig& c, const Options& o) {
     const auto freqs = pv::rope_inverse_frequencies(c);
     std::vector<A> freqs_acc(freqs.begin(), freqs.end());
     A* inv_freq = static_cast<A*>(alloc(freqs_acc.size() * sizeof(A)));
-    if (inv_freq) CUDA_CHECK(cudaMemcpy(inv_freq, freqs_acc.data(), freqs_acc.size() * sizeof(A), cudaMemcpyHostToDevice));
+    if (inv_freq)
+        CUDA_CHECK(cudaMemcpy(inv_freq, freqs_acc.data(), freqs_acc.size() * sizeof(A), cudaMemcpyHostToDevice));
 
     const double gemm_qkv = 2.0 * N * C * qkv_w;
     report<T>("matmul qkv forward", time_it(R, [&] { pv::matmul_forward(handle, x, wqkv, qkv, N, C, qkv_w, nullptr); }),
               (double(N) * C + double(qkv_w) * C + double(N) * qkv_w) * t, gemm_qkv, on_gpu);
-    report<T>("rope forward (q and k)", time_it(R, [&] {
-                  pv::rope_forward(qkv, inv_freq, N, Tn, H, hd, qkv_w, nullptr);
-                  pv::rope_forward(qkv + q_w, inv_freq, N, Tn, Hkv, hd, qkv_w, nullptr);
-              }),
+    report<T>("rope forward (q and k)",
+              time_it(R,
+                      [&] {
+                          pv::rope_forward(qkv, inv_freq, N, Tn, H, hd, qkv_w, nullptr);
+                          pv::rope_forward(qkv + q_w, inv_freq, N, Tn, Hkv, hd, qkv_w, nullptr);
+                      }),
               2.0 * N * (H + Hkv) * hd * t, 3.0 * N * (H + Hkv) * hd, on_gpu);
     // Causal attention: half of the T x T scores, two matmuls (QKᵀ, PV) forward, five backward.
     const double att_flops = 2.0 * 2.0 * B * H * (double(Tn) * (Tn + 1) / 2) * hd;
-    report<T>("attention forward", time_it(R, [&] { pv::attention_forward(qkv, att, lse, B, Tn, H, Hkv, hd, nullptr); }),
+    report<T>("attention forward",
+              time_it(R, [&] { pv::attention_forward(qkv, att, lse, B, Tn, H, Hkv, hd, nullptr); }),
               (double(N) * qkv_w + double(N) * q_w) * t + double(B) * H * Tn * a, att_flops, on_gpu);
-    report<T>("attention backward", time_it(R, [&] {
-                  pv::attention_backward(qkv, att, datt, lse, dqkv, att_scratch, B, Tn, H, Hkv, hd, nullptr);
-              }),
-              (2.0 * N * qkv_w + 2.0 * N * q_w) * t + double(B) * H * Tn * a, 2.5 * att_flops, on_gpu);
-    report<T>("matmul qkv backward", time_it(R, [&] {
-                  pv::matmul_backward(handle, dqkv, x, wqkv, dx, dwte, N, C, qkv_w, false, nullptr);
-              }),
+    report<T>(
+        "attention backward",
+        time_it(R, [&] { pv::attention_backward(qkv, att, datt, lse, dqkv, att_scratch, B, Tn, H, Hkv, hd, nullptr); }),
+        (2.0 * N * qkv_w + 2.0 * N * q_w) * t + double(B) * H * Tn * a, 2.5 * att_flops, on_gpu);
+    report<T>("matmul qkv backward",
+              time_it(R, [&] { pv::matmul_backward(handle, dqkv, x, wqkv, dx, dwte, N, C, qkv_w, false, nullptr); }),
               (2.0 * N * C + 2.0 * qkv_w * C + double(N) * qkv_w) * t, 2.0 * gemm_qkv, on_gpu);
 
     // MLP: gate/up projection, SwiGLU, down projection.
@@ -210,13 +224,12 @@ void run(const pv::LlamaConfig& c, const Options& o) {
     report<T>("matmul gate_up forward",
               time_it(R, [&] { pv::matmul_forward(handle, x, wgu, gate_up, N, C, 2 * F, nullptr); }),
               (double(N) * C + 2.0 * F * C + 2.0 * N * F) * t, 2.0 * N * C * 2.0 * F, on_gpu);
-    report<T>("swiglu forward", time_it(R, [&] { pv::swiglu_forward(gate_up, act, N, F, nullptr); }),
-              3.0 * N * F * t, 5.0 * N * F, on_gpu);
+    report<T>("swiglu forward", time_it(R, [&] { pv::swiglu_forward(gate_up, act, N, F, nullptr); }), 3.0 * N * F * t,
+              5.0 * N * F, on_gpu);
     report<T>("swiglu backward", time_it(R, [&] { pv::swiglu_backward(gate_up, act, dgate_up, N, F, nullptr); }),
               5.0 * N * F * t, 10.0 * N * F, on_gpu);
-    report<T>("matmul gate_up backward", time_it(R, [&] {
-                  pv::matmul_backward(handle, dgate_up, x, wgu, dx, dwgu, N, C, 2 * F, false, nullptr);
-              }),
+    report<T>("matmul gate_up backward",
+              time_it(R, [&] { pv::matmul_backward(handle, dgate_up, x, wgu, dx, dwgu, N, C, 2 * F, false, nullptr); }),
               (2.0 * N * C + 4.0 * F * C + 2.0 * N * F) * t, 2.0 * 2.0 * N * C * 2.0 * F, on_gpu);
 
     // Head: logits and the fused softmax + cross-entropy.
@@ -224,20 +237,22 @@ void run(const pv::LlamaConfig& c, const Options& o) {
     A* row_loss = static_cast<A*>(alloc(size_t(N) * sizeof(A)));
     A* loss_sum = static_cast<A*>(alloc(sizeof(A)));
     int* count = static_cast<int*>(alloc(sizeof(int)));
-    report<T>("matmul lm_head forward", time_it(R, [&] { pv::matmul_forward(handle, x, wte, logits, N, C, V, nullptr); }),
+    report<T>("matmul lm_head forward",
+              time_it(R, [&] { pv::matmul_forward(handle, x, wte, logits, N, C, V, nullptr); }),
               (double(N) * C + double(V) * C + double(N) * V) * t, 2.0 * N * C * V, on_gpu);
-    report<T>("cross-entropy forward", time_it(R, [&] {
-                  pv::cross_entropy_forward(logits, tokens, row_loss, loss_sum, count, N, V, -100, nullptr);
-              }),
-              double(N) * V * t + N * 4.0 + N * a, 3.0 * N * V, on_gpu);
-    report<T>("cross-entropy backward", time_it(R, [&] {
-                  pv::cross_entropy_backward(logits, tokens, logits, N, V, -100, 1.0 / double(N), nullptr);
-              }),
-              2.0 * double(N) * V * t + N * 4.0, 4.0 * N * V, on_gpu);
+    report<T>(
+        "cross-entropy forward",
+        time_it(R, [&] { pv::cross_entropy_forward(logits, tokens, row_loss, loss_sum, count, N, V, -100, nullptr); }),
+        double(N) * V * t + N * 4.0 + N * a, 3.0 * N * V, on_gpu);
+    report<T>(
+        "cross-entropy backward",
+        time_it(R, [&] { pv::cross_entropy_backward(logits, tokens, logits, N, V, -100, 1.0 / double(N), nullptr); }),
+        2.0 * double(N) * V * t + N * 4.0, 4.0 * N * V, on_gpu);
 
-    for (void* p : std::initializer_list<void*>{tokens, wte, x, y, dx, w, dw, dwte, rstd, norm_scratch, qkv, wqkv, att, datt,
-                                               dqkv, lse, att_scratch, inv_freq, gate_up, act, dgate_up, wgu, dwgu, logits,
-                                               row_loss, loss_sum, count})
+    for (void* p :
+         std::initializer_list<void*>{tokens,       wte, x,        y,   dx,   w,      dw,       dwte,        rstd,
+                                      norm_scratch, qkv, wqkv,     att, datt, dqkv,   lse,      att_scratch, inv_freq,
+                                      gate_up,      act, dgate_up, wgu, dwgu, logits, row_loss, loss_sum,    count})
         pv::memory_free(p);
     CUBLAS_CHECK(cublasDestroy(handle));
 }
@@ -255,8 +270,11 @@ int main(int argc, char** argv) {
         usage(e.what());
     }
     if (o.seq > config->max_seq_len) usage("--seq exceeds the model's max_seq_len");
-    if (o.dtype == "bf16") run<__nv_bfloat16>(*config, o);
-    else if (o.dtype == "fp32") run<float>(*config, o);
-    else run<double>(*config, o);
+    if (o.dtype == "bf16")
+        run<__nv_bfloat16>(*config, o);
+    else if (o.dtype == "fp32")
+        run<float>(*config, o);
+    else
+        run<double>(*config, o);
     return 0;
 }

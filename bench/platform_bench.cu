@@ -56,8 +56,8 @@ void bench_gemm(cublasHandle_t handle, const char* name, cudaDataType type, cubl
     const void* alpha = f64 ? static_cast<const void*>(&alpha64) : static_cast<const void*>(&alpha32);
     const void* beta = f64 ? static_cast<const void*>(&beta64) : static_cast<const void*>(&beta32);
     const double s = time_it(3, [&] {
-        CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, alpha, a, type, n, b, type, n, beta, c, type,
-                                  n, compute, CUBLAS_GEMM_DEFAULT));
+        CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, alpha, a, type, n, b, type, n, beta, c,
+                                  type, n, compute, CUBLAS_GEMM_DEFAULT));
     });
     std::printf("  GEMM %-5s %4d^3            %10.2f GFLOP/s\n", name, n, 2.0 * n * n * n / s * 1e-9);
     for (void* p : {a, b, c}) pv::memory_free(p);

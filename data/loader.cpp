@@ -73,14 +73,15 @@ int accumulation_for(int global_batch, int micro_batch, int world) {
     const long long per_step = 1LL * micro_batch * world;
     if (global_batch % per_step != 0) {
         const long long below = global_batch / per_step * per_step, above = below + per_step;
-        std::string choices = below > 0 ? std::to_string(below) + " or " + std::to_string(above)
-                                        : std::to_string(above);
-        throw std::invalid_argument(
-            "batch " + std::to_string(global_batch) + " is not micro_batch " + std::to_string(micro_batch) +
-            " × accumulation k × ranks " + std::to_string(world) + " for any whole k (micro_batch × ranks = " +
-            std::to_string(per_step) + " does not divide " + std::to_string(global_batch) + "): set --batch to a multiple of " +
-            std::to_string(per_step) + " (e.g. " + choices + "), or a --micro-batch whose product with the rank count divides " +
-            std::to_string(global_batch));
+        std::string choices =
+            below > 0 ? std::to_string(below) + " or " + std::to_string(above) : std::to_string(above);
+        throw std::invalid_argument("batch " + std::to_string(global_batch) + " is not micro_batch " +
+                                    std::to_string(micro_batch) + " × accumulation k × ranks " + std::to_string(world) +
+                                    " for any whole k (micro_batch × ranks = " + std::to_string(per_step) +
+                                    " does not divide " + std::to_string(global_batch) +
+                                    "): set --batch to a multiple of " + std::to_string(per_step) + " (e.g. " +
+                                    choices + "), or a --micro-batch whose product with the rank count divides " +
+                                    std::to_string(global_batch));
     }
     return static_cast<int>(global_batch / per_step);
 }
@@ -137,15 +138,15 @@ void DataLoader::copy_tokens(long long start, long long n, int* out) const {
 
 void DataLoader::window(long long k, int* inputs, int* targets) const {
     if (k < 0 || k >= windows_)
-        throw std::invalid_argument("window " + std::to_string(k) + " is outside [0, " + std::to_string(windows_) + ")");
+        throw std::invalid_argument("window " + std::to_string(k) + " is outside [0, " + std::to_string(windows_) +
+                                    ")");
     std::vector<int> buf(static_cast<size_t>(seq_len_) + 1);
     copy_tokens(k * seq_len_, seq_len_ + 1LL, buf.data());
     std::copy(buf.begin(), buf.end() - 1, inputs);
     std::copy(buf.begin() + 1, buf.end(), targets);
 }
 
-DataLoader::MicroBatch DataLoader::micro_batch(long long step, int micro_step, const BatchGeometry& g,
-                                               int rank) const {
+DataLoader::MicroBatch DataLoader::micro_batch(long long step, int micro_step, const BatchGeometry& g, int rank) const {
     const auto errors = validate(g);
     if (!errors.empty()) {
         std::string all;

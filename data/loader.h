@@ -58,13 +58,13 @@ std::vector<std::string> validate(const BatchGeometry& g);
 int accumulation_for(int global_batch, int micro_batch, int world);
 
 class DataLoader {
-public:
+  public:
     // Throws std::invalid_argument if seq_len < 1, the shards disagree on vocab_size, or the data
     // has fewer than seq_len + 1 tokens.
     DataLoader(std::vector<TokenShard> shards, int seq_len, uint64_t seed);
 
-    long long windows() const { return windows_; }           // W
-    long long total_tokens() const { return total_; }        // N
+    long long windows() const { return windows_; }     // W
+    long long total_tokens() const { return total_; }  // N
     int seq_len() const { return seq_len_; }
     uint64_t seed() const { return seed_; }
     uint32_t vocab_size() const { return vocab_size_; }
@@ -83,7 +83,7 @@ public:
     // Window k ∈ [0, W): its T inputs and T targets.
     void window(long long k, int* inputs, int* targets) const;
 
-private:
+  private:
     void copy_tokens(long long start, long long n, int* out) const;
 
     std::vector<TokenShard> shards_;

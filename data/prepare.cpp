@@ -45,9 +45,7 @@ bool is_json_lines(const std::string& path) {
 
 // The whole file's bytes; throws naming the file when it is missing, a directory or unreadable.
 std::string read_file(const std::string& path) {
-    auto fail = [&](const std::string& what) {
-        return std::runtime_error("input '" + path + "': " + what);
-    };
+    auto fail = [&](const std::string& what) { return std::runtime_error("input '" + path + "': " + what); };
     std::error_code ec;
     if (fs::is_directory(path, ec)) throw fail("is a directory; pass the files in it");
     std::FILE* f = std::fopen(path.c_str(), "rb");
@@ -109,7 +107,8 @@ void check_options(const PrepareOptions& o) {
     if (o.shard_tokens < 1)
         throw std::invalid_argument("prepare: shard_tokens " + std::to_string(o.shard_tokens) +
                                     " is not positive; choose the largest number of tokens per training shard");
-    if (o.text_field.empty()) throw std::invalid_argument("prepare: text_field is empty; name the JSONL field holding the text");
+    if (o.text_field.empty())
+        throw std::invalid_argument("prepare: text_field is empty; name the JSONL field holding the text");
 }
 
 // ceil(fraction · n), with a product within a relative 1e-9 of an integer taken as that integer,
@@ -128,8 +127,8 @@ std::vector<uint32_t> encode_stream(const Tokenizer& tok, const Corpus& corpus) 
     const size_t docs = corpus.docs.size();
     const size_t bytes = corpus.joined.size();
     const size_t min_bytes_per_thread = size_t(1) << 16;  // below this a thread costs more than it saves
-    const size_t threads = std::max<size_t>(
-        1, std::min({size_t(std::max(1u, std::thread::hardware_concurrency())), docs, bytes / min_bytes_per_thread + 1}));
+    const size_t threads = std::max<size_t>(1, std::min({size_t(std::max(1u, std::thread::hardware_concurrency())),
+                                                         docs, bytes / min_bytes_per_thread + 1}));
     // Run t covers documents [cut[t], cut[t + 1]): cut where the byte count passes t / threads.
     std::vector<size_t> cut(threads + 1, docs);
     cut[0] = 0;
@@ -189,9 +188,11 @@ PreparedData prepare_data(const PrepareOptions& o) {
         throw std::runtime_error("prepare: the inputs hold no documents (every file is empty or has only blank lines" +
                                  std::string(" or empty texts); check the input files"));
 
-    const Tokenizer tok = o.tokenizer.empty() ? Tokenizer::train(corpus.joined, o.vocab, {kEot}) : Tokenizer::load(o.tokenizer);
+    const Tokenizer tok =
+        o.tokenizer.empty() ? Tokenizer::train(corpus.joined, o.vocab, {kEot}) : Tokenizer::load(o.tokenizer);
     if (tok.eot_id() < 0)
-        throw std::runtime_error("tokenizer '" + o.tokenizer + "': has no \"<|endoftext|>\" token to separate documents; "
+        throw std::runtime_error("tokenizer '" + o.tokenizer +
+                                 "': has no \"<|endoftext|>\" token to separate documents; "
                                  "add it to the file's added_tokens, or pass no tokenizer to train one");
 
     std::vector<uint32_t> stream = encode_stream(tok, corpus);
@@ -199,15 +200,16 @@ PreparedData prepare_data(const PrepareOptions& o) {
     const long long val = held_out(o.val_fraction, n);
     const long long train = n - val;
     if (val < 2 || train < 2)
-        throw std::runtime_error("prepare: the inputs give only " + std::to_string(n) + " tokens (" +
-                                 std::to_string(corpus.docs.size()) + " documents), so val_fraction " +
-                                 std::to_string(o.val_fraction) + " leaves " + std::to_string(train) + " training and " +
-                                 std::to_string(val) + " validation tokens; both need at least 2: add data or " +
-                                 (val < 2 ? "raise" : "lower") + " val_fraction");
+        throw std::runtime_error(
+            "prepare: the inputs give only " + std::to_string(n) + " tokens (" + std::to_string(corpus.docs.size()) +
+            " documents), so val_fraction " + std::to_string(o.val_fraction) + " leaves " + std::to_string(train) +
+            " training and " + std::to_string(val) + " validation tokens; both need at least 2: add data or " +
+            (val < 2 ? "raise" : "lower") + " val_fraction");
     const long long shards = (train + o.shard_tokens - 1) / o.shard_tokens;
     if (shards > 1'000'000)
         throw std::invalid_argument("prepare: shard_tokens " + std::to_string(o.shard_tokens) + " would make " +
-                                    std::to_string(shards) + " training shards (at most 1000000, the names have 6 digits); "
+                                    std::to_string(shards) +
+                                    " training shards (at most 1000000, the names have 6 digits); "
                                     "raise shard_tokens");
     const long long documents = (long long)corpus.docs.size();
     corpus = Corpus{};  // the text is no longer needed
@@ -260,7 +262,8 @@ DataSet load_dataset(const std::string& path) {
     std::error_code ec;
     const fs::file_status st = fs::status(path, ec);
     if (!fs::exists(st))
-        throw std::runtime_error("data '" + path + "': does not exist; pass a directory made by `train prepare` or a "
+        throw std::runtime_error("data '" + path +
+                                 "': does not exist; pass a directory made by `train prepare` or a "
                                  ".pvtokens token shard");
     DataSet ds;
     if (!fs::is_directory(st)) {
@@ -273,7 +276,8 @@ DataSet load_dataset(const std::string& path) {
         if (is_train_shard_name(name)) names.push_back(name);
     }
     if (names.empty())
-        throw std::runtime_error("data '" + path + "': the directory holds no train_*.pvtokens shards; make them with "
+        throw std::runtime_error("data '" + path +
+                                 "': the directory holds no train_*.pvtokens shards; make them with "
                                  "`train prepare` into this directory, or pass a .pvtokens file");
     std::sort(names.begin(), names.end());
     const fs::path dir(path);

@@ -60,12 +60,12 @@
 namespace pv {
 
 struct PrepareOptions {
-    std::vector<std::string> inputs;  // files: *.jsonl / *.ndjson JSON lines, anything else plain text
-    std::string text_field = "text";  // the JSONL field holding a document
-    std::string tokenizer;            // an existing tokenizer.json; empty: train one of `vocab` tokens
-    int vocab = 4096;                 // the trained tokenizer's size (ignored with `tokenizer`)
-    std::string out_dir;              // created if missing
-    double val_fraction = 0.1;        // of the tokens, held out at the end for validation: (0, 0.5]
+    std::vector<std::string> inputs;       // files: *.jsonl / *.ndjson JSON lines, anything else plain text
+    std::string text_field = "text";       // the JSONL field holding a document
+    std::string tokenizer;                 // an existing tokenizer.json; empty: train one of `vocab` tokens
+    int vocab = 4096;                      // the trained tokenizer's size (ignored with `tokenizer`)
+    std::string out_dir;                   // created if missing
+    double val_fraction = 0.1;             // of the tokens, held out at the end for validation: (0, 0.5]
     long long shard_tokens = 100'000'000;  // max tokens per training shard
 };
 
@@ -75,7 +75,7 @@ struct PreparedData {
     std::string val_shard;                  // out_dir/val.pvtokens
     long long documents = 0;                // non-empty documents read
     long long train_tokens = 0, val_tokens = 0;
-    int vocab_size = 0;                     // the tokenizer's (a trained one may stop short of `vocab`)
+    int vocab_size = 0;  // the tokenizer's (a trained one may stop short of `vocab`)
 };
 
 PreparedData prepare_data(const PrepareOptions& o);

@@ -110,7 +110,8 @@ TokenShard read_shard(const std::string& path) {
     Fd f;
     f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (f.fd < 0)
-        fail(path, "cannot open: " + os_error(errno) + " (check the path; shards are made by the data preparation step)");
+        fail(path,
+             "cannot open: " + os_error(errno) + " (check the path; shards are made by the data preparation step)");
     struct stat st {};
     if (::fstat(f.fd, &st) != 0) fail(path, "cannot stat: " + os_error(errno));
     if (!S_ISREG(st.st_mode)) fail(path, "not a regular file; pass the path of a .bin token shard");
@@ -130,8 +131,9 @@ TokenShard read_shard(const std::string& path) {
     unsigned char header[kShardHeaderBytes];
     read_all(f.fd, header, sizeof header, path);
     if (std::memcmp(header, kShardMagic, 8) != 0)
-        fail(path, "not a polevault token shard (the first 8 bytes are not \"PVTOKENS\"); pass a file written by "
-                   "write_shard");
+        fail(path,
+             "not a polevault token shard (the first 8 bytes are not \"PVTOKENS\"); pass a file written by "
+             "write_shard");
     const uint32_t version = get_u32(header + 8);
     const uint32_t vocab = get_u32(header + 12);
     const uint32_t width = get_u32(header + 16);
@@ -141,8 +143,8 @@ TokenShard read_shard(const std::string& path) {
         fail(path, "unsupported shard version " + std::to_string(version) + " (this build reads version " +
                        std::to_string(kShardVersion) + ")" + recreate + " of this build");
     if (width != 2 && width != 4)
-        fail(path, "bad token width " + std::to_string(width) + " bytes (must be 2 or 4); the header is corrupt" +
-                       recreate);
+        fail(path,
+             "bad token width " + std::to_string(width) + " bytes (must be 2 or 4); the header is corrupt" + recreate);
     if (width == 2 && vocab > 65536)
         fail(path, "bad token width 2 bytes for vocab_size " + std::to_string(vocab) +
                        " (ids above 65535 need 4 bytes); the header is corrupt" + recreate);

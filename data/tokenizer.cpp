@@ -33,7 +33,7 @@ constexpr const char* kGpt2Pattern =
 // GPT-2's byte-to-unicode table: the 188 printable bytes map to the code point of the same value,
 // the others, in byte order, to U+0100, U+0101, ... so every byte is a visible character.
 struct ByteTable {
-    std::array<std::string, 256> to_utf8;         // byte -> its character, UTF-8 encoded
+    std::array<std::string, 256> to_utf8;           // byte -> its character, UTF-8 encoded
     std::unordered_map<uint32_t, uint8_t> from_cp;  // code point -> byte
     ByteTable() {
         int n = 0;
@@ -107,8 +107,7 @@ std::unique_ptr<pcre2_code, PcreCodeDeleter> compile_pattern(const std::string& 
     if (!re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(code, msg, sizeof msg);
-        err = "regex does not compile at offset " + std::to_string(offset) + ": " +
-              reinterpret_cast<const char*>(msg);
+        err = "regex does not compile at offset " + std::to_string(offset) + ": " + reinterpret_cast<const char*>(msg);
         return nullptr;
     }
     pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);  // a speed-up only: the interpreter works without it
@@ -127,8 +126,8 @@ struct Tokenizer::Impl {
     struct Merge {
         int rank, result;
     };
-    std::unordered_map<uint64_t, Merge> merges;  // (left id, right id) -> rank, merged id
-    std::vector<std::pair<int, int>> merge_list; // by rank
+    std::unordered_map<uint64_t, Merge> merges;   // (left id, right id) -> rank, merged id
+    std::vector<std::pair<int, int>> merge_list;  // by rank
     struct Special {
         std::string text;
         int id;
@@ -157,7 +156,8 @@ struct Tokenizer::Impl {
     template <class F>
     void split(std::string_view text, F&& f) const {
         if (text.empty()) return;
-        std::unique_ptr<pcre2_match_data, MatchDataDeleter> md(pcre2_match_data_create_from_pattern(regex.get(), nullptr));
+        std::unique_ptr<pcre2_match_data, MatchDataDeleter> md(
+            pcre2_match_data_create_from_pattern(regex.get(), nullptr));
         auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
         size_t pos = 0;  // everything before pos has been emitted
         size_t start = 0;
@@ -311,8 +311,10 @@ struct Trainer {
             if (d == 0) continue;
             int64_t& pc = pair_count[k];
             pc += d;
-            if (pc > 0) heap.push({pc, k});
-            else pair_count.erase(k);
+            if (pc > 0)
+                heap.push({pc, k});
+            else
+                pair_count.erase(k);
         }
     }
 };
@@ -474,14 +476,9 @@ void Tokenizer::save(const std::string& path) const {
         {"pre_tokenizer",
          {{"type", "Sequence"},
           {"pretokenizers",
-           ojson::array({{{"type", "Split"},
-                          {"pattern", {{"Regex", m.pattern}}},
-                          {"behavior", "Isolated"},
-                          {"invert", false}},
-                         {{"type", "ByteLevel"},
-                          {"add_prefix_space", false},
-                          {"trim_offsets", true},
-                          {"use_regex", false}}})}}},
+           ojson::array(
+               {{{"type", "Split"}, {"pattern", {{"Regex", m.pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
+                {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}})}}},
         {"post_processor", nullptr},
         {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
         {"model",
@@ -580,7 +577,8 @@ Tokenizer Tokenizer::load(const std::string& path) {
         long long id = idj.get<long long>();
         if (id < 0 || id >= (1 << 24)) throw fail("vocab id " + std::to_string(id) + " out of range");
         if (!unicode_to_bytes(tok, bytes))
-            throw fail("vocab entry " + nlohmann::json(tok).dump() + " is not byte-level (a character outside the "
+            throw fail("vocab entry " + nlohmann::json(tok).dump() +
+                       " is not byte-level (a character outside the "
                        "GPT-2 byte-to-unicode table)");
         if (int(id) < int(impl->id_valid.size()) && impl->id_valid[id])
             throw fail("vocab id " + std::to_string(id) + " used twice");

@@ -40,7 +40,7 @@
 namespace pv {
 
 class Tokenizer {
-public:
+  public:
     // vocab_size counts the 256 byte tokens, the merges and the special tokens. Throws
     // std::invalid_argument when vocab_size < 256 + special_tokens.size() or a special token is
     // empty or repeated. Stops early (a smaller vocabulary) when the text runs out of pairs.
@@ -65,7 +65,7 @@ public:
 
     struct Impl;
 
-private:
+  private:
     explicit Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
     std::shared_ptr<const Impl> impl_;
 };

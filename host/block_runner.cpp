@@ -60,7 +60,7 @@ struct EmulatedThread : ThreadIndex {
 };
 
 struct WarpState {
-    unsigned existing = 0;    // lanes that exist (a partial last warp has fewer)
+    unsigned existing = 0;  // lanes that exist (a partial last warp has fewer)
     unsigned exited = 0;
     unsigned waiting = 0;     // lanes waiting at a warp collective
     unsigned at_barrier = 0;  // lanes waiting at __syncthreads
@@ -226,7 +226,7 @@ void thread_main(void* arg) {
     fiber_started(r.scheduler);
     tsan_acquire(&r.block_start_token);  // CUDA: the launch happens-before every thread
     r.launch->invoke(r.launch->closure.get());
-    tsan_release(&r.block_end_token);    // CUDA: every thread happens-before the kernel's end
+    tsan_release(&r.block_end_token);  // CUDA: every thread happens-before the kernel's end
     thread_exited(r, *t);
     switch_to(t->context, r.scheduler, /*leaving_for_good=*/true);
     __builtin_unreachable();
@@ -317,7 +317,11 @@ void complete_collective(Runner& r, unsigned warp, unsigned mask) {
             if (!(mask & (1u << src)))
                 report("thread " + std::to_string(t.linear) + " reads lane " + std::to_string(src) + " in " +
                        op_name(t.op) + " at " + site_text(t.site) + ", but that lane is outside the mask 0x" +
-                       [&] { char b[16]; std::snprintf(b, sizeof b, "%08x", mask); return std::string(b); }() +
+                       [&] {
+                           char b[16];
+                           std::snprintf(b, sizeof b, "%08x", mask);
+                           return std::string(b);
+                       }() +
                        " (the value it would read is undefined)");
             t.result = lanes[src].value;
         } else {
@@ -386,8 +390,8 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t bits, int arg, int w
                " (must be a power of two from 1 to 32)");
     if (mask & ~w.existing)
         report("mask " + hex(mask) + " of " + where() + " names lanes that do not exist (threads " +
-               lane_list(t.warp, mask & ~w.existing) + " are beyond the block's " +
-               std::to_string(r.threads.size()) + " threads)");
+               lane_list(t.warp, mask & ~w.existing) + " are beyond the block's " + std::to_string(r.threads.size()) +
+               " threads)");
     if (mask & w.exited)
         report_stuck_collective(t.warp, op, mask, site, (w.waiting & mask) | me, mask & w.exited, "exited");
     if (mask & w.at_barrier)
@@ -398,15 +402,15 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t bits, int arg, int w
     if (const unsigned others = mask & w.waiting) {
         const EmulatedThread& o = r.threads[t.warp * 32 + unsigned(std::countr_zero(others))];
         if (o.op != op || o.mask != mask || (op != WarpOp::sync && !same_site(o.site, site)))
-            report("lanes of one mask at different collectives: thread " + std::to_string(t.linear) + " at " +
-                   where() + " (mask " + hex(mask) + "), thread " + std::to_string(o.linear) + " at " +
-                   op_name(o.op) + " at " + site_text(o.site) + " (mask " + hex(o.mask) + ")");
+            report("lanes of one mask at different collectives: thread " + std::to_string(t.linear) + " at " + where() +
+                   " (mask " + hex(mask) + "), thread " + std::to_string(o.linear) + " at " + op_name(o.op) + " at " +
+                   site_text(o.site) + " (mask " + hex(o.mask) + ")");
     }
     for (unsigned others = w.waiting & ~mask; others; others &= others - 1) {
         const EmulatedThread& o = r.threads[t.warp * 32 + unsigned(std::countr_zero(others))];
         if (o.mask & me)
-            report("lanes of one mask at different collectives: thread " + std::to_string(t.linear) + " at " +
-                   where() + " (mask " + hex(mask) + "), while thread " + std::to_string(o.linear) + " waits for it at " +
+            report("lanes of one mask at different collectives: thread " + std::to_string(t.linear) + " at " + where() +
+                   " (mask " + hex(mask) + "), while thread " + std::to_string(o.linear) + " waits for it at " +
                    op_name(o.op) + " at " + site_text(o.site) + " (mask " + hex(o.mask) + ")");
     }
     t.state = State::at_warp;
@@ -521,8 +525,7 @@ void run_block(const KernelLaunch& launch, uint3 block_idx, size_t linear_block)
     // Passes until every thread has exited, or none can run (a deadlock).
     const Schedule& sched = schedule();
     Rng rng(mix_seed(sched.seed, launch.sequence, linear_block));
-    while (r.live > 0 && run_pass(r, sched.threads, rng)) {
-    }
+    while (r.live > 0 && run_pass(r, sched.threads, rng)) {}
     if (r.live > 0) report_deadlock(r);
     tsan_acquire(&r.block_end_token);
     tls_thread = nullptr;

@@ -65,8 +65,7 @@ Flavour flavour_of(cudaDataType a, cudaDataType b, cudaDataType c, cublasCompute
         case CUBLAS_COMPUTE_32F_FAST_16BF:
         case CUBLAS_COMPUTE_32F_FAST_16F:
             return a == CUDA_R_32F && c == CUDA_R_32F ? Flavour::f32 : Flavour::unsupported;
-        default:
-            return Flavour::unsupported;
+        default: return Flavour::unsupported;
     }
 }
 
@@ -88,16 +87,16 @@ struct Gemm {
     int batch_count;
 };
 
-void blas_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b,
-               int ldb, float beta, float* c, int ldc) {
-    cblas_sgemm(CblasColMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
-                lda, b, ldb, beta, c, ldc);
+void blas_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+               float beta, float* c, int ldc) {
+    cblas_sgemm(CblasColMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda,
+                b, ldb, beta, c, ldc);
 }
 
-void blas_gemm(bool ta, bool tb, int m, int n, int k, double alpha, const double* a, int lda, const double* b,
-               int ldb, double beta, double* c, int ldc) {
-    cblas_dgemm(CblasColMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
-                lda, b, ldb, beta, c, ldc);
+void blas_gemm(bool ta, bool tb, int m, int n, int k, double alpha, const double* a, int lda, const double* b, int ldb,
+               double beta, double* c, int ldc) {
+    cblas_dgemm(CblasColMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda,
+                b, ldb, beta, c, ldc);
 }
 
 // C = alpha*op(A)*op(B) + beta*C for one m x n matrix C, with A, B, C all of type T.
@@ -123,8 +122,7 @@ void gemm_one(const Gemm& g, T alpha, T beta, const T* a, int lda, const T* b, i
 std::vector<float> widen(const bf16* p, int rows, int cols, int ld) {
     std::vector<float> out(std::size_t(rows) * std::size_t(cols));
     for (int j = 0; j < cols; ++j)
-        for (int i = 0; i < rows; ++i)
-            out[std::size_t(j) * rows + i] = __bfloat162float(p[std::ptrdiff_t(j) * ld + i]);
+        for (int i = 0; i < rows; ++i) out[std::size_t(j) * rows + i] = __bfloat162float(p[std::ptrdiff_t(j) * ld + i]);
     return out;
 }
 
@@ -143,8 +141,8 @@ void gemm_bf16(const Gemm& g, const bf16* a, const bf16* b, void* c) {
     }
     // bf16 C: accumulate into an fp32 copy (zeros when beta == 0, so C is never read), round once.
     bf16* cb = static_cast<bf16*>(c);
-    std::vector<float> c32 = beta == 0.0f ? std::vector<float>(std::size_t(g.m) * std::size_t(g.n))
-                                          : widen(cb, g.m, g.n, g.ldc);
+    std::vector<float> c32 =
+        beta == 0.0f ? std::vector<float>(std::size_t(g.m) * std::size_t(g.n)) : widen(cb, g.m, g.n, g.ldc);
     gemm_one<float>(g, alpha, beta, a32.data(), lda32, b32.data(), ldb32, c32.data(), g.m);
     for (int j = 0; j < g.n; ++j)
         for (int i = 0; i < g.m; ++i)
@@ -177,8 +175,7 @@ void run(const Gemm& g) {
                 gemm_bf16(g, nth<const bf16>(g.a, g.stride_a, i), nth<const bf16>(g.b, g.stride_b, i),
                           nth<float>(g.c, g.stride_c, i));
                 break;
-            case Flavour::unsupported:
-                break;  // rejected at the call
+            case Flavour::unsupported: break;  // rejected at the call
         }
     }
 }
@@ -267,11 +264,8 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
         case CUBLAS_PEDANTIC_MATH:
         case CUBLAS_TF32_TENSOR_OP_MATH:
         case CUBLAS_FP32_EMULATED_BF16X9_MATH:
-        case CUBLAS_FP64_EMULATED_FIXEDPOINT_MATH:
-            handle->math_mode = mode;
-            return CUBLAS_STATUS_SUCCESS;
-        default:
-            return CUBLAS_STATUS_INVALID_VALUE;
+        case CUBLAS_FP64_EMULATED_FIXEDPOINT_MATH: handle->math_mode = mode; return CUBLAS_STATUS_SUCCESS;
+        default: return CUBLAS_STATUS_INVALID_VALUE;
     }
 }
 
@@ -345,9 +339,9 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cub
 cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
                                           int m, int n, int k, const void* alpha, const void* A, cudaDataType Atype,
                                           int lda, long long int strideA, const void* B, cudaDataType Btype, int ldb,
-                                          long long int strideB, const void* beta, void* C, cudaDataType Ctype,
-                                          int ldc, long long int strideC, int batchCount,
-                                          cublasComputeType_t computeType, cublasGemmAlgo_t /*algo*/) {
+                                          long long int strideB, const void* beta, void* C, cudaDataType Ctype, int ldc,
+                                          long long int strideC, int batchCount, cublasComputeType_t computeType,
+                                          cublasGemmAlgo_t /*algo*/) {
     return gemm(handle, transa, transb, m, n, k, alpha, A, Atype, lda, strideA, B, Btype, ldb, strideB, beta, C, Ctype,
                 ldc, strideC, batchCount, computeType);
 }

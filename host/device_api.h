@@ -55,8 +55,22 @@ extern __thread BlockIndex tls_block;
 
 // The kinds of warp collective; the block runner computes every lane's result once all lanes
 // of the mask have arrived.
-enum class WarpOp : uint8_t { shfl_idx, shfl_up, shfl_down, shfl_xor, ballot, any, all, sync, reduce_add,
-                              reduce_min, reduce_max, reduce_and, reduce_or, reduce_xor };
+enum class WarpOp : uint8_t {
+    shfl_idx,
+    shfl_up,
+    shfl_down,
+    shfl_xor,
+    ballot,
+    any,
+    all,
+    sync,
+    reduce_add,
+    reduce_min,
+    reduce_max,
+    reduce_and,
+    reduce_or,
+    reduce_xor
+};
 
 // A barrier over the whole block; returns the count of threads whose predicate was non-zero.
 int block_barrier(int predicate, std::source_location site);
@@ -153,8 +167,10 @@ inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_
 
 // ---- warp collectives -----------------------------------------------------------------------
 inline unsigned __activemask() { return ::pv::host::active_mask(); }
-inline unsigned __ballot_sync(unsigned mask, int predicate, std::source_location site = std::source_location::current()) {
-    return unsigned(::pv::host::warp_collective(::pv::host::WarpOp::ballot, mask, predicate != 0, 0, warpSize, false, site));
+inline unsigned __ballot_sync(unsigned mask, int predicate,
+                              std::source_location site = std::source_location::current()) {
+    return unsigned(
+        ::pv::host::warp_collective(::pv::host::WarpOp::ballot, mask, predicate != 0, 0, warpSize, false, site));
 }
 inline int __any_sync(unsigned mask, int predicate, std::source_location site = std::source_location::current()) {
     return int(::pv::host::warp_collective(::pv::host::WarpOp::any, mask, predicate != 0, 0, warpSize, false, site));
@@ -165,26 +181,26 @@ inline int __all_sync(unsigned mask, int predicate, std::source_location site = 
 
 // The shuffle overloads CUDA declares (sm_80+): int, unsigned, long, unsigned long, long long,
 // unsigned long long, float, double, __half, __half2, __nv_bfloat16, __nv_bfloat162.
-#define PV_DEFINE_SHUFFLES(T)                                                                                 \
-    inline T __shfl_sync(unsigned mask, T var, int srcLane, int width = warpSize,                             \
+#define PV_DEFINE_SHUFFLES(T)                                                                                \
+    inline T __shfl_sync(unsigned mask, T var, int srcLane, int width = warpSize,                            \
                          std::source_location site = std::source_location::current()) {                      \
-        return ::pv::host::from_bits<T>(::pv::host::warp_collective(                                          \
-            ::pv::host::WarpOp::shfl_idx, mask, ::pv::host::to_bits(var), srcLane, width, false, site));      \
-    }                                                                                                         \
-    inline T __shfl_up_sync(unsigned mask, T var, unsigned int delta, int width = warpSize,                    \
+        return ::pv::host::from_bits<T>(::pv::host::warp_collective(                                         \
+            ::pv::host::WarpOp::shfl_idx, mask, ::pv::host::to_bits(var), srcLane, width, false, site));     \
+    }                                                                                                        \
+    inline T __shfl_up_sync(unsigned mask, T var, unsigned int delta, int width = warpSize,                  \
                             std::source_location site = std::source_location::current()) {                   \
-        return ::pv::host::from_bits<T>(::pv::host::warp_collective(                                          \
-            ::pv::host::WarpOp::shfl_up, mask, ::pv::host::to_bits(var), int(delta), width, false, site));    \
-    }                                                                                                         \
-    inline T __shfl_down_sync(unsigned mask, T var, unsigned int delta, int width = warpSize,                  \
+        return ::pv::host::from_bits<T>(::pv::host::warp_collective(                                         \
+            ::pv::host::WarpOp::shfl_up, mask, ::pv::host::to_bits(var), int(delta), width, false, site));   \
+    }                                                                                                        \
+    inline T __shfl_down_sync(unsigned mask, T var, unsigned int delta, int width = warpSize,                \
                               std::source_location site = std::source_location::current()) {                 \
-        return ::pv::host::from_bits<T>(::pv::host::warp_collective(                                          \
-            ::pv::host::WarpOp::shfl_down, mask, ::pv::host::to_bits(var), int(delta), width, false, site));  \
-    }                                                                                                         \
-    inline T __shfl_xor_sync(unsigned mask, T var, int laneMask, int width = warpSize,                        \
+        return ::pv::host::from_bits<T>(::pv::host::warp_collective(                                         \
+            ::pv::host::WarpOp::shfl_down, mask, ::pv::host::to_bits(var), int(delta), width, false, site)); \
+    }                                                                                                        \
+    inline T __shfl_xor_sync(unsigned mask, T var, int laneMask, int width = warpSize,                       \
                              std::source_location site = std::source_location::current()) {                  \
-        return ::pv::host::from_bits<T>(::pv::host::warp_collective(                                          \
-            ::pv::host::WarpOp::shfl_xor, mask, ::pv::host::to_bits(var), laneMask, width, false, site));     \
+        return ::pv::host::from_bits<T>(::pv::host::warp_collective(                                         \
+            ::pv::host::WarpOp::shfl_xor, mask, ::pv::host::to_bits(var), laneMask, width, false, site));    \
     }
 PV_DEFINE_SHUFFLES(int)
 PV_DEFINE_SHUFFLES(unsigned int)
@@ -201,10 +217,10 @@ PV_DEFINE_SHUFFLES(__nv_bfloat162)
 #undef PV_DEFINE_SHUFFLES
 
 // sm_80 warp reductions: add/min/max on int and unsigned, and/or/xor on unsigned.
-#define PV_DEFINE_WARP_REDUCE(name, op, T)                                                                    \
-    inline T name(unsigned mask, T value, std::source_location site = std::source_location::current()) {      \
-        return T(::pv::host::warp_collective(::pv::host::WarpOp::op, mask, uint64_t(uint32_t(value)), 0,      \
-                                             warpSize, std::is_signed_v<T>, site));                           \
+#define PV_DEFINE_WARP_REDUCE(name, op, T)                                                                         \
+    inline T name(unsigned mask, T value, std::source_location site = std::source_location::current()) {           \
+        return T(::pv::host::warp_collective(::pv::host::WarpOp::op, mask, uint64_t(uint32_t(value)), 0, warpSize, \
+                                             std::is_signed_v<T>, site));                                          \
     }
 PV_DEFINE_WARP_REDUCE(__reduce_add_sync, reduce_add, unsigned)
 PV_DEFINE_WARP_REDUCE(__reduce_add_sync, reduce_add, int)
@@ -223,14 +239,15 @@ PV_DEFINE_WARP_REDUCE(__reduce_xor_sync, reduce_xor, unsigned)
 namespace pv::host {
 inline constexpr auto relaxed = std::memory_order_relaxed;
 template <class T>
-std::atomic_ref<T> atomic_at(T* address) { return std::atomic_ref<T>(*address); }
+std::atomic_ref<T> atomic_at(T* address) {
+    return std::atomic_ref<T>(*address);
+}
 // Read-modify-write by compare-and-swap, for the operations std::atomic_ref lacks.
 template <class T, class F>
 T atomic_update(T* address, F f) {
     auto ref = atomic_at(address);
     T old = ref.load(relaxed);
-    while (!ref.compare_exchange_weak(old, f(old), relaxed)) {
-    }
+    while (!ref.compare_exchange_weak(old, f(old), relaxed)) {}
     return old;
 }
 template <class T, class F>
@@ -247,11 +264,14 @@ T atomic_update_bits(T* address, F f) {  // for 16-bit types without atomic_ref 
 
 inline int atomicAdd(int* a, int v) { return pv::host::atomic_at(a).fetch_add(v, pv::host::relaxed); }
 inline unsigned atomicAdd(unsigned* a, unsigned v) { return pv::host::atomic_at(a).fetch_add(v, pv::host::relaxed); }
-inline unsigned long long atomicAdd(unsigned long long* a, unsigned long long v) { return pv::host::atomic_at(a).fetch_add(v, pv::host::relaxed); }
+inline unsigned long long atomicAdd(unsigned long long* a, unsigned long long v) {
+    return pv::host::atomic_at(a).fetch_add(v, pv::host::relaxed);
+}
 inline float atomicAdd(float* a, float v) { return pv::host::atomic_at(a).fetch_add(v, pv::host::relaxed); }
 inline double atomicAdd(double* a, double v) { return pv::host::atomic_at(a).fetch_add(v, pv::host::relaxed); }
 inline __nv_bfloat16 atomicAdd(__nv_bfloat16* a, __nv_bfloat16 v) {
-    return pv::host::atomic_update_bits(a, [v](__nv_bfloat16 x) { return __float2bfloat16(__bfloat162float(x) + __bfloat162float(v)); });
+    return pv::host::atomic_update_bits(
+        a, [v](__nv_bfloat16 x) { return __float2bfloat16(__bfloat162float(x) + __bfloat162float(v)); });
 }
 inline __half atomicAdd(__half* a, __half v) {
     return pv::host::atomic_update_bits(a, [v](__half x) { return __float2half(__half2float(x) + __half2float(v)); });
@@ -261,7 +281,8 @@ inline __nv_bfloat162 atomicAdd(__nv_bfloat162* a, __nv_bfloat162 v) {
     auto* raw = reinterpret_cast<unsigned*>(a);
     const unsigned old = pv::host::atomic_update(raw, [v](unsigned bits) {
         const auto x = pv::host::from_bits<__nv_bfloat162>(bits);
-        const __nv_bfloat162 r = __floats2bfloat162_rn(__low2float(x) + __low2float(v), __high2float(x) + __high2float(v));
+        const __nv_bfloat162 r =
+            __floats2bfloat162_rn(__low2float(x) + __low2float(v), __high2float(x) + __high2float(v));
         return unsigned(pv::host::to_bits(r));
     });
     return pv::host::from_bits<__nv_bfloat162>(old);
@@ -270,29 +291,35 @@ inline int atomicSub(int* a, int v) { return pv::host::atomic_at(a).fetch_sub(v,
 inline unsigned atomicSub(unsigned* a, unsigned v) { return pv::host::atomic_at(a).fetch_sub(v, pv::host::relaxed); }
 inline int atomicExch(int* a, int v) { return pv::host::atomic_at(a).exchange(v, pv::host::relaxed); }
 inline unsigned atomicExch(unsigned* a, unsigned v) { return pv::host::atomic_at(a).exchange(v, pv::host::relaxed); }
-inline unsigned long long atomicExch(unsigned long long* a, unsigned long long v) { return pv::host::atomic_at(a).exchange(v, pv::host::relaxed); }
+inline unsigned long long atomicExch(unsigned long long* a, unsigned long long v) {
+    return pv::host::atomic_at(a).exchange(v, pv::host::relaxed);
+}
 inline float atomicExch(float* a, float v) { return pv::host::atomic_at(a).exchange(v, pv::host::relaxed); }
-#define PV_DEFINE_ATOMIC_MINMAX(T)                                                                   \
-    inline T atomicMax(T* a, T v) { return pv::host::atomic_update(a, [v](T x) { return x > v ? x : v; }); } \
-    inline T atomicMin(T* a, T v) { return pv::host::atomic_update(a, [v](T x) { return x < v ? x : v; }); }
+#define PV_DEFINE_ATOMIC_MINMAX(T)                                             \
+    inline T atomicMax(T* a, T v) {                                            \
+        return pv::host::atomic_update(a, [v](T x) { return x > v ? x : v; }); \
+    }                                                                          \
+    inline T atomicMin(T* a, T v) {                                            \
+        return pv::host::atomic_update(a, [v](T x) { return x < v ? x : v; }); \
+    }
 PV_DEFINE_ATOMIC_MINMAX(int)
 PV_DEFINE_ATOMIC_MINMAX(unsigned)
 PV_DEFINE_ATOMIC_MINMAX(long long)
 PV_DEFINE_ATOMIC_MINMAX(unsigned long long)
 #undef PV_DEFINE_ATOMIC_MINMAX
-#define PV_DEFINE_ATOMIC_CAS(T)                                   \
-    inline T atomicCAS(T* a, T compare, T v) {                    \
+#define PV_DEFINE_ATOMIC_CAS(T)                                                        \
+    inline T atomicCAS(T* a, T compare, T v) {                                         \
         pv::host::atomic_at(a).compare_exchange_strong(compare, v, pv::host::relaxed); \
-        return compare;                                           \
+        return compare;                                                                \
     }
 PV_DEFINE_ATOMIC_CAS(int)
 PV_DEFINE_ATOMIC_CAS(unsigned)
 PV_DEFINE_ATOMIC_CAS(unsigned long long)
 PV_DEFINE_ATOMIC_CAS(unsigned short)
 #undef PV_DEFINE_ATOMIC_CAS
-#define PV_DEFINE_ATOMIC_BITS(T)                                                              \
-    inline T atomicAnd(T* a, T v) { return pv::host::atomic_at(a).fetch_and(v, pv::host::relaxed); }             \
-    inline T atomicOr(T* a, T v) { return pv::host::atomic_at(a).fetch_or(v, pv::host::relaxed); }               \
+#define PV_DEFINE_ATOMIC_BITS(T)                                                                     \
+    inline T atomicAnd(T* a, T v) { return pv::host::atomic_at(a).fetch_and(v, pv::host::relaxed); } \
+    inline T atomicOr(T* a, T v) { return pv::host::atomic_at(a).fetch_or(v, pv::host::relaxed); }   \
     inline T atomicXor(T* a, T v) { return pv::host::atomic_at(a).fetch_xor(v, pv::host::relaxed); }
 PV_DEFINE_ATOMIC_BITS(int)
 PV_DEFINE_ATOMIC_BITS(unsigned)
@@ -352,11 +379,13 @@ inline float __uint_as_float(unsigned x) { return std::bit_cast<float>(x); }
 inline long long __double_as_longlong(double x) { return std::bit_cast<long long>(x); }
 inline double __longlong_as_double(long long x) { return std::bit_cast<double>(x); }
 template <class T>
-T __ldg(const T* p) { return *p; }
+T __ldg(const T* p) {
+    return *p;
+}
 // CUDA's min/max overloads for one type (it also has mixed signed/unsigned ones; here those are
 // ambiguous, which only asks for an explicit cast that nvcc accepts too).
-#define PV_DEFINE_MIN_MAX(T)                                  \
-    inline T min(T a, T b) { return b < a ? b : a; }          \
+#define PV_DEFINE_MIN_MAX(T)                         \
+    inline T min(T a, T b) { return b < a ? b : a; } \
     inline T max(T a, T b) { return a < b ? b : a; }
 PV_DEFINE_MIN_MAX(int)
 PV_DEFINE_MIN_MAX(unsigned)

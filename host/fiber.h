@@ -21,11 +21,11 @@ struct FiberStack {
 
 // A suspended or runnable context.
 struct FiberContext {
-    void* sp = nullptr;                 // saved stack pointer while not running
-    const void* stack_bottom = nullptr; // for the sanitizers (nullptr: a worker's own stack)
+    void* sp = nullptr;                  // saved stack pointer while not running
+    const void* stack_bottom = nullptr;  // for the sanitizers (nullptr: a worker's own stack)
     size_t stack_size = 0;
-    void* asan_fake_stack = nullptr;    // ASan's per-context fake stack handle
-    void* tsan_fiber = nullptr;         // TSan's context for it (TSan build only)
+    void* asan_fake_stack = nullptr;  // ASan's per-context fake stack handle
+    void* tsan_fiber = nullptr;       // TSan's context for it (TSan build only)
 };
 
 // Reuses stacks of threads that have finished: a barrier-free kernel needs only one stack per

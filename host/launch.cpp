@@ -51,7 +51,8 @@ size_t default_worker_count() {
     }
     size_t cores = std::max(1u, std::thread::hardware_concurrency());
     size_t local_ranks = 1;
-    if (const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) local_ranks = std::max(1L, std::strtol(env, nullptr, 10));
+    if (const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
+        local_ranks = std::max(1L, std::strtol(env, nullptr, 10));
     return std::max<size_t>(1, cores / local_ranks);
 }
 
@@ -209,7 +210,6 @@ extern "C" cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute 
         case cudaFuncAttributePreferredSharedMemoryCarveout:
             if (value < -1 || value > 100) return set_last_error(cudaErrorInvalidValue);
             return cudaSuccess;
-        default:
-            return set_last_error(cudaErrorInvalidValue);
+        default: return set_last_error(cudaErrorInvalidValue);
     }
 }

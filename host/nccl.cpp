@@ -130,15 +130,15 @@ ncclResult_t mpi_failure(int code, const char* call) {
     return fail(ncclSystemError, "%s failed: %s", call, text);
 }
 
-#define PV_MPI_TRY(call)                                      \
-    do {                                                      \
-        const int pv_mpi_rc_ = (call);                        \
+#define PV_MPI_TRY(call)                                                      \
+    do {                                                                      \
+        const int pv_mpi_rc_ = (call);                                        \
         if (pv_mpi_rc_ != MPI_SUCCESS) return mpi_failure(pv_mpi_rc_, #call); \
     } while (0)
 
-#define PV_NCCL_TRY(expr)                                \
-    do {                                                 \
-        const ncclResult_t pv_nccl_rc_ = (expr);         \
+#define PV_NCCL_TRY(expr)                                   \
+    do {                                                    \
+        const ncclResult_t pv_nccl_rc_ = (expr);            \
         if (pv_nccl_rc_ != ncclSuccess) return pv_nccl_rc_; \
     } while (0)
 
@@ -156,7 +156,8 @@ ncclResult_t require_mpi(const char* call) {
     if (!initialized)
         return fail(ncclInvalidUsage,
                     "%s needs MPI: call MPI_Init (or MPI_Init_thread) first; the host NCCL runs one process per "
-                    "rank on MPI (mpirun -np N)", call);
+                    "rank on MPI (mpirun -np N)",
+                    call);
     if (finalized) return fail(ncclInvalidUsage, "%s after MPI_Finalize", call);
     return ncclSuccess;
 }
@@ -177,8 +178,8 @@ ncclResult_t check_comm(const ncclComm* comm, const char* call) {
     if (!comm) return fail(ncclInvalidArgument, "%s: comm is NULL", call);
     std::lock_guard lock(comms_mutex);
     if (!live_comms.count(comm))
-        return fail(ncclInvalidArgument, "%s: comm %p is not a live communicator (destroyed, or never created)",
-                    call, static_cast<const void*>(comm));
+        return fail(ncclInvalidArgument, "%s: comm %p is not a live communicator (destroyed, or never created)", call,
+                    static_cast<const void*>(comm));
     return ncclSuccess;
 }
 
@@ -226,7 +227,8 @@ ncclResult_t wait_for_world(MPI_Request* request, const char* call) {
         if (!hinted && std::chrono::steady_clock::now() - start > std::chrono::seconds(30)) {
             std::fprintf(stderr,
                          "polevault host NCCL: %s has waited 30 s for the other ranks of MPI_COMM_WORLD: every world "
-                         "rank must call it at the same time (with nranks > 1)\n", call);
+                         "rank must call it at the same time (with nranks > 1)\n",
+                         call);
             hinted = true;
         }
         std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -242,8 +244,8 @@ ncclResult_t check_buffer(const char* call, const char* name, const void* p, siz
         return fail(ncclInvalidArgument,
                     "%s: %s (%p) + %zu bytes runs past the end of its cudaMalloc allocation; check the count and type",
                     call, name, p, bytes);
-    return fail(ncclInvalidArgument, "%s: %s (%p) is not device memory (a host pointer?); NCCL buffers come from cudaMalloc",
-                call, name, p);
+    return fail(ncclInvalidArgument,
+                "%s: %s (%p) is not device memory (a host pointer?); NCCL buffers come from cudaMalloc", call, name, p);
 }
 
 bool overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
@@ -261,16 +263,18 @@ ncclResult_t check_type(const char* call, ncclDataType_t type) {
 
 ncclResult_t check_op(const char* call, ncclRedOp_t op) {
     if (!op_supported(op))
-        return fail(ncclInvalidArgument,
-                    "%s: reduction op %d is not supported by the host NCCL (ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg)",
-                    call, int(op));
+        return fail(
+            ncclInvalidArgument,
+            "%s: reduction op %d is not supported by the host NCCL (ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg)",
+            call, int(op));
     return ncclSuccess;
 }
 
 // count · element size · factor in bytes, refusing overflow.
 ncclResult_t bytes_of(const char* call, size_t count, ncclDataType_t type, size_t factor, size_t* bytes) {
     const size_t es = element_size(type);
-    if (factor != 0 && count > SIZE_MAX / es / factor) return fail(ncclInvalidArgument, "%s: count %zu is too large", call, count);
+    if (factor != 0 && count > SIZE_MAX / es / factor)
+        return fail(ncclInvalidArgument, "%s: count %zu is too large", call, count);
     *bytes = count * es * factor;
     return ncclSuccess;
 }
@@ -336,11 +340,13 @@ class Transfers {
         std::vector<MPI_Status> statuses(requests_.size());
         const int rc = MPI_Waitall(int(requests_.size()), requests_.data(), statuses.data());
         for (size_t i = 0; i < requests_.size(); ++i) {
-            if (rc == MPI_ERR_IN_STATUS && statuses[i].MPI_ERROR != MPI_SUCCESS && statuses[i].MPI_ERROR != MPI_ERR_PENDING) {
+            if (rc == MPI_ERR_IN_STATUS && statuses[i].MPI_ERROR != MPI_SUCCESS &&
+                statuses[i].MPI_ERROR != MPI_ERR_PENDING) {
                 if (statuses[i].MPI_ERROR == MPI_ERR_TRUNCATE)
                     return fail(ncclInvalidUsage,
                                 "%s: rank %d sent more bytes than this rank expects: the ranks disagree on the count "
-                                "or datatype", call_, peers_[i]);
+                                "or datatype",
+                                call_, peers_[i]);
                 return mpi_failure(statuses[i].MPI_ERROR, call_);
             }
             if (expected_[i] == kSend || rc != MPI_SUCCESS) continue;
@@ -349,7 +355,8 @@ class Transfers {
             if (size_t(got) != expected_[i])
                 return fail(ncclInvalidUsage,
                             "%s: received %d bytes from rank %d where %zu were expected: the ranks disagree on the "
-                            "count or datatype", call_, got, peers_[i], expected_[i]);
+                            "count or datatype",
+                            call_, got, peers_[i], expected_[i]);
         }
         if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) return mpi_failure(rc, call_);
         requests_.clear();
@@ -457,7 +464,8 @@ struct SelfPair {
 ncclResult_t pair_self_transfers(const std::vector<Op>& ops, std::vector<SelfPair>* pairs) {
     std::vector<const ncclComm*> comms;
     for (const Op& op : ops)
-        if (is_point_to_point(op) && op.peer == op.comm->rank && std::find(comms.begin(), comms.end(), op.comm) == comms.end())
+        if (is_point_to_point(op) && op.peer == op.comm->rank &&
+            std::find(comms.begin(), comms.end(), op.comm) == comms.end())
             comms.push_back(op.comm);
     for (const ncclComm* comm : comms) {
         std::vector<const Op*> sends, recvs;
@@ -467,7 +475,8 @@ ncclResult_t pair_self_transfers(const std::vector<Op>& ops, std::vector<SelfPai
         if (sends.size() != recvs.size())
             return fail(ncclInvalidUsage,
                         "%zu ncclSend and %zu ncclRecv to and from this rank itself (rank %d): each send to oneself "
-                        "needs a matching receive in the same group", sends.size(), recvs.size(), comm->rank);
+                        "needs a matching receive in the same group",
+                        sends.size(), recvs.size(), comm->rank);
         for (size_t k = 0; k < sends.size(); ++k) {
             const size_t send_bytes = sends[k]->count * element_size(sends[k]->type);
             const size_t recv_bytes = recvs[k]->count * element_size(recvs[k]->type);
@@ -518,11 +527,13 @@ ncclResult_t launch(std::vector<Op> ops) {
     for (const Op& op : ops)
         if (std::find(streams.begin(), streams.end(), op.stream) == streams.end()) streams.push_back(op.stream);
     for (cudaStream_t s : streams)
-        if (!stream_is_valid(s)) return fail(ncclInvalidArgument, "a stream of the group (%p) is no longer live", static_cast<void*>(s));
+        if (!stream_is_valid(s))
+            return fail(ncclInvalidArgument, "a stream of the group (%p) is no longer live", static_cast<void*>(s));
 
     std::lock_guard lock(launch_mutex);
     if (!previous_launch)
-        PV_NCCL_TRY(check_cuda(cudaEventCreateWithFlags(&previous_launch, cudaEventDisableTiming), "cudaEventCreateWithFlags"));
+        PV_NCCL_TRY(
+            check_cuda(cudaEventCreateWithFlags(&previous_launch, cudaEventDisableTiming), "cudaEventCreateWithFlags"));
     const cudaStream_t primary = streams[0];
     PV_NCCL_TRY(check_cuda(cudaStreamWaitEvent(primary, previous_launch, 0), "cudaStreamWaitEvent"));
     for (size_t i = 1; i < streams.size(); ++i) {  // the group's other streams join the primary ...
@@ -537,8 +548,10 @@ ncclResult_t launch(std::vector<Op> ops) {
     stream_submit(primary, [ops = std::move(ops), self_pairs = std::move(self_pairs), status, deferred] {
         *status = execute(ops, self_pairs);
         if (*status != ncclSuccess && deferred) {
-            std::fprintf(stderr, "polevault host NCCL: %s failed inside deferred stream work, where no caller can be told; "
-                         "aborting the MPI job\n", ops.size() == 1 ? ops[0].name : "a group");
+            std::fprintf(stderr,
+                         "polevault host NCCL: %s failed inside deferred stream work, where no caller can be told; "
+                         "aborting the MPI job\n",
+                         ops.size() == 1 ? ops[0].name : "a group");
             abort_job();
         }
     });
@@ -605,12 +618,13 @@ ncclResult_t all_reduce(const void* sendbuff, void* recvbuff, size_t count, nccl
     PV_NCCL_TRY(check_buffer(call, "sendbuff", sendbuff, bytes));
     PV_NCCL_TRY(check_buffer(call, "recvbuff", recvbuff, bytes));
     if (sendbuff != recvbuff && overlap(sendbuff, bytes, recvbuff, bytes))
-        return fail(ncclInvalidArgument, "%s: sendbuff and recvbuff overlap without being equal (the in-place form)", call);
+        return fail(ncclInvalidArgument, "%s: sendbuff and recvbuff overlap without being equal (the in-place form)",
+                    call);
     return issue({call, Kind::all_reduce, comm, stream, sendbuff, recvbuff, count, type, op, 0, 0});
 }
 
-ncclResult_t reduce_scatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t type,
-                            ncclRedOp_t op, ncclComm* comm, cudaStream_t stream) {
+ncclResult_t reduce_scatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t type, ncclRedOp_t op,
+                            ncclComm* comm, cudaStream_t stream) {
     const char* call = "ncclReduceScatter";
     PV_NCCL_TRY(check_call(call, comm, stream));
     PV_NCCL_TRY(check_type(call, type));
@@ -624,7 +638,8 @@ ncclResult_t reduce_scatter(const void* sendbuff, void* recvbuff, size_t recvcou
     if (!in_place && overlap(sendbuff, send_bytes, recvbuff, recv_bytes))
         return fail(ncclInvalidArgument,
                     "%s: recvbuff overlaps sendbuff without being the in-place form (recvbuff = sendbuff + rank * "
-                    "recvcount)", call);
+                    "recvcount)",
+                    call);
     return issue({call, Kind::reduce_scatter, comm, stream, sendbuff, recvbuff, recvcount, type, op, 0, 0});
 }
 
@@ -642,7 +657,8 @@ ncclResult_t all_gather(const void* sendbuff, void* recvbuff, size_t sendcount, 
     if (!in_place && overlap(sendbuff, send_bytes, recvbuff, recv_bytes))
         return fail(ncclInvalidArgument,
                     "%s: sendbuff overlaps recvbuff without being the in-place form (sendbuff = recvbuff + rank * "
-                    "sendcount)", call);
+                    "sendcount)",
+                    call);
     return issue({call, Kind::all_gather, comm, stream, sendbuff, recvbuff, sendcount, type, ncclSum, 0, 0});
 }
 
@@ -658,7 +674,8 @@ ncclResult_t broadcast(const void* sendbuff, void* recvbuff, size_t count, ncclD
     if (comm->rank == root) {  // sendbuff is read on the root only
         PV_NCCL_TRY(check_buffer(call, "sendbuff", sendbuff, bytes));
         if (sendbuff != recvbuff && overlap(sendbuff, bytes, recvbuff, bytes))
-            return fail(ncclInvalidArgument, "%s: sendbuff and recvbuff overlap without being equal (the in-place form)", call);
+            return fail(ncclInvalidArgument,
+                        "%s: sendbuff and recvbuff overlap without being equal (the in-place form)", call);
     }
     return issue({call, Kind::broadcast, comm, stream, sendbuff, recvbuff, count, type, ncclSum, root, 0});
 }
@@ -729,9 +746,11 @@ extern "C" ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqu
     if (!comm) return fail(ncclInvalidArgument, "%s: comm is NULL", call);
     *comm = nullptr;
     if (!id_is_ours(commId))
-        return fail(ncclInvalidArgument,
-                    "%s: the ncclUniqueId was not made by ncclGetUniqueId; rank 0 makes it and broadcasts it (MPI_Bcast) "
-                    "to every rank before ncclCommInitRank", call);
+        return fail(
+            ncclInvalidArgument,
+            "%s: the ncclUniqueId was not made by ncclGetUniqueId; rank 0 makes it and broadcasts it (MPI_Bcast) "
+            "to every rank before ncclCommInitRank",
+            call);
     int device = 0;
     cudaGetDevice(&device);
     if (nranks == 1) {  // this process alone: no MPI needed
@@ -787,7 +806,8 @@ extern "C" ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqu
                 return fail(ncclInvalidUsage,
                             "%s: world rank %d %s. Every rank of MPI_COMM_WORLD calls ncclCommInitRank together "
                             "(nranks > 1); each id is used by exactly nranks of them, with ranks 0..nranks-1. For "
-                            "a subset of the world, use ncclCommSplit", call, w, problem.c_str());
+                            "a subset of the world, use ncclCommSplit",
+                            call, w, problem.c_str());
             taken[size_t(e.rank)] = true;
         }
     }
@@ -808,7 +828,7 @@ extern "C" ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclC
     *newcomm = nullptr;
     if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
         return fail(ncclInvalidArgument, "%s: color %d; use a non-negative color or NCCL_SPLIT_NOCOLOR", call, color);
-    synchronize_all_streams();  // never block in MPI with NCCL work queued (deferred mode)
+    synchronize_all_streams();               // never block in MPI with NCCL work queued (deferred mode)
     if (comm->collectives == MPI_COMM_NULL)  // a one-rank communicator without MPI
         return color == NCCL_SPLIT_NOCOLOR ? ncclSuccess : make_comm(newcomm, MPI_COMM_NULL, 0, 1, comm->device);
     PV_NCCL_TRY(require_mpi(call));
@@ -881,8 +901,8 @@ extern "C" ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size
     return note_failure(broadcast(sendbuff, recvbuff, count, datatype, root, comm, stream));
 }
 
-extern "C" ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer,
-                                 ncclComm_t comm, cudaStream_t stream) {
+extern "C" ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                                 cudaStream_t stream) {
     return note_failure(point_to_point(Kind::send, sendbuff, nullptr, count, datatype, peer, comm, stream));
 }
 
@@ -903,6 +923,7 @@ extern "C" ncclResult_t ncclGroupEnd() {
     const ncclResult_t error = std::exchange(group.error, ncclSuccess);
     const std::string message = std::exchange(group.error_message, {});
     if (error != ncclSuccess)
-        return fail(error, "ncclGroupEnd: nothing in the group was run, because a call in it failed: %s", message.c_str());
+        return fail(error, "ncclGroupEnd: nothing in the group was run, because a call in it failed: %s",
+                    message.c_str());
     return launch(std::move(ops));
 }

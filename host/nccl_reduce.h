@@ -109,7 +109,9 @@ void reduce_floating(const void* const* inputs, int n, size_t count, ncclRedOp_t
 }
 
 template <class T>
-T identity(T x) { return x; }
+T identity(T x) {
+    return x;
+}
 inline float bf16_to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 inline __nv_bfloat16 float_to_bf16(float x) { return __float2bfloat16_rn(x); }
 inline float half_to_float(__half x) { return __half2float(x); }
@@ -141,14 +143,18 @@ void reduce_integer(const void* const* inputs, int n, size_t count, ncclRedOp_t 
 // out[i] = inputs[0][i] ⊕ inputs[1][i] ⊕ ... in that order, for i < count. `out` may be one of
 // the inputs (the in-place forms); it must not partially overlap any. Type and op must be
 // supported (element_size(type) != 0, op_supported(op)).
-inline void reduce_in_rank_order(const void* const* inputs, int n, size_t count, ncclDataType_t type,
-                                 ncclRedOp_t op, void* out) {
+inline void reduce_in_rank_order(const void* const* inputs, int n, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                                 void* out) {
     using namespace detail;
     switch (type) {
-        case ncclFloat64: return reduce_floating<double, double, identity<double>, identity<double>>(inputs, n, count, op, out);
-        case ncclFloat32: return reduce_floating<float, float, identity<float>, identity<float>>(inputs, n, count, op, out);
-        case ncclBfloat16: return reduce_floating<__nv_bfloat16, float, bf16_to_float, float_to_bf16>(inputs, n, count, op, out);
-        case ncclFloat16: return reduce_floating<__half, float, half_to_float, float_to_half>(inputs, n, count, op, out);
+        case ncclFloat64:
+            return reduce_floating<double, double, identity<double>, identity<double>>(inputs, n, count, op, out);
+        case ncclFloat32:
+            return reduce_floating<float, float, identity<float>, identity<float>>(inputs, n, count, op, out);
+        case ncclBfloat16:
+            return reduce_floating<__nv_bfloat16, float, bf16_to_float, float_to_bf16>(inputs, n, count, op, out);
+        case ncclFloat16:
+            return reduce_floating<__half, float, half_to_float, float_to_half>(inputs, n, count, op, out);
         case ncclInt8: return reduce_integer<int8_t>(inputs, n, count, op, out);
         case ncclUint8: return reduce_integer<uint8_t>(inputs, n, count, op, out);
         case ncclInt32: return reduce_integer<int32_t>(inputs, n, count, op, out);

@@ -48,7 +48,8 @@ const Allocation* find_allocation(const void* p, size_t bytes, AllocKind kind) {
     --it;
     if (it->second.kind != kind) return nullptr;
     const size_t offset = size_t(c - it->first);
-    if (offset >= std::max<size_t>(it->second.bytes, 1) || bytes > it->second.bytes - std::min(offset, it->second.bytes))
+    if (offset >= std::max<size_t>(it->second.bytes, 1) ||
+        bytes > it->second.bytes - std::min(offset, it->second.bytes))
         return nullptr;
     return &it->second;
 }
@@ -328,7 +329,8 @@ cudaError_t copy(void* dst, const void* src, size_t count, cudaMemcpyKind kind, 
         stream_submit_and_wait(stream, [=] { std::memmove(dst, src, count); });
     } else if (src_pageable && streams_are_deferred()) {
         // Staged at the call: the caller may overwrite its buffer as soon as this returns.
-        auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + count);
+        auto staged =
+            std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + count);
         stream_submit(stream, [=] { std::memcpy(dst, staged->data(), count); });
     } else {
         stream_submit(stream, [=] { std::memmove(dst, src, count); });
@@ -351,7 +353,8 @@ cudaError_t fill(void* ptr, int value, size_t count, cudaStream_t stream, bool s
 
 }  // namespace
 
-extern "C" cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream) {
+extern "C" cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
+                                       cudaStream_t stream) {
     return copy(dst, src, count, kind, stream, false);
 }
 extern "C" cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {

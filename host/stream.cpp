@@ -99,7 +99,7 @@ void execute(WorkItem& item) {
         DeviceMemoryAccess access;
         item.run();
     }
-    item.run = nullptr;   // release captured buffers (snapshots) now
+    item.run = nullptr;  // release captured buffers (snapshots) now
     item.done = true;
     item.finished = std::chrono::steady_clock::now();
     tsan_release(&item);  // for whoever waits for it

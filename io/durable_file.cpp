@@ -51,8 +51,10 @@ void fsync_tree(const std::string& tmp_dir, const std::string& kind) {
     while (it != fs::recursive_directory_iterator()) {
         const fs::file_status status = it->symlink_status(ec);
         if (ec) fail(kind, it->path().string(), "cannot stat: " + ec.message());
-        if (fs::is_regular_file(status)) fsync_path(it->path().string(), false, kind);
-        else if (fs::is_directory(status)) fsync_path(it->path().string(), true, kind);
+        if (fs::is_regular_file(status))
+            fsync_path(it->path().string(), false, kind);
+        else if (fs::is_directory(status))
+            fsync_path(it->path().string(), true, kind);
         it.increment(ec);
         if (ec) fail(kind, tmp_dir, "cannot list: " + ec.message());
     }
@@ -65,13 +67,16 @@ void rename_durably(const std::string& from, const std::string& to, const std::s
     fsync_path(parent_of(to), true, kind);
 }
 
-void write_file_atomically(const std::string& path, const std::string& kind, const std::function<void(const ByteSink&)>& write) {
+void write_file_atomically(const std::string& path, const std::string& kind,
+                           const std::function<void(const ByteSink&)>& write) {
     const std::string tmp = path + ".tmp";
     {
         Fd f;
         f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (f.fd < 0)
-            fail(kind, tmp, "cannot create: " + std::string(std::strerror(errno)) + " (does the directory exist and is it writable?)");
+            fail(kind, tmp,
+                 "cannot create: " + std::string(std::strerror(errno)) +
+                     " (does the directory exist and is it writable?)");
         try {
             write([&](const void* data, size_t n) {
                 const char* p = static_cast<const char*>(data);
@@ -79,7 +84,9 @@ void write_file_atomically(const std::string& path, const std::string& kind, con
                     const ssize_t w = ::write(f.fd, p, n);
                     if (w < 0 && errno == EINTR) continue;
                     if (w <= 0)
-                        fail(kind, tmp, "write failed: " + std::string(std::strerror(errno)) + " (check free disk space and permissions)");
+                        fail(kind, tmp,
+                             "write failed: " + std::string(std::strerror(errno)) +
+                                 " (check free disk space and permissions)");
                     p += w;
                     n -= size_t(w);
                 }

@@ -22,7 +22,8 @@ using ByteSink = std::function<void(const void* data, size_t bytes)>;
 // starting "<kind> '<file>': " and naming the OS error (e.g. kind = "token shard"); `path.tmp` is
 // removed if the failure comes before the rename. A failed directory fsync is thrown too, though
 // the new file is then already in place under `path`.
-void write_file_atomically(const std::string& path, const std::string& kind, const std::function<void(const ByteSink&)>& write);
+void write_file_atomically(const std::string& path, const std::string& kind,
+                           const std::function<void(const ByteSink&)>& write);
 
 // fsync of a file (directory = false) or a directory (directory = true) by path. Throws
 // std::runtime_error "<kind> '<path>': cannot open to fsync: <os error>" or "... fsync failed:

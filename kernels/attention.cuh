@@ -102,7 +102,8 @@ constexpr size_t attention_smem_bytes(AttentionKernel k, AttentionTile t, int hd
     const size_t score = size_t(t.own) * size_t(t.other + 4) * a;
     switch (k) {
         case AttentionKernel::forward: return score + size_t(t.own + 2 * t.other) * ld * e;
-        case AttentionKernel::dkv: return 2 * score + 2 * size_t(t.other) * a + size_t(2 * t.own + 2 * t.other) * ld * e;
+        case AttentionKernel::dkv:
+            return 2 * score + 2 * size_t(t.other) * a + size_t(2 * t.own + 2 * t.other) * ld * e;
         case AttentionKernel::dq: return score + size_t(2 * t.own + 2 * t.other) * ld * e;
     }
     return 0;
@@ -463,9 +464,12 @@ template <class T>
 void attention_forward(const T* qkv, T* out, acc_t<T>* lse, int B, int T_len, int H, int Hkv, int hd,
                        cudaStream_t stream) {
     attention_check_shape(B, T_len, H, Hkv, hd);
-    if (hd == 64) attention_forward_launch<T, 64>(qkv, out, lse, B, T_len, H, Hkv, hd, stream);
-    else if (hd == 128) attention_forward_launch<T, 128>(qkv, out, lse, B, T_len, H, Hkv, hd, stream);
-    else attention_forward_launch<T, 0>(qkv, out, lse, B, T_len, H, Hkv, hd, stream);
+    if (hd == 64)
+        attention_forward_launch<T, 64>(qkv, out, lse, B, T_len, H, Hkv, hd, stream);
+    else if (hd == 128)
+        attention_forward_launch<T, 128>(qkv, out, lse, B, T_len, H, Hkv, hd, stream);
+    else
+        attention_forward_launch<T, 0>(qkv, out, lse, B, T_len, H, Hkv, hd, stream);
 }
 
 // The backward's scratch: D[B][H][T] in acc_t<T>.
@@ -505,9 +509,12 @@ void attention_backward(const T* qkv, const T* out, const T* dout, const acc_t<T
     attention_check_shape(B, T_len, H, Hkv, hd);
     acc_t<T>* D = static_cast<acc_t<T>*>(scratch);
     attention_backward_dot(out, dout, D, B, T_len, H, hd, stream);
-    if (hd == 64) attention_backward_launch<T, 64>(qkv, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
-    else if (hd == 128) attention_backward_launch<T, 128>(qkv, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
-    else attention_backward_launch<T, 0>(qkv, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
+    if (hd == 64)
+        attention_backward_launch<T, 64>(qkv, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
+    else if (hd == 128)
+        attention_backward_launch<T, 128>(qkv, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
+    else
+        attention_backward_launch<T, 0>(qkv, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
 }
 
 }  // namespace pv

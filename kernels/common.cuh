@@ -103,9 +103,12 @@ __host__ __device__ constexpr inline int ceil_div(long long a, long long b) { re
 // cuBLAS's names for a storage type.
 template <class T>
 constexpr cudaDataType cuda_data_type() {
-    if constexpr (std::is_same_v<T, double>) return CUDA_R_64F;
-    else if constexpr (std::is_same_v<T, float>) return CUDA_R_32F;
-    else return CUDA_R_16BF;
+    if constexpr (std::is_same_v<T, double>)
+        return CUDA_R_64F;
+    else if constexpr (std::is_same_v<T, float>)
+        return CUDA_R_32F;
+    else
+        return CUDA_R_16BF;
 }
 template <class T>
 constexpr cublasComputeType_t cublas_compute_type() {

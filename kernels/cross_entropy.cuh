@@ -54,7 +54,7 @@ __device__ inline CrossEntropyStats<A> cross_entropy_merge(CrossEntropyStats<A> 
 // the same result. `scratch` holds 32 pairs of shared memory; it may be reused after the call.
 template <class T>
 __device__ inline CrossEntropyStats<acc_t<T>> cross_entropy_row_stats(const T* x, int V,
-                                                                       CrossEntropyStats<acc_t<T>>* scratch) {
+                                                                      CrossEntropyStats<acc_t<T>>* scratch) {
     using A = acc_t<T>;
     CrossEntropyStats<A> st{cross_entropy_lowest(A(0)), A(0)};
     for (int j = threadIdx.x; j < V; j += blockDim.x) {
@@ -92,9 +92,12 @@ __global__ void cross_entropy_forward_kernel(const T* logits, const int* targets
     const CrossEntropyStats<A> st = cross_entropy_row_stats(x, V, &scratch[0]);
     if (threadIdx.x == 0) {
         A loss;
-        if (t == ignore_index) loss = A(0);
-        else if (t < 0 || t >= V) loss = A(NAN);
-        else loss = st.max + acc_log(st.sum) - to_acc(x[t]);
+        if (t == ignore_index)
+            loss = A(0);
+        else if (t < 0 || t >= V)
+            loss = A(NAN);
+        else
+            loss = st.max + acc_log(st.sum) - to_acc(x[t]);
         row_loss[row] = loss;
     }
 }
@@ -102,8 +105,8 @@ __global__ void cross_entropy_forward_kernel(const T* logits, const int* targets
 // One block: loss_sum = Σ row_loss and count = #(targets != ignore_index), each thread summing a
 // fixed strided subset, then a fixed-order block reduction.
 template <class T>
-__global__ void cross_entropy_sum_kernel(const acc_t<T>* row_loss, const int* targets, acc_t<T>* loss_sum,
-                                         int* count, long long N, int ignore_index) {
+__global__ void cross_entropy_sum_kernel(const acc_t<T>* row_loss, const int* targets, acc_t<T>* loss_sum, int* count,
+                                         long long N, int ignore_index) {
     using A = acc_t<T>;
     __shared__ A scratch[32];
     __shared__ int count_scratch[32];
@@ -124,8 +127,8 @@ __global__ void cross_entropy_sum_kernel(const acc_t<T>* row_loss, const int* ta
 // One block per row: dlogits[n] = scale·(softmax − onehot), or 0 for an ignored row. dlogits may
 // be logits (see the header comment).
 template <class T>
-__global__ void cross_entropy_backward_kernel(const T* logits, const int* targets, T* dlogits, int V,
-                                              int ignore_index, acc_t<T> scale) {
+__global__ void cross_entropy_backward_kernel(const T* logits, const int* targets, T* dlogits, int V, int ignore_index,
+                                              acc_t<T> scale) {
     using A = acc_t<T>;
     __shared__ CrossEntropyStats<A> scratch[32];
     const long long row = blockIdx.x;
@@ -156,8 +159,8 @@ template <class T>
 void cross_entropy_forward(const T* logits, const int* targets, acc_t<T>* row_loss, acc_t<T>* loss_sum, int* count,
                            long long N, int V, int ignore_index, cudaStream_t stream) {
     if (N > 0) {
-        launch(cross_entropy_forward_kernel<T>, dim3(unsigned(N)), dim3(cross_entropy_block_size(V)), 0, stream,
-               logits, targets, row_loss, V, ignore_index);
+        launch(cross_entropy_forward_kernel<T>, dim3(unsigned(N)), dim3(cross_entropy_block_size(V)), 0, stream, logits,
+               targets, row_loss, V, ignore_index);
         CUDA_CHECK_LAUNCH();
     }
     // A warp per 32 rows, at most 8 (the sum is a few microseconds at any N); N < 2^31 (grid size).

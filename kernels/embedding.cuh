@@ -35,9 +35,9 @@
 
 namespace pv {
 
-inline constexpr int kEmbeddingBackwardChunk = 4096;    // positions sorted together (a power of two)
-inline constexpr int kEmbeddingBackwardChannels = 64;   // channels per block: two per lane
-inline constexpr int kEmbeddingBackwardThreads = 256;   // eight warps share out the runs
+inline constexpr int kEmbeddingBackwardChunk = 4096;   // positions sorted together (a power of two)
+inline constexpr int kEmbeddingBackwardChannels = 64;  // channels per block: two per lane
+inline constexpr int kEmbeddingBackwardThreads = 256;  // eight warps share out the runs
 
 template <class T>
 __global__ void embedding_forward_kernel(const int* tokens, const T* wte, T* out, long long N, int C, int V) {
@@ -158,10 +158,10 @@ void embedding_backward(const int* tokens, const T* dout, T* dwte, long long N, 
     const size_t smem = size_t(chunk) * (sizeof(unsigned long long) + sizeof(int));
     // 48 KiB less the static warp_totals is the most a launch may take without opting in.
     if (smem + 32 * sizeof(int) > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(embedding_backward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(smem)));
-    launch(embedding_backward_kernel<T>, dim3(ceil_div(C, kEmbeddingBackwardChannels)),
-           dim3(kEmbeddingBackwardThreads), smem, stream, tokens, dout, dwte, N, C, V, chunk);
+        CUDA_CHECK(
+            cudaFuncSetAttribute(embedding_backward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    launch(embedding_backward_kernel<T>, dim3(ceil_div(C, kEmbeddingBackwardChannels)), dim3(kEmbeddingBackwardThreads),
+           smem, stream, tokens, dout, dwte, N, C, V, chunk);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -49,8 +49,10 @@ __host__ __device__ inline To cast_value(From v) {
     if constexpr (std::is_same_v<From, To>) {
         return v;
     } else if constexpr (std::is_same_v<To, __nv_bfloat16>) {
-        if constexpr (std::is_same_v<From, double>) return __double2bfloat16(v);  // one rounding
-        else return __float2bfloat16(v);                                           // From is float
+        if constexpr (std::is_same_v<From, double>)
+            return __double2bfloat16(v);  // one rounding
+        else
+            return __float2bfloat16(v);  // From is float
     } else if constexpr (std::is_same_v<From, __nv_bfloat16>) {
         return To(__bfloat162float(v));  // exact into float, then exact into double
     } else {

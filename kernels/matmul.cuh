@@ -78,8 +78,8 @@ void matmul_backward(cublasHandle_t handle, const T* dy, const T* x, const T* w,
                                   accumulate_dx ? &one : &zero, dx, type, in, compute, CUBLAS_GEMM_DEFAULT));
     }
     if (dw != nullptr) {
-        CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, &one, x, type, in, dy, type, out, &one,
-                                  dw, type, in, compute, CUBLAS_GEMM_DEFAULT));
+        CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, &one, x, type, in, dy, type, out,
+                                  &one, dw, type, in, compute, CUBLAS_GEMM_DEFAULT));
     }
 }
 

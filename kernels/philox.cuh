@@ -51,10 +51,11 @@ __host__ __device__ inline Philox4 philox_draw(uint64_t seed, RandomPurpose purp
 
 // A standard normal value for (seed, purpose, tensor, element), by Box-Muller on the first two
 // words, in double (the same function on host and device, so host-side checks reproduce it).
-__host__ __device__ inline double philox_normal(uint64_t seed, RandomPurpose purpose, uint32_t tensor, uint64_t element) {
+__host__ __device__ inline double philox_normal(uint64_t seed, RandomPurpose purpose, uint32_t tensor,
+                                                uint64_t element) {
     const Philox4 r = philox_draw(seed, purpose, tensor, element);
     const double u1 = (double(r.v[0]) + 1.0) * (1.0 / 4294967296.0);  // (0, 1]: log is finite
-    const double u2 = double(r.v[1]) * (1.0 / 4294967296.0);           // [0, 1)
+    const double u2 = double(r.v[1]) * (1.0 / 4294967296.0);          // [0, 1)
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
@@ -72,7 +73,8 @@ template <class T>
 void init_normal(T* x, long long n, double std_dev, uint64_t seed, uint32_t tensor, long long first_element,
                  cudaStream_t stream) {
     if (n == 0) return;
-    launch(init_normal_kernel<T>, dim3(ceil_div(n, 256)), dim3(256), 0, stream, x, n, std_dev, seed, tensor, first_element);
+    launch(init_normal_kernel<T>, dim3(ceil_div(n, 256)), dim3(256), 0, stream, x, n, std_dev, seed, tensor,
+           first_element);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -40,9 +40,7 @@ inline constexpr int kRmsnormBackwardMaxThreads = 512;  // threads per row in th
 inline constexpr int kRmsnormReduceThreads = 256;
 
 // The rows handled by one warp in the forward kernels; whole warps skip past the end.
-__device__ inline long long rmsnorm_warp_row() {
-    return (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-}
+__device__ inline long long rmsnorm_warp_row() { return (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; }
 
 template <class T>
 __global__ void rmsnorm_forward_kernel(const T* x, const T* weight, T* out, acc_t<T>* rstd, long long N, int C,
@@ -64,8 +62,8 @@ __global__ void rmsnorm_forward_kernel(const T* x, const T* weight, T* out, acc_
 }
 
 template <class T>
-__global__ void residual_rmsnorm_forward_kernel(const T* residual, const T* branch, T* sum_out, const T* weight,
-                                                T* out, acc_t<T>* rstd, long long N, int C, acc_t<T> eps) {
+__global__ void residual_rmsnorm_forward_kernel(const T* residual, const T* branch, T* sum_out, const T* weight, T* out,
+                                                acc_t<T>* rstd, long long N, int C, acc_t<T> eps) {
     using A = acc_t<T>;
     const long long n = rmsnorm_warp_row();
     const int lane = threadIdx.x % 32;
@@ -140,19 +138,17 @@ void rmsnorm_forward(const T* x, const T* weight, T* out, acc_t<T>* rstd, long l
 
 // sum_out = residual + branch (rounded to T; may alias residual), out = rmsnorm(sum_out) · weight.
 template <class T>
-void residual_rmsnorm_forward(const T* residual, const T* branch, T* sum_out, const T* weight, T* out,
-                              acc_t<T>* rstd, long long N, int C, double eps, cudaStream_t stream) {
+void residual_rmsnorm_forward(const T* residual, const T* branch, T* sum_out, const T* weight, T* out, acc_t<T>* rstd,
+                              long long N, int C, double eps, cudaStream_t stream) {
     if (N == 0) return;
     const int rows_per_block = rmsnorm_forward_rows_per_block(N);
-    launch(residual_rmsnorm_forward_kernel<T>, dim3(ceil_div(N, rows_per_block)), dim3(32 * rows_per_block), 0,
-           stream, residual, branch, sum_out, weight, out, rstd, N, C, acc_t<T>(eps));
+    launch(residual_rmsnorm_forward_kernel<T>, dim3(ceil_div(N, rows_per_block)), dim3(32 * rows_per_block), 0, stream,
+           residual, branch, sum_out, weight, out, rstd, N, C, acc_t<T>(eps));
     CUDA_CHECK_LAUNCH();
 }
 
 // The number of dweight partials (blocks) of the backward for N rows.
-inline int rmsnorm_backward_blocks(long long N) {
-    return int(N < kRmsnormBackwardBlocks ? N : kRmsnormBackwardBlocks);
-}
+inline int rmsnorm_backward_blocks(long long N) { return int(N < kRmsnormBackwardBlocks ? N : kRmsnormBackwardBlocks); }
 
 // Bytes of the scratch rmsnorm_backward needs for N rows of C channels.
 template <class T>

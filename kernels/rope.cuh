@@ -85,7 +85,7 @@ void rope_launch(T* x, const acc_t<T>* inv_freq, long long N, int seq_len, int n
                  long long row_stride, int sign, cudaStream_t stream) {
     rope_check_arguments(head_dim, seq_len);
     const long long threads = N * n_heads * (head_dim / 2);
-    if (threads == 0) return;  // an empty grid is a launch error
+    if (threads == 0) return;                                             // an empty grid is a launch error
     const int block = threads >= 256 ? 256 : 32 * ceil_div(threads, 32);  // no idle warps on tiny shapes
     launch(rope_rotate_kernel<T>, dim3(ceil_div(threads, block)), dim3(block), 0, stream, x, inv_freq, N, seq_len,
            n_heads, head_dim, row_stride, sign);

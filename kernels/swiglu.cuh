@@ -45,7 +45,8 @@ __global__ void swiglu_backward_kernel(const T* gate_up, const T* dout, T* dgate
 template <class T>
 void swiglu_forward(const T* gate_up, T* out, long long rows, int ffn, cudaStream_t stream) {
     const int block = 256;
-    launch(swiglu_forward_kernel<T>, dim3(ceil_div(rows * ffn, block)), dim3(block), 0, stream, gate_up, out, rows, ffn);
+    launch(swiglu_forward_kernel<T>, dim3(ceil_div(rows * ffn, block)), dim3(block), 0, stream, gate_up, out, rows,
+           ffn);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -53,8 +54,8 @@ void swiglu_forward(const T* gate_up, T* out, long long rows, int ffn, cudaStrea
 template <class T>
 void swiglu_backward(const T* gate_up, const T* dout, T* dgate_up, long long rows, int ffn, cudaStream_t stream) {
     const int block = 256;
-    launch(swiglu_backward_kernel<T>, dim3(ceil_div(rows * ffn, block)), dim3(block), 0, stream, gate_up, dout, dgate_up,
-           rows, ffn);
+    launch(swiglu_backward_kernel<T>, dim3(ceil_div(rows * ffn, block)), dim3(block), 0, stream, gate_up, dout,
+           dgate_up, rows, ffn);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -93,7 +93,8 @@ void convert(const uint8_t* src, const std::string& from, uint8_t* dst, DType to
                 store<double>(dst, static_cast<double>(narrow_source_to_float(src, from)));
                 break;
             case DType::fp32:  // F64: the cast rounds to nearest even (the default FP environment)
-                store<float>(dst, from == "F64" ? static_cast<float>(load<double>(src)) : narrow_source_to_float(src, from));
+                store<float>(dst,
+                             from == "F64" ? static_cast<float>(load<double>(src)) : narrow_source_to_float(src, from));
                 break;
             case DType::bf16:
                 // F64 goes through fp32, so it is rounded twice: a double just off a bf16 tie can
@@ -151,10 +152,12 @@ constexpr const char* kDirKind = "checkpoint directory";
 
 // "runs/x/step_5/" and "runs/x/step_5" name the same checkpoint; the .tmp goes beside it.
 std::string without_trailing_slashes(const std::string& dir) {
-    if (dir.empty()) throw std::invalid_argument("checkpoint directory: the path is empty (pass e.g. 'runs/x/step_100')");
+    if (dir.empty())
+        throw std::invalid_argument("checkpoint directory: the path is empty (pass e.g. 'runs/x/step_100')");
     std::string d = dir;
     while (d.size() > 1 && d.back() == '/') d.pop_back();
-    if (d == "/") throw std::invalid_argument("checkpoint directory: '/' cannot be a checkpoint (pass e.g. 'runs/x/step_100')");
+    if (d == "/")
+        throw std::invalid_argument("checkpoint directory: '/' cannot be a checkpoint (pass e.g. 'runs/x/step_100')");
     return d;
 }
 
@@ -198,7 +201,8 @@ HostGroups read_group_tensors(const std::string& path, const std::vector<GroupLa
     const SafeTensorsFile file = read_safetensors(path);
     std::map<std::string, const SafeTensor*> by_name;
     for (const SafeTensor& t : file.tensors) by_name[t.name] = &t;
-    const std::string different = "was it written for a different model or configuration? compare config.json with the file";
+    const std::string different =
+        "was it written for a different model or configuration? compare config.json with the file";
 
     HostGroups out;
     out.dtype = dtype;

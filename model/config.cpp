@@ -40,19 +40,22 @@ std::vector<std::string> validate(const LlamaConfig& c) {
         return false;
     };
     positive("vocab_size", c.vocab_size, "set it to the tokenizer's vocabulary size");
-    const bool hidden_ok = positive("hidden_size", c.hidden_size, "set it to the model width (config.json hidden_size)");
+    const bool hidden_ok =
+        positive("hidden_size", c.hidden_size, "set it to the model width (config.json hidden_size)");
     positive("num_layers", c.num_layers, "set it to the number of transformer blocks (config.json num_hidden_layers)");
-    const bool heads_ok = positive("num_heads", c.num_heads, "set it to the number of query heads (config.json num_attention_heads)");
+    const bool heads_ok =
+        positive("num_heads", c.num_heads, "set it to the number of query heads (config.json num_attention_heads)");
     const bool kv_ok = positive("num_kv_heads", c.num_kv_heads,
                                 "set it to the number of key/value heads (config.json num_key_value_heads; "
                                 "equal to num_heads without grouped-query attention)");
     positive("ffn_size", c.ffn_size, "set it to the MLP width (config.json intermediate_size)");
-    positive("max_seq_len", c.max_seq_len, "set it to the longest sequence the model takes (config.json max_position_embeddings)");
+    positive("max_seq_len", c.max_seq_len,
+             "set it to the longest sequence the model takes (config.json max_position_embeddings)");
 
     if (heads_ok && kv_ok && c.num_heads % c.num_kv_heads != 0)
         errors.push_back("num_kv_heads = " + std::to_string(c.num_kv_heads) + " does not divide num_heads = " +
-                         std::to_string(c.num_heads) +
-                         ": GQA needs num_heads to be a multiple of num_kv_heads (use " + divisors_of(c.num_heads) + ")");
+                         std::to_string(c.num_heads) + ": GQA needs num_heads to be a multiple of num_kv_heads (use " +
+                         divisors_of(c.num_heads) + ")");
 
     if (c.head_dim < 0) {
         errors.push_back("head_dim = " + std::to_string(c.head_dim) +
@@ -65,14 +68,13 @@ std::vector<std::string> validate(const LlamaConfig& c) {
     } else if (hidden_ok && heads_ok) {
         // hidden_size < num_heads lands here too: the remainder is hidden_size itself.
         if (c.hidden_size % c.num_heads != 0)
-            errors.push_back("hidden_size = " + std::to_string(c.hidden_size) + " is not divisible by num_heads = " +
-                             std::to_string(c.num_heads) +
+            errors.push_back("hidden_size = " + std::to_string(c.hidden_size) +
+                             " is not divisible by num_heads = " + std::to_string(c.num_heads) +
                              " and head_dim is not set: set head_dim explicitly or choose hidden_size a multiple "
                              "of num_heads");
         else if (c.head_dim_resolved() % 2 != 0)
-            errors.push_back("head_dim = " + std::to_string(c.head_dim_resolved()) +
-                             " (hidden_size / num_heads = " + std::to_string(c.hidden_size) + " / " +
-                             std::to_string(c.num_heads) +
+            errors.push_back("head_dim = " + std::to_string(c.head_dim_resolved()) + " (hidden_size / num_heads = " +
+                             std::to_string(c.hidden_size) + " / " + std::to_string(c.num_heads) +
                              ") is odd: RoPE rotates the channels of each head in pairs, so head_dim "
                              "must be even (set an even head_dim explicitly, or choose hidden_size an even "
                              "multiple of num_heads)");
@@ -80,13 +82,15 @@ std::vector<std::string> validate(const LlamaConfig& c) {
 
     // Written so that NaN fails too.
     if (!(c.rms_norm_eps > 0 && std::isfinite(c.rms_norm_eps)))
-        errors.push_back("rms_norm_eps = " + num(c.rms_norm_eps) +
-                         " must be positive and finite: RMSNorm divides by sqrt(mean(x^2) + eps), which is infinite for a zero "
-                         "row without it (use config.json's rms_norm_eps, typically 1e-5 or 1e-6)");
+        errors.push_back(
+            "rms_norm_eps = " + num(c.rms_norm_eps) +
+            " must be positive and finite: RMSNorm divides by sqrt(mean(x^2) + eps), which is infinite for a zero "
+            "row without it (use config.json's rms_norm_eps, typically 1e-5 or 1e-6)");
     if (!(c.rope_theta > 0 && std::isfinite(c.rope_theta)))
-        errors.push_back("rope_theta = " + num(c.rope_theta) +
-                         " must be positive and finite: RoPE's frequencies are rope_theta^(-2i/head_dim) (use config.json's "
-                         "rope_theta, typically 10000 or 500000)");
+        errors.push_back(
+            "rope_theta = " + num(c.rope_theta) +
+            " must be positive and finite: RoPE's frequencies are rope_theta^(-2i/head_dim) (use config.json's "
+            "rope_theta, typically 10000 or 500000)");
 
     const RopeScaling& s = c.rope_scaling;
     if (!(s.factor >= 0 && std::isfinite(s.factor))) {
@@ -123,11 +127,11 @@ void validate_or_throw(const LlamaConfig& c) {
 
 long long block_parameter_count(const LlamaConfig& c) {
     const long long h = c.hidden_size, q = c.q_width(), kv = c.kv_width(), f = c.ffn_size;
-    return 2 * h            // attention and MLP RMSNorm weights
-           + q * h          // Wq
-           + 2 * kv * h     // Wk, Wv
-           + h * q          // Wo
-           + 3 * f * h;     // Wgate, Wup, Wdown
+    return 2 * h         // attention and MLP RMSNorm weights
+           + q * h       // Wq
+           + 2 * kv * h  // Wk, Wv
+           + h * q       // Wo
+           + 3 * f * h;  // Wgate, Wup, Wdown
 }
 
 long long parameter_count(const LlamaConfig& c) {
@@ -171,6 +175,8 @@ namespace {
 // (repository named above each); rope_theta is 10000 where an older config.json omits it
 // (transformers' default, which later revisions of those files write out).
 const std::vector<LlamaConfig>& presets() {
+    // The table keeps one preset per group of rows, as the published configs read.
+    // clang-format off
     static const std::vector<LlamaConfig> all = {
         // Small models for tests: GQA with 3 query heads per KV head, head_dim set explicitly, sizes
         // that divide no tile size, an odd vocabulary. test-tied differs in tying, vocab and depth.
@@ -249,6 +255,7 @@ const std::vector<LlamaConfig>& presets() {
          .num_kv_heads = 8, .head_dim = 0, .ffn_size = 28672, .rms_norm_eps = 1e-5, .rope_theta = 10000.0,
          .rope_scaling = {}, .max_seq_len = 4096, .tie_embeddings = false},
     };
+    // clang-format on
     return all;
 }
 

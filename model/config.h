@@ -49,18 +49,18 @@ struct RopeScaling {
 };
 
 struct LlamaConfig {
-    std::string name;           // the preset name, or where the config came from
+    std::string name;  // the preset name, or where the config came from
     int vocab_size = 0;
     int hidden_size = 0;
     int num_layers = 0;
     int num_heads = 0;
     int num_kv_heads = 0;
-    int head_dim = 0;           // 0: hidden_size / num_heads
-    int ffn_size = 0;           // intermediate_size
+    int head_dim = 0;  // 0: hidden_size / num_heads
+    int ffn_size = 0;  // intermediate_size
     double rms_norm_eps = 1e-5;
     double rope_theta = 10000.0;
-    RopeScaling rope_scaling;   // factor 0: none
-    int max_seq_len = 0;        // max_position_embeddings
+    RopeScaling rope_scaling;  // factor 0: none
+    int max_seq_len = 0;       // max_position_embeddings
     bool tie_embeddings = false;
 
     // Meaningful for a config that validates; never divides by zero otherwise.

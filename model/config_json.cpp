@@ -45,7 +45,7 @@ std::string type_of(const json& v) {
 // Reads the keys of one config.json object. Every error names the origin, the key, the value and
 // the fix; `name` arguments are the key as a user would search for it ("rope_scaling.factor").
 class Reader {
-public:
+  public:
     Reader(const json& root, const std::string& origin) : root_(root), origin_(origin) {}
 
     [[noreturn]] void fail(const std::string& what) const {
@@ -74,11 +74,13 @@ public:
         if (v.is_number_integer()) {
             const int64_t i = v.get<int64_t>();
             if (i < INT_MIN || i > INT_MAX)
-                fail(name + " = " + shown(v) + " is out of range: it must fit in a 32-bit integer (is the value corrupt?)");
+                fail(name + " = " + shown(v) +
+                     " is out of range: it must fit in a 32-bit integer (is the value corrupt?)");
             return static_cast<int>(i);
         }
         if (v.is_number_float())
-            fail(name + " = " + shown(v) + " is not a whole number: it is a count, so write it as an integer "
+            fail(name + " = " + shown(v) +
+                 " is not a whole number: it is a count, so write it as an integer "
                  "without a decimal point (e.g. 2048)");
         wrong_type(name, v, "an integer", "write it as a JSON number without quotes (e.g. 2048)");
     }
@@ -102,10 +104,12 @@ public:
     int required_int(const std::string& key, const std::string& meaning) const {
         const json* v = find(key);
         if (v == nullptr)
-            fail("missing required key " + key + " (" + meaning + "): add it with the value from the model's "
+            fail("missing required key " + key + " (" + meaning +
+                 "): add it with the value from the model's "
                  "published config.json");
         if (v->is_null())
-            fail(key + " = null, but it is required (" + meaning + "): set it to the value from the model's "
+            fail(key + " = null, but it is required (" + meaning +
+                 "): set it to the value from the model's "
                  "published config.json");
         return as_int(*v, key);
     }
@@ -147,12 +151,14 @@ public:
         }
         if (llama) return;
         if (!has_type && !has_arch)
-            fail("has neither model_type nor architectures, so nothing says it describes a Llama model: "
-                 "add \"model_type\": \"llama\" if it does");
+            fail(
+                "has neither model_type nor architectures, so nothing says it describes a Llama model: "
+                "add \"model_type\": \"llama\" if it does");
         std::string what;
         if (has_type) what = "model_type = " + shown(*type);
         if (has_arch) what += (what.empty() ? "" : ", ") + std::string("architectures = ") + shown(*arch);
-        fail(what + ": this is not a Llama model, and polevault reads only LlamaForCausalLM configs "
+        fail(what +
+             ": this is not a Llama model, and polevault reads only LlamaForCausalLM configs "
              "(model_type \"llama\"); choose a Llama-architecture checkpoint");
     }
 
@@ -160,28 +166,35 @@ public:
     // for rope_type "default". Sets *theta when the object carries rope_theta (transformers 5).
     RopeScaling rope(const json& obj, const std::string& name, double* theta) const {
         if (!obj.is_object())
-            wrong_type(name, obj, "an object or null",
-                       "write null for plain RoPE, or {\"rope_type\": \"llama3\", \"factor\": ..., \"low_freq_factor\": ..., "
-                       "\"high_freq_factor\": ..., \"original_max_position_embeddings\": ...}");
+            wrong_type(
+                name, obj, "an object or null",
+                "write null for plain RoPE, or {\"rope_type\": \"llama3\", \"factor\": ..., \"low_freq_factor\": ..., "
+                "\"high_freq_factor\": ..., \"original_max_position_embeddings\": ...}");
         std::string type_key = "rope_type";
         const json* type = find(obj, type_key);
         if (type == nullptr) type = find(obj, type_key = "type");  // the key before transformers 4.43
         if (type == nullptr)
-            fail(name + " = " + shown(obj) + " has no rope_type: set rope_type to \"llama3\" (with factor, "
-                 "low_freq_factor, high_freq_factor and original_max_position_embeddings), or set " + name +
-                 " to null for plain RoPE");
+            fail(name + " = " + shown(obj) +
+                 " has no rope_type: set rope_type to \"llama3\" (with factor, "
+                 "low_freq_factor, high_freq_factor and original_max_position_embeddings), or set " +
+                 name + " to null for plain RoPE");
         const std::string kind = as_string(*type, name + "." + type_key);
         if (const json* t = find(obj, "rope_theta"); t != nullptr && theta != nullptr)
             *theta = as_double(*t, name + ".rope_theta");
         if (kind == "default") return {};
         if (kind != "llama3")
-            fail(name + "." + type_key + " = \"" + kind + "\" is not supported: polevault supports only llama3 "
-                 "RoPE scaling (rope_type \"llama3\") or none (" + name + " null), and its RoPE kernel does not "
-                 "implement '" + kind + "'; choose a model with llama3 scaling or none");
+            fail(name + "." + type_key + " = \"" + kind +
+                 "\" is not supported: polevault supports only llama3 "
+                 "RoPE scaling (rope_type \"llama3\") or none (" +
+                 name +
+                 " null), and its RoPE kernel does not "
+                 "implement '" +
+                 kind + "'; choose a model with llama3 scaling or none");
         auto field = [&](const std::string& key) -> const json& {
             const json* v = find(obj, key);
             if (v == nullptr)
-                fail(name + " (rope_type \"llama3\") is missing " + key + ": llama3 scaling needs factor, "
+                fail(name + " (rope_type \"llama3\") is missing " + key +
+                     ": llama3 scaling needs factor, "
                      "low_freq_factor, high_freq_factor and original_max_position_embeddings (Llama 3.1 uses 8, 1, 4 "
                      "and 8192); add it from the model's published config.json");
             return *v;
@@ -194,12 +207,14 @@ public:
             as_int(field("original_max_position_embeddings"), name + ".original_max_position_embeddings");
         // LlamaConfig reads factor 0 as "no scaling"; a llama3 object saying 0 is a mistake, not that.
         if (s.factor == 0.0)
-            fail(name + ".factor = 0 with rope_type \"llama3\": the factor divides the low frequencies, so it must be "
-                 "positive (Llama 3.1 uses 8, Llama 3.2 uses 32); set " + name + " to null for no scaling");
+            fail(name +
+                 ".factor = 0 with rope_type \"llama3\": the factor divides the low frequencies, so it must be "
+                 "positive (Llama 3.1 uses 8, Llama 3.2 uses 32); set " +
+                 name + " to null for no scaling");
         return s;
     }
 
-private:
+  private:
     const json& root_;
     const std::string& origin_;
 };
@@ -213,8 +228,9 @@ bool same_scaling(const RopeScaling& a, const RopeScaling& b) {
 
 std::string hf_config_json(const LlamaConfig& c, const std::string& torch_dtype) {
     if (torch_dtype != "bfloat16" && torch_dtype != "float32" && torch_dtype != "float64")
-        throw std::invalid_argument("config.json torch_dtype '" + torch_dtype +
-                                    "' is not a storage type polevault writes: use \"bfloat16\", \"float32\" or \"float64\"");
+        throw std::invalid_argument(
+            "config.json torch_dtype '" + torch_dtype +
+            "' is not a storage type polevault writes: use \"bfloat16\", \"float32\" or \"float64\"");
     validate_or_throw(c);  // a config.json for a model that cannot exist helps nobody
 
     // nlohmann::json keeps object keys sorted, which is also how transformers writes them.
@@ -260,7 +276,8 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& ori
     }
     const Reader r(root, origin);
     if (!root.is_object())
-        r.fail("the file is " + type_of(root) + ", but a config.json is a JSON object {...} of keys; is this the "
+        r.fail("the file is " + type_of(root) +
+               ", but a config.json is a JSON object {...} of keys; is this the "
                "right file?");
     r.check_architecture();
 
@@ -274,7 +291,8 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& ori
     c.num_kv_heads = r.optional_int("num_key_value_heads", c.num_heads, true);
     c.head_dim = r.optional_int("head_dim", 0, true);
     if (r.find("head_dim") != nullptr && !r.find("head_dim")->is_null() && c.head_dim <= 0)
-        r.fail("head_dim = " + std::to_string(c.head_dim) + " must be positive: set the per-head width, or remove "
+        r.fail("head_dim = " + std::to_string(c.head_dim) +
+               " must be positive: set the per-head width, or remove "
                "head_dim (or write null) to derive it as hidden_size / num_attention_heads");
     c.rms_norm_eps = r.optional_double("rms_norm_eps", kDefaultRmsNormEps);
     c.max_seq_len = r.optional_int("max_position_embeddings", kDefaultMaxPositionEmbeddings);
@@ -296,22 +314,25 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& ori
 
     const std::string act = r.optional_string("hidden_act", "silu");
     if (act != "silu")
-        r.fail("hidden_act = \"" + act + "\" is not supported: polevault's MLP is SwiGLU, silu(gate)·up; choose a "
+        r.fail("hidden_act = \"" + act +
+               "\" is not supported: polevault's MLP is SwiGLU, silu(gate)·up; choose a "
                "model with hidden_act \"silu\"");
     if (r.optional_bool("attention_bias", false))
-        r.fail("attention_bias = true is not supported: polevault's attention projections have no biases, so the "
-               "checkpoint's q/k/v/o bias weights would have nowhere to go; choose a model with attention_bias false");
+        r.fail(
+            "attention_bias = true is not supported: polevault's attention projections have no biases, so the "
+            "checkpoint's q/k/v/o bias weights would have nowhere to go; choose a model with attention_bias false");
     if (r.optional_bool("mlp_bias", false))
-        r.fail("mlp_bias = true is not supported: polevault's MLP projections have no biases, so the checkpoint's "
-               "gate/up/down bias weights would have nowhere to go; choose a model with mlp_bias false");
+        r.fail(
+            "mlp_bias = true is not supported: polevault's MLP projections have no biases, so the checkpoint's "
+            "gate/up/down bias weights would have nowhere to go; choose a model with mlp_bias false");
 
     try {
         validate_or_throw(c);
     } catch (const std::invalid_argument& e) {
         // validate() speaks LlamaConfig's field names; give the config.json key of each one named.
         static const std::pair<const char*, const char*> renamed[] = {
-            {"num_layers", "num_hidden_layers"},      {"num_heads", "num_attention_heads"},
-            {"num_kv_heads", "num_key_value_heads"},  {"ffn_size", "intermediate_size"},
+            {"num_layers", "num_hidden_layers"},        {"num_heads", "num_attention_heads"},
+            {"num_kv_heads", "num_key_value_heads"},    {"ffn_size", "intermediate_size"},
             {"max_seq_len", "max_position_embeddings"}, {"tie_embeddings", "tie_word_embeddings"}};
         std::string message = e.what();  // names the origin: it is c.name
         std::string keys;
@@ -325,10 +346,11 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& ori
 }
 
 LlamaConfig read_hf_config(const std::string& path) {
-    auto fail = [&](const std::string& what) -> void { throw std::runtime_error("config.json '" + path + "': " + what); };
+    auto fail = [&](const std::string& what) -> void {
+        throw std::runtime_error("config.json '" + path + "': " + what);
+    };
     std::error_code ec;
-    if (std::filesystem::is_directory(path, ec))
-        fail("is a directory: pass the config.json file inside it");
+    if (std::filesystem::is_directory(path, ec)) fail("is a directory: pass the config.json file inside it");
     std::ifstream in(path, std::ios::binary);
     if (!in) fail("cannot open: " + std::string(std::strerror(errno)) + " (check the path)");
     const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};

@@ -17,7 +17,9 @@ double block_matmul_weights(const LlamaConfig& c) {
            + 3 * f * h;  // Wgate, Wup, Wdown
 }
 
-double lm_head_weights(const LlamaConfig& c) { return double(c.vocab_size) * c.hidden_size; }  // also when tied: its GEMM runs anyway
+double lm_head_weights(const LlamaConfig& c) {
+    return double(c.vocab_size) * c.hidden_size;
+}  // also when tied: its GEMM runs anyway
 
 }  // namespace
 
@@ -54,9 +56,12 @@ double dense_bf16_peak_flops(int cc_major, int cc_minor, int sm_count, int clock
                                     "tensor-core boost clock in kHz");
     // Dense bf16 FLOPs per clock per SM; the derivations from NVIDIA's published peaks are in flops.h.
     int per_sm_per_clock = 0;
-    if (cc_major == 8 && cc_minor == 0) per_sm_per_clock = 2048;                       // A100
-    else if (cc_major == 8 && (cc_minor == 6 || cc_minor == 9)) per_sm_per_clock = 1024;  // A10, A40, L4, L40S
-    else if (cc_major == 9 && cc_minor == 0) per_sm_per_clock = 4096;                  // H100
+    if (cc_major == 8 && cc_minor == 0)
+        per_sm_per_clock = 2048;  // A100
+    else if (cc_major == 8 && (cc_minor == 6 || cc_minor == 9))
+        per_sm_per_clock = 1024;  // A10, A40, L4, L40S
+    else if (cc_major == 9 && cc_minor == 0)
+        per_sm_per_clock = 4096;  // H100
     return double(sm_count) * double(clock_khz) * 1e3 * per_sm_per_clock;
 }
 

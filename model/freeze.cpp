@@ -11,7 +11,9 @@ namespace pv {
 
 namespace {
 
-bool matches(const std::string& pattern, const std::string& name) { return fnmatch(pattern.c_str(), name.c_str(), 0) == 0; }
+bool matches(const std::string& pattern, const std::string& name) {
+    return fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
+}
 
 }  // namespace
 
@@ -62,16 +64,19 @@ FrozenTensors resolve_freeze(const LlamaConfig& config, const std::vector<std::s
             }
             out.names.insert(t.name);
             if (tied_wte)
-                out.notes.push_back(hit > 0 ? "model.embed_tokens.weight is tied to lm_head.weight: lm_head is frozen too"
-                                            : "lm_head.weight is tied to model.embed_tokens.weight: the embedding is "
-                                              "frozen too");
+                out.notes.push_back(hit > 0
+                                        ? "model.embed_tokens.weight is tied to lm_head.weight: lm_head is frozen too"
+                                        : "lm_head.weight is tied to model.embed_tokens.weight: the embedding is "
+                                          "frozen too");
         }
     }
     for (size_t k = 0; k < patterns.size(); ++k)
         if (!used[k])
-            throw std::invalid_argument("--freeze: the pattern '" + patterns[k] + "' matches no tensor of this model (names "
-                                        "look like 'model.embed_tokens.weight', 'model.layers.0.input_layernorm.weight', "
-                                        "'model.layers.0.self_attn.q_proj.weight'); check its spelling");
+            throw std::invalid_argument(
+                "--freeze: the pattern '" + patterns[k] +
+                "' matches no tensor of this model (names "
+                "look like 'model.embed_tokens.weight', 'model.layers.0.input_layernorm.weight', "
+                "'model.layers.0.self_attn.q_proj.weight'); check its spelling");
     if ((long long)out.names.size() == tensors)
         throw std::invalid_argument("--freeze freezes every tensor of the model: nothing would train; freeze fewer");
     return out;

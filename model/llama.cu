@@ -46,12 +46,12 @@ enum WorkBuffer { kProj, kDh, kDact, kDgateUp, kDatt, kDqkv, kNormScratch, kAtte
 
 }  // namespace
 
-std::vector<ActivationBuffer> activation_layout(const LlamaConfig& c, UnitKind kind, int batch, int seq_len, DType dtype) {
+std::vector<ActivationBuffer> activation_layout(const LlamaConfig& c, UnitKind kind, int batch, int seq_len,
+                                                DType dtype) {
     const long long N = (long long)batch * seq_len, C = c.hidden_size;
     const size_t t = dtype_size(dtype), a = acc_size(dtype);
     switch (kind) {
-        case UnitKind::embedding:
-            return {{"out", N * C, t}};
+        case UnitKind::embedding: return {{"out", N * C, t}};
         case UnitKind::block:
             return {{"out", N * C, t},
                     {"h1", N * C, t},
@@ -72,16 +72,21 @@ std::vector<ActivationBuffer> activation_layout(const LlamaConfig& c, UnitKind k
 
 template <class T>
 Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
-    : config_(config), batch_(o.batch), seq_len_(o.seq_len), gradients_(o.placement.gradients),
-      parameters_(o.placement.parameters), stream_(o.stream) {
+    : config_(config),
+      batch_(o.batch),
+      seq_len_(o.seq_len),
+      gradients_(o.placement.gradients),
+      parameters_(o.placement.parameters),
+      stream_(o.stream) {
     validate_or_throw(config_);
     const Placement& place = o.placement;
     if (o.batch < 1 || o.seq_len < 1 || place.slots < 1)
-        throw std::invalid_argument("Llama: batch, seq_len and slots must be >= 1 (got " + std::to_string(o.batch) + ", " +
-                                    std::to_string(o.seq_len) + ", " + std::to_string(place.slots) + ")");
+        throw std::invalid_argument("Llama: batch, seq_len and slots must be >= 1 (got " + std::to_string(o.batch) +
+                                    ", " + std::to_string(o.seq_len) + ", " + std::to_string(place.slots) + ")");
     if (o.seq_len > config_.max_seq_len)
-        throw std::invalid_argument("Llama: seq_len = " + std::to_string(o.seq_len) + " exceeds the model's max_seq_len = " +
-                                    std::to_string(config_.max_seq_len) + "; use a shorter sequence");
+        throw std::invalid_argument("Llama: seq_len = " + std::to_string(o.seq_len) +
+                                    " exceeds the model's max_seq_len = " + std::to_string(config_.max_seq_len) +
+                                    "; use a shorter sequence");
     std::vector<UnitSpec> specs = model_units(config_);
     const int all = int(specs.size());
     first_unit_ = place.stage.first;
@@ -128,7 +133,8 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
     const auto freqs = rope_inverse_frequencies(config_);
     std::vector<acc_t<T>> freqs_acc(freqs.begin(), freqs.end());
     inv_freq_ = static_cast<acc_t<T>*>(device_alloc(freqs_acc.size() * sizeof(acc_t<T>), MemoryCategory::workspace));
-    CUDA_CHECK(cudaMemcpyAsync(inv_freq_, freqs_acc.data(), freqs_acc.size() * sizeof(acc_t<T>), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(inv_freq_, freqs_acc.data(), freqs_acc.size() * sizeof(acc_t<T>), cudaMemcpyHostToDevice,
+                               stream_));
     CUDA_CHECK(cudaStreamSynchronize(stream_));  // freqs_acc is a pageable host buffer
 
     // The workspace: transient buffers of one unit at a time, for forward and backward.
@@ -142,15 +148,20 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
         {"datt", N * config_.q_width(), t},
         {"dqkv", N * config_.qkv_width(), t},
         {"norm_scratch", (long long)rmsnorm_backward_scratch_bytes<T>(N, int(C)), 1},
-        {"attention_scratch", (long long)attention_backward_scratch_bytes<T>(o.batch, o.seq_len, config_.num_heads), 1}};
+        {"attention_scratch", (long long)attention_backward_scratch_bytes<T>(o.batch, o.seq_len, config_.num_heads),
+         1}};
     size_t workspace_bytes = 0;
     const std::vector<size_t> at = arena_offsets(workspace_layout, &workspace_bytes);
     workspace_ = device_alloc(workspace_bytes, MemoryCategory::workspace);
     char* w = static_cast<char*>(workspace_);
-    work_ = Workspace{reinterpret_cast<T*>(w + at[kProj]),  reinterpret_cast<T*>(w + at[kDh]),
-                      reinterpret_cast<T*>(w + at[kDact]),  reinterpret_cast<T*>(w + at[kDgateUp]),
-                      reinterpret_cast<T*>(w + at[kDatt]),  reinterpret_cast<T*>(w + at[kDqkv]),
-                      w + at[kNormScratch], w + at[kAttentionScratch]};
+    work_ = Workspace{reinterpret_cast<T*>(w + at[kProj]),
+                      reinterpret_cast<T*>(w + at[kDh]),
+                      reinterpret_cast<T*>(w + at[kDact]),
+                      reinterpret_cast<T*>(w + at[kDgateUp]),
+                      reinterpret_cast<T*>(w + at[kDatt]),
+                      reinterpret_cast<T*>(w + at[kDqkv]),
+                      w + at[kNormScratch],
+                      w + at[kAttentionScratch]};
     for (T*& d : dresidual_) d = static_cast<T*>(device_alloc(size_t(N * C) * sizeof(T), MemoryCategory::workspace));
 }
 
@@ -247,7 +258,8 @@ T* Llama<T>::tensor(const std::string& name) {
     for (int u = 0; u < num_units(); ++u)
         for (size_t i = 0; i < units_[size_t(u)].spec.tensors.size(); ++i)
             if (units_[size_t(u)].spec.tensors[i].name == name) {
-                if (!units_[size_t(u)].held) throw std::logic_error("tensor '" + name + "' is not held by this model's stage");
+                if (!units_[size_t(u)].held)
+                    throw std::logic_error("tensor '" + name + "' is not held by this model's stage");
                 return const_cast<T*>(units_[size_t(u)].weights[i]);
             }
     throw std::invalid_argument("no tensor named '" + name + "'");
@@ -265,8 +277,10 @@ void Llama<T>::init_params(int u, int g, T* dst, long long begin, long long end,
     for (const TensorSlot& t : layout.tensors) {
         const long long lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.spec.numel());
         if (lo >= hi) continue;
-        if (t.spec.init == Init::ones) fill(dst + (lo - begin), from_acc<T>(acc_t<T>(1)), hi - lo, stream_);
-        else init_normal(dst + (lo - begin), hi - lo, 0.02, seed, t.spec.id, lo - t.offset, stream_);
+        if (t.spec.init == Init::ones)
+            fill(dst + (lo - begin), from_acc<T>(acc_t<T>(1)), hi - lo, stream_);
+        else
+            init_normal(dst + (lo - begin), hi - lo, 0.02, seed, t.spec.id, lo - t.offset, stream_);
     }
 }
 

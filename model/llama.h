@@ -38,9 +38,12 @@ inline constexpr int kIgnoreIndex = -100;
 // The DType of a compute/storage type.
 template <class T>
 constexpr DType dtype_of() {
-    if constexpr (std::is_same_v<T, double>) return DType::fp64;
-    else if constexpr (std::is_same_v<T, float>) return DType::fp32;
-    else return DType::bf16;
+    if constexpr (std::is_same_v<T, double>)
+        return DType::fp64;
+    else if constexpr (std::is_same_v<T, float>)
+        return DType::fp32;
+    else
+        return DType::bf16;
 }
 
 // One buffer of an arena: name, element count and element size.
@@ -54,7 +57,8 @@ struct ActivationBuffer {
 // The activations one unit keeps for its backward, for a micro-batch of batch x seq_len tokens in
 // storage type `dtype` (statistics in its accumulator type), in the order of the typed views
 // below. The memory planner uses this too.
-std::vector<ActivationBuffer> activation_layout(const LlamaConfig& c, UnitKind kind, int batch, int seq_len, DType dtype);
+std::vector<ActivationBuffer> activation_layout(const LlamaConfig& c, UnitKind kind, int batch, int seq_len,
+                                                DType dtype);
 
 // Typed views of a unit's tensors and activations, resolved once when buffers are allocated or
 // bound (never looked up by name in a step). P is `const T*` for weights, `T*` for gradients
@@ -70,10 +74,10 @@ struct HeadParams {
 };
 template <class T>
 struct BlockActivations {
-    T* out = nullptr;          // the residual stream out
-    T* h1 = nullptr;           // RMSNorm(x)·w_attn
+    T* out = nullptr;  // the residual stream out
+    T* h1 = nullptr;   // RMSNorm(x)·w_attn
     acc_t<T>* rstd1 = nullptr;
-    T* qkv = nullptr;          // roped
+    T* qkv = nullptr;  // roped
     T* att = nullptr;
     acc_t<T>* lse = nullptr;
     T* x2 = nullptr;
@@ -93,16 +97,16 @@ struct HeadActivations {
 // Buffers of a unit call. Which fields a unit reads depends on its kind (see each).
 template <class T>
 struct UnitIO {
-    const int* tokens = nullptr;      // embedding: [N] token ids
-    const int* targets = nullptr;     // head: [N] next-token ids, kIgnoreIndex to skip
-    const T* residual_in = nullptr;   // block, head: the residual stream in, [N][C]
-    T* residual_out = nullptr;        // embedding, block: the residual stream out, [N][C]
-    acc_t<T>* loss_sum = nullptr;     // head forward: Σ cross-entropy over counted tokens (device)
-    int* count = nullptr;             // head forward: number of counted tokens (device)
+    const int* tokens = nullptr;     // embedding: [N] token ids
+    const int* targets = nullptr;    // head: [N] next-token ids, kIgnoreIndex to skip
+    const T* residual_in = nullptr;  // block, head: the residual stream in, [N][C]
+    T* residual_out = nullptr;       // embedding, block: the residual stream out, [N][C]
+    acc_t<T>* loss_sum = nullptr;    // head forward: Σ cross-entropy over counted tokens (device)
+    int* count = nullptr;            // head forward: number of counted tokens (device)
     // Backward:
-    const T* dresidual_out = nullptr; // embedding, block: gradient of residual_out
-    T* dresidual_in = nullptr;        // block, head: gradient of residual_in (written)
-    double loss_scale = 1.0;          // head: 1 / (global count of counted tokens), DESIGN.md §4
+    const T* dresidual_out = nullptr;  // embedding, block: gradient of residual_out
+    T* dresidual_in = nullptr;         // block, head: gradient of residual_in (written)
+    double loss_scale = 1.0;           // head: 1 / (global count of counted tokens), DESIGN.md §4
 };
 
 // A model instance: micro-batches of batch x seq_len tokens, parameters initialised from `seed`,
@@ -118,7 +122,8 @@ struct ModelOptions {
 
 // A whole model on one rank with `slots` activation slots: for training (owned gradients) or
 // inference (Gradients::none).
-inline ModelOptions whole_model(int batch, int seq_len, uint64_t seed, Gradients gradients = Gradients::owned, int slots = 1) {
+inline ModelOptions whole_model(int batch, int seq_len, uint64_t seed, Gradients gradients = Gradients::owned,
+                                int slots = 1) {
     ModelOptions o;
     o.batch = batch, o.seq_len = seq_len, o.seed = seed;
     o.placement.gradients = gradients;
@@ -192,10 +197,10 @@ class Llama {
         std::vector<GroupLayout> groups;
         std::vector<std::pair<int, long long>> place;  // per spec tensor: (group, offset)
         bool held = true;
-        std::vector<T*> params;  // per group
-        T* grads = nullptr;      // the trainable group's
-        std::vector<void*> arenas;                  // one per slot
-        std::vector<ActivationBuffer> arena_layout; // buffers in each arena, in order
+        std::vector<T*> params;                      // per group
+        T* grads = nullptr;                          // the trainable group's
+        std::vector<void*> arenas;                   // one per slot
+        std::vector<ActivationBuffer> arena_layout;  // buffers in each arena, in order
         // Typed views (resolve_*).
         std::vector<const T*> weights;  // per spec tensor
         std::vector<T*> weight_grads;   // per spec tensor; null when frozen or without gradients
@@ -203,9 +208,9 @@ class Llama {
         BlockParams<T*> block_g;
         HeadParams<const T*> head_w;
         HeadParams<T*> head_g;
-        std::vector<T*> outputs;                     // per slot: the residual stream out
-        std::vector<BlockActivations<T>> block_acts; // per slot
-        std::vector<HeadActivations<T>> head_acts;   // per slot
+        std::vector<T*> outputs;                      // per slot: the residual stream out
+        std::vector<BlockActivations<T>> block_acts;  // per slot
+        std::vector<HeadActivations<T>> head_acts;    // per slot
     };
     // Workspace: transient buffers of the running unit, forward and backward.
     struct Workspace {

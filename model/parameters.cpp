@@ -49,7 +49,8 @@ GroupLayout layout_group(GroupKind kind, DType dtype, const std::vector<TensorSp
     return g;
 }
 
-std::vector<GroupLayout> layout_unit(const UnitSpec& unit, DType dtype, int shards, const std::set<std::string>& frozen) {
+std::vector<GroupLayout> layout_unit(const UnitSpec& unit, DType dtype, int shards,
+                                     const std::set<std::string>& frozen) {
     std::vector<TensorSpec> trainable, fixed;
     for (const TensorSpec& t : unit.tensors) (frozen.count(t.name) ? fixed : trainable).push_back(t);
     std::vector<GroupLayout> groups{layout_group(GroupKind::trainable, dtype, trainable, shards)};

@@ -48,9 +48,9 @@ struct TensorSpec {
     std::string name;              // polevault's name, e.g. "layers.3.w_qkv"
     long long rows = 0, cols = 0;  // a vector is rows x 1
     Init init = Init::normal;
-    bool decay = true;             // AdamW's weight decay applies (matrices); false for RMSNorm weights
-    std::vector<TensorPart> parts; // the HF tensors it holds (one part covering it all if unfused)
-    uint32_t id = 0;               // model-wide tensor id: keys its random initialisation and rounding (philox.cuh)
+    bool decay = true;              // AdamW's weight decay applies (matrices); false for RMSNorm weights
+    std::vector<TensorPart> parts;  // the HF tensors it holds (one part covering it all if unfused)
+    uint32_t id = 0;                // model-wide tensor id: keys its random initialisation and rounding (philox.cuh)
     long long numel() const { return rows * cols; }
 };
 
@@ -101,6 +101,7 @@ std::vector<UnitSpec> model_units(const LlamaConfig& config);
 // A unit's groups for storage type `dtype` and `shards` shards: groups[0] is the trainable group
 // (possibly empty), then a frozen group when any of the unit's tensors is in `frozen` (polevault
 // names, see model/freeze.h).
-std::vector<GroupLayout> layout_unit(const UnitSpec& unit, DType dtype, int shards, const std::set<std::string>& frozen = {});
+std::vector<GroupLayout> layout_unit(const UnitSpec& unit, DType dtype, int shards,
+                                     const std::set<std::string>& frozen = {});
 
 }  // namespace pv

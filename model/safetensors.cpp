@@ -59,9 +59,8 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 
 size_t safetensors_dtype_size(const std::string& dtype) {
     static const std::map<std::string, size_t> sizes = {
-        {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
-        {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
-        {"U32", 4},  {"F32", 4}, {"I64", 8}, {"U64", 8},     {"F64", 8},
+        {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
+        {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},     {"I64", 8},     {"U64", 8}, {"F64", 8},
     };
     const auto it = sizes.find(dtype);
     if (it == sizes.end()) {
@@ -125,13 +124,13 @@ SafeTensorsFile read_safetensors(const std::string& path) {
     if (in.bad()) fail(path, "read failed: " + os_error(errno));
 
     if (bytes.size() < 8)
-        fail(path, "file is " + std::to_string(bytes.size()) +
-                       " bytes, shorter than the 8-byte header length" + kRewrite);
+        fail(path,
+             "file is " + std::to_string(bytes.size()) + " bytes, shorter than the 8-byte header length" + kRewrite);
     uint64_t n = 0;
     for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[static_cast<size_t>(i)];
     if (n > bytes.size() - 8)
-        fail(path, "header length " + std::to_string(n) + " runs past the end of the " +
-                       std::to_string(bytes.size()) + "-byte file (truncated?)" + kRewrite);
+        fail(path, "header length " + std::to_string(n) + " runs past the end of the " + std::to_string(bytes.size()) +
+                       "-byte file (truncated?)" + kRewrite);
     const std::string text(reinterpret_cast<const char*>(bytes.data()) + 8, static_cast<size_t>(n));
 
     json header;
@@ -155,8 +154,7 @@ SafeTensorsFile read_safetensors(const std::string& path) {
         if (key == "__metadata__") {
             if (!value.is_object()) fail(path, std::string("__metadata__ is not a JSON object") + kRewrite);
             for (const auto& [k, v] : value.items()) {
-                if (!v.is_string())
-                    fail(path, "__metadata__ entry '" + k + "' is not a string" + kRewrite);
+                if (!v.is_string()) fail(path, "__metadata__ entry '" + k + "' is not a string" + kRewrite);
                 file.metadata[k] = v.get<std::string>();
             }
             continue;
@@ -186,8 +184,8 @@ SafeTensorsFile read_safetensors(const std::string& path) {
         const json& offsets = value["data_offsets"];
         if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
             !offsets[1].is_number_unsigned())
-            fail(path, where + "\"data_offsets\" " + offsets.dump() + " is not a pair of non-negative integers" +
-                           kRewrite);
+            fail(path,
+                 where + "\"data_offsets\" " + offsets.dump() + " is not a pair of non-negative integers" + kRewrite);
         const auto begin = offsets[0].get<uint64_t>();
         const auto end = offsets[1].get<uint64_t>();
         if (begin > end || end > buffer)

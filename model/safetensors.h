@@ -35,9 +35,9 @@ namespace pv {
 
 struct SafeTensor {
     std::string name;
-    std::string dtype;            // "F64", "F32", "BF16", "F16", "I64", "I32", "U8", ...
-    std::vector<int64_t> shape;   // [] for a scalar
-    std::vector<uint8_t> data;    // product(shape) · safetensors_dtype_size(dtype) bytes
+    std::string dtype;           // "F64", "F32", "BF16", "F16", "I64", "I32", "U8", ...
+    std::vector<int64_t> shape;  // [] for a scalar
+    std::vector<uint8_t> data;   // product(shape) · safetensors_dtype_size(dtype) bytes
 };
 
 // Bytes per element of a safetensors dtype: BOOL, U8, I8, F8_E5M2, F8_E4M3, I16, U16, F16, BF16,

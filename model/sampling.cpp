@@ -45,10 +45,12 @@ int sample_token(const std::vector<double>& logits, double temperature, double t
     for (size_t k = 0; k < n; ++k) {
         const double x = logits[k];
         if (std::isnan(x))
-            reject("logits[" + std::to_string(k) + "] is NaN: the model's output is broken (look for NaN in "
+            reject("logits[" + std::to_string(k) +
+                   "] is NaN: the model's output is broken (look for NaN in "
                    "the loss, the gradients or the weights)");
         if (x == INFINITY)
-            reject("logits[" + std::to_string(k) + "] is +inf: the model's output overflowed (look for "
+            reject("logits[" + std::to_string(k) +
+                   "] is +inf: the model's output overflowed (look for "
                    "divergence in the loss, or use a wider storage type)");
         if (x != -INFINITY) any_finite = true;
         if (x > logits[best]) best = k;

@@ -42,7 +42,7 @@ void forward_units(Llama<T>& model, int slot, int first, int end, const T* stage
 template <class T, class BeforeUnit, class AfterUnit>
 T* backward_units(Llama<T>& model, int slot, int first, int end, const T* stage_input, T* grad_out, const int* tokens,
                   const int* targets, double loss_scale, BeforeUnit&& before_unit, AfterUnit&& after_unit) {
-    T* dout = grad_out;                           // the gradient of the current unit's output
+    T* dout = grad_out;                                     // the gradient of the current unit's output
     int next = grad_out == model.residual_grad(0) ? 1 : 0;  // the other buffer: where its input's goes
     for (int u = end - 1; u >= first; --u) {
         UnitIO<T> io;
@@ -54,8 +54,10 @@ T* backward_units(Llama<T>& model, int slot, int first, int end, const T* stage_
         if (u > 0) io.dresidual_in = model.residual_grad(next);
         before_unit(u);
         model.backward_unit(u, slot, io);
-        if (u > 0) dout = model.residual_grad(next), next = 1 - next;
-        else dout = nullptr;
+        if (u > 0)
+            dout = model.residual_grad(next), next = 1 - next;
+        else
+            dout = nullptr;
         after_unit(u);
     }
     return dout;
@@ -83,7 +85,8 @@ void single_backward(Llama<T>& model, int slot, const int* tokens, const int* ta
 
 template <class T>
 void single_backward(Llama<T>& model, int slot, const int* tokens, const int* targets, double loss_scale) {
-    single_backward(model, slot, tokens, targets, loss_scale, [](int) {}, [](int) {});
+    single_backward(
+        model, slot, tokens, targets, loss_scale, [](int) {}, [](int) {});
 }
 
 }  // namespace pv

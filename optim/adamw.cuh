@@ -71,11 +71,11 @@ struct AdamWStep {
 // The per-step constants in the accumulator type, formed on the host in double.
 template <class A>
 struct AdamWCoefficients {
-    A decay;            // 1 − lr·wd
+    A decay;  // 1 − lr·wd
     A beta1, one_minus_beta1;
     A beta2, one_minus_beta2;
-    A step_size;        // lr / (1 − β1ᵗ)
-    A bias2_sqrt;       // sqrt(1 − β2ᵗ)
+    A step_size;   // lr / (1 − β1ᵗ)
+    A bias2_sqrt;  // sqrt(1 − β2ᵗ)
     A eps;
     A grad_scale;
 };
@@ -98,11 +98,15 @@ __global__ void adamw_update_kernel(T* params, acc_t<T>* master, const G* grads,
     if (i >= n) return;
     constexpr bool has_master = std::is_same_v<T, __nv_bfloat16>;
     A p;
-    if constexpr (has_master) p = master[i];
-    else p = params[i];
+    if constexpr (has_master)
+        p = master[i];
+    else
+        p = params[i];
     A g;
-    if constexpr (std::is_same_v<G, __nv_bfloat16>) g = A(__bfloat162float(grads[i]));
-    else g = A(grads[i]);
+    if constexpr (std::is_same_v<G, __nv_bfloat16>)
+        g = A(__bfloat162float(grads[i]));
+    else
+        g = A(grads[i]);
     g *= c.grad_scale;
     p *= c.decay;  // decoupled weight decay: before, and independent of, the Adam step
     const A mi = c.beta1 * m[i] + c.one_minus_beta1 * g;
@@ -113,8 +117,8 @@ __global__ void adamw_update_kernel(T* params, acc_t<T>* master, const G* grads,
     if constexpr (has_master) {
         master[i] = p;
         if (stochastic_rounding) {
-            const Philox4 r = philox_draw(seed, RandomPurpose::stochastic_rounding, tensor_id,
-                                          uint64_t(first_element + i), step);
+            const Philox4 r =
+                philox_draw(seed, RandomPurpose::stochastic_rounding, tensor_id, uint64_t(first_element + i), step);
             params[i] = adamw_stochastic_round_bf16(p, r.v[0]);
         } else {
             params[i] = from_acc<T>(p);  // round to nearest even

@@ -52,8 +52,9 @@ class AdamWState {
         for (size_t i = 0; i < layouts_.size(); ++i) {
             const GroupLayout& l = layouts_[i];
             if (shards < 1 || shard < 0 || shard >= shards || l.padded % shards != 0)
-                throw std::invalid_argument("AdamWState: shard " + std::to_string(shard) + " of " + std::to_string(shards) +
-                                            " does not split a group of " + std::to_string(l.padded) + " elements");
+                throw std::invalid_argument("AdamWState: shard " + std::to_string(shard) + " of " +
+                                            std::to_string(shards) + " does not split a group of " +
+                                            std::to_string(l.padded) + " elements");
             Unit u;
             if (!held.empty() && !held.at(i)) {
                 units_.push_back(u);
@@ -112,7 +113,8 @@ class AdamWState {
             h.grad_scale = grad_scale;
             const long long at = lo - st.begin;
             adamw_update<T, G>(params_range + at, st.master ? st.master + at : nullptr, grads_range + at, st.m + at,
-                               st.v + at, hi - lo, h, s.stochastic_rounding, s.seed, slot.spec.id, lo - slot.offset, stream);
+                               st.v + at, hi - lo, h, s.stochastic_rounding, s.seed, slot.spec.id, lo - slot.offset,
+                               stream);
         }
     }
 
@@ -122,8 +124,8 @@ class AdamWState {
     // Host bytes of a field over unit u's owned range, from a checkpoint.
     void upload(int u, Field f, const std::vector<uint8_t>& bytes) {
         if (bytes.size() != range_bytes(u))
-            throw std::invalid_argument("AdamWState::upload: " + std::to_string(bytes.size()) + " bytes for a range of " +
-                                        std::to_string(range_bytes(u)));
+            throw std::invalid_argument("AdamWState::upload: " + std::to_string(bytes.size()) +
+                                        " bytes for a range of " + std::to_string(range_bytes(u)));
         if (bytes.empty()) return;
         CUDA_CHECK(cudaMemcpy(field(u, f), bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
     }

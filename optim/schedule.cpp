@@ -16,12 +16,9 @@ double learning_rate(const LrConfig& c, long long step) {
     const double p = span > 0 ? std::clamp(double(step - c.warmup) / span, 0.0, 1.0) : 1.0;
     const double final_lr = c.lr * c.final_fraction;
     switch (c.kind) {
-        case LrSchedule::constant:
-            return c.lr;
-        case LrSchedule::cosine:
-            return final_lr + (c.lr - final_lr) * (1.0 + std::cos(std::numbers::pi * p)) / 2.0;
-        case LrSchedule::linear:
-            return c.lr + (final_lr - c.lr) * p;
+        case LrSchedule::constant: return c.lr;
+        case LrSchedule::cosine: return final_lr + (c.lr - final_lr) * (1.0 + std::cos(std::numbers::pi * p)) / 2.0;
+        case LrSchedule::linear: return c.lr + (final_lr - c.lr) * p;
         case LrSchedule::wsd: {
             const double d = c.decay_fraction;
             if (d <= 0 || p < 1.0 - d) return c.lr;

@@ -37,11 +37,11 @@ enum class LrSchedule { constant, cosine, linear, wsd };
 
 struct LrConfig {
     LrSchedule kind = LrSchedule::cosine;
-    double lr = 3e-4;              // peak learning rate
-    int warmup = 0;                // steps of linear warmup
-    double final_fraction = 0.1;   // final learning rate = lr · final_fraction (cosine, linear, wsd)
-    double decay_fraction = 0.2;   // wsd: last part of training that decays
-    long long total_steps = 0;     // optimizer steps of the run
+    double lr = 3e-4;             // peak learning rate
+    int warmup = 0;               // steps of linear warmup
+    double final_fraction = 0.1;  // final learning rate = lr · final_fraction (cosine, linear, wsd)
+    double decay_fraction = 0.2;  // wsd: last part of training that decays
+    long long total_steps = 0;    // optimizer steps of the run
 };
 
 // The learning rate of 0-based optimizer step `step` (formulas above).

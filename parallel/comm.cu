@@ -21,10 +21,16 @@ const char* collective_name(CollectiveKind k) {
 
 size_t nccl_type_size(ncclDataType_t t) {
     switch (t) {
-        case ncclInt8: case ncclUint8: return 1;
-        case ncclFloat16: case ncclBfloat16: return 2;
-        case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-        case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+        case ncclInt8:
+        case ncclUint8: return 1;
+        case ncclFloat16:
+        case ncclBfloat16: return 2;
+        case ncclInt32:
+        case ncclUint32:
+        case ncclFloat32: return 4;
+        case ncclInt64:
+        case ncclUint64:
+        case ncclFloat64: return 8;
         default: return 0;
     }
 }

@@ -35,25 +35,31 @@ const char* collective_name(CollectiveKind k);
 
 struct CollectiveRecord {
     CollectiveKind kind;
-    size_t count;          // elements: all-reduce/broadcast/send/recv the buffer, reduce-scatter the
-                           // output per rank, all-gather the input per rank
+    size_t count;  // elements: all-reduce/broadcast/send/recv the buffer, reduce-scatter the
+                   // output per rank, all-gather the input per rank
     ncclDataType_t dtype;
-    int ranks;             // the communicator's size
-    std::string comm;      // the communicator's name
-    double wire_bytes;     // bytes this rank sends (header comment)
-    int peer = -1;         // send/recv: the other rank; collectives: -1
+    int ranks;          // the communicator's size
+    std::string comm;   // the communicator's name
+    double wire_bytes;  // bytes this rank sends (header comment)
+    int peer = -1;      // send/recv: the other rank; collectives: -1
 };
 
 size_t nccl_type_size(ncclDataType_t t);
 
 template <class T>
 ncclDataType_t nccl_type() {
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) return ncclBfloat16;
-    else if constexpr (std::is_same_v<T, float>) return ncclFloat32;
-    else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
-    else if constexpr (std::is_same_v<T, int>) return ncclInt32;
-    else if constexpr (std::is_same_v<T, long long>) return ncclInt64;
-    else static_assert(sizeof(T) == 0, "no NCCL type for this element type");
+    if constexpr (std::is_same_v<T, __nv_bfloat16>)
+        return ncclBfloat16;
+    else if constexpr (std::is_same_v<T, float>)
+        return ncclFloat32;
+    else if constexpr (std::is_same_v<T, double>)
+        return ncclFloat64;
+    else if constexpr (std::is_same_v<T, int>)
+        return ncclInt32;
+    else if constexpr (std::is_same_v<T, long long>)
+        return ncclInt64;
+    else
+        static_assert(sizeof(T) == 0, "no NCCL type for this element type");
 }
 
 // Aborts (every rank: MPI_Abort) with the NCCL error and where it happened.

@@ -53,7 +53,8 @@ class ModelParallel : public Strategy<T, G> {
                                    "), not a stage in rank order");
         const long long rows = model.rows(), hidden = model.config().hidden_size;
         if (r > 0)
-            for (int s = 0; s < microbatches; ++s) inputs_.emplace_back(size_t(rows * hidden), MemoryCategory::activations);
+            for (int s = 0; s < microbatches; ++s)
+                inputs_.emplace_back(size_t(rows * hidden), MemoryCategory::activations);
         if (model.config().tie_embeddings && p > 1) {
             ncclComm_t tied = nullptr;
             NCCL_CHECK(ncclCommSplit(comm.nccl(), r == 0 || r == p - 1 ? 0 : NCCL_SPLIT_NOCOLOR, r, &tied, nullptr));
@@ -102,11 +103,13 @@ class ModelParallel : public Strategy<T, G> {
             c.fence_to(m.stream());
         }
         const T* input = c.rank() > 0 ? inputs_[size_t(slot)].get() : nullptr;
-        T* grad_in = backward_units(m, slot, m.first_unit(), m.end_unit(), input, grad_out, tokens, targets, loss_scale,
-                                    [](int) {}, [&](int u) {
-            this->unit_backward_done(u, last);
-            if (u == m.num_units() - 1 && !m.runs(0) && m.holds(0)) this->accumulate32(0);  // the head's part of wte
-        });
+        T* grad_in = backward_units(
+            m, slot, m.first_unit(), m.end_unit(), input, grad_out, tokens, targets, loss_scale, [](int) {},
+            [&](int u) {
+                this->unit_backward_done(u, last);
+                if (u == m.num_units() - 1 && !m.runs(0) && m.holds(0))
+                    this->accumulate32(0);  // the head's part of wte
+            });
         if (c.rank() > 0) send(grad_in, c.rank() - 1);
     }
 

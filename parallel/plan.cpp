@@ -12,13 +12,14 @@ namespace {
 // kind, name, help; one_rank, splits_batch, binds_gradients, binds_parameters, stages, fp32_accumulation
 const std::vector<StrategyInfo> kStrategies = {
     {StrategyKind::single, "single", "one rank", true, true, false, false, false, true},
-    {StrategyKind::ddp, "ddp", "replicas, gradients all-reduced in per-unit buckets", false, true, false, false, false, true},
-    {StrategyKind::zero1, "zero1", "optimizer state sharded, gradients reduce-scattered", false, true, false, false, false,
+    {StrategyKind::ddp, "ddp", "replicas, gradients all-reduced in per-unit buckets", false, true, false, false, false,
      true},
-    {StrategyKind::zero2, "zero2", "gradients sharded too, reduce-scattered unit by unit during the backward", false, true,
-     true, false, false, false},
-    {StrategyKind::zero3, "zero3", "parameters sharded too, each unit all-gathered just before it runs", false, true, true,
-     true, false, false},
+    {StrategyKind::zero1, "zero1", "optimizer state sharded, gradients reduce-scattered", false, true, false, false,
+     false, true},
+    {StrategyKind::zero2, "zero2", "gradients sharded too, reduce-scattered unit by unit during the backward", false,
+     true, true, false, false, false},
+    {StrategyKind::zero3, "zero3", "parameters sharded too, each unit all-gathered just before it runs", false, true,
+     true, true, false, false},
     {StrategyKind::mp, "mp",
      "model parallel: each rank runs a contiguous stage of the layers, the residual stream sent between stages", false,
      false, false, false, true, true},
@@ -48,7 +49,8 @@ int data_ranks_of(const StrategyOptions& o, int ranks) { return strategy_info(o.
 void check_strategy(const StrategyOptions& o, int ranks) {
     const StrategyInfo& s = strategy_info(o.name);
     if (o.microbatches > 1 && !s.stages)
-        throw std::invalid_argument("--microbatches " + std::to_string(o.microbatches) + " is for --parallel mp (the "
+        throw std::invalid_argument("--microbatches " + std::to_string(o.microbatches) +
+                                    " is for --parallel mp (the "
                                     "pipeline's micro-batches in flight); drop it, or choose --parallel mp");
     if (s.one_rank && ranks > 1) {
         std::vector<std::string> names;
@@ -61,7 +63,8 @@ void check_strategy(const StrategyOptions& o, int ranks) {
                                     std::to_string(ranks) + ": choose --parallel " + others);
     }
     if (o.fp32_grad_accumulation && !s.fp32_accumulation)
-        throw std::invalid_argument("--parallel " + std::string(s.name) + " reduces gradients in the storage type: drop "
+        throw std::invalid_argument("--parallel " + std::string(s.name) +
+                                    " reduces gradients in the storage type: drop "
                                     "--fp32-grad-accumulation (or use ddp or zero1)");
 }
 

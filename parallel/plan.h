@@ -22,12 +22,12 @@ struct StrategyInfo {
     StrategyKind kind;
     const char* name;
     const char* help;
-    bool one_rank;              // runs on exactly one rank
-    bool splits_batch;          // data parallel: rank r takes slice r of each global batch
-    bool binds_gradients;       // keeps a few full-size gradient buffers and binds them (Gradients::bound)
-    bool binds_parameters;      // keeps parameter slices and binds gathered copies (Parameters::bound)
-    bool stages;                // each rank holds a contiguous stage of the units (model parallel)
-    bool fp32_accumulation;     // supports --fp32-grad-accumulation
+    bool one_rank;           // runs on exactly one rank
+    bool splits_batch;       // data parallel: rank r takes slice r of each global batch
+    bool binds_gradients;    // keeps a few full-size gradient buffers and binds them (Gradients::bound)
+    bool binds_parameters;   // keeps parameter slices and binds gathered copies (Parameters::bound)
+    bool stages;             // each rank holds a contiguous stage of the units (model parallel)
+    bool fp32_accumulation;  // supports --fp32-grad-accumulation
 };
 
 // Every strategy, in the order --help lists them.
@@ -38,8 +38,8 @@ const StrategyInfo& strategy_info(const std::string& name);
 
 struct StrategyOptions {
     std::string name = "single";
-    int microbatches = 1;            // mp: micro-batches in flight (GPipe)
-    std::string balance = "flops";   // mp: how the stages are balanced (parallel/stages.h)
+    int microbatches = 1;           // mp: micro-batches in flight (GPipe)
+    std::string balance = "flops";  // mp: how the stages are balanced (parallel/stages.h)
     bool fp32_grad_accumulation = false;
 };
 

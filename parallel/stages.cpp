@@ -33,9 +33,11 @@ std::vector<double> unit_costs(const LlamaConfig& config, int seq_len, StageBala
 std::vector<int> balance_stages(const std::vector<double>& costs, int stages) {
     const int n = int(costs.size());
     if (stages < 1 || stages > n)
-        throw std::invalid_argument("model parallelism over " + std::to_string(stages) + " ranks needs at least as many "
-                                    "units, and the model has " + std::to_string(n) + " (the embedding, " +
-                                    std::to_string(n - 2) + " blocks, the head): run on at most " + std::to_string(n) +
+        throw std::invalid_argument("model parallelism over " + std::to_string(stages) +
+                                    " ranks needs at least as many "
+                                    "units, and the model has " +
+                                    std::to_string(n) + " (the embedding, " + std::to_string(n - 2) +
+                                    " blocks, the head): run on at most " + std::to_string(n) +
                                     " ranks, or use --parallel zero3");
     std::vector<double> prefix(size_t(n) + 1, 0.0);
     for (int i = 0; i < n; ++i) prefix[size_t(i) + 1] = prefix[size_t(i)] + costs[size_t(i)];

@@ -40,9 +40,10 @@ class Strategy {
         static_assert(std::is_same_v<G, T> || std::is_same_v<G, float>, "gradients are T or float");
         if constexpr (!std::is_same_v<G, T>)
             for (int u = 0; u < model.num_units(); ++u)
-                grad32_.push_back(model.holds(u) && model.trainable(u).padded > 0
-                                      ? DeviceBuffer<float>(size_t(model.trainable(u).padded), MemoryCategory::gradients)
-                                      : DeviceBuffer<float>());
+                grad32_.push_back(
+                    model.holds(u) && model.trainable(u).padded > 0
+                        ? DeviceBuffer<float>(size_t(model.trainable(u).padded), MemoryCategory::gradients)
+                        : DeviceBuffer<float>());
         long long largest = 0;
         for (int u = 0; u < model.num_units(); ++u) largest = std::max(largest, model.trainable(u).padded);
         norm_scratch_ = DeviceBuffer<uint8_t>(sum_of_squares_scratch_bytes<G>(largest), MemoryCategory::workspace);
@@ -64,7 +65,9 @@ class Strategy {
     // Micro-batches in flight at once (activation slots): 1, or the pipeline's (mp.h).
     virtual int slots() const { return 1; }
     // Whether this rank holds every parameter whole (it can sample, for one).
-    virtual bool holds_whole_model() const { return model_.first_unit() == 0 && model_.end_unit() == model_.num_units(); }
+    virtual bool holds_whole_model() const {
+        return model_.first_unit() == 0 && model_.end_unit() == model_.num_units();
+    }
 
     // The slice of group g of unit u this rank owns (default: the trainable group).
     long long slice_len(int u, int g = 0) { return model_.group(u, g).padded / data_ranks(); }
@@ -104,8 +107,10 @@ class Strategy {
     // Unit u's full gradient buffer (where it has one), and the reduced gradient of this rank's
     // slice and of the range its optimizer owns (element owned_begin).
     G* grads(int u) {
-        if constexpr (std::is_same_v<G, T>) return model_.grads(u);
-        else return grad32_[size_t(u)].get();
+        if constexpr (std::is_same_v<G, T>)
+            return model_.grads(u);
+        else
+            return grad32_[size_t(u)].get();
     }
     virtual const G* slice_grads(int u) { return grads(u) + slice_begin(u); }
     // The parameters of the owned range, which the optimizer updates (ZeRO-3: the rank's slice).
@@ -122,7 +127,8 @@ class Strategy {
         CUDA_CHECK(cudaMemsetAsync(per_unit, 0, size_t(units) * sizeof(double), model_.stream()));
         for (int u = 0; u < units; ++u)  // with one rank the slice is the group
             if (in_norm(u) && slice_len(u) > 0)
-                sum_of_squares_launch(slice_grads(u), slice_len(u), per_unit + u, norm_scratch_.get(), false, model_.stream());
+                sum_of_squares_launch(slice_grads(u), slice_len(u), per_unit + u, norm_scratch_.get(), false,
+                                      model_.stream());
         if (comm_) {
             comm_->fence_from(model_.stream());
             comm_->all_reduce(per_unit, per_unit + units, size_t(units));
@@ -201,7 +207,8 @@ class Strategy {
     // With fp32 gradient accumulation: unit u's micro-step gradient added into its float buffer.
     void accumulate32(int u) {
         if constexpr (!std::is_same_v<G, T>)
-            if (model_.grads(u)) accumulate(grad32_[size_t(u)].get(), model_.grads(u), model_.trainable(u).padded, model_.stream());
+            if (model_.grads(u))
+                accumulate(grad32_[size_t(u)].get(), model_.grads(u), model_.trainable(u).padded, model_.stream());
     }
     virtual void before_unit_forward(int /*u*/) {}
     virtual void before_unit_backward(int /*u*/) {}

@@ -28,8 +28,10 @@ void abort_all_ranks(const std::string& message) {
     const bool running = mpi_running();
     if (running) MPI_Comm_rank(MPI_COMM_WORLD, &rank), MPI_Comm_size(MPI_COMM_WORLD, &size);
     std::fflush(stdout);
-    if (size > 1) std::fprintf(stderr, "rank %d/%d: %s\n", rank, size, message.c_str());
-    else std::fprintf(stderr, "%s\n", message.c_str());
+    if (size > 1)
+        std::fprintf(stderr, "rank %d/%d: %s\n", rank, size, message.c_str());
+    else
+        std::fprintf(stderr, "%s\n", message.c_str());
     std::fflush(stderr);
     if (running && size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
     std::_Exit(1);

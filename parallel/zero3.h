@@ -76,7 +76,8 @@ class Zero3 : public Zero2<T, G> {
         T* buffer = gathered_[size_t(gather_buffer(u))].get();
         c.fence_from(this->model_.stream());
         for (int g = 0; g < this->model_.num_groups(u); ++g) {
-            if (this->slice_len(u, g) > 0) c.all_gather(slices_[size_t(u)][size_t(g)].get(), buffer, size_t(this->slice_len(u, g)));
+            if (this->slice_len(u, g) > 0)
+                c.all_gather(slices_[size_t(u)][size_t(g)].get(), buffer, size_t(this->slice_len(u, g)));
             buffer += this->model_.group(u, g).padded;
         }
         CUDA_CHECK(cudaEventRecord(ready_[gather_buffer(u)], c.stream()));
@@ -99,14 +100,14 @@ class Zero3 : public Zero2<T, G> {
     }
 
     void before_unit_backward(int u) override {
-        Zero2<T, G>::before_unit_backward(u);  // the gradient buffer
-        if (u - 1 >= 1) gather(u - 1);         // prefetch (the embedding needs no parameters)
+        Zero2<T, G>::before_unit_backward(u);     // the gradient buffer
+        if (u - 1 >= 1) gather(u - 1);            // prefetch (the embedding needs no parameters)
         if (u != this->last() && u >= 1) use(u);  // the head's are still bound from its forward
     }
 
   private:
     std::vector<std::vector<DeviceBuffer<T>>> slices_;  // per unit, per group: this rank's slice of the parameters
-    std::vector<DeviceBuffer<T>> gathered_;  // two rotating gather buffers, then the tied embedding's
+    std::vector<DeviceBuffer<T>> gathered_;             // two rotating gather buffers, then the tied embedding's
     cudaEvent_t ready_[3] = {};
 };
 

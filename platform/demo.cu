@@ -97,15 +97,16 @@ int main() {
     for (float& v : w) v = normal(rng) * 0.02f;
     auto* da = static_cast<float*>(pv::device_alloc(a.size() * sizeof(float), pv::MemoryCategory::activations));
     auto* dw = static_cast<float*>(pv::device_alloc(w.size() * sizeof(float), pv::MemoryCategory::parameters));
-    auto* dout = static_cast<float*>(pv::device_alloc(size_t(bt) * out * sizeof(float), pv::MemoryCategory::activations));
+    auto* dout =
+        static_cast<float*>(pv::device_alloc(size_t(bt) * out * sizeof(float), pv::MemoryCategory::activations));
     CUDA_CHECK(cudaMemcpy(da, a.data(), a.size() * sizeof(float), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(dw, w.data(), w.size() * sizeof(float), cudaMemcpyHostToDevice));
     cublasHandle_t handle;
     CUBLAS_CHECK(cublasCreate(&handle));
     const float one = 1.0f, zero = 0.0f;
     t0 = std::chrono::steady_clock::now();
-    CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, out, bt, in, &one, dw, CUDA_R_32F, in, da, CUDA_R_32F, in,
-                              &zero, dout, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, out, bt, in, &one, dw, CUDA_R_32F, in, da, CUDA_R_32F,
+                              in, &zero, dout, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     CUDA_CHECK(cudaDeviceSynchronize());
     const double gemm_s = seconds_since(t0);
     std::vector<float> got(size_t(bt) * out);
@@ -120,8 +121,8 @@ int main() {
         }
     const double gemm_rel = gemm_err / scale;
     ok &= gemm_rel < 1e-5;
-    std::printf("gemm      %d x %d x %d fp32:            %8.2f ms (%.2f GFLOP/s), max error %.2e of max |y|  %s\n", bt, out,
-                in, gemm_s * 1e3, 2.0 * bt * out * in / gemm_s * 1e-9, gemm_rel, gemm_rel < 1e-5 ? "ok" : "WRONG");
+    std::printf("gemm      %d x %d x %d fp32:            %8.2f ms (%.2f GFLOP/s), max error %.2e of max |y|  %s\n", bt,
+                out, in, gemm_s * 1e3, 2.0 * bt * out * in / gemm_s * 1e-9, gemm_rel, gemm_rel < 1e-5 ? "ok" : "WRONG");
     CUBLAS_CHECK(cublasDestroy(handle));
 
     std::printf("\ndevice memory by category:\n%s", pv::format_memory_stats(pv::memory_stats()).c_str());

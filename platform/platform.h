@@ -29,8 +29,8 @@
 
 // One untyped extern array shared by every kernel: `extern __shared__ T name[]` with different T
 // in different kernels is a redeclaration error under nvcc, so each kernel casts this one.
-#define PV_DYNAMIC_SHARED(T, name)                                     \
-    extern __shared__ __align__(16) unsigned char pv_dynamic_smem_[];  \
+#define PV_DYNAMIC_SHARED(T, name)                                    \
+    extern __shared__ __align__(16) unsigned char pv_dynamic_smem_[]; \
     T* name = reinterpret_cast<T*>(pv_dynamic_smem_)
 
 template <class... P, class... A>
@@ -83,19 +83,18 @@ constexpr bool kAddressSanitizer =
 }  // namespace pv
 
 // Checks a CUDA runtime call; on failure prints the call, the error and the source line, then aborts.
-#define CUDA_CHECK(call)                                                                        \
-    do {                                                                                        \
-        const cudaError_t pv_err_ = (call);                                                     \
-        if (pv_err_ != cudaSuccess)                                                             \
-            ::pv::fail_cuda_call(#call, cudaGetErrorString(pv_err_), __FILE__, __LINE__);       \
+#define CUDA_CHECK(call)                                                                                          \
+    do {                                                                                                          \
+        const cudaError_t pv_err_ = (call);                                                                       \
+        if (pv_err_ != cudaSuccess) ::pv::fail_cuda_call(#call, cudaGetErrorString(pv_err_), __FILE__, __LINE__); \
     } while (0)
 
 // Checks a cuBLAS call the same way.
-#define CUBLAS_CHECK(call)                                                                      \
-    do {                                                                                        \
-        const cublasStatus_t pv_st_ = (call);                                                   \
-        if (pv_st_ != CUBLAS_STATUS_SUCCESS)                                                    \
-            ::pv::fail_cuda_call(#call, cublasGetStatusString(pv_st_), __FILE__, __LINE__);     \
+#define CUBLAS_CHECK(call)                                                                  \
+    do {                                                                                    \
+        const cublasStatus_t pv_st_ = (call);                                               \
+        if (pv_st_ != CUBLAS_STATUS_SUCCESS)                                                \
+            ::pv::fail_cuda_call(#call, cublasGetStatusString(pv_st_), __FILE__, __LINE__); \
     } while (0)
 
 // Checks that the last kernel launch was accepted (launch configuration errors).

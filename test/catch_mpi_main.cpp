@@ -91,14 +91,16 @@ class RankListener : public Catch::TestEventListenerBase {
             MPI_Test(&request, &done, MPI_STATUS_IGNORE);
             if (done) break;
             if (cut_short_ && std::chrono::steady_clock::now() - start > std::chrono::seconds(kGraceSeconds))
-                abort_job("test case \"" + test_case_ + "\" ended early here (a failed REQUIRE or an exception) and the "
-                          "other ranks did not reach its end within " + std::to_string(kGraceSeconds) +
-                          " s (they are probably waiting in a collective)");
+                abort_job("test case \"" + test_case_ +
+                          "\" ended early here (a failed REQUIRE or an exception) and the "
+                          "other ranks did not reach its end within " +
+                          std::to_string(kGraceSeconds) + " s (they are probably waiting in a collective)");
             std::this_thread::sleep_for(std::chrono::microseconds(200));
         }
         if (failed_anywhere) ++failed_cases_anywhere;
         if (failed_anywhere && !failed_here && world_rank == 0)
-            std::printf("test case \"%s\" failed on another rank (its messages are above or below)\n", test_case_.c_str());
+            std::printf("test case \"%s\" failed on another rank (its messages are above or below)\n",
+                        test_case_.c_str());
     }
 
     void testRunEnded(Catch::TestRunStats const& stats) override {
@@ -114,8 +116,9 @@ class RankListener : public Catch::TestEventListenerBase {
   private:
     void print_failure(Catch::AssertionStats const& stats) const {
         const Catch::AssertionResult& result = stats.assertionResult;
-        std::string text = "rank " + std::to_string(world_rank) + ", test case \"" + test_case_ + "\": " +
-                           result.getSourceInfo().file + ":" + std::to_string(result.getSourceInfo().line) + ": FAILED";
+        std::string text = "rank " + std::to_string(world_rank) + ", test case \"" + test_case_ +
+                           "\": " + result.getSourceInfo().file + ":" + std::to_string(result.getSourceInfo().line) +
+                           ": FAILED";
         if (result.hasExpression())
             text += ": " + result.getExpressionInMacro() + " with expansion: " + result.getExpandedExpression();
         if (result.hasMessage()) text += ": " + result.getMessage();

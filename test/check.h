@@ -91,9 +91,19 @@ std::vector<double> to_double(const std::vector<T>& v) {
 }
 
 // The tolerance of DESIGN.md §5 for a storage type.
-template <class T> constexpr double tolerance();
-template <> constexpr double tolerance<double>() { return 1e-12; }
-template <> constexpr double tolerance<float>() { return 1e-5; }
-template <> constexpr double tolerance<__nv_bfloat16>() { return 2e-2; }
+template <class T>
+constexpr double tolerance();
+template <>
+constexpr double tolerance<double>() {
+    return 1e-12;
+}
+template <>
+constexpr double tolerance<float>() {
+    return 1e-5;
+}
+template <>
+constexpr double tolerance<__nv_bfloat16>() {
+    return 2e-2;
+}
 
 }  // namespace pv::test

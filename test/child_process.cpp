@@ -41,7 +41,8 @@ ChildResult run_in_child(const std::string& test_name, const Environment& env, i
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_seconds);
     char buf[4096];
     for (;;) {
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
         if (left.count() <= 0) {
             kill(pid, SIGKILL);
             result.timed_out = true;

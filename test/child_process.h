@@ -25,11 +25,11 @@ ChildResult run_in_child(const std::string& test_name, const Environment& env = 
 }  // namespace pv::test
 
 // Asserts that the hidden test `name` dies in a child process with `expected` in its output.
-#define REQUIRE_DIES_WITH(name, expected)                                  \
-    do {                                                                   \
-        const auto child_ = ::pv::test::run_in_child(name);                \
-        INFO("child output:\n" << child_.output);                          \
-        REQUIRE_FALSE(child_.timed_out);                                   \
-        REQUIRE(child_.died);                                              \
-        REQUIRE(child_.output.find(expected) != std::string::npos);        \
+#define REQUIRE_DIES_WITH(name, expected)                           \
+    do {                                                            \
+        const auto child_ = ::pv::test::run_in_child(name);         \
+        INFO("child output:\n" << child_.output);                   \
+        REQUIRE_FALSE(child_.timed_out);                            \
+        REQUIRE(child_.died);                                       \
+        REQUIRE(child_.output.find(expected) != std::string::npos); \
     } while (0)

@@ -79,8 +79,8 @@ void check_against_reference(const Case& k, uint64_t seed) {
         }
         const std::string em = compare(to_double(d_m.download()), ref_m, tol);
         const std::string ev = compare(to_double(d_v.download()), ref_v, tol);
-        INFO("n " << k.n << " wd " << k.weight_decay << " grad_scale " << k.grad_scale << " zero_state "
-                  << k.zero_state << " t " << t << "\nparams: " << ep << "\nm: " << em << "\nv: " << ev);
+        INFO("n " << k.n << " wd " << k.weight_decay << " grad_scale " << k.grad_scale << " zero_state " << k.zero_state
+                  << " t " << t << "\nparams: " << ep << "\nm: " << em << "\nv: " << ev);
         REQUIRE(ep.empty());
         REQUIRE(em.empty());
         REQUIRE(ev.empty());
@@ -109,8 +109,8 @@ inline SrRun stochastic_round_once(const std::vector<float>& master, double lr, 
         d_v(random_vector<float>(master.size(), 6, 0.01, 0.1));
     DeviceArray<float> d_grads(random_vector<float>(master.size(), 7));
     pv::AdamWStep step{.lr = lr, .weight_decay = 0.1, .t = t};
-    pv::adamw_update(d_params.get(), d_master.get(), d_grads.get(), d_m.get(), d_v.get(), n, step, stochastic, seed,
-                     11, first_element, nullptr);
+    pv::adamw_update(d_params.get(), d_master.get(), d_grads.get(), d_m.get(), d_v.get(), n, step, stochastic, seed, 11,
+                     first_element, nullptr);
     return {d_params.download(), d_master.download()};
 }
 
@@ -145,12 +145,12 @@ TEST_CASE("adamw stochastic rounding is reproducible and independent of sharding
     const SrRun nearest = stochastic_round_once(master0, 1e-3, 1234, 3, 0, false);
     size_t seed_differs = 0, step_differs = 0, nearest_differs = 0;
     for (size_t i = 0; i < size_t(n); ++i) {
-        REQUIRE(bits_of(a.params[i]) == bits_of(b.params[i]));           // same key, same bits
-        REQUIRE(bits_of(a.master[i]) == bits_of(nearest.master[i]));     // rounding never touches the master
+        REQUIRE(bits_of(a.params[i]) == bits_of(b.params[i]));        // same key, same bits
+        REQUIRE(bits_of(a.master[i]) == bits_of(nearest.master[i]));  // rounding never touches the master
         const auto [down, up] = bf16_neighbours(a.master[i]);
         const uint16_t got = bits_of(a.params[i]);
         INFO("element " << i << " master " << a.master[i]);
-        REQUIRE((got == down || got == up));                              // always a neighbour
+        REQUIRE((got == down || got == up));  // always a neighbour
         seed_differs += got != bits_of(other_seed.params[i]);
         step_differs += got != bits_of(other_step.params[i]);
         nearest_differs += got != bits_of(nearest.params[i]);
@@ -210,14 +210,14 @@ TEST_CASE("adamw stochastic rounding is unbiased", "[kernels][adamw]") {
 TEST_CASE("adamw: bf16 without a master", "[.][adamw-child]") {
     DeviceArray<bf16> p(4);
     DeviceArray<float> m(4), v(4), g(4);
-    pv::adamw_update<bf16, float>(p.get(), nullptr, g.get(), m.get(), v.get(), 4, pv::AdamWStep{.lr = 1e-3}, false, 0, 0,
-                                  0, nullptr);
+    pv::adamw_update<bf16, float>(p.get(), nullptr, g.get(), m.get(), v.get(), 4, pv::AdamWStep{.lr = 1e-3}, false, 0,
+                                  0, 0, nullptr);
 }
 
 TEST_CASE("adamw: fp32 with a master", "[.][adamw-child]") {
     DeviceArray<float> p(4), master(4), m(4), v(4), g(4);
-    pv::adamw_update<float, float>(p.get(), master.get(), g.get(), m.get(), v.get(), 4, pv::AdamWStep{.lr = 1e-3}, false,
-                                   0, 0, 0, nullptr);
+    pv::adamw_update<float, float>(p.get(), master.get(), g.get(), m.get(), v.get(), 4, pv::AdamWStep{.lr = 1e-3},
+                                   false, 0, 0, 0, nullptr);
 }
 
 TEST_CASE("adamw refuses a master copy that does not match the parameter type", "[kernels][adamw]") {

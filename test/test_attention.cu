@@ -174,12 +174,11 @@ TEST_CASE("attention matches the fp64 reference: full cross product", "[kernels]
 
 TEST_CASE("attention backward equals central differences of its forward (fp64)", "[kernels][attention][gradcheck]") {
     if (kTsanBuild) return;
-    gradcheck({1, 7, 4, 2, 8}, 400);  // generic path, GQA
+    gradcheck({1, 7, 4, 2, 8}, 400);   // generic path, GQA
     gradcheck({1, 5, 2, 1, 64}, 410);  // specialised hd = 64
 }
 
-TEST_CASE("attention backward equals central differences at hd 128 (fp64)",
-          "[kernels][attention][gradcheck][.full]") {
+TEST_CASE("attention backward equals central differences at hd 128 (fp64)", "[kernels][attention][gradcheck][.full]") {
     gradcheck({1, 20, 3, 1, 128}, 420);  // several 8-row tiles of the fp64 hd = 128 instantiation
 }
 

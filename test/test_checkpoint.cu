@@ -120,8 +120,8 @@ inline float bf16_reference(float x) {
     if (std::isnan(x)) return x;
     if (std::isinf(x) || x == 0.0f) return x;
     int e = 0;
-    (void)std::frexp(double(x), &e);                     // |x| in [2^(e-1), 2^e)
-    const int quantum = std::max(e, -125) - 8;            // 2^-133 below fp32's smallest normal 2^-126
+    (void)std::frexp(double(x), &e);            // |x| in [2^(e-1), 2^e)
+    const int quantum = std::max(e, -125) - 8;  // 2^-133 below fp32's smallest normal 2^-126
     const double r = std::ldexp(std::nearbyint(std::ldexp(double(x), -quantum)), quantum);
     if (std::fabs(r) >= 0x1p128) return x > 0 ? INFINITY : -INFINITY;
     return float(r);  // exact: r has at most 8 significant bits
@@ -129,9 +129,7 @@ inline float bf16_reference(float x) {
 
 using pv::test::error_of;  // test/error_of.h
 
-inline void touch(const fs::path& p, const std::string& text = "x") {
-    std::ofstream(p) << text;
-}
+inline void touch(const fs::path& p, const std::string& text = "x") { std::ofstream(p) << text; }
 
 inline std::string slurp_text(const fs::path& p) {
     std::ifstream in(p);
@@ -244,7 +242,8 @@ TEST_CASE("checkpoint split tensors hold the right rows of the fused ones", "[ch
     // [Wq; Wk; Wv]: rows 0..47 are q, 48..63 k, 64..79 v; [Wgate; Wup]: rows 0..39 gate, 40..79 up.
     const std::string p = "model.layers.1.";
     for (long long r = 0; r < 48; ++r)
-        for (long long c = 0; c < 48; ++c) REQUIRE(file_at(p + "self_attn.q_proj.weight", r, c, 48) == fused_at("layers.1.w_qkv", r, c, 48));
+        for (long long c = 0; c < 48; ++c)
+            REQUIRE(file_at(p + "self_attn.q_proj.weight", r, c, 48) == fused_at("layers.1.w_qkv", r, c, 48));
     for (long long r = 0; r < 16; ++r)
         for (long long c = 0; c < 48; ++c) {
             REQUIRE(file_at(p + "self_attn.k_proj.weight", r, c, 48) == fused_at("layers.1.w_qkv", 48 + r, c, 48));
@@ -270,23 +269,22 @@ TEST_CASE("checkpoint reading converts dtypes: round to nearest even, NaN stays 
     // fp32 values: a hand-made table of bit patterns with their bf16 (by hand), then random bit
     // patterns (every exponent, subnormals, Inf and NaN), then random normals.
     const std::vector<std::pair<uint32_t, uint16_t>> table = {
-        {0x3F800000, 0x3F80},  // 1
-        {0x3F808000, 0x3F80},  // 1 + 2^-8: a tie, to the even 1
-        {0x3F818000, 0x3F82},  // 1 + 3·2^-8: a tie, to the even 1 + 2^-6
-        {0x3F808001, 0x3F81},  // just above the tie
-        {0x3F807FFF, 0x3F80},  // just below it
-        {0xBF818000, 0xBF82},  // a negative tie
-        {0x7F7F7FFF, 0x7F7F},  // below the tie at bf16's largest finite
-        {0x7F7F8000, 0x7F80},  // that tie, odd mantissa: up to Inf
-        {0x7F7FFFFF, 0x7F80},  // fp32's largest: Inf
-        {0x7F800000, 0x7F80},  // Inf
-        {0xFF800000, 0xFF80},  // -Inf
-        {0x80000000, 0x8000},  // -0
-        {0x00000001, 0x0000},  // the smallest subnormal: to 0
-        {0x00008000, 0x0000},  // a subnormal tie, to the even 0
-        {0x00018000, 0x0002},  // a subnormal tie, to the even 2
-        {0x00008001, 0x0001},
-        {0x007FFFFF, 0x0080},  // the largest subnormal: up to the smallest normal
+        {0x3F800000, 0x3F80},                        // 1
+        {0x3F808000, 0x3F80},                        // 1 + 2^-8: a tie, to the even 1
+        {0x3F818000, 0x3F82},                        // 1 + 3·2^-8: a tie, to the even 1 + 2^-6
+        {0x3F808001, 0x3F81},                        // just above the tie
+        {0x3F807FFF, 0x3F80},                        // just below it
+        {0xBF818000, 0xBF82},                        // a negative tie
+        {0x7F7F7FFF, 0x7F7F},                        // below the tie at bf16's largest finite
+        {0x7F7F8000, 0x7F80},                        // that tie, odd mantissa: up to Inf
+        {0x7F7FFFFF, 0x7F80},                        // fp32's largest: Inf
+        {0x7F800000, 0x7F80},                        // Inf
+        {0xFF800000, 0xFF80},                        // -Inf
+        {0x80000000, 0x8000},                        // -0
+        {0x00000001, 0x0000},                        // the smallest subnormal: to 0
+        {0x00008000, 0x0000},                        // a subnormal tie, to the even 0
+        {0x00018000, 0x0002},                        // a subnormal tie, to the even 2
+        {0x00008001, 0x0001}, {0x007FFFFF, 0x0080},  // the largest subnormal: up to the smallest normal
     };
     const std::vector<uint32_t> nans = {0x7FC00000, 0x7F800001, 0xFF800001, 0xFFFFFFFF, 0x7FBFFFFF};
     pv::HostGroups g = random_groups(layouts, pv::DType::fp32, 8);
@@ -294,9 +292,9 @@ TEST_CASE("checkpoint reading converts dtypes: round to nearest even, NaN stays 
     const long long wte = layouts[0].find("wte").offset;
     for (long long i = 0; i < 67 * 48; ++i) {
         const size_t k = size_t(i);
-        const uint32_t bits = k < table.size() ? table[k].first
+        const uint32_t bits = k < table.size()                 ? table[k].first
                               : k < table.size() + nans.size() ? nans[k - table.size()]
-                                                              : uint32_t(rng());
+                                                               : uint32_t(rng());
         put_f32(g, 0, wte + i, bits_float(bits));
     }
     pv::write_group_tensors(path, layouts, g);
@@ -332,7 +330,8 @@ TEST_CASE("checkpoint reading converts dtypes: round to nearest even, NaN stays 
                     if (std::isnan(want)) {
                         REQUIRE(std::isnan(bits_float(got)));
                     } else {
-                        INFO("fp32 0x" << std::hex << float_bits(x) << ": got 0x" << got << ", want 0x" << float_bits(want));
+                        INFO("fp32 0x" << std::hex << float_bits(x) << ": got 0x" << got << ", want 0x"
+                                       << float_bits(want));
                         REQUIRE(got == float_bits(want));
                     }
                     ++compared;
@@ -347,8 +346,10 @@ TEST_CASE("checkpoint reading converts dtypes: round to nearest even, NaN stays 
         for (size_t u = 0; u < layouts.size(); ++u)
             for (long long i = 0; i < layouts[u].padded; ++i) {
                 const double want = get(g, u, i), got = get(d, u, i);
-                if (std::isnan(want)) REQUIRE(std::isnan(got));
-                else REQUIRE(got == want);
+                if (std::isnan(want))
+                    REQUIRE(std::isnan(got));
+                else
+                    REQUIRE(got == want);
             }
     }
     SECTION("BF16 -> fp32 and fp64 are exact") {
@@ -375,16 +376,16 @@ TEST_CASE("checkpoint reading narrows F64 by rounding to nearest even, bf16 thro
         uint16_t bf16;
     };
     const std::vector<Case> cases = {
-        {1.0 + 0x1p-24, 1.0f, 0x3F80},                          // fp32 tie, to even
-        {1.0 + 3 * 0x1p-24, 1.0f + 0x1p-22f, 0x3F80},           // fp32 tie, to even (up); bf16 down
-        {1.0 + 0x1p-24 + 0x1p-40, 1.0f + 0x1p-23f, 0x3F80},     // just above the fp32 tie
+        {1.0 + 0x1p-24, 1.0f, 0x3F80},                                // fp32 tie, to even
+        {1.0 + 3 * 0x1p-24, 1.0f + 0x1p-22f, 0x3F80},                 // fp32 tie, to even (up); bf16 down
+        {1.0 + 0x1p-24 + 0x1p-40, 1.0f + 0x1p-23f, 0x3F80},           // just above the fp32 tie
         {1.0 + 0x1p-8 + 0x1p-20, 1.0f + 0x1p-8f + 0x1p-20f, 0x3F81},  // exact in fp32, above the bf16 tie
         // Double rounding: 1 + 2^-8 + 2^-30 rounds to the bf16 tie 1 + 2^-8 in fp32, then to the even
         // 1; rounding it directly would give 1 + 2^-7 (0x3F81). Documented in checkpoint.cpp.
         {1.0 + 0x1p-8 + 0x1p-30, 1.0f + 0x1p-8f, 0x3F80},
         {-2.5, -2.5f, 0xC020},
-        {1e300, INFINITY, 0x7F80},                               // overflows both
-        {-1e-300, -0.0f, 0x8000},                                // underflows both, keeps its sign
+        {1e300, INFINITY, 0x7F80},  // overflows both
+        {-1e-300, -0.0f, 0x8000},   // underflows both, keeps its sign
     };
     const long long wte = layouts[0].find("wte").offset;
     for (size_t k = 0; k < cases.size(); ++k) put_f64(g, 0, wte + long(k), cases[k].x);
@@ -421,9 +422,17 @@ TEST_CASE("checkpoint reading converts F16 files exactly", "[checkpoint]") {
     const std::string path = dir.file("f16.safetensors");
     pv::write_group_tensors(path, layouts, random_groups(layouts, pv::DType::fp32, 12));
     const std::vector<std::pair<uint16_t, float>> halves = {
-        {0x3C00, 1.0f},    {0xC000, -2.0f},        {0x0001, 0x1p-24f},      {0x8000, -0.0f},
-        {0x7C00, INFINITY}, {0xFC00, -INFINITY},   {0x3555, 0.333251953125f}, {0x7BFF, 65504.0f},
-        {0x03FF, 1023 * 0x1p-24f}, {0x0400, 0x1p-14f}, {0x7E00, NAN},
+        {0x3C00, 1.0f},
+        {0xC000, -2.0f},
+        {0x0001, 0x1p-24f},
+        {0x8000, -0.0f},
+        {0x7C00, INFINITY},
+        {0xFC00, -INFINITY},
+        {0x3555, 0.333251953125f},
+        {0x7BFF, 65504.0f},
+        {0x03FF, 1023 * 0x1p-24f},
+        {0x0400, 0x1p-14f},
+        {0x7E00, NAN},
     };
     std::vector<pv::SafeTensor> tensors = pv::read_safetensors(path).tensors;
     for (pv::SafeTensor& t : tensors) {
@@ -509,7 +518,8 @@ TEST_CASE("checkpoint tensor errors name the file, the tensor and the fix", "[ch
     pv::write_group_tensors(tied, tied_layouts, random_groups(tied_layouts, pv::DType::fp32, 15));
 
     SECTION("a tensor the model needs is missing") {
-        const std::string what = error_of<std::runtime_error>([&] { pv::read_group_tensors(tied, untied_layouts, pv::DType::fp32); });
+        const std::string what =
+            error_of<std::runtime_error>([&] { pv::read_group_tensors(tied, untied_layouts, pv::DType::fp32); });
         CHECK_THAT(what, Catch::Contains(tied) && Catch::Contains("'lm_head.weight' is missing") &&
                              Catch::Contains("different model or configuration"));
     }
@@ -524,28 +534,32 @@ TEST_CASE("checkpoint tensor errors name the file, the tensor and the fix", "[ch
         for (pv::SafeTensor& t : tensors)
             if (t.name == "model.norm.weight") t.shape = {48, 1};
         pv::write_safetensors(untied, tensors);
-        const std::string what = error_of<std::runtime_error>([&] { pv::read_group_tensors(untied, untied_layouts, pv::DType::fp32); });
+        const std::string what =
+            error_of<std::runtime_error>([&] { pv::read_group_tensors(untied, untied_layouts, pv::DType::fp32); });
         CHECK_THAT(what, Catch::Contains("'model.norm.weight' has shape [48, 1], expected [48]"));
     }
     SECTION("the file holds a tensor the model has not; allow_extra ignores it") {
-        const std::string what = error_of<std::runtime_error>([&] { pv::read_group_tensors(untied, tied_layouts, pv::DType::fp32); });
+        const std::string what =
+            error_of<std::runtime_error>([&] { pv::read_group_tensors(untied, tied_layouts, pv::DType::fp32); });
         CHECK_THAT(what, Catch::Contains(untied) && Catch::Contains("'lm_head.weight'") &&
                              Catch::Contains("belongs to no parameter") && Catch::Contains("allow_extra"));
         const pv::HostGroups g = pv::read_group_tensors(untied, tied_layouts, pv::DType::fp32, true);
-        for (size_t u = 0; u + 1 < g.units.size(); ++u) CHECK(g.units[u] == untied_groups.units[u]);  // same layouts but the head
+        for (size_t u = 0; u + 1 < g.units.size(); ++u)
+            CHECK(g.units[u] == untied_groups.units[u]);                                    // same layouts but the head
         CHECK(get(g, g.units.size() - 1, 5) == get(untied_groups, g.units.size() - 1, 5));  // final norm
     }
     SECTION("an unsupported dtype") {
         std::vector<pv::SafeTensor> tensors = pv::read_safetensors(untied).tensors;
         tensors[3].dtype = "I32";  // same size as F32: the file itself is valid
         pv::write_safetensors(untied, tensors);
-        const std::string what = error_of<std::runtime_error>([&] { pv::read_group_tensors(untied, untied_layouts, pv::DType::bf16); });
+        const std::string what =
+            error_of<std::runtime_error>([&] { pv::read_group_tensors(untied, untied_layouts, pv::DType::bf16); });
         CHECK_THAT(what, Catch::Contains(untied) && Catch::Contains("'" + tensors[3].name + "'") &&
                              Catch::Contains("dtype I32") && Catch::Contains("BF16, F16, F32, F64"));
     }
     SECTION("a missing file") {
-        const std::string what =
-            error_of<std::runtime_error>([&] { pv::read_group_tensors(dir.file("absent.safetensors"), untied_layouts, pv::DType::fp32); });
+        const std::string what = error_of<std::runtime_error>(
+            [&] { pv::read_group_tensors(dir.file("absent.safetensors"), untied_layouts, pv::DType::fp32); });
         CHECK_THAT(what, Catch::Contains("absent.safetensors") && Catch::Contains("cannot open"));
     }
     SECTION("the groups do not match the layouts") {
@@ -558,11 +572,13 @@ TEST_CASE("checkpoint tensor errors name the file, the tensor and the fix", "[ch
                              Catch::Contains(std::to_string(need) + " bytes") && Catch::Contains("x.safetensors"));
         pv::HostGroups wrong_dtype = untied_groups;
         wrong_dtype.dtype = pv::DType::fp64;
-        what = error_of<std::invalid_argument>([&] { pv::write_group_tensors(dir.file("x.safetensors"), untied_layouts, wrong_dtype); });
+        what = error_of<std::invalid_argument>(
+            [&] { pv::write_group_tensors(dir.file("x.safetensors"), untied_layouts, wrong_dtype); });
         CHECK_THAT(what, Catch::Contains("unit 0 holds") && Catch::Contains("fp64"));
         pv::HostGroups fewer = untied_groups;
         fewer.units.pop_back();
-        what = error_of<std::invalid_argument>([&] { pv::write_group_tensors(dir.file("x.safetensors"), untied_layouts, fewer); });
+        what = error_of<std::invalid_argument>(
+            [&] { pv::write_group_tensors(dir.file("x.safetensors"), untied_layouts, fewer); });
         CHECK_THAT(what, Catch::Contains(std::to_string(fewer.units.size()) + " units of data for " +
                                          std::to_string(untied_layouts.size()) + " layouts"));
         CHECK_FALSE(fs::exists(dir.file("x.safetensors")));

@@ -42,9 +42,9 @@ struct Published {
 using namespace config_test;
 
 TEST_CASE("preset names are the documented list", "[config]") {
-    const std::vector<std::string> expected = {"test-tiny",    "test-tied",      "stories260K",  "host-11m",     "smollm2-135m",
-                                               "tinyllama-1.1b", "llama-3.2-1b", "llama-2-7b",   "llama-3.1-8b",
-                                               "codellama-34b", "llama-2-70b"};
+    const std::vector<std::string> expected = {"test-tiny",    "test-tied",      "stories260K",  "host-11m",
+                                               "smollm2-135m", "tinyllama-1.1b", "llama-3.2-1b", "llama-2-7b",
+                                               "llama-3.1-8b", "codellama-34b",  "llama-2-70b"};
     REQUIRE(pv::preset_names() == expected);
     for (const auto& n : expected) {
         CHECK(pv::preset(n).name == n);
@@ -194,8 +194,8 @@ TEST_CASE("head_dim: derived only from a divisible hidden_size, even, not negati
     c.num_heads = 8;
     c.num_kv_heads = 2;
     c.head_dim = 0;
-    expect_one_error(c, {"hidden_size = 100", "not divisible by num_heads = 8", "head_dim is not set",
-                         "set head_dim explicitly"});
+    expect_one_error(
+        c, {"hidden_size = 100", "not divisible by num_heads = 8", "head_dim is not set", "set head_dim explicitly"});
     c.head_dim = 10;  // an explicit head_dim makes it valid: q_width 80 ≠ hidden_size 100
     CHECK(pv::validate(c).empty());
     CHECK(c.q_width() == 80);
@@ -256,12 +256,13 @@ TEST_CASE("rms_norm_eps and rope_theta must be positive", "[config]") {
 
 TEST_CASE("rope scaling: its parameters are checked only when factor > 0", "[config]") {
     pv::LlamaConfig c = tiny();
-    c.rope_scaling = {.factor = 0, .low_freq_factor = -5, .high_freq_factor = -9, .original_max_position_embeddings = -1};
+    c.rope_scaling = {
+        .factor = 0, .low_freq_factor = -5, .high_freq_factor = -9, .original_max_position_embeddings = -1};
     CHECK_FALSE(c.rope_scaling.enabled());
     CHECK(pv::validate(c).empty());  // factor 0: no scaling, the rest is ignored
 
-    const pv::RopeScaling good{.factor = 8, .low_freq_factor = 1, .high_freq_factor = 4,
-                               .original_max_position_embeddings = 8192};
+    const pv::RopeScaling good{
+        .factor = 8, .low_freq_factor = 1, .high_freq_factor = 4, .original_max_position_embeddings = 8192};
     c.rope_scaling = good;
     CHECK(c.rope_scaling.enabled());
     CHECK(pv::validate(c).empty());

@@ -64,8 +64,8 @@ using Fields = std::vector<std::pair<std::string, std::string>>;
 
 // The required keys of a small valid Llama: hidden 48 / 6 heads = head_dim 8.
 inline Fields minimal() {
-    return {{"model_type", "\"llama\""},       {"vocab_size", "67"},        {"hidden_size", "48"},
-            {"intermediate_size", "40"},       {"num_hidden_layers", "2"},  {"num_attention_heads", "6"}};
+    return {{"model_type", "\"llama\""}, {"vocab_size", "67"},       {"hidden_size", "48"},
+            {"intermediate_size", "40"}, {"num_hidden_layers", "2"}, {"num_attention_heads", "6"}};
 }
 
 inline Fields with(Fields f, const std::string& key, const std::string& value) {
@@ -594,7 +594,8 @@ TEST_CASE("every rejection names the origin, the key, the value and the fix", "[
                         {"model_type = \"mistral\"", "not a Llama model", "LlamaForCausalLM"});
         Fields f = with(minimal(), "model_type", "\"qwen2\"");
         f = with(f, "architectures", "[\"Qwen2ForCausalLM\"]");
-        expect_rejected(text(f), {"model_type = \"qwen2\"", "architectures = [\"Qwen2ForCausalLM\"]", "not a Llama model"});
+        expect_rejected(text(f),
+                        {"model_type = \"qwen2\"", "architectures = [\"Qwen2ForCausalLM\"]", "not a Llama model"});
         expect_rejected(text(without(minimal(), "model_type")),
                         {"neither model_type nor architectures", "\"model_type\": \"llama\""});
         expect_rejected(text(with(minimal(), "model_type", "7")), {"model_type = 7", "expected a string"});
@@ -602,7 +603,8 @@ TEST_CASE("every rejection names the origin, the key, the value and the fix", "[
                         {"architectures = \"LlamaForCausalLM\"", "a string", "expected an array of strings"});
     }
     SECTION("a required key missing or null") {
-        for (const char* key : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"}) {
+        for (const char* key :
+             {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"}) {
             INFO(key);
             expect_rejected(text(without(minimal(), key)),
                             {std::string("missing required key ") + key, "published config.json"});
@@ -650,8 +652,8 @@ TEST_CASE("every rejection names the origin, the key, the value and the fix", "[
             INFO(type);
             expect_rejected(text(with(minimal(), "rope_scaling",
                                       std::string("{\"rope_type\": \"") + type + "\", \"factor\": 2.0}")),
-                            {std::string("rope_scaling.rope_type = \"") + type + "\"", "not supported",
-                             "only llama3", "rope_scaling null"});
+                            {std::string("rope_scaling.rope_type = \"") + type + "\"", "not supported", "only llama3",
+                             "rope_scaling null"});
         }
         expect_rejected(text(with(minimal(), "rope_scaling", "{\"type\": \"linear\", \"factor\": 2.0}")),
                         {"rope_scaling.type = \"linear\"", "only llama3"});
@@ -692,7 +694,8 @@ TEST_CASE("every rejection names the origin, the key, the value and the fix", "[
                         {"hidden_act = \"gelu\"", "not supported", "hidden_act \"silu\""});
     }
     SECTION("head_dim given as zero or negative") {
-        expect_rejected(text(with(minimal(), "head_dim", "0")), {"head_dim = 0", "must be positive", "remove head_dim"});
+        expect_rejected(text(with(minimal(), "head_dim", "0")),
+                        {"head_dim = 0", "must be positive", "remove head_dim"});
         expect_rejected(text(with(minimal(), "head_dim", "-8")), {"head_dim = -8", "must be positive"});
     }
     SECTION("a shape that does not validate") {
@@ -750,13 +753,14 @@ TEST_CASE("write_hf_config and read_hf_config through a file", "[config_json]") 
     const std::string mistral = dir.file("mistral.json");
     { std::ofstream(mistral, std::ios::binary) << text(with(minimal(), "model_type", "\"mistral\"")); }
     REQUIRE_THROWS_AS(pv::read_hf_config(mistral), std::runtime_error);
-    REQUIRE_THROWS_WITH(pv::read_hf_config(mistral), Catch::Contains("'" + mistral + "'") && Catch::Contains("\"mistral\""));
+    REQUIRE_THROWS_WITH(pv::read_hf_config(mistral),
+                        Catch::Contains("'" + mistral + "'") && Catch::Contains("\"mistral\""));
 
     const std::string missing = dir.file("nope/config.json");
     REQUIRE_THROWS_AS(pv::read_hf_config(missing), std::runtime_error);
-    REQUIRE_THROWS_WITH(pv::read_hf_config(missing),
-                        Catch::Contains("'" + missing + "'") && Catch::Contains("cannot open") &&
-                            Catch::Contains("No such file"));
+    REQUIRE_THROWS_WITH(pv::read_hf_config(missing), Catch::Contains("'" + missing + "'") &&
+                                                         Catch::Contains("cannot open") &&
+                                                         Catch::Contains("No such file"));
     REQUIRE_THROWS_WITH(pv::read_hf_config(dir.path.string()),
                         Catch::Contains("is a directory") && Catch::Contains("config.json file inside it"));
     // Writing into a directory that does not exist fails with the atomic writer's message.

@@ -71,8 +71,8 @@ void check_against_reference(long long N, int V, Ignore ignore, uint64_t seed, d
     const double scale = ref.count > 0 ? 1.0 / ref.count : 1.0;
     pv::cross_entropy_backward(d_logits.get(), d_targets.get(), d_dlogits.get(), N, V, kIgnore, scale, nullptr);
     pv::cross_entropy_backward(d_inplace.get(), d_targets.get(), d_inplace.get(), N, V, kIgnore, scale, nullptr);
-    const auto ref_d = pv::reference::cross_entropy_backward(to_double(logits), targets, size_t(N), size_t(V), kIgnore,
-                                                             scale);
+    const auto ref_d =
+        pv::reference::cross_entropy_backward(to_double(logits), targets, size_t(N), size_t(V), kIgnore, scale);
     const auto dlogits = d_dlogits.download();
 
     const std::string e1 = compare(to_double(f.row_loss), ref.row_loss, tolerance<T>());
@@ -115,7 +115,7 @@ TEST_CASE("cross-entropy with every row ignored", "[kernels][cross_entropy]") {
 TEST_CASE("cross-entropy with logits where a naive exp overflows", "[kernels][cross_entropy]") {
     const long long N = rows_for_build(33, 7);
     check_against_reference<float>(N, 515, Ignore::Some, 60, -100.0, 100.0);
-    check_against_reference<float>(N, 515, Ignore::Some, 61, 85.0, 100.0);   // a naive Σ exp is inf
+    check_against_reference<float>(N, 515, Ignore::Some, 61, 85.0, 100.0);     // a naive Σ exp is inf
     check_against_reference<float>(7, 4099, Ignore::Some, 62, -100.0, -85.0);  // a naive Σ exp is 0
     check_against_reference<__nv_bfloat16>(N, 515, Ignore::Some, 63, -100.0, 100.0);
     check_against_reference<double>(N, 515, Ignore::Some, 64, -800.0, 800.0);  // exp(710) overflows double
@@ -139,8 +139,8 @@ TEST_CASE("cross-entropy marks out-of-range targets with NaN", "[kernels][cross_
     pv::cross_entropy_backward(d_logits.get(), d_targets.get(), d_dlogits.get(), N, V, kIgnore, 1.0 / 3, nullptr);
     const auto d = d_dlogits.download();
 
-    const auto ref = pv::reference::cross_entropy_forward(to_double(logits), {2, kIgnore, kIgnore, kIgnore}, 1, V,
-                                                          kIgnore);
+    const auto ref =
+        pv::reference::cross_entropy_forward(to_double(logits), {2, kIgnore, kIgnore, kIgnore}, 1, V, kIgnore);
     const auto ref_d = pv::reference::cross_entropy_backward(to_double(logits), {2}, 1, V, kIgnore, 1.0 / 3);
     REQUIRE(compare({double(f.row_loss[0])}, {ref.row_loss[0]}, tolerance<float>()).empty());
     REQUIRE(std::isnan(f.row_loss[1]));

@@ -39,8 +39,7 @@ inline void write_text(const std::string& path, const std::string& text) {
 
 using namespace durable_file_test;
 
-TEST_CASE("write_file_atomically: the whole file under its name, no .tmp; a failed write keeps the old file",
-          "[io]") {
+TEST_CASE("write_file_atomically: the whole file under its name, no .tmp; a failed write keeps the old file", "[io]") {
     TempDir dir("durable");
     const std::string path = dir.file("out.txt");
     write_text(path, "first version");

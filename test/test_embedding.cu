@@ -141,8 +141,9 @@ void check_deterministic(uint64_t seed) {
 // Shapes (N, C, V): one of each, sizes that divide no block, a large vocabulary. test-tsan looks
 // for races at tiny shapes (DESIGN.md §5), where every emulated thread costs a fresh fiber.
 using Shapes = std::vector<std::tuple<long long, int, int>>;
-const Shapes kShapes = pv::kThreadSanitizer ? Shapes{{1, 1, 1}, {7, 67, 5}, {33, 130, 50}}
-                                            : Shapes{{1, 1, 1}, {7, 67, 5}, {33, 130, 50}, {130, 33, 7}, {300, 200, 1000}};
+const Shapes kShapes = pv::kThreadSanitizer
+                           ? Shapes{{1, 1, 1}, {7, 67, 5}, {33, 130, 50}}
+                           : Shapes{{1, 1, 1}, {7, 67, 5}, {33, 130, 50}, {130, 33, 7}, {300, 200, 1000}};
 
 }  // namespace embedding_test
 

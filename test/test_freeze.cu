@@ -62,7 +62,8 @@ TEST_CASE("freeze: globs over Hugging Face names select polevault tensors (untie
                                                  "layers.1.mlp_norm", "layers.1.w_gate_up", "layers.1.w_down"});
     // `*` crosses dots (no FNM_PATHNAME).
     CHECK(frozen(m, "*.self_attn.*") == Names{"layers.0.w_qkv", "layers.0.w_o", "layers.1.w_qkv", "layers.1.w_o"});
-    CHECK(frozen(m, "*.mlp.*") == Names{"layers.0.w_gate_up", "layers.0.w_down", "layers.1.w_gate_up", "layers.1.w_down"});
+    CHECK(frozen(m, "*.mlp.*") ==
+          Names{"layers.0.w_gate_up", "layers.0.w_down", "layers.1.w_gate_up", "layers.1.w_down"});
     // A fused tensor is frozen when its parts are all taken, by one pattern or by several together.
     CHECK(frozen(m, "model.layers.0.self_attn.[qkv]_proj.weight") == Names{"layers.0.w_qkv"});
     CHECK(frozen(m, "model.layers.0.mlp.gate_proj.weight,model.layers.0.mlp.up_proj.weight") ==
@@ -105,9 +106,9 @@ TEST_CASE("freeze: with tied embeddings the embedding and lm_head freeze togethe
 
 TEST_CASE("freeze: a pattern that matches nothing is refused, naming it and what names look like", "[freeze]") {
     for (const auto& [m, patterns, bad] : std::vector<std::tuple<std::string, std::string, std::string>>{
-             {"test-tiny", "model.layers.2.*", "model.layers.2.*"},  // 2 layers: 0 and 1
+             {"test-tiny", "model.layers.2.*", "model.layers.2.*"},                  // 2 layers: 0 and 1
              {"test-tiny", "model.embed_token.weight", "model.embed_token.weight"},  // a typo
-             {"test-tiny", "*.input_layernorm.*,*.q_norm.*", "*.q_norm.*"},  // one of several
+             {"test-tiny", "*.input_layernorm.*,*.q_norm.*", "*.q_norm.*"},          // one of several
              {"test-tied", "model.layers.3.*", "model.layers.3.*"},
              {"test-tiny", "Model.norm.weight", "Model.norm.weight"}}) {  // case matters
         INFO(m << ": " << patterns);
@@ -119,10 +120,12 @@ TEST_CASE("freeze: a pattern that matches nothing is refused, naming it and what
 }
 
 TEST_CASE("freeze: a pattern set taking only part of a fused tensor is refused, naming all its parts", "[freeze]") {
-    const std::string qkv = "model.layers.0.self_attn.q_proj.weight, model.layers.0.self_attn.k_proj.weight, "
-                            "model.layers.0.self_attn.v_proj.weight are one fused tensor in polevault (layers.0.w_qkv)";
-    const std::string gate_up = "model.layers.0.mlp.gate_proj.weight, model.layers.0.mlp.up_proj.weight are one fused "
-                                "tensor in polevault (layers.0.w_gate_up)";
+    const std::string qkv =
+        "model.layers.0.self_attn.q_proj.weight, model.layers.0.self_attn.k_proj.weight, "
+        "model.layers.0.self_attn.v_proj.weight are one fused tensor in polevault (layers.0.w_qkv)";
+    const std::string gate_up =
+        "model.layers.0.mlp.gate_proj.weight, model.layers.0.mlp.up_proj.weight are one fused "
+        "tensor in polevault (layers.0.w_gate_up)";
     const std::string fix = "the patterns take only part of it; freeze all of them or none";
     for (const auto& [m, patterns, fused] : std::vector<std::tuple<std::string, std::string, std::string>>{
              {"test-tiny", "*.q_proj.weight", qkv},

@@ -135,8 +135,8 @@ void check_gemm(cublasHandle_t handle, const GemmCase& g, uint64_t seed) {
                              CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
     } else {
         REQUIRE(cublasGemmStridedBatchedEx(handle, g.op_a, g.op_b, g.m, g.n, g.k, &alpha, d_a.get(), Types::in, lda,
-                                           stride_a, d_b.get(), Types::in, ldb, stride_b, &beta, d_c.get(),
-                                           Types::out, ldc, stride_c, g.batch, Types::compute,
+                                           stride_a, d_b.get(), Types::in, ldb, stride_b, &beta, d_c.get(), Types::out,
+                                           ldc, stride_c, g.batch, Types::compute,
                                            CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
     }
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -240,9 +240,9 @@ TEST_CASE("bf16 output is rounded to nearest even", "[gemm]") {
                                   CUBLAS_GEMM_DEFAULT));
         return float(d_c.download()[0]);
     };
-    CHECK(result(0.7f / 128) == 1.0078125f);   // 1.0054...: nearest, not truncated (1.0)
-    CHECK(result(1.0f / 256) == 1.0f);         // 1.00390625: tie, to the even neighbour 1.0
-    CHECK(result(3.0f / 256) == 1.015625f);    // 1.01171875: tie, to the even neighbour 1 + 2/128
+    CHECK(result(0.7f / 128) == 1.0078125f);  // 1.0054...: nearest, not truncated (1.0)
+    CHECK(result(1.0f / 256) == 1.0f);        // 1.00390625: tie, to the even neighbour 1.0
+    CHECK(result(3.0f / 256) == 1.015625f);   // 1.01171875: tie, to the even neighbour 1 + 2/128
 }
 
 TEST_CASE("fp32 GEMM accepts the fast compute types", "[gemm]") {
@@ -308,10 +308,10 @@ TEST_CASE("bad GEMM arguments are rejected as cuBLAS rejects them, leaving C unc
             if (!batched && bad.batch != 1) continue;
             INFO(bad.what << (batched ? " (strided batched)" : ""));
             const cublasStatus_t status =
-                batched ? cublasGemmStridedBatchedEx(handle, bad.op_a, bad.op_b, bad.m, bad.n, bad.k, &alpha,
-                                                     d_a.get(), bad.a_type, bad.lda, 0, d_b.get(), bad.b_type, bad.ldb,
-                                                     0, &beta, d_c.get(), bad.c_type, bad.ldc, 0, bad.batch,
-                                                     bad.compute, CUBLAS_GEMM_DEFAULT)
+                batched ? cublasGemmStridedBatchedEx(handle, bad.op_a, bad.op_b, bad.m, bad.n, bad.k, &alpha, d_a.get(),
+                                                     bad.a_type, bad.lda, 0, d_b.get(), bad.b_type, bad.ldb, 0, &beta,
+                                                     d_c.get(), bad.c_type, bad.ldc, 0, bad.batch, bad.compute,
+                                                     CUBLAS_GEMM_DEFAULT)
                         : cublasGemmEx(handle, bad.op_a, bad.op_b, bad.m, bad.n, bad.k, &alpha, d_a.get(), bad.a_type,
                                        bad.lda, d_b.get(), bad.b_type, bad.ldb, &beta, d_c.get(), bad.c_type, bad.ldc,
                                        bad.compute, CUBLAS_GEMM_DEFAULT);

@@ -19,9 +19,12 @@ const long long kLengths[] = {1, 7, 1000003};
 // Significand bits of a storage type: what reference::cast rounds to.
 template <class T>
 constexpr int significand_bits() {
-    if constexpr (std::is_same_v<T, double>) return 53;
-    else if constexpr (std::is_same_v<T, float>) return 24;
-    else return 8;
+    if constexpr (std::is_same_v<T, double>)
+        return 53;
+    else if constexpr (std::is_same_v<T, float>)
+        return 24;
+    else
+        return 8;
 }
 
 // Empty when got == ref element for element (NaN never equals), else the first difference.
@@ -30,7 +33,8 @@ inline std::string first_difference(const std::vector<double>& got, const std::v
     for (size_t i = 0; i < got.size(); ++i)
         if (!(got[i] == ref[i])) {
             char buf[160];
-            std::snprintf(buf, sizeof buf, "element %zu of %zu: got %.17g, expected %.17g", i, got.size(), got[i], ref[i]);
+            std::snprintf(buf, sizeof buf, "element %zu of %zu: got %.17g, expected %.17g", i, got.size(), got[i],
+                          ref[i]);
             return buf;
         }
     return {};
@@ -44,9 +48,12 @@ inline uint64_t bits_of(double v) {
 
 template <class T>
 const char* type_name() {
-    if constexpr (std::is_same_v<T, double>) return "double";
-    else if constexpr (std::is_same_v<T, float>) return "float";
-    else return "bf16";
+    if constexpr (std::is_same_v<T, double>)
+        return "double";
+    else if constexpr (std::is_same_v<T, float>)
+        return "float";
+    else
+        return "bf16";
 }
 
 // A cast is exactly specified: the result must equal the reference rounding bit for bit.
@@ -94,8 +101,8 @@ void check_scale(long long n, uint64_t seed) {
     const pv::acc_t<T> factor = pv::acc_t<T>(-0.37);
     DeviceArray<T> d_x(x);
     pv::scale_inplace(d_x.get(), factor, n, nullptr);
-    const std::string err = compare(to_double(d_x.download()), pv::reference::scale(to_double(x), double(factor)),
-                                    tolerance<T>());
+    const std::string err =
+        compare(to_double(d_x.download()), pv::reference::scale(to_double(x), double(factor)), tolerance<T>());
     INFO(type_name<T>() << " n " << n << ": " << err);
     REQUIRE(err.empty());
 }
@@ -152,8 +159,9 @@ void check_fill(long long n) {
     pv::fill(d_x.get(), value, n, nullptr);
     const auto got = to_double(d_x.download());
     INFO(type_name<T>() << " n " << n);
-    REQUIRE(first_difference(std::vector<double>(got.begin(), got.end() - 1),
-                             std::vector<double>(size_t(n), double(value))).empty());
+    REQUIRE(
+        first_difference(std::vector<double>(got.begin(), got.end() - 1), std::vector<double>(size_t(n), double(value)))
+            .empty());
     REQUIRE(std::isnan(got.back()));
 }
 
@@ -221,7 +229,8 @@ TEST_CASE("cast matches the reference rounding bit for bit", "[kernels][glue]") 
 TEST_CASE("cast rounds exact ties to even, once", "[kernels][glue]") {
     const double u = std::ldexp(1.0, -8);  // half a bf16 ulp at 1
     // Ties go to the even neighbour: 1 + 2^-8 down to 1, 1 + 3·2^-8 up to 1 + 2^-6; signs mirror.
-    const std::vector<double> ties = {1 + u, 1 + 3 * u, -(1 + u), -(1 + 3 * u), std::ldexp(1 + 3 * u, -16), 256 + 256 * u};
+    const std::vector<double> ties = {1 + u,        1 + 3 * u, -(1 + u), -(1 + 3 * u), std::ldexp(1 + 3 * u, -16),
+                                      256 + 256 * u};
     const std::vector<double> tie_results = {1, 1 + 4 * u, -1, -(1 + 4 * u), std::ldexp(1 + 4 * u, -16), 256};
     check_cast_values<float, __nv_bfloat16>(ties, tie_results);
     check_cast_values<double, __nv_bfloat16>(ties, tie_results);
@@ -293,7 +302,8 @@ TEST_CASE("sum_of_squares matches the fp64 reference, with the same bits every r
 }
 
 TEST_CASE("sum_of_squares_accumulate adds the sums of many tensors in call order", "[kernels][glue]") {
-    const auto a = random_vector<float>(1000003, 70), b = random_vector<float>(7, 71), c = random_vector<float>(4099, 72);
+    const auto a = random_vector<float>(1000003, 70), b = random_vector<float>(7, 71),
+               c = random_vector<float>(4099, 72);
     const auto d = random_vector<__nv_bfloat16>(33, 73);
     const double start = 0.125;
     DeviceArray<float> d_a(a), d_b(b), d_c(c);
@@ -310,8 +320,9 @@ TEST_CASE("sum_of_squares_accumulate adds the sums of many tensors in call order
         (((start + sum_of_squares_on_device(a)) + sum_of_squares_on_device(b)) + sum_of_squares_on_device(c)) +
         sum_of_squares_on_device(d);
     CHECK(bits_of(got) == bits_of(expected));
-    const double ref = start + pv::reference::sum_of_squares(to_double(a)) + pv::reference::sum_of_squares(to_double(b)) +
-                       pv::reference::sum_of_squares(to_double(c)) + pv::reference::sum_of_squares(to_double(d));
+    const double ref = start + pv::reference::sum_of_squares(to_double(a)) +
+                       pv::reference::sum_of_squares(to_double(b)) + pv::reference::sum_of_squares(to_double(c)) +
+                       pv::reference::sum_of_squares(to_double(d));
     const std::string err = compare({got}, {ref}, tolerance<float>());
     INFO(err);
     CHECK(err.empty());
@@ -325,12 +336,15 @@ TEST_CASE("glue: print sum_of_squares bits", "[.][glue-child]") {
 }
 
 TEST_CASE("sum_of_squares gives the same bits under every schedule and worker count", "[kernels][glue][schedules]") {
-    const std::string expected = determinism_line<double>() + determinism_line<float>() + determinism_line<__nv_bfloat16>();
-    const Environment schedules[] = {
-        {{"POLEVAULT_HOST_WORKERS", "1"}, {"POLEVAULT_HOST_BLOCK_ORDER", "reverse"}},
-        {{"POLEVAULT_HOST_WORKERS", "3"}, {"POLEVAULT_HOST_THREAD_ORDER", "random"},
-         {"POLEVAULT_HOST_BLOCK_ORDER", "random"}, {"POLEVAULT_HOST_SEED", "5"}, {"POLEVAULT_HOST_STREAMS", "deferred"}},
-        {{"POLEVAULT_HOST_WORKERS", "2"}, {"POLEVAULT_HOST_THREAD_ORDER", "warp-greedy"}}};
+    const std::string expected =
+        determinism_line<double>() + determinism_line<float>() + determinism_line<__nv_bfloat16>();
+    const Environment schedules[] = {{{"POLEVAULT_HOST_WORKERS", "1"}, {"POLEVAULT_HOST_BLOCK_ORDER", "reverse"}},
+                                     {{"POLEVAULT_HOST_WORKERS", "3"},
+                                      {"POLEVAULT_HOST_THREAD_ORDER", "random"},
+                                      {"POLEVAULT_HOST_BLOCK_ORDER", "random"},
+                                      {"POLEVAULT_HOST_SEED", "5"},
+                                      {"POLEVAULT_HOST_STREAMS", "deferred"}},
+                                     {{"POLEVAULT_HOST_WORKERS", "2"}, {"POLEVAULT_HOST_THREAD_ORDER", "warp-greedy"}}};
     for (const Environment& env : schedules) {
         const ChildResult child = run_in_child("glue: print sum_of_squares bits", env);
         INFO("expected:\n" << expected << "child output:\n" << child.output);

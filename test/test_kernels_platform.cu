@@ -142,7 +142,7 @@ TEST_CASE("barrier predicates and warp votes", "[platform]") {
     std::mt19937 rng(11);
     std::vector<int> pred(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) pred[size_t(i)] = (rng() % 3 == 0) ? int(rng() % 100 + 1) : 0;
-    for (int i = 64; i < 96; ++i) pred[size_t(i)] = 5;  // warp 2 all true
+    for (int i = 64; i < 96; ++i) pred[size_t(i)] = 5;   // warp 2 all true
     for (int i = 96; i < 128; ++i) pred[size_t(i)] = 0;  // warp 3 all false
     DeviceArray<int> dpred(pred), out(size_t(n) * 7);
     launch(votes, dim3(1), dim3(n), 0, nullptr, dpred.get(), out.get());
@@ -192,7 +192,8 @@ TEST_CASE("shuffles: idx, up, down, xor with widths; warp reduce", "[platform]")
             for (int t = 0; t < n; ++t) {
                 const int warp = t / 32, lane = t % 32, seg = lane / width * width, pos = lane - seg;
                 auto at = [&](int l) { return host[size_t(warp * 32 + l)]; };
-                INFO("width " << width << " thread " << t << " src " << src << " delta " << delta << " mask " << lane_mask);
+                INFO("width " << width << " thread " << t << " src " << src << " delta " << delta << " mask "
+                              << lane_mask);
                 REQUIRE(got[size_t(t) * 5 + 0] == at(seg + (src % width)));
                 REQUIRE(got[size_t(t) * 5 + 1] == (pos >= int(delta) ? at(lane - int(delta)) : at(lane)));
                 REQUIRE(got[size_t(t) * 5 + 2] == (pos + int(delta) < width ? at(lane + int(delta)) : at(lane)));
@@ -213,7 +214,7 @@ __global__ void warp_exchange(const int* in, int* out) {
     __syncwarp();
     out[t] = s[(t & ~31) + ((t + 5) & 31)];
     out[64 + t] = int(__activemask());
-    __syncwarp();  // every lane has read s before the first eight overwrite it
+    __syncwarp();      // every lane has read s before the first eight overwrite it
     if (t % 32 < 8) {  // a partial-mask warp barrier among the first eight lanes of each warp
         s[t] = -in[t];
         __syncwarp(0x000000ffu);
@@ -365,11 +366,11 @@ TEST_CASE("bad launch configurations fail as on a GPU", "[platform]") {
     };
     const Case cases[] = {
         {dim3(1), dim3(1025), 0, cudaErrorInvalidConfiguration},       // > 1024 threads
-        {dim3(1), dim3(32, 32, 2), 0, cudaErrorInvalidConfiguration},   // 2048 threads
-        {dim3(1), dim3(1, 1, 65), 0, cudaErrorInvalidConfiguration},    // z > 64
-        {dim3(0), dim3(32), 0, cudaErrorInvalidConfiguration},          // empty grid
-        {dim3(1, 65536), dim3(32), 0, cudaErrorInvalidConfiguration},   // grid y > 65535
-        {dim3(1), dim3(32), 48 * 1024 + 1, cudaErrorInvalidValue},      // smem over the default
+        {dim3(1), dim3(32, 32, 2), 0, cudaErrorInvalidConfiguration},  // 2048 threads
+        {dim3(1), dim3(1, 1, 65), 0, cudaErrorInvalidConfiguration},   // z > 64
+        {dim3(0), dim3(32), 0, cudaErrorInvalidConfiguration},         // empty grid
+        {dim3(1, 65536), dim3(32), 0, cudaErrorInvalidConfiguration},  // grid y > 65535
+        {dim3(1), dim3(32), 48 * 1024 + 1, cudaErrorInvalidValue},     // smem over the default
     };
     for (const Case& c : cases) {
         launch(write_one, c.grid, c.block, c.smem, nullptr, out.get());
@@ -377,7 +378,7 @@ TEST_CASE("bad launch configurations fail as on a GPU", "[platform]") {
         REQUIRE(cudaGetLastError() == c.expected);
         REQUIRE(cudaGetLastError() == cudaSuccess);  // not sticky
     }
-    REQUIRE(std::isnan(out.download()[0]));  // nothing ran
+    REQUIRE(std::isnan(out.download()[0]));                                 // nothing ran
     launch(write_one, dim3(1), dim3(1024), 48 * 1024, nullptr, out.get());  // the limits themselves are fine
     CUDA_CHECK_LAUNCH();
     REQUIRE(out.download()[1023] == 1.0f);

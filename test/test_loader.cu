@@ -111,8 +111,8 @@ TEST_CASE("micro-batches are the windows of their global samples", "[data]") {
 TEST_CASE("the order does not depend on the world size or accumulation", "[data]") {
     const int T = 16;
     pv::DataLoader d(counting_shards(16 * 97 + 5), T, 7);  // W = 97, not a multiple of the batch
-    const std::vector<pv::BatchGeometry> geometries = {
-        {8, 2, 4, 1}, {8, 2, 2, 2}, {8, 1, 4, 2}, {8, 2, 1, 4}, {8, 1, 2, 4}, {8, 8, 1, 1}, {8, 1, 1, 8}};
+    const std::vector<pv::BatchGeometry> geometries = {{8, 2, 4, 1}, {8, 2, 2, 2}, {8, 1, 4, 2}, {8, 2, 1, 4},
+                                                       {8, 1, 2, 4}, {8, 8, 1, 1}, {8, 1, 1, 8}};
     for (long long step = 0; step < 30; ++step) {  // 240 samples: crosses two epoch boundaries
         const auto reference = step_inputs(d, step, geometries[0]);
         std::set<int> firsts;
@@ -210,8 +210,9 @@ TEST_CASE("batch geometry validation names the flags and the fix", "[data]") {
         const auto e = pv::validate({12, 4, 2, 2});
         INFO(joined(e));
         REQUIRE(e.size() == 1);
-        CHECK(e[0] == "batch 12 is not micro_batch 4 × accumulation 2 × ranks 2 = 16: set --batch 16, or "
-                      "--micro-batch/--accumulation so that their product with the rank count is 12");
+        CHECK(e[0] ==
+              "batch 12 is not micro_batch 4 × accumulation 2 × ranks 2 = 16: set --batch 16, or "
+              "--micro-batch/--accumulation so that their product with the rank count is 12");
     }
     {
         const auto e = pv::validate({0, -1, 0, 0});

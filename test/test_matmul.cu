@@ -64,7 +64,8 @@ void check_forward(const Shape& s, uint64_t seed) {
     Handle handle;
     Stream stream;
     pv::matmul_forward(handle, d_x.get(), d_w.get(), d_y.get(), s.N, s.in, s.out, stream);
-    const auto ref = pv::reference::matmul_forward(to_double(x), to_double(w), size_t(s.N), size_t(s.in), size_t(s.out));
+    const auto ref =
+        pv::reference::matmul_forward(to_double(x), to_double(w), size_t(s.N), size_t(s.in), size_t(s.out));
     const std::string err = compare(to_double(d_y.download()), ref, tolerance<T>());
     INFO("N " << s.N << " in " << s.in << " out " << s.out << ": " << err);
     REQUIRE(err.empty());
@@ -89,7 +90,8 @@ void check_backward(const Shape& s, bool accumulate_dx, uint64_t seed) {
     const auto N = size_t(s.N), in = size_t(s.in), out = size_t(s.out);
     auto ref_dx = pv::reference::matmul_backward_dx(to_double(dy), to_double(w), N, in, out);
     if (accumulate_dx) ref_dx = plus(ref_dx, to_double(dx0));
-    const auto ref_dw = plus(pv::reference::matmul_backward_dw(to_double(dy), to_double(x), N, in, out), to_double(dw0));
+    const auto ref_dw =
+        plus(pv::reference::matmul_backward_dw(to_double(dy), to_double(x), N, in, out), to_double(dw0));
     const std::string e1 = compare(to_double(d_dx.download()), ref_dx, tolerance<T>());
     const std::string e2 = compare(to_double(d_dw.download()), ref_dw, tolerance<T>());
     INFO("N " << s.N << " in " << s.in << " out " << s.out << " accumulate_dx " << accumulate_dx << "\ndx: " << e1
@@ -113,7 +115,8 @@ void check_skipping(uint64_t seed) {
 
     pv::matmul_backward<T>(handle, d_dy.get(), d_x.get(), d_w.get(), nullptr, d_dw.get(), s.N, s.in, s.out, false,
                            stream);
-    const auto ref_dw = plus(pv::reference::matmul_backward_dw(to_double(dy), to_double(x), N, in, out), to_double(dw0));
+    const auto ref_dw =
+        plus(pv::reference::matmul_backward_dw(to_double(dy), to_double(x), N, in, out), to_double(dw0));
     const std::string e1 = compare(to_double(d_dw.download()), ref_dw, tolerance<T>());
     INFO("dx = nullptr, dW: " << e1);
     REQUIRE(e1.empty());

@@ -58,11 +58,11 @@ pv::reference::Tensors download_params(pv::Llama<T>& m, bool grads = false) {
     for (int u = 0; u < m.num_units(); ++u)
         for (int g = 0; g < (grads ? 1 : m.num_groups(u)); ++g)  // gradients: the trainable group only
             for (const pv::TensorSlot& t : m.group(u, g).tensors) {
-            std::vector<T> host(size_t(t.spec.numel()));
-            const T* src = (grads ? m.grads(u) : m.group_params(u, g)) + t.offset;
-            CUDA_CHECK(cudaMemcpy(host.data(), src, host.size() * sizeof(T), cudaMemcpyDeviceToHost));
-            out[t.spec.name] = to_double(host);
-        }
+                std::vector<T> host(size_t(t.spec.numel()));
+                const T* src = (grads ? m.grads(u) : m.group_params(u, g)) + t.offset;
+                CUDA_CHECK(cudaMemcpy(host.data(), src, host.size() * sizeof(T), cudaMemcpyDeviceToHost));
+                out[t.spec.name] = to_double(host);
+            }
     return out;
 }
 
@@ -76,8 +76,8 @@ pv::ModelOptions options(int B, int Tn, uint64_t seed, const std::set<std::strin
 
 // A frozen set that exercises every case: the (tied) embedding, a norm, a fused matrix and a
 // block's whole MLP, so gradients must flow through frozen tensors to trainable ones below.
-const std::set<std::string> kSomeFrozen = {"wte", "layers.0.attn_norm", "layers.1.w_qkv", "layers.1.w_gate_up",
-                                           "layers.1.w_down", "final_norm"};
+const std::set<std::string> kSomeFrozen = {
+    "wte", "layers.0.attn_norm", "layers.1.w_qkv", "layers.1.w_gate_up", "layers.1.w_down", "final_norm"};
 
 template <class T>
 void compare_with_reference(const std::string& preset, int B, int Tn, double loss_tol, double grad_tol,
@@ -87,13 +87,14 @@ void compare_with_reference(const std::string& preset, int B, int Tn, double los
     const Batch b = make_batch(c, B, Tn, 5);
     const auto [loss, count] = run_step(m, b);
     const auto params = download_params(m);
-    const auto ref = pv::reference::llama_forward_backward(c, params, b.tokens, b.targets, size_t(B), size_t(Tn),
-                                                           1.0 / count);
+    const auto ref =
+        pv::reference::llama_forward_backward(c, params, b.tokens, b.targets, size_t(B), size_t(Tn), 1.0 / count);
     INFO(preset << " B " << B << " T " << Tn << " loss " << loss << " reference " << ref.loss_sum);
     REQUIRE(count == ref.count);
     REQUIRE(std::fabs(loss - ref.loss_sum) <= loss_tol * std::fabs(ref.loss_sum));
     const auto grads = download_params(m, true);
-    REQUIRE(grads.size() + frozen.size() == ref.grads.size());  // a gradient for every trainable tensor, none for frozen ones
+    REQUIRE(grads.size() + frozen.size() ==
+            ref.grads.size());  // a gradient for every trainable tensor, none for frozen ones
     for (const auto& [name, g] : ref.grads) {
         if (frozen.count(name)) continue;
         const std::string err = compare(grads.at(name), g, grad_tol);
@@ -138,7 +139,8 @@ TEST_CASE("model forward and backward in fp32 and bf16 stay close to the fp64 re
     pv::Llama<__nv_bfloat16> m(c, options(2, 9, 77));
     const Batch b = make_batch(c, 2, 9, 6);
     const auto [loss, count] = run_step(m, b, false);
-    const auto ref = pv::reference::llama_forward_backward(c, download_params(m), b.tokens, b.targets, 2, 9, 1.0, false);
+    const auto ref =
+        pv::reference::llama_forward_backward(c, download_params(m), b.tokens, b.targets, 2, 9, 1.0, false);
     REQUIRE(count == ref.count);
     REQUIRE(std::fabs(loss / count - ref.loss_sum / ref.count) <= 1e-2 * ref.loss_sum / ref.count);
 }
@@ -172,7 +174,8 @@ TEST_CASE("whole-model gradient check (fp64): random directions and sampled coor
                 const std::vector<double>& g = grads.at(t.spec.name);
                 // Sampled coordinates: up to 50 per tensor (DESIGN.md §5).
                 std::vector<size_t> picks;
-                for (int k = 0; k < 50 && k < t.spec.numel(); ++k) picks.push_back(size_t(t.offset) + rng() % uint64_t(t.spec.numel()));
+                for (int k = 0; k < 50 && k < t.spec.numel(); ++k)
+                    picks.push_back(size_t(t.offset) + rng() % uint64_t(t.spec.numel()));
                 const auto numeric = numerical_gradient(flat, loss_at, picks);
                 std::vector<double> got, want;
                 for (size_t i : picks) got.push_back(g[i - size_t(t.offset)]), want.push_back(numeric[i]);
@@ -209,7 +212,8 @@ TEST_CASE("forward-only evaluation gives next-token logits equal to the referenc
     pv::single_forward<double>(m, 1, tokens.get(), nullptr, nullptr, nullptr);  // slot 1, no targets
     std::vector<double> logits(size_t(B * Tn) * size_t(c.vocab_size));
     CUDA_CHECK(cudaMemcpy(logits.data(), m.logits(1), logits.size() * sizeof(double), cudaMemcpyDeviceToHost));
-    const auto ref = pv::reference::llama_forward_backward(c, download_params(m), b.tokens, b.targets, B, Tn, 1.0, false);
+    const auto ref =
+        pv::reference::llama_forward_backward(c, download_params(m), b.tokens, b.targets, B, Tn, 1.0, false);
     const std::string err = compare(logits, ref.logits, 1e-12);
     INFO(err);
     REQUIRE(err.empty());
@@ -223,21 +227,22 @@ TEST_CASE("init_params gives any slice of a unit the values of the whole group",
     o.placement.shards = 3;
     pv::Llama<double> m(c, o);
     for (int u = 0; u < m.num_units(); ++u)
-      for (int g = 0; g < m.num_groups(u); ++g) {
-        const long long n = m.group(u, g).padded;
-        if (n == 0) continue;
-        std::vector<double> whole(static_cast<size_t>(n));
-        CUDA_CHECK(cudaMemcpy(whole.data(), m.group_params(u, g), whole.size() * sizeof(double), cudaMemcpyDeviceToHost));
-        if (m.group(u, g).used < n) REQUIRE(whole[size_t(m.group(u, g).used)] == 0.0);  // padding
-        for (const auto& [begin, end] : std::vector<std::pair<long long, long long>>{
-                 {0, n / 3}, {n / 3, 2 * n / 3}, {2 * n / 3, n}, {7, n - 5}, {n - 1, n}}) {
-            DeviceArray<double> slice{size_t(end - begin)};
-            m.init_params(u, g, slice.get(), begin, end, 5);
-            const auto got = slice.download();
-            INFO("unit " << u << " group " << g << " [" << begin << ", " << end << ")");
-            REQUIRE(std::equal(got.begin(), got.end(), whole.begin() + begin));
+        for (int g = 0; g < m.num_groups(u); ++g) {
+            const long long n = m.group(u, g).padded;
+            if (n == 0) continue;
+            std::vector<double> whole(static_cast<size_t>(n));
+            CUDA_CHECK(
+                cudaMemcpy(whole.data(), m.group_params(u, g), whole.size() * sizeof(double), cudaMemcpyDeviceToHost));
+            if (m.group(u, g).used < n) REQUIRE(whole[size_t(m.group(u, g).used)] == 0.0);  // padding
+            for (const auto& [begin, end] : std::vector<std::pair<long long, long long>>{
+                     {0, n / 3}, {n / 3, 2 * n / 3}, {2 * n / 3, n}, {7, n - 5}, {n - 1, n}}) {
+                DeviceArray<double> slice{size_t(end - begin)};
+                m.init_params(u, g, slice.get(), begin, end, 5);
+                const auto got = slice.download();
+                INFO("unit " << u << " group " << g << " [" << begin << ", " << end << ")");
+                REQUIRE(std::equal(got.begin(), got.end(), whole.begin() + begin));
+            }
         }
-    }
     DeviceArray<double> out{size_t(4)};
     REQUIRE_THROWS_WITH(m.init_params(1, 0, out.get(), -1, 3, 5), Catch::Contains("outside unit 1"));
 }
@@ -253,7 +258,8 @@ TEST_CASE("a model with bound parameters and gradients computes exactly what an 
         for (int g = 0; g < owning.num_groups(u); ++g) {
             const size_t n = size_t(owning.group(u, g).padded);
             params.emplace_back(n);
-            CUDA_CHECK(cudaMemcpy(params.back().get(), owning.group_params(u, g), n * sizeof(double), cudaMemcpyDeviceToDevice));
+            CUDA_CHECK(cudaMemcpy(params.back().get(), owning.group_params(u, g), n * sizeof(double),
+                                  cudaMemcpyDeviceToDevice));
             bound.bind_params(u, g, params.back().get());
         }
         const size_t n = size_t(owning.trainable(u).padded);

@@ -18,7 +18,8 @@ TEST_CASE("every preset's units hold exactly its parameters, aligned and padded 
             long long total = 0;
             std::set<uint32_t> ids;
             for (const auto& unit : units) {
-                const pv::GroupLayout g = pv::layout_group(pv::GroupKind::trainable, pv::DType::bf16, unit.tensors, shards);
+                const pv::GroupLayout g =
+                    pv::layout_group(pv::GroupKind::trainable, pv::DType::bf16, unit.tensors, shards);
                 REQUIRE(g.padded % (pv::kTensorAlignment * shards) == 0);
                 REQUIRE(g.shard_numel() % pv::kTensorAlignment == 0);
                 REQUIRE(g.padded >= g.used);

@@ -26,8 +26,10 @@ __global__ void divergent_barrier(float* out) {
 // Lane 0 waits at a shuffle for its warp while lanes 1-31 wait at a barrier for lane 0.
 __global__ void shuffle_against_barrier(float* out) {
     float v = float(threadIdx.x);
-    if (threadIdx.x == 0) v = __shfl_xor_sync(0xffffffffu, v, 1);
-    else __syncthreads();
+    if (threadIdx.x == 0)
+        v = __shfl_xor_sync(0xffffffffu, v, 1);
+    else
+        __syncthreads();
     out[threadIdx.x] = v;
 }
 
@@ -162,7 +164,8 @@ TEST_CASE("a shuffle with a width that is not a power of two is reported", "[hos
     REQUIRE_DIES_WITH("planted: shuffle bad width", "with width 12");
 }
 
-TEST_CASE("early exit before a barrier: hardware semantics by default, reported in strict mode", "[host-only][planted]") {
+TEST_CASE("early exit before a barrier: hardware semantics by default, reported in strict mode",
+          "[host-only][planted]") {
     REQUIRE_DIES_WITH("planted: early exit in strict mode", "threads 40-63 exited before the __syncthreads");
     // Without strict mode the same kernel is correct: exited threads count as arrived.
     const auto host = random_vector<float>(64, 4);

@@ -240,7 +240,8 @@ TEST_CASE("a buffer reused before its reader finished: wrong when one stream run
           "[host-only][planted][schedules]") {
     CHECK_FALSE(fails("planted: buffer reused before its reader finished", schedule("in-order", "in-order", "sync")));
     for (const char* seed : {"1", "2", "3"}) {
-        CHECK(fails("planted: buffer reused before its reader finished", schedule("in-order", "in-order", "bursts", seed)));
+        CHECK(fails("planted: buffer reused before its reader finished",
+                    schedule("in-order", "in-order", "bursts", seed)));
         CHECK_FALSE(fails("planted: buffer reused before its reader finished - fixed",
                           schedule("random", "random", "bursts", seed)));
         CHECK_FALSE(fails("planted: buffer reused before its reader finished - fixed",
@@ -248,7 +249,8 @@ TEST_CASE("a buffer reused before its reader finished: wrong when one stream run
     }
 }
 
-TEST_CASE("a kernel relying on block order: wrong under reversed and random block orders", "[host-only][planted][schedules]") {
+TEST_CASE("a kernel relying on block order: wrong under reversed and random block orders",
+          "[host-only][planted][schedules]") {
     CHECK_FALSE(fails("planted: block-order dependence", schedule("in-order", "in-order", "sync")));
     CHECK(fails("planted: block-order dependence", schedule("in-order", "reverse", "sync")));
     CHECK(fails("planted: block-order dependence", schedule("in-order", "random", "sync")));
@@ -259,7 +261,8 @@ TEST_CASE("a kernel relying on block order: wrong under reversed and random bloc
 namespace {
 
 ChildResult run_under_tsan(const char* test) {
-    return run_in_child(test, {{"POLEVAULT_HOST_THREAD_ORDER", "in-order"}, {"POLEVAULT_HOST_STREAMS", "sync"},
+    return run_in_child(test, {{"POLEVAULT_HOST_THREAD_ORDER", "in-order"},
+                               {"POLEVAULT_HOST_STREAMS", "sync"},
                                {"TSAN_OPTIONS", "halt_on_error=0 exitcode=66 history_size=4"}});
 }
 
@@ -279,7 +282,8 @@ TEST_CASE("ThreadSanitizer reports a missing barrier, even in the order that hid
     REQUIRE(fixed.output.find("ThreadSanitizer") == std::string::npos);
 }
 
-TEST_CASE("ThreadSanitizer reports a missing trailing barrier whose output is always right", "[host-only][tsan][planted]") {
+TEST_CASE("ThreadSanitizer reports a missing trailing barrier whose output is always right",
+          "[host-only][tsan][planted]") {
     const ChildResult bug = run_under_tsan("planted: missing trailing barrier");
     INFO(bug.output);
     REQUIRE(bug.died);

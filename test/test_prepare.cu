@@ -49,8 +49,8 @@ inline std::string read_bytes(const std::string& path) {
 // Random text: words with non-ASCII letters, punctuation and whitespace runs; with
 // invalid_utf8, also stray continuation bytes, truncated sequences, surrogates and 0xFF.
 inline std::string random_text(std::mt19937_64& rng, size_t words, bool invalid_utf8) {
-    static const char* const kWords[] = {"the", "kernel", "warp", "shard", "token", "Naïve", "café", "日本語",
-                                         "Ωμέγα", "🙂", "x86-64", "42", "1024", "don't", "it's", "fp32"};
+    static const char* const kWords[] = {"the",   "kernel", "warp",   "shard", "token", "Naïve", "café", "日本語",
+                                         "Ωμέγα", "🙂",   "x86-64", "42",    "1024",  "don't", "it's", "fp32"};
     static const char* const kGaps[] = {" ", " ", " ", ", ", ". ", "\n", "\n\n", "  ", "\t", "!\n"};
     static const char* const kBad[] = {"\xff", "\xc3", "\x80\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xe6\x97"};
     std::string s;
@@ -570,7 +570,8 @@ TEST_CASE("prepare_data rejects bad options and inputs, naming the file, line or
         o.vocab = 257;
         write_bytes(dir.file("tiny.txt"), "a");  // 2 tokens: "a" EOT
         o.inputs = {dir.file("tiny.txt")};
-        expect_error<std::runtime_error>(run(o), {"only 2 tokens", "1 documents", "1 validation", "raise val_fraction"});
+        expect_error<std::runtime_error>(run(o),
+                                         {"only 2 tokens", "1 documents", "1 validation", "raise val_fraction"});
         write_bytes(dir.file("tiny.txt"), "ab");  // 3 tokens, half: 2 validation, 1 training
         o.val_fraction = 0.5;
         expect_error<std::runtime_error>(run(o), {"only 3 tokens", "1 training", "add data"});

@@ -123,8 +123,8 @@ TEST_CASE("rmsnorm backward is bit-identical when run twice", "[kernels][rmsnorm
     std::vector<std::vector<float>> dx(2), dw(2);
     for (int run = 0; run < 2; ++run) {
         DeviceArray<float> d_dx(dx0), d_dw(dw0);
-        pv::rmsnorm_backward(d_x.get(), d_w.get(), d_rstd.get(), d_dout.get(), d_dx.get(), d_dw.get(), scratch.get(),
-                             N, C, nullptr);
+        pv::rmsnorm_backward(d_x.get(), d_w.get(), d_rstd.get(), d_dout.get(), d_dx.get(), d_dw.get(), scratch.get(), N,
+                             C, nullptr);
         dx[run] = d_dx.download();
         dw[run] = d_dw.download();
     }

@@ -57,8 +57,7 @@ size_t changed_outside(const std::vector<T>& got, const std::vector<T>& in, long
 }
 
 template <class T>
-void check_against_reference(int seq_len, int head_dim, const pv::RopeScaling& scaling, double theta,
-                             uint64_t seed) {
+void check_against_reference(int seq_len, int head_dim, const pv::RopeScaling& scaling, double theta, uint64_t seed) {
     const long long batch = 2, rows = batch * seq_len;
     Layout l;
     l.head_dim = head_dim;
@@ -72,12 +71,12 @@ void check_against_reference(int seq_len, int head_dim, const pv::RopeScaling& s
     rotate_q_and_k(d_dx.get(), d_inv.get(), rows, seq_len, l, -1);
     const auto got = d_x.download(), got_d = d_dx.download();
 
-    const auto ref = pv::reference::rope_forward(to_double(x), to_double(inv_freq), size_t(rows), size_t(seq_len),
-                                                 size_t(l.n_heads + l.n_kv_heads), size_t(head_dim),
-                                                 size_t(l.stride()));
-    const auto ref_d = pv::reference::rope_backward(to_double(dout), to_double(inv_freq), size_t(rows),
-                                                    size_t(seq_len), size_t(l.n_heads + l.n_kv_heads),
-                                                    size_t(head_dim), size_t(l.stride()));
+    const auto ref =
+        pv::reference::rope_forward(to_double(x), to_double(inv_freq), size_t(rows), size_t(seq_len),
+                                    size_t(l.n_heads + l.n_kv_heads), size_t(head_dim), size_t(l.stride()));
+    const auto ref_d =
+        pv::reference::rope_backward(to_double(dout), to_double(inv_freq), size_t(rows), size_t(seq_len),
+                                     size_t(l.n_heads + l.n_kv_heads), size_t(head_dim), size_t(l.stride()));
     const std::string e1 = compare(to_double(got), ref, tolerance<T>());
     const std::string e2 = compare(to_double(got_d), ref_d, tolerance<T>());
     INFO("seq_len " << seq_len << " head_dim " << head_dim << " llama3 " << scaling.enabled() << "\nforward: " << e1
@@ -128,8 +127,8 @@ TEST_CASE("rope in fp32 stays accurate at long positions", "[kernels][rope]") {
     const auto x = random_vector<float>(size_t(seq_len) * head_dim, 7);
     DeviceArray<float> d_inv(inv_freq), d_x(x);
     pv::rope_forward(d_x.get(), d_inv.get(), seq_len, seq_len, 1, head_dim, head_dim, nullptr);
-    const auto ref = pv::reference::rope_forward(to_double(x), to_double(inv_freq), size_t(seq_len), size_t(seq_len),
-                                                 1, size_t(head_dim), size_t(head_dim));
+    const auto ref = pv::reference::rope_forward(to_double(x), to_double(inv_freq), size_t(seq_len), size_t(seq_len), 1,
+                                                 size_t(head_dim), size_t(head_dim));
     const std::string err = compare(to_double(d_x.download()), ref, tolerance<float>());
     INFO(err);
     REQUIRE(err.empty());

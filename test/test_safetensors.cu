@@ -94,13 +94,13 @@ TEST_CASE("safetensors round trip", "[safetensors]") {
     // Names out of alphabetical order: the buffer keeps the given order.
     const std::vector<pv::SafeTensor> tensors = {
         {"wte", "BF16", {7, 3}, pattern(7 * 3 * 2, 1)},
-        {"scale", "F64", {}, pattern(8, 2)},                // scalar
-        {"empty", "F32", {4, 0, 2}, {}},                    // zero-sized
+        {"scale", "F64", {}, pattern(8, 2)},  // scalar
+        {"empty", "F32", {4, 0, 2}, {}},      // zero-sized
         {"layers.0.w", "F32", {2, 3, 5}, pattern(2 * 3 * 5 * 4, 3)},
         {"ids", "I64", {3}, pattern(3 * 8, 4)},
         {"half", "F16", {1, 1}, pattern(2, 5)},
         {"count", "I32", {2}, pattern(8, 6)},
-        {"mask", "U8", {5}, pattern(5, 7)},                 // leaves the buffer unaligned at the end
+        {"mask", "U8", {5}, pattern(5, 7)},  // leaves the buffer unaligned at the end
     };
     const std::map<std::string, std::string> metadata = {{"format", "pt"}, {"step", "1200"}, {"note", "ünïcode"}};
     pv::write_safetensors(path, tensors, metadata);
@@ -139,7 +139,7 @@ TEST_CASE("safetensors on-disk layout matches the specification", "[safetensors]
     TempDir dir;
     const std::string path = dir.file("tiny.safetensors");
     const std::vector<uint8_t> a = {0x00, 0x00, 0x80, 0x3f, 0x00, 0x00, 0x00, 0xc0};  // F32 1.0, -2.0
-    const std::vector<uint8_t> s = {0x80, 0x3f};                                       // BF16 1.0
+    const std::vector<uint8_t> s = {0x80, 0x3f};                                      // BF16 1.0
     pv::write_safetensors(path, {{"a", "F32", {2}, a}, {"s", "BF16", {}, s}}, {{"k", "v"}});
 
     // 133 bytes of compact JSON with sorted keys, padded with 3 spaces to 136 = 0x88 so that the
@@ -187,8 +187,7 @@ TEST_CASE("safetensors writer rejects inconsistent tensors", "[safetensors]") {
     CHECK_THROWS_AS(pv::write_safetensors(path, Ts{{"x", "F32", {}, pattern(8, 0)}}), std::invalid_argument);
     CHECK_THROWS_AS(pv::write_safetensors(path, Ts{{"x", "Q4", {2}, pattern(2, 0)}}), std::invalid_argument);
     CHECK_THROWS_AS(pv::write_safetensors(path, Ts{{"x", "U8", {-1}, {}}}), std::invalid_argument);
-    CHECK_THROWS_AS(pv::write_safetensors(path, Ts{{"__metadata__", "U8", {1}, pattern(1, 0)}}),
-                    std::invalid_argument);
+    CHECK_THROWS_AS(pv::write_safetensors(path, Ts{{"__metadata__", "U8", {1}, pattern(1, 0)}}), std::invalid_argument);
     CHECK_THROWS_AS(pv::write_safetensors(path, Ts{{"", "U8", {1}, pattern(1, 0)}}), std::invalid_argument);
     CHECK_FALSE(fs::exists(path));
     CHECK_FALSE(fs::exists(path + ".tmp"));
@@ -230,7 +229,8 @@ TEST_CASE("safetensors reader rejects broken files", "[safetensors]") {
     }
     SECTION("missing fields") {
         expect_rejected(dir, make_file("{\"x\":{\"shape\":[2],\"data_offsets\":[0,8]}}", 8), {"tensor 'x'", "dtype"});
-        expect_rejected(dir, make_file("{\"x\":{\"dtype\":\"F32\",\"data_offsets\":[0,8]}}", 8), {"tensor 'x'", "shape"});
+        expect_rejected(dir, make_file("{\"x\":{\"dtype\":\"F32\",\"data_offsets\":[0,8]}}", 8),
+                        {"tensor 'x'", "shape"});
         expect_rejected(dir, make_file("{\"x\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8), {"tensor 'x'", "data_offsets"});
     }
     SECTION("malformed fields") {

@@ -43,7 +43,7 @@ inline void expect_rejected(const std::vector<double>& logits, double temperatur
 // which is what "the shortest ranked prefix reaching top_p" means, token by token. Returns the
 // renormalised probabilities, 0 outside the nucleus.
 inline std::vector<long double> nucleus_probabilities(const std::vector<double>& logits, double temperature,
-                                                       double top_p) {
+                                                      double top_p) {
     const size_t n = logits.size();
     long double max_logit = -INFINITY;
     for (double x : logits) max_logit = std::max(max_logit, (long double)x);

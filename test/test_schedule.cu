@@ -33,8 +33,8 @@ inline bool mentions(const std::vector<std::string>& errors, const std::string& 
 }  // namespace schedule_test
 
 using namespace schedule_test;
-using pv::LrSchedule;
 using pv::learning_rate;
+using pv::LrSchedule;
 
 TEST_CASE("warmup ramps linearly to the peak", "[optim][schedule]") {
     for (LrSchedule kind : {LrSchedule::constant, LrSchedule::cosine, LrSchedule::linear, LrSchedule::wsd}) {
@@ -144,7 +144,7 @@ TEST_CASE("clip_scale", "[optim][schedule]") {
     REQUIRE(pv::clip_scale(4.0, 0.0) == 1.0);                 // max_norm 0 disables clipping
     REQUIRE(pv::clip_scale(0.0, 1.0) == 1.0);
     const double inf = std::numeric_limits<double>::infinity();
-    REQUIRE(std::isnan(pv::clip_scale(std::nan(""), 1.0)));   // a non-finite norm refuses the step
+    REQUIRE(std::isnan(pv::clip_scale(std::nan(""), 1.0)));  // a non-finite norm refuses the step
     REQUIRE(std::isnan(pv::clip_scale(inf, 1.0)));
-    REQUIRE(std::isnan(pv::clip_scale(inf, 0.0)));            // even without clipping
+    REQUIRE(std::isnan(pv::clip_scale(inf, 0.0)));  // even without clipping
 }

@@ -104,12 +104,12 @@ TEST_CASE("shard header is little-endian in the documented layout", "[data]") {
     pv::write_shard(path, s);
     const auto b = read_bytes(path);
     REQUIRE(b.size() == 32 + 3 * 4);
-    const std::vector<unsigned char> header = {'P', 'V', 'T', 'O', 'K', 'E', 'N', 'S',  // magic
-                                               1, 0, 0, 0,                                // version
-                                               0x70, 0x11, 0x01, 0,                       // vocab 70000
-                                               4, 0, 0, 0,                                // width
-                                               3, 0, 0, 0,                                // eot
-                                               3, 0, 0, 0, 0, 0, 0, 0};                   // count
+    const std::vector<unsigned char> header = {'P',  'V',  'T',  'O', 'K', 'E', 'N', 'S',  // magic
+                                               1,    0,    0,    0,                        // version
+                                               0x70, 0x11, 0x01, 0,                        // vocab 70000
+                                               4,    0,    0,    0,                        // width
+                                               3,    0,    0,    0,                        // eot
+                                               3,    0,    0,    0,   0,   0,   0,   0};   // count
     CHECK(std::vector<unsigned char>(b.begin(), b.begin() + 32) == header);
     const uint32_t t0 = 0x01020304u % 70000;
     CHECK(b[32] == (t0 & 0xFF));
@@ -222,7 +222,5 @@ TEST_CASE("read_shard rejects broken files, naming the file, the problem and the
         write_bytes(dir.file("eot.bin"), b);
         expect_rejected(dir.file("eot.bin"), {"eot_token 1000", "vocab_size 1000", "re-create"});
     }
-    SECTION("a directory") {
-        expect_rejected(dir.path.string(), {"not a regular file"});
-    }
+    SECTION("a directory") { expect_rejected(dir.path.string(), {"not a regular file"}); }
 }

@@ -124,13 +124,15 @@ TEST_CASE("a stage of the model holds its units only, with the whole model's val
         using C = pv::MemoryCategory;
         CHECK(held.current[size_t(C::parameters)] - before.current[size_t(C::parameters)] ==
               size_t(elements) * sizeof(double));
-        CHECK(held.current[size_t(C::gradients)] - before.current[size_t(C::gradients)] == size_t(elements) * sizeof(double));
+        CHECK(held.current[size_t(C::gradients)] - before.current[size_t(C::gradients)] ==
+              size_t(elements) * sizeof(double));
         CHECK(last.holds(0));
         CHECK_FALSE(last.runs(0));
         for (int u = 1; u < units - 2; ++u) CHECK_FALSE(last.holds(u));
         for (int u : {0, units - 2, units - 1}) {
             INFO("unit " << u);
-            CHECK(download(last.params(u), last.trainable(u).padded) == download(whole.params(u), whole.trainable(u).padded));
+            CHECK(download(last.params(u), last.trainable(u).padded) ==
+                  download(whole.params(u), whole.trainable(u).padded));
         }
         pv::UnitIO<double> io;
         CHECK_THROWS_WITH(last.forward_unit(0, 0, io), Catch::Contains("not in this model's stage"));
@@ -140,6 +142,5 @@ TEST_CASE("a stage of the model holds its units only, with the whole model's val
     pv::Llama<double> middle(c, stage(1, 2));
     CHECK_FALSE(middle.holds(0));
     CHECK(middle.holds(1));
-    CHECK_THROWS_WITH(pv::Llama<double>(c, stage(2, 2)),
-                      Catch::Contains("not a non-empty range"));
+    CHECK_THROWS_WITH(pv::Llama<double>(c, stage(2, 2)), Catch::Contains("not a non-empty range"));
 }

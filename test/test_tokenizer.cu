@@ -80,10 +80,22 @@ std::string corpus() { return kCorpus; }
 std::vector<std::string> random_strings(int count, int max_len, uint32_t seed) {
     std::mt19937 rng(seed);
     std::vector<std::string> out;
-    const std::vector<std::string> atoms = {"the", " the", " and", "ing", " ", "  ", "\n", "\r\n", "\t", "'s", "'T",
-                                            "123", "4567", "é", "ü", "Ω", "語", "中", "🙂", "🚀", "\xc3", "\x80",
-                                            "\xff", "\xed\xa0\x80", "\xc0\xaf", "<|endoftext|>", "<|", "|>", ".",
-                                            "!?", "\0", "x"};
+    const std::vector<std::string> atoms = {"the",      " the",
+                                            " and",     "ing",
+                                            " ",        "  ",
+                                            "\n",       "\r\n",
+                                            "\t",       "'s",
+                                            "'T",       "123",
+                                            "4567",     "é",
+                                            "ü",        "Ω",
+                                            "語",       "中",
+                                            "🙂",     "🚀",
+                                            "\xc3",     "\x80",
+                                            "\xff",     "\xed\xa0\x80",
+                                            "\xc0\xaf", "<|endoftext|>",
+                                            "<|",       "|>",
+                                            ".",        "!?",
+                                            "\0",       "x"};
     for (int s = 0; s < count; ++s) {
         int len = int(rng() % (max_len + 1));
         std::string str;
@@ -91,8 +103,10 @@ std::vector<std::string> random_strings(int count, int max_len, uint32_t seed) {
             for (int i = 0; i < len; ++i) str += char(rng() & 0xff);
         } else {
             while (int(str.size()) < len) {
-                if (rng() % 4 == 0) str += char(rng() & 0xff);
-                else str += atoms[rng() % atoms.size()];
+                if (rng() % 4 == 0)
+                    str += char(rng() & 0xff);
+                else
+                    str += atoms[rng() % atoms.size()];
             }
             str.resize(len);  // may cut a multi-byte character: more invalid UTF-8
         }
@@ -106,24 +120,26 @@ std::vector<std::string> adversarial_strings() {
     using namespace std::string_literals;
     return {
         ""s,
-        "\x80"s,                                  // lone continuation byte
-        "\x80\x80\x80\xbf"s,                      // a run of them
-        "a\x80" "b\xbf" "c"s,                     // between letters
+        "\x80"s,              // lone continuation byte
+        "\x80\x80\x80\xbf"s,  // a run of them
+        "a\x80"
+        "b\xbf"
+        "c"s,                                     // between letters
         "\xc0\x80"s,                              // overlong NUL
         "\xc0\xaf\xe0\x80\xaf\xf0\x80\x80\xaf"s,  // overlong '/' at 2, 3 and 4 bytes
         "\0"s,
         "a\0b\0\0 c"s,
-        "\xed\xa0\x80\xed\xbf\xbf"s,              // UTF-16 surrogates encoded in UTF-8
-        "\xf4\x90\x80\x80"s,                      // above U+10FFFF
-        "\xf0\x9f\x99\x82\xf0\x9f\x9a\x80"s,      // 🙂🚀
-        "\xf0\x9f\x99"s,                          // a truncated 4-byte character
+        "\xed\xa0\x80\xed\xbf\xbf"s,          // UTF-16 surrogates encoded in UTF-8
+        "\xf4\x90\x80\x80"s,                  // above U+10FFFF
+        "\xf0\x9f\x99\x82\xf0\x9f\x9a\x80"s,  // 🙂🚀
+        "\xf0\x9f\x99"s,                      // a truncated 4-byte character
         "hello \xf0\x9f"s,
         "日本語の文章と中文的句子"s,
         "  \t\n\n \r\n   x"s,
-        "\xfe\xff\xff\xfe"s,                      // bytes never valid in UTF-8
+        "\xfe\xff\xff\xfe"s,  // bytes never valid in UTF-8
         "don't I'LL we'Re"s,
         "12345678901234567890"s,
-        std::string(5000, 'a'),                    // one long piece
+        std::string(5000, 'a'),  // one long piece
         std::string(3000, ' ') + "x",
         std::string(1000, '\xff'),
         "<|endoftext|><|endoftext|>"s,

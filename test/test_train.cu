@@ -130,8 +130,9 @@ TEST_CASE("train: two runs with the same seed print identical losses", "[train]"
 TEST_CASE("train: a run stopped at a checkpoint and resumed ends bit-identical to one that never stopped",
           "[train][resume]") {
     TempDir dir("train_resume");
-    const std::string run = "--steps 8 --batch 4 --micro-batch 2 --seq-len 16 --vocab 300 --warmup 2 --lr 3e-3 "
-                            "--eval-interval 2 --eval-batches 1 --sample-tokens 0 --checkpoint-interval 4";
+    const std::string run =
+        "--steps 8 --batch 4 --micro-batch 2 --seq-len 16 --vocab 300 --warmup 2 --lr 3e-3 "
+        "--eval-interval 2 --eval-batches 1 --sample-tokens 0 --checkpoint-interval 4";
     // Round to nearest; then stochastic rounding with the fp32 accumulation buffer, where the
     // bf16 weights are not a function of the master and must come from the checkpoint.
     for (const std::string variant : {"", " --stochastic-rounding --fp32-grad-accumulation"}) {
@@ -164,7 +165,8 @@ TEST_CASE("train: a run stopped at a checkpoint and resumed ends bit-identical t
         }
         // Every step's loss, learning rate, gradient norm and validation loss, at 17 digits, and
         // the resumed run's metrics file holds one history, not two.
-        REQUIRE(metrics_without_timing(straight / "metrics.jsonl") == metrics_without_timing(stopped / "metrics.jsonl"));
+        REQUIRE(metrics_without_timing(straight / "metrics.jsonl") ==
+                metrics_without_timing(stopped / "metrics.jsonl"));
         for (const char* f : {"model.safetensors", "master.safetensors", "adam_m.safetensors", "adam_v.safetensors"}) {
             INFO(f);
             const std::string x = read_file(straight / "step_8" / f), y = read_file(stopped / "step_8" / f);
@@ -206,11 +208,13 @@ TEST_CASE("train sample: generates from a checkpoint, reproducibly per seed", "[
 TEST_CASE("train prepare: text and JSON lines become shards that train and sample", "[train][prepare]") {
     TempDir dir("train_prepare");
     std::string text;
-    for (int i = 0; i < 300; ++i) text += "Line " + std::to_string(i) + " of a small document about kernels and tests.\n";
+    for (int i = 0; i < 300; ++i)
+        text += "Line " + std::to_string(i) + " of a small document about kernels and tests.\n";
     std::ofstream(dir.file("a.txt")) << text;
     {
         std::ofstream b(dir.file("b.jsonl"));
-        for (int i = 0; i < 50; ++i) b << "{\"text\": \"Record " << i << " says hello to the loader.\", \"id\": " << i << "}\n";
+        for (int i = 0; i < 50; ++i)
+            b << "{\"text\": \"Record " << i << " says hello to the loader.\", \"id\": " << i << "}\n";
     }
     const std::string data = dir.file("data");
     const Run p = run_train("prepare " + dir.file("a.txt") + " " + dir.file("b.jsonl") + " --out " + data +
@@ -220,8 +224,10 @@ TEST_CASE("train prepare: text and JSON lines become shards that train and sampl
     REQUIRE(p.output.find("prepared 51 documents") != std::string::npos);
     REQUIRE(fs::exists(fs::path(data) / "val.pvtokens"));
     REQUIRE(fs::exists(fs::path(data) / "tokenizer.json"));
-    const Run t = run_train("--data " + data + " --steps 3 --batch 2 --micro-batch 2 --seq-len 16 --warmup 1 "
-                            "--eval-interval 3 --eval-batches 1 --sample-tokens 4 --out-dir " + dir.file("run"));
+    const Run t = run_train("--data " + data +
+                            " --steps 3 --batch 2 --micro-batch 2 --seq-len 16 --warmup 1 "
+                            "--eval-interval 3 --eval-batches 1 --sample-tokens 4 --out-dir " +
+                            dir.file("run"));
     INFO(t.output);
     REQUIRE(t.status == 0);
     REQUIRE(losses(t.output).size() == 3);
@@ -262,7 +268,8 @@ TEST_CASE("train: bad input fails with a message naming the problem and the fix"
     const Run in_flight = run_train("--microbatches 2 --out-dir " + dir.file("inflight"));
     REQUIRE(in_flight.status != 0);
     REQUIRE(in_flight.output.find("--microbatches 2 is for --parallel mp") != std::string::npos);
-    const Run rounds = run_train("--parallel mp --microbatches 3 --batch 4 --micro-batch 1 --out-dir " + dir.file("rounds"));
+    const Run rounds =
+        run_train("--parallel mp --microbatches 3 --batch 4 --micro-batch 1 --out-dir " + dir.file("rounds"));
     INFO(rounds.output);
     REQUIRE(rounds.status != 0);
     REQUIRE(rounds.output.find("4 micro-batches per step do not fill whole pipeline rounds of --microbatches 3") !=
@@ -276,7 +283,9 @@ TEST_CASE("train: bad input fails with a message naming the problem and the fix"
     REQUIRE(none.output.find("neither a checkpoint") != std::string::npos);
     const std::string out = dir.file("run");
     REQUIRE(run_train("--steps 2 --warmup 1 --batch 4 --micro-batch 2 --seq-len 16 --vocab 300 --eval-interval 0 "
-                      "--sample-tokens 0 --out-dir " + out).status == 0);
+                      "--sample-tokens 0 --out-dir " +
+                      out)
+                .status == 0);
     const Run dtype = run_train("--resume " + out + " --dtype fp32");
     INFO(dtype.output);
     REQUIRE(dtype.status != 0);
@@ -320,24 +329,26 @@ double unigram_entropy(const std::vector<int>& ids) {
 // with seeds 1 and 2 (small untied model, 150 steps at constant lr 5e-3, about 25 s on 2 cores).
 // Not run under ASan ([learning]): it tests optimisation, not memory, and the other train tests
 // run the same code there.
-TEST_CASE("train: a small model on the built-in corpus goes clearly below the unigram entropy",
-          "[train][learning]") {
+TEST_CASE("train: a small model on the built-in corpus goes clearly below the unigram entropy", "[train][learning]") {
     TempDir dir("train_learning");
     // Untied (a separate lm_head learns next-token statistics faster than a tied one), small.
     std::ofstream(dir.file("config.json"))
         << R"({"model_type": "llama", "vocab_size": 300, "hidden_size": 64, "intermediate_size": 192,
                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "tie_word_embeddings": false})";
-    const Run r = run_train("--config " + dir.file("config.json") + " --vocab 300 --steps 150 --batch 16 "
+    const Run r = run_train("--config " + dir.file("config.json") +
+                            " --vocab 300 --steps 150 --batch 16 "
                             "--micro-batch 16 --seq-len 32 --warmup 5 --lr 5e-3 --schedule constant "
-                            "--eval-interval 150 --eval-batches 4 --sample-tokens 0 --out-dir " + dir.file("run"));
+                            "--eval-interval 150 --eval-batches 4 --sample-tokens 0 --out-dir " +
+                            dir.file("run"));
     INFO(r.output);
     REQUIRE(r.status == 0);
     const auto val = validation_losses(r.output);
     REQUIRE(val.size() == 1);
     const std::string corpus = read_file(build_dir() / "corpus.txt");
     REQUIRE(corpus.size() > 100000);
-    const pv::Tokenizer tokenizer = pv::Tokenizer::load((fs::path(dir.file("run")) / "step_150" / "tokenizer.json").string());
+    const pv::Tokenizer tokenizer =
+        pv::Tokenizer::load((fs::path(dir.file("run")) / "step_150" / "tokenizer.json").string());
     const std::vector<int> ids = tokenizer.encode(corpus, false);
     REQUIRE(tokenizer.decode(ids) == corpus);
     // The held-out tail: the last 10% of the corpus's tokens (train.cu's documented split).
@@ -361,7 +372,8 @@ Run run_mpi(int ranks, const std::string& per_rank_command) {
 
 }  // namespace train_test
 
-TEST_CASE("train under mpirun: zero1, zero2, zero3 and ddp train identically, and rank 0 alone reports", "[train][mpi]") {
+TEST_CASE("train under mpirun: zero1, zero2, zero3 and ddp train identically, and rank 0 alone reports",
+          "[train][mpi]") {
     TempDir dir("train_mpi");
     const std::string run = (build_dir() / "train").string() + " " + kTiny + " --sample-tokens 0 ";
     const Run ddp = run_mpi(2, run + "--parallel ddp --out-dir " + dir.file("ddp"));
@@ -381,9 +393,12 @@ TEST_CASE("train under mpirun: zero1, zero2, zero3 and ddp train identically, an
     // The sharded optimizer state was gathered into whole tensors: the checkpoints are identical.
     for (const char* f : {"model.safetensors", "master.safetensors", "adam_m.safetensors", "adam_v.safetensors"}) {
         INFO(f);
-        REQUIRE(read_file(fs::path(dir.file("ddp")) / "step_6" / f) == read_file(fs::path(dir.file("zero1")) / "step_6" / f));
-        REQUIRE(read_file(fs::path(dir.file("ddp")) / "step_6" / f) == read_file(fs::path(dir.file("zero2")) / "step_6" / f));
-        REQUIRE(read_file(fs::path(dir.file("ddp")) / "step_6" / f) == read_file(fs::path(dir.file("zero3")) / "step_6" / f));
+        REQUIRE(read_file(fs::path(dir.file("ddp")) / "step_6" / f) ==
+                read_file(fs::path(dir.file("zero1")) / "step_6" / f));
+        REQUIRE(read_file(fs::path(dir.file("ddp")) / "step_6" / f) ==
+                read_file(fs::path(dir.file("zero2")) / "step_6" / f));
+        REQUIRE(read_file(fs::path(dir.file("ddp")) / "step_6" / f) ==
+                read_file(fs::path(dir.file("zero3")) / "step_6" / f));
     }
     // --parallel single cannot span ranks.
     const Run single = run_mpi(2, run + "--parallel single --out-dir " + dir.file("single"));
@@ -398,8 +413,8 @@ TEST_CASE("train under mpirun: a failure on one rank ends every rank within 60 s
     // the first collective if rank 1's error did not end the job.
     const auto start = std::chrono::steady_clock::now();
     const Run r = run_mpi(2, "sh -c 'if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then exec " + train +
-                                 " --parallel ddp --data /nonexistent/rank1.pvtokens; else exec " + train + " " + kTiny +
-                                 " --parallel ddp --out-dir " + dir.file("run") + "; fi'");
+                                 " --parallel ddp --data /nonexistent/rank1.pvtokens; else exec " + train + " " +
+                                 kTiny + " --parallel ddp --out-dir " + dir.file("run") + "; fi'");
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     INFO(r.output);
     REQUIRE(r.status != 0);
@@ -433,8 +448,9 @@ TEST_CASE("train: a checkpoint saved by zero3 at 4 ranks resumes with ddp at 2, 
           "[train][mpi]") {
     TempDir dir("train_reshard");
     const std::string train = (build_dir() / "train").string();
-    const std::string run = " --dtype fp64 --steps 8 --batch 8 --seq-len 16 --vocab 300 --warmup 2 --lr 3e-3 "
-                            "--eval-interval 0 --sample-tokens 0 ";
+    const std::string run =
+        " --dtype fp64 --steps 8 --batch 8 --seq-len 16 --vocab 300 --warmup 2 --lr 3e-3 "
+        "--eval-interval 0 --sample-tokens 0 ";
     REQUIRE(run_train(run + "--out-dir " + dir.file("straight")).status == 0);
     const auto straight = metric_losses(fs::path(dir.file("straight")) / "metrics.jsonl");
     REQUIRE(straight.size() == 8);
@@ -444,7 +460,8 @@ TEST_CASE("train: a checkpoint saved by zero3 at 4 ranks resumes with ddp at 2, 
              {{4, "mp --microbatches 4"}, {2, "zero2"}},
              {{2, "zero2"}, {4, "mp --microbatches 4"}}}) {
         const std::string out = dir.file(first.second.substr(0, first.second.find(' ')) + std::to_string(first.first));
-        const Run a = run_mpi(first.first, train + run + "--parallel " + first.second + " --stop-after 4 --out-dir " + out);
+        const Run a =
+            run_mpi(first.first, train + run + "--parallel " + first.second + " --stop-after 4 --out-dir " + out);
         INFO(a.output);
         REQUIRE(a.status == 0);
         const Run b = run_mpi(second.first, train + " --resume " + out + " --parallel " + second.second);
@@ -454,7 +471,8 @@ TEST_CASE("train: a checkpoint saved by zero3 at 4 ranks resumes with ddp at 2, 
         const auto resumed = metric_losses(fs::path(out) / "metrics.jsonl");
         REQUIRE(resumed.size() == 8);
         for (const auto& [step, loss] : straight) {
-            INFO(first.second << " x" << first.first << " -> " << second.second << " x" << second.first << ", step " << step);
+            INFO(first.second << " x" << first.first << " -> " << second.second << " x" << second.first << ", step "
+                              << step);
             CHECK(std::abs(resumed.at(step) - loss) <= 1e-10 * std::abs(loss));
         }
     }
@@ -469,7 +487,8 @@ const std::string kFreeze = "model.embed_tokens.*,*.input_layernorm.*";
 // What kFreeze must freeze, by Hugging Face name, spelled out here rather than asked of
 // model/freeze.h.
 bool frozen_by_kfreeze(const std::string& hf_name) {
-    static const std::regex frozen(R"(model\.embed_tokens\.weight|lm_head\.weight|model\.layers\.[0-9]+\.input_layernorm\.weight)");
+    static const std::regex frozen(
+        R"(model\.embed_tokens\.weight|lm_head\.weight|model\.layers\.[0-9]+\.input_layernorm\.weight)");
     return std::regex_match(hf_name, frozen);
 }
 
@@ -562,7 +581,8 @@ TEST_CASE("train --freeze: frozen tensors keep their exact bits, have no optimiz
     REQUIRE(std::stod(losses(r.output).back()) < std::stod(losses(r.output).front()));  // the rest still learns
     REQUIRE(r.output.find("freeze: model.embed_tokens.weight is tied to lm_head.weight: lm_head is frozen too\n") !=
             std::string::npos);
-    REQUIRE(read_file(out / "step_6" / "trainer_state.json").find("\"freeze\": \"" + kFreeze + "\"") != std::string::npos);
+    REQUIRE(read_file(out / "step_6" / "trainer_state.json").find("\"freeze\": \"" + kFreeze + "\"") !=
+            std::string::npos);
 
     // The counts, from the checkpoint's config.json: the embedding is vocab x hidden, each
     // input_layernorm hidden; the total is every tensor the checkpoint holds.
@@ -593,16 +613,18 @@ TEST_CASE("train --freeze: frozen tensors keep their exact bits, have no optimiz
     CHECK(check_frozen_checkpoint(out / "step_6", initial) == 1 + layers);
 }
 
-TEST_CASE("train --freeze: a pattern matching nothing, part of a fused tensor, everything, or a change on resume is "
-          "refused",
-          "[train][freeze]") {
+TEST_CASE(
+    "train --freeze: a pattern matching nothing, part of a fused tensor, everything, or a change on resume is "
+    "refused",
+    "[train][freeze]") {
     TempDir dir("train_freeze_bad");
     const std::string run = kTiny + " --sample-tokens 0 --out-dir " + dir.file("refused") + " --freeze ";
     const Run none = run_train(run + "'model.embed_tokens.*,model.layers.9.*'");
     INFO(none.output);
     REQUIRE(none.status != 0);
     REQUIRE(losses(none.output).empty());
-    REQUIRE(none.output.find("--freeze: the pattern 'model.layers.9.*' matches no tensor of this model") != std::string::npos);
+    REQUIRE(none.output.find("--freeze: the pattern 'model.layers.9.*' matches no tensor of this model") !=
+            std::string::npos);
     REQUIRE(none.output.find("check its spelling") != std::string::npos);
     const Run part = run_train(run + "'*.k_proj.weight'");
     INFO(part.output);
@@ -657,11 +679,13 @@ TEST_CASE("train --freeze under mpirun: zero3 and ddp agree; a frozen mp checkpo
     REQUIRE(losses(zero3.output) == losses(ddp.output));
     for (const char* f : {"model.safetensors", "master.safetensors", "adam_m.safetensors", "adam_v.safetensors"}) {
         INFO(f);
-        REQUIRE(read_file(fs::path(dir.file("ddp")) / "step_6" / f) == read_file(fs::path(dir.file("zero3")) / "step_6" / f));
+        REQUIRE(read_file(fs::path(dir.file("ddp")) / "step_6" / f) ==
+                read_file(fs::path(dir.file("zero3")) / "step_6" / f));
     }
 
     const std::string fp64 = " --dtype fp64 --batch 4 --seq-len 16 --vocab 300 --eval-interval 0 --sample-tokens 0 ";
-    const Run zero = run_train(fp64 + "--steps 1 --warmup 1 --lr 0 --out-dir " + dir.file("init"));  // the initial model
+    const Run zero =
+        run_train(fp64 + "--steps 1 --warmup 1 --lr 0 --out-dir " + dir.file("init"));  // the initial model
     INFO(zero.output);
     REQUIRE(zero.status == 0);
     const auto initial = tensors_of(fs::path(dir.file("init")) / "step_1" / "model.safetensors");
@@ -674,17 +698,19 @@ TEST_CASE("train --freeze under mpirun: zero3 and ddp agree; a frozen mp checkpo
     std::smatch counts;
     REQUIRE(std::regex_search(s.output, counts, std::regex("parameters: [^\n]*")));
     const fs::path mp = dir.file("mp2"), single = dir.file("single1");
-    const Run a = run_mpi(2, train + frozen_run + "--parallel mp --microbatches 2 --stop-after 3 --out-dir " + mp.string());
+    const Run a =
+        run_mpi(2, train + frozen_run + "--parallel mp --microbatches 2 --stop-after 3 --out-dir " + mp.string());
     INFO(a.output);
     REQUIRE(a.status == 0);
     REQUIRE(a.output.find(counts[0].str()) != std::string::npos);
     check_frozen_checkpoint(mp / "step_3", initial);
     fs::copy(mp, single, fs::copy_options::recursive);
-    for (const auto& [ranks, strategy, out] : std::vector<std::tuple<int, std::string, fs::path>>{{2, "zero2", mp},
-                                                                                                 {1, "single", single}}) {
+    for (const auto& [ranks, strategy, out] :
+         std::vector<std::tuple<int, std::string, fs::path>>{{2, "zero2", mp}, {1, "single", single}}) {
         INFO("mp x2 -> " << strategy << " x" << ranks);
         // A copied output directory still names the original as its out_dir: name it.
-        const std::string resume = train + " --resume " + out.string() + " --parallel " + strategy + " --out-dir " + out.string();
+        const std::string resume =
+            train + " --resume " + out.string() + " --parallel " + strategy + " --out-dir " + out.string();
         const Run b = ranks > 1 ? run_mpi(ranks, resume) : run_train_command(resume);
         INFO(b.output);
         REQUIRE(b.status == 0);

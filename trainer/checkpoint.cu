@@ -27,12 +27,15 @@ std::vector<GroupLayout> trainable_groups(const Llama<T>& model) {
     return out;
 }
 
-const char* torch_dtype_name(DType d) { return d == DType::bf16 ? "bfloat16" : d == DType::fp32 ? "float32" : "float64"; }
+const char* torch_dtype_name(DType d) {
+    return d == DType::bf16 ? "bfloat16" : d == DType::fp32 ? "float32" : "float64";
+}
 
 // Elements [begin, begin + len) of a whole group's host bytes, to the device at dst.
 void upload_range(void* dst, const std::vector<uint8_t>& whole, long long begin, long long len, size_t element) {
     if (len > 0)
-        CUDA_CHECK(cudaMemcpy(dst, whole.data() + size_t(begin) * element, size_t(len) * element, cudaMemcpyHostToDevice));
+        CUDA_CHECK(
+            cudaMemcpy(dst, whole.data() + size_t(begin) * element, size_t(len) * element, cudaMemcpyHostToDevice));
 }
 
 }  // namespace
@@ -65,7 +68,8 @@ void save_checkpoint(const std::string& dir, Strategy<T, G>& strategy, const Ada
         HostGroups h{dtype_of<A>(), {}};
         for (int u = 0; u < model.num_units(); ++u)
             h.units.push_back(strategy.whole_on_writer(u, static_cast<const A*>(optimizer.data(u, f)),
-                                                       optimizer.end(u) - optimizer.begin(u), model.trainable(u).padded));
+                                                       optimizer.end(u) - optimizer.begin(u),
+                                                       model.trainable(u).padded));
         return h;
     };
     std::vector<std::pair<std::string, HostGroups>> fields;
@@ -76,7 +80,8 @@ void save_checkpoint(const std::string& dir, Strategy<T, G>& strategy, const Ada
     const std::string tmp = begin_checkpoint_dir(dir);
     const std::map<std::string, std::string> metadata{{"format", "pt"}};
     write_group_tensors(tmp + "/model.safetensors", all_groups(model), params, metadata);
-    for (const auto& [file, groups] : fields) write_group_tensors(tmp + "/" + file, trainable_groups(model), groups, metadata);
+    for (const auto& [file, groups] : fields)
+        write_group_tensors(tmp + "/" + file, trainable_groups(model), groups, metadata);
     write_hf_config(tmp + "/config.json", model.config(), torch_dtype_name(dtype_of<T>()));
     if (tokenizer) tokenizer->save(tmp + "/tokenizer.json");
     write_trainer_state(tmp + "/" + kTrainerStateFile, state);  // last: the marker of a complete checkpoint
@@ -94,19 +99,20 @@ TrainerState load_checkpoint(const std::string& dir, Strategy<T, G>& strategy, A
     size_t k = 0;
     for (int u = 0; u < model.num_units(); ++u)
         for (int g = 0; g < model.num_groups(u); ++g, ++k)
-            upload_range(strategy.local_params(u, g), weights.units[k], strategy.local_begin(u, g), strategy.local_len(u, g),
-                         sizeof(T));
+            upload_range(strategy.local_params(u, g), weights.units[k], strategy.local_begin(u, g),
+                         strategy.local_len(u, g), sizeof(T));
     auto load_field = [&](const char* file, Field f) {
         const HostGroups h = read_group_tensors(dir + "/" + file, trainable_groups(model), dtype_of<A>());
         for (int u = 0; u < model.num_units(); ++u)
-            upload_range(optimizer.data(u, f), h.units[size_t(u)], optimizer.begin(u), optimizer.end(u) - optimizer.begin(u),
-                         sizeof(A));
+            upload_range(optimizer.data(u, f), h.units[size_t(u)], optimizer.begin(u),
+                         optimizer.end(u) - optimizer.begin(u), sizeof(A));
     };
     if constexpr (AdamWState<T>::kHasMaster) {
         if (std::filesystem::exists(dir + "/master.safetensors")) {
             load_field("master.safetensors", Field::master);
         } else {  // a checkpoint of an fp32/fp64 run continued in bf16: the master from the weights
-            for (int u = 0; u < model.num_units(); ++u) optimizer.init_master(u, strategy.owned_params(u), model.stream());
+            for (int u = 0; u < model.num_units(); ++u)
+                optimizer.init_master(u, strategy.owned_params(u), model.stream());
         }
     }
     load_field("adam_m.safetensors", Field::m);
@@ -120,12 +126,13 @@ void load_weights(const std::string& dir, Llama<T>& model) {
     size_t k = 0;
     for (int u = 0; u < model.num_units(); ++u)
         for (int g = 0; g < model.num_groups(u); ++g, ++k)
-            if (model.holds(u)) upload_range(model.group_params(u, g), weights.units[k], 0, model.group(u, g).padded, sizeof(T));
+            if (model.holds(u))
+                upload_range(model.group_params(u, g), weights.units[k], 0, model.group(u, g).padded, sizeof(T));
 }
 
-#define PV_INSTANTIATE(T, G)                                                                                           \
-    template void save_checkpoint(const std::string&, Strategy<T, G>&, const AdamWState<T>&, const TrainerState&,      \
-                                  const Tokenizer*);                                                                   \
+#define PV_INSTANTIATE(T, G)                                                                                      \
+    template void save_checkpoint(const std::string&, Strategy<T, G>&, const AdamWState<T>&, const TrainerState&, \
+                                  const Tokenizer*);                                                              \
     template TrainerState load_checkpoint(const std::string&, Strategy<T, G>&, AdamWState<T>&);
 PV_INSTANTIATE(__nv_bfloat16, __nv_bfloat16)
 PV_INSTANTIATE(__nv_bfloat16, float)

@@ -17,8 +17,9 @@ std::string generate(Llama<T>& model, const Tokenizer& tokenizer, const Generate
     std::vector<int> context = tokenizer.encode(o.prompt, false);
     if (context.empty()) {
         if (tokenizer.eot_id() < 0)
-            throw std::invalid_argument("generate: the prompt is empty and the tokenizer has no end-of-text token to "
-                                        "start from; give a prompt");
+            throw std::invalid_argument(
+                "generate: the prompt is empty and the tokenizer has no end-of-text token to "
+                "start from; give a prompt");
         context.push_back(tokenizer.eot_id());
     }
     const int vocab = model.config().vocab_size;

@@ -50,9 +50,11 @@ int train_command(const TrainOptions& requested, const std::string& resume_dir, 
         for (int m = std::min(8, per_rank); m >= 1 && o.micro_batch == 0; --m)
             if (per_rank % m == 0 && per_rank / m % o.microbatches == 0) o.micro_batch = m;
         if (o.micro_batch == 0)
-            throw std::invalid_argument("--batch " + std::to_string(o.batch) + " has no micro-batch size that gives a "
-                                        "multiple of --microbatches " + std::to_string(o.microbatches) +
-                                        " micro-batches: make --batch a multiple of " + std::to_string(o.microbatches));
+            throw std::invalid_argument("--batch " + std::to_string(o.batch) +
+                                        " has no micro-batch size that gives a "
+                                        "multiple of --microbatches " +
+                                        std::to_string(o.microbatches) + " micro-batches: make --batch a multiple of " +
+                                        std::to_string(o.microbatches));
     }
     if (mp && o.batch % o.micro_batch == 0 && o.batch / o.micro_batch % o.microbatches != 0)
         throw std::invalid_argument("--batch " + std::to_string(o.batch) + " / --micro-batch " +
@@ -69,7 +71,8 @@ int train_command(const TrainOptions& requested, const std::string& resume_dir, 
     RunData data = load_run_data(o, resume_dir);
     const LlamaConfig config = model_config(o, int(data.train.front().vocab_size), resume_dir);
     if (o.dtype == "bf16") {
-        if (o.fp32_grad_accumulation) return run_training<__nv_bfloat16, float>(o, requested, std::move(data), config, resume_dir, world);
+        if (o.fp32_grad_accumulation)
+            return run_training<__nv_bfloat16, float>(o, requested, std::move(data), config, resume_dir, world);
         return run_training<__nv_bfloat16, __nv_bfloat16>(o, requested, std::move(data), config, resume_dir, world);
     }
     if (o.dtype == "fp32") return run_training<float, float>(o, requested, std::move(data), config, resume_dir, world);
@@ -80,7 +83,8 @@ template <class T>
 int sample_with(const SampleOptions& o, const std::string& dir, const TrainerState& state) {
     const LlamaConfig config = read_hf_config(dir + "/config.json");
     if (!std::filesystem::exists(dir + "/tokenizer.json"))
-        throw std::runtime_error("checkpoint '" + dir + "' has no tokenizer.json: sampling needs the tokenizer the "
+        throw std::runtime_error("checkpoint '" + dir +
+                                 "' has no tokenizer.json: sampling needs the tokenizer the "
                                  "model was trained with (copy it into the checkpoint directory)");
     const Tokenizer tokenizer = Tokenizer::load(dir + "/tokenizer.json");
     Llama<T> model(config, whole_model(1, state.options.seq_len, o.seed, Gradients::none));
@@ -104,10 +108,11 @@ int sample_command(const SampleOptions& o) {
 
 int prepare_command(const PrepareOptions& o) {
     const PreparedData p = prepare_data(o);
-    std::printf("prepared %lld documents: %lld training tokens in %zu shard(s), %lld validation tokens, vocabulary %d\n"
-                "  tokenizer  %s\n  validation %s\n",
-                p.documents, p.train_tokens, p.train_shards.size(), p.val_tokens, p.vocab_size, p.tokenizer_path.c_str(),
-                p.val_shard.c_str());
+    std::printf(
+        "prepared %lld documents: %lld training tokens in %zu shard(s), %lld validation tokens, vocabulary %d\n"
+        "  tokenizer  %s\n  validation %s\n",
+        p.documents, p.train_tokens, p.train_shards.size(), p.val_tokens, p.vocab_size, p.tokenizer_path.c_str(),
+        p.val_shard.c_str());
     for (const std::string& s : p.train_shards) std::printf("  training   %s\n", s.c_str());
     std::printf("train on it with: train --data %s\n", o.out_dir.c_str());
     return 0;
@@ -132,9 +137,11 @@ int main_checked(int argc, char** argv) {
         compare.resume = saved.resume;
         compare.stop_after = saved.stop_after;
         for (const std::string& change : train_options_diff(saved, compare)) {
-            for (const char* fixed : {"preset:", "config:", "vocab:", "dtype:", "batch:", "seq_len:", "seed:", "freeze:"})
+            for (const char* fixed :
+                 {"preset:", "config:", "vocab:", "dtype:", "batch:", "seq_len:", "seed:", "freeze:"})
                 if (change.rfind(fixed, 0) == 0)
-                    throw std::invalid_argument("cannot change " + change + " when resuming: the checkpoint's model, "
+                    throw std::invalid_argument("cannot change " + change +
+                                                " when resuming: the checkpoint's model, "
                                                 "data order and batches depend on it; start a new run instead");
             std::printf("resume: %s (from the command line)\n", change.c_str());
         }

@@ -13,23 +13,28 @@ namespace pv {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, data, val_data, vocab, steps, batch,
                                                 micro_batch, seq_len, lr, schedule, warmup, final_lr_fraction, clip,
                                                 weight_decay, decay_norm_weights, beta1, beta2, eps, dtype,
-                                                stochastic_rounding, fp32_grad_accumulation, seed, parallel, microbatches, balance, freeze, eval_interval,
-                                                eval_batches, out_dir, checkpoint_interval, resume, stop_after,
-                                                prompt, sample_tokens, temperature, top_p)
+                                                stochastic_rounding, fp32_grad_accumulation, seed, parallel,
+                                                microbatches, balance, freeze, eval_interval, eval_batches, out_dir,
+                                                checkpoint_interval, resume, stop_after, prompt, sample_tokens,
+                                                temperature, top_p)
 
 namespace {
 
 void add_train_flags(CLI::App& app, TrainOptions& o) {
     app.add_option("--preset", o.preset, "Model preset (empty: a small default model sized to the tokenizer)");
     app.add_option("--config", o.config, "A Hugging Face config.json giving the model's shape (instead of --preset)");
-    app.add_option("--data", o.data,
-                   "Training data: a directory made by `train prepare` or one token shard (empty: the built-in corpus)");
-    app.add_option("--val-data", o.val_data, "Validation shard (empty: the data directory's val.pvtokens, or the "
-                                             "built-in corpus's held-out tail)");
+    app.add_option(
+        "--data", o.data,
+        "Training data: a directory made by `train prepare` or one token shard (empty: the built-in corpus)");
+    app.add_option("--val-data", o.val_data,
+                   "Validation shard (empty: the data directory's val.pvtokens, or the "
+                   "built-in corpus's held-out tail)");
     app.add_option("--vocab", o.vocab, "Vocabulary size of the tokenizer trained on the built-in corpus")
         ->check(CLI::Range(257, 1 << 20));
-    app.add_option("--steps", o.steps, "Optimizer steps (the learning-rate schedule spans them)")->check(CLI::PositiveNumber);
-    app.add_option("--batch", o.batch, "Global batch: sequences per optimizer step (= micro-batch x accumulation x ranks)")
+    app.add_option("--steps", o.steps, "Optimizer steps (the learning-rate schedule spans them)")
+        ->check(CLI::PositiveNumber);
+    app.add_option("--batch", o.batch,
+                   "Global batch: sequences per optimizer step (= micro-batch x accumulation x ranks)")
         ->check(CLI::PositiveNumber);
     app.add_option("--micro-batch", o.micro_batch,
                    "Sequences per forward/backward pass (0: the largest divisor of batch / ranks that is at most 8, "
@@ -41,9 +46,11 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
     app.add_option("--warmup", o.warmup, "Warmup steps (lr * (step + 1) / warmup)")->check(CLI::NonNegativeNumber);
     app.add_option("--final-lr-fraction", o.final_lr_fraction, "Final learning rate as a fraction of the peak")
         ->check(CLI::Range(0.0, 1.0));
-    app.add_option("--clip", o.clip, "Clip the global gradient norm to this (0: no clipping)")->check(CLI::NonNegativeNumber);
-    app.add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay (matrices only unless "
-                                                     "--decay-norm-weights)")
+    app.add_option("--clip", o.clip, "Clip the global gradient norm to this (0: no clipping)")
+        ->check(CLI::NonNegativeNumber);
+    app.add_option("--weight-decay", o.weight_decay,
+                   "AdamW decoupled weight decay (matrices only unless "
+                   "--decay-norm-weights)")
         ->check(CLI::NonNegativeNumber);
     app.add_flag("--decay-norm-weights", o.decay_norm_weights, "Apply weight decay to the RMSNorm weights too");
     app.add_option("--beta1", o.beta1, "AdamW beta1")->check(CLI::Range(0.0, 1.0));
@@ -58,21 +65,24 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
                  "bf16: accumulate gradients over micro-steps in an fp32 buffer (costs 4 bytes per parameter)");
     app.add_option("--seed", o.seed, "Seed of initialisation, data order, stochastic rounding and sampling");
     std::string strategies;
-    for (const StrategyInfo& s : strategy_registry()) strategies += std::string(strategies.empty() ? "" : ", ") + s.name + " (" + s.help + ")";
+    for (const StrategyInfo& s : strategy_registry())
+        strategies += std::string(strategies.empty() ? "" : ", ") + s.name + " (" + s.help + ")";
     app.add_option("--parallel", o.parallel, "Strategy over the ranks of mpirun: " + strategies)
         ->check(CLI::IsMember(strategy_names()));
     app.add_option("--freeze", o.freeze,
                    "Keep these tensors fixed: comma-separated globs over Hugging Face tensor names, e.g. "
                    "'model.embed_tokens.*,*.input_layernorm.*' (no gradient, master or optimizer state; gradients "
                    "still flow through them)");
-    app.add_option("--microbatches", o.microbatches,
-                   "mp: micro-batches in flight in the pipeline (GPipe: that many forwards, then their backwards; "
-                   "1: naive model parallel). The micro-batches per step (batch / micro-batch) must be a multiple of it")
+    app.add_option(
+           "--microbatches", o.microbatches,
+           "mp: micro-batches in flight in the pipeline (GPipe: that many forwards, then their backwards; "
+           "1: naive model parallel). The micro-batches per step (batch / micro-batch) must be a multiple of it")
         ->check(CLI::PositiveNumber);
     app.add_option("--balance", o.balance,
                    "mp: balance the stages by training FLOPs (flops) or by parameter count (params)")
         ->check(CLI::IsMember({"flops", "params"}));
-    app.add_option("--eval-interval", o.eval_interval, "Evaluate on the validation data every this many steps (0: never)")
+    app.add_option("--eval-interval", o.eval_interval,
+                   "Evaluate on the validation data every this many steps (0: never)")
         ->check(CLI::NonNegativeNumber);
     app.add_option("--eval-batches", o.eval_batches, "Micro-batches per evaluation")->check(CLI::PositiveNumber);
     app.add_option("--out-dir", o.out_dir, "Output directory (metrics.jsonl, tokenizer.json, step_N checkpoints)");
@@ -87,7 +97,8 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
                    "Stop after this many steps of this invocation, writing a checkpoint (0: run to --steps)")
         ->check(CLI::NonNegativeNumber);
     app.add_option("--prompt", o.prompt, "Prompt of the sample generated at the end");
-    app.add_option("--sample-tokens", o.sample_tokens, "Tokens to generate at the end (0: none)")->check(CLI::NonNegativeNumber);
+    app.add_option("--sample-tokens", o.sample_tokens, "Tokens to generate at the end (0: none)")
+        ->check(CLI::NonNegativeNumber);
     app.add_option("--temperature", o.temperature, "Sampling temperature (0: greedy)")->check(CLI::NonNegativeNumber);
     app.add_option("--top-p", o.top_p, "Nucleus sampling: the smallest set of tokens with this much probability")
         ->check(CLI::Range(0.0, 1.0));
@@ -115,7 +126,8 @@ void add_prepare_flags(CLI::App& app, PrepareOptions& o) {
     app.add_option("--out", o.out_dir, "Output directory (train_NNNNNN.pvtokens, val.pvtokens, tokenizer.json)")
         ->required();
     app.add_option("--field", o.text_field, "The JSON-lines field holding a document's text");
-    app.add_option("--tokenizer", o.tokenizer, "Use this tokenizer.json instead of training one")->check(CLI::ExistingFile);
+    app.add_option("--tokenizer", o.tokenizer, "Use this tokenizer.json instead of training one")
+        ->check(CLI::ExistingFile);
     app.add_option("--vocab", o.vocab, "Vocabulary size of the tokenizer trained on the inputs")
         ->check(CLI::Range(257, 1 << 20));
     app.add_option("--val-fraction", o.val_fraction, "Fraction of the tokens held out for validation (the tail)")
@@ -136,8 +148,9 @@ Command parse_command(int argc, char** argv, const TrainOptions& base) {
     CLI::App* sample = app.add_subcommand("sample", "Generate text from a checkpoint");
     sample->option_defaults()->always_capture_default();
     add_sample_flags(*sample, c.sample);
-    CLI::App* prepare = app.add_subcommand("prepare", "Tokenize text or JSON-lines files into training and validation "
-                                                      "shards (and train a tokenizer unless --tokenizer is given)");
+    CLI::App* prepare = app.add_subcommand("prepare",
+                                           "Tokenize text or JSON-lines files into training and validation "
+                                           "shards (and train a tokenizer unless --tokenizer is given)");
     prepare->option_defaults()->always_capture_default();
     add_prepare_flags(*prepare, c.prepare);
     app.require_subcommand(0, 1);
@@ -169,7 +182,8 @@ std::vector<std::string> train_options_diff(const TrainOptions& before, const Tr
     const nlohmann::json a = before, b = after;
     std::vector<std::string> out;
     for (auto it = a.begin(); it != a.end(); ++it)
-        if (b.at(it.key()) != it.value()) out.push_back(it.key() + ": " + it.value().dump() + " -> " + b.at(it.key()).dump());
+        if (b.at(it.key()) != it.value())
+            out.push_back(it.key() + ": " + it.value().dump() + " -> " + b.at(it.key()).dump());
     return out;
 }
 

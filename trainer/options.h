@@ -23,12 +23,12 @@ namespace pv {
 
 struct TrainOptions {
     // Model and data.
-    std::string preset;        // a model preset; empty: the built-in default model sized to the tokenizer
-    std::string config;        // a Hugging Face config.json instead of a preset
-    std::string data;          // a directory from `train prepare` or a token shard; empty: the built-in corpus
-    std::string val_data;      // a validation shard; empty: the data's own (or the built-in corpus's tail)
-    std::string freeze;        // comma-separated globs over Hugging Face tensor names to keep fixed (model/freeze.h)
-    int vocab = 512;           // tokenizer vocabulary trained on the built-in corpus
+    std::string preset;    // a model preset; empty: the built-in default model sized to the tokenizer
+    std::string config;    // a Hugging Face config.json instead of a preset
+    std::string data;      // a directory from `train prepare` or a token shard; empty: the built-in corpus
+    std::string val_data;  // a validation shard; empty: the data's own (or the built-in corpus's tail)
+    std::string freeze;    // comma-separated globs over Hugging Face tensor names to keep fixed (model/freeze.h)
+    int vocab = 512;       // tokenizer vocabulary trained on the built-in corpus
     // Batch and length (DESIGN.md §4: batch = micro_batch x accumulation x ranks).
     long long steps = 250;
     int batch = 16;
@@ -65,7 +65,7 @@ struct TrainOptions {
 };
 
 struct SampleOptions {
-    std::string checkpoint;   // a step_N directory, or an output directory (its latest)
+    std::string checkpoint;  // a step_N directory, or an output directory (its latest)
     std::string prompt = "The kernel";
     int max_tokens = 200;
     double temperature = 0.8;

@@ -61,12 +61,18 @@ class TrainingRun {
   public:
     TrainingRun(const TrainOptions& o, const TrainOptions& requested, RunData data, const LlamaConfig& config,
                 const std::string& resume_dir, World& world)
-        : o_(o), requested_(requested), config_(config), resume_dir_(resume_dir), world_(world),
+        : o_(o),
+          requested_(requested),
+          config_(config),
+          resume_dir_(resume_dir),
+          world_(world),
           plan_(plan_strategy(strategy_options(o), config, o.seq_len, world.rank(), world.size())),
           accumulation_(accumulation_for(o.batch, o.micro_batch, plan_.data_ranks)),
-          geometry_{o.batch, o.micro_batch, accumulation_, plan_.data_ranks}, lr_(lr_config_of(o)),
+          geometry_{o.batch, o.micro_batch, accumulation_, plan_.data_ranks},
+          lr_(lr_config_of(o)),
           adamw_{o.beta1, o.beta2, o.eps, o.weight_decay, o.decay_norm_weights, o.stochastic_rounding, o.seed},
-          source_(data.source), tokenizer_(std::move(data.tokenizer)) {
+          source_(data.source),
+          tokenizer_(std::move(data.tokenizer)) {
         for (const TokenShard& s : data.train)
             fingerprint_ = fingerprint_tokens(s.tokens, fingerprint_), train_tokens_ += (long long)s.tokens.size();
         loader_.emplace(std::move(data.train), o.seq_len, o.seed);
@@ -100,7 +106,8 @@ class TrainingRun {
                 if (state.options.data == o_.data)
                     throw std::runtime_error("the training data differs from the checkpoint's (" +
                                              std::to_string(train_tokens_) + " tokens now, " +
-                                             std::to_string(state.train_tokens) + " then, or the same count with other "
+                                             std::to_string(state.train_tokens) +
+                                             " then, or the same count with other "
                                              "tokens): resuming would not continue the same run; restore the data, or "
                                              "pass --data explicitly to continue on other data");
                 std::printf("note: training continues on other data than the checkpoint's (%s)\n", o_.data.c_str());
@@ -108,8 +115,9 @@ class TrainingRun {
             std::printf("resumed from %s at step %lld\n", resume_dir_.c_str(), start_step_);
         }
         if (start_step_ >= o_.steps)
-            throw std::invalid_argument("the checkpoint is at step " + std::to_string(start_step_) + " and --steps is " +
-                                        std::to_string(o_.steps) + ": nothing to do; raise --steps to train further");
+            throw std::invalid_argument("the checkpoint is at step " + std::to_string(start_step_) +
+                                        " and --steps is " + std::to_string(o_.steps) +
+                                        ": nothing to do; raise --steps to train further");
         end_step_ = o_.stop_after > 0 ? std::min(o_.steps, start_step_ + o_.stop_after) : o_.steps;
     }
 
@@ -125,12 +133,13 @@ class TrainingRun {
 
     void print_header() {
         const LlamaConfig& c = config_;
-        std::printf("model %s: %lld parameters, %d layers, hidden %d, vocab %d, %s; batch %d = micro-batch %d x "
-                    "accumulation %d x %d rank(s), strategy %s; %lld training windows of %d tokens; %.3g FLOPs per "
-                    "token\n",
-                    c.name.c_str(), parameter_count(c), c.num_layers, c.hidden_size, c.vocab_size, o_.dtype.c_str(),
-                    o_.batch, o_.micro_batch, accumulation_, plan_.data_ranks, strategy_->name(), loader_->windows(),
-                    o_.seq_len, training_flops_per_token(c, o_.seq_len));
+        std::printf(
+            "model %s: %lld parameters, %d layers, hidden %d, vocab %d, %s; batch %d = micro-batch %d x "
+            "accumulation %d x %d rank(s), strategy %s; %lld training windows of %d tokens; %.3g FLOPs per "
+            "token\n",
+            c.name.c_str(), parameter_count(c), c.num_layers, c.hidden_size, c.vocab_size, o_.dtype.c_str(), o_.batch,
+            o_.micro_batch, accumulation_, plan_.data_ranks, strategy_->name(), loader_->windows(), o_.seq_len,
+            training_flops_per_token(c, o_.seq_len));
         const long long trainable = model_->tensor_elements(GroupKind::trainable);
         const long long fixed = model_->tensor_elements(GroupKind::frozen);
         std::printf("parameters: %lld trainable (%.2f%%), %lld frozen (%.2f%%)\n", trainable,
@@ -182,15 +191,17 @@ class TrainingRun {
         const MemoryStats mem = memory_stats();
         char mfu[32] = "";
         if (peak > 0) std::snprintf(mfu, sizeof mfu, " | MFU %5.1f%%", 100.0 * tokens_per_s * flops_per_token / peak);
-        std::printf("step %5lld/%lld | loss %.7f | lr %.3e | grad norm %.4f | %8.0f tok/s | %7.1f ms%s | device memory "
-                    "%.1f MiB (peak %.1f MiB)\n",
-                    step + 1, o_.steps, r.loss, lr, r.grad_norm, tokens_per_s, ms, mfu, mib(mem.device_current),
-                    mib(mem.device_peak));
+        std::printf(
+            "step %5lld/%lld | loss %.7f | lr %.3e | grad norm %.4f | %8.0f tok/s | %7.1f ms%s | device memory "
+            "%.1f MiB (peak %.1f MiB)\n",
+            step + 1, o_.steps, r.loss, lr, r.grad_norm, tokens_per_s, ms, mfu, mib(mem.device_current),
+            mib(mem.device_peak));
         if (metrics_)
-            std::fprintf(metrics_,
-                         "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, \"tokens_per_s\": %.6g, "
-                         "\"ms\": %.6g, \"device_bytes\": %zu, \"device_peak_bytes\": %zu}\n",
-                         step + 1, r.loss, lr, r.grad_norm, tokens_per_s, ms, mem.device_current, mem.device_peak);
+            std::fprintf(
+                metrics_,
+                "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, \"tokens_per_s\": %.6g, "
+                "\"ms\": %.6g, \"device_bytes\": %zu, \"device_peak_bytes\": %zu}\n",
+                step + 1, r.loss, lr, r.grad_norm, tokens_per_s, ms, mem.device_current, mem.device_peak);
     }
 
     // The mean loss over --eval-batches micro-batches of the validation data.
@@ -223,20 +234,23 @@ class TrainingRun {
     // The summary line, and the sample continuing --prompt when the run is complete.
     void finish() {
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-        std::printf("trained steps %lld..%lld in %.1f s (%.0f tokens/s): loss %.4f -> %.4f\n", start_step_ + 1, end_step_,
-                    seconds, double(end_step_ - start_step_) * o_.batch * o_.seq_len / seconds, first_loss_, last_loss_);
+        std::printf("trained steps %lld..%lld in %.1f s (%.0f tokens/s): loss %.4f -> %.4f\n", start_step_ + 1,
+                    end_step_, seconds, double(end_step_ - start_step_) * o_.batch * o_.seq_len / seconds, first_loss_,
+                    last_loss_);
         if (end_step_ < o_.steps)
             std::printf("stopped after %lld steps; continue with: train --resume %s\n", end_step_ - start_step_,
                         o_.out_dir.c_str());
         if (o_.sample_tokens == 0 || end_step_ != o_.steps) return;
         if (!strategy_->holds_whole_model()) {  // one rank alone has not got the parameters
-            std::printf("\nsample: %s keeps only part of the parameters on each rank; sample from the checkpoint with: "
-                        "train sample %s\n",
-                        strategy_->name(), checkpoint_path(o_.out_dir, end_step_).c_str());
+            std::printf(
+                "\nsample: %s keeps only part of the parameters on each rank; sample from the checkpoint with: "
+                "train sample %s\n",
+                strategy_->name(), checkpoint_path(o_.out_dir, end_step_).c_str());
         } else if (writer() && tokenizer_) {
             std::printf("\nsample (temperature %.2f, top-p %.2f):\n%s", o_.temperature, o_.top_p, o_.prompt.c_str());
             std::fflush(stdout);
-            generate(*model_, *tokenizer_, GenerateOptions{o_.prompt, o_.sample_tokens, o_.temperature, o_.top_p, o_.seed},
+            generate(*model_, *tokenizer_,
+                     GenerateOptions{o_.prompt, o_.sample_tokens, o_.temperature, o_.top_p, o_.seed},
                      [](const std::string& piece) { std::fputs(piece.c_str(), stdout), std::fflush(stdout); });
             std::printf("\n");
         }

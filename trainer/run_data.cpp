@@ -79,10 +79,10 @@ RunData load_run_data(const TrainOptions& o, const std::string& resume_dir) {
 }
 
 LlamaConfig model_config(const TrainOptions& o, int data_vocab, const std::string& resume_dir) {
-    LlamaConfig c = !resume_dir.empty()  ? read_hf_config(resume_dir + "/config.json")
-                    : !o.config.empty()  ? read_hf_config(o.config)
-                    : !o.preset.empty()  ? preset(o.preset)
-                                         : default_model(data_vocab, o.seq_len);
+    LlamaConfig c = !resume_dir.empty() ? read_hf_config(resume_dir + "/config.json")
+                    : !o.config.empty() ? read_hf_config(o.config)
+                    : !o.preset.empty() ? preset(o.preset)
+                                        : default_model(data_vocab, o.seq_len);
     if (c.vocab_size < data_vocab)
         throw std::invalid_argument("the model's vocabulary (" + std::to_string(c.vocab_size) +
                                     ") is smaller than the data's (" + std::to_string(data_vocab) +

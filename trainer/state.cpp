@@ -30,7 +30,8 @@ void write_trainer_state(const std::string& path, const TrainerState& s) {
     j["loader"] = {{"position", s.step}, {"samples", s.samples}};
     j["rng"] = {{"seed", s.seed}, {"generator", "Philox4x32-10 keyed by (seed, purpose, tensor, element, step)"}};
     j["dtype"] = s.dtype;
-    j["data"] = {{"source", s.data_source}, {"train_tokens", s.train_tokens}, {"fingerprint", hex64(s.data_fingerprint)}};
+    j["data"] = {
+        {"source", s.data_source}, {"train_tokens", s.train_tokens}, {"fingerprint", hex64(s.data_fingerprint)}};
     j["options"] = nlohmann::json::parse(train_options_json(s.options));
     const std::string text = j.dump(2) + "\n";
     write_file_atomically(path, "trainer state", [&](const ByteSink& sink) { sink(text.data(), text.size()); });
@@ -38,7 +39,9 @@ void write_trainer_state(const std::string& path, const TrainerState& s) {
 
 TrainerState read_trainer_state(const std::string& path) {
     std::ifstream f(path, std::ios::binary);
-    if (!f) throw std::runtime_error("trainer state '" + path + "': cannot open it; is this a polevault checkpoint directory?");
+    if (!f)
+        throw std::runtime_error("trainer state '" + path +
+                                 "': cannot open it; is this a polevault checkpoint directory?");
     std::stringstream text;
     text << f.rdbuf();
     TrainerState s;
@@ -47,7 +50,8 @@ TrainerState read_trainer_state(const std::string& path) {
         if (j.value("format", "") != "polevault-checkpoint")
             throw std::runtime_error("its \"format\" is not \"polevault-checkpoint\"");
         if (j.at("version").get<int>() != 1)
-            throw std::runtime_error("version " + j.at("version").dump() + " is not 1; use the polevault that wrote it");
+            throw std::runtime_error("version " + j.at("version").dump() +
+                                     " is not 1; use the polevault that wrote it");
         s.step = j.at("step").get<long long>();
         s.samples = j.at("loader").at("samples").get<long long>();
         s.seed = j.at("rng").at("seed").get<uint64_t>();

@@ -30,9 +30,9 @@
 namespace pv {
 
 struct StepResult {
-    double loss = 0;       // the global mean loss of the step
-    double grad_norm = 0;  // the global gradient norm before clipping
-    long long counted = 0; // the global number of counted target tokens
+    double loss = 0;        // the global mean loss of the step
+    double grad_norm = 0;   // the global gradient norm before clipping
+    long long counted = 0;  // the global number of counted target tokens
 };
 
 template <class T, class G>
@@ -41,12 +41,15 @@ class Trainer {
     using A = acc_t<T>;
     // The optimizer state must cover what the strategy owns (make_optimizer does it).
     Trainer(Strategy<T, G>& strategy, AdamWState<T>& optimizer)
-        : s_(strategy), opt_(optimizer), rows_(strategy.model().rows()),
+        : s_(strategy),
+          opt_(optimizer),
+          rows_(strategy.model().rows()),
           tokens_(size_t(rows_ * strategy.slots()), MemoryCategory::workspace),
           targets_(size_t(rows_ * strategy.slots()), MemoryCategory::workspace),
           loss_(size_t(strategy.slots()), MemoryCategory::workspace),
           count_(size_t(strategy.slots()), MemoryCategory::workspace),
-          sums_(2, MemoryCategory::workspace), counts_(2, MemoryCategory::workspace) {}
+          sums_(2, MemoryCategory::workspace),
+          counts_(2, MemoryCategory::workspace) {}
 
     // Optimizer state for what `strategy` owns, the master copy initialised from the parameters.
     static std::unique_ptr<AdamWState<T>> make_optimizer(Strategy<T, G>& strategy) {
@@ -66,7 +69,8 @@ class Trainer {
     double forward_loss(const DataLoader::MicroBatch& b) {
         forward_slot(0, b);
         const double local = read_loss(0);
-        return s_.data_comm() == s_.comm() ? local : sum_over_ranks(local, sums_.get());  // a pipeline's last stage has it
+        return s_.data_comm() == s_.comm() ? local
+                                           : sum_over_ranks(local, sums_.get());  // a pipeline's last stage has it
     }
 
     // One optimizer step at 1-based step t over this rank's micro-batches.
@@ -77,7 +81,8 @@ class Trainer {
         long long local = 0;
         for (const auto& b : micro)
             for (int target : b.targets) local += target != kIgnoreIndex;
-        r.counted = s_.data_comm() ? sum_over_ranks(local, counts_.get(), s_.data_comm()) : local;  // one integer all-reduce
+        r.counted =
+            s_.data_comm() ? sum_over_ranks(local, counts_.get(), s_.data_comm()) : local;  // one integer all-reduce
         if (r.counted == 0) throw std::runtime_error("step " + std::to_string(t) + " has no counted target tokens");
         s_.begin_step();
         double loss_sum = 0;

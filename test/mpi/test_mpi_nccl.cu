@@ -26,11 +26,11 @@ using pv::test::DeviceArray;
 
 namespace nccl_test {
 
-#define NCCL_REQUIRE(call)                                                      \
-    do {                                                                        \
-        const ncclResult_t nccl_result_ = (call);                               \
-        INFO(#call << " returned " << ncclGetErrorString(nccl_result_));        \
-        REQUIRE(nccl_result_ == ncclSuccess);                                   \
+#define NCCL_REQUIRE(call)                                               \
+    do {                                                                 \
+        const ncclResult_t nccl_result_ = (call);                        \
+        INFO(#call << " returned " << ncclGetErrorString(nccl_result_)); \
+        REQUIRE(nccl_result_ == ncclSuccess);                            \
     } while (0)
 
 int world_rank() {
@@ -71,17 +71,48 @@ ncclComm_t world_comm() {
 }
 
 // ---- element types ------------------------------------------------------------------------------
-template <class T> constexpr ncclDataType_t nccl_type();
-template <> constexpr ncclDataType_t nccl_type<double>() { return ncclFloat64; }
-template <> constexpr ncclDataType_t nccl_type<float>() { return ncclFloat32; }
-template <> constexpr ncclDataType_t nccl_type<__nv_bfloat16>() { return ncclBfloat16; }
-template <> constexpr ncclDataType_t nccl_type<__half>() { return ncclFloat16; }
-template <> constexpr ncclDataType_t nccl_type<int8_t>() { return ncclInt8; }
-template <> constexpr ncclDataType_t nccl_type<uint8_t>() { return ncclUint8; }
-template <> constexpr ncclDataType_t nccl_type<int32_t>() { return ncclInt32; }
-template <> constexpr ncclDataType_t nccl_type<uint32_t>() { return ncclUint32; }
-template <> constexpr ncclDataType_t nccl_type<int64_t>() { return ncclInt64; }
-template <> constexpr ncclDataType_t nccl_type<uint64_t>() { return ncclUint64; }
+template <class T>
+constexpr ncclDataType_t nccl_type();
+template <>
+constexpr ncclDataType_t nccl_type<double>() {
+    return ncclFloat64;
+}
+template <>
+constexpr ncclDataType_t nccl_type<float>() {
+    return ncclFloat32;
+}
+template <>
+constexpr ncclDataType_t nccl_type<__nv_bfloat16>() {
+    return ncclBfloat16;
+}
+template <>
+constexpr ncclDataType_t nccl_type<__half>() {
+    return ncclFloat16;
+}
+template <>
+constexpr ncclDataType_t nccl_type<int8_t>() {
+    return ncclInt8;
+}
+template <>
+constexpr ncclDataType_t nccl_type<uint8_t>() {
+    return ncclUint8;
+}
+template <>
+constexpr ncclDataType_t nccl_type<int32_t>() {
+    return ncclInt32;
+}
+template <>
+constexpr ncclDataType_t nccl_type<uint32_t>() {
+    return ncclUint32;
+}
+template <>
+constexpr ncclDataType_t nccl_type<int64_t>() {
+    return ncclInt64;
+}
+template <>
+constexpr ncclDataType_t nccl_type<uint64_t>() {
+    return ncclUint64;
+}
 
 template <class F>
 void for_each_type(F&& f) {
@@ -204,8 +235,8 @@ std::string bit_difference(const std::vector<T>& got, const std::vector<T>& expe
             uint64_t g = 0, e = 0;
             std::memcpy(&g, &got[i], sizeof(T));
             std::memcpy(&e, &expected[i], sizeof(T));
-            return "element " + std::to_string(i) + " of " + std::to_string(got.size()) + ": bits " + std::to_string(g) +
-                   ", expected " + std::to_string(e);
+            return "element " + std::to_string(i) + " of " + std::to_string(got.size()) + ": bits " +
+                   std::to_string(g) + ", expected " + std::to_string(e);
         }
     return "";
 }
@@ -289,7 +320,8 @@ TEST_CASE("all-reduce: every type and op in rank order, in place and not, uneven
         for (ncclRedOp_t op : kOps)
             for (size_t count : {size_t(1), size_t(7), size_t(1003)})
                 for (int in_place = 0; in_place < 2; ++in_place) {
-                    INFO("type " << type_index << ", op " << op_name(op) << ", count " << count << ", in place " << in_place);
+                    INFO("type " << type_index << ", op " << op_name(op) << ", count " << count << ", in place "
+                                 << in_place);
                     const uint64_t key = case_key(type_index, int(op), count, in_place);
                     std::vector<std::vector<T>> inputs;
                     for (int j = 0; j < n; ++j) inputs.push_back(input_of<T>(key, j, count));
@@ -333,11 +365,13 @@ TEST_CASE("reduce-scatter: every type and op in rank order, in place at send + r
                     CUDA_CHECK(cudaStreamSynchronize(stream));
                     std::vector<T> got(recvcount);
                     CUDA_CHECK(cudaMemcpy(got.data(), out, recvcount * sizeof(T), cudaMemcpyDeviceToHost));
-                    REQUIRE(bit_difference(got, reduce_in_rank_order(inputs, size_t(r) * recvcount, recvcount, op)) == "");
+                    REQUIRE(bit_difference(got, reduce_in_rank_order(inputs, size_t(r) * recvcount, recvcount, op)) ==
+                            "");
                     if (!in_place) REQUIRE(bit_difference(send.download(), inputs[size_t(r)]) == "");
                     received.add(got);
                     for (int j = 0; j < n; ++j)
-                        expected_blocks[size_t(j)].add(reduce_in_rank_order(inputs, size_t(j) * recvcount, recvcount, op));
+                        expected_blocks[size_t(j)].add(
+                            reduce_in_rank_order(inputs, size_t(j) * recvcount, recvcount, op));
                 }
     });
     CUDA_CHECK(cudaStreamDestroy(stream));
@@ -627,7 +661,8 @@ TEST_CASE("ncclCommInitRank: a one-rank communicator, ids that partition the wor
     }
 }
 
-TEST_CASE("errors: host pointers, short buffers, bad roots and peers, types, ops, overlaps, groups", "[nccl][host-only]") {
+TEST_CASE("errors: host pointers, short buffers, bad roots and peers, types, ops, overlaps, groups",
+          "[nccl][host-only]") {
     ncclComm_t comm = world_comm();
     const int n = world_size(), r = world_rank();
     DeviceArray<float> dev(64), out(64 * size_t(n));
@@ -678,7 +713,8 @@ TEST_CASE("errors: host pointers, short buffers, bad roots and peers, types, ops
     NCCL_REQUIRE(ncclAllReduce(dev.get(), sum.get(), 16, ncclFloat32, ncclSum, comm, nullptr));
     REQUIRE(ncclSend(host.data(), 16, ncclFloat32, (r + 1) % n, comm, nullptr) == ncclInvalidArgument);
     REQUIRE(ncclGroupEnd() == ncclInvalidArgument);
-    REQUIRE_THAT(last_error(), Catch::Contains("nothing in the group was run") && Catch::Contains("ncclSend: sendbuff"));
+    REQUIRE_THAT(last_error(),
+                 Catch::Contains("nothing in the group was run") && Catch::Contains("ncclSend: sendbuff"));
     REQUIRE(std::isnan(sum.download()[0]));
 
     // A destroyed communicator is refused, not used.
@@ -733,7 +769,8 @@ TEST_CASE("streams: a communication stream fenced by events; one communicator's 
     const auto b_mine = input_of<int32_t>(801, r, 7);
     std::vector<std::vector<float>> a_all;
     std::vector<std::vector<int32_t>> b_all;
-    for (int j = 0; j < n; ++j) a_all.push_back(input_of<float>(800, j, 1003)), b_all.push_back(input_of<int32_t>(801, j, 7));
+    for (int j = 0; j < n; ++j)
+        a_all.push_back(input_of<float>(800, j, 1003)), b_all.push_back(input_of<int32_t>(801, j, 7));
     std::vector<int32_t> b_expected;
     for (const auto& v : b_all) b_expected.insert(b_expected.end(), v.begin(), v.end());
     DeviceArray<float> a(a_mine), a_out(1003), busy(256);
@@ -744,7 +781,8 @@ TEST_CASE("streams: a communication stream fenced by events; one communicator's 
         a.upload(a_mine);
         a_out.poison();
         b_out.poison();
-        for (int k = 0; k <= (r + round) % n; ++k) launch(fill_values, dim3(1), dim3(256), 0, first, busy.get(), 256, k);
+        for (int k = 0; k <= (r + round) % n; ++k)
+            launch(fill_values, dim3(1), dim3(256), 0, first, busy.get(), 256, k);
         NCCL_REQUIRE(ncclAllReduce(a.get(), a_out.get(), 1003, ncclFloat32, ncclMax, comm, first));
         NCCL_REQUIRE(ncclAllGather(b.get(), b_out.get(), 7, ncclInt32, comm, second));
         NCCL_REQUIRE(ncclAllReduce(a.get(), a.get(), 1003, ncclFloat32, ncclAvg, comm, first));

@@ -32,7 +32,6 @@ namespace parallel_test {
 
 using pv::DataLoader;
 
-
 pv::LlamaConfig awkward_model(int ranks, bool tied = true) {
     pv::LlamaConfig c;
     c.name = "awkward";
@@ -81,18 +80,18 @@ std::vector<DataLoader::MicroBatch> micro_batches(long long step, int first, int
 
 struct RunResult {
     std::vector<double> losses;
-    std::vector<std::string> schedule;                   // mp: per step, this rank's F/B order (see below)
-    std::vector<int> stages;                             // mp: the stage boundaries
-    std::map<std::string, std::vector<double>> tensors;  // every tensor, unpadded, as double
-    std::vector<pv::Comm::Totals> per_step;              // collectives of each step
-    std::vector<std::vector<pv::CollectiveRecord>> logs; // and their records
-    long long psi = 0;                                   // Σ padded trainable group elements (Ψ with padding)
-    long long psi_frozen = 0;                            // Σ padded frozen group elements
-    std::vector<long long> padded;                       // per unit, its trainable group
-    std::vector<long long> unit_padded;                  // per unit, all its groups
-    std::vector<int> nonempty;                           // per unit, groups with any element
+    std::vector<std::string> schedule;                    // mp: per step, this rank's F/B order (see below)
+    std::vector<int> stages;                              // mp: the stage boundaries
+    std::map<std::string, std::vector<double>> tensors;   // every tensor, unpadded, as double
+    std::vector<pv::Comm::Totals> per_step;               // collectives of each step
+    std::vector<std::vector<pv::CollectiveRecord>> logs;  // and their records
+    long long psi = 0;                                    // Σ padded trainable group elements (Ψ with padding)
+    long long psi_frozen = 0;                             // Σ padded frozen group elements
+    std::vector<long long> padded;                        // per unit, its trainable group
+    std::vector<long long> unit_padded;                   // per unit, all its groups
+    std::vector<int> nonempty;                            // per unit, groups with any element
     int units = 0;
-    std::array<double, pv::kMemoryCategoryCount> peak{}; // peak bytes per category during the run
+    std::array<double, pv::kMemoryCategoryCount> peak{};  // peak bytes per category during the run
 };
 
 template <class T>
@@ -112,8 +111,10 @@ std::string pipeline_order(const std::vector<pv::CollectiveRecord>& log, int ran
     std::string out;
     using K = pv::CollectiveKind;
     for (const pv::CollectiveRecord& c : log) {
-        const bool forward = rank + 1 < ranks ? c.kind == K::send && c.peer == rank + 1 : c.kind == K::recv && c.peer == rank - 1;
-        const bool backward = rank > 0 ? c.kind == K::send && c.peer == rank - 1 : c.kind == K::recv && c.peer == rank + 1;
+        const bool forward =
+            rank + 1 < ranks ? c.kind == K::send && c.peer == rank + 1 : c.kind == K::recv && c.peer == rank - 1;
+        const bool backward =
+            rank > 0 ? c.kind == K::send && c.peer == rank - 1 : c.kind == K::recv && c.peer == rank + 1;
         if (forward) out += 'F';
         if (backward) out += 'B';
     }
@@ -121,10 +122,11 @@ std::string pipeline_order(const std::vector<pv::CollectiveRecord>& log, int ran
 }
 
 struct Options {
-    Options(int accumulation_ = kAccumulation, int microbatches_ = 1, bool tied_ = true, std::set<std::string> frozen_ = {})
+    Options(int accumulation_ = kAccumulation, int microbatches_ = 1, bool tied_ = true,
+            std::set<std::string> frozen_ = {})
         : accumulation(accumulation_), microbatches(microbatches_), tied(tied_), frozen(std::move(frozen_)) {}
     int accumulation;
-    int microbatches;              // mp: micro-batches in flight
+    int microbatches;  // mp: micro-batches in flight
     bool tied;
     std::set<std::string> frozen;  // tensors in frozen groups (polevault names)
 };
@@ -146,68 +148,71 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
     pv::reset_memory_peaks();
     RunResult r;
     {
-    pv::StrategyOptions so;
-    so.name = strategy, so.microbatches = opt.microbatches, so.fp32_grad_accumulation = !std::is_same_v<G, T>;
-    const pv::StrategyPlan plan = pv::plan_strategy(so, config, kSeq, rank, ranks);
-    r.stages = plan.stage_bounds;
-    pv::ModelOptions mo;
-    mo.batch = kMicro, mo.seq_len = kSeq, mo.seed = 42, mo.frozen = opt.frozen, mo.placement = plan.placement;
-    pv::Llama<T> model(config, mo);
-    std::unique_ptr<pv::Strategy<T, G>> s = pv::make_strategy<T, G>(plan, model, comm, 42);
-    auto optimizer = pv::Trainer<T, G>::make_optimizer(*s);
-    pv::Trainer<T, G> trainer(*s, *optimizer);
-    pv::AdamWSettings adamw;
-    adamw.weight_decay = 0.1;
-    adamw.seed = 7;
-    const int global = kMicro * opt.accumulation * world_ranks, per_rank = global / data_ranks;
-    for (long long step = 0; step < kSteps; ++step) {
-        for (pv::Comm* c : s->comms()) c->clear_log();
-        const auto micro = micro_batches(step, data_rank * per_rank, per_rank, config.vocab_size);
-        const pv::StepResult res = trainer.step(micro, 3e-3, step + 1, 1.0, adamw);
-        r.losses.push_back(res.loss);
-        if (!comm) continue;
-        pv::Comm::Totals all;  // over every communicator of the strategy
-        for (pv::Comm* c : s->comms()) {
-            const pv::Comm::Totals t = c->totals();
-            for (size_t k = 0; k < all.calls.size(); ++k) all.calls[k] += t.calls[k];
-            all.wire_bytes += t.wire_bytes;
-        }
-        r.per_step.push_back(all), r.logs.push_back(comm->log());
-        if (mp) r.schedule.push_back(pipeline_order(comm->log(), rank, ranks));
-    }
-    for (int u = 0; u < model.num_units(); ++u)
-        for (int g = 0; g < model.num_groups(u); ++g) {
-            // ZeRO-3 holds slices: gather the group whole first; mp: the stage holding it broadcasts it.
-            const long long padded = model.group(u, g).padded;
-            std::unique_ptr<pv::DeviceBuffer<T>> whole;
-            const T* params = model.group_params(u, g);
-            if (strategy == "zero3" && padded > 0) {
-                whole = std::make_unique<pv::DeviceBuffer<T>>(size_t(padded), pv::MemoryCategory::workspace);
-                comm->all_gather(s->local_params(u, g), whole->get(), size_t(s->local_len(u, g)));
-                CUDA_CHECK(cudaStreamSynchronize(comm->stream()));
-                params = whole->get();
-            } else if (mp && padded > 0) {
-                const int owner = pv::unit_stages(r.stages)[size_t(u)];
-                whole = std::make_unique<pv::DeviceBuffer<T>>(size_t(padded), pv::MemoryCategory::workspace);
-                if (rank == owner) CUDA_CHECK(cudaMemcpy(whole->get(), params, whole->bytes(), cudaMemcpyDeviceToDevice));
-                comm->broadcast(whole->get(), whole->get(), whole->size(), owner);
-                CUDA_CHECK(cudaStreamSynchronize(comm->stream()));
-                params = whole->get();
+        pv::StrategyOptions so;
+        so.name = strategy, so.microbatches = opt.microbatches, so.fp32_grad_accumulation = !std::is_same_v<G, T>;
+        const pv::StrategyPlan plan = pv::plan_strategy(so, config, kSeq, rank, ranks);
+        r.stages = plan.stage_bounds;
+        pv::ModelOptions mo;
+        mo.batch = kMicro, mo.seq_len = kSeq, mo.seed = 42, mo.frozen = opt.frozen, mo.placement = plan.placement;
+        pv::Llama<T> model(config, mo);
+        std::unique_ptr<pv::Strategy<T, G>> s = pv::make_strategy<T, G>(plan, model, comm, 42);
+        auto optimizer = pv::Trainer<T, G>::make_optimizer(*s);
+        pv::Trainer<T, G> trainer(*s, *optimizer);
+        pv::AdamWSettings adamw;
+        adamw.weight_decay = 0.1;
+        adamw.seed = 7;
+        const int global = kMicro * opt.accumulation * world_ranks, per_rank = global / data_ranks;
+        for (long long step = 0; step < kSteps; ++step) {
+            for (pv::Comm* c : s->comms()) c->clear_log();
+            const auto micro = micro_batches(step, data_rank * per_rank, per_rank, config.vocab_size);
+            const pv::StepResult res = trainer.step(micro, 3e-3, step + 1, 1.0, adamw);
+            r.losses.push_back(res.loss);
+            if (!comm) continue;
+            pv::Comm::Totals all;  // over every communicator of the strategy
+            for (pv::Comm* c : s->comms()) {
+                const pv::Comm::Totals t = c->totals();
+                for (size_t k = 0; k < all.calls.size(); ++k) all.calls[k] += t.calls[k];
+                all.wire_bytes += t.wire_bytes;
             }
-            for (const pv::TensorSlot& t : model.group(u, g).tensors)
-                r.tensors[t.spec.name] = download(params + t.offset, t.spec.numel());
+            r.per_step.push_back(all), r.logs.push_back(comm->log());
+            if (mp) r.schedule.push_back(pipeline_order(comm->log(), rank, ranks));
         }
-    for (int u = 0; u < model.num_units(); ++u) {
-        r.psi += model.trainable(u).padded, r.padded.push_back(model.trainable(u).padded);
-        long long all = 0;
-        int nonempty = 0;
-        for (int g = 0; g < model.num_groups(u); ++g) all += model.group(u, g).padded, nonempty += model.group(u, g).padded > 0;
-        r.psi_frozen += all - model.trainable(u).padded;
-        r.unit_padded.push_back(all), r.nonempty.push_back(nonempty);
-    }
-    r.units = model.num_units();
-    const pv::MemoryStats after = pv::memory_stats();
-    for (int c = 0; c < pv::kMemoryCategoryCount; ++c) r.peak[size_t(c)] = double(after.peak[size_t(c)]) - double(before.current[size_t(c)]);
+        for (int u = 0; u < model.num_units(); ++u)
+            for (int g = 0; g < model.num_groups(u); ++g) {
+                // ZeRO-3 holds slices: gather the group whole first; mp: the stage holding it broadcasts it.
+                const long long padded = model.group(u, g).padded;
+                std::unique_ptr<pv::DeviceBuffer<T>> whole;
+                const T* params = model.group_params(u, g);
+                if (strategy == "zero3" && padded > 0) {
+                    whole = std::make_unique<pv::DeviceBuffer<T>>(size_t(padded), pv::MemoryCategory::workspace);
+                    comm->all_gather(s->local_params(u, g), whole->get(), size_t(s->local_len(u, g)));
+                    CUDA_CHECK(cudaStreamSynchronize(comm->stream()));
+                    params = whole->get();
+                } else if (mp && padded > 0) {
+                    const int owner = pv::unit_stages(r.stages)[size_t(u)];
+                    whole = std::make_unique<pv::DeviceBuffer<T>>(size_t(padded), pv::MemoryCategory::workspace);
+                    if (rank == owner)
+                        CUDA_CHECK(cudaMemcpy(whole->get(), params, whole->bytes(), cudaMemcpyDeviceToDevice));
+                    comm->broadcast(whole->get(), whole->get(), whole->size(), owner);
+                    CUDA_CHECK(cudaStreamSynchronize(comm->stream()));
+                    params = whole->get();
+                }
+                for (const pv::TensorSlot& t : model.group(u, g).tensors)
+                    r.tensors[t.spec.name] = download(params + t.offset, t.spec.numel());
+            }
+        for (int u = 0; u < model.num_units(); ++u) {
+            r.psi += model.trainable(u).padded, r.padded.push_back(model.trainable(u).padded);
+            long long all = 0;
+            int nonempty = 0;
+            for (int g = 0; g < model.num_groups(u); ++g)
+                all += model.group(u, g).padded, nonempty += model.group(u, g).padded > 0;
+            r.psi_frozen += all - model.trainable(u).padded;
+            r.unit_padded.push_back(all), r.nonempty.push_back(nonempty);
+        }
+        r.units = model.num_units();
+        const pv::MemoryStats after = pv::memory_stats();
+        for (int c = 0; c < pv::kMemoryCategoryCount; ++c)
+            r.peak[size_t(c)] = double(after.peak[size_t(c)]) - double(before.current[size_t(c)]);
     }
     return r;
 }
@@ -245,8 +250,10 @@ void check_frozen(const RunResult& r, const std::map<std::string, std::vector<do
     CHECK(r.tensors.size() == initial.size());
     for (const auto& [name, init] : initial) {
         INFO(name << (frozen.count(name) ? " (frozen)" : " (trainable)"));
-        if (frozen.count(name)) CHECK(r.tensors.at(name) == init);
-        else CHECK(relative_norm_error(init, r.tensors.at(name)) > 1e-4);
+        if (frozen.count(name))
+            CHECK(r.tensors.at(name) == init);
+        else
+            CHECK(relative_norm_error(init, r.tensors.at(name)) > 1e-4);
     }
 }
 
@@ -276,8 +283,10 @@ TEST_CASE("ddp and zero1-3 train the model single trains: fp64 within 1e-10, zer
         INFO("step " << s + 1 << ": single " << single.losses[size_t(s)] << ", ddp " << ddp.losses[size_t(s)]);
         CHECK(std::abs(ddp.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-10 * std::abs(single.losses[size_t(s)]));
         CHECK(zero1.losses[size_t(s)] == ddp.losses[size_t(s)]);
-        CHECK(std::abs(zero2.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-10 * std::abs(single.losses[size_t(s)]));
-        CHECK(std::abs(zero3.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-10 * std::abs(single.losses[size_t(s)]));
+        CHECK(std::abs(zero2.losses[size_t(s)] - single.losses[size_t(s)]) <=
+              1e-10 * std::abs(single.losses[size_t(s)]));
+        CHECK(std::abs(zero3.losses[size_t(s)] - single.losses[size_t(s)]) <=
+              1e-10 * std::abs(single.losses[size_t(s)]));
     }
     for (const auto& [name, ref] : single.tensors) {
         INFO(name);
@@ -291,8 +300,8 @@ TEST_CASE("ddp and zero1-3 train the model single trains: fp64 within 1e-10, zer
     for (int u = 0; u < initial.num_units(); ++u)
         for (const pv::TensorSlot& t : initial.trainable(u).tensors) {
             INFO(t.spec.name);
-            CHECK(relative_norm_error(download(initial.params(u) + t.offset, t.spec.numel()), single.tensors.at(t.spec.name)) >
-                  1e-4);
+            CHECK(relative_norm_error(download(initial.params(u) + t.offset, t.spec.numel()),
+                                      single.tensors.at(t.spec.name)) > 1e-4);
         }
 }
 
@@ -330,15 +339,20 @@ TEST_CASE("bf16 ddp, zero1 and zero2 losses stay within 1e-2 of single, fp32 gra
     for (int s = 0; s < kSteps; ++s) {
         INFO("step " << s + 1);
         CHECK(std::abs(ddp.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-2 * std::abs(single.losses[size_t(s)]));
-        CHECK(std::abs(zero1.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-2 * std::abs(single.losses[size_t(s)]));
+        CHECK(std::abs(zero1.losses[size_t(s)] - single.losses[size_t(s)]) <=
+              1e-2 * std::abs(single.losses[size_t(s)]));
         CHECK(zero1.losses[size_t(s)] == ddp32.losses[size_t(s)]);
-        CHECK(std::abs(zero2.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-2 * std::abs(single.losses[size_t(s)]));
-        CHECK(std::abs(zero3.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-2 * std::abs(single.losses[size_t(s)]));
+        CHECK(std::abs(zero2.losses[size_t(s)] - single.losses[size_t(s)]) <=
+              1e-2 * std::abs(single.losses[size_t(s)]));
+        CHECK(std::abs(zero3.losses[size_t(s)] - single.losses[size_t(s)]) <=
+              1e-2 * std::abs(single.losses[size_t(s)]));
     }
 }
 
-TEST_CASE("mp trains the model single trains, with 1 and 4 micro-batches in flight: fp64 within 1e-10, untied "
-          "bit-identical, bf16 within 1e-2", "[parallel][parity][mp]") {
+TEST_CASE(
+    "mp trains the model single trains, with 1 and 4 micro-batches in flight: fp64 within 1e-10, untied "
+    "bit-identical, bf16 within 1e-2",
+    "[parallel][parity][mp]") {
     pv::World world(nullptr, nullptr);
     const RunResult single = reference<double>(world);
     const RunResult single_untied = reference<double>(world, Options{kAccumulation, 1, false});
@@ -347,7 +361,8 @@ TEST_CASE("mp trains the model single trains, with 1 and 4 micro-batches in flig
         const RunResult mp = train<double>("mp", &world.comm(), world.size(), Options{kAccumulation, m});
         for (int s = 0; s < kSteps; ++s) {
             INFO("step " << s + 1 << ": single " << single.losses[size_t(s)] << ", mp " << mp.losses[size_t(s)]);
-            CHECK(std::abs(mp.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-10 * std::abs(single.losses[size_t(s)]));
+            CHECK(std::abs(mp.losses[size_t(s)] - single.losses[size_t(s)]) <=
+                  1e-10 * std::abs(single.losses[size_t(s)]));
         }
         for (const auto& [name, ref] : single.tensors) {
             INFO(name);
@@ -366,8 +381,10 @@ TEST_CASE("mp trains the model single trains, with 1 and 4 micro-batches in flig
     const RunResult mp16_32 = train<__nv_bfloat16, float>("mp", &world.comm(), world.size(), Options{kAccumulation, 4});
     for (int s = 0; s < kSteps; ++s) {
         INFO("step " << s + 1);
-        CHECK(std::abs(mp16.losses[size_t(s)] - single16.losses[size_t(s)]) <= 1e-2 * std::abs(single16.losses[size_t(s)]));
-        CHECK(std::abs(mp16_32.losses[size_t(s)] - single16.losses[size_t(s)]) <= 1e-2 * std::abs(single16.losses[size_t(s)]));
+        CHECK(std::abs(mp16.losses[size_t(s)] - single16.losses[size_t(s)]) <=
+              1e-2 * std::abs(single16.losses[size_t(s)]));
+        CHECK(std::abs(mp16_32.losses[size_t(s)] - single16.losses[size_t(s)]) <=
+              1e-2 * std::abs(single16.losses[size_t(s)]));
     }
 }
 
@@ -375,8 +392,10 @@ TEST_CASE("mp trains the model single trains, with 1 and 4 micro-batches in flig
 // reduced or updated, so every strategy trains what single trains and leaves them at their
 // initial values. kFrozen leaves the tied embedding with an empty trainable group: no bucket,
 // reduce-scatter or all-gather for it (ZeRO-3 still gathers its frozen wte for the forward).
-TEST_CASE("ddp and zero1-3 with frozen tensors train the model single trains: fp64 within 1e-10, zero1 "
-          "bit-identical to ddp, frozen tensors untouched", "[parallel][freeze]") {
+TEST_CASE(
+    "ddp and zero1-3 with frozen tensors train the model single trains: fp64 within 1e-10, zero1 "
+    "bit-identical to ddp, frozen tensors untouched",
+    "[parallel][freeze]") {
     pv::World world(nullptr, nullptr);
     const Options opt{kAccumulation, 1, true, kFrozen};
     const RunResult single = reference<double>(world, opt);
@@ -394,8 +413,10 @@ TEST_CASE("ddp and zero1-3 with frozen tensors train the model single trains: fp
         INFO("step " << s + 1 << ": single " << single.losses[size_t(s)] << ", ddp " << ddp.losses[size_t(s)]);
         CHECK(std::abs(ddp.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-10 * std::abs(single.losses[size_t(s)]));
         CHECK(zero1.losses[size_t(s)] == ddp.losses[size_t(s)]);
-        CHECK(std::abs(zero2.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-10 * std::abs(single.losses[size_t(s)]));
-        CHECK(std::abs(zero3.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-10 * std::abs(single.losses[size_t(s)]));
+        CHECK(std::abs(zero2.losses[size_t(s)] - single.losses[size_t(s)]) <=
+              1e-10 * std::abs(single.losses[size_t(s)]));
+        CHECK(std::abs(zero3.losses[size_t(s)] - single.losses[size_t(s)]) <=
+              1e-10 * std::abs(single.losses[size_t(s)]));
     }
     for (const auto& [name, ref] : single.tensors) {
         INFO(name);
@@ -415,8 +436,10 @@ TEST_CASE("ddp and zero1-3 with frozen tensors train the model single trains: fp
 
 // (Catch2 v2's console reporter aborts printing a failure under a test case name whose first ": "
 // lies beyond its 79 columns: keep it early in these long names.)
-TEST_CASE("mp with frozen tensors trains the model single trains: 1 and 4 micro-batches in flight, fp64 within "
-          "1e-10, untied (1 in flight) bit-identical, frozen tensors untouched", "[parallel][freeze][mp]") {
+TEST_CASE(
+    "mp with frozen tensors trains the model single trains: 1 and 4 micro-batches in flight, fp64 within "
+    "1e-10, untied (1 in flight) bit-identical, frozen tensors untouched",
+    "[parallel][freeze][mp]") {
     pv::World world(nullptr, nullptr);
     const RunResult single = reference<double>(world, Options{kAccumulation, 1, true, kFrozen});
     const RunResult single_untied = reference<double>(world, Options{kAccumulation, 1, false, kFrozenUntied});
@@ -429,7 +452,8 @@ TEST_CASE("mp with frozen tensors trains the model single trains: 1 and 4 micro-
         const RunResult mp = train<double>("mp", &world.comm(), world.size(), Options{kAccumulation, m, true, kFrozen});
         for (int s = 0; s < kSteps; ++s) {
             INFO("step " << s + 1 << ": single " << single.losses[size_t(s)] << ", mp " << mp.losses[size_t(s)]);
-            CHECK(std::abs(mp.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-10 * std::abs(single.losses[size_t(s)]));
+            CHECK(std::abs(mp.losses[size_t(s)] - single.losses[size_t(s)]) <=
+                  1e-10 * std::abs(single.losses[size_t(s)]));
         }
         for (const auto& [name, ref] : single.tensors) {
             INFO(name);
@@ -439,7 +463,8 @@ TEST_CASE("mp with frozen tensors trains the model single trains: 1 and 4 micro-
     }
     // Untied, every stage computes what single computes, in the same order: the same bits (the
     // last stage, the head, has nothing to train).
-    const RunResult untied = train<double>("mp", &world.comm(), world.size(), Options{kAccumulation, 1, false, kFrozenUntied});
+    const RunResult untied =
+        train<double>("mp", &world.comm(), world.size(), Options{kAccumulation, 1, false, kFrozenUntied});
     CHECK(untied.losses == single_untied.losses);
     for (const auto& [name, ref] : single_untied.tensors) {
         INFO(name);
@@ -484,8 +509,9 @@ void check_mp_counts(pv::World& world, const std::set<std::string>& frozen = {})
     const double micro = kAccumulation * p, stream = double(kMicro) * kSeq * awkward_model(p).hidden_size;
     const int first = mp.stages[size_t(r)], end = mp.stages[size_t(r) + 1];
     const bool tied_copy = r == p - 1 && p > 1;  // awkward_model is tied
-    double held = 0, held_all = 0;                // trainable groups; all groups
-    for (int u = first; u < end; ++u) held += double(mp.padded[size_t(u)]), held_all += double(mp.unit_padded[size_t(u)]);
+    double held = 0, held_all = 0;               // trainable groups; all groups
+    for (int u = first; u < end; ++u)
+        held += double(mp.padded[size_t(u)]), held_all += double(mp.unit_padded[size_t(u)]);
     if (tied_copy) held += double(mp.padded[0]), held_all += double(mp.unit_padded[0]);
     const double sends = (r + 1 < p ? micro : 0) + (r > 0 ? micro : 0);
     const bool tied_reduce = (r == 0 || r == p - 1) && p > 1 && mp.padded[0] > 0;  // a frozen wte has no gradient
@@ -519,8 +545,12 @@ void check_mp_counts(pv::World& world, const std::set<std::string>& frozen = {})
     // Every stage's figures, gathered to rank 0 for the README's table.
     const double memory = category(mp, C::parameters) + category(mp, C::gradients) + category(mp, C::optimizer_state);
     const auto& calls = mp.per_step[0].calls;
-    const std::vector<double> mine{double(first), double(end - 1), memory, mp.per_step[0].wire_bytes,
-                                   double(calls[size_t(CollectiveKind::send)]), double(calls[size_t(CollectiveKind::recv)]),
+    const std::vector<double> mine{double(first),
+                                   double(end - 1),
+                                   memory,
+                                   mp.per_step[0].wire_bytes,
+                                   double(calls[size_t(CollectiveKind::send)]),
+                                   double(calls[size_t(CollectiveKind::recv)]),
                                    double(calls[size_t(CollectiveKind::all_reduce)])};
     pv::DeviceBuffer<double> figures(mine.size() * size_t(p), C::workspace);
     CUDA_CHECK(cudaMemcpy(figures.get() + mine.size() * size_t(r), mine.data(), mine.size() * sizeof(double),
@@ -534,9 +564,10 @@ void check_mp_counts(pv::World& world, const std::set<std::string>& frozen = {})
                     frozen_label(frozen, mp.psi_frozen).c_str(), mp.psi);
         for (int k = 0; k < p; ++k) {
             const double* f = all.data() + size_t(k) * mine.size();
-            std::printf("%srank %d units %.0f-%.0f: %.0f send + %.0f recv + %.0f all-reduce, %.0f bytes sent, memory "
-                        "(params + grads + optimizer) %.0f bytes",
-                        k ? "; " : "", k, f[0], f[1], f[4], f[5], f[6], f[3], f[2]);
+            std::printf(
+                "%srank %d units %.0f-%.0f: %.0f send + %.0f recv + %.0f all-reduce, %.0f bytes sent, memory "
+                "(params + grads + optimizer) %.0f bytes",
+                k ? "; " : "", k, f[0], f[1], f[4], f[5], f[6], f[3], f[2]);
         }
         std::printf("\n");
     }
@@ -604,8 +635,9 @@ void check_counts(pv::World& world, const std::set<std::string>& frozen = {}) {
         CHECK(z3.calls[size_t(CollectiveKind::all_reduce)] == 3);
         CHECK(z3.calls[size_t(CollectiveKind::reduce_scatter)] == kAccumulation * trained);
         CHECK(z3.calls[size_t(CollectiveKind::all_gather)] == kAccumulation * gathers);
-        CHECK(z3.wire_bytes == Approx(2 * (n - 1) / n * scalars +
-                                      A * (n - 1) / n * (2 * psi_all - all_first - all_last + psi) * t).epsilon(1e-12));
+        CHECK(z3.wire_bytes ==
+              Approx(2 * (n - 1) / n * scalars + A * (n - 1) / n * (2 * psi_all - all_first - all_last + psi) * t)
+                  .epsilon(1e-12));
         // The count is an integer all-reduce and comes first, before any backward's bucket.
         CHECK(ddp.logs[size_t(s)].front().dtype == ncclInt64);
     }
@@ -630,8 +662,10 @@ void check_counts(pv::World& world, const std::set<std::string>& frozen = {}) {
     CHECK(category(zero2, C::comm_buffers) == 0);
     const double zero2_total =
         category(zero2, C::parameters) + category(zero2, C::gradients) + category(zero2, C::optimizer_state);
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) CHECK(zero2_total == 2 * psi_all + 14 * psi / n + rotating);
-    else CHECK(zero2_total == 8 * psi_all + 24 * psi / n + rotating);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>)
+        CHECK(zero2_total == 2 * psi_all + 14 * psi / n + rotating);
+    else
+        CHECK(zero2_total == 8 * psi_all + 24 * psi / n + rotating);
     // ZeRO-3: slices of every group, the same rotating gradient buffers, and gather buffers (two
     // of the largest block or head, the tied embedding's, each of all its groups) in
     // communication buffers; without frozen tensors the same size as the rotating ones.
@@ -643,9 +677,12 @@ void check_counts(pv::World& world, const std::set<std::string>& frozen = {}) {
     CHECK(category(zero3, C::comm_buffers) == gather_buffers);
     const double zero3_total =
         category(zero3, C::parameters) + category(zero3, C::gradients) + category(zero3, C::optimizer_state);
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) CHECK(zero3_total == 2 * psi_all / n + 14 * psi / n + rotating);
-    else CHECK(zero3_total == 8 * psi_all / n + 24 * psi / n + rotating);
-    const double ddp_total = category(ddp, C::parameters) + category(ddp, C::gradients) + category(ddp, C::optimizer_state);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>)
+        CHECK(zero3_total == 2 * psi_all / n + 14 * psi / n + rotating);
+    else
+        CHECK(zero3_total == 8 * psi_all / n + 24 * psi / n + rotating);
+    const double ddp_total =
+        category(ddp, C::parameters) + category(ddp, C::gradients) + category(ddp, C::optimizer_state);
     const double zero1_total =
         category(zero1, C::parameters) + category(zero1, C::gradients) + category(zero1, C::optimizer_state);
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
@@ -658,23 +695,24 @@ void check_counts(pv::World& world, const std::set<std::string>& frozen = {}) {
     CHECK(category(ddp, C::comm_buffers) == 0);
     CHECK(category(zero1, C::comm_buffers) == 0);
     if (world.rank() == 0) {
-        std::printf("counts, N = %d, %s%s: psi %.0f; per step ddp %lld all-reduce, %.0f bytes; zero1 %lld reduce-scatter + "
-                    "%lld all-gather + %lld all-reduce, %.0f bytes; memory per rank (params + grads + optimizer): "
-                    "ddp %.0f, zero1 %.0f bytes; zero2 %lld reduce-scatter + %lld all-gather + %lld all-reduce, %.0f "
-                    "bytes, memory %.0f (rotating buffers %.0f); zero3 %lld reduce-scatter + %lld all-gather + %lld "
-                    "all-reduce, %.0f bytes, memory %.0f (+ gather buffers %.0f)\n",
-                    world.size(), std::is_same_v<T, double> ? "fp64" : "bf16", frozen_label(frozen, ddp.psi_frozen).c_str(),
-                    psi, ddp.per_step[0].calls[size_t(CollectiveKind::all_reduce)], ddp.per_step[0].wire_bytes,
-                    zero1.per_step[0].calls[size_t(CollectiveKind::reduce_scatter)],
-                    zero1.per_step[0].calls[size_t(CollectiveKind::all_gather)],
-                    zero1.per_step[0].calls[size_t(CollectiveKind::all_reduce)], zero1.per_step[0].wire_bytes, ddp_total,
-                    zero1_total, zero2.per_step[0].calls[size_t(CollectiveKind::reduce_scatter)],
-                    zero2.per_step[0].calls[size_t(CollectiveKind::all_gather)],
-                    zero2.per_step[0].calls[size_t(CollectiveKind::all_reduce)], zero2.per_step[0].wire_bytes, zero2_total,
-                    rotating, zero3.per_step[0].calls[size_t(CollectiveKind::reduce_scatter)],
-                    zero3.per_step[0].calls[size_t(CollectiveKind::all_gather)],
-                    zero3.per_step[0].calls[size_t(CollectiveKind::all_reduce)], zero3.per_step[0].wire_bytes, zero3_total,
-                    category(zero3, C::comm_buffers));
+        std::printf(
+            "counts, N = %d, %s%s: psi %.0f; per step ddp %lld all-reduce, %.0f bytes; zero1 %lld reduce-scatter + "
+            "%lld all-gather + %lld all-reduce, %.0f bytes; memory per rank (params + grads + optimizer): "
+            "ddp %.0f, zero1 %.0f bytes; zero2 %lld reduce-scatter + %lld all-gather + %lld all-reduce, %.0f "
+            "bytes, memory %.0f (rotating buffers %.0f); zero3 %lld reduce-scatter + %lld all-gather + %lld "
+            "all-reduce, %.0f bytes, memory %.0f (+ gather buffers %.0f)\n",
+            world.size(), std::is_same_v<T, double> ? "fp64" : "bf16", frozen_label(frozen, ddp.psi_frozen).c_str(),
+            psi, ddp.per_step[0].calls[size_t(CollectiveKind::all_reduce)], ddp.per_step[0].wire_bytes,
+            zero1.per_step[0].calls[size_t(CollectiveKind::reduce_scatter)],
+            zero1.per_step[0].calls[size_t(CollectiveKind::all_gather)],
+            zero1.per_step[0].calls[size_t(CollectiveKind::all_reduce)], zero1.per_step[0].wire_bytes, ddp_total,
+            zero1_total, zero2.per_step[0].calls[size_t(CollectiveKind::reduce_scatter)],
+            zero2.per_step[0].calls[size_t(CollectiveKind::all_gather)],
+            zero2.per_step[0].calls[size_t(CollectiveKind::all_reduce)], zero2.per_step[0].wire_bytes, zero2_total,
+            rotating, zero3.per_step[0].calls[size_t(CollectiveKind::reduce_scatter)],
+            zero3.per_step[0].calls[size_t(CollectiveKind::all_gather)],
+            zero3.per_step[0].calls[size_t(CollectiveKind::all_reduce)], zero3.per_step[0].wire_bytes, zero3_total,
+            category(zero3, C::comm_buffers));
     }
 }
 

@@ -21,8 +21,8 @@ inline std::vector<double> embedding_forward(const std::vector<int>& tokens, con
 }
 
 // dwte[V][C] += Σ_{n : tokens[n] = v} dout[n]; tokens outside [0, V) are skipped. Accumulates.
-inline void embedding_backward(const std::vector<int>& tokens, const std::vector<double>& dout, std::vector<double>& dwte,
-                               size_t N, size_t C, size_t V) {
+inline void embedding_backward(const std::vector<int>& tokens, const std::vector<double>& dout,
+                               std::vector<double>& dwte, size_t N, size_t C, size_t V) {
     for (size_t n = 0; n < N; ++n) {
         const int t = tokens[n];
         if (t < 0 || size_t(t) >= V) continue;

@@ -15,11 +15,11 @@ namespace pv::reference {
 // are small).
 inline double round_to_significand(double x, int bits) {
     if (x == 0 || !std::isfinite(x)) return x;
-    const int e = std::max(std::ilogb(x), -126);              // x = m·2^e with 1 <= |m| < 2
-    const double ulp = std::ldexp(1.0, e - (bits - 1));       // spacing of the representable values
-    const double q = x / ulp;                                 // exact: a power-of-two scaling
+    const int e = std::max(std::ilogb(x), -126);         // x = m·2^e with 1 <= |m| < 2
+    const double ulp = std::ldexp(1.0, e - (bits - 1));  // spacing of the representable values
+    const double q = x / ulp;                            // exact: a power-of-two scaling
     std::fesetround(FE_TONEAREST);
-    return std::nearbyint(q) * ulp;                           // nearbyint: ties to even
+    return std::nearbyint(q) * ulp;  // nearbyint: ties to even
 }
 
 // The value a cast into a type with a `bits`-bit significand produces (53: fp64, unchanged).

@@ -41,7 +41,8 @@ inline std::vector<double> llama_inverse_frequencies(const LlamaConfig& c) {
             if (wavelen > original / s.low_freq_factor) {
                 w /= s.factor;
             } else if (wavelen >= original / s.high_freq_factor) {
-                const double smooth = (original / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+                const double smooth =
+                    (original / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
                 w = (1 - smooth) * w / s.factor + smooth * w;
             }
         }
@@ -51,14 +52,15 @@ inline std::vector<double> llama_inverse_frequencies(const LlamaConfig& c) {
 }
 
 // Columns [begin, begin + width) of every row of a [rows][stride] matrix, and the way back.
-inline std::vector<double> columns(const std::vector<double>& m, size_t rows, size_t stride, size_t begin, size_t width) {
+inline std::vector<double> columns(const std::vector<double>& m, size_t rows, size_t stride, size_t begin,
+                                   size_t width) {
     std::vector<double> out(rows * width);
     for (size_t r = 0; r < rows; ++r)
         for (size_t j = 0; j < width; ++j) out[r * width + j] = m[r * stride + begin + j];
     return out;
 }
-inline void set_columns(std::vector<double>& m, const std::vector<double>& part, size_t rows, size_t stride, size_t begin,
-                        size_t width) {
+inline void set_columns(std::vector<double>& m, const std::vector<double>& part, size_t rows, size_t stride,
+                        size_t begin, size_t width) {
     for (size_t r = 0; r < rows; ++r)
         for (size_t j = 0; j < width; ++j) m[r * stride + begin + j] = part[r * width + j];
 }

@@ -28,7 +28,7 @@ inline RmsnormForward rmsnorm_forward(const std::vector<double>& x, const std::v
 }
 
 struct ResidualRmsnormForward {
-    std::vector<double> sum;   // residual + branch, after `round`
+    std::vector<double> sum;  // residual + branch, after `round`
     std::vector<double> out;
     std::vector<double> rstd;
 };
@@ -47,8 +47,9 @@ inline ResidualRmsnormForward residual_rmsnorm_forward(
 // Accumulates the gradients of x (dx += ...) and of w (dw += ...) for the incoming dout. rstd is
 // recomputed from x; the derivative is taken of the whole expression, rstd's dependence on x
 // included:  d(x_c r)/dx_j = δ_cj r − x_c x_j r³ / C.
-inline void rmsnorm_backward(const std::vector<double>& x, const std::vector<double>& w, const std::vector<double>& dout,
-                             std::vector<double>& dx, std::vector<double>& dw, size_t N, size_t C, double eps) {
+inline void rmsnorm_backward(const std::vector<double>& x, const std::vector<double>& w,
+                             const std::vector<double>& dout, std::vector<double>& dx, std::vector<double>& dw,
+                             size_t N, size_t C, double eps) {
     for (size_t n = 0; n < N; ++n) {
         const double* xr = &x[n * C];
         const double* dy = &dout[n * C];

@@ -10,9 +10,8 @@ namespace pv::reference {
 
 // x holds `rows` rows of `row_stride` values; returns a copy with the first n_heads·head_dim
 // values of each row rotated by +θ (sign +1, the forward) or −θ (sign −1, the backward).
-inline std::vector<double> rope_rotate(const std::vector<double>& x, const std::vector<double>& inv_freq,
-                                       size_t rows, size_t seq_len, size_t n_heads, size_t head_dim,
-                                       size_t row_stride, int sign) {
+inline std::vector<double> rope_rotate(const std::vector<double>& x, const std::vector<double>& inv_freq, size_t rows,
+                                       size_t seq_len, size_t n_heads, size_t head_dim, size_t row_stride, int sign) {
     std::vector<double> out = x;
     const size_t half = head_dim / 2;
     for (size_t r = 0; r < rows; ++r) {
@@ -31,9 +30,8 @@ inline std::vector<double> rope_rotate(const std::vector<double>& x, const std::
     return out;
 }
 
-inline std::vector<double> rope_forward(const std::vector<double>& x, const std::vector<double>& inv_freq,
-                                        size_t rows, size_t seq_len, size_t n_heads, size_t head_dim,
-                                        size_t row_stride) {
+inline std::vector<double> rope_forward(const std::vector<double>& x, const std::vector<double>& inv_freq, size_t rows,
+                                        size_t seq_len, size_t n_heads, size_t head_dim, size_t row_stride) {
     return rope_rotate(x, inv_freq, rows, seq_len, n_heads, head_dim, row_stride, +1);
 }
 
