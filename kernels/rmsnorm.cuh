@@ -157,7 +157,8 @@ size_t rmsnorm_backward_scratch_bytes(long long N, int C) {
 }
 
 // dx[N][C] += the gradient of x; dweight[C] += the gradient of weight (both accumulate; a null
-// dweight, a frozen weight, skips the weight's reduction). `scratch` holds rmsnorm_backward_scratch_bytes<T>(N, C) bytes.
+// dweight, a frozen weight, skips the weight's reduction). `scratch` holds
+// rmsnorm_backward_scratch_bytes<T>(N, C) bytes.
 template <class T>
 void rmsnorm_backward(const T* x, const T* weight, const acc_t<T>* rstd, const T* dout, T* dx, T* dweight,
                       void* scratch, long long N, int C, cudaStream_t stream) {

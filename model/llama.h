@@ -4,9 +4,11 @@
 // runs where; the model knows nothing of ranks or strategies.
 //
 // Per unit the model holds its parameter groups (model/parameters.h: a trainable group and,
-// with --freeze, a frozen one) and a gradient buffer of the trainable group's layout; per unit and per micro-batch slot an activation arena with
-// what the backward needs (sized by activation_layout, which the memory planner reuses); and one
-// shared workspace for the transient buffers of whichever unit is running.
+// with --freeze, a frozen one) and a gradient buffer of the trainable group's layout; per unit
+// and per micro-batch slot an activation arena with what the backward needs (sized by
+// activation_layout, which the memory planner reuses); and one shared workspace for the
+// transient buffers of whichever unit is running. The forward and backward read typed views of
+// these (BlockParams, BlockActivations, ...), resolved when buffers are allocated or bound.
 //
 // One block, N = batch·seq rows, C hidden, in the order the forward runs:
 //   h1 = RMSNorm(x)·w_attn             (rstd1 saved)

@@ -1,16 +1,18 @@
 // The optimizer state of the parameters one rank updates, and the step that updates them.
 //
-// Ownership. For every unit the rank owns one contiguous element range [begin, end) of the unit's
-// padded trainable group (frozen groups have no optimizer state): the whole group on a single rank and under DDP, shard r of N under
-// ZeRO (the group is padded so that N equal, aligned shards tile it; model/parameters.h). The
+// Ownership. For every unit the rank owns one contiguous element range [begin, end) of the
+// unit's padded trainable group (frozen groups have no optimizer state): the whole group on a
+// single rank and under DDP, shard r of N under ZeRO (the group is padded so that N equal,
+// aligned shards tile it; model/parameters.h). The
 // state covers exactly the owned range: m and v in acc_t<T> and, for bf16, the float master copy
 // (DESIGN.md §4). Padding elements are owned like any other but belong to no tensor, so they are
 // never updated and stay zero.
 //
 // The step. update_unit walks the unit's tensors, intersects each with the owned range and runs
 // adamw_update on the intersection, with the tensor's own weight decay (its explicit decay flag:
-// matrices, not RMSNorm weights, unless decay_norm_weights) and its stochastic-rounding key (tensor id, element index within the tensor), so a
-// shard makes exactly the choices the unsharded update makes. The caller passes the parameter and
+// matrices, not RMSNorm weights, unless decay_norm_weights) and its stochastic-rounding key
+// (tensor id, element index within the tensor), so a shard makes exactly the choices the
+// unsharded update makes. The caller passes the parameter and
 // gradient pointers of the owned range (element `begin` of the group): the full group's
 // pointers offset by begin on a single rank, a reduce-scattered gradient shard under ZeRO.
 //

@@ -1,0 +1,76 @@
+// The strategy registry and plans (parallel/plan.h): every strategy's placement of the model, the
+// option checks and their messages. The strategies themselves run in test/mpi/test_mpi_parallel.
+#include "parallel/plan.h"
+
+#include "parallel/stages.h"
+#include "test/error_of.h"
+
+#include <catch2/catch.hpp>
+
+#include <stdexcept>
+
+using pv::test::error_of;
+
+namespace {
+
+pv::StrategyOptions options(const std::string& name, int microbatches = 1, bool fp32 = false) {
+    pv::StrategyOptions o;
+    o.name = name, o.microbatches = microbatches, o.fp32_grad_accumulation = fp32;
+    return o;
+}
+
+}  // namespace
+
+TEST_CASE("each strategy plans the model it needs", "[plan]") {
+    const pv::LlamaConfig& c = pv::preset("test-tied");
+    REQUIRE(pv::strategy_names() == std::vector<std::string>{"single", "ddp", "zero1", "zero2", "zero3", "mp"});
+    const pv::StrategyPlan single = pv::plan_strategy(options("single"), c, 8, 0, 1);
+    CHECK(single.placement.shards == 1);
+    CHECK(single.data_ranks == 1);
+    for (const char* name : {"ddp", "zero1", "zero2", "zero3"}) {
+        INFO(name);
+        const pv::StrategyPlan p = pv::plan_strategy(options(name), c, 8, 2, 4);
+        CHECK(p.data_ranks == 4);
+        CHECK(p.data_rank == 2);
+        CHECK(p.placement.shards == 4);
+        CHECK(p.placement.slots == 1);
+        CHECK(p.placement.stage.first == 0);
+        CHECK(p.placement.stage.end == -1);
+        const bool bound = std::string(name) == "zero2" || std::string(name) == "zero3";
+        CHECK((p.placement.gradients == pv::Gradients::bound) == bound);
+        CHECK((p.placement.parameters == pv::Parameters::bound) == (std::string(name) == "zero3"));
+    }
+    // mp: every rank sees the whole batch and holds its stage, with a slot per micro-batch in flight.
+    const std::vector<int> bounds = pv::balance_stages(pv::unit_costs(c, 8, pv::StageBalance::flops), 3);
+    for (int r = 0; r < 3; ++r) {
+        const pv::StrategyPlan p = pv::plan_strategy(options("mp", 2), c, 8, r, 3);
+        INFO("rank " << r);
+        CHECK(p.data_ranks == 1);
+        CHECK(p.data_rank == 0);
+        CHECK(p.placement.shards == 1);
+        CHECK(p.placement.slots == 2);
+        CHECK(p.stage_bounds == bounds);
+        CHECK(p.placement.stage.first == bounds[size_t(r)]);
+        CHECK(p.placement.stage.end == bounds[size_t(r) + 1]);
+    }
+    CHECK(pv::data_ranks_of(options("mp"), 4) == 1);
+    CHECK(pv::data_ranks_of(options("zero1"), 4) == 4);
+}
+
+TEST_CASE("strategy options that cannot run are refused with the fix", "[plan]") {
+    CHECK(error_of<std::invalid_argument>([] { pv::strategy_info("zero4"); }) ==
+          "unknown strategy 'zero4': choose one of single, ddp, zero1, zero2, zero3, mp");
+    CHECK(error_of<std::invalid_argument>([] { pv::check_strategy(options("single"), 2); }) ==
+          "--parallel single runs on one rank but mpirun started 2: choose --parallel ddp, zero1, zero2, zero3 or mp");
+    CHECK(error_of<std::invalid_argument>([] { pv::check_strategy(options("ddp", 4), 2); }) ==
+          "--microbatches 4 is for --parallel mp (the pipeline's micro-batches in flight); drop it, or choose "
+          "--parallel mp");
+    for (const char* name : {"zero2", "zero3"})
+        CHECK(error_of<std::invalid_argument>([&] { pv::check_strategy(options(name, 1, true), 2); }) ==
+              "--parallel " + std::string(name) +
+                  " reduces gradients in the storage type: drop --fp32-grad-accumulation (or use ddp or zero1)");
+    for (const char* name : {"single", "ddp", "zero1", "mp"})
+        CHECK_NOTHROW(pv::check_strategy(options(name, 1, true), 1));
+    // mp needs at least as many units as ranks.
+    CHECK_THROWS_AS(pv::plan_strategy(options("mp"), pv::preset("test-tied"), 8, 0, 9), std::invalid_argument);
+}
