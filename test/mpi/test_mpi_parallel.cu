@@ -270,14 +270,12 @@ std::string frozen_label(const std::set<std::string>& frozen, long long psi_froz
 
 using namespace parallel_test;
 
-TEST_CASE("ddp and zero1-3 train the model single trains: fp64 within 1e-10, zero1 bit-identical to ddp",
-          "[parallel][parity]") {
-    pv::World world(nullptr, nullptr);  // the world communicator, per test case (MPI is already up)
-    const RunResult single = reference<double>(world);
-    const RunResult ddp = train<double>("ddp", &world.comm(), world.size());
-    const RunResult zero1 = train<double>("zero1", &world.comm(), world.size());
-    const RunResult zero2 = train<double>("zero2", &world.comm(), world.size());
-    const RunResult zero3 = train<double>("zero3", &world.comm(), world.size());
+namespace parallel_test {
+
+// fp64 parity of the data-parallel strategies with single: losses and every tensor within 1e-10,
+// zero1 bit-identical to ddp.
+void check_data_parallel_parity(const RunResult& single, const RunResult& ddp, const RunResult& zero1,
+                                const RunResult& zero2, const RunResult& zero3) {
     REQUIRE(single.losses.size() == size_t(kSteps));
     for (int s = 0; s < kSteps; ++s) {
         INFO("step " << s + 1 << ": single " << single.losses[size_t(s)] << ", ddp " << ddp.losses[size_t(s)]);
@@ -295,6 +293,19 @@ TEST_CASE("ddp and zero1-3 train the model single trains: fp64 within 1e-10, zer
         CHECK(relative_norm_error(zero2.tensors.at(name), ref) <= 1e-10);
         CHECK(relative_norm_error(zero3.tensors.at(name), ref) <= 1e-10);
     }
+}
+
+}  // namespace parallel_test
+
+TEST_CASE("ddp and zero1-3 train the model single trains: fp64 within 1e-10, zero1 bit-identical to ddp",
+          "[parallel][parity]") {
+    pv::World world(nullptr, nullptr);  // the world communicator, per test case (MPI is already up)
+    const RunResult single = reference<double>(world);
+    const RunResult ddp = train<double>("ddp", &world.comm(), world.size());
+    const RunResult zero1 = train<double>("zero1", &world.comm(), world.size());
+    const RunResult zero2 = train<double>("zero2", &world.comm(), world.size());
+    const RunResult zero3 = train<double>("zero3", &world.comm(), world.size());
+    check_data_parallel_parity(single, ddp, zero1, zero2, zero3);
     // Training moved every tensor (parity of untouched weights would prove nothing).
     pv::Llama<double> initial(awkward_model(world.size()), pv::whole_model(kMicro, kSeq, 42, pv::Gradients::none));
     for (int u = 0; u < initial.num_units(); ++u)
@@ -408,23 +419,7 @@ TEST_CASE(
     REQUIRE(ddp.padded.front() == 0);
     REQUIRE(ddp.nonempty == std::vector<int>{1, 2, 2, 1});
     REQUIRE(ddp.psi_frozen > 0);
-    REQUIRE(single.losses.size() == size_t(kSteps));
-    for (int s = 0; s < kSteps; ++s) {
-        INFO("step " << s + 1 << ": single " << single.losses[size_t(s)] << ", ddp " << ddp.losses[size_t(s)]);
-        CHECK(std::abs(ddp.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-10 * std::abs(single.losses[size_t(s)]));
-        CHECK(zero1.losses[size_t(s)] == ddp.losses[size_t(s)]);
-        CHECK(std::abs(zero2.losses[size_t(s)] - single.losses[size_t(s)]) <=
-              1e-10 * std::abs(single.losses[size_t(s)]));
-        CHECK(std::abs(zero3.losses[size_t(s)] - single.losses[size_t(s)]) <=
-              1e-10 * std::abs(single.losses[size_t(s)]));
-    }
-    for (const auto& [name, ref] : single.tensors) {
-        INFO(name);
-        CHECK(relative_norm_error(ddp.tensors.at(name), ref) <= 1e-10);
-        CHECK(zero1.tensors.at(name) == ddp.tensors.at(name));
-        CHECK(relative_norm_error(zero2.tensors.at(name), ref) <= 1e-10);
-        CHECK(relative_norm_error(zero3.tensors.at(name), ref) <= 1e-10);
-    }
+    check_data_parallel_parity(single, ddp, zero1, zero2, zero3);
     const auto initial = initial_tensors(awkward_model(world.size()));
     const std::vector<std::pair<std::string, const RunResult*>> runs = {
         {"single", &single}, {"ddp", &ddp}, {"zero1", &zero1}, {"zero2", &zero2}, {"zero3", &zero3}};
