@@ -145,7 +145,7 @@ TEST_CASE("model forward and backward in fp32 and bf16 stay close to the fp64 re
     REQUIRE(std::fabs(loss / count - ref.loss_sum / ref.count) <= 1e-2 * ref.loss_sum / ref.count);
 }
 
-TEST_CASE("whole-model gradient check (fp64): random directions and sampled coordinates", "[model][gradcheck]") {
+TEST_CASE("whole-model gradient check (fp64): random directions and sampled coordinates", "[model][gradcheck][heavy]") {
     for (const auto& [preset, frozen] : std::vector<std::pair<const char*, std::set<std::string>>>{
              {"test-tiny", {}}, {"test-tied", {}}, {"test-tied", kSomeFrozen}}) {
         INFO("frozen tensors: " << frozen.size());
