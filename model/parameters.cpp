@@ -29,8 +29,6 @@ const TensorSlot& GroupLayout::find(const std::string& name) const {
     throw std::invalid_argument("no tensor named '" + name + "' in this parameter group");
 }
 
-const char* group_kind_name(GroupKind k) { return k == GroupKind::trainable ? "trainable" : "frozen"; }
-
 GroupLayout layout_group(GroupKind kind, DType dtype, const std::vector<TensorSpec>& specs, int shards) {
     if (shards < 1) throw std::invalid_argument("layout_group: shards must be >= 1");
     auto round_up = [](long long x, long long m) { return (x + m - 1) / m * m; };

@@ -63,7 +63,6 @@ struct TensorSlot {
 inline constexpr long long kTensorAlignment = 64;  // elements
 
 enum class GroupKind { trainable, frozen };
-const char* group_kind_name(GroupKind k);
 
 struct GroupLayout {
     GroupKind kind = GroupKind::trainable;

@@ -272,27 +272,37 @@ using namespace parallel_test;
 
 namespace parallel_test {
 
+// Every loss within `tol` (relative) of the reference's and every tensor within `tol` (relative,
+// norm-wise); and the same bits.
+void check_close(const RunResult& got, const RunResult& ref, double tol = 1e-10) {
+    REQUIRE(got.losses.size() == ref.losses.size());
+    for (size_t s = 0; s < ref.losses.size(); ++s) {
+        INFO("step " << s + 1 << ": reference " << ref.losses[s] << ", got " << got.losses[s]);
+        CHECK(std::abs(got.losses[s] - ref.losses[s]) <= tol * std::abs(ref.losses[s]));
+    }
+    for (const auto& [name, t] : ref.tensors) {
+        INFO(name);
+        CHECK(relative_norm_error(got.tensors.at(name), t) <= tol);
+    }
+}
+
+void check_identical(const RunResult& got, const RunResult& ref) {
+    CHECK(got.losses == ref.losses);
+    for (const auto& [name, t] : ref.tensors) {
+        INFO(name);
+        CHECK(got.tensors.at(name) == t);
+    }
+}
+
 // fp64 parity of the data-parallel strategies with single: losses and every tensor within 1e-10,
 // zero1 bit-identical to ddp.
 void check_data_parallel_parity(const RunResult& single, const RunResult& ddp, const RunResult& zero1,
                                 const RunResult& zero2, const RunResult& zero3) {
     REQUIRE(single.losses.size() == size_t(kSteps));
-    for (int s = 0; s < kSteps; ++s) {
-        INFO("step " << s + 1 << ": single " << single.losses[size_t(s)] << ", ddp " << ddp.losses[size_t(s)]);
-        CHECK(std::abs(ddp.losses[size_t(s)] - single.losses[size_t(s)]) <= 1e-10 * std::abs(single.losses[size_t(s)]));
-        CHECK(zero1.losses[size_t(s)] == ddp.losses[size_t(s)]);
-        CHECK(std::abs(zero2.losses[size_t(s)] - single.losses[size_t(s)]) <=
-              1e-10 * std::abs(single.losses[size_t(s)]));
-        CHECK(std::abs(zero3.losses[size_t(s)] - single.losses[size_t(s)]) <=
-              1e-10 * std::abs(single.losses[size_t(s)]));
-    }
-    for (const auto& [name, ref] : single.tensors) {
-        INFO(name);
-        CHECK(relative_norm_error(ddp.tensors.at(name), ref) <= 1e-10);
-        CHECK(zero1.tensors.at(name) == ddp.tensors.at(name));
-        CHECK(relative_norm_error(zero2.tensors.at(name), ref) <= 1e-10);
-        CHECK(relative_norm_error(zero3.tensors.at(name), ref) <= 1e-10);
-    }
+    check_close(ddp, single);
+    check_identical(zero1, ddp);
+    check_close(zero2, single);
+    check_close(zero3, single);
 }
 
 }  // namespace parallel_test
@@ -326,13 +336,8 @@ TEST_CASE("zero2 and zero3 with accumulation 1 are bit-identical to ddp", "[para
     const RunResult ddp = train<double>("ddp", &world.comm(), world.size(), once);
     const RunResult zero2 = train<double>("zero2", &world.comm(), world.size(), once);
     const RunResult zero3 = train<double>("zero3", &world.comm(), world.size(), once);
-    CHECK(zero2.losses == ddp.losses);
-    CHECK(zero3.losses == ddp.losses);
-    for (const auto& [name, ref] : ddp.tensors) {
-        INFO(name);
-        CHECK(zero2.tensors.at(name) == ref);
-        CHECK(zero3.tensors.at(name) == ref);
-    }
+    check_identical(zero2, ddp);
+    check_identical(zero3, ddp);
     const RunResult ddp16 = train<__nv_bfloat16>("ddp", &world.comm(), world.size(), once);
     const RunResult zero216 = train<__nv_bfloat16>("zero2", &world.comm(), world.size(), once);
     CHECK(zero216.losses == ddp16.losses);
@@ -370,22 +375,10 @@ TEST_CASE(
     for (int m : {1, 4}) {
         INFO("micro-batches in flight: " << m);
         const RunResult mp = train<double>("mp", &world.comm(), world.size(), Options{kAccumulation, m});
-        for (int s = 0; s < kSteps; ++s) {
-            INFO("step " << s + 1 << ": single " << single.losses[size_t(s)] << ", mp " << mp.losses[size_t(s)]);
-            CHECK(std::abs(mp.losses[size_t(s)] - single.losses[size_t(s)]) <=
-                  1e-10 * std::abs(single.losses[size_t(s)]));
-        }
-        for (const auto& [name, ref] : single.tensors) {
-            INFO(name);
-            CHECK(relative_norm_error(mp.tensors.at(name), ref) <= 1e-10);
-        }
+        check_close(mp, single);
         // Untied, every stage computes what single computes, in the same order: the same bits.
         const RunResult untied = train<double>("mp", &world.comm(), world.size(), Options{kAccumulation, m, false});
-        CHECK(untied.losses == single_untied.losses);
-        for (const auto& [name, ref] : single_untied.tensors) {
-            INFO(name);
-            CHECK(untied.tensors.at(name) == ref);
-        }
+        check_identical(untied, single_untied);
     }
     const RunResult single16 = reference<__nv_bfloat16>(world);
     const RunResult mp16 = train<__nv_bfloat16>("mp", &world.comm(), world.size(), Options{kAccumulation, 4});
@@ -445,26 +438,14 @@ TEST_CASE(
     for (int m : {1, 4}) {
         INFO("micro-batches in flight: " << m);
         const RunResult mp = train<double>("mp", &world.comm(), world.size(), Options{kAccumulation, m, true, kFrozen});
-        for (int s = 0; s < kSteps; ++s) {
-            INFO("step " << s + 1 << ": single " << single.losses[size_t(s)] << ", mp " << mp.losses[size_t(s)]);
-            CHECK(std::abs(mp.losses[size_t(s)] - single.losses[size_t(s)]) <=
-                  1e-10 * std::abs(single.losses[size_t(s)]));
-        }
-        for (const auto& [name, ref] : single.tensors) {
-            INFO(name);
-            CHECK(relative_norm_error(mp.tensors.at(name), ref) <= 1e-10);
-        }
+        check_close(mp, single);
         check_frozen(mp, initial, kFrozen);
     }
     // Untied, every stage computes what single computes, in the same order: the same bits (the
     // last stage, the head, has nothing to train).
     const RunResult untied =
         train<double>("mp", &world.comm(), world.size(), Options{kAccumulation, 1, false, kFrozenUntied});
-    CHECK(untied.losses == single_untied.losses);
-    for (const auto& [name, ref] : single_untied.tensors) {
-        INFO(name);
-        CHECK(untied.tensors.at(name) == ref);
-    }
+    check_identical(untied, single_untied);
     check_frozen(untied, initial_untied, kFrozenUntied);
 }
 
