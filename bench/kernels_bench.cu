@@ -198,8 +198,8 @@ void run(const pv::LlamaConfig& c, const Options& o) {
     report<T>("rope forward (q and k)",
               time_it(R,
                       [&] {
-                          pv::rope_forward(qkv, inv_freq, N, Tn, H, hd, qkv_w, nullptr);
-                          pv::rope_forward(qkv + q_w, inv_freq, N, Tn, Hkv, hd, qkv_w, nullptr);
+                          pv::rope_forward(qkv, inv_freq, nullptr, N, Tn, H, hd, qkv_w, nullptr);
+                          pv::rope_forward(qkv + q_w, inv_freq, nullptr, N, Tn, Hkv, hd, qkv_w, nullptr);
                       }),
               2.0 * N * (H + Hkv) * hd * t, 3.0 * N * (H + Hkv) * hd, on_gpu);
     // Causal attention: half of the T x T scores, two matmuls (QKᵀ, PV) forward, five backward.

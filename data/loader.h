@@ -71,6 +71,7 @@ class DataLoader {
 
     struct MicroBatch {
         std::vector<int> inputs, targets;  // [micro_batch][seq_len], row-major
+        std::vector<int> positions;        // [micro_batch][seq_len] positions within documents; empty: 0..seq_len-1
     };
 
     // The micro-batch of optimizer step `step`, micro-step `micro_step` ∈ [0, g.accumulation), on

@@ -62,6 +62,10 @@ class Tokenizer {
     int token_id(std::string_view token_text) const;
     // The id of "<|endoftext|>", or -1.
     int eot_id() const;
+    // The end-of-sequence token that separates documents (the tokenizer's own EOS), or -1.
+    int eos_id() const { return eot_id(); }
+    // The beginning-of-sequence token the post-processor adds, or -1 when it adds none.
+    int bos_id() const { return -1; }
 
     struct Impl;
 

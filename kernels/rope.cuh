@@ -1,7 +1,8 @@
 // Rotary position embedding (RoPE), Hugging Face's `rotate_half` convention (DESIGN.md §4).
 //
-// x is [N][row_stride] row-major, N = batch·seq_len with the rows of one sequence consecutive, so
-// row n is at position pos = n % seq_len. The first n_heads·head_dim elements of a row are
+// x is [N][row_stride] row-major, N = batch·seq_len with the rows of one sequence consecutive;
+// row n is at position pos = positions[n] when a positions array is given (packed documents
+// restart at 0; a KV-cache decode row sits at its true position), else n % seq_len. The first n_heads·head_dim elements of a row are
 // n_heads heads of head_dim (even) elements; within a head, with h = head_dim / 2, element i < h
 // pairs with element i + h and the pair turns by the angle θ = pos · inv_freq[i]:
 //   out[i]     = x[i]·cos θ − x[i+h]·sin θ
@@ -49,8 +50,8 @@ __device__ inline double rope_cos(double x) { return cos(x); }
 
 // Rotates each (i, i + h) pair of every head by `sign`·θ: sign +1 is the forward, −1 the backward.
 template <class T>
-__global__ void rope_rotate_kernel(T* x, const acc_t<T>* inv_freq, long long rows, int seq_len, int n_heads,
-                                   int head_dim, long long row_stride, int sign) {
+__global__ void rope_rotate_kernel(T* x, const acc_t<T>* inv_freq, const int* positions, long long rows, int seq_len,
+                                   int n_heads, int head_dim, long long row_stride, int sign) {
     using A = acc_t<T>;
     const int half = head_dim / 2;
     const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -61,7 +62,7 @@ __global__ void rope_rotate_kernel(T* x, const acc_t<T>* inv_freq, long long row
     T* p = x + row * row_stride + (head % n_heads) * head_dim + i;
 
     // θ = pos·f as hi + lo (see the header comment), cos/sin corrected to first order in lo.
-    const A pos = A(row % seq_len), f = inv_freq[i];
+    const A pos = A(positions ? positions[row] : row % seq_len), f = inv_freq[i];
     const A hi = pos * f, lo = rope_fma(pos, f, -hi);
     const A s_hi = rope_sin(hi), c_hi = rope_cos(hi);
     const A c = c_hi - lo * s_hi;
@@ -81,30 +82,31 @@ inline void rope_check_arguments(int head_dim, int seq_len) {
 }
 
 template <class T>
-void rope_launch(T* x, const acc_t<T>* inv_freq, long long N, int seq_len, int n_heads, int head_dim,
-                 long long row_stride, int sign, cudaStream_t stream) {
+void rope_launch(T* x, const acc_t<T>* inv_freq, const int* positions, long long N, int seq_len, int n_heads,
+                 int head_dim, long long row_stride, int sign, cudaStream_t stream) {
     rope_check_arguments(head_dim, seq_len);
     const long long threads = N * n_heads * (head_dim / 2);
     if (threads == 0) return;                                             // an empty grid is a launch error
     const int block = threads >= 256 ? 256 : 32 * ceil_div(threads, 32);  // no idle warps on tiny shapes
-    launch(rope_rotate_kernel<T>, dim3(ceil_div(threads, block)), dim3(block), 0, stream, x, inv_freq, N, seq_len,
-           n_heads, head_dim, row_stride, sign);
+    launch(rope_rotate_kernel<T>, dim3(ceil_div(threads, block)), dim3(block), 0, stream, x, inv_freq, positions, N,
+           seq_len, n_heads, head_dim, row_stride, sign);
     CUDA_CHECK_LAUNCH();
 }
 
 // Rotates, in place, the first n_heads·head_dim elements of each of the N rows of x (rows
-// row_stride elements apart; row n at position n % seq_len). inv_freq: head_dim / 2 device values.
+// row_stride elements apart; row n at position positions[n], or n % seq_len when positions is
+// null). inv_freq: head_dim / 2 device values; positions: N device ints or null.
 template <class T>
-void rope_forward(T* x, const acc_t<T>* inv_freq, long long N, int seq_len, int n_heads, int head_dim,
-                  long long row_stride, cudaStream_t stream) {
-    rope_launch(x, inv_freq, N, seq_len, n_heads, head_dim, row_stride, +1, stream);
+void rope_forward(T* x, const acc_t<T>* inv_freq, const int* positions, long long N, int seq_len, int n_heads,
+                  int head_dim, long long row_stride, cudaStream_t stream) {
+    rope_launch(x, inv_freq, positions, N, seq_len, n_heads, head_dim, row_stride, +1, stream);
 }
 
 // The backward, in place on the incoming gradient dx: the rotation by −θ.
 template <class T>
-void rope_backward(T* dx, const acc_t<T>* inv_freq, long long N, int seq_len, int n_heads, int head_dim,
-                   long long row_stride, cudaStream_t stream) {
-    rope_launch(dx, inv_freq, N, seq_len, n_heads, head_dim, row_stride, -1, stream);
+void rope_backward(T* dx, const acc_t<T>* inv_freq, const int* positions, long long N, int seq_len, int n_heads,
+                   int head_dim, long long row_stride, cudaStream_t stream) {
+    rope_launch(dx, inv_freq, positions, N, seq_len, n_heads, head_dim, row_stride, -1, stream);
 }
 
 }  // namespace pv

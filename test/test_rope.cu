@@ -7,6 +7,8 @@
 #include "test/gradcheck.h"
 #include "test/reference/rope.h"
 
+#include <random>
+
 using namespace pv::test;
 
 namespace rope_test {
@@ -36,11 +38,11 @@ struct Layout {
 template <class T>
 void rotate_q_and_k(T* x, const pv::acc_t<T>* inv_freq, long long rows, int seq_len, const Layout& l, int sign) {
     if (sign > 0) {
-        pv::rope_forward(x, inv_freq, rows, seq_len, l.n_heads, l.head_dim, l.stride(), nullptr);
-        pv::rope_forward(x + l.q_width(), inv_freq, rows, seq_len, l.n_kv_heads, l.head_dim, l.stride(), nullptr);
+        pv::rope_forward(x, inv_freq, nullptr, rows, seq_len, l.n_heads, l.head_dim, l.stride(), nullptr);
+        pv::rope_forward(x + l.q_width(), inv_freq, nullptr, rows, seq_len, l.n_kv_heads, l.head_dim, l.stride(), nullptr);
     } else {
-        pv::rope_backward(x, inv_freq, rows, seq_len, l.n_heads, l.head_dim, l.stride(), nullptr);
-        pv::rope_backward(x + l.q_width(), inv_freq, rows, seq_len, l.n_kv_heads, l.head_dim, l.stride(), nullptr);
+        pv::rope_backward(x, inv_freq, nullptr, rows, seq_len, l.n_heads, l.head_dim, l.stride(), nullptr);
+        pv::rope_backward(x + l.q_width(), inv_freq, nullptr, rows, seq_len, l.n_kv_heads, l.head_dim, l.stride(), nullptr);
     }
 }
 
@@ -126,12 +128,49 @@ TEST_CASE("rope in fp32 stays accurate at long positions", "[kernels][rope]") {
     const auto inv_freq = to_acc_vector<float>(pv::rope_inverse_frequencies(head_dim, 500000.0, llama32_scaling()));
     const auto x = random_vector<float>(size_t(seq_len) * head_dim, 7);
     DeviceArray<float> d_inv(inv_freq), d_x(x);
-    pv::rope_forward(d_x.get(), d_inv.get(), seq_len, seq_len, 1, head_dim, head_dim, nullptr);
+    pv::rope_forward(d_x.get(), d_inv.get(), nullptr, seq_len, seq_len, 1, head_dim, head_dim, nullptr);
     const auto ref = pv::reference::rope_forward(to_double(x), to_double(inv_freq), size_t(seq_len), size_t(seq_len), 1,
                                                  size_t(head_dim), size_t(head_dim));
     const std::string err = compare(to_double(d_x.download()), ref, tolerance<float>());
     INFO(err);
     REQUIRE(err.empty());
+}
+
+// Explicit positions (packed documents restart at 0; a KV-cache row sits at its true position):
+// random, repeated and far past the row count, against the reference at the same positions.
+TEST_CASE("rope at explicit positions matches the fp64 reference", "[kernels][rope]") {
+    const long long rows = kTsanBuild ? 9 : 97;
+    Layout l;
+    l.head_dim = 64;
+    const auto freqs = pv::rope_inverse_frequencies(l.head_dim, 500000.0, llama32_scaling());
+    std::mt19937_64 rng(11);
+    std::vector<int> positions(static_cast<size_t>(rows));
+    for (int& p : positions) p = int(rng() % 20000);
+    positions[0] = 0;
+    DeviceArray<int> d_pos(positions);
+    auto check = [&]<class T>(T, uint64_t seed) {
+        const auto inv_freq = to_acc_vector<T>(freqs);
+        const auto x = random_vector<T>(size_t(rows * l.stride()), seed);
+        DeviceArray<pv::acc_t<T>> d_inv(inv_freq);
+        DeviceArray<T> d_x(x), d_dx(x);
+        pv::rope_forward(d_x.get(), d_inv.get(), d_pos.get(), rows, 5, l.n_heads + l.n_kv_heads, l.head_dim,
+                         l.stride(), nullptr);
+        pv::rope_backward(d_dx.get(), d_inv.get(), d_pos.get(), rows, 5, l.n_heads + l.n_kv_heads, l.head_dim,
+                          l.stride(), nullptr);
+        const size_t heads = size_t(l.n_heads + l.n_kv_heads);
+        const auto ref = pv::reference::rope_forward(to_double(x), to_double(inv_freq), size_t(rows), 5, heads,
+                                                     size_t(l.head_dim), size_t(l.stride()), &positions);
+        const auto ref_d = pv::reference::rope_backward(to_double(x), to_double(inv_freq), size_t(rows), 5, heads,
+                                                        size_t(l.head_dim), size_t(l.stride()), &positions);
+        const std::string e1 = compare(to_double(d_x.download()), ref, tolerance<T>());
+        const std::string e2 = compare(to_double(d_dx.download()), ref_d, tolerance<T>());
+        INFO("forward: " << e1 << "\nbackward: " << e2);
+        REQUIRE(e1.empty());
+        REQUIRE(e2.empty());
+    };
+    check(double{}, 21);
+    check(float{}, 22);
+    check(__nv_bfloat16{}, 23);
 }
 
 // Expected values from the published formula (transformers, src/transformers/modeling_rope_utils.py,

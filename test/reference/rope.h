@@ -9,13 +9,15 @@
 namespace pv::reference {
 
 // x holds `rows` rows of `row_stride` values; returns a copy with the first n_heads·head_dim
-// values of each row rotated by +θ (sign +1, the forward) or −θ (sign −1, the backward).
+// values of each row rotated by +θ (sign +1, the forward) or −θ (sign −1, the backward). Row r
+// is at position positions[r] when positions is given, else r % seq_len.
 inline std::vector<double> rope_rotate(const std::vector<double>& x, const std::vector<double>& inv_freq, size_t rows,
-                                       size_t seq_len, size_t n_heads, size_t head_dim, size_t row_stride, int sign) {
+                                       size_t seq_len, size_t n_heads, size_t head_dim, size_t row_stride, int sign,
+                                       const std::vector<int>* positions = nullptr) {
     std::vector<double> out = x;
     const size_t half = head_dim / 2;
     for (size_t r = 0; r < rows; ++r) {
-        const long double pos = (long double)(r % seq_len);
+        const long double pos = (long double)(positions ? size_t((*positions)[r]) : r % seq_len);
         for (size_t h = 0; h < n_heads; ++h) {
             const double* in = x.data() + r * row_stride + h * head_dim;
             double* o = out.data() + r * row_stride + h * head_dim;
@@ -31,15 +33,16 @@ inline std::vector<double> rope_rotate(const std::vector<double>& x, const std::
 }
 
 inline std::vector<double> rope_forward(const std::vector<double>& x, const std::vector<double>& inv_freq, size_t rows,
-                                        size_t seq_len, size_t n_heads, size_t head_dim, size_t row_stride) {
-    return rope_rotate(x, inv_freq, rows, seq_len, n_heads, head_dim, row_stride, +1);
+                                        size_t seq_len, size_t n_heads, size_t head_dim, size_t row_stride,
+                                        const std::vector<int>* positions = nullptr) {
+    return rope_rotate(x, inv_freq, rows, seq_len, n_heads, head_dim, row_stride, +1, positions);
 }
 
 // The gradient with respect to x of <dout, rope_forward(x)>: the transposed rotation, by −θ.
 inline std::vector<double> rope_backward(const std::vector<double>& dout, const std::vector<double>& inv_freq,
                                          size_t rows, size_t seq_len, size_t n_heads, size_t head_dim,
-                                         size_t row_stride) {
-    return rope_rotate(dout, inv_freq, rows, seq_len, n_heads, head_dim, row_stride, -1);
+                                         size_t row_stride, const std::vector<int>* positions = nullptr) {
+    return rope_rotate(dout, inv_freq, rows, seq_len, n_heads, head_dim, row_stride, -1, positions);
 }
 
 }  // namespace pv::reference
