@@ -3,11 +3,11 @@
 #include "model/checkpoint.h"
 
 #include "io/durable_file.h"
+#include "model/dtype_conversion.h"
 #include "model/safetensors.h"
 
-#include <bit>
+#include <algorithm>
 #include <charconv>
-#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -19,94 +19,6 @@ namespace pv {
 namespace {
 
 namespace fs = std::filesystem;
-
-// ---- dtypes and conversion ----------------------------------------------------------------
-
-const char* safetensors_name(DType t) {
-    switch (t) {
-        case DType::bf16: return "BF16";
-        case DType::fp32: return "F32";
-        case DType::fp64: return "F64";
-    }
-    return "?";
-}
-
-bool loadable(const std::string& file_dtype) {
-    return file_dtype == "BF16" || file_dtype == "F16" || file_dtype == "F32" || file_dtype == "F64";
-}
-
-// bf16 is the top half of an fp32 bit pattern. Adding 0x7FFF plus the lowest kept bit before
-// truncating rounds to nearest with ties to even (a carry out of the mantissa bumps the exponent,
-// which is right, up to Inf for values past bf16's largest finite). NaN is kept apart: its
-// payload could lie entirely in the dropped bits, and truncating would turn it into Inf, so the
-// quiet bit is set instead.
-uint16_t float_to_bf16(float x) {
-    const uint32_t bits = std::bit_cast<uint32_t>(x);
-    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
-    return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-}
-
-float bf16_to_float(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
-
-// IEEE binary16: 1 sign, 5 exponent (bias 15), 10 mantissa bits. Every value is exact in fp32.
-float f16_to_float(uint16_t h) {
-    const bool negative = (h & 0x8000u) != 0;
-    const uint32_t exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
-    if (exponent == 0) {  // zero or subnormal: mantissa · 2^-24
-        const float v = std::ldexp(static_cast<float>(mantissa), -24);
-        return negative ? -v : v;
-    }
-    const uint32_t sign = negative ? 0x80000000u : 0u;
-    if (exponent == 31) return std::bit_cast<float>(sign | 0x7F800000u | (mantissa << 13));  // Inf, NaN
-    return std::bit_cast<float>(sign | ((exponent - 15 + 127) << 23) | (mantissa << 13));
-}
-
-template <typename T>
-T load(const uint8_t* p) {
-    T v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-}
-
-template <typename T>
-void store(uint8_t* p, T v) {
-    std::memcpy(p, &v, sizeof v);
-}
-
-// A file element of a 16- or 32-bit float dtype, as fp32 (exact).
-float narrow_source_to_float(const uint8_t* p, const std::string& from) {
-    if (from == "BF16") return bf16_to_float(load<uint16_t>(p));
-    if (from == "F16") return f16_to_float(load<uint16_t>(p));
-    return load<float>(p);  // F32
-}
-
-// Converts n elements from the file's dtype `from` (one of loadable()) to `to`.
-void convert(const uint8_t* src, const std::string& from, uint8_t* dst, DType to, size_t n) {
-    const size_t in = safetensors_dtype_size(from), out = dtype_size(to);
-    if (from == safetensors_name(to)) {
-        std::memcpy(dst, src, n * out);
-        return;
-    }
-    for (size_t i = 0; i < n; ++i, src += in, dst += out) {
-        switch (to) {
-            case DType::fp64:  // every source dtype is exact in fp64
-                store<double>(dst, static_cast<double>(narrow_source_to_float(src, from)));
-                break;
-            case DType::fp32:  // F64: the cast rounds to nearest even (the default FP environment)
-                store<float>(dst,
-                             from == "F64" ? static_cast<float>(load<double>(src)) : narrow_source_to_float(src, from));
-                break;
-            case DType::bf16:
-                // F64 goes through fp32, so it is rounded twice: a double just off a bf16 tie can
-                // round onto the tie in fp32 and then to even, one bf16 ulp from the direct
-                // rounding. Harmless for weights (bf16's own error is 2^-9 relative) and the same
-                // as what torch's .float().bfloat16() does.
-                store<uint16_t>(dst, float_to_bf16(from == "F64" ? static_cast<float>(load<double>(src))
-                                                                 : narrow_source_to_float(src, from)));
-                break;
-        }
-    }
-}
 
 // ---- names, shapes, layouts ---------------------------------------------------------------
 
@@ -137,9 +49,12 @@ void check_layout(const std::string& where, size_t u, const GroupLayout& layout)
     }
 }
 
-[[noreturn]] void file_error(const std::string& path, const std::string& what) {
-    throw std::runtime_error("checkpoint tensors '" + path + "': " + what);
+[[noreturn]] void file_error(const std::string& origin, const std::string& what) {
+    throw std::runtime_error("checkpoint tensors '" + origin + "': " + what);
 }
+
+// The suffix of the RoPE buffer older transformers versions saved with every layer.
+const std::string kInvFreq = ".rotary_emb.inv_freq";
 
 // ---- directories --------------------------------------------------------------------------
 
@@ -163,6 +78,15 @@ std::string without_trailing_slashes(const std::string& dir) {
 
 }  // namespace
 
+std::vector<SafeTensorInfo> group_tensor_infos(const std::vector<GroupLayout>& layouts, DType dtype) {
+    std::vector<SafeTensorInfo> out;
+    for (const GroupLayout& layout : layouts)
+        for (const TensorSlot& slot : layout.tensors)
+            for (const TensorPart& part : slot.spec.parts)
+                out.push_back({part.hf_name, safetensors_dtype(dtype), hf_shape(part, slot.spec.cols), 0, 0});
+    return out;
+}
+
 void write_group_tensors(const std::string& path, const std::vector<GroupLayout>& layouts, const HostGroups& groups,
                          const std::map<std::string, std::string>& metadata) {
     const std::string where = "write_group_tensors '" + path + "'";
@@ -181,70 +105,123 @@ void write_group_tensors(const std::string& path, const std::vector<GroupLayout>
         check_layout(where, u, layouts[u]);
     }
 
-    std::vector<SafeTensor> tensors;
-    for (size_t u = 0; u < layouts.size(); ++u) {
-        for (const TensorSlot& slot : layouts[u].tensors) {
-            const long long cols = slot.spec.cols;
+    // Each part's rows straight from its group: nothing is copied but what the file gets.
+    struct Source {
+        const uint8_t* begin;
+        size_t bytes;
+    };
+    std::vector<Source> sources;
+    for (size_t u = 0; u < layouts.size(); ++u)
+        for (const TensorSlot& slot : layouts[u].tensors)
+            for (const TensorPart& part : slot.spec.parts)
+                sources.push_back({groups.units[u].data() + (slot.offset + part.row_begin * slot.spec.cols) * element,
+                                   static_cast<size_t>(part.rows * slot.spec.cols) * element});
+    write_safetensors_streamed(path, group_tensor_infos(layouts, groups.dtype), metadata,
+                               [&](size_t i, const ByteSink& sink) { sink(sources[i].begin, sources[i].bytes); });
+}
+
+std::vector<std::string> check_group_tensors(const HfCheckpoint& source, const std::vector<GroupLayout>& layouts,
+                                             ExtraTensors extra) {
+    const std::string& origin = source.origin();
+    for (size_t u = 0; u < layouts.size(); ++u) check_layout("checkpoint tensors '" + origin + "'", u, layouts[u]);
+    const std::string different =
+        "was it written for a different model or configuration? compare config.json with the weights";
+    std::set<std::string> used;
+    bool has_lm_head = false;
+    for (const GroupLayout& layout : layouts)
+        for (const TensorSlot& slot : layout.tensors)
             for (const TensorPart& part : slot.spec.parts) {
-                const uint8_t* begin = groups.units[u].data() + (slot.offset + part.row_begin * cols) * element;
-                tensors.push_back(SafeTensor{part.hf_name, safetensors_name(groups.dtype), hf_shape(part, cols),
-                                             std::vector<uint8_t>(begin, begin + part.rows * cols * element)});
+                has_lm_head |= part.hf_name == "lm_head.weight";
+                const SafeTensorInfo* t = source.find(part.hf_name);
+                if (!t)
+                    file_error(origin, "tensor '" + part.hf_name + "' is missing (the model's '" + slot.spec.name +
+                                           "' needs it; the checkpoint holds " +
+                                           std::to_string(source.tensors().size()) + " tensors: " + different + ")");
+                const std::vector<int64_t> expected = hf_shape(part, slot.spec.cols);
+                if (t->shape != expected)
+                    file_error(origin, "tensor '" + part.hf_name + "' has shape " + shape_string(t->shape) +
+                                           ", expected " + shape_string(expected) + " (" + different + ")");
+                if (!is_float_dtype(t->dtype))
+                    file_error(origin, "tensor '" + part.hf_name + "' has dtype " + t->dtype +
+                                           ", which parameters cannot be loaded from (supported: BF16, F16, F32, F64;"
+                                           " convert the tensor to one of them)");
+                used.insert(part.hf_name);
             }
-        }
+    std::vector<std::string> skipped, extras;
+    for (const SafeTensorInfo* t : source.tensors()) {
+        if (used.count(t->name)) continue;
+        const bool hf_ignores = (t->name.size() >= kInvFreq.size() &&
+                                 t->name.compare(t->name.size() - kInvFreq.size(), kInvFreq.size(), kInvFreq) == 0) ||
+                                (t->name == "lm_head.weight" && !has_lm_head);
+        if (extra == ExtraTensors::ignore || (extra == ExtraTensors::hugging_face && hf_ignores))
+            skipped.push_back(t->name);
+        else
+            extras.push_back(t->name);
     }
-    write_safetensors(path, tensors, metadata);
+    if (!extras.empty()) {
+        const std::string which = "tensor '" + extras.front() + "'" +
+                                  (extras.size() > 1 ? " (and " + std::to_string(extras.size() - 1) + " more)" : "") +
+                                  " belongs to no parameter of this model (";
+        if (extra == ExtraTensors::refuse)
+            file_error(origin, which + different +
+                                   "; to ignore extra tensors, such as the lm_head.weight some tied models store,"
+                                   " read with allow_extra)");
+        file_error(origin, which + different +
+                               "; polevault loads a Llama model whole or not at all, and skips only what Hugging Face "
+                               "itself ignores: rotary_emb.inv_freq, and lm_head.weight with tie_word_embeddings)");
+    }
+    return skipped;
+}
+
+uint64_t read_group_ranges(HfCheckpoint& source, const std::vector<GroupLayout>& layouts,
+                           const std::vector<ElementRange>& ranges, DType dtype, const GroupSink& sink) {
+    if (ranges.size() != layouts.size())
+        throw std::invalid_argument("read_group_ranges: " + std::to_string(ranges.size()) + " ranges for " +
+                                    std::to_string(layouts.size()) + " groups");
+    const size_t element = dtype_size(dtype);
+    const long long piece = static_cast<long long>(kGroupReadPieceBytes / element);
+    std::vector<uint8_t> buffer;
+    uint64_t overflows = 0;
+    for (size_t k = 0; k < layouts.size(); ++k) {
+        const ElementRange r = ranges[k];
+        if (r.begin < 0 || r.len < 0 || r.begin + r.len > layouts[k].padded)
+            throw std::invalid_argument("read_group_ranges: range [" + std::to_string(r.begin) + ", " +
+                                        std::to_string(r.begin + r.len) + ") outside group " + std::to_string(k) +
+                                        " of " + std::to_string(layouts[k].padded) + " elements");
+        for (const TensorSlot& slot : layouts[k].tensors)
+            for (const TensorPart& part : slot.spec.parts) {
+                // The part's elements in the group, intersected with the range.
+                const long long first = slot.offset + part.row_begin * slot.spec.cols;
+                const long long lo = std::max(first, r.begin);
+                const long long hi = std::min(first + part.rows * slot.spec.cols, r.begin + r.len);
+                for (long long at = lo; at < hi; at += piece) {
+                    const long long n = std::min(piece, hi - at);
+                    buffer.resize(static_cast<size_t>(n) * element);
+                    overflows += source.read(part.hf_name, static_cast<uint64_t>(at - first), static_cast<uint64_t>(n),
+                                             dtype, buffer.data());
+                    sink(k, at - r.begin, buffer.data(), n);
+                }
+            }
+    }
+    return overflows;
 }
 
 HostGroups read_group_tensors(const std::string& path, const std::vector<GroupLayout>& layouts, DType dtype,
                               bool allow_extra) {
     for (size_t u = 0; u < layouts.size(); ++u) check_layout("read_group_tensors '" + path + "'", u, layouts[u]);
-    const SafeTensorsFile file = read_safetensors(path);
-    std::map<std::string, const SafeTensor*> by_name;
-    for (const SafeTensor& t : file.tensors) by_name[t.name] = &t;
-    const std::string different =
-        "was it written for a different model or configuration? compare config.json with the file";
-
+    HfCheckpoint source = HfCheckpoint::open_file(path);
+    check_group_tensors(source, layouts, allow_extra ? ExtraTensors::ignore : ExtraTensors::refuse);
     HostGroups out;
     out.dtype = dtype;
     const size_t element = dtype_size(dtype);
-    std::set<std::string> used;
-    out.units.resize(layouts.size());
-    for (size_t u = 0; u < layouts.size(); ++u) {
-        out.units[u].assign(static_cast<size_t>(layouts[u].padded) * element, 0);  // padding and gaps stay zero
-        for (const TensorSlot& slot : layouts[u].tensors) {
-            const long long cols = slot.spec.cols;
-            for (const TensorPart& part : slot.spec.parts) {
-                const auto it = by_name.find(part.hf_name);
-                if (it == by_name.end())
-                    file_error(path, "tensor '" + part.hf_name + "' is missing (the model's '" + slot.spec.name +
-                                         "' needs it; the file holds " + std::to_string(file.tensors.size()) +
-                                         " tensors: " + different + ")");
-                const SafeTensor& t = *it->second;
-                const std::vector<int64_t> expected = hf_shape(part, cols);
-                if (t.shape != expected)
-                    file_error(path, "tensor '" + part.hf_name + "' has shape " + shape_string(t.shape) +
-                                         ", expected " + shape_string(expected) + " (" + different + ")");
-                if (!loadable(t.dtype))
-                    file_error(path, "tensor '" + part.hf_name + "' has dtype " + t.dtype +
-                                         ", which parameters cannot be loaded from (supported: BF16, F16, F32, F64;"
-                                         " convert the tensor to one of them)");
-                uint8_t* dst = out.units[u].data() + (slot.offset + part.row_begin * cols) * element;
-                convert(t.data.data(), t.dtype, dst, dtype, static_cast<size_t>(part.rows * cols));
-                used.insert(part.hf_name);
-            }
-        }
+    std::vector<ElementRange> whole;
+    for (const GroupLayout& l : layouts) {
+        out.units.emplace_back(static_cast<size_t>(l.padded) * element, 0);  // padding and gaps stay zero
+        whole.push_back({0, l.padded});
     }
-    if (!allow_extra) {
-        std::vector<std::string> extra;
-        for (const SafeTensor& t : file.tensors)
-            if (!used.count(t.name)) extra.push_back(t.name);
-        if (!extra.empty())
-            file_error(path, "tensor '" + extra.front() + "'" +
-                                 (extra.size() > 1 ? " (and " + std::to_string(extra.size() - 1) + " more)" : "") +
-                                 " belongs to no parameter of this model (" + different +
-                                 "; to ignore extra tensors, such as the lm_head.weight some tied models store,"
-                                 " read with allow_extra)");
-    }
+    read_group_ranges(source, layouts, whole, dtype, [&](size_t k, long long at, const uint8_t* data, long long n) {
+        std::memcpy(out.units[k].data() + static_cast<size_t>(at) * element, data, static_cast<size_t>(n) * element);
+    });
     return out;
 }
 

@@ -23,11 +23,18 @@
 // fused tensor is split by its parts' row ranges (layers.N.w_qkv -> model.layers.N.self_attn.
 // q_proj.weight, k_proj, v_proj), and a run saved at N ranks resumes at M ranks under any
 // strategy, or is loaded by Hugging Face. The reader takes any safetensors file with these names,
-// a downloaded HF model included, and converts dtypes on the way in.
+// a downloaded HF model included (one file or sharded: model/hf_checkpoint.h), and converts
+// dtypes on the way in (file BF16, F16, F32, F64 -> bf16, fp32, fp64: model/dtype_conversion.h).
 //
-// Dtype conversion on read (file BF16, F16, F32, F64 -> bf16, fp32, fp64): widening is exact;
-// narrowing rounds to nearest, ties to even, and NaN stays NaN. bf16 is the top 16 bits of the
-// fp32 bit pattern, rounded. F64 -> bf16 goes through fp32 (two roundings; see checkpoint.cpp).
+// Reading is checked, then ranged. check_group_tensors compares a checkpoint's headers with the
+// layouts of the whole model — every HF tensor a part needs is there, with the shape config.json
+// implies and a float dtype; every tensor in the files belongs to a part or is one Hugging Face
+// itself ignores by name — so a rank that will read a slice still refuses a file that does not
+// fit the model, and never loads half a model. read_group_ranges then reads, per group, only the
+// elements [begin, begin + len) of the padded group a rank keeps (the whole group, a ZeRO-3
+// slice, nothing for another pipeline stage's unit): for each tensor part it intersects the
+// part's element range [offset + row_begin·cols, + rows·cols) with the wanted range and reads
+// that run of the row-major HF tensor, streaming it to the caller in bounded pieces.
 //
 // The directory transaction: a checkpoint is written into `step_N.tmp/` (begin_checkpoint_dir),
 // then committed (commit_checkpoint_dir): every file and the directory are fsynced, the
@@ -38,9 +45,12 @@
 // Host code only (g++); no CUDA headers.
 #pragma once
 
+#include "model/hf_checkpoint.h"
 #include "model/parameters.h"
+#include "model/safetensors.h"
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -63,11 +73,46 @@ struct HostGroups {
 void write_group_tensors(const std::string& path, const std::vector<GroupLayout>& layouts, const HostGroups& groups,
                          const std::map<std::string, std::string>& metadata = {});
 
-// Reads such a file (or any safetensors file with these HF names) into padded groups of `dtype`,
-// padding zero, converting from the file's dtype. Throws std::runtime_error naming the file and
-// the tensor when a tensor the layouts need is missing, has the wrong shape or an unsupported
-// dtype, or when the file holds a tensor no layout has (unless allow_extra, e.g. a tied HF model
-// that also stores lm_head.weight).
+// The Hugging Face tensors of the layouts, in file order (unit, tensor, part): name and HF shape.
+std::vector<SafeTensorInfo> group_tensor_infos(const std::vector<GroupLayout>& layouts, DType dtype);
+
+// What to do with a tensor of the files that no layout needs.
+enum class ExtraTensors {
+    refuse,        // our own checkpoint files: every tensor is the model's
+    ignore,        // skip whatever is extra
+    hugging_face,  // skip what transformers itself skips by name — '*.rotary_emb.inv_freq' (a
+                   // buffer older versions saved) and 'lm_head.weight' when the layouts have none
+                   // (tied embeddings: the head uses the embedding) — and refuse the rest
+};
+
+// Checks the checkpoint against the layouts as described above. Returns the names of the tensors
+// skipped (ExtraTensors::ignore / hugging_face). Throws std::runtime_error naming the checkpoint,
+// the tensor and the fix: a missing tensor, a shape that contradicts the layouts (config.json), a
+// dtype parameters cannot be read from, a tensor that belongs to nothing.
+std::vector<std::string> check_group_tensors(const HfCheckpoint& source, const std::vector<GroupLayout>& layouts,
+                                             ExtraTensors extra = ExtraTensors::refuse);
+
+// Elements [begin, begin + len) of a padded group.
+struct ElementRange {
+    long long begin = 0, len = 0;
+};
+
+// Receives `count` converted elements for group `group`, which belong at element `at` of the
+// group's range (at 0 = the range's first element).
+using GroupSink = std::function<void(size_t group, long long at, const uint8_t* data, long long count)>;
+
+// Reads the tensor elements inside ranges[k] of every group k from `source` (checked with
+// check_group_tensors), converted to `dtype`, streamed to `sink` in pieces of at most
+// kGroupReadPieceBytes. Alignment gaps and padding inside a range are never delivered: the caller
+// zeroes them. Returns how many finite values overflowed `dtype`.
+uint64_t read_group_ranges(HfCheckpoint& source, const std::vector<GroupLayout>& layouts,
+                           const std::vector<ElementRange>& ranges, DType dtype, const GroupSink& sink);
+inline constexpr size_t kGroupReadPieceBytes = size_t{32} << 20;
+
+// Reads a whole file (ours, or any with these HF names) into padded groups of `dtype`, padding
+// zero: check_group_tensors (extra tensors refused unless allow_extra, e.g. a tied HF model that
+// also stores lm_head.weight) then read_group_ranges over every whole group. For tests and tools;
+// the loaders stream (trainer/load.h).
 HostGroups read_group_tensors(const std::string& path, const std::vector<GroupLayout>& layouts, DType dtype,
                               bool allow_extra = false);
 

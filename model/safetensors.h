@@ -17,16 +17,29 @@
 //
 // write_safetensors stores the tensors in the order given, the header as compact JSON (keys
 // sorted, as nlohmann::json orders them), writes `path.tmp`, fsyncs it and renames it over `path`,
-// so a crash leaves either the old file or the complete new one. read_safetensors checks
-// everything a truncated, corrupt or foreign file could get wrong and throws std::runtime_error
-// naming the file, the problem and the fix; its tensors come back in buffer order, which for our
-// own files is the written order. Tensor bytes are kept as they are on disk (little-endian, the
-// host's order on every platform we run on); interpreting them is the caller's job.
+// so a crash leaves either the old file or the complete new one. write_safetensors_streamed does
+// the same from the tensors' names, dtypes and shapes alone, asking for each tensor's bytes in
+// turn, so a writer never needs more than one tensor in memory (`train convert`, `train export`,
+// checkpoints).
+//
+// Reading. SafeTensorsReader opens a file and reads only its header (8 + N bytes), checking
+// everything a truncated, corrupt or foreign file could get wrong (the tiling above, against the
+// file's size) and throwing std::runtime_error naming the file, the problem and the fix; the
+// tensors' bytes are then read on demand, any byte range of any tensor, with pread(2) — so a rank
+// that needs a slice of a tensor reads only that slice, and a reader never holds a whole file.
+// It counts the bytes it has read (the header included), which the loaders report.
+// read_safetensors reads a whole file into memory through it (tests, small files); its tensors come
+// back in buffer order, which for our own files is the written order. Tensor bytes are kept as
+// they are on disk (little-endian, the host's order on every platform we run on); interpreting
+// them is the caller's job (model/dtype_conversion.h).
 // Host code only; the JSON library stays in safetensors.cpp so that this header compiles anywhere.
 #pragma once
 
+#include "io/durable_file.h"
+
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -59,5 +72,57 @@ struct SafeTensorsFile {
 };
 
 SafeTensorsFile read_safetensors(const std::string& path);
+
+// A tensor as the header describes it, without its bytes.
+struct SafeTensorInfo {
+    std::string name;
+    std::string dtype;
+    std::vector<int64_t> shape;
+    uint64_t offset = 0;  // of its first byte in the file: 8 + N + data_offsets[0]
+    uint64_t bytes = 0;   // data_offsets[1] - data_offsets[0]
+    uint64_t numel() const;
+};
+
+// Writes a file of tensors described by `tensors` (name, dtype, shape; offset and bytes are
+// ignored), calling write_tensor(i, sink) for each in order, which must pass exactly
+// product(shape) · dtype size bytes to the sink. Throws as write_safetensors does, and
+// std::logic_error when a callback writes another number of bytes (nothing is left at `path`).
+void write_safetensors_streamed(const std::string& path, const std::vector<SafeTensorInfo>& tensors,
+                                const std::map<std::string, std::string>& metadata,
+                                const std::function<void(size_t index, const ByteSink& sink)>& write_tensor);
+
+// A safetensors file opened for ranged reads (see the top of this file). Not copyable; movable.
+class SafeTensorsReader {
+  public:
+    explicit SafeTensorsReader(const std::string& path);  // reads and checks the header
+    ~SafeTensorsReader();
+    SafeTensorsReader(SafeTensorsReader&& other) noexcept;
+    SafeTensorsReader& operator=(SafeTensorsReader&& other) noexcept;
+    SafeTensorsReader(const SafeTensorsReader&) = delete;
+    SafeTensorsReader& operator=(const SafeTensorsReader&) = delete;
+
+    const std::string& path() const { return path_; }
+    const std::map<std::string, std::string>& metadata() const { return metadata_; }
+    const std::vector<SafeTensorInfo>& tensors() const { return tensors_; }  // in buffer order
+    const SafeTensorInfo* find(const std::string& name) const;               // null when absent
+    uint64_t header_bytes() const { return header_bytes_; }                  // 8 + N
+    // Reads `bytes` bytes starting `offset` bytes into tensor t's data (t from tensors()) into dst.
+    // Throws std::out_of_range for a range outside the tensor, std::runtime_error naming the file
+    // on an I/O error or a file that shrank since it was opened.
+    void read(const SafeTensorInfo& t, uint64_t offset, uint64_t bytes, void* dst);
+    // Bytes read from the file so far: the header and every read().
+    uint64_t bytes_read() const { return bytes_read_; }
+
+  private:
+    void parse_header(const std::string& text, uint64_t file_size);
+
+    std::string path_;
+    int fd_ = -1;
+    std::map<std::string, std::string> metadata_;
+    std::vector<SafeTensorInfo> tensors_;
+    std::map<std::string, size_t> by_name_;
+    uint64_t header_bytes_ = 0;
+    uint64_t bytes_read_ = 0;
+};
 
 }  // namespace pv
