@@ -237,6 +237,16 @@ std::string begin_checkpoint_dir(const std::string& dir) {
     return tmp;
 }
 
+std::string begin_new_model_dir(const std::string& dir) {
+    std::error_code ec;
+    const fs::file_status status = fs::symlink_status(dir, ec);
+    if (status.type() != fs::file_type::not_found && !(fs::is_directory(status) && fs::is_empty(dir, ec) && !ec))
+        throw std::runtime_error("output directory '" + dir +
+                                 "' already exists and is not an empty directory: choose a new --out, or remove it "
+                                 "first (nothing is overwritten)");
+    return begin_checkpoint_dir(dir);
+}
+
 void commit_checkpoint_dir(const std::string& dir_in) {
     const std::string dir = without_trailing_slashes(dir_in);
     const std::string tmp = dir + ".tmp";

@@ -120,6 +120,11 @@ HostGroups read_group_tensors(const std::string& path, const std::vector<GroupLa
 // the checkpoint's files are then written inside it.
 std::string begin_checkpoint_dir(const std::string& dir);
 
+// begin_checkpoint_dir for a directory the user names (`train convert --out`, `train export
+// --out`): refuses, naming the fix, when `dir` exists and is not an empty directory, so nothing
+// of the user's is replaced.
+std::string begin_new_model_dir(const std::string& dir);
+
 // fsyncs every regular file in `dir.tmp` and the directory itself, removes an existing `dir` (a
 // re-run of the same step), renames `dir.tmp` to `dir` and fsyncs the parent directory
 // (io/durable_file.h: every fsync failure is an error). Throws std::runtime_error naming the path

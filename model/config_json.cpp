@@ -358,6 +358,73 @@ LlamaConfig read_hf_config(const std::string& path) {
     return parse_hf_config(text, path);
 }
 
+namespace {
+
+// The JSON object in the file at `path`; `kind` names the file in errors.
+json read_json_object(const std::string& path, const std::string& kind) {
+    auto fail = [&](const std::string& what) -> void { throw std::runtime_error(kind + " '" + path + "': " + what); };
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail("cannot open: " + std::string(std::strerror(errno)) + " (check the path)");
+    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    json j;
+    try {
+        j = json::parse(text);
+    } catch (const json::exception& e) {
+        fail(std::string("not valid JSON (") + e.what() + ")");
+    }
+    if (!j.is_object()) fail("is not a JSON object");
+    return j;
+}
+
+}  // namespace
+
+std::string read_hf_torch_dtype(const std::string& path) {
+    const json j = read_json_object(path, "config.json");
+    for (const char* key : {"torch_dtype", "dtype"}) {
+        const auto it = j.find(key);
+        if (it == j.end() || it->is_null()) continue;
+        if (!it->is_string())
+            throw std::runtime_error("config.json '" + path + "': " + key + " = " + shown(*it) +
+                                     " is not a string (write e.g. \"bfloat16\")");
+        return it->get<std::string>();
+    }
+    return "";
+}
+
+std::string generation_config_json(const GenerationConfig& g) {
+    json j = json::object();
+    if (g.bos_token_id >= 0) j["bos_token_id"] = g.bos_token_id;
+    if (g.eos_token_ids.size() == 1) j["eos_token_id"] = g.eos_token_ids.front();
+    if (g.eos_token_ids.size() > 1) j["eos_token_id"] = g.eos_token_ids;
+    return j.dump(2) + "\n";
+}
+
+void write_generation_config(const std::string& path, const GenerationConfig& g) {
+    const std::string text = generation_config_json(g);
+    write_file_atomically(path, "generation_config.json",
+                          [&](const ByteSink& sink) { sink(text.data(), text.size()); });
+}
+
+GenerationConfig read_generation_config(const std::string& path) {
+    const json j = read_json_object(path, "generation_config.json");
+    auto id = [&](const json& v, const std::string& key) {
+        if (!v.is_number_integer() || v.get<long long>() < 0 || v.get<long long>() > INT_MAX)
+            throw std::runtime_error("generation_config.json '" + path + "': " + key + " = " + shown(v) +
+                                     " is not a token id (a non-negative integer)");
+        return v.get<int>();
+    };
+    GenerationConfig g;
+    if (const auto it = j.find("bos_token_id"); it != j.end() && !it->is_null())
+        g.bos_token_id = id(*it, "bos_token_id");
+    if (const auto it = j.find("eos_token_id"); it != j.end() && !it->is_null()) {
+        if (it->is_array())
+            for (const json& e : *it) g.eos_token_ids.push_back(id(e, "eos_token_id"));
+        else
+            g.eos_token_ids.push_back(id(*it, "eos_token_id"));
+    }
+    return g;
+}
+
 void write_hf_config(const std::string& path, const LlamaConfig& c, const std::string& torch_dtype) {
     const std::string text = hf_config_json(c, torch_dtype);  // throws before the file is touched
     write_file_atomically(path, "config.json", [&](const ByteSink& sink) { sink(text.data(), text.size()); });

@@ -42,12 +42,22 @@
 // the key, its value (as JSON) and the fix; a wrong JSON type names the key and both types. The
 // result must pass validate(): its problems come as validate_or_throw words them (naming the
 // origin), as a runtime_error, with the config.json key of each LlamaConfig field they name.
+//
+// torch_dtype: the storage type the weights were saved in ("bfloat16", "float32", ...; "dtype" in
+// transformers 5), which LlamaConfig does not hold; read_hf_torch_dtype returns it as written.
+//
+// generation_config.json: the file transformers' generate() reads the token ids from (written
+// with sorted keys and a 2-space indent, as transformers does):
+//   {"bos_token_id": 1, "eos_token_id": 2}        eos_token_id may also be a list ([128001, 128009]:
+//                                                   Llama 3 Instruct stops at either); a missing
+//                                                   or null key means "none".
 // Host code only.
 #pragma once
 
 #include "model/config.h"
 
 #include <string>
+#include <vector>
 
 namespace pv {
 
@@ -67,5 +77,24 @@ LlamaConfig read_hf_config(const std::string& path);
 // Writes hf_config_json(c, torch_dtype) to `path` atomically (io/durable_file.h). Argument errors
 // are thrown before the file is touched.
 void write_hf_config(const std::string& path, const LlamaConfig& c, const std::string& torch_dtype = "bfloat16");
+
+// The torch_dtype (or transformers 5's dtype) of the config.json at `path`, as written; empty when
+// the file has neither. Throws std::runtime_error when the file cannot be read or is not JSON, or
+// the value is not a string.
+std::string read_hf_torch_dtype(const std::string& path);
+
+// The token ids of generation_config.json (above): bos −1 and no eos when not given.
+struct GenerationConfig {
+    int bos_token_id = -1;
+    std::vector<int> eos_token_ids;
+};
+
+// The file's text; keys with no id are left out.
+std::string generation_config_json(const GenerationConfig& g);
+// Writes generation_config_json(g) atomically (io/durable_file.h).
+void write_generation_config(const std::string& path, const GenerationConfig& g);
+// Reads bos_token_id and eos_token_id (an id, a list of ids, or null); other keys are ignored.
+// Throws std::runtime_error naming the file and the key when a value is of another type.
+GenerationConfig read_generation_config(const std::string& path);
 
 }  // namespace pv

@@ -49,6 +49,15 @@ const char* safetensors_dtype(DType t) {
     return "?";
 }
 
+const char* torch_dtype_name(DType t) {
+    switch (t) {
+        case DType::bf16: return "bfloat16";
+        case DType::fp32: return "float32";
+        case DType::fp64: return "float64";
+    }
+    return "?";
+}
+
 bool is_float_dtype(const std::string& d) { return d == "BF16" || d == "F16" || d == "F32" || d == "F64"; }
 
 // bf16 is the top half of an fp32 bit pattern. Adding 0x7FFF plus the lowest kept bit before

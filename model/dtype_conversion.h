@@ -28,6 +28,9 @@ namespace pv {
 // The safetensors dtype of a storage type: "BF16", "F32", "F64".
 const char* safetensors_dtype(DType t);
 
+// The torch dtype name config.json's torch_dtype uses: "bfloat16", "float32", "float64".
+const char* torch_dtype_name(DType t);
+
 // Whether parameters can be read from this safetensors dtype: BF16, F16, F32 or F64.
 bool is_float_dtype(const std::string& safetensors_dtype);
 

@@ -5,10 +5,13 @@
 //   step_N/master.safetensors    bf16 runs: the fp32 master weights
 //   step_N/adam_m.safetensors    Adam's m and v in max(T, fp32)
 //   step_N/adam_v.safetensors
-//   step_N/config.json           the model's shape as a Hugging Face config.json
-//   step_N/tokenizer.json        when the run knows its tokenizer
+//   step_N/config.json           the model's shape as a Hugging Face config.json, with torch_dtype
+//   step_N/tokenizer.json        when the run knows its tokenizer (with tokenizer_config.json and
+//                                special_tokens_map.json when its source directory has them)
+//   step_N/generation_config.json  BOS/EOS ids: the source model's file, else the tokenizer's ids
 //   step_N/trainer_state.json    step, loader position, RNG seed, every training option
 //
+// So a checkpoint is also a Hugging Face model directory that transformers loads as it is.
 // The weights are saved even when a master copy exists: with stochastic rounding they are not a
 // function of the master, and they are the exported model either way. Resuming loads every file,
 // so a resumed run continues bit for bit.
@@ -20,15 +23,17 @@
 // before rank 0 writes it; with model parallelism each unit lives whole on its stage's rank,
 // which sends it to rank 0 (ncclSend/ncclRecv, unit by unit, so rank 0 never holds more than one
 // unit's field beyond what it writes). Only rank 0 writes, so the ranks need not share a
-// filesystem for saving. Loading reads the whole files on every rank (so they must be visible to every rank:
-// one machine, or a shared filesystem) and keeps each rank's slice. Tensors are whole and
-// unpadded in the files, so a checkpoint loads at any world size.
+// filesystem for saving. Loading (trainer/load.h) has every rank read only the ranges it keeps,
+// with pread (so the files must be visible to every rank: one machine, or a shared filesystem).
+// Tensors are whole and unpadded in the files, so a checkpoint loads at any world size.
 #pragma once
 
 #include "data/tokenizer.h"
 #include "model/llama.h"
 #include "optim/optimizer.cuh"
 #include "parallel/strategy.h"
+#include "trainer/export.h"
+#include "trainer/load.h"
 #include "trainer/state.h"
 
 #include <optional>
@@ -36,27 +41,22 @@
 
 namespace pv {
 
-// step_N under out_dir.
-std::string checkpoint_path(const std::string& out_dir, long long step);
-
-// A checkpoint directory from a user's path: a step_N directory itself (it holds
-// trainer_state.json), or an output directory whose latest complete checkpoint is taken. Throws
-// std::runtime_error saying what was looked for when there is none.
-std::string resolve_checkpoint(const std::string& path);
-
 // Collective over the strategy's ranks: the strategy brings each group and optimizer field whole
 // to rank 0 (parallel/strategy.h), which writes.
 template <class T, class G>
 void save_checkpoint(const std::string& dir, Strategy<T, G>& strategy, const AdamWState<T>& optimizer,
-                     const TrainerState& state, const Tokenizer* tokenizer);
+                     const TrainerState& state, const ModelFiles& files);
 
-// Loads what this rank keeps of the weights (as the strategy says) and of the optimizer state;
-// returns the trainer state.
+// Loads what this rank keeps of the weights (as the strategy says) and of the optimizer state,
+// reading only those ranges (trainer/load.h); returns the trainer state and what was read.
 template <class T, class G>
-TrainerState load_checkpoint(const std::string& dir, Strategy<T, G>& strategy, AdamWState<T>& optimizer);
+TrainerState load_checkpoint(const std::string& dir, Strategy<T, G>& strategy, AdamWState<T>& optimizer,
+                             LoadStats* stats = nullptr);
 
-// Loads only the weights (for sampling), converting from the file's dtype if it differs.
+// Loads the weights of every unit the model holds from `dir`: a polevault checkpoint or any
+// Hugging Face model directory (model.safetensors or sharded; BF16, F16, F32 or F64 tensors,
+// converted to T). The model's config must be dir's config.json (read_hf_config).
 template <class T>
-void load_weights(const std::string& dir, Llama<T>& model);
+LoadStats load_weights(const std::string& dir, Llama<T>& model);
 
 }  // namespace pv

@@ -7,8 +7,11 @@
 //                                step, evaluates on a held-out tail, saves a checkpoint and ends
 //                                with a generated sample
 //   ./train --resume DIR         continues a run from a checkpoint, bit for bit
+//   ./train --init-from HF_DIR   fine-tunes a Hugging Face model (its config, weights, tokenizer)
 //   ./train sample CHECKPOINT    generates text from a checkpoint
 //   ./train prepare FILES --out DIR    tokenizes text or JSON lines into shards
+//   ./train convert --from llama2c model.bin --out HF_DIR    a llama2.c checkpoint as a HF model
+//   ./train export CHECKPOINT --out HF_DIR                   a checkpoint as a HF model
 //   ./train --help               every flag with its default (also `train sample --help`, ...)
 //
 // This file holds the commands and the option checks; trainer/run.cu one training run in phases,
@@ -18,9 +21,11 @@
 #include "data/prepare.h"
 #include "model/config_json.h"
 #include "model/llama.h"
+#include "model/llama2c.h"
 #include "parallel/plan.h"
 #include "parallel/world.h"
 #include "trainer/checkpoint.h"
+#include "trainer/export.h"
 #include "trainer/generate.h"
 #include "trainer/options.h"
 #include "trainer/run.h"
@@ -38,6 +43,8 @@ namespace {
 // the model's shape, and trains in the run's storage and gradient types.
 int train_command(const TrainOptions& requested, const std::string& resume_dir, World& world) {
     TrainOptions o = requested;
+    // A resumed run's model is the checkpoint's, whatever it was initialised from.
+    const std::string init_dir = resume_dir.empty() ? o.init_from : "";
     check_strategy(strategy_options(o), world.size());
     const int data_ranks = data_ranks_of(strategy_options(o), world.size());  // mp: every stage sees the whole batch
     const bool mp = strategy_info(o.parallel).stages;
@@ -68,15 +75,41 @@ int train_command(const TrainOptions& requested, const std::string& resume_dir, 
         throw std::invalid_argument("--stochastic-rounding is for --dtype bf16 (" + o.dtype +
                                     " parameters are their own master and are never rounded); drop the flag");
     accumulation_for(o.batch, o.micro_batch, data_ranks);  // a bad geometry fails before any data is read
-    RunData data = load_run_data(o, resume_dir);
-    const LlamaConfig config = model_config(o, int(data.train.front().vocab_size), resume_dir);
+    RunData data = load_run_data(o, resume_dir, init_dir);
+    const LlamaConfig config = model_config(o, data, resume_dir, init_dir);
+    const RunSources from{resume_dir, init_dir};
     if (o.dtype == "bf16") {
         if (o.fp32_grad_accumulation)
-            return run_training<__nv_bfloat16, float>(o, requested, std::move(data), config, resume_dir, world);
-        return run_training<__nv_bfloat16, __nv_bfloat16>(o, requested, std::move(data), config, resume_dir, world);
+            return run_training<__nv_bfloat16, float>(o, requested, std::move(data), config, from, world);
+        return run_training<__nv_bfloat16, __nv_bfloat16>(o, requested, std::move(data), config, from, world);
     }
-    if (o.dtype == "fp32") return run_training<float, float>(o, requested, std::move(data), config, resume_dir, world);
-    return run_training<double, double>(o, requested, std::move(data), config, resume_dir, world);
+    if (o.dtype == "fp32") return run_training<float, float>(o, requested, std::move(data), config, from, world);
+    return run_training<double, double>(o, requested, std::move(data), config, from, world);
+}
+
+// --init-from takes the model from its directory: nothing else may say what the model is.
+void check_init_from(const TrainOptions& o) {
+    if (o.init_from.empty()) return;
+    if (!o.resume.empty())
+        throw std::invalid_argument("--init-from " + o.init_from + " and --resume " + o.resume +
+                                    " both say where the weights come from: --resume continues a run (its checkpoint "
+                                    "has the model and optimizer state), --init-from starts a new one; pass one");
+    if (!o.config.empty() || !o.preset.empty())
+        throw std::invalid_argument("--init-from " + o.init_from + " takes the model's shape from " + o.init_from +
+                                    "/config.json; drop " +
+                                    (o.config.empty() ? "--preset " + o.preset : "--config " + o.config));
+}
+
+int convert_command(const ConvertOptions& o) {
+    const LlamaConfig c = convert_llama2c(o.input, o.out_dir);
+    std::printf(
+        "converted %s (llama2.c) -> %s: %lld parameters, %d layers, hidden %d, %d heads (%d KV), vocab %d, %s "
+        "embeddings, q/k rows permuted to rotate_half order; config.json, model.safetensors (F32), "
+        "generation_config.json (bos 1, eos 2); no tokenizer\n"
+        "train from it with: train --init-from %s --data DIR (data prepared with the model's tokenizer)\n",
+        o.input.c_str(), o.out_dir.c_str(), parameter_count(c), c.num_layers, c.hidden_size, c.num_heads,
+        c.num_kv_heads, c.vocab_size, c.tie_embeddings ? "tied" : "untied", o.out_dir.c_str());
+    return 0;
 }
 
 template <class T>
@@ -122,9 +155,12 @@ int main_checked(int argc, char** argv) {
     Command c = parse_command(argc, argv);
     if (c.kind == Command::Kind::sample) return sample_command(c.sample);
     if (c.kind == Command::Kind::prepare) return prepare_command(c.prepare);
+    if (c.kind == Command::Kind::convert) return convert_command(c.convert);
+    if (c.kind == Command::Kind::export_model) return export_model(c.export_model), 0;
     World world(&argc, &argv);
     if (world.rank() != 0 && !std::freopen("/dev/null", "w", stdout))  // rank 0 reports; errors from any rank
         throw std::runtime_error("cannot silence the standard output of rank " + std::to_string(world.rank()));
+    check_init_from(c.train);  // the command line's own flags, before a checkpoint's fill in the rest
     std::string resume_dir;
     if (!c.train.resume.empty()) {
         // The checkpoint's options, then this command line's flags on top.
@@ -138,7 +174,7 @@ int main_checked(int argc, char** argv) {
         compare.stop_after = saved.stop_after;
         for (const std::string& change : train_options_diff(saved, compare)) {
             for (const char* fixed :
-                 {"preset:", "config:", "vocab:", "dtype:", "batch:", "seq_len:", "seed:", "freeze:"})
+                 {"preset:", "config:", "init_from:", "vocab:", "dtype:", "batch:", "seq_len:", "seed:", "freeze:"})
                 if (change.rfind(fixed, 0) == 0)
                     throw std::invalid_argument("cannot change " + change +
                                                 " when resuming: the checkpoint's model, "

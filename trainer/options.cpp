@@ -10,9 +10,9 @@
 
 namespace pv {
 
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, data, val_data, vocab, steps, batch,
-                                                micro_batch, seq_len, lr, schedule, warmup, final_lr_fraction, clip,
-                                                weight_decay, decay_norm_weights, beta1, beta2, eps, dtype,
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, init_from, data, val_data, vocab, steps,
+                                                batch, micro_batch, seq_len, lr, schedule, warmup, final_lr_fraction,
+                                                clip, weight_decay, decay_norm_weights, beta1, beta2, eps, dtype,
                                                 stochastic_rounding, fp32_grad_accumulation, seed, parallel,
                                                 microbatches, balance, freeze, eval_interval, eval_batches, out_dir,
                                                 checkpoint_interval, resume, stop_after, prompt, sample_tokens,
@@ -23,6 +23,11 @@ namespace {
 void add_train_flags(CLI::App& app, TrainOptions& o) {
     app.add_option("--preset", o.preset, "Model preset (empty: a small default model sized to the tokenizer)");
     app.add_option("--config", o.config, "A Hugging Face config.json giving the model's shape (instead of --preset)");
+    app.add_option("--init-from", o.init_from,
+                   "Start from a Hugging Face model directory (config.json, model.safetensors or sharded "
+                   "safetensors, tokenizer.json): its shape, weights (converted to --dtype) and tokenizer; fresh "
+                   "optimizer state, step 0. Not with --preset, --config or --resume")
+        ->check(CLI::ExistingDirectory);
     app.add_option(
         "--data", o.data,
         "Training data: a directory made by `train prepare` or one token shard (empty: the built-in corpus)");
@@ -135,6 +140,30 @@ void add_prepare_flags(CLI::App& app, PrepareOptions& o) {
     app.add_option("--shard-tokens", o.shard_tokens, "Most tokens per training shard")->check(CLI::PositiveNumber);
 }
 
+void add_convert_flags(CLI::App& app, ConvertOptions& o) {
+    app.add_option("--from", o.from, "The format of the input: llama2c (karpathy/llama2.c's model.bin, as run.c reads)")
+        ->required()
+        ->check(CLI::IsMember({"llama2c"}));
+    app.add_option("input", o.input, "The checkpoint to convert")->required()->check(CLI::ExistingFile);
+    app.add_option("--out", o.out_dir,
+                   "Output directory (a new or empty one): config.json, model.safetensors, generation_config.json")
+        ->required();
+}
+
+void add_export_flags(CLI::App& app, ExportOptions& o) {
+    app.add_option("checkpoint", o.checkpoint,
+                   "A checkpoint (a step_N directory, or an output directory: its latest checkpoint), or a Hugging "
+                   "Face model directory (to convert its dtype or join its shards)")
+        ->required()
+        ->check(CLI::ExistingDirectory);
+    app.add_option("--out", o.out_dir,
+                   "Output directory (a new or empty one): model.safetensors, config.json, tokenizer files, "
+                   "generation_config.json; no optimizer state")
+        ->required();
+    app.add_option("--dtype", o.dtype, "Convert the weights to bf16, fp32 or fp64 (default: as stored)")
+        ->check(CLI::IsMember({"bf16", "fp32", "fp64"}));
+}
+
 }  // namespace
 
 Command parse_command(int argc, char** argv, const TrainOptions& base) {
@@ -153,6 +182,14 @@ Command parse_command(int argc, char** argv, const TrainOptions& base) {
                                            "shards (and train a tokenizer unless --tokenizer is given)");
     prepare->option_defaults()->always_capture_default();
     add_prepare_flags(*prepare, c.prepare);
+    CLI::App* convert = app.add_subcommand(
+        "convert", "Convert another trainer's checkpoint into a Hugging Face model directory (--init-from takes it)");
+    convert->option_defaults()->always_capture_default();
+    add_convert_flags(*convert, c.convert);
+    CLI::App* export_model = app.add_subcommand(
+        "export", "Write a checkpoint as a Hugging Face model directory that transformers loads as it is");
+    export_model->option_defaults()->always_capture_default();
+    add_export_flags(*export_model, c.export_model);
     app.require_subcommand(0, 1);
     try {
         app.parse(argc, argv);
@@ -161,6 +198,8 @@ Command parse_command(int argc, char** argv, const TrainOptions& base) {
     }
     if (sample->parsed()) c.kind = Command::Kind::sample;
     if (prepare->parsed()) c.kind = Command::Kind::prepare;
+    if (convert->parsed()) c.kind = Command::Kind::convert;
+    if (export_model->parsed()) c.kind = Command::Kind::export_model;
     return c;
 }
 

@@ -5,6 +5,8 @@
 //   train [flags]            train (the default command; no flags: the built-in demo run)
 //   train sample [flags]     generate text from a checkpoint
 //   train prepare [flags]    text or JSON-lines files -> token shards + a validation shard
+//   train convert --from llama2c FILE --out DIR    a llama2.c checkpoint -> a Hugging Face directory
+//   train export CHECKPOINT --out DIR              a checkpoint -> a Hugging Face directory
 //
 // Resuming: `train --resume DIR` takes every training flag from the checkpoint's
 // trainer_state.json and then applies the flags given on this command line on top, so a resumed
@@ -23,12 +25,13 @@ namespace pv {
 
 struct TrainOptions {
     // Model and data.
-    std::string preset;    // a model preset; empty: the built-in default model sized to the tokenizer
-    std::string config;    // a Hugging Face config.json instead of a preset
-    std::string data;      // a directory from `train prepare` or a token shard; empty: the built-in corpus
-    std::string val_data;  // a validation shard; empty: the data's own (or the built-in corpus's tail)
-    std::string freeze;    // comma-separated globs over Hugging Face tensor names to keep fixed (model/freeze.h)
-    int vocab = 512;       // tokenizer vocabulary trained on the built-in corpus
+    std::string preset;     // a model preset; empty: the built-in default model sized to the tokenizer
+    std::string config;     // a Hugging Face config.json instead of a preset
+    std::string init_from;  // a Hugging Face model directory: its config, weights and tokenizer
+    std::string data;       // a directory from `train prepare` or a token shard; empty: the built-in corpus
+    std::string val_data;   // a validation shard; empty: the data's own (or the built-in corpus's tail)
+    std::string freeze;     // comma-separated globs over Hugging Face tensor names to keep fixed (model/freeze.h)
+    int vocab = 512;        // tokenizer vocabulary trained on the built-in corpus
     // Batch and length (DESIGN.md §4: batch = micro_batch x accumulation x ranks).
     long long steps = 250;
     int batch = 16;
@@ -73,11 +76,25 @@ struct SampleOptions {
     uint64_t seed = 1337;
 };
 
+struct ConvertOptions {
+    std::string from = "llama2c";  // the source format (llama2c: karpathy/llama2.c's run.c format)
+    std::string input;
+    std::string out_dir;
+};
+
+struct ExportOptions {
+    std::string checkpoint;  // a step_N directory, an output directory (its latest), or a model directory
+    std::string out_dir;
+    std::string dtype;  // bf16, fp32 or fp64; empty: as stored
+};
+
 struct Command {
-    enum class Kind { train, sample, prepare } kind = Kind::train;
+    enum class Kind { train, sample, prepare, convert, export_model } kind = Kind::train;
     TrainOptions train;
     SampleOptions sample;
     PrepareOptions prepare;
+    ConvertOptions convert;
+    ExportOptions export_model;
 };
 
 // Parses argv; prints help or errors and exits (status 0 for --help, 2 for bad flags). Training

@@ -1,6 +1,7 @@
 // One training run, in phases (trainer/run.h): TrainingRun builds everything in its constructor
-// (data loaders, schedule, the strategy's plan, the model, the strategy, the optimizer), then
-// run() resumes, opens the metrics, prints the header, trains step by step and finishes.
+// (data loaders, schedule, the strategy's plan, the model, the strategy, the weights of
+// --init-from, the optimizer), then run() resumes, opens the metrics, prints the header, trains
+// step by step and finishes.
 #include "trainer/run.h"
 
 #include "data/loader.h"
@@ -18,6 +19,7 @@
 #include "trainer/trainer.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -45,6 +47,54 @@ double device_peak_flops() {
     return dense_bf16_peak_flops(major, minor, sms, clock_khz);
 }
 
+// Every rank's load figures (seconds, bytes read, overflows) on every rank, in rank order:
+// collective over the world (an all-gather of 3 doubles per rank, outside any step).
+std::vector<std::array<double, 3>> gather_load_stats(World& world, const LoadStats& s) {
+    const std::array<double, 3> mine{s.seconds, double(s.bytes_read), double(s.overflows)};
+    std::vector<std::array<double, 3>> all(size_t(world.size()));
+    if (world.size() == 1) return {mine};
+    DeviceBuffer<double> buffer(3 * size_t(world.size()), MemoryCategory::workspace);
+    double* slot = buffer.get() + 3 * world.rank();
+    CUDA_CHECK(cudaMemcpy(slot, mine.data(), sizeof mine, cudaMemcpyHostToDevice));
+    world.comm().all_gather(slot, buffer.get(), 3);
+    CUDA_CHECK(cudaStreamSynchronize(world.comm().stream()));
+    CUDA_CHECK(cudaMemcpy(all.data(), buffer.get(), buffer.bytes(), cudaMemcpyDeviceToHost));
+    return all;
+}
+
+// "what: ...; rank 0 read N bytes in T s" (one rank), or a line per rank; rank 0 prints.
+void report_load(World& world, const std::string& what, const LoadStats& s) {
+    const auto all = gather_load_stats(world, s);
+    auto rank_line = [&](int r) {
+        const auto& f = all[size_t(r)];
+        char line[160];
+        std::snprintf(
+            line, sizeof line, "rank %d read %.0f bytes in %.3f s%s", r, f[1], f[0],
+            f[2] > 0 ? (", " + std::to_string((long long)f[2]) + " values overflowed (now inf)").c_str() : "");
+        return std::string(line);
+    };
+    std::printf("%s", what.c_str());
+    if (!s.skipped.empty()) {
+        std::printf("; skipped %zu tensor(s) Hugging Face ignores too (%s%s)", s.skipped.size(), s.skipped[0].c_str(),
+                    s.skipped.size() > 1 ? ", ..." : "");
+    }
+    if (world.size() == 1) {
+        std::printf("; %s\n", rank_line(0).c_str());
+        return;
+    }
+    std::printf("\n");
+    for (int r = 0; r < world.size(); ++r) std::printf("  %s\n", rank_line(r).c_str());
+}
+
+// "2 files (BF16, F16) -> bf16"
+template <class T>
+std::string load_summary(const LoadStats& s) {
+    std::string dtypes;
+    for (const std::string& d : s.dtypes) dtypes += (dtypes.empty() ? "" : ", ") + d;
+    return std::to_string(s.files) + (s.files == 1 ? " file" : " files") + " (" + dtypes + ") -> " +
+           dtype_name(dtype_of<T>());
+}
+
 LrConfig lr_config_of(const TrainOptions& o) {
     LrConfig c;
     c.kind = parse_schedule(o.schedule);
@@ -60,11 +110,12 @@ template <class T, class G>
 class TrainingRun {
   public:
     TrainingRun(const TrainOptions& o, const TrainOptions& requested, RunData data, const LlamaConfig& config,
-                const std::string& resume_dir, World& world)
+                const RunSources& from, World& world)
         : o_(o),
           requested_(requested),
           config_(config),
-          resume_dir_(resume_dir),
+          resume_dir_(from.resume_dir),
+          init_dir_(from.init_dir),
           world_(world),
           plan_(plan_strategy(strategy_options(o), config, o.seq_len, world.rank(), world.size())),
           accumulation_(accumulation_for(o.batch, o.micro_batch, plan_.data_ranks)),
@@ -72,7 +123,8 @@ class TrainingRun {
           lr_(lr_config_of(o)),
           adamw_{o.beta1, o.beta2, o.eps, o.weight_decay, o.decay_norm_weights, o.stochastic_rounding, o.seed},
           source_(data.source),
-          tokenizer_(std::move(data.tokenizer)) {
+          tokenizer_(std::move(data.tokenizer)),
+          tokenizer_dir_(data.tokenizer_dir) {
         for (const TokenShard& s : data.train)
             fingerprint_ = fingerprint_tokens(s.tokens, fingerprint_), train_tokens_ += (long long)s.tokens.size();
         loader_.emplace(std::move(data.train), o.seq_len, o.seed);
@@ -83,6 +135,12 @@ class TrainingRun {
         model_ = std::make_unique<Llama<T>>(
             config, ModelOptions{o.micro_batch, o.seq_len, o.seed, frozen.names, plan_.placement, nullptr});
         strategy_ = make_strategy<T, G>(plan_, *model_, &world.comm(), o.seed);
+        // --init-from: the pretrained weights over the initial ones, each rank what it keeps, before
+        // the optimizer takes its master copy from them.
+        if (!init_dir_.empty()) {
+            const LoadStats stats = load_pretrained(init_dir_, *strategy_);
+            report_load(world, "init from " + init_dir_ + ": " + load_summary<T>(stats), stats);
+        }
         optimizer_ = Trainer<T, G>::make_optimizer(*strategy_);
         trainer_ = std::make_unique<Trainer<T, G>>(*strategy_, *optimizer_);
     }
@@ -100,7 +158,9 @@ class TrainingRun {
     // Loads the checkpoint (what this rank keeps) and checks the data is the checkpoint's.
     void resume() {
         if (!resume_dir_.empty()) {
-            const TrainerState state = load_checkpoint(resume_dir_, *strategy_, *optimizer_);
+            LoadStats stats;
+            const TrainerState state = load_checkpoint(resume_dir_, *strategy_, *optimizer_, &stats);
+            report_load(world_, "resume: read " + load_summary<T>(stats), stats);
             start_step_ = state.step;
             if (state.data_fingerprint != fingerprint_ || state.train_tokens != train_tokens_) {
                 if (state.options.data == o_.data)
@@ -177,7 +237,9 @@ class TrainingRun {
             if (metrics_) std::fflush(metrics_);
             if ((o_.checkpoint_interval > 0 && (step + 1) % o_.checkpoint_interval == 0) || step + 1 == end_step_) {
                 const std::string dir = checkpoint_path(o_.out_dir, step + 1);
-                save_checkpoint(dir, *strategy_, *optimizer_, trainer_state(step + 1), tokenizer_.get());
+                save_checkpoint(
+                    dir, *strategy_, *optimizer_, trainer_state(step + 1),
+                    ModelFiles{tokenizer_.get(), tokenizer_dir_, resume_dir_.empty() ? init_dir_ : resume_dir_});
                 std::printf("          checkpoint %s\n", dir.c_str());
             }
             std::fflush(stdout);
@@ -260,7 +322,7 @@ class TrainingRun {
 
     const TrainOptions o_, requested_;
     const LlamaConfig config_;
-    const std::string resume_dir_;
+    const std::string resume_dir_, init_dir_;
     World& world_;
     const StrategyPlan plan_;
     const int accumulation_;
@@ -269,6 +331,7 @@ class TrainingRun {
     const AdamWSettings adamw_;
     const std::string source_;
     std::unique_ptr<Tokenizer> tokenizer_;
+    const std::string tokenizer_dir_;
     uint64_t fingerprint_ = 0xcbf29ce484222325ull;
     long long train_tokens_ = 0;
     std::optional<DataLoader> loader_, val_loader_;
@@ -286,17 +349,17 @@ class TrainingRun {
 
 template <class T, class G>
 int run_training(const TrainOptions& o, const TrainOptions& requested, RunData data, const LlamaConfig& config,
-                 const std::string& resume_dir, World& world) {
-    return TrainingRun<T, G>(o, requested, std::move(data), config, resume_dir, world).run();
+                 const RunSources& from, World& world) {
+    return TrainingRun<T, G>(o, requested, std::move(data), config, from, world).run();
 }
 
 template int run_training<__nv_bfloat16, __nv_bfloat16>(const TrainOptions&, const TrainOptions&, RunData,
-                                                        const LlamaConfig&, const std::string&, World&);
+                                                        const LlamaConfig&, const RunSources&, World&);
 template int run_training<__nv_bfloat16, float>(const TrainOptions&, const TrainOptions&, RunData, const LlamaConfig&,
-                                                const std::string&, World&);
+                                                const RunSources&, World&);
 template int run_training<float, float>(const TrainOptions&, const TrainOptions&, RunData, const LlamaConfig&,
-                                        const std::string&, World&);
+                                        const RunSources&, World&);
 template int run_training<double, double>(const TrainOptions&, const TrainOptions&, RunData, const LlamaConfig&,
-                                          const std::string&, World&);
+                                          const RunSources&, World&);
 
 }  // namespace pv

@@ -10,11 +10,18 @@
 
 namespace pv {
 
+// Where a run's model comes from besides its options: a checkpoint to resume (`resume_dir`), or
+// a Hugging Face model to start from (`init_dir`, --init-from); both empty: initialised here.
+struct RunSources {
+    std::string resume_dir;
+    std::string init_dir;
+};
+
 // Trains with storage type T and gradient type G (T, or float with --fp32-grad-accumulation).
 // `o` has the micro-batch resolved; `requested` is what the user asked for (saved in checkpoints,
 // so an automatic micro-batch stays automatic). Returns the exit status.
 template <class T, class G>
 int run_training(const TrainOptions& o, const TrainOptions& requested, RunData data, const LlamaConfig& config,
-                 const std::string& resume_dir, World& world);
+                 const RunSources& from, World& world);
 
 }  // namespace pv

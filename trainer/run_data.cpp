@@ -4,9 +4,15 @@
 #include "data/prepare.h"
 #include "model/config_json.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <stdexcept>
 
 // The built-in corpus, embedded by the Makefile (build/<flavour>/corpus.o).
@@ -37,13 +43,19 @@ LlamaConfig default_model(int vocab, int seq_len) {
 
 // The built-in corpus: a tokenizer trained on it (or the checkpoint's, on resume), the last 10%
 // held out for validation.
-RunData builtin_data(const TrainOptions& o, const std::string& resume_dir) {
+RunData builtin_data(const TrainOptions& o, const std::string& resume_dir, const std::string& init_dir) {
     RunData d;
     d.source = "built-in corpus";
     const std::string corpus(pv_corpus_begin, pv_corpus_end);
     std::printf("built-in corpus: %zu bytes of the project's own documentation and sources\n", corpus.size());
-    d.tokenizer = std::make_unique<Tokenizer>(resume_dir.empty() ? Tokenizer::train(corpus, o.vocab)
-                                                                 : Tokenizer::load(resume_dir + "/tokenizer.json"));
+    d.tokenizer_dir = !resume_dir.empty() ? resume_dir : init_dir;
+    if (!init_dir.empty() && resume_dir.empty() && !std::filesystem::exists(init_dir + "/tokenizer.json"))
+        throw std::runtime_error("--init-from " + init_dir +
+                                 ": the model has no tokenizer.json, so the built-in corpus cannot be tokenized for "
+                                 "it; pass --data with data prepared for this model (`train prepare --tokenizer`)");
+    d.tokenizer =
+        std::make_unique<Tokenizer>(d.tokenizer_dir.empty() ? Tokenizer::train(corpus, o.vocab)
+                                                            : Tokenizer::load(d.tokenizer_dir + "/tokenizer.json"));
     const std::vector<int> ids = d.tokenizer->encode(corpus, false);
     std::printf("tokenizer: byte-level BPE, %d tokens; corpus = %zu tokens\n", d.tokenizer->vocab_size(), ids.size());
     // The loss of a model that knows only token frequencies: what training must beat to show it
@@ -55,7 +67,7 @@ RunData builtin_data(const TrainOptions& o, const std::string& resume_dir) {
         if (f > 0) entropy -= f / double(ids.size()) * std::log(f / double(ids.size()));
     std::printf("unigram entropy of the corpus: %.4f nats/token\n", entropy);
     const size_t split = ids.size() - ids.size() / 10;
-    TokenShard t{uint32_t(d.tokenizer->vocab_size()), uint32_t(std::max(0, d.tokenizer->eot_id())), {}};
+    TokenShard t{uint32_t(d.tokenizer->vocab_size()), uint32_t(std::max(0, d.tokenizer->eos_id())), {}};
     TokenShard v = t;
     t.tokens.assign(ids.begin(), ids.begin() + long(split));
     v.tokens.assign(ids.begin() + long(split), ids.end());
@@ -64,22 +76,74 @@ RunData builtin_data(const TrainOptions& o, const std::string& resume_dir) {
     return d;
 }
 
+// The id -> token mapping of a tokenizer.json: the model's vocabulary and the added tokens' ids
+// and texts. Two files with the same mapping give the same ids the same meaning, however they
+// are laid out (a rewritten file, a different pre-tokenizer or merge list).
+nlohmann::json token_meaning(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+        throw std::runtime_error(path + " is not valid JSON (" + e.what() + ")");
+    }
+    nlohmann::json meaning = nlohmann::json::object();
+    if (j.is_object() && j.contains("model") && j["model"].is_object() && j["model"].contains("vocab"))
+        meaning["vocab"] = j["model"]["vocab"];
+    nlohmann::json added = nlohmann::json::array();
+    if (j.is_object() && j.contains("added_tokens") && j["added_tokens"].is_array())
+        for (const auto& t : j["added_tokens"])
+            if (t.is_object()) added.push_back({t.value("id", -1), t.value("content", std::string())});
+    std::sort(added.begin(), added.end());
+    meaning["added"] = added;
+    return meaning;
+}
+
+// --data prepared with another tokenizer than the model's is an error naming both files.
+void check_same_tokenizer(const std::string& data_tokenizer, const std::string& model_dir) {
+    const std::string model_tokenizer = model_dir + "/tokenizer.json";
+    if (!std::filesystem::exists(model_tokenizer)) {
+        std::printf("note: %s has no tokenizer.json; the data's token ids (tokenizer %s) are taken as the model's\n",
+                    model_dir.c_str(), data_tokenizer.c_str());
+        return;
+    }
+    if (token_meaning(data_tokenizer) != token_meaning(model_tokenizer))
+        throw std::runtime_error("--data was prepared with " + data_tokenizer + ", whose token ids differ from " +
+                                 model_tokenizer +
+                                 "'s (the model's): the model would read other tokens than the data holds; prepare "
+                                 "the data with `train prepare --tokenizer " +
+                                 model_tokenizer + " ...`");
+}
+
 }  // namespace
 
-RunData load_run_data(const TrainOptions& o, const std::string& resume_dir) {
-    if (o.data.empty()) return builtin_data(o, resume_dir);
+RunData load_run_data(const TrainOptions& o, const std::string& resume_dir, const std::string& init_dir) {
+    if (o.data.empty()) return builtin_data(o, resume_dir, init_dir);
     RunData d;
     d.source = o.data;
     DataSet set = load_dataset(o.data);
     d.train = std::move(set.train);
     d.val = std::move(set.val);
     if (!o.val_data.empty()) d.val = read_shard(o.val_data);
-    if (!set.tokenizer_path.empty()) d.tokenizer = std::make_unique<Tokenizer>(Tokenizer::load(set.tokenizer_path));
+    if (!init_dir.empty() && !set.tokenizer_path.empty()) check_same_tokenizer(set.tokenizer_path, init_dir);
+    // The model's own tokenizer files when the data's mean the same, so its tokenizer_config.json
+    // travels with the checkpoints too.
+    const std::string tokenizer_path = !init_dir.empty() && std::filesystem::exists(init_dir + "/tokenizer.json")
+                                           ? init_dir + "/tokenizer.json"
+                                           : set.tokenizer_path;
+    if (!tokenizer_path.empty()) {
+        d.tokenizer = std::make_unique<Tokenizer>(Tokenizer::load(tokenizer_path));
+        d.tokenizer_dir = std::filesystem::path(tokenizer_path).parent_path().string();
+    }
     return d;
 }
 
-LlamaConfig model_config(const TrainOptions& o, int data_vocab, const std::string& resume_dir) {
+LlamaConfig model_config(const TrainOptions& o, const RunData& data, const std::string& resume_dir,
+                         const std::string& init_dir) {
+    const int data_vocab = int(data.train.front().vocab_size);
     LlamaConfig c = !resume_dir.empty() ? read_hf_config(resume_dir + "/config.json")
+                    : !init_dir.empty() ? read_hf_config(init_dir + "/config.json")
                     : !o.config.empty() ? read_hf_config(o.config)
                     : !o.preset.empty() ? preset(o.preset)
                                         : default_model(data_vocab, o.seq_len);
@@ -87,6 +151,14 @@ LlamaConfig model_config(const TrainOptions& o, int data_vocab, const std::strin
         throw std::invalid_argument("the model's vocabulary (" + std::to_string(c.vocab_size) +
                                     ") is smaller than the data's (" + std::to_string(data_vocab) +
                                     "): choose a model with a larger vocabulary or data tokenized for this model");
+    // A tokenizer with fewer tokens than the embedding has rows is fine (padding rows, as many
+    // published models have); one with more would produce ids the model has no row for.
+    if (data.tokenizer && data.tokenizer->vocab_size() > c.vocab_size)
+        throw std::invalid_argument("the tokenizer (" +
+                                    (data.tokenizer_dir.empty() ? std::string("trained here") : data.tokenizer_dir) +
+                                    ") has " + std::to_string(data.tokenizer->vocab_size()) +
+                                    " tokens, more than the model's vocab_size " + std::to_string(c.vocab_size) + " (" +
+                                    c.name + "): its larger ids have no embedding row; use the model's own tokenizer");
     return c;
 }
 

@@ -1,5 +1,13 @@
 // What a training run trains: its data (token shards, validation shard, tokenizer — from a
-// `train prepare` directory or the built-in corpus) and its model's shape. Host C++ only.
+// `train prepare` directory or the built-in corpus) and its model's shape (from a checkpoint on
+// --resume, a Hugging Face directory with --init-from, --config, --preset or the default).
+//
+// --init-from DIR: the model is DIR's (config.json) and so is the tokenizer (DIR/tokenizer.json):
+// the built-in corpus is tokenized with it, and a --data directory must have been prepared with a
+// tokenizer whose ids mean the same tokens (its tokenizer.json and DIR's are compared: the same
+// vocabulary and added tokens; merges and pre-tokenizer settings do not change what an id means),
+// else the error names both files. A DIR without tokenizer.json (a converted llama2.c model) takes
+// the data's ids as they are. Host C++ only.
 #pragma once
 
 #include "data/shard.h"
@@ -19,16 +27,19 @@ struct RunData {
     std::vector<TokenShard> train;
     std::optional<TokenShard> val;
     std::unique_ptr<Tokenizer> tokenizer;
+    std::string tokenizer_dir;  // the directory its tokenizer.json came from (empty: trained here)
     std::string source;
 };
 
 // The run's data: --data (and --val-data), or the built-in corpus with a tokenizer trained on it
-// (the checkpoint's tokenizer when resuming from `resume_dir`), its last 10% held out.
-RunData load_run_data(const TrainOptions& o, const std::string& resume_dir);
+// (the checkpoint's tokenizer when resuming from `resume_dir`, the model's with `init_dir`), its
+// last 10% held out.
+RunData load_run_data(const TrainOptions& o, const std::string& resume_dir, const std::string& init_dir = "");
 
-// The model: the checkpoint's config when resuming, --config, --preset, or the default model
-// (4 layers, hidden 128) sized to the data's vocabulary. Throws when the data's vocabulary does
-// not fit the model's.
-LlamaConfig model_config(const TrainOptions& o, int data_vocab, const std::string& resume_dir);
+// The model: the checkpoint's config when resuming, init_dir's config.json, --config, --preset,
+// or the default model (4 layers, hidden 128) sized to the data's vocabulary. Throws when the
+// data's vocabulary, or the tokenizer's, does not fit the model's.
+LlamaConfig model_config(const TrainOptions& o, const RunData& data, const std::string& resume_dir,
+                         const std::string& init_dir = "");
 
 }  // namespace pv

@@ -2,15 +2,28 @@
 #include "trainer/state.h"
 
 #include "io/durable_file.h"
+#include "model/checkpoint.h"
 
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 
 namespace pv {
+
+std::string checkpoint_path(const std::string& out_dir, long long step) {
+    return (std::filesystem::path(out_dir) / ("step_" + std::to_string(step))).string();
+}
+
+std::string resolve_checkpoint(const std::string& path) {
+    if (std::filesystem::is_regular_file(std::filesystem::path(path) / kTrainerStateFile)) return path;
+    if (auto latest = latest_checkpoint(path, kTrainerStateFile)) return *latest;
+    throw std::runtime_error("'" + path + "' is neither a checkpoint (a step_N directory with " + kTrainerStateFile +
+                             ") nor an output directory containing one");
+}
 
 namespace {
 

@@ -37,6 +37,14 @@ struct TrainerState {
 
 inline constexpr const char* kTrainerStateFile = "trainer_state.json";
 
+// step_N under out_dir.
+std::string checkpoint_path(const std::string& out_dir, long long step);
+
+// A checkpoint directory from a user's path: a step_N directory itself (it holds
+// trainer_state.json), or an output directory whose latest complete checkpoint is taken. Throws
+// std::runtime_error saying what was looked for when there is none.
+std::string resolve_checkpoint(const std::string& path);
+
 // Writes path atomically (tmp, fsync, rename); reads and validates (std::runtime_error naming the
 // file and the problem).
 void write_trainer_state(const std::string& path, const TrainerState& s);

@@ -1,0 +1,124 @@
+// Model directories for Hugging Face and `train export` (trainer/export.h).
+#include "trainer/export.h"
+
+#include "model/checkpoint.h"
+#include "model/config_json.h"
+#include "model/dtype_conversion.h"
+#include "model/hf_checkpoint.h"
+#include "trainer/state.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <stdexcept>
+
+namespace pv {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A directory that is a model already (config.json and weights), or a checkpoint to resolve.
+std::string model_source(const std::string& path) {
+    const fs::path p(path);
+    if (fs::is_regular_file(p / "config.json") &&
+        (fs::exists(p / kSafetensorsFile) || fs::exists(p / kSafetensorsIndexFile)))
+        return path;
+    return resolve_checkpoint(path);
+}
+
+std::optional<DType> dtype_of_name(const std::string& name) {
+    if (name == "bf16" || name == "BF16") return DType::bf16;
+    if (name == "fp32" || name == "F32") return DType::fp32;
+    if (name == "fp64" || name == "F64") return DType::fp64;
+    return std::nullopt;
+}
+
+}  // namespace
+
+void write_model_files(const std::string& dir, const ModelFiles& files) {
+    const auto copy = [&](const fs::path& from) {
+        fs::copy_file(from, fs::path(dir) / from.filename(), fs::copy_options::overwrite_existing);
+    };
+    const fs::path tokenizer_dir(files.tokenizer_dir);
+    if (!files.tokenizer_dir.empty() && fs::is_regular_file(tokenizer_dir / "tokenizer.json")) {
+        for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+            if (fs::is_regular_file(tokenizer_dir / f)) copy(tokenizer_dir / f);
+    } else if (files.tokenizer) {
+        files.tokenizer->save(dir + "/tokenizer.json");
+    }
+    const fs::path generation = fs::path(files.model_dir) / "generation_config.json";
+    if (!files.model_dir.empty() && fs::is_regular_file(generation)) {
+        copy(generation);
+    } else if (files.tokenizer && (files.tokenizer->bos_id() >= 0 || files.tokenizer->eos_id() >= 0)) {
+        GenerationConfig g;
+        g.bos_token_id = files.tokenizer->bos_id();
+        if (files.tokenizer->eos_id() >= 0) g.eos_token_ids.push_back(files.tokenizer->eos_id());
+        write_generation_config(dir + "/generation_config.json", g);
+    }
+}
+
+void export_model(const ExportOptions& o) {
+    const std::string src = model_source(o.checkpoint);
+    const LlamaConfig config = read_hf_config(src + "/config.json");
+    HfCheckpoint source = HfCheckpoint::open_dir(src);
+    std::vector<GroupLayout> layouts;
+    for (const UnitSpec& unit : model_units(config))
+        layouts.push_back(layout_group(GroupKind::trainable, DType::fp32, unit.tensors, 1));
+    const std::vector<std::string> skipped = check_group_tensors(source, layouts, ExtraTensors::hugging_face);
+
+    // The output dtype: --dtype, else the one every weight is stored in.
+    std::optional<DType> dtype = o.dtype.empty() ? std::nullopt : dtype_of_name(o.dtype);
+    if (!dtype) {
+        std::string stored;
+        for (const SafeTensorInfo& t : group_tensor_infos(layouts, DType::fp32)) {
+            const std::string& d = source.find(t.name)->dtype;
+            if (!stored.empty() && d != stored)
+                throw std::runtime_error("export: '" + src + "' stores its weights in several dtypes (" + stored +
+                                         ", " + d + "): pass --dtype bf16, fp32 or fp64");
+            stored = d;
+        }
+        dtype = dtype_of_name(stored);
+        if (!dtype)
+            throw std::runtime_error("export: '" + src + "' stores its weights as " + stored +
+                                     ", which polevault does not write: pass --dtype bf16, fp32 or fp64");
+    }
+
+    const std::vector<SafeTensorInfo> tensors = group_tensor_infos(layouts, *dtype);
+    const std::string tmp = begin_new_model_dir(o.out_dir);
+    uint64_t overflows = 0;
+    try {
+        const size_t element = dtype_size(*dtype);
+        std::vector<uint8_t> piece;
+        write_safetensors_streamed(tmp + "/" + kSafetensorsFile, tensors, {{"format", "pt"}},
+                                   [&](size_t i, const ByteSink& sink) {
+                                       const uint64_t numel = source.find(tensors[i].name)->numel();
+                                       const uint64_t step = kGroupReadPieceBytes / element;
+                                       for (uint64_t at = 0; at < numel; at += step) {
+                                           const uint64_t n = std::min(step, numel - at);
+                                           piece.resize(size_t(n) * element);
+                                           overflows += source.read(tensors[i].name, at, n, *dtype, piece.data());
+                                           sink(piece.data(), piece.size());
+                                       }
+                                   });
+        write_hf_config(tmp + "/config.json", config, torch_dtype_name(*dtype));
+        std::optional<Tokenizer> tokenizer;  // for the BOS/EOS ids when src has no generation_config.json
+        if (!fs::exists(fs::path(src) / "generation_config.json") && fs::exists(fs::path(src) / "tokenizer.json"))
+            tokenizer = Tokenizer::load(src + "/tokenizer.json");
+        write_model_files(tmp, ModelFiles{tokenizer ? &*tokenizer : nullptr, src, src});
+    } catch (...) {
+        std::error_code ignore;
+        fs::remove_all(tmp, ignore);  // never leave half a model behind
+        throw;
+    }
+    commit_checkpoint_dir(o.out_dir);
+    std::printf("exported %s -> %s: %zu tensors, %lld parameters as %s (%llu values overflowed)%s\n", src.c_str(),
+                o.out_dir.c_str(), tensors.size(), parameter_count(config), dtype_name(*dtype),
+                static_cast<unsigned long long>(overflows),
+                skipped.empty()
+                    ? ""
+                    : (", skipped " + std::to_string(skipped.size()) + " tensor(s) Hugging Face ignores").c_str());
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"})
+        if (fs::exists(fs::path(o.out_dir) / f)) std::printf("  with %s\n", f);
+}
+
+}  // namespace pv

@@ -1,0 +1,177 @@
+// Loading tensors into a model on the device, each rank reading only what it keeps (DESIGN.md §3):
+// `--init-from DIR` (a Hugging Face model), `--resume` (a checkpoint's weights and optimizer
+// state) and `train sample` (a whole model from a checkpoint or a Hugging Face directory).
+//
+// What a rank keeps comes from its strategy (parallel/strategy.h): elements [local_begin,
+// local_begin + local_len) of every padded group — the whole group (single, DDP, ZeRO-1/2), a
+// slice of it (ZeRO-3), nothing for a unit of another pipeline stage (mp; the last stage also
+// keeps the tied embedding). Optimizer state: the range [begin, end) AdamWState owns. The source
+// is first checked against the whole model's layouts on every rank (model/checkpoint.h
+// check_group_tensors: missing, misshapen or foreign tensors are refused before anything is
+// read, so a model is loaded whole or not at all); then each rank reads, tensor part by tensor
+// part, the elements of its ranges only (safetensors is row-major: a slice of a tensor is one
+// contiguous run of bytes), converts them to the run's type in bounded pieces and copies each
+// piece to the device. Host memory holds one piece at a time (model/checkpoint.h
+// kGroupReadPieceBytes), never a whole tensor, let alone the model, so eight ranks of a large
+// model on one machine read 1/8 of it each (ZeRO-3) in a few megabytes of host memory each.
+// Padding and alignment gaps are zeroed on the device first.
+//
+// Header-only (templates over the storage type), so the multi-rank tests load exactly as `train`
+// does.
+#pragma once
+
+#include "model/checkpoint.h"
+#include "model/hf_checkpoint.h"
+#include "model/llama.h"
+#include "optim/optimizer.cuh"
+#include "parallel/strategy.h"
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace pv {
+
+// Every group of every unit (the layouts of model.safetensors), in unit then group order.
+template <class T>
+std::vector<GroupLayout> all_groups(const Llama<T>& model) {
+    std::vector<GroupLayout> out;
+    for (int u = 0; u < model.num_units(); ++u)
+        for (int g = 0; g < model.num_groups(u); ++g) out.push_back(model.group(u, g));
+    return out;
+}
+
+// Every unit's trainable group (the layouts of the optimizer files).
+template <class T>
+std::vector<GroupLayout> trainable_groups(const Llama<T>& model) {
+    std::vector<GroupLayout> out;
+    for (int u = 0; u < model.num_units(); ++u) out.push_back(model.trainable(u));
+    return out;
+}
+
+// Where this rank keeps a group's elements: `len` elements of the padded group from `begin`, at
+// device pointer `dst` (element begin of the group).
+template <class X>
+struct DeviceRange {
+    X* dst = nullptr;
+    long long begin = 0, len = 0;
+};
+
+// What one load did on this rank.
+struct LoadStats {
+    double seconds = 0;
+    uint64_t bytes_read = 0;           // from the safetensors files: every header, then the ranges
+    uint64_t overflows = 0;            // finite values that became ±Inf in the run's type
+    std::vector<std::string> skipped;  // tensors ignored by name (rotary_emb.inv_freq, a tied lm_head)
+    std::vector<std::string> dtypes;   // the files' dtypes, each once
+    size_t files = 0;
+    void add(const LoadStats& o) {
+        seconds += o.seconds, bytes_read += o.bytes_read, overflows += o.overflows, files += o.files;
+        skipped.insert(skipped.end(), o.skipped.begin(), o.skipped.end());
+        for (const std::string& d : o.dtypes)
+            if (std::find(dtypes.begin(), dtypes.end(), d) == dtypes.end()) dtypes.push_back(d);
+    }
+};
+
+// Checks `source` against `layouts` (whole), then fills each device range from it: zeroed, then
+// the tensor elements inside it streamed in pieces. ranges[k] belongs to layouts[k].
+template <class X>
+LoadStats load_group_ranges(HfCheckpoint& source, const std::vector<GroupLayout>& layouts,
+                            const std::vector<DeviceRange<X>>& ranges, ExtraTensors extra) {
+    const auto start = std::chrono::steady_clock::now();
+    LoadStats stats;
+    stats.skipped = check_group_tensors(source, layouts, extra);
+    stats.files = source.files().size();
+    for (const SafeTensorInfo* t : source.tensors())
+        if (std::find(stats.dtypes.begin(), stats.dtypes.end(), t->dtype) == stats.dtypes.end())
+            stats.dtypes.push_back(t->dtype);
+    CUDA_CHECK(cudaDeviceSynchronize());  // nothing queued earlier (initialisation) may land after the load
+    std::vector<ElementRange> wanted;
+    for (const DeviceRange<X>& r : ranges) {
+        if (r.len > 0) CUDA_CHECK(cudaMemset(r.dst, 0, size_t(r.len) * sizeof(X)));  // padding and gaps
+        wanted.push_back({r.begin, r.len});
+    }
+    stats.overflows = read_group_ranges(
+        source, layouts, wanted, dtype_of<X>(), [&](size_t k, long long at, const uint8_t* data, long long n) {
+            CUDA_CHECK(cudaMemcpy(ranges[k].dst + at, data, size_t(n) * sizeof(X), cudaMemcpyHostToDevice));
+        });
+    stats.bytes_read = source.bytes_read();
+    stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return stats;
+}
+
+// The parameters of every group this rank keeps, as the strategy says.
+template <class T, class G>
+std::vector<DeviceRange<T>> param_ranges(Strategy<T, G>& s) {
+    std::vector<DeviceRange<T>> out;
+    for (int u = 0; u < s.model().num_units(); ++u)
+        for (int g = 0; g < s.model().num_groups(u); ++g)
+            out.push_back({s.local_params(u, g), s.local_begin(u, g), s.local_len(u, g)});
+    return out;
+}
+
+// The range of every unit's trainable group this rank's optimizer owns, of one field.
+template <class T>
+std::vector<DeviceRange<acc_t<T>>> optimizer_ranges(AdamWState<T>& o, typename AdamWState<T>::Field f) {
+    std::vector<DeviceRange<acc_t<T>>> out;
+    for (int u = 0; u < o.num_units(); ++u) out.push_back({o.data(u, f), o.begin(u), o.end(u) - o.begin(u)});
+    return out;
+}
+
+// The Hugging Face model in `dir` (model.safetensors or sharded) into the parameters this rank
+// keeps under the strategy, converted to T. Tensors Hugging Face ignores by name are skipped;
+// anything else that does not fit is refused before any weight is written.
+template <class T, class G>
+LoadStats load_pretrained(const std::string& dir, Strategy<T, G>& s) {
+    const auto start = std::chrono::steady_clock::now();
+    HfCheckpoint source = HfCheckpoint::open_dir(dir);
+    LoadStats stats = load_group_ranges(source, all_groups(s.model()), param_ranges(s), ExtraTensors::hugging_face);
+    stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return stats;
+}
+
+// The weights of every unit `model` holds (whole groups), from a polevault checkpoint or any
+// Hugging Face directory (single or sharded, any float dtype), converted to T.
+template <class T>
+LoadStats load_model_weights(const std::string& dir, Llama<T>& model) {
+    const auto start = std::chrono::steady_clock::now();
+    HfCheckpoint source = HfCheckpoint::open_dir(dir);
+    std::vector<DeviceRange<T>> ranges;
+    for (int u = 0; u < model.num_units(); ++u)
+        for (int g = 0; g < model.num_groups(u); ++g)
+            ranges.push_back({model.group_params(u, g), 0, model.holds(u) ? model.group(u, g).padded : 0});
+    LoadStats stats = load_group_ranges(source, all_groups(model), ranges, ExtraTensors::hugging_face);
+    stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return stats;
+}
+
+// A checkpoint's weights and optimizer state (model/checkpoint.h's files), this rank's ranges of
+// each. Without master.safetensors (a checkpoint of an fp32/fp64 run continued in bf16) the
+// master is initialised from the loaded weights.
+template <class T, class G>
+LoadStats load_checkpoint_tensors(const std::string& dir, Strategy<T, G>& s, AdamWState<T>& optimizer) {
+    using Field = typename AdamWState<T>::Field;
+    const auto start = std::chrono::steady_clock::now();
+    Llama<T>& model = s.model();
+    HfCheckpoint weights = HfCheckpoint::open_file(dir + "/model.safetensors");
+    LoadStats stats = load_group_ranges(weights, all_groups(model), param_ranges(s), ExtraTensors::refuse);
+    auto field = [&](const char* file, Field f) {
+        HfCheckpoint source = HfCheckpoint::open_file(dir + "/" + file);
+        stats.add(
+            load_group_ranges(source, trainable_groups(model), optimizer_ranges(optimizer, f), ExtraTensors::refuse));
+    };
+    if constexpr (AdamWState<T>::kHasMaster) {
+        if (std::filesystem::exists(dir + "/master.safetensors")) {
+            field("master.safetensors", Field::master);
+        } else {
+            for (int u = 0; u < model.num_units(); ++u) optimizer.init_master(u, s.owned_params(u), model.stream());
+        }
+    }
+    field("adam_m.safetensors", Field::m);
+    field("adam_v.safetensors", Field::v);
+    stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return stats;
+}
+
+}  // namespace pv
