@@ -65,11 +65,15 @@ inline void set_columns(std::vector<double>& m, const std::vector<double>& part,
         for (size_t j = 0; j < width; ++j) m[r * stride + begin + j] = part[r * width + j];
 }
 
+// Which components of a head RoPE rotates together: Hugging Face's (i, i + d/2), or the
+// interleaved (2i, 2i+1) of llama2.c's and Meta's checkpoints, whose wq and wk rows are in that order.
+enum class RopePairs { rotate_half, interleaved };
+
 // Forward (and, when `backward`, backward with loss scale `loss_scale`) of the model on a batch
 // of B sequences of T tokens; targets equal to -100 are ignored.
 inline LlamaResult llama_forward_backward(const LlamaConfig& c, const Tensors& p, const std::vector<int>& tokens,
                                           const std::vector<int>& targets, size_t B, size_t T, double loss_scale,
-                                          bool backward = true) {
+                                          bool backward = true, RopePairs pairs = RopePairs::rotate_half) {
     const size_t N = B * T, C = size_t(c.hidden_size), V = size_t(c.vocab_size), F = size_t(c.ffn_size);
     const size_t hd = size_t(c.head_dim_resolved()), H = size_t(c.num_heads), Hkv = size_t(c.num_kv_heads);
     const size_t qw = H * hd, kvw = Hkv * hd, W = qw + 2 * kvw;
@@ -77,6 +81,11 @@ inline LlamaResult llama_forward_backward(const LlamaConfig& c, const Tensors& p
     const AttentionShape shape{B, T, H, Hkv, hd};
     const auto freqs = llama_inverse_frequencies(c);
     auto at = [&](const std::string& name) -> const std::vector<double>& { return p.at(name); };
+    auto rope = [&](const std::vector<double>& x, size_t heads, size_t width, int sign) {
+        if (pairs == RopePairs::interleaved) return rope_rotate_interleaved(x, freqs, N, T, heads, hd, width, sign);
+        return sign > 0 ? rope_forward(x, freqs, N, T, heads, hd, width)
+                        : rope_backward(x, freqs, N, T, heads, hd, width);
+    };
 
     struct Layer {
         std::vector<double> x, h1, qkv, att, x2, h2, gu, act;
@@ -89,8 +98,8 @@ inline LlamaResult llama_forward_backward(const LlamaConfig& c, const Tensors& p
         L.x = x;
         L.h1 = rmsnorm_forward(x, at(n + "attn_norm"), N, C, eps).out;
         L.qkv = matmul_forward(L.h1, at(n + "w_qkv"), N, C, W);
-        set_columns(L.qkv, rope_forward(columns(L.qkv, N, W, 0, qw), freqs, N, T, H, hd, qw), N, W, 0, qw);
-        set_columns(L.qkv, rope_forward(columns(L.qkv, N, W, qw, kvw), freqs, N, T, Hkv, hd, kvw), N, W, qw, kvw);
+        set_columns(L.qkv, rope(columns(L.qkv, N, W, 0, qw), H, qw, +1), N, W, 0, qw);
+        set_columns(L.qkv, rope(columns(L.qkv, N, W, qw, kvw), Hkv, kvw, +1), N, W, qw, kvw);
         std::vector<double> lse;
         attention_forward(L.qkv, shape, L.att, lse);
         const auto proj = matmul_forward(L.att, at(n + "w_o"), N, qw, C);
@@ -137,8 +146,8 @@ inline LlamaResult llama_forward_backward(const LlamaConfig& c, const Tensors& p
         const auto datt = matmul_backward_dx(dx2, at(n + "w_o"), N, qw, C);
         add_to(n + "w_o", matmul_backward_dw(dx2, L.att, N, qw, C));
         auto dqkv = attention_backward(L.qkv, L.att, datt, shape);
-        set_columns(dqkv, rope_backward(columns(dqkv, N, W, 0, qw), freqs, N, T, H, hd, qw), N, W, 0, qw);
-        set_columns(dqkv, rope_backward(columns(dqkv, N, W, qw, kvw), freqs, N, T, Hkv, hd, kvw), N, W, qw, kvw);
+        set_columns(dqkv, rope(columns(dqkv, N, W, 0, qw), H, qw, -1), N, W, 0, qw);
+        set_columns(dqkv, rope(columns(dqkv, N, W, qw, kvw), Hkv, kvw, -1), N, W, qw, kvw);
         const auto dh1 = matmul_backward_dx(dqkv, at(n + "w_qkv"), N, C, W);
         add_to(n + "w_qkv", matmul_backward_dw(dqkv, L.h1, N, C, W));
         dx = dx2;

@@ -45,4 +45,27 @@ inline std::vector<double> rope_backward(const std::vector<double>& dout, const 
     return rope_rotate(dout, inv_freq, rows, seq_len, n_heads, head_dim, row_stride, -1, positions);
 }
 
+// llama2.c's (and Meta's original) RoPE, for checkpoints in that order: the interleaved pairs
+// (2j, 2j+1) of each head rotated by pos·inv_freq[j] — out[2j] = x[2j]·cos − x[2j+1]·sin,
+// out[2j+1] = x[2j]·sin + x[2j+1]·cos (llama2.c's run.c) — otherwise as rope_rotate.
+inline std::vector<double> rope_rotate_interleaved(const std::vector<double>& x, const std::vector<double>& inv_freq,
+                                                   size_t rows, size_t seq_len, size_t n_heads, size_t head_dim,
+                                                   size_t row_stride, int sign) {
+    std::vector<double> out = x;
+    for (size_t r = 0; r < rows; ++r) {
+        const long double pos = (long double)(r % seq_len);
+        for (size_t h = 0; h < n_heads; ++h) {
+            const double* in = x.data() + r * row_stride + h * head_dim;
+            double* o = out.data() + r * row_stride + h * head_dim;
+            for (size_t j = 0; j < head_dim / 2; ++j) {
+                const long double angle = sign * pos * (long double)inv_freq[j];
+                const long double a = in[2 * j], b = in[2 * j + 1];
+                o[2 * j] = double(a * std::cos(angle) - b * std::sin(angle));
+                o[2 * j + 1] = double(a * std::sin(angle) + b * std::cos(angle));
+            }
+        }
+    }
+    return out;
+}
+
 }  // namespace pv::reference
