@@ -101,22 +101,30 @@ HfCheckpoint HfCheckpoint::open_dir(const std::string& dir) {
             fail(dir, "the index maps '" + *names.begin() + "' to " + file +
                           ", which is missing (an incomplete download? fetch every shard the index names)");
         c.readers_.push_back(std::make_unique<SafeTensorsReader>(path));
-        const SafeTensorsReader& r = *c.readers_.back();
+    }
+    // Every tensor the index names is where it says, then every shard holds only those.
+    size_t k = 0;
+    for (const auto& [file, names] : by_file) {
         for (const std::string& name : names)
-            if (!r.find(name))
+            if (!c.readers_[k]->find(name))
                 fail(dir, "the index maps '" + name + "' to " + file +
                               ", which does not hold it (the index and the shards do not belong together; "
                               "re-download the model)");
-        for (const SafeTensorInfo& t : r.tensors()) {
+        ++k;
+    }
+    k = 0;
+    for (const auto& [file, names] : by_file) {
+        for (const SafeTensorInfo& t : c.readers_[k]->tensors()) {
             if (!names.count(t.name))
                 fail(dir,
                      file + " holds '" + t.name + "', which the index " +
                          (j["weight_map"].contains(t.name) ? "puts in " + j["weight_map"][t.name].get<std::string>()
                                                            : std::string("does not list")) +
                          " (a stale or mixed-up shard; re-download the model)");
-            c.by_name_[t.name] = {c.readers_.size() - 1, &t};
+            c.by_name_[t.name] = {k, &t};
             c.order_.push_back(&t);
         }
+        ++k;
     }
     return c;
 }
