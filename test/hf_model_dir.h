@@ -36,8 +36,7 @@ struct HfTensor {
 };
 
 inline std::vector<HfTensor> hf_tensors(const pv::LlamaConfig& c) {
-    const long long V = c.vocab_size, H = c.hidden_size, F = c.ffn_size, q = c.q_width(),
-                    kv = c.kv_width();
+    const long long V = c.vocab_size, H = c.hidden_size, F = c.ffn_size, q = c.q_width(), kv = c.kv_width();
     std::vector<HfTensor> t = {{"model.embed_tokens.weight", {V, H}, "wte", 0}};
     for (int l = 0; l < c.num_layers; ++l) {
         const std::string p = "model.layers." + std::to_string(l) + ".", n = "layers." + std::to_string(l) + ".";
@@ -114,13 +113,16 @@ inline Stored random_tensor(const HfTensor& t, const std::string& dtype, uint64_
 // over `files` shards with an index; tensor k goes to shard (5k + 1) mod files and is stored as
 // BF16, F16, F32 in turn; each shard lists its tensors in a shuffled order. `extra` tensors are
 // added to the first shard. Returns the expected values by HF name (and each tensor's dtype in
-// *dtypes_out).
+// *dtypes_out); with write_files false it only returns them (the same ones: the values depend on
+// the seeds alone), for the other ranks of a multi-rank test.
 inline std::map<std::string, std::vector<double>> write_model_dir(
     const std::filesystem::path& dir, const pv::LlamaConfig& c, int files,
     const std::vector<pv::SafeTensor>& extra = {}, const std::vector<HfTensor>* tensors_in = nullptr,
-    std::map<std::string, std::string>* dtypes_out = nullptr) {
-    std::filesystem::create_directories(dir);
-    pv::write_hf_config((dir / "config.json").string(), c, "bfloat16");
+    std::map<std::string, std::string>* dtypes_out = nullptr, bool write_files = true) {
+    if (write_files) {
+        std::filesystem::create_directories(dir);
+        pv::write_hf_config((dir / "config.json").string(), c, "bfloat16");
+    }
     const std::vector<HfTensor> tensors = tensors_in ? *tensors_in : hf_tensors(c);
     std::map<std::string, std::vector<double>> expected;
     std::vector<std::vector<pv::SafeTensor>> shards(static_cast<size_t>(files));
@@ -132,6 +134,7 @@ inline std::map<std::string, std::vector<double>> write_model_dir(
         shards[(5 * k + 1) % size_t(files)].push_back(std::move(s.file));
     }
     for (const pv::SafeTensor& t : extra) shards[0].push_back(t);
+    if (!write_files) return expected;
     std::mt19937_64 rng(9);
     nlohmann::json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", nlohmann::json::object()}};
     for (int f = 0; f < files; ++f) {
