@@ -658,3 +658,82 @@ TEST_CASE("checkpoint directories: begin, commit, replace, and find the latest c
     what = error_of<std::runtime_error>([&] { (void)pv::latest_checkpoint((dir.path / "blocker").string(), marker); });
     CHECK_THAT(what, Catch::Contains("blocker") && Catch::Contains("not a directory"));
 }
+
+// What a ZeRO-3 rank keeps is a slice of each padded group; reading only that slice must give
+// exactly that slice of the whole read, and deliver nothing outside it.
+TEST_CASE("checkpoint ranged reads: every group's slice equals the same slice of the whole read", "[checkpoint]") {
+    TempDir dir;
+    for (const char* name : {"test-tiny", "test-tied"}) {
+        const auto layouts = layouts_for(pv::preset(name), 3);
+        const std::string path = dir.file("ranges.safetensors");
+        pv::write_group_tensors(path, layouts, random_groups(layouts, pv::DType::fp64, 21));
+        const pv::HostGroups whole = pv::read_group_tensors(path, layouts, pv::DType::fp32);
+        for (int shard = 0; shard < 3; ++shard) {
+            INFO(name << ", shard " << shard);
+            pv::HfCheckpoint source = pv::HfCheckpoint::open_file(path);
+            std::vector<pv::ElementRange> ranges;
+            for (const pv::GroupLayout& l : layouts) ranges.push_back({l.shard_numel() * shard, l.shard_numel()});
+            std::vector<std::vector<float>> got(layouts.size());
+            for (size_t k = 0; k < layouts.size(); ++k) got[k].assign(size_t(ranges[k].len), NAN);
+            uint64_t delivered = 0;
+            pv::read_group_ranges(source, layouts, ranges, pv::DType::fp32,
+                                  [&](size_t k, long long at, const uint8_t* data, long long n) {
+                                      REQUIRE(at >= 0);
+                                      REQUIRE(at + n <= ranges[k].len);
+                                      std::memcpy(got[k].data() + at, data, size_t(n) * 4);
+                                      delivered += uint64_t(n);
+                                  });
+            uint64_t inside = 0;  // tensor elements inside the slices
+            for (size_t k = 0; k < layouts.size(); ++k)
+                for (long long i = 0; i < ranges[k].len; ++i) {
+                    const long long e = ranges[k].begin + i;
+                    bool in_tensor = false;
+                    for (const pv::TensorSlot& t : layouts[k].tensors)
+                        in_tensor |= e >= t.offset && e < t.offset + t.spec.numel();
+                    inside += in_tensor;
+                    // Delivered: the whole read's value; not delivered (padding, gaps): untouched.
+                    if (in_tensor)
+                        REQUIRE(double(got[k][size_t(i)]) == get(whole, k, e));
+                    else
+                        REQUIRE(std::isnan(got[k][size_t(i)]));
+                }
+            CHECK(delivered == inside);
+            // Only the slices' bytes were read (fp64 in the file), besides the header.
+            pv::HfCheckpoint header_only = pv::HfCheckpoint::open_file(path);
+            CHECK(source.bytes_read() == header_only.bytes_read() + inside * 8);
+        }
+    }
+}
+
+TEST_CASE("checkpoint tensor checks: what Hugging Face ignores by name is skipped, the rest refused", "[checkpoint]") {
+    TempDir dir;
+    const pv::LlamaConfig tiny = pv::preset("test-tiny");
+    pv::LlamaConfig tied = tiny;
+    tied.tie_embeddings = true;
+    const auto untied_layouts = layouts_for(tiny, 1), tied_layouts = layouts_for(tied, 1);
+    const std::string path = dir.file("hf.safetensors");
+    std::vector<pv::SafeTensor> tensors;
+    pv::write_group_tensors(path, untied_layouts, random_groups(untied_layouts, pv::DType::bf16, 3));
+    tensors = pv::read_safetensors(path).tensors;
+    tensors.push_back({"model.layers.1.self_attn.rotary_emb.inv_freq", "F32", {4}, std::vector<uint8_t>(16, 0)});
+    pv::write_safetensors(path, tensors);
+    const pv::HfCheckpoint source = pv::HfCheckpoint::open_file(path);
+    using E = pv::ExtraTensors;
+    CHECK(pv::check_group_tensors(source, untied_layouts, E::hugging_face) ==
+          std::vector<std::string>{"model.layers.1.self_attn.rotary_emb.inv_freq"});
+    // Tied: the head uses the embedding, and the file's lm_head.weight is not the model's.
+    std::vector<std::string> skipped = pv::check_group_tensors(source, tied_layouts, E::hugging_face);
+    std::sort(skipped.begin(), skipped.end());
+    CHECK(skipped == std::vector<std::string>{"lm_head.weight", "model.layers.1.self_attn.rotary_emb.inv_freq"});
+    CHECK(pv::check_group_tensors(source, tied_layouts, E::ignore).size() == 2);
+    CHECK_THAT(error_of<std::runtime_error>([&] { pv::check_group_tensors(source, untied_layouts, E::refuse); }),
+               Catch::Contains("'model.layers.1.self_attn.rotary_emb.inv_freq'") &&
+                   Catch::Contains("belongs to no parameter"));
+    // A name merely ending like it is still foreign.
+    tensors.push_back({"model.layers.1.self_attn.rotary_emb.inv_freq_x", "F32", {4}, std::vector<uint8_t>(16, 0)});
+    pv::write_safetensors(path, tensors);
+    const pv::HfCheckpoint odd = pv::HfCheckpoint::open_file(path);
+    CHECK_THAT(error_of<std::runtime_error>([&] { pv::check_group_tensors(odd, untied_layouts, E::hugging_face); }),
+               Catch::Contains("'model.layers.1.self_attn.rotary_emb.inv_freq_x'") &&
+                   Catch::Contains("skips only what Hugging Face itself ignores"));
+}

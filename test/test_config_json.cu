@@ -767,3 +767,34 @@ TEST_CASE("write_hf_config and read_hf_config through a file", "[config_json]") 
     REQUIRE_THROWS_AS(pv::write_hf_config(missing, p), std::runtime_error);
     REQUIRE_THROWS_WITH(pv::write_hf_config(missing, p), Catch::Contains("config.json '"));
 }
+
+TEST_CASE("generation_config.json: written as transformers reads it, read back with one or several EOS ids",
+          "[config_json]") {
+    const pv::test::TempDir temp("genconfig");
+    const std::string dir = temp.path.string(), path = temp.file("generation_config.json");
+    CHECK(pv::generation_config_json({1, {2}}) == "{\n  \"bos_token_id\": 1,\n  \"eos_token_id\": 2\n}\n");
+    CHECK(pv::generation_config_json({-1, {128001, 128009}}) ==
+          "{\n  \"eos_token_id\": [\n    128001,\n    128009\n  ]\n}\n");
+    pv::write_generation_config(path, {128000, {128001, 128008, 128009}});
+    pv::GenerationConfig g = pv::read_generation_config(path);
+    CHECK(g.bos_token_id == 128000);
+    CHECK(g.eos_token_ids == std::vector<int>{128001, 128008, 128009});
+    std::ofstream(path) << "{\"bos_token_id\": null, \"eos_token_id\": 2, \"do_sample\": true, \"temperature\": 0.6}";
+    g = pv::read_generation_config(path);
+    CHECK(g.bos_token_id == -1);
+    CHECK(g.eos_token_ids == std::vector<int>{2});
+    std::ofstream(path) << "{\"eos_token_id\": \"</s>\"}";
+    try {
+        (void)pv::read_generation_config(path);
+        FAIL("read a string as a token id");
+    } catch (const std::runtime_error& e) {
+        CHECK_THAT(e.what(), Catch::Contains(path) && Catch::Contains("eos_token_id") && Catch::Contains("token id"));
+    }
+    // torch_dtype, and transformers 5's dtype.
+    std::ofstream(dir + "/config.json") << pv::hf_config_json(pv::preset("test-tiny"), "float32");
+    CHECK(pv::read_hf_torch_dtype(dir + "/config.json") == "float32");
+    std::ofstream(dir + "/config.json") << "{\"dtype\": \"bfloat16\"}";
+    CHECK(pv::read_hf_torch_dtype(dir + "/config.json") == "bfloat16");
+    std::ofstream(dir + "/config.json") << "{\"model_type\": \"llama\"}";
+    CHECK(pv::read_hf_torch_dtype(dir + "/config.json").empty());
+}

@@ -333,3 +333,93 @@ TEST_CASE("safetensors reads a file written by the Python package", "[safetensor
         CHECK(g.tensors[i].data == f.tensors[i].data);
     }
 }
+
+TEST_CASE("safetensors reader: header only on opening, then any byte range of a tensor, every byte counted",
+          "[safetensors]") {
+    TempDir dir;
+    const std::string path = dir.file("ranges.safetensors");
+    const std::vector<uint8_t> a = pattern(40, 1), b = pattern(6, 2);
+    pv::write_safetensors(path, {{"a", "F32", {2, 5}, a}, {"b", "BF16", {3}, b}}, {{"k", "v"}});
+    const uint64_t size = fs::file_size(path);
+    pv::SafeTensorsReader r(path);
+    CHECK(r.header_bytes() == size - 46);  // 8 + N: the rest is the two tensors' 46 bytes
+    CHECK(r.bytes_read() == r.header_bytes());
+    CHECK(r.metadata() == std::map<std::string, std::string>{{"k", "v"}});
+    REQUIRE(r.tensors().size() == 2);
+    const pv::SafeTensorInfo* ta = r.find("a");
+    REQUIRE(ta != nullptr);
+    CHECK(r.find("c") == nullptr);
+    CHECK(ta->offset == r.header_bytes());
+    CHECK(ta->bytes == 40);
+    CHECK(ta->numel() == 10);
+    CHECK(r.find("b")->offset == r.header_bytes() + 40);
+    std::vector<uint8_t> got(12);
+    r.read(*ta, 20, 12, got.data());  // row 1, columns 0..2
+    CHECK(got == std::vector<uint8_t>(a.begin() + 20, a.begin() + 32));
+    CHECK(r.bytes_read() == r.header_bytes() + 12);
+    r.read(*r.find("b"), 0, 6, got.data());
+    CHECK(std::vector<uint8_t>(got.begin(), got.begin() + 6) == b);
+    CHECK(r.bytes_read() == r.header_bytes() + 18);  // the header, 12 + 6 bytes of data: never more than asked
+    CHECK_THROWS_AS(r.read(*ta, 36, 8, got.data()), std::out_of_range);
+    // The file shrinks after opening: a read past its new end says so.
+    const std::vector<uint8_t> whole = slurp(path);
+    spit(path, std::vector<uint8_t>(whole.begin(), whole.end() - 10));
+    try {
+        r.read(*r.find("b"), 0, 6, got.data());
+        FAIL("read past the end of a truncated file");
+    } catch (const std::runtime_error& e) {
+        CHECK(std::string(e.what()).find("truncated") != std::string::npos);
+    }
+}
+
+TEST_CASE("safetensors reader: a header length past the format's 100 MB limit is refused before allocating",
+          "[safetensors]") {
+    TempDir dir;
+    // A file of 100 MB + 16 bytes (sparse: nothing written) whose header claims 100 MB + 1.
+    const std::string path = dir.file("huge.safetensors");
+    {
+        std::ofstream out(path, std::ios::binary);
+        const uint64_t n = 100'000'001;
+        for (int i = 0; i < 8; ++i) out.put(char(uint8_t(n >> (8 * i))));
+    }
+    fs::resize_file(path, 100'000'016);
+    try {
+        (void)pv::SafeTensorsReader(path);
+        FAIL("accepted a 100 MB header");
+    } catch (const std::runtime_error& e) {
+        CHECK(std::string(e.what()).find("exceeds the format's limit") != std::string::npos);
+    }
+}
+
+TEST_CASE("safetensors streamed writer: tensors written one at a time; a wrong byte count publishes nothing",
+          "[safetensors]") {
+    TempDir dir;
+    const std::string path = dir.file("streamed.safetensors");
+    const std::vector<uint8_t> a = pattern(24, 3), b = pattern(4, 4);
+    std::vector<pv::SafeTensorInfo> infos = {{"a", "F64", {3}, 0, 0}, {"b", "U8", {2, 2}, 0, 0}};
+    pv::write_safetensors_streamed(path, infos, {{"format", "pt"}}, [&](size_t i, const pv::ByteSink& sink) {
+        if (i == 0) {  // in two pieces
+            sink(a.data(), 10);
+            sink(a.data() + 10, 14);
+        } else {
+            sink(b.data(), 4);
+        }
+    });
+    // The same bytes as the in-memory writer.
+    const std::string reference = dir.file("reference.safetensors");
+    pv::write_safetensors(reference, {{"a", "F64", {3}, a}, {"b", "U8", {2, 2}, b}}, {{"format", "pt"}});
+    CHECK(slurp(path) == slurp(reference));
+    for (const size_t given : {size_t(3), size_t(5)}) {
+        INFO("bytes given for b: " << given);
+        const std::string bad = dir.file("bad.safetensors");
+        CHECK_THROWS_AS(pv::write_safetensors_streamed(bad, infos, {},
+                                                       [&](size_t i, const pv::ByteSink& sink) {
+                                                           const std::vector<uint8_t> x =
+                                                               i == 0 ? a : pattern(given, 5);
+                                                           sink(x.data(), x.size());
+                                                       }),
+                        std::logic_error);
+        CHECK_FALSE(fs::exists(bad));
+        CHECK_FALSE(fs::exists(bad + ".tmp"));
+    }
+}
