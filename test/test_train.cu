@@ -725,3 +725,196 @@ TEST_CASE("train --freeze under mpirun: zero3 and ddp agree; a frozen mp checkpo
         }
     }
 }
+
+namespace train_test {
+
+// Every tensor of a safetensors file: name -> (dtype, bytes).
+std::map<std::string, std::pair<std::string, std::vector<uint8_t>>> dtype_and_bytes(const fs::path& p) {
+    std::map<std::string, std::pair<std::string, std::vector<uint8_t>>> out;
+    for (pv::SafeTensor& t : pv::read_safetensors(p.string()).tensors) out[t.name] = {t.dtype, std::move(t.data)};
+    return out;
+}
+
+// A tiny fp32 run exported as a Hugging Face directory, for the --init-from tests: the run's
+// directory and the export's.
+struct Exported {
+    fs::path run, hf;
+};
+
+Exported tiny_export(const TempDir& dir) {
+    Exported e{dir.path / "source", dir.path / "hf"};
+    const Run t = run_train(kTiny + " --dtype fp32 --sample-tokens 0 --out-dir " + e.run.string());
+    INFO(t.output);
+    REQUIRE(t.status == 0);
+    const Run x = run_train("export " + e.run.string() + " --out " + e.hf.string());
+    INFO(x.output);
+    REQUIRE(x.status == 0);
+    return e;
+}
+
+// One step; with --lr 0 (kInit) AdamW leaves the weights as they were loaded.
+const std::string kInitShape =
+    " --steps 1 --batch 4 --micro-batch 2 --seq-len 16 --warmup 0 --eval-interval 0 --sample-tokens 0 ";
+const std::string kInit = kInitShape + "--lr 0 ";
+
+}  // namespace train_test
+
+TEST_CASE("train export: a checkpoint as a Hugging Face directory, weights and tokenizer as they were, no optimizer",
+          "[train][export]") {
+    TempDir dir("train_export");
+    const Exported e = tiny_export(dir);
+    const fs::path step = e.run / "step_6";
+    for (const char* f : {"model.safetensors", "config.json", "tokenizer.json", "generation_config.json"})
+        CHECK(fs::exists(e.hf / f));
+    for (const char* f : {"adam_m.safetensors", "adam_v.safetensors", "master.safetensors", "trainer_state.json"})
+        CHECK_FALSE(fs::exists(e.hf / f));
+    CHECK(dtype_and_bytes(e.hf / "model.safetensors") == dtype_and_bytes(step / "model.safetensors"));
+    CHECK(read_file(e.hf / "tokenizer.json") == read_file(step / "tokenizer.json"));
+    CHECK(read_file(e.hf / "config.json").find("\"torch_dtype\": \"float32\"") != std::string::npos);
+    // The tokenizer's end-of-text id is the model's EOS (no BOS: the built-in tokenizer has none).
+    const pv::Tokenizer tok = pv::Tokenizer::load((step / "tokenizer.json").string());
+    CHECK(read_file(e.hf / "generation_config.json") ==
+          "{\n  \"eos_token_id\": " + std::to_string(tok.eos_id()) + "\n}\n");
+    CHECK(read_file(step / "generation_config.json") == read_file(e.hf / "generation_config.json"));
+    // --dtype converts (round to nearest even); the config says so.
+    const Run b = run_train("export " + e.run.string() + " --dtype bf16 --out " + dir.file("hf16"));
+    INFO(b.output);
+    REQUIRE(b.status == 0);
+    CHECK(b.output.find("as bf16 (0 values overflowed)") != std::string::npos);
+    for (const auto& [name, t] : dtype_and_bytes(fs::path(dir.file("hf16")) / "model.safetensors"))
+        CHECK(t.first == "BF16");
+    CHECK(read_file(fs::path(dir.file("hf16")) / "config.json").find("\"torch_dtype\": \"bfloat16\"") !=
+          std::string::npos);
+    // Nothing of the user's is overwritten.
+    const Run again = run_train("export " + e.run.string() + " --out " + e.hf.string());
+    CHECK(again.status != 0);
+    CHECK(again.output.find("not an empty directory") != std::string::npos);
+}
+
+TEST_CASE("train --init-from: a Hugging Face directory's weights, config and tokenizer; lr 0 keeps its bits",
+          "[train][init]") {
+    TempDir dir("train_init");
+    const Exported e = tiny_export(dir);
+    const Run fresh = run_train(kInitShape + "--lr 3e-3 --vocab 300 --dtype fp32 --out-dir " + dir.file("fresh"));
+    const Run init = run_train("--init-from " + e.hf.string() + kInit + "--dtype fp32 --out-dir " + dir.file("init"));
+    INFO(fresh.output << "\n----\n" << init.output);
+    REQUIRE(fresh.status == 0);
+    REQUIRE(init.status == 0);
+    CHECK(init.output.find("init from " + e.hf.string() + ": 1 file (F32) -> fp32; rank 0 read ") != std::string::npos);
+    // The trained weights predict the corpus far better than a fresh model's.
+    REQUIRE(losses(init.output).size() == 1);
+    CHECK(std::stod(losses(init.output)[0]) < std::stod(losses(fresh.output)[0]) - 0.3);
+    // lr 0: AdamW changes nothing, so the checkpoint holds the source's weights bit for bit; the
+    // model files travel with it.
+    const fs::path step = fs::path(dir.file("init")) / "step_1";
+    CHECK(dtype_and_bytes(step / "model.safetensors") == dtype_and_bytes(e.hf / "model.safetensors"));
+    CHECK(read_file(step / "tokenizer.json") == read_file(e.hf / "tokenizer.json"));
+    CHECK(read_file(step / "generation_config.json") == read_file(e.hf / "generation_config.json"));
+    CHECK(read_file(step / "config.json") == read_file(e.hf / "config.json"));
+    // bf16 from the fp32 file; and the run resumes like any other (the checkpoint is the model now).
+    const Run b = run_train("--init-from " + e.hf.string() + kInit + "--out-dir " + dir.file("init16"));
+    INFO(b.output);
+    REQUIRE(b.status == 0);
+    CHECK(b.output.find("1 file (F32) -> bf16") != std::string::npos);
+    const Run resumed = run_train("--resume " + dir.file("init") + " --steps 2");
+    INFO(resumed.output);
+    REQUIRE(resumed.status == 0);
+    CHECK(resumed.output.find("resumed from " + step.string() + " at step 1") != std::string::npos);
+    CHECK(resumed.output.find("init from") == std::string::npos);
+}
+
+TEST_CASE("train --init-from under mpirun: zero3 slices and mp stages load the same model; every rank reports",
+          "[train][init][mpi]") {
+    TempDir dir("train_init_mpi");
+    const Exported e = tiny_export(dir);
+    const std::string train =
+        (build_dir() / "train").string() + " --init-from " + e.hf.string() + kInit + "--dtype fp32 ";
+    for (const char* strategy : {"zero3", "mp"}) {
+        const Run r = run_mpi(2, train + "--parallel " + strategy + " --out-dir " + dir.file(strategy));
+        INFO(r.output);
+        REQUIRE(r.status == 0);
+        CHECK(r.output.find("  rank 0 read ") != std::string::npos);
+        CHECK(r.output.find("  rank 1 read ") != std::string::npos);
+        CHECK(dtype_and_bytes(fs::path(dir.file(strategy)) / "step_1" / "model.safetensors") ==
+              dtype_and_bytes(e.hf / "model.safetensors"));
+    }
+}
+
+TEST_CASE("train --init-from: what cannot work is refused, naming the problem and the fix", "[train][init]") {
+    TempDir dir("train_init_bad");
+    const Exported e = tiny_export(dir);
+    const std::string init = "--init-from " + e.hf.string() + kInit + "--out-dir " + dir.file("out");
+    auto refused = [&](const std::string& args, const std::vector<std::string>& says) {
+        const Run r = run_train(args);
+        INFO(r.output);
+        CHECK(r.status != 0);
+        for (const std::string& s : says) CHECK(r.output.find(s) != std::string::npos);
+    };
+    refused(init + " --resume " + (e.run / "step_6").string(), {"--init-from", "--resume", "pass one"});
+    refused(init + " --preset test-tiny", {"config.json", "drop --preset test-tiny"});
+    refused(init + " --config " + (e.hf / "config.json").string(), {"drop --config"});
+    // Not a Llama model.
+    fs::copy(e.hf, dir.path / "mistral", fs::copy_options::recursive);
+    std::string config = read_file(dir.path / "mistral" / "config.json");
+    config.replace(config.find("\"llama\""), 7, "\"mistral\"");
+    config.replace(config.find("LlamaForCausalLM"), 16, "MistralForCausalLM");
+    std::ofstream(dir.path / "mistral" / "config.json") << config;
+    refused("--init-from " + (dir.path / "mistral").string() + kInit, {"not a Llama model"});
+    // A config.json the weights contradict, and a vocabulary the tokenizer does not fit.
+    fs::copy(e.hf, dir.path / "wide", fs::copy_options::recursive);
+    config = read_file(dir.path / "wide" / "config.json");
+    config.replace(config.find("\"intermediate_size\": 352"), 24, "\"intermediate_size\": 360");
+    std::ofstream(dir.path / "wide" / "config.json") << config;
+    refused("--init-from " + (dir.path / "wide").string() + kInit + "--out-dir " + dir.file("wide_out"),
+            {"gate_proj.weight' has shape [352, 128], expected [360, 128]"});
+    config.replace(config.find("\"vocab_size\": 300"), 17, "\"vocab_size\": 290");
+    std::ofstream(dir.path / "wide" / "config.json") << config;
+    refused("--init-from " + (dir.path / "wide").string() + kInit,
+            {"has 300 tokens, more than the model's vocab_size 290"});
+    // Data prepared with another tokenizer.
+    std::string text;
+    for (int i = 0; i < 200; ++i) text += "Line " + std::to_string(i) + " of a small document about kernels.\n";
+    std::ofstream(dir.file("a.txt")) << text;
+    REQUIRE(run_train("prepare " + dir.file("a.txt") + " --out " + dir.file("data") + " --vocab 280").status == 0);
+    refused(init + " --data " + dir.file("data"),
+            {dir.file("data") + "/tokenizer.json", (e.hf / "tokenizer.json").string(), "train prepare --tokenizer"});
+    // No tokenizer in the model directory and no data to train on.
+    fs::remove(e.hf / "tokenizer.json");
+    refused(init, {"has no tokenizer.json", "--data"});
+}
+
+TEST_CASE("train convert: stories260K becomes a directory --init-from fine-tunes on data with a smaller vocabulary",
+          "[train][init][llama2c]") {
+    TempDir dir("train_convert");
+    const fs::path bin = fs::path(__FILE__).parent_path() / "../../shared/models/stories260K.bin";
+    INFO("the real llama2.c checkpoint " << bin << " must exist (the shared models directory beside the repository)");
+    REQUIRE(fs::exists(bin));
+    const Run c = run_train("convert --from llama2c " + bin.string() + " --out " + dir.file("st"));
+    INFO(c.output);
+    REQUIRE(c.status == 0);
+    CHECK(c.output.find("260032 parameters, 5 layers, hidden 64, 8 heads (4 KV), vocab 512, tied") !=
+          std::string::npos);
+    // 300 tokens of data for a 512-row embedding: the rows past 300 are padding, which is fine.
+    std::string text;
+    for (int i = 0; i < 300; ++i)
+        text += "Once upon a time there was a little model number " + std::to_string(i) + ".\n";
+    std::ofstream(dir.file("a.txt")) << text;
+    REQUIRE(run_train("prepare " + dir.file("a.txt") + " --out " + dir.file("data") + " --vocab 300").status == 0);
+    const Run t = run_train("--init-from " + dir.file("st") + " --data " + dir.file("data") +
+                            " --steps 2 --batch 4 --micro-batch 2 --seq-len 32 --warmup 0 --eval-interval 0 "
+                            "--sample-tokens 0 --out-dir " +
+                            dir.file("run"));
+    INFO(t.output);
+    REQUIRE(t.status == 0);
+    CHECK(t.output.find("has no tokenizer.json; the data's token ids") != std::string::npos);
+    CHECK(t.output.find("vocab 512") != std::string::npos);
+    const fs::path step = fs::path(dir.file("run")) / "step_2";
+    CHECK(read_file(step / "tokenizer.json") == read_file(fs::path(dir.file("data")) / "tokenizer.json"));
+    CHECK(read_file(step / "generation_config.json") == read_file(fs::path(dir.file("st")) / "generation_config.json"));
+    // A malformed file is refused with the reason.
+    std::ofstream(dir.file("short.bin")) << "not a model";
+    const Run bad = run_train("convert --from llama2c " + dir.file("short.bin") + " --out " + dir.file("bad"));
+    CHECK(bad.status != 0);
+    CHECK(bad.output.find("shorter than the 28-byte header") != std::string::npos);
+    CHECK_FALSE(fs::exists(dir.file("bad")));
+}

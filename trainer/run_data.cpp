@@ -147,10 +147,6 @@ LlamaConfig model_config(const TrainOptions& o, const RunData& data, const std::
                     : !o.config.empty() ? read_hf_config(o.config)
                     : !o.preset.empty() ? preset(o.preset)
                                         : default_model(data_vocab, o.seq_len);
-    if (c.vocab_size < data_vocab)
-        throw std::invalid_argument("the model's vocabulary (" + std::to_string(c.vocab_size) +
-                                    ") is smaller than the data's (" + std::to_string(data_vocab) +
-                                    "): choose a model with a larger vocabulary or data tokenized for this model");
     // A tokenizer with fewer tokens than the embedding has rows is fine (padding rows, as many
     // published models have); one with more would produce ids the model has no row for.
     if (data.tokenizer && data.tokenizer->vocab_size() > c.vocab_size)
@@ -159,6 +155,10 @@ LlamaConfig model_config(const TrainOptions& o, const RunData& data, const std::
                                     ") has " + std::to_string(data.tokenizer->vocab_size()) +
                                     " tokens, more than the model's vocab_size " + std::to_string(c.vocab_size) + " (" +
                                     c.name + "): its larger ids have no embedding row; use the model's own tokenizer");
+    if (c.vocab_size < data_vocab)
+        throw std::invalid_argument("the model's vocabulary (" + std::to_string(c.vocab_size) +
+                                    ") is smaller than the data's (" + std::to_string(data_vocab) +
+                                    "): choose a model with a larger vocabulary or data tokenized for this model");
     return c;
 }
 
