@@ -816,6 +816,16 @@ TEST_CASE("train --init-from: a Hugging Face directory's weights, config and tok
     INFO(b.output);
     REQUIRE(b.status == 0);
     CHECK(b.output.find("1 file (F32) -> bf16") != std::string::npos);
+    // With --freeze the frozen tensors keep the file's bits while the others train.
+    const Run frozen =
+        run_train("--init-from " + e.hf.string() + kInitShape +
+                  "--lr 3e-3 --dtype fp32 --freeze 'model.embed_tokens.*' --out-dir " + dir.file("frozen"));
+    INFO(frozen.output);
+    REQUIRE(frozen.status == 0);
+    const auto trained = dtype_and_bytes(fs::path(dir.file("frozen")) / "step_1" / "model.safetensors");
+    const auto source = dtype_and_bytes(e.hf / "model.safetensors");
+    CHECK(trained.at("model.embed_tokens.weight") == source.at("model.embed_tokens.weight"));
+    CHECK(trained.at("model.norm.weight") != source.at("model.norm.weight"));
     const Run resumed = run_train("--resume " + dir.file("init") + " --steps 2");
     INFO(resumed.output);
     REQUIRE(resumed.status == 0);

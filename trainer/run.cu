@@ -86,13 +86,11 @@ void report_load(World& world, const std::string& what, const LoadStats& s) {
     for (int r = 0; r < world.size(); ++r) std::printf("  %s\n", rank_line(r).c_str());
 }
 
-// "2 files (BF16, F16) -> bf16"
-template <class T>
-std::string load_summary(const LoadStats& s) {
+// "2 files (BF16, F16)": what a load read.
+std::string files_read(const LoadStats& s) {
     std::string dtypes;
     for (const std::string& d : s.dtypes) dtypes += (dtypes.empty() ? "" : ", ") + d;
-    return std::to_string(s.files) + (s.files == 1 ? " file" : " files") + " (" + dtypes + ") -> " +
-           dtype_name(dtype_of<T>());
+    return std::to_string(s.files) + (s.files == 1 ? " file" : " files") + " (" + dtypes + ")";
 }
 
 LrConfig lr_config_of(const TrainOptions& o) {
@@ -139,7 +137,8 @@ class TrainingRun {
         // the optimizer takes its master copy from them.
         if (!init_dir_.empty()) {
             const LoadStats stats = load_pretrained(init_dir_, *strategy_);
-            report_load(world, "init from " + init_dir_ + ": " + load_summary<T>(stats), stats);
+            report_load(world, "init from " + init_dir_ + ": " + files_read(stats) + " -> " + dtype_name(dtype_of<T>()),
+                        stats);
         }
         optimizer_ = Trainer<T, G>::make_optimizer(*strategy_);
         trainer_ = std::make_unique<Trainer<T, G>>(*strategy_, *optimizer_);
@@ -160,7 +159,7 @@ class TrainingRun {
         if (!resume_dir_.empty()) {
             LoadStats stats;
             const TrainerState state = load_checkpoint(resume_dir_, *strategy_, *optimizer_, &stats);
-            report_load(world_, "resume: read " + load_summary<T>(stats), stats);
+            report_load(world_, "resume: " + files_read(stats), stats);
             start_step_ = state.step;
             if (state.data_fingerprint != fingerprint_ || state.train_tokens != train_tokens_) {
                 if (state.options.data == o_.data)
