@@ -191,6 +191,12 @@ class Llama {
     void bind_grads(int u, T* grads);
     // The device pointer of a tensor by name ("wte", "layers.0.w_qkv", ...), for tests and tools.
     T* tensor(const std::string& name);
+    // Read-only views for inference outside the unit loop (model/decoder.h): a block's weights,
+    // the head's, the embedding's wte, and RoPE's head_dim / 2 inverse frequencies (device).
+    const BlockParams<const T*>& block_weights(int u) const { return units_.at(size_t(u)).block_w; }
+    const HeadParams<const T*>& head_weights() const { return units_.back().head_w; }
+    const T* embedding_weights() const { return units_.front().weights.at(0); }
+    const acc_t<T>* rope_inv_freq() const { return inv_freq_; }
 
     cudaStream_t stream() const { return stream_; }
 

@@ -1,0 +1,161 @@
+// Inference with a KV cache (see model/decoder.h): one pass per prefill chunk or decode step.
+#include "model/decoder.h"
+
+#include "kernels/attention_decode.cuh"
+#include "kernels/embedding.cuh"
+#include "kernels/glue.cuh"
+#include "kernels/matmul.cuh"
+#include "kernels/rmsnorm.cuh"
+#include "kernels/rope.cuh"
+#include "kernels/swiglu.cuh"
+
+#include <stdexcept>
+#include <string>
+
+namespace pv {
+
+namespace {
+
+template <class T>
+int checked_max_positions(const Llama<T>& model, int max_positions, int max_rows) {
+    const LlamaConfig& c = model.config();
+    if (max_positions < 1 || max_positions > c.max_seq_len)
+        throw std::invalid_argument("Decoder: max_positions = " + std::to_string(max_positions) + " must be in [1, " +
+                                    std::to_string(c.max_seq_len) + "], the model's max_position_embeddings");
+    if (max_rows < 1 || max_rows > max_positions)
+        throw std::invalid_argument("Decoder: max_rows = " + std::to_string(max_rows) + " must be in [1, " +
+                                    std::to_string(max_positions) + "] (max_positions)");
+    if (model.first_unit() != 0 || model.end_unit() != model.num_units())
+        throw std::invalid_argument("Decoder: the model runs only units [" + std::to_string(model.first_unit()) + ", " +
+                                    std::to_string(model.end_unit()) +
+                                    ") here; decoding needs the whole model on one rank");
+    bool complete = model.embedding_weights() && model.head_weights().final_norm && model.head_weights().lm_head;
+    for (int u = 1; u + 1 < model.num_units(); ++u) {
+        const BlockParams<const T*>& w = model.block_weights(u);
+        complete = complete && w.attn_norm && w.w_qkv && w.w_o && w.mlp_norm && w.w_gate_up && w.w_down;
+    }
+    if (!complete)
+        throw std::invalid_argument(
+            "Decoder: the model does not hold all of its weights (bound parameters not bound, or sharded); "
+            "decoding needs every weight on this rank");
+    return max_positions;
+}
+
+}  // namespace
+
+template <class T>
+Decoder<T>::Decoder(const Llama<T>& model, int max_positions, int max_rows)
+    : model_(model),
+      max_positions_(checked_max_positions(model, max_positions, max_rows)),
+      max_rows_(max_rows),
+      stream_(model.stream()) {
+    const LlamaConfig& c = model.config();
+    const long long R = max_rows, C = c.hidden_size, F = c.ffn_size;
+    const size_t cache = size_t(c.num_layers) * size_t(max_positions) * size_t(c.kv_width());
+    const MemoryCategory act = MemoryCategory::activations, work = MemoryCategory::workspace;
+    cache_k_ = DeviceBuffer<T>(cache, act);
+    cache_v_ = DeviceBuffer<T>(cache, act);
+    x_ = DeviceBuffer<T>(size_t(R * C), work);
+    h_ = DeviceBuffer<T>(size_t(R * C), work);
+    qkv_ = DeviceBuffer<T>(size_t(R * c.qkv_width()), work);
+    att_ = DeviceBuffer<T>(size_t(R * c.q_width()), work);
+    proj_ = DeviceBuffer<T>(size_t(R * C), work);
+    gate_up_ = DeviceBuffer<T>(size_t(R * 2 * F), work);
+    act_ = DeviceBuffer<T>(size_t(R * F), work);
+    device_logits_ = DeviceBuffer<T>(size_t(c.vocab_size), work);
+    rstd_ = DeviceBuffer<acc_t<T>>(size_t(R), work);
+    tokens_ = DeviceBuffer<int>(size_t(R), work);
+    positions_ = DeviceBuffer<int>(size_t(R), work);
+    const size_t scratch =
+        attention_decode_scratch_bound<T>(max_rows, max_positions, c.num_heads, c.num_kv_heads, c.head_dim_resolved());
+    if (scratch > 0) attention_scratch_ = DeviceBuffer<unsigned char>(scratch, work);
+    host_positions_.resize(size_t(R));
+    host_logits_.resize(size_t(c.vocab_size));
+    logits_.resize(size_t(c.vocab_size));
+    CUBLAS_CHECK(cublasCreate(&cublas_));
+}
+
+template <class T>
+Decoder<T>::~Decoder() {
+    cudaStreamSynchronize(stream_);
+    if (cublas_) cublasDestroy(cublas_);
+}
+
+template <class T>
+const std::vector<double>& Decoder<T>::prefill(const std::vector<int>& ids) {
+    const int vocab = config().vocab_size;
+    if (ids.empty()) throw std::invalid_argument("Decoder: no tokens to add (an empty prompt has no last position)");
+    for (size_t i = 0; i < ids.size(); ++i)
+        if (ids[i] < 0 || ids[i] >= vocab)
+            throw std::invalid_argument("Decoder: token " + std::to_string(ids[i]) + " (at index " + std::to_string(i) +
+                                        ") is outside the model's vocabulary of " + std::to_string(vocab));
+    if ((long long)position_ + (long long)ids.size() > max_positions_)
+        throw std::out_of_range("Decoder: " + std::to_string(position_) + " cached positions + " +
+                                std::to_string(ids.size()) + " new tokens exceed the cache's " +
+                                std::to_string(max_positions_) + " positions");
+    for (size_t done = 0; done < ids.size();) {
+        const int n = int(std::min(ids.size() - done, size_t(max_rows_)));
+        pass(ids.data() + done, n);
+        done += size_t(n);
+    }
+    return logits_;
+}
+
+template <class T>
+const std::vector<double>& Decoder<T>::step(int id) {
+    return prefill({id});
+}
+
+// n new tokens at positions position_ .. position_ + n − 1, through every block, then the head on
+// the last row; the logits to the host.
+template <class T>
+void Decoder<T>::pass(const int* ids, int n) {
+    const LlamaConfig& c = config();
+    const int C = c.hidden_size, F = c.ffn_size, H = c.num_heads, Hkv = c.num_kv_heads, hd = c.head_dim_resolved();
+    const int qkv_w = c.qkv_width(), q_w = c.q_width(), kv_w = c.kv_width();
+    const int p0 = position_;
+    for (int i = 0; i < n; ++i) host_positions_[size_t(i)] = p0 + i;
+    // Pageable sources: the copies are done before the calls return (and the buffers live on).
+    CUDA_CHECK(cudaMemcpyAsync(tokens_.get(), ids, size_t(n) * sizeof(int), cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cudaMemcpyAsync(positions_.get(), host_positions_.data(), size_t(n) * sizeof(int),
+                               cudaMemcpyHostToDevice, stream_));
+    T* x = x_.get();
+    embedding_forward(tokens_.get(), model_.embedding_weights(), x, n, C, c.vocab_size, stream_);
+    const size_t cache_layer = size_t(max_positions_) * size_t(kv_w);
+    for (int layer = 0; layer < c.num_layers; ++layer) {
+        const BlockParams<const T*>& w = model_.block_weights(1 + layer);  // unit 0 is the embedding
+        T* k_cache = cache_k_.get() + size_t(layer) * cache_layer;
+        T* v_cache = cache_v_.get() + size_t(layer) * cache_layer;
+        rmsnorm_forward(x, w.attn_norm, h_.get(), rstd_.get(), n, C, c.rms_norm_eps, stream_);
+        matmul_forward(cublas_, h_.get(), w.w_qkv, qkv_.get(), n, C, qkv_w, stream_);
+        rope_forward(qkv_.get(), model_.rope_inv_freq(), positions_.get(), n, max_positions_, H, hd, qkv_w, stream_);
+        rope_forward(qkv_.get() + q_w, model_.rope_inv_freq(), positions_.get(), n, max_positions_, Hkv, hd, qkv_w,
+                     stream_);
+        attention_decode_store_kv(qkv_.get() + q_w, qkv_.get() + q_w + kv_w, qkv_w, k_cache, v_cache, n, p0, kv_w,
+                                  stream_);
+        attention_decode(qkv_.get(), qkv_w, k_cache, v_cache, att_.get(), n, p0, H, Hkv, hd, attention_scratch_.get(),
+                         attention_scratch_.bytes(), stream_);
+        matmul_forward(cublas_, att_.get(), w.w_o, proj_.get(), n, q_w, C, stream_);
+        residual_rmsnorm_forward(x, proj_.get(), x, w.mlp_norm, h_.get(), rstd_.get(), n, C, c.rms_norm_eps, stream_);
+        matmul_forward(cublas_, h_.get(), w.w_gate_up, gate_up_.get(), n, C, 2 * F, stream_);
+        swiglu_forward(gate_up_.get(), act_.get(), n, F, stream_);
+        matmul_forward(cublas_, act_.get(), w.w_down, proj_.get(), n, F, C, stream_);
+        add(x, proj_.get(), x, (long long)n * C, stream_);
+    }
+    // The head on the last row only: its logits are all a caller needs.
+    const HeadParams<const T*>& head = model_.head_weights();
+    const T* last = x + size_t(n - 1) * size_t(C);
+    rmsnorm_forward(last, head.final_norm, h_.get(), rstd_.get(), 1, C, c.rms_norm_eps, stream_);
+    matmul_forward(cublas_, h_.get(), head.lm_head, device_logits_.get(), 1, C, c.vocab_size, stream_);
+    CUDA_CHECK(cudaMemcpyAsync(host_logits_.data(), device_logits_.get(), device_logits_.bytes(),
+                               cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (size_t k = 0; k < logits_.size(); ++k) logits_[k] = double(to_acc(host_logits_[k]));
+    position_ = p0 + n;
+}
+
+template class Decoder<__nv_bfloat16>;
+template class Decoder<float>;
+template class Decoder<double>;
+
+}  // namespace pv
