@@ -8,7 +8,9 @@
 //                                with a generated sample
 //   ./train --resume DIR         continues a run from a checkpoint, bit for bit
 //   ./train --init-from HF_DIR   fine-tunes a Hugging Face model (its config, weights, tokenizer)
-//   ./train sample CHECKPOINT    generates text from a checkpoint
+//   ./train sample DIR           generates text from a checkpoint or a Hugging Face model directory
+//                                (a KV cache: the prompt in one pass, then one position per token)
+//   ./train eval DIR --data D    the model's loss and perplexity on prepared data
 //   ./train prepare FILES --out DIR    tokenizes text or JSON lines into shards
 //   ./train convert --from llama2c model.bin --out HF_DIR    a llama2.c checkpoint as a HF model
 //   ./train export CHECKPOINT --out HF_DIR                   a checkpoint as a HF model
@@ -16,7 +18,8 @@
 //
 // This file holds the commands and the option checks; trainer/run.cu one training run in phases,
 // trainer/trainer.h one optimizer step, trainer/checkpoint.* checkpoints, trainer/run_data.* the
-// data and model shape, trainer/generate.* sampling.
+// data and model shape, trainer/generate.* sampling, trainer/evaluate.* evaluation, trainer/model_dir.*
+// the model directories sample and eval read.
 #include "data/loader.h"
 #include "data/prepare.h"
 #include "model/config_json.h"
@@ -24,16 +27,23 @@
 #include "model/llama2c.h"
 #include "parallel/plan.h"
 #include "parallel/world.h"
+#include "model/decoder.h"
 #include "trainer/checkpoint.h"
+#include "trainer/evaluate.h"
 #include "trainer/export.h"
 #include "trainer/generate.h"
+#include "trainer/model_dir.h"
 #include "trainer/options.h"
 #include "trainer/run.h"
 #include "trainer/run_data.h"
 #include "trainer/state.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <stdexcept>
 
 namespace pv {
@@ -112,31 +122,138 @@ int convert_command(const ConvertOptions& o) {
     return 0;
 }
 
+// The dtype a command runs in: --dtype, else the model directory's own.
+std::string run_dtype(const std::string& requested, const ModelDir& m) {
+    return requested.empty() ? m.dtype : requested;
+}
+
+// Calls f.template operator()<T>() with T the storage type named by dtype.
+template <class F>
+int with_dtype(const std::string& dtype, F&& f) {
+    if (dtype == "bf16") return f.template operator()<__nv_bfloat16>();
+    if (dtype == "fp32") return f.template operator()<float>();
+    return f.template operator()<double>();
+}
+
+std::string ids_json(const std::vector<int>& ids) {
+    std::string s = "[";
+    for (size_t i = 0; i < ids.size(); ++i) s += (i ? ", " : "") + std::to_string(ids[i]);
+    return s + "]";
+}
+
 template <class T>
-int sample_with(const SampleOptions& o, const std::string& dir, const TrainerState& state) {
-    const LlamaConfig config = read_hf_config(dir + "/config.json");
-    if (!std::filesystem::exists(dir + "/tokenizer.json"))
-        throw std::runtime_error("checkpoint '" + dir +
-                                 "' has no tokenizer.json: sampling needs the tokenizer the "
-                                 "model was trained with (copy it into the checkpoint directory)");
-    const Tokenizer tokenizer = Tokenizer::load(dir + "/tokenizer.json");
-    Llama<T> model(config, whole_model(1, state.options.seq_len, o.seed, Gradients::none));
-    load_weights(dir, model);
-    std::printf("%s", o.prompt.c_str());
+int sample_with(const SampleOptions& o, const ModelDir& m) {
+    const LlamaConfig& config = m.config;
+    std::unique_ptr<Tokenizer> tokenizer;
+    if (!m.tokenizer.empty()) tokenizer = std::make_unique<Tokenizer>(Tokenizer::load(m.tokenizer));
+    if (!tokenizer && (!o.print_ids || !o.prompt.empty()))
+        throw std::runtime_error("'" + m.path +
+                                 "' has no tokenizer.json: without it there is no text to read or print; give the "
+                                 "prompt as --prompt-ids and read the output with --print-ids (or copy the model's "
+                                 "tokenizer.json into the directory)");
+    // The declared end-of-sequence tokens: the tokenizer's and the generation config's.
+    std::vector<int> stop_ids = m.eos_ids;
+    if (tokenizer && tokenizer->eos_id() >= 0) stop_ids.push_back(tokenizer->eos_id());
+    const int bos = tokenizer && tokenizer->bos_id() >= 0 ? tokenizer->bos_id() : m.bos_id;
+    GenerateOptions g;
+    if (!o.prompt_ids.empty()) {
+        g.prompt = o.prompt_ids;
+    } else if (!o.prompt.empty()) {
+        if (tokenizer->bos_id() >= 0) g.prompt.push_back(tokenizer->bos_id());  // as the post-processor adds it
+        const std::vector<int> text = tokenizer->encode(o.prompt, false);
+        g.prompt.insert(g.prompt.end(), text.begin(), text.end());
+    } else {
+        g.prompt.push_back(start_token(bos, stop_ids.empty() ? -1 : stop_ids.front()));
+    }
+    const long long positions = config.max_seq_len, prompt = (long long)g.prompt.size();
+    if (o.max_tokens == 0) {
+        g.max_tokens = int(std::min<long long>(kDefaultSampleTokens, positions - prompt));
+        if (g.max_tokens < 1)
+            throw std::invalid_argument("the prompt's " + std::to_string(prompt) +
+                                        " tokens leave no room in the model's max_position_embeddings of " +
+                                        std::to_string(positions) + ": shorten the prompt");
+    } else {
+        g.max_tokens = o.max_tokens;
+        if (prompt + o.max_tokens > positions)
+            throw std::invalid_argument("the prompt's " + std::to_string(prompt) + " tokens + --max-tokens " +
+                                        std::to_string(o.max_tokens) + " = " + std::to_string(prompt + o.max_tokens) +
+                                        " exceed the model's max_position_embeddings of " + std::to_string(positions) +
+                                        ": lower --max-tokens to at most " + std::to_string(positions - prompt));
+    }
+    g.temperature = o.temperature, g.top_p = o.top_p, g.seed = o.seed, g.stop_ids = stop_ids;
+
+    Llama<T> model(config, whole_model(1, 1, o.seed, Gradients::none));
+    load_weights(m.path, model);
+    Decoder<T> decoder(model, int(prompt) + g.max_tokens - 1, int(prompt));
+    if (tokenizer) std::fputs(tokenizer->decode(g.prompt).c_str(), stdout), std::fflush(stdout);
+    const GenerateResult r = generate(decoder, g, [&](int id) {
+        if (tokenizer) std::fputs(tokenizer->decode({id}).c_str(), stdout), std::fflush(stdout);
+    });
+    if (tokenizer) std::printf("\n");
+    if (o.print_ids) std::printf("%s\n", ids_json(r.ids).c_str());
     std::fflush(stdout);
-    generate(model, tokenizer, GenerateOptions{o.prompt, o.max_tokens, o.temperature, o.top_p, o.seed},
-             [](const std::string& piece) { std::fputs(piece.c_str(), stdout), std::fflush(stdout); });
-    std::printf("\n");
+    std::fprintf(stderr,
+                 "prefill: %lld tokens in %.3f s (%.1f tokens/s); decode: %d tokens in %.3f s (%.1f tokens/s)%s\n",
+                 prompt, r.prefill_seconds, double(prompt) / r.prefill_seconds, r.decode_steps(), r.decode_seconds,
+                 r.decode_steps() > 0 ? double(r.decode_steps()) / r.decode_seconds : 0.0,
+                 r.stopped ? "; stopped at an end-of-sequence token" : "");
     return 0;
 }
 
 int sample_command(const SampleOptions& o) {
-    const std::string dir = resolve_checkpoint(o.checkpoint);
-    const TrainerState state = read_trainer_state(dir + "/" + kTrainerStateFile);
-    std::fprintf(stderr, "sampling from %s (step %lld, %s)\n", dir.c_str(), state.step, state.dtype.c_str());
-    if (state.dtype == "bf16") return sample_with<__nv_bfloat16>(o, dir, state);
-    if (state.dtype == "fp32") return sample_with<float>(o, dir, state);
-    return sample_with<double>(o, dir, state);
+    const ModelDir m = open_model_dir(o.model);
+    const std::string dtype = run_dtype(o.dtype, m);
+    std::fprintf(stderr, "sampling from %s (%s, %s)\n", m.path.c_str(),
+                 m.checkpoint ? ("step " + std::to_string(m.step)).c_str() : "Hugging Face model", dtype.c_str());
+    return with_dtype(dtype, [&]<class T>() { return sample_with<T>(o, m); });
+}
+
+template <class T>
+int eval_with(const EvalOptions& o, const ModelDir& m, std::vector<TokenShard> shards, int seq_len) {
+    const DataLoader data(std::move(shards), seq_len, 0);  // the seed orders training only; eval reads in order
+    Llama<T> model(m.config, whole_model(o.batch, seq_len, 0, Gradients::none));
+    load_weights(m.path, model);
+    const auto t0 = std::chrono::steady_clock::now();
+    const EvalResult r = evaluate_windows(model, data, o.max_windows);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "evaluated %lld windows of %d tokens in %.1f s (%.0f tokens/s)\n", r.windows, seq_len, seconds,
+                 double(r.windows) * seq_len / seconds);
+    std::printf("loss %.17g perplexity %.17g tokens %lld windows %lld\n", r.loss(), std::exp(r.loss()), r.tokens,
+                r.windows);
+    return 0;
+}
+
+int eval_command(const EvalOptions& o) {
+    const ModelDir m = open_model_dir(o.model);
+    const std::string dtype = run_dtype(o.dtype, m);
+    DataSet set = load_dataset(o.data);
+    const bool validation = set.val.has_value();
+    std::vector<TokenShard> shards;
+    if (validation)
+        shards.push_back(std::move(*set.val));
+    else
+        shards = std::move(set.train);
+    long long tokens = 0;
+    for (const TokenShard& s : shards) {
+        tokens += (long long)s.tokens.size();
+        if (s.vocab_size > uint32_t(m.config.vocab_size))
+            throw std::invalid_argument("the data's vocabulary (" + std::to_string(s.vocab_size) +
+                                        ") is larger than the model's (" + std::to_string(m.config.vocab_size) +
+                                        "): the data was tokenized for another model");
+    }
+    const int seq_len = o.seq_len > 0 ? o.seq_len : m.seq_len > 0 ? m.seq_len : std::min(m.config.max_seq_len, 1024);
+    if (seq_len > m.config.max_seq_len)
+        throw std::invalid_argument("--seq-len " + std::to_string(seq_len) +
+                                    " exceeds the model's max_position_embeddings of " +
+                                    std::to_string(m.config.max_seq_len) + ": use a shorter window");
+    if (tokens < (long long)seq_len + 1)
+        throw std::invalid_argument("the data has " + std::to_string(tokens) + " tokens, fewer than one window of " +
+                                    std::to_string(seq_len) + " + 1 = " + std::to_string(seq_len + 1) +
+                                    ": 0 windows to evaluate; use a shorter --seq-len or more data");
+    std::fprintf(stderr, "evaluating %s (%s, %s) on %s (%s, %lld tokens), windows of %d tokens\n", m.path.c_str(),
+                 m.checkpoint ? ("step " + std::to_string(m.step)).c_str() : "Hugging Face model", dtype.c_str(),
+                 o.data.c_str(), validation ? "validation shard" : "training shards", tokens, seq_len);
+    return with_dtype(dtype, [&]<class T>() { return eval_with<T>(o, m, std::move(shards), seq_len); });
 }
 
 int prepare_command(const PrepareOptions& o) {
@@ -154,6 +271,7 @@ int prepare_command(const PrepareOptions& o) {
 int main_checked(int argc, char** argv) {
     Command c = parse_command(argc, argv);
     if (c.kind == Command::Kind::sample) return sample_command(c.sample);
+    if (c.kind == Command::Kind::eval) return eval_command(c.eval);
     if (c.kind == Command::Kind::prepare) return prepare_command(c.prepare);
     if (c.kind == Command::Kind::convert) return convert_command(c.convert);
     if (c.kind == Command::Kind::export_model) return export_model(c.export_model), 0;

@@ -109,17 +109,59 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
         ->check(CLI::Range(0.0, 1.0));
 }
 
-void add_sample_flags(CLI::App& app, SampleOptions& o) {
-    app.add_option("checkpoint", o.checkpoint,
-                   "A checkpoint: a step_N directory, or an output directory (its latest checkpoint)")
+// The model directory both inference commands take (trainer/model_dir.h).
+void add_model_argument(CLI::App& app, std::string& model) {
+    app.add_option("model", model,
+                   "A polevault checkpoint (a step_N directory, or an output directory: its latest checkpoint) or a "
+                   "Hugging Face model directory (config.json and safetensors weights)")
         ->required()
         ->check(CLI::ExistingDirectory);
-    app.add_option("--prompt", o.prompt, "Text to continue");
-    app.add_option("--max-tokens", o.max_tokens, "Tokens to generate")->check(CLI::PositiveNumber);
+}
+
+void add_dtype_flag(CLI::App& app, std::string& dtype) {
+    app.add_option("--dtype", dtype,
+                   "Storage type the weights are converted to on load: bf16, fp32 or fp64 (default: a checkpoint's "
+                   "own; a Hugging Face model's torch_dtype, bfloat16 -> bf16, float32 and float16 -> fp32)")
+        ->check(CLI::IsMember({"bf16", "fp32", "fp64"}));
+}
+
+void add_sample_flags(CLI::App& app, SampleOptions& o) {
+    add_model_argument(app, o.model);
+    app.add_option("--prompt", o.prompt,
+                   "Text to continue (empty: start from the model's beginning-of-sequence token, else its "
+                   "end-of-sequence token)");
+    app.add_option("--prompt-ids", o.prompt_ids,
+                   "Token ids to continue, comma-separated (instead of --prompt; needs no tokenizer)")
+        ->delimiter(',')
+        ->excludes(app.get_option("--prompt"));
+    app.add_option("--max-tokens", o.max_tokens,
+                   "Tokens to generate; prompt + max tokens must fit the model's max_position_embeddings (0: up to " +
+                       std::to_string(kDefaultSampleTokens) + ", as many as fit)")
+        ->check(CLI::NonNegativeNumber);
     app.add_option("--temperature", o.temperature, "Sampling temperature (0: greedy)")->check(CLI::NonNegativeNumber);
     app.add_option("--top-p", o.top_p, "Nucleus sampling: the smallest set of tokens with this much probability")
         ->check(CLI::Range(0.0, 1.0));
     app.add_option("--seed", o.seed, "Seed of the sampling");
+    add_dtype_flag(app, o.dtype);
+    app.add_flag("--print-ids", o.print_ids,
+                 "Print the generated token ids as one JSON array on the last line of standard output (works "
+                 "without a tokenizer)");
+}
+
+void add_eval_flags(CLI::App& app, EvalOptions& o) {
+    add_model_argument(app, o.model);
+    app.add_option("--data", o.data,
+                   "Prepared data: a `train prepare` directory (its validation shard, else its training shards) or "
+                   "one .pvtokens shard")
+        ->required()
+        ->check(CLI::ExistingPath);
+    add_dtype_flag(app, o.dtype);
+    app.add_option("--seq-len", o.seq_len,
+                   "Tokens per window (0: a checkpoint's training window, else min(max_position_embeddings, 1024))")
+        ->check(CLI::NonNegativeNumber);
+    app.add_option("--batch", o.batch, "Windows per forward pass")->check(CLI::PositiveNumber);
+    app.add_option("--max-windows", o.max_windows, "Evaluate only the first this many windows (0: all)")
+        ->check(CLI::NonNegativeNumber);
 }
 
 void add_prepare_flags(CLI::App& app, PrepareOptions& o) {
@@ -174,9 +216,13 @@ Command parse_command(int argc, char** argv, const TrainOptions& base) {
         "built-in corpus (the project's own documentation and sources) and ends with a generated sample."};
     app.option_defaults()->always_capture_default();
     add_train_flags(app, c.train);
-    CLI::App* sample = app.add_subcommand("sample", "Generate text from a checkpoint");
+    CLI::App* sample = app.add_subcommand(
+        "sample", "Generate text from a checkpoint or a Hugging Face model directory, with a KV cache");
     sample->option_defaults()->always_capture_default();
     add_sample_flags(*sample, c.sample);
+    CLI::App* eval = app.add_subcommand("eval", "Loss and perplexity of a model on prepared data, every window once");
+    eval->option_defaults()->always_capture_default();
+    add_eval_flags(*eval, c.eval);
     CLI::App* prepare = app.add_subcommand("prepare",
                                            "Tokenize text or JSON-lines files into training and validation "
                                            "shards (and train a tokenizer unless --tokenizer is given)");
@@ -197,6 +243,7 @@ Command parse_command(int argc, char** argv, const TrainOptions& base) {
         std::exit(app.exit(e));
     }
     if (sample->parsed()) c.kind = Command::Kind::sample;
+    if (eval->parsed()) c.kind = Command::Kind::eval;
     if (prepare->parsed()) c.kind = Command::Kind::prepare;
     if (convert->parsed()) c.kind = Command::Kind::convert;
     if (export_model->parsed()) c.kind = Command::Kind::export_model;

@@ -1,9 +1,10 @@
-// The `train` program's command line: its three commands and every flag with its default and
+// The `train` program's command line: its four commands and every flag with its default and
 // meaning, filled by CLI11 (train_options.cpp). Host C++ only, so the parser is compiled by g++ on
 // both backends.
 //
 //   train [flags]            train (the default command; no flags: the built-in demo run)
-//   train sample [flags]     generate text from a checkpoint
+//   train sample [flags]     generate text from a checkpoint or a Hugging Face model directory
+//   train eval [flags]       a model's loss and perplexity on prepared data
 //   train prepare [flags]    text or JSON-lines files -> token shards + a validation shard
 //   train convert --from llama2c FILE --out DIR    a llama2.c checkpoint -> a Hugging Face directory
 //   train export CHECKPOINT --out DIR              a checkpoint -> a Hugging Face directory
@@ -68,12 +69,25 @@ struct TrainOptions {
 };
 
 struct SampleOptions {
-    std::string checkpoint;  // a step_N directory, or an output directory (its latest)
-    std::string prompt = "The kernel";
-    int max_tokens = 200;
-    double temperature = 0.8;
+    std::string model;            // a checkpoint (step_N or output directory) or a Hugging Face model directory
+    std::string prompt;           // text to continue; empty (and no prompt_ids): the model's start token
+    std::vector<int> prompt_ids;  // token ids to continue, instead of text
+    int max_tokens = 0;           // 0: up to kDefaultSampleTokens, as many as the model's positions allow
+    double temperature = 0.8;     // 0: greedy
     double top_p = 0.95;
     uint64_t seed = 1337;
+    std::string dtype;       // bf16, fp32 or fp64; empty: the model's own (model_dir.h)
+    bool print_ids = false;  // the generated ids as a JSON array on the last line of stdout
+};
+inline constexpr int kDefaultSampleTokens = 200;
+
+struct EvalOptions {
+    std::string model;  // as SampleOptions::model
+    std::string data;   // a `train prepare` directory (its validation shard, else its training shards) or one shard
+    std::string dtype;  // empty: the model's own
+    int seq_len = 0;    // 0: a checkpoint's training window, else min(max_position_embeddings, 1024)
+    int batch = 1;      // windows per forward pass
+    long long max_windows = 0;  // 0: every window
 };
 
 struct ConvertOptions {
@@ -89,9 +103,10 @@ struct ExportOptions {
 };
 
 struct Command {
-    enum class Kind { train, sample, prepare, convert, export_model } kind = Kind::train;
+    enum class Kind { train, sample, eval, prepare, convert, export_model } kind = Kind::train;
     TrainOptions train;
     SampleOptions sample;
+    EvalOptions eval;
     PrepareOptions prepare;
     ConvertOptions convert;
     ExportOptions export_model;

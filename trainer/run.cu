@@ -310,9 +310,8 @@ class TrainingRun {
         } else if (writer() && tokenizer_) {
             std::printf("\nsample (temperature %.2f, top-p %.2f):\n%s", o_.temperature, o_.top_p, o_.prompt.c_str());
             std::fflush(stdout);
-            generate(*model_, *tokenizer_,
-                     GenerateOptions{o_.prompt, o_.sample_tokens, o_.temperature, o_.top_p, o_.seed},
-                     [](const std::string& piece) { std::fputs(piece.c_str(), stdout), std::fflush(stdout); });
+            generate_text(*model_, *tokenizer_, o_.prompt, o_.sample_tokens, o_.temperature, o_.top_p, o_.seed,
+                          [](const std::string& piece) { std::fputs(piece.c_str(), stdout), std::fflush(stdout); });
             std::printf("\n");
         }
     }
