@@ -206,7 +206,7 @@ else ifneq ($(SANITIZE),)
   SCHEDULES := $(S_IN_ORDER) $(S_RANDOM)
 endif
 # test-tsan checks the kernel suites (where shared-memory races live) at their small shapes.
-TSAN_TESTS := $(addprefix $(BUILD)/test/,test_kernels_platform test_planted_races test_attention test_rmsnorm \
+TSAN_TESTS := $(addprefix $(BUILD)/test/,test_kernels_platform test_planted_races test_attention test_attention_decode test_rmsnorm \
   test_cross_entropy)
 TSAN_OPTIONS_ := TSAN_OPTIONS='halt_on_error=0 exitcode=66 history_size=4'
 

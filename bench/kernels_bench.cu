@@ -16,6 +16,7 @@
 // model's real traffic can only be higher); "FLOPs" counts multiply-adds as two.
 #include "bench/timing.h"
 #include "kernels/attention.cuh"
+#include "kernels/attention_decode.cuh"
 #include "kernels/cross_entropy.cuh"
 #include "platform/device_memory.h"
 #include "kernels/embedding.cuh"
@@ -211,6 +212,19 @@ void run(const pv::LlamaConfig& c, const Options& o) {
         "attention backward",
         time_it(R, [&] { pv::attention_backward(qkv, att, datt, lse, dqkv, att_scratch, B, Tn, H, Hkv, hd, nullptr); }),
         (2.0 * N * qkv_w + 2.0 * N * q_w) * t + double(B) * H * Tn * a, 2.5 * att_flops, on_gpu);
+    // Generation: one new row against a KV cache of T positions (kernels/attention_decode.cuh),
+    // which reads every cached key and value once per head group.
+    T* k_cache = random_buffer<T>((long long)Tn * Hkv * hd, 19);
+    T* v_cache = random_buffer<T>((long long)Tn * Hkv * hd, 20);
+    const size_t decode_scratch_bytes = pv::attention_decode_scratch_bytes<T>(1, Tn, H, Hkv, hd);
+    void* decode_scratch = decode_scratch_bytes ? alloc(decode_scratch_bytes) : nullptr;
+    report<T>("attention decode (1 row)",
+              time_it(R,
+                      [&] {
+                          pv::attention_decode(qkv, qkv_w, k_cache, v_cache, att, 1, Tn - 1, H, Hkv, hd, decode_scratch,
+                                               decode_scratch_bytes, nullptr);
+                      }),
+              2.0 * Tn * Hkv * hd * t + 2.0 * q_w * t, 2.0 * 2.0 * H * double(Tn) * hd, on_gpu);
     report<T>("matmul qkv backward",
               time_it(R, [&] { pv::matmul_backward(handle, dqkv, x, wqkv, dx, dwte, N, C, qkv_w, false, nullptr); }),
               (2.0 * N * C + 2.0 * qkv_w * C + double(N) * qkv_w) * t, 2.0 * gemm_qkv, on_gpu);
@@ -249,10 +263,10 @@ void run(const pv::LlamaConfig& c, const Options& o) {
         time_it(R, [&] { pv::cross_entropy_backward(logits, tokens, logits, N, V, -100, 1.0 / double(N), nullptr); }),
         2.0 * double(N) * V * t + N * 4.0, 4.0 * N * V, on_gpu);
 
-    for (void* p :
-         std::initializer_list<void*>{tokens,       wte, x,        y,   dx,   w,      dw,       dwte,        rstd,
-                                      norm_scratch, qkv, wqkv,     att, datt, dqkv,   lse,      att_scratch, inv_freq,
-                                      gate_up,      act, dgate_up, wgu, dwgu, logits, row_loss, loss_sum,    count})
+    for (void* p : std::initializer_list<void*>{
+             tokens,   wte,  x,    y,      dx,       w,        dw,          dwte,     rstd,    norm_scratch,
+             qkv,      wqkv, att,  datt,   dqkv,     lse,      att_scratch, inv_freq, gate_up, act,
+             dgate_up, wgu,  dwgu, logits, row_loss, loss_sum, count,       k_cache,  v_cache, decode_scratch})
         pv::memory_free(p);
     CUBLAS_CHECK(cublasDestroy(handle));
 }

@@ -185,7 +185,10 @@ int sample_with(const SampleOptions& o, const ModelDir& m) {
     Llama<T> model(config, whole_model(1, 1, o.seed, Gradients::none));
     load_weights(m.path, model);
     Decoder<T> decoder(model, int(prompt) + g.max_tokens - 1, int(prompt));
-    if (tokenizer) std::fputs(tokenizer->decode(g.prompt).c_str(), stdout), std::fflush(stdout);
+    if (tokenizer) {  // the prompt as given (not the start token an empty prompt begins from)
+        std::fputs(o.prompt_ids.empty() ? o.prompt.c_str() : tokenizer->decode(o.prompt_ids).c_str(), stdout);
+        std::fflush(stdout);
+    }
     const GenerateResult r = generate(decoder, g, [&](int id) {
         if (tokenizer) std::fputs(tokenizer->decode({id}).c_str(), stdout), std::fflush(stdout);
     });
