@@ -1,7 +1,9 @@
 // Text / JSON lines -> tokenizer + token shards, and loading them back; see data/prepare.h.
 #include "data/prepare.h"
 
+#include "data/examples.h"
 #include "data/tokenizer.h"
+#include "io/durable_file.h"
 
 #include <nlohmann/json.hpp>
 
@@ -11,6 +13,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
+#include <fstream>
+#include <iterator>
 #include <filesystem>
 #include <stdexcept>
 #include <string_view>
@@ -22,78 +27,6 @@ namespace {
 namespace fs = std::filesystem;
 
 const std::string kEot = "<|endoftext|>";
-
-// The documents, stored as the text the stream decodes to (each followed by kEot) so training
-// can use it directly without a second copy; docs[i] is a view of document i inside it.
-struct Corpus {
-    std::string joined;
-    std::vector<std::pair<size_t, size_t>> docs;  // (offset, length) in joined
-    std::string_view doc(size_t i) const { return std::string_view(joined).substr(docs[i].first, docs[i].second); }
-    void add(std::string_view text) {
-        if (text.empty()) return;
-        docs.push_back({joined.size(), text.size()});
-        joined += text;
-        joined += kEot;
-    }
-};
-
-bool is_json_lines(const std::string& path) {
-    std::string ext = fs::path(path).extension().string();
-    std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return char(std::tolower(c)); });
-    return ext == ".jsonl" || ext == ".ndjson";
-}
-
-// The whole file's bytes; throws naming the file when it is missing, a directory or unreadable.
-std::string read_file(const std::string& path) {
-    auto fail = [&](const std::string& what) { return std::runtime_error("input '" + path + "': " + what); };
-    std::error_code ec;
-    if (fs::is_directory(path, ec)) throw fail("is a directory; pass the files in it");
-    std::FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) throw fail("cannot open: " + std::string(std::strerror(errno)) + " (check the path and its permissions)");
-    std::string out;
-    char buf[1 << 16];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-    const bool failed = std::ferror(f);
-    const int err = errno;
-    std::fclose(f);
-    if (failed) throw fail("read failed: " + std::string(std::strerror(err)));
-    return out;
-}
-
-// Appends the documents of one JSON-lines file.
-void read_json_lines(const std::string& path, const std::string& field, Corpus& corpus) {
-    const std::string text = read_file(path);
-    const std::string_view all(text);
-    size_t line_no = 0;
-    for (size_t begin = 0; begin < all.size();) {
-        size_t end = all.find('\n', begin);
-        if (end == std::string_view::npos) end = all.size();
-        const std::string_view line = all.substr(begin, end - begin);
-        begin = end + 1;
-        ++line_no;
-        if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;  // blank
-        const std::string where = "input '" + path + "' line " + std::to_string(line_no) + ": ";
-        nlohmann::json j;
-        try {
-            j = nlohmann::json::parse(line.begin(), line.end());
-        } catch (const nlohmann::json::parse_error& e) {
-            throw std::runtime_error(where + "not JSON (" + e.what() +
-                                     "); a .jsonl file holds one JSON object per line");
-        }
-        if (!j.is_object())
-            throw std::runtime_error(where + "a JSON " + j.type_name() +
-                                     ", not an object; a .jsonl file holds one JSON object per line");
-        auto it = j.find(field);
-        if (it == j.end())
-            throw std::runtime_error(where + "the object has no field \"" + field +
-                                     "\"; name the field that holds the document text (text_field)");
-        if (!it->is_string())
-            throw std::runtime_error(where + "field \"" + field + "\" holds a JSON " + it->type_name() +
-                                     ", not a string; name the field that holds the document text (text_field)");
-        corpus.add(it->get_ref<const std::string&>());
-    }
-}
 
 void check_options(const PrepareOptions& o) {
     if (o.inputs.empty()) throw std::invalid_argument("prepare: no input files; name at least one text or .jsonl file");
@@ -120,43 +53,106 @@ long long held_out(double fraction, long long n) {
     return (long long)std::ceil(v);
 }
 
-// The stream doc0 EOT doc1 EOT ...: documents are encoded on several threads, each a contiguous
-// run of them of about equal bytes, and the runs concatenated in order (deterministic).
-std::vector<uint32_t> encode_stream(const Tokenizer& tok, const Corpus& corpus) {
-    const uint32_t eot = uint32_t(tok.eot_id());
-    const size_t docs = corpus.docs.size();
-    const size_t bytes = corpus.joined.size();
+// The examples' tokens and flags, concatenated in order: examples are encoded on several threads,
+// each a contiguous run of them of about equal bytes, and the runs joined in order
+// (deterministic). The first error, in input order, is rethrown.
+void encode_stream(const Tokenizer& tok, const std::vector<Example>& examples, const ExampleEncoding& how,
+                   std::vector<uint32_t>& tokens, std::vector<uint8_t>& flags) {
+    const size_t n = examples.size();
+    std::vector<size_t> end_bytes(n);  // cumulative input bytes after example i
+    size_t bytes = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const Example& e = examples[i];
+        bytes += e.text.size() + e.prompt.size() + e.completion.size();
+        for (const ChatMessage& m : e.messages) bytes += m.content.size();
+        end_bytes[i] = bytes;
+    }
     const size_t min_bytes_per_thread = size_t(1) << 16;  // below this a thread costs more than it saves
-    const size_t threads = std::max<size_t>(1, std::min({size_t(std::max(1u, std::thread::hardware_concurrency())),
-                                                         docs, bytes / min_bytes_per_thread + 1}));
-    // Run t covers documents [cut[t], cut[t + 1]): cut where the byte count passes t / threads.
-    std::vector<size_t> cut(threads + 1, docs);
+    const size_t threads = std::max<size_t>(
+        1, std::min({size_t(std::max(1u, std::thread::hardware_concurrency())), n, bytes / min_bytes_per_thread + 1}));
+    // Run t covers examples [cut[t], cut[t + 1]): cut where the byte count passes t / threads.
+    std::vector<size_t> cut(threads + 1, n);
     cut[0] = 0;
     for (size_t t = 1, d = 0; t < threads; ++t) {
         const size_t target = bytes * t / threads;
-        while (d < docs && corpus.docs[d].first < target) ++d;
+        while (d < n && end_bytes[d] <= target) ++d;
         cut[t] = std::max(d, cut[t - 1]);
     }
-    std::vector<std::vector<uint32_t>> parts(threads);
+    std::vector<std::vector<uint32_t>> part_tokens(threads);
+    std::vector<std::vector<uint8_t>> part_flags(threads);
+    std::vector<std::exception_ptr> errors(threads);
     auto work = [&](size_t t) {
-        for (size_t d = cut[t]; d < cut[t + 1]; ++d) {
-            for (int id : tok.encode(corpus.doc(d), /*allow_special=*/false)) parts[t].push_back(uint32_t(id));
-            parts[t].push_back(eot);
+        try {
+            for (size_t d = cut[t]; d < cut[t + 1]; ++d)
+                encode_example(tok, examples[d], how, part_tokens[t], part_flags[t]);
+        } catch (...) {
+            errors[t] = std::current_exception();
         }
     };
     std::vector<std::thread> pool;
     for (size_t t = 1; t < threads; ++t) pool.emplace_back(work, t);
     work(0);
     for (auto& th : pool) th.join();
+    for (const auto& e : errors)
+        if (e) std::rethrow_exception(e);
     size_t total = 0;
-    for (const auto& p : parts) total += p.size();
-    std::vector<uint32_t> stream;
-    stream.reserve(total);
-    for (auto& p : parts) {
-        stream.insert(stream.end(), p.begin(), p.end());
-        std::vector<uint32_t>().swap(p);
+    for (const auto& p : part_tokens) total += p.size();
+    tokens.reserve(total);
+    flags.reserve(total);
+    for (size_t t = 0; t < threads; ++t) {
+        tokens.insert(tokens.end(), part_tokens[t].begin(), part_tokens[t].end());
+        flags.insert(flags.end(), part_flags[t].begin(), part_flags[t].end());
+        std::vector<uint32_t>().swap(part_tokens[t]);
+        std::vector<uint8_t>().swap(part_flags[t]);
     }
-    return stream;
+}
+
+// The chat format for the examples' chats (none without chats), each chat checked against it.
+std::optional<ChatFormat> chat_format_of(const PrepareOptions& o, const std::vector<Example>& examples) {
+    const bool chats =
+        std::any_of(examples.begin(), examples.end(), [](const Example& e) { return e.kind == ExampleKind::chat; });
+    if (!chats) return std::nullopt;
+    const std::string config = o.tokenizer.empty() ? "" : tokenizer_config_beside(o.tokenizer);
+    const ChatFormat f = resolve_chat_format(o.chat_format, config);
+    for (const Example& e : examples) check_example(e, ExampleEncoding{f, o.train_on_prompt});
+    return f;
+}
+
+// A tokenizer trained on the examples: each one's text followed by "<|endoftext|>", with the
+// chat format's special tokens.
+Tokenizer train_tokenizer(const PrepareOptions& o, const std::vector<Example>& examples,
+                          const std::optional<ChatFormat>& format) {
+    std::string joined;
+    for (const Example& e : examples) joined += example_training_text(e, format) + kEot;
+    std::vector<std::string> specials = {kEot};
+    if (format)
+        for (const std::string& s : chat_special_tokens(*format))
+            if (s != kEot) specials.push_back(s);
+    if (o.vocab < 256 + int(specials.size()))
+        throw std::invalid_argument("prepare: vocab " + std::to_string(o.vocab) + " is below " +
+                                    std::to_string(256 + specials.size()) + " (the 256 byte tokens and " +
+                                    std::to_string(specials.size()) + " special tokens); choose a larger vocab");
+    return Tokenizer::train(joined, o.vocab, specials);
+}
+
+// Where the training set ends: N − ceil(fraction · N), moved back to the start of a document
+// that must not be split when it falls inside one.
+long long train_end(const std::vector<uint8_t>& flags, long long val) {
+    long long cut = (long long)flags.size() - val;
+    if (cut <= 0 || cut >= (long long)flags.size() || (flags[size_t(cut)] & kTokenStartsDocument) ||
+        (flags[size_t(cut)] & kTokenSplittable))
+        return cut;
+    while (cut > 0 && !(flags[size_t(cut)] & kTokenStartsDocument)) --cut;
+    return cut;
+}
+
+// Copies a file byte for byte, atomically.
+void copy_file(const std::string& from, const std::string& to) {
+    std::ifstream in(from, std::ios::binary);
+    if (!in) throw std::runtime_error("'" + from + "': cannot open to copy it: " + std::strerror(errno));
+    const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+    if (in.bad()) throw std::runtime_error("'" + from + "': read failed");
+    write_file_atomically(to, "file", [&](const ByteSink& sink) { sink(bytes.data(), bytes.size()); });
 }
 
 bool is_train_shard_name(const std::string& name) {
@@ -176,43 +172,53 @@ std::string train_shard_name(size_t i) {
 PreparedData prepare_data(const PrepareOptions& o) {
     check_options(o);
 
-    Corpus corpus;
-    for (const auto& path : o.inputs) {
-        if (is_json_lines(path)) {
-            read_json_lines(path, o.text_field, corpus);
-        } else {
-            corpus.add(read_file(path));
-        }
-    }
-    if (corpus.docs.empty())
+    std::vector<Example> examples;
+    for (const auto& path : o.inputs)
+        for (Example& e : read_examples(path, o.text_field)) examples.push_back(std::move(e));
+    if (examples.empty())
         throw std::runtime_error("prepare: the inputs hold no documents (every file is empty or has only blank lines" +
                                  std::string(" or empty texts); check the input files"));
+    const std::optional<ChatFormat> format = chat_format_of(o, examples);
 
-    const Tokenizer tok =
-        o.tokenizer.empty() ? Tokenizer::train(corpus.joined, o.vocab, {kEot}) : Tokenizer::load(o.tokenizer);
-    if (tok.eot_id() < 0)
+    const Tokenizer tok = o.tokenizer.empty() ? train_tokenizer(o, examples, format) : Tokenizer::load(o.tokenizer);
+    const bool needs_eos =
+        std::any_of(examples.begin(), examples.end(), [](const Example& e) { return e.kind != ExampleKind::chat; });
+    if (tok.eos_id() < 0 && needs_eos)
         throw std::runtime_error("tokenizer '" + o.tokenizer +
-                                 "': has no \"<|endoftext|>\" token to separate documents; "
-                                 "add it to the file's added_tokens, or pass no tokenizer to train one");
+                                 "': has no end-of-sequence token to end documents with; use the model's own "
+                                 "tokenizer.json (with its tokenizer_config.json), or pass no tokenizer to train one");
+    if (format) check_chat_tokens(tok, *format);
 
-    std::vector<uint32_t> stream = encode_stream(tok, corpus);
+    PreparedData out;
+    out.documents = (long long)examples.size();
+    for (const Example& e : examples) {
+        out.text_documents += e.kind == ExampleKind::text;
+        out.prompt_completion_documents += e.kind == ExampleKind::prompt_completion;
+        out.chat_documents += e.kind == ExampleKind::chat;
+    }
+    if (format) out.chat_format = chat_format_name(*format);
+
+    std::vector<uint32_t> stream;
+    std::vector<uint8_t> flags;
+    encode_stream(tok, examples, ExampleEncoding{format, o.train_on_prompt}, stream, flags);
+    examples = {};  // the text is no longer needed
     const long long n = (long long)stream.size();
-    const long long val = held_out(o.val_fraction, n);
-    const long long train = n - val;
+    const long long train = train_end(flags, held_out(o.val_fraction, n));
+    const long long val = n - train;
     if (val < 2 || train < 2)
         throw std::runtime_error(
-            "prepare: the inputs give only " + std::to_string(n) + " tokens (" + std::to_string(corpus.docs.size()) +
+            "prepare: the inputs give only " + std::to_string(n) + " tokens (" + std::to_string(out.documents) +
             " documents), so val_fraction " + std::to_string(o.val_fraction) + " leaves " + std::to_string(train) +
-            " training and " + std::to_string(val) + " validation tokens; both need at least 2: add data or " +
-            (val < 2 ? "raise" : "lower") + " val_fraction");
+            " training and " + std::to_string(val) + " validation tokens" +
+            (train != n - held_out(o.val_fraction, n) ? " (the cut moved back to the start of a chat or prompt)" : "") +
+            "; both need at least 2: add data or " + (val < 2 ? "raise" : "lower") + " val_fraction");
     const long long shards = (train + o.shard_tokens - 1) / o.shard_tokens;
     if (shards > 1'000'000)
         throw std::invalid_argument("prepare: shard_tokens " + std::to_string(o.shard_tokens) + " would make " +
                                     std::to_string(shards) +
                                     " training shards (at most 1000000, the names have 6 digits); "
                                     "raise shard_tokens");
-    const long long documents = (long long)corpus.docs.size();
-    corpus = Corpus{};  // the text is no longer needed
+    for (uint8_t f : flags) out.counted_tokens += (f & kTokenCounted) != 0;
 
     std::error_code ec;
     fs::create_directories(o.out_dir, ec);
@@ -221,26 +227,40 @@ PreparedData prepare_data(const PrepareOptions& o) {
                                  (ec ? ": " + ec.message() : std::string(" (a file of that name exists)")));
     const fs::path dir(o.out_dir);
 
-    PreparedData out;
-    out.documents = documents;
     out.train_tokens = train;
     out.val_tokens = val;
     out.vocab_size = tok.vocab_size();
 
     TokenShard shard;
     shard.vocab_size = uint32_t(tok.vocab_size());
-    shard.eot_token = uint32_t(tok.eot_id());
-    for (long long s = 0; s < shards; ++s) {
-        const long long begin = s * o.shard_tokens, end = std::min(train, begin + o.shard_tokens);
+    shard.eot_token = uint32_t(std::max(0, tok.eos_id()));
+    const auto write = [&](long long begin, long long end, const std::string& path) {
         shard.tokens.assign(stream.begin() + begin, stream.begin() + end);
+        shard.flags.assign(flags.begin() + begin, flags.begin() + end);
+        write_shard(path, shard);
+    };
+    for (long long s = 0; s < shards; ++s) {
         out.train_shards.push_back((dir / train_shard_name(size_t(s))).string());
-        write_shard(out.train_shards.back(), shard);
+        write(s * o.shard_tokens, std::min(train, (s + 1) * o.shard_tokens), out.train_shards.back());
     }
-    shard.tokens.assign(stream.begin() + train, stream.end());
     out.val_shard = (dir / "val.pvtokens").string();
-    write_shard(out.val_shard, shard);
+    write(train, n, out.val_shard);
     out.tokenizer_path = (dir / "tokenizer.json").string();
-    tok.save(out.tokenizer_path);
+    const std::string config_out = (dir / "tokenizer_config.json").string();
+    const std::string config_in = o.tokenizer.empty() ? "" : tokenizer_config_beside(o.tokenizer);
+    if (o.tokenizer.empty()) {
+        tok.save(out.tokenizer_path);
+    } else if (!fs::exists(out.tokenizer_path, ec) || !fs::equivalent(o.tokenizer, out.tokenizer_path, ec)) {
+        copy_file(o.tokenizer, out.tokenizer_path);
+    }
+    if (!config_in.empty() && fs::is_regular_file(config_in, ec)) {
+        if (!fs::exists(config_out, ec) || !fs::equivalent(config_in, config_out, ec)) copy_file(config_in, config_out);
+    } else if (fs::exists(config_out, ec)) {
+        fs::remove(config_out, ec);  // an earlier run's, for another tokenizer
+        if (ec)
+            throw std::runtime_error("output directory '" + o.out_dir + "': cannot remove the stale '" + config_out +
+                                     "' of an earlier run: " + ec.message() + "; remove it by hand");
+    }
 
     // Remove an earlier run's training shards beyond this run's count, so load_dataset, which
     // takes every train_*.pvtokens, sees only this run's.

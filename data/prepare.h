@@ -1,44 +1,55 @@
 // `train prepare`: text or JSON-lines files -> a tokenizer, training token shards and one held-out
 // validation shard, in a directory that `train --data DIR` loads (load_dataset). Host code only.
 //
-// Input. Each file named in `inputs` is read in the order given:
-//   *.jsonl, *.ndjson (any case)  one JSON object per line; the document is the string field
-//                                 `text_field` ("text"). Blank lines are skipped; any other line
-//                                 that is not JSON, not an object, lacks the field or holds a
-//                                 non-string there is an error naming the file and line.
-//   anything else                 plain text: the whole file, byte for byte (any encoding,
-//                                 invalid UTF-8 included), is one document.
-// Empty documents (an empty file, "text": "") are skipped: they would add nothing but an EOT.
+// Input. Each file named in `inputs` is read in the order given, as data/examples.h describes:
+// *.jsonl / *.ndjson hold one example per line — {"text"} (the field `text_field`), {"prompt",
+// "completion"} or {"messages": [{"role", "content"}, ...]} — and any other file is one plain
+// text. Every bad line is an error naming the file and line.
 //
-// The token stream. Every document is encoded with allow_special = false — a document that
-// happens to contain the text "<|endoftext|>" keeps it as ordinary text, so no input can forge a
-// document boundary — and is followed by the tokenizer's end-of-text token:
+// Chats are rendered in a chat format (data/chat.h): `chat_format` (--chat-format) if given, else
+// the one tokenizer_config.json's chat_template beside `tokenizer` is recognised as; without
+// either, chats are an error naming the formats there are (a tokenizer trained here has no
+// template: pass --chat-format). Only inputs with chats need a format.
 //
-//     doc0 EOT doc1 EOT ... docD-1 EOT          (N tokens in all)
+// The token stream. Each example is encoded as data/examples.h says — plain text "T(text) EOS",
+// a prompt and completion "[BOS] T(prompt + completion) EOS", a chat its format's tokens — with
+// special-token strings in the inputs kept as text, so no input can forge a document boundary or
+// a chat turn. The examples' tokens are concatenated in input order, each token with its flags
+// (data/shard.h): counted (everything in plain text; completions, assistant turns and their end
+// tokens otherwise, and everything but an example's first token with `train_on_prompt`), starts
+// a document (each example's first token), splittable (plain text only):
 //
-// so decoding the stream gives the documents, each followed by "<|endoftext|>". A tokenizer
-// without "<|endoftext|>" is an error.
+//     ex0 ex1 ... exD-1          (N tokens in all)
 //
-// The tokenizer. `tokenizer` names an existing tokenizer.json, used as is. Otherwise a byte-level
-// BPE of `vocab` tokens (≥ 257: the 256 bytes and "<|endoftext|>") is trained on the documents
-// joined exactly as the stream decodes, doc0 "<|endoftext|>" doc1 "<|endoftext|>" ...: training
-// cuts special tokens out before pre-splitting, so no piece — hence no merge — spans two
-// documents, and the pair counts are the sums of each document's own (a "\n" separator would add
-// newline pieces no document has; plain concatenation would learn merges across a boundary, such
-// as the last word of one document glued to the first of the next). The one difference from the
-// encoding: text "<|endoftext|>" inside a document also ends a piece for training. Training sees
-// all documents, so for a corpus much larger than memory train a tokenizer on a sample once and
-// pass it here.
+// A tokenizer without an end-of-sequence token (eos_id) is an error when plain text or prompts
+// need one.
+//
+// The tokenizer. `tokenizer` names an existing tokenizer.json, used as is and copied byte for
+// byte (with the tokenizer_config.json beside it, when there is one). Otherwise a byte-level
+// BPE of `vocab` tokens (≥ 257 + the chat format's special tokens: the 256 bytes,
+// "<|endoftext|>" and those) is trained on the examples' texts each followed by "<|endoftext|>"
+// (a chat's text is its rendering): training cuts special tokens out before pre-splitting, so no
+// piece — hence no merge — spans two documents, and the pair counts are the sums of each
+// document's own (a "\n" separator would add newline pieces no document has; plain
+// concatenation would learn merges across a boundary, such as the last word of one document
+// glued to the first of the next). The one difference from the encoding: text "<|endoftext|>"
+// inside a document also ends a piece for training. Training sees all documents, so for a corpus
+// much larger than memory train a tokenizer on a sample once and pass it here.
 //
 // The split. The last V = ceil(val_fraction · N) tokens of the stream are the validation set, the
 // first N − V the training set: the held-out text is the end of the last documents, never mixed
-// into training. (A product within a relative 1e-9 of an integer counts as that integer, so 0.07 ×
-// 100 gives 7, not the 8 that binary 0.07, a little above 0.07, would.) val_fraction must be in (0, 0.5]; both sets need
-// at least 2 tokens (one input and one target). The training set is cut into shards of
-// shard_tokens tokens, the last one shorter; the validation set is one shard.
+// into training. When the cut falls inside a document that must not be split (a chat, a prompt
+// and completion), it moves back to that document's start, so the validation set holds more
+// than V tokens and no example is cut in two. (A product within a relative 1e-9 of an integer
+// counts as that integer, so 0.07 × 100 gives 7, not the 8 that binary 0.07, a little above
+// 0.07, would.) val_fraction must be in (0, 0.5]; both sets need at least 2 tokens (one input
+// and one target). The training set is cut into shards of shard_tokens tokens, the last one
+// shorter (a document may continue in the next shard: the loader reads the shards as one
+// stream); the validation set is one shard.
 //
 // On disk (out_dir, created if missing; file formats in data/shard.h and data/tokenizer.h):
-//   tokenizer.json                    the tokenizer (also when it was loaded from elsewhere)
+//   tokenizer.json                    the tokenizer (a given one copied as it is)
+//   tokenizer_config.json             a copy of the given tokenizer's, when it has one
 //   train_000000.pvtokens, ...        the training stream in order: train_%06d, counting from 0
 //   val.pvtokens                      the validation stream
 // Each file is written atomically (tmp + fsync + rename). Rerunning over an older output
@@ -61,6 +72,8 @@ namespace pv {
 
 struct PrepareOptions {
     std::vector<std::string> inputs;       // files: *.jsonl / *.ndjson JSON lines, anything else plain text
+    std::string chat_format;               // --chat-format: llama3, llama3.1, llama2; empty: recognise the template
+    bool train_on_prompt = false;          // --train-on-prompt: prompts, system and user turns count too
     std::string text_field = "text";       // the JSONL field holding a document
     std::string tokenizer;                 // an existing tokenizer.json; empty: train one of `vocab` tokens
     int vocab = 4096;                      // the trained tokenizer's size (ignored with `tokenizer`)
@@ -73,16 +86,20 @@ struct PreparedData {
     std::string tokenizer_path;             // out_dir/tokenizer.json
     std::vector<std::string> train_shards;  // out_dir/train_000000.pvtokens, ...
     std::string val_shard;                  // out_dir/val.pvtokens
-    long long documents = 0;                // non-empty documents read
+    long long documents = 0;                // non-empty examples read, and by kind:
+    long long text_documents = 0, prompt_completion_documents = 0, chat_documents = 0;
+    std::string chat_format;  // the format chats were rendered in; empty: no chats
     long long train_tokens = 0, val_tokens = 0;
-    int vocab_size = 0;  // the tokenizer's (a trained one may stop short of `vocab`)
+    long long counted_tokens = 0;  // of train + val tokens, those that count as targets
+    int vocab_size = 0;            // the tokenizer's (a trained one may stop short of `vocab`)
 };
 
 PreparedData prepare_data(const PrepareOptions& o);
 
 // What `train --data PATH` loads. PATH is either
 //   - a directory written by prepare_data: every regular file named train_*.pvtokens, in name
-//     order, then val.pvtokens if present and tokenizer.json's path if present; or
+//     order, then val.pvtokens if present and tokenizer.json's path if present (its
+//     tokenizer_config.json is beside it when there is one); or
 //   - a single .pvtokens shard: train = {it}, no validation shard, no tokenizer.
 // Throws std::runtime_error when PATH does not exist, a directory holds no train_*.pvtokens, the
 // shards disagree on vocab_size (two runs mixed), or a shard fails read_shard's checks.

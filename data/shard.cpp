@@ -60,7 +60,28 @@ void read_all(int fd, unsigned char* data, size_t n, const std::string& path) {
     }
 }
 
+// Bytes a version-1 or version-2 file of `count` tokens has after the header; false on overflow.
+bool payload_bytes(uint32_t version, uint64_t count, uint32_t width, uint64_t& out) {
+    const uint64_t per_token = width + (version >= 2 ? 1u : 0u);
+    if (count > UINT64_MAX / per_token) return false;
+    out = count * per_token;
+    return true;
+}
+
 }  // namespace
+
+std::string flags_problem(const std::vector<uint8_t>& flags) {
+    for (size_t i = 0; i < flags.size(); ++i) {
+        const uint8_t f = flags[i];
+        if (f & ~kTokenFlagBits)
+            return "token at index " + std::to_string(i) + " has flags byte " + std::to_string(f) +
+                   " with bits other than 0-2 set (bits 3-7 are always zero)";
+        if (i > 0 && !(f & kTokenStartsDocument) && (f & kTokenSplittable) != (flags[i - 1] & kTokenSplittable))
+            return "token at index " + std::to_string(i) + " is inside a document but its splittable bit (2) " +
+                   "differs from the previous token's (a document is splittable or not as a whole)";
+    }
+    return "";
+}
 
 void write_shard(const std::string& path, const TokenShard& shard) {
     if (shard.vocab_size == 0) fail(path, "vocab_size is 0; set it to the tokenizer's vocabulary size");
@@ -72,6 +93,11 @@ void write_shard(const std::string& path, const TokenShard& shard) {
             fail(path, "token at index " + std::to_string(i) + " is " + std::to_string(shard.tokens[i]) +
                            ", not below vocab_size " + std::to_string(shard.vocab_size) +
                            "; the tokens and the vocabulary size do not belong together");
+    if (shard.flags.size() != shard.tokens.size())
+        fail(path, "has " + std::to_string(shard.flags.size()) + " flags bytes for " +
+                       std::to_string(shard.tokens.size()) + " tokens; give every token its flags byte");
+    if (const std::string problem = flags_problem(shard.flags); !problem.empty())
+        fail(path, problem + "; fix the flags before writing");
 
     const uint32_t width = shard_token_bytes(shard.vocab_size);
     const uint64_t count = shard.tokens.size();
@@ -103,6 +129,7 @@ void write_shard(const std::string& path, const TokenShard& shard) {
             }
             sink(buf.data(), buf.size());
         }
+        sink(shard.flags.data(), shard.flags.size());
     });
 }
 
@@ -139,8 +166,8 @@ TokenShard read_shard(const std::string& path) {
     const uint32_t width = get_u32(header + 16);
     const uint32_t eot = get_u32(header + 20);
     const uint64_t count = get_u64(header + 24);
-    if (version != kShardVersion)
-        fail(path, "unsupported shard version " + std::to_string(version) + " (this build reads version " +
+    if (version != 1 && version != 2)
+        fail(path, "unsupported shard version " + std::to_string(version) + " (this build reads versions 1 and " +
                        std::to_string(kShardVersion) + ")" + recreate + " of this build");
     if (width != 2 && width != 4)
         fail(path,
@@ -153,15 +180,17 @@ TokenShard read_shard(const std::string& path) {
                        "; the header is corrupt" + recreate);
 
     const uint64_t payload = size - kShardHeaderBytes;
-    const bool overflow = count > UINT64_MAX / width;  // count × width does not fit in 64 bits
-    const uint64_t expected = overflow ? 0 : count * width;
+    uint64_t expected = 0;
+    const bool overflow = !payload_bytes(version, count, width, expected);  // does not fit in 64 bits
+    const std::string per_token =
+        version >= 2 ? " × (" + std::to_string(width) + " + 1 flags byte)" : " × " + std::to_string(width);
     if (overflow || payload < expected)
-        fail(path, "truncated: the header says " + std::to_string(count) + " tokens × " + std::to_string(width) +
-                       " bytes" + (overflow ? "" : " = " + std::to_string(expected) + " bytes") +
+        fail(path, "truncated: the header says " + std::to_string(count) + " tokens" + per_token + " bytes" +
+                       (overflow ? "" : " = " + std::to_string(expected) + " bytes") +
                        " after the header, but the file has only " + std::to_string(payload) +
                        " (was its writing interrupted?)" + recreate);
     if (payload > expected)
-        fail(path, "oversized: the header says " + std::to_string(count) + " tokens × " + std::to_string(width) +
+        fail(path, "oversized: the header says " + std::to_string(count) + " tokens" + per_token +
                        " bytes = " + std::to_string(expected) + " bytes after the header, but the file has " +
                        std::to_string(payload) + " (" + std::to_string(payload - expected) +
                        " extra); the file is corrupt or was appended to" + recreate);
@@ -186,6 +215,12 @@ TokenShard read_shard(const std::string& path) {
                                " and the matching tokenizer");
             shard.tokens[i] = t;
         }
+    }
+    if (version >= 2) {
+        shard.flags.resize(static_cast<size_t>(count));
+        read_all(f.fd, shard.flags.data(), shard.flags.size(), path);
+        if (const std::string problem = flags_problem(shard.flags); !problem.empty())
+            fail(path, "corrupt flags: " + problem + recreate);
     }
     return shard;
 }

@@ -4,6 +4,7 @@
 // a given tokenizer is used as is; runs are byte-identical; stale shards go; load_dataset reads
 // it all back; every bad input is rejected with a message naming the file, line or option.
 #include "test/temp_dir.h"
+#include "data/examples.h"
 #include "data/prepare.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
@@ -74,6 +75,18 @@ inline std::vector<uint32_t> stream_of(const pv::PreparedData& r) {
     const auto v = pv::read_shard(r.val_shard).tokens;
     s.insert(s.end(), v.begin(), v.end());
     return s;
+}
+
+// The flags of a prepared directory's stream, in the same order.
+inline std::vector<uint8_t> flags_of(const pv::PreparedData& r) {
+    std::vector<uint8_t> f;
+    for (const auto& p : r.train_shards) {
+        const auto t = pv::read_shard(p).flags;
+        f.insert(f.end(), t.begin(), t.end());
+    }
+    const auto v = pv::read_shard(r.val_shard).flags;
+    f.insert(f.end(), v.begin(), v.end());
+    return f;
 }
 
 // The documents joined as the stream must decode: each followed by "<|endoftext|>".
@@ -160,7 +173,7 @@ TEST_CASE("text and JSON-lines inputs become a stream of the documents each foll
     CHECK(r.val_shard == dir.file("out/nested/val.pvtokens"));
     const pv::Tokenizer tok = pv::Tokenizer::load(r.tokenizer_path);
     CHECK(tok.vocab_size() == 300);
-    REQUIRE(tok.eot_id() >= 0);
+    REQUIRE(tok.eos_id() >= 0);
 
     const std::vector<uint32_t> stream = stream_of(r);
     const long long n = (long long)stream.size();
@@ -173,10 +186,21 @@ TEST_CASE("text and JSON-lines inputs become a stream of the documents each foll
     std::vector<uint32_t> expected;
     for (const auto& d : docs) {
         for (int id : tok.encode(d, false)) expected.push_back(uint32_t(id));
-        expected.push_back(uint32_t(tok.eot_id()));
+        expected.push_back(uint32_t(tok.eos_id()));
     }
     CHECK(stream == expected);
-    CHECK(std::count(stream.begin(), stream.end(), uint32_t(tok.eot_id())) == long(docs.size()));
+    CHECK(std::count(stream.begin(), stream.end(), uint32_t(tok.eos_id())) == long(docs.size()));
+    // Plain text: every token counts and may be split; a document starts after each EOT.
+    const std::vector<uint8_t> flags = flags_of(r);
+    REQUIRE(flags.size() == stream.size());
+    for (size_t i = 0; i < flags.size(); ++i) {
+        const bool starts = i == 0 || stream[i - 1] == uint32_t(tok.eos_id());
+        CHECK(flags[i] == (pv::kTokenCounted | pv::kTokenSplittable | (starts ? pv::kTokenStartsDocument : 0)));
+    }
+    CHECK(r.counted_tokens == n);
+    CHECK(r.text_documents == r.documents);
+    CHECK(r.chat_documents + r.prompt_completion_documents == 0);
+    CHECK(r.chat_format.empty());
 
     // Training shards: train_000000, ... each 200 tokens but the last, with the tokenizer's header.
     const long long shards = (r.train_tokens + 199) / 200;
@@ -188,13 +212,13 @@ TEST_CASE("text and JSON-lines inputs become a stream of the documents each foll
         CHECK(r.train_shards[size_t(s)] == dir.file(name));
         const pv::TokenShard sh = pv::read_shard(r.train_shards[size_t(s)]);
         CHECK(sh.vocab_size == 300u);
-        CHECK(sh.eot_token == uint32_t(tok.eot_id()));
+        CHECK(sh.eot_token == uint32_t(tok.eos_id()));
         CHECK((long long)sh.tokens.size() == (s + 1 < shards ? 200 : r.train_tokens - 200 * (shards - 1)));
     }
     const pv::TokenShard val = pv::read_shard(r.val_shard);
     CHECK((long long)val.tokens.size() == r.val_tokens);
     CHECK(val.vocab_size == 300u);
-    CHECK(val.eot_token == uint32_t(tok.eot_id()));
+    CHECK(val.eot_token == uint32_t(tok.eos_id()));
     CHECK(!fs::exists(r.tokenizer_path + ".tmp"));
 }
 
@@ -233,12 +257,14 @@ TEST_CASE("a given tokenizer is used as is and copied to the output", "[prepare]
     std::vector<uint32_t> expected;
     for (const auto& d : docs) {
         for (int id : given.encode(d, false)) expected.push_back(uint32_t(id));
-        expected.push_back(uint32_t(given.eot_id()));
+        expected.push_back(uint32_t(given.eos_id()));
     }
     CHECK(stream_of(r) == expected);
     CHECK(r.vocab_size == given.vocab_size());
     CHECK(r.vocab_size == 320);
     CHECK(r.val_tokens == ((long long)expected.size() + 9) / 10);  // ceil(N / 10)
+    CHECK(read_bytes(r.tokenizer_path) == read_bytes(own));        // copied byte for byte
+    CHECK(!fs::exists(dir.file("out/tokenizer_config.json")));     // there is none beside own.json
     const pv::Tokenizer copied = pv::Tokenizer::load(r.tokenizer_path);
     CHECK(copied.vocab_size() == given.vocab_size());
     CHECK(copied.encode(docs[0], false) == given.encode(docs[0], false));
@@ -355,7 +381,7 @@ TEST_CASE("many documents keep their order and two runs are byte-identical", "[p
     std::vector<uint32_t> expected;
     for (const auto& d : docs) {
         for (int id : tok.encode(d, false)) expected.push_back(uint32_t(id));
-        expected.push_back(uint32_t(tok.eot_id()));
+        expected.push_back(uint32_t(tok.eos_id()));
     }
     CHECK(stream_of(a) == expected);
     CHECK(tok.decode(as_ids(expected)) == joined(docs));
@@ -440,7 +466,7 @@ TEST_CASE("load_dataset reads a prepared directory or a single shard", "[prepare
     for (uint32_t i : {2u, 0u, 1u, 10u}) {
         char name[64];
         std::snprintf(name, sizeof name, "train_%06u.pvtokens", i);
-        pv::write_shard(hand + "/" + name, pv::TokenShard{20, 19, {i, i, 19}});
+        pv::write_shard(hand + "/" + name, pv::TokenShard{20, 19, {i, i, 19}, {7, 5, 5}});
     }
     const pv::DataSet h = pv::load_dataset(hand);
     REQUIRE(h.train.size() == 4);
@@ -461,15 +487,15 @@ TEST_CASE("load_dataset rejects missing paths, empty directories, mixed vocabula
 
     const std::string mixed = dir.file("mixed");
     fs::create_directories(mixed);
-    pv::write_shard(mixed + "/train_000000.pvtokens", pv::TokenShard{300, 299, {1, 2, 3}});
-    pv::write_shard(mixed + "/train_000001.pvtokens", pv::TokenShard{400, 399, {1, 2, 3}});
+    pv::write_shard(mixed + "/train_000000.pvtokens", pv::TokenShard{300, 299, {1, 2, 3}, {7, 5, 5}});
+    pv::write_shard(mixed + "/train_000001.pvtokens", pv::TokenShard{400, 399, {1, 2, 3}, {7, 5, 5}});
     expect_error<std::runtime_error>([&] { (void)pv::load_dataset(mixed); },
                                      {mixed + "/train_000001.pvtokens", "vocab_size 400", "300", "different runs"});
 
     const std::string mixed_val = dir.file("mixed_val");
     fs::create_directories(mixed_val);
-    pv::write_shard(mixed_val + "/train_000000.pvtokens", pv::TokenShard{300, 299, {1, 2, 3}});
-    pv::write_shard(mixed_val + "/val.pvtokens", pv::TokenShard{512, 511, {1, 2, 3}});
+    pv::write_shard(mixed_val + "/train_000000.pvtokens", pv::TokenShard{300, 299, {1, 2, 3}, {7, 5, 5}});
+    pv::write_shard(mixed_val + "/val.pvtokens", pv::TokenShard{512, 511, {1, 2, 3}, {7, 5, 5}});
     expect_error<std::runtime_error>([&] { (void)pv::load_dataset(mixed_val); },
                                      {mixed_val + "/val.pvtokens", "vocab_size 512", "300"});
 
@@ -580,12 +606,12 @@ TEST_CASE("prepare_data rejects bad options and inputs, naming the file, line or
         CHECK(r.train_tokens == 2);
         CHECK(r.val_tokens == 2);
     }
-    SECTION("tokenizers without <|endoftext|> or unreadable") {
+    SECTION("tokenizers without an end-of-sequence token or unreadable") {
         pv::PrepareOptions o = base;
         const std::string no_eot = dir.file("no_eot.json");
         pv::Tokenizer::train("some text to train on", 260, {}).save(no_eot);
         o.tokenizer = no_eot;
-        expect_error<std::runtime_error>(run(o), {no_eot, "<|endoftext|>", "pass no tokenizer"});
+        expect_error<std::runtime_error>(run(o), {no_eot, "no end-of-sequence token", "pass no tokenizer"});
         o.tokenizer = dir.file("absent.json");
         expect_error<std::runtime_error>(run(o), {dir.file("absent.json"), "cannot open"});
     }
@@ -597,4 +623,150 @@ TEST_CASE("prepare_data rejects bad options and inputs, naming the file, line or
         o.out_dir = dir.file("a_file/below");
         expect_error<std::runtime_error>(run(o), {dir.file("a_file/below"), "cannot create"});
     }
+}
+
+namespace prepare_test {
+
+// A Llama 3 style tokenizer saved with a tokenizer_config.json holding the Llama 3 chat template
+// (the template as the file's JSON decodes it).
+inline std::string llama3_tokenizer(const TempDir& dir) {
+    fs::create_directories(dir.path / "model");
+    const std::string path = dir.file("model/tokenizer.json");
+    pv::Tokenizer::train(
+        "Hello there, how are you? Fine, thank you. Question: two plus two? Answer: four.", 330,
+        {"<|endoftext|>", "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"})
+        .save(path);
+    const std::string llama3_template =
+        "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+        "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + "
+        "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}"
+        "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
+        "{% endif %}";
+    write_bytes(dir.file("model/tokenizer_config.json"),
+                nlohmann::json{{"bos_token", "<|begin_of_text|>"}, {"chat_template", llama3_template}}.dump(2));
+    return path;
+}
+
+inline std::string chat_line(const std::string& user, const std::string& answer) {
+    return nlohmann::json{
+               {"messages", {{{"role", "user"}, {"content", user}}, {{"role", "assistant"}, {"content", answer}}}}}
+               .dump() +
+           "\n";
+}
+
+}  // namespace prepare_test
+
+TEST_CASE("chats and prompts: rendered in the recognised format, flags and counts in the shards", "[prepare]") {
+    TempDir dir("chats");
+    const std::string tokenizer = llama3_tokenizer(dir);
+    std::string jsonl;
+    for (int i = 0; i < 12; ++i)
+        jsonl += chat_line("Question " + std::to_string(i) + "?", "Answer " + std::to_string(i));
+    jsonl += "{\"prompt\": \"two plus two?\", \"completion\": \" four\"}\n";
+    jsonl += "{\"text\": \"Hello there, a plain text.\"}\n";
+    write_bytes(dir.file("d.jsonl"), jsonl);
+
+    pv::PrepareOptions o;
+    o.inputs = {dir.file("d.jsonl")};
+    o.tokenizer = tokenizer;
+    o.out_dir = dir.file("out");
+    o.val_fraction = 0.2;
+    o.shard_tokens = 37;  // shards cut inside chats: documents continue in the next shard
+    const pv::PreparedData r = pv::prepare_data(o);
+    CHECK(r.documents == 14);
+    CHECK(r.chat_documents == 12);
+    CHECK(r.prompt_completion_documents == 1);
+    CHECK(r.text_documents == 1);
+    CHECK(r.chat_format == "llama3");  // from tokenizer_config.json
+    CHECK(read_bytes(dir.file("out/tokenizer_config.json")) == read_bytes(dir.file("model/tokenizer_config.json")));
+    CHECK(read_bytes(r.tokenizer_path) == read_bytes(tokenizer));
+
+    // The stream is the examples encoded in order (as data/examples.h encodes each, tested on its
+    // own in test_chat), with their flags.
+    const pv::Tokenizer tok = pv::Tokenizer::load(tokenizer);
+    std::vector<uint32_t> tokens;
+    std::vector<uint8_t> flags;
+    for (const pv::Example& e : pv::read_examples(dir.file("d.jsonl"), "text"))
+        pv::encode_example(tok, e, pv::ExampleEncoding{pv::ChatFormat::llama3, false}, tokens, flags);
+    CHECK(stream_of(r) == tokens);
+    CHECK(flags_of(r) == flags);
+    long long counted = 0;
+    for (uint8_t f : flags) counted += (f & pv::kTokenCounted) != 0;
+    CHECK(r.counted_tokens == counted);
+    CHECK(counted < (long long)flags.size() / 2);  // prompts and headers do not count
+    // The validation set starts at a document: the cut moved back to the start of a chat.
+    const long long n = (long long)tokens.size();
+    const pv::TokenShard val = pv::read_shard(r.val_shard);
+    REQUIRE(!val.flags.empty());
+    CHECK((val.flags[0] & pv::kTokenStartsDocument));
+    CHECK(r.val_tokens >= (n + 4) / 5);
+    CHECK(r.train_tokens + r.val_tokens == n);
+    CHECK(r.train_shards.size() == size_t((r.train_tokens + 36) / 37));
+
+    // --train-on-prompt: everything but each chat's and prompt's first token counts.
+    o.train_on_prompt = true;
+    const pv::PreparedData all = pv::prepare_data(o);
+    CHECK(all.counted_tokens == n - 13);
+    // --chat-format overrides the template: llama2 needs <s>, which this tokenizer lacks.
+    o.chat_format = "llama2";
+    expect_error<std::runtime_error>([&] { (void)pv::prepare_data(o); }, {"no special token \"<s>\"", "llama2"});
+}
+
+TEST_CASE("chats need a chat format; bad chats name their line before any tokenizer is trained", "[prepare]") {
+    TempDir dir("chat_errors");
+    write_bytes(dir.file("c.jsonl"), chat_line("hi", "hello") + chat_line("a", "b"));
+    pv::PrepareOptions o;
+    o.inputs = {dir.file("c.jsonl")};
+    o.out_dir = dir.file("out");
+    o.vocab = 300;
+    auto run = [&] { (void)pv::prepare_data(o); };
+    // A trained tokenizer has no template: --chat-format is needed, and the formats are named.
+    expect_error<std::invalid_argument>(run, {"no tokenizer was given", "--chat-format", "llama3", "llama2"});
+    // With one, the format's special tokens are trained in.
+    o.chat_format = "llama2";
+    const pv::PreparedData r = pv::prepare_data(o);
+    CHECK(r.chat_format == "llama2");
+    const pv::Tokenizer trained = pv::Tokenizer::load(r.tokenizer_path);
+    CHECK(trained.encode("<s></s>", true).size() == 2);
+    CHECK(!fs::exists(dir.file("out/tokenizer_config.json")));
+    // An unrecognised template beside a given tokenizer.
+    const std::string tokenizer = llama3_tokenizer(dir);
+    write_bytes(dir.file("model/tokenizer_config.json"),
+                nlohmann::json{{"chat_template", "{% for m in messages %}{{ m.content }}{% endfor %}"}}.dump());
+    o.tokenizer = tokenizer;
+    o.chat_format.clear();
+    expect_error<std::invalid_argument>(
+        run, {dir.file("model/tokenizer_config.json"), "none polevault knows", "--chat-format", "llama3.1"});
+    // A chat the format refuses, and one without an answer: file and line.
+    o.chat_format = "llama2";
+    write_bytes(dir.file("c.jsonl"),
+                chat_line("hi", "hello") +
+                    "{\"messages\": [{\"role\": \"assistant\", \"content\": \"x\"}, {\"role\": \"user\", "
+                    "\"content\": \"y\"}]}\n");
+    o.tokenizer.clear();
+    expect_error<std::runtime_error>(run, {dir.file("c.jsonl"), "line 2", "message 0 is assistant", "llama2"});
+    write_bytes(dir.file("c.jsonl"),
+                chat_line("hi", "hello") + "{\"messages\": [{\"role\": \"user\", \"content\": \"y\"}]}\n");
+    expect_error<std::runtime_error>(run, {dir.file("c.jsonl"), "line 2", "no assistant message"});
+    o.train_on_prompt = true;
+    CHECK_NOTHROW(run());
+    // The vocabulary must hold the format's special tokens too.
+    o.vocab = 258;
+    expect_error<std::invalid_argument>(run, {"vocab 258", "259", "3 special tokens"});
+}
+
+TEST_CASE("a rerun with a trained tokenizer removes the given one's tokenizer_config.json", "[prepare]") {
+    TempDir dir("stale_config");
+    const std::string tokenizer = llama3_tokenizer(dir);
+    write_bytes(dir.file("t.txt"), letters(300, 3));
+    pv::PrepareOptions o;
+    o.inputs = {dir.file("t.txt")};
+    o.out_dir = dir.file("out");
+    o.tokenizer = tokenizer;
+    (void)pv::prepare_data(o);
+    CHECK(fs::exists(dir.file("out/tokenizer_config.json")));
+    o.tokenizer.clear();
+    o.vocab = 300;
+    (void)pv::prepare_data(o);
+    CHECK(!fs::exists(dir.file("out/tokenizer_config.json")));
 }

@@ -1,5 +1,7 @@
-// Token shards: round trips at both token widths and empty, the atomic write, and every rejection
-// path of read_shard with a message that names the file, the problem and the fix.
+// Token shards: round trips at both token widths and empty, with every flags value; version-1
+// files (written here byte by byte) still read; the atomic write; and every rejection path of
+// read_shard — the header, the tokens and the flags section — with a message that names the
+// file, the problem and the fix.
 #include "test/temp_dir.h"
 #include "data/shard.h"
 
@@ -22,6 +24,8 @@ namespace fs = std::filesystem;
 
 using pv::test::TempDir;  // test/temp_dir.h
 
+// Random tokens and valid random flags: documents of random lengths and kinds (splittable or
+// not), each token counted or not at random, so every valid flags value occurs.
 inline pv::TokenShard random_shard(uint32_t vocab, size_t n, uint64_t seed) {
     std::mt19937_64 rng(seed);
     pv::TokenShard s;
@@ -30,6 +34,13 @@ inline pv::TokenShard random_shard(uint32_t vocab, size_t n, uint64_t seed) {
     s.tokens.resize(n);
     for (auto& t : s.tokens) t = static_cast<uint32_t>(rng() % vocab);
     if (n > 0) s.tokens[0] = vocab - 1;  // the largest id is representable
+    uint8_t kind = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const bool starts = i > 0 && rng() % 5 == 0;  // i = 0 continues a document of the previous shard
+        if (i == 0 || starts) kind = rng() % 2 ? pv::kTokenSplittable : 0;
+        s.flags.push_back(
+            uint8_t(kind | (starts ? pv::kTokenStartsDocument : 0) | (rng() % 2 ? pv::kTokenCounted : 0)));
+    }
     return s;
 }
 
@@ -87,25 +98,27 @@ TEST_CASE("shards round-trip at 2-byte and 4-byte widths and empty", "[data]") {
         pv::write_shard(path, s);
         CHECK(!fs::exists(path + ".tmp"));
         const auto bytes = read_bytes(path);
-        REQUIRE(bytes.size() == pv::kShardHeaderBytes + c.n * c.width);
+        REQUIRE(bytes.size() == pv::kShardHeaderBytes + c.n * (c.width + 1));
         CHECK(std::memcmp(bytes.data(), "PVTOKENS", 8) == 0);
+        CHECK(bytes[8] == 2);
         CHECK(bytes[16] == c.width);
         const auto r = pv::read_shard(path);
         CHECK(r.vocab_size == s.vocab_size);
         CHECK(r.eot_token == s.eot_token);
         CHECK(r.tokens == s.tokens);
+        CHECK(r.flags == s.flags);
     }
 }
 
-TEST_CASE("shard header is little-endian in the documented layout", "[data]") {
+TEST_CASE("shard header is little-endian in the documented layout, the flags after the tokens", "[data]") {
     TempDir dir;
-    pv::TokenShard s{70000, 3, {0x01020304u % 70000, 69999, 3}};
+    pv::TokenShard s{70000, 3, {0x01020304u % 70000, 69999, 3}, {0b011, 0b001, 0b110}};
     const auto path = dir.file("layout.bin");
     pv::write_shard(path, s);
     const auto b = read_bytes(path);
-    REQUIRE(b.size() == 32 + 3 * 4);
+    REQUIRE(b.size() == 32 + 3 * 4 + 3);
     const std::vector<unsigned char> header = {'P',  'V',  'T',  'O', 'K', 'E', 'N', 'S',  // magic
-                                               1,    0,    0,    0,                        // version
+                                               2,    0,    0,    0,                        // version
                                                0x70, 0x11, 0x01, 0,                        // vocab 70000
                                                4,    0,    0,    0,                        // width
                                                3,    0,    0,    0,                        // eot
@@ -115,6 +128,45 @@ TEST_CASE("shard header is little-endian in the documented layout", "[data]") {
     CHECK(b[32] == (t0 & 0xFF));
     CHECK(b[33] == ((t0 >> 8) & 0xFF));
     CHECK(b[34] == ((t0 >> 16) & 0xFF));
+    CHECK(std::vector<unsigned char>(b.end() - 3, b.end()) == std::vector<unsigned char>{0b011, 0b001, 0b110});
+    // The bits are those the layout table names.
+    CHECK(pv::kTokenCounted == 1);
+    CHECK(pv::kTokenStartsDocument == 2);
+    CHECK(pv::kTokenSplittable == 4);
+}
+
+TEST_CASE("version-1 shards (no flags) still read, at both widths", "[data]") {
+    TempDir dir;
+    for (const uint32_t vocab : {300u, 70000u}) {
+        INFO("vocab " << vocab);
+        const uint32_t width = vocab <= 65536 ? 2 : 4;
+        const std::vector<uint32_t> tokens = {5, vocab - 1, 7, 0, vocab - 1};
+        // The version-1 layout, by hand: the 32-byte header, then the tokens, nothing after.
+        std::vector<unsigned char> b = {'P', 'V', 'T', 'O', 'K', 'E', 'N', 'S'};
+        b.resize(32);
+        put_u32(b, 8, 1);
+        put_u32(b, 12, vocab);
+        put_u32(b, 16, width);
+        put_u32(b, 20, vocab - 1);
+        put_u64(b, 24, tokens.size());
+        for (uint32_t t : tokens)
+            for (uint32_t k = 0; k < width; ++k) b.push_back(static_cast<unsigned char>(t >> (8 * k)));
+        const auto path = dir.file("v1.bin");
+        write_bytes(path, b);
+        const auto r = pv::read_shard(path);
+        CHECK(r.vocab_size == vocab);
+        CHECK(r.eot_token == vocab - 1);
+        CHECK(r.tokens == tokens);
+        CHECK(r.flags.empty());  // version-1 meaning, derived by the loader
+        // One extra byte is no flags section: a version-1 file is exactly header + tokens.
+        b.push_back(0);
+        write_bytes(path, b);
+        expect_rejected(path, {"oversized", "1 extra"});
+        b.pop_back();
+        b.pop_back();
+        write_bytes(path, b);
+        expect_rejected(path, {"truncated", "5 tokens × " + std::to_string(width) + " bytes"});
+    }
 }
 
 TEST_CASE("write_shard replaces a file whole and reports OS errors with the path", "[data]") {
@@ -136,7 +188,7 @@ TEST_CASE("write_shard replaces a file whole and reports OS errors with the path
         CHECK(m.find("No such file or directory") != std::string::npos);
     }
 
-    pv::TokenShard bad{100, 5, {1, 2, 100}};
+    pv::TokenShard bad{100, 5, {1, 2, 100}, {1, 1, 1}};
     try {
         pv::write_shard(dir.file("bad.bin"), bad);
         FAIL("expected an exception");
@@ -148,6 +200,23 @@ TEST_CASE("write_shard replaces a file whole and reports OS errors with the path
     }
     CHECK(!fs::exists(dir.file("bad.bin")));
     CHECK(!fs::exists(dir.file("bad.bin.tmp")));
+
+    // Flags that could not be read back are refused before anything is written.
+    const auto refused = [&](pv::TokenShard s, const std::string& expected) {
+        try {
+            pv::write_shard(dir.file("flags.bin"), s);
+            FAIL("expected an exception");
+        } catch (const std::runtime_error& e) {
+            const std::string m = e.what();
+            INFO(m);
+            CHECK(m.find(expected) != std::string::npos);
+        }
+        CHECK(!fs::exists(dir.file("flags.bin")));
+    };
+    refused(pv::TokenShard{100, 5, {1, 2, 3}, {}}, "0 flags bytes for 3 tokens");
+    refused(pv::TokenShard{100, 5, {1, 2, 3}, {1, 1}}, "2 flags bytes for 3 tokens");
+    refused(pv::TokenShard{100, 5, {1, 2, 3}, {1, 9, 1}}, "index 1");
+    refused(pv::TokenShard{100, 5, {1, 2, 3}, {0b110, 0b100, 0b000}}, "index 2");
 }
 
 TEST_CASE("read_shard rejects broken files, naming the file, the problem and the fix", "[data]") {
@@ -155,7 +224,7 @@ TEST_CASE("read_shard rejects broken files, naming the file, the problem and the
     const auto good_path = dir.file("good.bin");
     pv::write_shard(good_path, random_shard(1000, 64, 3));  // 2-byte tokens
     const auto good = read_bytes(good_path);
-    REQUIRE(good.size() == 32 + 128);
+    REQUIRE(good.size() == 32 + 128 + 64);
 
     SECTION("missing file") {
         expect_rejected(dir.file("absent.bin"), {"cannot open", "No such file or directory", "check the path"});
@@ -176,9 +245,9 @@ TEST_CASE("read_shard rejects broken files, naming the file, the problem and the
     }
     SECTION("unsupported version") {
         auto b = good;
-        put_u32(b, 8, 2);
+        put_u32(b, 8, 3);
         write_bytes(dir.file("version.bin"), b);
-        expect_rejected(dir.file("version.bin"), {"unsupported shard version 2", "version 1", "re-create"});
+        expect_rejected(dir.file("version.bin"), {"unsupported shard version 3", "versions 1 and 2", "re-create"});
     }
     SECTION("bad token width") {
         auto b = good;
@@ -193,21 +262,47 @@ TEST_CASE("read_shard rejects broken files, naming the file, the problem and the
         expect_rejected(dir.file("width2.bin"), {"bad token width 2", "70000", "re-create"});
     }
     SECTION("truncated tokens") {
-        write_bytes(dir.file("trunc.bin"), std::vector<unsigned char>(good.begin(), good.end() - 3));
-        expect_rejected(dir.file("trunc.bin"), {"truncated", "64 tokens", "128 bytes", "only 125", "re-create"});
+        write_bytes(dir.file("trunc.bin"), std::vector<unsigned char>(good.begin(), good.end() - 64 - 3));
+        expect_rejected(dir.file("trunc.bin"),
+                        {"truncated", "64 tokens × (2 + 1 flags byte)", "192 bytes", "only 125", "re-create"});
+    }
+    SECTION("truncated flags") {
+        write_bytes(dir.file("flagtrunc.bin"), std::vector<unsigned char>(good.begin(), good.end() - 1));
+        expect_rejected(dir.file("flagtrunc.bin"), {"truncated", "64 tokens", "192 bytes", "only 191", "re-create"});
+    }
+    SECTION("a version-2 file without its flags section (a version-1 body under a version-2 header)") {
+        write_bytes(dir.file("noflags.bin"), std::vector<unsigned char>(good.begin(), good.end() - 64));
+        expect_rejected(dir.file("noflags.bin"), {"truncated", "only 128"});
+    }
+    SECTION("a flags byte with an unknown bit") {
+        for (int bit = 3; bit < 8; ++bit) {
+            INFO("bit " << bit);
+            auto b = good;
+            b[32 + 128 + 17] |= static_cast<unsigned char>(1u << bit);
+            write_bytes(dir.file("bit.bin"), b);
+            expect_rejected(dir.file("bit.bin"), {"corrupt flags", "index 17", "bits other than 0-2", "re-create"});
+        }
+    }
+    SECTION("a document whose splittable bit changes inside it") {
+        auto b = good;
+        size_t i = 1;  // a token that does not start a document
+        while (b[32 + 128 + i] & pv::kTokenStartsDocument) ++i;
+        b[32 + 128 + i] ^= pv::kTokenSplittable;
+        write_bytes(dir.file("split.bin"), b);
+        expect_rejected(dir.file("split.bin"), {"corrupt flags", "index " + std::to_string(i), "splittable"});
     }
     SECTION("absurd count") {
         auto b = good;
         put_u64(b, 24, ~0ull);
         write_bytes(dir.file("count.bin"), b);
-        expect_rejected(dir.file("count.bin"), {"truncated", "18446744073709551615 tokens", "only 128"});
+        expect_rejected(dir.file("count.bin"), {"truncated", "18446744073709551615 tokens", "only 192"});
     }
     SECTION("extra bytes") {
         auto b = good;
         b.push_back(0);
         b.push_back(0);
         write_bytes(dir.file("extra.bin"), b);
-        expect_rejected(dir.file("extra.bin"), {"oversized", "128 bytes", "130", "2 extra", "re-create"});
+        expect_rejected(dir.file("extra.bin"), {"oversized", "192 bytes", "194", "2 extra", "re-create"});
     }
     SECTION("token not below the vocabulary size") {
         auto b = good;

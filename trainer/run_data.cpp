@@ -67,7 +67,7 @@ RunData builtin_data(const TrainOptions& o, const std::string& resume_dir, const
         if (f > 0) entropy -= f / double(ids.size()) * std::log(f / double(ids.size()));
     std::printf("unigram entropy of the corpus: %.4f nats/token\n", entropy);
     const size_t split = ids.size() - ids.size() / 10;
-    TokenShard t{uint32_t(d.tokenizer->vocab_size()), uint32_t(std::max(0, d.tokenizer->eos_id())), {}};
+    TokenShard t{uint32_t(d.tokenizer->vocab_size()), uint32_t(std::max(0, d.tokenizer->eos_id())), {}, {}};
     TokenShard v = t;
     t.tokens.assign(ids.begin(), ids.begin() + long(split));
     v.tokens.assign(ids.begin() + long(split), ids.end());
