@@ -1,7 +1,8 @@
 // The `train` program end to end, run as a separate process (the binary of this build flavour,
 // build/<flavour>/train): a tiny run learns and prints what it should; two runs with the same
 // seed print the same losses bit for bit; a run interrupted and resumed from its checkpoint ends
-// bit-identical to one that was not; `train sample` and `train prepare` work from their files;
+// bit-identical to one that was not; `train sample` and `train prepare` (text, and chats trained
+// with --document-mask) work from their files;
 // a model trained on the built-in corpus beats the corpus's unigram entropy; bad input fails with
 // a message naming the fix; --freeze keeps the tensors it names bit-identical on every strategy.
 #include <catch2/catch.hpp>
@@ -253,6 +254,50 @@ TEST_CASE("train prepare: text and JSON lines become shards that train and sampl
     REQUIRE(bad.status != 0);
     REQUIRE(bad.output.find("bad.jsonl") != std::string::npos);
     REQUIRE(bad.output.find("2") != std::string::npos);
+}
+
+TEST_CASE("train prepare of chats, then train --document-mask: packing counts printed, the mask fixed on resume",
+          "[train][prepare]") {
+    TempDir dir("train_chats");
+    {
+        std::ofstream c(dir.file("chats.jsonl"));
+        for (int i = 0; i < 60; ++i) {
+            std::string answer = "It is " + std::to_string(i) + ".";
+            for (int k = 1; i % 10 == 0 && k <= 40; ++k) answer += " " + std::to_string(k * 37);  // too long
+            c << "{\"messages\": [{\"role\": \"user\", \"content\": \"What is " << i
+              << "?\"}, {\"role\": \"assistant\", \"content\": \"" << answer << "\"}]}\n";
+        }
+    }
+    const std::string data = dir.file("data");
+    const Run p =
+        run_train("prepare " + dir.file("chats.jsonl") + " --out " + data + " --vocab 300 --chat-format llama3");
+    INFO(p.output);
+    REQUIRE(p.status == 0);
+    REQUIRE(p.output.find("prepared 60 documents (0 text, 0 prompt/completion, 60 chat in format llama3)") !=
+            std::string::npos);
+    REQUIRE(p.output.find("count as targets") != std::string::npos);
+    const std::string args = "--data " + data +
+                             " --steps 3 --batch 2 --micro-batch 2 --seq-len 48 --warmup 1 --eval-interval 3 "
+                             "--eval-batches 1 --sample-tokens 0 --out-dir " +
+                             dir.file("run");
+    const Run t = run_train(args + " --stop-after 2 --document-mask");
+    INFO(t.output);
+    REQUIRE(t.status == 0);
+    REQUIRE(losses(t.output).size() == 2);
+    REQUIRE(t.output.find("chats or prompts packed whole") != std::string::npos);
+    REQUIRE(t.output.find("document mask on") != std::string::npos);
+    REQUIRE(std::regex_search(t.output,
+                              std::regex("training data: dropped [1-9][0-9]* chats or prompts longer than 49 tokens")));
+    // The mask shapes the batches: resuming without it would be another run.
+    const Run off = run_train("--resume " + dir.file("run") + " --document-mask=false");
+    INFO(off.output);
+    REQUIRE(off.status != 0);
+    REQUIRE(off.output.find("cannot change document_mask: true -> false") != std::string::npos);
+    const Run on = run_train("--resume " + dir.file("run"));
+    INFO(on.output);
+    REQUIRE(on.status == 0);
+    REQUIRE(losses(on.output).size() == 1);
+    REQUIRE(on.output.find("document mask on") != std::string::npos);
 }
 
 TEST_CASE("train: bad input fails with a message naming the problem and the fix", "[train]") {

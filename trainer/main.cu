@@ -262,10 +262,16 @@ int eval_command(const EvalOptions& o) {
 int prepare_command(const PrepareOptions& o) {
     const PreparedData p = prepare_data(o);
     std::printf(
-        "prepared %lld documents: %lld training tokens in %zu shard(s), %lld validation tokens, vocabulary %d\n"
+        "prepared %lld documents (%lld text, %lld prompt/completion, %lld chat%s%s): %lld training tokens in %zu "
+        "shard(s), %lld validation tokens, vocabulary %d\n"
+        "  %lld of the %lld tokens count as targets (%.1f%%)%s\n"
         "  tokenizer  %s\n  validation %s\n",
-        p.documents, p.train_tokens, p.train_shards.size(), p.val_tokens, p.vocab_size, p.tokenizer_path.c_str(),
-        p.val_shard.c_str());
+        p.documents, p.text_documents, p.prompt_completion_documents, p.chat_documents,
+        p.chat_format.empty() ? "" : " in format ", p.chat_format.c_str(), p.train_tokens, p.train_shards.size(),
+        p.val_tokens, p.vocab_size, p.counted_tokens, p.train_tokens + p.val_tokens,
+        100.0 * double(p.counted_tokens) / double(p.train_tokens + p.val_tokens),
+        o.train_on_prompt || p.documents == p.text_documents ? "" : ": completions and assistant turns",
+        p.tokenizer_path.c_str(), p.val_shard.c_str());
     for (const std::string& s : p.train_shards) std::printf("  training   %s\n", s.c_str());
     std::printf("train on it with: train --data %s\n", o.out_dir.c_str());
     return 0;
@@ -295,7 +301,8 @@ int main_checked(int argc, char** argv) {
         compare.stop_after = saved.stop_after;
         for (const std::string& change : train_options_diff(saved, compare)) {
             for (const char* fixed :
-                 {"preset:", "config:", "init_from:", "vocab:", "dtype:", "batch:", "seq_len:", "seed:", "freeze:"})
+                 {"preset:", "config:", "init_from:", "vocab:", "dtype:", "batch:", "seq_len:", "seed:", "freeze:",
+                  "document_mask:"})
                 if (change.rfind(fixed, 0) == 0)
                     throw std::invalid_argument("cannot change " + change +
                                                 " when resuming: the checkpoint's model, "

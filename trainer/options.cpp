@@ -2,6 +2,8 @@
 // --help. The JSON form of TrainOptions (checkpoints) uses nlohmann/json with one field list.
 #include "trainer/options.h"
 
+#include "data/chat.h"
+
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -16,7 +18,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, in
                                                 stochastic_rounding, fp32_grad_accumulation, seed, parallel,
                                                 microbatches, balance, freeze, eval_interval, eval_batches, out_dir,
                                                 checkpoint_interval, resume, stop_after, prompt, sample_tokens,
-                                                temperature, top_p)
+                                                temperature, top_p, document_mask)
 
 namespace {
 
@@ -46,6 +48,10 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
                    "so the same --batch works at any rank count)")
         ->check(CLI::NonNegativeNumber);
     app.add_option("--seq-len", o.seq_len, "Tokens per sequence")->check(CLI::PositiveNumber);
+    app.add_flag("--document-mask", o.document_mask,
+                 "Let each token attend only to its own document within the sequence, positions restarting at 0 "
+                 "at each document (packed chats otherwise see unrelated conversations); the target predicting "
+                 "the next document's first token does not count");
     app.add_option("--lr", o.lr, "Peak learning rate")->check(CLI::NonNegativeNumber);
     app.add_option("--schedule", o.schedule, "Learning-rate schedule after warmup: constant, cosine, linear or wsd");
     app.add_option("--warmup", o.warmup, "Warmup steps (lr * (step + 1) / warmup)")->check(CLI::NonNegativeNumber);
@@ -166,7 +172,8 @@ void add_eval_flags(CLI::App& app, EvalOptions& o) {
 
 void add_prepare_flags(CLI::App& app, PrepareOptions& o) {
     app.add_option("inputs", o.inputs,
-                   "Input files: *.jsonl / *.ndjson hold one JSON object per line (the document is its --field); "
+                   "Input files: *.jsonl / *.ndjson hold one JSON object per line: {\"text\": ...} (or the --field), "
+                   "{\"prompt\": ..., \"completion\": ...} or {\"messages\": [{\"role\": ..., \"content\": ...}]}; "
                    "anything else is plain text, one document per file")
         ->required()
         ->check(CLI::ExistingFile);
@@ -180,6 +187,13 @@ void add_prepare_flags(CLI::App& app, PrepareOptions& o) {
     app.add_option("--val-fraction", o.val_fraction, "Fraction of the tokens held out for validation (the tail)")
         ->check(CLI::Range(0.0, 0.5));
     app.add_option("--shard-tokens", o.shard_tokens, "Most tokens per training shard")->check(CLI::PositiveNumber);
+    app.add_option("--chat-format", o.chat_format,
+                   "How chats ({\"messages\": [...]}) are written: " + chat_format_list() +
+                       " (default: recognised from the chat_template of tokenizer_config.json beside --tokenizer)")
+        ->check(CLI::IsMember(chat_format_names()));
+    app.add_flag("--train-on-prompt", o.train_on_prompt,
+                 "Train on every token, not only on completions and assistant turns (system, user and prompt "
+                 "tokens count too)");
 }
 
 void add_convert_flags(CLI::App& app, ConvertOptions& o) {

@@ -38,6 +38,7 @@ struct TrainOptions {
     int batch = 16;
     int micro_batch = 0;  // 0: the largest divisor of batch / ranks that is at most 8
     int seq_len = 64;
+    bool document_mask = false;  // attention and positions restricted to each token's own document
     // Optimizer.
     double lr = 2e-3;
     std::string schedule = "cosine";

@@ -93,6 +93,37 @@ std::string files_read(const LoadStats& s) {
     return std::to_string(s.files) + (s.files == 1 ? " file" : " files") + " (" + dtypes + ")";
 }
 
+static_assert(kIgnoreTarget == kIgnoreIndex, "the loader's masked target is the cross-entropy's ignore index");
+
+// The fingerprint chained over a shard's flags too (none: version-1 data, whose fingerprint stays
+// what it was), so re-preparing with other masks counts as other data.
+uint64_t fingerprint_flags(const std::vector<uint8_t>& flags, uint64_t h) {
+    std::vector<uint32_t> chunk;
+    for (size_t begin = 0; begin < flags.size(); begin += chunk.size()) {
+        chunk.assign(flags.begin() + long(begin), flags.begin() + long(std::min(flags.size(), begin + (1u << 20))));
+        h = fingerprint_tokens(chunk, h);
+    }
+    return h;
+}
+
+// One line on what the data gives: documents, windows, packing and what counts.
+void print_data(const char* name, const DataLoader& d) {
+    const DataLoader::Counts& c = d.counts();
+    std::printf("%s data: %lld documents, %lld tokens, %lld windows of %d tokens", name, c.documents, d.total_tokens(),
+                d.windows(), d.seq_len() + 1);
+    if (d.packed())
+        std::printf(" (%lld chats or prompts packed whole, %lld padding tokens)",
+                    c.unsplittable_documents - c.dropped_documents, c.padding_tokens);
+    std::printf("; %lld of %lld targets count (%.1f%%)%s\n", c.counted_targets, c.targets,
+                100.0 * double(c.counted_targets) / double(std::max(1LL, c.targets)),
+                d.document_mask() ? ", document mask on" : "");
+    if (c.dropped_documents > 0)
+        std::printf(
+            "%s data: dropped %lld chats or prompts longer than %d tokens (%lld tokens): raise --seq-len to train on "
+            "them\n",
+            name, c.dropped_documents, d.seq_len() + 1, c.dropped_tokens);
+}
+
 LrConfig lr_config_of(const TrainOptions& o) {
     LrConfig c;
     c.kind = parse_schedule(o.schedule);
@@ -123,10 +154,13 @@ class TrainingRun {
           source_(data.source),
           tokenizer_(std::move(data.tokenizer)),
           tokenizer_dir_(data.tokenizer_dir) {
-        for (const TokenShard& s : data.train)
+        for (const TokenShard& s : data.train) {
             fingerprint_ = fingerprint_tokens(s.tokens, fingerprint_), train_tokens_ += (long long)s.tokens.size();
-        loader_.emplace(std::move(data.train), o.seq_len, o.seed);
-        if (data.val) val_loader_.emplace(std::vector<TokenShard>{std::move(*data.val)}, o.seq_len, o.seed + 1);
+            fingerprint_ = fingerprint_flags(s.flags, fingerprint_);
+        }
+        loader_.emplace(std::move(data.train), o.seq_len, o.seed, o.document_mask);
+        if (data.val)
+            val_loader_.emplace(std::vector<TokenShard>{std::move(*data.val)}, o.seq_len, o.seed + 1, o.document_mask);
         // The strategy decides how the model is built and is applied to a model that knows nothing of it.
         const FrozenTensors frozen = resolve_freeze(config, split_patterns(o.freeze));
         for (const std::string& note : frozen.notes) std::printf("freeze: %s\n", note.c_str());
@@ -191,6 +225,8 @@ class TrainingRun {
     }
 
     void print_header() {
+        print_data("training", *loader_);
+        if (val_loader_) print_data("validation", *val_loader_);
         const LlamaConfig& c = config_;
         std::printf(
             "model %s: %lld parameters, %d layers, hidden %d, vocab %d, %s; batch %d = micro-batch %d x "
