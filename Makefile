@@ -5,6 +5,8 @@
 #   make test-asan        the suite on the host backend under AddressSanitizer + UBSan
 #   make test-tsan        the kernel suites under ThreadSanitizer (shared-memory race checker)
 #   make test-full        the suite plus the larger cases kept out of `make test` ([.full])
+#   make test-interop     the host `train` against transformers, tokenizers and safetensors from
+#                         PyPI (test/interop/, a pinned virtual environment in build/interop-venv)
 #   make bench            build and run the benchmarks
 #   make ptxas-report     registers, shared memory and spills of every kernel for sm_90
 #   make format           clang-format (.clang-format) over every C++/CUDA source
@@ -117,7 +119,7 @@ TEST_RUNS := $(if $(filter address,$(SANITIZE)),\
   $(foreach b,$(TEST_BINS),$(if $(filter $(b),$(ASAN_ONE_SCHEDULE)),random+deferred@$(b),$(b))),$(TEST_BINS))
 BENCH_BINS := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu))
 
-.PHONY: all test test-full test-asan test-tsan tsan-suite bench ptxas-report format clean
+.PHONY: all test test-full test-asan test-tsan tsan-suite test-interop bench ptxas-report format clean
 .SECONDARY:
 .DEFAULT_GOAL := all
 
@@ -225,6 +227,14 @@ test-tsan:
 
 tsan-suite: $(TSAN_TESTS)
 	@$(TSAN_OPTIONS_) test/run_tests.sh --filter '$(TEST_FILTER)' $(SCHEDULES) $(TSAN_TESTS)
+
+# The interop suite runs the host flavour's train whatever BACKEND is; test/interop/run.sh makes
+# the virtual environment on first use (and again only when requirements.txt or run.sh change).
+# `make test` never needs it.
+INTEROP_VENV := build/interop-venv
+test-interop:
+	@$(MAKE) --no-print-directory BACKEND=host build/host/train
+	@test/interop/run.sh $(INTEROP_VENV)
 
 ptxas-report:
 	@bench/ptxas_report.sh
