@@ -3,10 +3,9 @@
 #
 #   test/interop/run.sh VENV [pytest arguments]
 #
-# Creates VENV from requirements.txt unless VENV already holds the set this requirements.txt and
-# this script describe (a stamp named after their hash: editing either rebuilds it, nothing else
-# does), then runs pytest on test/interop/ against build/host/train ($POLEVAULT_TRAIN overrides).
-# The suite's last line is `N passed, M failed` (conftest.py), as .ci/run aggregates.
+# Creates VENV from requirements.txt unless VENV already holds that set (a stamp named after the
+# file's hash: editing it rebuilds the environment, nothing else does), then runs pytest on
+# test/interop/ against build/host/train ($POLEVAULT_TRAIN overrides). The suite's last line is `N passed, M failed` (conftest.py), as .ci/run aggregates.
 #
 # torch: requirements.txt explains why it is installed without its CUDA wheels; what it still
 # loads comes from the four nvidia-* wheels' lib/ folders and /usr/local/cuda/lib64, which
@@ -21,13 +20,14 @@ shift
 export HF_HUB_OFFLINE=1 HF_HOME="$PWD/build/interop-hf-home" TRANSFORMERS_VERBOSITY=error \
   HF_HUB_DISABLE_PROGRESS_BARS=1 TOKENIZERS_PARALLELISM=false PYTHONPYCACHEPREFIX="$PWD/build/interop-pycache"
 
-key=$(cat test/interop/requirements.txt test/interop/run.sh | sha256sum | cut -c1-16)
+key=$(sha256sum < test/interop/requirements.txt | cut -c1-16)
 stamp="$venv/installed-$key"
 if [[ ! -f $stamp ]]; then
   echo "interop: creating $venv (the pinned set of test/interop/requirements.txt)"
   start=$(date +%s)
   rm -rf "$venv"
-  python3 -m venv "$venv"
+  python3 -m venv "$venv" ||
+    { echo "interop: python3 -m venv failed: install Python 3 with its venv module (Debian: python3-venv)"; exit 1; }
   # --no-deps: the file is the complete set (pip would otherwise add torch's CUDA wheels).
   # --no-compile: byte-compiling all of torch takes longer than the download; Python compiles
   # what the suite imports on first use instead (into build/, PYTHONPYCACHEPREFIX above).
