@@ -5,7 +5,8 @@
 #
 # Creates VENV from requirements.txt unless VENV already holds that set (a stamp named after the
 # file's hash: editing it rebuilds the environment, nothing else does), then runs pytest on
-# test/interop/ against build/host/train ($POLEVAULT_TRAIN overrides). The suite's last line is `N passed, M failed` (conftest.py), as .ci/run aggregates.
+# test/interop/ against build/host/train ($POLEVAULT_TRAIN overrides). The suite's last line is
+# `N passed, M failed` (conftest.py), as .ci/run aggregates.
 #
 # torch: requirements.txt explains why it is installed without its CUDA wheels; what it still
 # loads comes from the four nvidia-* wheels' lib/ folders and /usr/local/cuda/lib64, which
