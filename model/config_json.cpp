@@ -406,10 +406,11 @@ void write_generation_config(const std::string& path, const GenerationConfig& g)
 }
 
 GenerationConfig read_generation_config(const std::string& path) {
-    const json j = read_json_object(path, "generation_config.json");
+    const std::string kind = std::filesystem::path(path).filename().string();  // also a config.json's ids
+    const json j = read_json_object(path, kind);
     auto id = [&](const json& v, const std::string& key) {
         if (!v.is_number_integer() || v.get<long long>() < 0 || v.get<long long>() > INT_MAX)
-            throw std::runtime_error("generation_config.json '" + path + "': " + key + " = " + shown(v) +
+            throw std::runtime_error(kind + " '" + path + "': " + key + " = " + shown(v) +
                                      " is not a token id (a non-negative integer)");
         return v.get<int>();
     };

@@ -93,8 +93,9 @@ struct GenerationConfig {
 std::string generation_config_json(const GenerationConfig& g);
 // Writes generation_config_json(g) atomically (io/durable_file.h).
 void write_generation_config(const std::string& path, const GenerationConfig& g);
-// Reads bos_token_id and eos_token_id (an id, a list of ids, or null); other keys are ignored.
-// Throws std::runtime_error naming the file and the key when a value is of another type.
+// Reads bos_token_id and eos_token_id (an id, a list of ids, or null); other keys are ignored, so
+// a config.json's ids (which transformers falls back to) read the same way. Throws
+// std::runtime_error naming the file and the key when a value is of another type.
 GenerationConfig read_generation_config(const std::string& path);
 
 }  // namespace pv

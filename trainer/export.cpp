@@ -5,7 +5,7 @@
 #include "model/config_json.h"
 #include "model/dtype_conversion.h"
 #include "model/hf_checkpoint.h"
-#include "trainer/state.h"
+#include "trainer/model_dir.h"
 
 #include <cstdio>
 #include <filesystem>
@@ -16,15 +16,6 @@ namespace pv {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A directory that is a model already (config.json and weights), or a checkpoint to resolve.
-std::string model_source(const std::string& path) {
-    const fs::path p(path);
-    if (fs::is_regular_file(p / "config.json") &&
-        (fs::exists(p / kSafetensorsFile) || fs::exists(p / kSafetensorsIndexFile)))
-        return path;
-    return resolve_checkpoint(path);
-}
 
 std::optional<DType> dtype_of_name(const std::string& name) {
     if (name == "bf16" || name == "BF16") return DType::bf16;
@@ -58,8 +49,9 @@ void write_model_files(const std::string& dir, const ModelFiles& files) {
 }
 
 void export_model(const ExportOptions& o) {
-    const std::string src = model_source(o.checkpoint);
-    const LlamaConfig config = read_hf_config(src + "/config.json");
+    const ModelDir model = open_model_dir(o.checkpoint);  // a checkpoint (resolved) or a model directory
+    const std::string& src = model.path;
+    const LlamaConfig& config = model.config;
     HfCheckpoint source = HfCheckpoint::open_dir(src);
     std::vector<GroupLayout> layouts;
     for (const UnitSpec& unit : model_units(config))
