@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <stdexcept>
 
 namespace pv {
@@ -32,22 +33,50 @@ struct Piece {
     throw std::runtime_error(where + ": " + what);
 }
 
-// The whole file's bytes; throws naming the file when it is missing, a directory or unreadable.
-std::string read_file(const std::string& path) {
+using File = std::unique_ptr<std::FILE, int (*)(std::FILE*)>;
+
+// The input file opened for reading; throws naming the file when it is missing, a directory or
+// unreadable.
+File open_input(const std::string& path) {
     const std::string where = "input '" + path + "'";
     std::error_code ec;
     if (fs::is_directory(path, ec)) fail(where, "is a directory; pass the files in it");
-    std::FILE* f = std::fopen(path.c_str(), "rb");
+    File f(std::fopen(path.c_str(), "rb"), &std::fclose);
     if (!f) fail(where, "cannot open: " + std::string(std::strerror(errno)) + " (check the path and its permissions)");
-    std::string out;
+    return f;
+}
+
+// Calls on_chunk(bytes, n) for the file's bytes in order until it returns false.
+template <class F>
+void read_chunks(const std::string& path, F&& on_chunk) {
+    File f = open_input(path);
     char buf[1 << 16];
     size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-    const bool failed = std::ferror(f);
-    const int err = errno;
-    std::fclose(f);
-    if (failed) fail(where, "read failed: " + std::string(std::strerror(err)));
-    return out;
+    while ((n = std::fread(buf, 1, sizeof buf, f.get())) > 0)
+        if (!on_chunk(buf, n)) return;
+    if (std::ferror(f.get())) fail("input '" + path + "'", "read failed: " + std::string(std::strerror(errno)));
+}
+
+// Calls on_line(line, number) for each '\n'-separated line (the last may lack the '\n'; nothing
+// after a final '\n' is a line), numbered from 1, until it returns false.
+template <class F>
+void for_each_line(const std::string& path, F&& on_line) {
+    std::string line;
+    size_t number = 0;
+    bool more = true;
+    read_chunks(path, [&](const char* bytes, size_t n) {
+        for (size_t begin = 0; more && begin < n;) {
+            const void* nl = std::memchr(bytes + begin, '\n', n - begin);
+            const size_t end = nl ? size_t(static_cast<const char*>(nl) - bytes) : n;
+            line.append(bytes + begin, end - begin);
+            begin = end + 1;
+            if (!nl) break;
+            more = on_line(std::string_view(line), ++number);
+            line.clear();
+        }
+        return more;
+    });
+    if (more && !line.empty()) on_line(std::string_view(line), ++number);
 }
 
 const std::string& string_field(const nlohmann::json& j, const char* key, const std::string& where,
@@ -203,25 +232,24 @@ std::optional<Example> parse_example_line(std::string_view line, const std::stri
     return e;
 }
 
-std::vector<Example> read_examples(const std::string& path, const std::string& text_field) {
+std::vector<Example> read_examples(const std::string& path, const std::string& text_field, size_t limit) {
     std::vector<Example> out;
-    std::string text = read_file(path);
+    if (limit == 0) return out;
     if (!is_json_lines(path)) {
+        std::string text;
+        read_chunks(path, [&](const char* bytes, size_t n) {
+            text.append(bytes, n);
+            return true;
+        });
         if (!text.empty()) out.push_back({ExampleKind::text, std::move(text), {}, {}, {}, "input '" + path + "'"});
         return out;
     }
-    const std::string_view all(text);
-    size_t line_no = 0;
-    for (size_t begin = 0; begin < all.size();) {
-        size_t end = all.find('\n', begin);
-        if (end == std::string_view::npos) end = all.size();
-        const std::string_view line = all.substr(begin, end - begin);
-        begin = end + 1;
-        ++line_no;
+    for_each_line(path, [&](std::string_view line, size_t number) {
         std::optional<Example> e =
-            parse_example_line(line, text_field, "input '" + path + "' line " + std::to_string(line_no));
+            parse_example_line(line, text_field, "input '" + path + "' line " + std::to_string(number));
         if (e && !(e->kind == ExampleKind::text && e->text.empty())) out.push_back(std::move(*e));
-    }
+        return out.size() < limit;
+    });
     return out;
 }
 
@@ -286,8 +314,7 @@ std::string render_counted(const Tokenizer& tok, const std::string& path, const 
     std::optional<ChatFormat> format;
     std::string out;
     int shown = 0;
-    for (const Example& e : read_examples(path, o.text_field)) {
-        if (shown == o.examples) break;
+    for (const Example& e : read_examples(path, o.text_field, size_t(std::max(0, o.examples)))) {
         if (e.kind == ExampleKind::chat && !format) {
             format = resolve_chat_format(o.chat_format, o.tokenizer_config);
             check_chat_tokens(tok, *format);

@@ -44,6 +44,7 @@
 #include "data/chat.h"
 #include "data/tokenizer.h"
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -66,9 +67,9 @@ struct Example {
 std::optional<Example> parse_example_line(std::string_view line, const std::string& text_field,
                                           const std::string& where);
 
-// The examples of one input file, in order (see Reading above). Throws std::runtime_error naming
-// the file (and line).
-std::vector<Example> read_examples(const std::string& path, const std::string& text_field);
+// The examples of one input file, in order (see Reading above), the first `limit` of them (the
+// lines after those are not read). Throws std::runtime_error naming the file (and line).
+std::vector<Example> read_examples(const std::string& path, const std::string& text_field, size_t limit = SIZE_MAX);
 
 // Whether a path is read as JSON lines (*.jsonl, *.ndjson, any case).
 bool is_json_lines(const std::string& path);

@@ -18,14 +18,14 @@
 // across.
 //
 // Packing when some document is not splittable (chats, prompts and completions). Such a
-// document longer than T+1 tokens cannot be trained on whole and is dropped (dropped_documents()
-// counts them, and `train` prints it: an answer is never cut silently). The rest are packed
+// document longer than T+1 tokens cannot be trained on whole and is dropped (counts() has how
+// many, and `train` prints it: an answer is never cut silently). The rest are packed
 // greedily, in stream order, into windows of T+1 tokens:
 //   - plain text fills the window and, at its end, is split as above: the next window starts
 //     with the window's last token (a one-token overlap);
-//   - an unsplittable document that fits the room left is added whole; one that does not fits
-//     no window partly: the window is closed, its rest filled with the EOS token (the header's
-//     eot_token) as padding, and the document starts the next window (no overlap);
+//   - an unsplittable document that fits the room left is added whole; one that does not is not
+//     split: the window is closed, its rest filled with the EOS token (the header's eot_token)
+//     as padding, and the document starts the next window (no overlap);
 //   - a window that ends exactly at a document's end is followed by a window starting at the
 //     next document (no overlap);
 //   - the last window, if not full, is padded;

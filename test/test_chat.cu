@@ -451,7 +451,7 @@ TEST_CASE("render_counted shows the examples with the counted tokens marked", "[
     write_text(path,
                "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": "
                "\"Hello!\"}]}\n{\"prompt\": \"Q:\", \"completion\": \" four\"}\n{\"text\": \"The end.\"}\n"
-               "{\"text\": \"not shown\"}\n");
+               "{\"text\": \"not shown\"}\n{not read: the render stops at its examples\n");
     write_text(dir.file("tokenizer_config.json"), nlohmann::json({{"chat_template", kLlama3Template}}).dump());
     pv::RenderOptions o;
     o.tokenizer_config = dir.file("tokenizer_config.json");
@@ -476,6 +476,8 @@ TEST_CASE("render_counted shows the examples with the counted tokens marked", "[
     // A text's first token counts (it may be predicted across documents); the rest too.
     CHECK(out.find("counted\n⟦The end." + eos + "⟧\n") != std::string::npos);
     CHECK(out.find("not shown") == std::string::npos);  // three examples by default
+    CHECK_THAT(thrown([&] { pv::read_examples(path, "text"); }), Catch::Matchers::Contains("line 5: not JSON"));
+    CHECK(pv::read_examples(path, "text", 4).size() == 4);
     o.train_on_prompt = true;
     o.examples = 1;
     o.colour = true;
