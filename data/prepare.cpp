@@ -5,10 +5,7 @@
 #include "data/tokenizer.h"
 #include "io/durable_file.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -18,7 +15,6 @@
 #include <iterator>
 #include <filesystem>
 #include <stdexcept>
-#include <string_view>
 #include <thread>
 
 namespace pv {
