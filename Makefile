@@ -117,7 +117,8 @@ MPI_TEST_RUNS := $(foreach n,$(MPI_TEST_RANKS),$(addprefix mpi:$(n):,$(MPI_TEST_
 ASAN_ONE_SCHEDULE := $(BUILD)/test/test_train $(BUILD)/test/test_model
 TEST_RUNS := $(if $(filter address,$(SANITIZE)),\
   $(foreach b,$(TEST_BINS),$(if $(filter $(b),$(ASAN_ONE_SCHEDULE)),random+deferred@$(b),$(b))),$(TEST_BINS))
-BENCH_BINS := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu))
+BENCH_BINS := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu)) \
+              $(patsubst bench/%.cpp,$(BUILD)/bench/%,$(wildcard bench/*.cpp))
 
 .PHONY: all test test-full test-asan test-tsan tsan-suite test-interop bench ptxas-report format clean
 .SECONDARY:

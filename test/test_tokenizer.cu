@@ -4,6 +4,8 @@
 #include "test/temp_dir.h"
 #include "data/tokenizer.h"
 
+#include <nlohmann/json.hpp>
+
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -154,6 +156,26 @@ fs::path shared_dir() {
     return fs::current_path().parent_path() / "shared";
 }
 
+fs::path shared_tokenizer(const std::string& name) {
+    const fs::path path = shared_dir() / "tokenizers" / name;
+    INFO(path << " is needed by this test and is absent: run it from the repository root with ../shared beside "
+                 "it, or set POLEVAULT_SHARED");
+    REQUIRE(fs::exists(path));
+    return path;
+}
+
+const pv::Tokenizer& llama3() {
+    static const pv::Tokenizer tok = [] {
+        const fs::path path = shared_tokenizer("llama3-tokenizer.json");
+        const auto t0 = std::chrono::steady_clock::now();
+        pv::Tokenizer t = pv::Tokenizer::load(path.string());
+        WARN("loaded " << path << " in " << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()
+                       << " s");
+        return t;
+    }();
+    return tok;
+}
+
 const pv::Tokenizer& trained512() {
     static const pv::Tokenizer tok = pv::Tokenizer::train(corpus(), 512);
     return tok;
@@ -179,7 +201,7 @@ using namespace tokenizer_test;
 TEST_CASE("trained vocabulary has the requested size and ids", "[tokenizer]") {
     const pv::Tokenizer& tok = trained512();
     REQUIRE(tok.vocab_size() == 512);
-    REQUIRE(tok.eot_id() == 511);
+    REQUIRE(tok.eos_id() == 511);
     REQUIRE(tok.token_id("<|endoftext|>") == 511);
     REQUIRE(tok.token_id("a") == 'a');
     REQUIRE(tok.token_id(" the") > 255);  // surely learned from this text
@@ -239,7 +261,7 @@ TEST_CASE("training is deterministic and save/load preserves encodings", "[token
 
     pv::Tokenizer c = pv::Tokenizer::load(dir.file("a.json"));
     REQUIRE(c.vocab_size() == a.vocab_size());
-    REQUIRE(c.eot_id() == a.eot_id());
+    REQUIRE(c.eos_id() == a.eos_id());
     auto strings = random_strings(300, 200, 7);
     strings.push_back(text);
     for (const auto& s : adversarial_strings()) strings.push_back(s);
@@ -262,7 +284,7 @@ TEST_CASE("training is deterministic and save/load preserves encodings", "[token
 
 TEST_CASE("special tokens", "[tokenizer]") {
     const pv::Tokenizer& tok = trained512();
-    const int eot = tok.eot_id();
+    const int eot = tok.eos_id();
     REQUIRE(tok.encode("<|endoftext|>") == std::vector<int>{eot});
     std::vector<int> ids = tok.encode("the end<|endoftext|>The start");
     REQUIRE(std::count(ids.begin(), ids.end(), eot) == 1);
@@ -273,27 +295,28 @@ TEST_CASE("special tokens", "[tokenizer]") {
     REQUIRE(tok.decode(plain) == "<|endoftext|>");
     // Training never learns the special's text from the corpus.
     pv::Tokenizer t = pv::Tokenizer::train("<|endoftext|><|endoftext|><|endoftext|>ab ab", 300);
-    REQUIRE(t.token_id("<|endoftext|>") == t.eot_id());
+    REQUIRE(t.token_id("<|endoftext|>") == t.eos_id());
     REQUIRE(t.encode("<|endoftext|>", false).size() > 3);
     // Several specials: the longest wins at one position.
     pv::Tokenizer m = pv::Tokenizer::train("x y z", 300, {"<|a|>", "<|a|>x"});
     REQUIRE(m.encode("<|a|>x<|a|>") == std::vector<int>{m.token_id("<|a|>x"), m.token_id("<|a|>")});
-    REQUIRE(m.eot_id() == -1);
+    REQUIRE(m.eos_id() == -1);
 }
 
 TEST_CASE("the Llama 3 tokenizer.json loads and round trips", "[tokenizer]") {
-    const fs::path path = shared_dir() / "tokenizers" / "llama3-tokenizer.json";
-    if (!fs::exists(path)) {
-        WARN("skipped: " << path << " is absent (set POLEVAULT_SHARED)");
-        return;
-    }
-    auto t0 = std::chrono::steady_clock::now();
-    pv::Tokenizer tok = pv::Tokenizer::load(path.string());
-    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    WARN("loaded " << path << " in " << secs << " s");
+    const pv::Tokenizer& tok = llama3();
     REQUIRE(tok.vocab_size() == 128256);
     REQUIRE(tok.token_id("<|begin_of_text|>") == 128000);
     REQUIRE(tok.token_id("<|end_of_text|>") == 128001);
+    // Its post-processor is ByteLevel (adds nothing); BOS and EOS come from the usual names.
+    REQUIRE(tok.bos_id() == 128000);
+    REQUIRE(tok.eos_id() == 128001);
+    REQUIRE_FALSE(tok.add_bos_token());
+    REQUIRE(tok.encode("Hello", true, true) == std::vector<int>{9906});
+    REQUIRE(tok.is_special(128009));
+    REQUIRE_FALSE(tok.is_special(9906));
+    REQUIRE(tok.token_id("ĠHello") == 22691);  // HF's spelling and the bytes find the same token
+    REQUIRE(tok.token_id(" Hello") == 22691);
     // Known Llama 3 encodings.
     REQUIRE(tok.encode("Hello world") == std::vector<int>{9906, 1917});
     REQUIRE(tok.encode("<|begin_of_text|>Hello") == std::vector<int>{128000, 9906});
@@ -331,7 +354,7 @@ TEST_CASE("bad tokenizer files are rejected with the file and the problem", "[to
         return path;
     };
     std::string p = broken("wordpiece.json", "\"type\": \"BPE\"", "\"type\": \"WordPiece\"");
-    REQUIRE_THROWS_WITH(pv::Tokenizer::load(p), Contains(p) && Contains("not a BPE model"));
+    REQUIRE_THROWS_WITH(pv::Tokenizer::load(p), Contains(p) && Contains("model type \"WordPiece\" is not supported"));
 
     p = broken("no_vocab.json", "\"vocab\"", "\"vocabulary\"");
     REQUIRE_THROWS_WITH(pv::Tokenizer::load(p), Contains(p) && Contains("not a BPE model"));
@@ -348,4 +371,202 @@ TEST_CASE("bad tokenizer files are rejected with the file and the problem", "[to
 
     p = broken("no_byte.json", "\"a\": 97,", "");
     REQUIRE_THROWS_WITH(pv::Tokenizer::load(p), Contains(p) && Contains("byte"));
+}
+
+namespace tokenizer_test {
+
+using json = nlohmann::json;
+
+// The trained 512-token tokenizer's file, with `patch` applied (top-level keys replaced; "model"
+// keys merged), written as `name` in dir.
+std::string patched(const TempDir& dir, const std::string& name, const json& patch) {
+    const std::string base = dir.file("base_" + name);
+    trained512().save(base);
+    json j = json::parse(read_file(base));
+    for (const auto& [k, v] : patch.items()) {
+        if (k == "model")
+            for (const auto& [mk, mv] : v.items()) j["model"][mk] = mv;
+        else
+            j[k] = v;
+    }
+    const std::string path = dir.file(name);
+    write_file(path, j.dump());
+    return path;
+}
+
+json added_token(const std::string& content, int id, bool special, const json& flags = json::object()) {
+    json t = {{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
+              {"rstrip", false}, {"normalized", false}, {"special", special}};
+    for (const auto& [k, v] : flags.items()) t[k] = v;
+    return t;
+}
+
+std::vector<int> cat(std::initializer_list<std::vector<int>> parts) {
+    std::vector<int> out;
+    for (const auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+    return out;
+}
+
+}  // namespace tokenizer_test
+
+TEST_CASE("added tokens follow Hugging Face's flags", "[tokenizer]") {
+    TempDir dir;
+    const pv::Tokenizer& base = trained512();
+    json added = json::array({added_token("<|endoftext|>", 511, true), added_token("<T>", 512, true),
+                              added_token("<L>", 513, true, {{"lstrip", true}}),
+                              added_token("<R>", 514, true, {{"rstrip", true}}),
+                              added_token("cat", 515, false, {{"single_word", true}}), added_token("<N>", 516, false),
+                              added_token("<N><N>", 517, false)});
+    const pv::Tokenizer tok = pv::Tokenizer::load(patched(dir, "flags.json", {{"added_tokens", added}}));
+    auto enc = [&](const std::string& s) { return base.encode(s, false); };  // plain text, no added tokens
+    // The text between added tokens is pre-tokenized piece by piece, so "a " and " b" stay apart.
+    CHECK(tok.encode("a <T> b") == cat({enc("a "), {512}, enc(" b")}));
+    // lstrip takes the whitespace before the token, rstrip the whitespace after it.
+    CHECK(tok.encode("a <L> b") == cat({enc("a"), {513}, enc(" b")}));
+    CHECK(tok.encode("a \t\n <L>b") == cat({enc("a"), {513}, enc("b")}));
+    CHECK(tok.encode("a <R> b") == cat({enc("a "), {514}, enc("b")}));
+    CHECK(tok.encode("<L><R>  <L> x") == cat({{513, 514, 513}, enc(" x")}));
+    // single_word: only where no letter, digit or '_' touches it.
+    CHECK(tok.encode("a cat b") == cat({enc("a "), {515}, enc(" b")}));
+    CHECK(tok.encode("(cat)") == cat({enc("("), {515}, enc(")")}));
+    CHECK(tok.encode("concat") == enc("concat"));
+    CHECK(tok.encode("cat_") == enc("cat_"));
+    CHECK(tok.encode("cat9") == enc("cat9"));
+    // The longest token at the leftmost position.
+    CHECK(tok.encode("<N><N><N>") == std::vector<int>{517, 516});
+    // parse_special = false: special tokens are text, the others still match.
+    CHECK(tok.encode("a <T> b", false) == enc("a <T> b"));
+    CHECK(tok.encode("a <N> b", false) == cat({enc("a "), {516}, enc(" b")}));
+    CHECK(tok.is_special(512));
+    CHECK_FALSE(tok.is_special(516));
+    // Decoding: special tokens are skipped on request, the others never.
+    const std::vector<int> ids = tok.encode("a <T> b <N>");
+    CHECK(tok.decode(ids) == "a <T> b <N>");
+    CHECK(tok.decode(ids, true) == "a  b <N>");
+}
+
+TEST_CASE("components polevault does not run are refused by name, with what is supported", "[tokenizer]") {
+    using Catch::Matchers::Contains;
+    TempDir dir;
+    auto refused = [&](const std::string& name, const json& patch) {
+        const std::string p = patched(dir, name + ".json", patch);
+        INFO("patch " << patch.dump());
+        try {
+            pv::Tokenizer::load(p);
+        } catch (const std::runtime_error& e) {
+            CHECK_THAT(e.what(), Contains(p));
+            return std::string(e.what());
+        }
+        FAIL("loaded without error");
+        return std::string();
+    };
+    CHECK_THAT(refused("unigram", {{"model", {{"type", "Unigram"}}}}),
+               Contains("model type \"Unigram\" is not supported") && Contains("BPE"));
+    CHECK_THAT(refused("wordlevel", {{"model", {{"type", "WordLevel"}}}}),
+               Contains("model type \"WordLevel\" is not supported"));
+    CHECK_THAT(refused("nfkc", {{"normalizer", {{"type", "NFKC"}}}}),
+               Contains("normalizer \"NFKC\" is not supported") && Contains("Prepend, Replace and Sequence"));
+    CHECK_THAT(refused("nested", {{"normalizer", {{"type", "Sequence"}, {"normalizers", {{{"type", "Lowercase"}}}}}}}),
+               Contains("normalizer \"Lowercase\" is not supported"));
+    CHECK_THAT(refused("whitespace", {{"pre_tokenizer", {{"type", "Whitespace"}}}}),
+               Contains("pre_tokenizer \"Whitespace\" is not supported") && Contains("Metaspace"));
+    CHECK_THAT(refused("wordpiece_decoder", {{"decoder", {{"type", "WordPiece"}, {"prefix", "##"}}}}),
+               Contains("decoder \"WordPiece\" is not supported") && Contains("ByteFallback"));
+    CHECK_THAT(refused("bert", {{"post_processor", {{"type", "BertProcessing"}}}}),
+               Contains("post_processor \"BertProcessing\" is not supported") && Contains("TemplateProcessing"));
+    CHECK_THAT(refused("dropout", {{"model", {{"dropout", 0.1}}}}), Contains("dropout"));
+    CHECK_THAT(refused("suffix", {{"model", {{"end_of_word_suffix", "</w>"}}}}), Contains("end_of_word_suffix"));
+    CHECK_THAT(refused("truncation", {{"truncation", {{"max_length", 512}}}}), Contains("\"truncation\" is set"));
+    CHECK_THAT(refused("padding", {{"padding", {{"strategy", "BatchLongest"}}}}), Contains("\"padding\" is set"));
+    CHECK_THAT(refused("unk", {{"model", {{"unk_token", "<nope>"}}}}), Contains("unk_token \"<nope>\""));
+    CHECK_THAT(refused("bytelevel_first",
+                       {{"pre_tokenizer",
+                         {{"type", "Sequence"},
+                          {"pretokenizers",
+                           {{{"type", "ByteLevel"}},
+                            {{"type", "Split"}, {"pattern", {{"String", " "}}}, {"behavior", "Isolated"}}}}}}}),
+               Contains("ByteLevel is followed by other pre-tokenizers"));
+    CHECK_THAT(
+        refused("bad_regex", {{"pre_tokenizer",
+                               {{"type", "Split"}, {"pattern", {{"Regex", "(unclosed"}}}, {"behavior", "Isolated"}}}}),
+        Contains("does not compile"));
+    CHECK_THAT(refused("template", {{"post_processor",
+                                     {{"type", "TemplateProcessing"},
+                                      {"single", {{{"SpecialToken", {{"id", "<x>"}}}}, {{"Sequence", {{"id", "A"}}}}}},
+                                      {"special_tokens", json::object()}}}}),
+               Contains("\"<x>\" without listing its ids"));
+
+    // tokenizer_config.json beside the file: its tokens must exist, and it must be JSON.
+    TempDir cdir("config");
+    const std::string file = cdir.file("tokenizer.json");
+    trained512().save(file);
+    write_file(cdir.file("tokenizer_config.json"), R"({"eos_token": "<|nope|>"})");
+    CHECK_THROWS_WITH(pv::Tokenizer::load(file), Contains("tokenizer_config.json") && Contains("<|nope|>"));
+    write_file(cdir.file("tokenizer_config.json"), R"({"eos_token": )");
+    CHECK_THROWS_WITH(pv::Tokenizer::load(file), Contains("tokenizer_config.json") && Contains("not JSON"));
+}
+
+TEST_CASE("BOS and EOS come from tokenizer_config.json, the post-processor, or the usual names", "[tokenizer]") {
+    // The SentencePiece-style file: TemplateProcessing "<s> $A" adds BOS; its EOS is "</s>".
+    const pv::Tokenizer sp = pv::Tokenizer::load(shared_tokenizer("spbpe32k-tokenizer.json").string());
+    CHECK(sp.bos_id() == 1);
+    CHECK(sp.eos_id() == 2);
+    CHECK(sp.add_bos_token());
+    CHECK(sp.encode("Hello world", true, true) == std::vector<int>{1, 22557, 1526});
+    CHECK(sp.encode("Hello world") == std::vector<int>{22557, 1526});
+    CHECK(sp.config_json().empty());
+    // A trained tokenizer: "<|endoftext|>" ends documents; nothing begins them.
+    CHECK(trained512().bos_id() == -1);
+    CHECK(trained512().eos_id() == 511);
+
+    // tokenizer_config.json overrides, in both of its spellings; save() writes both files back.
+    TempDir dir("bos_eos");
+    const std::string original =
+        read_file((fs::path(__FILE__).parent_path() / "data" / "tokenizers" / "llama3-small.json").string());
+    write_file(dir.file("tokenizer.json"), original);
+    const std::string config =
+        R"({"bos_token": "<|begin_of_text|>", "eos_token": {"__type": "AddedToken", "content": "<|eot_id|>"},)"
+        R"( "add_bos_token": true, "chat_template": "{{ messages }}"})";
+    write_file(dir.file("tokenizer_config.json"), config);
+    const pv::Tokenizer tok = pv::Tokenizer::load(dir.file("tokenizer.json"));
+    CHECK(tok.bos_id() == tok.token_id("<|begin_of_text|>"));
+    CHECK(tok.eos_id() == tok.token_id("<|eot_id|>"));
+    CHECK(tok.eos_id() > 0);
+    CHECK(tok.add_bos_token());
+    CHECK(tok.config_json() == config);
+    TempDir out("bos_eos_out");
+    tok.save(out.file("tokenizer.json"));
+    CHECK(read_file(out.file("tokenizer.json")) == original);
+    CHECK(read_file(out.file("tokenizer_config.json")) == config);
+}
+
+TEST_CASE("stream decoding holds back a character until its last byte", "[tokenizer]") {
+    const pv::Tokenizer& l3 = llama3();
+    // "€" is E2 82 AC: the byte tokens "â", "Ĥ", "¬".
+    const int e2 = l3.token_id("â"), x82 = l3.token_id("Ĥ"), xac = l3.token_id("¬");
+    pv::TokenStreamDecoder s(l3);
+    CHECK(s.push(l3.token_id("Hi")) == "Hi");
+    CHECK(s.push(e2).empty());
+    CHECK(s.push(x82).empty());
+    CHECK(s.push(xac) == "\xE2\x82\xAC");
+    CHECK(s.push(e2).empty());
+    CHECK(s.finish() == "\xE2");  // an unfinished character comes out at the end
+    // The SentencePiece-style decoder strips the text's first space only: context matters.
+    const pv::Tokenizer sp = pv::Tokenizer::load(shared_tokenizer("spbpe32k-tokenizer.json").string());
+    pv::TokenStreamDecoder fresh(sp);
+    CHECK(fresh.push(22557) == "Hello");
+    CHECK(fresh.push(1526) == " world");
+    pv::TokenStreamDecoder continued(sp, {22557});
+    CHECK(continued.push(1526) == " world");
+}
+
+TEST_CASE("every byte string of up to two bytes round-trips through Llama 3's tokenizer", "[tokenizer]") {
+    const pv::Tokenizer& tok = llama3();
+    for (int a = -1; a < 256; ++a)
+        for (int b = 0; b < 256; ++b) {
+            std::string s(1, char(b));
+            if (a >= 0) s.insert(s.begin(), char(a));
+            const std::vector<int> ids = tok.encode(s, false);
+            if (tok.decode(ids) != s) FAIL("bytes " << a << " " << b);
+        }
 }

@@ -14,6 +14,7 @@
 //   ./train prepare FILES --out DIR    tokenizes text or JSON lines into shards
 //   ./train convert --from llama2c model.bin --out HF_DIR    a llama2.c checkpoint as a HF model
 //   ./train export CHECKPOINT --out HF_DIR                   a checkpoint as a HF model
+//   ./train tokenize --tokenizer FILE  prints the token ids of stdin (or, with --decode, the text of ids)
 //   ./train --help               every flag with its default (also `train sample --help`, ...)
 //
 // This file holds the commands and the option checks; trainer/run.cu one training run in phases,
@@ -37,6 +38,7 @@
 #include "trainer/run.h"
 #include "trainer/run_data.h"
 #include "trainer/state.h"
+#include "trainer/tokenize.h"
 
 #include <algorithm>
 #include <chrono>
@@ -44,6 +46,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <iostream>
 #include <stdexcept>
 
 namespace pv {
@@ -284,6 +287,7 @@ int main_checked(int argc, char** argv) {
     if (c.kind == Command::Kind::prepare) return prepare_command(c.prepare);
     if (c.kind == Command::Kind::convert) return convert_command(c.convert);
     if (c.kind == Command::Kind::export_model) return export_model(c.export_model), 0;
+    if (c.kind == Command::Kind::tokenize) return tokenize_command(c.tokenize, std::cin, std::cout);
     World world(&argc, &argv);
     if (world.rank() != 0 && !std::freopen("/dev/null", "w", stdout))  // rank 0 reports; errors from any rank
         throw std::runtime_error("cannot silence the standard output of rank " + std::to_string(world.rank()));

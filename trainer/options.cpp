@@ -220,6 +220,19 @@ void add_export_flags(CLI::App& app, ExportOptions& o) {
         ->check(CLI::IsMember({"bf16", "fp32", "fp64"}));
 }
 
+void add_tokenize_flags(CLI::App& app, TokenizeOptions& o) {
+    app.add_option("--tokenizer", o.tokenizer,
+                   "A Hugging Face tokenizer.json (tokenizer_config.json beside it gives BOS and EOS)")
+        ->required()
+        ->check(CLI::ExistingFile);
+    app.add_flag("--add-special", o.add_special,
+                 "Add the tokens the post-processor adds (BOS for most Llama files), as "
+                 "encode(text, add_special_tokens=True)");
+    app.add_flag("!--no-parse-special", o.parse_special,
+                 "Treat special-token strings in the text (e.g. <|begin_of_text|>) as plain text instead of their ids");
+    app.add_flag("--decode", o.decode, "Read a JSON array of ids on stdin and print their text (no newline added)");
+}
+
 }  // namespace
 
 Command parse_command(int argc, char** argv, const TrainOptions& base) {
@@ -250,6 +263,12 @@ Command parse_command(int argc, char** argv, const TrainOptions& base) {
         "export", "Write a checkpoint as a Hugging Face model directory that transformers loads as it is");
     export_model->option_defaults()->always_capture_default();
     add_export_flags(*export_model, c.export_model);
+    CLI::App* tokenize = app.add_subcommand(
+        "tokenize",
+        "Print the token ids of the text on stdin as one JSON array, exactly as Hugging Face's "
+        "tokenizer.encode(text, add_special_tokens=False) gives them (special-token strings become their ids)");
+    tokenize->option_defaults()->always_capture_default();
+    add_tokenize_flags(*tokenize, c.tokenize);
     app.require_subcommand(0, 1);
     try {
         app.parse(argc, argv);
@@ -261,6 +280,7 @@ Command parse_command(int argc, char** argv, const TrainOptions& base) {
     if (prepare->parsed()) c.kind = Command::Kind::prepare;
     if (convert->parsed()) c.kind = Command::Kind::convert;
     if (export_model->parsed()) c.kind = Command::Kind::export_model;
+    if (tokenize->parsed()) c.kind = Command::Kind::tokenize;
     return c;
 }
 

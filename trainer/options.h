@@ -8,6 +8,7 @@
 //   train prepare [flags]    text or JSON-lines files -> token shards + a validation shard
 //   train convert --from llama2c FILE --out DIR    a llama2.c checkpoint -> a Hugging Face directory
 //   train export CHECKPOINT --out DIR              a checkpoint -> a Hugging Face directory
+//   train tokenize [flags]   text on stdin -> its token ids (or ids -> text), as Hugging Face gives them
 //
 // Resuming: `train --resume DIR` takes every training flag from the checkpoint's
 // trainer_state.json and then applies the flags given on this command line on top, so a resumed
@@ -103,14 +104,23 @@ struct ExportOptions {
     std::string dtype;  // bf16, fp32 or fp64; empty: as stored
 };
 
+// `train tokenize`: what the model sees of a text. Reads stdin whole; writes one line.
+struct TokenizeOptions {
+    std::string tokenizer;      // a tokenizer.json (tokenizer_config.json beside it is read too)
+    bool add_special = false;   // add the post-processor's tokens (BOS), as add_special_tokens=True
+    bool parse_special = true;  // special-token strings in the text become their ids
+    bool decode = false;        // stdin holds a JSON array of ids: print their text instead
+};
+
 struct Command {
-    enum class Kind { train, sample, eval, prepare, convert, export_model } kind = Kind::train;
+    enum class Kind { train, sample, eval, prepare, convert, export_model, tokenize } kind = Kind::train;
     TrainOptions train;
     SampleOptions sample;
     EvalOptions eval;
     PrepareOptions prepare;
     ConvertOptions convert;
     ExportOptions export_model;
+    TokenizeOptions tokenize;
 };
 
 // Parses argv; prints help or errors and exits (status 0 for --help, 2 for bad flags). Training
