@@ -21,6 +21,56 @@ namespace {
 
 using nlohmann::json;
 
+// model.vocab's entries and model.merges, taken out of the document while it is parsed: Llama 3's
+// 128k entries and 280k merges as a JSON document (a std::map node per entry, a json value per
+// merge) cost more to build and free than all the rest of loading. The parser's callback hands
+// each one over as it is read and drops it from the document, which keeps empty containers.
+struct StreamedModel {
+    std::vector<std::pair<std::string, json>> vocab;  // token, id
+    std::vector<json> merges;                         // "a b" or ["a", "b"]
+    std::vector<std::string> path;                    // the key at each depth of the current value
+    std::string token;                                // the vocab key whose value comes next
+    bool has_token = false;
+
+    bool under(const char* section) const { return path.size() > 2 && path[1] == "model" && path[2] == section; }
+
+    // nlohmann's parser callback: depth counts the open containers (model's keys are at depth 2,
+    // a vocab entry or a merge at depth 3); returning false drops the value from the document.
+    bool operator()(int depth, json::parse_event_t event, json& parsed) {
+        const size_t d = size_t(depth);
+        switch (event) {
+            case json::parse_event_t::key:
+                if (path.size() <= d) path.resize(d + 1);
+                path[d] = parsed.get<std::string>();
+                path.resize(d + 1);
+                if (d == 3 && under("vocab")) {
+                    token = std::move(parsed.get_ref<std::string&>());
+                    has_token = true;
+                    return false;
+                }
+                return true;
+            case json::parse_event_t::value:
+                if (d == 3 && under("vocab") && has_token) {
+                    vocab.emplace_back(std::move(token), std::move(parsed));
+                    has_token = false;
+                    return false;
+                }
+                if (d == 3 && under("merges") && parsed.is_string()) {
+                    merges.push_back(std::move(parsed));
+                    return false;
+                }
+                return true;
+            case json::parse_event_t::array_end:  // a merge written as ["a", "b"]
+                if (d == 3 && under("merges")) {
+                    merges.push_back(std::move(parsed));
+                    return false;
+                }
+                return true;
+            default: return true;
+        }
+    }
+};
+
 // Errors name the file: "tokenizer 'PATH': what".
 struct Loader {
     std::string path;
@@ -247,8 +297,9 @@ struct Loader {
         }
     }
 
-    // The vocabulary, merges and unknown-character handling of a BPE model.
-    void model(const json& m, tok::BpeModel& out) const {
+    // The vocabulary, merges and unknown-character handling of a BPE model; the vocabulary's
+    // entries and the merges come from the parse (StreamedModel), the rest from m.
+    void model(const json& m, const StreamedModel& streamed, tok::BpeModel& out) const {
         if (!m.is_object()) throw fail("no \"model\" object");
         if (m.contains("type") && m["type"] != "BPE")
             throw fail("model type " + m["type"].dump() +
@@ -268,10 +319,9 @@ struct Loader {
         out.ignore_merges = flag(m, "ignore_merges", false, "model");
 
         tok::StringIndex by_string;  // the vocabulary as the file spells it, for the merges
-        by_string.reserve(m["vocab"].size());
-        out.vocab.reserve(m["vocab"].size());
-        const json::object_t& vocab = m["vocab"].get_ref<const json::object_t&>();
-        for (const auto& [token, idj] : vocab) {
+        by_string.reserve(streamed.vocab.size());
+        out.vocab.reserve(streamed.vocab.size());
+        for (const auto& [token, idj] : streamed.vocab) {
             if (!idj.is_number_integer()) throw fail("vocab entry " + json(token).dump() + " has no integer id");
             const long long id = idj.get<long long>();
             if (id < 0 || id >= (1 << 24)) throw fail("vocab id " + std::to_string(id) + " out of range");
@@ -297,7 +347,7 @@ struct Loader {
                                " (byte " + std::to_string(b) +
                                ") and has no unk_token or byte fallback: text with that byte could not be encoded");
 
-        const json::array_t& merges = m["merges"].get_ref<const json::array_t&>();
+        const std::vector<json>& merges = streamed.merges;
         out.merges.reserve(merges.size());
         out.merge_list.reserve(merges.size());
         std::string_view a, b;
@@ -402,8 +452,10 @@ Tokenizer Tokenizer::load(const std::string& path) {
     std::string text = read_whole_file(path, ok);
     if (!ok) throw L.fail("cannot open the file (missing or unreadable)");
     json j;
+    StreamedModel streamed;
     try {
-        j = json::parse(text);
+        j = json::parse(
+            text, [&](int depth, json::parse_event_t event, json& parsed) { return streamed(depth, event, parsed); });
     } catch (const json::exception& e) {
         throw L.fail(std::string("not JSON: ") + e.what());
     }
@@ -427,7 +479,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
             impl->model.byte_level = true;
         }
     if (!j.contains("model")) throw L.fail("no \"model\" object");
-    L.model(j["model"], impl->model);
+    L.model(j["model"], streamed, impl->model);
     L.added_tokens(j.value("added_tokens", json()), *impl);
     if (j.contains("decoder") && !j["decoder"].is_null()) {
         impl->has_decoder = true;
