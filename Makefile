@@ -183,8 +183,9 @@ $(BUILD)/bench/%: $(BUILD)/bench/%.o $(CORE_OBJS)
 # GPU); [asan] ones need the sanitizer build; [learning] (a model must learn within a step budget)
 # tests optimisation, not memory, and is too slow under ASan, as are the [mpi] runs of the train
 # binary under mpirun (the strategies themselves run under ASan in test/mpi/) and the [heavy]
-# whole-model gradient check (numerics: the same forward and backward run under ASan in the
-# other test_model cases). Hidden tests ([.], the planted bugs' child runs)
+# cases: the whole-model gradient check (numerics: the same forward and backward run under ASan in
+# the other test_model cases) and the tokenizer goldens on all of tinyshakespeare (the same code
+# runs under ASan on its slices). Hidden tests ([.], the planted bugs' child runs)
 # are excluded explicitly: Catch2 v2 runs hidden tests under a filter made only of exclusions.
 ifeq ($(BACKEND),cuda)
   TEST_FILTER := ~[.]~[host-only]~[asan]~[tsan]

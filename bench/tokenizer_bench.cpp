@@ -1,17 +1,17 @@
 // Tokenizer speed: loading each tokenizer.json, and encoding tinyshakespeare (1.1 MB) with it, as
 // one text and line by line, on one thread; decoding the ids back. Reads the tokenizer files and
-// the text from ../shared (or $POLEVAULT_SHARED), so run it from the repository root.
+// the text from ../shared (or $POLEVAULT_SHARED), so run it from the repository root. Times are
+// the thread's CPU time, best of 3, so that other work on a shared machine does not count.
 //
-//   load s          Tokenizer::load, best of 3
-//   encode MB/s     encode(whole text), bytes of text per second, best of 3
-//   lines MB/s      encode of each line alone (the whole text once), best of 3
-//   decode MB/s     decode(ids of the whole text), bytes of text per second, best of 3
+//   load s          Tokenizer::load
+//   encode MB/s     encode(whole text), bytes of text per second
+//   lines MB/s      encode of each line alone (the whole text once)
+//   decode MB/s     decode(ids of the whole text), bytes of text per second
 //
-// Hugging Face's figures for the same work (tokenizers 0.23.3, one thread, same machine) are in
-// the README beside these.
+// test/interop/tokenizer_speed_hf.py measures Hugging Face `tokenizers` doing the same work; the
+// README has both.
 #include "data/tokenizer.h"
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -21,16 +21,24 @@
 #include <string>
 #include <vector>
 
+#include <time.h>
+
 namespace {
 
 namespace fs = std::filesystem;
 
+double thread_cpu_seconds() {
+    timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
 double best_seconds(int repeats, const std::function<void()>& body) {
     double best = 1e30;
     for (int i = 0; i < repeats; ++i) {
-        const auto t0 = std::chrono::steady_clock::now();
+        const double t0 = thread_cpu_seconds();
         body();
-        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        best = std::min(best, thread_cpu_seconds() - t0);
     }
     return best;
 }
@@ -62,7 +70,7 @@ int main() {
         start = nl + 1;
     }
     const double mb = double(text.size()) / 1e6;
-    std::printf("tinyshakespeare: %.2f MB, %zu lines; one thread\n", mb, lines.size());
+    std::printf("tinyshakespeare: %.2f MB, %zu lines; one thread, CPU time\n", mb, lines.size());
     std::printf("%-26s %8s %8s %12s %10s %11s\n", "tokenizer", "load s", "tokens", "encode MB/s", "lines MB/s",
                 "decode MB/s");
     for (const char* name : {"llama3-tokenizer.json", "spbpe32k-tokenizer.json"}) {

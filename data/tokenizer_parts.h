@@ -9,9 +9,11 @@
 //   post_prefix/suffix "post_processor": the ids TemplateProcessing puts around one sequence
 //
 // Regexes (Split patterns, Replace patterns, ByteLevel's GPT-2 pattern) run on PCRE2 with
-// PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF: Hugging Face compiles them with Oniguruma, whose
-// Unicode classes (\s, \p{L}, \p{N}) PCRE2 shares for the patterns tokenizers use; invalid UTF-8,
-// which Hugging Face never sees (it takes str), cannot match and is left between matches.
+// PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF. Hugging Face compiles them with Oniguruma; the
+// two agree on \p{L}, \p{N} and the rest of the patterns tokenizers use once \s is read as the
+// Unicode White_Space property, which is Oniguruma's \s (Regex rewrites it; the golden tests check
+// every script and space character we could think of). Invalid UTF-8, which Hugging Face never
+// sees (it takes str), cannot match and is left between matches.
 #pragma once
 
 #include "data/bpe.h"

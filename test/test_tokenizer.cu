@@ -1,6 +1,9 @@
-// Byte-level BPE tokenizer: exact round trips on random and adversarial byte strings (invalid
-// UTF-8 included), compression of a trained vocabulary, deterministic training, save/load,
-// special tokens, the real Llama 3 tokenizer.json, and rejection of bad files.
+// The tokenizer's own behaviour (its agreement with Hugging Face is test_tokenizer_golden.cu):
+// exact round trips on random and adversarial byte strings (invalid UTF-8 included, every string
+// of up to two bytes through Llama 3's file), compression of a trained vocabulary, deterministic
+// training, save/load, special tokens, added-token flags, BOS/EOS and tokenizer_config.json,
+// streaming decode, the real Llama 3 tokenizer.json, and refusal of bad files and unsupported
+// components by name.
 #include "test/temp_dir.h"
 #include "data/tokenizer.h"
 

@@ -205,16 +205,22 @@ void check_case(const json& c) {
     }
 }
 
-void check_cases(bool shared_files) {
+// Whether a case encodes the whole of tinyshakespeare (as one text or line by line).
+bool whole_text(const json& c) {
+    return c.contains("shakespeare_lines") ||
+           (c.contains("shakespeare") && c["shakespeare"][1].get<size_t>() == shakespeare().size());
+}
+
+void check_cases(bool shared_files, bool whole) {
     int n = 0;
     for (const json& c : golden().cases) {
         const std::string name = c["tok"].get<std::string>();
-        if ((name == "llama3" || name == "spbpe32k") != shared_files) continue;
+        if ((name == "llama3" || name == "spbpe32k") != shared_files || whole_text(c) != whole) continue;
         check_case(c);
         ++n;
     }
     // The fixture holds what it should (a truncated file would pass with nothing checked).
-    CHECK(n > (shared_files ? 400 : 1000));
+    CHECK(n >= (whole ? 4 : shared_files ? 400 : 1000));
 }
 
 // Pushes ids one by one through a stream decoder; checks what comes out against decode.
@@ -242,11 +248,16 @@ void check_stream(const pv::Tokenizer& tok, const std::vector<int>& context, con
 using namespace tokenizer_golden_test;
 
 TEST_CASE("golden: Llama 3 and the SentencePiece-style file encode and decode as Hugging Face", "[tokenizer]") {
-    check_cases(true);
+    check_cases(true, false);
+}
+
+// The same code as the slices above on 2 x 2.2 MB of text: left out of the ASan build ([heavy]).
+TEST_CASE("golden: all of tinyshakespeare, whole and line by line, with both files", "[tokenizer][heavy]") {
+    check_cases(true, true);
 }
 
 TEST_CASE("golden: variants of every supported component encode and decode as Hugging Face", "[tokenizer]") {
-    check_cases(false);
+    check_cases(false, false);
 }
 
 TEST_CASE("golden: decoding byte tokens that form invalid UTF-8", "[tokenizer]") {
