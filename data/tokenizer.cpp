@@ -47,7 +47,7 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool parse_special, bo
     const Impl& m = *impl_;
     std::vector<int> out;
     out.reserve(text.size() / 3 + 1 + m.post_prefix.size() + m.post_suffix.size());
-    if (add_special) out = m.post_prefix;
+    if (add_special) out.insert(out.end(), m.post_prefix.begin(), m.post_prefix.end());
     auto model_encode = [&](std::string_view piece) { m.model.encode(piece, out); };
     for (const tok::Segment& raw : m.added.split(text, m.added.raw_trie, parse_special)) {
         if (raw.token >= 0) {
@@ -180,9 +180,13 @@ void Tokenizer::save(const std::string& path) const {
                          {"rstrip", false},
                          {"normalized", false},
                          {"special", s.special}});
+    // In id order. ordered_json's map compares each new key with every earlier one (quadratic in
+    // the vocabulary); the strings of distinct ids are distinct, so they are appended directly.
     ojson vocab = ojson::object();
+    auto& entries = vocab.get_ref<ojson::object_t&>();
+    entries.reserve(m.model.tokens.size());
     for (size_t id = 0; id < m.model.tokens.size(); ++id)
-        if (m.model.valid[id]) vocab[m.model.tokens[id]] = id;
+        if (m.model.valid[id]) entries.ojson::object_t::Container::emplace_back(m.model.tokens[id], id);
     ojson merges = ojson::array();
     for (auto [a, b] : m.model.merge_list)
         merges.push_back(ojson::array({m.model.tokens[size_t(a)], m.model.tokens[size_t(b)]}));
