@@ -186,11 +186,11 @@ const pv::Tokenizer& trained512() {
 
 void check_round_trips(const pv::Tokenizer& tok, const std::vector<std::string>& strings) {
     for (const auto& s : strings) {
-        for (bool allow : {true, false}) {
-            std::vector<int> ids = tok.encode(s, allow);
+        for (bool parse_special : {true, false}) {
+            std::vector<int> ids = tok.encode(s, parse_special);
             for (int id : ids) REQUIRE((id >= 0 && id < tok.vocab_size()));
             if (tok.decode(ids) != s) {
-                INFO("string of " << s.size() << " bytes, allow_special " << allow);
+                INFO("string of " << s.size() << " bytes, parse_special " << parse_special);
                 REQUIRE(tok.decode(ids) == s);
             }
         }
