@@ -205,13 +205,42 @@ void run(const pv::LlamaConfig& c, const Options& o) {
               2.0 * N * (H + Hkv) * hd * t, 3.0 * N * (H + Hkv) * hd, on_gpu);
     // Causal attention: half of the T x T scores, two matmuls (QKᵀ, PV) forward, five backward.
     const double att_flops = 2.0 * 2.0 * B * H * (double(Tn) * (Tn + 1) / 2) * hd;
+    const double att_bytes = (double(N) * qkv_w + double(N) * q_w) * t + double(B) * H * Tn * a;
+    const double att_bytes_back = (2.0 * N * qkv_w + 2.0 * N * q_w) * t + double(B) * H * Tn * a;
     report<T>("attention forward",
-              time_it(R, [&] { pv::attention_forward(qkv, att, lse, B, Tn, H, Hkv, hd, nullptr); }),
-              (double(N) * qkv_w + double(N) * q_w) * t + double(B) * H * Tn * a, att_flops, on_gpu);
-    report<T>(
-        "attention backward",
-        time_it(R, [&] { pv::attention_backward(qkv, att, datt, lse, dqkv, att_scratch, B, Tn, H, Hkv, hd, nullptr); }),
-        (2.0 * N * qkv_w + 2.0 * N * q_w) * t + double(B) * H * Tn * a, 2.5 * att_flops, on_gpu);
+              time_it(R, [&] { pv::attention_forward(qkv, nullptr, att, lse, B, Tn, H, Hkv, hd, nullptr); }), att_bytes,
+              att_flops, on_gpu);
+    report<T>("attention backward",
+              time_it(R,
+                      [&] {
+                          pv::attention_backward(qkv, nullptr, att, datt, lse, dqkv, att_scratch, B, Tn, H, Hkv, hd,
+                                                 nullptr);
+                      }),
+              att_bytes_back, 2.5 * att_flops, on_gpu);
+    // Packed documents of T/4 tokens (--document-mask): each row attends within its document only,
+    // so the scores are those of four causal blocks of T/4 (plus the positions, read once).
+    std::vector<int> doc_pos(static_cast<size_t>(N));
+    const int doc_len = std::max(1, Tn / 4);
+    for (long long n = 0; n < N; ++n) doc_pos[size_t(n)] = int(n % Tn) % doc_len;
+    int* positions = static_cast<int*>(alloc(doc_pos.size() * sizeof(int)));
+    if (positions)
+        CUDA_CHECK(cudaMemcpy(positions, doc_pos.data(), doc_pos.size() * sizeof(int), cudaMemcpyHostToDevice));
+    double doc_pairs = 0;  // (query, key) pairs over the documents of one sequence
+    for (int start = 0; start < Tn; start += doc_len) {
+        const double len = std::min(doc_len, Tn - start);
+        doc_pairs += len * (len + 1) / 2;
+    }
+    const double doc_flops = 2.0 * 2.0 * B * H * doc_pairs * hd;
+    report<T>("attention forward, docs T/4",
+              time_it(R, [&] { pv::attention_forward(qkv, positions, att, lse, B, Tn, H, Hkv, hd, nullptr); }),
+              att_bytes + N * 4.0, doc_flops, on_gpu);
+    report<T>("attention backward, docs T/4",
+              time_it(R,
+                      [&] {
+                          pv::attention_backward(qkv, positions, att, datt, lse, dqkv, att_scratch, B, Tn, H, Hkv, hd,
+                                                 nullptr);
+                      }),
+              att_bytes_back + N * 4.0, 2.5 * doc_flops, on_gpu);
     // Generation: one new row against a KV cache of T positions (kernels/attention_decode.cuh),
     // which reads every cached key and value once per head group.
     T* k_cache = random_buffer<T>((long long)Tn * Hkv * hd, 19);
@@ -266,7 +295,8 @@ void run(const pv::LlamaConfig& c, const Options& o) {
     for (void* p : std::initializer_list<void*>{
              tokens,   wte,  x,    y,      dx,       w,        dw,          dwte,     rstd,    norm_scratch,
              qkv,      wqkv, att,  datt,   dqkv,     lse,      att_scratch, inv_freq, gate_up, act,
-             dgate_up, wgu,  dwgu, logits, row_loss, loss_sum, count,       k_cache,  v_cache, decode_scratch})
+             dgate_up, wgu,  dwgu, logits, row_loss, loss_sum, count,       k_cache,  v_cache, decode_scratch,
+             positions})
         pv::memory_free(p);
     CUBLAS_CHECK(cublasDestroy(handle));
 }

@@ -1,16 +1,27 @@
-// Causal self-attention with grouped-query heads (GQA), flash-style: forward and backward.
+// Causal self-attention with grouped-query heads (GQA), flash-style: forward and backward, with
+// optional document masking for packed sequences.
 //
 // Layout. The fused projection output qkv is row-major [B][T][(H + 2·Hkv)·hd]; each row holds H
 // query heads, then Hkv key heads, then Hkv value heads, each hd wide (RoPE already applied to q
 // and k). Query head h reads KV head h / (H / Hkv). The output is [B][T][H·hd]; the backward's
 // dqkv has the layout of qkv and is overwritten, every element (q, k and v parts).
 //
-// Forward, with s = 1/sqrt(hd) and causal keys j ≤ i:
+// Which keys a query sees. Query row i of sequence b attends to the keys j of the same sequence
+// with lo_i ≤ j ≤ i. Without a positions array (null) lo_i = 0: plain causal attention. With
+// positions[b][i], each row's position within its document (0 at a document's first token, as
+// for RoPE), lo_i = i − positions[b][i], the first row of i's document: packed documents never
+// attend across each other. Contract: 0 ≤ positions[b][i] ≤ i. Out of that range the value is
+// caller error; it is clamped, never read past: lo_i = clamp(i − positions[b][i], 0, i) (a
+// position past i sees back to the sequence start, a negative one only the row itself). So every
+// row sees at least itself: its softmax is never empty and lse is finite. Rows need not agree
+// (each row's window is its own) and tile skipping below is exact for any array.
+//
+// Forward, with s = 1/sqrt(hd) and the keys lo_i ≤ j ≤ i:
 //   x_ij  = s · q_i·k_j
 //   lse_i = log Σ_j exp(x_ij)                 saved as lse[b][h][i] in acc_t<T>, the only statistic
-//   P_ij  = exp(x_ij − lse_i)
+//   P_ij  = exp(x_ij − lse_i)                 (0 outside the window)
 //   out_i = Σ_j P_ij v_j
-// Backward (FlashAttention-2), with dO the incoming gradient:
+// Backward (FlashAttention-2), with dO the incoming gradient, every sum over the same windows:
 //   D_i   = dO_i·out_i                        (attention_backward_dot_kernel, into the scratch)
 //   dP_ij = dO_i·v_j,   dS_ij = P_ij (dP_ij − D_i)      (Σ_j P_ij dP_ij = D_i: the softmax backward)
 //   dQ_i  = s Σ_j dS_ij k_j
@@ -28,44 +39,55 @@
 // a row's four threads share a warp, a __syncwarp is the only barrier between the two phases, and
 // a __syncthreads separates each tile load from its use and each use from the next load.
 //
+// Masking. Whole tiles outside every window of the block are skipped (never loaded); inside the
+// tiles that remain, each score is masked by its own row's window (lo_i ≤ j ≤ i) and the
+// accumulation loops run over the unmasked range only. Without positions the skipping and the
+// masks reduce to the causal ones (lo = 0), with the same arithmetic in the same order.
+//
 // - attention_forward_kernel: grid (query tile, query head, batch), 4·Br threads. Q tile [Br][hd]
-//   stays in shared memory; for each key tile up to the diagonal it loads K and V [Bc][hd], then
-//   each thread computes its Bc/4 scores, takes the row max over the 4 lanes (two xor shuffles),
-//   rescales (online softmax: running max m, running partial sum l per lane, summed over the
-//   lanes once at the end), writes its probabilities into the shared tile S [Br][Bc], and updates
-//   its output dims with Σ_c S[r][c]·V[c][d]. lse = m + log l.
+//   stays in shared memory; for each key tile from the one holding the block's smallest lo_i up
+//   to the diagonal it loads K and V [Bc][hd], then each thread computes its Bc/4 scores, takes
+//   the row max over the 4 lanes (two xor shuffles), rescales (online softmax: running max m,
+//   running partial sum l per lane, summed over the lanes once at the end), writes its
+//   probabilities into the shared tile S [Br][Bc], and updates its output dims with
+//   Σ_c S[r][c]·V[c][d]. lse = m + log l. A row whose window starts past a tile has no score
+//   there yet: its max stays −∞ and its rescale factor is 0 (its l and output are still 0), not
+//   exp(−∞ + ∞).
 // - attention_backward_dot_kernel: one warp per (b, i, h) row, D = warp_sum(dO·O).
 // - attention_backward_dkv_kernel: grid (key tile, KV head, batch), 4·Bc threads. K and V [Bc][hd]
 //   stay in shared memory; the block loops over the query heads sharing the KV head and, for each,
-//   over the query tiles from the diagonal on, loading Q and dO [Br][hd] with their lse and D.
-//   Each thread computes P and dS for its Br/4 query rows, both go to shared tiles [Bc][Br], and
-//   each thread accumulates dV[c][d] += Σ_r P·dO[r][d] and dK[c][d] += Σ_r dS·Q[r][d] for its dims.
+//   over the query tiles from the diagonal up to the last row whose window reaches the key tile
+//   (with positions, found once by a scan of the rows after the tile: with documents, the end of
+//   the last document the tile touches), loading Q and dO [Br][hd] with their lse, D and lo. Each
+//   thread computes P and dS for its Br/4 query rows, both go to shared tiles [Bc][Br], and each
+//   thread accumulates dV[c][d] += Σ_r P·dO[r][d] and dK[c][d] += Σ_r dS·Q[r][d] for its dims.
 //   The block alone owns these key rows, so the sum over query heads and tiles has a fixed order.
 // - attention_backward_dq_kernel: grid (query tile, query head, batch), 4·Br threads. Q and dO
-//   [Br][hd] stay; for each key tile up to the diagonal it loads K and V, computes dS for the
-//   thread's Bc/4 keys into a shared tile, and accumulates dQ[r][d] += Σ_c dS·K[c][d].
+//   [Br][hd] stay; for each key tile from the one holding the block's smallest lo_i up to the
+//   diagonal it loads K and V, computes dS for the thread's Bc/4 keys into a shared tile, and
+//   accumulates dQ[r][d] += Σ_c dS·K[c][d].
 // Every sum runs in one fixed order and nothing is accumulated across blocks (no atomics), so the
 // results are bitwise deterministic.
 //
 // Shared memory. Tiles are kept in T (rows padded to hd + 2 for bf16, hd + 1 otherwise, so
 // that the four lanes of a row and the eight rows of a warp fall in different banks); score
 // tiles and the backward's per-row lse and D are in acc_t<T>, rows padded to the streamed tile
-// + 4. Each kernel takes the largest of the tile pairs (owned, streamed) = (32, 32), (32, 16),
-// (16, 16), (16, 8), (8, 8) whose footprint fits the default 48 KiB (attention_pick_tile), so
-// no instantiation needs the opt-in. Per instantiation (the generic path uses hd = 128's tiles;
+// + 4; last, one int per query row of a tile (the rows' lo). Each kernel takes the largest of
+// the tile pairs (owned, streamed) = (32, 32), (32, 16), (16, 16), (16, 8), (8, 8) whose
+// footprint fits the default 48 KiB (attention_pick_tile), so no instantiation needs the opt-in. Per instantiation (the generic path uses hd = 128's tiles;
 // a smaller run-time hd uses less memory):
 //
 //   T     hd    forward Br×Bc, bytes   dK/dV Bc×Br, bytes    dQ Br×Bc, bytes
-//   bf16  64    32×32  17,280          32×32  26,368         32×32  21,504
-//   bf16  128   32×32  29,568          32×32  42,752         32×32  37,888
-//   fp32  64    32×32  29,568          32×32  42,752         32×32  37,888
-//   fp32  128   32×16  35,584          16×16  35,712         16×16  34,304
-//   fp64  64    32×16  38,400          16×16  38,656         16×16  35,840
-//   fp64  128   16×8   34,560           8×8   34,688          8×8   33,792
+//   bf16  64    32×32  17,408          32×32  26,496         32×32  21,632
+//   bf16  128   32×32  29,696          32×32  42,880         32×32  38,016
+//   fp32  64    32×32  29,696          32×32  42,880         32×32  38,016
+//   fp32  128   32×16  35,712          16×16  35,776         16×16  34,368
+//   fp64  64    32×16  38,528          16×16  38,720         16×16  35,904
+//   fp64  128   16×8   34,624           8×8   34,720          8×8   33,824
 //
 // The accumulation loops run over the streamed rows outside and the thread's dims inside, so the
 // inner loop has a compile-time trip count, unrolls, and the accumulators stay in registers
-// (ptxas -v: no local memory in any instantiation, at most 182 registers, fp64 generic).
+// (ptxas -v: no local memory in any instantiation, at most 190 registers, fp64 generic dK/dV).
 // D is computed from `out` as stored (rounded to T), as in FlashAttention-2.
 //
 // These are CUDA-core kernels (scalar FMAs from shared memory, no tensor cores): simple enough to
@@ -95,16 +117,17 @@ struct AttentionTile {
 };
 enum class AttentionKernel { forward, dkv, dq };
 
-// Dynamic shared memory of a kernel with tile `t` and head dim `hd`; the layouts are in the kernels.
+// Dynamic shared memory of a kernel with tile `t` and head dim `hd`; the layouts are in the kernels
+// (the ints last: the query rows' lo, t.own of them in the forward and dQ, t.other in dK/dV).
 template <class T>
 constexpr size_t attention_smem_bytes(AttentionKernel k, AttentionTile t, int hd) {
-    const size_t a = sizeof(acc_t<T>), e = sizeof(T), ld = size_t(hd + attention_pad<T>());
+    const size_t a = sizeof(acc_t<T>), e = sizeof(T), ld = size_t(hd + attention_pad<T>()), i = sizeof(int);
     const size_t score = size_t(t.own) * size_t(t.other + 4) * a;
     switch (k) {
-        case AttentionKernel::forward: return score + size_t(t.own + 2 * t.other) * ld * e;
+        case AttentionKernel::forward: return score + size_t(t.own + 2 * t.other) * ld * e + size_t(t.own) * i;
         case AttentionKernel::dkv:
-            return 2 * score + 2 * size_t(t.other) * a + size_t(2 * t.own + 2 * t.other) * ld * e;
-        case AttentionKernel::dq: return score + size_t(2 * t.own + 2 * t.other) * ld * e;
+            return 2 * score + 2 * size_t(t.other) * a + size_t(2 * t.own + 2 * t.other) * ld * e + size_t(t.other) * i;
+        case AttentionKernel::dq: return score + size_t(2 * t.own + 2 * t.other) * ld * e + size_t(t.own) * i;
     }
     return 0;
 }
@@ -166,12 +189,46 @@ __device__ inline A attention_group_sum(A v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// lo_i, the first key row i attends to (header comment): 0 without positions, else i − pos
+// clamped to [0, i]. `pos` is the sequence's positions, or null. (Written so that no out-of-range
+// value can overflow the subtraction.)
+__device__ inline int attention_first_key(const int* pos, int i) {
+    if (!pos) return 0;
+    const int p = pos[i];
+    return p <= 0 ? i : p >= i ? 0 : i - p;
+}
+
+// The smallest lo over the block's rows, one value per row (a row's 4 lanes hold the same):
+// written to lo_s[rows] (kept there), then read by every thread.
+__device__ inline int attention_rows_min(int lo, int* lo_s, int rows) {
+    if (threadIdx.x % kAttentionGroup == 0) lo_s[threadIdx.x / kAttentionGroup] = lo;
+    __syncthreads();
+    int smallest = lo_s[0];
+    for (int r = 1; r < rows; ++r) smallest = min(smallest, lo_s[r]);
+    return smallest;
+}
+
+// The last query row whose window reaches key k_last (row k_last itself at least): a scan of the
+// rows past it, reduced over the block. `scratch` holds an int per warp and may be reused at once.
+__device__ inline int attention_last_query(const int* pos, int k_last, int T_len, int* scratch) {
+    int last = k_last;
+    for (int i = k_last + 1 + int(threadIdx.x); i < T_len; i += int(blockDim.x))
+        if (attention_first_key(pos, i) <= k_last) last = max(last, i);
+    for (int offset = 16; offset > 0; offset /= 2) last = max(last, __shfl_xor_sync(0xffffffffu, last, offset));
+    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = last;
+    __syncthreads();
+    for (int w = 0; w < int(blockDim.x / 32); ++w) last = max(last, scratch[w]);
+    __syncthreads();  // everyone has read the scratch before it is reused
+    return last;
+}
+
 // ---- forward -----------------------------------------------------------------------------------
 
 // Block (query tile, h, b), 4·Br threads; thread owns query row r = t/4, keys c ≡ g and dims d ≡ g
-// (mod 4), g = t%4. Shared: S[Br][Bc+4] (acc), then Q[Br][ld], K[Bc][ld], V[Bc][ld] (T).
+// (mod 4), g = t%4. Shared: S[Br][Bc+4] (acc), then Q[Br][ld], K[Bc][ld], V[Bc][ld] (T), lo[Br] (int).
 template <class T, int HD>
-__global__ void attention_forward_kernel(const T* qkv, T* out, acc_t<T>* lse, int T_len, int H, int Hkv, int hd_rt) {
+__global__ void attention_forward_kernel(const T* qkv, const int* positions, T* out, acc_t<T>* lse, int T_len, int H,
+                                         int Hkv, int hd_rt) {
     using A = acc_t<T>;
     using Cfg = AttentionConfig<T, HD>;
     constexpr int G = kAttentionGroup, Br = Cfg::kForward.own, Bc = Cfg::kForward.other, ldS = Bc + 4;
@@ -190,11 +247,14 @@ __global__ void attention_forward_kernel(const T* qkv, T* out, acc_t<T>* lse, in
     T* Qs = reinterpret_cast<T*>(S + Br * ldS);
     T* Ks = Qs + Br * ld;
     T* Vs = Ks + Bc * ld;
+    int* lo_s = reinterpret_cast<int*>(Vs + Bc * ld);
+    const int* pos = positions ? positions + (long long)b * T_len : nullptr;
 
     const int r = threadIdx.x / G, g = threadIdx.x % G;
     const int i = q0 + r;
     // A padding row (i ≥ T_len, zero q) attends like row T_len-1: finite values, never stored.
     const int i_eff = min(i, T_len - 1);
+    const int lo = attention_first_key(pos, i_eff);  // the row's keys are lo..i_eff
     attention_load_tile(Qs, q, stride, q0, Br, T_len, hd, ld);
 
     A m = acc_neg_infinity<A>();  // running max of the row's scores (identical in its 4 lanes)
@@ -202,8 +262,10 @@ __global__ void attention_forward_kernel(const T* qkv, T* out, acc_t<T>* lse, in
     A o[Cfg::kDims];
     for (int e = 0; e < Cfg::kDims; ++e) o[e] = 0;
 
-    const int tiles = (min(q0 + Br, T_len) - 1) / Bc + 1;  // key tiles up to the tile's last row
-    for (int t = 0; t < tiles; ++t) {
+    // Key tiles from the one holding the block's smallest lo up to the tile's last row.
+    const int first = pos ? attention_rows_min(lo, lo_s, Br) / Bc : 0;
+    const int tiles = (min(q0 + Br, T_len) - 1) / Bc + 1;
+    for (int t = first; t < tiles; ++t) {
         const int k0 = t * Bc;
         attention_load_tile(Ks, k, stride, k0, Bc, T_len, hd, ld);
         attention_load_tile(Vs, v, stride, k0, Bc, T_len, hd, ld);
@@ -212,17 +274,18 @@ __global__ void attention_forward_kernel(const T* qkv, T* out, acc_t<T>* lse, in
         A x[Bc / G];
         A tile_max = acc_neg_infinity<A>();
         for (int e = 0; e < Bc / G; ++e) {
-            const int c = g + G * e;
-            x[e] = k0 + c <= i_eff ? scale * attention_dot(Qs + r * ld, Ks + c * ld, hd) : acc_neg_infinity<A>();
+            const int c = g + G * e, j = k0 + c;
+            x[e] = lo <= j && j <= i_eff ? scale * attention_dot(Qs + r * ld, Ks + c * ld, hd) : acc_neg_infinity<A>();
             tile_max = acc_max(tile_max, x[e]);
         }
-        // Key 0 is in every row's first tile, so m_new is finite and alpha = 0 on the first tile.
+        // Until the tile holding lo the row has no score: m_new = −∞, and alpha is 0 (l and o are
+        // still 0) rather than exp(−∞ + ∞). From then on m_new is finite; alpha = 0 on that tile.
         const A m_new = acc_max(m, attention_group_max(tile_max));
-        const A alpha = acc_exp(m - m_new);
+        const A alpha = m_new == acc_neg_infinity<A>() ? A(0) : acc_exp(m - m_new);
         A sum = 0;
         for (int e = 0; e < Bc / G; ++e) {
-            const int c = g + G * e;
-            const A p = k0 + c <= i_eff ? acc_exp(x[e] - m_new) : A(0);
+            const int c = g + G * e, j = k0 + c;
+            const A p = lo <= j && j <= i_eff ? acc_exp(x[e] - m_new) : A(0);
             S[r * ldS + c] = p;
             sum += p;
         }
@@ -233,8 +296,8 @@ __global__ void attention_forward_kernel(const T* qkv, T* out, acc_t<T>* lse, in
         // Keys outer, dims inner: the dims loop has a compile-time trip count, so it unrolls and
         // o[] stays in registers. Masked keys (p = 0) are skipped.
         for (int e = 0; e < Cfg::kDims; ++e) o[e] *= alpha;
-        const int c_end = min(Bc, i_eff - k0 + 1);
-        for (int c = 0; c < c_end; ++c) {
+        const int c_begin = max(0, lo - k0), c_end = min(Bc, i_eff - k0 + 1);
+        for (int c = c_begin; c < c_end; ++c) {
             const A p = S[r * ldS + c];
             const T* v_row = Vs + c * ld + g;
             for (int e = 0; e < Cfg::kDims; ++e)
@@ -243,7 +306,7 @@ __global__ void attention_forward_kernel(const T* qkv, T* out, acc_t<T>* lse, in
         __syncthreads();  // everyone is done with K, V and S before the next tile overwrites them
     }
 
-    l = attention_group_sum(l);  // ≥ 1: the row max contributes exp(0)
+    l = attention_group_sum(l);  // ≥ 1: the row max contributes exp(0) (every row sees itself)
     if (i < T_len) {
         const A inv = A(1) / l;
         T* o_row = out + ((long long)b * T_len + i) * H * hd + (long long)h * hd;
@@ -277,10 +340,11 @@ __global__ void attention_backward_dot_kernel(const T* out, const T* dout, acc_t
 
 // Block (key tile, KV head, batch), 4·Bc threads; thread owns key row c = t/4, query rows r ≡ g and
 // dims d ≡ g (mod 4). Shared: P[Bc][Br+4], dS[Bc][Br+4], lse[Br], D[Br] (acc), then K[Bc][ld],
-// V[Bc][ld], Q[Br][ld], dO[Br][ld] (T). Writes the k and v parts of dqkv for its key rows.
+// V[Bc][ld], Q[Br][ld], dO[Br][ld] (T), lo[Br] (int). Writes the k and v parts of dqkv for its key
+// rows.
 template <class T, int HD>
-__global__ void attention_backward_dkv_kernel(const T* qkv, const T* dout, const acc_t<T>* lse, const acc_t<T>* D,
-                                              T* dqkv, int T_len, int H, int Hkv, int hd_rt) {
+__global__ void attention_backward_dkv_kernel(const T* qkv, const int* positions, const T* dout, const acc_t<T>* lse,
+                                              const acc_t<T>* D, T* dqkv, int T_len, int H, int Hkv, int hd_rt) {
     using A = acc_t<T>;
     using Cfg = AttentionConfig<T, HD>;
     constexpr int G = kAttentionGroup, Bc = Cfg::kDkv.own, Br = Cfg::kDkv.other, ldS = Br + 4;
@@ -301,6 +365,9 @@ __global__ void attention_backward_dkv_kernel(const T* qkv, const T* dout, const
     T* Vs = Ks + Bc * ld;
     T* Qs = Vs + Bc * ld;
     T* dOs = Qs + Br * ld;
+    int* lo_s = reinterpret_cast<int*>(dOs + Br * ld);
+    static_assert(Bc / 8 <= Br, "lo_s doubles as the per-warp scratch of attention_last_query");
+    const int* pos = positions ? positions + (long long)b * T_len : nullptr;
 
     const int c = threadIdx.x / G, g = threadIdx.x % G;
     const int j = k0 + c;
@@ -310,7 +377,9 @@ __global__ void attention_backward_dkv_kernel(const T* qkv, const T* dout, const
     A dk[Cfg::kDims], dv[Cfg::kDims];
     for (int e = 0; e < Cfg::kDims; ++e) dk[e] = dv[e] = 0;
 
-    const int q_tiles = (T_len - 1) / Br + 1;
+    // Query rows k0 ≤ i < q_end can see a key of the tile; the rows past q_end contribute nothing.
+    const int q_end = pos ? attention_last_query(pos, min(k0 + Bc, T_len) - 1, T_len, lo_s) + 1 : T_len;
+    const int q_tiles = (q_end - 1) / Br + 1;
     for (int hh = 0; hh < group; ++hh) {  // the query heads of this KV head, in order
         const int h = kvh * group + hh;
         const A* lse_h = lse + ((long long)b * H + h) * T_len;
@@ -322,13 +391,14 @@ __global__ void attention_backward_dkv_kernel(const T* qkv, const T* dout, const
             for (int r = threadIdx.x; r < Br; r += blockDim.x) {
                 lse_s[r] = q0 + r < T_len ? lse_h[q0 + r] : A(0);
                 D_s[r] = q0 + r < T_len ? D_h[q0 + r] : A(0);
+                lo_s[r] = q0 + r < T_len ? attention_first_key(pos, q0 + r) : 0;
             }
-            __syncthreads();  // K, V (first step), Q, dO, lse and D loaded
+            __syncthreads();  // K, V (first step), Q, dO, lse, D and lo loaded
 
             for (int e = 0; e < Br / G; ++e) {
                 const int r = g + G * e, i = q0 + r;
                 A p = 0, ds = 0;
-                if (i < T_len && j <= i) {
+                if (i < T_len && lo_s[r] <= j && j <= i) {
                     p = acc_exp(scale * attention_dot(Qs + r * ld, Ks + c * ld, hd) - lse_s[r]);
                     ds = p * (attention_dot(dOs + r * ld, Vs + c * ld, hd) - D_s[r]);
                 }
@@ -338,8 +408,8 @@ __global__ void attention_backward_dkv_kernel(const T* qkv, const T* dout, const
             __syncwarp();  // the key row's P and dS, written by its 4 lanes, are visible to all 4
 
             // Query rows outer, dims inner (unrolled: dk[] and dv[] stay in registers); only rows
-            // with j ≤ i < T contribute.
-            const int r_begin = max(0, j - q0), r_end = min(Br, T_len - q0);
+            // with j ≤ i < q_end contribute (rows in that range outside their window add P = dS = 0).
+            const int r_begin = max(0, j - q0), r_end = min(Br, q_end - q0);
             for (int r = r_begin; r < r_end; ++r) {
                 const A p = P[c * ldS + r], ds = dS[c * ldS + r];
                 const T* do_row = dOs + r * ld + g;
@@ -368,11 +438,11 @@ __global__ void attention_backward_dkv_kernel(const T* qkv, const T* dout, const
 }
 
 // Block (query tile, h, b), 4·Br threads; thread owns query row r = t/4, keys c ≡ g and dims d ≡ g
-// (mod 4). Shared: dS[Br][Bc+4] (acc), then Q[Br][ld], dO[Br][ld], K[Bc][ld], V[Bc][ld] (T).
-// Writes the q part of dqkv for its rows.
+// (mod 4). Shared: dS[Br][Bc+4] (acc), then Q[Br][ld], dO[Br][ld], K[Bc][ld], V[Bc][ld] (T),
+// lo[Br] (int). Writes the q part of dqkv for its rows.
 template <class T, int HD>
-__global__ void attention_backward_dq_kernel(const T* qkv, const T* dout, const acc_t<T>* lse, const acc_t<T>* D,
-                                             T* dqkv, int T_len, int H, int Hkv, int hd_rt) {
+__global__ void attention_backward_dq_kernel(const T* qkv, const int* positions, const T* dout, const acc_t<T>* lse,
+                                             const acc_t<T>* D, T* dqkv, int T_len, int H, int Hkv, int hd_rt) {
     using A = acc_t<T>;
     using Cfg = AttentionConfig<T, HD>;
     constexpr int G = kAttentionGroup, Br = Cfg::kDq.own, Bc = Cfg::kDq.other, ldS = Bc + 4;
@@ -389,10 +459,13 @@ __global__ void attention_backward_dq_kernel(const T* qkv, const T* dout, const 
     T* dOs = Qs + Br * ld;
     T* Ks = dOs + Br * ld;
     T* Vs = Ks + Bc * ld;
+    int* lo_s = reinterpret_cast<int*>(Vs + Bc * ld);
+    const int* pos = positions ? positions + (long long)b * T_len : nullptr;
 
     const int r = threadIdx.x / G, g = threadIdx.x % G;
     const int i = q0 + r;
     const bool valid = i < T_len;
+    const int lo = attention_first_key(pos, min(i, T_len - 1));  // the row's keys are lo..i
     const A lse_i = valid ? lse[((long long)b * H + h) * T_len + i] : A(0);
     const A D_i = valid ? D[((long long)b * H + h) * T_len + i] : A(0);
     attention_load_tile(Qs, rows + (long long)h * hd, stride, q0, Br, T_len, hd, ld);
@@ -401,8 +474,10 @@ __global__ void attention_backward_dq_kernel(const T* qkv, const T* dout, const 
     A dq[Cfg::kDims];
     for (int e = 0; e < Cfg::kDims; ++e) dq[e] = 0;
 
+    // Key tiles from the one holding the block's smallest lo up to the tile's last row.
+    const int first = pos ? attention_rows_min(lo, lo_s, Br) / Bc : 0;
     const int tiles = (min(q0 + Br, T_len) - 1) / Bc + 1;
-    for (int t = 0; t < tiles; ++t) {
+    for (int t = first; t < tiles; ++t) {
         const int k0 = t * Bc;
         attention_load_tile(Ks, rows + (long long)(H + kvh) * hd, stride, k0, Bc, T_len, hd, ld);
         attention_load_tile(Vs, rows + (long long)(H + Hkv + kvh) * hd, stride, k0, Bc, T_len, hd, ld);
@@ -411,7 +486,7 @@ __global__ void attention_backward_dq_kernel(const T* qkv, const T* dout, const 
         for (int e = 0; e < Bc / G; ++e) {
             const int c = g + G * e;
             A ds = 0;
-            if (valid && k0 + c <= i) {
+            if (valid && lo <= k0 + c && k0 + c <= i) {
                 const A p = acc_exp(scale * attention_dot(Qs + r * ld, Ks + c * ld, hd) - lse_i);
                 ds = p * (attention_dot(dOs + r * ld, Vs + c * ld, hd) - D_i);
             }
@@ -420,8 +495,8 @@ __global__ void attention_backward_dq_kernel(const T* qkv, const T* dout, const 
         __syncwarp();  // the row's dS, written by its 4 lanes, is visible to all 4
 
         // Keys outer, dims inner (unrolled: dq[] stays in registers); masked keys are skipped.
-        const int c_end = valid ? min(Bc, i - k0 + 1) : 0;
-        for (int c = 0; c < c_end; ++c) {
+        const int c_begin = max(0, lo - k0), c_end = valid ? min(Bc, i - k0 + 1) : 0;
+        for (int c = c_begin; c < c_end; ++c) {
             const A ds = dS[r * ldS + c];
             const T* k_row = Ks + c * ld + g;
             for (int e = 0; e < Cfg::kDims; ++e)
@@ -451,25 +526,28 @@ inline void attention_check_shape(int B, int T_len, int H, int Hkv, int hd) {
 }
 
 template <class T, int HD>
-void attention_forward_launch(const T* qkv, T* out, acc_t<T>* lse, int B, int T_len, int H, int Hkv, int hd,
-                              cudaStream_t stream) {
+void attention_forward_launch(const T* qkv, const int* positions, T* out, acc_t<T>* lse, int B, int T_len, int H,
+                              int Hkv, int hd, cudaStream_t stream) {
     constexpr AttentionTile tile = AttentionConfig<T, HD>::kForward;
     launch(attention_forward_kernel<T, HD>, dim3(ceil_div(T_len, tile.own), H, B), dim3(kAttentionGroup * tile.own),
-           attention_smem_bytes<T>(AttentionKernel::forward, tile, hd), stream, qkv, out, lse, T_len, H, Hkv, hd);
+           attention_smem_bytes<T>(AttentionKernel::forward, tile, hd), stream, qkv, positions, out, lse, T_len, H, Hkv,
+           hd);
     CUDA_CHECK_LAUNCH();
 }
 
-// out[B][T][H·hd] and lse[B][H][T] from qkv[B][T][(H + 2·Hkv)·hd].
+// out[B][T][H·hd] and lse[B][H][T] from qkv[B][T][(H + 2·Hkv)·hd]. positions: [B][T] device ints,
+// each row's position within its document (document masking, header comment), or null for plain
+// causal attention.
 template <class T>
-void attention_forward(const T* qkv, T* out, acc_t<T>* lse, int B, int T_len, int H, int Hkv, int hd,
-                       cudaStream_t stream) {
+void attention_forward(const T* qkv, const int* positions, T* out, acc_t<T>* lse, int B, int T_len, int H, int Hkv,
+                       int hd, cudaStream_t stream) {
     attention_check_shape(B, T_len, H, Hkv, hd);
     if (hd == 64)
-        attention_forward_launch<T, 64>(qkv, out, lse, B, T_len, H, Hkv, hd, stream);
+        attention_forward_launch<T, 64>(qkv, positions, out, lse, B, T_len, H, Hkv, hd, stream);
     else if (hd == 128)
-        attention_forward_launch<T, 128>(qkv, out, lse, B, T_len, H, Hkv, hd, stream);
+        attention_forward_launch<T, 128>(qkv, positions, out, lse, B, T_len, H, Hkv, hd, stream);
     else
-        attention_forward_launch<T, 0>(qkv, out, lse, B, T_len, H, Hkv, hd, stream);
+        attention_forward_launch<T, 0>(qkv, positions, out, lse, B, T_len, H, Hkv, hd, stream);
 }
 
 // The backward's scratch: D[B][H][T] in acc_t<T>.
@@ -488,33 +566,35 @@ void attention_backward_dot(const T* out, const T* dout, acc_t<T>* D, int B, int
 }
 
 template <class T, int HD>
-void attention_backward_launch(const T* qkv, const T* dout, const acc_t<T>* lse, const acc_t<T>* D, T* dqkv, int B,
-                               int T_len, int H, int Hkv, int hd, cudaStream_t stream) {
+void attention_backward_launch(const T* qkv, const int* positions, const T* dout, const acc_t<T>* lse,
+                               const acc_t<T>* D, T* dqkv, int B, int T_len, int H, int Hkv, int hd,
+                               cudaStream_t stream) {
     using Cfg = AttentionConfig<T, HD>;
     launch(attention_backward_dkv_kernel<T, HD>, dim3(ceil_div(T_len, Cfg::kDkv.own), Hkv, B),
            dim3(kAttentionGroup * Cfg::kDkv.own), attention_smem_bytes<T>(AttentionKernel::dkv, Cfg::kDkv, hd), stream,
-           qkv, dout, lse, D, dqkv, T_len, H, Hkv, hd);
+           qkv, positions, dout, lse, D, dqkv, T_len, H, Hkv, hd);
     CUDA_CHECK_LAUNCH();
     launch(attention_backward_dq_kernel<T, HD>, dim3(ceil_div(T_len, Cfg::kDq.own), H, B),
            dim3(kAttentionGroup * Cfg::kDq.own), attention_smem_bytes<T>(AttentionKernel::dq, Cfg::kDq, hd), stream,
-           qkv, dout, lse, D, dqkv, T_len, H, Hkv, hd);
+           qkv, positions, dout, lse, D, dqkv, T_len, H, Hkv, hd);
     CUDA_CHECK_LAUNCH();
 }
 
-// dqkv (layout of qkv, every element overwritten) from the forward's qkv, out and lse and the
-// gradient dout[B][T][H·hd]. `scratch` holds attention_backward_scratch_bytes<T>(B, T_len, H).
+// dqkv (layout of qkv, every element overwritten) from the forward's qkv, positions (the same as
+// the forward's, or null), out and lse and the gradient dout[B][T][H·hd]. `scratch` holds
+// attention_backward_scratch_bytes<T>(B, T_len, H).
 template <class T>
-void attention_backward(const T* qkv, const T* out, const T* dout, const acc_t<T>* lse, T* dqkv, void* scratch, int B,
-                        int T_len, int H, int Hkv, int hd, cudaStream_t stream) {
+void attention_backward(const T* qkv, const int* positions, const T* out, const T* dout, const acc_t<T>* lse, T* dqkv,
+                        void* scratch, int B, int T_len, int H, int Hkv, int hd, cudaStream_t stream) {
     attention_check_shape(B, T_len, H, Hkv, hd);
     acc_t<T>* D = static_cast<acc_t<T>*>(scratch);
     attention_backward_dot(out, dout, D, B, T_len, H, hd, stream);
     if (hd == 64)
-        attention_backward_launch<T, 64>(qkv, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
+        attention_backward_launch<T, 64>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
     else if (hd == 128)
-        attention_backward_launch<T, 128>(qkv, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
+        attention_backward_launch<T, 128>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
     else
-        attention_backward_launch<T, 0>(qkv, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
+        attention_backward_launch<T, 0>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
 }
 
 }  // namespace pv

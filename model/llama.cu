@@ -348,7 +348,7 @@ void Llama<T>::forward_block(int u, int slot, const UnitIO<T>& io) {
     matmul_forward(cublas_, a.h1, w.w_qkv, a.qkv, N, C, c.qkv_width(), stream_);
     rope_forward(a.qkv, inv_freq_, io.positions, N, seq_len_, c.num_heads, hd, c.qkv_width(), stream_);
     rope_forward(a.qkv + c.q_width(), inv_freq_, io.positions, N, seq_len_, c.num_kv_heads, hd, c.qkv_width(), stream_);
-    attention_forward(a.qkv, a.att, a.lse, batch_, seq_len_, c.num_heads, c.num_kv_heads, hd, stream_);
+    attention_forward(a.qkv, io.positions, a.att, a.lse, batch_, seq_len_, c.num_heads, c.num_kv_heads, hd, stream_);
     matmul_forward(cublas_, a.att, w.w_o, work_.proj, N, c.q_width(), C, stream_);
     residual_rmsnorm_forward(x, work_.proj, a.x2, w.mlp_norm, a.h2, a.rstd2, N, C, c.rms_norm_eps, stream_);
     matmul_forward(cublas_, a.h2, w.w_gate_up, a.gate_up, N, C, 2 * F, stream_);
@@ -380,10 +380,11 @@ void Llama<T>::backward_block(int u, int slot, const UnitIO<T>& io) {
     rmsnorm_backward(a.x2, w.mlp_norm, a.rstd2, ws.dh, dx, d.mlp_norm, ws.norm_scratch, N, C, stream_);
     // Attention: x2 = x + att·W_oᵀ. dx now holds dL/dx2.
     matmul_backward(cublas_, dx, a.att, w.w_o, ws.datt, d.w_o, N, c.q_width(), C, false, stream_);
-    attention_backward(a.qkv, a.att, ws.datt, a.lse, ws.dqkv, ws.attention_scratch, batch_, seq_len_, c.num_heads,
-                       c.num_kv_heads, hd, stream_);
+    attention_backward(a.qkv, io.positions, a.att, ws.datt, a.lse, ws.dqkv, ws.attention_scratch, batch_, seq_len_,
+                       c.num_heads, c.num_kv_heads, hd, stream_);
     rope_backward(ws.dqkv, inv_freq_, io.positions, N, seq_len_, c.num_heads, hd, c.qkv_width(), stream_);
-    rope_backward(ws.dqkv + c.q_width(), inv_freq_, io.positions, N, seq_len_, c.num_kv_heads, hd, c.qkv_width(), stream_);
+    rope_backward(ws.dqkv + c.q_width(), inv_freq_, io.positions, N, seq_len_, c.num_kv_heads, hd, c.qkv_width(),
+                  stream_);
     matmul_backward(cublas_, ws.dqkv, a.h1, w.w_qkv, ws.dh, d.w_qkv, N, C, c.qkv_width(), false, stream_);
     rmsnorm_backward(x, w.attn_norm, a.rstd1, ws.dh, dx, d.attn_norm, ws.norm_scratch, N, C, stream_);
 }

@@ -101,7 +101,7 @@ template <class T>
 struct UnitIO {
     const int* tokens = nullptr;     // embedding: [N] token ids
     const int* targets = nullptr;    // head: [N] next-token ids, kIgnoreIndex to skip
-    const int* positions = nullptr;  // block: [N] each row's position (RoPE); null: row % seq_len
+    const int* positions = nullptr;  // block: [N] position within its document (RoPE, attention); null: row % seq_len
     const T* residual_in = nullptr;  // block, head: the residual stream in, [N][C]
     T* residual_out = nullptr;       // embedding, block: the residual stream out, [N][C]
     acc_t<T>* loss_sum = nullptr;    // head forward: Σ cross-entropy over counted tokens (device)

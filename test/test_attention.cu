@@ -1,6 +1,10 @@
 // Causal GQA attention (kernels/attention.cuh) against the fp64 reference (bf16, fp32, fp64),
 // central-difference checks of the backward in fp64, bitwise determinism, and that the backward
-// writes (not accumulates into) every element of dqkv.
+// writes (not accumulates into) every element of dqkv; then the same with document masking
+// (packed documents, each row's position within its document): random boundaries, documents of
+// one token, boundaries on tile edges, one document covering the row, many tiny ones; and two
+// properties that need no oracle: a packed row computes what its documents compute alone, and
+// out-of-range positions are clamped as the kernel's contract says.
 //
 // The default suite covers every sequence length (1, 7, 33, 130), head dim (8 generic, 64, 128
 // specialised) and head grouping ((1,1), (4,2), (9,3) as in SmolLM2) with a rotating choice of the
@@ -11,7 +15,11 @@
 #include "test/gradcheck.h"
 #include "test/reference/attention.h"
 
+#include <algorithm>
 #include <cstring>
+#include <iterator>
+#include <limits>
+#include <random>
 
 using namespace pv::test;
 
@@ -33,16 +41,20 @@ struct Run {
     std::vector<pv::acc_t<T>> lse;
 };
 
+// positions: [B][T] (document masking) or null (causal).
 template <class T>
-Run<T> run(const std::vector<T>& qkv, const std::vector<T>& dout, const AttentionShape& s) {
+Run<T> run(const std::vector<T>& qkv, const std::vector<T>& dout, const AttentionShape& s,
+           const std::vector<int>* positions = nullptr) {
     using A = pv::acc_t<T>;
     const int B = int(s.B), T_len = int(s.T), H = int(s.H), Hkv = int(s.Hkv), hd = int(s.hd);
     DeviceArray<T> d_qkv(qkv), d_dout(dout), d_out(dout.size()), d_dqkv(qkv.size());
     DeviceArray<A> d_lse(s.B * s.H * s.T);
+    DeviceArray<int> d_pos(positions ? *positions : std::vector<int>(1));
+    const int* pos = positions ? d_pos.get() : nullptr;
     DeviceArray<unsigned char> scratch(pv::attention_backward_scratch_bytes<T>(B, T_len, H));
-    pv::attention_forward(d_qkv.get(), d_out.get(), d_lse.get(), B, T_len, H, Hkv, hd, nullptr);
-    pv::attention_backward(d_qkv.get(), d_out.get(), d_dout.get(), d_lse.get(), d_dqkv.get(), scratch.get(), B, T_len,
-                           H, Hkv, hd, nullptr);
+    pv::attention_forward(d_qkv.get(), pos, d_out.get(), d_lse.get(), B, T_len, H, Hkv, hd, nullptr);
+    pv::attention_backward(d_qkv.get(), pos, d_out.get(), d_dout.get(), d_lse.get(), d_dqkv.get(), scratch.get(), B,
+                           T_len, H, Hkv, hd, nullptr);
     return {d_out.download(), d_dqkv.download(), d_lse.download()};
 }
 
@@ -54,15 +66,16 @@ std::string describe(const AttentionShape& s) {
 // Inputs rounded to T, so the reference sees exactly what the kernels see. q and k in [-2, 2]
 // give scores up to a few units: peaked rows that exercise the online softmax's rescaling.
 template <class T>
-void check_against_reference(const AttentionShape& s, uint64_t seed) {
+void check_against_reference(const AttentionShape& s, uint64_t seed, const std::vector<int>* positions = nullptr) {
     const auto qkv = random_vector<T>(s.B * s.T * s.width(), seed, -2.0, 2.0);
     const auto dout = random_vector<T>(s.B * s.T * s.H * s.hd, seed + 1);
-    const Run<T> got = run(qkv, dout, s);
+    const Run<T> got = run(qkv, dout, s, positions);
     std::vector<double> ref_out, ref_lse;
-    pv::reference::attention_forward(to_double(qkv), s, ref_out, ref_lse);
+    pv::reference::attention_forward(to_double(qkv), s, ref_out, ref_lse, positions);
     // The backward's inputs include the forward's output, rounded to T: the reference gets it too
     // (checked against the reference forward just below).
-    const auto ref_dqkv = pv::reference::attention_backward(to_double(qkv), to_double(got.out), to_double(dout), s);
+    const auto ref_dqkv =
+        pv::reference::attention_backward(to_double(qkv), to_double(got.out), to_double(dout), s, positions);
     const std::string e1 = compare(to_double(got.out), ref_out, tolerance<T>());
     const std::string e2 = compare(to_double(got.lse), ref_lse, tolerance<T>());
     const std::string e3 = compare(to_double(got.dqkv), ref_dqkv, tolerance<T>());
@@ -72,10 +85,10 @@ void check_against_reference(const AttentionShape& s, uint64_t seed) {
     REQUIRE(e3.empty());
 }
 
-void check_all_types(const AttentionShape& s, uint64_t seed) {
-    check_against_reference<double>(s, seed);
-    check_against_reference<float>(s, seed + 2);
-    check_against_reference<__nv_bfloat16>(s, seed + 4);
+void check_all_types(const AttentionShape& s, uint64_t seed, const std::vector<int>* positions = nullptr) {
+    check_against_reference<double>(s, seed, positions);
+    check_against_reference<float>(s, seed + 2, positions);
+    check_against_reference<__nv_bfloat16>(s, seed + 4, positions);
 }
 
 constexpr size_t kLengths[] = {1, 7, 33, 130};
@@ -84,22 +97,24 @@ constexpr std::pair<size_t, size_t> kHeads[] = {{1, 1}, {4, 2}, {9, 3}};
 
 // Exhaustive central differences of L = <g, out> with respect to every element of qkv, against
 // the backward given dout = g (fp64).
-void gradcheck(const AttentionShape& s, uint64_t seed) {
+void gradcheck(const AttentionShape& s, uint64_t seed, const std::vector<int>* positions = nullptr) {
     const int B = int(s.B), T_len = int(s.T), H = int(s.H), Hkv = int(s.Hkv), hd = int(s.hd);
     auto qkv = random_vector<double>(s.B * s.T * s.width(), seed, -2.0, 2.0);
     const auto g = random_vector<double>(s.B * s.T * s.H * s.hd, seed + 1);
     DeviceArray<double> d_qkv(qkv), d_g(g), d_out(g.size()), d_lse(s.B * s.H * s.T), d_grad(qkv.size());
+    DeviceArray<int> d_pos(positions ? *positions : std::vector<int>(1));
+    const int* pos = positions ? d_pos.get() : nullptr;
     DeviceArray<unsigned char> scratch(pv::attention_backward_scratch_bytes<double>(B, T_len, H));
     auto loss = [&] {
         d_qkv.upload(qkv);
-        pv::attention_forward(d_qkv.get(), d_out.get(), d_lse.get(), B, T_len, H, Hkv, hd, nullptr);
+        pv::attention_forward(d_qkv.get(), pos, d_out.get(), d_lse.get(), B, T_len, H, Hkv, hd, nullptr);
         return dot(d_out.download(), g);
     };
     const auto numeric = numerical_gradient(qkv, loss);
     d_qkv.upload(qkv);
-    pv::attention_forward(d_qkv.get(), d_out.get(), d_lse.get(), B, T_len, H, Hkv, hd, nullptr);
-    pv::attention_backward(d_qkv.get(), d_out.get(), d_g.get(), d_lse.get(), d_grad.get(), scratch.get(), B, T_len, H,
-                           Hkv, hd, nullptr);
+    pv::attention_forward(d_qkv.get(), pos, d_out.get(), d_lse.get(), B, T_len, H, Hkv, hd, nullptr);
+    pv::attention_backward(d_qkv.get(), pos, d_out.get(), d_g.get(), d_lse.get(), d_grad.get(), scratch.get(), B, T_len,
+                           H, Hkv, hd, nullptr);
     const std::string err = compare(d_grad.download(), numeric, kGradTolerance);
     INFO(describe(s) << "\n" << err);
     REQUIRE(err.empty());
@@ -110,14 +125,125 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
+template <class T>
+bool same_run(const Run<T>& a, const Run<T>& b) {
+    return same_bits(a.out, b.out) && same_bits(a.lse, b.lse) && same_bits(a.dqkv, b.dqkv);
+}
+
+// ---- document masking ----------------------------------------------------------------------
+
+// Positions of one sequence of T rows cut into documents of the given lengths (the last document
+// runs to the end of the row when the lengths fall short; lengths past T are cut).
+std::vector<int> document_positions(const std::vector<size_t>& lengths, size_t T) {
+    std::vector<int> pos;
+    for (size_t k = 0; pos.size() < T; ++k) {
+        const size_t len = k < lengths.size() ? lengths[k] : T;
+        for (size_t p = 0; p < len && pos.size() < T; ++p) pos.push_back(int(p));
+    }
+    return pos;
+}
+
+// The document layouts the tests cut sequences into.
+enum class Layout { random, single_tokens, tile_edges, whole_row, tiny };
+constexpr Layout kLayouts[] = {Layout::random, Layout::single_tokens, Layout::tile_edges, Layout::whole_row,
+                               Layout::tiny};
+
+std::string layout_name(Layout l) {
+    switch (l) {
+        case Layout::random: return "random boundaries";
+        case Layout::single_tokens: return "documents of one token";
+        case Layout::tile_edges: return "boundaries on tile edges";
+        case Layout::whole_row: return "one document covering the row";
+        case Layout::tiny: return "many tiny documents";
+    }
+    return "";
+}
+
+// Document lengths of one sequence of T rows.
+std::vector<size_t> layout_lengths(Layout l, size_t T, std::mt19937_64& rng) {
+    std::vector<size_t> lengths;
+    switch (l) {
+        case Layout::random:  // 1 to about T/3 tokens
+            while (lengths.size() < T) lengths.push_back(1 + rng() % std::max<size_t>(2, T / 3));
+            break;
+        case Layout::single_tokens: lengths.assign(T, 1); break;
+        case Layout::tile_edges:  // starts at 8, 16, 32, 64, 96, 128: edges of the 8-, 16- and 32-row tiles
+            lengths = {8, 8, 16, 32, 32, 32};
+            break;
+        case Layout::whole_row: lengths = {T}; break;
+        case Layout::tiny:
+            while (lengths.size() < T) lengths.push_back(1 + rng() % 3);
+            break;
+    }
+    return lengths;
+}
+
+// Positions [B][T]: sequence b cut by layout l + b (so a batch mixes two layouts).
+std::vector<int> batch_positions(const AttentionShape& s, size_t l, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<int> pos;
+    for (size_t b = 0; b < s.B; ++b) {
+        const auto row = document_positions(layout_lengths(kLayouts[(l + b) % std::size(kLayouts)], s.T, rng), s.T);
+        pos.insert(pos.end(), row.begin(), row.end());
+    }
+    return pos;
+}
+
+// Rows [row0, row0 + len) of sequence b of a [B][T][width] tensor, as a [1][len][width] one.
+template <class X>
+std::vector<X> rows_of(const std::vector<X>& x, size_t T, size_t width, size_t b, size_t row0, size_t len) {
+    const auto first = x.begin() + long((b * T + row0) * width);
+    return std::vector<X>(first, first + long(len * width));
+}
+
+// A packed row computes, for each of its documents, exactly what the document computes alone as
+// its own sequence (causal, no positions): out, lse and dqkv. Where every document starts on a
+// multiple of 32 (an edge of every tile) the arithmetic is the same and so are the bits;
+// elsewhere the tiles cut the documents differently and the results agree within the tolerance.
+template <class T>
+void check_packed_equals_alone(const AttentionShape& s, const std::vector<std::vector<size_t>>& lengths, uint64_t seed,
+                               bool bitwise) {
+    std::vector<int> positions;
+    for (size_t b = 0; b < s.B; ++b) {
+        const auto row = document_positions(lengths[b], s.T);
+        positions.insert(positions.end(), row.begin(), row.end());
+    }
+    const auto qkv = random_vector<T>(s.B * s.T * s.width(), seed, -2.0, 2.0);
+    const auto dout = random_vector<T>(s.B * s.T * s.H * s.hd, seed + 1);
+    const Run<T> packed = run(qkv, dout, s, &positions);
+    for (size_t b = 0; b < s.B; ++b)
+        for (size_t start = 0; start < s.T;) {
+            size_t len = 1;
+            while (start + len < s.T && positions[b * s.T + start + len] != 0) ++len;
+            const AttentionShape one{1, len, s.H, s.Hkv, s.hd};
+            const Run<T> alone =
+                run(rows_of(qkv, s.T, s.width(), b, start, len), rows_of(dout, s.T, s.H * s.hd, b, start, len), one);
+            Run<T> mine{rows_of(packed.out, s.T, s.H * s.hd, b, start, len),
+                        rows_of(packed.dqkv, s.T, s.width(), b, start, len),
+                        {}};
+            for (size_t h = 0; h < s.H; ++h)  // lse is [B][H][T]
+                for (size_t i = start; i < start + len; ++i) mine.lse.push_back(packed.lse[(b * s.H + h) * s.T + i]);
+            INFO(describe(s) << ", sequence " << b << ", document at " << start << " of " << len << " tokens");
+            if (bitwise) {
+                REQUIRE(same_run(mine, alone));
+            } else {
+                REQUIRE(compare(to_double(mine.out), to_double(alone.out), tolerance<T>()).empty());
+                REQUIRE(compare(to_double(mine.lse), to_double(alone.lse), tolerance<T>()).empty());
+                REQUIRE(compare(to_double(mine.dqkv), to_double(alone.dqkv), tolerance<T>()).empty());
+            }
+            start += len;
+        }
+}
+
 // Two runs give identical bits; the backward overwrites every element of dqkv, whether it held
 // NaN (poison) or finite garbage before.
 template <class T>
-void check_deterministic_and_overwrites(const AttentionShape& s, uint64_t seed) {
+void check_deterministic_and_overwrites(const AttentionShape& s, uint64_t seed,
+                                        const std::vector<int>* positions = nullptr) {
     const int B = int(s.B), T_len = int(s.T), H = int(s.H), Hkv = int(s.Hkv), hd = int(s.hd);
     const auto qkv = random_vector<T>(s.B * s.T * s.width(), seed, -2.0, 2.0);
     const auto dout = random_vector<T>(s.B * s.T * s.H * s.hd, seed + 1);
-    const Run<T> first = run(qkv, dout, s), second = run(qkv, dout, s);
+    const Run<T> first = run(qkv, dout, s, positions), second = run(qkv, dout, s, positions);
     REQUIRE(same_bits(first.out, second.out));
     REQUIRE(same_bits(first.lse, second.lse));
     REQUIRE(same_bits(first.dqkv, second.dqkv));
@@ -127,9 +253,10 @@ void check_deterministic_and_overwrites(const AttentionShape& s, uint64_t seed) 
 
     DeviceArray<T> d_qkv(qkv), d_dout(dout), d_out(first.out), d_dqkv(random_vector<T>(qkv.size(), seed + 2, 1e3, 2e3));
     DeviceArray<pv::acc_t<T>> d_lse(first.lse);
+    DeviceArray<int> d_pos(positions ? *positions : std::vector<int>(1));
     DeviceArray<unsigned char> scratch(pv::attention_backward_scratch_bytes<T>(B, T_len, H));
-    pv::attention_backward(d_qkv.get(), d_out.get(), d_dout.get(), d_lse.get(), d_dqkv.get(), scratch.get(), B, T_len,
-                           H, Hkv, hd, nullptr);
+    pv::attention_backward(d_qkv.get(), positions ? d_pos.get() : nullptr, d_out.get(), d_dout.get(), d_lse.get(),
+                           d_dqkv.get(), scratch.get(), B, T_len, H, Hkv, hd, nullptr);
     REQUIRE(same_bits(d_dqkv.download(), first.dqkv));
 }
 
@@ -187,4 +314,122 @@ TEST_CASE("attention is bitwise deterministic and overwrites every element of dq
     check_deterministic_and_overwrites<__nv_bfloat16>({2, 130, 4, 2, 64}, 500);
     check_deterministic_and_overwrites<float>({1, 70, 9, 3, 128}, 510);
     check_deterministic_and_overwrites<double>({1, 33, 4, 2, 8}, 520);
+}
+
+TEST_CASE("document-masked attention matches the fp64 reference", "[kernels][attention][documents]") {
+    // Every length and head dim, two sequences cut by different layouts, the layouts rotating.
+    if (kTsanBuild) {  // one sequence of random boundaries: the barriers of the tile skipping
+        for (size_t hd : kHeadDims) {
+            const AttentionShape s{1, 33, 2, 1, hd};
+            const auto pos = batch_positions(s, 0, 600 + hd);
+            check_all_types(s, 600 + hd, &pos);
+        }
+        return;
+    }
+    size_t n = 0;
+    for (size_t T_len : kLengths)
+        for (size_t hd : kHeadDims) {
+            const auto [H, Hkv] = kHeads[n % 3];
+            const AttentionShape s{2, T_len, H, Hkv, hd};
+            const auto pos = batch_positions(s, n, 700 + n);
+            INFO(layout_name(kLayouts[n % std::size(kLayouts)])
+                 << ", then " << layout_name(kLayouts[(n + 1) % std::size(kLayouts)]));
+            check_all_types(s, 710 + 10 * n, &pos);
+            ++n;
+        }
+    // The generic path at head dims other than 8.
+    for (const AttentionShape& s : {AttentionShape{2, 33, 4, 2, 3}, AttentionShape{1, 40, 2, 1, 48}}) {
+        const auto pos = batch_positions(s, 0, 790 + s.hd);
+        check_all_types(s, 800 + s.hd, &pos);
+    }
+}
+
+TEST_CASE("document-masked attention matches the fp64 reference: full cross product",
+          "[kernels][attention][documents][.full]") {
+    uint64_t seed = 2000;
+    for (size_t T_len : kLengths)
+        for (size_t hd : kHeadDims)
+            for (auto [H, Hkv] : kHeads)
+                for (size_t l = 0; l < std::size(kLayouts); ++l) {
+                    const AttentionShape s{2, T_len, H, Hkv, hd};
+                    const auto pos = batch_positions(s, l, seed);
+                    check_all_types(s, seed, &pos);
+                    seed += 10;
+                }
+}
+
+TEST_CASE("document-masked attention backward equals central differences of its forward (fp64)",
+          "[kernels][attention][documents][gradcheck]") {
+    if (kTsanBuild) return;
+    // Generic path, GQA: a document of one token between two longer ones.
+    const auto a = document_positions({3, 1, 6}, 10);
+    gradcheck({1, 10, 4, 2, 8}, 820, &a);
+    // Specialised hd = 64.
+    const auto b = document_positions({2, 3}, 5);
+    gradcheck({1, 5, 2, 1, 64}, 830, &b);
+}
+
+TEST_CASE("a document-masked packed row computes what its documents compute alone", "[kernels][attention][documents]") {
+    if (kTsanBuild) return;
+    // Documents starting on multiples of 32 (an edge of every tile): the same bits, in every type
+    // and head-dim instantiation, the last document of each row cut short.
+    const std::vector<std::vector<size_t>> aligned = {{32, 32, 17}, {64, 17}};
+    for (size_t hd : kHeadDims) {
+        const AttentionShape s{2, 81, hd == 128 ? 2u : 4u, hd == 128 ? 1u : 2u, hd};
+        check_packed_equals_alone<double>(s, aligned, 900 + hd, true);
+        check_packed_equals_alone<float>(s, aligned, 910 + hd, true);
+        check_packed_equals_alone<__nv_bfloat16>(s, aligned, 920 + hd, true);
+    }
+    // Anywhere else: within the tolerance (a document of one token among them).
+    const std::vector<std::vector<size_t>> anywhere = {{7, 1, 20, 17}, {13, 13, 19}};
+    const AttentionShape s{2, 45, 3, 1, 64};
+    check_packed_equals_alone<double>(s, anywhere, 930, false);
+    check_packed_equals_alone<float>(s, anywhere, 940, false);
+    check_packed_equals_alone<__nv_bfloat16>(s, anywhere, 950, false);
+}
+
+TEST_CASE("with one document per row, document masking computes causal attention's bits",
+          "[kernels][attention][documents]") {
+    if (kTsanBuild) return;
+    auto check = [](const AttentionShape& s, uint64_t seed, auto type) {
+        using T = decltype(type);
+        std::vector<int> pos;
+        for (size_t n = 0; n < s.B * s.T; ++n) pos.push_back(int(n % s.T));
+        const auto qkv = random_vector<T>(s.B * s.T * s.width(), seed, -2.0, 2.0);
+        const auto dout = random_vector<T>(s.B * s.T * s.H * s.hd, seed + 1);
+        INFO(describe(s));
+        REQUIRE(same_run(run(qkv, dout, s, &pos), run(qkv, dout, s)));
+    };
+    check(AttentionShape{2, 130, 4, 2, 64}, 960, __nv_bfloat16{});
+    check(AttentionShape{1, 70, 9, 3, 128}, 970, float{});
+    check(AttentionShape{2, 33, 4, 2, 8}, 980, double{});
+}
+
+// The contract (kernels/attention.cuh): a position past its row sees back to the sequence start,
+// as position i does; a negative one only the row itself, as position 0 does. Nothing is read out
+// of bounds (the ASan build checks that).
+TEST_CASE("out-of-range positions are clamped to the row's own range", "[kernels][attention][documents]") {
+    if (kTsanBuild) return;
+    const AttentionShape s{2, 40, 2, 1, 64};
+    std::mt19937_64 rng(990);
+    std::vector<int> wild, clamped;
+    for (size_t n = 0; n < s.B * s.T; ++n) {
+        const int i = int(n % s.T), p = int(rng() % 200) - 100;  // in [-100, 100)
+        wild.push_back(p);
+        clamped.push_back(std::clamp(p, 0, i));
+    }
+    wild[5] = std::numeric_limits<int>::min(), clamped[5] = 0;  // no overflow in i − position
+    wild[6] = std::numeric_limits<int>::max(), clamped[6] = 6;
+    const auto qkv = random_vector<double>(s.B * s.T * s.width(), 991, -2.0, 2.0);
+    const auto dout = random_vector<double>(s.B * s.T * s.H * s.hd, 992);
+    REQUIRE(same_run(run(qkv, dout, s, &wild), run(qkv, dout, s, &clamped)));
+}
+
+TEST_CASE("document-masked attention is bitwise deterministic and overwrites every element of dqkv",
+          "[kernels][attention][documents]") {
+    if (kTsanBuild) return;
+    const AttentionShape a{2, 130, 4, 2, 64}, b{1, 70, 9, 3, 128};
+    const auto pa = batch_positions(a, 0, 995), pb = batch_positions(b, 4, 996);
+    check_deterministic_and_overwrites<__nv_bfloat16>(a, 997, &pa);
+    check_deterministic_and_overwrites<float>(b, 998, &pb);
 }

@@ -126,7 +126,7 @@ void check_forward(const fs::path& bin, const fs::path& dir) {
     CUDA_CHECK(cudaMemcpy(logits.data(), model.logits(0), logits.size() * sizeof(double), cudaMemcpyDeviceToHost));
 
     const pv::reference::Tensors weights = reference_tensors(b);
-    const auto ref = pv::reference::llama_forward_backward(c, weights, tokens, targets, B, T, 1.0, false,
+    const auto ref = pv::reference::llama_forward_backward(c, weights, tokens, targets, B, T, 1.0, false, nullptr,
                                                            pv::reference::RopePairs::interleaved);
     const std::string err = pv::test::compare(logits, ref.logits, 1e-12);
     INFO(err);

@@ -14,6 +14,7 @@
 #include "test/reference/swiglu.h"
 
 #include <cmath>
+#include <stdexcept>
 #include <map>
 #include <string>
 #include <vector>
@@ -70,10 +71,12 @@ inline void set_columns(std::vector<double>& m, const std::vector<double>& part,
 enum class RopePairs { rotate_half, interleaved };
 
 // Forward (and, when `backward`, backward with loss scale `loss_scale`) of the model on a batch
-// of B sequences of T tokens; targets equal to -100 are ignored.
+// of B sequences of T tokens; targets equal to -100 are ignored. `positions` ([B·T], each token's
+// position within its document; null: row % T) place RoPE and restrict attention to each document.
 inline LlamaResult llama_forward_backward(const LlamaConfig& c, const Tensors& p, const std::vector<int>& tokens,
                                           const std::vector<int>& targets, size_t B, size_t T, double loss_scale,
-                                          bool backward = true, RopePairs pairs = RopePairs::rotate_half) {
+                                          bool backward = true, const std::vector<int>* positions = nullptr,
+                                          RopePairs pairs = RopePairs::rotate_half) {
     const size_t N = B * T, C = size_t(c.hidden_size), V = size_t(c.vocab_size), F = size_t(c.ffn_size);
     const size_t hd = size_t(c.head_dim_resolved()), H = size_t(c.num_heads), Hkv = size_t(c.num_kv_heads);
     const size_t qw = H * hd, kvw = Hkv * hd, W = qw + 2 * kvw;
@@ -82,9 +85,12 @@ inline LlamaResult llama_forward_backward(const LlamaConfig& c, const Tensors& p
     const auto freqs = llama_inverse_frequencies(c);
     auto at = [&](const std::string& name) -> const std::vector<double>& { return p.at(name); };
     auto rope = [&](const std::vector<double>& x, size_t heads, size_t width, int sign) {
-        if (pairs == RopePairs::interleaved) return rope_rotate_interleaved(x, freqs, N, T, heads, hd, width, sign);
-        return sign > 0 ? rope_forward(x, freqs, N, T, heads, hd, width)
-                        : rope_backward(x, freqs, N, T, heads, hd, width);
+        if (pairs == RopePairs::interleaved) {
+            if (positions) throw std::invalid_argument("reference llama: interleaved RoPE takes no positions");
+            return rope_rotate_interleaved(x, freqs, N, T, heads, hd, width, sign);
+        }
+        return sign > 0 ? rope_forward(x, freqs, N, T, heads, hd, width, positions)
+                        : rope_backward(x, freqs, N, T, heads, hd, width, positions);
     };
 
     struct Layer {
@@ -101,7 +107,7 @@ inline LlamaResult llama_forward_backward(const LlamaConfig& c, const Tensors& p
         set_columns(L.qkv, rope(columns(L.qkv, N, W, 0, qw), H, qw, +1), N, W, 0, qw);
         set_columns(L.qkv, rope(columns(L.qkv, N, W, qw, kvw), Hkv, kvw, +1), N, W, qw, kvw);
         std::vector<double> lse;
-        attention_forward(L.qkv, shape, L.att, lse);
+        attention_forward(L.qkv, shape, L.att, lse, positions);
         const auto proj = matmul_forward(L.att, at(n + "w_o"), N, qw, C);
         auto r = residual_rmsnorm_forward(x, proj, at(n + "mlp_norm"), N, C, eps);
         L.x2 = r.sum;
@@ -145,7 +151,7 @@ inline LlamaResult llama_forward_backward(const LlamaConfig& c, const Tensors& p
         // Attention branch: x2 = x + att·W_oᵀ.
         const auto datt = matmul_backward_dx(dx2, at(n + "w_o"), N, qw, C);
         add_to(n + "w_o", matmul_backward_dw(dx2, L.att, N, qw, C));
-        auto dqkv = attention_backward(L.qkv, L.att, datt, shape);
+        auto dqkv = attention_backward(L.qkv, L.att, datt, shape, positions);
         set_columns(dqkv, rope(columns(dqkv, N, W, 0, qw), H, qw, -1), N, W, 0, qw);
         set_columns(dqkv, rope(columns(dqkv, N, W, qw, kvw), Hkv, kvw, -1), N, W, qw, kvw);
         const auto dh1 = matmul_backward_dx(dqkv, at(n + "w_qkv"), N, C, W);
