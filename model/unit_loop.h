@@ -9,22 +9,41 @@
 // The loops run a contiguous range of units [first, end): the whole model, or one pipeline stage
 // (parallel/mp.h), whose first unit reads its input from `stage_input` (the residual stream
 // received from the previous stage) and whose last unit's output gradient arrives in `grad_out`.
+//
+// A micro-batch reaches the units as a DeviceBatch: its per-row device arrays, each handed to the
+// units that read it (UnitIO), so a new per-row field is added here and in the trainer's upload,
+// not to every strategy's signature.
 #pragma once
 
 #include "model/llama.h"
 
 namespace pv {
 
+// One micro-batch's device arrays, [N] = [batch][seq_len] each.
+struct DeviceBatch {
+    const int* tokens = nullptr;     // the embedding's input ids
+    const int* targets = nullptr;    // the head's next-token ids (kIgnoreIndex: skipped); null: no loss
+    const int* positions = nullptr;  // each row's position within its document; null: row % seq_len
+};
+
+// A unit call's buffers with the batch's arrays filled in (the other fields at their defaults).
+template <class T>
+UnitIO<T> batch_io(const DeviceBatch& batch) {
+    UnitIO<T> io;
+    io.tokens = batch.tokens;
+    io.targets = batch.targets;
+    io.positions = batch.positions;
+    return io;
+}
+
 // Units [first, end) forward. `before_unit(u)` runs before unit u's forward (where ZeRO-3 binds
 // the unit's gathered parameters). `stage_input`: unit first's input when first > 0.
 template <class T, class BeforeUnit>
-void forward_units(Llama<T>& model, int slot, int first, int end, const T* stage_input, const int* tokens,
-                   const int* targets, acc_t<T>* loss_sum, int* count, BeforeUnit&& before_unit) {
+void forward_units(Llama<T>& model, int slot, int first, int end, const T* stage_input, const DeviceBatch& batch,
+                   acc_t<T>* loss_sum, int* count, BeforeUnit&& before_unit) {
     const int units = model.num_units();
     for (int u = first; u < end; ++u) {
-        UnitIO<T> io;
-        io.tokens = tokens;
-        io.targets = targets;
+        UnitIO<T> io = batch_io<T>(batch);
         io.residual_in = u == 0 ? nullptr : u == first ? stage_input : model.unit_output(u - 1, slot);
         io.residual_out = u + 1 < units ? model.unit_output(u, slot) : nullptr;
         io.loss_sum = loss_sum;
@@ -40,14 +59,12 @@ void forward_units(Llama<T>& model, int slot, int first, int end, const T* stage
 // `before_unit(u)` and `after_unit(u)` run around unit u's backward: the hooks strategies
 // communicate in (and where ZeRO binds a gradient buffer to the unit).
 template <class T, class BeforeUnit, class AfterUnit>
-T* backward_units(Llama<T>& model, int slot, int first, int end, const T* stage_input, T* grad_out, const int* tokens,
-                  const int* targets, double loss_scale, BeforeUnit&& before_unit, AfterUnit&& after_unit) {
+T* backward_units(Llama<T>& model, int slot, int first, int end, const T* stage_input, T* grad_out,
+                  const DeviceBatch& batch, double loss_scale, BeforeUnit&& before_unit, AfterUnit&& after_unit) {
     T* dout = grad_out;                                     // the gradient of the current unit's output
     int next = grad_out == model.residual_grad(0) ? 1 : 0;  // the other buffer: where its input's goes
     for (int u = end - 1; u >= first; --u) {
-        UnitIO<T> io;
-        io.tokens = tokens;
-        io.targets = targets;
+        UnitIO<T> io = batch_io<T>(batch);
         io.loss_scale = loss_scale;
         io.residual_in = u == 0 ? nullptr : u == first ? stage_input : model.unit_output(u - 1, slot);
         io.dresidual_out = dout;
@@ -65,28 +82,28 @@ T* backward_units(Llama<T>& model, int slot, int first, int end, const T* stage_
 
 // The whole model on one rank.
 template <class T, class BeforeUnit>
-void single_forward(Llama<T>& model, int slot, const int* tokens, const int* targets, acc_t<T>* loss_sum, int* count,
+void single_forward(Llama<T>& model, int slot, const DeviceBatch& batch, acc_t<T>* loss_sum, int* count,
                     BeforeUnit&& before_unit) {
-    forward_units(model, slot, 0, model.num_units(), static_cast<const T*>(nullptr), tokens, targets, loss_sum, count,
+    forward_units(model, slot, 0, model.num_units(), static_cast<const T*>(nullptr), batch, loss_sum, count,
                   before_unit);
 }
 
 template <class T>
-void single_forward(Llama<T>& model, int slot, const int* tokens, const int* targets, acc_t<T>* loss_sum, int* count) {
-    single_forward(model, slot, tokens, targets, loss_sum, count, [](int) {});
+void single_forward(Llama<T>& model, int slot, const DeviceBatch& batch, acc_t<T>* loss_sum, int* count) {
+    single_forward(model, slot, batch, loss_sum, count, [](int) {});
 }
 
 template <class T, class BeforeUnit, class AfterUnit>
-void single_backward(Llama<T>& model, int slot, const int* tokens, const int* targets, double loss_scale,
-                     BeforeUnit&& before_unit, AfterUnit&& after_unit) {
-    backward_units(model, slot, 0, model.num_units(), static_cast<const T*>(nullptr), static_cast<T*>(nullptr), tokens,
-                   targets, loss_scale, before_unit, after_unit);
+void single_backward(Llama<T>& model, int slot, const DeviceBatch& batch, double loss_scale, BeforeUnit&& before_unit,
+                     AfterUnit&& after_unit) {
+    backward_units(model, slot, 0, model.num_units(), static_cast<const T*>(nullptr), static_cast<T*>(nullptr), batch,
+                   loss_scale, before_unit, after_unit);
 }
 
 template <class T>
-void single_backward(Llama<T>& model, int slot, const int* tokens, const int* targets, double loss_scale) {
+void single_backward(Llama<T>& model, int slot, const DeviceBatch& batch, double loss_scale) {
     single_backward(
-        model, slot, tokens, targets, loss_scale, [](int) {}, [](int) {});
+        model, slot, batch, loss_scale, [](int) {}, [](int) {});
 }
 
 }  // namespace pv

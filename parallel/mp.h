@@ -76,7 +76,7 @@ class ModelParallel : public Strategy<T, G> {
         return out;
     }
 
-    void forward(int slot, const int* tokens, const int* targets, acc_t<T>* loss_sum, int* count) override {
+    void forward(int slot, const DeviceBatch& batch, acc_t<T>* loss_sum, int* count) override {
         Llama<T>& m = this->model_;
         Comm& c = *this->comm_;
         const T* input = nullptr;
@@ -87,11 +87,11 @@ class ModelParallel : public Strategy<T, G> {
             c.fence_to(m.stream());
             input = in;
         }
-        forward_units(m, slot, m.first_unit(), m.end_unit(), input, tokens, targets, loss_sum, count, [](int) {});
+        forward_units(m, slot, m.first_unit(), m.end_unit(), input, batch, loss_sum, count, [](int) {});
         if (c.rank() + 1 < c.size()) send(m.unit_output(m.end_unit() - 1, slot), c.rank() + 1);
     }
 
-    void backward(int slot, const int* tokens, const int* targets, double loss_scale, bool last) override {
+    void backward(int slot, const DeviceBatch& batch, double loss_scale, bool last) override {
         Llama<T>& m = this->model_;
         Comm& c = *this->comm_;
         if (!this->grad32_.empty()) m.zero_grads();
@@ -104,7 +104,7 @@ class ModelParallel : public Strategy<T, G> {
         }
         const T* input = c.rank() > 0 ? inputs_[size_t(slot)].get() : nullptr;
         T* grad_in = backward_units(
-            m, slot, m.first_unit(), m.end_unit(), input, grad_out, tokens, targets, loss_scale, [](int) {},
+            m, slot, m.first_unit(), m.end_unit(), input, grad_out, batch, loss_scale, [](int) {},
             [&](int u) {
                 this->unit_backward_done(u, last);
                 if (u == m.num_units() - 1 && !m.runs(0) && m.holds(0))

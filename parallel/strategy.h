@@ -87,16 +87,17 @@ class Strategy {
             if (g.bytes() > 0) CUDA_CHECK(cudaMemsetAsync(g.get(), 0, g.bytes(), model_.stream()));
     }
 
-    // One micro-step's forward (loss sum and count of this micro-batch into the device scalars).
-    virtual void forward(int slot, const int* tokens, const int* targets, acc_t<T>* loss_sum, int* count) {
-        single_forward(model_, slot, tokens, targets, loss_sum, count, [&](int u) { before_unit_forward(u); });
+    // One micro-step's forward of the micro-batch `batch` (its device arrays, model/unit_loop.h):
+    // loss sum and count of this micro-batch into the device scalars.
+    virtual void forward(int slot, const DeviceBatch& batch, acc_t<T>* loss_sum, int* count) {
+        single_forward(model_, slot, batch, loss_sum, count, [&](int u) { before_unit_forward(u); });
     }
 
     // One micro-step's backward; `last` marks the last micro-step of the optimizer step.
-    virtual void backward(int slot, const int* tokens, const int* targets, double loss_scale, bool last) {
+    virtual void backward(int slot, const DeviceBatch& batch, double loss_scale, bool last) {
         if (!grad32_.empty()) model_.zero_grads();  // each micro-step's T gradients, then added up
         single_backward(
-            model_, slot, tokens, targets, loss_scale, [&](int u) { before_unit_backward(u); },
+            model_, slot, batch, loss_scale, [&](int u) { before_unit_backward(u); },
             [&](int u) { unit_backward_done(u, last); });
     }
 

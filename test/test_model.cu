@@ -1,8 +1,9 @@
 // The whole model: the kernels' forward and backward (through the `single` driver) against the
 // fp64 reference model, in fp64, fp32 and bf16; and the fp64 gradient check — directional
 // derivatives along random directions and sampled coordinates of every tensor, by central
-// differences of the model's own forward — with GQA, tied and untied embeddings, several layers
-// and ignored targets (DESIGN.md §5).
+// differences of the model's own forward — with GQA, tied and untied embeddings, several layers,
+// ignored targets and packed documents (positions restarting per document, attention within
+// each) (DESIGN.md §5).
 #include "kernels/glue.cuh"
 #include "model/llama.h"
 #include "model/unit_loop.h"
@@ -21,13 +22,28 @@ namespace model_test {
 struct Batch {
     int B, T;
     std::vector<int> tokens, targets;
+    std::vector<int> positions;  // [B·T] within documents; empty: plain causal, row % T
 };
+
+// Positions of B sequences of T tokens cut into documents of the given lengths, the same cut in
+// every sequence (the last document runs to the end of the row).
+std::vector<int> document_positions(const std::vector<int>& lengths, int B, int T) {
+    std::vector<int> pos;
+    for (int b = 0; b < B; ++b) {
+        size_t k = 0;
+        for (int i = 0, p = 0; i < T; ++i, ++p) {
+            if (k < lengths.size() && p == lengths[k]) p = 0, ++k;
+            pos.push_back(p);
+        }
+    }
+    return pos;
+}
 
 // Random tokens; targets are the next tokens with about one in five ignored (unevenly: the
 // first sequence has more).
 Batch make_batch(const pv::LlamaConfig& c, int B, int T, uint64_t seed) {
     std::mt19937_64 rng(seed);
-    Batch b{B, T, std::vector<int>(size_t(B * T)), std::vector<int>(size_t(B * T))};
+    Batch b{B, T, std::vector<int>(size_t(B * T)), std::vector<int>(size_t(B * T)), {}};
     for (auto& t : b.tokens) t = int(rng() % uint64_t(c.vocab_size));
     for (int i = 0; i < B * T; ++i) {
         const bool ignore = rng() % 5 == 0 || (i < T && i % 3 == 0);
@@ -39,14 +55,15 @@ Batch make_batch(const pv::LlamaConfig& c, int B, int T, uint64_t seed) {
 // Runs forward and backward with the single driver; returns (loss sum, count).
 template <class T>
 std::pair<double, int> run_step(pv::Llama<T>& m, const Batch& b, bool backward = true) {
-    DeviceArray<int> tokens(b.tokens), targets(b.targets);
+    DeviceArray<int> tokens(b.tokens), targets(b.targets), positions(b.positions.empty() ? b.tokens : b.positions);
+    const pv::DeviceBatch batch{tokens.get(), targets.get(), b.positions.empty() ? nullptr : positions.get()};
     DeviceArray<pv::acc_t<T>> loss_sum(1);
     DeviceArray<int> count(1);
     int expected_count = 0;
     for (int t : b.targets) expected_count += t != pv::kIgnoreIndex;
     m.zero_grads();
-    pv::single_forward(m, 0, tokens.get(), targets.get(), loss_sum.get(), count.get());
-    if (backward) pv::single_backward(m, 0, tokens.get(), targets.get(), 1.0 / expected_count);
+    pv::single_forward(m, 0, batch, loss_sum.get(), count.get());
+    if (backward) pv::single_backward(m, 0, batch, 1.0 / expected_count);
     CUDA_CHECK(cudaDeviceSynchronize());
     return {double(loss_sum.download()[0]), count.download()[0]};
 }
@@ -79,16 +96,19 @@ pv::ModelOptions options(int B, int Tn, uint64_t seed, const std::set<std::strin
 const std::set<std::string> kSomeFrozen = {
     "wte", "layers.0.attn_norm", "layers.1.w_qkv", "layers.1.w_gate_up", "layers.1.w_down", "final_norm"};
 
+// `documents`: the lengths of packed documents (each sequence cut the same way); empty: causal.
 template <class T>
 void compare_with_reference(const std::string& preset, int B, int Tn, double loss_tol, double grad_tol,
-                            const std::set<std::string>& frozen = {}) {
+                            const std::set<std::string>& frozen = {}, const std::vector<int>& documents = {}) {
     const pv::LlamaConfig& c = pv::preset(preset);
     pv::Llama<T> m(c, options(B, Tn, 77, frozen));
-    const Batch b = make_batch(c, B, Tn, 5);
+    Batch b = make_batch(c, B, Tn, 5);
+    if (!documents.empty()) b.positions = document_positions(documents, B, Tn);
     const auto [loss, count] = run_step(m, b);
     const auto params = download_params(m);
     const auto ref =
-        pv::reference::llama_forward_backward(c, params, b.tokens, b.targets, size_t(B), size_t(Tn), 1.0 / count);
+        pv::reference::llama_forward_backward(c, params, b.tokens, b.targets, size_t(B), size_t(Tn), 1.0 / count, true,
+                                              b.positions.empty() ? nullptr : &b.positions);
     INFO(preset << " B " << B << " T " << Tn << " loss " << loss << " reference " << ref.loss_sum);
     REQUIRE(count == ref.count);
     REQUIRE(std::fabs(loss - ref.loss_sum) <= loss_tol * std::fabs(ref.loss_sum));
@@ -110,6 +130,45 @@ using namespace model_test;
 TEST_CASE("model forward and backward match the fp64 reference model (fp64)", "[model]") {
     compare_with_reference<double>("test-tiny", 2, 7, 1e-12, 1e-10);   // GQA 6/2, untied, 2 layers
     compare_with_reference<double>("test-tied", 1, 13, 1e-12, 1e-10);  // tied, 3 layers
+}
+
+TEST_CASE("with packed documents the model matches the fp64 reference model (fp64, fp32)", "[model][documents]") {
+    // Documents of one token, of several, one crossing the 8-row tiles of the fp64 kernels.
+    compare_with_reference<double>("test-tiny", 2, 7, 1e-12, 1e-10, {}, {3, 1, 3});
+    compare_with_reference<double>("test-tied", 1, 13, 1e-12, 1e-10, {}, {1, 9, 3});
+    compare_with_reference<float>("test-tiny", 2, 7, 1e-5, 1e-3, {}, {2, 5});
+}
+
+// Independent of the reference: in a packed batch with document masking every document gets the
+// logits (and so the loss) it gets as a sequence of its own: positions restart, attention stays
+// inside the document, and every other op works row by row.
+TEST_CASE("a packed document gets the logits it gets alone (fp64)", "[model][documents]") {
+    const pv::LlamaConfig& c = pv::preset("test-tiny");
+    const std::vector<int> lengths = {5, 1, 11};
+    const int Tn = 17, V = c.vocab_size;
+    pv::Llama<double> packed(c, pv::whole_model(1, Tn, 31, pv::Gradients::none));
+    Batch b = make_batch(c, 1, Tn, 12);
+    b.positions = document_positions(lengths, 1, Tn);
+    run_step(packed, b, false);
+    std::vector<double> logits(size_t(Tn * V));
+    CUDA_CHECK(cudaMemcpy(logits.data(), packed.logits(0), logits.size() * sizeof(double), cudaMemcpyDeviceToHost));
+    int start = 0;
+    for (int len : lengths) {
+        pv::Llama<double> alone(c, pv::whole_model(1, len, 31, pv::Gradients::none));  // the same weights
+        const Batch one{1,
+                        len,
+                        std::vector<int>(b.tokens.begin() + start, b.tokens.begin() + start + len),
+                        std::vector<int>(b.targets.begin() + start, b.targets.begin() + start + len),
+                        {}};
+        run_step(alone, one, false);
+        std::vector<double> want(size_t(len * V));
+        CUDA_CHECK(cudaMemcpy(want.data(), alone.logits(0), want.size() * sizeof(double), cudaMemcpyDeviceToHost));
+        const std::vector<double> got(logits.begin() + start * V, logits.begin() + (start + len) * V);
+        const std::string err = compare(got, want, 1e-12);
+        INFO("document at " << start << " of " << len << " tokens: " << err);
+        REQUIRE(err.empty());
+        start += len;
+    }
 }
 
 TEST_CASE("with frozen tensors the trainable ones get exactly the reference's gradients (fp64)", "[model][freeze]") {
@@ -146,13 +205,21 @@ TEST_CASE("model forward and backward in fp32 and bf16 stay close to the fp64 re
 }
 
 TEST_CASE("whole-model gradient check (fp64): random directions and sampled coordinates", "[model][gradcheck][heavy]") {
-    for (const auto& [preset, frozen] : std::vector<std::pair<const char*, std::set<std::string>>>{
-             {"test-tiny", {}}, {"test-tied", {}}, {"test-tied", kSomeFrozen}}) {
-        INFO("frozen tensors: " << frozen.size());
+    struct Variant {
+        const char* preset;
+        std::set<std::string> frozen;
+        bool documents;  // packed documents of 2 and 3 tokens
+    };
+    for (const auto& [preset, frozen, documents] : std::vector<Variant>{{"test-tiny", {}, false},
+                                                                        {"test-tied", {}, false},
+                                                                        {"test-tied", kSomeFrozen, false},
+                                                                        {"test-tiny", {}, true}}) {
+        INFO("frozen tensors: " << frozen.size() << (documents ? ", packed documents" : ""));
         const pv::LlamaConfig& c = pv::preset(preset);
         const int B = 2, Tn = 5;
         pv::Llama<double> m(c, options(B, Tn, 99, frozen));
-        const Batch b = make_batch(c, B, Tn, 8);
+        Batch b = make_batch(c, B, Tn, 8);
+        if (documents) b.positions = document_positions({2, 3}, B, Tn);
         const auto [loss0, count] = run_step(m, b);
         const double scale = 1.0 / count;
         const auto grads = download_params(m, true);
@@ -172,10 +239,11 @@ TEST_CASE("whole-model gradient check (fp64): random directions and sampled coor
             for (const pv::TensorSlot& t : layout.tensors) {
                 INFO(preset << " tensor " << t.spec.name);
                 const std::vector<double>& g = grads.at(t.spec.name);
-                // Sampled coordinates: up to 50 per tensor (DESIGN.md §5); 10 in the frozen variant,
-                // whose tensors the unfrozen run of the same preset has already checked at 50.
+                // Sampled coordinates: up to 50 per tensor (DESIGN.md §5); 10 in the frozen and the
+                // documents variants, whose tensors the plain run of the same preset has already
+                // checked at 50.
                 std::vector<size_t> picks;
-                for (int k = 0; k < (frozen.empty() ? 50 : 10) && k < t.spec.numel(); ++k)
+                for (int k = 0; k < (frozen.empty() && !documents ? 50 : 10) && k < t.spec.numel(); ++k)
                     picks.push_back(size_t(t.offset) + rng() % uint64_t(t.spec.numel()));
                 const auto numeric = numerical_gradient(flat, loss_at, picks);
                 std::vector<double> got, want;
@@ -210,7 +278,7 @@ TEST_CASE("forward-only evaluation gives next-token logits equal to the referenc
     pv::Llama<double> m(c, pv::whole_model(B, Tn, 123, pv::Gradients::none, 2));
     const Batch b = make_batch(c, B, Tn, 10);
     DeviceArray<int> tokens(b.tokens);
-    pv::single_forward<double>(m, 1, tokens.get(), nullptr, nullptr, nullptr);  // slot 1, no targets
+    pv::single_forward<double>(m, 1, pv::DeviceBatch{tokens.get()}, nullptr, nullptr);  // slot 1, no targets
     std::vector<double> logits(size_t(B * Tn) * size_t(c.vocab_size));
     CUDA_CHECK(cudaMemcpy(logits.data(), m.logits(1), logits.size() * sizeof(double), cudaMemcpyDeviceToHost));
     const auto ref =

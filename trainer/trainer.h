@@ -14,6 +14,8 @@
 //      norm gives the clipping scale.
 //   4. AdamW updates the owned range of every unit; the strategy makes the new parameters visible.
 // Every cross-rank number goes through the strategy's Comm, so it is counted like the rest.
+// A micro-batch's tokens, targets and (with document masking) positions are uploaded into its
+// slot's device buffers and reach the strategy as one DeviceBatch (model/unit_loop.h).
 #pragma once
 
 #include "data/loader.h"
@@ -46,6 +48,7 @@ class Trainer {
           rows_(strategy.model().rows()),
           tokens_(size_t(rows_ * strategy.slots()), MemoryCategory::workspace),
           targets_(size_t(rows_ * strategy.slots()), MemoryCategory::workspace),
+          positions_(size_t(rows_ * strategy.slots()), MemoryCategory::workspace),
           loss_(size_t(strategy.slots()), MemoryCategory::workspace),
           count_(size_t(strategy.slots()), MemoryCategory::workspace),
           sums_(2, MemoryCategory::workspace),
@@ -91,7 +94,8 @@ class Trainer {
             const size_t n = std::min(slots, micro.size() - first);
             for (size_t k = 0; k < n; ++k) forward_slot(int(k), micro[first + k]);
             for (size_t k = 0; k < n; ++k)
-                s_.backward(int(k), tokens(k), targets(k), 1.0 / double(r.counted), first + k + 1 == micro.size());
+                s_.backward(int(k), device_batch(k, micro[first + k]), 1.0 / double(r.counted),
+                            first + k + 1 == micro.size());
             for (size_t k = 0; k < n; ++k) loss_sum += read_loss(int(k));  // in micro-batch order
         }
         s_.finish_gradients();
@@ -129,15 +133,27 @@ class Trainer {
   private:
     int* tokens(size_t slot) { return tokens_.get() + slot * size_t(rows_); }
     int* targets(size_t slot) { return targets_.get() + slot * size_t(rows_); }
+    int* positions(size_t slot) { return positions_.get() + slot * size_t(rows_); }
+    // Slot k's device arrays of micro-batch b (uploaded by forward_slot); positions only when b
+    // has them (document masking), else null: plain causal attention.
+    DeviceBatch device_batch(size_t k, const DataLoader::MicroBatch& b) {
+        return {tokens(k), targets(k), b.positions.empty() ? nullptr : positions(k)};
+    }
     // Uploads the micro-batch into its slot and runs its forward; the loss sum stays on the device
     // (zero on ranks without the head).
     void forward_slot(int slot, const DataLoader::MicroBatch& b) {
         Llama<T>& m = s_.model();
-        const size_t k = size_t(slot);
-        CUDA_CHECK(cudaMemcpy(tokens(k), b.inputs.data(), size_t(rows_) * sizeof(int), cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(targets(k), b.targets.data(), size_t(rows_) * sizeof(int), cudaMemcpyHostToDevice));
+        const size_t k = size_t(slot), n = size_t(rows_);
+        for (const std::vector<int>* field : {&b.inputs, &b.targets, &b.positions})
+            if (field->size() != n && !(field == &b.positions && field->empty()))
+                throw std::logic_error("a micro-batch field holds " + std::to_string(field->size()) +
+                                       " values; the model takes batch × seq_len = " + std::to_string(n));
+        CUDA_CHECK(cudaMemcpy(tokens(k), b.inputs.data(), n * sizeof(int), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(targets(k), b.targets.data(), n * sizeof(int), cudaMemcpyHostToDevice));
+        if (!b.positions.empty())
+            CUDA_CHECK(cudaMemcpy(positions(k), b.positions.data(), n * sizeof(int), cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemsetAsync(loss_.get() + k, 0, sizeof(A), m.stream()));
-        s_.forward(slot, tokens(k), targets(k), loss_.get() + k, count_.get() + k);
+        s_.forward(slot, device_batch(k, b), loss_.get() + k, count_.get() + k);
     }
     double read_loss(int slot) {
         Llama<T>& m = s_.model();
@@ -150,7 +166,7 @@ class Trainer {
     Strategy<T, G>& s_;
     AdamWState<T>& opt_;
     long long rows_;
-    DeviceBuffer<int> tokens_, targets_;
+    DeviceBuffer<int> tokens_, targets_, positions_;  // [slots][rows] each
     DeviceBuffer<A> loss_;
     DeviceBuffer<int> count_;
     DeviceBuffer<double> sums_;

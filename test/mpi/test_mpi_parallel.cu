@@ -5,7 +5,8 @@
 // embeddings, odd sizes (hidden 33, attention width 3 × 10, ffn 35) and vocab 4N + 1 so no group divides by
 // the world size without padding, accumulation 2, and ignored targets spread unevenly over ranks
 // (some ranks' micro-batches are mostly ignored). Model parallelism (mp) runs the whole global
-// batch through a pipeline of stages instead, with 1 or 4 micro-batches in flight.
+// batch through a pipeline of stages instead, with 1 or 4 micro-batches in flight. One case packs
+// documents (positions restarting inside each sequence, attention within each document).
 #include <catch2/catch.hpp>
 
 #include "data/loader.h"
@@ -50,28 +51,31 @@ pv::LlamaConfig awkward_model(int ranks, bool tied = true) {
 constexpr int kMicro = 2, kAccumulation = 2, kSeq = 8, kSteps = 5;
 
 // Sample g of step s: random tokens; targets partly ignored, more on some samples than others, so
-// ranks count different numbers of tokens.
-DataLoader::MicroBatch sample(long long step, int g, int vocab) {
-    std::mt19937_64 rng(uint64_t(step) * 1000003u + uint64_t(g));
+// ranks count different numbers of tokens. With `documents`, the same tokens and targets pack
+// documents: a new one starts at each row with probability 1/3 (positions restart at 0).
+DataLoader::MicroBatch sample(long long step, int g, int vocab, bool documents) {
+    std::mt19937_64 rng(uint64_t(step) * 1000003u + uint64_t(g)), cuts(uint64_t(g) * 7919u + uint64_t(step));
     DataLoader::MicroBatch b;
     const double ignored = g % 3 == 0 ? 0.8 : g % 3 == 1 ? 0.1 : 0.0;
     for (int i = 0; i < kSeq; ++i) {
         b.inputs.push_back(int(rng() % uint64_t(vocab)));
         const bool skip = std::uniform_real_distribution<double>(0, 1)(rng) < ignored;
         b.targets.push_back(skip ? pv::kIgnoreIndex : int(rng() % uint64_t(vocab)));
+        if (documents) b.positions.push_back(i == 0 || cuts() % 3 == 0 ? 0 : b.positions.back() + 1);
     }
     return b;
 }
 
 // Concatenates samples into micro-batches of kMicro sequences.
-std::vector<DataLoader::MicroBatch> micro_batches(long long step, int first, int count, int vocab) {
+std::vector<DataLoader::MicroBatch> micro_batches(long long step, int first, int count, int vocab, bool documents) {
     std::vector<DataLoader::MicroBatch> out;
     for (int g = first; g < first + count; g += kMicro) {
         DataLoader::MicroBatch m;
         for (int k = 0; k < kMicro; ++k) {
-            const auto s = sample(step, g + k, vocab);
+            const auto s = sample(step, g + k, vocab, documents);
             m.inputs.insert(m.inputs.end(), s.inputs.begin(), s.inputs.end());
             m.targets.insert(m.targets.end(), s.targets.begin(), s.targets.end());
+            m.positions.insert(m.positions.end(), s.positions.begin(), s.positions.end());
         }
         out.push_back(std::move(m));
     }
@@ -123,12 +127,17 @@ std::string pipeline_order(const std::vector<pv::CollectiveRecord>& log, int ran
 
 struct Options {
     Options(int accumulation_ = kAccumulation, int microbatches_ = 1, bool tied_ = true,
-            std::set<std::string> frozen_ = {})
-        : accumulation(accumulation_), microbatches(microbatches_), tied(tied_), frozen(std::move(frozen_)) {}
+            std::set<std::string> frozen_ = {}, bool documents_ = false)
+        : accumulation(accumulation_),
+          microbatches(microbatches_),
+          tied(tied_),
+          frozen(std::move(frozen_)),
+          documents(documents_) {}
     int accumulation;
     int microbatches;  // mp: micro-batches in flight
     bool tied;
     std::set<std::string> frozen;  // tensors in frozen groups (polevault names)
+    bool documents;                // packed documents (sample)
 };
 
 // Frozen tensors that leave the tied embedding with nothing to train, split a block between a
@@ -164,7 +173,7 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
         const int global = kMicro * opt.accumulation * world_ranks, per_rank = global / data_ranks;
         for (long long step = 0; step < kSteps; ++step) {
             for (pv::Comm* c : s->comms()) c->clear_log();
-            const auto micro = micro_batches(step, data_rank * per_rank, per_rank, config.vocab_size);
+            const auto micro = micro_batches(step, data_rank * per_rank, per_rank, config.vocab_size, opt.documents);
             const pv::StepResult res = trainer.step(micro, 3e-3, step + 1, 1.0, adamw);
             r.losses.push_back(res.loss);
             if (!comm) continue;
@@ -324,6 +333,22 @@ TEST_CASE("ddp and zero1-3 train the model single trains: fp64 within 1e-10, zer
             CHECK(relative_norm_error(download(initial.params(u) + t.offset, t.spec.numel()),
                                       single.tensors.at(t.spec.name)) > 1e-4);
         }
+}
+
+// Packed documents reach every strategy's units (the trainer uploads each slot's positions): ddp,
+// zero2 and mp with two micro-batches in flight (two slots' positions at once) train what single
+// trains, and the documents change the run on the same tokens (positions that never arrived
+// would leave it causal).
+TEST_CASE("with packed documents ddp, zero2 and mp train the model single trains: fp64 within 1e-10",
+          "[parallel][parity][documents]") {
+    pv::World world(nullptr, nullptr);
+    const Options docs{kAccumulation, 1, true, {}, true};
+    const RunResult causal = reference<double>(world);
+    const RunResult single = reference<double>(world, docs);
+    for (size_t s = 0; s < single.losses.size(); ++s) CHECK(single.losses[s] != causal.losses[s]);
+    check_close(train<double>("ddp", &world.comm(), world.size(), docs), single);
+    check_close(train<double>("zero2", &world.comm(), world.size(), docs), single);
+    check_close(train<double>("mp", &world.comm(), world.size(), Options{kAccumulation, 2, true, {}, true}), single);
 }
 
 // With accumulation 1 ZeRO-2 and ZeRO-3 sum exactly DDP's terms (ZeRO-3's gathered parameters are
