@@ -31,7 +31,7 @@
 // served by ceil(G / 8) blocks of up to 8 heads each, so the heads of a block share every K/V tile
 // it loads (the point of GQA: K and V are read once per group, not once per head). The block keeps
 // its heads' queries in shared memory and walks its key range in tiles of Bk keys (32; 16 for fp64
-// at hd 128, to fit 48 KiB): all threads load K and V [Bk][hd] into shared memory, then lane c of
+// at hd 128 and in the generic path, to fit 48 KiB): all threads load K and V [Bk][hd] into shared memory, then lane c of
 // each warp computes the score of key c (a dot over hd from shared rows padded so the 32 lanes fall
 // in different banks), the warp takes the tile's max (warp_max) and rescales its state (online
 // softmax: running max m, a per-lane partial sum l, summed over the warp at the end), writes
@@ -60,7 +60,7 @@ inline constexpr int kDecodeTargetBlocks = 512;    // about four blocks per SM o
 inline constexpr int kDecodeMinChunk = 64;         // keys: below this a chunk's set-up outweighs its work
 
 // Keys per tile: 32 (one per lane), or 16 when two 32-row tiles of T do not fit the default
-// 48 KiB next to the queries (fp64 at hd 128).
+// 48 KiB next to the queries (fp64 at hd 128, and the generic path sized for hd 128).
 template <class T>
 constexpr int decode_tile(int hd) {
     const size_t ld = size_t(hd + attention_pad<T>());
