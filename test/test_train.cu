@@ -792,20 +792,25 @@ std::map<std::string, std::pair<std::string, std::vector<uint8_t>>> dtype_and_by
     return out;
 }
 
-// A tiny fp32 run exported as a Hugging Face directory, for the --init-from tests: the run's
-// directory and the export's.
+// A tiny fp32 run exported as a Hugging Face directory, for the export and --init-from tests: the
+// run's directory and the export's. Made once per process and shared (read only: a test that
+// changes a model directory copies it first).
 struct Exported {
     fs::path run, hf;
 };
 
-Exported tiny_export(const TempDir& dir) {
-    Exported e{dir.path / "source", dir.path / "hf"};
-    const Run t = run_train(kTiny + " --dtype fp32 --sample-tokens 0 --out-dir " + e.run.string());
-    INFO(t.output);
-    REQUIRE(t.status == 0);
-    const Run x = run_train("export " + e.run.string() + " --out " + e.hf.string());
-    INFO(x.output);
-    REQUIRE(x.status == 0);
+const Exported& tiny_export() {
+    static const TempDir dir("train_exported");
+    static const Exported e = [] {
+        Exported x{dir.path / "source", dir.path / "hf"};
+        const Run t = run_train(kTiny + " --dtype fp32 --sample-tokens 0 --out-dir " + x.run.string());
+        INFO(t.output);
+        REQUIRE(t.status == 0);
+        const Run r = run_train("export " + x.run.string() + " --out " + x.hf.string());
+        INFO(r.output);
+        REQUIRE(r.status == 0);
+        return x;
+    }();
     return e;
 }
 
@@ -819,7 +824,7 @@ const std::string kInit = kInitShape + "--lr 0 ";
 TEST_CASE("train export: a checkpoint as a Hugging Face directory, weights and tokenizer as they were, no optimizer",
           "[train][export]") {
     TempDir dir("train_export");
-    const Exported e = tiny_export(dir);
+    const Exported& e = tiny_export();
     const fs::path step = e.run / "step_6";
     for (const char* f : {"model.safetensors", "config.json", "tokenizer.json", "generation_config.json"})
         CHECK(fs::exists(e.hf / f));
@@ -851,7 +856,7 @@ TEST_CASE("train export: a checkpoint as a Hugging Face directory, weights and t
 TEST_CASE("train --init-from: a Hugging Face directory's weights, config and tokenizer; lr 0 keeps its bits",
           "[train][init]") {
     TempDir dir("train_init");
-    const Exported e = tiny_export(dir);
+    const Exported& e = tiny_export();
     const Run fresh = run_train(kInitShape + "--lr 3e-3 --vocab 300 --dtype fp32 --out-dir " + dir.file("fresh"));
     const Run init = run_train("--init-from " + e.hf.string() + kInit + "--dtype fp32 --out-dir " + dir.file("init"));
     INFO(fresh.output << "\n----\n" << init.output);
@@ -893,7 +898,7 @@ TEST_CASE("train --init-from: a Hugging Face directory's weights, config and tok
 TEST_CASE("train --init-from under mpirun: zero3 slices and mp stages load the same model; every rank reports",
           "[train][init][mpi]") {
     TempDir dir("train_init_mpi");
-    const Exported e = tiny_export(dir);
+    const Exported& e = tiny_export();
     const std::string train =
         (build_dir() / "train").string() + " --init-from " + e.hf.string() + kInit + "--dtype fp32 ";
     for (const char* strategy : {"zero3", "mp"}) {
@@ -909,7 +914,7 @@ TEST_CASE("train --init-from under mpirun: zero3 slices and mp stages load the s
 
 TEST_CASE("train --init-from: what cannot work is refused, naming the problem and the fix", "[train][init]") {
     TempDir dir("train_init_bad");
-    const Exported e = tiny_export(dir);
+    const Exported& e = tiny_export();
     const std::string init = "--init-from " + e.hf.string() + kInit + "--out-dir " + dir.file("out");
     auto refused = [&](const std::string& args, const std::vector<std::string>& says) {
         const Run r = run_train(args);
@@ -946,8 +951,9 @@ TEST_CASE("train --init-from: what cannot work is refused, naming the problem an
     refused(init + " --data " + dir.file("data"),
             {dir.file("data") + "/tokenizer.json", (e.hf / "tokenizer.json").string(), "train prepare --tokenizer"});
     // No tokenizer in the model directory and no data to train on.
-    fs::remove(e.hf / "tokenizer.json");
-    refused(init, {"has no tokenizer.json", "--data"});
+    fs::copy(e.hf, dir.path / "untokenized", fs::copy_options::recursive);
+    fs::remove(dir.path / "untokenized" / "tokenizer.json");
+    refused("--init-from " + (dir.path / "untokenized").string() + kInit, {"has no tokenizer.json", "--data"});
 }
 
 TEST_CASE("train convert: stories260K becomes a directory --init-from fine-tunes on data with a smaller vocabulary",
