@@ -117,7 +117,7 @@ void run(const pv::LlamaConfig& c, const Options& o) {
     for (int i = 0; i < o.tokens; ++i) {
         std::copy(seq.begin(), seq.end(), window.begin());
         CUDA_CHECK(cudaMemcpy(tokens.get(), window.data(), window.size() * sizeof(int), cudaMemcpyHostToDevice));
-        pv::single_forward<T>(model, 0, tokens.get(), nullptr, nullptr, nullptr);
+        pv::single_forward<T>(model, 0, pv::DeviceBatch{tokens.get()}, nullptr, nullptr);
         CUDA_CHECK(cudaMemcpy(row.data(), model.logits(0) + (seq.size() - 1) * row.size(), row.size() * sizeof(T),
                               cudaMemcpyDeviceToHost));
         for (size_t k = 0; k < row.size(); ++k) scores[k] = double(pv::to_acc(row[k]));

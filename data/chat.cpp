@@ -277,6 +277,10 @@ std::optional<ChatRole> parse_chat_role(std::string_view s) {
     return std::nullopt;
 }
 
+std::string chat_generation_prompt(ChatFormat f) {
+    return f == ChatFormat::llama2 ? "" : "<|start_header_id|>assistant<|end_header_id|>\n\n";
+}
+
 std::vector<ChatPiece> chat_pieces(ChatFormat f, const std::vector<ChatMessage>& messages) {
     if (messages.empty()) throw std::invalid_argument("the chat has no messages");
     switch (f) {

@@ -109,6 +109,12 @@ struct ChatPiece {
 // from user) or are empty.
 std::vector<ChatPiece> chat_pieces(ChatFormat f, const std::vector<ChatMessage>& messages);
 
+// The text (special tokens parsed) that follows a rendered conversation when the model is to write
+// the next assistant turn (the templates' add_generation_prompt): llama3 and llama3.1 open the
+// assistant's header, "<|start_header_id|>assistant<|end_header_id|>\n\n"; llama2 adds nothing
+// (the answer follows " [/INST]" directly).
+std::string chat_generation_prompt(ChatFormat f);
+
 // The special tokens format f writes: the tokenizer must have each as one token.
 std::vector<std::string> chat_special_tokens(ChatFormat f);
 

@@ -72,7 +72,7 @@ void check_against_recomputation(const pv::LlamaConfig& c, int prompt, int total
 
     // The whole sequence through the model as one window.
     DeviceArray<int> tokens(seq);
-    pv::single_forward<T>(model, 0, tokens.get(), nullptr, nullptr, nullptr);
+    pv::single_forward<T>(model, 0, pv::DeviceBatch{tokens.get()}, nullptr, nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
     const size_t V = size_t(c.vocab_size);
     std::vector<T> full(size_t(total) * V);

@@ -93,8 +93,11 @@ struct Fixture {
     Fixture() {
         std::ofstream(dir.file("config.json")) << kConfig;
         std::mt19937_64 rng(7);
-        pv::TokenShard shard{97, 0, {}};
+        pv::TokenShard shard{97, 0, {}, {}};
         for (int i = 0; i < 400; ++i) shard.tokens.push_back(uint32_t(rng() % 97));
+        // One plain-text document: every token counts, the first starts it, all may be split.
+        shard.flags.assign(shard.tokens.size(), pv::kTokenCounted | pv::kTokenSplittable);
+        shard.flags[0] |= pv::kTokenStartsDocument;
         tokens = shard.tokens;
         pv::write_shard(dir.file("data.pvtokens"), shard);
         const Run t = run_train("--config " + dir.file("config.json") + " --data " + dir.file("data.pvtokens") +
@@ -145,7 +148,7 @@ std::vector<int> greedy_by_recomputation(const std::string& checkpoint, std::vec
         std::vector<int> window = seq;
         window.resize(size_t(total), 0);
         tokens.upload(window);
-        pv::single_forward<T>(*m, 0, tokens.get(), nullptr, nullptr, nullptr);
+        pv::single_forward<T>(*m, 0, pv::DeviceBatch{tokens.get()}, nullptr, nullptr);
         CUDA_CHECK(cudaMemcpy(row.data(), m->logits(0) + (seq.size() - 1) * V, V * sizeof(T), cudaMemcpyDeviceToHost));
         const int next = pv::sample_token(to_double(row), 0.0, 1.0, 0.0);
         out.push_back(next);
@@ -174,7 +177,7 @@ std::pair<double, long long> loss_of_windows(const std::string& checkpoint, cons
         }
         inputs.upload(in);
         targets.upload(tg);
-        pv::single_forward<T>(*m, 0, inputs.get(), targets.get(), loss.get(), count.get());
+        pv::single_forward<T>(*m, 0, pv::DeviceBatch{inputs.get(), targets.get()}, loss.get(), count.get());
         CUDA_CHECK(cudaDeviceSynchronize());
         sum += double(loss.download()[0]);
         counted += count.download()[0];
@@ -279,7 +282,11 @@ TEST_CASE("train eval: the loss of every window equals the model's forward over 
     REQUIRE(std::stoll(m[3]) == counted_all);
     REQUIRE(std::fabs(std::stod(m[1]) - sum_all / double(counted_all)) <= 1e-2 * sum_all / double(counted_all));
     // Data shorter than one window: an error naming both numbers.
-    pv::write_shard(f.dir.file("short.pvtokens"), pv::TokenShard{97, 0, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}});
+    pv::write_shard(f.dir.file("short.pvtokens"),
+                    pv::TokenShard{97,
+                                   0,
+                                   {1, 2, 3, 4, 5, 6, 7, 8, 9, 10},
+                                   std::vector<uint8_t>(10, pv::kTokenCounted | pv::kTokenSplittable)});
     const Run short_data = run_train("eval " + f.checkpoint + " --data " + f.dir.file("short.pvtokens"), f.dir);
     REQUIRE(short_data.status != 0);
     INFO(short_data.err);

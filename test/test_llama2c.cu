@@ -120,7 +120,7 @@ void check_forward(const fs::path& bin, const fs::path& dir) {
     pv::test::DeviceArray<int> d_tokens(tokens), d_targets(targets);
     pv::test::DeviceArray<double> loss(1);
     pv::test::DeviceArray<int> count(1);
-    pv::single_forward(model, 0, d_tokens.get(), d_targets.get(), loss.get(), count.get());
+    pv::single_forward(model, 0, pv::DeviceBatch{d_tokens.get(), d_targets.get()}, loss.get(), count.get());
     CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<double> logits(size_t(B * T) * size_t(c.vocab_size));
     CUDA_CHECK(cudaMemcpy(logits.data(), model.logits(0), logits.size() * sizeof(double), cudaMemcpyDeviceToHost));

@@ -13,6 +13,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -990,4 +991,102 @@ TEST_CASE("train convert: stories260K becomes a directory --init-from fine-tunes
     CHECK(bad.status != 0);
     CHECK(bad.output.find("shorter than the 28-byte header") != std::string::npos);
     CHECK_FALSE(fs::exists(dir.file("bad")));
+}
+
+// The fine-tuning path end to end, as the README tells it: a published llama2.c model converted
+// to a Hugging Face directory, a chat JSON-lines file prepared with masked prompts, the model
+// fine-tuned from it under ddp at 2 ranks with --document-mask, then asked a question with --chat.
+// `train eval` on the same data before and after shows the fine-tuning lowered the loss.
+TEST_CASE("train end to end: convert stories260K, prepare chats, fine-tune under ddp at 2 ranks, sample with --chat",
+          "[train][init][mpi][chat]") {
+    TempDir dir("train_e2e");
+    const fs::path bin = fs::path(__FILE__).parent_path() / "../../shared/models/stories260K.bin";
+    INFO("the real llama2.c checkpoint " << bin << " must exist (the shared models directory beside the repository)");
+    REQUIRE(fs::exists(bin));
+    REQUIRE(run_train("convert --from llama2c " + bin.string() + " --out " + dir.file("st")).status == 0);
+    {
+        std::ofstream c(dir.file("chats.jsonl"));
+        for (int i = 0; i < 48; ++i)
+            c << "{\"messages\": [{\"role\": \"system\", \"content\": \"Answer briefly.\"}, {\"role\": \"user\", "
+                 "\"content\": \"What comes after "
+              << i << "?\"}, {\"role\": \"assistant\", \"content\": \"" << i + 1 << " comes after " << i << ".\"}]}\n";
+    }
+    const std::string data = dir.file("data");
+    const Run p = run_train("prepare " + dir.file("chats.jsonl") + " --out " + data +
+                            " --vocab 400 --chat-format llama3 --val-fraction 0.25");
+    INFO(p.output);
+    REQUIRE(p.status == 0);
+    const std::regex eval_line(R"(loss ([0-9.eE+-]+) perplexity [0-9.eE+-]+ tokens ([0-9]+) windows ([0-9]+))");
+    auto eval_loss = [&](const std::string& model) {
+        const Run e = run_train("eval " + model + " --data " + data + " --seq-len 48 --dtype fp32");
+        INFO(e.output);
+        REQUIRE(e.status == 0);
+        std::smatch m;
+        REQUIRE(std::regex_search(e.output, m, eval_line));
+        CHECK(std::stoll(m[2]) > 0);
+        return std::stod(m[1]);
+    };
+    const double before = eval_loss(dir.file("st"));
+    const Run t = run_mpi(2, (build_dir() / "train").string() + " --init-from " + dir.file("st") + " --data " + data +
+                                 " --parallel ddp --steps 12 --batch 8 --seq-len 48 --lr 3e-3 --warmup 2 "
+                                 "--document-mask --eval-interval 0 --sample-tokens 0 --out-dir " +
+                                 dir.file("run"));
+    INFO(t.output);
+    REQUIRE(t.status == 0);
+    REQUIRE(t.output.find("x 2 rank(s), strategy ddp") != std::string::npos);
+    REQUIRE(t.output.find("document mask on") != std::string::npos);
+    const double after = eval_loss(dir.file("run"));
+    INFO("validation loss of the chats before " << before << ", after 12 steps " << after);
+    CHECK(after < before - 0.5);
+    // The question rendered in the chat format: the system-free user turn, then the assistant's header.
+    const Run s = run_train("sample " + dir.file("run") +
+                            " --chat --chat-format llama3 --prompt 'What comes after 7?' --max-tokens 12 "
+                            "--temperature 0 --print-ids");
+    INFO(s.output);
+    REQUIRE(s.status == 0);
+    CHECK(s.output.find("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nWhat comes after "
+                        "7?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n") != std::string::npos);
+    CHECK(std::regex_search(s.output, std::regex(R"(\n\[[0-9]+(, [0-9]+)*\]\n)")));
+    // Without a format it is refused, naming the formats there are (the trained tokenizer has no template).
+    const Run no_format = run_train("sample " + dir.file("run") + " --chat --prompt hi --max-tokens 2");
+    CHECK(no_format.status != 0);
+    CHECK(no_format.output.find("llama3") != std::string::npos);
+}
+
+// stories260K's greedy continuation of BOS: fp64 and fp32 give exactly the ids of an independent
+// NumPy float64 transcription of llama2.c's run.c (test/interop/stories260k_greedy.py, which wrote
+// the fixture); bf16 weights diverge where the model's top two logits are close, and the test
+// reports where.
+TEST_CASE("train sample: stories260K greedy from BOS equals llama2.c's forward in fp64 and fp32; bf16 reported",
+          "[train][sample][llama2c]") {
+    TempDir dir("train_stories");
+    const fs::path here = fs::path(__FILE__).parent_path();
+    const fs::path bin = here / "../../shared/models/stories260K.bin";
+    INFO("the real llama2.c checkpoint " << bin << " must exist (the shared models directory beside the repository)");
+    REQUIRE(fs::exists(bin));
+    REQUIRE(run_train("convert --from llama2c " + bin.string() + " --out " + dir.file("st")).status == 0);
+    const std::string fixture = read_file(here / "data/stories260k_greedy.json");
+    std::smatch m;
+    REQUIRE(std::regex_search(fixture, m, std::regex(R"("greedy_ids": (\[[0-9, ]+\]))")));
+    const std::string expected = m[1];
+    const int steps = int(std::count(expected.begin(), expected.end(), ',')) + 1;
+    auto greedy = [&](const std::string& dtype) {
+        const Run s =
+            run_train("sample " + dir.file("st") + " --prompt-ids 1 --temperature 0 --print-ids --max-tokens " +
+                      std::to_string(steps) + " --dtype " + dtype);
+        INFO(s.output);
+        REQUIRE(s.status == 0);
+        std::smatch ids;
+        REQUIRE(std::regex_search(s.output, ids, std::regex(R"((\[[0-9, ]+\])\n)")));
+        return std::string(ids[1]);
+    };
+    CHECK(greedy("fp64") == expected);
+    CHECK(greedy("fp32") == expected);
+    const std::string bf16 = greedy("bf16");
+    size_t same = 0;  // ids in common before the first difference
+    for (size_t i = 0; i < std::min(bf16.size(), expected.size()) && bf16[i] == expected[i]; ++i)
+        if (bf16[i] == ',') ++same;
+    WARN("stories260K greedy in bf16 " << (bf16 == expected ? "equals fp64's"
+                                                            : "first differs from fp64's at generated token " +
+                                                                  std::to_string(same)));
 }

@@ -31,7 +31,7 @@ EvalResult evaluate_windows(Llama<T>& model, const DataLoader& data, long long m
         for (long long b = 0; b < rows; ++b) data.window(first + b, inputs.data() + b * Tn, outputs.data() + b * Tn);
         CUDA_CHECK(cudaMemcpy(tokens.get(), inputs.data(), tokens.bytes(), cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemcpy(targets.get(), outputs.data(), targets.bytes(), cudaMemcpyHostToDevice));
-        single_forward<T>(model, 0, tokens.get(), targets.get(), loss_sum.get(), count.get());
+        single_forward<T>(model, 0, DeviceBatch{tokens.get(), targets.get()}, loss_sum.get(), count.get());
         acc_t<T> sum = 0;
         int counted = 0;
         CUDA_CHECK(cudaMemcpyAsync(&sum, loss_sum.get(), sizeof sum, cudaMemcpyDeviceToHost, model.stream()));

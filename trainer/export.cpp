@@ -45,6 +45,10 @@ void write_model_files(const std::string& dir, const ModelFiles& files) {
         g.bos_token_id = files.tokenizer->bos_id();
         if (files.tokenizer->eos_id() >= 0) g.eos_token_ids.push_back(files.tokenizer->eos_id());
         write_generation_config(dir + "/generation_config.json", g);
+    } else if (!files.tokenizer && files.data_eos >= 0) {
+        GenerationConfig g;
+        g.eos_token_ids.push_back(files.data_eos);
+        write_generation_config(dir + "/generation_config.json", g);
     }
 }
 

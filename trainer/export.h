@@ -30,10 +30,11 @@ struct ModelFiles {
                                            // tokenizer_config.json and special_tokens_map.json); empty: saved
     std::string model_dir;                 // the model the run started from (--init-from, --resume): its
                                            // generation_config.json is copied when it has one
+    int data_eos = -1;                     // the data's end-of-sequence id: the EOS of a run with no tokenizer
 };
 
 // Writes into `dir` the tokenizer files and generation_config.json (model_dir's, else the
-// tokenizer's BOS and EOS ids; none when no id is known).
+// tokenizer's BOS and EOS ids, else the data's EOS; none when no id is known).
 void write_model_files(const std::string& dir, const ModelFiles& files);
 
 // `train export`: the checkpoint (resolved as `train sample` does) or model directory in

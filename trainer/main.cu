@@ -22,6 +22,8 @@
 // data and model shape, trainer/generate.* sampling, trainer/evaluate.* evaluation, trainer/model_dir.*
 // the model directories sample and eval read.
 #include "data/loader.h"
+#include "data/chat.h"
+#include "data/examples.h"
 #include "data/prepare.h"
 #include "model/config_json.h"
 #include "model/llama.h"
@@ -46,6 +48,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <iostream>
 #include <stdexcept>
 
@@ -144,6 +147,39 @@ std::string ids_json(const std::vector<int>& ids) {
     return s + "]";
 }
 
+// The ids generation starts from: --prompt-ids; --prompt encoded (BOS first when the tokenizer
+// has one), or with --chat rendered as one user turn of the model's chat format and followed by
+// the assistant's header; with neither, the start token alone.
+std::vector<int> sample_prompt(const SampleOptions& o, const Tokenizer* tokenizer, const ModelDir& m, int bos,
+                               const std::vector<int>& stop_ids) {
+    if (!o.prompt_ids.empty()) {
+        if (o.chat) throw std::invalid_argument("--chat renders a text prompt: give --prompt instead of --prompt-ids");
+        return o.prompt_ids;
+    }
+    if (!o.chat) {
+        if (!o.chat_format.empty()) throw std::invalid_argument("--chat-format goes with --chat");
+        if (o.prompt.empty()) return {start_token(bos, stop_ids.empty() ? -1 : stop_ids.front())};
+        std::vector<int> ids;
+        if (tokenizer->bos_id() >= 0) ids.push_back(tokenizer->bos_id());  // as the post-processor adds it
+        const std::vector<int> text = tokenizer->encode(o.prompt, false);
+        ids.insert(ids.end(), text.begin(), text.end());
+        return ids;
+    }
+    const ChatFormat format = resolve_chat_format(o.chat_format, tokenizer_config_beside(m.tokenizer));
+    check_chat_tokens(*tokenizer, format);
+    Example e;
+    e.kind = ExampleKind::chat;
+    e.messages = {ChatMessage{ChatRole::user, o.prompt}};
+    e.where = "--prompt";
+    std::vector<uint32_t> tokens;
+    std::vector<uint8_t> flags;
+    encode_example(*tokenizer, e, ExampleEncoding{format, /*train_on_prompt=*/true}, tokens, flags);
+    std::vector<int> ids(tokens.begin(), tokens.end());
+    const std::vector<int> header = tokenizer->encode(chat_generation_prompt(format), true);
+    ids.insert(ids.end(), header.begin(), header.end());
+    return ids;
+}
+
 template <class T>
 int sample_with(const SampleOptions& o, const ModelDir& m) {
     const LlamaConfig& config = m.config;
@@ -159,15 +195,7 @@ int sample_with(const SampleOptions& o, const ModelDir& m) {
     if (tokenizer && tokenizer->eos_id() >= 0) stop_ids.push_back(tokenizer->eos_id());
     const int bos = tokenizer && tokenizer->bos_id() >= 0 ? tokenizer->bos_id() : m.bos_id;
     GenerateOptions g;
-    if (!o.prompt_ids.empty()) {
-        g.prompt = o.prompt_ids;
-    } else if (!o.prompt.empty()) {
-        if (tokenizer->bos_id() >= 0) g.prompt.push_back(tokenizer->bos_id());  // as the post-processor adds it
-        const std::vector<int> text = tokenizer->encode(o.prompt, false);
-        g.prompt.insert(g.prompt.end(), text.begin(), text.end());
-    } else {
-        g.prompt.push_back(start_token(bos, stop_ids.empty() ? -1 : stop_ids.front()));
-    }
+    g.prompt = sample_prompt(o, tokenizer.get(), m, bos, stop_ids);
     const long long positions = config.max_seq_len, prompt = (long long)g.prompt.size();
     if (o.max_tokens == 0) {
         g.max_tokens = int(std::min<long long>(kDefaultSampleTokens, positions - prompt));
@@ -188,14 +216,22 @@ int sample_with(const SampleOptions& o, const ModelDir& m) {
     Llama<T> model(config, whole_model(1, 1, o.seed, Gradients::none));
     load_weights(m.path, model);
     Decoder<T> decoder(model, int(prompt) + g.max_tokens - 1, int(prompt));
-    if (tokenizer) {  // the prompt as given (not the start token an empty prompt begins from)
-        std::fputs(o.prompt_ids.empty() ? o.prompt.c_str() : tokenizer->decode(o.prompt_ids).c_str(), stdout);
+    std::optional<TokenStreamDecoder> text;  // the generated text, printed as each character completes
+    if (tokenizer) {  // the prompt as given (not the start token an empty prompt begins from), or the rendered chat
+        const std::string shown = o.chat                 ? tokenizer->decode(g.prompt)
+                                  : o.prompt_ids.empty() ? o.prompt
+                                                         : tokenizer->decode(o.prompt_ids);
+        std::fputs(shown.c_str(), stdout);
         std::fflush(stdout);
+        text.emplace(*tokenizer, g.prompt, /*skip_special=*/true);
     }
     const GenerateResult r = generate(decoder, g, [&](int id) {
-        if (tokenizer) std::fputs(tokenizer->decode({id}).c_str(), stdout), std::fflush(stdout);
+        if (!text) return;
+        // A padding row of an embedding larger than the tokenizer has no text: show its id.
+        const std::string piece = id < tokenizer->vocab_size() ? text->push(id) : "[id " + std::to_string(id) + "]";
+        std::fputs(piece.c_str(), stdout), std::fflush(stdout);
     });
-    if (tokenizer) std::printf("\n");
+    if (text) std::printf("%s\n", text->finish().c_str());
     if (o.print_ids) std::printf("%s\n", ids_json(r.ids).c_str());
     std::fflush(stdout);
     std::fprintf(stderr,
@@ -304,9 +340,8 @@ int main_checked(int argc, char** argv) {
         compare.resume = saved.resume;
         compare.stop_after = saved.stop_after;
         for (const std::string& change : train_options_diff(saved, compare)) {
-            for (const char* fixed :
-                 {"preset:", "config:", "init_from:", "vocab:", "dtype:", "batch:", "seq_len:", "seed:", "freeze:",
-                  "document_mask:"})
+            for (const char* fixed : {"preset:", "config:", "init_from:", "vocab:", "dtype:", "batch:", "seq_len:",
+                                      "seed:", "freeze:", "document_mask:"})
                 if (change.rfind(fixed, 0) == 0)
                     throw std::invalid_argument("cannot change " + change +
                                                 " when resuming: the checkpoint's model, "

@@ -152,6 +152,12 @@ void add_sample_flags(CLI::App& app, SampleOptions& o) {
     app.add_flag("--print-ids", o.print_ids,
                  "Print the generated token ids as one JSON array on the last line of standard output (works "
                  "without a tokenizer)");
+    app.add_flag("--chat", o.chat,
+                 "Send --prompt as one user turn in the model's chat format and let the model write the "
+                 "assistant's answer");
+    app.add_option("--chat-format", o.chat_format,
+                   "With --chat: the chat format (" + chat_format_list() +
+                       "); default: recognised from the model's tokenizer_config.json chat_template");
 }
 
 void add_eval_flags(CLI::App& app, EvalOptions& o) {
@@ -231,6 +237,18 @@ void add_tokenize_flags(CLI::App& app, TokenizeOptions& o) {
     app.add_flag("!--no-parse-special", o.parse_special,
                  "Treat special-token strings in the text (e.g. <|begin_of_text|>) as plain text instead of their ids");
     app.add_flag("--decode", o.decode, "Read a JSON array of ids on stdin and print their text (no newline added)");
+    app.add_option("--render", o.render,
+                   "Show the first examples of a JSON-lines file as `train prepare` encodes them, the tokens that "
+                   "count as training targets wrapped in ⟦ ⟧ (instead of reading stdin)")
+        ->check(CLI::ExistingFile);
+    app.add_option("--examples", o.render_examples, "With --render: how many examples to show")
+        ->check(CLI::PositiveNumber);
+    app.add_option("--chat-format", o.chat_format,
+                   "With --render: the chat format (" + chat_format_list() +
+                       "); default: recognised from tokenizer_config.json's chat_template");
+    app.add_flag("--train-on-prompt", o.train_on_prompt,
+                 "With --render: count the prompt tokens too, as prepare would");
+    app.add_flag("--colour", o.colour, "With --render: also show the counted tokens in green (ANSI escapes)");
 }
 
 }  // namespace

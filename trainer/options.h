@@ -78,8 +78,10 @@ struct SampleOptions {
     double temperature = 0.8;     // 0: greedy
     double top_p = 0.95;
     uint64_t seed = 1337;
-    std::string dtype;       // bf16, fp32 or fp64; empty: the model's own (model_dir.h)
-    bool print_ids = false;  // the generated ids as a JSON array on the last line of stdout
+    std::string dtype;        // bf16, fp32 or fp64; empty: the model's own (model_dir.h)
+    bool print_ids = false;   // the generated ids as a JSON array on the last line of stdout
+    bool chat = false;        // the prompt as one user turn in the model's chat format, then the assistant's turn
+    std::string chat_format;  // empty: recognised from the model's tokenizer_config.json
 };
 inline constexpr int kDefaultSampleTokens = 200;
 
@@ -110,6 +112,12 @@ struct TokenizeOptions {
     bool add_special = false;   // add the post-processor's tokens (BOS), as add_special_tokens=True
     bool parse_special = true;  // special-token strings in the text become their ids
     bool decode = false;        // stdin holds a JSON array of ids: print their text instead
+    // --render FILE.jsonl: the file's first examples as prepare encodes them, counted tokens marked.
+    std::string render;
+    int render_examples = 3;
+    std::string chat_format;  // empty: recognised from tokenizer_config.json
+    bool train_on_prompt = false;
+    bool colour = false;
 };
 
 struct Command {

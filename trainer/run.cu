@@ -153,7 +153,8 @@ class TrainingRun {
           adamw_{o.beta1, o.beta2, o.eps, o.weight_decay, o.decay_norm_weights, o.stochastic_rounding, o.seed},
           source_(data.source),
           tokenizer_(std::move(data.tokenizer)),
-          tokenizer_dir_(data.tokenizer_dir) {
+          tokenizer_dir_(data.tokenizer_dir),
+          data_eos_(int(data.train.front().eot_token)) {
         for (const TokenShard& s : data.train) {
             fingerprint_ = fingerprint_tokens(s.tokens, fingerprint_), train_tokens_ += (long long)s.tokens.size();
             fingerprint_ = fingerprint_flags(s.flags, fingerprint_);
@@ -272,9 +273,9 @@ class TrainingRun {
             if (metrics_) std::fflush(metrics_);
             if ((o_.checkpoint_interval > 0 && (step + 1) % o_.checkpoint_interval == 0) || step + 1 == end_step_) {
                 const std::string dir = checkpoint_path(o_.out_dir, step + 1);
-                save_checkpoint(
-                    dir, *strategy_, *optimizer_, trainer_state(step + 1),
-                    ModelFiles{tokenizer_.get(), tokenizer_dir_, resume_dir_.empty() ? init_dir_ : resume_dir_});
+                save_checkpoint(dir, *strategy_, *optimizer_, trainer_state(step + 1),
+                                ModelFiles{tokenizer_.get(), tokenizer_dir_,
+                                           resume_dir_.empty() ? init_dir_ : resume_dir_, data_eos_});
                 std::printf("          checkpoint %s\n", dir.c_str());
             }
             std::fflush(stdout);
@@ -366,6 +367,7 @@ class TrainingRun {
     const std::string source_;
     std::unique_ptr<Tokenizer> tokenizer_;
     const std::string tokenizer_dir_;
+    const int data_eos_;  // the data's document separator: the EOS of a run without a tokenizer
     uint64_t fingerprint_ = 0xcbf29ce484222325ull;
     long long train_tokens_ = 0;
     std::optional<DataLoader> loader_, val_loader_;

@@ -1,6 +1,7 @@
 // `train tokenize` (see trainer/tokenize.h).
 #include "trainer/tokenize.h"
 
+#include "data/examples.h"
 #include "data/tokenizer.h"
 
 #include <nlohmann/json.hpp>
@@ -14,6 +15,16 @@ namespace pv {
 
 int tokenize_command(const TokenizeOptions& o, std::istream& in, std::ostream& out) {
     const Tokenizer tok = Tokenizer::load(o.tokenizer);
+    if (!o.render.empty()) {
+        if (o.decode) throw std::invalid_argument("--render shows a file's examples; drop --decode");
+        RenderOptions r;
+        r.chat_format = o.chat_format, r.tokenizer_config = tokenizer_config_beside(o.tokenizer);
+        r.train_on_prompt = o.train_on_prompt, r.examples = o.render_examples, r.colour = o.colour;
+        out << render_counted(tok, o.render, r);
+        return 0;
+    }
+    if (!o.chat_format.empty() || o.train_on_prompt || o.colour)
+        throw std::invalid_argument("--chat-format, --train-on-prompt and --colour go with --render FILE.jsonl");
     const std::string input{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
     if (!o.decode) {
         const std::vector<int> ids = tok.encode(input, o.parse_special, o.add_special);
