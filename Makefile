@@ -113,10 +113,14 @@ MPI_TEST_RUNS := $(foreach n,$(MPI_TEST_RANKS),$(addprefix mpi:$(n):,$(MPI_TEST_
 # What `make test` runs. Under ASan the two suites that run whole models — test_train (`train`
 # programs in child processes, about 75 s per schedule there) and test_model (about 35 s) — run
 # under the deferred-stream schedule only, the one that exposes lifetime bugs (a buffer freed or
-# reused before a stream has run the work that reads it); `make test` runs them under all three.
+# reused before a stream has run the work that reads it); `make test` runs test_model under all three.
+# test_train (whole `train` programs, about 110 s per schedule) runs under the in-order and the
+# random+deferred schedules in `make test`: its kernels meet every schedule in their own suites.
 ASAN_ONE_SCHEDULE := $(BUILD)/test/test_train $(BUILD)/test/test_model
+TWO_SCHEDULES := $(BUILD)/test/test_train
 TEST_RUNS := $(if $(filter address,$(SANITIZE)),\
-  $(foreach b,$(TEST_BINS),$(if $(filter $(b),$(ASAN_ONE_SCHEDULE)),random+deferred@$(b),$(b))),$(TEST_BINS))
+  $(foreach b,$(TEST_BINS),$(if $(filter $(b),$(ASAN_ONE_SCHEDULE)),random+deferred@$(b),$(b))),\
+  $(foreach b,$(TEST_BINS),$(if $(filter $(b),$(TWO_SCHEDULES)),in-order@$(b) random+deferred@$(b),$(b))))
 BENCH_BINS := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu)) \
               $(patsubst bench/%.cpp,$(BUILD)/bench/%,$(wildcard bench/*.cpp))
 
