@@ -23,6 +23,8 @@
 #include "test/hf_model_dir.h"
 #include "trainer/load.h"
 
+#include "test/mpi/awkward_model.h"
+
 #include <mpi.h>
 #include <unistd.h>
 
@@ -38,20 +40,7 @@ namespace load_test {
 
 namespace fs = std::filesystem;
 
-pv::LlamaConfig awkward_model(int ranks, bool tied) {
-    pv::LlamaConfig c;
-    c.name = "awkward";
-    c.vocab_size = 4 * ranks + 1;
-    c.hidden_size = 33;
-    c.num_layers = 2;
-    c.num_heads = 3;
-    c.num_kv_heads = 1;
-    c.head_dim = 10;
-    c.ffn_size = 35;
-    c.max_seq_len = 16;
-    c.tie_embeddings = tied;
-    return c;
-}
+using pv::test::awkward_model;
 
 // A directory every rank sees (rank 0's pid names it), written by rank 0, removed on scope exit.
 struct SharedModelDir {

@@ -17,6 +17,7 @@
 #include "parallel/strategies.h"
 #include "trainer/trainer.h"
 #include "parallel/world.h"
+#include "test/mpi/awkward_model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -33,20 +34,7 @@ namespace parallel_test {
 
 using pv::DataLoader;
 
-pv::LlamaConfig awkward_model(int ranks, bool tied = true) {
-    pv::LlamaConfig c;
-    c.name = "awkward";
-    c.vocab_size = 4 * ranks + 1;
-    c.hidden_size = 33;
-    c.num_layers = 2;
-    c.num_heads = 3;
-    c.num_kv_heads = 1;
-    c.head_dim = 10;
-    c.ffn_size = 35;
-    c.max_seq_len = 16;
-    c.tie_embeddings = tied;
-    return c;
-}
+using pv::test::awkward_model;
 
 constexpr int kMicro = 2, kAccumulation = 2, kSeq = 8, kSteps = 5;
 
