@@ -312,6 +312,7 @@ DataLoader::MicroBatch DataLoader::micro_batch(long long step, int micro_step, c
     const long long first = step * g.global_batch + rank * per_rank + 1LL * micro_step * g.micro_batch;
     const size_t T = static_cast<size_t>(seq_len_);
     MicroBatch mb;
+    mb.first_sample = first;
     mb.inputs.resize(static_cast<size_t>(g.micro_batch) * T);
     mb.targets.resize(mb.inputs.size());
     if (document_mask_) mb.positions.resize(mb.inputs.size());

@@ -127,6 +127,7 @@ class DataLoader {
     struct MicroBatch {
         std::vector<int> inputs, targets;  // [micro_batch][seq_len], row-major
         std::vector<int> positions;        // [micro_batch][seq_len] positions within documents; empty: 0..seq_len-1
+        long long first_sample = 0;        // the global sample index of its first sequence (keys dropout)
     };
 
     // The micro-batch of optimizer step `step`, micro-step `micro_step` ∈ [0, g.accumulation), on

@@ -47,17 +47,54 @@ inline int matmul_rows(long long N, const char* what) {
     return int(N);
 }
 
+// The three products on strided row-major operands (element (r, c) of a matrix at p[r·ld + c]), with
+// scale factors: what a LoRA adapter needs to read and write column ranges of a fused tensor
+// (kernels/lora.cuh). matmul_forward and matmul_backward below are these with dense operands.
+//   gemm_x_wt:  y  = alpha·x·Wᵀ  + beta·y     x[N][in], W[out][in], y[N][out]
+//   gemm_dy_w:  dx = alpha·dy·W  + beta·dx    dy[N][out], W[out][in], dx[N][in]
+//   gemm_dyt_x: dW = alpha·dyᵀ·x + beta·dW    dy[N][out], x[N][in], dW[out][in]
+// beta = 0 does not read the output (a poisoned buffer is fine).
+template <class T>
+void gemm_x_wt(cublasHandle_t handle, const T* x, int ldx, const T* w, int ldw, T* y, int ldy, long long N, int in,
+               int out, double alpha, double beta, cudaStream_t stream) {
+    using S = matmul_scalar_t<T>;
+    const int rows = matmul_rows(N, "gemm_x_wt");
+    const S a = S(alpha), b = S(beta);
+    constexpr cudaDataType type = cuda_data_type<T>();
+    CUBLAS_CHECK(cublasSetStream(handle, stream));
+    CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &a, w, type, ldw, x, type, ldx, &b, y,
+                              type, ldy, cublas_compute_type<T>(), CUBLAS_GEMM_DEFAULT));
+}
+
+template <class T>
+void gemm_dy_w(cublasHandle_t handle, const T* dy, int lddy, const T* w, int ldw, T* dx, int lddx, long long N, int in,
+               int out, double alpha, double beta, cudaStream_t stream) {
+    using S = matmul_scalar_t<T>;
+    const int rows = matmul_rows(N, "gemm_dy_w");
+    const S a = S(alpha), b = S(beta);
+    constexpr cudaDataType type = cuda_data_type<T>();
+    CUBLAS_CHECK(cublasSetStream(handle, stream));
+    CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, &a, w, type, ldw, dy, type, lddy, &b, dx,
+                              type, lddx, cublas_compute_type<T>(), CUBLAS_GEMM_DEFAULT));
+}
+
+template <class T>
+void gemm_dyt_x(cublasHandle_t handle, const T* dy, int lddy, const T* x, int ldx, T* dw, int lddw, long long N, int in,
+                int out, double alpha, double beta, cudaStream_t stream) {
+    using S = matmul_scalar_t<T>;
+    const int rows = matmul_rows(N, "gemm_dyt_x");
+    const S a = S(alpha), b = S(beta);
+    constexpr cudaDataType type = cuda_data_type<T>();
+    CUBLAS_CHECK(cublasSetStream(handle, stream));
+    CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, &a, x, type, ldx, dy, type, lddy, &b, dw,
+                              type, lddw, cublas_compute_type<T>(), CUBLAS_GEMM_DEFAULT));
+}
+
 // y[N][out] = x[N][in] · W[out][in]ᵀ, on `stream` (the handle's stream is set to it).
 template <class T>
 void matmul_forward(cublasHandle_t handle, const T* x, const T* w, T* y, long long N, int in, int out,
                     cudaStream_t stream) {
-    using S = matmul_scalar_t<T>;
-    const int rows = matmul_rows(N, "matmul_forward");
-    const S one = 1, zero = 0;
-    constexpr cudaDataType type = cuda_data_type<T>();
-    CUBLAS_CHECK(cublasSetStream(handle, stream));
-    CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &one, w, type, in, x, type, in, &zero, y,
-                              type, out, cublas_compute_type<T>(), CUBLAS_GEMM_DEFAULT));
+    gemm_x_wt(handle, x, in, w, in, y, out, N, in, out, 1.0, 0.0, stream);
 }
 
 // From dy[N][out] and the forward's x[N][in], W[out][in]:
@@ -67,20 +104,8 @@ void matmul_forward(cublasHandle_t handle, const T* x, const T* w, T* y, long lo
 template <class T>
 void matmul_backward(cublasHandle_t handle, const T* dy, const T* x, const T* w, T* dx, T* dw, long long N, int in,
                      int out, bool accumulate_dx, cudaStream_t stream) {
-    using S = matmul_scalar_t<T>;
-    const int rows = matmul_rows(N, "matmul_backward");
-    const S one = 1, zero = 0;
-    constexpr cudaDataType type = cuda_data_type<T>();
-    constexpr cublasComputeType_t compute = cublas_compute_type<T>();
-    CUBLAS_CHECK(cublasSetStream(handle, stream));
-    if (dx != nullptr) {
-        CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, &one, w, type, in, dy, type, out,
-                                  accumulate_dx ? &one : &zero, dx, type, in, compute, CUBLAS_GEMM_DEFAULT));
-    }
-    if (dw != nullptr) {
-        CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, &one, x, type, in, dy, type, out,
-                                  &one, dw, type, in, compute, CUBLAS_GEMM_DEFAULT));
-    }
+    if (dx != nullptr) gemm_dy_w(handle, dy, out, w, in, dx, in, N, in, out, 1.0, accumulate_dx ? 1.0 : 0.0, stream);
+    if (dw != nullptr) gemm_dyt_x(handle, dy, out, x, in, dw, in, N, in, out, 1.0, 1.0, stream);
 }
 
 }  // namespace pv

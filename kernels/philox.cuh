@@ -59,6 +59,12 @@ __host__ __device__ inline double philox_normal(uint64_t seed, RandomPurpose pur
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
+// A uniform value in [0, 1) for (seed, purpose, tensor, element, step), from the first word.
+__host__ __device__ inline double philox_uniform(uint64_t seed, RandomPurpose purpose, uint32_t tensor,
+                                                 uint64_t element, uint32_t step = 0) {
+    return double(philox_draw(seed, purpose, tensor, element, step).v[0]) * (1.0 / 4294967296.0);
+}
+
 // x[i] = std · N(0, 1) keyed by (seed, init, tensor, first_element + i), rounded to T.
 template <class T>
 __global__ void init_normal_kernel(T* x, long long n, double std_dev, uint64_t seed, uint32_t tensor,
@@ -74,6 +80,25 @@ void init_normal(T* x, long long n, double std_dev, uint64_t seed, uint32_t tens
                  cudaStream_t stream) {
     if (n == 0) return;
     launch(init_normal_kernel<T>, dim3(ceil_div(n, 256)), dim3(256), 0, stream, x, n, std_dev, seed, tensor,
+           first_element);
+    CUDA_CHECK_LAUNCH();
+}
+
+// x[i] = U(−bound, bound) keyed by (seed, init, tensor, first_element + i), rounded to T.
+template <class T>
+__global__ void init_uniform_kernel(T* x, long long n, double bound, uint64_t seed, uint32_t tensor,
+                                    long long first_element) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        x[i] = T(bound * (2.0 * philox_uniform(seed, RandomPurpose::init, tensor, uint64_t(first_element + i)) - 1.0));
+}
+
+// init_normal's uniform twin (LoRA's A): the same values whatever slice is asked for.
+template <class T>
+void init_uniform(T* x, long long n, double bound, uint64_t seed, uint32_t tensor, long long first_element,
+                  cudaStream_t stream) {
+    if (n == 0) return;
+    launch(init_uniform_kernel<T>, dim3(ceil_div(n, 256)), dim3(256), 0, stream, x, n, bound, seed, tensor,
            first_element);
     CUDA_CHECK_LAUNCH();
 }

@@ -62,6 +62,7 @@ Decoder<T>::Decoder(const Llama<T>& model, int max_positions, int max_rows)
     proj_ = DeviceBuffer<T>(size_t(R * C), work);
     gate_up_ = DeviceBuffer<T>(size_t(R * 2 * F), work);
     act_ = DeviceBuffer<T>(size_t(R * F), work);
+    adapter_scratch_ = DeviceBuffer<T>(size_t(model.adapter_scratch_elements(R)), work);
     device_logits_ = DeviceBuffer<T>(size_t(c.vocab_size), work);
     rstd_ = DeviceBuffer<acc_t<T>>(size_t(R), work);
     tokens_ = DeviceBuffer<int>(size_t(R), work);
@@ -124,10 +125,12 @@ void Decoder<T>::pass(const int* ids, int n) {
     const size_t cache_layer = size_t(max_positions_) * size_t(kv_w);
     for (int layer = 0; layer < c.num_layers; ++layer) {
         const BlockParams<const T*>& w = model_.block_weights(1 + layer);  // unit 0 is the embedding
+        // Each linear through the model, so adapters (and a quantised base) apply as in training.
         T* k_cache = cache_k_.get() + size_t(layer) * cache_layer;
         T* v_cache = cache_v_.get() + size_t(layer) * cache_layer;
         rmsnorm_forward(x, w.attn_norm, h_.get(), rstd_.get(), n, C, c.rms_norm_eps, stream_);
-        matmul_forward(cublas_, h_.get(), w.w_qkv, qkv_.get(), n, C, qkv_w, stream_);
+        const int u = 1 + layer;
+        model_.linear_forward(u, kLoraQkv, h_.get(), qkv_.get(), n, adapter_scratch_.get(), cublas_);
         rope_forward(qkv_.get(), model_.rope_inv_freq(), positions_.get(), n, max_positions_, H, hd, qkv_w, stream_);
         rope_forward(qkv_.get() + q_w, model_.rope_inv_freq(), positions_.get(), n, max_positions_, Hkv, hd, qkv_w,
                      stream_);
@@ -135,11 +138,11 @@ void Decoder<T>::pass(const int* ids, int n) {
                                   stream_);
         attention_decode(qkv_.get(), qkv_w, k_cache, v_cache, att_.get(), n, p0, H, Hkv, hd, attention_scratch_.get(),
                          attention_scratch_.bytes(), stream_);
-        matmul_forward(cublas_, att_.get(), w.w_o, proj_.get(), n, q_w, C, stream_);
+        model_.linear_forward(u, kLoraO, att_.get(), proj_.get(), n, adapter_scratch_.get(), cublas_);
         residual_rmsnorm_forward(x, proj_.get(), x, w.mlp_norm, h_.get(), rstd_.get(), n, C, c.rms_norm_eps, stream_);
-        matmul_forward(cublas_, h_.get(), w.w_gate_up, gate_up_.get(), n, C, 2 * F, stream_);
+        model_.linear_forward(u, kLoraGateUp, h_.get(), gate_up_.get(), n, adapter_scratch_.get(), cublas_);
         swiglu_forward(gate_up_.get(), act_.get(), n, F, stream_);
-        matmul_forward(cublas_, act_.get(), w.w_down, proj_.get(), n, F, C, stream_);
+        model_.linear_forward(u, kLoraDown, act_.get(), proj_.get(), n, adapter_scratch_.get(), cublas_);
         add(x, proj_.get(), x, (long long)n * C, stream_);
     }
     // The head on the last row only: its logits are all a caller needs.

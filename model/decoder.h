@@ -70,6 +70,7 @@ class Decoder {
     DeviceBuffer<T> cache_k_, cache_v_;  // [layers][max_positions][Hkv·hd]
     // Workspace for max_rows rows: the residual stream, the block's intermediates, the head.
     DeviceBuffer<T> x_, h_, qkv_, att_, proj_, gate_up_, act_, device_logits_;
+    DeviceBuffer<T> adapter_scratch_;  // the adapters' u (Llama::linear_forward)
     DeviceBuffer<acc_t<T>> rstd_;
     DeviceBuffer<int> tokens_, positions_;
     DeviceBuffer<unsigned char> attention_scratch_;

@@ -12,6 +12,8 @@
 #include "kernels/rope.cuh"
 #include "kernels/swiglu.cuh"
 
+#include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 namespace pv {
@@ -42,28 +44,43 @@ size_t arena_bytes(const std::vector<ActivationBuffer>& buffers) {
 // The arena buffers of each unit kind, in the order of activation_layout and the typed views.
 enum BlockBuffer { kOut, kH1, kRstd1, kQkv, kAtt, kLse, kX2, kH2, kRstd2, kGateUp, kAct };
 enum HeadBuffer { kHeadH, kHeadRstd, kHeadLogits, kHeadRowLoss };
-enum WorkBuffer { kProj, kDh, kDact, kDgateUp, kDatt, kDqkv, kNormScratch, kAttentionScratch };
+enum WorkBuffer { kProj, kDh, kDact, kDgateUp, kDatt, kDqkv, kNormScratch, kAttentionScratch, kLoraDu, kLoraDropped };
+
+// A linear's adapter shape for the kernels (kernels/lora.cuh).
+LoraShape lora_shape(const LoraLinearShape& s, const LoraConfig& lora) {
+    LoraShape out;
+    out.in = s.in, out.out = s.out, out.rank = lora.rank, out.parts = int(s.parts.size());
+    for (size_t p = 0; p < s.parts.size(); ++p)
+        out.part[p] = {s.parts[p].out_begin, s.parts[p].rows, s.parts[p].b_begin};
+    out.scale = lora.enabled() ? lora.scale() : 1.0;
+    return out;
+}
 
 }  // namespace
 
 std::vector<ActivationBuffer> activation_layout(const LlamaConfig& c, UnitKind kind, int batch, int seq_len,
-                                                DType dtype) {
+                                                DType dtype, const LoraConfig& lora) {
     const long long N = (long long)batch * seq_len, C = c.hidden_size;
     const size_t t = dtype_size(dtype), a = acc_size(dtype);
     switch (kind) {
         case UnitKind::embedding: return {{"out", N * C, t}};
-        case UnitKind::block:
-            return {{"out", N * C, t},
-                    {"h1", N * C, t},
-                    {"rstd1", N, a},
-                    {"qkv", N * c.qkv_width(), t},
-                    {"att", N * c.q_width(), t},
-                    {"lse", (long long)batch * c.num_heads * seq_len, a},
-                    {"x2", N * C, t},
-                    {"h2", N * C, t},
-                    {"rstd2", N, a},
-                    {"gate_up", N * 2LL * c.ffn_size, t},
-                    {"act", N * c.ffn_size, t}};
+        case UnitKind::block: {
+            std::vector<ActivationBuffer> buffers = {{"out", N * C, t},
+                                                     {"h1", N * C, t},
+                                                     {"rstd1", N, a},
+                                                     {"qkv", N * c.qkv_width(), t},
+                                                     {"att", N * c.q_width(), t},
+                                                     {"lse", (long long)batch * c.num_heads * seq_len, a},
+                                                     {"x2", N * C, t},
+                                                     {"h2", N * C, t},
+                                                     {"rstd2", N, a},
+                                                     {"gate_up", N * 2LL * c.ffn_size, t},
+                                                     {"act", N * c.ffn_size, t}};
+            const auto shapes = lora_linears(c, lora);
+            for (int k = 0; k < kLoraLinears; ++k)  // an empty buffer for a linear without adapter
+                buffers.push_back({"lora_u_" + lora_a_name(k).substr(7), N * shapes[size_t(k)].a_rows(lora.rank), t});
+            return buffers;
+        }
         case UnitKind::head:
             return {{"h", N * C, t}, {"rstd", N, a}, {"logits", N * c.vocab_size, t}, {"row_loss", N, a}};
     }
@@ -73,6 +90,8 @@ std::vector<ActivationBuffer> activation_layout(const LlamaConfig& c, UnitKind k
 template <class T>
 Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
     : config_(config),
+      lora_(o.lora),
+      seed_(o.seed),
       batch_(o.batch),
       seq_len_(o.seq_len),
       gradients_(o.placement.gradients),
@@ -87,7 +106,7 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
         throw std::invalid_argument("Llama: seq_len = " + std::to_string(o.seq_len) +
                                     " exceeds the model's max_seq_len = " + std::to_string(config_.max_seq_len) +
                                     "; use a shorter sequence");
-    std::vector<UnitSpec> specs = model_units(config_);
+    std::vector<UnitSpec> specs = model_units(config_, o.lora);
     const int all = int(specs.size());
     first_unit_ = place.stage.first;
     end_unit_ = place.stage.end < 0 ? all : place.stage.end;
@@ -95,11 +114,23 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
         throw std::invalid_argument("Llama: stage units [" + std::to_string(place.stage.first) + ", " +
                                     std::to_string(place.stage.end) + ") are not a non-empty range of the model's " +
                                     std::to_string(all) + " units");
+    if (const auto problems = validate(lora_); !problems.empty()) throw std::invalid_argument(problems.front());
+    const auto shapes = lora_linears(config_, lora_);
+    for (int k = 0; k < kLoraLinears; ++k) {
+        lora_shapes_[k] = lora_shape(shapes[size_t(k)], lora_);
+        lora_max_a_rows_ = std::max<long long>(lora_max_a_rows_, lora_shapes_[k].a_rows());
+    }
+    std::set<std::string> frozen = o.frozen;  // with adapters, the whole base is frozen
+    if (lora_.enabled())
+        for (const std::string& name : base_tensor_names(config_)) frozen.insert(name);
     CUBLAS_CHECK(cublasCreate(&cublas_));
     const DType dt = dtype_of<T>();
     for (UnitSpec& spec : specs) {
         Unit fresh;
-        fresh.groups = layout_unit(spec, dt, place.shards, o.frozen);
+        fresh.groups = layout_unit(spec, dt, place.shards, frozen);
+        if (spec.kind == UnitKind::block)  // the adapters follow the base, A then B, in linear order
+            for (int k = 0, i = kBlockTensors; k < kLoraLinears; ++k)
+                if (lora_shapes_[k].parts > 0) fresh.lora_ids[k] = spec.tensors[size_t(i)].id, i += 2;
         for (const TensorSpec& t : spec.tensors)
             for (size_t g = 0; g < fresh.groups.size(); ++g)
                 for (const TensorSlot& slot : fresh.groups[g].tensors)
@@ -122,7 +153,7 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
             unit.grads = static_cast<T*>(device_alloc(trainable(u).bytes(), MemoryCategory::gradients));
             CUDA_CHECK(cudaMemsetAsync(unit.grads, 0, trainable(u).bytes(), stream_));
         }
-        unit.arena_layout = activation_layout(config_, unit.spec.kind, o.batch, o.seq_len, dt);
+        unit.arena_layout = activation_layout(config_, unit.spec.kind, o.batch, o.seq_len, dt, lora_);
         if (!runs_here) continue;  // the tied embedding's copy on the head's stage
         for (int s = 0; s < place.slots; ++s)
             unit.arenas.push_back(device_alloc(arena_bytes(unit.arena_layout), MemoryCategory::activations));
@@ -148,8 +179,9 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
         {"datt", N * config_.q_width(), t},
         {"dqkv", N * config_.qkv_width(), t},
         {"norm_scratch", (long long)rmsnorm_backward_scratch_bytes<T>(N, int(C)), 1},
-        {"attention_scratch", (long long)attention_backward_scratch_bytes<T>(o.batch, o.seq_len, config_.num_heads),
-         1}};
+        {"attention_scratch", (long long)attention_backward_scratch_bytes<T>(o.batch, o.seq_len, config_.num_heads), 1},
+        {"lora_du", N * lora_max_a_rows_, t},
+        {"lora_dropped", lora_.dropout > 0 ? N * std::max<long long>({C, F, config_.q_width()}) : 0, t}};
     size_t workspace_bytes = 0;
     const std::vector<size_t> at = arena_offsets(workspace_layout, &workspace_bytes);
     workspace_ = device_alloc(workspace_bytes, MemoryCategory::workspace);
@@ -161,7 +193,9 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
                       reinterpret_cast<T*>(w + at[kDatt]),
                       reinterpret_cast<T*>(w + at[kDqkv]),
                       w + at[kNormScratch],
-                      w + at[kAttentionScratch]};
+                      w + at[kAttentionScratch],
+                      reinterpret_cast<T*>(w + at[kLoraDu]),
+                      reinterpret_cast<T*>(w + at[kLoraDropped])};
     for (T*& d : dresidual_) d = static_cast<T*>(device_alloc(size_t(N * C) * sizeof(T), MemoryCategory::workspace));
 }
 
@@ -196,10 +230,18 @@ void Llama<T>::resolve_params(int u) {
     const auto& d = unit.weight_grads;
     switch (unit.spec.kind) {
         case UnitKind::embedding: break;
-        case UnitKind::block:
-            unit.block_w = {w[kAttnNorm], w[kWQkv], w[kWO], w[kMlpNorm], w[kWGateUp], w[kWDown]};
-            unit.block_g = {d[kAttnNorm], d[kWQkv], d[kWO], d[kMlpNorm], d[kWGateUp], d[kWDown]};
+        case UnitKind::block: {
+            unit.block_w = {w[kAttnNorm], w[kWQkv], w[kWO], w[kMlpNorm], w[kWGateUp], w[kWDown], {}};
+            unit.block_g = {d[kAttnNorm], d[kWQkv], d[kWO], d[kMlpNorm], d[kWGateUp], d[kWDown], {}};
+            size_t i = kBlockTensors;  // the adapters follow, A then B, for the targeted linears in order
+            for (int k = 0; k < kLoraLinears; ++k) {
+                if (lora_shapes_[k].parts == 0) continue;
+                unit.block_w.lora[k] = {w[i], w[i + 1]};
+                unit.block_g.lora[k] = {d[i], d[i + 1]};
+                i += 2;
+            }
             break;
+        }
         case UnitKind::head: {
             const bool tied = config_.tie_embeddings;
             const Unit& embedding = units_.front();
@@ -220,11 +262,14 @@ void Llama<T>::resolve_activations(int u) {
         auto acc = [&](int i) { return reinterpret_cast<acc_t<T>*>(a + at[size_t(i)]); };
         switch (unit.spec.kind) {
             case UnitKind::embedding: unit.outputs.push_back(t(kOut)); break;
-            case UnitKind::block:
+            case UnitKind::block: {
                 unit.outputs.push_back(t(kOut));
-                unit.block_acts.push_back({t(kOut), t(kH1), acc(kRstd1), t(kQkv), t(kAtt), acc(kLse), t(kX2), t(kH2),
-                                           acc(kRstd2), t(kGateUp), t(kAct)});
+                BlockActivations<T> acts{t(kOut), t(kH1), acc(kRstd1), t(kQkv),    t(kAtt), acc(kLse),
+                                         t(kX2),  t(kH2), acc(kRstd2), t(kGateUp), t(kAct), {}};
+                for (int k = 0; k < kLoraLinears; ++k) acts.lora_u[k] = t(kAct + 1 + k);
+                unit.block_acts.push_back(acts);
                 break;
+            }
             case UnitKind::head:
                 unit.head_acts.push_back({t(kHeadH), acc(kHeadRstd), t(kHeadLogits), acc(kHeadRowLoss)});
                 break;
@@ -277,10 +322,17 @@ void Llama<T>::init_params(int u, int g, T* dst, long long begin, long long end,
     for (const TensorSlot& t : layout.tensors) {
         const long long lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.spec.numel());
         if (lo >= hi) continue;
-        if (t.spec.init == Init::ones)
-            fill(dst + (lo - begin), from_acc<T>(acc_t<T>(1)), hi - lo, stream_);
-        else
-            init_normal(dst + (lo - begin), hi - lo, 0.02, seed, t.spec.id, lo - t.offset, stream_);
+        switch (t.spec.init) {
+            case Init::ones: fill(dst + (lo - begin), from_acc<T>(acc_t<T>(1)), hi - lo, stream_); break;
+            case Init::normal:
+                init_normal(dst + (lo - begin), hi - lo, 0.02, seed, t.spec.id, lo - t.offset, stream_);
+                break;
+            case Init::uniform_fan_in:  // PEFT's kaiming_uniform(a = √5): bound 1/√fan_in
+                init_uniform(dst + (lo - begin), hi - lo, 1.0 / std::sqrt(double(t.spec.cols)), seed, t.spec.id,
+                             lo - t.offset, stream_);
+                break;
+            case Init::zeros: break;  // the memset above
+        }
     }
 }
 
@@ -344,16 +396,17 @@ void Llama<T>::forward_block(int u, int slot, const UnitIO<T>& io) {
     const BlockActivations<T>& a = units_[size_t(u)].block_acts[size_t(slot)];
     const T* x = io.residual_in;
 
+    const LoraDropout drop = dropout_of(io);
     rmsnorm_forward(x, w.attn_norm, a.h1, a.rstd1, N, C, c.rms_norm_eps, stream_);
-    matmul_forward(cublas_, a.h1, w.w_qkv, a.qkv, N, C, c.qkv_width(), stream_);
+    linear(u, kLoraQkv, a.h1, a.qkv, N, a.lora_u[kLoraQkv], drop, cublas_);
     rope_forward(a.qkv, inv_freq_, io.positions, N, seq_len_, c.num_heads, hd, c.qkv_width(), stream_);
     rope_forward(a.qkv + c.q_width(), inv_freq_, io.positions, N, seq_len_, c.num_kv_heads, hd, c.qkv_width(), stream_);
     attention_forward(a.qkv, io.positions, a.att, a.lse, batch_, seq_len_, c.num_heads, c.num_kv_heads, hd, stream_);
-    matmul_forward(cublas_, a.att, w.w_o, work_.proj, N, c.q_width(), C, stream_);
+    linear(u, kLoraO, a.att, work_.proj, N, a.lora_u[kLoraO], drop, cublas_);
     residual_rmsnorm_forward(x, work_.proj, a.x2, w.mlp_norm, a.h2, a.rstd2, N, C, c.rms_norm_eps, stream_);
-    matmul_forward(cublas_, a.h2, w.w_gate_up, a.gate_up, N, C, 2 * F, stream_);
+    linear(u, kLoraGateUp, a.h2, a.gate_up, N, a.lora_u[kLoraGateUp], drop, cublas_);
     swiglu_forward(a.gate_up, a.act, N, F, stream_);
-    matmul_forward(cublas_, a.act, w.w_down, work_.proj, N, F, C, stream_);
+    linear(u, kLoraDown, a.act, work_.proj, N, a.lora_u[kLoraDown], drop, cublas_);
     add(a.x2, work_.proj, io.residual_out, N * C, stream_);
 }
 
@@ -370,23 +423,73 @@ void Llama<T>::backward_block(int u, int slot, const UnitIO<T>& io) {
     const T* x = io.residual_in;
     const T* dy = io.dresidual_out;
     T* dx = io.dresidual_in;
+    const LoraDropout drop = dropout_of(io);
 
     // MLP: out = x2 + act·W_downᵀ. The residual passes dy through to x2, whose gradient
     // accumulates in dx from here on (it becomes the block input's gradient at the end).
     CUDA_CHECK(cudaMemcpyAsync(dx, dy, size_t(N * C) * sizeof(T), cudaMemcpyDeviceToDevice, stream_));
-    matmul_backward(cublas_, dy, a.act, w.w_down, ws.dact, d.w_down, N, F, C, false, stream_);
+    linear_backward(u, kLoraDown, dy, a.act, ws.dact, a, drop);
     swiglu_backward(a.gate_up, ws.dact, ws.dgate_up, N, F, stream_);
-    matmul_backward(cublas_, ws.dgate_up, a.h2, w.w_gate_up, ws.dh, d.w_gate_up, N, C, 2 * F, false, stream_);
+    linear_backward(u, kLoraGateUp, ws.dgate_up, a.h2, ws.dh, a, drop);
     rmsnorm_backward(a.x2, w.mlp_norm, a.rstd2, ws.dh, dx, d.mlp_norm, ws.norm_scratch, N, C, stream_);
     // Attention: x2 = x + att·W_oᵀ. dx now holds dL/dx2.
-    matmul_backward(cublas_, dx, a.att, w.w_o, ws.datt, d.w_o, N, c.q_width(), C, false, stream_);
+    linear_backward(u, kLoraO, dx, a.att, ws.datt, a, drop);
     attention_backward(a.qkv, io.positions, a.att, ws.datt, a.lse, ws.dqkv, ws.attention_scratch, batch_, seq_len_,
                        c.num_heads, c.num_kv_heads, hd, stream_);
     rope_backward(ws.dqkv, inv_freq_, io.positions, N, seq_len_, c.num_heads, hd, c.qkv_width(), stream_);
     rope_backward(ws.dqkv + c.q_width(), inv_freq_, io.positions, N, seq_len_, c.num_kv_heads, hd, c.qkv_width(),
                   stream_);
-    matmul_backward(cublas_, ws.dqkv, a.h1, w.w_qkv, ws.dh, d.w_qkv, N, C, c.qkv_width(), false, stream_);
+    linear_backward(u, kLoraQkv, ws.dqkv, a.h1, ws.dh, a, drop);
     rmsnorm_backward(x, w.attn_norm, a.rstd1, ws.dh, dx, d.attn_norm, ws.norm_scratch, N, C, stream_);
+}
+
+namespace {
+
+template <class P>
+P base_weight(const BlockParams<P>& w, int k) {
+    switch (k) {
+        case kLoraQkv: return w.w_qkv;
+        case kLoraO: return w.w_o;
+        case kLoraGateUp: return w.w_gate_up;
+        default: return w.w_down;
+    }
+}
+
+}  // namespace
+
+template <class T>
+void Llama<T>::linear(int u, int k, const T* x, T* y, long long n, T* u_save, const LoraDropout& dropout,
+                      cublasHandle_t handle) const {
+    const Unit& unit = units_[size_t(u)];
+    const LoraShape& s = lora_shapes_[k];
+    matmul_forward(handle, x, base_weight(unit.block_w, k), y, n, s.in, s.out, stream_);
+    if (s.parts > 0)
+        lora_forward(handle, x, unit.block_w.lora[k].a, unit.block_w.lora[k].b, y, u_save, work_.lora_dropped, n, s,
+                     dropout, unit.lora_ids[k], stream_);
+}
+
+template <class T>
+LoraDropout Llama<T>::dropout_of(const UnitIO<T>& io) const {
+    if (io.step < 0 || lora_.dropout == 0) return {};
+    return LoraDropout{lora_.dropout, seed_, uint32_t(io.step), io.first_row};
+}
+
+template <class T>
+void Llama<T>::linear_forward(int u, int k, const T* x, T* y, long long n, T* scratch, cublasHandle_t handle) const {
+    linear(u, k, x, y, n, scratch, LoraDropout{}, handle);
+}
+
+template <class T>
+void Llama<T>::linear_backward(int u, int k, const T* dy, const T* x, T* dx, const BlockActivations<T>& a,
+                               const LoraDropout& dropout) {
+    const Unit& unit = units_[size_t(u)];
+    const LoraShape& s = lora_shapes_[k];
+    matmul_backward(cublas_, dy, x, base_weight(unit.block_w, k), dx, base_weight(unit.block_g, k), rows(), s.in, s.out,
+                    false, stream_);
+    if (s.parts > 0)
+        lora_backward(cublas_, dy, x, unit.block_w.lora[k].a, unit.block_w.lora[k].b, a.lora_u[k], dx,
+                      unit.block_g.lora[k].a, unit.block_g.lora[k].b, work_.lora_du, work_.lora_dropped, rows(), s,
+                      dropout, unit.lora_ids[k], stream_);
 }
 
 template <class T>

@@ -21,8 +21,10 @@
 #pragma once
 
 #include "kernels/common.cuh"
+#include "kernels/lora.cuh"
 #include "platform/device_memory.h"
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/parameters.h"
 #include "model/placement.h"
 
@@ -58,16 +60,21 @@ struct ActivationBuffer {
 
 // The activations one unit keeps for its backward, for a micro-batch of batch x seq_len tokens in
 // storage type `dtype` (statistics in its accumulator type), in the order of the typed views
-// below. The memory planner uses this too.
+// below; with LoRA a block also keeps each adapter's u = drop(x)·Aᵀ. The memory planner uses this too.
 std::vector<ActivationBuffer> activation_layout(const LlamaConfig& c, UnitKind kind, int batch, int seq_len,
-                                                DType dtype);
+                                                DType dtype, const LoraConfig& lora = {});
 
 // Typed views of a unit's tensors and activations, resolved once when buffers are allocated or
 // bound (never looked up by name in a step). P is `const T*` for weights, `T*` for gradients
 // (null for a frozen tensor: its backward skips dW).
 template <class P>
+struct AdapterParams {
+    P a = nullptr, b = nullptr;  // null: no adapter on this linear
+};
+template <class P>
 struct BlockParams {
     P attn_norm = nullptr, w_qkv = nullptr, w_o = nullptr, mlp_norm = nullptr, w_gate_up = nullptr, w_down = nullptr;
+    AdapterParams<P> lora[kLoraLinears];  // per linear (model/lora.h), in LoraLinear order
 };
 template <class P>
 struct HeadParams {
@@ -87,6 +94,7 @@ struct BlockActivations {
     acc_t<T>* rstd2 = nullptr;
     T* gate_up = nullptr;
     T* act = nullptr;
+    T* lora_u[kLoraLinears] = {};  // per adapter: u = drop(x)·Aᵀ [N][P·r]
 };
 template <class T>
 struct HeadActivations {
@@ -102,6 +110,8 @@ struct UnitIO {
     const int* tokens = nullptr;     // embedding: [N] token ids
     const int* targets = nullptr;    // head: [N] next-token ids, kIgnoreIndex to skip
     const int* positions = nullptr;  // block: [N] position within its document (RoPE, attention); null: row % seq_len
+    long long first_row = 0;         // block: the global row (sample · seq_len) of row 0, keying dropout
+    long long step = -1;             // block: the training step keying the adapters' dropout; −1: none
     const T* residual_in = nullptr;  // block, head: the residual stream in, [N][C]
     T* residual_out = nullptr;       // embedding, block: the residual stream out, [N][C]
     acc_t<T>* loss_sum = nullptr;    // head forward: Σ cross-entropy over counted tokens (device)
@@ -114,11 +124,13 @@ struct UnitIO {
 
 // A model instance: micro-batches of batch x seq_len tokens, parameters initialised from `seed`,
 // the tensors named in `frozen` (model/freeze.h) in frozen groups, placed as `placement` says.
+// With LoRA adapters (`lora`) every base tensor is frozen and only the adapters train.
 struct ModelOptions {
     int batch = 1;
     int seq_len = 1;
     uint64_t seed = 0;
     std::set<std::string> frozen;
+    LoraConfig lora;
     Placement placement;
     cudaStream_t stream = nullptr;
 };
@@ -197,6 +209,12 @@ class Llama {
     const HeadParams<const T*>& head_weights() const { return units_.back().head_w; }
     const T* embedding_weights() const { return units_.front().weights.at(0); }
     const acc_t<T>* rope_inv_freq() const { return inv_freq_; }
+    // Linear k (LoraLinear order) of block unit u on n rows, outside the unit loop (the decoder):
+    // y = x·Wᵀ plus the adapter's s·(x·Aᵀ)·Bᵀ without dropout; `scratch` holds
+    // adapter_scratch_elements(n) elements of T.
+    void linear_forward(int u, int k, const T* x, T* y, long long n, T* scratch, cublasHandle_t handle) const;
+    long long adapter_scratch_elements(long long n) const { return n * lora_max_a_rows_; }
+    const LoraConfig& lora() const { return lora_; }
 
     cudaStream_t stream() const { return stream_; }
 
@@ -220,6 +238,7 @@ class Llama {
         std::vector<T*> outputs;                      // per slot: the residual stream out
         std::vector<BlockActivations<T>> block_acts;  // per slot
         std::vector<HeadActivations<T>> head_acts;    // per slot
+        uint32_t lora_ids[kLoraLinears] = {};         // each adapter's A tensor id (keys its dropout mask)
     };
     // Workspace: transient buffers of the running unit, forward and backward.
     struct Workspace {
@@ -231,15 +250,28 @@ class Llama {
         T* dqkv = nullptr;
         void* norm_scratch = nullptr;
         void* attention_scratch = nullptr;
+        T* lora_du = nullptr;       // [N][largest P·r]
+        T* lora_dropped = nullptr;  // [N][largest in], with dropout only
     };
     void resolve_params(int u);
     void resolve_activations(int u);
     void forward_block(int u, int slot, const UnitIO<T>& io);
     void backward_block(int u, int slot, const UnitIO<T>& io);
     void forward_head(int slot, const UnitIO<T>& io);
+    LoraDropout dropout_of(const UnitIO<T>& io) const;
+    // Linear k of block u: y = x·Wᵀ and the adapter on top (u_save: its u; dropout as given).
+    void linear(int u, int k, const T* x, T* y, long long n, T* u_save, const LoraDropout& dropout,
+                cublasHandle_t handle) const;
+    // Its backward: dx = dy·W (+ the adapter's share), the adapter's dA, dB (null when not trained).
+    void linear_backward(int u, int k, const T* dy, const T* x, T* dx, const BlockActivations<T>& a,
+                         const LoraDropout& dropout);
     void backward_head(int slot, const UnitIO<T>& io);
 
     LlamaConfig config_;
+    LoraConfig lora_;
+    uint64_t seed_ = 0;                    // keys the adapters' dropout
+    LoraShape lora_shapes_[kLoraLinears];  // per block linear (parts = 0: no adapter)
+    long long lora_max_a_rows_ = 0;
     int batch_, seq_len_;
     int first_unit_ = 0, end_unit_ = 0;
     Gradients gradients_;

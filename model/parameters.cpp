@@ -71,9 +71,34 @@ TensorSpec norm(std::string name, long long rows, std::string hf_name) {
     return TensorSpec{std::move(name), rows, 1, Init::ones, false, {TensorPart{std::move(hf_name), 0, rows}}};
 }
 
+// A block's adapters (model/lora.h): per targeted linear a stacked A [P·r][in] and B [out_P][r],
+// whose parts are PEFT's per-module lora_A / lora_B tensors.
+void add_adapters(UnitSpec& block, const std::string& n, const std::string& p,
+                  const std::vector<LoraLinearShape>& shapes, int r) {
+    for (int k = 0; k < kLoraLinears; ++k) {
+        const LoraLinearShape& s = shapes[size_t(k)];
+        if (s.parts.empty()) continue;
+        std::vector<TensorPart> a_parts, b_parts;
+        for (size_t i = 0; i < s.parts.size(); ++i) {
+            a_parts.push_back({p + s.parts[i].module + ".lora_A.weight", (long long)i * r, r});
+            b_parts.push_back({p + s.parts[i].module + ".lora_B.weight", s.parts[i].b_begin, s.parts[i].rows});
+        }
+        block.tensors.push_back(
+            TensorSpec{n + lora_a_name(k), s.a_rows(r), s.in, Init::uniform_fan_in, true, std::move(a_parts)});
+        block.tensors.push_back(TensorSpec{n + lora_b_name(k), s.b_rows(), r, Init::zeros, true, std::move(b_parts)});
+    }
+}
+
 }  // namespace
 
-std::vector<UnitSpec> model_units(const LlamaConfig& c) {
+std::set<std::string> base_tensor_names(const LlamaConfig& config) {
+    std::set<std::string> names;
+    for (const UnitSpec& u : model_units(config))
+        for (const TensorSpec& t : u.tensors) names.insert(t.name);
+    return names;
+}
+
+std::vector<UnitSpec> model_units(const LlamaConfig& c, const LoraConfig& lora) {
     const long long C = c.hidden_size, V = c.vocab_size, F = c.ffn_size;
     const long long q = c.q_width(), kv = c.kv_width();
     std::vector<UnitSpec> units;
@@ -100,6 +125,15 @@ std::vector<UnitSpec> model_units(const LlamaConfig& c) {
     uint32_t id = 0;
     for (UnitSpec& u : units)
         for (TensorSpec& t : u.tensors) t.id = id++;
+    if (lora.enabled()) {  // ids after every base tensor's
+        const auto shapes = lora_linears(c, lora);
+        for (UnitSpec& u : units) {
+            if (u.kind != UnitKind::block) continue;
+            const std::string l = std::to_string(u.layer);
+            add_adapters(u, "layers." + l + ".", "model.layers." + l + ".", shapes, lora.rank);
+            for (size_t i = kBlockTensors; i < u.tensors.size(); ++i) u.tensors[i].id = id++;
+        }
+    }
     return units;
 }
 

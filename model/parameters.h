@@ -23,6 +23,7 @@
 #pragma once
 
 #include "model/config.h"
+#include "model/lora.h"
 
 #include <cstdint>
 #include <set>
@@ -35,8 +36,9 @@ enum class DType { bf16, fp32, fp64 };
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
 
-// How a tensor is initialised: N(0, 0.02²) for matrices, 1 for RMSNorm weights.
-enum class Init { normal, ones };
+// How a tensor is initialised: N(0, 0.02²) for matrices, 1 for RMSNorm weights; a LoRA A is
+// U(−1/√cols, 1/√cols) (PEFT's kaiming-uniform), a LoRA B zero (model/lora.h).
+enum class Init { normal, ones, uniform_fan_in, zeros };
 
 // A Hugging Face tensor inside a (possibly fused) polevault tensor: rows [row_begin, +rows).
 struct TensorPart {
@@ -94,8 +96,13 @@ struct UnitSpec {
 
 // The units of a Llama model in forward order: embedding, num_layers blocks, head, tensor ids
 // 0, 1, ... in that order. With tied embeddings the head has no lm_head of its own: it uses the
-// embedding unit's wte.
-std::vector<UnitSpec> model_units(const LlamaConfig& config);
+// embedding unit's wte. With LoRA each block's adapters follow its kBlockTensors base tensors
+// (lora_a_qkv, lora_b_qkv, lora_a_o, ... for the targeted linears, model/lora.h), with ids after
+// every base tensor's, so the base is initialised the same with and without adapters.
+std::vector<UnitSpec> model_units(const LlamaConfig& config, const LoraConfig& lora = {});
+
+// The names of the base (non-adapter) tensors: what LoRA freezes.
+std::set<std::string> base_tensor_names(const LlamaConfig& config);
 
 // A unit's groups for storage type `dtype` and `shards` shards: groups[0] is the trainable group
 // (possibly empty), then a frozen group when any of the unit's tensors is in `frozen` (polevault

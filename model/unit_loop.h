@@ -24,6 +24,8 @@ struct DeviceBatch {
     const int* tokens = nullptr;     // the embedding's input ids
     const int* targets = nullptr;    // the head's next-token ids (kIgnoreIndex: skipped); null: no loss
     const int* positions = nullptr;  // each row's position within its document; null: row % seq_len
+    long long first_row = 0;         // the global row (global sample index · seq_len) of row 0
+    long long step = -1;             // the training step (keys LoRA's dropout); −1: evaluation, no dropout
 };
 
 // A unit call's buffers with the batch's arrays filled in (the other fields at their defaults).
@@ -33,6 +35,8 @@ UnitIO<T> batch_io(const DeviceBatch& batch) {
     io.tokens = batch.tokens;
     io.targets = batch.targets;
     io.positions = batch.positions;
+    io.first_row = batch.first_row;
+    io.step = batch.step;
     return io;
 }
 

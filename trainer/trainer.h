@@ -70,7 +70,7 @@ class Trainer {
 
     // This micro-batch's loss sum, forward only (evaluation): on every rank, also in a pipeline.
     double forward_loss(const DataLoader::MicroBatch& b) {
-        forward_slot(0, b);
+        forward_slot(0, b, -1);
         const double local = read_loss(0);
         return s_.data_comm() == s_.comm() ? local
                                            : sum_over_ranks(local, sums_.get());  // a pipeline's last stage has it
@@ -92,9 +92,9 @@ class Trainer {
         const size_t slots = size_t(s_.slots());
         for (size_t first = 0; first < micro.size(); first += slots) {
             const size_t n = std::min(slots, micro.size() - first);
-            for (size_t k = 0; k < n; ++k) forward_slot(int(k), micro[first + k]);
+            for (size_t k = 0; k < n; ++k) forward_slot(int(k), micro[first + k], t);
             for (size_t k = 0; k < n; ++k)
-                s_.backward(int(k), device_batch(k, micro[first + k]), 1.0 / double(r.counted),
+                s_.backward(int(k), device_batch(k, micro[first + k], t), 1.0 / double(r.counted),
                             first + k + 1 == micro.size());
             for (size_t k = 0; k < n; ++k) loss_sum += read_loss(int(k));  // in micro-batch order
         }
@@ -135,13 +135,15 @@ class Trainer {
     int* targets(size_t slot) { return targets_.get() + slot * size_t(rows_); }
     int* positions(size_t slot) { return positions_.get() + slot * size_t(rows_); }
     // Slot k's device arrays of micro-batch b (uploaded by forward_slot); positions only when b
-    // has them (document masking), else null: plain causal attention.
-    DeviceBatch device_batch(size_t k, const DataLoader::MicroBatch& b) {
-        return {tokens(k), targets(k), b.positions.empty() ? nullptr : positions(k)};
+    // has them (document masking), else null: plain causal attention. `step`: the training step
+    // (keys the adapters' dropout with the batch's global rows), −1 for evaluation.
+    DeviceBatch device_batch(size_t k, const DataLoader::MicroBatch& b, long long step) {
+        return {tokens(k), targets(k), b.positions.empty() ? nullptr : positions(k),
+                b.first_sample * s_.model().seq_len(), step};
     }
     // Uploads the micro-batch into its slot and runs its forward; the loss sum stays on the device
     // (zero on ranks without the head).
-    void forward_slot(int slot, const DataLoader::MicroBatch& b) {
+    void forward_slot(int slot, const DataLoader::MicroBatch& b, long long step) {
         Llama<T>& m = s_.model();
         const size_t k = size_t(slot), n = size_t(rows_);
         for (const std::vector<int>* field : {&b.inputs, &b.targets, &b.positions})
@@ -153,7 +155,7 @@ class Trainer {
         if (!b.positions.empty())
             CUDA_CHECK(cudaMemcpy(positions(k), b.positions.data(), n * sizeof(int), cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemsetAsync(loss_.get() + k, 0, sizeof(A), m.stream()));
-        s_.forward(slot, device_batch(k, b), loss_.get() + k, count_.get() + k);
+        s_.forward(slot, device_batch(k, b, step), loss_.get() + k, count_.get() + k);
     }
     double read_loss(int slot) {
         Llama<T>& m = s_.model();

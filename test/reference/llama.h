@@ -8,6 +8,7 @@
 #include "test/reference/attention.h"
 #include "test/reference/cross_entropy.h"
 #include "test/reference/embedding.h"
+#include "test/reference/lora.h"
 #include "test/reference/matmul.h"
 #include "test/reference/rmsnorm.h"
 #include "test/reference/rope.h"
@@ -16,6 +17,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -70,13 +72,21 @@ inline void set_columns(std::vector<double>& m, const std::vector<double>& part,
 // interleaved (2i, 2i+1) of llama2.c's and Meta's checkpoints, whose wq and wk rows are in that order.
 enum class RopePairs { rotate_half, interleaved };
 
+// LoRA adapters on the model's modules: p holds "layers.N.<module>.lora_A" [r][in] and ".lora_B"
+// [rows][r] for every module named, PEFT's per-module tensors (no dropout).
+struct LlamaLora {
+    size_t rank = 0;
+    double scale = 1;
+    std::set<std::string> modules;  // "q_proj", ..., "down_proj"
+};
+
 // Forward (and, when `backward`, backward with loss scale `loss_scale`) of the model on a batch
 // of B sequences of T tokens; targets equal to -100 are ignored. `positions` ([B·T], each token's
 // position within its document; null: row % T) place RoPE and restrict attention to each document.
 inline LlamaResult llama_forward_backward(const LlamaConfig& c, const Tensors& p, const std::vector<int>& tokens,
                                           const std::vector<int>& targets, size_t B, size_t T, double loss_scale,
                                           bool backward = true, const std::vector<int>* positions = nullptr,
-                                          RopePairs pairs = RopePairs::rotate_half) {
+                                          RopePairs pairs = RopePairs::rotate_half, const LlamaLora* lora = nullptr) {
     const size_t N = B * T, C = size_t(c.hidden_size), V = size_t(c.vocab_size), F = size_t(c.ffn_size);
     const size_t hd = size_t(c.head_dim_resolved()), H = size_t(c.num_heads), Hkv = size_t(c.num_kv_heads);
     const size_t qw = H * hd, kvw = Hkv * hd, W = qw + 2 * kvw;
@@ -93,6 +103,25 @@ inline LlamaResult llama_forward_backward(const LlamaConfig& c, const Tensors& p
                         : rope_backward(x, freqs, N, T, heads, hd, width, positions);
     };
 
+    // The modules of each linear and their output rows: (module, in, out, begin, rows).
+    struct Module {
+        const char* name;
+        size_t in, out, begin, rows;
+    };
+    const std::vector<Module> qkv_modules = {
+        {"q_proj", C, W, 0, qw}, {"k_proj", C, W, qw, kvw}, {"v_proj", C, W, qw + kvw, kvw}};
+    const std::vector<Module> o_modules = {{"o_proj", qw, C, 0, C}};
+    const std::vector<Module> gu_modules = {{"gate_proj", C, 2 * F, 0, F}, {"up_proj", C, 2 * F, F, F}};
+    const std::vector<Module> down_modules = {{"down_proj", F, C, 0, C}};
+    auto adapters_forward = [&](const std::string& n, const std::vector<Module>& mods, const std::vector<double>& in,
+                                std::vector<double>& y) {
+        if (!lora) return;
+        for (const Module& m : mods)
+            if (lora->modules.count(m.name))
+                lora_forward({N, m.in, m.out, m.begin, m.rows, lora->rank, lora->scale}, in,
+                             p.at(n + m.name + ".lora_A"), p.at(n + m.name + ".lora_B"), y);
+    };
+
     struct Layer {
         std::vector<double> x, h1, qkv, att, x2, h2, gu, act;
     };
@@ -104,17 +133,21 @@ inline LlamaResult llama_forward_backward(const LlamaConfig& c, const Tensors& p
         L.x = x;
         L.h1 = rmsnorm_forward(x, at(n + "attn_norm"), N, C, eps).out;
         L.qkv = matmul_forward(L.h1, at(n + "w_qkv"), N, C, W);
+        adapters_forward(n, qkv_modules, L.h1, L.qkv);
         set_columns(L.qkv, rope(columns(L.qkv, N, W, 0, qw), H, qw, +1), N, W, 0, qw);
         set_columns(L.qkv, rope(columns(L.qkv, N, W, qw, kvw), Hkv, kvw, +1), N, W, qw, kvw);
         std::vector<double> lse;
         attention_forward(L.qkv, shape, L.att, lse, positions);
-        const auto proj = matmul_forward(L.att, at(n + "w_o"), N, qw, C);
+        auto proj = matmul_forward(L.att, at(n + "w_o"), N, qw, C);
+        adapters_forward(n, o_modules, L.att, proj);
         auto r = residual_rmsnorm_forward(x, proj, at(n + "mlp_norm"), N, C, eps);
         L.x2 = r.sum;
         L.h2 = r.out;
         L.gu = matmul_forward(L.h2, at(n + "w_gate_up"), N, C, 2 * F);
+        adapters_forward(n, gu_modules, L.h2, L.gu);
         L.act = swiglu_forward(L.gu, N, F);
-        const auto down = matmul_forward(L.act, at(n + "w_down"), N, F, C);
+        auto down = matmul_forward(L.act, at(n + "w_down"), N, F, C);
+        adapters_forward(n, down_modules, L.act, down);
         for (size_t i = 0; i < N * C; ++i) x[i] = L.x2[i] + down[i];
     }
     const std::string lm = c.tie_embeddings ? "wte" : "lm_head";
@@ -128,6 +161,16 @@ inline LlamaResult llama_forward_backward(const LlamaConfig& c, const Tensors& p
 
     Tensors& g = result.grads;
     for (const auto& [name, value] : p) g[name].assign(value.size(), 0.0);
+    auto adapters_backward = [&](const std::string& n, const std::vector<Module>& mods, const std::vector<double>& dy,
+                                 const std::vector<double>& in, std::vector<double>& dx_in) {
+        if (!lora) return;
+        for (const Module& m : mods)
+            if (lora->modules.count(m.name)) {
+                const std::string a = n + m.name + ".lora_A", b = n + m.name + ".lora_B";
+                lora_backward({N, m.in, m.out, m.begin, m.rows, lora->rank, lora->scale}, dy, in, p.at(a), p.at(b),
+                              dx_in, g[a], g[b]);
+            }
+    };
     const auto dlogits = cross_entropy_backward(result.logits, targets, N, V, -100, loss_scale);
     const auto dhN = matmul_backward_dx(dlogits, at(lm), N, C, V);
     const auto dlm = matmul_backward_dw(dlogits, hN, N, C, V);
@@ -142,19 +185,23 @@ inline LlamaResult llama_forward_backward(const LlamaConfig& c, const Tensors& p
         };
         // MLP branch: out = x2 + act·W_downᵀ.
         std::vector<double> dx2 = dx;
-        const auto dact = matmul_backward_dx(dx, at(n + "w_down"), N, F, C);
+        auto dact = matmul_backward_dx(dx, at(n + "w_down"), N, F, C);
+        adapters_backward(n, down_modules, dx, L.act, dact);
         add_to(n + "w_down", matmul_backward_dw(dx, L.act, N, F, C));
         const auto dgu = swiglu_backward(L.gu, dact, N, F);
-        const auto dh2 = matmul_backward_dx(dgu, at(n + "w_gate_up"), N, C, 2 * F);
+        auto dh2 = matmul_backward_dx(dgu, at(n + "w_gate_up"), N, C, 2 * F);
+        adapters_backward(n, gu_modules, dgu, L.h2, dh2);
         add_to(n + "w_gate_up", matmul_backward_dw(dgu, L.h2, N, C, 2 * F));
         rmsnorm_backward(L.x2, at(n + "mlp_norm"), dh2, dx2, g[n + "mlp_norm"], N, C, eps);
         // Attention branch: x2 = x + att·W_oᵀ.
-        const auto datt = matmul_backward_dx(dx2, at(n + "w_o"), N, qw, C);
+        auto datt = matmul_backward_dx(dx2, at(n + "w_o"), N, qw, C);
+        adapters_backward(n, o_modules, dx2, L.att, datt);
         add_to(n + "w_o", matmul_backward_dw(dx2, L.att, N, qw, C));
         auto dqkv = attention_backward(L.qkv, L.att, datt, shape, positions);
         set_columns(dqkv, rope(columns(dqkv, N, W, 0, qw), H, qw, -1), N, W, 0, qw);
         set_columns(dqkv, rope(columns(dqkv, N, W, qw, kvw), Hkv, kvw, -1), N, W, qw, kvw);
-        const auto dh1 = matmul_backward_dx(dqkv, at(n + "w_qkv"), N, C, W);
+        auto dh1 = matmul_backward_dx(dqkv, at(n + "w_qkv"), N, C, W);
+        adapters_backward(n, qkv_modules, dqkv, L.h1, dh1);
         add_to(n + "w_qkv", matmul_backward_dw(dqkv, L.h1, N, C, W));
         dx = dx2;
         rmsnorm_backward(L.x, at(n + "attn_norm"), dh1, dx, g[n + "attn_norm"], N, C, eps);
