@@ -130,7 +130,8 @@ std::vector<UnitSpec> model_units(const LlamaConfig& c, const LoraConfig& lora) 
         for (UnitSpec& u : units) {
             if (u.kind != UnitKind::block) continue;
             const std::string l = std::to_string(u.layer);
-            add_adapters(u, "layers." + l + ".", "model.layers." + l + ".", shapes, lora.rank);
+            add_adapters(u, "layers." + l + ".", kPeftKeyPrefix + std::string("model.layers.") + l + ".", shapes,
+                         lora.rank);
             for (size_t i = kBlockTensors; i < u.tensors.size(); ++i) u.tensors[i].id = id++;
         }
     }

@@ -101,6 +101,11 @@ struct UnitSpec {
 // every base tensor's, so the base is initialised the same with and without adapters.
 std::vector<UnitSpec> model_units(const LlamaConfig& config, const LoraConfig& lora = {});
 
+// An adapter part's Hugging Face name is PEFT's key in adapter_model.safetensors:
+// "base_model.model." + the module's path + ".lora_A.weight" (or lora_B), so the file polevault
+// writes for the adapters is PEFT's as it is.
+inline constexpr const char* kPeftKeyPrefix = "base_model.model.";
+
 // The names of the base (non-adapter) tensors: what LoRA freezes.
 std::set<std::string> base_tensor_names(const LlamaConfig& config);
 

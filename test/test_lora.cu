@@ -271,11 +271,11 @@ TEST_CASE("LoRA layout: adapters train, the base is frozen, counts as PEFT's r·
     const pv::TensorSlot& b_qkv = m.trainable(1).find("layers.0.lora_b_qkv");
     REQUIRE(b_qkv.spec.rows == q + kv);
     REQUIRE(b_qkv.spec.parts.size() == 2);
-    REQUIRE(b_qkv.spec.parts[1].hf_name == "model.layers.0.self_attn.v_proj.lora_B.weight");
+    REQUIRE(b_qkv.spec.parts[1].hf_name == "base_model.model.model.layers.0.self_attn.v_proj.lora_B.weight");
     REQUIRE(b_qkv.spec.parts[1].row_begin == q);
     const pv::TensorSlot& a_gu = m.trainable(1).find("layers.0.lora_a_gate_up");
     REQUIRE(a_gu.spec.rows == 4);  // gate only
-    REQUIRE(a_gu.spec.parts[0].hf_name == "model.layers.0.mlp.gate_proj.lora_A.weight");
+    REQUIRE(a_gu.spec.parts[0].hf_name == "base_model.model.model.layers.0.mlp.gate_proj.lora_A.weight");
     REQUIRE(!m.trainable(1).find("layers.0.lora_a_down").spec.parts.empty());
     REQUIRE_THROWS_WITH(m.trainable(1).find("layers.0.lora_a_o"), Catch::Contains("no tensor named"));
 }

@@ -19,12 +19,15 @@ void save_checkpoint(const std::string& dir, Strategy<T, G>& strategy, const Ada
     using Field = typename AdamWState<T>::Field;
     Llama<T>& model = strategy.model();
     const bool writer = !strategy.comm() || strategy.comm()->rank() == 0;
-    // Each group whole on the writer, the strategy gathering it from wherever it lives.
+    // Each group whole on the writer, the strategy gathering it from wherever it lives. A LoRA
+    // run saves its adapters only: the base is referenced (trainer_state.json), never copied.
+    const GroupSet saved = model.lora().enabled() ? GroupSet::trainable : GroupSet::all;
     HostGroups params{dtype_of<T>(), {}};
     for (int u = 0; u < model.num_units(); ++u)
         for (int g = 0; g < model.num_groups(u); ++g)
-            params.units.push_back(strategy.whole_on_writer(u, static_cast<const T*>(strategy.local_params(u, g)),
-                                                            strategy.local_len(u, g), model.group(u, g).padded));
+            if (in_set(model, g, saved))
+                params.units.push_back(strategy.whole_on_writer(u, static_cast<const T*>(strategy.local_params(u, g)),
+                                                                strategy.local_len(u, g), model.group(u, g).padded));
     auto gather = [&](Field f) {
         HostGroups h{dtype_of<A>(), {}};
         for (int u = 0; u < model.num_units(); ++u)
@@ -40,7 +43,7 @@ void save_checkpoint(const std::string& dir, Strategy<T, G>& strategy, const Ada
     if (!writer) return;
     const std::string tmp = begin_checkpoint_dir(dir);
     const std::map<std::string, std::string> metadata{{"format", "pt"}};
-    write_group_tensors(tmp + "/model.safetensors", all_groups(model), params, metadata);
+    write_group_tensors(tmp + "/" + weights_file(model), groups_of(model, saved), params, metadata);
     for (const auto& [file, groups] : fields)
         write_group_tensors(tmp + "/" + file, trainable_groups(model), groups, metadata);
     write_hf_config(tmp + "/config.json", model.config(), torch_dtype_name(dtype_of<T>()));

@@ -42,12 +42,44 @@ std::vector<GroupLayout> all_groups(const Llama<T>& model) {
     return out;
 }
 
+// Which groups a file holds: every group (a model), the base's (LoRA: the frozen groups, which
+// the base model's files hold; without LoRA every group is the base), or the trainable ones
+// (LoRA's adapter file, the optimizer files).
+enum class GroupSet { all, base, trainable };
+
+template <class T>
+bool in_set(const Llama<T>& model, int g, GroupSet set) {
+    switch (set) {
+        case GroupSet::all: return true;
+        case GroupSet::trainable: return g == 0;
+        case GroupSet::base: return !model.lora().enabled() || g > 0;
+    }
+    return false;
+}
+
+// The layouts of the groups in `set`, in unit then group order.
+template <class T>
+std::vector<GroupLayout> groups_of(const Llama<T>& model, GroupSet set) {
+    std::vector<GroupLayout> out;
+    for (int u = 0; u < model.num_units(); ++u)
+        for (int g = 0; g < model.num_groups(u); ++g)
+            if (in_set(model, g, set)) out.push_back(model.group(u, g));
+    return out;
+}
+
 // Every unit's trainable group (the layouts of the optimizer files).
 template <class T>
 std::vector<GroupLayout> trainable_groups(const Llama<T>& model) {
     std::vector<GroupLayout> out;
     for (int u = 0; u < model.num_units(); ++u) out.push_back(model.trainable(u));
     return out;
+}
+
+// The file of a checkpoint's weights: model.safetensors, or a LoRA run's adapters in PEFT's file.
+inline constexpr const char* kAdapterFile = "adapter_model.safetensors";
+template <class T>
+std::string weights_file(const Llama<T>& model) {
+    return model.lora().enabled() ? kAdapterFile : "model.safetensors";
 }
 
 // Where this rank keeps a group's elements: `len` elements of the padded group from `begin`, at
@@ -101,13 +133,14 @@ LoadStats load_group_ranges(HfCheckpoint& source, const std::vector<GroupLayout>
     return stats;
 }
 
-// The parameters of every group this rank keeps, as the strategy says.
+// The parameters of every group in `set` this rank keeps, as the strategy says (in groups_of order).
 template <class T, class G>
-std::vector<DeviceRange<T>> param_ranges(Strategy<T, G>& s) {
+std::vector<DeviceRange<T>> param_ranges(Strategy<T, G>& s, GroupSet set = GroupSet::all) {
     std::vector<DeviceRange<T>> out;
     for (int u = 0; u < s.model().num_units(); ++u)
         for (int g = 0; g < s.model().num_groups(u); ++g)
-            out.push_back({s.local_params(u, g), s.local_begin(u, g), s.local_len(u, g)});
+            if (in_set(s.model(), g, set))
+                out.push_back({s.local_params(u, g), s.local_begin(u, g), s.local_len(u, g)});
     return out;
 }
 
@@ -120,13 +153,15 @@ std::vector<DeviceRange<acc_t<T>>> optimizer_ranges(AdamWState<T>& o, typename A
 }
 
 // The Hugging Face model in `dir` (model.safetensors or sharded) into the parameters this rank
-// keeps under the strategy, converted to T. Tensors Hugging Face ignores by name are skipped;
-// anything else that does not fit is refused before any weight is written.
+// keeps under the strategy, converted to T: every group, or with LoRA the base's (the adapters
+// keep their initialisation). Tensors Hugging Face ignores by name are skipped; anything else
+// that does not fit is refused before any weight is written.
 template <class T, class G>
 LoadStats load_pretrained(const std::string& dir, Strategy<T, G>& s) {
     const auto start = std::chrono::steady_clock::now();
     HfCheckpoint source = HfCheckpoint::open_dir(dir);
-    LoadStats stats = load_group_ranges(source, all_groups(s.model()), param_ranges(s), ExtraTensors::hugging_face);
+    LoadStats stats = load_group_ranges(source, groups_of(s.model(), GroupSet::base), param_ranges(s, GroupSet::base),
+                                        ExtraTensors::hugging_face);
     stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return stats;
 }
@@ -154,8 +189,10 @@ LoadStats load_checkpoint_tensors(const std::string& dir, Strategy<T, G>& s, Ada
     using Field = typename AdamWState<T>::Field;
     const auto start = std::chrono::steady_clock::now();
     Llama<T>& model = s.model();
-    HfCheckpoint weights = HfCheckpoint::open_file(dir + "/model.safetensors");
-    LoadStats stats = load_group_ranges(weights, all_groups(model), param_ranges(s), ExtraTensors::refuse);
+    // A LoRA checkpoint holds the adapters only; the caller loads the base from its own files.
+    const GroupSet held = model.lora().enabled() ? GroupSet::trainable : GroupSet::all;
+    HfCheckpoint weights = HfCheckpoint::open_file(dir + "/" + weights_file(model));
+    LoadStats stats = load_group_ranges(weights, groups_of(model, held), param_ranges(s, held), ExtraTensors::refuse);
     auto field = [&](const char* file, Field f) {
         HfCheckpoint source = HfCheckpoint::open_file(dir + "/" + file);
         stats.add(

@@ -90,6 +90,10 @@ int train_command(const TrainOptions& requested, const std::string& resume_dir, 
     if (o.stochastic_rounding && o.dtype != "bf16")
         throw std::invalid_argument("--stochastic-rounding is for --dtype bf16 (" + o.dtype +
                                     " parameters are their own master and are never rounded); drop the flag");
+    if (lora_config(o).enabled() && !o.freeze.empty())
+        throw std::invalid_argument("--freeze " + o.freeze + " with --lora-rank " + std::to_string(o.lora_rank) +
+                                    ": LoRA freezes the whole base already and trains only the adapters; drop "
+                                    "--freeze (or --lora-rank for full fine-tuning with frozen tensors)");
     accumulation_for(o.batch, o.micro_batch, data_ranks);  // a bad geometry fails before any data is read
     RunData data = load_run_data(o, resume_dir, init_dir);
     const LlamaConfig config = model_config(o, data, resume_dir, init_dir);
@@ -340,8 +344,9 @@ int main_checked(int argc, char** argv) {
         compare.resume = saved.resume;
         compare.stop_after = saved.stop_after;
         for (const std::string& change : train_options_diff(saved, compare)) {
-            for (const char* fixed : {"preset:", "config:", "init_from:", "vocab:", "dtype:", "batch:", "seq_len:",
-                                      "seed:", "freeze:", "document_mask:"})
+            for (const char* fixed :
+                 {"preset:", "config:", "init_from:", "vocab:", "dtype:", "batch:", "seq_len:", "seed:", "freeze:",
+                  "document_mask:", "lora_rank:", "lora_alpha:", "rslora:", "lora_targets:"})
                 if (change.rfind(fixed, 0) == 0)
                     throw std::invalid_argument("cannot change " + change +
                                                 " when resuming: the checkpoint's model, "

@@ -18,7 +18,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, in
                                                 stochastic_rounding, fp32_grad_accumulation, seed, parallel,
                                                 microbatches, balance, freeze, eval_interval, eval_batches, out_dir,
                                                 checkpoint_interval, resume, stop_after, prompt, sample_tokens,
-                                                temperature, top_p, document_mask)
+                                                temperature, top_p, document_mask, lora_rank, lora_alpha, rslora,
+                                                lora_targets, lora_dropout)
 
 namespace {
 
@@ -84,6 +85,20 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
                    "Keep these tensors fixed: comma-separated globs over Hugging Face tensor names, e.g. "
                    "'model.embed_tokens.*,*.input_layernorm.*' (no gradient, master or optimizer state; gradients "
                    "still flow through them)");
+    app.add_option("--lora-rank", o.lora_rank,
+                   "LoRA: train rank-r adapters on every targeted linear and freeze the whole base (0: full "
+                   "fine-tuning)")
+        ->check(CLI::NonNegativeNumber);
+    app.add_option("--lora-alpha", o.lora_alpha, "LoRA: the adapters' scale is alpha / rank (PEFT's lora_alpha)")
+        ->check(CLI::PositiveNumber);
+    app.add_flag("--rslora", o.rslora, "LoRA: scale by alpha / sqrt(rank) instead (rank-stabilised LoRA)");
+    app.add_option("--lora-targets", o.lora_targets,
+                   "LoRA: the modules that get adapters, comma-separated from "
+                   "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
+    app.add_option("--lora-dropout", o.lora_dropout,
+                   "LoRA: dropout on the adapters' input (Philox-keyed by seed, step and the token's global row: "
+                   "the same at every world size)")
+        ->check(CLI::Range(0.0, 0.999));
     app.add_option(
            "--microbatches", o.microbatches,
            "mp: micro-batches in flight in the pipeline (GPipe: that many forwards, then their backwards; "
@@ -310,6 +325,17 @@ TrainOptions train_options_from_json(const std::string& text) {
     } catch (const nlohmann::json::exception& e) {
         throw std::runtime_error(std::string("training options: ") + e.what());
     }
+}
+
+LoraConfig lora_config(const TrainOptions& o) {
+    LoraConfig l;
+    l.rank = o.lora_rank;
+    l.alpha = o.lora_alpha;
+    l.rslora = o.rslora;
+    l.dropout = o.lora_dropout;
+    l.targets = parse_lora_targets(o.lora_targets);
+    if (const auto problems = validate(l); !problems.empty()) throw std::invalid_argument(problems.front());
+    return l;
 }
 
 StrategyOptions strategy_options(const TrainOptions& o) {

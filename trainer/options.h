@@ -17,6 +17,7 @@
 #pragma once
 
 #include "data/prepare.h"
+#include "model/lora.h"
 #include "parallel/plan.h"
 
 #include <cstdint>
@@ -33,7 +34,13 @@ struct TrainOptions {
     std::string data;       // a directory from `train prepare` or a token shard; empty: the built-in corpus
     std::string val_data;   // a validation shard; empty: the data's own (or the built-in corpus's tail)
     std::string freeze;     // comma-separated globs over Hugging Face tensor names to keep fixed (model/freeze.h)
-    int vocab = 512;        // tokenizer vocabulary trained on the built-in corpus
+    // LoRA (model/lora.h): adapters on a frozen base; rank 0: full fine-tuning.
+    int lora_rank = 0;
+    double lora_alpha = 8;
+    bool rslora = false;
+    std::string lora_targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj";
+    double lora_dropout = 0;
+    int vocab = 512;  // tokenizer vocabulary trained on the built-in corpus
     // Batch and length (DESIGN.md §4: batch = micro_batch x accumulation x ranks).
     long long steps = 250;
     int batch = 16;
@@ -139,6 +146,8 @@ Command parse_command(int argc, char** argv, const TrainOptions& base = {});
 // exactly. from_json throws std::runtime_error naming a key of the wrong type.
 std::string train_options_json(const TrainOptions& o);
 TrainOptions train_options_from_json(const std::string& json);
+// The LoRA options among them, checked (std::invalid_argument naming the flag).
+LoraConfig lora_config(const TrainOptions& o);
 // The strategy options among them (parallel/plan.h).
 StrategyOptions strategy_options(const TrainOptions& o);
 

@@ -165,15 +165,31 @@ class TrainingRun {
         // The strategy decides how the model is built and is applied to a model that knows nothing of it.
         const FrozenTensors frozen = resolve_freeze(config, split_patterns(o.freeze));
         for (const std::string& note : frozen.notes) std::printf("freeze: %s\n", note.c_str());
-        model_ = std::make_unique<Llama<T>>(
-            config, ModelOptions{o.micro_batch, o.seq_len, o.seed, frozen.names, plan_.placement, nullptr});
+        model_ = std::make_unique<Llama<T>>(config, ModelOptions{o.micro_batch, o.seq_len, o.seed, frozen.names,
+                                                                 lora_config(o), plan_.placement, nullptr});
         strategy_ = make_strategy<T, G>(plan_, *model_, &world.comm(), o.seed);
         // --init-from: the pretrained weights over the initial ones, each rank what it keeps, before
         // the optimizer takes its master copy from them.
         if (!init_dir_.empty()) {
             const LoadStats stats = load_pretrained(init_dir_, *strategy_);
-            report_load(world, "init from " + init_dir_ + ": " + files_read(stats) + " -> " + dtype_name(dtype_of<T>()),
+            report_load(world,
+                        std::string(model_->lora().enabled() ? "base" : "init") + " from " + init_dir_ + ": " +
+                            files_read(stats) + " -> " + dtype_name(dtype_of<T>()),
                         stats);
+        }
+        // A LoRA checkpoint references its base instead of holding it: a resumed run reloads the
+        // base from the same files, and refuses them if they are no longer what it trained on.
+        if (model_->lora().enabled() && !o.init_from.empty()) base_fingerprint_ = model_files_fingerprint(o.init_from);
+        if (model_->lora().enabled() && !resume_dir_.empty()) {
+            const TrainerState saved = read_trainer_state(resume_dir_ + "/" + kTrainerStateFile);
+            if (saved.base_fingerprint != base_fingerprint_)
+                throw std::runtime_error("the base model " + o.init_from + " is not the one " + resume_dir_ +
+                                         " was trained on (its files' fingerprint differs): its adapters belong to "
+                                         "that base; restore the original files");
+            if (!o.init_from.empty()) {
+                const LoadStats stats = load_pretrained(o.init_from, *strategy_);
+                report_load(world, "base from " + o.init_from + ": " + files_read(stats), stats);
+            }
         }
         optimizer_ = Trainer<T, G>::make_optimizer(*strategy_);
         trainer_ = std::make_unique<Trainer<T, G>>(*strategy_, *optimizer_);
@@ -241,6 +257,13 @@ class TrainingRun {
         std::printf("parameters: %lld trainable (%.2f%%), %lld frozen (%.2f%%)\n", trainable,
                     100.0 * double(trainable) / double(trainable + fixed), fixed,
                     100.0 * double(fixed) / double(trainable + fixed));
+        if (const LoraConfig& l = model_->lora(); l.enabled()) {
+            std::string targets;
+            for (const std::string& t : l.targets) targets += (targets.empty() ? "" : ",") + t;
+            std::printf("LoRA: rank %d, alpha %g, scale %g%s, dropout %g, on %s; the base is frozen (%s)\n", l.rank,
+                        l.alpha, l.scale(), l.rslora ? " (rsLoRA)" : "", l.dropout, targets.c_str(),
+                        o_.init_from.empty() ? "initialised from the seed" : o_.init_from.c_str());
+        }
         if (plan_.info->stages) {
             const std::vector<int>& stages = plan_.stage_bounds;
             std::printf("pipeline: %d stages (balanced by %s):", world_.size(), o_.balance.c_str());
@@ -326,6 +349,7 @@ class TrainingRun {
         s.options = requested_;  // as the user gave them (an automatic micro-batch stays automatic)
         s.options.resume.clear();
         s.options.stop_after = 0;
+        s.base_fingerprint = base_fingerprint_;
         return s;
     }
 
@@ -370,6 +394,7 @@ class TrainingRun {
     const int data_eos_;  // the data's document separator: the EOS of a run without a tokenizer
     uint64_t fingerprint_ = 0xcbf29ce484222325ull;
     long long train_tokens_ = 0;
+    uint64_t base_fingerprint_ = 0;  // a LoRA run's base files (0: a base initialised from the seed)
     std::optional<DataLoader> loader_, val_loader_;
     std::unique_ptr<Llama<T>> model_;
     std::unique_ptr<Strategy<T, G>> strategy_;

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -46,6 +47,8 @@ void write_trainer_state(const std::string& path, const TrainerState& s) {
     j["data"] = {
         {"source", s.data_source}, {"train_tokens", s.train_tokens}, {"fingerprint", hex64(s.data_fingerprint)}};
     j["options"] = nlohmann::json::parse(train_options_json(s.options));
+    if (s.options.lora_rank > 0)
+        j["base"] = {{"path", s.options.init_from}, {"fingerprint", hex64(s.base_fingerprint)}};
     const std::string text = j.dump(2) + "\n";
     write_file_atomically(path, "trainer state", [&](const ByteSink& sink) { sink(text.data(), text.size()); });
 }
@@ -73,11 +76,53 @@ TrainerState read_trainer_state(const std::string& path) {
         s.train_tokens = j.at("data").at("train_tokens").get<long long>();
         s.data_fingerprint = std::stoull(j.at("data").at("fingerprint").get<std::string>(), nullptr, 16);
         s.options = train_options_from_json(j.at("options").dump());
+        if (s.options.lora_rank > 0) {
+            const std::string hex = j.at("base").at("fingerprint").get<std::string>();
+            if (hex.empty() || hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
+                throw std::runtime_error("base.fingerprint \"" + hex + "\" is not a hexadecimal number");
+            s.base_fingerprint = std::stoull(hex, nullptr, 16);
+        }
         if (s.step < 0) throw std::runtime_error("step " + std::to_string(s.step) + " is negative");
     } catch (const std::exception& e) {
         throw std::runtime_error("trainer state '" + path + "': " + e.what());
     }
     return s;
+}
+
+uint64_t model_files_fingerprint(const std::string& dir) {
+    namespace fs = std::filesystem;
+    uint64_t h = 0xcbf29ce484222325ull;
+    auto mix = [&](const void* data, size_t n) {
+        for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(data)[i]) * 0x100000001b3ull;
+    };
+    auto read_bytes = [&](const fs::path& p, size_t max) {
+        std::ifstream f(p, std::ios::binary);
+        if (!f) throw std::runtime_error("cannot read " + p.string() + " to fingerprint the base model");
+        std::string bytes(max, '\0');
+        f.read(bytes.data(), std::streamsize(max));
+        bytes.resize(size_t(f.gcount()));
+        return bytes;
+    };
+    std::vector<fs::path> files;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir, ec))
+        if (e.path().extension() == ".safetensors") files.push_back(e.path());
+    if (ec) throw std::runtime_error("cannot list " + dir + " to fingerprint the base model: " + ec.message());
+    std::sort(files.begin(), files.end());
+    const std::string config = read_bytes(fs::path(dir) / "config.json", size_t(1) << 20);
+    mix(config.data(), config.size());
+    for (const fs::path& p : files) {
+        const std::string name = p.filename().string();
+        const uint64_t size = fs::file_size(p);
+        mix(name.data(), name.size());
+        mix(&size, sizeof size);
+        const std::string head = read_bytes(p, 8);
+        uint64_t header = 0;
+        for (size_t i = 0; i < head.size(); ++i) header |= uint64_t(uint8_t(head[i])) << (8 * i);
+        const std::string json = read_bytes(p, size_t(8 + std::min<uint64_t>(header, uint64_t(100) << 20)));
+        mix(json.data(), json.size());
+    }
+    return h;
 }
 
 uint64_t fingerprint_tokens(const std::vector<uint32_t>& tokens, uint64_t h) {

@@ -33,7 +33,17 @@ struct TrainerState {
     long long train_tokens = 0;
     uint64_t data_fingerprint = 0;
     TrainOptions options;
+    // A LoRA run's base model, which its checkpoints reference instead of copying: the directory
+    // (options.init_from; empty: initialised from the seed) and a fingerprint of its files.
+    uint64_t base_fingerprint = 0;
 };
+
+// A fingerprint of a Hugging Face model directory's files: config.json's bytes and, for every
+// .safetensors file in name order, its name, size and header (names, dtypes, shapes, offsets) —
+// what changes when the weights are replaced, re-converted or re-sharded, read in a few KB even for
+// a 70B model (the tensor data itself is not hashed). Throws std::runtime_error naming the path when
+// the directory cannot be read.
+uint64_t model_files_fingerprint(const std::string& dir);
 
 inline constexpr const char* kTrainerStateFile = "trainer_state.json";
 
