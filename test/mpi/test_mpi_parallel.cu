@@ -59,6 +59,7 @@ std::vector<DataLoader::MicroBatch> micro_batches(long long step, int first, int
     std::vector<DataLoader::MicroBatch> out;
     for (int g = first; g < first + count; g += kMicro) {
         DataLoader::MicroBatch m;
+        m.first_sample = g;  // keys LoRA's dropout by global row, as the loader does
         for (int k = 0; k < kMicro; ++k) {
             const auto s = sample(step, g + k, vocab, documents);
             m.inputs.insert(m.inputs.end(), s.inputs.begin(), s.inputs.end());
@@ -126,7 +127,17 @@ struct Options {
     bool tied;
     std::set<std::string> frozen;  // tensors in frozen groups (polevault names)
     bool documents;                // packed documents (sample)
+    pv::LoraConfig lora;           // adapters on a frozen base (off by default)
 };
+
+// LoRA on most modules with dropout: rank 3 (so adapter groups need padding), k_proj and
+// gate_proj left out (a fused linear with some parts adapted).
+Options lora_options() {
+    Options o;
+    o.lora.rank = 3, o.lora.alpha = 6, o.lora.dropout = 0.2;
+    o.lora.targets = {"q_proj", "v_proj", "o_proj", "up_proj", "down_proj"};
+    return o;
+}
 
 // Frozen tensors that leave the tied embedding with nothing to train, split a block between a
 // trainable and a frozen group, and freeze a fused matrix.
@@ -151,6 +162,7 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
         r.stages = plan.stage_bounds;
         pv::ModelOptions mo;
         mo.batch = kMicro, mo.seq_len = kSeq, mo.seed = 42, mo.frozen = opt.frozen, mo.placement = plan.placement;
+        mo.lora = opt.lora;
         pv::Llama<T> model(config, mo);
         std::unique_ptr<pv::Strategy<T, G>> s = pv::make_strategy<T, G>(plan, model, comm, 42);
         auto optimizer = pv::Trainer<T, G>::make_optimizer(*s);
@@ -573,11 +585,12 @@ void check_mp_counts(pv::World& world, const std::set<std::string>& frozen = {})
 // parameters + gradients + optimizer state = 16Ψ (DDP) and 4Ψ + 12Ψ/N (ZeRO-1) bytes for bf16,
 // 32Ψ and 16Ψ + 16Ψ/N for fp64; nothing else but activations and workspace.
 template <class T>
-void check_counts(pv::World& world, const std::set<std::string>& frozen = {}) {
+void check_counts(pv::World& world, Options opt = {}) {
     using pv::CollectiveKind;
     const double n = world.size(), t = sizeof(T), a = sizeof(pv::acc_t<T>);
     const double master = std::is_same_v<T, __nv_bfloat16> ? 4 : 0;
-    const Options opt{kAccumulation, 1, true, frozen};
+    const std::set<std::string>& frozen = opt.frozen;
+    const bool all_trained = frozen.empty() && !opt.lora.enabled();
     const RunResult ddp = train<T>("ddp", &world.comm(), world.size(), opt);
     const RunResult zero1 = train<T>("zero1", &world.comm(), world.size(), opt);
     const RunResult zero2 = train<T>("zero2", &world.comm(), world.size(), opt);
@@ -590,7 +603,7 @@ void check_counts(pv::World& world, const std::set<std::string>& frozen = {}) {
         REQUIRE(r->unit_padded == ddp.unit_padded);
     }
     REQUIRE(ddp.psi % (world.size() * 64LL) == 0);
-    REQUIRE(frozen.empty() == (ddp.psi_frozen == 0));
+    REQUIRE(all_trained == (ddp.psi_frozen == 0));
     // Units with anything to train (the others have no bucket, reduce-scatter or all-gather), and
     // ZeRO-3's all-gathers per micro-step: every unit's non-empty groups for the forward, the
     // blocks' again for the backward (the head's are still there, the embedding needs none).
@@ -599,7 +612,8 @@ void check_counts(pv::World& world, const std::set<std::string>& frozen = {}) {
         trained += ddp.padded[size_t(u)] > 0;
         gathers += ddp.nonempty[size_t(u)] + (u >= 1 && u <= ddp.units - 2 ? ddp.nonempty[size_t(u)] : 0);
     }
-    if (frozen.empty()) REQUIRE((trained == ddp.units && gathers == 2 * ddp.units - 2));
+    if (all_trained) REQUIRE((trained == ddp.units && gathers == 2 * ddp.units - 2));
+    if (opt.lora.enabled()) REQUIRE(trained == ddp.units - 2);  // only the blocks have adapters
     const double all_first = double(zero3.unit_padded.front()), all_last = double(zero3.unit_padded.back());
     for (int s = 0; s < kSteps; ++s) {
         INFO("step " << s + 1);
@@ -659,7 +673,7 @@ void check_counts(pv::World& world, const std::set<std::string>& frozen = {}) {
     // of the largest block or head, the tied embedding's, each of all its groups) in
     // communication buffers; without frozen tensors the same size as the rotating ones.
     const double gather_buffers = (2 * largest_all + double(zero3.unit_padded[0])) * t;
-    if (frozen.empty()) REQUIRE(gather_buffers == rotating);
+    if (all_trained) REQUIRE(gather_buffers == rotating);
     CHECK(category(zero3, C::parameters) == psi_all / n * t);
     CHECK(category(zero3, C::gradients) == psi / n * t + rotating);
     CHECK(category(zero3, C::optimizer_state) == psi / n * (master + 2 * a));
@@ -690,7 +704,11 @@ void check_counts(pv::World& world, const std::set<std::string>& frozen = {}) {
             "ddp %.0f, zero1 %.0f bytes; zero2 %lld reduce-scatter + %lld all-gather + %lld all-reduce, %.0f "
             "bytes, memory %.0f (rotating buffers %.0f); zero3 %lld reduce-scatter + %lld all-gather + %lld "
             "all-reduce, %.0f bytes, memory %.0f (+ gather buffers %.0f)\n",
-            world.size(), std::is_same_v<T, double> ? "fp64" : "bf16", frozen_label(frozen, ddp.psi_frozen).c_str(),
+            world.size(), std::is_same_v<T, double> ? "fp64" : "bf16",
+            (opt.lora.enabled() ? ", LoRA rank " + std::to_string(opt.lora.rank) + " (psi_frozen " +
+                                      std::to_string(ddp.psi_frozen) + ")"
+                                : frozen_label(frozen, ddp.psi_frozen))
+                .c_str(),
             psi, ddp.per_step[0].calls[size_t(CollectiveKind::all_reduce)], ddp.per_step[0].wire_bytes,
             zero1.per_step[0].calls[size_t(CollectiveKind::reduce_scatter)],
             zero1.per_step[0].calls[size_t(CollectiveKind::all_gather)],
@@ -722,8 +740,55 @@ TEST_CASE("mp: transfers, bytes on the wire and memory per stage are exactly as 
 TEST_CASE("with frozen tensors: collectives, bytes on the wire and memory per category are exactly as designed",
           "[parallel][freeze][counting]") {
     pv::World world(nullptr, nullptr);
-    check_counts<__nv_bfloat16>(world, kFrozen);
-    check_counts<double>(world, kFrozen);
+    check_counts<__nv_bfloat16>(world, Options{kAccumulation, 1, true, kFrozen});
+    check_counts<double>(world, Options{kAccumulation, 1, true, kFrozen});
+}
+
+// LoRA: only the adapters' gradients are communicated (Ψ = the adapters' padded elements), the
+// frozen base is replicated and never sent (ddp, zero1, zero2) or gathered with its unit (zero3);
+// memory per category as the same formulas give with Ψall = base + adapters.
+TEST_CASE("with LoRA: collectives, bytes on the wire and memory per category are exactly as designed",
+          "[parallel][lora][counting]") {
+    pv::World world(nullptr, nullptr);
+    check_counts<__nv_bfloat16>(world, lora_options());
+    check_counts<double>(world, lora_options());
+}
+
+// Every strategy trains the LoRA model single trains, dropout included (its mask is keyed by the
+// global row, so it does not depend on which rank holds a sample), the base stays bit-identical to
+// its initial values and the adapters move.
+TEST_CASE("every strategy with LoRA (dropout on) trains what single trains: fp64 within 1e-10, base untouched",
+          "[parallel][lora]") {
+    pv::World world(nullptr, nullptr);
+    const Options opt = lora_options();
+    const RunResult single = reference<double>(world, opt);
+    const RunResult ddp = train<double>("ddp", &world.comm(), world.size(), opt);
+    const RunResult zero1 = train<double>("zero1", &world.comm(), world.size(), opt);
+    const RunResult zero2 = train<double>("zero2", &world.comm(), world.size(), opt);
+    const RunResult zero3 = train<double>("zero3", &world.comm(), world.size(), opt);
+    check_data_parallel_parity(single, ddp, zero1, zero2, zero3);
+    for (int m : {1, 2}) {
+        Options pipelined = opt;
+        pipelined.microbatches = m;
+        INFO("mp, micro-batches in flight: " << m);
+        check_close(train<double>("mp", &world.comm(), world.size(), pipelined), single);
+    }
+    const auto initial = initial_tensors(awkward_model(world.size()));
+    std::set<std::string> base;
+    for (const auto& [name, v] : initial) base.insert(name);
+    for (const auto& [name, v] : single.tensors) {
+        INFO(name);
+        if (base.count(name))
+            CHECK(v == initial.at(name));
+        else
+            CHECK(name.find("lora_") != std::string::npos);
+    }
+    // The adapters moved (B from zero), and dropout mattered: without it the run differs.
+    CHECK(single.tensors.at("layers.0.lora_b_qkv") !=
+          std::vector<double>(single.tensors.at("layers.0.lora_b_qkv").size(), 0.0));
+    Options no_dropout = opt;
+    no_dropout.lora.dropout = 0;
+    CHECK(reference<double>(world, no_dropout).losses[1] != single.losses[1]);
 }
 
 TEST_CASE("mp with frozen tensors: transfers, bytes on the wire and memory per stage are exactly as designed",
