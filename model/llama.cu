@@ -493,6 +493,24 @@ void Llama<T>::linear_backward(int u, int k, const T* dy, const T* x, T* dx, con
 }
 
 template <class T>
+void Llama<T>::merge_adapters() {
+    for (int u = 0; u < num_units(); ++u) {
+        if (unit_kind(u) != UnitKind::block || !holds(u)) continue;
+        const Unit& unit = units_[size_t(u)];
+        for (int k = 0; k < kLoraLinears; ++k) {
+            const LoraShape& s = lora_shapes_[k];
+            T* w = const_cast<T*>(base_weight(unit.block_w, k));
+            for (int p = 0; p < s.parts; ++p)  // [rows][in] += s · B_p [rows][r] · A_p [r][in]
+                gemm_dy_w(cublas_, unit.block_w.lora[k].b + (long long)s.part[p].b_begin * s.rank, s.rank,
+                          unit.block_w.lora[k].a + (long long)p * s.rank * s.in, s.in,
+                          w + (long long)s.part[p].out_begin * s.in, s.in, s.part[p].rows, s.in, s.rank, s.scale, 1.0,
+                          stream_);
+        }
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+template <class T>
 void Llama<T>::forward_head(int slot, const UnitIO<T>& io) {
     const LlamaConfig& c = config_;
     const Unit& unit = units_.back();

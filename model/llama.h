@@ -214,6 +214,9 @@ class Llama {
     // adapter_scratch_elements(n) elements of T.
     void linear_forward(int u, int k, const T* x, T* y, long long n, T* scratch, cublasHandle_t handle) const;
     long long adapter_scratch_elements(long long n) const { return n * lora_max_a_rows_; }
+    // Folds every adapter into its base weight, W[part rows] += s·B_p·A_p (a merged export: the
+    // adapters then still hold their values, so the model computes the update twice; export only).
+    void merge_adapters();
     const LoraConfig& lora() const { return lora_; }
 
     cudaStream_t stream() const { return stream_; }

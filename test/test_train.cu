@@ -1090,3 +1090,87 @@ TEST_CASE("train sample: stories260K greedy from BOS equals llama2.c's forward i
                                                             : "first differs from fp64's at generated token " +
                                                                   std::to_string(same)));
 }
+
+// LoRA end to end on a real pretrained model: stories260K converted, adapters trained on chats
+// (stopped and resumed: the base is reloaded from the directory the checkpoint references), the
+// validation loss lowered; the checkpoint holds adapters only; the merged export and a run
+// continued from the exported PEFT adapter compute the checkpoint's loss; a base whose files
+// changed is refused.
+TEST_CASE("train LoRA end to end: stories260K base, adapters learn, resume, export --merged/--peft, --adapter",
+          "[train][lora]") {
+    TempDir dir("train_lora");
+    const fs::path bin = fs::path(__FILE__).parent_path() / "../../shared/models/stories260K.bin";
+    REQUIRE(fs::exists(bin));
+    const std::string base = dir.file("st");
+    REQUIRE(run_train("convert --from llama2c " + bin.string() + " --out " + base).status == 0);
+    {
+        std::ofstream c(dir.file("chats.jsonl"));
+        for (int i = 0; i < 48; ++i)
+            c << "{\"messages\": [{\"role\": \"user\", \"content\": \"What comes after " << i
+              << "?\"}, {\"role\": \"assistant\", \"content\": \"" << i + 1 << " comes after " << i << ".\"}]}\n";
+    }
+    const std::string data = dir.file("data");
+    REQUIRE(run_train("prepare " + dir.file("chats.jsonl") + " --out " + data +
+                      " --vocab 400 --chat-format llama3 --val-fraction 0.25")
+                .status == 0);
+    const std::regex eval_line(R"(loss ([0-9.eE+-]+) perplexity)");
+    auto eval_loss = [&](const std::string& model) {
+        const Run e = run_train("eval " + model + " --data " + data + " --seq-len 48 --dtype fp32");
+        INFO(e.output);
+        REQUIRE(e.status == 0);
+        std::smatch m;
+        REQUIRE(std::regex_search(e.output, m, eval_line));
+        return std::stod(m[1]);
+    };
+    const double before = eval_loss(base);
+    const std::string args = "--init-from " + base + " --data " + data +
+                             " --lora-rank 8 --lora-alpha 16 --lora-dropout 0.05 --dtype fp32 --steps 12 --batch 8 "
+                             "--seq-len 48 --lr 1e-2 --warmup 2 --eval-interval 0 --sample-tokens 0 --out-dir " +
+                             dir.file("run");
+    const Run t1 = run_train(args + " --stop-after 6");
+    INFO(t1.output);
+    REQUIRE(t1.status == 0);
+    REQUIRE(t1.output.find("LoRA: rank 8, alpha 16, scale 2") != std::string::npos);
+    REQUIRE(std::regex_search(t1.output, std::regex(R"(parameters: [0-9]+ trainable \([0-9.]+%\), 260032 frozen)")));
+    const Run t2 = run_train("--resume " + dir.file("run"));
+    INFO(t2.output);
+    REQUIRE(t2.status == 0);
+    REQUIRE(t2.output.find("base from " + base) != std::string::npos);
+    const fs::path ckpt = dir.path / "run" / "step_12";
+    CHECK(fs::exists(ckpt / "adapter_model.safetensors"));
+    CHECK(fs::exists(ckpt / "adapter_config.json"));
+    CHECK(!fs::exists(ckpt / "model.safetensors"));  // the base is referenced, not copied
+    const double after = eval_loss(ckpt.string());
+    INFO("validation loss before " << before << ", after 12 LoRA steps " << after);
+    CHECK(after < before - 0.3);
+
+    // The merged model computes the adapted model's loss (fp32: to rounding).
+    const Run merged = run_train("export " + ckpt.string() + " --merged " + dir.file("merged"));
+    INFO(merged.output);
+    REQUIRE(merged.status == 0);
+    CHECK(std::fabs(eval_loss(dir.file("merged")) - after) <= 1e-5 * after);
+    // The PEFT adapter, continued with lr 0, is the same model.
+    const Run peft = run_train("export " + ckpt.string() + " --peft " + dir.file("peft"));
+    INFO(peft.output);
+    REQUIRE(peft.status == 0);
+    const Run cont = run_train("--init-from " + base + " --adapter " + dir.file("peft") + " --data " + data +
+                               " --dtype fp32 --steps 1 --batch 8 --seq-len 48 --lr 0 --warmup 0 --eval-interval 0 "
+                               "--sample-tokens 0 --out-dir " +
+                               dir.file("cont"));
+    INFO(cont.output);
+    REQUIRE(cont.status == 0);
+    CHECK(cont.output.find("LoRA: rank 8, alpha 16") != std::string::npos);
+    CHECK(eval_loss(dir.file("cont")) == after);
+    // Wrong use is refused with the fix.
+    const Run out = run_train("export " + ckpt.string() + " --out " + dir.file("plain"));
+    CHECK(out.status != 0);
+    CHECK(out.output.find("--merged") != std::string::npos);
+    const Run freeze = run_train("--lora-rank 4 --freeze 'model.norm.*' --out-dir " + dir.file("f"));
+    CHECK(freeze.status != 0);
+    CHECK(freeze.output.find("drop --freeze") != std::string::npos);
+    // The base changed under the adapters: refused by eval and by resume.
+    { std::ofstream(base + "/config.json", std::ios::app) << "\n"; }
+    const Run changed = run_train("eval " + ckpt.string() + " --data " + data + " --seq-len 48");
+    CHECK(changed.status != 0);
+    CHECK(changed.output.find("fingerprint differs") != std::string::npos);
+}

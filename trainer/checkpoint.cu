@@ -4,6 +4,7 @@
 #include "model/checkpoint.h"
 #include "model/config_json.h"
 #include "model/dtype_conversion.h"
+#include "model/peft_config.h"
 
 #include <filesystem>
 #include <stdexcept>
@@ -47,6 +48,8 @@ void save_checkpoint(const std::string& dir, Strategy<T, G>& strategy, const Ada
     for (const auto& [file, groups] : fields)
         write_group_tensors(tmp + "/" + file, trainable_groups(model), groups, metadata);
     write_hf_config(tmp + "/config.json", model.config(), torch_dtype_name(dtype_of<T>()));
+    if (model.lora().enabled())  // with adapter_model.safetensors: a PEFT adapter directory as it is
+        write_peft_adapter_config(tmp + "/adapter_config.json", model.lora(), state.options.init_from);
     write_model_files(tmp, files);
     write_trainer_state(tmp + "/" + kTrainerStateFile, state);  // last: the marker of a complete checkpoint
     commit_checkpoint_dir(dir);
@@ -66,6 +69,25 @@ LoadStats load_weights(const std::string& dir, Llama<T>& model) {
     return load_model_weights(dir, model);
 }
 
+template <class T>
+LoadStats load_model_dir(const ModelDir& m, Llama<T>& model) {
+    if (!m.lora.enabled()) return load_model_weights(m.path, model);
+    LoadStats stats;
+    if (!m.base_dir.empty()) {
+        HfCheckpoint base = HfCheckpoint::open_dir(m.base_dir);
+        stats = load_model_weights(base, model, GroupSet::base);
+    }
+    HfCheckpoint adapters = HfCheckpoint::open_file(m.path + "/" + kAdapterFile);
+    stats.add(load_model_weights(adapters, model, GroupSet::trainable, ExtraTensors::refuse));
+    return stats;
+}
+
+ModelOptions inference_model(const ModelDir& m, int batch, int seq_len) {
+    ModelOptions o = whole_model(batch, seq_len, m.seed, Gradients::none);
+    o.lora = m.lora;
+    return o;
+}
+
 #define PV_INSTANTIATE(T, G)                                                                                      \
     template void save_checkpoint(const std::string&, Strategy<T, G>&, const AdamWState<T>&, const TrainerState&, \
                                   const ModelFiles&);                                                             \
@@ -78,5 +100,8 @@ PV_INSTANTIATE(double, double)
 template LoadStats load_weights(const std::string&, Llama<__nv_bfloat16>&);
 template LoadStats load_weights(const std::string&, Llama<float>&);
 template LoadStats load_weights(const std::string&, Llama<double>&);
+template LoadStats load_model_dir(const ModelDir&, Llama<__nv_bfloat16>&);
+template LoadStats load_model_dir(const ModelDir&, Llama<float>&);
+template LoadStats load_model_dir(const ModelDir&, Llama<double>&);
 
 }  // namespace pv

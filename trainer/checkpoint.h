@@ -34,6 +34,7 @@
 #include "parallel/strategy.h"
 #include "trainer/export.h"
 #include "trainer/load.h"
+#include "trainer/model_dir.h"
 #include "trainer/state.h"
 
 #include <optional>
@@ -58,5 +59,15 @@ TrainerState load_checkpoint(const std::string& dir, Strategy<T, G>& strategy, A
 // converted to T). The model's config must be dir's config.json (read_hf_config).
 template <class T>
 LoadStats load_weights(const std::string& dir, Llama<T>& model);
+
+// The model of a model directory (trainer/model_dir.h) into `model` (built with m.lora and, for a
+// LoRA checkpoint whose base was initialised from the seed, m.seed): the weights, or a LoRA
+// checkpoint's base from its directory and its adapters from adapter_model.safetensors.
+template <class T>
+LoadStats load_model_dir(const ModelDir& m, Llama<T>& model);
+
+// The options of a model for inference on `m`: whole, `batch` × `seq_len`, no gradients, its
+// adapters and initialisation seed.
+ModelOptions inference_model(const ModelDir& m, int batch, int seq_len);
 
 }  // namespace pv

@@ -5,6 +5,7 @@
 #include "model/config_json.h"
 #include "model/dtype_conversion.h"
 #include "model/hf_checkpoint.h"
+#include "model/peft_config.h"
 #include "trainer/model_dir.h"
 
 #include <cstdio>
@@ -22,6 +23,41 @@ std::optional<DType> dtype_of_name(const std::string& name) {
     if (name == "fp32" || name == "F32") return DType::fp32;
     if (name == "fp64" || name == "F64") return DType::fp64;
     return std::nullopt;
+}
+
+// The adapters as PEFT's directory: the checkpoint's adapter_model.safetensors (PEFT's keys
+// already) converted to --dtype, and adapter_config.json.
+void export_peft(const ExportOptions& o, const ModelDir& m) {
+    HfCheckpoint source = HfCheckpoint::open_file(m.path + "/adapter_model.safetensors");
+    const std::optional<DType> dtype = dtype_of_name(o.dtype.empty() ? m.dtype : o.dtype);
+    std::vector<SafeTensorInfo> tensors;
+    for (const SafeTensorInfo* t : source.tensors()) {
+        SafeTensorInfo out = *t;
+        out.dtype = safetensors_dtype(*dtype);
+        tensors.push_back(out);
+    }
+    const std::string tmp = begin_new_model_dir(o.peft_out);
+    uint64_t overflows = 0;
+    try {
+        const size_t element = dtype_size(*dtype);
+        std::vector<uint8_t> piece;
+        write_safetensors_streamed(tmp + "/adapter_model.safetensors", tensors, {{"format", "pt"}},
+                                   [&](size_t i, const ByteSink& sink) {
+                                       const uint64_t numel = source.find(tensors[i].name)->numel();
+                                       piece.resize(size_t(numel) * element);
+                                       overflows += source.read(tensors[i].name, 0, numel, *dtype, piece.data());
+                                       sink(piece.data(), piece.size());
+                                   });
+        write_peft_adapter_config(tmp + "/adapter_config.json", m.lora, m.base_dir);
+    } catch (...) {
+        std::error_code ignore;
+        fs::remove_all(tmp, ignore);
+        throw;
+    }
+    commit_checkpoint_dir(o.peft_out);
+    std::printf("exported %s's LoRA adapters (rank %d, %zu tensors, %s) -> %s as a PEFT adapter of %s\n",
+                m.path.c_str(), m.lora.rank, tensors.size(), dtype_name(*dtype), o.peft_out.c_str(),
+                m.base_dir.empty() ? "a base initialised from the seed" : m.base_dir.c_str());
 }
 
 }  // namespace
@@ -55,6 +91,16 @@ void write_model_files(const std::string& dir, const ModelFiles& files) {
 void export_model(const ExportOptions& o) {
     const ModelDir model = open_model_dir(o.checkpoint);  // a checkpoint (resolved) or a model directory
     const std::string& src = model.path;
+    if (!model.lora.enabled() && !(o.peft_out.empty() && o.merged_out.empty()))
+        throw std::invalid_argument("export: '" + src +
+                                    "' is not a LoRA checkpoint (it has no adapters): --peft and "
+                                    "--merged are for LoRA runs; use --out");
+    if (model.lora.enabled() && !o.out_dir.empty())
+        throw std::invalid_argument("export: '" + src +
+                                    "' is a LoRA checkpoint (adapters on a base it references): export "
+                                    "the adapters with --peft DIR, or the merged model with --merged DIR");
+    if (!o.merged_out.empty()) return export_merged(o, model);
+    if (!o.peft_out.empty()) return export_peft(o, model);
     const LlamaConfig& config = model.config;
     HfCheckpoint source = HfCheckpoint::open_dir(src);
     std::vector<GroupLayout> layouts;

@@ -42,4 +42,9 @@ void write_model_files(const std::string& dir, const ModelFiles& files);
 // naming the problem and the fix.
 void export_model(const ExportOptions& o);
 
+// A LoRA checkpoint with the adapters folded into the base, as a Hugging Face directory (--merged;
+// trainer/export_lora.cu).
+struct ModelDir;
+void export_merged(const ExportOptions& o, const ModelDir& m);
+
 }  // namespace pv

@@ -168,17 +168,25 @@ LoadStats load_pretrained(const std::string& dir, Strategy<T, G>& s) {
 
 // The weights of every unit `model` holds (whole groups), from a polevault checkpoint or any
 // Hugging Face directory (single or sharded, any float dtype), converted to T.
+// `set` picks the groups (LoRA: the base from its directory, the adapters from a checkpoint's file).
 template <class T>
-LoadStats load_model_weights(const std::string& dir, Llama<T>& model) {
+LoadStats load_model_weights(HfCheckpoint& source, Llama<T>& model, GroupSet set = GroupSet::all,
+                             ExtraTensors extra = ExtraTensors::hugging_face) {
     const auto start = std::chrono::steady_clock::now();
-    HfCheckpoint source = HfCheckpoint::open_dir(dir);
     std::vector<DeviceRange<T>> ranges;
     for (int u = 0; u < model.num_units(); ++u)
         for (int g = 0; g < model.num_groups(u); ++g)
-            ranges.push_back({model.group_params(u, g), 0, model.holds(u) ? model.group(u, g).padded : 0});
-    LoadStats stats = load_group_ranges(source, all_groups(model), ranges, ExtraTensors::hugging_face);
+            if (in_set(model, g, set))
+                ranges.push_back({model.group_params(u, g), 0, model.holds(u) ? model.group(u, g).padded : 0});
+    LoadStats stats = load_group_ranges(source, groups_of(model, set), ranges, extra);
     stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return stats;
+}
+
+template <class T>
+LoadStats load_model_weights(const std::string& dir, Llama<T>& model) {
+    HfCheckpoint source = HfCheckpoint::open_dir(dir);
+    return load_model_weights(source, model);
 }
 
 // A checkpoint's weights and optimizer state (model/checkpoint.h's files), this rank's ranges of

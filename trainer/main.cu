@@ -36,6 +36,7 @@
 #include "trainer/export.h"
 #include "trainer/generate.h"
 #include "trainer/model_dir.h"
+#include "model/peft_config.h"
 #include "trainer/options.h"
 #include "trainer/run.h"
 #include "trainer/run_data.h"
@@ -57,7 +58,25 @@ namespace {
 
 // Checks the options that need no data, resolves the automatic micro-batch, loads the data and
 // the model's shape, and trains in the run's storage and gradient types.
-int train_command(const TrainOptions& requested, const std::string& resume_dir, World& world) {
+// --adapter: the PEFT adapter's configuration becomes the run's LoRA options (a conflicting
+// --lora-rank is refused rather than silently replaced).
+void apply_adapter_config(TrainOptions& o) {
+    if (o.adapter.empty()) return;
+    if (o.init_from.empty())
+        throw std::invalid_argument("--adapter " + o.adapter +
+                                    " needs the base model it was trained on: pass it with --init-from");
+    const PeftAdapterConfig a = read_peft_adapter_config(o.adapter);
+    if (o.lora_rank != 0 && o.lora_rank != a.lora.rank)
+        throw std::invalid_argument("--lora-rank " + std::to_string(o.lora_rank) + " but the adapter " + o.adapter +
+                                    " has rank " + std::to_string(a.lora.rank) + ": drop --lora-rank");
+    o.lora_rank = a.lora.rank, o.lora_alpha = a.lora.alpha, o.rslora = a.lora.rslora;
+    o.lora_targets.clear();
+    for (const std::string& t : a.lora.targets) o.lora_targets += (o.lora_targets.empty() ? "" : ",") + t;
+}
+
+int train_command(const TrainOptions& requested_flags, const std::string& resume_dir, World& world) {
+    TrainOptions requested = requested_flags;
+    if (resume_dir.empty()) apply_adapter_config(requested);
     TrainOptions o = requested;
     // A resumed run's model is the checkpoint's, whatever it was initialised from.
     const std::string init_dir = resume_dir.empty() ? o.init_from : "";
@@ -217,8 +236,8 @@ int sample_with(const SampleOptions& o, const ModelDir& m) {
     }
     g.temperature = o.temperature, g.top_p = o.top_p, g.seed = o.seed, g.stop_ids = stop_ids;
 
-    Llama<T> model(config, whole_model(1, 1, o.seed, Gradients::none));
-    load_weights(m.path, model);
+    Llama<T> model(config, inference_model(m, 1, 1));
+    load_model_dir(m, model);
     Decoder<T> decoder(model, int(prompt) + g.max_tokens - 1, int(prompt));
     std::optional<TokenStreamDecoder> text;  // the generated text, printed as each character completes
     if (tokenizer) {  // the prompt as given (not the start token an empty prompt begins from), or the rendered chat
@@ -257,8 +276,8 @@ int sample_command(const SampleOptions& o) {
 template <class T>
 int eval_with(const EvalOptions& o, const ModelDir& m, std::vector<TokenShard> shards, int seq_len) {
     const DataLoader data(std::move(shards), seq_len, 0);  // the seed orders training only; eval reads in order
-    Llama<T> model(m.config, whole_model(o.batch, seq_len, 0, Gradients::none));
-    load_weights(m.path, model);
+    Llama<T> model(m.config, inference_model(m, o.batch, seq_len));
+    load_model_dir(m, model);
     const auto t0 = std::chrono::steady_clock::now();
     const EvalResult r = evaluate_windows(model, data, o.max_windows);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

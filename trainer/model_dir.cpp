@@ -1,6 +1,8 @@
 // Model directories for sampling and evaluation (see model_dir.h).
 #include "trainer/model_dir.h"
 
+#include "trainer/options.h"
+
 #include "model/checkpoint.h"
 #include "model/config_json.h"
 #include "trainer/state.h"
@@ -45,6 +47,16 @@ ModelDir open_model_dir(const std::string& given) {
     if (m.checkpoint) {
         const TrainerState state = read_trainer_state((fs::path(m.path) / kTrainerStateFile).string());
         m.step = state.step, m.dtype = state.dtype, m.seq_len = state.options.seq_len;
+        m.seed = state.seed;
+        if (state.options.lora_rank > 0) {
+            m.lora = lora_config(state.options);
+            m.base_dir = state.options.init_from;
+            if (!m.base_dir.empty() && model_files_fingerprint(m.base_dir) != state.base_fingerprint)
+                throw std::runtime_error("'" + m.path + "' holds LoRA adapters trained on the base model " +
+                                         m.base_dir +
+                                         ", whose files have changed since (their fingerprint differs): the adapters "
+                                         "belong to the original base; restore it");
+        }
     } else {
         m.dtype = dtype_of_torch(config_path);
     }

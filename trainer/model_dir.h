@@ -18,6 +18,7 @@
 #pragma once
 
 #include "model/config.h"
+#include "model/lora.h"
 
 #include <string>
 #include <vector>
@@ -34,9 +35,16 @@ struct ModelDir {
     std::string tokenizer;     // tokenizer.json's path, empty when there is none
     std::vector<int> eos_ids;  // declared end-of-sequence ids (may be empty)
     int bos_id = -1;           // the declared beginning-of-sequence id, or -1
+    // A LoRA checkpoint holds adapters on a base it references (trainer_state.json): the base's
+    // directory (checked against the fingerprint the run saved), or none when the base was
+    // initialised from `seed`.
+    LoraConfig lora;
+    std::string base_dir;
+    uint64_t seed = 0;
 };
 
-// Throws std::runtime_error naming the path and what was looked for when it is neither kind, or
+// Throws std::runtime_error naming the path and what was looked for when it is neither kind, when a
+// LoRA checkpoint's base is missing or its files are no longer the ones trained on, or
 // naming the file and key when config.json, generation_config.json or trainer_state.json is
 // malformed (a torch_dtype it cannot map names the --dtype flag that overrides it).
 ModelDir open_model_dir(const std::string& path);

@@ -19,7 +19,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, in
                                                 microbatches, balance, freeze, eval_interval, eval_batches, out_dir,
                                                 checkpoint_interval, resume, stop_after, prompt, sample_tokens,
                                                 temperature, top_p, document_mask, lora_rank, lora_alpha, rslora,
-                                                lora_targets, lora_dropout)
+                                                lora_targets, lora_dropout, adapter)
 
 namespace {
 
@@ -99,6 +99,11 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
                    "LoRA: dropout on the adapters' input (Philox-keyed by seed, step and the token's global row: "
                    "the same at every world size)")
         ->check(CLI::Range(0.0, 0.999));
+    app.add_option("--adapter", o.adapter,
+                   "LoRA: continue training a PEFT adapter directory (adapter_config.json, "
+                   "adapter_model.safetensors) on the base given by --init-from; its rank, alpha, rsLoRA and "
+                   "targets become the run's")
+        ->check(CLI::ExistingDirectory);
     app.add_option(
            "--microbatches", o.microbatches,
            "mp: micro-batches in flight in the pipeline (GPipe: that many forwards, then their backwards; "
@@ -233,10 +238,22 @@ void add_export_flags(CLI::App& app, ExportOptions& o) {
                    "Face model directory (to convert its dtype or join its shards)")
         ->required()
         ->check(CLI::ExistingDirectory);
-    app.add_option("--out", o.out_dir,
-                   "Output directory (a new or empty one): model.safetensors, config.json, tokenizer files, "
-                   "generation_config.json; no optimizer state")
-        ->required();
+    CLI::Option* out = app.add_option("--out", o.out_dir,
+                                      "Output directory (a new or empty one): model.safetensors, config.json, "
+                                      "tokenizer files, generation_config.json; no optimizer state");
+    CLI::Option* peft =
+        app.add_option("--peft", o.peft_out,
+                       "A LoRA checkpoint's adapters as a PEFT adapter directory "
+                       "(adapter_model.safetensors, adapter_config.json) for PeftModel.from_pretrained");
+    CLI::Option* merged = app.add_option(
+        "--merged", o.merged_out,
+        "A LoRA checkpoint's base with the adapters folded in (W + s·B·A) as a Hugging Face model directory");
+    out->excludes(peft)->excludes(merged);
+    peft->excludes(merged);
+    app.callback([&o] {
+        if (o.out_dir.empty() && o.peft_out.empty() && o.merged_out.empty())
+            throw CLI::RequiredError("one of --out, --peft or --merged");
+    });
     app.add_option("--dtype", o.dtype, "Convert the weights to bf16, fp32 or fp64 (default: as stored)")
         ->check(CLI::IsMember({"bf16", "fp32", "fp64"}));
 }

@@ -40,7 +40,8 @@ struct TrainOptions {
     bool rslora = false;
     std::string lora_targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj";
     double lora_dropout = 0;
-    int vocab = 512;  // tokenizer vocabulary trained on the built-in corpus
+    std::string adapter;  // a PEFT adapter directory to continue training (with --init-from its base)
+    int vocab = 512;      // tokenizer vocabulary trained on the built-in corpus
     // Batch and length (DESIGN.md §4: batch = micro_batch x accumulation x ranks).
     long long steps = 250;
     int batch = 16;
@@ -109,8 +110,10 @@ struct ConvertOptions {
 
 struct ExportOptions {
     std::string checkpoint;  // a step_N directory, an output directory (its latest), or a model directory
-    std::string out_dir;
-    std::string dtype;  // bf16, fp32 or fp64; empty: as stored
+    std::string out_dir;     // --out: a Hugging Face model directory
+    std::string peft_out;    // --peft: a LoRA checkpoint's adapters as a PEFT adapter directory
+    std::string merged_out;  // --merged: a LoRA checkpoint's base with the adapters folded in
+    std::string dtype;       // bf16, fp32 or fp64; empty: as stored
 };
 
 // `train tokenize`: what the model sees of a text. Reads stdin whole; writes one line.

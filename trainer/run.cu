@@ -177,6 +177,14 @@ class TrainingRun {
                             files_read(stats) + " -> " + dtype_name(dtype_of<T>()),
                         stats);
         }
+        // --adapter: a PEFT adapter's A and B over the initial ones (only when starting a run).
+        if (!o.adapter.empty() && resume_dir_.empty()) {
+            HfCheckpoint source = HfCheckpoint::open_file(o.adapter + "/" + kAdapterFile);
+            const LoadStats stats =
+                load_group_ranges(source, groups_of(*model_, GroupSet::trainable),
+                                  param_ranges(*strategy_, GroupSet::trainable), ExtraTensors::refuse);
+            report_load(world, "adapter from " + o.adapter + ": " + files_read(stats), stats);
+        }
         // A LoRA checkpoint references its base instead of holding it: a resumed run reloads the
         // base from the same files, and refuses them if they are no longer what it trained on.
         if (model_->lora().enabled() && !o.init_from.empty()) base_fingerprint_ = model_files_fingerprint(o.init_from);
