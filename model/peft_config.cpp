@@ -33,19 +33,19 @@ const std::vector<OffKey>& off_keys() {
     // clang-format off
     static const std::vector<OffKey> keys = {
         {"alora_invocation_tokens", nullptr, "activated LoRA, which applies the adapter only after its invocation tokens"},
-        {"alpha_pattern", json::object(), "a lora_alpha per module, where polevault has one scale for all"},
+        {"alpha_pattern", json::object(), "a lora_alpha per module"},
         {"arrow_config", nullptr, "Arrow routing between several adapters"},
-        {"exclude_modules", nullptr, "modules left out of target_modules, where polevault adapts every layer alike"},
+        {"exclude_modules", nullptr, "modules left out of target_modules"},
         {"fan_in_fan_out", false, "a base storing its weights transposed (GPT-2's Conv1D), which no Llama does"},
         {"kasa_config", nullptr, "KaSA, a learned diagonal between A and B"},
         {"layer_replication", nullptr, "repeated layers of the base"},
         {"layers_pattern", nullptr, "adapters on some layers only"},
-        {"layers_to_transform", nullptr, "adapters on some layers only, where polevault adapts every layer alike"},
+        {"layers_to_transform", nullptr, "adapters on some layers only"},
         {"lora_bias", false, "a bias on B"},
         {"megatron_config", nullptr, "Megatron's parallel linear layers"},
         {"modules_to_save", nullptr, "whole modules trained and saved beside the adapters"},
         {"monteclora_config", nullptr, "MonteCLoRA, adapters sampled at every step"},
-        {"rank_pattern", json::object(), "a rank per module, where polevault has one rank for all"},
+        {"rank_pattern", json::object(), "a rank per module"},
         {"target_parameters", nullptr, "adapters on parameters instead of linear modules"},
         {"trainable_token_indices", nullptr, "trained rows of the embedding"},
         {"use_bdlora", nullptr, "BD-LoRA, block-diagonal A or B"},
@@ -145,7 +145,10 @@ class Reader {
         const json* v = find("r");
         if (v == nullptr) return 8;  // PEFT's default
         if (!v->is_number_integer()) wrong_type("r", *v, "a whole number");
-        if (v->is_number_unsigned() ? v->get<unsigned long long>() > INT_MAX : v->get<long long>() < 1)
+        const bool in_range = v->is_number_unsigned()
+                                  ? v->get<unsigned long long>() >= 1 && v->get<unsigned long long>() <= INT_MAX
+                                  : v->get<long long>() >= 1 && v->get<long long>() <= INT_MAX;
+        if (!in_range)
             fail("r = " + shown(*v) + " is not a rank: an adapter's rank is a whole number from 1 up (to " +
                  std::to_string(INT_MAX) + ")");
         return v->get<int>();
@@ -227,10 +230,10 @@ class Reader {
             const auto known = std::find_if(off.begin(), off.end(), [&](const OffKey& k) { return key == k.key; });
             if (known != off.end())
                 fail(key + " = " + shown(it.value()) + " asks for " + known->what +
-                     ", which polevault's plain LoRA cannot represent: save the adapter with " + key + " = " +
-                     known->off.dump() +
-                     ", or merge it into its base with PEFT (merge_and_unload) and start a "
-                     "new adapter on that");
+                     ", which polevault's plain LoRA (one rank and one scale, the same modules in every layer) "
+                     "cannot represent: merge the adapter into its base with PEFT (merge_and_unload) and start a new "
+                     "adapter on the merged model, or train it again with " +
+                     key + " = " + known->off.dump());
             fail(key + " = " + shown(it.value()) +
                  " is a setting polevault does not know (from a newer PEFT?), and not an 'off' value (null, false, "
                  "[] or {}), so the adapter may be something else than plain LoRA: save it without the feature");
