@@ -148,7 +148,6 @@ def check_peft_reads_the_config(adapter_dir, settings, base):
 
 
 def test_checkpoint_is_a_peft_adapter(lora_run, hf_models):
-    pytest.skip("needs adapter_config.json in LoRA checkpoints")
     settings, checkpoint = lora_run
     check_peft_reads_the_config(checkpoint, settings, hf_models[BASE])
     # The tensor names and shapes PEFT itself gives the same settings on the same base.
@@ -161,7 +160,6 @@ def test_checkpoint_is_a_peft_adapter(lora_run, hf_models):
 
 
 def test_peft_loads_the_checkpoint_with_polevaults_loss(lora_run, hf_models, eval_window):
-    pytest.skip("needs adapter_config.json in LoRA checkpoints and `train eval` of a LoRA checkpoint")
     _, checkpoint = lora_run
     base = hf_models[BASE]
     check_holds_the_file(peft_model(base, checkpoint, torch.float64), checkpoint)
@@ -170,7 +168,6 @@ def test_peft_loads_the_checkpoint_with_polevaults_loss(lora_run, hf_models, eva
 
 
 def test_export_peft_is_the_same_adapter(lora_run, hf_models, eval_window, tmp_path):
-    pytest.skip("needs `train export --peft`")
     settings, checkpoint = lora_run
     base, exported = hf_models[BASE], tmp_path / "peft"
     pv.run_train("export", checkpoint, "--peft", exported)
@@ -189,7 +186,6 @@ MERGE_TOLERANCE = {torch.float64: 1e-14, torch.float32: 3e-7, torch.bfloat16: 1e
 
 
 def test_export_merged_is_the_base_plus_s_b_a(lora_run, hf_models, eval_window, tmp_path):
-    pytest.skip("needs `train export --merged`")
     settings, checkpoint = lora_run
     base, merged = hf_models[BASE], tmp_path / "merged"
     pv.run_train("export", checkpoint, "--merged", merged)
@@ -243,7 +239,6 @@ def peft_adapter(hf_models, tmp_path_factory):
 
 
 def test_peft_made_adapter_loads_into_polevault(hf_models, peft_adapter, train_shard, eval_window, tmp_path):
-    pytest.skip("needs `train --adapter`")
     base = hf_models[BASE]
     # Learning rate 0: the adapter written back is exactly the one read (fp32 in the file, fp64 in
     # the run: widening is exact), and the checkpoint's loss is PEFT's.
