@@ -38,7 +38,8 @@ std::string shape_string(const std::vector<int64_t>& shape) {
 void check_layout(const std::string& where, size_t u, const GroupLayout& layout) {
     for (const TensorSlot& slot : layout.tensors) {
         const TensorSpec& s = slot.spec;
-        if (slot.offset < 0 || s.rows < 0 || s.cols < 1 || slot.offset + s.numel() > layout.padded)
+        const long long len = slot_elements(s, layout.kind, layout.dtype, layout.double_quant);  // NF4: its slot
+        if (slot.offset < 0 || s.rows < 0 || s.cols < 1 || slot.offset + len > layout.padded)
             throw std::invalid_argument(where + ": unit " + std::to_string(u) + ", tensor '" + s.name +
                                         "' lies outside its group of " + std::to_string(layout.padded) +
                                         " elements (build layouts with layout_group)");

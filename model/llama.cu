@@ -11,6 +11,7 @@
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
 #include "kernels/swiglu.cuh"
+#include "model/nf4_slot.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -44,7 +45,25 @@ size_t arena_bytes(const std::vector<ActivationBuffer>& buffers) {
 // The arena buffers of each unit kind, in the order of activation_layout and the typed views.
 enum BlockBuffer { kOut, kH1, kRstd1, kQkv, kAtt, kLse, kX2, kH2, kRstd2, kGateUp, kAct };
 enum HeadBuffer { kHeadH, kHeadRstd, kHeadLogits, kHeadRowLoss };
-enum WorkBuffer { kProj, kDh, kDact, kDgateUp, kDatt, kDqkv, kNormScratch, kAttentionScratch, kLoraDu, kLoraDropped };
+enum WorkBuffer {
+    kProj,
+    kDh,
+    kDact,
+    kDgateUp,
+    kDatt,
+    kDqkv,
+    kNormScratch,
+    kAttentionScratch,
+    kLoraDu,
+    kLoraDropped,
+    kDequantized
+};
+
+// The block tensor (BlockTensor) of linear k (LoraLinear).
+int base_tensor_of(int k) {
+    constexpr int tensors[kLoraLinears] = {kWQkv, kWO, kWGateUp, kWDown};
+    return tensors[k];
+}
 
 // A linear's adapter shape for the kernels (kernels/lora.cuh).
 LoraShape lora_shape(const LoraLinearShape& s, const LoraConfig& lora) {
@@ -92,6 +111,7 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
     : config_(config),
       lora_(o.lora),
       seed_(o.seed),
+      nf4_(o.nf4),
       batch_(o.batch),
       seq_len_(o.seq_len),
       gradients_(o.placement.gradients),
@@ -123,11 +143,23 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
     std::set<std::string> frozen = o.frozen;  // with adapters, the whole base is frozen
     if (lora_.enabled())
         for (const std::string& name : base_tensor_names(config_)) frozen.insert(name);
+    std::set<std::string> quantized;  // QLoRA: every block linear, as bitsandbytes' Linear4bit layers
+    if (nf4_) {
+        if (!lora_.enabled())
+            throw std::invalid_argument(
+                "NF4 quantisation stores a frozen base: it needs LoRA adapters to train (--lora-rank)");
+        for (int l = 0; l < config_.num_layers; ++l)
+            for (const char* t : {"w_qkv", "w_o", "w_gate_up", "w_down"})
+                quantized.insert("layers." + std::to_string(l) + "." + t);
+    }
     CUBLAS_CHECK(cublasCreate(&cublas_));
     const DType dt = dtype_of<T>();
     for (UnitSpec& spec : specs) {
         Unit fresh;
-        fresh.groups = layout_unit(spec, dt, place.shards, frozen);
+        fresh.groups = layout_unit(spec, dt, place.shards, frozen, quantized, o.double_quant);
+        if (nf4_ && spec.kind == UnitKind::block)
+            for (int k = 0; k < kLoraLinears; ++k)
+                nf4_fields_[k] = nf4_part_fields(spec.tensors[size_t(base_tensor_of(k))], o.double_quant);
         if (spec.kind == UnitKind::block)  // the adapters follow the base, A then B, in linear order
             for (int k = 0, i = kBlockTensors; k < kLoraLinears; ++k)
                 if (lora_shapes_[k].parts > 0) fresh.lora_ids[k] = spec.tensors[size_t(i)].id, i += 2;
@@ -181,7 +213,11 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
         {"norm_scratch", (long long)rmsnorm_backward_scratch_bytes<T>(N, int(C)), 1},
         {"attention_scratch", (long long)attention_backward_scratch_bytes<T>(o.batch, o.seq_len, config_.num_heads), 1},
         {"lora_du", N * lora_max_a_rows_, t},
-        {"lora_dropped", lora_.dropout > 0 ? N * std::max<long long>({C, F, config_.q_width()}) : 0, t}};
+        {"lora_dropped", lora_.dropout > 0 ? N * std::max<long long>({C, F, config_.q_width()}) : 0, t},
+        {"dequantized",
+         nf4_ ? std::max<long long>({(long long)config_.qkv_width() * C, (long long)config_.q_width() * C, 2 * F * C})
+              : 0,
+         t}};
     size_t workspace_bytes = 0;
     const std::vector<size_t> at = arena_offsets(workspace_layout, &workspace_bytes);
     workspace_ = device_alloc(workspace_bytes, MemoryCategory::workspace);
@@ -195,7 +231,8 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
                       w + at[kNormScratch],
                       w + at[kAttentionScratch],
                       reinterpret_cast<T*>(w + at[kLoraDu]),
-                      reinterpret_cast<T*>(w + at[kLoraDropped])};
+                      reinterpret_cast<T*>(w + at[kLoraDropped]),
+                      reinterpret_cast<T*>(w + at[kDequantized])};
     for (T*& d : dresidual_) d = static_cast<T*>(device_alloc(size_t(N * C) * sizeof(T), MemoryCategory::workspace));
 }
 
@@ -293,7 +330,7 @@ long long Llama<T>::tensor_elements(GroupKind kind) const {
     long long n = 0;
     for (const Unit& u : units_)
         for (const GroupLayout& g : u.groups)
-            if (g.kind == kind)
+            if (g.kind == kind || (kind == GroupKind::frozen && g.kind == GroupKind::nf4))
                 for (const TensorSlot& t : g.tensors) n += t.spec.numel();
     return n;
 }
@@ -319,6 +356,23 @@ void Llama<T>::init_params(int u, int g, T* dst, long long begin, long long end,
                                     std::to_string(layout.padded) + " elements");
     if (end == begin) return;
     CUDA_CHECK(cudaMemsetAsync(dst, 0, size_t(end - begin) * sizeof(T), stream_));  // padding stays zero
+    if (layout.kind == GroupKind::nf4) {
+        // Each slot overlapping the range: the whole tensor's initial values quantised (its
+        // statistics span the tensor), then the overlap copied.
+        for (const TensorSlot& t : layout.tensors) {
+            const long long len = slot_elements(t.spec, layout.kind, layout.dtype, layout.double_quant);
+            const long long lo = std::max(begin, t.offset), hi = std::min(end, t.offset + len);
+            if (lo >= hi) continue;
+            DeviceBuffer<T> values(size_t(t.spec.numel()), MemoryCategory::workspace),
+                slot(size_t(len), MemoryCategory::workspace);
+            init_normal(values.get(), t.spec.numel(), 0.02, seed, t.spec.id, 0, stream_);
+            nf4_quantize_slot(t.spec, layout.double_quant, values.get(), slot.get(), stream_);
+            CUDA_CHECK(cudaMemcpyAsync(dst + (lo - begin), slot.get() + (lo - t.offset), size_t(hi - lo) * sizeof(T),
+                                       cudaMemcpyDeviceToDevice, stream_));
+            CUDA_CHECK(cudaStreamSynchronize(stream_));
+        }
+        return;
+    }
     for (const TensorSlot& t : layout.tensors) {
         const long long lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.spec.numel());
         if (lo >= hi) continue;
@@ -462,7 +516,7 @@ void Llama<T>::linear(int u, int k, const T* x, T* y, long long n, T* u_save, co
                       cublasHandle_t handle) const {
     const Unit& unit = units_[size_t(u)];
     const LoraShape& s = lora_shapes_[k];
-    matmul_forward(handle, x, base_weight(unit.block_w, k), y, n, s.in, s.out, stream_);
+    matmul_forward(handle, x, dense_weight(u, k), y, n, s.in, s.out, stream_);
     if (s.parts > 0)
         lora_forward(handle, x, unit.block_w.lora[k].a, unit.block_w.lora[k].b, y, u_save, work_.lora_dropped, n, s,
                      dropout, unit.lora_ids[k], stream_);
@@ -484,8 +538,8 @@ void Llama<T>::linear_backward(int u, int k, const T* dy, const T* x, T* dx, con
                                const LoraDropout& dropout) {
     const Unit& unit = units_[size_t(u)];
     const LoraShape& s = lora_shapes_[k];
-    matmul_backward(cublas_, dy, x, base_weight(unit.block_w, k), dx, base_weight(unit.block_g, k), rows(), s.in, s.out,
-                    false, stream_);
+    matmul_backward(cublas_, dy, x, dense_weight(u, k), dx, base_weight(unit.block_g, k), rows(), s.in, s.out, false,
+                    stream_);
     if (s.parts > 0)
         lora_backward(cublas_, dy, x, unit.block_w.lora[k].a, unit.block_w.lora[k].b, a.lora_u[k], dx,
                       unit.block_g.lora[k].a, unit.block_g.lora[k].b, work_.lora_du, work_.lora_dropped, rows(), s,
@@ -493,21 +547,45 @@ void Llama<T>::linear_backward(int u, int k, const T* dy, const T* x, T* dx, con
 }
 
 template <class T>
-void Llama<T>::merge_adapters() {
-    for (int u = 0; u < num_units(); ++u) {
-        if (unit_kind(u) != UnitKind::block || !holds(u)) continue;
-        const Unit& unit = units_[size_t(u)];
-        for (int k = 0; k < kLoraLinears; ++k) {
-            const LoraShape& s = lora_shapes_[k];
-            T* w = const_cast<T*>(base_weight(unit.block_w, k));
-            for (int p = 0; p < s.parts; ++p)  // [rows][in] += s · B_p [rows][r] · A_p [r][in]
-                gemm_dy_w(cublas_, unit.block_w.lora[k].b + (long long)s.part[p].b_begin * s.rank, s.rank,
-                          unit.block_w.lora[k].a + (long long)p * s.rank * s.in, s.in,
-                          w + (long long)s.part[p].out_begin * s.in, s.in, s.part[p].rows, s.in, s.rank, s.scale, 1.0,
-                          stream_);
-        }
+const T* Llama<T>::dense_weight(int u, int k) const {
+    const T* w = base_weight(units_[size_t(u)].block_w, k);
+    if (!nf4_) return w;
+    nf4_dequantize_slot(nf4_fields_[k], units_[size_t(u)].groups.back().double_quant, lora_shapes_[k].in, w,
+                        work_.dequantized, stream_);
+    return work_.dequantized;
+}
+
+template <class T>
+void Llama<T>::merged_tensor(int u, int i, T* out) {
+    const Unit& unit = units_.at(size_t(u));
+    if (!unit.held) throw std::logic_error("merged_tensor: unit " + std::to_string(u) + " is not held here");
+    const TensorSpec& spec = unit.spec.tensors.at(size_t(i));
+    const size_t bytes = size_t(spec.numel()) * sizeof(T);
+    int k = -1;  // the block linear it is, if any
+    for (int j = 0; j < kLoraLinears && unit.spec.kind == UnitKind::block; ++j)
+        if (base_tensor_of(j) == i) k = j;
+    if (k < 0) {
+        CUDA_CHECK(cudaMemcpyAsync(out, unit.weights[size_t(i)], bytes, cudaMemcpyDeviceToDevice, stream_));
+    } else {
+        CUDA_CHECK(cudaMemcpyAsync(out, dense_weight(u, k), bytes, cudaMemcpyDeviceToDevice, stream_));
+        const LoraShape& s = lora_shapes_[k];
+        for (int p = 0; p < s.parts; ++p)  // [rows][in] += s · B_p [rows][r] · A_p [r][in]
+            gemm_dy_w(cublas_, unit.block_w.lora[k].b + (long long)s.part[p].b_begin * s.rank, s.rank,
+                      unit.block_w.lora[k].a + (long long)p * s.rank * s.in, s.in,
+                      out + (long long)s.part[p].out_begin * s.in, s.in, s.part[p].rows, s.in, s.rank, s.scale, 1.0,
+                      stream_);
     }
     CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+template <class T>
+long long Llama<T>::nf4_tensor_elements() const {
+    long long n = 0;
+    for (const Unit& u : units_)
+        for (const GroupLayout& g : u.groups)
+            if (g.kind == GroupKind::nf4)
+                for (const TensorSlot& t : g.tensors) n += t.spec.numel();
+    return n;
 }
 
 template <class T>

@@ -25,6 +25,7 @@
 #include "platform/device_memory.h"
 #include "model/config.h"
 #include "model/lora.h"
+#include "model/nf4_layout.h"
 #include "model/parameters.h"
 #include "model/placement.h"
 
@@ -131,6 +132,10 @@ struct ModelOptions {
     uint64_t seed = 0;
     std::set<std::string> frozen;
     LoraConfig lora;
+    // QLoRA: the blocks' linear weights stored as NF4 (model/nf4_layout.h), dequantised before each
+    // GEMM; needs LoRA (the base is frozen). double_quant: the absmaxes double-quantised.
+    bool nf4 = false;
+    bool double_quant = true;
     Placement placement;
     cudaStream_t stream = nullptr;
 };
@@ -214,9 +219,13 @@ class Llama {
     // adapter_scratch_elements(n) elements of T.
     void linear_forward(int u, int k, const T* x, T* y, long long n, T* scratch, cublasHandle_t handle) const;
     long long adapter_scratch_elements(long long n) const { return n * lora_max_a_rows_; }
-    // Folds every adapter into its base weight, W[part rows] += s·B_p·A_p (a merged export: the
-    // adapters then still hold their values, so the model computes the update twice; export only).
-    void merge_adapters();
+    // Base tensor i of unit u as a dense [rows][cols] tensor into `out` (device): dequantised when
+    // NF4, and for a block's linear with the adapter folded in, W[part rows] += s·B_p·A_p — the
+    // merged model's weight (`train export --merged`).
+    void merged_tensor(int u, int i, T* out);
+    bool quantized() const { return nf4_; }
+    // Elements of tensors in NF4 groups (counted among the frozen ones too).
+    long long nf4_tensor_elements() const;
     const LoraConfig& lora() const { return lora_; }
 
     cudaStream_t stream() const { return stream_; }
@@ -255,7 +264,10 @@ class Llama {
         void* attention_scratch = nullptr;
         T* lora_du = nullptr;       // [N][largest P·r]
         T* lora_dropped = nullptr;  // [N][largest in], with dropout only
+        T* dequantized = nullptr;   // NF4: the largest linear weight, dequantised before its GEMM
     };
+    // The dense weight of block u's linear k: its parameters, or (NF4) dequantised into the workspace.
+    const T* dense_weight(int u, int k) const;
     void resolve_params(int u);
     void resolve_activations(int u);
     void forward_block(int u, int slot, const UnitIO<T>& io);
@@ -272,8 +284,10 @@ class Llama {
 
     LlamaConfig config_;
     LoraConfig lora_;
-    uint64_t seed_ = 0;                    // keys the adapters' dropout
-    LoraShape lora_shapes_[kLoraLinears];  // per block linear (parts = 0: no adapter)
+    uint64_t seed_ = 0;  // keys the adapters' dropout
+    bool nf4_ = false;
+    std::vector<Nf4PartFields> nf4_fields_[kLoraLinears];  // per block linear: its parts' fields in its slot
+    LoraShape lora_shapes_[kLoraLinears];                  // per block linear (parts = 0: no adapter)
     long long lora_max_a_rows_ = 0;
     int batch_, seq_len_;
     int first_unit_ = 0, end_unit_ = 0;

@@ -1,6 +1,9 @@
 // Parameter layout: units, their tensors and the placement of tensors in flat groups (model/parameters.h).
 #include "model/parameters.h"
 
+#include "model/nf4_layout.h"
+
+#include <algorithm>
 #include <stdexcept>
 
 namespace pv {
@@ -29,30 +32,44 @@ const TensorSlot& GroupLayout::find(const std::string& name) const {
     throw std::invalid_argument("no tensor named '" + name + "' in this parameter group");
 }
 
-GroupLayout layout_group(GroupKind kind, DType dtype, const std::vector<TensorSpec>& specs, int shards) {
+long long slot_elements(const TensorSpec& spec, GroupKind kind, DType dtype, bool double_quant) {
+    if (kind != GroupKind::nf4) return spec.numel();
+    const long long size = (long long)dtype_size(dtype);
+    return (nf4_slot_bytes(spec, double_quant) + size - 1) / size;
+}
+
+GroupLayout layout_group(GroupKind kind, DType dtype, const std::vector<TensorSpec>& specs, int shards,
+                         bool double_quant) {
     if (shards < 1) throw std::invalid_argument("layout_group: shards must be >= 1");
     auto round_up = [](long long x, long long m) { return (x + m - 1) / m * m; };
     GroupLayout g;
     g.kind = kind;
     g.dtype = dtype;
     g.shards = shards;
+    g.double_quant = kind == GroupKind::nf4 && double_quant;
+    // An nf4 slot starts on a 256-byte boundary (its fields' alignment), and so does every shard.
+    const long long alignment = kind == GroupKind::nf4
+                                    ? std::max(kTensorAlignment, kNf4FieldAlignment / (long long)dtype_size(dtype))
+                                    : kTensorAlignment;
     long long offset = 0;
     for (const TensorSpec& spec : specs) {
-        offset = round_up(offset, kTensorAlignment);
+        offset = round_up(offset, alignment);
         g.tensors.push_back(TensorSlot{spec, offset});
-        offset += spec.numel();
+        offset += slot_elements(spec, kind, dtype, g.double_quant);
     }
     g.used = offset;
-    g.padded = round_up(offset, kTensorAlignment * shards);
+    g.padded = round_up(offset, alignment * shards);
     return g;
 }
 
-std::vector<GroupLayout> layout_unit(const UnitSpec& unit, DType dtype, int shards,
-                                     const std::set<std::string>& frozen) {
-    std::vector<TensorSpec> trainable, fixed;
-    for (const TensorSpec& t : unit.tensors) (frozen.count(t.name) ? fixed : trainable).push_back(t);
+std::vector<GroupLayout> layout_unit(const UnitSpec& unit, DType dtype, int shards, const std::set<std::string>& frozen,
+                                     const std::set<std::string>& quantized, bool double_quant) {
+    std::vector<TensorSpec> trainable, fixed, nf4;
+    for (const TensorSpec& t : unit.tensors)
+        (quantized.count(t.name) ? nf4 : frozen.count(t.name) ? fixed : trainable).push_back(t);
     std::vector<GroupLayout> groups{layout_group(GroupKind::trainable, dtype, trainable, shards)};
     if (!fixed.empty()) groups.push_back(layout_group(GroupKind::frozen, dtype, fixed, shards));
+    if (!nf4.empty()) groups.push_back(layout_group(GroupKind::nf4, dtype, nf4, shards, double_quant));
     return groups;
 }
 

@@ -64,7 +64,8 @@ struct TensorSlot {
 
 inline constexpr long long kTensorAlignment = 64;  // elements
 
-enum class GroupKind { trainable, frozen };
+// nf4: frozen weights stored as NF4 (model/nf4_layout.h); frozen in every other respect.
+enum class GroupKind { trainable, frozen, nf4 };
 
 struct GroupLayout {
     GroupKind kind = GroupKind::trainable;
@@ -73,14 +74,17 @@ struct GroupLayout {
     long long used = 0;    // elements up to the end of the last tensor
     long long padded = 0;  // total elements: a multiple of shards · kTensorAlignment (0 when empty)
     int shards = 1;
+    bool double_quant = false;  // nf4 groups: the absmaxes double-quantised
     bool trainable() const { return kind == GroupKind::trainable; }
     long long shard_numel() const { return padded / shards; }
     size_t bytes() const { return size_t(padded) * dtype_size(dtype); }
     const TensorSlot& find(const std::string& name) const;  // throws naming the tensor (for tools and tests)
 };
 
-// Places `specs` in one group of `kind` and `dtype`, splittable into `shards`.
-GroupLayout layout_group(GroupKind kind, DType dtype, const std::vector<TensorSpec>& specs, int shards);
+// Places `specs` in one group of `kind` and `dtype`, splittable into `shards` (an nf4 group: each
+// tensor's NF4 slot, model/nf4_layout.h, in elements of `dtype`).
+GroupLayout layout_group(GroupKind kind, DType dtype, const std::vector<TensorSpec>& specs, int shards,
+                         bool double_quant = false);
 
 enum class UnitKind { embedding, block, head };
 
@@ -112,7 +116,12 @@ std::set<std::string> base_tensor_names(const LlamaConfig& config);
 // A unit's groups for storage type `dtype` and `shards` shards: groups[0] is the trainable group
 // (possibly empty), then a frozen group when any of the unit's tensors is in `frozen` (polevault
 // names, see model/freeze.h).
+// The tensors in `quantized` (frozen ones) go to an nf4 group after the frozen one.
 std::vector<GroupLayout> layout_unit(const UnitSpec& unit, DType dtype, int shards,
-                                     const std::set<std::string>& frozen = {});
+                                     const std::set<std::string>& frozen = {},
+                                     const std::set<std::string>& quantized = {}, bool double_quant = true);
+
+// Elements of `dtype` a tensor takes in a group of `kind` (its NF4 slot for an nf4 group).
+long long slot_elements(const TensorSpec& spec, GroupKind kind, DType dtype, bool double_quant);
 
 }  // namespace pv

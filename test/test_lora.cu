@@ -367,3 +367,117 @@ TEST_CASE("LoRA whole-model gradient check (fp64): adapters through the frozen b
         if (lora.dropout > 0) REQUIRE(run_step(m, b, false, -1).first != loss0);
     }
 }
+
+namespace lora_test {
+
+template <class T>
+std::vector<T> download_n(const T* p, size_t n) {
+    std::vector<T> host(n);
+    CUDA_CHECK(cudaMemcpy(host.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return host;
+}
+
+pv::ModelOptions qlora_options(int B, int T, uint64_t seed, const pv::LoraConfig& lora, bool double_quant) {
+    pv::ModelOptions o = options(B, T, seed, lora);
+    o.nf4 = true, o.double_quant = double_quant;
+    return o;
+}
+
+// A QLoRA model and a LoRA model whose base weights are the QLoRA model's dequantised values and
+// whose adapters are the same: forward and adapter gradients bit-identical (the same GEMMs on the
+// same values), in the dtype given.
+template <class T>
+void check_qlora_equals_dequantised(bool double_quant) {
+    const pv::LlamaConfig& c = pv::preset("test-tiny");
+    const pv::LoraConfig lora = lora_config(3, {"q_proj", "v_proj", "o_proj", "down_proj"});
+    pv::Llama<T> q(c, qlora_options(2, 6, 13, lora, double_quant));
+    pv::Llama<T> dense(c, options(2, 6, 99, lora));  // other seed: every value is copied below
+    randomise_b(q, 3);
+    for (int u = 0; u < q.num_units(); ++u) {
+        CUDA_CHECK(cudaMemcpy(dense.params(u), q.params(u), q.trainable(u).bytes(), cudaMemcpyDeviceToDevice));
+        const std::vector<pv::UnitSpec> base = pv::model_units(c);
+        for (size_t i = 0; i < base[size_t(u)].tensors.size(); ++i) {
+            const pv::TensorSpec& t = base[size_t(u)].tensors[i];
+            // The dequantised base: merged_tensor folds the adapters in, so take it with B = 0 first.
+            DeviceArray<T> saved_b(size_t(q.trainable(u).padded));
+            CUDA_CHECK(cudaMemcpy(saved_b.get(), q.params(u), q.trainable(u).bytes(), cudaMemcpyDeviceToDevice));
+            CUDA_CHECK(cudaMemset(q.params(u), 0, q.trainable(u).bytes()));
+            q.merged_tensor(u, int(i), dense.tensor(t.name));
+            CUDA_CHECK(cudaMemcpy(q.params(u), saved_b.get(), q.trainable(u).bytes(), cudaMemcpyDeviceToDevice));
+        }
+    }
+    // The quantised weights really are NF4: within half the widest level gap (0.15) × absmax of the
+    // initial N(0, 0.02²) values — and not equal to them.
+    pv::Llama<T> unquantised(c, options(2, 6, 13, lora));
+    const auto wq = to_double(download_n(dense.tensor("layers.1.w_qkv"), size_t(c.qkv_width() * c.hidden_size)));
+    const auto w0 = to_double(download_n(unquantised.tensor("layers.1.w_qkv"), wq.size()));
+    double max_err = 0, max_abs = 0;
+    for (size_t i = 0; i < wq.size(); ++i)
+        max_err = std::max(max_err, std::fabs(wq[i] - w0[i])), max_abs = std::max(max_abs, std::fabs(w0[i]));
+    INFO("NF4 error " << max_err << " of max |w| " << max_abs);
+    CHECK(max_err > 0);
+    CHECK(max_err <= 0.17 * max_abs);
+    const Batch b = make_batch(c, 2, 6, 21);
+    const auto [lq, nq] = run_step(q, b, true);
+    const auto [ld, nd] = run_step(dense, b, true);
+    REQUIRE(lq == ld);
+    for (int u = 1; u + 1 < q.num_units(); ++u) {
+        const size_t n = size_t(q.trainable(u).padded);
+        std::vector<T> gq(n), gd(n);
+        CUDA_CHECK(cudaMemcpy(gq.data(), q.grads(u), n * sizeof(T), cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(gd.data(), dense.grads(u), n * sizeof(T), cudaMemcpyDeviceToHost));
+        REQUIRE(to_double(gq) == to_double(gd));
+    }
+}
+
+}  // namespace lora_test
+
+TEST_CASE("a QLoRA model computes exactly the LoRA model on its dequantised weights", "[lora][nf4][model]") {
+    check_qlora_equals_dequantised<double>(true);
+    check_qlora_equals_dequantised<float>(false);
+    check_qlora_equals_dequantised<__nv_bfloat16>(true);
+}
+
+TEST_CASE("QLoRA layout: NF4 groups hold the blocks' linears, 4.127 bits each, any slice initialises alone",
+          "[lora][nf4][model]") {
+    const pv::LlamaConfig& c = pv::preset("test-tied");
+    pv::ModelOptions o = qlora_options(1, 4, 5, lora_config(2), true);
+    o.placement.shards = 3;
+    o.placement.gradients = pv::Gradients::none;
+    pv::Llama<float> m(c, o);
+    const long long per_layer = (long long)c.qkv_width() * c.hidden_size + (long long)c.q_width() * c.hidden_size +
+                                3LL * c.ffn_size * c.hidden_size;
+    REQUIRE(m.nf4_tensor_elements() == per_layer * c.num_layers);
+    for (int u = 1; u + 1 < m.num_units(); ++u) {
+        const pv::GroupLayout& g = m.group(u, m.num_groups(u) - 1);
+        REQUIRE(g.kind == pv::GroupKind::nf4);
+        REQUIRE(g.tensors.size() == 4);
+        REQUIRE(g.bytes() % (256 * 3) == 0);  // shards split at 256-byte (whole-block) boundaries
+        // Bytes against the format: per part ceil(n/2) + ceil(n/64) + 4·ceil(n/64/256) + 4, each
+        // field 256-aligned, at most 4 fields · 255 bytes of alignment per part.
+        long long format = 0, parts = 0;
+        for (const pv::TensorSlot& t : g.tensors)
+            for (const pv::TensorPart& p : t.spec.parts) {
+                const long long n = p.rows * t.spec.cols, blocks = (n + 63) / 64;
+                format += (n + 1) / 2 + blocks + 4 * ((blocks + 255) / 256) + 4, ++parts;
+            }
+        REQUIRE(g.used * 4 >= format);
+        REQUIRE(g.used * 4 <= format + parts * 4 * 255 + 255 * 4);
+        for (long long begin : {0LL, g.padded / 3, 2 * g.padded / 3}) {  // the three shards alone
+            DeviceArray<float> slice(size_t(g.padded / 3));
+            m.init_params(u, m.num_groups(u) - 1, slice.get(), begin, begin + g.padded / 3, 5);
+            std::vector<float> whole(size_t(g.padded));
+            CUDA_CHECK(
+                cudaMemcpy(whole.data(), m.group_params(u, m.num_groups(u) - 1), g.bytes(), cudaMemcpyDeviceToHost));
+            const auto got = slice.download();
+            REQUIRE(std::memcmp(got.data(), whole.data() + begin, got.size() * sizeof(float)) == 0);
+        }
+    }
+    REQUIRE_THROWS_WITH(pv::Llama<float>(c,
+                                         [&] {
+                                             pv::ModelOptions no_lora = pv::whole_model(1, 4, 5);
+                                             no_lora.nf4 = true;
+                                             return no_lora;
+                                         }()),
+                        Catch::Contains("needs LoRA"));
+}

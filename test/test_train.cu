@@ -1174,3 +1174,57 @@ TEST_CASE("train LoRA end to end: stories260K base, adapters learn, resume, expo
     CHECK(changed.status != 0);
     CHECK(changed.output.find("fingerprint differs") != std::string::npos);
 }
+
+// QLoRA end to end: the same fine-tune with the base's linears in NF4 (quantised as they load, so
+// no dense copy of the base stays on the device), under zero3 at 2 ranks (the packed base sliced
+// and gathered per unit); it learns, reports the NF4 base, and its merged export — the dequantised
+// base with the adapters folded in — computes the checkpoint's loss.
+TEST_CASE("train QLoRA end to end: stories260K base in NF4 under zero3, adapters learn, export --merged",
+          "[train][lora][nf4][mpi]") {
+    TempDir dir("train_qlora");
+    const fs::path bin = fs::path(__FILE__).parent_path() / "../../shared/models/stories260K.bin";
+    REQUIRE(fs::exists(bin));
+    const std::string base = dir.file("st");
+    REQUIRE(run_train("convert --from llama2c " + bin.string() + " --out " + base).status == 0);
+    {
+        std::ofstream c(dir.file("chats.jsonl"));
+        for (int i = 0; i < 48; ++i)
+            c << "{\"messages\": [{\"role\": \"user\", \"content\": \"What comes after " << i
+              << "?\"}, {\"role\": \"assistant\", \"content\": \"" << i + 1 << " comes after " << i << ".\"}]}\n";
+    }
+    const std::string data = dir.file("data");
+    REQUIRE(run_train("prepare " + dir.file("chats.jsonl") + " --out " + data +
+                      " --vocab 400 --chat-format llama3 --val-fraction 0.25")
+                .status == 0);
+    const std::regex eval_line(R"(loss ([0-9.eE+-]+) perplexity)");
+    auto eval_loss = [&](const std::string& model) {
+        const Run e = run_train("eval " + model + " --data " + data + " --seq-len 48 --dtype fp32");
+        INFO(e.output);
+        REQUIRE(e.status == 0);
+        std::smatch m;
+        REQUIRE(std::regex_search(e.output, m, eval_line));
+        return std::stod(m[1]);
+    };
+    const double before = eval_loss(base);
+    const Run t = run_mpi(2, (build_dir() / "train").string() + " --init-from " + base + " --data " + data +
+                                 " --parallel zero3 --lora-rank 8 --lora-alpha 16 --quantize nf4 --dtype fp32 "
+                                 "--steps 12 --batch 8 --seq-len 48 --lr 1e-2 --warmup 2 --eval-interval 0 "
+                                 "--sample-tokens 0 --out-dir " +
+                                 dir.file("run"));
+    INFO(t.output);
+    REQUIRE(t.status == 0);
+    // stories260K's block linears: 5 layers × (qkv 128×64 + o 64×64 + gate/up/down 3 × 172×64).
+    const int quantized = 5 * (128 * 64 + 64 * 64 + 3 * 172 * 64);
+    CHECK(t.output.find("NF4 (QLoRA): " + std::to_string(quantized) +
+                        " base weights in 4-bit NF4 with double-quantised absmaxes") != std::string::npos);
+    const double after = eval_loss(dir.file("run"));
+    INFO("validation loss before " << before << ", after 12 QLoRA steps " << after);
+    CHECK(after < before - 0.3);
+    const Run merged = run_train("export " + dir.file("run") + " --merged " + dir.file("merged"));
+    INFO(merged.output);
+    REQUIRE(merged.status == 0);
+    CHECK(std::fabs(eval_loss(dir.file("merged")) - after) <= 1e-5 * after);
+    const Run no_lora = run_train("--quantize nf4 --out-dir " + dir.file("x"));
+    CHECK(no_lora.status != 0);
+    CHECK(no_lora.output.find("add --lora-rank") != std::string::npos);
+}

@@ -85,6 +85,7 @@ LoadStats load_model_dir(const ModelDir& m, Llama<T>& model) {
 ModelOptions inference_model(const ModelDir& m, int batch, int seq_len) {
     ModelOptions o = whole_model(batch, seq_len, m.seed, Gradients::none);
     o.lora = m.lora;
+    o.nf4 = m.nf4, o.double_quant = m.double_quant;
     return o;
 }
 

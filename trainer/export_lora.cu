@@ -4,9 +4,9 @@
 // --peft copies what the checkpoint already holds in PEFT's layout — adapter_model.safetensors, whose
 // keys are PEFT's (base_model.model.<module>.lora_A.weight, [r][in]; lora_B, [out][r]) — converted to
 // --dtype, with an adapter_config.json naming the base. --merged loads the base and the adapters
-// into a whole model on the device in the export dtype, folds W += s·B·A into every adapted weight
-// (model/llama.h merge_adapters: one GEMM per module) and writes the base's tensors: the whole
-// model must fit on one device.
+// into a whole model on the device in the export dtype and writes each base tensor dense (NF4
+// dequantised) with W + s·B·A folded into every adapted weight (model/llama.h merged_tensor: one
+// GEMM per module): the whole model must fit on one device.
 #include "model/checkpoint.h"
 #include "model/config_json.h"
 #include "model/dtype_conversion.h"
@@ -30,20 +30,26 @@ template <class T>
 void merged_as(const ExportOptions& o, const ModelDir& m) {
     Llama<T> model(m.config, inference_model(m, 1, 1));
     load_model_dir(m, model);
-    model.merge_adapters();
+    // The base's tensors, dense (dequantised when NF4), each adapted one with W + s·B·A.
+    std::vector<GroupLayout> layouts;
     HostGroups params{dtype_of<T>(), {}};
-    for (int u = 0; u < model.num_units(); ++u)
-        for (int g = 0; g < model.num_groups(u); ++g)
-            if (in_set(model, g, GroupSet::base)) {
-                std::vector<uint8_t> bytes(model.group(u, g).bytes());
-                if (!bytes.empty())
-                    CUDA_CHECK(
-                        cudaMemcpy(bytes.data(), model.group_params(u, g), bytes.size(), cudaMemcpyDeviceToHost));
-                params.units.push_back(std::move(bytes));
-            }
+    const std::vector<UnitSpec> units = model_units(m.config);
+    for (size_t u = 0; u < units.size(); ++u) {
+        layouts.push_back(layout_group(GroupKind::frozen, dtype_of<T>(), units[u].tensors, 1));
+        const GroupLayout& layout = layouts.back();
+        std::vector<uint8_t> bytes(layout.bytes(), 0);
+        for (size_t i = 0; i < layout.tensors.size(); ++i) {
+            const TensorSlot& t = layout.tensors[i];
+            DeviceBuffer<T> dense(size_t(t.spec.numel()), MemoryCategory::workspace);
+            model.merged_tensor(int(u), int(i), dense.get());
+            CUDA_CHECK(cudaMemcpy(bytes.data() + size_t(t.offset) * sizeof(T), dense.get(), dense.bytes(),
+                                  cudaMemcpyDeviceToHost));
+        }
+        params.units.push_back(std::move(bytes));
+    }
     const std::string tmp = begin_new_model_dir(o.merged_out);
     try {
-        write_group_tensors(tmp + "/model.safetensors", groups_of(model, GroupSet::base), params, {{"format", "pt"}});
+        write_group_tensors(tmp + "/model.safetensors", layouts, params, {{"format", "pt"}});
         write_hf_config(tmp + "/config.json", m.config, torch_dtype_name(dtype_of<T>()));
         std::optional<Tokenizer> tokenizer;
         if (!fs::exists(fs::path(m.path) / "generation_config.json") && !m.tokenizer.empty())

@@ -23,6 +23,7 @@
 #include "model/checkpoint.h"
 #include "model/hf_checkpoint.h"
 #include "model/llama.h"
+#include "model/nf4_slot.cuh"
 #include "optim/optimizer.cuh"
 #include "parallel/strategy.h"
 
@@ -106,6 +107,31 @@ struct LoadStats {
     }
 };
 
+// An NF4 group's range (model/nf4_layout.h): each tensor whose slot overlaps it is read whole in X,
+// quantised on the device (its statistics span the tensor) and the overlap copied — one tensor at a
+// time, so neither the host nor the device ever holds more than one dense tensor of the base.
+template <class X>
+uint64_t load_nf4_range(HfCheckpoint& source, const GroupLayout& layout, const DeviceRange<X>& range) {
+    uint64_t overflows = 0;
+    for (const TensorSlot& t : layout.tensors) {
+        const long long len = slot_elements(t.spec, layout.kind, layout.dtype, layout.double_quant);
+        const long long lo = std::max(range.begin, t.offset), hi = std::min(range.begin + range.len, t.offset + len);
+        if (lo >= hi) continue;
+        const std::vector<GroupLayout> dense = {layout_group(GroupKind::frozen, dtype_of<X>(), {t.spec}, 1)};
+        DeviceBuffer<X> values(size_t(t.spec.numel()), MemoryCategory::workspace),
+            slot(size_t(len), MemoryCategory::workspace);
+        overflows += read_group_ranges(
+            source, dense, {{0, t.spec.numel()}}, dtype_of<X>(),
+            [&](size_t, long long at, const uint8_t* data, long long n) {
+                CUDA_CHECK(cudaMemcpy(values.get() + at, data, size_t(n) * sizeof(X), cudaMemcpyHostToDevice));
+            });
+        nf4_quantize_slot(t.spec, layout.double_quant, values.get(), slot.get(), nullptr);
+        CUDA_CHECK(cudaMemcpy(range.dst + (lo - range.begin), slot.get() + (lo - t.offset), size_t(hi - lo) * sizeof(X),
+                              cudaMemcpyDeviceToDevice));
+    }
+    return overflows;
+}
+
 // Checks `source` against `layouts` (whole), then fills each device range from it: zeroed, then
 // the tensor elements inside it streamed in pieces. ranges[k] belongs to layouts[k].
 template <class X>
@@ -120,14 +146,18 @@ LoadStats load_group_ranges(HfCheckpoint& source, const std::vector<GroupLayout>
             stats.dtypes.push_back(t->dtype);
     CUDA_CHECK(cudaDeviceSynchronize());  // nothing queued earlier (initialisation) may land after the load
     std::vector<ElementRange> wanted;
-    for (const DeviceRange<X>& r : ranges) {
+    for (size_t k = 0; k < ranges.size(); ++k) {
+        const DeviceRange<X>& r = ranges[k];
         if (r.len > 0) CUDA_CHECK(cudaMemset(r.dst, 0, size_t(r.len) * sizeof(X)));  // padding and gaps
-        wanted.push_back({r.begin, r.len});
+        const bool nf4 = layouts[k].kind == GroupKind::nf4;  // quantised below, tensor by tensor
+        wanted.push_back({r.begin, nf4 ? 0 : r.len});
     }
     stats.overflows = read_group_ranges(
         source, layouts, wanted, dtype_of<X>(), [&](size_t k, long long at, const uint8_t* data, long long n) {
             CUDA_CHECK(cudaMemcpy(ranges[k].dst + at, data, size_t(n) * sizeof(X), cudaMemcpyHostToDevice));
         });
+    for (size_t k = 0; k < ranges.size(); ++k)
+        if (layouts[k].kind == GroupKind::nf4) stats.overflows += load_nf4_range(source, layouts[k], ranges[k]);
     stats.bytes_read = source.bytes_read();
     stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return stats;

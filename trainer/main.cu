@@ -113,6 +113,8 @@ int train_command(const TrainOptions& requested_flags, const std::string& resume
         throw std::invalid_argument("--freeze " + o.freeze + " with --lora-rank " + std::to_string(o.lora_rank) +
                                     ": LoRA freezes the whole base already and trains only the adapters; drop "
                                     "--freeze (or --lora-rank for full fine-tuning with frozen tensors)");
+    if (o.quantize == "nf4" && o.lora_rank == 0)
+        throw std::invalid_argument("--quantize nf4 stores the frozen base of a LoRA run (QLoRA): add --lora-rank");
     accumulation_for(o.batch, o.micro_batch, data_ranks);  // a bad geometry fails before any data is read
     RunData data = load_run_data(o, resume_dir, init_dir);
     const LlamaConfig config = model_config(o, data, resume_dir, init_dir);
@@ -363,9 +365,9 @@ int main_checked(int argc, char** argv) {
         compare.resume = saved.resume;
         compare.stop_after = saved.stop_after;
         for (const std::string& change : train_options_diff(saved, compare)) {
-            for (const char* fixed :
-                 {"preset:", "config:", "init_from:", "vocab:", "dtype:", "batch:", "seq_len:", "seed:", "freeze:",
-                  "document_mask:", "lora_rank:", "lora_alpha:", "rslora:", "lora_targets:"})
+            for (const char* fixed : {"preset:", "config:", "init_from:", "vocab:", "dtype:", "batch:", "seq_len:",
+                                      "seed:", "freeze:", "document_mask:", "lora_rank:", "lora_alpha:", "rslora:",
+                                      "lora_targets:", "quantize:", "double_quant:"})
                 if (change.rfind(fixed, 0) == 0)
                     throw std::invalid_argument("cannot change " + change +
                                                 " when resuming: the checkpoint's model, "

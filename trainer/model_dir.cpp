@@ -50,6 +50,7 @@ ModelDir open_model_dir(const std::string& given) {
         m.seed = state.seed;
         if (state.options.lora_rank > 0) {
             m.lora = lora_config(state.options);
+            m.nf4 = state.options.quantize == "nf4", m.double_quant = state.options.double_quant;
             m.base_dir = state.options.init_from;
             if (!m.base_dir.empty() && model_files_fingerprint(m.base_dir) != state.base_fingerprint)
                 throw std::runtime_error("'" + m.path + "' holds LoRA adapters trained on the base model " +

@@ -39,6 +39,7 @@ struct ModelDir {
     // directory (checked against the fingerprint the run saved), or none when the base was
     // initialised from `seed`.
     LoraConfig lora;
+    bool nf4 = false, double_quant = true;  // QLoRA: the base quantised as it was in training
     std::string base_dir;
     uint64_t seed = 0;
 };

@@ -19,7 +19,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, in
                                                 microbatches, balance, freeze, eval_interval, eval_batches, out_dir,
                                                 checkpoint_interval, resume, stop_after, prompt, sample_tokens,
                                                 temperature, top_p, document_mask, lora_rank, lora_alpha, rslora,
-                                                lora_targets, lora_dropout, adapter)
+                                                lora_targets, lora_dropout, adapter, quantize, double_quant)
 
 namespace {
 
@@ -99,6 +99,12 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
                    "LoRA: dropout on the adapters' input (Philox-keyed by seed, step and the token's global row: "
                    "the same at every world size)")
         ->check(CLI::Range(0.0, 0.999));
+    app.add_option("--quantize", o.quantize,
+                   "QLoRA: store the frozen base's linear weights (every block's q/k/v/o/gate/up/down) as NF4, "
+                   "exactly as bitsandbytes' quantize_4bit, dequantised before each GEMM (needs --lora-rank)")
+        ->check(CLI::IsMember({"", "nf4"}));
+    app.add_flag("--double-quant,!--no-double-quant", o.double_quant,
+                 "NF4: quantise the absmaxes too (8 bits, blocks of 256: 4.127 bits per parameter instead of 4.5)");
     app.add_option("--adapter", o.adapter,
                    "LoRA: continue training a PEFT adapter directory (adapter_config.json, "
                    "adapter_model.safetensors) on the base given by --init-from; its rank, alpha, rsLoRA and "

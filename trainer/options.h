@@ -40,8 +40,10 @@ struct TrainOptions {
     bool rslora = false;
     std::string lora_targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj";
     double lora_dropout = 0;
-    std::string adapter;  // a PEFT adapter directory to continue training (with --init-from its base)
-    int vocab = 512;      // tokenizer vocabulary trained on the built-in corpus
+    std::string adapter;       // a PEFT adapter directory to continue training (with --init-from its base)
+    std::string quantize;      // "nf4": QLoRA, the blocks' linear weights stored as NF4; empty: none
+    bool double_quant = true;  // NF4: double-quantise the absmaxes (QLoRA's default)
+    int vocab = 512;           // tokenizer vocabulary trained on the built-in corpus
     // Batch and length (DESIGN.md §4: batch = micro_batch x accumulation x ranks).
     long long steps = 250;
     int batch = 16;

@@ -165,8 +165,9 @@ class TrainingRun {
         // The strategy decides how the model is built and is applied to a model that knows nothing of it.
         const FrozenTensors frozen = resolve_freeze(config, split_patterns(o.freeze));
         for (const std::string& note : frozen.notes) std::printf("freeze: %s\n", note.c_str());
-        model_ = std::make_unique<Llama<T>>(config, ModelOptions{o.micro_batch, o.seq_len, o.seed, frozen.names,
-                                                                 lora_config(o), plan_.placement, nullptr});
+        model_ = std::make_unique<Llama<T>>(
+            config, ModelOptions{o.micro_batch, o.seq_len, o.seed, frozen.names, lora_config(o), o.quantize == "nf4",
+                                 o.double_quant, plan_.placement, nullptr});
         strategy_ = make_strategy<T, G>(plan_, *model_, &world.comm(), o.seed);
         // --init-from: the pretrained weights over the initial ones, each rank what it keeps, before
         // the optimizer takes its master copy from them.
@@ -265,6 +266,12 @@ class TrainingRun {
         std::printf("parameters: %lld trainable (%.2f%%), %lld frozen (%.2f%%)\n", trainable,
                     100.0 * double(trainable) / double(trainable + fixed), fixed,
                     100.0 * double(fixed) / double(trainable + fixed));
+        if (model_->quantized()) {
+            const long long n = model_->nf4_tensor_elements();
+            const size_t bytes = memory_stats().current[size_t(MemoryCategory::parameters)];
+            std::printf("NF4 (QLoRA): %lld base weights in 4-bit NF4%s; parameters on this rank %.1f MiB\n", n,
+                        o_.double_quant ? " with double-quantised absmaxes" : "", mib(bytes));
+        }
         if (const LoraConfig& l = model_->lora(); l.enabled()) {
             std::string targets;
             for (const std::string& t : l.targets) targets += (targets.empty() ? "" : ",") + t;

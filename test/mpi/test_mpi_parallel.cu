@@ -128,6 +128,7 @@ struct Options {
     std::set<std::string> frozen;  // tensors in frozen groups (polevault names)
     bool documents;                // packed documents (sample)
     pv::LoraConfig lora;           // adapters on a frozen base (off by default)
+    bool nf4 = false;              // QLoRA: the base's block linears in NF4
 };
 
 // LoRA on most modules with dropout: rank 3 (so adapter groups need padding), k_proj and
@@ -163,6 +164,7 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
         pv::ModelOptions mo;
         mo.batch = kMicro, mo.seq_len = kSeq, mo.seed = 42, mo.frozen = opt.frozen, mo.placement = plan.placement;
         mo.lora = opt.lora;
+        mo.nf4 = opt.nf4;
         pv::Llama<T> model(config, mo);
         std::unique_ptr<pv::Strategy<T, G>> s = pv::make_strategy<T, G>(plan, model, comm, 42);
         auto optimizer = pv::Trainer<T, G>::make_optimizer(*s);
@@ -188,6 +190,7 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
         }
         for (int u = 0; u < model.num_units(); ++u)
             for (int g = 0; g < model.num_groups(u); ++g) {
+                if (model.group(u, g).kind == pv::GroupKind::nf4) continue;  // packed codes, not values
                 // ZeRO-3 holds slices: gather the group whole first; mp: the stage holding it broadcasts it.
                 const long long padded = model.group(u, g).padded;
                 std::unique_ptr<pv::DeviceBuffer<T>> whole;
@@ -752,6 +755,34 @@ TEST_CASE("with LoRA: collectives, bytes on the wire and memory per category are
     pv::World world(nullptr, nullptr);
     check_counts<__nv_bfloat16>(world, lora_options());
     check_counts<double>(world, lora_options());
+}
+
+// QLoRA: the same with the base's linears in NF4 (each rank quantises what it keeps; ZeRO-3 slices
+// the packed groups at block boundaries and gathers them with the unit).
+TEST_CASE("with QLoRA: collectives, bytes on the wire and memory per category are exactly as designed",
+          "[parallel][lora][nf4][counting]") {
+    pv::World world(nullptr, nullptr);
+    Options opt = lora_options();
+    opt.nf4 = true;
+    check_counts<__nv_bfloat16>(world, opt);
+    check_counts<double>(world, opt);
+}
+
+TEST_CASE("every strategy with QLoRA trains what single trains: fp64 within 1e-10", "[parallel][lora][nf4]") {
+    pv::World world(nullptr, nullptr);
+    Options opt = lora_options();
+    opt.nf4 = true;
+    const RunResult single = reference<double>(world, opt);
+    const RunResult ddp = train<double>("ddp", &world.comm(), world.size(), opt);
+    const RunResult zero1 = train<double>("zero1", &world.comm(), world.size(), opt);
+    const RunResult zero2 = train<double>("zero2", &world.comm(), world.size(), opt);
+    const RunResult zero3 = train<double>("zero3", &world.comm(), world.size(), opt);
+    check_data_parallel_parity(single, ddp, zero1, zero2, zero3);
+    check_close(train<double>("mp", &world.comm(), world.size(), opt), single);
+    // NF4 changed the model: the LoRA run on the unquantised base computes other losses.
+    Options dense = opt;
+    dense.nf4 = false;
+    CHECK(reference<double>(world, dense).losses[0] != single.losses[0]);
 }
 
 // Every strategy trains the LoRA model single trains, dropout included (its mask is keyed by the

@@ -1,0 +1,43 @@
+// Where an NF4-quantised tensor's fields live in its parameter group (QLoRA's frozen base;
+// kernels/nf4.cuh has the format, bit for bit bitsandbytes').
+//
+// bitsandbytes quantises each Hugging Face linear on its own (its absmax blocks, double-quant
+// offset and nested blocks are per module), so a fused polevault tensor ([Wq; Wk; Wv], [Wgate;
+// Wup]) is quantised part by part, exactly as a bitsandbytes checkpoint of the same model: the
+// codes and statistics of q_proj are those bitsandbytes gives q_proj, and a pre-quantised
+// checkpoint's fields copy in unchanged. A tensor's slot in the group holds its parts one after
+// another; each part's fields start on a 256-byte boundary:
+//   codes     ceil(n/2) bytes, two 4-bit codes per byte (the first element in the high nibble)
+//   absmax    fp32 per block of 64 — or, with double quantisation, one 8-bit code per block,
+//   nested    fp32 per 256 blocks, and
+//   offset    one fp32 (the mean the absmaxes were centred on).
+// An NF4 group keeps the storage type T of the run's other groups (its bytes counted in T
+// elements, slots aligned to max(64 elements, 256 bytes)), so sharding, ZeRO-3's gathers and the
+// memory accounting treat it like any group; a slice boundary then always falls on a 256-byte,
+// so whole-block, boundary of every field.
+// Host code only.
+#pragma once
+
+#include "model/parameters.h"
+
+#include <vector>
+
+namespace pv {
+
+inline constexpr long long kNf4FieldAlignment = 256;  // bytes
+
+// One part's fields: byte offsets from the start of its tensor's slot, and its element count.
+struct Nf4PartFields {
+    long long n = 0;                                          // elements (rows · cols of the part)
+    long long row_begin = 0;                                  // its rows within the fused tensor
+    long long codes = 0, absmax = 0, nested = 0, offset = 0;  // nested, offset: double quantisation only
+    long long end = 0;                                        // one past its last byte
+};
+
+// The fields of each of `spec`'s parts, in part order.
+std::vector<Nf4PartFields> nf4_part_fields(const TensorSpec& spec, bool double_quant);
+
+// Bytes of a tensor's slot: its parts' fields, the last one's end.
+long long nf4_slot_bytes(const TensorSpec& spec, bool double_quant);
+
+}  // namespace pv
