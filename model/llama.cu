@@ -140,23 +140,13 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
         lora_shapes_[k] = lora_shape(shapes[size_t(k)], lora_);
         lora_max_a_rows_ = std::max<long long>(lora_max_a_rows_, lora_shapes_[k].a_rows());
     }
-    std::set<std::string> frozen = o.frozen;  // with adapters, the whole base is frozen
-    if (lora_.enabled())
-        for (const std::string& name : base_tensor_names(config_)) frozen.insert(name);
-    std::set<std::string> quantized;  // QLoRA: every block linear, as bitsandbytes' Linear4bit layers
-    if (nf4_) {
-        if (!lora_.enabled())
-            throw std::invalid_argument(
-                "NF4 quantisation stores a frozen base: it needs LoRA adapters to train (--lora-rank)");
-        for (int l = 0; l < config_.num_layers; ++l)
-            for (const char* t : {"w_qkv", "w_o", "w_gate_up", "w_down"})
-                quantized.insert("layers." + std::to_string(l) + "." + t);
-    }
+    const std::vector<std::vector<GroupLayout>> layouts =
+        model_layouts(config_, dtype_of<T>(), place.shards, GroupOptions{o.frozen, o.lora, o.nf4, o.double_quant});
     CUBLAS_CHECK(cublasCreate(&cublas_));
     const DType dt = dtype_of<T>();
     for (UnitSpec& spec : specs) {
         Unit fresh;
-        fresh.groups = layout_unit(spec, dt, place.shards, frozen, quantized, o.double_quant);
+        fresh.groups = layouts[units_.size()];
         if (nf4_ && spec.kind == UnitKind::block)
             for (int k = 0; k < kLoraLinears; ++k)
                 nf4_fields_[k] = nf4_part_fields(spec.tensors[size_t(base_tensor_of(k))], o.double_quant);

@@ -115,6 +115,26 @@ std::set<std::string> base_tensor_names(const LlamaConfig& config) {
     return names;
 }
 
+std::vector<std::vector<GroupLayout>> model_layouts(const LlamaConfig& config, DType dtype, int shards,
+                                                    const GroupOptions& o) {
+    std::set<std::string> frozen = o.frozen;  // with adapters, the whole base is frozen
+    if (o.lora.enabled())
+        for (const std::string& name : base_tensor_names(config)) frozen.insert(name);
+    std::set<std::string> quantized;  // QLoRA: every block linear, as bitsandbytes' Linear4bit layers
+    if (o.nf4) {
+        if (!o.lora.enabled())
+            throw std::invalid_argument(
+                "NF4 quantisation stores a frozen base: it needs LoRA adapters to train (--lora-rank)");
+        for (int l = 0; l < config.num_layers; ++l)
+            for (const char* t : {"w_qkv", "w_o", "w_gate_up", "w_down"})
+                quantized.insert("layers." + std::to_string(l) + "." + t);
+    }
+    std::vector<std::vector<GroupLayout>> out;
+    for (const UnitSpec& unit : model_units(config, o.lora))
+        out.push_back(layout_unit(unit, dtype, shards, frozen, quantized, o.double_quant));
+    return out;
+}
+
 std::vector<UnitSpec> model_units(const LlamaConfig& c, const LoraConfig& lora) {
     const long long C = c.hidden_size, V = c.vocab_size, F = c.ffn_size;
     const long long q = c.q_width(), kv = c.kv_width();

@@ -121,6 +121,21 @@ std::vector<GroupLayout> layout_unit(const UnitSpec& unit, DType dtype, int shar
                                      const std::set<std::string>& frozen = {},
                                      const std::set<std::string>& quantized = {}, bool double_quant = true);
 
+// What decides a model's groups besides its shape: the tensors --freeze keeps fixed, LoRA adapters
+// (the whole base then frozen), NF4 (every block linear of the base quantised; needs LoRA).
+struct GroupOptions {
+    std::set<std::string> frozen;
+    LoraConfig lora;
+    bool nf4 = false;
+    bool double_quant = true;
+};
+
+// Every unit's groups (model_units order, with LoRA's adapters) for storage type `dtype` and
+// `shards` shards: what Llama allocates, and what the memory figures (parallel/memory.h) count.
+// Throws std::invalid_argument for NF4 without LoRA.
+std::vector<std::vector<GroupLayout>> model_layouts(const LlamaConfig& config, DType dtype, int shards,
+                                                    const GroupOptions& options);
+
 // Elements of `dtype` a tensor takes in a group of `kind` (its NF4 slot for an nf4 group).
 long long slot_elements(const TensorSpec& spec, GroupKind kind, DType dtype, bool double_quant);
 

@@ -13,6 +13,7 @@
 #include "platform/device_memory.h"
 #include "model/llama.h"
 #include "optim/optimizer.cuh"
+#include "parallel/memory.h"
 #include "parallel/stages.h"
 #include "parallel/strategies.h"
 #include "trainer/trainer.h"
@@ -700,6 +701,24 @@ void check_counts(pv::World& world, Options opt = {}) {
     }
     CHECK(category(ddp, C::comm_buffers) == 0);
     CHECK(category(zero1, C::comm_buffers) == 0);
+    // The same figures from parallel/memory.h, which computes them before any allocation (the
+    // README's table comes from it), for every strategy here and for single on one rank.
+    const pv::GroupOptions groups{opt.frozen, opt.lora, opt.nf4, true};
+    const pv::LlamaConfig config = awkward_model(world.size(), opt.tied);
+    const RunResult single = reference<T>(world, opt);
+    for (const auto& [name, r, ranks] :
+         std::vector<std::tuple<std::string, const RunResult*, int>>{{"single", &single, 1},
+                                                                     {"ddp", &ddp, world.size()},
+                                                                     {"zero1", &zero1, world.size()},
+                                                                     {"zero2", &zero2, world.size()},
+                                                                     {"zero3", &zero3, world.size()}}) {
+        const pv::ModelStateMemory m = pv::model_state_memory(config, pv::dtype_of<T>(), groups, name, ranks);
+        INFO(name << " on " << ranks << " rank(s)");
+        CHECK(category(*r, C::parameters) == m.parameters);
+        CHECK(category(*r, C::gradients) == m.gradients);
+        CHECK(category(*r, C::optimizer_state) == m.optimizer_state);
+        CHECK(category(*r, C::comm_buffers) == m.comm_buffers);
+    }
     if (world.rank() == 0) {
         std::printf(
             "counts, N = %d, %s%s: psi %.0f; per step ddp %lld all-reduce, %.0f bytes; zero1 %lld reduce-scatter + "
