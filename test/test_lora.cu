@@ -481,3 +481,79 @@ TEST_CASE("QLoRA layout: NF4 groups hold the blocks' linears, 4.127 bits each, a
                                          }()),
                         Catch::Contains("needs LoRA"));
 }
+
+// fp64 central differences through one fused adapter on top of a frozen base GEMM (the linear as
+// the model runs it: y = x·Wᵀ + s·(drop(x)·Aᵀ)·Bᵀ): dx (the frozen path plus the adapter's), dA and
+// dB against L = <g, y>, with dropout on, for every element.
+TEST_CASE("LoRA linear gradient check (fp64): dx through the frozen base and the adapter, dA, dB, dropout",
+          "[lora][gradcheck]") {
+    const int N = 5, in = 7, out = 9, rank = 2;
+    pv::LoraShape s;
+    s.in = in, s.out = out, s.rank = rank, s.parts = 2, s.scale = 1.5;
+    s.part[0] = {0, 4, 0};
+    s.part[1] = {6, 3, 4};  // rows 4-5 have no adapter
+    const pv::LoraDropout d{0.3, 77, 2, 40};
+    std::vector<double> x = random_vector<double>(N * in, 1), w = random_vector<double>(out * in, 2),
+                        a = random_vector<double>(2 * rank * in, 3), b = random_vector<double>(7 * rank, 4);
+    const std::vector<double> g = random_vector<double>(N * out, 5);
+    cublasHandle_t h;
+    CUBLAS_CHECK(cublasCreate(&h));
+    DeviceArray<double> dw(w), dy(g), u(size_t(N * 2 * rank)), y(size_t(N * out)), dropped(size_t(N * in)),
+        du(size_t(N * 2 * rank));
+    auto loss = [&] {
+        DeviceArray<double> dx_(x), da_(a), db_(b);
+        pv::matmul_forward(h, dx_.get(), dw.get(), y.get(), N, in, out, nullptr);
+        pv::lora_forward(h, dx_.get(), da_.get(), db_.get(), y.get(), u.get(), dropped.get(), N, s, d, 9, nullptr);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        return dot(y.download(), g);
+    };
+    loss();
+    DeviceArray<double> xd(x), ad(a), bd(b), gx(size_t(N * in)), ga(std::vector<double>(a.size(), 0.0)),
+        gb(std::vector<double>(b.size(), 0.0));
+    pv::matmul_backward(h, dy.get(), xd.get(), dw.get(), gx.get(), static_cast<double*>(nullptr), N, in, out, false,
+                        nullptr);  // the frozen base: dx only
+    pv::lora_backward(h, dy.get(), xd.get(), ad.get(), bd.get(), u.get(), gx.get(), ga.get(), gb.get(), du.get(),
+                      dropped.get(), N, s, d, 9, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    for (const auto& [name, param, grad] :
+         std::vector<std::tuple<const char*, std::vector<double>*, std::vector<double>>>{
+             {"dx", &x, gx.download()}, {"dA", &a, ga.download()}, {"dB", &b, gb.download()}}) {
+        const std::string err = compare(grad, numerical_gradient(*param, loss), kGradTolerance);
+        INFO(name << ": " << err);
+        CHECK(err.empty());
+    }
+    CUBLAS_CHECK(cublasDestroy(h));  // after the last loss()
+}
+
+// A whole LoRA block (fp64): the gradient of its input (dresidual_in: the residual, both norms and
+// the frozen linears with their adapters, attention, SwiGLU) against central differences of
+// <g, block output>, with dropout on.
+TEST_CASE("LoRA block gradient check (fp64): the block input's gradient through frozen linears and adapters",
+          "[lora][gradcheck]") {
+    const pv::LlamaConfig& c = pv::preset("test-tiny");
+    const int B = 1, Tn = 4, C = c.hidden_size;
+    pv::Llama<double> m(c, options(B, Tn, 12, lora_config(2, {"q_proj", "v_proj", "up_proj", "down_proj"}, 0.25)));
+    randomise_b(m, 31);
+    std::vector<double> x = random_vector<double>(size_t(B * Tn * C), 8);
+    const std::vector<double> g = random_vector<double>(size_t(B * Tn * C), 9);
+    DeviceArray<double> xin(x.size()), gout(g), gin(x.size());
+    pv::UnitIO<double> io;
+    io.step = 3, io.first_row = 17;
+    auto loss = [&] {
+        xin.upload(x);
+        io.residual_in = xin.get();
+        io.residual_out = m.unit_output(1, 0);
+        m.forward_unit(1, 0, io);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        return dot(download_n(m.unit_output(1, 0), x.size()), g);
+    };
+    loss();
+    pv::UnitIO<double> back = io;
+    back.dresidual_out = gout.get();
+    back.dresidual_in = gin.get();
+    m.backward_unit(1, 0, back);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::string err = compare(gin.download(), numerical_gradient(x, loss), kGradTolerance);
+    INFO(err);
+    CHECK(err.empty());
+}
