@@ -505,12 +505,14 @@ double category(const RunResult& r, pv::MemoryCategory c) { return r.peak[size_t
 // stage's units (the last stage also the tied wte): parameters of all their groups, frozen ones
 // included; gradients and optimizer state of their trainable groups only.
 template <class T>
-void check_mp_counts(pv::World& world, const std::set<std::string>& frozen = {}) {
+void check_mp_counts(pv::World& world, Options opt = {}) {
+    const std::set<std::string>& frozen = opt.frozen;
     using pv::CollectiveKind;
     using C = pv::MemoryCategory;
     const int p = world.size(), r = world.rank(), m = 4;
     const double n = p, t = sizeof(T), a = sizeof(pv::acc_t<T>), master = std::is_same_v<T, __nv_bfloat16> ? 4 : 0;
-    const RunResult mp = train<T>("mp", &world.comm(), world.size(), Options{kAccumulation, m, true, frozen});
+    opt.microbatches = m;
+    const RunResult mp = train<T>("mp", &world.comm(), world.size(), opt);
     const double micro = kAccumulation * p, stream = double(kMicro) * kSeq * awkward_model(p).hidden_size;
     const int first = mp.stages[size_t(r)], end = mp.stages[size_t(r) + 1];
     const bool tied_copy = r == p - 1 && p > 1;  // awkward_model is tied
@@ -566,7 +568,11 @@ void check_mp_counts(pv::World& world, const std::set<std::string>& frozen = {})
     CUDA_CHECK(cudaMemcpy(all.data(), figures.get(), all.size() * sizeof(double), cudaMemcpyDeviceToHost));
     if (r == 0) {
         std::printf("counts, mp, N = %d, %s%s, psi %lld, per rank: ", p, std::is_same_v<T, double> ? "fp64" : "bf16",
-                    frozen_label(frozen, mp.psi_frozen).c_str(), mp.psi);
+                    (opt.lora.enabled() ? std::string(opt.nf4 ? ", QLoRA" : ", LoRA") + " (psi_frozen " +
+                                              std::to_string(mp.psi_frozen) + ")"
+                                        : frozen_label(frozen, mp.psi_frozen))
+                        .c_str(),
+                    mp.psi);
         for (int k = 0; k < p; ++k) {
             const double* f = all.data() + size_t(k) * mine.size();
             std::printf(
@@ -844,6 +850,19 @@ TEST_CASE("every strategy with LoRA (dropout on) trains what single trains: fp64
 TEST_CASE("mp with frozen tensors: transfers, bytes on the wire and memory per stage are exactly as designed",
           "[parallel][freeze][counting][mp]") {
     pv::World world(nullptr, nullptr);
-    check_mp_counts<__nv_bfloat16>(world, kFrozen);
-    check_mp_counts<double>(world, kFrozen);
+    check_mp_counts<__nv_bfloat16>(world, Options{kAccumulation, 1, true, kFrozen});
+    check_mp_counts<double>(world, Options{kAccumulation, 1, true, kFrozen});
+}
+
+// mp with LoRA and QLoRA: each stage holds its units' base (dense or NF4) and adapters; only the
+// adapters have gradients and optimizer state, and the tied embedding (frozen) needs no all-reduce.
+TEST_CASE("mp with LoRA and QLoRA: transfers, bytes on the wire and memory per stage are exactly as designed",
+          "[parallel][lora][counting][mp]") {
+    pv::World world(nullptr, nullptr);
+    Options opt = lora_options();
+    check_mp_counts<__nv_bfloat16>(world, opt);
+    check_mp_counts<double>(world, opt);
+    opt.nf4 = true;
+    check_mp_counts<__nv_bfloat16>(world, opt);
+    check_mp_counts<double>(world, opt);
 }
