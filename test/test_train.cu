@@ -1228,3 +1228,46 @@ TEST_CASE("train QLoRA end to end: stories260K base in NF4 under zero3, adapters
     CHECK(no_lora.status != 0);
     CHECK(no_lora.output.find("add --lora-rank") != std::string::npos);
 }
+
+// LoRA and QLoRA checkpoints move between strategies and world sizes like any other: a zero3 run at
+// 2 ranks stopped at step 3 resumes with ddp at 2, mp at 2 and single at 1, and every continuation
+// computes the losses of a single-rank run that never stopped (fp64: 1e-10).
+TEST_CASE("train LoRA and QLoRA checkpoints resume across strategies and world sizes", "[train][lora][mpi]") {
+    TempDir dir("train_lora_resume");
+    const std::string train = (build_dir() / "train").string();
+    for (const char* variant : {"--lora-rank 4 --lora-dropout 0.1 ", "--lora-rank 4 --quantize nf4 "}) {
+        INFO(variant);
+        const std::string name = std::string(variant).find("nf4") != std::string::npos ? "q" : "l";
+        const std::string run = std::string(
+                                    " --dtype fp64 --steps 6 --batch 4 --seq-len 16 --vocab 300 --warmup 2 "
+                                    "--lr 3e-3 --eval-interval 0 --sample-tokens 0 ") +
+                                variant;
+        const Run s = run_train(run + "--out-dir " + dir.file(name + "straight"));
+        INFO(s.output);
+        REQUIRE(s.status == 0);
+        const auto straight = metric_losses(fs::path(dir.file(name + "straight")) / "metrics.jsonl");
+        REQUIRE(straight.size() == 6);
+        const fs::path first = dir.file(name + "zero3");
+        const Run a = run_mpi(2, train + run + "--parallel zero3 --stop-after 3 --out-dir " + first.string());
+        INFO(a.output);
+        REQUIRE(a.status == 0);
+        REQUIRE(fs::exists(first / "step_3" / "adapter_model.safetensors"));
+        for (const auto& [ranks, strategy] :
+             std::vector<std::pair<int, std::string>>{{2, "ddp"}, {2, "mp"}, {1, "single"}}) {
+            INFO("zero3 x2 -> " << strategy << " x" << ranks);
+            const fs::path out = dir.file(name + strategy);
+            fs::copy(first, out, fs::copy_options::recursive);
+            const std::string resume =
+                train + " --resume " + out.string() + " --parallel " + strategy + " --out-dir " + out.string();
+            const Run b = ranks > 1 ? run_mpi(ranks, resume) : run_train_command(resume);
+            INFO(b.output);
+            REQUIRE(b.status == 0);
+            const auto resumed = metric_losses(out / "metrics.jsonl");
+            REQUIRE(resumed.size() == 6);
+            for (const auto& [step, loss] : straight) {
+                INFO("step " << step);
+                CHECK(std::abs(resumed.at(step) - loss) <= 1e-10 * std::abs(loss));
+            }
+        }
+    }
+}
