@@ -1091,6 +1091,37 @@ TEST_CASE("train sample: stories260K greedy from BOS equals llama2.c's forward i
                                                                   std::to_string(same)));
 }
 
+namespace train_test {
+
+// stories260K converted into `base`, and 48 chat examples prepared into `data` with a new
+// 400-token tokenizer (the LoRA and QLoRA end-to-end tests fine-tune the one on the other).
+void stories_with_chats(TempDir& dir, const std::string& base, const std::string& data) {
+    const fs::path bin = fs::path(__FILE__).parent_path() / "../../shared/models/stories260K.bin";
+    REQUIRE(fs::exists(bin));
+    REQUIRE(run_train("convert --from llama2c " + bin.string() + " --out " + base).status == 0);
+    {
+        std::ofstream c(dir.file("chats.jsonl"));
+        for (int i = 0; i < 48; ++i)
+            c << "{\"messages\": [{\"role\": \"user\", \"content\": \"What comes after " << i
+              << "?\"}, {\"role\": \"assistant\", \"content\": \"" << i + 1 << " comes after " << i << ".\"}]}\n";
+    }
+    REQUIRE(run_train("prepare " + dir.file("chats.jsonl") + " --out " + data +
+                      " --vocab 400 --chat-format llama3 --val-fraction 0.25")
+                .status == 0);
+}
+
+// `train eval MODEL --data DATA` in fp32: the loss it prints.
+double eval_fp32(const std::string& model, const std::string& data) {
+    const Run e = run_train("eval " + model + " --data " + data + " --seq-len 48 --dtype fp32");
+    INFO(e.output);
+    REQUIRE(e.status == 0);
+    std::smatch m;
+    REQUIRE(std::regex_search(e.output, m, std::regex(R"(loss ([0-9.eE+-]+) perplexity)")));
+    return std::stod(m[1]);
+}
+
+}  // namespace train_test
+
 // LoRA end to end on a real pretrained model: stories260K converted, adapters trained on chats
 // (stopped and resumed: the base is reloaded from the directory the checkpoint references), the
 // validation loss lowered; the checkpoint holds adapters only; the merged export and a run
@@ -1099,29 +1130,9 @@ TEST_CASE("train sample: stories260K greedy from BOS equals llama2.c's forward i
 TEST_CASE("train LoRA end to end: stories260K base, adapters learn, resume, export --merged/--peft, --adapter",
           "[train][lora]") {
     TempDir dir("train_lora");
-    const fs::path bin = fs::path(__FILE__).parent_path() / "../../shared/models/stories260K.bin";
-    REQUIRE(fs::exists(bin));
-    const std::string base = dir.file("st");
-    REQUIRE(run_train("convert --from llama2c " + bin.string() + " --out " + base).status == 0);
-    {
-        std::ofstream c(dir.file("chats.jsonl"));
-        for (int i = 0; i < 48; ++i)
-            c << "{\"messages\": [{\"role\": \"user\", \"content\": \"What comes after " << i
-              << "?\"}, {\"role\": \"assistant\", \"content\": \"" << i + 1 << " comes after " << i << ".\"}]}\n";
-    }
-    const std::string data = dir.file("data");
-    REQUIRE(run_train("prepare " + dir.file("chats.jsonl") + " --out " + data +
-                      " --vocab 400 --chat-format llama3 --val-fraction 0.25")
-                .status == 0);
-    const std::regex eval_line(R"(loss ([0-9.eE+-]+) perplexity)");
-    auto eval_loss = [&](const std::string& model) {
-        const Run e = run_train("eval " + model + " --data " + data + " --seq-len 48 --dtype fp32");
-        INFO(e.output);
-        REQUIRE(e.status == 0);
-        std::smatch m;
-        REQUIRE(std::regex_search(e.output, m, eval_line));
-        return std::stod(m[1]);
-    };
+    const std::string base = dir.file("st"), data = dir.file("data");
+    stories_with_chats(dir, base, data);
+    auto eval_loss = [&](const std::string& model) { return eval_fp32(model, data); };
     const double before = eval_loss(base);
     const std::string args = "--init-from " + base + " --data " + data +
                              " --lora-rank 8 --lora-alpha 16 --lora-dropout 0.05 --dtype fp32 --steps 12 --batch 8 "
@@ -1182,29 +1193,9 @@ TEST_CASE("train LoRA end to end: stories260K base, adapters learn, resume, expo
 TEST_CASE("train QLoRA end to end: stories260K base in NF4 under zero3, adapters learn, export --merged",
           "[train][lora][nf4][mpi]") {
     TempDir dir("train_qlora");
-    const fs::path bin = fs::path(__FILE__).parent_path() / "../../shared/models/stories260K.bin";
-    REQUIRE(fs::exists(bin));
-    const std::string base = dir.file("st");
-    REQUIRE(run_train("convert --from llama2c " + bin.string() + " --out " + base).status == 0);
-    {
-        std::ofstream c(dir.file("chats.jsonl"));
-        for (int i = 0; i < 48; ++i)
-            c << "{\"messages\": [{\"role\": \"user\", \"content\": \"What comes after " << i
-              << "?\"}, {\"role\": \"assistant\", \"content\": \"" << i + 1 << " comes after " << i << ".\"}]}\n";
-    }
-    const std::string data = dir.file("data");
-    REQUIRE(run_train("prepare " + dir.file("chats.jsonl") + " --out " + data +
-                      " --vocab 400 --chat-format llama3 --val-fraction 0.25")
-                .status == 0);
-    const std::regex eval_line(R"(loss ([0-9.eE+-]+) perplexity)");
-    auto eval_loss = [&](const std::string& model) {
-        const Run e = run_train("eval " + model + " --data " + data + " --seq-len 48 --dtype fp32");
-        INFO(e.output);
-        REQUIRE(e.status == 0);
-        std::smatch m;
-        REQUIRE(std::regex_search(e.output, m, eval_line));
-        return std::stod(m[1]);
-    };
+    const std::string base = dir.file("st"), data = dir.file("data");
+    stories_with_chats(dir, base, data);
+    auto eval_loss = [&](const std::string& model) { return eval_fp32(model, data); };
     const double before = eval_loss(base);
     const Run t = run_mpi(2, (build_dir() / "train").string() + " --init-from " + base + " --data " + data +
                                  " --parallel zero3 --lora-rank 8 --lora-alpha 16 --quantize nf4 --dtype fp32 "
