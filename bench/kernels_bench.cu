@@ -22,6 +22,7 @@
 #include "kernels/embedding.cuh"
 #include "kernels/glue.cuh"
 #include "kernels/matmul.cuh"
+#include "kernels/nf4.cuh"
 #include "kernels/philox.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
@@ -137,6 +138,56 @@ void report(const char* name, double seconds, double bytes, double flops, bool o
         std::printf("  %5.1f%% of ceiling", 100.0 * bound / seconds);
     }
     std::printf("\n");
+}
+
+// NF4 (QLoRA's frozen base, kernels/nf4.cuh) at the model's q_proj (C x C) and gate_proj (F x C)
+// weights (--shape llama-3.1-8b: 4096 x 4096 and 14336 x 4096): dequantisation to T, which runs
+// before every GEMM with a quantised weight (bytes: the codes and absmax fields read, the values
+// written), plain and double-quantised; and the one-off quantisation at load (bytes: the weight
+// read, the stored bytes written). FLOPs: the scaling multiply per value (dequantisation), that
+// and the absmax comparison (quantisation).
+template <class T>
+void run_nf4(const pv::LlamaConfig& c, const Options& o, bool on_gpu) {
+    struct Shape {
+        std::string name;
+        long long rows, cols;
+    };
+    const long long C = c.hidden_size, F = c.ffn_size;
+    for (const Shape& shape : {Shape{std::to_string(C) + "x" + std::to_string(C), C, C},
+                               Shape{std::to_string(F) + "x" + std::to_string(C), F, C}}) {
+        const long long n = shape.rows * shape.cols;
+        T* w = random_buffer<T>(n, 30);
+        void* scratch = g_dry_run
+                            ? nullptr
+                            : pv::device_alloc(pv::nf4_quantize_scratch_bytes(n, true), pv::MemoryCategory::workspace);
+        for (bool double_quant : {false, true}) {
+            pv::Nf4Tensor q;
+            q.n = n, q.double_quant = double_quant;
+            auto alloc = [](long long bytes) {
+                return g_dry_run ? nullptr : pv::device_alloc(size_t(bytes), pv::MemoryCategory::workspace);
+            };
+            q.codes = static_cast<uint8_t*>(alloc(pv::nf4_code_bytes(n)));
+            if (double_quant) {
+                q.absmax_codes = static_cast<uint8_t*>(alloc(pv::nf4_blocks(n)));
+                q.nested_absmax = static_cast<float*>(alloc(pv::nf4_nested_blocks(n) * 4));
+                q.offset = static_cast<float*>(alloc(4));
+            } else {
+                q.absmax = static_cast<float*>(alloc(pv::nf4_blocks(n) * 4));
+            }
+            const double stored = double(pv::nf4_stored_bytes(n, double_quant)), values = double(n) * sizeof(T);
+            const std::string suffix = shape.name + (double_quant ? " dq" : "");
+            report<T>(("nf4 quantize " + suffix).c_str(),
+                      time_it(o.repeat, [&] { pv::nf4_quantize(w, n, q, scratch, nullptr); }), values + stored, 2.0 * n,
+                      on_gpu);
+            report<T>(("nf4 dequantize " + suffix).c_str(),
+                      time_it(o.repeat, [&] { pv::nf4_dequantize(q, w, n, nullptr); }), stored + values, 1.0 * n,
+                      on_gpu);
+            for (void* p : std::initializer_list<void*>{q.codes, q.absmax, q.absmax_codes, q.nested_absmax, q.offset})
+                pv::memory_free(p);
+        }
+        pv::memory_free(scratch);
+        pv::memory_free(w);
+    }
 }
 
 template <class T>
@@ -299,6 +350,7 @@ void run(const pv::LlamaConfig& c, const Options& o) {
              positions})
         pv::memory_free(p);
     CUBLAS_CHECK(cublasDestroy(handle));
+    run_nf4<T>(c, o, on_gpu);
 }
 
 }  // namespace kernels_bench

@@ -15,7 +15,7 @@
 //                 kNf4Thresholds, so s equal to a threshold takes the lower code. An all-zero
 //                 block (absmax 0) gets code 7 (level 0.0) for every element.
 //   value         kNf4Levels[code] · absmax in fp32, rounded once to the output type.
-// Double quantisation (QLoRA's default) replaces absmax[B] by:
+// Double quantisation (QLoRA's default) stores, in place of the B absmaxes:
 //   offset        the fp32 mean of the B absmaxes, fl(fl(Σ absmax) / fl(B)) with fl(Σ) the
 //                 correctly rounded sum (see "offset" below).
 //   nested        N = ceil(B / 256) blocks of 256 absmaxes. With v[b] = fl(absmax[b] − offset):
@@ -50,17 +50,17 @@
 //   4. Short last block: the CPU computes s = x / absmax there, x · (1/absmax) elsewhere; the two
 //      can differ by an ulp and so, at a threshold, by one code. polevault (and CUDA): x · (1/absmax).
 //   5. Double quantisation's 8-bit search. CUDA: the binary search described above (nearest by
-//      fp32 midpoints; it differs from the exact nearest entry only for s equal to a midpoint that
-//      fp32 rounded up, where it keeps the even entry). CPU: s is rounded to a grid of 65536 points
-//      in [−1, 1] and looked up in a table, so codes within half a grid step of a midpoint can be
-//      one off. polevault: CUDA's.
-//   Not followed, because no other machine can: bitsandbytes builds its CUDA kernels with
+//      fp32 midpoints; it differs from the exact nearest entry only where s is exactly a midpoint
+//      that fp32 rounded and the even entry is the farther one). CPU: s is rounded to a grid of
+//      65536 points in [−1, 1] and looked up in a table, so codes within half a grid step of a
+//      midpoint can be one off. polevault: CUDA's.
+//   Not reproduced, as no other machine can: bitsandbytes builds its CUDA kernels with
 //   --use_fast_math, so its 1.0f / absmax is the approximate reciprocal (within an ulp) and it
 //   flushes denormal inputs to zero; polevault's arithmetic is IEEE (so are the CPU's and the
 //   fixtures'). A pre-quantised checkpoint carries its own codes, so this only matters when
 //   polevault quantises a weight itself.
 //   The offset: torch's absmax.mean() on the CPU is a float32 sum (a vectorised cascade) divided
-//   by the count; on every fixture and in 300 random trials it equalled the correctly rounded
+//   by the count; on every fixture and 300 random weight-like tensors it equalled the correctly rounded
 //   sum divided by the count, which polevault computes: each thread sums its share in
 //   double-double (≈106 bits, exact for any realistic spread of absmaxes), then one thread adds
 //   the partials in a fixed order and rounds once to fp32 — so the result depends on neither the
@@ -338,7 +338,8 @@ inline size_t nf4_quantize_scratch_bytes(long long n, bool double_quant) {
 
 // Quantises x[0..n) (bf16, fp32, or fp64 rounded to fp32 first) into `out`, whose fields must be
 // laid out for n and out.double_quant. `scratch`: nf4_quantize_scratch_bytes(n, out.double_quant)
-// bytes (none, nullptr allowed, without double quantisation). n = 0 writes nothing.
+// bytes (none, nullptr allowed, without double quantisation), kept until the stream has run the
+// work (it is read by the later kernels). n = 0 writes nothing.
 template <class T>
 void nf4_quantize(const T* x, long long n, const Nf4Tensor& out, void* scratch, cudaStream_t stream) {
     nf4_check(out, n, "nf4_quantize");
