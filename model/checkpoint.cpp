@@ -3,6 +3,7 @@
 #include "model/checkpoint.h"
 
 #include "io/durable_file.h"
+#include "model/bnb_checkpoint.h"
 #include "model/dtype_conversion.h"
 #include "model/safetensors.h"
 
@@ -121,7 +122,7 @@ void write_group_tensors(const std::string& path, const std::vector<GroupLayout>
                                [&](size_t i, const ByteSink& sink) { sink(sources[i].begin, sources[i].bytes); });
 }
 
-std::vector<std::string> check_group_tensors(const HfCheckpoint& source, const std::vector<GroupLayout>& layouts,
+std::vector<std::string> check_group_tensors(HfCheckpoint& source, const std::vector<GroupLayout>& layouts,
                                              ExtraTensors extra) {
     const std::string& origin = source.origin();
     for (size_t u = 0; u < layouts.size(); ++u) check_layout("checkpoint tensors '" + origin + "'", u, layouts[u]);
@@ -130,7 +131,16 @@ std::vector<std::string> check_group_tensors(const HfCheckpoint& source, const s
     std::set<std::string> used;
     bool has_lm_head = false;
     for (const GroupLayout& layout : layouts)
-        for (const TensorSlot& slot : layout.tensors)
+        for (const TensorSlot& slot : layout.tensors) {
+            // An NF4 tensor's parts come either all dense (quantised as they load) or all
+            // pre-quantised by bitsandbytes (copied as they are): its slot is filled one way.
+            size_t quantized = 0;
+            for (const TensorPart& part : slot.spec.parts) quantized += is_bnb_quantized(source, part.hf_name);
+            if (layout.kind == GroupKind::nf4 && quantized != 0 && quantized != slot.spec.parts.size())
+                file_error(origin, "the parts of the model's '" + slot.spec.name +
+                                       "' are stored partly as bitsandbytes 4-bit linears and partly dense; "
+                                       "polevault fuses them into one NF4 tensor and reads them one way: quantise "
+                                       "all of them or none");
             for (const TensorPart& part : slot.spec.parts) {
                 has_lm_head |= part.hf_name == "lm_head.weight";
                 const SafeTensorInfo* t = source.find(part.hf_name);
@@ -138,6 +148,13 @@ std::vector<std::string> check_group_tensors(const HfCheckpoint& source, const s
                     file_error(origin, "tensor '" + part.hf_name + "' is missing (the model's '" + slot.spec.name +
                                            "' needs it; the checkpoint holds " +
                                            std::to_string(source.tensors().size()) + " tensors: " + different + ")");
+                if (is_bnb_quantized(source, part.hf_name)) {
+                    if (layout.kind != GroupKind::nf4) refuse_bnb_into_dense(source, part.hf_name);
+                    check_bnb_tensor(source, part.hf_name, part.rows, slot.spec.cols, layout.double_quant);
+                    used.insert(part.hf_name);
+                    for (const std::string& c : bnb_companions(part.hf_name, layout.double_quant)) used.insert(c);
+                    continue;
+                }
                 const std::vector<int64_t> expected = hf_shape(part, slot.spec.cols);
                 if (t->shape != expected)
                     file_error(origin, "tensor '" + part.hf_name + "' has shape " + shape_string(t->shape) +
@@ -148,6 +165,7 @@ std::vector<std::string> check_group_tensors(const HfCheckpoint& source, const s
                                            " convert the tensor to one of them)");
                 used.insert(part.hf_name);
             }
+        }
     std::vector<std::string> skipped, extras;
     for (const SafeTensorInfo* t : source.tensors()) {
         if (used.count(t->name)) continue;

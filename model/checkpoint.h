@@ -86,10 +86,13 @@ enum class ExtraTensors {
 };
 
 // Checks the checkpoint against the layouts as described above. Returns the names of the tensors
-// skipped (ExtraTensors::ignore / hugging_face). Throws std::runtime_error naming the checkpoint,
+// skipped (ExtraTensors::ignore / hugging_face). An NF4 group's parts may also be bitsandbytes
+// 4-bit linears (model/bnb_checkpoint.h: their companion tensors then belong to them, and every
+// field is checked against the slot); such a linear read into any other group is refused, naming
+// the flags that read it (--quantize nf4). Throws std::runtime_error naming the checkpoint,
 // the tensor and the fix: a missing tensor, a shape that contradicts the layouts (config.json), a
 // dtype parameters cannot be read from, a tensor that belongs to nothing.
-std::vector<std::string> check_group_tensors(const HfCheckpoint& source, const std::vector<GroupLayout>& layouts,
+std::vector<std::string> check_group_tensors(HfCheckpoint& source, const std::vector<GroupLayout>& layouts,
                                              ExtraTensors extra = ExtraTensors::refuse);
 
 // Elements [begin, begin + len) of a padded group.

@@ -172,6 +172,17 @@ uint64_t HfCheckpoint::read(const std::string& name, uint64_t first, uint64_t co
     return overflows;
 }
 
+void HfCheckpoint::read_bytes(const std::string& name, uint64_t offset, uint64_t bytes, void* dst) {
+    const auto it = by_name_.find(name);
+    if (it == by_name_.end()) fail(origin_, "has no tensor '" + name + "'");
+    SafeTensorsReader& reader = *readers_[it->second.first];
+    const SafeTensorInfo& t = *it->second.second;
+    if (offset > t.bytes || bytes > t.bytes - offset)
+        fail(reader.path(), "bytes [" + std::to_string(offset) + ", " + std::to_string(offset + bytes) +
+                                ") lie outside tensor '" + name + "' of " + std::to_string(t.bytes) + " bytes");
+    reader.read(t, offset, bytes, dst);
+}
+
 uint64_t HfCheckpoint::bytes_read() const {
     uint64_t n = 0;
     for (const auto& r : readers_) n += r->bytes_read();

@@ -62,6 +62,10 @@ class HfCheckpoint {
     // range outside the tensor.
     uint64_t read(const std::string& name, uint64_t first, uint64_t count, DType to, void* dst);
 
+    // Copies `bytes` raw bytes from `offset` bytes into tensor `name` (any dtype) to dst: the
+    // packed and integer tensors a quantised checkpoint holds. Throws as read() does.
+    void read_bytes(const std::string& name, uint64_t offset, uint64_t bytes, void* dst);
+
     // Bytes read from the safetensors files so far: the headers and every read().
     uint64_t bytes_read() const;
     // The headers alone (8 + N per file).

@@ -14,12 +14,16 @@
 // piece to the device. Host memory holds one piece at a time (model/checkpoint.h
 // kGroupReadPieceBytes), never a whole tensor, let alone the model, so eight ranks of a large
 // model on one machine read 1/8 of it each (ZeRO-3) in a few megabytes of host memory each.
-// Padding and alignment gaps are zeroed on the device first.
+// Padding and alignment gaps are zeroed on the device first. An NF4 group (QLoRA's base) is filled
+// tensor by tensor: quantised on the device from dense weights, or, from a checkpoint bitsandbytes
+// quantised, its fields copied as they are (model/bnb_checkpoint.h), each rank reading only the
+// bytes of its own range.
 //
 // Header-only (templates over the storage type), so the multi-rank tests load exactly as `train`
 // does.
 #pragma once
 
+#include "model/bnb_checkpoint.h"
 #include "model/checkpoint.h"
 #include "model/hf_checkpoint.h"
 #include "model/llama.h"
@@ -107,9 +111,28 @@ struct LoadStats {
     }
 };
 
-// An NF4 group's range (model/nf4_layout.h): each tensor whose slot overlaps it is read whole in X,
-// quantised on the device (its statistics span the tensor) and the overlap copied — one tensor at a
-// time, so neither the host nor the device ever holds more than one dense tensor of the base.
+// An NF4 tensor pre-quantised by bitsandbytes (model/bnb_checkpoint.h): the bytes [lo, hi) of its
+// slot (byte offsets from the slot's start) copied from its parts' fields as they are, to `dst`
+// (the device address of the slot's byte 0), in pieces of kGroupReadPieceBytes: a ZeRO-3 rank
+// reads only the fields, and the parts of fields, of its own slice.
+inline void load_bnb_slot(HfCheckpoint& source, const GroupLayout& layout, const TensorSlot& t, long long lo,
+                          long long hi, uint8_t* dst) {
+    const std::vector<Nf4PartFields> fields = nf4_part_fields(t.spec, layout.double_quant);
+    for (size_t p = 0; p < fields.size(); ++p) {
+        if (fields[p].end <= lo || fields[p].codes >= hi) continue;
+        const TensorPart& part = t.spec.parts[p];
+        const BnbTensor b = check_bnb_tensor(source, part.hf_name, part.rows, t.spec.cols, layout.double_quant);
+        read_bnb_fields(source, b, fields[p], lo, hi, kGroupReadPieceBytes,
+                        [&](long long at, const uint8_t* data, size_t n) {
+                            CUDA_CHECK(cudaMemcpy(dst + at, data, n, cudaMemcpyHostToDevice));
+                        });
+    }
+}
+
+// An NF4 group's range (model/nf4_layout.h), tensor by tensor. A tensor bitsandbytes quantised is
+// copied field by field (load_bnb_slot). A dense one whose slot overlaps the range is read whole in
+// X, quantised on the device (its statistics span the tensor) and the overlap copied — one tensor at
+// a time, so neither the host nor the device ever holds more than one dense tensor of the base.
 template <class X>
 uint64_t load_nf4_range(HfCheckpoint& source, const GroupLayout& layout, const DeviceRange<X>& range) {
     uint64_t overflows = 0;
@@ -117,6 +140,12 @@ uint64_t load_nf4_range(HfCheckpoint& source, const GroupLayout& layout, const D
         const long long len = slot_elements(t.spec, layout.kind, layout.dtype, layout.double_quant);
         const long long lo = std::max(range.begin, t.offset), hi = std::min(range.begin + range.len, t.offset + len);
         if (lo >= hi) continue;
+        if (is_bnb_quantized(source, t.spec.parts.front().hf_name)) {  // all parts then (check_group_tensors)
+            const long long x = sizeof(X);
+            load_bnb_slot(source, layout, t, (lo - t.offset) * x, (hi - t.offset) * x,
+                          reinterpret_cast<uint8_t*>(range.dst) + (t.offset - range.begin) * x);
+            continue;
+        }
         const std::vector<GroupLayout> dense = {layout_group(GroupKind::frozen, dtype_of<X>(), {t.spec}, 1)};
         DeviceBuffer<X> values(size_t(t.spec.numel()), MemoryCategory::workspace),
             slot(size_t(len), MemoryCategory::workspace);

@@ -254,6 +254,11 @@ void add_export_flags(CLI::App& app, ExportOptions& o) {
     CLI::Option* merged = app.add_option(
         "--merged", o.merged_out,
         "A LoRA checkpoint's base with the adapters folded in (W + s·B·A) as a Hugging Face model directory");
+    app.add_flag("--quantized", o.quantized,
+                 "With --merged: every block linear quantised to NF4 and written as bitsandbytes stores it "
+                 "(from_pretrained loads a 4-bit model); double quantisation as the run's (on unless QLoRA "
+                 "trained --no-double-quant)")
+        ->needs(merged);
     out->excludes(peft)->excludes(merged);
     peft->excludes(merged);
     app.callback([&o] {

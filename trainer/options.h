@@ -115,6 +115,7 @@ struct ExportOptions {
     std::string out_dir;     // --out: a Hugging Face model directory
     std::string peft_out;    // --peft: a LoRA checkpoint's adapters as a PEFT adapter directory
     std::string merged_out;  // --merged: a LoRA checkpoint's base with the adapters folded in
+    bool quantized = false;  // --quantized (with --merged): the block linears as bitsandbytes NF4
     std::string dtype;       // bf16, fp32 or fp64; empty: as stored
 };
 
