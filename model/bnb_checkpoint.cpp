@@ -190,51 +190,36 @@ void read_bnb_fields(HfCheckpoint& source, const BnbTensor& t, const Nf4PartFiel
     field(f.offset, 4, "");
 }
 
-std::vector<SafeTensorInfo> bnb_tensor_infos(const std::string& weight, long long n, bool double_quant) {
-    std::vector<SafeTensorInfo> out;
-    out.push_back({weight, "U8", {(n + 1) / 2, 1}, 0, 0});
-    out.push_back({weight + ".absmax", double_quant ? "U8" : "F32", {blocks_of(n)}, 0, 0});
-    out.push_back({weight + ".quant_map", "F32", {16}, 0, 0});
-    if (double_quant) {
-        out.push_back({weight + ".nested_absmax", "F32", {nested_blocks_of(n)}, 0, 0});
-        out.push_back({weight + ".nested_quant_map", "F32", {256}, 0, 0});
-    }
-    return out;
-}
-
-std::string bnb_quant_state_json(long long rows, long long cols, const std::string& dtype, bool double_quant,
-                                 float offset) {
-    json j = {{"quant_type", "nf4"}, {"blocksize", kBlockSize}, {"dtype", dtype}, {"shape", {rows, cols}}};
-    if (double_quant) {
-        j["nested_blocksize"] = kNestedBlockSize;
-        j["nested_dtype"] = "float32";
-        j["nested_offset"] = double(offset);  // exact: every float is a double, printed to round-trip
-    }
-    return j.dump();
-}
-
-std::vector<uint8_t> bnb_tensor_bytes(const std::string& name, const std::string& weight, const Nf4PartFields& f,
-                                      const uint8_t* slot, long long rows, long long cols, const std::string& dtype,
-                                      bool double_quant) {
-    const long long blocks = blocks_of(f.n);
-    auto bytes = [&](long long at, long long len) { return std::vector<uint8_t>(slot + at, slot + at + len); };
-    auto table = [](const float* t, size_t count) {
-        std::vector<uint8_t> out(count * sizeof(float));
-        std::memcpy(out.data(), t, out.size());
-        return out;
+std::vector<TensorBytes> bnb_part_tensors(const std::string& weight, long long rows, long long cols,
+                                          const Nf4PartFields& f, const uint8_t* slot, const std::string& dtype,
+                                          bool double_quant) {
+    const long long n = rows * cols, blocks = blocks_of(n);
+    std::vector<TensorBytes> out;
+    auto field = [&](const std::string& name, const char* type, std::vector<int64_t> shape, long long at,
+                     long long bytes) {
+        out.push_back({{name, type, std::move(shape), 0, 0}, std::vector<uint8_t>(slot + at, slot + at + bytes)});
     };
-    if (name == weight) return bytes(f.codes, (f.n + 1) / 2);
-    if (name == weight + ".absmax") return bytes(f.absmax, double_quant ? blocks : 4 * blocks);
-    if (name == weight + ".quant_map") return table(nf4_levels_table(), 16);
-    if (name == weight + ".nested_absmax") return bytes(f.nested, 4 * nested_blocks_of(f.n));
-    if (name == weight + ".nested_quant_map") return table(nf4_dynamic_map_table(), 256);
-    if (name == weight + kBnbQuantStateSuffix) {
+    auto table = [&](const std::string& name, const float* t, int64_t count) {
+        const auto* b = reinterpret_cast<const uint8_t*>(t);
+        out.push_back({{name, "F32", {count}, 0, 0}, std::vector<uint8_t>(b, b + count * sizeof(float))});
+    };
+    field(weight, "U8", {(n + 1) / 2, 1}, f.codes, (n + 1) / 2);
+    field(weight + ".absmax", double_quant ? "U8" : "F32", {blocks}, f.absmax, double_quant ? blocks : 4 * blocks);
+    table(weight + ".quant_map", nf4_levels_table(), 16);
+    json state = {{"quant_type", "nf4"}, {"blocksize", kBlockSize}, {"dtype", dtype}, {"shape", {rows, cols}}};
+    if (double_quant) {
+        field(weight + ".nested_absmax", "F32", {nested_blocks_of(n)}, f.nested, 4 * nested_blocks_of(n));
+        table(weight + ".nested_quant_map", nf4_dynamic_map_table(), 256);
         float offset = 0;
-        if (double_quant) std::memcpy(&offset, slot + f.offset, sizeof offset);
-        const std::string text = bnb_quant_state_json(rows, cols, dtype, double_quant, offset);
-        return std::vector<uint8_t>(text.begin(), text.end());
+        std::memcpy(&offset, slot + f.offset, sizeof offset);
+        state["nested_blocksize"] = kNestedBlockSize;
+        state["nested_dtype"] = "float32";
+        state["nested_offset"] = double(offset);  // exact: nlohmann prints a double to round-trip
     }
-    throw std::invalid_argument("bnb_tensor_bytes: '" + name + "' is no tensor of '" + weight + "'");
+    const std::string text = state.dump();
+    out.push_back({{weight + kBnbQuantStateSuffix, "U8", {int64_t(text.size())}, 0, 0},
+                   std::vector<uint8_t>(text.begin(), text.end())});
+    return out;
 }
 
 void write_bnb_hf_config(const std::string& path, const LlamaConfig& c, const std::string& torch_dtype,

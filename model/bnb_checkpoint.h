@@ -76,17 +76,18 @@ void read_bnb_fields(HfCheckpoint& source, const BnbTensor& t, const Nf4PartFiel
 
 // ---- writing (train export --merged --quantized) ----------------------------------------------------
 
-// The tensors of one quantised linear, codes first, as read_bnb_fields' counterpart writes them.
-std::vector<SafeTensorInfo> bnb_tensor_infos(const std::string& weight, long long n, bool double_quant);
+// A tensor to write, with its bytes.
+struct TensorBytes {
+    SafeTensorInfo info;
+    std::vector<uint8_t> bytes;
+};
 
-// The quant_state JSON of a linear of [rows][cols] quantised from `dtype` ("bfloat16", "float32").
-std::string bnb_quant_state_json(long long rows, long long cols, const std::string& dtype, bool double_quant,
-                                 float offset);
-
-// The bytes of tensor `name` (one of bnb_tensor_infos') from a part's slot `slot` (host bytes).
-std::vector<uint8_t> bnb_tensor_bytes(const std::string& name, const std::string& weight, const Nf4PartFields& f,
-                                      const uint8_t* slot, long long rows, long long cols, const std::string& dtype,
-                                      bool double_quant);
+// The tensors of one quantised linear `weight` of [rows][cols] in bitsandbytes' layout (above),
+// from its part's fields `f` in a slot's host bytes `slot`, quantised from `dtype` ("bfloat16",
+// "float32"): the codes, absmax, quant_map, [nested_absmax, nested_quant_map,] quant_state.
+std::vector<TensorBytes> bnb_part_tensors(const std::string& weight, long long rows, long long cols,
+                                          const Nf4PartFields& f, const uint8_t* slot, const std::string& dtype,
+                                          bool double_quant);
 
 // Writes config.json (model/config_json.h's) with the quantization_config transformers reads for such
 // a checkpoint (bnb_4bit_compute_dtype = torch_dtype).

@@ -32,12 +32,6 @@ namespace {
 
 std::string export_dtype(const ExportOptions& o, const ModelDir& m) { return o.dtype.empty() ? m.dtype : o.dtype; }
 
-// One tensor of the output file with its bytes.
-struct OutTensor {
-    SafeTensorInfo info;
-    std::vector<uint8_t> bytes;
-};
-
 // The block linears --quantize nf4 quantises (model_layouts' NF4 groups), by polevault name.
 std::set<std::string> nf4_tensor_names(const ModelDir& m) {
     GroupOptions g;
@@ -54,7 +48,7 @@ std::set<std::string> nf4_tensor_names(const ModelDir& m) {
 // are, or, for a tensor in `quantize`, quantised on the device part by part as bitsandbytes
 // quantises each Linear4bit (model/nf4_slot.cuh) and written in its layout (model/bnb_checkpoint.h).
 template <class T>
-void add_tensor(const TensorSpec& spec, const T* dense, bool quantize, bool double_quant, std::vector<OutTensor>& out) {
+void add_tensor(const TensorSpec& spec, const T* dense, bool quantize, bool double_quant, std::vector<TensorBytes>& out) {
     const std::string dtype = torch_dtype_name(dtype_of<T>());
     if (!quantize) {
         std::vector<uint8_t> host(size_t(spec.numel()) * sizeof(T));
@@ -74,15 +68,10 @@ void add_tensor(const TensorSpec& spec, const T* dense, bool quantize, bool doub
     std::vector<uint8_t> host(slot_bytes);
     CUDA_CHECK(cudaMemcpy(host.data(), slot.get(), host.size(), cudaMemcpyDeviceToHost));
     const std::vector<Nf4PartFields> fields = nf4_part_fields(spec, double_quant);
-    for (size_t i = 0; i < fields.size(); ++i) {
-        const TensorPart& p = spec.parts[i];
-        std::vector<SafeTensorInfo> infos = bnb_tensor_infos(p.hf_name, fields[i].n, double_quant);
-        const std::string state = bnb_quant_state_json(p.rows, spec.cols, dtype, double_quant, 0.0f);
-        infos.push_back({p.hf_name + kBnbQuantStateSuffix, "U8", {int64_t(state.size())}, 0, 0});
-        for (SafeTensorInfo& info : infos)
-            out.push_back({info, bnb_tensor_bytes(info.name, p.hf_name, fields[i], host.data(), p.rows, spec.cols,
-                                                  dtype, double_quant)});
-    }
+    for (size_t i = 0; i < fields.size(); ++i)
+        for (TensorBytes& t : bnb_part_tensors(spec.parts[i].hf_name, spec.parts[i].rows, spec.cols, fields[i],
+                                               host.data(), dtype, double_quant))
+            out.push_back(std::move(t));
 }
 
 template <class T>
@@ -97,7 +86,7 @@ void merged_as(const ExportOptions& o, const ModelDir& m) {
     Llama<T> model(m.config, inference_model(m, 1, 1));
     load_model_dir(m, model);
     // The base's tensors, dense (dequantised when NF4), each adapted one with W + s·B·A.
-    std::vector<OutTensor> tensors;
+    std::vector<TensorBytes> tensors;
     const std::vector<UnitSpec> units = model_units(m.config);
     for (size_t u = 0; u < units.size(); ++u)
         for (size_t i = 0; i < units[u].tensors.size(); ++i) {
@@ -107,7 +96,7 @@ void merged_as(const ExportOptions& o, const ModelDir& m) {
             add_tensor(spec, dense.get(), quantize.count(spec.name) > 0, double_quant, tensors);
         }
     std::vector<SafeTensorInfo> infos;
-    for (const OutTensor& t : tensors) infos.push_back(t.info);
+    for (const TensorBytes& t : tensors) infos.push_back(t.info);
     const std::string tmp = begin_new_model_dir(o.merged_out);
     const std::string torch_dtype = torch_dtype_name(dtype_of<T>());
     try {
