@@ -156,7 +156,13 @@ BnbTensor check_bnb_tensor(HfCheckpoint& source, const std::string& weight, long
     return out;
 }
 
-void refuse_bnb_into_dense(const HfCheckpoint& source, const std::string& weight) {
+void refuse_bnb_into_dense(const HfCheckpoint& source, const std::string& weight, bool run_quantizes) {
+    if (run_quantizes)
+        throw std::runtime_error("checkpoint tensors '" + source.origin() + "': '" + weight +
+                                 "' is a bitsandbytes 4-bit linear, but QLoRA quantises only the blocks' linears "
+                                 "(q/k/v/o/gate/up/down_proj) and keeps this tensor dense: save the checkpoint with "
+                                 "it unquantised (transformers' llm_int8_skip_modules, which skips lm_head by "
+                                 "default)");
     const bool nested = source.find(weight + ".nested_absmax") != nullptr;
     throw std::runtime_error(
         "checkpoint tensors '" + source.origin() + "': '" + weight +

@@ -64,8 +64,9 @@ std::vector<std::string> bnb_companions(const std::string& weight, bool double_q
 BnbTensor check_bnb_tensor(HfCheckpoint& source, const std::string& weight, long long rows, long long cols,
                            bool double_quant);
 
-// The error for a pre-quantised `weight` read into a dense group (a run without --quantize nf4).
-[[noreturn]] void refuse_bnb_into_dense(const HfCheckpoint& source, const std::string& weight);
+// The error for a pre-quantised `weight` read into a dense group: a run without --quantize nf4
+// (`run_quantizes` false), or a tensor QLoRA keeps dense (embeddings, lm_head).
+[[noreturn]] void refuse_bnb_into_dense(const HfCheckpoint& source, const std::string& weight, bool run_quantizes);
 
 // Copies the bytes [lo, hi) of a part's slot fields (byte offsets from the start of its tensor's
 // slot, model/nf4_layout.h) from the pre-quantised linear `t`: for each field that overlaps, calls

@@ -130,6 +130,8 @@ std::vector<std::string> check_group_tensors(HfCheckpoint& source, const std::ve
         "was it written for a different model or configuration? compare config.json with the weights";
     std::set<std::string> used;
     bool has_lm_head = false;
+    const bool quantizes =
+        std::any_of(layouts.begin(), layouts.end(), [](const GroupLayout& l) { return l.kind == GroupKind::nf4; });
     for (const GroupLayout& layout : layouts)
         for (const TensorSlot& slot : layout.tensors) {
             // An NF4 tensor's parts come either all dense (quantised as they load) or all
@@ -149,7 +151,7 @@ std::vector<std::string> check_group_tensors(HfCheckpoint& source, const std::ve
                                            "' needs it; the checkpoint holds " +
                                            std::to_string(source.tensors().size()) + " tensors: " + different + ")");
                 if (is_bnb_quantized(source, part.hf_name)) {
-                    if (layout.kind != GroupKind::nf4) refuse_bnb_into_dense(source, part.hf_name);
+                    if (layout.kind != GroupKind::nf4) refuse_bnb_into_dense(source, part.hf_name, quantizes);
                     check_bnb_tensor(source, part.hf_name, part.rows, slot.spec.cols, layout.double_quant);
                     used.insert(part.hf_name);
                     for (const std::string& c : bnb_companions(part.hf_name, layout.double_quant)) used.insert(c);

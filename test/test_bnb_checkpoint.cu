@@ -305,6 +305,21 @@ TEST_CASE("bitsandbytes checkpoints that the run cannot hold as they are are ref
                                       find(t, kQ) = dense.at(kQ);
                                   })),
                    Catch::Contains("layers.0.w_qkv") && Catch::Contains("partly"));
+        // lm_head quantised too (llm_int8_skip_modules=[]): QLoRA keeps it dense.
+        CHECK_THAT(refused(edited(tmp, "nf4_dq", "head",
+                                  [&](auto& t) {
+                                      for (const char* s : {"", ".absmax", ".quant_map", ".nested_absmax",
+                                                            ".nested_quant_map", pv::kBnbQuantStateSuffix}) {
+                                          pv::SafeTensor x = find(t, kQ + s);
+                                          x.name = std::string("lm_head.weight") + s;
+                                          if (x.name == "lm_head.weight")
+                                              std::swap(find(t, "lm_head.weight"), x);
+                                          else
+                                              t.push_back(x);
+                                      }
+                                  })),
+                   Catch::Contains("'lm_head.weight' is a bitsandbytes 4-bit linear") &&
+                       Catch::Contains("llm_int8_skip_modules"));
         // Nothing was half-loaded: the checks come before any read, so the fixture still loads.
         load_base(m, kDir + "nf4_dq");
     }
