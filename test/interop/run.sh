@@ -39,7 +39,7 @@ fi
 libs=$(find "$PWD/$venv" -path '*/site-packages/nvidia/*/lib' -type d | sort | paste -sd: -)
 export LD_LIBRARY_PATH="$libs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 if [[ ! -f $stamp ]]; then
-  "$venv/bin/python" -c 'import torch, transformers, tokenizers, safetensors, peft, pytest' ||
+  "$venv/bin/python" -c 'import torch, transformers, tokenizers, safetensors, peft, bitsandbytes, pytest' ||
     { echo "interop: $venv does not import its packages (above); fix test/interop/requirements.txt"; exit 1; }
   touch "$stamp"
   echo "interop: $venv created in $(( $(date +%s) - start ))s"
