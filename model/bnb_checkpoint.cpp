@@ -55,7 +55,7 @@ const SafeTensorInfo& expect(const HfCheckpoint& source, const std::string& weig
 }
 
 // `count` float32 values of tensor `name` equal `table` bit for bit.
-void expect_table(HfCheckpoint& source, const std::string& weight, const std::string& name, const float* table,
+void expect_table(const HfCheckpoint& source, const std::string& weight, const std::string& name, const float* table,
                   size_t count, const char* what) {
     std::vector<float> v(count);
     source.read_bytes(name, 0, count * sizeof(float), v.data());
@@ -81,7 +81,7 @@ std::vector<std::string> bnb_companions(const std::string& weight, bool double_q
     return out;
 }
 
-BnbTensor check_bnb_tensor(HfCheckpoint& source, const std::string& weight, long long rows, long long cols,
+BnbTensor check_bnb_tensor(const HfCheckpoint& source, const std::string& weight, long long rows, long long cols,
                            bool double_quant) {
     const std::string state_name = weight + kBnbQuantStateSuffix;
     const SafeTensorInfo* state_info = source.find(state_name);
@@ -172,7 +172,7 @@ void refuse_bnb_into_dense(const HfCheckpoint& source, const std::string& weight
         "give up the memory it saves");
 }
 
-void read_bnb_fields(HfCheckpoint& source, const BnbTensor& t, const Nf4PartFields& f, long long lo, long long hi,
+void read_bnb_fields(const HfCheckpoint& source, const BnbTensor& t, const Nf4PartFields& f, long long lo, long long hi,
                      size_t piece, const std::function<void(long long, const uint8_t*, size_t)>& sink) {
     std::vector<uint8_t> buffer;
     // A field of `bytes` bytes at slot byte `at`, from tensor `name` (or the offset's 4 bytes).

@@ -61,7 +61,7 @@ std::vector<std::string> bnb_companions(const std::string& weight, bool double_q
 // Checks every tensor of the pre-quantised linear `weight` of [rows][cols] against NF4 as polevault
 // stores it with `double_quant` (the run's setting); reads the quant_state and the two maps.
 // Throws std::runtime_error naming the checkpoint, the tensor, the problem and the fix.
-BnbTensor check_bnb_tensor(HfCheckpoint& source, const std::string& weight, long long rows, long long cols,
+BnbTensor check_bnb_tensor(const HfCheckpoint& source, const std::string& weight, long long rows, long long cols,
                            bool double_quant);
 
 // The error for a pre-quantised `weight` read into a dense group: a run without --quantize nf4
@@ -72,7 +72,7 @@ BnbTensor check_bnb_tensor(HfCheckpoint& source, const std::string& weight, long
 // slot, model/nf4_layout.h) from the pre-quantised linear `t`: for each field that overlaps, calls
 // sink(slot_byte, data, bytes) with that field's bytes inside [lo, hi), read in pieces of at most
 // `piece` bytes. Gaps between fields are never delivered (the caller zeroed them).
-void read_bnb_fields(HfCheckpoint& source, const BnbTensor& t, const Nf4PartFields& f, long long lo, long long hi,
+void read_bnb_fields(const HfCheckpoint& source, const BnbTensor& t, const Nf4PartFields& f, long long lo, long long hi,
                      size_t piece, const std::function<void(long long, const uint8_t*, size_t)>& sink);
 
 // ---- writing (train export --merged --quantized) ----------------------------------------------------

@@ -122,7 +122,7 @@ void write_group_tensors(const std::string& path, const std::vector<GroupLayout>
                                [&](size_t i, const ByteSink& sink) { sink(sources[i].begin, sources[i].bytes); });
 }
 
-std::vector<std::string> check_group_tensors(HfCheckpoint& source, const std::vector<GroupLayout>& layouts,
+std::vector<std::string> check_group_tensors(const HfCheckpoint& source, const std::vector<GroupLayout>& layouts,
                                              ExtraTensors extra) {
     const std::string& origin = source.origin();
     for (size_t u = 0; u < layouts.size(); ++u) check_layout("checkpoint tensors '" + origin + "'", u, layouts[u]);

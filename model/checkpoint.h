@@ -92,7 +92,7 @@ enum class ExtraTensors {
 // the flags that read it (--quantize nf4). Throws std::runtime_error naming the checkpoint,
 // the tensor and the fix: a missing tensor, a shape that contradicts the layouts (config.json), a
 // dtype parameters cannot be read from, a tensor that belongs to nothing.
-std::vector<std::string> check_group_tensors(HfCheckpoint& source, const std::vector<GroupLayout>& layouts,
+std::vector<std::string> check_group_tensors(const HfCheckpoint& source, const std::vector<GroupLayout>& layouts,
                                              ExtraTensors extra = ExtraTensors::refuse);
 
 // Elements [begin, begin + len) of a padded group.

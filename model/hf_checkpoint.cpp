@@ -172,7 +172,7 @@ uint64_t HfCheckpoint::read(const std::string& name, uint64_t first, uint64_t co
     return overflows;
 }
 
-void HfCheckpoint::read_bytes(const std::string& name, uint64_t offset, uint64_t bytes, void* dst) {
+void HfCheckpoint::read_bytes(const std::string& name, uint64_t offset, uint64_t bytes, void* dst) const {
     const auto it = by_name_.find(name);
     if (it == by_name_.end()) fail(origin_, "has no tensor '" + name + "'");
     SafeTensorsReader& reader = *readers_[it->second.first];

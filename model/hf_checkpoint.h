@@ -63,8 +63,10 @@ class HfCheckpoint {
     uint64_t read(const std::string& name, uint64_t first, uint64_t count, DType to, void* dst);
 
     // Copies `bytes` raw bytes from `offset` bytes into tensor `name` (any dtype) to dst: the
-    // packed and integer tensors a quantised checkpoint holds. Throws as read() does.
-    void read_bytes(const std::string& name, uint64_t offset, uint64_t bytes, void* dst);
+    // packed and integer tensors a quantised checkpoint holds. Throws as read() does. const: it
+    // changes nothing of the checkpoint (it counts the bytes in bytes_read()), so the checks that
+    // take a checkpoint read-only may read a quantised tensor's small fields.
+    void read_bytes(const std::string& name, uint64_t offset, uint64_t bytes, void* dst) const;
 
     // Bytes read from the safetensors files so far: the headers and every read().
     uint64_t bytes_read() const;
