@@ -196,7 +196,10 @@ ifeq ($(BACKEND),cuda)
 else ifeq ($(FLAVOUR),asan)
   TEST_FILTER := ~[.]~[tsan]~[learning]~[mpi]~[heavy]
 else ifeq ($(FLAVOUR),tsan)
-  TEST_FILTER := ~[.]~[asan]~[schedules]
+  # The gradient checks rerun the kernels their suites' reference cases run at the same tiny
+  # shapes, hundreds of times for the numerics (which `make test` checks under three schedules):
+  # no new race to find, and most of the suite's time under TSan.
+  TEST_FILTER := ~[.]~[asan]~[schedules]~[gradcheck]
 else
   TEST_FILTER := ~[.]~[asan]~[tsan]
 endif

@@ -36,12 +36,6 @@ std::vector<size_t> arena_offsets(const std::vector<ActivationBuffer>& buffers, 
     return offsets;
 }
 
-size_t arena_bytes(const std::vector<ActivationBuffer>& buffers) {
-    size_t total = 0;
-    arena_offsets(buffers, &total);
-    return total;
-}
-
 // The arena buffers of each unit kind, in the order of activation_layout and the typed views.
 enum BlockBuffer { kOut, kH1, kRstd1, kQkv, kAtt, kLse, kX2, kH2, kRstd2, kGateUp, kAct };
 enum HeadBuffer { kHeadH, kHeadRstd, kHeadLogits, kHeadRowLoss };
@@ -104,6 +98,12 @@ std::vector<ActivationBuffer> activation_layout(const LlamaConfig& c, UnitKind k
             return {{"h", N * C, t}, {"rstd", N, a}, {"logits", N * c.vocab_size, t}, {"row_loss", N, a}};
     }
     return {};
+}
+
+size_t arena_bytes(const std::vector<ActivationBuffer>& buffers) {
+    size_t total = 0;
+    arena_offsets(buffers, &total);
+    return total;
 }
 
 template <class T>

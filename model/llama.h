@@ -65,6 +65,10 @@ struct ActivationBuffer {
 std::vector<ActivationBuffer> activation_layout(const LlamaConfig& c, UnitKind kind, int batch, int seq_len,
                                                 DType dtype, const LoraConfig& lora = {});
 
+// Bytes of one activation arena holding `buffers` (each buffer 256-byte aligned): what a unit's
+// slot allocates in the activations category.
+size_t arena_bytes(const std::vector<ActivationBuffer>& buffers);
+
 // Typed views of a unit's tensors and activations, resolved once when buffers are allocated or
 // bound (never looked up by name in a step). P is `const T*` for weights, `T*` for gradients
 // (null for a frozen tensor: its backward skips dW).

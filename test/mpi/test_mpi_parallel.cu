@@ -724,6 +724,12 @@ void check_counts(pv::World& world, Options opt = {}) {
         CHECK(category(*r, C::gradients) == m.gradients);
         CHECK(category(*r, C::optimizer_state) == m.optimizer_state);
         CHECK(category(*r, C::comm_buffers) == m.comm_buffers);
+        // Activations: one arena per unit (adapters' u included), the sizes the planner reads.
+        double arenas = 0;
+        for (const pv::UnitSpec& u : pv::model_units(config))
+            arenas += double(
+                pv::arena_bytes(pv::activation_layout(config, u.kind, kMicro, kSeq, pv::dtype_of<T>(), opt.lora)));
+        CHECK(category(*r, C::activations) == arenas);
     }
     if (world.rank() == 0) {
         std::printf(
