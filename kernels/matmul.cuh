@@ -54,40 +54,38 @@ inline int matmul_rows(long long N, const char* what) {
 //   gemm_dy_w:  dx = alpha·dy·W  + beta·dx    dy[N][out], W[out][in], dx[N][in]
 //   gemm_dyt_x: dW = alpha·dyᵀ·x + beta·dW    dy[N][out], x[N][in], dW[out][in]
 // beta = 0 does not read the output (a poisoned buffer is fine).
+// One cublasGemmEx in T with T's compute type and scalars, on `stream`: C = alpha·op(A)·op(B) + beta·C
+// (column-major, as cuBLAS sees the row-major operands; see the mapping above).
+template <class T>
+void gemm_ex(cublasHandle_t handle, cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k, double alpha,
+             const T* a, int lda, const T* b, int ldb, double beta, T* c, int ldc, cudaStream_t stream) {
+    using S = matmul_scalar_t<T>;
+    const S sa = S(alpha), sb = S(beta);
+    constexpr cudaDataType type = cuda_data_type<T>();
+    CUBLAS_CHECK(cublasSetStream(handle, stream));
+    CUBLAS_CHECK(cublasGemmEx(handle, op_a, op_b, m, n, k, &sa, a, type, lda, b, type, ldb, &sb, c, type, ldc,
+                              cublas_compute_type<T>(), CUBLAS_GEMM_DEFAULT));
+}
+
 template <class T>
 void gemm_x_wt(cublasHandle_t handle, const T* x, int ldx, const T* w, int ldw, T* y, int ldy, long long N, int in,
                int out, double alpha, double beta, cudaStream_t stream) {
-    using S = matmul_scalar_t<T>;
-    const int rows = matmul_rows(N, "gemm_x_wt");
-    const S a = S(alpha), b = S(beta);
-    constexpr cudaDataType type = cuda_data_type<T>();
-    CUBLAS_CHECK(cublasSetStream(handle, stream));
-    CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &a, w, type, ldw, x, type, ldx, &b, y,
-                              type, ldy, cublas_compute_type<T>(), CUBLAS_GEMM_DEFAULT));
+    gemm_ex(handle, CUBLAS_OP_T, CUBLAS_OP_N, out, matmul_rows(N, "gemm_x_wt"), in, alpha, w, ldw, x, ldx, beta, y, ldy,
+            stream);
 }
 
 template <class T>
 void gemm_dy_w(cublasHandle_t handle, const T* dy, int lddy, const T* w, int ldw, T* dx, int lddx, long long N, int in,
                int out, double alpha, double beta, cudaStream_t stream) {
-    using S = matmul_scalar_t<T>;
-    const int rows = matmul_rows(N, "gemm_dy_w");
-    const S a = S(alpha), b = S(beta);
-    constexpr cudaDataType type = cuda_data_type<T>();
-    CUBLAS_CHECK(cublasSetStream(handle, stream));
-    CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, &a, w, type, ldw, dy, type, lddy, &b, dx,
-                              type, lddx, cublas_compute_type<T>(), CUBLAS_GEMM_DEFAULT));
+    gemm_ex(handle, CUBLAS_OP_N, CUBLAS_OP_N, in, matmul_rows(N, "gemm_dy_w"), out, alpha, w, ldw, dy, lddy, beta, dx,
+            lddx, stream);
 }
 
 template <class T>
 void gemm_dyt_x(cublasHandle_t handle, const T* dy, int lddy, const T* x, int ldx, T* dw, int lddw, long long N, int in,
                 int out, double alpha, double beta, cudaStream_t stream) {
-    using S = matmul_scalar_t<T>;
-    const int rows = matmul_rows(N, "gemm_dyt_x");
-    const S a = S(alpha), b = S(beta);
-    constexpr cudaDataType type = cuda_data_type<T>();
-    CUBLAS_CHECK(cublasSetStream(handle, stream));
-    CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_T, in, out, rows, &a, x, type, ldx, dy, type, lddy, &b, dw,
-                              type, lddw, cublas_compute_type<T>(), CUBLAS_GEMM_DEFAULT));
+    gemm_ex(handle, CUBLAS_OP_N, CUBLAS_OP_T, in, out, matmul_rows(N, "gemm_dyt_x"), alpha, x, ldx, dy, lddy, beta, dw,
+            lddw, stream);
 }
 
 // y[N][out] = x[N][in] · W[out][in]ᵀ, on `stream` (the handle's stream is set to it).
