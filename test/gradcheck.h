@@ -10,7 +10,13 @@
 // measured well inside the 1e-6 tolerance (the two-point stencil's ~1e-10 was not).
 #pragma once
 
+#include "test/check.h"
+
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
 #include <functional>
 #include <numeric>
 #include <vector>
@@ -59,6 +65,36 @@ inline std::vector<double> gather(const std::vector<double>& v, const std::vecto
     out.reserve(indices.size());
     for (size_t i : indices) out.push_back(v[i]);
     return out;
+}
+
+// One tensor of a model's flat parameter copy `flat` (elements [offset, offset + numel)), whose
+// analytic gradient is `g`, against `loss()` (which must read `flat`): `samples` coordinates drawn
+// from `rng` by central differences, then d/dε loss(θ + ε·v) along one random direction v against
+// <g, v>. `flat` is restored before returning.
+inline void check_tensor_gradient(std::vector<double>& flat, long long offset, long long numel,
+                                  const std::vector<double>& g, const std::function<double()>& loss, int samples,
+                                  std::mt19937_64& rng) {
+    std::vector<size_t> picks;
+    for (int k = 0; k < samples && k < numel; ++k) picks.push_back(size_t(offset) + rng() % uint64_t(numel));
+    const auto numeric = numerical_gradient(flat, loss, picks);
+    std::vector<double> got, want;
+    for (size_t i : picks) got.push_back(g[i - size_t(offset)]), want.push_back(numeric[i]);
+    const std::string err = compare(got, want, kGradTolerance);
+    INFO(err);
+    CHECK(err.empty());
+    std::vector<double> v(static_cast<size_t>(numel));
+    for (auto& x : v) x = double(int64_t(rng() % 2001) - 1000) / 1000.0;
+    const std::vector<double> base(flat.begin() + offset, flat.begin() + offset + numel);
+    const double directional = central_derivative(
+        [&](double e) {
+            for (size_t i = 0; i < v.size(); ++i) flat[size_t(offset) + i] = base[i] + e * v[i];
+            return loss();
+        },
+        1e-4);
+    for (size_t i = 0; i < v.size(); ++i) flat[size_t(offset) + i] = base[i];
+    const double analytic = dot(g, v);
+    INFO("directional " << directional << " analytic " << analytic);
+    CHECK(std::fabs(directional - analytic) <= kGradTolerance * std::max(1e-3, std::fabs(analytic)));
 }
 
 }  // namespace pv::test

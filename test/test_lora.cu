@@ -338,28 +338,7 @@ TEST_CASE("LoRA whole-model gradient check (fp64): adapters through the frozen b
             };
             for (const pv::TensorSlot& t : layout.tensors) {
                 INFO(preset << " " << t.spec.name);
-                const std::vector<double>& g = grads.at(t.spec.name);
-                std::vector<size_t> picks;
-                for (int k = 0; k < 12; ++k) picks.push_back(size_t(t.offset) + rng() % uint64_t(t.spec.numel()));
-                const auto numeric = numerical_gradient(flat, loss_at, picks);
-                std::vector<double> got, want;
-                for (size_t i : picks) got.push_back(g[i - size_t(t.offset)]), want.push_back(numeric[i]);
-                const std::string err = compare(got, want, kGradTolerance);
-                INFO(err);
-                CHECK(err.empty());
-                std::vector<double> v(size_t(t.spec.numel()));
-                for (auto& x : v) x = double(int64_t(rng() % 2001) - 1000) / 1000.0;
-                const std::vector<double> base(flat.begin() + t.offset, flat.begin() + t.offset + t.spec.numel());
-                const double directional = central_derivative(
-                    [&](double e) {
-                        for (size_t i = 0; i < v.size(); ++i) flat[size_t(t.offset) + i] = base[i] + e * v[i];
-                        return loss_at();
-                    },
-                    1e-4);
-                for (size_t i = 0; i < v.size(); ++i) flat[size_t(t.offset) + i] = base[i];
-                const double analytic = dot(g, v);
-                INFO("directional " << directional << " analytic " << analytic);
-                CHECK(std::fabs(directional - analytic) <= kGradTolerance * std::max(1e-3, std::fabs(analytic)));
+                check_tensor_gradient(flat, t.offset, t.spec.numel(), grads.at(t.spec.name), loss_at, 12, rng);
             }
             loss_at();
         }
