@@ -121,6 +121,10 @@ TWO_SCHEDULES := $(BUILD)/test/test_train
 TEST_RUNS := $(if $(filter address,$(SANITIZE)),\
   $(foreach b,$(TEST_BINS),$(if $(filter $(b),$(ASAN_ONE_SCHEDULE)),random+deferred@$(b),$(b))),\
   $(foreach b,$(TEST_BINS),$(if $(filter $(b),$(TWO_SCHEDULES)),in-order@$(b) random+deferred@$(b),$(b))))
+# The traffic test runs in the plain host flavour only, under one schedule (what it measures does
+# not depend on the order threads run in).
+TRAFFIC_TEST := $(if $(filter host,$(FLAVOUR)),$(BUILD)/test/traffic/test_kernel_traffic)
+TEST_RUNS += $(if $(TRAFFIC_TEST),in-order@$(TRAFFIC_TEST))
 BENCH_BINS := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu)) \
               $(patsubst bench/%.cpp,$(BUILD)/bench/%,$(wildcard bench/*.cpp))
 
@@ -128,7 +132,7 @@ BENCH_BINS := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu)) \
 .SECONDARY:
 .DEFAULT_GOAL := all
 
-all: train demo $(TEST_BINS) $(MPI_TEST_BINS) $(BENCH_BINS)
+all: train demo $(TEST_BINS) $(MPI_TEST_BINS) $(TRAFFIC_TEST) $(BENCH_BINS)
 
 # Programs are linked per flavour in build/<flavour>/; ./train and ./demo are links to the flavour
 # built last (so `make BACKEND=cuda` then `make test` never leaves a stale binary behind).
@@ -177,6 +181,20 @@ $(BUILD)/%.o: %.cpp
 $(BUILD)/test/%: $(BUILD)/test/%.o $(TEST_SUPPORT) $(CORE_OBJS)
 	$(LINK) -o $@ $^ $(BACKEND_LIBS)
 
+# test_kernel_traffic (host flavour only) holds the performance model's bytes against what the
+# kernels touch: its translation unit is compiled with GCC's ThreadSanitizer instrumentation but
+# linked without its runtime, so every read and write of its kernels reaches the traffic meter
+# (host/access_meter.h) through our callbacks (test/traffic/access_hooks.cpp). It links no product object that instantiates kernels, so the
+# instrumented instantiations are the ones that run.
+TRAFFIC_FLAGS := -fsanitize=thread -Wno-error=tsan -Wno-tsan
+TRAFFIC_OBJS := $(BUILD)/test/traffic/access_hooks.o $(addprefix $(BUILD)/model/,step_cost.o flops.o config.o parameters.o lora.o nf4_layout.o)
+$(BUILD)/test/traffic/test_kernel_traffic.o: test/traffic/test_kernel_traffic.cu
+	@mkdir -p $(dir $@)
+	$(CU) $(TRAFFIC_FLAGS) -c $< -o $@
+
+$(BUILD)/test/traffic/test_kernel_traffic: $(BUILD)/test/traffic/test_kernel_traffic.o $(TRAFFIC_OBJS) $(TEST_SUPPORT) $(PLATFORM_OBJS)
+	$(LINK) -o $@ $^ $(BACKEND_LIBS)
+
 $(BUILD)/test/mpi/%: $(BUILD)/test/mpi/%.o $(BUILD)/test/catch_mpi_main.o $(BUILD)/test/child_process.o $(CORE_OBJS)
 	$(LINK) -o $@ $^ $(BACKEND_LIBS)
 
@@ -221,7 +239,7 @@ TSAN_TESTS := $(addprefix $(BUILD)/test/,test_kernels_platform test_planted_race
   test_cross_entropy test_nf4)
 TSAN_OPTIONS_ := TSAN_OPTIONS='halt_on_error=0 exitcode=66 history_size=4'
 
-test: $(TEST_BINS) $(MPI_TEST_BINS) $(BUILD)/train
+test: $(TEST_BINS) $(MPI_TEST_BINS) $(TRAFFIC_TEST) $(BUILD)/train
 	@test/run_tests.sh --filter '$(TEST_FILTER)' $(SCHEDULES) $(TEST_RUNS) $(MPI_TEST_RUNS)
 
 # The full cross-product: everything `make test` runs plus the hidden [.full] cases.

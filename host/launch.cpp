@@ -4,6 +4,7 @@
 // Worker count: POLEVAULT_HOST_WORKERS if set; otherwise the machine's cores divided among the
 // ranks on this node (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE), at least one. The launching thread
 // is one of the workers, so with one worker a launch never leaves the calling thread.
+#include "host/access_meter.h"
 #include "host/block_runner.h"
 #include "host/device_profile.h"
 #include "host/schedule.h"
@@ -191,7 +192,11 @@ void launch_kernel(KernelLaunch launch, cudaStream_t stream) {
     }
     static std::atomic<uint64_t> launches{0};
     launch.sequence = launches.fetch_add(1);
-    stream_submit(stream, [k = std::move(launch)] { pool().run_grid(k); });
+    stream_submit(stream, [k = std::move(launch)] {
+        access_meter_launch_begin();
+        pool().run_grid(k);
+        access_meter_launch_end(k.kernel);
+    });
 }
 
 }  // namespace pv::host

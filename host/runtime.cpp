@@ -9,6 +9,7 @@
 // Copies and memsets go through the streams of host/stream.cpp, with CUDA's rules for what is
 // synchronous with the host: cudaMemcpy/cudaMemset always; cudaMemcpyAsync from pageable memory
 // returns once the source is staged (here: snapshotted), to pageable memory once the copy is done.
+#include "host/access_meter.h"
 #include "host/device_profile.h"
 #include "host/stream.h"
 
@@ -108,6 +109,18 @@ bool is_device(const void* p, size_t bytes) {
     std::lock_guard lock(registry_mutex);
     return find_allocation(p, bytes, AllocKind::device) != nullptr;
 }
+
+}  // namespace
+
+std::vector<std::pair<const void*, size_t>> device_allocations() {
+    std::lock_guard lock(registry_mutex);
+    std::vector<std::pair<const void*, size_t>> out;
+    for (const auto& [p, a] : allocations)
+        if (a.kind == AllocKind::device) out.emplace_back(p, a.bytes);
+    return out;
+}
+
+namespace {
 
 bool is_pinned(const void* p, size_t bytes) {
     std::lock_guard lock(registry_mutex);
@@ -317,6 +330,12 @@ extern "C" cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned flags) {
 
 namespace {
 
+// memmove, reported to the traffic meter (host/access_meter.h) when it runs.
+void metered_copy(void* dst, const void* src, size_t count) {
+    access_meter_platform_op("memcpy", src, count, dst, count);
+    std::memmove(dst, src, count);
+}
+
 // A copy with CUDA's host-synchronisation rules. `sync_call` is true for cudaMemcpy.
 cudaError_t copy(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream, bool sync_call) {
     if (const cudaError_t e = check_copy(dst, src, count, kind); e != cudaSuccess) return set_last_error(e);
@@ -326,14 +345,14 @@ cudaError_t copy(void* dst, const void* src, size_t count, cudaMemcpyKind kind, 
     const bool dst_pageable = !is_device(dst, count) && !is_pinned(dst, count);
     if (sync_call || dst_pageable) {
         // The call returns once the copy is done.
-        stream_submit_and_wait(stream, [=] { std::memmove(dst, src, count); });
+        stream_submit_and_wait(stream, [=] { metered_copy(dst, src, count); });
     } else if (src_pageable && streams_are_deferred()) {
         // Staged at the call: the caller may overwrite its buffer as soon as this returns.
         auto staged =
             std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + count);
-        stream_submit(stream, [=] { std::memcpy(dst, staged->data(), count); });
+        stream_submit(stream, [=] { metered_copy(dst, staged->data(), count); });
     } else {
-        stream_submit(stream, [=] { std::memmove(dst, src, count); });
+        stream_submit(stream, [=] { metered_copy(dst, src, count); });
     }
     return cudaSuccess;
 }
@@ -342,7 +361,10 @@ cudaError_t fill(void* ptr, int value, size_t count, cudaStream_t stream, bool s
     if (count && !is_device(ptr, count)) return set_last_error(cudaErrorInvalidValue);
     if (!stream_is_valid(stream)) return set_last_error(cudaErrorInvalidResourceHandle);
     if (count == 0) return cudaSuccess;
-    auto work = [=] { std::memset(ptr, value, count); };
+    auto work = [=] {
+        access_meter_platform_op("memset", nullptr, 0, ptr, count);
+        std::memset(ptr, value, count);
+    };
     if (sync_call) {
         stream_submit_and_wait(stream, work);
     } else {

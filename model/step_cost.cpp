@@ -1,0 +1,315 @@
+// The performance model's formulas and the steps they add up to (model/step_cost.h).
+#include "model/step_cost.h"
+
+#include "model/flops.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace pv {
+
+const char* roofline_name(Roofline r) {
+    switch (r) {
+        case Roofline::cublas_gemm: return "tensor cores (cuBLAS)";
+        case Roofline::attention_mma: return "tensor cores (mma.sync)";
+        case Roofline::attention_cuda_core: return "CUDA cores";
+        case Roofline::memory_vector: return "memory, 16-byte";
+        case Roofline::memory_scalar: return "memory, scalar";
+    }
+    return "?";
+}
+
+// The efficiencies, each with where it comes from. e_mem multiplies the HBM bandwidth, e_unit the
+// peak of the unit that does the FLOPs (tensor cores for the first three, CUDA cores otherwise).
+RooflineEfficiency roofline_efficiency(Roofline r) {
+    switch (r) {
+        case Roofline::cublas_gemm:
+            // cuBLAS bf16 GEMMs of transformer shapes reach about 600-800 TF/s on an H100 SXM
+            // (NVIDIA's published cuBLAS 12 H100 figures; the range): 0.7 of 989.4.
+            return {0.9, 0.7, "cuBLAS bf16 GEMM on H100 SXM: 600-800 TF/s (NVIDIA cuBLAS performance figures)"};
+        case Roofline::attention_mma:
+            // FlashAttention-2 (mma.sync, the structure of our kernels) reaches 160-330 TF/s on an
+            // H100 across head dims and lengths, forward and backward (Shah et al. 2024,
+            // FlashAttention-3, figures 5-7, FA2 baselines; FA2 does not use wgmma or TMA). We
+            // take 0.25 of the peak, about 250 TF/s: the middle of that range, for kernels that
+            // have not been tuned on the device.
+            return {0.9, 0.25, "FA2 on H100: 160-330 TF/s (FlashAttention-3 paper, FA2 baselines); 0.25 of peak"};
+        case Roofline::attention_cuda_core:
+            // Read from the sm_90 SASS (shared/notes/gpu-review.md): two 16-bit shared loads and two
+            // conversions per FMA bound the kernels by the shared-memory pipe at about 16 FMA per
+            // clock per SM, ~10 TF/s: 0.15 of the CUDA cores' fp32 peak.
+            return {0.9, 0.15, "SASS reading: 2 LDS.U16 per FMA, ~16 FMA/clk/SM = ~10 TF/s"};
+        case Roofline::memory_vector:
+            // A device-to-device copy on an H100 SXM moves about 3.0 TB/s of the 3.35 peak
+            // (the figure; STREAM-like copies on HBM3 reach 85-90%).
+            return {0.9, 0.5, "HBM3 copy ~3.0 TB/s of 3.35 (16-byte accesses, several in flight)"};
+        case Roofline::memory_scalar:
+            // One 2-byte load in flight per thread: by Little's law at ~2048 threads/SM, 132 SMs
+            // and ~600 ns of latency, ~1.4 TB/s at best (shared/notes/gpu-review.md).
+            return {0.42, 0.5, "one 2-byte load in flight per thread: ~1.4 TB/s by Little's law"};
+    }
+    throw std::logic_error("roofline_efficiency: unknown roofline");
+}
+
+double predicted_seconds(const KernelCost& k, const Device& d) {
+    const RooflineEfficiency e = roofline_efficiency(k.roofline);
+    const bool tensor = k.roofline == Roofline::cublas_gemm || k.roofline == Roofline::attention_mma;
+    const double peak = tensor ? d.tensor_bf16_flops : d.cuda_core_fp32_flops;
+    return std::max(k.bytes() / (d.hbm_bytes_per_s * e.e_mem), k.flops / (peak * e.e_unit));
+}
+
+namespace cost {
+namespace {
+
+KernelCost kernel(std::string name, std::string op, double read, double written, double flops, Roofline r) {
+    KernelCost k;
+    k.kernel = std::move(name);
+    k.op = std::move(op);
+    k.read_bytes = read;
+    k.written_bytes = written;
+    k.flops = flops;
+    k.roofline = r;
+    return k;
+}
+
+constexpr Roofline kScalar = Roofline::memory_scalar;
+
+}  // namespace
+
+// rmsnorm_forward_kernel: each row's x read (the second pass hits cache), the weight read by
+// every warp (C distinct elements), y written, one rstd per row.
+std::vector<KernelCost> rmsnorm_forward(long long N, int C, int t, int a) {
+    const double nc = double(N) * C;
+    return {
+        kernel("rmsnorm_forward_kernel", "rmsnorm", nc * t + double(C) * t, nc * t + double(N) * a, 4 * nc, kScalar)};
+}
+
+// residual_rmsnorm_forward_kernel: residual and branch read, their sum and y written, rstd.
+std::vector<KernelCost> residual_rmsnorm_forward(long long N, int C, int t, int a) {
+    const double nc = double(N) * C;
+    return {kernel("residual_rmsnorm_forward_kernel", "residual add + rmsnorm", 2 * nc * t + double(C) * t,
+                   2 * nc * t + double(N) * a, 5 * nc, kScalar)};
+}
+
+// rmsnorm_backward_kernel: x, dout, rstd, the weight and dx (it accumulates) read, dx written and
+// one partial dweight row of C accumulators per block (G = min(N, 512) blocks);
+// rmsnorm_dweight_kernel: the G partial rows and dweight read, dweight written.
+std::vector<KernelCost> rmsnorm_backward(long long N, int C, int t, int a, bool weight_grad) {
+    const double nc = double(N) * C, g = double(std::min<long long>(N, 512));
+    std::vector<KernelCost> k{kernel("rmsnorm_backward_kernel", "rmsnorm backward",
+                                     3 * nc * t + double(C) * t + double(N) * a, nc * t + g * C * a, 10 * nc, kScalar)};
+    if (weight_grad)
+        k.push_back(kernel("rmsnorm_dweight_kernel", "rmsnorm dweight", g * C * a + double(C) * t, double(C) * t, g * C,
+                           kScalar));
+    return k;
+}
+
+// swiglu_forward_kernel: gate and up read, h written. Backward: gate, up and dh read, dgate and
+// dup written.
+std::vector<KernelCost> swiglu_forward(long long N, int F, int t) {
+    const double nf = double(N) * F;
+    return {kernel("swiglu_forward_kernel", "swiglu", 2 * nf * t, nf * t, 8 * nf, kScalar)};
+}
+std::vector<KernelCost> swiglu_backward(long long N, int F, int t) {
+    const double nf = double(N) * F;
+    return {kernel("swiglu_backward_kernel", "swiglu backward", 3 * nf * t, 2 * nf * t, 14 * nf, kScalar)};
+}
+
+// rope_rotate_kernel: in place over the rotated heads; inv_freq (hd/2) read; positions per row
+// when given.
+std::vector<KernelCost> rope(long long N, int heads, int hd, int t, int a, bool positions) {
+    const double x = double(N) * heads * hd;
+    return {kernel("rope_rotate_kernel", "rope", x * t + double(hd / 2) * a + (positions ? double(N) * 4 : 0), x * t,
+                   3 * x, kScalar)};
+}
+
+std::vector<KernelCost> add(long long n, int t) {
+    return {kernel("add_kernel", "residual add", 2.0 * double(n) * t, double(n) * t, double(n), kScalar)};
+}
+
+namespace {
+// Score pairs (query row, key) a causal flash kernel computes with tiles of `own` rows and `other`
+// streamed keys: every tile pair from the first key tile to the diagonal, whole.
+double causal_tile_pairs(int T, int own, int other) {
+    double pairs = 0;
+    for (int q0 = 0; q0 < T; q0 += own) {
+        const int q_end = std::min(T, q0 + own);
+        const int key_tiles = (q_end - 1) / other + 1;
+        pairs += double(q_end - q0) * double(key_tiles) * other;
+    }
+    return pairs;
+}
+}  // namespace
+
+// attention_forward_kernel (CUDA cores, 32×32 tiles at hd 64/128 in bf16): q, k and v read (every
+// key row is read by some query tile), positions when given; out and lse written. 2 matmuls.
+std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions) {
+    const double rows = double(B) * T;
+    const double read = rows * (H + 2 * Hkv) * hd * t + (positions ? rows * 4 : 0);
+    const double written = rows * H * hd * t + rows * H * a;
+    const double flops = 4.0 * hd * causal_tile_pairs(T, 32, 32) * B * H;
+    return {kernel("attention_forward_kernel", "attention", read, written, flops, Roofline::attention_cuda_core)};
+}
+
+// attention_backward_dot_kernel: out and dout read, D written. dK/dV kernel: q, k, v, dout, lse
+// and D read, dk and dv written, recomputing S and dP (4 matmuls). dQ kernel: the same reads,
+// dq written (S, dP and dQ: 3 matmuls).
+std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions) {
+    const double rows = double(B) * T, qo = rows * H * hd * t, kv = rows * Hkv * hd * t, stats = rows * H * a;
+    const double pos = positions ? rows * 4 : 0, pairs = causal_tile_pairs(T, 32, 32) * B * H;
+    return {
+        kernel("attention_backward_dot_kernel", "attention backward: D", 2 * qo, stats, 2.0 * rows * H * hd, kScalar),
+        kernel("attention_backward_dkv_kernel", "attention backward: dK, dV", 2 * qo + 2 * kv + 2 * stats + pos, 2 * kv,
+               8.0 * hd * pairs, Roofline::attention_cuda_core),
+        kernel("attention_backward_dq_kernel", "attention backward: dQ", 2 * qo + 2 * kv + 2 * stats + pos, qo,
+               6.0 * hd * pairs, Roofline::attention_cuda_core)};
+}
+
+// cross_entropy_forward_kernel: the logits and the targets read, one loss per row written;
+// cross_entropy_sum_kernel: the row losses and targets read, the sum and count written.
+std::vector<KernelCost> cross_entropy_forward(long long N, int V, int t, int a) {
+    const double nv = double(N) * V;
+    return {
+        kernel("cross_entropy_forward_kernel", "cross-entropy", nv * t + double(N) * 4, double(N) * a, 4 * nv, kScalar),
+        kernel("cross_entropy_sum_kernel", "cross-entropy sum", double(N) * (a + 4), double(a) + 4, double(N),
+               kScalar)};
+}
+// cross_entropy_backward_kernel: logits and targets read, the gradient written in place.
+std::vector<KernelCost> cross_entropy_backward(long long N, int V, int t) {
+    const double nv = double(N) * V;
+    return {kernel("cross_entropy_backward_kernel", "cross-entropy backward", nv * t + double(N) * 4, nv * t, 5 * nv,
+                   kScalar)};
+}
+
+// embedding_forward_kernel: the tokens and the distinct rows of the table read, out written.
+std::vector<KernelCost> embedding_forward(long long N, int C, long long distinct, int t) {
+    return {kernel("embedding_forward_kernel", "embedding", double(N) * 4 + double(distinct) * C * t, double(N) * C * t,
+                   0, kScalar)};
+}
+// embedding_backward_kernel: tokens and dout read, the distinct rows of dwte read and written.
+std::vector<KernelCost> embedding_backward(long long N, int C, long long distinct, int t) {
+    return {kernel("embedding_backward_kernel", "embedding backward",
+                   double(N) * 4 + double(N) * C * t + double(distinct) * C * t, double(distinct) * C * t,
+                   double(N) * C, kScalar)};
+}
+
+std::vector<KernelCost> count_targets(long long N) {
+    return {kernel("count_targets_kernel", "count targets", double(N) * 4, 4, double(N), kScalar)};
+}
+
+// sum_of_squares_partials_kernel: x read, one double per block (P = min(ceil(n / 2048), 1024));
+// sum_of_squares_final_kernel: the partials read (and *out when accumulating), *out written.
+std::vector<KernelCost> sum_of_squares(long long n, int g, bool accumulate) {
+    const double p = double(std::min<long long>((n + 2047) / 2048, 1024));
+    return {kernel("sum_of_squares_partials_kernel", "gradient norm", double(n) * g, p * 8, 2.0 * double(n), kScalar),
+            kernel("sum_of_squares_final_kernel", "gradient norm: sum", p * 8 + (accumulate ? 8 : 0), 8, p, kScalar)};
+}
+
+// adamw_update_kernel: parameter (read only without a master), master, gradient, m and v read;
+// parameter, master, m and v written.
+std::vector<KernelCost> adamw(long long n, int t, int g, int a) {
+    const double e = double(n);
+    const bool master = t < 4;
+    const double read = e * (g + 2 * a) + (master ? e * a : e * t);
+    const double written = e * (t + 2 * a) + (master ? e * a : 0);
+    return {kernel("adamw_update_kernel", "AdamW", read, written, 16 * e, kScalar)};
+}
+
+std::vector<KernelCost> memset(double bytes, const std::string& op) {
+    return {kernel("memset", op, 0, bytes, 0, Roofline::memory_vector)};
+}
+std::vector<KernelCost> memcpy(double bytes, const std::string& op) {
+    return {kernel("memcpy", op, bytes, bytes, 0, Roofline::memory_vector)};
+}
+
+std::vector<KernelCost> gemm(long long M, long long N, long long K, int t, bool accumulate, const std::string& op) {
+    const double m = double(M), n = double(N), k = double(K);
+    return {kernel("gemm", op, (m * k + n * k + (accumulate ? m * n : 0)) * t, m * n * t, 2 * m * n * k,
+                   Roofline::cublas_gemm)};
+}
+
+}  // namespace cost
+
+namespace {
+
+void append(std::vector<KernelCost>& out, std::vector<KernelCost> ks, double count = 1) {
+    for (KernelCost& k : ks) {
+        k.count = count;
+        out.push_back(std::move(k));
+    }
+}
+
+}  // namespace
+
+std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
+    const LlamaConfig& c = s.config;
+    const int t = s.t, a = 4, C = c.hidden_size, F = c.ffn_size, V = c.vocab_size, hd = c.head_dim_resolved();
+    const int H = c.num_heads, Hkv = c.num_kv_heads, L = c.num_layers;
+    const long long N = (long long)s.batch * s.seq_len;
+    const double micro = s.accumulation, layers = double(L) * micro;
+    const long long distinct = std::min<long long>(N, V);  // an upper bound: every token distinct
+    (void)set;
+    std::vector<KernelCost> k;
+    append(k, cost::count_targets(N), micro);
+    // Forward.
+    append(k, cost::embedding_forward(N, C, distinct, t), micro);
+    append(k, cost::rmsnorm_forward(N, C, t, a), layers);
+    append(k, cost::gemm(N, c.qkv_width(), C, t, false, "q, k, v projection"), layers);
+    append(k, cost::rope(N, H, hd, t, a, false), layers);
+    append(k, cost::rope(N, Hkv, hd, t, a, false), layers);
+    append(k, cost::attention_forward(s.batch, s.seq_len, H, Hkv, hd, t, a, false), layers);
+    append(k, cost::gemm(N, C, c.q_width(), t, false, "output projection"), layers);
+    append(k, cost::residual_rmsnorm_forward(N, C, t, a), layers);
+    append(k, cost::gemm(N, 2LL * F, C, t, false, "gate, up projection"), layers);
+    append(k, cost::swiglu_forward(N, F, t), layers);
+    append(k, cost::gemm(N, C, F, t, false, "down projection"), layers);
+    append(k, cost::add(N * C, t), layers);
+    append(k, cost::rmsnorm_forward(N, C, t, a), micro);
+    append(k, cost::gemm(N, V, C, t, false, "lm_head"), micro);
+    append(k, cost::cross_entropy_forward(N, V, t, a), micro);
+    // Backward.
+    append(k, cost::cross_entropy_backward(N, V, t), micro);
+    append(k, cost::gemm(N, C, V, t, false, "lm_head backward: dX"), micro);
+    append(k, cost::gemm(V, C, N, t, true, "lm_head backward: dW"), micro);
+    append(k, cost::rmsnorm_backward(N, C, t, a, true), micro);
+    append(k, cost::memcpy(double(N) * C * t, "residual gradient copy"), layers);
+    append(k, cost::gemm(N, F, C, t, false, "down backward: dX"), layers);
+    append(k, cost::gemm(C, F, N, t, true, "down backward: dW"), layers);
+    append(k, cost::swiglu_backward(N, F, t), layers);
+    append(k, cost::gemm(N, C, 2LL * F, t, false, "gate, up backward: dX"), layers);
+    append(k, cost::gemm(2LL * F, C, N, t, true, "gate, up backward: dW"), layers);
+    append(k, cost::rmsnorm_backward(N, C, t, a, true), layers);
+    append(k, cost::gemm(N, c.q_width(), C, t, false, "output backward: dX"), layers);
+    append(k, cost::gemm(C, c.q_width(), N, t, true, "output backward: dW"), layers);
+    append(k, cost::attention_backward(s.batch, s.seq_len, H, Hkv, hd, t, a, false), layers);
+    append(k, cost::rope(N, H, hd, t, a, false), layers);
+    append(k, cost::rope(N, Hkv, hd, t, a, false), layers);
+    append(k, cost::gemm(N, C, c.qkv_width(), t, false, "q, k, v backward: dX"), layers);
+    append(k, cost::gemm(c.qkv_width(), C, N, t, true, "q, k, v backward: dW"), layers);
+    append(k, cost::rmsnorm_backward(N, C, t, a, true), layers);
+    append(k, cost::embedding_backward(N, C, distinct, t), micro);
+    // The optimizer step: gradients zeroed, the norm, one AdamW launch per tensor.
+    const double block_params = double(c.qkv_width()) * C + double(C) * c.q_width() + 3.0 * C * F + 2.0 * C;
+    const double embedding = double(V) * C, head = (c.tie_embeddings ? 0 : double(V) * C) + C;
+    const double params = embedding + L * block_params + head;
+    append(k, cost::memset(params * t, "gradients zeroed"), 1);
+    append(k, cost::sum_of_squares((long long)block_params, t, true), L);
+    append(k, cost::sum_of_squares((long long)embedding, t, true), 1);
+    append(k, cost::sum_of_squares((long long)head, t, true), 1);
+    const double tensors = 7.0 * L + 2 * L + 2 + (c.tie_embeddings ? 0 : 1);  // per-tensor launches
+    KernelCost opt = cost::adamw((long long)params, t, t, a)[0];
+    opt.count = 1;
+    opt.op = "AdamW (" + std::to_string(int(tensors)) + " launches)";
+    k.push_back(opt);
+    return k;
+}
+
+StepPrediction predict_step(const StepShape& s, KernelSet set, const Device& d) {
+    StepPrediction p;
+    for (const KernelCost& k : step_kernels(s, set)) p.seconds += predicted_seconds(k, d) * k.count;
+    p.model_flops = training_flops_per_token(s.config, s.seq_len) * double(s.batch) * s.seq_len * s.accumulation;
+    p.mfu = p.model_flops / (p.seconds * d.tensor_bf16_flops);
+    return p;
+}
+
+}  // namespace pv

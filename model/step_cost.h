@@ -1,0 +1,113 @@
+// The performance model: every kernel of a training step with the bytes it moves and the FLOPs
+// it does, and the time an H100 SXM would take for them.
+//
+// Bytes. For each kernel, the device bytes it reads and writes, each byte counted once however
+// often the kernel touches it: the DRAM traffic when reuse is served on chip (a tile read by
+// several blocks stays in the 50 MB L2; a row read twice stays in L1/L2). Each formula is counted
+// from the kernel's loops (what each thread loads and stores, over the whole grid) and is checked
+// against what the kernel's code really touches: test/traffic/test_kernel_traffic.cu runs every
+// kernel on the host with every access instrumented (host/access_meter.h) and requires the
+// measured distinct bytes read and written to equal these formulas exactly. GEMMs run in cuBLAS
+// (OpenBLAS on the host, not instrumented): A and B read once, C written (and read when β = 1).
+//
+// FLOPs: multiply-adds count 2. For matrix products they are exact (2·M·N·K); for the
+// bandwidth-bound kernels they are an order of magnitude, irrelevant to their time.
+//
+// Time. A kernel runs on a roofline: max(bytes / (HBM bandwidth · e_mem), FLOPs / (peak of its
+// unit · e_unit)), with efficiencies stated and sourced in step_cost.cpp (kRooflines). A step is
+// the sum of its kernels (one stream: no overlap assumed between kernels) plus the exposed
+// communication of its strategy. Host code only.
+#pragma once
+
+#include "model/config.h"
+
+#include <string>
+#include <vector>
+
+namespace pv {
+
+// Where a kernel's time goes and how well it uses it (efficiencies in step_cost.cpp).
+enum class Roofline {
+    cublas_gemm,          // cuBLAS bf16 GEMM on tensor cores
+    attention_mma,        // our flash attention on tensor cores (mma.sync, FA2 structure)
+    attention_cuda_core,  // our flash attention on CUDA cores (scalar FMAs from shared memory)
+    memory_vector,        // bandwidth-bound, 16-byte accesses, several in flight per thread
+    memory_scalar,        // bandwidth-bound, one 2- or 4-byte access in flight per thread
+};
+const char* roofline_name(Roofline r);
+
+struct KernelCost {
+    std::string kernel;  // the kernel function's name as the host meter reports it, or memset/memcpy/gemm
+    std::string op;      // what it does in the step
+    double read_bytes = 0, written_bytes = 0, flops = 0;
+    Roofline roofline = Roofline::memory_scalar;
+    double count = 1;  // launches of it per step with these figures
+    double bytes() const { return read_bytes + written_bytes; }
+};
+
+// The H100 SXM5 figures the model uses.
+struct Device {
+    const char* name = "H100 SXM5 (80 GB HBM3)";
+    double hbm_bytes_per_s = 3.35e12;       // datasheet
+    double tensor_bf16_flops = 989.4e12;    // dense bf16, model/flops.h
+    double cuda_core_fp32_flops = 66.9e12;  // datasheet: 132 SMs · 128 FP32 lanes · 2 · 1.98 GHz
+};
+
+// Predicted seconds of one kernel launch (count ignored), and the efficiencies behind it.
+double predicted_seconds(const KernelCost& k, const Device& d = {});
+struct RooflineEfficiency {
+    double e_mem, e_unit;
+    const char* source;
+};
+RooflineEfficiency roofline_efficiency(Roofline r);
+
+// Per-kernel formulas, one per launch, counted from the kernels' loops. t: the storage type's
+// bytes, a: its accumulator's (acc_t<T>). N rows of C channels; see each kernel header.
+namespace cost {
+std::vector<KernelCost> rmsnorm_forward(long long N, int C, int t, int a);
+std::vector<KernelCost> residual_rmsnorm_forward(long long N, int C, int t, int a);
+std::vector<KernelCost> rmsnorm_backward(long long N, int C, int t, int a, bool weight_grad);
+std::vector<KernelCost> swiglu_forward(long long N, int F, int t);
+std::vector<KernelCost> swiglu_backward(long long N, int F, int t);
+std::vector<KernelCost> rope(long long N, int heads, int hd, int t, int a, bool positions);
+std::vector<KernelCost> add(long long n, int t);
+std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions);
+std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions);
+std::vector<KernelCost> cross_entropy_forward(long long N, int V, int t, int a);
+std::vector<KernelCost> cross_entropy_backward(long long N, int V, int t);
+// distinct: the number of distinct valid tokens among the N.
+std::vector<KernelCost> embedding_forward(long long N, int C, long long distinct, int t);
+std::vector<KernelCost> embedding_backward(long long N, int C, long long distinct, int t);
+std::vector<KernelCost> count_targets(long long N);
+std::vector<KernelCost> sum_of_squares(long long n, int g, bool accumulate);
+// One AdamW launch over n elements: parameters t, gradients g bytes, master (when t < 4) and m, v in a.
+std::vector<KernelCost> adamw(long long n, int t, int g, int a);
+std::vector<KernelCost> memset(double bytes, const std::string& op);
+std::vector<KernelCost> memcpy(double bytes, const std::string& op);
+// y[M][N] = x[M][K]·W[N][K]ᵀ (+ the backward's two, dW accumulating).
+std::vector<KernelCost> gemm(long long M, long long N, long long K, int t, bool accumulate, const std::string& op);
+}  // namespace cost
+
+// The shape of one training step: full fine-tuning on one GPU, micro-batch `batch` × `seq_len`,
+// `accumulation` micro-steps per optimizer step, storage bytes t (bf16: 2).
+struct StepShape {
+    LlamaConfig config;
+    int batch = 1, seq_len = 2048, accumulation = 1;
+    int t = 2;
+};
+
+// Which kernels: those of the issue-15 code (now), or those it replaced (before), for the
+// side-by-side comparison.
+enum class KernelSet { before, now };
+
+// Every launch of one optimizer step (count = launches with those figures).
+std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set);
+
+struct StepPrediction {
+    double seconds = 0;      // the sum of the kernels' predicted times
+    double model_flops = 0;  // model/flops.h's training FLOPs of the step's tokens
+    double mfu = 0;          // model_flops / (seconds · peak)
+};
+StepPrediction predict_step(const StepShape& s, KernelSet set, const Device& d = {});
+
+}  // namespace pv
