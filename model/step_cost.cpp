@@ -296,7 +296,9 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     append(k, cost::sum_of_squares((long long)block_params, t, true), L);
     append(k, cost::sum_of_squares((long long)embedding, t, true), 1);
     append(k, cost::sum_of_squares((long long)head, t, true), 1);
-    const double tensors = 7.0 * L + 2 * L + 2 + (c.tie_embeddings ? 0 : 1);  // per-tensor launches
+    // One launch per tensor: six per block (two norms, the fused qkv and gate_up, o, down), the
+    // embedding, the final norm and an untied lm_head.
+    const double tensors = 6.0 * L + 2 + (c.tie_embeddings ? 0 : 1);
     KernelCost opt = cost::adamw((long long)params, t, t, a)[0];
     opt.count = 1;
     opt.op = "AdamW (" + std::to_string(int(tensors)) + " launches)";

@@ -13,6 +13,7 @@
 #include "platform/device_memory.h"
 #include "model/llama.h"
 #include "optim/optimizer.cuh"
+#include "parallel/comm_cost.h"
 #include "parallel/memory.h"
 #include "parallel/stages.h"
 #include "parallel/strategies.h"
@@ -651,6 +652,13 @@ void check_counts(pv::World& world, Options opt = {}) {
         CHECK(z3.wire_bytes ==
               Approx(2 * (n - 1) / n * scalars + A * (n - 1) / n * (2 * psi_all - all_first - all_last + psi) * t)
                   .epsilon(1e-12));
+        // The performance model's communication (parallel/comm_cost.h) is these counters' figure.
+        const pv::LlamaConfig config = awkward_model(world.size(), opt.tied);
+        const pv::GroupOptions groups{frozen, opt.lora, opt.nf4, true};
+        for (const auto& [name, run] : {std::pair{"ddp", &d}, {"zero1", &z}, {"zero2", &z2}, {"zero3", &z3}})
+            CHECK(run->wire_bytes ==
+                  Approx(pv::step_wire_bytes(config, pv::dtype_of<T>(), groups, name, world.size(), opt.accumulation))
+                      .epsilon(1e-12));
         // The count is an integer all-reduce and comes first, before any backward's bucket.
         CHECK(ddp.logs[size_t(s)].front().dtype == ncclInt64);
     }

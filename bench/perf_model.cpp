@@ -1,0 +1,124 @@
+// The performance model at real shapes (model/step_cost.h): every kernel of a training step with
+// the bytes it moves, the FLOPs it does, the unit it runs on and its predicted H100 SXM time,
+// before this code's kernels and now, side by side; the step time and MFU they add up to; and
+// each data-parallel strategy's communication (parallel/comm_cost.h, the comm counters' figures)
+// at NVLink and at 100 Gb/s Ethernet. Predictions, not measurements: no GPU runs here.
+//
+//   build/<flavour>/bench/perf_model [--kernels]    (--kernels: the per-kernel table too)
+#include "model/config.h"
+#include "model/llama.h"
+#include "model/step_cost.h"
+#include "parallel/comm_cost.h"
+#include "parallel/memory.h"
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace pv;
+
+constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+constexpr double kNvlinkBytesPerS = 450e9;     // H100 SXM NVLink 4: 900 GB/s total, 450 per direction
+constexpr double kEthernetBytesPerS = 12.5e9;  // 100 Gb/s
+
+// The largest micro-batch whose model states (per rank, parallel/memory.h) and activations
+// (model/llama.h activation_layout, every unit's arena) fit in `budget` bytes.
+int filling_batch(const LlamaConfig& c, const std::string& strategy, int ranks, int seq_len, double budget) {
+    const double states = model_state_memory(c, DType::bf16, {}, strategy, ranks).total();
+    int best = 0;
+    for (int b = 1; b <= 64; ++b) {
+        double acts = double(arena_bytes(activation_layout(c, UnitKind::embedding, b, seq_len, DType::bf16))) +
+                      double(arena_bytes(activation_layout(c, UnitKind::head, b, seq_len, DType::bf16)));
+        acts += c.num_layers * double(arena_bytes(activation_layout(c, UnitKind::block, b, seq_len, DType::bf16)));
+        if (states + acts > budget) break;
+        best = b;
+    }
+    return best;
+}
+
+// Kernels grouped by op (their launches summed), before and now.
+void print_kernels(const StepShape& s) {
+    struct Row {
+        double bytes = 0, flops = 0, before = 0, now = 0;
+        std::string unit;
+    };
+    std::map<std::string, Row> rows;
+    std::vector<std::string> order;
+    for (KernelSet set : {KernelSet::before, KernelSet::now})
+        for (const KernelCost& k : step_kernels(s, set)) {
+            if (!rows.count(k.op)) order.push_back(k.op);
+            Row& r = rows[k.op];
+            const double sec = predicted_seconds(k) * k.count;
+            (set == KernelSet::before ? r.before : r.now) += sec;
+            if (set == KernelSet::now) {
+                r.bytes += k.bytes() * k.count;
+                r.flops += k.flops * k.count;
+                r.unit = roofline_name(k.roofline);
+            }
+        }
+    std::printf("| op | bytes (GB) | GFLOP | unit (now) | before (ms) | now (ms) |\n|---|---:|---:|---|---:|---:|\n");
+    for (const std::string& op : order) {
+        const Row& r = rows[op];
+        std::printf("| %s | %.2f | %.0f | %s | %.3f | %.3f |\n", op.c_str(), r.bytes / 1e9, r.flops / 1e9,
+                    r.unit.empty() ? "(gone)" : r.unit.c_str(), r.before * 1e3, r.now * 1e3);
+    }
+}
+
+void print_step(const char* label, const StepShape& s, const std::string& strategy, int ranks, bool kernels) {
+    const StepPrediction before = predict_step(s, KernelSet::before), now = predict_step(s, KernelSet::now);
+    std::printf("\n## %s: %s, micro-batch %d x %d, %s on %d H100 SXM\n\n", label, s.config.name.c_str(), s.batch,
+                s.seq_len, strategy.c_str(), ranks);
+    if (kernels) print_kernels(s);
+    std::printf("\n| | compute (ms) | MFU |\n|---|---:|---:|\n");
+    std::printf("| before | %.1f | %.1f%% |\n| now | %.1f | %.1f%% |\n", before.seconds * 1e3, 100 * before.mfu,
+                now.seconds * 1e3, 100 * now.mfu);
+    if (ranks > 1) {
+        const double wire = step_wire_bytes(s.config, DType::bf16, {}, strategy, ranks, s.accumulation);
+        for (const auto& [link, rate] :
+             {std::pair{"NVLink 450 GB/s", kNvlinkBytesPerS}, {"Ethernet 100 Gb/s", kEthernetBytesPerS}}) {
+            const double comm = wire / rate;
+            // No overlap: compute + communication; full overlap: the larger of the two.
+            const double serial = now.seconds + comm, overlapped = std::max(now.seconds, comm);
+            std::printf("| %s: %.2f GB sent per rank, %.1f ms | step %.1f-%.1f ms | MFU %.1f-%.1f%% |\n", link,
+                        wire / 1e9, comm * 1e3, overlapped * 1e3, serial * 1e3,
+                        100 * now.model_flops / (serial * Device{}.tensor_bf16_flops),
+                        100 * now.model_flops / (overlapped * Device{}.tensor_bf16_flops));
+        }
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const bool kernels = argc > 1 && std::strcmp(argv[1], "--kernels") == 0;
+    const Device d;
+    std::printf("# Predicted step times on an %s (performance model, model/step_cost.h)\n", d.name);
+    std::printf(
+        "\nRooflines: time = max(bytes / (%.2f TB/s x e_mem), FLOPs / (peak x e_unit)); tensor peak %.1f TF/s, "
+        "CUDA-core fp32 peak %.1f TF/s.\n\n| roofline | e_mem | e_unit | source |\n|---|---:|---:|---|\n",
+        d.hbm_bytes_per_s / 1e12, d.tensor_bf16_flops / 1e12, d.cuda_core_fp32_flops / 1e12);
+    for (Roofline r : {Roofline::cublas_gemm, Roofline::attention_mma, Roofline::attention_cuda_core,
+                       Roofline::memory_vector, Roofline::memory_scalar}) {
+        const RooflineEfficiency e = roofline_efficiency(r);
+        std::printf("| %s | %.2f | %.2f | %s |\n", roofline_name(r), e.e_mem, e.e_unit, e.source);
+    }
+    const double budget = 72 * GiB;  // 80 GB less the CUDA context, workspace and the allocator's slack
+    StepShape one{preset("llama-3.2-1b"), 4, 2048, 1, 2};
+    print_step("The issue's reference", one, "single", 1, kernels);
+    StepShape fill = one;
+    fill.batch = filling_batch(one.config, "single", 1, 2048, budget);
+    print_step("Micro-batch filling 72 GiB", fill, "single", 1, kernels);
+    for (const char* strategy : {"ddp", "zero3"}) {
+        StepShape s = fill;
+        s.batch = filling_batch(one.config, strategy, 8, 2048, budget);
+        print_step("Data parallel", s, strategy, 8, false);
+    }
+    StepShape big{preset("llama-3.1-8b"), 1, 2048, 1, 2};
+    big.batch = filling_batch(big.config, "zero3", 8, 2048, budget);
+    print_step("8B does not fit one GPU for full fine-tuning: ZeRO-3", big, "zero3", 8, kernels);
+    return 0;
+}
