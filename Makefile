@@ -236,7 +236,7 @@ else ifneq ($(SANITIZE),)
 endif
 # test-tsan checks the kernel suites (where shared-memory races live) at their small shapes.
 TSAN_TESTS := $(addprefix $(BUILD)/test/,test_kernels_platform test_planted_races test_attention test_attention_decode test_rmsnorm \
-  test_cross_entropy test_nf4)
+  test_cross_entropy test_nf4 test_warp_mma)
 TSAN_OPTIONS_ := TSAN_OPTIONS='halt_on_error=0 exitcode=66 history_size=4'
 
 test: $(TEST_BINS) $(MPI_TEST_BINS) $(TRAFFIC_TEST) $(BUILD)/train

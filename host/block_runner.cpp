@@ -17,6 +17,7 @@
 #include "host/fiber.h"
 #include "host/sanitizer_hooks.h"
 #include "host/schedule.h"
+#include "host/stream.h"
 
 #include <cxxabi.h>
 #include <dlfcn.h>
@@ -46,12 +47,23 @@ struct EmulatedThread : ThreadIndex {
     std::source_location site;  // where it waits
     // The warp collective it waits at, and its result once complete.
     WarpOp op = WarpOp::sync;
+    const char* op_label = "";  // the collective's name in diagnostics
     unsigned mask = 0;
     uint64_t value = 0;
     int arg = 0, width = 32;
     bool is_signed = false;
     uint64_t result = 0;
     int barrier_result = 0;
+    // A warp exchange (mma, ldmatrix): its combine function, this lane's words and result.
+    WarpExchangeFn combine = nullptr;
+    LaneWords exchange_in{}, exchange_out{};
+    // cp.async copies issued and not yet landed, oldest first (from copies_head), and the sizes
+    // of the committed groups, oldest first (from groups_head); copies past the committed ones
+    // are in the open group.
+    std::vector<CpAsyncCopy> copies;
+    std::vector<std::source_location> copy_sites;
+    std::vector<size_t> group_sizes;
+    size_t copies_head = 0, groups_head = 0, committed_copies = 0;
     // Happens-before bookkeeping for ThreadSanitizer (host/sanitizer_hooks.h).
     unsigned barrier_generation = 0;  // of the barrier it waits at
     unsigned syncwarp_count = 0;      // __syncwarp calls completed
@@ -141,6 +153,7 @@ const char* op_name(WarpOp op) {
         case WarpOp::reduce_and: return "__reduce_and_sync";
         case WarpOp::reduce_or: return "__reduce_or_sync";
         case WarpOp::reduce_xor: return "__reduce_xor_sync";
+        case WarpOp::exchange: return "warp exchange";
     }
     return "?";
 }
@@ -189,14 +202,20 @@ std::string hex(unsigned v) {
     return b;
 }
 
+std::string hex_pointer(const void* p) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%p", p);
+    return b;
+}
+
 // A collective that can never complete: the lanes `waiting` wait at it for the lanes `missing`,
 // which `why` (exited, wait at a barrier). One wording whichever side is noticed first, so the
 // report does not depend on the schedule.
-[[noreturn]] void report_stuck_collective(unsigned warp, WarpOp op, unsigned mask, const std::source_location& site,
-                                          unsigned waiting, unsigned missing, const std::string& why) {
-    report(std::string(op_name(op)) + " (mask " + hex(mask) + ") at " + site_text(site) +
-           " can never complete: threads " + lane_list(warp, waiting) + " wait at it for threads " +
-           lane_list(warp, missing) + ", which " + why);
+[[noreturn]] void report_stuck_collective(unsigned warp, const char* label, unsigned mask,
+                                          const std::source_location& site, unsigned waiting, unsigned missing,
+                                          const std::string& why) {
+    report(std::string(label) + " (mask " + hex(mask) + ") at " + site_text(site) + " can never complete: threads " +
+           lane_list(warp, waiting) + " wait at it for threads " + lane_list(warp, missing) + ", which " + why);
 }
 
 // A lane that waits at a warp collective whose mask names `t` can never be released once `t`
@@ -207,12 +226,17 @@ void check_no_lane_waits_for(Runner& r, const EmulatedThread& t, Why why) {
     for (unsigned waiting = w.waiting; waiting; waiting &= waiting - 1) {
         const EmulatedThread& other = r.threads[t.warp * 32 + unsigned(std::countr_zero(waiting))];
         if (other.mask & (1u << t.lane))
-            report_stuck_collective(t.warp, other.op, other.mask, other.site, w.waiting & other.mask, 1u << t.lane,
-                                    why());
+            report_stuck_collective(t.warp, other.op_label, other.mask, other.site, w.waiting & other.mask,
+                                    1u << t.lane, why());
     }
 }
 
 void thread_exited(Runner& r, EmulatedThread& t) {
+    if (t.copies.size() > t.copies_head)
+        report("thread " + std::to_string(t.linear) + " exited with " +
+               std::to_string(t.copies.size() - t.copies_head) +
+               " cp.async copies that never landed (the first issued at " + site_text(t.copy_sites[t.copies_head]) +
+               "): commit them (cp_async_commit) and wait for them (cp_async_wait) before the thread ends");
     t.state = State::exited;
     --r.live;
     r.warps[t.warp].exited |= 1u << t.lane;
@@ -267,7 +291,7 @@ void resume(Runner& r, EmulatedThread& t) {
         for (const auto& t : r.threads)
             if (t.state == g->state && same_site(t.site, g->site)) ids.push_back(t.linear);
         text += "\n  threads " + thread_list(ids) + " wait at " +
-                (g->state == State::at_barrier ? std::string("__syncthreads") : std::string(op_name(g->op))) + " at " +
+                (g->state == State::at_barrier ? std::string("__syncthreads") : std::string(g->op_label)) + " at " +
                 site_text(g->site);
     }
     text += "\n  (a barrier or warp collective that not every thread it needs can reach: divergent code?)";
@@ -278,6 +302,14 @@ void resume(Runner& r, EmulatedThread& t) {
 void complete_collective(Runner& r, unsigned warp, unsigned mask) {
     EmulatedThread* lanes = &r.threads[warp * 32];
     const EmulatedThread& first = lanes[std::countr_zero(mask)];
+    if (first.op == WarpOp::exchange) {  // always the full warp
+        LaneWords in[32], out[32];
+        for (unsigned l = 0; l < 32; ++l) in[l] = lanes[l].exchange_in;
+        first.combine(in, out);
+        for (unsigned l = 0; l < 32; ++l) lanes[l].exchange_out = out[l], lanes[l].state = State::runnable;
+        r.warps[warp].waiting = 0;
+        return;
+    }
     unsigned parity = 0;  // which syncwarp token each lane released into
     for (unsigned m = mask; m; m &= m - 1) {
         const unsigned l = unsigned(std::countr_zero(m));
@@ -316,7 +348,7 @@ void complete_collective(Runner& r, unsigned warp, unsigned mask) {
         if (is_shuffle(t.op)) {
             if (!(mask & (1u << src)))
                 report("thread " + std::to_string(t.linear) + " reads lane " + std::to_string(src) + " in " +
-                       op_name(t.op) + " at " + site_text(t.site) + ", but that lane is outside the mask 0x" +
+                       t.op_label + " at " + site_text(t.site) + ", but that lane is outside the mask 0x" +
                        [&] {
                            char b[16];
                            std::snprintf(b, sizeof b, "%08x", mask);
@@ -374,14 +406,16 @@ int block_barrier(int predicate, std::source_location site) {
     return t.barrier_result;
 }
 
-uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t bits, int arg, int width, bool is_signed,
-                         std::source_location site) {
-    Runner& r = runner;
-    EmulatedThread& t = *r.current;
+namespace {
+
+// Thread t arrives at a warp collective (its exchange fields already set for an exchange),
+// waits until every lane of the mask has arrived, and returns with its result in place.
+void arrive_at_collective(Runner& r, EmulatedThread& t, const char* label, WarpOp op, unsigned mask, uint64_t bits,
+                          int arg, int width, bool is_signed, std::source_location site) {
     WarpState& w = r.warps[t.warp];
     const unsigned me = 1u << t.lane;
     // Messages are built only when reporting: this is the hot path of every collective.
-    const auto where = [&] { return std::string(op_name(op)) + " at " + site_text(site); };
+    const auto where = [&] { return std::string(label) + " at " + site_text(site); };
     if (!(mask & me))
         report("thread " + std::to_string(t.linear) + " calls " + where() + " with mask " + hex(mask) +
                " that does not include its own lane " + std::to_string(t.lane));
@@ -393,17 +427,17 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t bits, int arg, int w
                lane_list(t.warp, mask & ~w.existing) + " are beyond the block's " + std::to_string(r.threads.size()) +
                " threads)");
     if (mask & w.exited)
-        report_stuck_collective(t.warp, op, mask, site, (w.waiting & mask) | me, mask & w.exited, "exited");
+        report_stuck_collective(t.warp, label, mask, site, (w.waiting & mask) | me, mask & w.exited, "exited");
     if (mask & w.at_barrier)
-        report_stuck_collective(t.warp, op, mask, site, (w.waiting & mask) | me, mask & w.at_barrier,
+        report_stuck_collective(t.warp, label, mask, site, (w.waiting & mask) | me, mask & w.at_barrier,
                                 "wait at __syncthreads at " + site_text(r.barrier_site));
     // Lanes of this mask already waiting must wait at the same collective with the same mask;
     // each arrival was checked against the lowest waiting lane, so checking that one suffices.
     if (const unsigned others = mask & w.waiting) {
         const EmulatedThread& o = r.threads[t.warp * 32 + unsigned(std::countr_zero(others))];
-        if (o.op != op || o.mask != mask || (op != WarpOp::sync && !same_site(o.site, site)))
+        if (o.op != op || o.mask != mask || o.combine != t.combine || (op != WarpOp::sync && !same_site(o.site, site)))
             report("lanes of one mask at different collectives: thread " + std::to_string(t.linear) + " at " + where() +
-                   " (mask " + hex(mask) + "), thread " + std::to_string(o.linear) + " at " + op_name(o.op) + " at " +
+                   " (mask " + hex(mask) + "), thread " + std::to_string(o.linear) + " at " + o.op_label + " at " +
                    site_text(o.site) + " (mask " + hex(o.mask) + ")");
     }
     for (unsigned others = w.waiting & ~mask; others; others &= others - 1) {
@@ -411,11 +445,11 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t bits, int arg, int w
         if (o.mask & me)
             report("lanes of one mask at different collectives: thread " + std::to_string(t.linear) + " at " + where() +
                    " (mask " + hex(mask) + "), while thread " + std::to_string(o.linear) + " waits for it at " +
-                   op_name(o.op) + " at " + site_text(o.site) + " (mask " + hex(o.mask) + ")");
+                   o.op_label + " at " + site_text(o.site) + " (mask " + hex(o.mask) + ")");
     }
     t.state = State::at_warp;
     t.site = site;
-    t.op = op, t.mask = mask, t.value = bits, t.arg = arg, t.width = width, t.is_signed = is_signed;
+    t.op = op, t.op_label = label, t.mask = mask, t.value = bits, t.arg = arg, t.width = width, t.is_signed = is_signed;
     if (op == WarpOp::sync) tsan_release(&t.syncwarp_tokens[t.syncwarp_count & 1]);
     w.waiting |= me;
     if ((w.waiting & mask) == mask) {
@@ -433,7 +467,91 @@ uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t bits, int arg, int w
             }
         ++t.syncwarp_count;
     }
+}
+
+}  // namespace
+
+uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t bits, int arg, int width, bool is_signed,
+                         std::source_location site) {
+    Runner& r = runner;
+    EmulatedThread& t = *r.current;
+    t.combine = nullptr;
+    arrive_at_collective(r, t, op_name(op), op, mask, bits, arg, width, is_signed, site);
     return t.result;
+}
+
+LaneWords warp_exchange(WarpExchangeFn combine, const char* name, const LaneWords& mine, std::source_location site) {
+    Runner& r = runner;
+    EmulatedThread& t = *r.current;
+    t.combine = combine;
+    t.exchange_in = mine;
+    // The instructions are .sync.aligned: the whole warp, converged.
+    arrive_at_collective(r, t, name, WarpOp::exchange, 0xffffffffu, 0, 0, 32, false, site);
+    return t.exchange_out;
+}
+
+unsigned current_lane() { return runner.current->lane; }
+
+void check_aligned_16(const void* p, const char* what, std::source_location site) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 == 0) return;
+    report("thread " + std::to_string(runner.current->linear) + ": " + what + " address " + hex_pointer(p) + " at " +
+           site_text(site) + " is not 16-byte aligned");
+}
+
+void check_src_size(int src_bytes, std::source_location site) {
+    if (src_bytes < 0 || src_bytes > 16)
+        report("thread " + std::to_string(runner.current->linear) + ": cp.async at " + site_text(site) +
+               " with src-size " + std::to_string(src_bytes) + " (must be 0 to 16 bytes)");
+}
+
+void check_shared_operand(const void* p, const char* what, std::source_location site) {
+    check_aligned_16(p, what, site);
+    const auto* c = static_cast<const unsigned char*>(p);
+    const unsigned char* dyn = tls_block.dynamic_smem;
+    if (dyn && c >= dyn && c < dyn + runner.launch->smem_bytes) return;  // the common case
+    const EmulatedThread& t = *runner.current;
+    const char* where = nullptr;
+    if (c >= reinterpret_cast<const unsigned char*>(t.stack.base) &&
+        c < reinterpret_cast<const unsigned char*>(t.stack.base) + t.stack.size)
+        where = "the thread's own stack (local memory)";
+    else if (is_device_range(p, 16))
+        where = "global memory (a cudaMalloc allocation)";
+    if (where)
+        report("thread " + std::to_string(t.linear) + ": " + what + " address " + hex_pointer(p) + " at " +
+               site_text(site) + " is in " + where + ", not shared memory");
+}
+
+void cp_async_issue(void* dst, const unsigned char (&bytes)[16], std::source_location site) {
+    EmulatedThread& t = *runner.current;
+    CpAsyncCopy copy;
+    copy.dst = dst;
+    std::memcpy(copy.bytes, bytes, 16);
+    t.copies.push_back(copy);
+    t.copy_sites.push_back(site);
+}
+
+void cp_async_commit_group() {
+    EmulatedThread& t = *runner.current;
+    const size_t issued = t.copies.size() - t.copies_head;
+    t.group_sizes.push_back(issued - t.committed_copies);
+    t.committed_copies = issued;
+}
+
+bool cp_async_next_ready(int pending, CpAsyncCopy& copy) {
+    EmulatedThread& t = *runner.current;
+    while (t.group_sizes.size() - t.groups_head > size_t(pending)) {
+        size_t& front = t.group_sizes[t.groups_head];
+        if (front == 0) {
+            ++t.groups_head;
+            continue;
+        }
+        copy = t.copies[t.copies_head++];
+        --front, --t.committed_copies;
+        if (t.copies_head == t.copies.size()) t.copies.clear(), t.copy_sites.clear(), t.copies_head = 0;
+        return true;
+    }
+    if (t.groups_head == t.group_sizes.size()) t.group_sizes.clear(), t.groups_head = 0;
+    return false;
 }
 
 unsigned active_mask() {

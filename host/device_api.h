@@ -69,7 +69,8 @@ enum class WarpOp : uint8_t {
     reduce_max,
     reduce_and,
     reduce_or,
-    reduce_xor
+    reduce_xor,
+    exchange  // mma, ldmatrix: host/warp_matrix.h
 };
 
 // A barrier over the whole block; returns the count of threads whose predicate was non-zero.
@@ -407,3 +408,6 @@ inline __nv_bfloat16 hsqrt(__nv_bfloat16 x) { return __float2bfloat16(std::sqrt(
 inline __nv_bfloat16 hrsqrt(__nv_bfloat16 x) { return __float2bfloat16(1.0f / std::sqrt(__bfloat162float(x))); }
 long long clock64();
 inline void __nanosleep(unsigned) {}
+
+// ---- warp-level matrix instructions (mma, ldmatrix, cp.async) --------------------------------
+#include "host/warp_matrix.h"

@@ -1,0 +1,96 @@
+// What mma.sync m16n8k16 and ldmatrix compute from the 32 lanes' registers, with the PTX ISA's
+// fragment layouts (host/warp_matrix.h says how they run as warp collectives).
+//
+// mma.m16n8k16 (groupID g = lane / 4, t = lane % 4; a register holds two 16-bit values, the
+// lower column or k index in its low half):
+//   A 16×16 row-major, 4 registers: a[0] (row g, cols 2t, 2t+1), a[1] (row g+8, same cols),
+//     a[2] (row g, cols 2t+8, 2t+9), a[3] (row g+8, cols 2t+8, 2t+9);
+//   B 16×8 (k × n), 2 registers: b[0] (k 2t, 2t+1; n g), b[1] (k 2t+8, 2t+9; n g);
+//   C, D 16×8 fp32, 4 floats: c[0], c[1] (row g, cols 2t, 2t+1), c[2], c[3] (row g+8, same cols).
+// Every product of two bf16 (or fp16) values is exact in double and the 16 of a dot product sum
+// exactly unless their exponents differ widely, so D = C + Σ_k A·B is computed in double and
+// rounded once to fp32: the tensor core's result up to its accumulation order and rounding.
+//
+// ldmatrix.m8n8.xN: lane l (l < 8N) names row l % 8 of matrix l / 8 (eight 16-bit values).
+// Register j of lane l receives matrix j, row l / 4, elements 2(l % 4) and 2(l % 4) + 1; with
+// .trans the same positions of the transposed matrix, i.e. column l / 4, rows 2(l % 4) and
+// 2(l % 4) + 1 of the matrix as stored.
+#include "host/warp_matrix.h"
+
+#include <bit>
+
+namespace pv::host {
+namespace {
+
+// The 16-bit value `index` (0 = low half of word 0) of a lane's words.
+uint16_t half_at(const LaneWords& lane, unsigned word_offset, unsigned index) {
+    return uint16_t(lane.w[word_offset + index / 2] >> (16 * (index % 2)));
+}
+uint32_t pack(uint16_t lo, uint16_t hi) { return uint32_t(lo) | (uint32_t(hi) << 16); }
+
+double bf16_value(uint16_t bits) { return double(std::bit_cast<float>(uint32_t(bits) << 16)); }
+double f16_value(uint16_t bits) {
+    __half_raw raw;
+    raw.x = bits;
+    return double(__half2float(__half(raw)));
+}
+
+// Where element (row, col) of each operand lives: (lane, 16-bit index within the operand's words).
+struct Position {
+    unsigned lane, index;
+};
+Position a_position(unsigned row, unsigned col) {  // A: words 0-3
+    const unsigned reg = (row >= 8 ? 1 : 0) + (col >= 8 ? 2 : 0);
+    return {(row % 8) * 4 + (col % 8) / 2, reg * 2 + col % 2};
+}
+Position b_position(unsigned k, unsigned n) {  // B: words 4-5
+    return {n * 4 + (k % 8) / 2, (k >= 8 ? 2 : 0) + k % 2};
+}
+// C and D: word index (a float each) within words 6-9 (C) or 0-3 (D).
+Position c_position(unsigned row, unsigned col) { return {(row % 8) * 4 + col / 2, (row >= 8 ? 2 : 0) + col % 2}; }
+
+template <double (*value)(uint16_t)>
+void mma_m16n8k16(const LaneWords* in, LaneWords* out) {
+    double a[16][16], b[16][8];
+    for (unsigned r = 0; r < 16; ++r)
+        for (unsigned c = 0; c < 16; ++c) {
+            const Position p = a_position(r, c);
+            a[r][c] = value(half_at(in[p.lane], 0, p.index));
+        }
+    for (unsigned k = 0; k < 16; ++k)
+        for (unsigned n = 0; n < 8; ++n) {
+            const Position p = b_position(k, n);
+            b[k][n] = value(half_at(in[p.lane], 4, p.index));
+        }
+    for (unsigned r = 0; r < 16; ++r)
+        for (unsigned n = 0; n < 8; ++n) {
+            const Position p = c_position(r, n);
+            double acc = double(std::bit_cast<float>(in[p.lane].w[6 + p.index]));
+            for (unsigned k = 0; k < 16; ++k) acc += a[r][k] * b[k][n];
+            out[p.lane].w[p.index] = std::bit_cast<uint32_t>(float(acc));
+        }
+}
+
+}  // namespace
+
+void mma_m16n8k16_bf16_combine(const LaneWords* in, LaneWords* out) { mma_m16n8k16<&bf16_value>(in, out); }
+void mma_m16n8k16_f16_combine(const LaneWords* in, LaneWords* out) { mma_m16n8k16<&f16_value>(in, out); }
+
+template <int Count, bool Trans>
+void ldmatrix_combine(const LaneWords* in, LaneWords* out) {
+    for (unsigned l = 0; l < 32; ++l)
+        for (unsigned j = 0; j < unsigned(Count); ++j) {
+            const unsigned row = l / 4, col = 2 * (l % 4);  // of the matrix as the lane receives it
+            const LaneWords* rows = in + 8 * j;             // lane 8j + i gave row i of matrix j
+            out[l].w[j] = Trans ? pack(half_at(rows[col], 0, row), half_at(rows[col + 1], 0, row))
+                                : pack(half_at(rows[row], 0, col), half_at(rows[row], 0, col + 1));
+        }
+}
+template void ldmatrix_combine<1, false>(const LaneWords*, LaneWords*);
+template void ldmatrix_combine<2, false>(const LaneWords*, LaneWords*);
+template void ldmatrix_combine<4, false>(const LaneWords*, LaneWords*);
+template void ldmatrix_combine<1, true>(const LaneWords*, LaneWords*);
+template void ldmatrix_combine<2, true>(const LaneWords*, LaneWords*);
+template void ldmatrix_combine<4, true>(const LaneWords*, LaneWords*);
+
+}  // namespace pv::host

@@ -1,0 +1,56 @@
+// Backend-free helpers for kernels built on the warp-level mma.m16n8k16 (platform/platform.h
+// declares the instructions: mma_m16n8k16_bf16/_f16, ldmatrix_x{1,2,4}[_trans], cp_async_*).
+//
+// Fragment layouts (PTX ISA; groupID g = lane / 4, t = lane % 4): a 16×8 fp32 accumulator tile
+// C holds c[0], c[1] at (row g, cols 2t, 2t+1) and c[2], c[3] at (row g+8, same cols); a 16×16
+// A operand holds a[0] (row g, cols 2t, 2t+1), a[1] (row g+8), a[2] (row g, cols 2t+8, 2t+9),
+// a[3] (row g+8, cols 2t+8, 2t+9), two 16-bit values per register, the lower column in the low
+// half. So two accumulator tiles side by side (columns 0-7 and 8-15) become one A operand with
+// no data movement between lanes: accumulators_to_a_bf16 (how P = softmax(S) feeds P·V).
+#pragma once
+
+#include "platform/platform.h"
+
+#include <cstdint>
+#include <cstring>
+
+namespace pv {
+
+// Two floats rounded to nearest even into one register of bf16 pairs, `lo` in the low half.
+__host__ __device__ inline uint32_t pack_bf16x2(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    return bits;
+}
+// The same with fp16 (round to nearest even).
+__host__ __device__ inline uint32_t pack_f16x2(float lo, float hi) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    return bits;
+}
+// The two bf16 values of a register as floats (exact): the low half first.
+__host__ __device__ inline float bf16x2_low(uint32_t bits) {
+    const uint32_t f = bits << 16;
+    float v;
+    std::memcpy(&v, &f, sizeof v);
+    return v;
+}
+__host__ __device__ inline float bf16x2_high(uint32_t bits) {
+    const uint32_t f = bits & 0xffff0000u;
+    float v;
+    std::memcpy(&v, &f, sizeof v);
+    return v;
+}
+
+// Two 16×8 accumulator tiles (columns 0-7 in `left`, 8-15 in `right`) rounded to bf16 as the
+// 16×16 A operand of the next mma.
+__device__ inline void accumulators_to_a_bf16(const float (&left)[4], const float (&right)[4], uint32_t (&a)[4]) {
+    a[0] = pack_bf16x2(left[0], left[1]);
+    a[1] = pack_bf16x2(left[2], left[3]);
+    a[2] = pack_bf16x2(right[0], right[1]);
+    a[3] = pack_bf16x2(right[2], right[3]);
+}
+
+}  // namespace pv
