@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
-# Registers, shared memory and spills of every kernel instantiation, as ptxas compiles them for
-# sm_90 (H100). Fails if any bf16 or fp32 instantiation spills (fp64 ones exist for checking and
-# may), or if a kernel with __launch_bounds__ needs more registers than its block can have
-# (registers x threads > 65536 per block).
+# Registers, shared memory, spills and occupancy of every kernel instantiation as ptxas compiles
+# them for sm_90 (H100), and what their SASS is made of. Fails if
+# - any bf16 or fp32 instantiation spills (fp64 ones exist for checking and may), or a kernel with
+#   __launch_bounds__ needs more registers than its block can have (registers x threads > 65536);
+# - a bf16 tensor-core kernel (TENSOR_CORE_KERNELS) has no HMMA instruction, or a bf16
+#   bandwidth-bound kernel (VECTOR_KERNELS) has no 128-bit global load (LDG.E.128): the SASS, read
+#   with cuobjdump -sass, shows whether the code does what the performance model assumes.
+# cuobjdump is not in the toolkit image: it is installed from PyPI (nvidia-cuda-cuobjdump, pinned)
+# into build/sass-tools on first use; set CUOBJDUMP to use another.
+#
+# Occupancy per SM (sm_90: 65536 registers, 228 KiB shared memory, 2048 threads, 32 blocks): warps
+# the registers allow (registers rounded up to 8 per thread), and for kernels with launch bounds the
+# resident blocks: min(by threads, by registers, by shared memory (static, plus 1 KiB reserved per
+# block), 32). Dynamic shared memory is chosen at launch and not counted here.
 #
 #   bench/ptxas_report.sh [SOURCE.cu]     (default: bench/kernels_bench.cu, which instantiates
 #                                          every kernel of the model for bf16, fp32 and fp64)
@@ -11,43 +21,84 @@ cd "$(dirname "$0")/.."
 source_file="${1:-bench/kernels_bench.cu}"
 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 NVCC="$CUDA_HOME/bin/nvcc"
+# Kernels whose bf16 instantiations must use tensor cores, and those that must load 16 bytes at once.
+TENSOR_CORE_KERNELS="${TENSOR_CORE_KERNELS:-attention_mma_forward_kernel attention_mma_dkv_kernel attention_mma_dq_kernel}"
+VECTOR_KERNELS="${VECTOR_KERNELS:-swiglu_forward_kernel swiglu_backward_kernel add_kernel accumulate_kernel cast_kernel}"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 flags=(-x cu -std=c++20 -O2 -I. -isystem "$CUDA_HOME/include")
 "$NVCC" "${flags[@]}" -gencode arch=compute_90,code=sm_90 -Xptxas -v -c "$source_file" -o "$work/k.o" 2> "$work/ptxas.log"
 "$NVCC" "${flags[@]}" -arch=compute_90 -ptx "$source_file" -o "$work/k.ptx"
 
+# cuobjdump: from $CUOBJDUMP, or a pinned wheel in build/sass-tools.
+if [[ -z "${CUOBJDUMP:-}" ]]; then
+  tools=build/sass-tools
+  CUOBJDUMP=$(find "$tools" -name cuobjdump -type f 2>/dev/null | head -1 || true)
+  if [[ -z "$CUOBJDUMP" ]]; then
+    python3 -m pip install --quiet --no-deps --target "$tools" nvidia-cuda-cuobjdump==13.2.86 >&2
+    CUOBJDUMP=$(find "$tools" -name cuobjdump -type f | head -1)
+  fi
+fi
+# Per function: HMMA instructions and 128-bit global loads.
+"$CUOBJDUMP" -sass "$work/k.o" | awk '
+  /Function : / { fn = $NF; hmma[fn] += 0; ldg[fn] += 0 }
+  /HMMA/ { hmma[fn]++ }
+  /LDG\.E\.128/ { ldg[fn]++ }
+  END { for (f in hmma) print f, hmma[f], ldg[f] }' > "$work/sass"
+
 # Launch bounds from the PTX: ".entry NAME(" ... ".maxntid X, Y, Z".
 awk '/^\.(visible )?\.entry/ { name = $NF; sub(/\(.*/, "", name) }
      /\.maxntid/ { gsub(/,/, ""); print name, $2 * $3 * $4 }' "$work/k.ptx" > "$work/bounds"
 
-awk -v bounds="$work/bounds" '
-  BEGIN { while ((getline line < bounds) > 0) { split(line, f, " "); maxntid[f[1]] = f[2] } }
+awk -v bounds="$work/bounds" -v sass="$work/sass" '
+  BEGIN { while ((getline line < bounds) > 0) { split(line, f, " "); maxntid[f[1]] = f[2] }
+          while ((getline line < sass) > 0) { split(line, f, " "); hmma[f[1]] = f[2]; ldg[f[1]] = f[3] } }
   /Compiling entry function/ { match($0, /'"'"'[^'"'"']+'"'"'/); fn = substr($0, RSTART + 1, RLENGTH - 2) }
   /bytes spill stores/ { spill[fn] = $5 + $9 }
   /Used [0-9]+ registers/ {
     regs = $0; sub(/.*Used /, "", regs); sub(/ registers.*/, "", regs)
     smem = 0; if (match($0, /[0-9]+ bytes smem/)) { smem = substr($0, RSTART); sub(/ bytes smem.*/, "", smem) }
-    print fn, regs, smem, spill[fn] + 0, (fn in maxntid) ? maxntid[fn] : 0
+    print fn, regs, smem, spill[fn] + 0, (fn in maxntid) ? maxntid[fn] : 0, hmma[fn] + 0, ldg[fn] + 0
   }' "$work/ptxas.log" | sort -u > "$work/table"
 
 failures=0
-printf "%-6s %5s %8s %6s %7s  %s\n" "dtype" "regs" "smem(B)" "spill" "bounds" "kernel (sm_90)"
-while read -r mangled regs smem spill bound; do
+printf "%-6s %5s %8s %6s %7s %9s %10s %5s %8s  %s\n" "dtype" "regs" "smem(B)" "spill" "bounds" "warps/SM" "blocks/SM" "HMMA" "LDG.128" "kernel (sm_90)"
+while read -r mangled regs smem spill bound hmma ldg; do
   name=$(echo "$mangled" | c++filt)
   args="${name#*<}"; args="${args%%(*}"
   dtype="fp32"
   case "$args" in *double*) dtype="fp64" ;; esac
   case "$args" in *bfloat16*) dtype="bf16" ;; esac
   [[ "$name" == *"<"* ]] || dtype="-"
+  base="${name%%<*}"; base="${base%%(*}"; base="${base##*::}"; base="${base##* }"
+  rounded=$(( (regs + 7) / 8 * 8 )); [[ $rounded -eq 0 ]] && rounded=8
+  warps=$(( 65536 / (rounded * 32) )); [[ $warps -gt 64 ]] && warps=64
+  blocks="-"
+  if [[ "$bound" -gt 0 ]]; then
+    by_threads=$(( 2048 / bound ))
+    by_regs=$(( 65536 / (rounded * bound) ))
+    by_smem=$(( 233472 / (smem + 1024) ))
+    blocks=$(( by_threads < by_regs ? by_threads : by_regs )); blocks=$(( blocks < by_smem ? blocks : by_smem ))
+    blocks=$(( blocks < 32 ? blocks : 32 ))
+  fi
   verdict=""
   if [[ "$spill" -gt 0 && "$dtype" != "fp64" ]]; then verdict="  <- SPILLS"; failures=$((failures + 1)); fi
   if [[ "$bound" -gt 0 && $((regs * bound)) -gt 65536 ]]; then
     verdict="$verdict  <- $regs registers x $bound threads exceeds 65536"; failures=$((failures + 1))
   fi
-  printf "%-6s %5s %8s %6s %7s  %s%s\n" "$dtype" "$regs" "$smem" "$spill" "${bound/#0/-}" "$name" "$verdict"
+  if [[ "$dtype" == "bf16" && " $TENSOR_CORE_KERNELS " == *" $base "* && "$hmma" -eq 0 ]]; then
+    verdict="$verdict  <- no tensor-core (HMMA) instruction"; failures=$((failures + 1))
+  fi
+  if [[ "$dtype" == "bf16" && " $VECTOR_KERNELS " == *" $base "* && "$ldg" -eq 0 ]]; then
+    verdict="$verdict  <- no 128-bit global load"; failures=$((failures + 1))
+  fi
+  printf "%-6s %5s %8s %6s %7s %9s %10s %5s %8s  %s%s\n" "$dtype" "$regs" "$smem" "$spill" "${bound/#0/-}" "$warps" "$blocks" "$hmma" "$ldg" "$name" "$verdict"
 done < "$work/table"
+# Every kernel named in the two lists must exist in bf16 (a renamed kernel must not pass unchecked).
+for k in $TENSOR_CORE_KERNELS $VECTOR_KERNELS; do
+  if ! grep -q "$k" <(c++filt < "$work/table"); then echo "ptxas-report: kernel $k not found"; failures=$((failures + 1)); fi
+done
 if [[ $failures -gt 0 ]]; then
   echo "ptxas-report: $failures problem(s)"; exit 1
 fi
-echo "ptxas-report: no bf16/fp32 spills; launch bounds respected"
+echo "ptxas-report: no bf16/fp32 spills; launch bounds respected; tensor-core and 128-bit-load kernels as required"

@@ -145,7 +145,14 @@ inline void cp_async_16_zfill(void* smem_dst, const void* global_src, int src_by
     host::check_aligned_16(global_src, "cp.async source", site);
     host::check_src_size(src_bytes, site);
     unsigned char bytes[16] = {};
-    if (src_bytes > 0) std::memcpy(bytes, global_src, size_t(src_bytes));
+    if (src_bytes == 16) {  // two fixed-size loads: the traffic meter's instrumentation sees them
+        uint64_t half[2];
+        std::memcpy(&half[0], global_src, 8);
+        std::memcpy(&half[1], static_cast<const unsigned char*>(global_src) + 8, 8);
+        std::memcpy(bytes, half, 16);
+    } else if (src_bytes > 0) {
+        std::memcpy(bytes, global_src, size_t(src_bytes));
+    }
     std::memset(smem_dst, 0xFF, 16);  // undefined until the wait retires the copy
     host::cp_async_issue(smem_dst, bytes, site);
 }
