@@ -1,6 +1,8 @@
 // Small kernels the training step needs between the big ones. All are deterministic.
 //
-// Elementwise (one thread per element, memory-bound, no reductions):
+// Elementwise (memory-bound, no reductions; 16-byte vectors through kernels/vec.cuh when the
+// pointers are 16-byte aligned, element by element otherwise; the same arithmetic per element
+// either way, so the results are bit-identical to a one-element-per-thread loop):
 //   cast             out[i] = round_To(in[i])                 conversions between bf16, fp32, fp64:
 //                    widening is exact; narrowing rounds to nearest even, once (fp64 -> bf16 goes
 //                    directly, not through fp32, which would round twice)
@@ -40,6 +42,7 @@
 #pragma once
 
 #include "kernels/common.cuh"
+#include "kernels/vec.cuh"
 
 namespace pv {
 
@@ -60,42 +63,112 @@ __host__ __device__ inline To cast_value(From v) {
     }
 }
 
+// The elementwise operations (kernels/vec.cuh): 16-byte vectors of the widest type involved.
 template <class From, class To>
-__global__ void cast_kernel(const From* in, To* out, long long n) {
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    out[i] = cast_value<From, To>(in[i]);
-}
+struct CastOp {
+    static constexpr int kWidth = kVec<std::conditional_t<(sizeof(From) > sizeof(To)), From, To>>;
+    const From* in;
+    To* out;
+    template <int W>
+    struct In {
+        Vec<From, W> x;
+    };
+    template <int W, class I>
+    __device__ In<W> load(I i) const {
+        return {load_vec<W>(in + i)};
+    }
+    template <int W, class I>
+    __device__ void store(I i, const In<W>& x) const {
+        Vec<To, W> y;
+        for (int k = 0; k < W; ++k) y.v[k] = cast_value<From, To>(x.x.v[k]);
+        store_vec<W>(out + i, y);
+    }
+};
 
 template <class T>
-__global__ void scale_inplace_kernel(T* x, acc_t<T> factor, long long n) {
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    x[i] = from_acc<T>(to_acc(x[i]) * factor);
-}
+struct ScaleOp {
+    static constexpr int kWidth = kVec<T>;
+    T* x;
+    acc_t<T> factor;
+    template <int W>
+    struct In {
+        Vec<T, W> x;
+    };
+    template <int W, class I>
+    __device__ In<W> load(I i) const {
+        return {load_vec<W>(x + i)};
+    }
+    template <int W, class I>
+    __device__ void store(I i, const In<W>& in) const {
+        Vec<T, W> y;
+        for (int k = 0; k < W; ++k) y.v[k] = from_acc<T>(to_acc(in.x.v[k]) * factor);
+        store_vec<W>(x + i, y);
+    }
+};
 
-// No __restrict__: out may be a or b.
+// out may be a or b: each chunk is read whole before it is written, by the thread that writes it.
 template <class T>
-__global__ void add_kernel(const T* a, const T* b, T* out, long long n) {
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const acc_t<T> sum = to_acc(a[i]) + to_acc(b[i]);
-    out[i] = from_acc<T>(sum);
-}
+struct AddOp {
+    static constexpr int kWidth = kVec<T>;
+    const T* a;
+    const T* b;
+    T* out;
+    template <int W>
+    struct In {
+        Vec<T, W> a, b;
+    };
+    template <int W, class I>
+    __device__ In<W> load(I i) const {
+        return {load_vec<W>(a + i), load_vec<W>(b + i)};
+    }
+    template <int W, class I>
+    __device__ void store(I i, const In<W>& in) const {
+        Vec<T, W> y;
+        for (int k = 0; k < W; ++k) y.v[k] = from_acc<T>(to_acc(in.a.v[k]) + to_acc(in.b.v[k]));
+        store_vec<W>(out + i, y);
+    }
+};
 
 template <class Acc, class X>
-__global__ void accumulate_kernel(Acc* acc, const X* x, long long n) {
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    acc[i] = from_acc<Acc>(to_acc(acc[i]) + acc_t<Acc>(to_acc(x[i])));
-}
+struct AccumulateOp {
+    static constexpr int kWidth = kVec<Acc>;  // Acc is at least as wide as X
+    Acc* acc;
+    const X* x;
+    template <int W>
+    struct In {
+        Vec<Acc, W> acc;
+        Vec<X, W> x;
+    };
+    template <int W, class I>
+    __device__ In<W> load(I i) const {
+        return {load_vec<W>(acc + i), load_vec<W>(x + i)};
+    }
+    template <int W, class I>
+    __device__ void store(I i, const In<W>& in) const {
+        Vec<Acc, W> y;
+        for (int k = 0; k < W; ++k) y.v[k] = from_acc<Acc>(to_acc(in.acc.v[k]) + acc_t<Acc>(to_acc(in.x.v[k])));
+        store_vec<W>(acc + i, y);
+    }
+};
 
 template <class T>
-__global__ void fill_kernel(T* x, T value, long long n) {
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    x[i] = value;
-}
+struct FillOp {
+    static constexpr int kWidth = kVec<T>;
+    T* x;
+    T value;
+    template <int W>
+    struct In {};
+    template <int W, class I>
+    __device__ In<W> load(I) const {
+        return {};
+    }
+    template <int W, class I>
+    __device__ void store(I i, const In<W>&) const {
+        Vec<T, W> y;
+        for (int k = 0; k < W; ++k) y.v[k] = value;
+        store_vec<W>(x + i, y);
+    }
+};
 
 // One block: every thread counts a strided share, then the block sums the counts.
 inline constexpr int kCountBlock = 512;
@@ -149,42 +222,32 @@ inline constexpr int kGlueBlock = 256;
 // out[n] = in[n] converted to To (round to nearest even when narrowing).
 template <class From, class To>
 void cast(const From* in, To* out, long long n, cudaStream_t stream) {
-    if (n <= 0) return;  // an empty grid is a launch error
-    launch(cast_kernel<From, To>, dim3(ceil_div(n, kGlueBlock)), dim3(kGlueBlock), 0, stream, in, out, n);
-    CUDA_CHECK_LAUNCH();
+    launch_elementwise(CastOp<From, To>{in, out}, n, vec_aligned({in, out}), stream);
 }
 
 // x[n] *= factor.
 template <class T>
 void scale_inplace(T* x, acc_t<T> factor, long long n, cudaStream_t stream) {
-    if (n <= 0) return;
-    launch(scale_inplace_kernel<T>, dim3(ceil_div(n, kGlueBlock)), dim3(kGlueBlock), 0, stream, x, factor, n);
-    CUDA_CHECK_LAUNCH();
+    launch_elementwise(ScaleOp<T>{x, factor}, n, vec_aligned({x}), stream);
 }
 
 // out[n] = a[n] + b[n]; out may be a or b.
 template <class T>
 void add(const T* a, const T* b, T* out, long long n, cudaStream_t stream) {
-    if (n <= 0) return;
-    launch(add_kernel<T>, dim3(ceil_div(n, kGlueBlock)), dim3(kGlueBlock), 0, stream, a, b, out, n);
-    CUDA_CHECK_LAUNCH();
+    launch_elementwise(AddOp<T>{a, b, out}, n, vec_aligned({a, b, out}), stream);
 }
 
 // acc[n] += x[n]; x may be narrower than acc (bf16 gradients into a float buffer).
 template <class Acc, class X>
 void accumulate(Acc* acc, const X* x, long long n, cudaStream_t stream) {
     static_assert(sizeof(X) <= sizeof(Acc), "accumulate into a buffer at least as wide as the input");
-    if (n <= 0) return;
-    launch(accumulate_kernel<Acc, X>, dim3(ceil_div(n, kGlueBlock)), dim3(kGlueBlock), 0, stream, acc, x, n);
-    CUDA_CHECK_LAUNCH();
+    launch_elementwise(AccumulateOp<Acc, X>{acc, x}, n, vec_aligned({acc, x}), stream);
 }
 
 // x[n] = value.
 template <class T>
 void fill(T* x, T value, long long n, cudaStream_t stream) {
-    if (n <= 0) return;
-    launch(fill_kernel<T>, dim3(ceil_div(n, kGlueBlock)), dim3(kGlueBlock), 0, stream, x, value, n);
-    CUDA_CHECK_LAUNCH();
+    launch_elementwise(FillOp<T>{x, value}, n, vec_aligned({x}), stream);
 }
 
 // *count (one device int) = the number of targets[n] different from ignore_index. No atomics.
