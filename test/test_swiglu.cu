@@ -31,7 +31,10 @@ void check_against_reference(long long rows, int ffn, uint64_t seed) {
 using namespace swiglu_test;
 
 TEST_CASE("swiglu matches the fp64 reference", "[kernels][swiglu]") {
-    for (auto [rows, ffn] : {std::pair{1LL, 1}, std::pair{7LL, 33}, std::pair{33LL, 172}, std::pair{130LL, 70}}) {
+    // Widths that are multiples of every vector width (24, 64: the 16-byte path) and widths that
+    // are not (1, 33, 70; 172 is one for fp32 and fp64, not for bf16).
+    for (auto [rows, ffn] : {std::pair{1LL, 1}, std::pair{7LL, 33}, std::pair{33LL, 172}, std::pair{130LL, 70},
+                             std::pair{5LL, 24}, std::pair{9LL, 64}}) {
         check_against_reference<double>(rows, ffn, 10);
         check_against_reference<float>(rows, ffn, 11);
         check_against_reference<__nv_bfloat16>(rows, ffn, 12);
