@@ -227,7 +227,7 @@ void run(const pv::LlamaConfig& c, const Options& o) {
     report<T>("rmsnorm forward", time_it(R, [&] { pv::rmsnorm_forward(x, w, y, rstd, N, C, 1e-5, nullptr); }),
               2.0 * N * C * t + C * t + N * a, 4.0 * N * C, on_gpu);
     report<T>("rmsnorm backward",
-              time_it(R, [&] { pv::rmsnorm_backward(x, w, rstd, y, dx, dw, norm_scratch, N, C, nullptr); }),
+              time_it(R, [&] { pv::rmsnorm_backward(x, w, rstd, y, dx, dx, dw, norm_scratch, N, C, nullptr); }),
               4.0 * N * C * t + N * a + 2.0 * C * t, 8.0 * N * C, on_gpu);
 
     // Attention block: QKV projection, RoPE, attention, output projection.

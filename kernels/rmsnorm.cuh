@@ -13,24 +13,35 @@
 //         = g[j] r − r³ x[j] / C · Σ_c g[c] x[c]
 //         = r · (g[j] − x̂[j] · mean_c(g[c] x̂[c])),
 //   dw[c] = Σ_n dy[n][c] · x̂[n][c].
-// Both ACCUMULATE: dx into the residual stream's gradient (the branch's gradient arrives there
-// first), dweight across micro-steps. For the fused forward, the gradient of residual and of
-// branch is the gradient of s: the residual stream's gradient plus this dx.
+// The backward WRITES dx = dres + the norm's gradient, where dres is the gradient the residual
+// stream already carries past the norm (the block's `h = x + branch(norm(x))`: dL/dx = dL/dh +
+// the norm's share), so no copy of dres into dx is needed first; dres may be dx itself. dweight
+// ACCUMULATES across micro-steps. For the fused forward, the gradient of residual and of branch
+// is the gradient of s: the residual stream's gradient plus the norm's share.
 //
-// Kernels:
-// - Forward: one warp per row (up to eight rows per block). Each lane sums x² over channels lane,
-//   lane + 32, ...; a butterfly warp_sum gives every lane the same total; a second pass over the
-//   row (now in cache) writes y. No shared memory or barriers; any C.
+// Kernels (16-byte vectors, kernels/vec.cuh, when C is a multiple of the vector width and the
+// bases are aligned; one element at a time otherwise — the W = 1 path adds in the order of the
+// one-element-per-thread kernels these replaced, so its results are bit for bit theirs):
+// - Forward: one warp per row (up to eight rows per block). Lane l holds the chunks (W elements)
+//   l, l + 32, ... in registers, sums their squares, a butterfly warp_sum gives every lane the
+//   total, and the lane writes y from its registers: the row is read once (a row longer than
+//   32·kRmsnormForwardChunks chunks is done in segments and read twice, the second time from
+//   cache). No shared memory or barriers; any C.
+//   Bytes: reads N·C + C (weight, cached) elements, writes N·C + N·sizeof(acc) (rstd); the fused
+//   form reads 2·N·C and writes 2·N·C.
 // - Backward: one block per row; G = min(N, kRmsnormBackwardBlocks) blocks, block b taking rows
-//   b, b + G, b + 2G, ... For each row a block_sum gives mean(g·x̂), then the block writes dx and
-//   adds dy·x̂ into a per-block dweight partial in shared memory. Thread t owns channels
-//   t, t + blockDim, ..., so each partial element has one writer and a fixed order of rows. The
+//   b, b + G, b + 2G, ... Thread t holds x and dy of chunks t, t + blockDim, ... in registers;
+//   a block_sum gives mean(g·x̂), then the block writes dx and adds dy·x̂ into a per-block dweight
+//   partial in shared memory. Each partial element has one writer and a fixed order of rows. The
 //   block stores its partial in the caller's scratch[G][C]; a second kernel adds, for each c,
 //   scratch[0..G)[c] in order into dweight[c]. Deterministic, no atomics; the scratch is
 //   G · C · sizeof(acc_t<T>) bytes (at most 16 MiB for C = 8192 in fp32).
+//   Bytes: reads x, dy (and dres) N·C each, writes dx N·C, writes and then reads G·C partials
+//   in acc_t, reads and writes dweight C.
 #pragma once
 
 #include "kernels/common.cuh"
+#include "kernels/vec.cuh"
 
 namespace pv {
 
@@ -38,75 +49,116 @@ inline constexpr int kRmsnormForwardRows = 8;           // rows (warps) per forw
 inline constexpr int kRmsnormBackwardBlocks = 512;      // at most this many dweight partials
 inline constexpr int kRmsnormBackwardMaxThreads = 512;  // threads per row in the backward
 inline constexpr int kRmsnormReduceThreads = 256;
+// Chunks (W elements) each thread keeps in registers between a row's statistics and its write:
+// in the forward 16 vectors of 16 bytes (64 registers; a warp holds 512·W channels: 4096 in bf16); in the backward 4 of x and 4 of dy per thread (a
+// 512-thread block holds 2048·W channels). A longer row is processed in segments and read a second
+// time (from L1/L2).
+inline constexpr int kRmsnormForwardChunks = 16;
+inline constexpr int kRmsnormBackwardChunks = 4;
 
 // The rows handled by one warp in the forward kernels; whole warps skip past the end.
 __device__ inline long long rmsnorm_warp_row() { return (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; }
 
-template <class T>
-__global__ void rmsnorm_forward_kernel(const T* x, const T* weight, T* out, acc_t<T>* rstd, long long N, int C,
-                                       acc_t<T> eps) {
+// Forward, plain (branch == nullptr: the input is x) or fused with the residual add (the input is
+// s = round(x + branch), stored to sum_out, which may alias x). One warp per row; lane l holds the
+// chunks l, l + 32, ... of a segment of 32·kRmsnormForwardChunks chunks in registers, so a row
+// that fits one segment is read from memory once. With W = 1 the lanes sum their squares in the
+// order of the one-element-per-thread kernel this replaced (channels l, l + 32, ...).
+template <class T, int W>
+__global__ void rmsnorm_forward_kernel(const T* x, const T* branch, T* sum_out, const T* weight, T* out, acc_t<T>* rstd,
+                                       long long N, int C, acc_t<T> eps) {
     using A = acc_t<T>;
+    constexpr int K = kRmsnormForwardChunks;
     const long long n = rmsnorm_warp_row();
     const int lane = threadIdx.x % 32;
-    if (n < N) {  // uniform across the warp, so every lane reaches the shuffles
-        const T* xr = x + n * C;
-        A sq = 0;
-        for (int c = lane; c < C; c += 32) {
-            const A v = to_acc(xr[c]);
-            sq += v * v;
+    if (n >= N) return;  // uniform across the warp, so every lane reaches the shuffles
+    const long long row = n * C;
+    const int chunks = C / W, per_segment = 32 * K, segments = (chunks + per_segment - 1) / per_segment;
+    Vec<T, W> v[K];
+    A sq = 0;
+    for (int s = 0; s < segments; ++s)
+        for (int k = 0; k < K; ++k) {
+            const int j = s * per_segment + k * 32 + lane;
+            if (j >= chunks) continue;
+            const long long i = row + (long long)j * W;
+            v[k] = load_vec<W>(x + i);
+            if (branch) {  // uniform: the fused residual add, rounded to T before the statistics
+                const Vec<T, W> b = load_vec<W>(branch + i);
+                for (int e = 0; e < W; ++e) v[k].v[e] = from_acc<T>(to_acc(v[k].v[e]) + to_acc(b.v[e]));
+                store_vec<W>(sum_out + i, v[k]);
+            }
+            for (int e = 0; e < W; ++e) {
+                const A a = to_acc(v[k].v[e]);
+                sq += a * a;
+            }
         }
-        const A r = acc_rsqrt(warp_sum(sq) / A(C) + eps);
-        for (int c = lane; c < C; c += 32) out[n * C + c] = from_acc<T>(to_acc(xr[c]) * r * to_acc(weight[c]));
-        if (lane == 0) rstd[n] = r;
-    }
+    const A r = acc_rsqrt(warp_sum(sq) / A(C) + eps);
+    const T* input = branch ? sum_out : x;  // the second read of a long row: this lane's own values
+    for (int s = 0; s < segments; ++s)
+        for (int k = 0; k < K; ++k) {
+            const int j = s * per_segment + k * 32 + lane;
+            if (j >= chunks) continue;
+            const long long i = row + (long long)j * W;
+            if (segments > 1) v[k] = load_vec<W>(input + i);
+            const Vec<T, W> w = load_vec<W>(weight + (long long)j * W);
+            Vec<T, W> y;
+            for (int e = 0; e < W; ++e) y.v[e] = from_acc<T>(to_acc(v[k].v[e]) * r * to_acc(w.v[e]));
+            store_vec<W>(out + i, y);
+        }
+    if (lane == 0) rstd[n] = r;
 }
 
-template <class T>
-__global__ void residual_rmsnorm_forward_kernel(const T* residual, const T* branch, T* sum_out, const T* weight, T* out,
-                                                acc_t<T>* rstd, long long N, int C, acc_t<T> eps) {
+// Backward: one block per row (rows b, b + G, ...). Thread t holds chunks t, t + blockDim, ... of
+// a segment of blockDim·kRmsnormBackwardChunks chunks of x and dy in registers between the dot
+// product and the write. dx = dres + the norm's gradient (dres null: zero; dres may alias dx).
+// Dynamic shared memory: the block's dweight partial, C accumulators; thread t adds only to the
+// channels of its own chunks, rows in a fixed order.
+template <class T, int W>
+__global__ void rmsnorm_backward_kernel(const T* x, const T* weight, const acc_t<T>* rstd, const T* dout, const T* dres,
+                                        T* dx, acc_t<T>* partials, long long N, int C) {
     using A = acc_t<T>;
-    const long long n = rmsnorm_warp_row();
-    const int lane = threadIdx.x % 32;
-    if (n < N) {
-        A sq = 0;
-        for (int c = lane; c < C; c += 32) {
-            const long long i = n * C + c;
-            const T s = from_acc<T>(to_acc(residual[i]) + to_acc(branch[i]));
-            sum_out[i] = s;
-            const A v = to_acc(s);  // the rounded sum: what the backward sees as x
-            sq += v * v;
-        }
-        const A r = acc_rsqrt(warp_sum(sq) / A(C) + eps);
-        for (int c = lane; c < C; c += 32) {
-            const long long i = n * C + c;
-            out[i] = from_acc<T>(to_acc(sum_out[i]) * r * to_acc(weight[c]));  // this lane's own write
-        }
-        if (lane == 0) rstd[n] = r;
-    }
-}
-
-// Dynamic shared memory: the block's dweight partial, C accumulators.
-template <class T>
-__global__ void rmsnorm_backward_kernel(const T* x, const T* weight, const acc_t<T>* rstd, const T* dout, T* dx,
-                                        acc_t<T>* partials, long long N, int C) {
-    using A = acc_t<T>;
+    constexpr int K = kRmsnormBackwardChunks;
     PV_DYNAMIC_SHARED(A, dw);
     __shared__ A reduce_scratch[32];
-    for (int c = threadIdx.x; c < C; c += blockDim.x) dw[c] = 0;  // only this thread touches dw[c]
+    for (int c = threadIdx.x * W; c < C; c += blockDim.x * W)
+        for (int e = 0; e < W && c + e < C; ++e) dw[c + e] = 0;  // only this thread touches its chunks
+    const int chunks = C / W, per_segment = int(blockDim.x) * K, segments = (chunks + per_segment - 1) / per_segment;
+    Vec<T, W> xv[K], dyv[K];
     for (long long n = blockIdx.x; n < N; n += gridDim.x) {
         const long long row = n * C;
         const A r = rstd[n];
         A dot = 0;  // Σ_c g·x̂
-        for (int c = threadIdx.x; c < C; c += blockDim.x)
-            dot += to_acc(weight[c]) * to_acc(dout[row + c]) * (to_acc(x[row + c]) * r);
+        for (int s = 0; s < segments; ++s)
+            for (int k = 0; k < K; ++k) {
+                const int j = s * per_segment + k * int(blockDim.x) + int(threadIdx.x);
+                if (j >= chunks) continue;
+                xv[k] = load_vec<W>(x + row + (long long)j * W);
+                dyv[k] = load_vec<W>(dout + row + (long long)j * W);
+                const Vec<T, W> w = load_vec<W>(weight + (long long)j * W);
+                for (int e = 0; e < W; ++e) dot += to_acc(w.v[e]) * to_acc(dyv[k].v[e]) * (to_acc(xv[k].v[e]) * r);
+            }
         const A mean = block_sum(dot, reduce_scratch) / A(C);
-        for (int c = threadIdx.x; c < C; c += blockDim.x) {
-            const A dy = to_acc(dout[row + c]), xhat = to_acc(x[row + c]) * r;
-            dx[row + c] = from_acc<T>(to_acc(dx[row + c]) + (to_acc(weight[c]) * dy - xhat * mean) * r);
-            dw[c] += dy * xhat;
-        }
+        for (int s = 0; s < segments; ++s)
+            for (int k = 0; k < K; ++k) {
+                const int j = s * per_segment + k * int(blockDim.x) + int(threadIdx.x);
+                if (j >= chunks) continue;
+                const long long i = row + (long long)j * W;
+                if (segments > 1) xv[k] = load_vec<W>(x + i), dyv[k] = load_vec<W>(dout + i);
+                const Vec<T, W> w = load_vec<W>(weight + (long long)j * W);
+                Vec<T, W> base;
+                if (dres) base = load_vec<W>(dres + i);
+                Vec<T, W> out;
+                for (int e = 0; e < W; ++e) {
+                    const A dy = to_acc(dyv[k].v[e]), xhat = to_acc(xv[k].v[e]) * r;
+                    const A d0 = dres ? to_acc(base.v[e]) : A(0);
+                    out.v[e] = from_acc<T>(d0 + (to_acc(w.v[e]) * dy - xhat * mean) * r);
+                    dw[j * W + e] += dy * xhat;
+                }
+                store_vec<W>(dx + i, out);
+            }
     }
-    for (int c = threadIdx.x; c < C; c += blockDim.x) partials[(long long)blockIdx.x * C + c] = dw[c];
+    for (int c = threadIdx.x * W; c < C; c += blockDim.x * W)
+        for (int e = 0; e < W && c + e < C; ++e) partials[(long long)blockIdx.x * C + c + e] = dw[c + e];
 }
 
 // dweight[c] += Σ_b partials[b][c], b = 0, 1, ..., blocks − 1 in that order.
@@ -125,26 +177,42 @@ inline int rmsnorm_forward_rows_per_block(long long N) {
     return N < kRmsnormForwardRows ? int(N) : kRmsnormForwardRows;
 }
 
+// Whether rows of C channels go in 16-byte vectors: C a multiple of the width, bases aligned
+// (rows then start aligned too).
+template <class T>
+bool rmsnorm_vector(int C, std::initializer_list<const void*> pointers) {
+    return C % kVec<T> == 0 && vec_aligned(pointers);
+}
+
+// The forward launch of both public forwards (branch null: the plain norm).
+template <class T>
+void rmsnorm_forward_launch(const T* x, const T* branch, T* sum_out, const T* weight, T* out, acc_t<T>* rstd,
+                            long long N, int C, double eps, cudaStream_t stream) {
+    if (N == 0) return;
+    const int rows_per_block = rmsnorm_forward_rows_per_block(N);
+    auto go = [&](auto kernel) {
+        launch(kernel, dim3(ceil_div(N, rows_per_block)), dim3(32 * rows_per_block), 0, stream, x, branch, sum_out,
+               weight, out, rstd, N, C, acc_t<T>(eps));
+        CUDA_CHECK_LAUNCH();
+    };
+    if (rmsnorm_vector<T>(C, {x, branch, sum_out, weight, out}))
+        go(rmsnorm_forward_kernel<T, kVec<T>>);
+    else
+        go(rmsnorm_forward_kernel<T, 1>);
+}
+
 // out[N][C] = rmsnorm(x) · weight; rstd[N] saved for the backward.
 template <class T>
 void rmsnorm_forward(const T* x, const T* weight, T* out, acc_t<T>* rstd, long long N, int C, double eps,
                      cudaStream_t stream) {
-    if (N == 0) return;
-    const int rows_per_block = rmsnorm_forward_rows_per_block(N);
-    launch(rmsnorm_forward_kernel<T>, dim3(ceil_div(N, rows_per_block)), dim3(32 * rows_per_block), 0, stream, x,
-           weight, out, rstd, N, C, acc_t<T>(eps));
-    CUDA_CHECK_LAUNCH();
+    rmsnorm_forward_launch<T>(x, nullptr, nullptr, weight, out, rstd, N, C, eps, stream);
 }
 
 // sum_out = residual + branch (rounded to T; may alias residual), out = rmsnorm(sum_out) · weight.
 template <class T>
 void residual_rmsnorm_forward(const T* residual, const T* branch, T* sum_out, const T* weight, T* out, acc_t<T>* rstd,
                               long long N, int C, double eps, cudaStream_t stream) {
-    if (N == 0) return;
-    const int rows_per_block = rmsnorm_forward_rows_per_block(N);
-    launch(residual_rmsnorm_forward_kernel<T>, dim3(ceil_div(N, rows_per_block)), dim3(32 * rows_per_block), 0, stream,
-           residual, branch, sum_out, weight, out, rstd, N, C, acc_t<T>(eps));
-    CUDA_CHECK_LAUNCH();
+    rmsnorm_forward_launch<T>(residual, branch, sum_out, weight, out, rstd, N, C, eps, stream);
 }
 
 // The number of dweight partials (blocks) of the backward for N rows.
@@ -156,26 +224,34 @@ size_t rmsnorm_backward_scratch_bytes(long long N, int C) {
     return size_t(rmsnorm_backward_blocks(N)) * size_t(C) * sizeof(acc_t<T>);
 }
 
-// dx[N][C] += the gradient of x; dweight[C] += the gradient of weight (both accumulate; a null
-// dweight, a frozen weight, skips the weight's reduction). `scratch` holds
-// rmsnorm_backward_scratch_bytes<T>(N, C) bytes.
+// dx[N][C] = dres + the gradient of x through the norm (written, not accumulated: dres is the
+// gradient already flowing in the residual stream — null for none — and may be dx itself);
+// dweight[C] += the gradient of weight (accumulates across micro-steps; a null dweight, a frozen
+// weight, skips the weight's reduction). `scratch` holds rmsnorm_backward_scratch_bytes<T>(N, C)
+// bytes.
 template <class T>
-void rmsnorm_backward(const T* x, const T* weight, const acc_t<T>* rstd, const T* dout, T* dx, T* dweight,
-                      void* scratch, long long N, int C, cudaStream_t stream) {
+void rmsnorm_backward(const T* x, const T* weight, const acc_t<T>* rstd, const T* dout, const T* dres, T* dx,
+                      T* dweight, void* scratch, long long N, int C, cudaStream_t stream) {
     using A = acc_t<T>;
     if (N == 0 || C == 0) return;
     const int blocks = rmsnorm_backward_blocks(N);
-    const int rounded = ceil_div(C, 32) * 32;
+    const bool vector = rmsnorm_vector<T>(C, {x, weight, dout, dres, dx});
+    const int chunks = vector ? C / kVec<T> : C;
+    const int rounded = ceil_div(chunks, 32) * 32;
     const int threads = rounded < kRmsnormBackwardMaxThreads ? rounded : kRmsnormBackwardMaxThreads;
     const size_t smem = size_t(C) * sizeof(A);
-    // 48 KiB less the static reduce_scratch is the most a launch may take without opting in.
-    if (smem + 32 * sizeof(A) > 48 * 1024)
-        CUDA_CHECK(
-            cudaFuncSetAttribute(rmsnorm_backward_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     A* partials = static_cast<A*>(scratch);
-    launch(rmsnorm_backward_kernel<T>, dim3(blocks), dim3(threads), smem, stream, x, weight, rstd, dout, dx, partials,
-           N, C);
-    CUDA_CHECK_LAUNCH();
+    auto go = [&](auto kernel) {
+        // 48 KiB less the static reduce_scratch is the most a launch may take without opting in.
+        if (smem + 32 * sizeof(A) > 48 * 1024)
+            CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        launch(kernel, dim3(blocks), dim3(threads), smem, stream, x, weight, rstd, dout, dres, dx, partials, N, C);
+        CUDA_CHECK_LAUNCH();
+    };
+    if (vector)
+        go(rmsnorm_backward_kernel<T, kVec<T>>);
+    else
+        go(rmsnorm_backward_kernel<T, 1>);
     if (dweight == nullptr) return;
     launch(rmsnorm_dweight_kernel<T>, dim3(ceil_div(C, kRmsnormReduceThreads)), dim3(kRmsnormReduceThreads), 0, stream,
            partials, dweight, blocks, C);

@@ -469,13 +469,12 @@ void Llama<T>::backward_block(int u, int slot, const UnitIO<T>& io) {
     T* dx = io.dresidual_in;
     const LoraDropout drop = dropout_of(io);
 
-    // MLP: out = x2 + act·W_downᵀ. The residual passes dy through to x2, whose gradient
-    // accumulates in dx from here on (it becomes the block input's gradient at the end).
-    CUDA_CHECK(cudaMemcpyAsync(dx, dy, size_t(N * C) * sizeof(T), cudaMemcpyDeviceToDevice, stream_));
+    // MLP: out = x2 + act·W_downᵀ. The residual passes dy through to x2: the MLP norm's backward
+    // writes dx = dy + its share, dL/dx2 (dx becomes the block input's gradient at the end).
     linear_backward(u, kLoraDown, dy, a.act, ws.dact, a, drop);
     swiglu_backward(a.gate_up, ws.dact, ws.dgate_up, N, F, stream_);
     linear_backward(u, kLoraGateUp, ws.dgate_up, a.h2, ws.dh, a, drop);
-    rmsnorm_backward(a.x2, w.mlp_norm, a.rstd2, ws.dh, dx, d.mlp_norm, ws.norm_scratch, N, C, stream_);
+    rmsnorm_backward(a.x2, w.mlp_norm, a.rstd2, ws.dh, dy, dx, d.mlp_norm, ws.norm_scratch, N, C, stream_);
     // Attention: x2 = x + att·W_oᵀ. dx now holds dL/dx2.
     linear_backward(u, kLoraO, dx, a.att, ws.datt, a, drop);
     attention_backward(a.qkv, io.positions, a.att, ws.datt, a.lse, ws.dqkv, ws.attention_scratch, batch_, seq_len_,
@@ -484,7 +483,7 @@ void Llama<T>::backward_block(int u, int slot, const UnitIO<T>& io) {
     rope_backward(ws.dqkv + c.q_width(), inv_freq_, io.positions, N, seq_len_, c.num_kv_heads, hd, c.qkv_width(),
                   stream_);
     linear_backward(u, kLoraQkv, ws.dqkv, a.h1, ws.dh, a, drop);
-    rmsnorm_backward(x, w.attn_norm, a.rstd1, ws.dh, dx, d.attn_norm, ws.norm_scratch, N, C, stream_);
+    rmsnorm_backward(x, w.attn_norm, a.rstd1, ws.dh, dx, dx, d.attn_norm, ws.norm_scratch, N, C, stream_);
 }
 
 namespace {
@@ -601,9 +600,9 @@ void Llama<T>::backward_head(int slot, const UnitIO<T>& io) {
     cross_entropy_backward(a.logits, io.targets, a.logits, N, c.vocab_size, kIgnoreIndex, io.loss_scale, stream_);
     matmul_backward(cublas_, a.logits, a.h, unit.head_w.lm_head, work_.dh, unit.head_g.lm_head, N, c.hidden_size,
                     c.vocab_size, false, stream_);
-    CUDA_CHECK(cudaMemsetAsync(io.dresidual_in, 0, size_t(N * c.hidden_size) * sizeof(T), stream_));
-    rmsnorm_backward(io.residual_in, unit.head_w.final_norm, a.rstd, work_.dh, io.dresidual_in, unit.head_g.final_norm,
-                     work_.norm_scratch, N, c.hidden_size, stream_);
+    // Nothing flows past the final norm: dresidual_in is the norm's share alone.
+    rmsnorm_backward(io.residual_in, unit.head_w.final_norm, a.rstd, work_.dh, static_cast<const T*>(nullptr),
+                     io.dresidual_in, unit.head_g.final_norm, work_.norm_scratch, N, c.hidden_size, stream_);
 }
 
 template class Llama<__nv_bfloat16>;

@@ -17,10 +17,14 @@ double round_to(double v) {
     return double(T(v));
 }
 
+// How the backward receives the residual stream's gradient dres: as the output buffer itself
+// (dx = dx + share), as a separate buffer (dx, poisoned, = dres + share), or not at all (dx = share).
+enum class Dres { aliased, separate, none };
+
 // Forward and backward of the plain norm. Inputs are rounded to T, so the reference sees exactly
-// what the kernel sees; dx and dweight start from random values (they accumulate).
+// what the kernel sees; dres and dweight start from random values (dweight accumulates).
 template <class T>
-void check_plain(long long N, int C, uint64_t seed) {
+void check_plain(long long N, int C, uint64_t seed, Dres mode = Dres::aliased) {
     using A = pv::acc_t<T>;
     const size_t NC = size_t(N) * C;
     const auto x = random_vector<T>(NC, seed, -2.0, 2.0);
@@ -28,23 +32,26 @@ void check_plain(long long N, int C, uint64_t seed) {
     const auto dout = random_vector<T>(NC, seed + 2);
     const auto dx0 = random_vector<T>(NC, seed + 3);
     const auto dw0 = random_vector<T>(size_t(C), seed + 4);
-    DeviceArray<T> d_x(x), d_w(w), d_dout(dout), d_out(NC), d_dx(dx0), d_dw(dw0);
+    DeviceArray<T> d_x(x), d_w(w), d_dout(dout), d_out(NC), d_dres(dx0), d_dx(NC), d_dw(dw0);
+    if (mode == Dres::aliased) d_dx.upload(dx0);
+    const T* dres = mode == Dres::aliased ? d_dx.get() : mode == Dres::separate ? d_dres.get() : nullptr;
     DeviceArray<A> d_rstd{size_t(N)};
     DeviceArray<unsigned char> scratch(pv::rmsnorm_backward_scratch_bytes<T>(N, C));
     pv::rmsnorm_forward(d_x.get(), d_w.get(), d_out.get(), d_rstd.get(), N, C, kEps, nullptr);
-    pv::rmsnorm_backward(d_x.get(), d_w.get(), d_rstd.get(), d_dout.get(), d_dx.get(), d_dw.get(), scratch.get(), N, C,
-                         nullptr);
+    pv::rmsnorm_backward(d_x.get(), d_w.get(), d_rstd.get(), d_dout.get(), dres, d_dx.get(), d_dw.get(), scratch.get(),
+                         N, C, nullptr);
 
     const auto ref = pv::reference::rmsnorm_forward(to_double(x), to_double(w), size_t(N), size_t(C), kEps);
-    auto ref_dx = to_double(dx0), ref_dw = to_double(dw0);
+    auto ref_dx = mode == Dres::none ? std::vector<double>(NC, 0.0) : to_double(dx0);
+    auto ref_dw = to_double(dw0);
     pv::reference::rmsnorm_backward(to_double(x), to_double(w), to_double(dout), ref_dx, ref_dw, size_t(N), size_t(C),
                                     kEps);
     const std::string e_out = compare(to_double(d_out.download()), ref.out, tolerance<T>());
     const std::string e_rstd = compare(to_double(d_rstd.download()), ref.rstd, tolerance<T>());
     const std::string e_dx = compare(to_double(d_dx.download()), ref_dx, tolerance<T>());
     const std::string e_dw = compare(to_double(d_dw.download()), ref_dw, tolerance<T>());
-    INFO("N " << N << " C " << C << "\nout: " << e_out << "\nrstd: " << e_rstd << "\ndx: " << e_dx
-              << "\ndweight: " << e_dw);
+    INFO("N " << N << " C " << C << " dres mode " << int(mode) << "\nout: " << e_out << "\nrstd: " << e_rstd
+              << "\ndx: " << e_dx << "\ndweight: " << e_dw);
     REQUIRE(e_out.empty());
     REQUIRE(e_rstd.empty());
     REQUIRE(e_dx.empty());
@@ -81,13 +88,14 @@ void check_fused(long long N, int C, uint64_t seed) {
 
 // Shapes: single row and channel, sizes that divide neither a warp nor a block, more rows than
 // the backward has blocks (rows per block > 1), and the largest hidden sizes (fp64 needs the
-// shared-memory opt-in for C = 8192). test-tsan looks for races at tiny shapes (DESIGN.md §5),
+// shared-memory opt-in for C = 8192); widths that are multiples of every vector width (64, 1032,
+// 4096, 8192: the 16-byte path, in one segment and in several) and widths that are not. test-tsan looks for races at tiny shapes (DESIGN.md §5),
 // where every emulated thread costs a fresh fiber: there the small shapes only (the bit-identity
 // test below still has several rows per block).
 using Shapes = std::vector<std::pair<long long, int>>;
-const Shapes kShapes = pv::kThreadSanitizer
-                           ? Shapes{{1, 1}, {7, 67}, {33, 130}}
-                           : Shapes{{1, 1}, {7, 67}, {33, 130}, {130, 33}, {515, 45}, {3, 4096}, {2, 8192}};
+const Shapes kShapes = pv::kThreadSanitizer ? Shapes{{1, 1}, {7, 67}, {33, 130}, {5, 64}}
+                                            : Shapes{{1, 1},  {7, 67},   {33, 130}, {130, 33}, {515, 45},
+                                                     {5, 64}, {9, 1032}, {3, 4096}, {2, 8192}};
 
 }  // namespace rmsnorm_test
 
@@ -99,6 +107,15 @@ TEST_CASE("rmsnorm forward and backward match the fp64 reference", "[kernels][rm
         check_plain<float>(N, C, 20);
         check_plain<__nv_bfloat16>(N, C, 30);
     }
+}
+
+TEST_CASE("rmsnorm backward writes dres + its share, from a separate dres or none", "[kernels][rmsnorm]") {
+    for (auto [N, C] : {std::pair{7LL, 67}, std::pair{5LL, 64}})
+        for (Dres mode : {Dres::separate, Dres::none}) {
+            check_plain<double>(N, C, 110, mode);
+            check_plain<float>(N, C, 120, mode);
+            check_plain<__nv_bfloat16>(N, C, 130, mode);
+        }
 }
 
 TEST_CASE("residual + rmsnorm forward matches the fp64 reference, also in place", "[kernels][rmsnorm]") {
@@ -123,8 +140,8 @@ TEST_CASE("rmsnorm backward is bit-identical when run twice", "[kernels][rmsnorm
     std::vector<std::vector<float>> dx(2), dw(2);
     for (int run = 0; run < 2; ++run) {
         DeviceArray<float> d_dx(dx0), d_dw(dw0);
-        pv::rmsnorm_backward(d_x.get(), d_w.get(), d_rstd.get(), d_dout.get(), d_dx.get(), d_dw.get(), scratch.get(), N,
-                             C, nullptr);
+        pv::rmsnorm_backward(d_x.get(), d_w.get(), d_rstd.get(), d_dout.get(), d_dx.get(), d_dx.get(), d_dw.get(),
+                             scratch.get(), N, C, nullptr);
         dx[run] = d_dx.download();
         dw[run] = d_dw.download();
     }
@@ -150,8 +167,8 @@ TEST_CASE("rmsnorm backward equals central differences of its forward (fp64)", "
         const auto numeric_dx = numerical_gradient(x, loss);
         const auto numeric_dw = numerical_gradient(w, loss);
         loss();  // the forward at the unperturbed point, for rstd
-        pv::rmsnorm_backward(d_x.get(), d_w.get(), d_rstd.get(), d_g.get(), d_dx.get(), d_dw.get(), scratch.get(), N, C,
-                             nullptr);
+        pv::rmsnorm_backward(d_x.get(), d_w.get(), d_rstd.get(), d_g.get(), d_dx.get(), d_dx.get(), d_dw.get(),
+                             scratch.get(), N, C, nullptr);
         auto dx = d_dx.download(), dw = d_dw.download();
         for (size_t i = 0; i < dx.size(); ++i) dx[i] -= dx0[i];  // the kernel accumulates
         for (size_t i = 0; i < dw.size(); ++i) dw[i] -= dw0[i];
@@ -188,8 +205,8 @@ TEST_CASE("residual + rmsnorm: gradients of residual and branch equal central di
     const auto numeric_res = numerical_gradient(residual, loss);
     const auto numeric_branch = numerical_gradient(branch, loss);
     loss();
-    pv::rmsnorm_backward(d_sum.get(), d_w.get(), d_rstd.get(), d_g_out.get(), d_grad.get(), d_dw.get(), scratch.get(),
-                         N, C, nullptr);
+    pv::rmsnorm_backward(d_sum.get(), d_w.get(), d_rstd.get(), d_g_out.get(), d_grad.get(), d_grad.get(), d_dw.get(),
+                         scratch.get(), N, C, nullptr);
     const auto grad = d_grad.download();
     const std::string e_res = compare(grad, numeric_res, kGradTolerance);
     const std::string e_branch = compare(grad, numeric_branch, kGradTolerance);
