@@ -218,11 +218,13 @@ void run(const pv::LlamaConfig& c, const Options& o) {
     };
     A* rstd = static_cast<A*>(alloc(size_t(N) * sizeof(A)));
     void* norm_scratch = alloc(pv::rmsnorm_backward_scratch_bytes<T>(N, C));
+    void* embedding_scratch = alloc(pv::embedding_backward_scratch_bytes(N));
     const int R = o.repeat;
 
     report<T>("embedding forward", time_it(R, [&] { pv::embedding_forward(tokens, wte, x, N, C, V, nullptr); }),
               2.0 * N * C * t + N * 4.0, 0, on_gpu);
-    report<T>("embedding backward", time_it(R, [&] { pv::embedding_backward(tokens, y, dwte, N, C, V, nullptr); }),
+    report<T>("embedding backward",
+              time_it(R, [&] { pv::embedding_backward(tokens, y, dwte, N, C, V, embedding_scratch, nullptr); }),
               3.0 * N * C * t + N * 4.0, N * C, on_gpu);
     report<T>("rmsnorm forward", time_it(R, [&] { pv::rmsnorm_forward(x, w, y, rstd, N, C, 1e-5, nullptr); }),
               2.0 * N * C * t + C * t + N * a, 4.0 * N * C, on_gpu);
@@ -343,11 +345,38 @@ void run(const pv::LlamaConfig& c, const Options& o) {
         time_it(R, [&] { pv::cross_entropy_backward(logits, tokens, logits, N, V, -100, 1.0 / double(N), nullptr); }),
         2.0 * double(N) * V * t + N * 4.0, 4.0 * N * V, on_gpu);
 
-    for (void* p : std::initializer_list<void*>{
-             tokens,   wte,  x,    y,      dx,       w,        dw,          dwte,     rstd,    norm_scratch,
-             qkv,      wqkv, att,  datt,   dqkv,     lse,      att_scratch, inv_freq, gate_up, act,
-             dgate_up, wgu,  dwgu, logits, row_loss, loss_sum, count,       k_cache,  v_cache, decode_scratch,
-             positions})
+    for (void* p : std::initializer_list<void*>{tokens,
+                                                wte,
+                                                x,
+                                                y,
+                                                dx,
+                                                w,
+                                                dw,
+                                                dwte,
+                                                rstd,
+                                                norm_scratch,
+                                                embedding_scratch,
+                                                qkv,
+                                                wqkv,
+                                                att,
+                                                datt,
+                                                dqkv,
+                                                lse,
+                                                att_scratch,
+                                                inv_freq,
+                                                gate_up,
+                                                act,
+                                                dgate_up,
+                                                wgu,
+                                                dwgu,
+                                                logits,
+                                                row_loss,
+                                                loss_sum,
+                                                count,
+                                                k_cache,
+                                                v_cache,
+                                                decode_scratch,
+                                                positions})
         pv::memory_free(p);
     CUBLAS_CHECK(cublasDestroy(handle));
     run_nf4<T>(c, o, on_gpu);

@@ -50,7 +50,8 @@ enum WorkBuffer {
     kAttentionScratch,
     kLoraDu,
     kLoraDropped,
-    kDequantized
+    kDequantized,
+    kEmbeddingScratch
 };
 
 // The block tensor (BlockTensor) of linear k (LoraLinear).
@@ -207,7 +208,8 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
         {"dequantized",
          nf4_ ? std::max<long long>({(long long)config_.qkv_width() * C, (long long)config_.q_width() * C, 2 * F * C})
               : 0,
-         t}};
+         t},
+        {"embedding_scratch", (long long)embedding_backward_scratch_bytes(N), 1}};
     size_t workspace_bytes = 0;
     const std::vector<size_t> at = arena_offsets(workspace_layout, &workspace_bytes);
     workspace_ = device_alloc(workspace_bytes, MemoryCategory::workspace);
@@ -222,7 +224,8 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
                       w + at[kAttentionScratch],
                       reinterpret_cast<T*>(w + at[kLoraDu]),
                       reinterpret_cast<T*>(w + at[kLoraDropped]),
-                      reinterpret_cast<T*>(w + at[kDequantized])};
+                      reinterpret_cast<T*>(w + at[kDequantized]),
+                      w + at[kEmbeddingScratch]};
     for (T*& d : dresidual_) d = static_cast<T*>(device_alloc(size_t(N * C) * sizeof(T), MemoryCategory::workspace));
 }
 
@@ -424,7 +427,7 @@ void Llama<T>::backward_unit(int u, int slot, const UnitIO<T>& io) {
             // frozen embedding has no gradient and nothing below it to pass one to.
             if (T* dwte = units_[size_t(u)].weight_grads[0])
                 embedding_backward(io.tokens, io.dresidual_out, dwte, rows(), config_.hidden_size, config_.vocab_size,
-                                   stream_);
+                                   work_.embedding_scratch, stream_);
             break;
         case UnitKind::block: backward_block(u, slot, io); break;
         case UnitKind::head: backward_head(slot, io); break;

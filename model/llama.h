@@ -266,9 +266,10 @@ class Llama {
         T* dqkv = nullptr;
         void* norm_scratch = nullptr;
         void* attention_scratch = nullptr;
-        T* lora_du = nullptr;       // [N][largest P·r]
-        T* lora_dropped = nullptr;  // [N][largest in], with dropout only
-        T* dequantized = nullptr;   // NF4: the largest linear weight, dequantised before its GEMM
+        T* lora_du = nullptr;               // [N][largest P·r]
+        T* lora_dropped = nullptr;          // [N][largest in], with dropout only
+        T* dequantized = nullptr;           // NF4: the largest linear weight, dequantised before its GEMM
+        void* embedding_scratch = nullptr;  // the embedding backward's sorted positions
     };
     // The dense weight of block u's linear k: its parameters, or (NF4) dequantised into the workspace.
     const T* dense_weight(int u, int k) const;

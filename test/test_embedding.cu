@@ -29,6 +29,13 @@ inline std::vector<int> random_tokens(size_t N, int V, uint64_t seed, bool bad) 
 
 inline bool valid(int token, int V) { return token >= 0 && token < V; }
 
+// embedding_backward with a scratch of its own, poisoned.
+template <class T>
+void backward(const int* tokens, const T* dout, T* dwte, long long N, int C, int V) {
+    DeviceArray<unsigned char> scratch(pv::embedding_backward_scratch_bytes(N));
+    pv::embedding_backward(tokens, dout, dwte, N, C, V, scratch.get(), nullptr);
+}
+
 // Forward and backward against the reference. The forward runs twice: into poisoned memory
 // (every good row must be written) and into random values (every bad row must become NaN).
 template <class T>
@@ -45,7 +52,7 @@ void check_against_reference(long long N, int C, int V, uint64_t seed) {
     d_out.upload(random_vector<T>(NC, seed + 4));
     pv::embedding_forward(d_tokens.get(), d_wte.get(), d_out.get(), N, C, V, nullptr);
     const auto out_again = to_double(d_out.download());
-    pv::embedding_backward(d_tokens.get(), d_dout.get(), d_dwte.get(), N, C, V, nullptr);
+    backward(d_tokens.get(), d_dout.get(), d_dwte.get(), N, C, V);
     const auto dwte = d_dwte.download();
 
     const auto ref_out = pv::reference::embedding_forward(tokens, to_double(wte), size_t(N), size_t(C), size_t(V));
@@ -116,9 +123,9 @@ std::vector<T> sequential_backward(const std::vector<int>& tokens, const std::ve
 // Many repeats of few tokens over three chunks: run twice, both bit-identical to the sequential
 // order (and so to each other), and within tolerance of the fp64 reference.
 template <class T>
-void check_deterministic(uint64_t seed) {
+void check_deterministic(uint64_t seed, int C) {
     const long long N = 2LL * pv::kEmbeddingBackwardChunk + 37;
-    const int C = 67, V = 13;
+    const int V = 13;
     const auto tokens = random_tokens(size_t(N), V, seed, true);
     const auto dout = random_vector<T>(size_t(N) * C, seed + 1);
     const auto dwte0 = random_vector<T>(size_t(V) * C, seed + 2);
@@ -129,21 +136,23 @@ void check_deterministic(uint64_t seed) {
     pv::reference::embedding_backward(tokens, to_double(dout), ref, size_t(N), size_t(C), size_t(V));
     for (int run = 0; run < 2; ++run) {
         DeviceArray<T> d_dwte(dwte0);
-        pv::embedding_backward(d_tokens.get(), d_dout.get(), d_dwte.get(), N, C, V, nullptr);
+        backward(d_tokens.get(), d_dout.get(), d_dwte.get(), N, C, V);
         const auto got = d_dwte.download();
         const std::string err = compare(to_double(got), ref, tolerance<T>());
-        INFO("run " << run << ": " << err);
+        INFO("C " << C << " run " << run << ": " << err);
         REQUIRE(std::memcmp(got.data(), expected.data(), got.size() * sizeof(T)) == 0);
         REQUIRE(err.empty());
     }
 }
 
-// Shapes (N, C, V): one of each, sizes that divide no block, a large vocabulary. test-tsan looks
+// Shapes (N, C, V): one of each, sizes that divide no block, a large vocabulary, widths that are
+// multiples of every vector width (64, 200 in fp32/fp64, 520: the 16-byte paths, 520 in more than
+// one channel slice). test-tsan looks
 // for races at tiny shapes (DESIGN.md §5), where every emulated thread costs a fresh fiber.
 using Shapes = std::vector<std::tuple<long long, int, int>>;
-const Shapes kShapes = pv::kThreadSanitizer
-                           ? Shapes{{1, 1, 1}, {7, 67, 5}, {33, 130, 50}}
-                           : Shapes{{1, 1, 1}, {7, 67, 5}, {33, 130, 50}, {130, 33, 7}, {300, 200, 1000}};
+const Shapes kShapes = pv::kThreadSanitizer ? Shapes{{1, 1, 1}, {7, 67, 5}, {33, 130, 50}, {9, 64, 5}}
+                                            : Shapes{{1, 1, 1},  {7, 67, 5},       {33, 130, 50}, {130, 33, 7},
+                                                     {9, 64, 5}, {300, 200, 1000}, {70, 520, 9}};
 
 }  // namespace embedding_test
 
@@ -158,9 +167,11 @@ TEST_CASE("embedding forward and backward match the fp64 reference", "[kernels][
 }
 
 TEST_CASE("embedding backward is bit-identical across runs and chunks", "[kernels][embedding]") {
-    check_deterministic<double>(40);
-    check_deterministic<float>(50);
-    check_deterministic<__nv_bfloat16>(60);
+    for (int C : {67, 72}) {  // one channel per lane, and 16-byte vectors
+        check_deterministic<double>(40, C);
+        check_deterministic<float>(50, C);
+        check_deterministic<__nv_bfloat16>(60, C);
+    }
 }
 
 TEST_CASE("embedding backward equals central differences of its forward (fp64)", "[kernels][embedding][gradcheck]") {
@@ -178,7 +189,7 @@ TEST_CASE("embedding backward equals central differences of its forward (fp64)",
         return dot(d_out.download(), g);
     };
     const auto numeric = numerical_gradient(wte, loss);
-    pv::embedding_backward(d_tokens.get(), d_g.get(), d_dwte.get(), N, C, V, nullptr);
+    backward(d_tokens.get(), d_g.get(), d_dwte.get(), N, C, V);
     auto grad = d_dwte.download();
     for (size_t i = 0; i < grad.size(); ++i) grad[i] -= dwte0[i];  // the kernel accumulates
     const std::string err = compare(grad, numeric, kGradTolerance);
