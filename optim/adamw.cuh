@@ -46,12 +46,14 @@
 
 #include "kernels/common.cuh"
 #include "kernels/philox.cuh"
+#include "platform/device_memory.h"
 
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <type_traits>
+#include <vector>
 
 namespace pv {
 
@@ -89,6 +91,39 @@ __device__ inline __nv_bfloat16 adamw_stochastic_round_bf16(float x, uint32_t ra
     return __ushort_as_bfloat16((unsigned short)rounded);
 }
 
+// The update of one element (the header's formulas, in this order), shared by the per-tensor and
+// the multi-tensor kernels so that both make bit-identical updates. p is the master value (or the
+// parameter itself for fp32/fp64), `decay` the weight-decay factor of the element's tensor.
+template <class A, class G>
+__device__ inline void adamw_math(A& p, G grad, A& m, A& v, const AdamWCoefficients<A>& c, A decay) {
+    A g;
+    if constexpr (std::is_same_v<G, __nv_bfloat16>)
+        g = A(__bfloat162float(grad));
+    else
+        g = A(grad);
+    g *= c.grad_scale;
+    p *= decay;  // decoupled weight decay: before, and independent of, the Adam step
+    m = c.beta1 * m + c.one_minus_beta1 * g;
+    v = c.beta2 * v + c.one_minus_beta2 * g * g;
+    p -= c.step_size * m / (acc_sqrt(v) / c.bias2_sqrt + c.eps);
+}
+
+// The stored parameter from the updated master: round to nearest even, or stochastic rounding
+// keyed by (seed, tensor_id, element, step); fp32/fp64 store the value itself.
+template <class T>
+__device__ inline T adamw_stored_param(acc_t<T> p, bool stochastic_rounding, uint64_t seed, uint32_t tensor_id,
+                                       long long element, uint32_t step) {
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        if (stochastic_rounding) {
+            const Philox4 r = philox_draw(seed, RandomPurpose::stochastic_rounding, tensor_id, uint64_t(element), step);
+            return adamw_stochastic_round_bf16(p, r.v[0]);
+        }
+        return from_acc<T>(p);  // round to nearest even
+    } else {
+        return p;
+    }
+}
+
 template <class T, class G>
 __global__ void adamw_update_kernel(T* params, acc_t<T>* master, const G* grads, acc_t<T>* m, acc_t<T>* v, long long n,
                                     AdamWCoefficients<acc_t<T>> c, bool stochastic_rounding, uint64_t seed,
@@ -97,34 +132,120 @@ __global__ void adamw_update_kernel(T* params, acc_t<T>* master, const G* grads,
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     constexpr bool has_master = std::is_same_v<T, __nv_bfloat16>;
-    A p;
-    if constexpr (has_master)
-        p = master[i];
-    else
-        p = params[i];
-    A g;
-    if constexpr (std::is_same_v<G, __nv_bfloat16>)
-        g = A(__bfloat162float(grads[i]));
-    else
-        g = A(grads[i]);
-    g *= c.grad_scale;
-    p *= c.decay;  // decoupled weight decay: before, and independent of, the Adam step
-    const A mi = c.beta1 * m[i] + c.one_minus_beta1 * g;
-    const A vi = c.beta2 * v[i] + c.one_minus_beta2 * g * g;
+    A p = has_master ? master[i] : A(params[i]);
+    A mi = m[i], vi = v[i];
+    adamw_math(p, grads[i], mi, vi, c, c.decay);
     m[i] = mi;
     v[i] = vi;
-    p -= c.step_size * mi / (acc_sqrt(vi) / c.bias2_sqrt + c.eps);
-    if constexpr (has_master) {
-        master[i] = p;
-        if (stochastic_rounding) {
-            const Philox4 r =
-                philox_draw(seed, RandomPurpose::stochastic_rounding, tensor_id, uint64_t(first_element + i), step);
-            params[i] = adamw_stochastic_round_bf16(p, r.v[0]);
+    if constexpr (has_master) master[i] = p;
+    params[i] = adamw_stored_param<T>(p, stochastic_rounding, seed, tensor_id, first_element + i, step);
+}
+
+// ---- the multi-tensor update: one launch over a group's owned range ------------------------------
+//
+// An owned range (a unit's whole padded group, or a ZeRO shard of it) holds pieces of several
+// tensors and padding. Its table lists the pieces: slot s covers elements [begin, end) of the
+// range (index 0 = the range's first element), which are elements [first_element, first_element +
+// end − begin) of tensor tensor_id, and blocks [first_block, first_block + ceil((end − begin) /
+// kAdamWChunk)) of the launch. A block finds its slot by a binary search over first_block and
+// updates one chunk of kAdamWChunk elements of it, 4 consecutive elements per thread: as 4-wide
+// vector loads and stores (16 bytes of float m, v and master, 8 of bf16) when the slot's start
+// and every pointer are aligned for them, element by element otherwise and at a slot's ragged
+// end. Padding lies in no slot, so it is never read or written. Each element's math is
+// adamw_math with its tensor's decay factor and its rounding key (tensor_id, first_element + i −
+// begin), exactly what adamw_update on that tensor's piece does: the two are bit-identical.
+//
+// The gradient scale can come from device memory (the clip scale the step computed on the device,
+// optim/clip.cuh), so the update is queued without the host ever seeing the norm. A scale that is
+// not finite (a NaN or infinite gradient norm or loss) makes every block return before touching
+// anything: the step is refused with the parameters and the state intact, and the host, reading
+// the norm after the update, reports it.
+
+inline constexpr int kAdamWVector = 4;  // elements per thread
+inline constexpr long long kAdamWChunk = 256LL * kAdamWVector;
+
+struct AdamWSlot {
+    long long begin = 0, end = 0;  // elements of the owned range
+    long long first_element = 0;   // element index within the tensor of element `begin`
+    long long first_block = 0;     // the launch's first block for this slot
+    uint32_t tensor_id = 0;
+    uint32_t decay = 1;  // 1: the tensor is decayed (its decay flag); 0: only with decay_norm_weights
+};
+
+// Four consecutive elements, aligned so that one load moves them all (a 128-bit access for four
+// floats, 64-bit for four bf16, two 128-bit ones for four doubles).
+template <class X>
+struct alignas(kAdamWVector * sizeof(X)) AdamWPack {
+    X x[kAdamWVector];
+};
+
+// decay_on: 1 − lr·wd, the factor of decayed tensors; c.decay the factor of the others (1, or
+// 1 − lr·wd with decay_norm_weights). device_scale: null, or the gradient scale to use instead of
+// c.grad_scale.
+template <class T, class G>
+__global__ void adamw_group_kernel(T* params, acc_t<T>* master, const G* grads, acc_t<T>* m, acc_t<T>* v,
+                                   const AdamWSlot* slots, int slot_count, AdamWCoefficients<acc_t<T>> c,
+                                   acc_t<T> decay_on, const double* device_scale, bool stochastic_rounding,
+                                   uint64_t seed, uint32_t step, bool aligned) {
+    using A = acc_t<T>;
+    constexpr bool has_master = std::is_same_v<T, __nv_bfloat16>;
+    if (device_scale) {
+        const double scale = *device_scale;
+        if (!(scale - scale == 0.0)) return;  // NaN or infinite: refuse the whole step
+        c.grad_scale = A(scale);
+    }
+    const long long block = blockIdx.x;
+    int lo = 0, hi = slot_count - 1;  // the last slot whose first block is at or before this one
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (slots[mid].first_block <= block)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    const AdamWSlot s = slots[lo];
+    const A decay = s.decay ? decay_on : c.decay;
+    const long long chunk_end = s.begin + (block - s.first_block + 1) * kAdamWChunk;
+    const long long end = chunk_end < s.end ? chunk_end : s.end;
+    const long long i0 = chunk_end - kAdamWChunk + (long long)threadIdx.x * kAdamWVector;
+    const long long key0 = s.first_element + (i0 - s.begin);
+    if (aligned && s.begin % kAdamWVector == 0 && i0 + kAdamWVector <= end) {
+        A p[kAdamWVector];
+        AdamWPack<A> mp = *reinterpret_cast<const AdamWPack<A>*>(m + i0);
+        AdamWPack<A> vp = *reinterpret_cast<const AdamWPack<A>*>(v + i0);
+        const AdamWPack<G> gp = *reinterpret_cast<const AdamWPack<G>*>(grads + i0);
+        if constexpr (has_master) {
+            const AdamWPack<A> pp = *reinterpret_cast<const AdamWPack<A>*>(master + i0);
+            for (int j = 0; j < kAdamWVector; ++j) p[j] = pp.x[j];
         } else {
-            params[i] = from_acc<T>(p);  // round to nearest even
+            const AdamWPack<T> pp = *reinterpret_cast<const AdamWPack<T>*>(params + i0);
+            for (int j = 0; j < kAdamWVector; ++j) p[j] = A(pp.x[j]);
         }
-    } else {
-        params[i] = p;
+        AdamWPack<T> out;
+        for (int j = 0; j < kAdamWVector; ++j) {
+            adamw_math(p[j], gp.x[j], mp.x[j], vp.x[j], c, decay);
+            out.x[j] = adamw_stored_param<T>(p[j], stochastic_rounding, seed, s.tensor_id, key0 + j, step);
+        }
+        *reinterpret_cast<AdamWPack<A>*>(m + i0) = mp;
+        *reinterpret_cast<AdamWPack<A>*>(v + i0) = vp;
+        if constexpr (has_master) {
+            AdamWPack<A> mo;
+            for (int j = 0; j < kAdamWVector; ++j) mo.x[j] = p[j];
+            *reinterpret_cast<AdamWPack<A>*>(master + i0) = mo;
+        }
+        *reinterpret_cast<AdamWPack<T>*>(params + i0) = out;
+        return;
+    }
+    for (int j = 0; j < kAdamWVector; ++j) {
+        const long long i = i0 + j;
+        if (i >= end) break;
+        A p = has_master ? master[i] : A(params[i]);
+        A mi = m[i], vi = v[i];
+        adamw_math(p, grads[i], mi, vi, c, decay);
+        m[i] = mi;
+        v[i] = vi;
+        if constexpr (has_master) master[i] = p;
+        params[i] = adamw_stored_param<T>(p, stochastic_rounding, seed, s.tensor_id, key0 + j, step);
     }
 }
 
@@ -138,6 +259,41 @@ __global__ void init_master_kernel(const T* params, acc_t<T>* master, long long 
 // ---- launchers --------------------------------------------------------------------------------
 
 inline constexpr int kAdamWBlock = 256;
+static_assert(kAdamWChunk == kAdamWBlock * kAdamWVector, "a multi-tensor block updates one chunk");
+
+// The step's constants in the accumulator type, formed in double; `weight_decay` the decay of the
+// tensor (step.weight_decay, or 0 for a tensor that is not decayed).
+template <class A>
+AdamWCoefficients<A> adamw_coefficients(const AdamWStep& step, double weight_decay) {
+    if (step.t < 1) {
+        std::fprintf(stderr, "polevault: adamw: step t must be >= 1 (got %lld)\n", step.t);
+        std::abort();
+    }
+    const double t = double(step.t);
+    AdamWCoefficients<A> c;
+    c.decay = A(1.0 - step.lr * weight_decay);
+    c.beta1 = A(step.beta1);
+    c.one_minus_beta1 = A(1.0 - step.beta1);
+    c.beta2 = A(step.beta2);
+    c.one_minus_beta2 = A(1.0 - step.beta2);
+    c.step_size = A(step.lr / (1.0 - std::pow(step.beta1, t)));
+    c.bias2_sqrt = A(std::sqrt(1.0 - std::pow(step.beta2, t)));
+    c.eps = A(step.eps);
+    c.grad_scale = A(step.grad_scale);
+    return c;
+}
+
+// A bf16 parameter array needs a float master, fp32/fp64 ones must have none.
+template <class T>
+void adamw_check_master(const void* master, const char* who) {
+    constexpr bool needs_master = std::is_same_v<T, __nv_bfloat16>;
+    if (needs_master != (master != nullptr)) {
+        std::fprintf(stderr, "polevault: %s: %s\n", who,
+                     needs_master ? "bf16 parameters need a float master copy (master is null)"
+                                  : "fp32/fp64 parameters are their own master (master must be null)");
+        std::abort();
+    }
+}
 
 // One AdamW step on elements [first_element, first_element + n) of tensor `tensor_id`, whose
 // slices are params, master, grads, m and v (n elements each, index 0 = first_element).
@@ -151,31 +307,76 @@ void adamw_update(T* params, acc_t<T>* master, const G* grads, acc_t<T>* m, acc_
                   long long first_element, cudaStream_t stream) {
     static_assert(std::is_same_v<G, T> || std::is_same_v<G, float>, "gradients are T or float");
     using A = acc_t<T>;
-    constexpr bool needs_master = std::is_same_v<T, __nv_bfloat16>;
-    if (needs_master != (master != nullptr)) {
-        std::fprintf(stderr, "polevault: adamw_update: %s\n",
-                     needs_master ? "bf16 parameters need a float master copy (master is null)"
-                                  : "fp32/fp64 parameters are their own master (master must be null)");
-        std::abort();
-    }
-    if (step.t < 1) {
-        std::fprintf(stderr, "polevault: adamw_update: step t must be >= 1 (got %lld)\n", step.t);
-        std::abort();
-    }
+    adamw_check_master<T>(master, "adamw_update");
     if (n <= 0) return;  // an empty grid is a launch error
-    const double t = double(step.t);
-    AdamWCoefficients<A> c;
-    c.decay = A(1.0 - step.lr * step.weight_decay);
-    c.beta1 = A(step.beta1);
-    c.one_minus_beta1 = A(1.0 - step.beta1);
-    c.beta2 = A(step.beta2);
-    c.one_minus_beta2 = A(1.0 - step.beta2);
-    c.step_size = A(step.lr / (1.0 - std::pow(step.beta1, t)));
-    c.bias2_sqrt = A(std::sqrt(1.0 - std::pow(step.beta2, t)));
-    c.eps = A(step.eps);
-    c.grad_scale = A(step.grad_scale);
+    const AdamWCoefficients<A> c = adamw_coefficients<A>(step, step.weight_decay);
     launch(adamw_update_kernel<T, G>, dim3(ceil_div(n, kAdamWBlock)), dim3(kAdamWBlock), 0, stream, params, master,
            grads, m, v, n, c, stochastic_rounding, seed, tensor_id, first_element, uint32_t(step.t));
+    CUDA_CHECK_LAUNCH();
+}
+
+// One tensor's piece of an owned range, for the table: elements [begin, end) of the range are
+// elements [first_element, first_element + end − begin) of tensor tensor_id; decay: its decay flag.
+struct AdamWPiece {
+    long long begin, end, first_element;
+    uint32_t tensor_id;
+    bool decay;
+};
+
+// The device table of an owned range's pieces (the multi-tensor update's slots), built once.
+class AdamWTable {
+  public:
+    AdamWTable() = default;
+    // Pieces must be non-empty and in increasing, non-overlapping order.
+    explicit AdamWTable(const std::vector<AdamWPiece>& pieces) {
+        std::vector<AdamWSlot> slots;
+        for (const AdamWPiece& p : pieces) {
+            if (p.end <= p.begin || p.begin < 0 || p.first_element < 0 ||
+                (!slots.empty() && p.begin < slots.back().end)) {
+                std::fprintf(stderr, "polevault: AdamWTable: piece [%lld, %lld) is empty or out of order\n", p.begin,
+                             p.end);
+                std::abort();
+            }
+            slots.push_back({p.begin, p.end, p.first_element, blocks_, p.tensor_id, p.decay ? 1u : 0u});
+            blocks_ += ceil_div(p.end - p.begin, kAdamWChunk);
+        }
+        if (slots.empty()) return;
+        slots_ = DeviceBuffer<AdamWSlot>(slots.size(), MemoryCategory::workspace);  // a few bytes per tensor
+        CUDA_CHECK(cudaMemcpy(slots_.get(), slots.data(), slots_.bytes(), cudaMemcpyHostToDevice));
+    }
+    const AdamWSlot* slots() const { return slots_.get(); }
+    int count() const { return int(slots_.size()); }
+    long long blocks() const { return blocks_; }
+
+  private:
+    DeviceBuffer<AdamWSlot> slots_;
+    long long blocks_ = 0;
+};
+
+// One AdamW step over an owned range in one launch (the multi-tensor kernel above): params,
+// master, grads, m and v point at the range's element 0; table lists its tensors' pieces. Each
+// piece is updated exactly as adamw_update would update it with weight decay step.weight_decay
+// where the piece's decay flag is set or decay_norm_weights, 0 elsewhere. device_scale: null (use
+// step.grad_scale), or a device double holding the gradient scale; a scale that is not finite
+// leaves everything untouched.
+template <class T, class G>
+void adamw_update_group(T* params, acc_t<T>* master, const G* grads, acc_t<T>* m, acc_t<T>* v, const AdamWTable& table,
+                        const AdamWStep& step, bool decay_norm_weights, const double* device_scale,
+                        bool stochastic_rounding, uint64_t seed, cudaStream_t stream) {
+    static_assert(std::is_same_v<G, T> || std::is_same_v<G, float>, "gradients are T or float");
+    using A = acc_t<T>;
+    adamw_check_master<T>(master, "adamw_update_group");
+    if (table.blocks() == 0) return;  // nothing of the range is a tensor
+    // The tensors without the decay flag keep c.decay; the others get decay_on.
+    const AdamWCoefficients<A> c = adamw_coefficients<A>(step, decay_norm_weights ? step.weight_decay : 0.0);
+    const A decay_on = adamw_coefficients<A>(step, step.weight_decay).decay;
+    auto fits = [](const void* p, size_t bytes) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+    const bool aligned = fits(params, sizeof(AdamWPack<T>)) && fits(master, sizeof(AdamWPack<A>)) &&
+                         fits(grads, sizeof(AdamWPack<G>)) && fits(m, sizeof(AdamWPack<A>)) &&
+                         fits(v, sizeof(AdamWPack<A>));
+    launch(adamw_group_kernel<T, G>, dim3(unsigned(table.blocks())), dim3(kAdamWBlock), 0, stream, params, master,
+           grads, m, v, table.slots(), table.count(), c, decay_on, device_scale, stochastic_rounding, seed,
+           uint32_t(step.t), aligned);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -8,13 +8,15 @@
 // (DESIGN.md §4). Padding elements are owned like any other but belong to no tensor, so they are
 // never updated and stay zero.
 //
-// The step. update_unit walks the unit's tensors, intersects each with the owned range and runs
-// adamw_update on the intersection, with the tensor's own weight decay (its explicit decay flag:
-// matrices, not RMSNorm weights, unless decay_norm_weights) and its stochastic-rounding key
+// The step. At construction each unit's tensors are intersected with the owned range into a
+// device table (optim/adamw.cuh, AdamWTable): the pieces, each with its tensor's weight decay flag
+// (matrices, not RMSNorm weights, unless decay_norm_weights) and its stochastic-rounding key
 // (tensor id, element index within the tensor), so a shard makes exactly the choices the
-// unsharded update makes. The caller passes the parameter and
+// unsharded update makes. update_unit is then one multi-tensor launch over the owned range,
+// bit-identical to one adamw_update per piece. The caller passes the parameter and
 // gradient pointers of the owned range (element `begin` of the group): the full group's
-// pointers offset by begin on a single rank, a reduce-scattered gradient shard under ZeRO.
+// pointers offset by begin on a single rank, a reduce-scattered gradient shard under ZeRO; the
+// gradient scale (clipping) comes from the host or, in a training step, from device memory.
 //
 // Checkpoints read and write the state per unit as host bytes of the owned range.
 #pragma once
@@ -24,6 +26,7 @@
 #include "optim/adamw.cuh"
 
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -75,6 +78,14 @@ class AdamWState {
             CUDA_CHECK(cudaMemset(u.v, 0, size_t(len) * sizeof(A)));
             if constexpr (kHasMaster)
                 u.master = static_cast<A*>(device_alloc(size_t(len) * sizeof(A), MemoryCategory::optimizer_state));
+            std::vector<AdamWPiece> pieces;
+            for (const TensorSlot& slot : l.tensors) {
+                const long long lo = std::max(slot.offset, u.begin);
+                const long long hi = std::min(slot.offset + slot.spec.numel(), u.end);
+                if (lo < hi)
+                    pieces.push_back({lo - u.begin, hi - u.begin, lo - slot.offset, slot.spec.id, slot.spec.decay});
+            }
+            u.table = std::make_shared<AdamWTable>(pieces);
             units_.push_back(u);
         }
     }
@@ -97,27 +108,23 @@ class AdamWState {
         if constexpr (kHasMaster) pv::init_master(params_range, units_[size_t(u)].master, end(u) - begin(u), stream);
     }
 
-    // One AdamW step at 1-based step t on unit u's owned range. params_range and grads_range
-    // point at element begin(u) of the group; grad_scale folds in clipping.
+    // One AdamW step at 1-based step t on unit u's owned range, one launch. params_range and
+    // grads_range point at element begin(u) of the group; the gradient scale (clipping) is
+    // grad_scale, or *device_scale when that is not null (a scale that is not finite leaves the
+    // parameters and the state untouched).
     template <class G>
     void update_unit(int u, T* params_range, const G* grads_range, const AdamWSettings& s, double lr, long long t,
-                     double grad_scale, cudaStream_t stream) {
+                     double grad_scale, cudaStream_t stream, const double* device_scale = nullptr) {
         const Unit& st = units_[size_t(u)];
-        for (const TensorSlot& slot : layouts_[size_t(u)].tensors) {
-            const long long lo = std::max(slot.offset, st.begin);
-            const long long hi = std::min(slot.offset + slot.spec.numel(), st.end);
-            if (lo >= hi) continue;
-            AdamWStep h;
-            h.lr = lr;
-            h.beta1 = s.beta1, h.beta2 = s.beta2, h.eps = s.eps;
-            h.weight_decay = slot.spec.decay || s.decay_norm_weights ? s.weight_decay : 0.0;
-            h.t = t;
-            h.grad_scale = grad_scale;
-            const long long at = lo - st.begin;
-            adamw_update<T, G>(params_range + at, st.master ? st.master + at : nullptr, grads_range + at, st.m + at,
-                               st.v + at, hi - lo, h, s.stochastic_rounding, s.seed, slot.spec.id, lo - slot.offset,
-                               stream);
-        }
+        if (!st.table) return;  // nothing owned
+        AdamWStep h;
+        h.lr = lr;
+        h.beta1 = s.beta1, h.beta2 = s.beta2, h.eps = s.eps;
+        h.weight_decay = s.weight_decay;
+        h.t = t;
+        h.grad_scale = grad_scale;
+        adamw_update_group<T, G>(params_range, st.master, grads_range, st.m, st.v, *st.table, h, s.decay_norm_weights,
+                                 device_scale, s.stochastic_rounding, s.seed, stream);
     }
 
     // The device array of a field over unit u's owned range.
@@ -138,6 +145,7 @@ class AdamWState {
         A* master = nullptr;
         A* m = nullptr;
         A* v = nullptr;
+        std::shared_ptr<AdamWTable> table;  // the owned range's tensor pieces (null: nothing owned)
     };
     size_t range_bytes(int u) const { return size_t(end(u) - begin(u)) * sizeof(A); }
     A* field(int u, Field f) const {

@@ -6,6 +6,8 @@
 #include "test/reference/adamw.h"
 
 #include <bit>
+#include <cmath>
+#include <cstring>
 
 using namespace pv::test;
 
@@ -223,4 +225,115 @@ TEST_CASE("adamw: fp32 with a master", "[.][adamw-child]") {
 TEST_CASE("adamw refuses a master copy that does not match the parameter type", "[kernels][adamw]") {
     REQUIRE_DIES_WITH("adamw: bf16 without a master", "bf16 parameters need a float master copy");
     REQUIRE_DIES_WITH("adamw: fp32 with a master", "master must be null");
+}
+
+namespace adamw_group_test {
+
+// A group of tensors with padding between them, as a layout places them, but at offsets that are
+// not all multiples of 4 (so the kernel's element-by-element path runs as well as its vector
+// path). Tensor k is elements [offset, offset + size) of the group.
+struct Tensor {
+    long long offset, size;
+    uint32_t id;
+    bool decay;
+};
+const std::vector<Tensor> kTensors = {{0, 1, 40, false},      {4, 1030, 41, true},  {1040, 7, 42, false},
+                                      {1051, 2053, 43, true}, {3200, 64, 44, true}, {3267, 5, 45, false}};
+constexpr long long kGroup = 3300;  // elements, padding included
+
+// The group's arrays, random everywhere (padding too, so that a write into it shows).
+template <class T, class G>
+struct GroupArrays {
+    using A = pv::acc_t<T>;
+    DeviceArray<T> params;
+    DeviceArray<A> master, m, v;
+    DeviceArray<G> grads;
+    explicit GroupArrays(uint64_t seed)
+        : params(random_vector<T>(size_t(kGroup), seed, -1.0, 1.0)),
+          master(std::is_same_v<T, bf16> ? random_vector<A>(size_t(kGroup), seed + 1, -1.0, 1.0) : std::vector<A>{}),
+          m(random_vector<A>(size_t(kGroup), seed + 2, -0.1, 0.1)),
+          v(random_vector<A>(size_t(kGroup), seed + 3, 0.001, 0.05)),
+          grads(random_vector<G>(size_t(kGroup), seed + 4, -1.0, 1.0)) {}
+    A* master_at(long long i) const { return std::is_same_v<T, bf16> ? master.get() + i : nullptr; }
+};
+
+template <class X>
+bool same_bits(const DeviceArray<X>& a, const DeviceArray<X>& b) {
+    const auto x = a.download(), y = b.download();
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(X)) == 0;
+}
+
+template <class T, class G>
+void require_same(const GroupArrays<T, G>& a, const GroupArrays<T, G>& b) {
+    REQUIRE(same_bits(a.params, b.params));
+    REQUIRE(same_bits(a.master, b.master));
+    REQUIRE(same_bits(a.m, b.m));
+    REQUIRE(same_bits(a.v, b.v));
+}
+
+// The owned range [begin, end) updated by one adamw_update per tensor piece (the reference) and
+// by one adamw_update_group: every array, padding and elements outside the range included, must
+// come out with the same bits.
+template <class T, class G>
+void check_range(long long begin, long long end, bool stochastic, bool decay_norm_weights, bool scale_on_device) {
+    const uint64_t seed = 500 + uint64_t(begin);
+    GroupArrays<T, G> ref(seed), got(seed);
+    const pv::AdamWStep step{.lr = 3e-2, .weight_decay = 0.1, .t = 3, .grad_scale = 0.37};
+    std::vector<pv::AdamWPiece> pieces;
+    for (const Tensor& k : kTensors) {
+        const long long lo = std::max(k.offset, begin), hi = std::min(k.offset + k.size, end);
+        if (lo >= hi) continue;
+        pieces.push_back({lo - begin, hi - begin, lo - k.offset, k.id, k.decay});
+        pv::AdamWStep piece = step;
+        piece.weight_decay = k.decay || decay_norm_weights ? step.weight_decay : 0.0;
+        pv::adamw_update(ref.params.get() + lo, ref.master_at(lo), ref.grads.get() + lo, ref.m.get() + lo,
+                         ref.v.get() + lo, hi - lo, piece, stochastic, 99, k.id, lo - k.offset, nullptr);
+    }
+    const pv::AdamWTable table(pieces);
+    DeviceArray<double> scale(std::vector<double>{step.grad_scale});
+    pv::AdamWStep group_step = step;
+    if (scale_on_device) group_step.grad_scale = 1e30;  // must be ignored
+    pv::adamw_update_group(got.params.get() + begin, got.master_at(begin), got.grads.get() + begin, got.m.get() + begin,
+                           got.v.get() + begin, table, group_step, decay_norm_weights,
+                           scale_on_device ? scale.get() : nullptr, stochastic, 99, nullptr);
+    INFO("range [" << begin << ", " << end << ") stochastic " << stochastic << " decay_norm_weights "
+                   << decay_norm_weights << " scale on device " << scale_on_device);
+    require_same(ref, got);
+}
+
+template <class T, class G>
+void check_ranges(bool stochastic) {
+    // The whole group; three shards whose bounds cut tensors (1100 is inside the 4th tensor, an
+    // odd start misaligns every pointer); a shard holding padding and a sliver of one tensor.
+    const std::pair<long long, long long> ranges[] = {
+        {0, kGroup}, {0, 1100}, {1100, 2201}, {2201, kGroup}, {3230, 3270}};
+    for (auto [begin, end] : ranges)
+        for (bool dnw : {false, true}) check_range<T, G>(begin, end, stochastic, dnw, begin == 1100);
+}
+
+}  // namespace adamw_group_test
+
+TEST_CASE("adamw multi-tensor group update is bit-identical to per-tensor updates", "[kernels][adamw]") {
+    using namespace adamw_group_test;
+    SECTION("bf16, bf16 gradients, round to nearest") { check_ranges<bf16, bf16>(false); }
+    SECTION("bf16, bf16 gradients, stochastic rounding") { check_ranges<bf16, bf16>(true); }
+    SECTION("bf16, fp32 gradients, stochastic rounding") { check_ranges<bf16, float>(true); }
+    SECTION("fp32") { check_ranges<float, float>(false); }
+    SECTION("fp64") { check_ranges<double, double>(false); }
+}
+
+TEST_CASE("adamw group update leaves everything untouched when the device scale is not finite", "[kernels][adamw]") {
+    using namespace adamw_group_test;
+    for (double bad : {std::nan(""), double(INFINITY), -double(INFINITY)}) {
+        GroupArrays<bf16, bf16> before(7), after(7);
+        std::vector<pv::AdamWPiece> pieces;
+        for (const Tensor& k : kTensors) pieces.push_back({k.offset, k.offset + k.size, 0, k.id, k.decay});
+        const pv::AdamWTable table(pieces);
+        DeviceArray<double> scale(std::vector<double>{bad});
+        pv::adamw_update_group(after.params.get(), after.master.get(), after.grads.get(), after.m.get(), after.v.get(),
+                               table, pv::AdamWStep{.lr = 1e-2, .weight_decay = 0.1}, false, scale.get(), true, 1,
+                               nullptr);
+        INFO("scale " << bad);
+        require_same(before, after);
+    }
 }
