@@ -65,9 +65,4 @@ std::vector<std::string> validate(const LrConfig& c) {
     return errors;
 }
 
-double clip_scale(double grad_norm, double max_norm) {
-    if (!std::isfinite(grad_norm)) return std::numeric_limits<double>::quiet_NaN();
-    return max_norm > 0 && grad_norm > max_norm ? max_norm / (grad_norm + 1e-6) : 1.0;
-}
-
 }  // namespace pv

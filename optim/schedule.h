@@ -1,4 +1,5 @@
-// Learning-rate schedules and the gradient-clipping factor (host code).
+// Learning-rate schedules (host code) and the gradient-clipping factor (host and device code: the
+// training step computes it on the device, optim/clip.cuh, with this same function).
 //
 // learning_rate(c, step) for the 0-based optimizer step `step`, with lr = c.lr,
 // W = c.warmup, N = c.total_steps and final = lr · c.final_fraction:
@@ -26,6 +27,8 @@
 // The factor is applied as AdamWStep::grad_scale, folded into the update: gradients are never
 // rewritten.
 #pragma once
+
+#include <cuda_runtime.h>  // __host__ __device__
 
 #include <string>
 #include <string_view>
@@ -58,7 +61,13 @@ const char* schedule_name(LrSchedule kind);
 // its value and says what is allowed.
 std::vector<std::string> validate(const LrConfig& c);
 
-// The factor that scales gradients of global norm grad_norm down to max_norm (see above).
-double clip_scale(double grad_norm, double max_norm);
+// The factor that scales gradients of global norm grad_norm down to max_norm (see above). A norm
+// is finite exactly when norm − norm is 0 (NaN − NaN and inf − inf are NaN): a test that means
+// the same in host and device code.
+__host__ __device__ inline double clip_scale(double grad_norm, double max_norm) {
+    const double zero_if_finite = grad_norm - grad_norm;
+    if (!(zero_if_finite == 0.0)) return zero_if_finite;  // NaN
+    return max_norm > 0 && grad_norm > max_norm ? max_norm / (grad_norm + 1e-6) : 1.0;
+}
 
 }  // namespace pv

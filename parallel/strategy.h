@@ -118,11 +118,12 @@ class Strategy {
     virtual T* owned_params(int u) { return model_.params(u) + owned_begin(u); }
     virtual const G* owned_grads(int u) { return grads(u) + owned_begin(u); }
 
-    // The squared global gradient norm (header comment): per unit, this rank's squares of its slice
-    // (zero for a unit not counted here); the per-unit vector summed over ranks in rank order;
-    // then the units added in unit order. The last step has the same association on every
-    // strategy, so a pipeline (whose stages hold whole units) clips exactly as one rank does.
-    double global_grad_norm_sq() {
+    // The squared global gradient norm's terms (header comment), queued on the compute stream:
+    // per unit, this rank's squares of its slice (zero for a unit not counted here), that vector
+    // summed over ranks in rank order. Returns the device array of the num_units() sums; adding
+    // them in unit order (optim/clip.cuh) gives the squared norm, with the same association on
+    // every strategy, so a pipeline (whose stages hold whole units) clips exactly as one rank does.
+    const double* unit_norms_sq() {
         const int units = model_.num_units();
         double* per_unit = unit_norms_.get();  // [units] this rank's, then [units] the sums over ranks
         CUDA_CHECK(cudaMemsetAsync(per_unit, 0, size_t(units) * sizeof(double), model_.stream()));
@@ -130,19 +131,11 @@ class Strategy {
             if (in_norm(u) && slice_len(u) > 0)
                 sum_of_squares_launch(slice_grads(u), slice_len(u), per_unit + u, norm_scratch_.get(), false,
                                       model_.stream());
-        if (comm_) {
-            comm_->fence_from(model_.stream());
-            comm_->all_reduce(per_unit, per_unit + units, size_t(units));
-            comm_->fence_to(model_.stream());
-            per_unit += units;
-        }
-        std::vector<double> host(size_t(units), 0.0);
-        CUDA_CHECK(cudaMemcpyAsync(host.data(), per_unit, host.size() * sizeof(double), cudaMemcpyDeviceToHost,
-                                   model_.stream()));
-        CUDA_CHECK(cudaStreamSynchronize(model_.stream()));
-        double total = 0;
-        for (double x : host) total += x;
-        return total;
+        if (!comm_) return per_unit;
+        comm_->fence_from(model_.stream());
+        comm_->all_reduce(per_unit, per_unit + units, size_t(units));
+        comm_->fence_to(model_.stream());
+        return per_unit + units;
     }
 
     // After the optimizer has updated the owned ranges: every rank sees every new parameter.

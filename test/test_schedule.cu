@@ -1,11 +1,14 @@
 // Learning-rate schedules and the clipping factor (optim/schedule.h): values at chosen steps,
 // worked out here from the formulas, the warmup ramp, parsing and validation.
+#include "optim/clip.cuh"
 #include "optim/schedule.h"
 #include "test/check.h"
 
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <numbers>
+#include <random>
 #include <stdexcept>
 
 namespace schedule_test {
@@ -147,4 +150,46 @@ TEST_CASE("clip_scale", "[optim][schedule]") {
     REQUIRE(std::isnan(pv::clip_scale(std::nan(""), 1.0)));  // a non-finite norm refuses the step
     REQUIRE(std::isnan(pv::clip_scale(inf, 1.0)));
     REQUIRE(std::isnan(pv::clip_scale(inf, 0.0)));  // even without clipping
+}
+
+// The step's figures formed on the device (optim/clip.cuh) against the host arithmetic they
+// replace: the same additions in the same order, so the same bits; a non-finite loss or norm
+// gives a NaN scale.
+TEST_CASE("step figures on the device have the host's bits", "[optim][schedule]") {
+    std::mt19937_64 rng(11);
+    std::uniform_real_distribution<double> unit(0.0, 3.0);
+    const double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+    for (int trial = 0; trial < 40; ++trial) {
+        const int units = 1 + trial % 7;
+        std::vector<double> norms(static_cast<size_t>(units));
+        for (double& x : norms) x = unit(rng) * unit(rng);
+        std::vector<float> losses(size_t(1 + trial % 5));
+        for (float& x : losses) x = float(unit(rng) * 100.0);
+        if (trial == 30) norms[0] = nan;
+        if (trial == 31) norms[size_t(units - 1)] = inf;
+        if (trial == 32) losses[0] = float(inf);
+        if (trial == 33) losses[0] = float(nan);
+        const double max_norm = trial % 3 == 0 ? 0.0 : 0.5 + trial % 4;
+        pv::test::DeviceArray<float> d_losses(losses);
+        pv::test::DeviceArray<double> d_norms(norms), d_sum(1);
+        pv::test::DeviceArray<pv::StepFigures> d_figures(1);
+        pv::sum_losses(d_losses.get(), int(losses.size()), d_sum.get(), nullptr);
+        pv::step_figures(d_sum.get(), d_norms.get(), units, max_norm, d_figures.get(), nullptr);
+        const pv::StepFigures got = d_figures.download()[0];
+        double loss = 0, total = 0;
+        for (float x : losses) loss += double(x);
+        for (double x : norms) total += x;
+        const double norm = std::sqrt(total);
+        const double scale = std::isfinite(loss) ? pv::clip_scale(norm, max_norm) : nan;
+        INFO("trial " << trial);
+        CHECK(std::bit_cast<uint64_t>(got.loss_sum) == std::bit_cast<uint64_t>(loss));
+        CHECK(std::bit_cast<uint64_t>(got.grad_norm) == std::bit_cast<uint64_t>(norm));
+        if (std::isnan(scale))
+            CHECK(std::isnan(got.scale));
+        else
+            CHECK(std::bit_cast<uint64_t>(got.scale) == std::bit_cast<uint64_t>(scale));
+        CHECK(std::isfinite(got.scale) == (trial < 30 || trial > 33));
+        if (std::isfinite(norm) && std::isfinite(loss) && max_norm > 0 && norm > max_norm)
+            CHECK(got.scale < 1.0);  // clipping happened
+    }
 }

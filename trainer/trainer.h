@@ -11,14 +11,20 @@
 //      in micro-batch order.
 //   3. The strategy completes the owned gradients; the loss (sum over ranks / C) is all-reduced
 //      for the log (a pipeline's stages before the last contribute zeros); the global gradient
-//      norm gives the clipping scale.
-//   4. AdamW updates the owned range of every unit; the strategy makes the new parameters visible.
+//      norm gives the clipping scale. All of it stays on the device (optim/clip.cuh): the
+//      micro-batches' loss sums are added there, and norm and scale land in device memory.
+//   4. AdamW updates the owned range of every unit, one launch per unit, reading the scale from
+//      device memory; the strategy makes the new parameters visible. Only then does the host
+//      wait, once per step, to read the loss and the norm: a step whose loss or norm is not
+//      finite has been refused on the device (the update skipped, parameters and state intact)
+//      and is reported here.
 // Every cross-rank number goes through the strategy's Comm, so it is counted like the rest.
 // A micro-batch's tokens, targets and (with document masking) positions are uploaded into its
 // slot's device buffers and reach the strategy as one DeviceBatch (model/unit_loop.h).
 #pragma once
 
 #include "data/loader.h"
+#include "optim/clip.cuh"
 #include "optim/optimizer.cuh"
 #include "optim/schedule.h"
 #include "parallel/strategy.h"
@@ -49,10 +55,15 @@ class Trainer {
           tokens_(size_t(rows_ * strategy.slots()), MemoryCategory::workspace),
           targets_(size_t(rows_ * strategy.slots()), MemoryCategory::workspace),
           positions_(size_t(rows_ * strategy.slots()), MemoryCategory::workspace),
-          loss_(size_t(strategy.slots()), MemoryCategory::workspace),
+          losses_(size_t(strategy.slots()), MemoryCategory::workspace),
           count_(size_t(strategy.slots()), MemoryCategory::workspace),
           sums_(2, MemoryCategory::workspace),
-          counts_(2, MemoryCategory::workspace) {}
+          counts_(2, MemoryCategory::workspace),
+          figures_(1, MemoryCategory::workspace),
+          host_figures_(static_cast<StepFigures*>(pinned_host_alloc(sizeof(StepFigures)))) {}
+    ~Trainer() { memory_free(host_figures_); }
+    Trainer(const Trainer&) = delete;
+    Trainer& operator=(const Trainer&) = delete;
 
     // Optimizer state for what `strategy` owns, the master copy initialised from the parameters.
     static std::unique_ptr<AdamWState<T>> make_optimizer(Strategy<T, G>& strategy) {
@@ -70,8 +81,8 @@ class Trainer {
 
     // This micro-batch's loss sum, forward only (evaluation): on every rank, also in a pipeline.
     double forward_loss(const DataLoader::MicroBatch& b) {
-        forward_slot(0, b, -1);
-        const double local = read_loss(0);
+        forward_slot(0, b, -1, losses_.get());
+        const double local = read_loss(losses_.get());
         return s_.data_comm() == s_.comm() ? local
                                            : sum_over_ranks(local, sums_.get());  // a pipeline's last stage has it
     }
@@ -87,29 +98,40 @@ class Trainer {
         r.counted =
             s_.data_comm() ? sum_over_ranks(local, counts_.get(), s_.data_comm()) : local;  // one integer all-reduce
         if (r.counted == 0) throw std::runtime_error("step " + std::to_string(t) + " has no counted target tokens");
+        cudaStream_t stream = m.stream();
+        if (losses_.size() < micro.size()) losses_ = DeviceBuffer<A>(micro.size(), MemoryCategory::workspace);
         s_.begin_step();
-        double loss_sum = 0;
+        CUDA_CHECK(cudaMemsetAsync(losses_.get(), 0, micro.size() * sizeof(A), stream));
         const size_t slots = size_t(s_.slots());
         for (size_t first = 0; first < micro.size(); first += slots) {
             const size_t n = std::min(slots, micro.size() - first);
-            for (size_t k = 0; k < n; ++k) forward_slot(int(k), micro[first + k], t);
+            for (size_t k = 0; k < n; ++k) forward_slot(int(k), micro[first + k], t, losses_.get() + first + k);
             for (size_t k = 0; k < n; ++k)
                 s_.backward(int(k), device_batch(k, micro[first + k], t), 1.0 / double(r.counted),
                             first + k + 1 == micro.size());
-            for (size_t k = 0; k < n; ++k) loss_sum += read_loss(int(k));  // in micro-batch order
         }
         s_.finish_gradients();
-        r.loss = sum_over_ranks(loss_sum, sums_.get()) / double(r.counted);
-        r.grad_norm = std::sqrt(s_.global_grad_norm_sq());
-        const double scale = clip_scale(r.grad_norm, clip);
-        if (!std::isfinite(r.loss) || !std::isfinite(scale))
+        sum_losses(losses_.get(), int(micro.size()), sums_.get(), stream);  // in micro-batch order
+        const double* loss_sum = sums_.get();
+        if (Comm* c = s_.comm()) {  // over the ranks, in rank order
+            c->fence_from(stream);
+            c->all_reduce(sums_.get(), sums_.get() + 1, 1);
+            c->fence_to(stream);
+            loss_sum = sums_.get() + 1;
+        }
+        StepFigures* figures = figures_.get();
+        step_figures(loss_sum, s_.unit_norms_sq(), m.num_units(), clip, figures, stream);
+        for (int u = 0; u < m.num_units(); ++u)
+            opt_.update_unit(u, s_.owned_params(u), s_.owned_grads(u), adamw, lr, t, 1.0, stream, &figures->scale);
+        s_.after_update();
+        CUDA_CHECK(cudaMemcpyAsync(host_figures_, figures, sizeof(StepFigures), cudaMemcpyDeviceToHost, stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));  // the step's one wait
+        r.loss = host_figures_->loss_sum / double(r.counted);
+        r.grad_norm = host_figures_->grad_norm;
+        if (!std::isfinite(r.loss) || !std::isfinite(host_figures_->scale))
             throw std::runtime_error("step " + std::to_string(t) + ": the loss or gradient norm is not finite (loss " +
                                      std::to_string(r.loss) + ", norm " + std::to_string(r.grad_norm) +
                                      "); lower --lr or enable --clip");
-        for (int u = 0; u < m.num_units(); ++u)
-            opt_.update_unit(u, s_.owned_params(u), s_.owned_grads(u), adamw, lr, t, scale, m.stream());
-        s_.after_update();
-        CUDA_CHECK(cudaStreamSynchronize(m.stream()));
         return r;
     }
 
@@ -143,7 +165,7 @@ class Trainer {
     }
     // Uploads the micro-batch into its slot and runs its forward; the loss sum stays on the device
     // (zero on ranks without the head).
-    void forward_slot(int slot, const DataLoader::MicroBatch& b, long long step) {
+    void forward_slot(int slot, const DataLoader::MicroBatch& b, long long step, A* loss) {
         Llama<T>& m = s_.model();
         const size_t k = size_t(slot), n = size_t(rows_);
         for (const std::vector<int>* field : {&b.inputs, &b.targets, &b.positions})
@@ -154,13 +176,13 @@ class Trainer {
         CUDA_CHECK(cudaMemcpy(targets(k), b.targets.data(), n * sizeof(int), cudaMemcpyHostToDevice));
         if (!b.positions.empty())
             CUDA_CHECK(cudaMemcpy(positions(k), b.positions.data(), n * sizeof(int), cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemsetAsync(loss_.get() + k, 0, sizeof(A), m.stream()));
-        s_.forward(slot, device_batch(k, b, step), loss_.get() + k, count_.get() + k);
+        CUDA_CHECK(cudaMemsetAsync(loss, 0, sizeof(A), m.stream()));
+        s_.forward(slot, device_batch(k, b, step), loss, count_.get() + k);
     }
-    double read_loss(int slot) {
+    double read_loss(const A* loss) {
         Llama<T>& m = s_.model();
         A host = 0;
-        CUDA_CHECK(cudaMemcpyAsync(&host, loss_.get() + slot, sizeof(A), cudaMemcpyDeviceToHost, m.stream()));
+        CUDA_CHECK(cudaMemcpyAsync(&host, loss, sizeof(A), cudaMemcpyDeviceToHost, m.stream()));
         CUDA_CHECK(cudaStreamSynchronize(m.stream()));
         return double(host);
     }
@@ -169,10 +191,12 @@ class Trainer {
     AdamWState<T>& opt_;
     long long rows_;
     DeviceBuffer<int> tokens_, targets_, positions_;  // [slots][rows] each
-    DeviceBuffer<A> loss_;
+    DeviceBuffer<A> losses_;                          // per micro-batch of the step: its loss sum
     DeviceBuffer<int> count_;
     DeviceBuffer<double> sums_;
     DeviceBuffer<long long> counts_;
+    DeviceBuffer<StepFigures> figures_;
+    StepFigures* host_figures_;  // pinned: where the step's figures are read back
 };
 
 }  // namespace pv

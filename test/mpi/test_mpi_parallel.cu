@@ -880,3 +880,72 @@ TEST_CASE("mp with LoRA and QLoRA: transfers, bytes on the wire and memory per s
     check_mp_counts<__nv_bfloat16>(world, opt);
     check_mp_counts<double>(world, opt);
 }
+
+namespace parallel_test {
+
+// Every parameter and every optimizer field this rank keeps, as bytes.
+template <class T>
+std::vector<std::vector<uint8_t>> snapshot(pv::Llama<T>& model, pv::AdamWState<T>& opt) {
+    std::vector<std::vector<uint8_t>> out;
+    auto add = [&](const void* p, size_t bytes) {
+        std::vector<uint8_t> host(bytes);
+        if (bytes > 0) CUDA_CHECK(cudaMemcpy(host.data(), p, bytes, cudaMemcpyDeviceToHost));
+        out.push_back(std::move(host));
+    };
+    CUDA_CHECK(cudaDeviceSynchronize());
+    using F = typename pv::AdamWState<T>::Field;
+    for (int u = 0; u < model.num_units(); ++u) {
+        if (model.holds(u)) add(model.params(u), model.trainable(u).bytes());
+        const size_t owned = size_t(opt.end(u) - opt.begin(u)) * sizeof(pv::acc_t<T>);
+        for (F f : {F::master, F::m, F::v})
+            if (f != F::master || pv::AdamWState<T>::kHasMaster) add(opt.data(u, f), owned);
+    }
+    return out;
+}
+
+// A step whose loss is not finite stops with the clear message, on every rank, and leaves the
+// parameters and the optimizer state bit for bit as they were: step 1 with an absurd learning
+// rate pushes the weights to ~1e30, so step 2's forward overflows.
+template <class T>
+void check_refused_step(const std::string& strategy, pv::Comm* comm, int world_ranks) {
+    const pv::LlamaConfig config = awkward_model(world_ranks, true);
+    const int ranks = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
+    pv::StrategyOptions so;
+    so.name = strategy;
+    const pv::StrategyPlan plan = pv::plan_strategy(so, config, kSeq, rank, ranks);
+    pv::ModelOptions mo;
+    mo.batch = kMicro, mo.seq_len = kSeq, mo.seed = 42, mo.placement = plan.placement;
+    pv::Llama<T> model(config, mo);
+    std::unique_ptr<pv::Strategy<T, T>> s = pv::make_strategy<T, T>(plan, model, comm, 42);
+    auto optimizer = pv::Trainer<T, T>::make_optimizer(*s);
+    pv::Trainer<T, T> trainer(*s, *optimizer);
+    const pv::AdamWSettings adamw;
+    const int per_rank = kMicro * kAccumulation * world_ranks / ranks;
+    const pv::StepResult first =
+        trainer.step(micro_batches(0, rank * per_rank, per_rank, config.vocab_size, false), 1e30, 1, 0.0, adamw);
+    REQUIRE(std::isfinite(first.loss));
+    const auto before = snapshot(model, *optimizer);
+    std::string message;
+    try {
+        trainer.step(micro_batches(1, rank * per_rank, per_rank, config.vocab_size, false), 1e-3, 2, 1.0, adamw);
+    } catch (const std::runtime_error& e) {
+        message = e.what();
+    }
+    INFO(strategy << " rank " << rank);
+    REQUIRE(message.find("step 2: the loss or gradient norm is not finite") != std::string::npos);
+    REQUIRE(message.find("lower --lr or enable --clip") != std::string::npos);
+    const auto after = snapshot(model, *optimizer);
+    REQUIRE(after.size() == before.size());
+    for (size_t i = 0; i < after.size(); ++i) REQUIRE(after[i] == before[i]);
+}
+
+}  // namespace parallel_test
+
+TEST_CASE("a step whose loss is not finite is refused on the device and reported: nothing changes",
+          "[parallel][nonfinite]") {
+    pv::World world(nullptr, nullptr);
+    parallel_test::check_refused_step<float>("single", nullptr, world.size());
+    parallel_test::check_refused_step<float>("ddp", &world.comm(), world.size());
+    parallel_test::check_refused_step<float>("zero1", &world.comm(), world.size());
+    parallel_test::check_refused_step<__nv_bfloat16>("zero2", &world.comm(), world.size());
+}
