@@ -80,8 +80,9 @@ std::vector<KernelCost> embedding_forward(long long N, int C, long long distinct
 std::vector<KernelCost> embedding_backward(long long N, int C, long long distinct, int t);
 std::vector<KernelCost> count_targets(long long N);
 std::vector<KernelCost> sum_of_squares(long long n, int g, bool accumulate);
-// One AdamW launch over n elements: parameters t, gradients g bytes, master (when t < 4) and m, v in a.
-std::vector<KernelCost> adamw(long long n, int t, int g, int a);
+// One AdamW launch over the n tensor elements of an owned range made of `pieces` tensor pieces:
+// parameters t, gradients g bytes, master (when t < 4) and m, v in a.
+std::vector<KernelCost> adamw(long long n, int t, int g, int a, int pieces);
 std::vector<KernelCost> memset(double bytes, const std::string& op);
 std::vector<KernelCost> memcpy(double bytes, const std::string& op);
 // y[M][N] = x[M][K]·W[N][K]ᵀ (+ the backward's two, dW accumulating).
