@@ -91,9 +91,14 @@
 // D is computed from `out` as stored (rounded to T), as in FlashAttention-2.
 //
 // These are CUDA-core kernels (scalar FMAs from shared memory, no tensor cores): simple enough to
-// be checked on the host, with the flash structure (tiling, online softmax, recomputation).
+// be checked on the host, with the flash structure (tiling, online softmax, recomputation). They
+// serve fp32 and fp64 (the oracles' precision) and every head dim. For bf16 at hd 64 and 128 with
+// 16-byte aligned buffers, attention_backward runs the dot kernel above and then the tensor-core
+// dK/dV and dQ kernels of kernels/attention_mma_backward.cuh (same contract, same D scratch).
 #pragma once
 
+#include "kernels/attention_mma_backward.cuh"
+#include "kernels/attention_windows.cuh"
 #include "kernels/common.cuh"
 
 #include <cstdio>
@@ -189,15 +194,6 @@ __device__ inline A attention_group_sum(A v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-// lo_i, the first key row i attends to (header comment): 0 without positions, else i − pos
-// clamped to [0, i]. `pos` is the sequence's positions, or null. (Written so that no out-of-range
-// value can overflow the subtraction.)
-__device__ inline int attention_first_key(const int* pos, int i) {
-    if (!pos) return 0;
-    const int p = pos[i];
-    return p <= 0 ? i : p >= i ? 0 : i - p;
-}
-
 // The smallest lo over the block's rows, one value per row (a row's 4 lanes hold the same):
 // written to lo_s[rows] (kept there), then read by every thread.
 __device__ inline int attention_rows_min(int lo, int* lo_s, int rows) {
@@ -206,20 +202,6 @@ __device__ inline int attention_rows_min(int lo, int* lo_s, int rows) {
     int smallest = lo_s[0];
     for (int r = 1; r < rows; ++r) smallest = min(smallest, lo_s[r]);
     return smallest;
-}
-
-// The last query row whose window reaches key k_last (row k_last itself at least): a scan of the
-// rows past it, reduced over the block. `scratch` holds an int per warp and may be reused at once.
-__device__ inline int attention_last_query(const int* pos, int k_last, int T_len, int* scratch) {
-    int last = k_last;
-    for (int i = k_last + 1 + int(threadIdx.x); i < T_len; i += int(blockDim.x))
-        if (attention_first_key(pos, i) <= k_last) last = max(last, i);
-    for (int offset = 16; offset > 0; offset /= 2) last = max(last, __shfl_xor_sync(0xffffffffu, last, offset));
-    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = last;
-    __syncthreads();
-    for (int w = 0; w < int(blockDim.x / 32); ++w) last = max(last, scratch[w]);
-    __syncthreads();  // everyone has read the scratch before it is reused
-    return last;
 }
 
 // ---- forward -----------------------------------------------------------------------------------
@@ -589,6 +571,14 @@ void attention_backward(const T* qkv, const int* positions, const T* out, const 
     attention_check_shape(B, T_len, H, Hkv, hd);
     acc_t<T>* D = static_cast<acc_t<T>*>(scratch);
     attention_backward_dot(out, dout, D, B, T_len, H, hd, stream);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>)
+        if (attention_mma_backward_applies(qkv, dout, dqkv, hd)) {  // tensor cores
+            if (hd == 64)
+                attention_mma_backward<64>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, stream);
+            else
+                attention_mma_backward<128>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, stream);
+            return;
+        }
     if (hd == 64)
         attention_backward_launch<T, 64>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
     else if (hd == 128)

@@ -433,3 +433,99 @@ TEST_CASE("document-masked attention is bitwise deterministic and overwrites eve
     check_deterministic_and_overwrites<__nv_bfloat16>(a, 997, &pa);
     check_deterministic_and_overwrites<float>(b, 998, &pb);
 }
+
+// ---- the tensor-core backward (bf16, hd 64 and 128: kernels/attention_mma_backward.cuh) ----------
+
+namespace attention_test {
+
+using bf16 = __nv_bfloat16;
+
+// dqkv from the tensor-core kernels called directly (the dot kernel, then the dK/dV and dQ
+// kernels), given the forward's out and lse: what attention_backward must produce when it
+// dispatches there.
+std::vector<bf16> mma_backward_direct(const std::vector<bf16>& qkv, const std::vector<bf16>& dout,
+                                      const AttentionShape& s, const std::vector<int>* positions,
+                                      const Run<bf16>& fwd) {
+    const int B = int(s.B), T_len = int(s.T), H = int(s.H), Hkv = int(s.Hkv), hd = int(s.hd);
+    DeviceArray<bf16> d_qkv(qkv), d_dout(dout), d_out(fwd.out), d_dqkv(qkv.size());
+    DeviceArray<float> d_lse(fwd.lse), d_D(s.B * s.H * s.T);
+    DeviceArray<int> d_pos(positions ? *positions : std::vector<int>(1));
+    const int* pos = positions ? d_pos.get() : nullptr;
+    pv::attention_backward_dot(d_out.get(), d_dout.get(), d_D.get(), B, T_len, H, hd, nullptr);
+    if (hd == 64)
+        pv::attention_mma_backward<64>(d_qkv.get(), pos, d_dout.get(), d_lse.get(), d_D.get(), d_dqkv.get(), B, T_len,
+                                       H, Hkv, nullptr);
+    else
+        pv::attention_mma_backward<128>(d_qkv.get(), pos, d_dout.get(), d_lse.get(), d_D.get(), d_dqkv.get(), B, T_len,
+                                        H, Hkv, nullptr);
+    return d_dqkv.download();
+}
+
+// The public path against the fp64 reference, and its dqkv bit for bit the tensor-core kernels'
+// (so the dispatch reaches them: the CUDA-core kernels round differently).
+void check_mma_backward(const AttentionShape& s, uint64_t seed, const std::vector<int>* positions) {
+    check_against_reference<bf16>(s, seed, positions);
+    const auto qkv = random_vector<bf16>(s.B * s.T * s.width(), seed, -2.0, 2.0);
+    const auto dout = random_vector<bf16>(s.B * s.T * s.H * s.hd, seed + 1);
+    const Run<bf16> got = run(qkv, dout, s, positions);
+    INFO(describe(s));
+    REQUIRE(same_bits(got.dqkv, mma_backward_direct(qkv, dout, s, positions, got)));
+}
+
+}  // namespace attention_test
+
+TEST_CASE("bf16 attention backward on tensor cores over several 64-row tiles with ragged documents",
+          "[kernels][attention][documents]") {
+    // Documents crossing the 64-row tile edges at odd places, one of a single token, a ragged last
+    // tile; GQA (two and three query heads per KV head); and the same shapes causal.
+    const std::vector<std::vector<size_t>> ragged = {{70, 3, 1, 100, 26}, {9, 120, 50, 21}};
+    auto positions_of = [&](const AttentionShape& s) {
+        std::vector<int> pos;
+        for (size_t b = 0; b < s.B; ++b) {
+            const auto row = document_positions(ragged[b % ragged.size()], s.T);
+            pos.insert(pos.end(), row.begin(), row.end());
+        }
+        return pos;
+    };
+    if (kTsanBuild) {  // three tiles: the double buffers of both kernels are reused
+        for (size_t hd : {64, 128}) {
+            const AttentionShape s{1, 130, 1, 1, hd};
+            const auto pos = positions_of(s);
+            check_against_reference<bf16>(s, 1100 + hd, &pos);
+        }
+        return;
+    }
+    for (const AttentionShape& s : {AttentionShape{2, 200, 4, 2, 64}, AttentionShape{1, 150, 3, 1, 128}}) {
+        const auto pos = positions_of(s);
+        check_mma_backward(s, 1200 + s.hd, &pos);
+        check_mma_backward(s, 1300 + s.hd, nullptr);
+        check_deterministic_and_overwrites<bf16>(s, 1400 + s.hd, &pos);
+    }
+}
+
+TEST_CASE("bf16 attention backward with buffers the tensor cores cannot take falls back and stays right",
+          "[kernels][attention]") {
+    // cp.async needs 16-byte aligned rows: qkv, dout and dqkv one element (2 bytes) off 16 take
+    // the CUDA-core kernels, whose results match the reference like the aligned ones.
+    if (kTsanBuild) return;
+    const AttentionShape s{1, 70, 2, 1, 64};
+    const int B = int(s.B), T_len = int(s.T), H = int(s.H), Hkv = int(s.Hkv), hd = int(s.hd);
+    const auto qkv = random_vector<bf16>(s.B * s.T * s.width(), 1500, -2.0, 2.0);
+    const auto dout = random_vector<bf16>(s.B * s.T * s.H * s.hd, 1501);
+    std::vector<bf16> qkv_off(qkv.size() + 1), dout_off(dout.size() + 1);
+    std::copy(qkv.begin(), qkv.end(), qkv_off.begin() + 1);
+    std::copy(dout.begin(), dout.end(), dout_off.begin() + 1);
+    DeviceArray<bf16> d_qkv(qkv_off), d_dout(dout_off), d_out(dout.size()), d_dqkv(qkv.size() + 1);
+    DeviceArray<float> d_lse(s.B * s.H * s.T);
+    DeviceArray<unsigned char> scratch(pv::attention_backward_scratch_bytes<bf16>(B, T_len, H));
+    REQUIRE_FALSE(pv::attention_mma_backward_applies(d_qkv.get() + 1, d_dout.get() + 1, d_dqkv.get() + 1, hd));
+    pv::attention_forward(d_qkv.get() + 1, nullptr, d_out.get(), d_lse.get(), B, T_len, H, Hkv, hd, nullptr);
+    pv::attention_backward(d_qkv.get() + 1, nullptr, d_out.get(), d_dout.get() + 1, d_lse.get(), d_dqkv.get() + 1,
+                           scratch.get(), B, T_len, H, Hkv, hd, nullptr);
+    const auto got = d_dqkv.download();
+    const auto ref =
+        pv::reference::attention_backward(to_double(qkv), to_double(d_out.download()), to_double(dout), s, nullptr);
+    const std::string err = compare(to_double(std::vector<bf16>(got.begin() + 1, got.end())), ref, tolerance<bf16>());
+    INFO(err);
+    REQUIRE(err.empty());
+}

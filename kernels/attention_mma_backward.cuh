@@ -1,0 +1,460 @@
+// The attention backward on tensor cores, bf16 with fp32 accumulators: FlashAttention-2's
+// recomputation scheme with every product a warp MMA (mma.m16n8k16, kernels/mma.cuh). The math,
+// the layouts, the document windows and the D scratch are those of kernels/attention.cuh (its
+// header comment); attention_backward dispatches here for bf16 at a head dim of 64 or 128.
+//
+// With s = 1/sqrt(hd), P_ij = exp(s·q_i·k_j − lse_i) on the window lo_i ≤ j ≤ i and 0 elsewhere:
+//   D_i  = dO_i·O_i                  attention_backward_dot_kernel (kernels/attention.cuh)
+//   dP   = dO·Vᵀ,  dS = P∘(dP − D)
+//   dV   = Pᵀ·dO,  dK = s·dSᵀ·Q      attention_mma_dkv_kernel, per key tile
+//   dQ   = s·dS·K                    attention_mma_dq_kernel, per query tile
+// FlashAttention-2 computes dQ in the dK/dV loop with atomic adds, whose order changes the bits
+// from run to run. Here every output row is owned by one block that sums in a fixed order
+// (DESIGN.md §4: deterministic), so the dQ kernel recomputes S, P, dP and dS: 7 products per
+// visited (query, key) tile pair (S, dP, dV, dK; S, dP, dQ) instead of 5.
+//
+// Tiles. Both kernels have 4 warps (128 threads) and tiles of 64 rows on each side; each warp owns
+// 16 rows of the block's tile and walks the other side's tile in chunks of 16 rows, so a chunk's
+// scores are one 16×16 accumulator per warp (two m16n8 fragments, 8 floats a lane). Its products
+// need no shared memory: the C fragments of P and dS, rounded to bf16 in pairs, are exactly the A
+// fragment of the next product (the m16n8k16 layouts line up), so
+//   dK/dV, warp rows = keys:     Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ  (A = K, V; B = Q, dO rows via ldmatrix)
+//                                dV += Pᵀ·dO, dK += dSᵀ·Q (B = dO, Q via ldmatrix.trans)
+//   dQ,   warp rows = queries:   S = Q·Kᵀ, dP = dO·Vᵀ    (A = Q, dO in registers; B = K, V rows)
+//                                dQ += dS·K              (B = K via ldmatrix.trans)
+// Precision. P and dS enter their products as bf16 pairs hi + lo (hi = bf16(x), lo = bf16(x − hi):
+// about 16 significant bits), at two MMAs each. With hi alone (FlashAttention-2's choice) the
+// rounding of the large P of a row's first keys, up to 2^-9 of terms near 1, does not cancel when
+// the sum does: on the suite's bf16 shapes (T = 130, 200) single elements of dV and dQ then miss
+// the fp64 reference by 2.1% of its rms, past DESIGN.md's bf16 tolerance (2e-2); with the split they
+// match the CUDA-core kernels' errors (the rounding of the outputs). So the tensor-core work is 10
+// matmul-equivalents (S, dP, 2×dV, 2×dK; S, dP, 2×dQ); the hi parts alone would be 7.
+//
+// The streamed tiles are double-buffered: cp.async copies the next tile (16-byte pieces; rows at or
+// past T are zero-filled, never read) while the warps compute on the current one; the per-row
+// scalars of a query tile (lse, D, lo) are plain loads into the other buffer. Shared rows are hd + 8
+// elements long, so the 8 rows one ldmatrix reads start 16 bytes apart: all 32 banks, no conflict.
+//
+// Masking and skipping. Key tiles and query tiles outside every window of the block are never
+// visited (as in kernels/attention.cuh: causal, or by positions); within a visited pair, a warp
+// skips a 16×16 chunk in which none of its elements is in a window (one vote: no work, the same
+// result, since masked elements add exact zeros), and masks each remaining element by its own
+// row's window and by T. Heavy tiles first: the grid puts the tile index in z (the slowest), and
+// causal attention's heaviest tiles (dK/dV: the first key tiles; dQ: the last query tiles) get the
+// lowest block indices.
+//
+// Per launch, with n = ceil(T/64) tiles, Hkv KV heads, G = H/Hkv, every byte bf16 unless said:
+//   dK/dV, grid (Hkv, B, n), 128 threads: reads its K and V tiles once; for each of its G query
+//     heads and each query tile from its diagonal to the last row that sees it, the Q and dO tiles
+//     (64·hd each) and 64 floats of lse, 64 of D (and 64 positions); with positions first the
+//     positions past the tile (the scan for the last query row). Writes its dK and dV rows once.
+//   dQ, grid (H, B, n), 128 threads: reads its Q and dO tiles, lse and D of its rows once; then for
+//     each key tile from the block's smallest lo to the diagonal the K and V tiles. Writes dQ once.
+// Causal, no documents: n(n+1)/2 tile pairs per (b, h), each costing 12·64²·hd tensor FLOPs in
+// dK/dV (S, dP, and dV, dK twice: the split) and 8·64²·hd in dQ; on the diagonal tile the warps
+// skip the 6 of 16 chunks above it. Useful work (what a FLOP count of attention credits): 5 products.
+//
+// Shared memory per block (bytes; above 48 KiB the launcher opts in, cudaFuncSetAttribute):
+//   kernel   hd 64     hd 128    contents
+//   dK/dV    56,832    105,984   K, V, 2×Q, 2×dO [64][hd+8] bf16; 2×(lse, D, lo)[64] fp32/int
+//   dQ       36,880    69,648    2×K, 2×V [64][hd+8] (Q, dO go through buffer 1 first); 4 ints
+// At hd 64 the dK/dV warps keep their K and V fragments in registers (16 + 16); at hd 128 they read
+// them from shared memory per chunk (64 more registers would spill next to the 128 accumulators).
+#pragma once
+
+#include "kernels/attention_windows.cuh"
+#include "kernels/common.cuh"
+#include "kernels/mma.cuh"
+
+#include <cstdint>
+
+namespace pv {
+
+inline constexpr int kAttentionMmaTile = 64;      // rows per tile, on both sides
+inline constexpr int kAttentionMmaThreads = 128;  // 4 warps, 16 rows of the block's tile each
+
+// The head dims with a tensor-core backward (compile-time instantiations).
+inline bool attention_mma_backward_supports(int hd) { return hd == 64 || hd == 128; }
+
+// Elements per shared row (hd + 8: consecutive rows 16 bytes apart in the banks).
+template <int HD>
+__host__ __device__ constexpr int attention_mma_ld() {
+    return HD + 8;
+}
+template <int HD>
+constexpr size_t attention_mma_tile_bytes() {
+    return size_t(kAttentionMmaTile) * attention_mma_ld<HD>() * sizeof(__nv_bfloat16);
+}
+template <int HD>
+constexpr size_t attention_mma_dkv_smem_bytes() {
+    return 6 * attention_mma_tile_bytes<HD>() + 2 * kAttentionMmaTile * (2 * sizeof(float) + sizeof(int));
+}
+template <int HD>
+constexpr size_t attention_mma_dq_smem_bytes() {
+    return 4 * attention_mma_tile_bytes<HD>() + 4 * sizeof(int);
+}
+
+// Copies rows [row0, row0 + 64) of a global bf16 matrix (row stride `stride` elements, HD wide,
+// 16-byte aligned) into shared dst[64][HD + 8] with cp.async, zero-filling the rows at or past
+// `limit` (their source is never read). Every thread of the block issues its share; the caller
+// commits and waits.
+template <int HD>
+__device__ inline void attention_mma_load_tile(__nv_bfloat16* dst, const __nv_bfloat16* src, long long stride, int row0,
+                                               int limit) {
+    constexpr int pieces = HD / 8;  // 16-byte pieces per row
+    for (int idx = int(threadIdx.x); idx < kAttentionMmaTile * pieces; idx += kAttentionMmaThreads) {
+        const int r = idx / pieces, c = idx % pieces, row = row0 + r;
+        const bool inside = row < limit;
+        // A row past the end copies nothing; its source address is row 0's, a valid one anyway.
+        cp_async_16_zfill(dst + r * attention_mma_ld<HD>() + c * 8, src + (inside ? row : 0) * stride + c * 8,
+                          inside ? 16 : 0);
+    }
+}
+
+// The shared-memory row of this lane's ldmatrix_x4 address for a 16×16 block at (row0, col0) of a
+// [rows][HD + 8] tile. Matrix m = lane / 8 gets row lane % 8 of its 8×8 block.
+//  - "rows then cols" (m → rows 8·(m%2), cols 8·(m/2)): an A fragment of a row-major 16×16 block,
+//    and with .trans the B fragments (two n-tiles) of a k-major [k][n] block.
+//  - "cols then rows" (m → rows 8·(m/2), cols 8·(m%2)): the B fragments (two n-tiles) of an
+//    n-major [n][k] block without .trans.
+template <int HD>
+__device__ inline const __nv_bfloat16* attention_mma_rows_then_cols(const __nv_bfloat16* tile, int row0, int col0) {
+    const int lane = int(threadIdx.x) % 32;
+    return tile + (row0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * attention_mma_ld<HD>() + col0 + 8 * (lane >> 4);
+}
+template <int HD>
+__device__ inline const __nv_bfloat16* attention_mma_cols_then_rows(const __nv_bfloat16* tile, int row0, int col0) {
+    const int lane = int(threadIdx.x) % 32;
+    return tile + (row0 + (lane & 7) + 8 * (lane >> 4)) * attention_mma_ld<HD>() + col0 + 8 * ((lane >> 3) & 1);
+}
+
+// A 16×16 operand held as two bf16 A fragments, hi + lo: two m16n8 C fragments side by side
+// (columns 0–7 and 8–15) rounded to bf16 (hi), and what that rounding left out, rounded again
+// (lo). hi + lo carries about 16 significant bits where hi alone carries 8; see the header comment
+// for why P and dS need them.
+struct AttentionMmaSplit {
+    uint32_t hi[4], lo[4];
+};
+__device__ inline AttentionMmaSplit attention_mma_split(const float (&c)[2][4]) {
+    AttentionMmaSplit s;
+    accumulators_to_a_bf16(c[0], c[1], s.hi);
+    float rest[2][4];
+    for (int n = 0; n < 2; ++n)
+        for (int x = 0; x < 4; ++x) {
+            const uint32_t pair = s.hi[2 * n + x / 2];
+            rest[n][x] = c[n][x] - (x % 2 == 0 ? bf16x2_low(pair) : bf16x2_high(pair));
+        }
+    accumulators_to_a_bf16(rest[0], rest[1], s.lo);
+    return s;
+}
+
+// acc[n-tile] += (hi + lo)·B over one 16-row chunk of a k-major tile [k][HD + 8]: the B fragments
+// of n-tiles 2p and 2p+1 (columns 16p..16p+15) come from one ldmatrix_x4_trans.
+template <int HD>
+__device__ inline void attention_mma_accumulate(float (&acc)[HD / 8][4], const AttentionMmaSplit& a,
+                                                const __nv_bfloat16* tile, int k0) {
+    for (int p = 0; p < HD / 16; ++p) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, attention_mma_rows_then_cols<HD>(tile, k0, 16 * p));
+        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+        mma_m16n8k16_bf16(acc[2 * p], a.lo, b0, acc[2 * p]);
+        mma_m16n8k16_bf16(acc[2 * p + 1], a.lo, b1, acc[2 * p + 1]);
+        mma_m16n8k16_bf16(acc[2 * p], a.hi, b0, acc[2 * p]);
+        mma_m16n8k16_bf16(acc[2 * p + 1], a.hi, b1, acc[2 * p + 1]);
+    }
+}
+
+// c[2] += A·Bᵀ for k-step ks (head dims 16·ks..16·ks+15) where B's 16 rows (the chunk's two
+// n-tiles) start at row r0 of an n-major tile [rows][HD + 8].
+template <int HD>
+__device__ inline void attention_mma_score_step(float (&c)[2][4], const uint32_t (&a)[4], const __nv_bfloat16* tile,
+                                                int r0, int ks) {
+    uint32_t b[4];
+    ldmatrix_x4(b, attention_mma_cols_then_rows<HD>(tile, r0, 16 * ks));
+    const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+    mma_m16n8k16_bf16(c[0], a, b0, c[0]);
+    mma_m16n8k16_bf16(c[1], a, b1, c[1]);
+}
+
+// Stores a warp's 16 accumulator rows × HD (C fragments, scaled, rounded to bf16 in pairs) to
+// rows row0 + {g, g + 8} of a global matrix (row stride `stride`), skipping rows at or past T.
+template <int HD>
+__device__ inline void attention_mma_store_rows(__nv_bfloat16* dst, long long stride, int row0, int T_len,
+                                                const float (&acc)[HD / 8][4], float scale) {
+    const int lane = int(threadIdx.x) % 32, g = lane >> 2, t = lane & 3;
+    for (int half = 0; half < 2; ++half) {
+        const int row = row0 + g + 8 * half;
+        if (row >= T_len) continue;
+        __nv_bfloat16* out = dst + row * stride + 2 * t;
+        for (int n = 0; n < HD / 8; ++n)
+            *reinterpret_cast<__nv_bfloat162*>(out + 8 * n) =
+                __floats2bfloat162_rn(scale * acc[n][2 * half], scale * acc[n][2 * half + 1]);
+    }
+}
+
+// ---- dK, dV ------------------------------------------------------------------------------------
+
+// Block (KV head, batch, key tile), 4 warps; warp w owns key rows k0 + 16w .. + 15. Shared: K, V,
+// Q[2], dO[2] [64][HD + 8] (bf16), then lse[2][64], D[2][64] (float), lo[2][64] (int).
+template <int HD>
+__global__ void __launch_bounds__(kAttentionMmaThreads)
+    attention_mma_dkv_kernel(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
+                             const float* lse, const float* D, __nv_bfloat16* dqkv, int T_len, int H, int Hkv) {
+    using bf16 = __nv_bfloat16;
+    constexpr int Bt = kAttentionMmaTile, LD = attention_mma_ld<HD>(), KS = HD / 16;
+    constexpr bool kKvInRegisters = HD <= 64;
+    const int kvh = blockIdx.x, b = blockIdx.y, k0 = int(blockIdx.z) * Bt;  // key tile 0 first: the heaviest
+    const int group = H / Hkv;
+    const long long stride = (long long)(H + 2 * Hkv) * HD, dstride = (long long)H * HD;
+    const bf16* rows = qkv + (long long)b * T_len * stride;
+    const bf16* drows = dout + (long long)b * T_len * dstride;
+    const int* pos = positions ? positions + (long long)b * T_len : nullptr;
+    const float scale = 1.0f / sqrtf(float(HD));
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane >> 2, t = lane & 3;
+
+    PV_DYNAMIC_SHARED(bf16, Ks);
+    bf16* Vs = Ks + Bt * LD;
+    bf16* Qs = Vs + Bt * LD;                                     // [2][Bt][LD]
+    bf16* dOs = Qs + 2 * Bt * LD;                                // [2][Bt][LD]
+    float* lse_s = reinterpret_cast<float*>(dOs + 2 * Bt * LD);  // [2][Bt]
+    float* D_s = lse_s + 2 * Bt;                                 // [2][Bt]
+    int* lo_s = reinterpret_cast<int*>(D_s + 2 * Bt);            // [2][Bt]
+
+    // Query rows k0 ≤ i < q_end can see a key of the tile (j ≤ i: none before the diagonal).
+    const int q_end = pos ? attention_last_query(pos, min(k0 + Bt, T_len) - 1, T_len, lo_s) + 1 : T_len;
+    const int q_first = k0 / Bt, q_tiles = (q_end - 1) / Bt + 1 - q_first;
+    const int steps = group * q_tiles;  // (query head, query tile) pairs, heads outer: a fixed order
+
+    // Step s: query head kvh·group + s / q_tiles, query tile q_first + s % q_tiles, into buffer s % 2.
+    auto prefetch = [&](int s) {
+        const int h = kvh * group + s / q_tiles, q0 = (q_first + s % q_tiles) * Bt, buf = s % 2;
+        attention_mma_load_tile<HD>(Qs + buf * Bt * LD, rows + (long long)h * HD, stride, q0, T_len);
+        attention_mma_load_tile<HD>(dOs + buf * Bt * LD, drows + (long long)h * HD, dstride, q0, T_len);
+        for (int r = int(threadIdx.x); r < Bt; r += kAttentionMmaThreads) {
+            const int i = q0 + r;
+            const long long at = ((long long)b * H + h) * T_len + i;
+            lse_s[buf * Bt + r] = i < T_len ? lse[at] : 0.0f;
+            D_s[buf * Bt + r] = i < T_len ? D[at] : 0.0f;
+            lo_s[buf * Bt + r] = i < T_len ? attention_first_key(pos, i) : 0;
+        }
+    };
+    attention_mma_load_tile<HD>(Ks, rows + (long long)(H + kvh) * HD, stride, k0, T_len);
+    attention_mma_load_tile<HD>(Vs, rows + (long long)(H + Hkv + kvh) * HD, stride, k0, T_len);
+    prefetch(0);
+    cp_async_commit();
+
+    // The warp's key rows: j = k0 + 16·warp + g + 8·half for accumulator elements 2·half + {0, 1}.
+    const int kw = 16 * warp, j0 = k0 + kw + g;
+    uint32_t k_frag[kKvInRegisters ? KS : 1][4], v_frag[kKvInRegisters ? KS : 1][4];
+    float dk[HD / 8][4] = {}, dv[HD / 8][4] = {};
+
+    for (int s = 0; s < steps; ++s) {
+        const int buf = s % 2, q0 = (q_first + s % q_tiles) * Bt;
+        if (s + 1 < steps) {  // the next step's tiles load while this one computes
+            prefetch(s + 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // this step's tiles (and K, V at the first) are visible to every warp
+        if constexpr (kKvInRegisters)
+            if (s == 0)
+                for (int ks = 0; ks < KS; ++ks) {
+                    ldmatrix_x4(k_frag[ks], attention_mma_rows_then_cols<HD>(Ks, kw, 16 * ks));
+                    ldmatrix_x4(v_frag[ks], attention_mma_rows_then_cols<HD>(Vs, kw, 16 * ks));
+                }
+        const bf16* Q = Qs + buf * Bt * LD;
+        const bf16* dO = dOs + buf * Bt * LD;
+        const float* lse_b = lse_s + buf * Bt;
+        const float* D_b = D_s + buf * Bt;
+        const int* lo_b = lo_s + buf * Bt;
+
+        for (int c0 = 0; c0 < Bt; c0 += 16) {  // chunks of 16 query rows: columns of Sᵀ
+            // Element (n-tile nt, 2·half + e) is key j0 + 8·half against query row q0 + c0 + 8·nt + 2t + e.
+            bool in[2][4];
+            bool any = false;
+            for (int nt = 0; nt < 2; ++nt)
+                for (int e = 0; e < 2; ++e) {
+                    const int r = c0 + 8 * nt + 2 * t + e, i = q0 + r, lo = lo_b[r];
+                    for (int half = 0; half < 2; ++half) {
+                        const int j = j0 + 8 * half;
+                        in[nt][2 * half + e] = i < T_len && lo <= j && j <= i;
+                        any = any || in[nt][2 * half + e];
+                    }
+                }
+            if (!__any_sync(0xffffffffu, any)) continue;  // the whole 16×16 chunk is masked for this warp
+
+            float st[2][4] = {}, dpt[2][4] = {};  // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ
+            for (int ks = 0; ks < KS; ++ks) {
+                uint32_t ka[4], va[4];
+                if constexpr (kKvInRegisters) {
+                    for (int x = 0; x < 4; ++x) ka[x] = k_frag[ks][x], va[x] = v_frag[ks][x];
+                } else {
+                    ldmatrix_x4(ka, attention_mma_rows_then_cols<HD>(Ks, kw, 16 * ks));
+                    ldmatrix_x4(va, attention_mma_rows_then_cols<HD>(Vs, kw, 16 * ks));
+                }
+                attention_mma_score_step<HD>(st, ka, Q, c0, ks);
+                attention_mma_score_step<HD>(dpt, va, dO, c0, ks);
+            }
+            // Pᵀ and dSᵀ in place, masked elements exact zeros.
+            for (int nt = 0; nt < 2; ++nt)
+                for (int x = 0; x < 4; ++x) {
+                    const int r = c0 + 8 * nt + 2 * t + (x & 1);
+                    const float p = in[nt][x] ? expf(scale * st[nt][x] - lse_b[r]) : 0.0f;
+                    st[nt][x] = p;
+                    dpt[nt][x] = in[nt][x] ? p * (dpt[nt][x] - D_b[r]) : 0.0f;
+                }
+            attention_mma_accumulate<HD>(dv, attention_mma_split(st), dO, c0);  // dV += Pᵀ·dO
+            attention_mma_accumulate<HD>(dk, attention_mma_split(dpt), Q, c0);  // dK += dSᵀ·Q
+        }
+        __syncthreads();  // every warp is done with this buffer before step s + 2's copies land in it
+    }
+
+    bf16* out = dqkv + (long long)b * T_len * stride;
+    attention_mma_store_rows<HD>(out + (long long)(H + kvh) * HD, stride, k0 + kw, T_len, dk, scale);
+    attention_mma_store_rows<HD>(out + (long long)(H + Hkv + kvh) * HD, stride, k0 + kw, T_len, dv, 1.0f);
+}
+
+// ---- dQ ----------------------------------------------------------------------------------------
+
+// Block (query head, batch, query tile), 4 warps; warp w owns query rows q0 + 16w .. + 15, their Q
+// and dO fragments in registers. Shared: K[2], V[2] [64][HD + 8] (bf16), then 4 ints (a warp's
+// smallest lo).
+template <int HD>
+__global__ void __launch_bounds__(kAttentionMmaThreads)
+    attention_mma_dq_kernel(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout, const float* lse,
+                            const float* D, __nv_bfloat16* dqkv, int T_len, int H, int Hkv) {
+    using bf16 = __nv_bfloat16;
+    constexpr int Bt = kAttentionMmaTile, LD = attention_mma_ld<HD>(), KS = HD / 16;
+    const int h = blockIdx.x, b = blockIdx.y;
+    const int q0 = (int(gridDim.z) - 1 - int(blockIdx.z)) * Bt;  // the last query tile first: the heaviest
+    const int kvh = h / (H / Hkv);
+    const long long stride = (long long)(H + 2 * Hkv) * HD, dstride = (long long)H * HD;
+    const bf16* rows = qkv + (long long)b * T_len * stride;
+    const bf16* k_src = rows + (long long)(H + kvh) * HD;
+    const bf16* v_src = rows + (long long)(H + Hkv + kvh) * HD;
+    const int* pos = positions ? positions + (long long)b * T_len : nullptr;
+    const float scale = 1.0f / sqrtf(float(HD));
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane >> 2, t = lane & 3;
+
+    PV_DYNAMIC_SHARED(bf16, Ks);                               // [2][Bt][LD]
+    bf16* Vs = Ks + 2 * Bt * LD;                               // [2][Bt][LD]
+    int* lo_min_s = reinterpret_cast<int*>(Vs + 2 * Bt * LD);  // [4]
+
+    // The warp's query rows i = q0 + 16·warp + g + 8·half, with their lse, D and first key.
+    const int qw = 16 * warp;
+    float lse_r[2], D_r[2];
+    int lo_r[2];
+    int lo_min = T_len;  // the smallest first key over the block's rows below T
+    for (int half = 0; half < 2; ++half) {
+        const int i = q0 + qw + g + 8 * half;
+        const long long at = ((long long)b * H + h) * T_len + i;
+        lse_r[half] = i < T_len ? lse[at] : 0.0f;
+        D_r[half] = i < T_len ? D[at] : 0.0f;
+        lo_r[half] = i < T_len ? attention_first_key(pos, i) : 0;
+        if (i < T_len) lo_min = min(lo_min, lo_r[half]);
+    }
+    for (int offset = 16; offset > 0; offset /= 2) lo_min = min(lo_min, __shfl_xor_sync(0xffffffffu, lo_min, offset));
+    if (lane == 0) lo_min_s[warp] = lo_min;
+
+    // Q and dO go through buffer 1 (free until the second key tile) into registers.
+    attention_mma_load_tile<HD>(Ks + Bt * LD, rows + (long long)h * HD, stride, q0, T_len);
+    attention_mma_load_tile<HD>(Vs + Bt * LD, dout + (long long)b * T_len * dstride + (long long)h * HD, dstride, q0,
+                                T_len);
+    cp_async_commit();
+    __syncthreads();  // lo_min_s written
+    for (int w = 0; w < kAttentionMmaThreads / 32; ++w) lo_min = min(lo_min, lo_min_s[w]);
+    // Key tiles from the one holding the block's smallest lo up to the diagonal.
+    const int first = lo_min / Bt, last = (min(q0 + Bt, T_len) - 1) / Bt;
+    attention_mma_load_tile<HD>(Ks, k_src, stride, first * Bt, T_len);
+    attention_mma_load_tile<HD>(Vs, v_src, stride, first * Bt, T_len);
+    cp_async_commit();
+    cp_async_wait<1>();  // Q and dO landed (the first key tile may still be in flight)
+    __syncthreads();
+    uint32_t q_frag[KS][4], do_frag[KS][4];
+    for (int ks = 0; ks < KS; ++ks) {
+        ldmatrix_x4(q_frag[ks], attention_mma_rows_then_cols<HD>(Ks + Bt * LD, qw, 16 * ks));
+        ldmatrix_x4(do_frag[ks], attention_mma_rows_then_cols<HD>(Vs + Bt * LD, qw, 16 * ks));
+    }
+    __syncthreads();  // every warp has its fragments before buffer 1 is overwritten
+
+    float dq[HD / 8][4] = {};
+    for (int kt = first; kt <= last; ++kt) {
+        const int buf = (kt - first) % 2, k0 = kt * Bt;
+        if (kt < last) {  // the next key tile loads while this one computes
+            attention_mma_load_tile<HD>(Ks + (1 - buf) * Bt * LD, k_src, stride, k0 + Bt, T_len);
+            attention_mma_load_tile<HD>(Vs + (1 - buf) * Bt * LD, v_src, stride, k0 + Bt, T_len);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // this key tile is visible to every warp
+        const bf16* K = Ks + buf * Bt * LD;
+        const bf16* V = Vs + buf * Bt * LD;
+
+        for (int c0 = 0; c0 < Bt; c0 += 16) {  // chunks of 16 keys: columns of S
+            // Element (n-tile nt, 2·half + e) is query row half against key k0 + c0 + 8·nt + 2t + e.
+            bool in[2][4];
+            bool any = false;
+            for (int nt = 0; nt < 2; ++nt)
+                for (int x = 0; x < 4; ++x) {
+                    const int half = x >> 1, i = q0 + qw + g + 8 * half, j = k0 + c0 + 8 * nt + 2 * t + (x & 1);
+                    in[nt][x] = i < T_len && lo_r[half] <= j && j <= i;
+                    any = any || in[nt][x];
+                }
+            if (!__any_sync(0xffffffffu, any)) continue;  // the whole 16×16 chunk is masked for this warp
+
+            float s[2][4] = {}, dp[2][4] = {};  // S = Q·Kᵀ and dP = dO·Vᵀ
+            for (int ks = 0; ks < KS; ++ks) {
+                attention_mma_score_step<HD>(s, q_frag[ks], K, c0, ks);
+                attention_mma_score_step<HD>(dp, do_frag[ks], V, c0, ks);
+            }
+            for (int nt = 0; nt < 2; ++nt)
+                for (int x = 0; x < 4; ++x) {
+                    const int half = x >> 1;
+                    const float p = in[nt][x] ? expf(scale * s[nt][x] - lse_r[half]) : 0.0f;
+                    dp[nt][x] = in[nt][x] ? p * (dp[nt][x] - D_r[half]) : 0.0f;
+                }
+            attention_mma_accumulate<HD>(dq, attention_mma_split(dp), K, c0);  // dQ += dS·K
+        }
+        __syncthreads();  // every warp is done with this buffer before the tile after next lands in it
+    }
+
+    attention_mma_store_rows<HD>(dqkv + (long long)b * T_len * stride + (long long)h * HD, stride, q0 + qw, T_len, dq,
+                                 scale);
+}
+
+// ---- launcher ----------------------------------------------------------------------------------
+
+// Whether the tensor-core backward can take these buffers: a supported head dim and every pointer
+// 16-byte aligned (cp.async); the row strides then are too (multiples of 16 elements).
+inline bool attention_mma_backward_applies(const void* qkv, const void* dout, const void* dqkv, int hd) {
+    auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    return attention_mma_backward_supports(hd) && aligned(qkv) && aligned(dout) && aligned(dqkv);
+}
+
+// dqkv from qkv, positions (or null), dout, the forward's lse and D (the scratch the dot kernel
+// filled): the dK/dV kernel, then the dQ kernel. HD is 64 or 128.
+template <int HD>
+void attention_mma_backward(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout, const float* lse,
+                            const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H, int Hkv,
+                            cudaStream_t stream) {
+    const int tiles = ceil_div(T_len, kAttentionMmaTile);
+    constexpr size_t dkv_smem = attention_mma_dkv_smem_bytes<HD>(), dq_smem = attention_mma_dq_smem_bytes<HD>();
+    if (dkv_smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(attention_mma_dkv_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(dkv_smem)));
+    if (dq_smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(attention_mma_dq_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(dq_smem)));
+    launch(attention_mma_dkv_kernel<HD>, dim3(Hkv, B, tiles), dim3(kAttentionMmaThreads), dkv_smem, stream, qkv,
+           positions, dout, lse, D, dqkv, T_len, H, Hkv);
+    CUDA_CHECK_LAUNCH();
+    launch(attention_mma_dq_kernel<HD>, dim3(H, B, tiles), dim3(kAttentionMmaThreads), dq_smem, stream, qkv, positions,
+           dout, lse, D, dqkv, T_len, H, Hkv);
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace pv

@@ -1,0 +1,34 @@
+// The key windows of attention's rows (the contract is in kernels/attention.cuh's header
+// comment): lo_i, the first key row i attends to, and the last query row that reaches a key.
+// Shared by the CUDA-core kernels (kernels/attention.cuh) and the tensor-core ones
+// (kernels/attention_mma_*.cuh), so every kernel reads positions the same way.
+#pragma once
+
+#include "kernels/common.cuh"
+
+namespace pv {
+
+// lo_i, the first key row i attends to (the contract): 0 without positions, else i − pos
+// clamped to [0, i]. `pos` is the sequence's positions, or null. (Written so that no out-of-range
+// value can overflow the subtraction.)
+__device__ inline int attention_first_key(const int* pos, int i) {
+    if (!pos) return 0;
+    const int p = pos[i];
+    return p <= 0 ? i : p >= i ? 0 : i - p;
+}
+
+// The last query row whose window reaches key k_last (row k_last itself at least): a scan of the
+// rows past it, reduced over the block. `scratch` holds an int per warp and may be reused at once.
+__device__ inline int attention_last_query(const int* pos, int k_last, int T_len, int* scratch) {
+    int last = k_last;
+    for (int i = k_last + 1 + int(threadIdx.x); i < T_len; i += int(blockDim.x))
+        if (attention_first_key(pos, i) <= k_last) last = max(last, i);
+    for (int offset = 16; offset > 0; offset /= 2) last = max(last, __shfl_xor_sync(0xffffffffu, last, offset));
+    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = last;
+    __syncthreads();
+    for (int w = 0; w < int(blockDim.x / 32); ++w) last = max(last, scratch[w]);
+    __syncthreads();  // everyone has read the scratch before it is reused
+    return last;
+}
+
+}  // namespace pv
