@@ -270,6 +270,16 @@ void run(const pv::LlamaConfig& c, const Options& o) {
                                                  nullptr);
                       }),
               att_bytes_back, 2.5 * att_flops, on_gpu);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>)  // bf16 runs on tensor cores; before, it ran these
+        report<T>("attention backward, CUDA cores",
+                  time_it(R,
+                          [&] {
+                              A* D = static_cast<A*>(att_scratch);
+                              pv::attention_backward_dot(att, datt, D, B, Tn, H, hd, nullptr);
+                              pv::attention_backward_cuda_cores(qkv, nullptr, datt, lse, D, dqkv, B, Tn, H, Hkv, hd,
+                                                                nullptr);
+                          }),
+                  att_bytes_back, 2.5 * att_flops, on_gpu);
     // Packed documents of T/4 tokens (--document-mask): each row attends within its document only,
     // so the scores are those of four causal blocks of T/4 (plus the positions, read once).
     std::vector<int> doc_pos(static_cast<size_t>(N));

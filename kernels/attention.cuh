@@ -562,6 +562,20 @@ void attention_backward_launch(const T* qkv, const int* positions, const T* dout
     CUDA_CHECK_LAUNCH();
 }
 
+// The CUDA-core dK/dV and dQ kernels, any type and head dim, with D already in `D` (what
+// attention_backward runs for fp32, fp64 and the bf16 cases the tensor cores do not take).
+template <class T>
+void attention_backward_cuda_cores(const T* qkv, const int* positions, const T* dout, const acc_t<T>* lse,
+                                   const acc_t<T>* D, T* dqkv, int B, int T_len, int H, int Hkv, int hd,
+                                   cudaStream_t stream) {
+    if (hd == 64)
+        attention_backward_launch<T, 64>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
+    else if (hd == 128)
+        attention_backward_launch<T, 128>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
+    else
+        attention_backward_launch<T, 0>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
+}
+
 // dqkv (layout of qkv, every element overwritten) from the forward's qkv, positions (the same as
 // the forward's, or null), out and lse and the gradient dout[B][T][H·hd]. `scratch` holds
 // attention_backward_scratch_bytes<T>(B, T_len, H).
@@ -572,19 +586,9 @@ void attention_backward(const T* qkv, const int* positions, const T* out, const 
     acc_t<T>* D = static_cast<acc_t<T>*>(scratch);
     attention_backward_dot(out, dout, D, B, T_len, H, hd, stream);
     if constexpr (std::is_same_v<T, __nv_bfloat16>)
-        if (attention_mma_backward_applies(qkv, dout, dqkv, hd)) {  // tensor cores
-            if (hd == 64)
-                attention_mma_backward<64>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, stream);
-            else
-                attention_mma_backward<128>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, stream);
-            return;
-        }
-    if (hd == 64)
-        attention_backward_launch<T, 64>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
-    else if (hd == 128)
-        attention_backward_launch<T, 128>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
-    else
-        attention_backward_launch<T, 0>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
+        if (attention_mma_backward_applies(qkv, dout, dqkv, hd))
+            return attention_mma_backward(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
+    attention_backward_cuda_cores(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
 }
 
 }  // namespace pv

@@ -1,7 +1,8 @@
 // The attention backward on tensor cores, bf16 with fp32 accumulators: FlashAttention-2's
 // recomputation scheme with every product a warp MMA (mma.m16n8k16, kernels/mma.cuh). The math,
 // the layouts, the document windows and the D scratch are those of kernels/attention.cuh (its
-// header comment); attention_backward dispatches here for bf16 at a head dim of 64 or 128.
+// header comment); attention_backward dispatches here for bf16 at head dims that are multiples of
+// 16 up to 128 (each its own instantiation), when qkv, dout and dqkv are 16-byte aligned.
 //
 // With s = 1/sqrt(hd), P_ij = exp(s·q_i·k_j − lse_i) on the window lo_i ≤ j ≤ i and 0 elsewhere:
 //   D_i  = dO_i·O_i                  attention_backward_dot_kernel (kernels/attention.cuh)
@@ -67,14 +68,16 @@
 #include "kernels/mma.cuh"
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 
 namespace pv {
 
 inline constexpr int kAttentionMmaTile = 64;      // rows per tile, on both sides
 inline constexpr int kAttentionMmaThreads = 128;  // 4 warps, 16 rows of the block's tile each
 
-// The head dims with a tensor-core backward (compile-time instantiations).
-inline bool attention_mma_backward_supports(int hd) { return hd == 64 || hd == 128; }
+// The head dims with a tensor-core backward: multiples of 16 up to 128 (one instantiation each).
+inline bool attention_mma_backward_supports(int hd) { return hd % 16 == 0 && hd >= 16 && hd <= 128; }
 
 // Elements per shared row (hd + 8: consecutive rows 16 bytes apart in the banks).
 template <int HD>
@@ -436,11 +439,11 @@ inline bool attention_mma_backward_applies(const void* qkv, const void* dout, co
 }
 
 // dqkv from qkv, positions (or null), dout, the forward's lse and D (the scratch the dot kernel
-// filled): the dK/dV kernel, then the dQ kernel. HD is 64 or 128.
+// filled): the dK/dV kernel, then the dQ kernel, at head dim HD.
 template <int HD>
-void attention_mma_backward(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout, const float* lse,
-                            const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H, int Hkv,
-                            cudaStream_t stream) {
+void attention_mma_backward_launch(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
+                                   const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H,
+                                   int Hkv, cudaStream_t stream) {
     const int tiles = ceil_div(T_len, kAttentionMmaTile);
     constexpr size_t dkv_smem = attention_mma_dkv_smem_bytes<HD>(), dq_smem = attention_mma_dq_smem_bytes<HD>();
     if (dkv_smem > 48 * 1024)
@@ -455,6 +458,26 @@ void attention_mma_backward(const __nv_bfloat16* qkv, const int* positions, cons
     launch(attention_mma_dq_kernel<HD>, dim3(H, B, tiles), dim3(kAttentionMmaThreads), dq_smem, stream, qkv, positions,
            dout, lse, D, dqkv, T_len, H, Hkv);
     CUDA_CHECK_LAUNCH();
+}
+
+// The same at a run-time head dim (attention_mma_backward_supports(hd)).
+inline void attention_mma_backward(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
+                                   const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H,
+                                   int Hkv, int hd, cudaStream_t stream) {
+    switch (hd) {
+        case 16: return attention_mma_backward_launch<16>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, stream);
+        case 32: return attention_mma_backward_launch<32>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, stream);
+        case 48: return attention_mma_backward_launch<48>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, stream);
+        case 64: return attention_mma_backward_launch<64>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, stream);
+        case 80: return attention_mma_backward_launch<80>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, stream);
+        case 96: return attention_mma_backward_launch<96>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, stream);
+        case 112:
+            return attention_mma_backward_launch<112>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, stream);
+        case 128:
+            return attention_mma_backward_launch<128>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, stream);
+    }
+    std::fprintf(stderr, "polevault: attention_mma_backward: head dim %d is not a multiple of 16 in [16, 128]\n", hd);
+    std::abort();
 }
 
 }  // namespace pv

@@ -452,12 +452,8 @@ std::vector<bf16> mma_backward_direct(const std::vector<bf16>& qkv, const std::v
     DeviceArray<int> d_pos(positions ? *positions : std::vector<int>(1));
     const int* pos = positions ? d_pos.get() : nullptr;
     pv::attention_backward_dot(d_out.get(), d_dout.get(), d_D.get(), B, T_len, H, hd, nullptr);
-    if (hd == 64)
-        pv::attention_mma_backward<64>(d_qkv.get(), pos, d_dout.get(), d_lse.get(), d_D.get(), d_dqkv.get(), B, T_len,
-                                       H, Hkv, nullptr);
-    else
-        pv::attention_mma_backward<128>(d_qkv.get(), pos, d_dout.get(), d_lse.get(), d_D.get(), d_dqkv.get(), B, T_len,
-                                        H, Hkv, nullptr);
+    pv::attention_mma_backward(d_qkv.get(), pos, d_dout.get(), d_lse.get(), d_D.get(), d_dqkv.get(), B, T_len, H, Hkv,
+                               hd, nullptr);
     return d_dqkv.download();
 }
 
@@ -501,6 +497,12 @@ TEST_CASE("bf16 attention backward on tensor cores over several 64-row tiles wit
         check_mma_backward(s, 1300 + s.hd, nullptr);
         check_deterministic_and_overwrites<bf16>(s, 1400 + s.hd, &pos);
     }
+    // The other head dims with a tensor-core instantiation (multiples of 16 up to 128), two tiles.
+    for (size_t hd : {16, 32, 48, 80, 96, 112}) {
+        const AttentionShape s{1, 70, 2, 1, hd};
+        const auto pos = positions_of(s);
+        check_mma_backward(s, 1500 + hd, &pos);
+    }
 }
 
 TEST_CASE("bf16 attention backward with buffers the tensor cores cannot take falls back and stays right",
@@ -510,8 +512,8 @@ TEST_CASE("bf16 attention backward with buffers the tensor cores cannot take fal
     if (kTsanBuild) return;
     const AttentionShape s{1, 70, 2, 1, 64};
     const int B = int(s.B), T_len = int(s.T), H = int(s.H), Hkv = int(s.Hkv), hd = int(s.hd);
-    const auto qkv = random_vector<bf16>(s.B * s.T * s.width(), 1500, -2.0, 2.0);
-    const auto dout = random_vector<bf16>(s.B * s.T * s.H * s.hd, 1501);
+    const auto qkv = random_vector<bf16>(s.B * s.T * s.width(), 1600, -2.0, 2.0);
+    const auto dout = random_vector<bf16>(s.B * s.T * s.H * s.hd, 1601);
     std::vector<bf16> qkv_off(qkv.size() + 1), dout_off(dout.size() + 1);
     std::copy(qkv.begin(), qkv.end(), qkv_off.begin() + 1);
     std::copy(dout.begin(), dout.end(), dout_off.begin() + 1);
