@@ -240,11 +240,12 @@ void run(const pv::LlamaConfig& c, const Options& o) {
     T* dqkv = random_buffer<T>(N * qkv_w, 12);
     A* lse = static_cast<A*>(alloc(size_t(B) * H * Tn * sizeof(A)));
     void* att_scratch = alloc(pv::attention_backward_scratch_bytes<T>(B, Tn, H));
-    const auto freqs = pv::rope_inverse_frequencies(c);
-    std::vector<A> freqs_acc(freqs.begin(), freqs.end());
-    A* inv_freq = static_cast<A*>(alloc(freqs_acc.size() * sizeof(A)));
-    if (inv_freq)
-        CUDA_CHECK(cudaMemcpy(inv_freq, freqs_acc.data(), freqs_acc.size() * sizeof(A), cudaMemcpyHostToDevice));
+    const std::vector<A> rope_values = pv::rope_table_values<A>(pv::rope_inverse_frequencies(c), Tn);
+    A* rope_values_d = static_cast<A*>(alloc(rope_values.size() * sizeof(A)));
+    if (rope_values_d)
+        CUDA_CHECK(
+            cudaMemcpy(rope_values_d, rope_values.data(), rope_values.size() * sizeof(A), cudaMemcpyHostToDevice));
+    const pv::RopeTable<A> rope_table{rope_values_d, Tn, hd};
 
     const double gemm_qkv = 2.0 * N * C * qkv_w;
     report<T>("matmul qkv forward", time_it(R, [&] { pv::matmul_forward(handle, x, wqkv, qkv, N, C, qkv_w, nullptr); }),
@@ -252,10 +253,10 @@ void run(const pv::LlamaConfig& c, const Options& o) {
     report<T>("rope forward (q and k)",
               time_it(R,
                       [&] {
-                          pv::rope_forward(qkv, inv_freq, nullptr, N, Tn, H, hd, qkv_w, nullptr);
-                          pv::rope_forward(qkv + q_w, inv_freq, nullptr, N, Tn, Hkv, hd, qkv_w, nullptr);
+                          pv::rope_forward(qkv, rope_table, nullptr, N, Tn, H, hd, qkv_w, nullptr);
+                          pv::rope_forward(qkv + q_w, rope_table, nullptr, N, Tn, Hkv, hd, qkv_w, nullptr);
                       }),
-              2.0 * N * (H + Hkv) * hd * t, 3.0 * N * (H + Hkv) * hd, on_gpu);
+              2.0 * N * (H + Hkv) * hd * t + 2.0 * Tn * hd * a, 3.0 * N * (H + Hkv) * hd, on_gpu);
     // Causal attention: half of the T x T scores, two matmuls (QKᵀ, PV) forward, five backward.
     const double att_flops = 2.0 * 2.0 * B * H * (double(Tn) * (Tn + 1) / 2) * hd;
     const double att_bytes = (double(N) * qkv_w + double(N) * q_w) * t + double(B) * H * Tn * a;
@@ -373,7 +374,7 @@ void run(const pv::LlamaConfig& c, const Options& o) {
                                                 dqkv,
                                                 lse,
                                                 att_scratch,
-                                                inv_freq,
+                                                rope_values_d,
                                                 gate_up,
                                                 act,
                                                 dgate_up,

@@ -67,6 +67,7 @@ Decoder<T>::Decoder(const Llama<T>& model, int max_positions, int max_rows)
     rstd_ = DeviceBuffer<acc_t<T>>(size_t(R), work);
     tokens_ = DeviceBuffer<int>(size_t(R), work);
     positions_ = DeviceBuffer<int>(size_t(R), work);
+    rope_table_ = rope_table_buffer<acc_t<T>>(c, max_positions, stream_);  // the cache's positions
     const size_t scratch =
         attention_decode_scratch_bound<T>(max_rows, max_positions, c.num_heads, c.num_kv_heads, c.head_dim_resolved());
     if (scratch > 0) attention_scratch_ = DeviceBuffer<unsigned char>(scratch, work);
@@ -131,9 +132,9 @@ void Decoder<T>::pass(const int* ids, int n) {
         rmsnorm_forward(x, w.attn_norm, h_.get(), rstd_.get(), n, C, c.rms_norm_eps, stream_);
         const int u = 1 + layer;
         model_.linear_forward(u, kLoraQkv, h_.get(), qkv_.get(), n, adapter_scratch_.get(), cublas_);
-        rope_forward(qkv_.get(), model_.rope_inv_freq(), positions_.get(), n, max_positions_, H, hd, qkv_w, stream_);
-        rope_forward(qkv_.get() + q_w, model_.rope_inv_freq(), positions_.get(), n, max_positions_, Hkv, hd, qkv_w,
-                     stream_);
+        const RopeTable<acc_t<T>> table{rope_table_.get(), max_positions_, hd};
+        rope_forward(qkv_.get(), table, positions_.get(), n, max_positions_, H, hd, qkv_w, stream_);
+        rope_forward(qkv_.get() + q_w, table, positions_.get(), n, max_positions_, Hkv, hd, qkv_w, stream_);
         attention_decode_store_kv(qkv_.get() + q_w, qkv_.get() + q_w + kv_w, qkv_w, k_cache, v_cache, n, p0, kv_w,
                                   stream_);
         attention_decode(qkv_.get(), qkv_w, k_cache, v_cache, att_.get(), n, p0, H, Hkv, hd, attention_scratch_.get(),

@@ -72,6 +72,7 @@ class Decoder {
     DeviceBuffer<T> x_, h_, qkv_, att_, proj_, gate_up_, act_, device_logits_;
     DeviceBuffer<T> adapter_scratch_;  // the adapters' u (Llama::linear_forward)
     DeviceBuffer<acc_t<T>> rstd_;
+    DeviceBuffer<acc_t<T>> rope_table_;  // RoPE's cos/sin for positions [0, max_positions)
     DeviceBuffer<int> tokens_, positions_;
     DeviceBuffer<unsigned char> attention_scratch_;
     std::vector<int> host_positions_;

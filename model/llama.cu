@@ -107,6 +107,17 @@ size_t arena_bytes(const std::vector<ActivationBuffer>& buffers) {
     return total;
 }
 
+template <class A>
+DeviceBuffer<A> rope_table_buffer(const LlamaConfig& config, int positions, cudaStream_t stream) {
+    const std::vector<A> values = rope_table_values<A>(rope_inverse_frequencies(config), positions);
+    DeviceBuffer<A> table(values.size(), MemoryCategory::workspace);
+    CUDA_CHECK(cudaMemcpyAsync(table.get(), values.data(), table.bytes(), cudaMemcpyHostToDevice, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));  // `values` is a pageable host buffer
+    return table;
+}
+template DeviceBuffer<float> rope_table_buffer<float>(const LlamaConfig&, int, cudaStream_t);
+template DeviceBuffer<double> rope_table_buffer<double>(const LlamaConfig&, int, cudaStream_t);
+
 template <class T>
 Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
     : config_(config),
@@ -183,13 +194,7 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
         resolve_activations(u);
     }
     for (int u = 0; u < num_units(); ++u) resolve_params(u);
-    // RoPE's inverse frequencies, computed once in double on the host.
-    const auto freqs = rope_inverse_frequencies(config_);
-    std::vector<acc_t<T>> freqs_acc(freqs.begin(), freqs.end());
-    inv_freq_ = static_cast<acc_t<T>*>(device_alloc(freqs_acc.size() * sizeof(acc_t<T>), MemoryCategory::workspace));
-    CUDA_CHECK(cudaMemcpyAsync(inv_freq_, freqs_acc.data(), freqs_acc.size() * sizeof(acc_t<T>), cudaMemcpyHostToDevice,
-                               stream_));
-    CUDA_CHECK(cudaStreamSynchronize(stream_));  // freqs_acc is a pageable host buffer
+    rope_table_ = rope_table_buffer<acc_t<T>>(config_, seq_len_, stream_);
 
     // The workspace: transient buffers of one unit at a time, for forward and backward.
     const long long N = rows(), C = config_.hidden_size, F = config_.ffn_size;
@@ -238,7 +243,6 @@ Llama<T>::~Llama() {
         if (gradients_ == Gradients::owned && u.held) memory_free(u.grads);
         for (void* a : u.arenas) memory_free(a);
     }
-    memory_free(inv_freq_);
     memory_free(workspace_);
     for (T* d : dresidual_) memory_free(d);
     if (cublas_) cublasDestroy(cublas_);
@@ -446,8 +450,9 @@ void Llama<T>::forward_block(int u, int slot, const UnitIO<T>& io) {
     const LoraDropout drop = dropout_of(io);
     rmsnorm_forward(x, w.attn_norm, a.h1, a.rstd1, N, C, c.rms_norm_eps, stream_);
     linear(u, kLoraQkv, a.h1, a.qkv, N, a.lora_u[kLoraQkv], drop, cublas_);
-    rope_forward(a.qkv, inv_freq_, io.positions, N, seq_len_, c.num_heads, hd, c.qkv_width(), stream_);
-    rope_forward(a.qkv + c.q_width(), inv_freq_, io.positions, N, seq_len_, c.num_kv_heads, hd, c.qkv_width(), stream_);
+    rope_forward(a.qkv, rope_table(), io.positions, N, seq_len_, c.num_heads, hd, c.qkv_width(), stream_);
+    rope_forward(a.qkv + c.q_width(), rope_table(), io.positions, N, seq_len_, c.num_kv_heads, hd, c.qkv_width(),
+                 stream_);
     attention_forward(a.qkv, io.positions, a.att, a.lse, batch_, seq_len_, c.num_heads, c.num_kv_heads, hd, stream_);
     linear(u, kLoraO, a.att, work_.proj, N, a.lora_u[kLoraO], drop, cublas_);
     residual_rmsnorm_forward(x, work_.proj, a.x2, w.mlp_norm, a.h2, a.rstd2, N, C, c.rms_norm_eps, stream_);
@@ -482,8 +487,8 @@ void Llama<T>::backward_block(int u, int slot, const UnitIO<T>& io) {
     linear_backward(u, kLoraO, dx, a.att, ws.datt, a, drop);
     attention_backward(a.qkv, io.positions, a.att, ws.datt, a.lse, ws.dqkv, ws.attention_scratch, batch_, seq_len_,
                        c.num_heads, c.num_kv_heads, hd, stream_);
-    rope_backward(ws.dqkv, inv_freq_, io.positions, N, seq_len_, c.num_heads, hd, c.qkv_width(), stream_);
-    rope_backward(ws.dqkv + c.q_width(), inv_freq_, io.positions, N, seq_len_, c.num_kv_heads, hd, c.qkv_width(),
+    rope_backward(ws.dqkv, rope_table(), io.positions, N, seq_len_, c.num_heads, hd, c.qkv_width(), stream_);
+    rope_backward(ws.dqkv + c.q_width(), rope_table(), io.positions, N, seq_len_, c.num_kv_heads, hd, c.qkv_width(),
                   stream_);
     linear_backward(u, kLoraQkv, ws.dqkv, a.h1, ws.dh, a, drop);
     rmsnorm_backward(x, w.attn_norm, a.rstd1, ws.dh, dx, dx, d.attn_norm, ws.norm_scratch, N, C, stream_);

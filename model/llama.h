@@ -22,6 +22,7 @@
 
 #include "kernels/common.cuh"
 #include "kernels/lora.cuh"
+#include "kernels/rope.cuh"
 #include "platform/device_memory.h"
 #include "model/config.h"
 #include "model/lora.h"
@@ -155,6 +156,11 @@ inline ModelOptions whole_model(int batch, int seq_len, uint64_t seed, Gradients
     return o;
 }
 
+// RoPE's cos/sin table (kernels/rope.cuh) for the config's frequencies and positions [0, positions),
+// computed on the host in double and uploaded on `stream` (which this call synchronises).
+template <class A>
+DeviceBuffer<A> rope_table_buffer(const LlamaConfig& config, int positions, cudaStream_t stream);
+
 template <class T>
 class Llama {
   public:
@@ -213,11 +219,12 @@ class Llama {
     // The device pointer of a tensor by name ("wte", "layers.0.w_qkv", ...), for tests and tools.
     T* tensor(const std::string& name);
     // Read-only views for inference outside the unit loop (model/decoder.h): a block's weights,
-    // the head's, the embedding's wte, and RoPE's head_dim / 2 inverse frequencies (device).
+    // the head's, the embedding's wte.
     const BlockParams<const T*>& block_weights(int u) const { return units_.at(size_t(u)).block_w; }
     const HeadParams<const T*>& head_weights() const { return units_.back().head_w; }
     const T* embedding_weights() const { return units_.front().weights.at(0); }
-    const acc_t<T>* rope_inv_freq() const { return inv_freq_; }
+    // RoPE's cos/sin table for positions [0, seq_len) (kernels/rope.cuh).
+    RopeTable<acc_t<T>> rope_table() const { return {rope_table_.get(), seq_len_, config_.head_dim_resolved()}; }
     // Linear k (LoraLinear order) of block unit u on n rows, outside the unit loop (the decoder):
     // y = x·Wᵀ plus the adapter's s·(x·Aᵀ)·Bᵀ without dropout; `scratch` holds
     // adapter_scratch_elements(n) elements of T.
@@ -301,7 +308,7 @@ class Llama {
     cudaStream_t stream_;
     cublasHandle_t cublas_ = nullptr;
     std::vector<Unit> units_;
-    acc_t<T>* inv_freq_ = nullptr;  // RoPE inverse frequencies, head_dim / 2
+    DeviceBuffer<acc_t<T>> rope_table_;  // [seq_len][head_dim]: RoPE's cos and sin
     T* dresidual_[2] = {nullptr, nullptr};
     void* workspace_ = nullptr;
     Workspace work_;

@@ -1,4 +1,5 @@
-// RoPE kernels against the fp64 reference (bf16, fp32, fp64) on a fused [q | k | v | pad] row,
+// RoPE kernels (with their cos/sin table) against the fp64 reference (bf16, fp32, fp64) on a fused
+// [q | k | v | pad] row, at odd and aligned row strides, positions outside the table,
 // the inverse frequencies (plain and Llama-3 scaled) against values computed here in long double,
 // a forward-backward round trip, and a central-difference check of the backward in fp64.
 #include "kernels/rope.cuh"
@@ -18,11 +19,23 @@ namespace rope_test {
 // keeps only short sequences and samples the gradient check.
 constexpr bool kTsanBuild = pv::kThreadSanitizer;
 
-// inv_freq as the kernel gets it: rounded to acc_t<T>. The reference gets the rounded values too.
+// The kernels' cos/sin table on the device for the frequencies `freqs` and positions [0, P). The
+// reference gets `freqs` themselves (double): the table holds the angles' cos and sin, each
+// rounded once to acc_t<T>.
 template <class T>
-std::vector<pv::acc_t<T>> to_acc_vector(const std::vector<double>& v) {
-    return std::vector<pv::acc_t<T>>(v.begin(), v.end());
-}
+class DeviceTable {
+  public:
+    using A = pv::acc_t<T>;
+    DeviceTable(const std::vector<double>& freqs, int positions)
+        : values_(pv::rope_table_values<A>(freqs, positions)),
+          positions_(positions),
+          head_dim_(int(2 * freqs.size())) {}
+    pv::RopeTable<A> get() const { return {values_.get(), positions_, head_dim_}; }
+
+  private:
+    DeviceArray<A> values_;
+    int positions_, head_dim_;
+};
 
 // The fused attention projection row: q (n_heads heads), k (n_kv_heads heads), v (n_kv_heads
 // heads), then `pad` values. q is rotated by one call and k by a second call on x + q_width; v
@@ -36,13 +49,16 @@ struct Layout {
 
 // Runs forward (sign +1) or backward (-1) on both q and k of the fused rows.
 template <class T>
-void rotate_q_and_k(T* x, const pv::acc_t<T>* inv_freq, long long rows, int seq_len, const Layout& l, int sign) {
+void rotate_q_and_k(T* x, const pv::RopeTable<pv::acc_t<T>>& inv_freq, long long rows, int seq_len, const Layout& l,
+                    int sign) {
     if (sign > 0) {
         pv::rope_forward(x, inv_freq, nullptr, rows, seq_len, l.n_heads, l.head_dim, l.stride(), nullptr);
-        pv::rope_forward(x + l.q_width(), inv_freq, nullptr, rows, seq_len, l.n_kv_heads, l.head_dim, l.stride(), nullptr);
+        pv::rope_forward(x + l.q_width(), inv_freq, nullptr, rows, seq_len, l.n_kv_heads, l.head_dim, l.stride(),
+                         nullptr);
     } else {
         pv::rope_backward(x, inv_freq, nullptr, rows, seq_len, l.n_heads, l.head_dim, l.stride(), nullptr);
-        pv::rope_backward(x + l.q_width(), inv_freq, nullptr, rows, seq_len, l.n_kv_heads, l.head_dim, l.stride(), nullptr);
+        pv::rope_backward(x + l.q_width(), inv_freq, nullptr, rows, seq_len, l.n_kv_heads, l.head_dim, l.stride(),
+                          nullptr);
     }
 }
 
@@ -59,30 +75,32 @@ size_t changed_outside(const std::vector<T>& got, const std::vector<T>& in, long
 }
 
 template <class T>
-void check_against_reference(int seq_len, int head_dim, const pv::RopeScaling& scaling, double theta, uint64_t seed) {
+void check_against_reference(int seq_len, int head_dim, const pv::RopeScaling& scaling, double theta, uint64_t seed,
+                             int pad) {
     const long long batch = 2, rows = batch * seq_len;
     Layout l;
     l.head_dim = head_dim;
-    const auto inv_freq = to_acc_vector<T>(pv::rope_inverse_frequencies(head_dim, theta, scaling));
+    l.pad = pad;
+    const auto inv_freq = pv::rope_inverse_frequencies(head_dim, theta, scaling);
     const auto x = random_vector<T>(size_t(rows * l.stride()), seed);
     const auto dout = random_vector<T>(x.size(), seed + 1);
-    DeviceArray<pv::acc_t<T>> d_inv(inv_freq);
+    const DeviceTable<T> table(inv_freq, seq_len);
     DeviceArray<T> d_x(x), d_dx(dout);
 
-    rotate_q_and_k(d_x.get(), d_inv.get(), rows, seq_len, l, +1);
-    rotate_q_and_k(d_dx.get(), d_inv.get(), rows, seq_len, l, -1);
+    rotate_q_and_k(d_x.get(), table.get(), rows, seq_len, l, +1);
+    rotate_q_and_k(d_dx.get(), table.get(), rows, seq_len, l, -1);
     const auto got = d_x.download(), got_d = d_dx.download();
 
     const auto ref =
-        pv::reference::rope_forward(to_double(x), to_double(inv_freq), size_t(rows), size_t(seq_len),
+        pv::reference::rope_forward(to_double(x), inv_freq, size_t(rows), size_t(seq_len),
                                     size_t(l.n_heads + l.n_kv_heads), size_t(head_dim), size_t(l.stride()));
     const auto ref_d =
-        pv::reference::rope_backward(to_double(dout), to_double(inv_freq), size_t(rows), size_t(seq_len),
+        pv::reference::rope_backward(to_double(dout), inv_freq, size_t(rows), size_t(seq_len),
                                      size_t(l.n_heads + l.n_kv_heads), size_t(head_dim), size_t(l.stride()));
     const std::string e1 = compare(to_double(got), ref, tolerance<T>());
     const std::string e2 = compare(to_double(got_d), ref_d, tolerance<T>());
-    INFO("seq_len " << seq_len << " head_dim " << head_dim << " llama3 " << scaling.enabled() << "\nforward: " << e1
-                    << "\nbackward: " << e2);
+    INFO("seq_len " << seq_len << " head_dim " << head_dim << " pad " << pad << " llama3 " << scaling.enabled()
+                    << "\nforward: " << e1 << "\nbackward: " << e2);
     REQUIRE(e1.empty());
     REQUIRE(e2.empty());
     REQUIRE(changed_outside(got, x, rows, l) == 0);
@@ -115,21 +133,26 @@ TEST_CASE("rope matches the fp64 reference on fused q|k|v rows", "[kernels][rope
             const pv::RopeScaling scaling = llama3 ? llama32_scaling() : none;
             const double theta = llama3 ? 500000.0 : 10000.0;
             const uint64_t seed = uint64_t(seq_len * 1000 + head_dim);
-            check_against_reference<double>(seq_len, head_dim, scaling, theta, seed);
-            check_against_reference<float>(seq_len, head_dim, scaling, theta, seed + 2);
-            check_against_reference<__nv_bfloat16>(seq_len, head_dim, scaling, theta, seed + 4);
+            // Padding 5 makes the row stride odd (one pair at a time); padding 0 gives aligned rows
+            // (16-byte vectors where head_dim / 2 is a multiple of the width).
+            for (int pad : {5, 0}) {
+                check_against_reference<double>(seq_len, head_dim, scaling, theta, seed, pad);
+                check_against_reference<float>(seq_len, head_dim, scaling, theta, seed + 2, pad);
+                check_against_reference<__nv_bfloat16>(seq_len, head_dim, scaling, theta, seed + 4, pad);
+            }
         }
 }
 
-// The angle is formed in float for fp32 (see kernels/rope.cuh); with the product's rounding error
-// carried along, positions far past the test sequences above still rotate to fp32 accuracy.
+// The table's angles are formed in double and only cos and sin rounded to float (see
+// kernels/rope.cuh): positions far past the test sequences above still rotate to fp32 accuracy.
 TEST_CASE("rope in fp32 stays accurate at long positions", "[kernels][rope]") {
     const int seq_len = kTsanBuild ? 64 : 8192, head_dim = 64;
-    const auto inv_freq = to_acc_vector<float>(pv::rope_inverse_frequencies(head_dim, 500000.0, llama32_scaling()));
+    const auto inv_freq = pv::rope_inverse_frequencies(head_dim, 500000.0, llama32_scaling());
     const auto x = random_vector<float>(size_t(seq_len) * head_dim, 7);
-    DeviceArray<float> d_inv(inv_freq), d_x(x);
-    pv::rope_forward(d_x.get(), d_inv.get(), nullptr, seq_len, seq_len, 1, head_dim, head_dim, nullptr);
-    const auto ref = pv::reference::rope_forward(to_double(x), to_double(inv_freq), size_t(seq_len), size_t(seq_len), 1,
+    const DeviceTable<float> table(inv_freq, seq_len);
+    DeviceArray<float> d_x(x);
+    pv::rope_forward(d_x.get(), table.get(), nullptr, seq_len, seq_len, 1, head_dim, head_dim, nullptr);
+    const auto ref = pv::reference::rope_forward(to_double(x), inv_freq, size_t(seq_len), size_t(seq_len), 1,
                                                  size_t(head_dim), size_t(head_dim));
     const std::string err = compare(to_double(d_x.download()), ref, tolerance<float>());
     INFO(err);
@@ -149,19 +172,18 @@ TEST_CASE("rope at explicit positions matches the fp64 reference", "[kernels][ro
     positions[0] = 0;
     DeviceArray<int> d_pos(positions);
     auto check = [&]<class T>(T, uint64_t seed) {
-        const auto inv_freq = to_acc_vector<T>(freqs);
         const auto x = random_vector<T>(size_t(rows * l.stride()), seed);
-        DeviceArray<pv::acc_t<T>> d_inv(inv_freq);
+        const DeviceTable<T> table(freqs, 20000);
         DeviceArray<T> d_x(x), d_dx(x);
-        pv::rope_forward(d_x.get(), d_inv.get(), d_pos.get(), rows, 5, l.n_heads + l.n_kv_heads, l.head_dim,
-                         l.stride(), nullptr);
-        pv::rope_backward(d_dx.get(), d_inv.get(), d_pos.get(), rows, 5, l.n_heads + l.n_kv_heads, l.head_dim,
+        pv::rope_forward(d_x.get(), table.get(), d_pos.get(), rows, 5, l.n_heads + l.n_kv_heads, l.head_dim, l.stride(),
+                         nullptr);
+        pv::rope_backward(d_dx.get(), table.get(), d_pos.get(), rows, 5, l.n_heads + l.n_kv_heads, l.head_dim,
                           l.stride(), nullptr);
         const size_t heads = size_t(l.n_heads + l.n_kv_heads);
-        const auto ref = pv::reference::rope_forward(to_double(x), to_double(inv_freq), size_t(rows), 5, heads,
-                                                     size_t(l.head_dim), size_t(l.stride()), &positions);
-        const auto ref_d = pv::reference::rope_backward(to_double(x), to_double(inv_freq), size_t(rows), 5, heads,
-                                                        size_t(l.head_dim), size_t(l.stride()), &positions);
+        const auto ref = pv::reference::rope_forward(to_double(x), freqs, size_t(rows), 5, heads, size_t(l.head_dim),
+                                                     size_t(l.stride()), &positions);
+        const auto ref_d = pv::reference::rope_backward(to_double(x), freqs, size_t(rows), 5, heads, size_t(l.head_dim),
+                                                        size_t(l.stride()), &positions);
         const std::string e1 = compare(to_double(d_x.download()), ref, tolerance<T>());
         const std::string e2 = compare(to_double(d_dx.download()), ref_d, tolerance<T>());
         INFO("forward: " << e1 << "\nbackward: " << e2);
@@ -171,6 +193,30 @@ TEST_CASE("rope at explicit positions matches the fp64 reference", "[kernels][ro
     check(double{}, 21);
     check(float{}, 22);
     check(__nv_bfloat16{}, 23);
+}
+
+// A position outside the table (a bad document mask) turns that row's q and k pairs into NaN
+// instead of reading outside the table; other rows, v and the padding are untouched.
+TEST_CASE("rope at a position outside its table gives NaN, not an out-of-bounds read", "[kernels][rope]") {
+    Layout l;
+    l.head_dim = 16, l.pad = 0;
+    const std::vector<int> positions = {0, -1, 3, 4, 2};  // the table has positions [0, 4)
+    const long long rows = (long long)positions.size();
+    DeviceArray<int> d_pos(positions);
+    const DeviceTable<float> table(pv::rope_inverse_frequencies(l.head_dim, 10000.0, pv::RopeScaling{}), 4);
+    const auto x = random_vector<float>(size_t(rows * l.stride()), 50);
+    DeviceArray<float> d_x(x);
+    pv::rope_forward(d_x.get(), table.get(), d_pos.get(), rows, 4, l.n_heads + l.n_kv_heads, l.head_dim, l.stride(),
+                     nullptr);
+    const auto got = d_x.download();
+    for (long long r = 0; r < rows; ++r) {
+        const bool bad = positions[size_t(r)] < 0 || positions[size_t(r)] >= 4;
+        for (int c = 0; c < l.rotated(); ++c) {
+            INFO("row " << r << " element " << c);
+            CHECK(std::isnan(got[size_t(r * l.stride() + c)]) == bad);
+        }
+    }
+    CHECK(changed_outside(got, x, rows, l) == 0);
 }
 
 // Expected values from the published formula (transformers, src/transformers/modeling_rope_utils.py,
@@ -230,11 +276,11 @@ TEST_CASE("rope backward undoes the forward (fp64)", "[kernels][rope]") {
     l.head_dim = 64;
     const int seq_len = kTsanBuild ? 7 : 130;
     const long long rows = 2LL * seq_len;
-    const auto inv_freq = pv::rope_inverse_frequencies(l.head_dim, 500000.0, llama32_scaling());
+    const DeviceTable<double> table(pv::rope_inverse_frequencies(l.head_dim, 500000.0, llama32_scaling()), seq_len);
     const auto x = random_vector<double>(size_t(rows * l.stride()), 30);
-    DeviceArray<double> d_inv(inv_freq), d_x(x);
-    rotate_q_and_k(d_x.get(), d_inv.get(), rows, seq_len, l, +1);
-    rotate_q_and_k(d_x.get(), d_inv.get(), rows, seq_len, l, -1);
+    DeviceArray<double> d_x(x);
+    rotate_q_and_k(d_x.get(), table.get(), rows, seq_len, l, +1);
+    rotate_q_and_k(d_x.get(), table.get(), rows, seq_len, l, -1);
     const auto got = d_x.download();
     const std::string err = compare(got, x, 1e-12);
     INFO(err);
@@ -247,21 +293,21 @@ TEST_CASE("rope backward equals central differences of its forward (fp64)", "[ke
     l.n_heads = 2, l.n_kv_heads = 1, l.head_dim = 8, l.pad = 3;
     const int seq_len = 3;
     const long long rows = 2LL * seq_len;
-    const auto inv_freq = pv::rope_inverse_frequencies(l.head_dim, 10000.0, pv::RopeScaling{});
+    const DeviceTable<double> table(pv::rope_inverse_frequencies(l.head_dim, 10000.0, pv::RopeScaling{}), seq_len);
     auto x = random_vector<double>(size_t(rows * l.stride()), 40);
     const auto g = random_vector<double>(x.size(), 41);
-    DeviceArray<double> d_inv(inv_freq), d_x(x.size()), d_g(g);
+    DeviceArray<double> d_x(x.size()), d_g(g);
     // L = <g, rope(x)> over whole rows: v and the padding pass through, so their gradient is g.
     auto loss = [&] {
         d_x.upload(x);
-        rotate_q_and_k(d_x.get(), d_inv.get(), rows, seq_len, l, +1);
+        rotate_q_and_k(d_x.get(), table.get(), rows, seq_len, l, +1);
         return dot(d_x.download(), g);
     };
     // Every coordinate, or under TSan every 8th (each forward there costs ~0.1 s).
     std::vector<size_t> indices;
     for (size_t i = 0; i < x.size(); i += kTsanBuild ? 8 : 1) indices.push_back(i);
     const auto numeric = numerical_gradient(x, loss, indices);
-    rotate_q_and_k(d_g.get(), d_inv.get(), rows, seq_len, l, -1);  // in place: g becomes dL/dx
+    rotate_q_and_k(d_g.get(), table.get(), rows, seq_len, l, -1);  // in place: g becomes dL/dx
     const std::string err = compare(gather(d_g.download(), indices), gather(numeric, indices), kGradTolerance);
     INFO(err);
     REQUIRE(err.empty());
