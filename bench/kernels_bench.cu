@@ -342,19 +342,26 @@ void run(const pv::LlamaConfig& c, const Options& o) {
     // Head: logits and the fused softmax + cross-entropy.
     T* logits = random_buffer<T>(N * V, 18);
     A* row_loss = static_cast<A*>(alloc(size_t(N) * sizeof(A)));
+    auto* row_stats = static_cast<pv::CrossEntropyStats<A>*>(alloc(size_t(N) * 2 * sizeof(A)));
     A* loss_sum = static_cast<A*>(alloc(sizeof(A)));
     int* count = static_cast<int*>(alloc(sizeof(int)));
     report<T>("matmul lm_head forward",
               time_it(R, [&] { pv::matmul_forward(handle, x, wte, logits, N, C, V, nullptr); }),
               (double(N) * C + double(V) * C + double(N) * V) * t, 2.0 * N * C * V, on_gpu);
-    report<T>(
-        "cross-entropy forward",
-        time_it(R, [&] { pv::cross_entropy_forward(logits, tokens, row_loss, loss_sum, count, N, V, -100, nullptr); }),
-        double(N) * V * t + N * 4.0 + N * a, 3.0 * N * V, on_gpu);
-    report<T>(
-        "cross-entropy backward",
-        time_it(R, [&] { pv::cross_entropy_backward(logits, tokens, logits, N, V, -100, 1.0 / double(N), nullptr); }),
-        2.0 * double(N) * V * t + N * 4.0, 4.0 * N * V, on_gpu);
+    report<T>("cross-entropy forward",
+              time_it(R,
+                      [&] {
+                          pv::cross_entropy_forward(logits, tokens, row_loss, row_stats, loss_sum, count, N, V, -100,
+                                                    nullptr);
+                      }),
+              double(N) * V * t + N * 4.0 + 3.0 * N * a, 3.0 * N * V, on_gpu);
+    report<T>("cross-entropy backward",
+              time_it(R,
+                      [&] {
+                          pv::cross_entropy_backward(logits, tokens, row_stats, logits, N, V, -100, 1.0 / double(N),
+                                                     nullptr);
+                      }),
+              2.0 * double(N) * V * t + N * 4.0 + 2.0 * N * a, 4.0 * N * V, on_gpu);
 
     for (void* p : std::initializer_list<void*>{tokens,
                                                 wte,
@@ -382,6 +389,7 @@ void run(const pv::LlamaConfig& c, const Options& o) {
                                                 dwgu,
                                                 logits,
                                                 row_loss,
+                                                row_stats,
                                                 loss_sum,
                                                 count,
                                                 k_cache,

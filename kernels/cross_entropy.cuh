@@ -11,20 +11,34 @@
 // Backward of L = scale · Σ_n loss_n (scale = 1 / the step's global count of counted tokens,
 // passed in by the caller: DESIGN.md §4, the count covers all micro-steps and ranks):
 //   dlogits[n][j] = scale · (softmax(logits[n])_j − [j == t])  for counted rows, 0 for ignored.
-// The probabilities are recomputed from the logits (nothing V-sized is kept from the forward).
+// The probabilities are recomputed from the logits and the forward's per-row (max, sum); nothing
+// V-sized is kept from the forward.
 //
-// Kernels: one block per row. Each thread walks the row with stride blockDim keeping an online
-// (max, sum) pair — sum = Σ exp(x − max), rescaled when the max grows — so the logits are read
-// once for both statistics; the pairs are then merged by warp shuffles and across warps through
-// shared memory, in a fixed order, and every thread gets the same (max, sum). The backward then
-// writes the gradient; each thread writes only the elements it reads in that second pass, and
-// every read of the first pass happens before the reduction's barriers, so dlogits may alias
-// logits (in place, as llm.c does, saving an N·V buffer). loss_sum and count come from a second,
-// single-block kernel that sums row_loss in a fixed order: no atomics, so the loss is bitwise
-// reproducible. V may be anything from 1 to the 128256 of Llama 3 (odd sizes included).
+// Kernels:
+// - Forward: one block per row. Each thread walks the row in 16-byte chunks (8 bf16; one logit
+//   at a time when V is not a multiple of the width), kUnroll chunks loaded before they are
+//   added, keeping an online (max, sum) pair — sum = Σ exp(x − max), rescaled when the max
+//   grows; the pairs are merged by warp shuffles and across warps through shared memory, in a
+//   fixed order, so every thread gets the same (max, sum). Thread 0 writes the row's loss and the
+//   pair itself (row_stats), which the backward reuses: the logits are read once for the
+//   statistics, once for the gradient — two passes over N·V in all, where recomputing the
+//   statistics in the backward took three.
+// - Sum: a second, single-block kernel sums row_loss in a fixed order: no atomics, so the loss is
+//   bitwise reproducible.
+// - Backward: an elementwise pass over N·V in 16-byte vectors (kernels/vec.cuh): each chunk is
+//   read, turned into its gradient with the row's saved (max, sum) and written back by the same
+//   thread, so dlogits may alias logits (in place, as llm.c does, saving an N·V buffer).
+// Bits: the scalar paths (V not a multiple of the vector width) add the logits in the order of
+// the kernels these replaced and give the same loss and gradient bit for bit; the vector paths
+// change each thread's order of additions, so the float loss can differ in the last bits (the
+// gradient formula per element, given the row's statistics, is unchanged).
+// Bytes: forward reads N·V logits and N targets, writes N losses and N stats (2·acc); backward
+// reads N·V logits, N targets and N stats, writes N·V.
+// V may be anything from 1 to the 128256 of Llama 3 (odd sizes included).
 #pragma once
 
 #include "kernels/common.cuh"
+#include "kernels/vec.cuh"
 
 #include <cfloat>
 
@@ -50,21 +64,35 @@ __device__ inline CrossEntropyStats<A> cross_entropy_merge(CrossEntropyStats<A> 
     return {m, a.sum * acc_exp(a.max - m) + b.sum * acc_exp(b.max - m)};
 }
 
+// One logit into a thread's running (max, sum): the max grows, or the sum gains exp(v − max).
+template <class A>
+__device__ inline void cross_entropy_add(CrossEntropyStats<A>& st, A v) {
+    if (v > st.max) {
+        st.sum = st.sum * acc_exp(st.max - v) + A(1);
+        st.max = v;
+    } else {
+        st.sum += acc_exp(v - st.max);  // a NaN logit lands here and makes the sum NaN
+    }
+}
+
 // Every thread's (max, sum) over the row `x` of length V, merged over the block; every thread gets
-// the same result. `scratch` holds 32 pairs of shared memory; it may be reused after the call.
-template <class T>
+// the same result. Thread t takes the chunks (W logits) t, t + blockDim, ... in order, kUnroll
+// chunks loaded before any is added (several 16-byte loads in flight). With W = 1 a thread adds
+// the logits t, t + blockDim, ..., the order of the scalar kernel this replaced: the same bits.
+// `scratch` holds 32 pairs of shared memory; it may be reused after the call.
+template <int W, class T>
 __device__ inline CrossEntropyStats<acc_t<T>> cross_entropy_row_stats(const T* x, int V,
                                                                       CrossEntropyStats<acc_t<T>>* scratch) {
     using A = acc_t<T>;
     CrossEntropyStats<A> st{cross_entropy_lowest(A(0)), A(0)};
-    for (int j = threadIdx.x; j < V; j += blockDim.x) {
-        const A v = to_acc(x[j]);
-        if (v > st.max) {
-            st.sum = st.sum * acc_exp(st.max - v) + A(1);
-            st.max = v;
-        } else {
-            st.sum += acc_exp(v - st.max);  // a NaN logit lands here and makes the sum NaN
-        }
+    const int chunks = V / W, stride = int(blockDim.x);
+    for (int j = threadIdx.x; j < chunks; j += kUnroll * stride) {
+        Vec<T, W> v[kUnroll];
+        for (int u = 0; u < kUnroll; ++u)
+            if (j + u * stride < chunks) v[u] = load_vec<W>(x + (j + u * stride) * W);
+        for (int u = 0; u < kUnroll; ++u)
+            if (j + u * stride < chunks)
+                for (int e = 0; e < W; ++e) cross_entropy_add(st, to_acc(v[u].v[e]));
     }
     for (int offset = 16; offset > 0; offset /= 2) {
         const CrossEntropyStats<A> other{__shfl_xor_sync(0xffffffffu, st.max, offset),
@@ -80,16 +108,17 @@ __device__ inline CrossEntropyStats<acc_t<T>> cross_entropy_row_stats(const T* x
     return total;
 }
 
-// One block per row: row_loss[n].
-template <class T>
-__global__ void cross_entropy_forward_kernel(const T* logits, const int* targets, acc_t<T>* row_loss, int V,
-                                             int ignore_index) {
+// One block per row: row_loss[n] and, when row_stats is not null, the row's (max, sum) for the
+// backward.
+template <class T, int W>
+__global__ void cross_entropy_forward_kernel(const T* logits, const int* targets, acc_t<T>* row_loss,
+                                             CrossEntropyStats<acc_t<T>>* row_stats, int V, int ignore_index) {
     using A = acc_t<T>;
     __shared__ CrossEntropyStats<A> scratch[32];
     const long long row = blockIdx.x;
     const T* x = logits + row * V;
     const int t = targets[row];
-    const CrossEntropyStats<A> st = cross_entropy_row_stats(x, V, &scratch[0]);
+    const CrossEntropyStats<A> st = cross_entropy_row_stats<W>(x, V, &scratch[0]);
     if (threadIdx.x == 0) {
         A loss;
         if (t == ignore_index)
@@ -99,6 +128,7 @@ __global__ void cross_entropy_forward_kernel(const T* logits, const int* targets
         else
             loss = st.max + acc_log(st.sum) - to_acc(x[t]);
         row_loss[row] = loss;
+        if (row_stats) row_stats[row] = st;
     }
 }
 
@@ -124,44 +154,70 @@ __global__ void cross_entropy_sum_kernel(const acc_t<T>* row_loss, const int* ta
     }
 }
 
-// One block per row: dlogits[n] = scale·(softmax − onehot), or 0 for an ignored row. dlogits may
-// be logits (see the header comment).
+// The backward as an elementwise operation (kernels/vec.cuh) over the N·V logits, with the rows'
+// statistics from the forward: element i is row n = i / V, column j = i % V, and
+// dlogits = scale·exp(x − max)/sum − [j == t]·scale (NaN for a bad target, 0 for an ignored row).
+// Each chunk is read whole before it is written, by the thread that writes it: dlogits may be
+// logits. Chunks never cross a row (vectors only when V % W == 0).
 template <class T>
-__global__ void cross_entropy_backward_kernel(const T* logits, const int* targets, T* dlogits, int V, int ignore_index,
-                                              acc_t<T> scale) {
-    using A = acc_t<T>;
-    __shared__ CrossEntropyStats<A> scratch[32];
-    const long long row = blockIdx.x;
-    const T* x = logits + row * V;
-    T* dx = dlogits + row * V;
-    const int t = targets[row];
-    if (t == ignore_index) {  // uniform over the block: no barrier is skipped by part of it
-        for (int j = threadIdx.x; j < V; j += blockDim.x) dx[j] = from_acc<T>(A(0));
-    } else {
-        const CrossEntropyStats<A> st = cross_entropy_row_stats(x, V, &scratch[0]);
-        // A target outside [0, V) poisons the whole row with NaN.
-        const A bad = (t < 0 || t >= V) ? A(NAN) : A(0);
-        const A norm = scale / st.sum;
-        for (int j = threadIdx.x; j < V; j += blockDim.x) {
-            const A p = acc_exp(to_acc(x[j]) - st.max);  // read before this thread's own write
-            dx[j] = from_acc<T>(p * norm - (j == t ? scale : A(0)) + bad);
-        }
+struct CrossEntropyBackwardOp {
+    static constexpr int kWidth = kVec<T>;
+    const T* logits;
+    const int* targets;
+    const CrossEntropyStats<acc_t<T>>* row_stats;
+    T* dlogits;
+    int V, ignore_index;
+    acc_t<T> scale;
+    template <int W>
+    struct In {
+        Vec<T, W> x;
+    };
+    template <int W, class I>
+    __device__ In<W> load(I i) const {
+        return {load_vec<W>(logits + i)};
     }
-}
+    template <int W, class I>
+    __device__ void store(I i, const In<W>& in) const {
+        using A = acc_t<T>;
+        const I n = i / V;
+        const int j0 = int(i - n * V), t = targets[n];
+        Vec<T, W> d;
+        if (t == ignore_index) {
+            for (int e = 0; e < W; ++e) d.v[e] = from_acc<T>(A(0));
+        } else {
+            const CrossEntropyStats<A> st = row_stats[n];
+            const A bad = (t < 0 || t >= V) ? A(NAN) : A(0);  // a bad target poisons its whole row
+            const A norm = scale / st.sum;
+            for (int e = 0; e < W; ++e) {
+                const A p = acc_exp(to_acc(in.x.v[e]) - st.max);
+                d.v[e] = from_acc<T>(p * norm - (j0 + e == t ? scale : A(0)) + bad);
+            }
+        }
+        store_vec<W>(dlogits + i, d);
+    }
+};
 
 // Threads per row: a multiple of 32 giving each thread about 16 logits or more (the N rows in flight
 // keep the GPU busy), at most 1024 (from V = 16384 on; Llama 3's 128256 gives 126 each).
 inline int cross_entropy_block_size(int V) { return V >= 16384 ? 1024 : 32 * ceil_div(V, 16 * 32); }
 
 // row_loss[N] (0 for ignored rows), *loss_sum = Σ row_loss (fixed order), *count = the number of
-// counted rows; loss_sum and count are single device values.
+// counted rows; loss_sum and count are single device values. row_stats[N] (may be null: a forward
+// with no backward to follow) receives each row's (max, sum) for cross_entropy_backward.
 template <class T>
-void cross_entropy_forward(const T* logits, const int* targets, acc_t<T>* row_loss, acc_t<T>* loss_sum, int* count,
-                           long long N, int V, int ignore_index, cudaStream_t stream) {
+void cross_entropy_forward(const T* logits, const int* targets, acc_t<T>* row_loss,
+                           CrossEntropyStats<acc_t<T>>* row_stats, acc_t<T>* loss_sum, int* count, long long N, int V,
+                           int ignore_index, cudaStream_t stream) {
     if (N > 0) {
-        launch(cross_entropy_forward_kernel<T>, dim3(unsigned(N)), dim3(cross_entropy_block_size(V)), 0, stream, logits,
-               targets, row_loss, V, ignore_index);
-        CUDA_CHECK_LAUNCH();
+        auto go = [&](auto kernel) {
+            launch(kernel, dim3(unsigned(N)), dim3(cross_entropy_block_size(V)), 0, stream, logits, targets, row_loss,
+                   row_stats, V, ignore_index);
+            CUDA_CHECK_LAUNCH();
+        };
+        if (V % kVec<T> == 0 && vec_aligned({logits}))
+            go(cross_entropy_forward_kernel<T, kVec<T>>);
+        else
+            go(cross_entropy_forward_kernel<T, 1>);
     }
     // A warp per 32 rows, at most 8 (the sum is a few microseconds at any N); N < 2^31 (grid size).
     const int sum_block = N >= 256 ? 256 : 32 * ceil_div(N > 0 ? N : 1, 32);
@@ -171,14 +227,14 @@ void cross_entropy_forward(const T* logits, const int* targets, acc_t<T>* row_lo
 }
 
 // dlogits[N][V] = (softmax(logits) − onehot(target))·scale for counted rows, 0 for ignored rows;
-// scale is 1 / (the global count of counted tokens). dlogits may equal logits (in place).
+// scale is 1 / (the global count of counted tokens); row_stats are the forward's on the same
+// logits. dlogits may equal logits (in place).
 template <class T>
-void cross_entropy_backward(const T* logits, const int* targets, T* dlogits, long long N, int V, int ignore_index,
-                            double scale, cudaStream_t stream) {
-    if (N == 0) return;  // an empty grid is a launch error
-    launch(cross_entropy_backward_kernel<T>, dim3(unsigned(N)), dim3(cross_entropy_block_size(V)), 0, stream, logits,
-           targets, dlogits, V, ignore_index, acc_t<T>(scale));
-    CUDA_CHECK_LAUNCH();
+void cross_entropy_backward(const T* logits, const int* targets, const CrossEntropyStats<acc_t<T>>* row_stats,
+                            T* dlogits, long long N, int V, int ignore_index, double scale, cudaStream_t stream) {
+    const bool vector = V % kVec<T> == 0 && vec_aligned({logits, dlogits});
+    launch_elementwise(CrossEntropyBackwardOp<T>{logits, targets, row_stats, dlogits, V, ignore_index, acc_t<T>(scale)},
+                       N * V, vector, stream);
 }
 
 }  // namespace pv

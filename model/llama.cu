@@ -38,7 +38,7 @@ std::vector<size_t> arena_offsets(const std::vector<ActivationBuffer>& buffers, 
 
 // The arena buffers of each unit kind, in the order of activation_layout and the typed views.
 enum BlockBuffer { kOut, kH1, kRstd1, kQkv, kAtt, kLse, kX2, kH2, kRstd2, kGateUp, kAct };
-enum HeadBuffer { kHeadH, kHeadRstd, kHeadLogits, kHeadRowLoss };
+enum HeadBuffer { kHeadH, kHeadRstd, kHeadLogits, kHeadRowLoss, kHeadRowStats };
 enum WorkBuffer {
     kProj,
     kDh,
@@ -96,7 +96,11 @@ std::vector<ActivationBuffer> activation_layout(const LlamaConfig& c, UnitKind k
             return buffers;
         }
         case UnitKind::head:
-            return {{"h", N * C, t}, {"rstd", N, a}, {"logits", N * c.vocab_size, t}, {"row_loss", N, a}};
+            return {{"h", N * C, t},
+                    {"rstd", N, a},
+                    {"logits", N * c.vocab_size, t},
+                    {"row_loss", N, a},
+                    {"row_stats", N, 2 * a}};
     }
     return {};
 }
@@ -305,7 +309,9 @@ void Llama<T>::resolve_activations(int u) {
                 break;
             }
             case UnitKind::head:
-                unit.head_acts.push_back({t(kHeadH), acc(kHeadRstd), t(kHeadLogits), acc(kHeadRowLoss)});
+                unit.head_acts.push_back(
+                    {t(kHeadH), acc(kHeadRstd), t(kHeadLogits), acc(kHeadRowLoss),
+                     reinterpret_cast<CrossEntropyStats<acc_t<T>>*>(a + at[size_t(kHeadRowStats)])});
                 break;
         }
     }
@@ -594,8 +600,8 @@ void Llama<T>::forward_head(int slot, const UnitIO<T>& io) {
     rmsnorm_forward(io.residual_in, unit.head_w.final_norm, a.h, a.rstd, N, c.hidden_size, c.rms_norm_eps, stream_);
     matmul_forward(cublas_, a.h, unit.head_w.lm_head, a.logits, N, c.hidden_size, c.vocab_size, stream_);
     if (io.targets)
-        cross_entropy_forward(a.logits, io.targets, a.row_loss, io.loss_sum, io.count, N, c.vocab_size, kIgnoreIndex,
-                              stream_);
+        cross_entropy_forward(a.logits, io.targets, a.row_loss, a.row_stats, io.loss_sum, io.count, N, c.vocab_size,
+                              kIgnoreIndex, stream_);
 }
 
 template <class T>
@@ -604,8 +610,10 @@ void Llama<T>::backward_head(int slot, const UnitIO<T>& io) {
     const Unit& unit = units_.back();
     const long long N = rows();
     const HeadActivations<T>& a = unit.head_acts[size_t(slot)];
-    // In place: the logits become their gradient (saves a second N x V buffer).
-    cross_entropy_backward(a.logits, io.targets, a.logits, N, c.vocab_size, kIgnoreIndex, io.loss_scale, stream_);
+    // In place: the logits become their gradient (saves a second N x V buffer); the softmax
+    // statistics are the forward's.
+    cross_entropy_backward(a.logits, io.targets, a.row_stats, a.logits, N, c.vocab_size, kIgnoreIndex, io.loss_scale,
+                           stream_);
     matmul_backward(cublas_, a.logits, a.h, unit.head_w.lm_head, work_.dh, unit.head_g.lm_head, N, c.hidden_size,
                     c.vocab_size, false, stream_);
     // Nothing flows past the final norm: dresidual_in is the norm's share alone.

@@ -21,6 +21,7 @@
 #pragma once
 
 #include "kernels/common.cuh"
+#include "kernels/cross_entropy.cuh"
 #include "kernels/lora.cuh"
 #include "kernels/rope.cuh"
 #include "platform/device_memory.h"
@@ -108,6 +109,7 @@ struct HeadActivations {
     acc_t<T>* rstd = nullptr;
     T* logits = nullptr;
     acc_t<T>* row_loss = nullptr;
+    CrossEntropyStats<acc_t<T>>* row_stats = nullptr;  // each row's softmax (max, sum), for the backward
 };
 
 // Buffers of a unit call. Which fields a unit reads depends on its kind (see each).
