@@ -74,15 +74,19 @@
 //   and nf4_nested_kernel (one CUDA block of 256 threads per nested block: block_max, then the
 //   8-bit search per thread) write the double-quantised fields.
 // - nf4_dequantize_kernel, the one the model calls before every GEMM with a quantised weight:
-//   memory-bound, one thread per code byte writing its two values; the 16 levels in shared
-//   memory (threads index them by their codes), absmax' formed per thread (a warp's 32 bytes are
-//   one block, so its loads of the absmax fields coincide).
+//   memory-bound. A thread loads 16 code bytes at once (one 16-byte load; half an NF4 block, so
+//   one absmax') and writes their 32 values as 16-byte stores, when n is a multiple of 32 and the
+//   buffers are aligned; otherwise one code byte and its two values at a time. The 16 levels sit
+//   in shared memory (threads index them by their codes); absmax' is formed once per chunk. The
+//   values are bit for bit those of the one-byte-per-thread kernel. Bytes: reads n/2 code bytes
+//   and n/64 absmax fields (fp32, or a byte plus the nested fields), writes n values of T.
 // The tables live twice, from one definition: kNf4Levels, kNf4Thresholds, kNf4DynamicMap for
 // host code (exports write them as a checkpoint's quant_map and nested_quant_map), and
 // __constant__ copies for the kernels. make_nf4_fixtures.py --cpp-tables prints them.
 #pragma once
 
 #include "kernels/common.cuh"
+#include "kernels/vec.cuh"
 #include "kernels/glue.cuh"
 
 #include <cmath>
@@ -364,23 +368,43 @@ void nf4_quantize(const T* x, long long n, const Nf4Tensor& out, void* scratch, 
 
 // ---- dequantisation -------------------------------------------------------------------------------
 
-inline constexpr int kNf4DequantizeThreads = 256;  // code bytes (512 values) per CUDA block
+inline constexpr int kNf4DequantizeThreads = 256;
+// Code bytes per thread and trip in the vector path: one 16-byte load, 32 values (half an NF4
+// block, so one absmax) written as 16-byte stores.
+inline constexpr int kNf4DequantizeBytes = 16;
 
-template <class T>
+// Thread g takes the chunks of B code bytes g, g + S, ... (S = the grid's threads). B is
+// kNf4DequantizeBytes when n is a multiple of 2·B and the buffers are aligned, else 1 (one byte,
+// two values, the last one cut at an odd n). The value arithmetic is the same either way.
+template <class T, int B>
 __global__ void nf4_dequantize_kernel(Nf4ConstTensor in, T* out) {
     __shared__ float levels[16];
     if (threadIdx.x < 16) levels[threadIdx.x] = kNf4LevelsDevice[threadIdx.x];
     __syncthreads();
-    const long long byte = (long long)blockIdx.x * kNf4DequantizeThreads + threadIdx.x;
-    if (byte >= nf4_code_bytes(in.n)) return;
-    const long long block = byte / (kNf4BlockSize / 2);
-    const float absmax = in.double_quant ? __fadd_rn(__fmul_rn(kNf4DynamicMapDevice[in.absmax_codes[block]],
-                                                               in.nested_absmax[block / kNf4NestedBlockSize]),
-                                                     *in.offset)
-                                         : in.absmax[block];
-    const unsigned codes = in.codes[byte];
-    out[2 * byte] = cast_value<float, T>(levels[codes >> 4] * absmax);
-    if (2 * byte + 1 < in.n) out[2 * byte + 1] = cast_value<float, T>(levels[codes & 15] * absmax);
+    const long long chunks = nf4_code_bytes(in.n) / B;  // whole: B > 1 only when 2·B divides n
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += stride) {
+        const long long byte = c * B;
+        const long long block = byte / (kNf4BlockSize / 2);  // the same block for all B bytes
+        const float absmax = in.double_quant ? __fadd_rn(__fmul_rn(kNf4DynamicMapDevice[in.absmax_codes[block]],
+                                                                   in.nested_absmax[block / kNf4NestedBlockSize]),
+                                                         *in.offset)
+                                             : in.absmax[block];
+        const Vec<uint8_t, B> codes = load_vec<B>(in.codes + byte);
+        if constexpr (B == 1) {
+            const unsigned code = codes.v[0];
+            out[2 * byte] = cast_value<float, T>(levels[code >> 4] * absmax);
+            if (2 * byte + 1 < in.n) out[2 * byte + 1] = cast_value<float, T>(levels[code & 15] * absmax);
+        } else {
+            Vec<T, 2 * B> values;
+            for (int k = 0; k < B; ++k) {
+                const unsigned code = codes.v[k];
+                values.v[2 * k] = cast_value<float, T>(levels[code >> 4] * absmax);
+                values.v[2 * k + 1] = cast_value<float, T>(levels[code & 15] * absmax);
+            }
+            store_vec<2 * B>(out + 2 * byte, values);
+        }
+    }
 }
 
 // out[0..n) = the values of `in` (laid out for n), rounded once to T.
@@ -388,9 +412,15 @@ template <class T>
 void nf4_dequantize(const Nf4ConstTensor& in, T* out, long long n, cudaStream_t stream) {
     nf4_check(in, n, "nf4_dequantize");
     if (n == 0) return;
-    launch(nf4_dequantize_kernel<T>, dim3(ceil_div(nf4_code_bytes(n), kNf4DequantizeThreads)),
-           dim3(kNf4DequantizeThreads), 0, stream, in, out);
-    CUDA_CHECK_LAUNCH();
+    auto go = [&](auto kernel, int bytes_per_chunk) {
+        const long long chunks = nf4_code_bytes(n) / bytes_per_chunk;
+        launch(kernel, dim3(ceil_div(chunks, kNf4DequantizeThreads)), dim3(kNf4DequantizeThreads), 0, stream, in, out);
+        CUDA_CHECK_LAUNCH();
+    };
+    if (n % (2 * kNf4DequantizeBytes) == 0 && vec_aligned({in.codes, out}))
+        go(nf4_dequantize_kernel<T, kNf4DequantizeBytes>, kNf4DequantizeBytes);
+    else
+        go(nf4_dequantize_kernel<T, 1>, 1);
 }
 
 }  // namespace pv

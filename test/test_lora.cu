@@ -221,6 +221,9 @@ TEST_CASE("the fused adapter kernels equal per-module fp64 loops, with and witho
         check_kernels<double>({{7, 5}}, 17, 13, 2, 9, dropout);
         check_kernels<float>({{0, 7}, {12, 5}}, 17, 13, 3, 11, dropout);
         check_kernels<__nv_bfloat16>({{0, 7}, {7, 5}, {12, 5}}, 17, 13, 3, 11, dropout);
+        // Inputs whose width is a multiple of every vector width (the dropout's 16-byte path).
+        check_kernels<float>({{0, 9}}, 9, 16, 4, 7, dropout);
+        check_kernels<__nv_bfloat16>({{0, 9}}, 9, 16, 4, 7, dropout);
     }
 }
 
