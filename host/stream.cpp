@@ -20,6 +20,7 @@
 #include "host/sanitizer_hooks.h"
 #include "host/schedule.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -225,9 +226,25 @@ extern "C" cudaError_t cudaDeviceSynchronize() {
 // ---- streams --------------------------------------------------------------------------------
 extern "C" cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned flags, int priority) {
     if (!stream || (flags & ~unsigned(cudaStreamNonBlocking))) return set_last_error(cudaErrorInvalidValue);
+    int least = 0, greatest = 0;
+    cudaDeviceGetStreamPriorityRange(&least, &greatest);
+    priority = std::clamp(priority, greatest, least);  // as CUDA clamps an out-of-range priority
     *stream = new CUstream_st{flags, priority, {}, nullptr};
     std::lock_guard lock(streams_mutex);
     live_streams.insert(*stream);
+    return cudaSuccess;
+}
+// An H100's range: 0 (the default, least) to −5 (greatest); lower numbers run first. The host
+// executor does not prioritise (every interleaving is allowed anyway), it only checks the value.
+extern "C" cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+    if (least) *least = 0;
+    if (greatest) *greatest = -5;
+    return cudaSuccess;
+}
+extern "C" cudaError_t cudaStreamGetPriority(cudaStream_t stream, int* priority) {
+    if (!priority || !stream_is_valid(stream)) return set_last_error(cudaErrorInvalidValue);
+    std::lock_guard lock(streams_mutex);
+    *priority = resolve(stream)->priority;
     return cudaSuccess;
 }
 extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {

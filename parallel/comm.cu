@@ -44,7 +44,11 @@ void nccl_check(ncclResult_t r, const char* what, const char* file, int line) {
 Comm::Comm(ncclComm_t comm, std::string name) : comm_(comm), name_(std::move(name)) {
     NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
     NCCL_CHECK(ncclCommCount(comm_, &size_));
-    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // The highest priority the device has: a collective's kernels are scheduled ahead of the
+    // compute kernels queued beside them, so the communication they overlap is not starved.
+    int least = 0, greatest = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
     CUDA_CHECK(cudaEventCreateWithFlags(&from_, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&to_, cudaEventDisableTiming));
 }

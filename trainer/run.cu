@@ -14,6 +14,7 @@
 #include "parallel/strategies.h"
 #include "platform/device_memory.h"
 #include "trainer/checkpoint.h"
+#include "trainer/compute_stream.h"
 #include "trainer/generate.h"
 #include "trainer/state.h"
 #include "trainer/trainer.h"
@@ -167,7 +168,7 @@ class TrainingRun {
         for (const std::string& note : frozen.notes) std::printf("freeze: %s\n", note.c_str());
         model_ = std::make_unique<Llama<T>>(
             config, ModelOptions{o.micro_batch, o.seq_len, o.seed, frozen.names, lora_config(o), o.quantize == "nf4",
-                                 o.double_quant, plan_.placement, nullptr});
+                                 o.double_quant, plan_.placement, compute_.get()});
         strategy_ = make_strategy<T, G>(plan_, *model_, &world.comm(), o.seed);
         // --init-from: the pretrained weights over the initial ones, each rank what it keeps, before
         // the optimizer takes its master copy from them.
@@ -411,6 +412,7 @@ class TrainingRun {
     long long train_tokens_ = 0;
     uint64_t base_fingerprint_ = 0;  // a LoRA run's base files (0: a base initialised from the seed)
     std::optional<DataLoader> loader_, val_loader_;
+    ComputeStream compute_;  // the model's stream; outlives everything that queues work on it
     std::unique_ptr<Llama<T>> model_;
     std::unique_ptr<Strategy<T, G>> strategy_;
     std::unique_ptr<AdamWState<T>> optimizer_;

@@ -21,6 +21,15 @@
 // Every cross-rank number goes through the strategy's Comm, so it is counted like the rest.
 // A micro-batch's tokens, targets and (with document masking) positions are uploaded into its
 // slot's device buffers and reach the strategy as one DeviceBatch (model/unit_loop.h).
+//
+// Host and device. The host writes a micro-batch into a pinned staging buffer and queues an
+// asynchronous copy to the slot's device buffers on the compute stream, so it can go on filling
+// the next micro-batch while the device runs. There are 2 × slots staging buffers, used round
+// robin; each has an event recorded after the copy that reads it, and the host waits for that
+// event before writing the buffer again (a pinned buffer must not change under a pending copy).
+// The step's token count is summed over ranks on the communication stream alone (it does not wait
+// for the compute stream). The host waits for the compute stream once per step, after the update
+// is queued, to read the step's loss and norm (StepFigures).
 #pragma once
 
 #include "data/loader.h"
@@ -60,8 +69,24 @@ class Trainer {
           sums_(2, MemoryCategory::workspace),
           counts_(2, MemoryCategory::workspace),
           figures_(1, MemoryCategory::workspace),
-          host_figures_(static_cast<StepFigures*>(pinned_host_alloc(sizeof(StepFigures)))) {}
-    ~Trainer() { memory_free(host_figures_); }
+          host_figures_(static_cast<StepFigures*>(pinned_host_alloc(sizeof(StepFigures)))),
+          host_counts_(static_cast<long long*>(pinned_host_alloc(2 * sizeof(long long)))) {
+        for (int i = 0; i < 2 * strategy.slots(); ++i) {
+            Staging st;
+            st.host = static_cast<int*>(pinned_host_alloc(3 * size_t(rows_) * sizeof(int)));
+            CUDA_CHECK(cudaEventCreateWithFlags(&st.read, cudaEventDisableTiming));
+            staging_.push_back(st);
+        }
+    }
+    ~Trainer() {
+        for (Staging& st : staging_) {
+            cudaEventSynchronize(st.read);
+            cudaEventDestroy(st.read);
+            memory_free(st.host);
+        }
+        memory_free(host_figures_);
+        memory_free(host_counts_);
+    }
     Trainer(const Trainer&) = delete;
     Trainer& operator=(const Trainer&) = delete;
 
@@ -76,6 +101,9 @@ class Trainer {
         auto opt = std::make_unique<AdamWState<T>>(layouts, sharded ? strategy.data_rank() : 0,
                                                    sharded ? strategy.data_ranks() : 1, held);
         for (int u = 0; u < m.num_units(); ++u) opt->init_master(u, strategy.owned_params(u), m.stream());
+        // A checkpoint's state is uploaded with synchronous copies, which do not wait for a
+        // non-blocking compute stream: the master copies must be done first.
+        CUDA_CHECK(cudaStreamSynchronize(m.stream()));
         return opt;
     }
 
@@ -95,8 +123,7 @@ class Trainer {
         long long local = 0;
         for (const auto& b : micro)
             for (int target : b.targets) local += target != kIgnoreIndex;
-        r.counted =
-            s_.data_comm() ? sum_over_ranks(local, counts_.get(), s_.data_comm()) : local;  // one integer all-reduce
+        r.counted = s_.data_comm() ? count_over_ranks(local, *s_.data_comm()) : local;  // one integer all-reduce
         if (r.counted == 0) throw std::runtime_error("step " + std::to_string(t) + " has no counted target tokens");
         cudaStream_t stream = m.stream();
         if (losses_.size() < micro.size()) losses_ = DeviceBuffer<A>(micro.size(), MemoryCategory::workspace);
@@ -153,6 +180,18 @@ class Trainer {
     }
 
   private:
+    // Σ over the ranks of `c` of this rank's count, on c's stream only (no wait for the compute
+    // stream: the previous step's last collectives may still be running beside it).
+    long long count_over_ranks(long long local, Comm& c) {
+        host_counts_[0] = local;
+        CUDA_CHECK(cudaMemcpyAsync(counts_.get(), host_counts_, sizeof(long long), cudaMemcpyHostToDevice, c.stream()));
+        c.all_reduce(counts_.get(), counts_.get() + 1, 1);
+        CUDA_CHECK(cudaMemcpyAsync(host_counts_ + 1, counts_.get() + 1, sizeof(long long), cudaMemcpyDeviceToHost,
+                                   c.stream()));
+        CUDA_CHECK(cudaStreamSynchronize(c.stream()));
+        return host_counts_[1];
+    }
+
     int* tokens(size_t slot) { return tokens_.get() + slot * size_t(rows_); }
     int* targets(size_t slot) { return targets_.get() + slot * size_t(rows_); }
     int* positions(size_t slot) { return positions_.get() + slot * size_t(rows_); }
@@ -172,10 +211,18 @@ class Trainer {
             if (field->size() != n && !(field == &b.positions && field->empty()))
                 throw std::logic_error("a micro-batch field holds " + std::to_string(field->size()) +
                                        " values; the model takes batch × seq_len = " + std::to_string(n));
-        CUDA_CHECK(cudaMemcpy(tokens(k), b.inputs.data(), n * sizeof(int), cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(targets(k), b.targets.data(), n * sizeof(int), cudaMemcpyHostToDevice));
+        Staging& st = staging_[next_staging_++ % staging_.size()];
+        CUDA_CHECK(cudaEventSynchronize(st.read));  // the copy that last read this buffer is done
+        int* host = st.host;
+        std::copy(b.inputs.begin(), b.inputs.end(), host);
+        std::copy(b.targets.begin(), b.targets.end(), host + n);
+        std::copy(b.positions.begin(), b.positions.end(), host + 2 * n);
+        cudaStream_t stream = m.stream();
+        CUDA_CHECK(cudaMemcpyAsync(tokens(k), host, n * sizeof(int), cudaMemcpyHostToDevice, stream));
+        CUDA_CHECK(cudaMemcpyAsync(targets(k), host + n, n * sizeof(int), cudaMemcpyHostToDevice, stream));
         if (!b.positions.empty())
-            CUDA_CHECK(cudaMemcpy(positions(k), b.positions.data(), n * sizeof(int), cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemcpyAsync(positions(k), host + 2 * n, n * sizeof(int), cudaMemcpyHostToDevice, stream));
+        CUDA_CHECK(cudaEventRecord(st.read, stream));
         CUDA_CHECK(cudaMemsetAsync(loss, 0, sizeof(A), m.stream()));
         s_.forward(slot, device_batch(k, b, step), loss, count_.get() + k);
     }
@@ -197,6 +244,13 @@ class Trainer {
     DeviceBuffer<long long> counts_;
     DeviceBuffer<StepFigures> figures_;
     StepFigures* host_figures_;  // pinned: where the step's figures are read back
+    long long* host_counts_;     // pinned: this rank's count and the sum over ranks
+    struct Staging {
+        int* host = nullptr;         // pinned [3][rows]: tokens, targets, positions
+        cudaEvent_t read = nullptr;  // recorded after the copies that read it
+    };
+    std::vector<Staging> staging_;
+    size_t next_staging_ = 0;
 };
 
 }  // namespace pv

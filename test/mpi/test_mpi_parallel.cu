@@ -17,6 +17,7 @@
 #include "parallel/memory.h"
 #include "parallel/stages.h"
 #include "parallel/strategies.h"
+#include "trainer/compute_stream.h"
 #include "trainer/trainer.h"
 #include "parallel/world.h"
 #include "test/mpi/awkward_model.h"
@@ -167,6 +168,8 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
         mo.batch = kMicro, mo.seq_len = kSeq, mo.seed = 42, mo.frozen = opt.frozen, mo.placement = plan.placement;
         mo.lora = opt.lora;
         mo.nf4 = opt.nf4;
+        pv::ComputeStream stream;  // as train computes: not on the legacy default stream
+        mo.stream = stream.get();
         pv::Llama<T> model(config, mo);
         std::unique_ptr<pv::Strategy<T, G>> s = pv::make_strategy<T, G>(plan, model, comm, 42);
         auto optimizer = pv::Trainer<T, G>::make_optimizer(*s);
@@ -915,6 +918,8 @@ void check_refused_step(const std::string& strategy, pv::Comm* comm, int world_r
     const pv::StrategyPlan plan = pv::plan_strategy(so, config, kSeq, rank, ranks);
     pv::ModelOptions mo;
     mo.batch = kMicro, mo.seq_len = kSeq, mo.seed = 42, mo.placement = plan.placement;
+    pv::ComputeStream stream;
+    mo.stream = stream.get();
     pv::Llama<T> model(config, mo);
     std::unique_ptr<pv::Strategy<T, T>> s = pv::make_strategy<T, T>(plan, model, comm, 42);
     auto optimizer = pv::Trainer<T, T>::make_optimizer(*s);
@@ -948,4 +953,17 @@ TEST_CASE("a step whose loss is not finite is refused on the device and reported
     parallel_test::check_refused_step<float>("ddp", &world.comm(), world.size());
     parallel_test::check_refused_step<float>("zero1", &world.comm(), world.size());
     parallel_test::check_refused_step<__nv_bfloat16>("zero2", &world.comm(), world.size());
+}
+
+TEST_CASE("the communication stream runs at the device's greatest priority, above the compute stream",
+          "[parallel][streams]") {
+    pv::World world(nullptr, nullptr);
+    int least = 0, greatest = 0, comm = 1, compute = 1;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    REQUIRE(greatest < least);  // lower numbers are higher priorities
+    pv::ComputeStream stream;
+    CUDA_CHECK(cudaStreamGetPriority(world.comm().stream(), &comm));
+    CUDA_CHECK(cudaStreamGetPriority(stream.get(), &compute));
+    CHECK(comm == greatest);
+    CHECK(compute == least);
 }
