@@ -118,12 +118,13 @@ std::vector<KernelCost> swiglu_backward(long long N, int F, int t) {
     return {kernel("elementwise_kernel", "swiglu backward", 3 * nf * t, 2 * nf * t, 14 * nf, kVector)};
 }
 
-// rope_rotate_kernel: in place over the rotated heads; inv_freq (hd/2) read; positions per row
-// when given.
-std::vector<KernelCost> rope(long long N, int heads, int hd, int t, int a, bool positions) {
+// RoPE (elementwise_kernel over pairs): in place over the rotated heads; the table rows of the
+// distinct positions the rows sit at (cos and sin of the head_dim/2 pairs, acc_t each); positions
+// per row when given.
+std::vector<KernelCost> rope(long long N, int heads, int hd, int t, int a, bool positions, long long table_rows) {
     const double x = double(N) * heads * hd;
-    return {kernel("rope_rotate_kernel", "rope", x * t + double(hd / 2) * a + (positions ? double(N) * 4 : 0), x * t,
-                   3 * x, kScalar)};
+    return {kernel("elementwise_kernel", "rope", x * t + double(table_rows) * hd * a + (positions ? double(N) * 4 : 0),
+                   x * t, 3 * x, kVector)};
 }
 
 // elementwise_kernel: a and b read, out written.
@@ -155,34 +156,64 @@ std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, 
     return {kernel("attention_forward_kernel", "attention", read, written, flops, Roofline::attention_cuda_core)};
 }
 
-// attention_backward_dot_kernel: out and dout read, D written. dK/dV kernel: q, k, v, dout, lse
-// and D read, dk and dv written, recomputing S and dP (4 matmuls). dQ kernel: the same reads,
-// dq written (S, dP and dQ: 3 matmuls).
-std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions) {
+// The CUDA-core dK/dV and dQ kernels (attention_backward_cuda_cores: fp32, fp64, and the "before"
+// bf16 step), 32×32 tiles: q, k, v, dout, lse and D read, dk and dv written, recomputing S and dP
+// (4 matmuls); dQ: the same reads, dq written (S, dP and dQ: 3 matmuls).
+std::vector<KernelCost> attention_backward_cuda_cores(int B, int T, int H, int Hkv, int hd, int t, int a,
+                                                      bool positions) {
     const double rows = double(B) * T, qo = rows * H * hd * t, kv = rows * Hkv * hd * t, stats = rows * H * a;
     const double pos = positions ? rows * 4 : 0, pairs = causal_tile_pairs(T, 32, 32) * B * H;
-    return {
-        kernel("attention_backward_dot_kernel", "attention backward: D", 2 * qo, stats, 2.0 * rows * H * hd, kScalar),
-        kernel("attention_backward_dkv_kernel", "attention backward: dK, dV", 2 * qo + 2 * kv + 2 * stats + pos, 2 * kv,
-               8.0 * hd * pairs, Roofline::attention_cuda_core),
-        kernel("attention_backward_dq_kernel", "attention backward: dQ", 2 * qo + 2 * kv + 2 * stats + pos, qo,
-               6.0 * hd * pairs, Roofline::attention_cuda_core)};
+    return {kernel("attention_backward_dkv_kernel", "attention backward: dK, dV", 2 * qo + 2 * kv + 2 * stats + pos,
+                   2 * kv, 8.0 * hd * pairs, Roofline::attention_cuda_core),
+            kernel("attention_backward_dq_kernel", "attention backward: dQ", 2 * qo + 2 * kv + 2 * stats + pos, qo,
+                   6.0 * hd * pairs, Roofline::attention_cuda_core)};
 }
 
-// cross_entropy_forward_kernel: the logits and the targets read, one loss per row written;
-// cross_entropy_sum_kernel: the row losses and targets read, the sum and count written.
+namespace {
+// D = rowwise dO·O (attention_backward_dot_kernel): out and dout read, D written.
+KernelCost attention_dot(double rows, int H, int hd, int t, int a) {
+    const double qo = rows * H * hd * t;
+    return kernel("attention_backward_dot_kernel", "attention backward: D", 2 * qo, rows * H * a, 2.0 * rows * H * hd,
+                  kScalar);
+}
+// Score pairs the tensor-core backward computes per (batch, head): whole 64×64 tile pairs up to the
+// diagonal, where the warps skip the 6 of 16 chunks of 16×16 above it.
+double mma_backward_pairs(int T) {
+    const double n = double((T + 63) / 64);
+    return (n * (n + 1) / 2 - n * 6.0 / 16.0) * 64.0 * 64.0;
+}
+}  // namespace
+
+// attention_backward for bf16 at a head dim that is a multiple of 16 (attention_mma_backward.cuh):
+// the D kernel, then attention_mma_dkv_kernel (q, k, v, dout, lse and D read, dk and dv written;
+// per score pair S, dP, and dV, dK as hi + lo pairs: 12·hd FLOPs) and attention_mma_dq_kernel (the
+// same reads, dq written; S, dP, dQ as hi + lo: 8·hd).
+std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions) {
+    const double rows = double(B) * T, qo = rows * H * hd * t, kv = rows * Hkv * hd * t, stats = rows * H * a;
+    const double pos = positions ? rows * 4 : 0, pairs = mma_backward_pairs(T) * B * H;
+    return {attention_dot(rows, H, hd, t, a),
+            kernel("attention_mma_dkv_kernel", "attention backward: dK, dV", 2 * qo + 2 * kv + 2 * stats + pos, 2 * kv,
+                   12.0 * hd * pairs, Roofline::attention_mma),
+            kernel("attention_mma_dq_kernel", "attention backward: dQ", 2 * qo + 2 * kv + 2 * stats + pos, qo,
+                   8.0 * hd * pairs, Roofline::attention_mma)};
+}
+
+// cross_entropy_forward_kernel: the logits and the targets read, one loss and one (max, sum) pair
+// per row written; cross_entropy_sum_kernel: the row losses and targets read, the sum and count
+// written.
 std::vector<KernelCost> cross_entropy_forward(long long N, int V, int t, int a) {
     const double nv = double(N) * V;
-    return {
-        kernel("cross_entropy_forward_kernel", "cross-entropy", nv * t + double(N) * 4, double(N) * a, 4 * nv, kScalar),
-        kernel("cross_entropy_sum_kernel", "cross-entropy sum", double(N) * (a + 4), double(a) + 4, double(N),
-               kScalar)};
-}
-// cross_entropy_backward_kernel: logits and targets read, the gradient written in place.
-std::vector<KernelCost> cross_entropy_backward(long long N, int V, int t) {
-    const double nv = double(N) * V;
-    return {kernel("cross_entropy_backward_kernel", "cross-entropy backward", nv * t + double(N) * 4, nv * t, 5 * nv,
+    return {kernel("cross_entropy_forward_kernel", "cross-entropy", nv * t + double(N) * 4, double(N) * 3 * a, 4 * nv,
+                   kVector),
+            kernel("cross_entropy_sum_kernel", "cross-entropy sum", double(N) * (a + 4), double(a) + 4, double(N),
                    kScalar)};
+}
+// The backward (elementwise_kernel): logits, targets and the rows' (max, sum) read, the gradient
+// written in place.
+std::vector<KernelCost> cross_entropy_backward(long long N, int V, int t, int a) {
+    const double nv = double(N) * V;
+    return {kernel("elementwise_kernel", "cross-entropy backward", nv * t + double(N) * (4 + 2 * a), nv * t, 5 * nv,
+                   kVector)};
 }
 
 // embedding forward (elementwise_kernel): the tokens and the distinct rows of the table read, out
@@ -246,6 +277,20 @@ std::vector<KernelCost> gemm(long long M, long long N, long long K, int t, bool 
     return {kernel("gemm", op, (m * k + n * k + (accumulate ? m * n : 0)) * t, m * n * t, 2 * m * n * k,
                    Roofline::cublas_gemm)};
 }
+
+// The kernels the issue-15 code replaced, where their figures differ from their replacements'.
+namespace before {
+
+// The cross-entropy backward before the forward saved each row's statistics: one block per row
+// recomputing (max, sum) from the logits, then writing the gradient (cross_entropy_backward_kernel).
+std::vector<KernelCost> cross_entropy_backward(long long N, int V, int t) {
+    const double nv = double(N) * V;
+    return {kernel("cross_entropy_backward_kernel", "cross-entropy backward", nv * t + double(N) * 4, nv * t, 5 * nv,
+                   Roofline::memory_scalar)};
+}
+
+}  // namespace before
+
 }  // namespace cost
 
 namespace {
@@ -258,10 +303,6 @@ void append(std::vector<KernelCost>& out, std::vector<KernelCost> ks, double cou
 }
 
 }  // namespace
-
-// The kernels the issue-15 code replaced, where their bytes or FLOPs differ from what replaced
-// them (held against those kernels by test_kernel_traffic until they were replaced; git history).
-namespace before {}  // namespace before
 
 std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     const LlamaConfig& c = s.config;
@@ -277,8 +318,8 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     append(k, cost::embedding_forward(N, C, distinct, t), micro);
     append(k, cost::rmsnorm_forward(N, C, t, a), layers);
     append(k, cost::gemm(N, c.qkv_width(), C, t, false, "q, k, v projection"), layers);
-    append(k, cost::rope(N, H, hd, t, a, false), layers);
-    append(k, cost::rope(N, Hkv, hd, t, a, false), layers);
+    append(k, cost::rope(N, H, hd, t, a, false, s.seq_len), layers);
+    append(k, cost::rope(N, Hkv, hd, t, a, false, s.seq_len), layers);
     append(k, cost::attention_forward(s.batch, s.seq_len, H, Hkv, hd, t, a, false), layers);
     append(k, cost::gemm(N, C, c.q_width(), t, false, "output projection"), layers);
     append(k, cost::residual_rmsnorm_forward(N, C, t, a), layers);
@@ -290,7 +331,7 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     append(k, cost::gemm(N, V, C, t, false, "lm_head"), micro);
     append(k, cost::cross_entropy_forward(N, V, t, a), micro);
     // Backward.
-    append(k, cost::cross_entropy_backward(N, V, t), micro);
+    append(k, now ? cost::cross_entropy_backward(N, V, t, a) : cost::before::cross_entropy_backward(N, V, t), micro);
     append(k, cost::gemm(N, C, V, t, false, "lm_head backward: dX"), micro);
     append(k, cost::gemm(V, C, N, t, true, "lm_head backward: dW"), micro);
     if (!now) append(k, cost::memset(double(N) * C * t, "head: residual gradient zeroed"), micro);
@@ -304,9 +345,14 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     append(k, cost::rmsnorm_backward(N, C, t, a, true), layers);
     append(k, cost::gemm(N, c.q_width(), C, t, false, "output backward: dX"), layers);
     append(k, cost::gemm(C, c.q_width(), N, t, true, "output backward: dW"), layers);
-    append(k, cost::attention_backward(s.batch, s.seq_len, H, Hkv, hd, t, a, false), layers);
-    append(k, cost::rope(N, H, hd, t, a, false), layers);
-    append(k, cost::rope(N, Hkv, hd, t, a, false), layers);
+    if (now) {
+        append(k, cost::attention_backward(s.batch, s.seq_len, H, Hkv, hd, t, a, false), layers);
+    } else {  // the same D kernel, then the CUDA-core kernels
+        append(k, {cost::attention_backward(s.batch, s.seq_len, H, Hkv, hd, t, a, false).front()}, layers);
+        append(k, cost::attention_backward_cuda_cores(s.batch, s.seq_len, H, Hkv, hd, t, a, false), layers);
+    }
+    append(k, cost::rope(N, H, hd, t, a, false, s.seq_len), layers);
+    append(k, cost::rope(N, Hkv, hd, t, a, false, s.seq_len), layers);
     append(k, cost::gemm(N, C, c.qkv_width(), t, false, "q, k, v backward: dX"), layers);
     append(k, cost::gemm(c.qkv_width(), C, N, t, true, "q, k, v backward: dW"), layers);
     append(k, cost::rmsnorm_backward(N, C, t, a, true), layers);

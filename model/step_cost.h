@@ -69,12 +69,17 @@ std::vector<KernelCost> residual_rmsnorm_forward(long long N, int C, int t, int 
 std::vector<KernelCost> rmsnorm_backward(long long N, int C, int t, int a, bool weight_grad);
 std::vector<KernelCost> swiglu_forward(long long N, int F, int t);
 std::vector<KernelCost> swiglu_backward(long long N, int F, int t);
-std::vector<KernelCost> rope(long long N, int heads, int hd, int t, int a, bool positions);
+// table_rows: the distinct positions of the N rows (the RoPE table's rows read).
+std::vector<KernelCost> rope(long long N, int heads, int hd, int t, int a, bool positions, long long table_rows);
 std::vector<KernelCost> add(long long n, int t);
 std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions);
+// bf16 at a head dim that is a multiple of 16: the D kernel and the tensor-core kernels.
 std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions);
+// The CUDA-core dK/dV and dQ kernels (without the D kernel).
+std::vector<KernelCost> attention_backward_cuda_cores(int B, int T, int H, int Hkv, int hd, int t, int a,
+                                                      bool positions);
 std::vector<KernelCost> cross_entropy_forward(long long N, int V, int t, int a);
-std::vector<KernelCost> cross_entropy_backward(long long N, int V, int t);
+std::vector<KernelCost> cross_entropy_backward(long long N, int V, int t, int a);
 // distinct: the number of distinct valid tokens among the N.
 std::vector<KernelCost> embedding_forward(long long N, int C, long long distinct, int t);
 std::vector<KernelCost> embedding_backward(long long N, int C, long long distinct, int t);
@@ -87,6 +92,11 @@ std::vector<KernelCost> memset(double bytes, const std::string& op);
 std::vector<KernelCost> memcpy(double bytes, const std::string& op);
 // y[M][N] = x[M][K]·W[N][K]ᵀ (+ the backward's two, dW accumulating).
 std::vector<KernelCost> gemm(long long M, long long N, long long K, int t, bool accumulate, const std::string& op);
+// The kernels the issue-15 code replaced, where their figures differ from their replacements'
+// (held against those kernels by test_kernel_traffic until they were replaced: git history).
+namespace before {
+std::vector<KernelCost> cross_entropy_backward(long long N, int V, int t);
+}  // namespace before
 }  // namespace cost
 
 // The shape of one training step: full fine-tuning on one GPU, micro-batch `batch` × `seq_len`,

@@ -109,9 +109,14 @@ TEST_CASE("rmsnorm, swiglu, rope and add move the bytes the model says", "[traff
     const int H = 3, Hkv = 1, hd = 16, T = N;
     const int width = (H + 2 * Hkv) * hd;
     DeviceArray<bf16> qkv(random_of<bf16>(N * width, 9));
-    DeviceArray<float> inv_freq(random_of<float>(hd / 2, 10));
-    check_traffic(pv::cost::rope(N, H, hd, t, a, false),
-                  [&] { pv::rope_forward(qkv.get(), inv_freq.get(), nullptr, N, T, H, hd, width, nullptr); });
+    std::vector<double> inv_freq(hd / 2);
+    for (int i = 0; i < hd / 2; ++i) inv_freq[size_t(i)] = std::pow(10000.0, -2.0 * i / hd);
+    // A table of more positions than the rows use: only the rows' positions are read.
+    const int P = T + 9;
+    DeviceArray<float> table_values(pv::rope_table_values<float>(inv_freq, P));
+    const pv::RopeTable<float> table{table_values.get(), P, hd};
+    check_traffic(pv::cost::rope(N, H, hd, t, a, false, T),
+                  [&] { pv::rope_forward(qkv.get(), table, nullptr, N, T, H, hd, width, nullptr); });
     check_traffic(pv::cost::add(N * C, t), [&] { pv::add(x.get(), dy.get(), y.get(), N * C, nullptr); });
 }
 
@@ -134,12 +139,17 @@ TEST_CASE("attention moves the bytes the model says, with and without document m
             pv::attention_backward(qkv.get(), p, out.get(), dout.get(), lse.get(), dqkv.get(), scratch.get(), B, T, H,
                                    Hkv, hd, nullptr);
         });
+        check_traffic(pv::cost::attention_backward_cuda_cores(B, T, H, Hkv, hd, t, a, masked), [&] {
+            pv::attention_backward_cuda_cores(qkv.get(), p, dout.get(), lse.get(),
+                                              static_cast<const float*>(static_cast<void*>(scratch.get())), dqkv.get(),
+                                              B, T, H, Hkv, hd, nullptr);
+        });
     }
 }
 
 TEST_CASE("cross-entropy, embedding, the norm and AdamW move the bytes the model says", "[traffic]") {
     const long long N = 45;
-    const int V = 301, C = 64;
+    const int V = 301, C = 64;  // V + 3 = 304: a multiple of the 16-byte width
     std::vector<int> targets(static_cast<size_t>(N)), tokens(static_cast<size_t>(N));
     std::set<int> distinct;
     for (long long i = 0; i < N; ++i) {
@@ -148,15 +158,20 @@ TEST_CASE("cross-entropy, embedding, the norm and AdamW move the bytes the model
         distinct.insert(tokens[size_t(i)]);
     }
     DeviceArray<int> d_targets(targets), d_tokens(tokens), count(1);
-    DeviceArray<bf16> logits(random_of<bf16>(N * V, 13));
-    DeviceArray<float> row_loss(N), loss(1);
-    check_traffic(pv::cost::cross_entropy_forward(N, V, t, a), [&] {
-        pv::cross_entropy_forward(logits.get(), d_targets.get(), row_loss.get(), loss.get(), count.get(), N, V, -100,
-                                  nullptr);
-    });
-    check_traffic(pv::cost::cross_entropy_backward(N, V, t), [&] {
-        pv::cross_entropy_backward(logits.get(), d_targets.get(), logits.get(), N, V, -100, 0.01, nullptr);
-    });
+    for (const int vocab : {V, V + 3}) {  // the scalar path, then the 16-byte one
+        INFO("vocabulary " << vocab);
+        DeviceArray<bf16> logits(random_of<bf16>(N * vocab, 13));
+        DeviceArray<float> row_loss(N), loss(1), stats(2 * N);
+        auto* row_stats = reinterpret_cast<pv::CrossEntropyStats<float>*>(stats.get());
+        check_traffic(pv::cost::cross_entropy_forward(N, vocab, t, a), [&] {
+            pv::cross_entropy_forward(logits.get(), d_targets.get(), row_loss.get(), row_stats, loss.get(), count.get(),
+                                      N, vocab, -100, nullptr);
+        });
+        check_traffic(pv::cost::cross_entropy_backward(N, vocab, t, a), [&] {
+            pv::cross_entropy_backward(logits.get(), d_targets.get(), row_stats, logits.get(), N, vocab, -100, 0.01,
+                                       nullptr);
+        });
+    }
     check_traffic(pv::cost::count_targets(N),
                   [&] { pv::count_targets(d_targets.get(), N, -100, count.get(), nullptr); });
     const long long U = (long long)distinct.size();
