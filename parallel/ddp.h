@@ -8,9 +8,19 @@
 // behind an event fence (the comm stream waits for the compute stream's work so far, without a
 // host stall) and the compute stream goes on with the backward of unit u − 1: communication
 // overlaps computation. Earlier micro-steps only accumulate: one all-reduce per bucket per
-// optimizer step. finish_gradients makes the compute stream wait for every bucket before the
-// norm and the optimizer read them, and the next step's zeroing of a bucket comes after that
-// fence, so a bucket is never reused while its collective runs.
+// optimizer step. The compute stream waits for each bucket's collective right before that
+// bucket's norm (Strategy::wait_reduced), the first thing to read it: the norms of the buckets
+// reduced first run while the last ones are still on the wire. The norm covers every bucket, so
+// the optimizer, and the next step's zeroing of a bucket, come after all of them: a bucket is
+// never reused while its collective runs.
+//
+// The tied embedding. Its gradient is complete only after the embedding's backward, the last
+// unit's (the head's backward wrote its part first), so its bucket is necessarily the last, and
+// the largest. Splitting it (the head's part reduced early, the embedding's rows later) would add
+// a collective of the same size per step; instead it is reduced as its own bucket the moment
+// the embedding's backward ends, on the higher-priority comm stream, while the compute stream
+// goes on with the norms of every other bucket: only its own norm, the scale and the update wait
+// for it.
 #pragma once
 
 #include "parallel/strategy.h"
@@ -23,7 +33,7 @@ class DDP : public Strategy<T, G> {
     DDP(Llama<T>& model, Comm& comm) : Strategy<T, G>(model, &comm) {}
     const char* name() const override { return "ddp"; }
     bool sharded_optimizer() const override { return false; }
-    void finish_gradients() override { this->comm_->fence_to(this->model_.stream()); }
+    void finish_gradients() override {}  // each bucket is waited for at its norm
 
   protected:
     void after_unit_backward(int u, bool last) override {
@@ -32,6 +42,7 @@ class DDP : public Strategy<T, G> {
         c.fence_from(this->model_.stream());
         G* g = this->grads(u);
         c.all_reduce(g, g, size_t(this->model_.trainable(u).padded));
+        this->reduced_on_comm(u);
     }
 };
 

@@ -6,6 +6,11 @@
 // backward the strategy's `after_unit_backward` runs: DDP starts that unit's gradient all-reduce
 // there (a bucket), overlapping the backward of the units below.
 //
+// Streams. Communication runs on the Comm's stream, ordered with the compute stream by events:
+// a collective waits for the compute work before it (fence_from), and the compute stream waits
+// for a unit's collective only where it first reads its result — a unit's reduced gradient at
+// its norm (reduced_on_comm / wait_reduced), a unit's gathered parameters at its forward (zero1).
+//
 // Gradients. G is the type gradients are reduced and the optimizer reads: T, or float with fp32
 // gradient accumulation for bf16, where each micro-step's bf16 gradients of a unit are added into
 // a float buffer right after the unit's backward (so a DDP bucket can reduce the float sums as
@@ -48,8 +53,15 @@ class Strategy {
         for (int u = 0; u < model.num_units(); ++u) largest = std::max(largest, model.trainable(u).padded);
         norm_scratch_ = DeviceBuffer<uint8_t>(sum_of_squares_scratch_bytes<G>(largest), MemoryCategory::workspace);
         unit_norms_ = DeviceBuffer<double>(2 * size_t(model.num_units()), MemoryCategory::workspace);
+        if (comm_) {
+            reduced_.resize(size_t(model.num_units()));
+            for (cudaEvent_t& e : reduced_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+            reduce_pending_.assign(reduced_.size(), false);
+        }
     }
-    virtual ~Strategy() = default;
+    virtual ~Strategy() {
+        for (cudaEvent_t e : reduced_) cudaEventDestroy(e);
+    }
     Strategy(const Strategy&) = delete;
     Strategy& operator=(const Strategy&) = delete;
 
@@ -127,10 +139,12 @@ class Strategy {
         const int units = model_.num_units();
         double* per_unit = unit_norms_.get();  // [units] this rank's, then [units] the sums over ranks
         CUDA_CHECK(cudaMemsetAsync(per_unit, 0, size_t(units) * sizeof(double), model_.stream()));
-        for (int u = 0; u < units; ++u)  // with one rank the slice is the group
+        for (int u = 0; u < units; ++u) {  // with one rank the slice is the group
+            wait_reduced(u);
             if (in_norm(u) && slice_len(u) > 0)
                 sum_of_squares_launch(slice_grads(u), slice_len(u), per_unit + u, norm_scratch_.get(), false,
                                       model_.stream());
+        }
         if (!comm_) return per_unit;
         comm_->fence_from(model_.stream());
         comm_->all_reduce(per_unit, per_unit + units, size_t(units));
@@ -138,8 +152,14 @@ class Strategy {
         return per_unit + units;
     }
 
-    // After the optimizer has updated the owned ranges: every rank sees every new parameter.
+    // After the optimizer has updated the owned ranges: every rank sees every new parameter — on
+    // the compute stream's timeline (a strategy may leave its parameter collectives running
+    // beside the next step's forward, which waits for each unit's own; parallel/zero1.h).
     virtual void after_update() {}
+    // Makes the host wait for any parameter collective still running (after_update's), so that
+    // parameters can be read outside the compute stream: checkpoints (whole_on_writer calls it),
+    // sampling, a test's downloads.
+    virtual void settle_parameters() {}
 
     // Checkpoints (train/checkpoint.*) ask the strategy where this rank keeps each group, and to
     // bring a whole padded group to the writing rank 0. The parameters of group g of unit u this
@@ -155,6 +175,7 @@ class Strategy {
     // the strategy's ranks; counted like every collective.
     template <class X>
     std::vector<uint8_t> whole_on_writer(int u, const X* local, long long len, long long padded) {
+        settle_parameters();
         const bool writer = !comm_ || comm_->rank() == 0;
         const int owner = unit_owner(u);
         if (owner > 0) {  // one rank holds it whole and sends it to the writer
@@ -205,6 +226,19 @@ class Strategy {
                 accumulate(grad32_[size_t(u)].get(), model_.grads(u), model_.trainable(u).padded, model_.stream());
     }
     virtual void before_unit_forward(int /*u*/) {}
+    // Unit u's gradient collective has just been queued on the comm stream: the first reader of
+    // the reduced gradient on the compute stream, the norm of unit u (unit_norms_sq), waits for it
+    // and for nothing else, so the norms of the units reduced earlier run while the last buckets
+    // (the tied embedding's, the largest and always the last) are still on the wire.
+    void reduced_on_comm(int u) {
+        CUDA_CHECK(cudaEventRecord(reduced_[size_t(u)], comm_->stream()));
+        reduce_pending_[size_t(u)] = true;
+    }
+    void wait_reduced(int u) {
+        if (reduce_pending_.empty() || !reduce_pending_[size_t(u)]) return;
+        CUDA_CHECK(cudaStreamWaitEvent(model_.stream(), reduced_[size_t(u)], 0));
+        reduce_pending_[size_t(u)] = false;
+    }
     virtual void before_unit_backward(int /*u*/) {}
     virtual void after_unit_backward(int /*u*/, bool /*last*/) {}
 
@@ -213,6 +247,8 @@ class Strategy {
     std::vector<DeviceBuffer<float>> grad32_;
     DeviceBuffer<uint8_t> norm_scratch_;
     DeviceBuffer<double> unit_norms_;
+    std::vector<cudaEvent_t> reduced_;  // per unit, with a communicator: its gradient collective done
+    std::vector<bool> reduce_pending_;  // recorded and not yet waited for by the compute stream
 };
 
 }  // namespace pv

@@ -2,13 +2,19 @@
 // state — fp32 master where it exists, m and v — only for its slice r of each trainable group (1/N
 // of it). Frozen groups are neither reduced nor gathered: every rank has them and nobody updates them.
 //
-// After the last micro-step, each unit's summed gradient goes through a true reduce-scatter, in
-// place: rank r's slice of the reduced gradient lands at its own offset in its gradient buffer
-// (NCCL's in-place form, recvbuff = sendbuff + r·count), which is exactly where its optimizer
-// reads it. Each rank updates its slice of the parameters; an in-place all-gather then writes
-// every rank's new slice into every rank's parameters. Per step that moves (N−1)/N·Ψ elements
-// twice, the same 2·(N−1)/N·Ψ as DDP's all-reduce, with 12Ψ/N bytes of optimizer state instead of
-// 12Ψ (bf16).
+// Overlap. On the last micro-step, as soon as unit u's backward is done, its summed gradient
+// goes through a true reduce-scatter on the comm stream, in place: rank r's slice of the reduced
+// gradient lands at its own offset in its gradient buffer (NCCL's in-place form, recvbuff =
+// sendbuff + r·count), which is exactly where its optimizer reads it. The backward of the units
+// below runs meanwhile, as DDP's buckets do (the compute stream waits for unit u's reduce-scatter
+// only at unit u's norm; the tied embedding's, necessarily last, as in ddp.h). Each rank then
+// updates its slice of the parameters, and an in-place all-gather per unit writes every rank's new
+// slice into every rank's parameters — queued on the comm stream and left running: the next
+// step's forward of unit u waits for unit u's all-gather alone (an event), so the gathers of the
+// later units overlap the forward of the earlier ones. Whoever reads parameters outside the
+// compute stream calls settle_parameters first (checkpoints do). Per step that moves (N−1)/N·Ψ
+// elements twice, the same 2·(N−1)/N·Ψ as DDP's all-reduce, with 12Ψ/N bytes of optimizer state
+// instead of 12Ψ (bf16).
 //
 // With the host NCCL the reduce-scatter sums the same terms in the same order as the all-reduce,
 // and the update of an element does not depend on who makes it, so ZeRO-1 and DDP end
@@ -26,27 +32,60 @@ class Zero1 : public Strategy<T, G> {
     const char* name() const override { return "zero1"; }
     bool sharded_optimizer() const override { return true; }
 
-    void finish_gradients() override {
-        Comm& c = *this->comm_;
-        c.fence_from(this->model_.stream());
-        for (int u = this->model_.num_units() - 1; u >= 0; --u) {
-            if (this->slice_len(u) == 0) continue;  // nothing of the unit trains
-            G* g = this->grads(u);
-            c.reduce_scatter(g, g + this->slice_begin(u), size_t(this->slice_len(u)));
-        }
-        c.fence_to(this->model_.stream());
+    Zero1(const Zero1&) = delete;
+    Zero1& operator=(const Zero1&) = delete;
+    ~Zero1() override {
+        for (cudaEvent_t e : gathered_) cudaEventDestroy(e);
     }
+
+    void finish_gradients() override {}  // each unit's reduce-scatter is waited for at its norm
 
     void after_update() override {
         Comm& c = *this->comm_;
-        c.fence_from(this->model_.stream());
+        c.fence_from(this->model_.stream());  // every unit's update
         for (int u = 0; u < this->model_.num_units(); ++u) {
             if (this->slice_len(u) == 0) continue;
             T* p = this->model_.params(u);
             c.all_gather(p + this->slice_begin(u), p, size_t(this->slice_len(u)));
+            CUDA_CHECK(cudaEventRecord(gathered(u), c.stream()));
+            gather_pending_[size_t(u)] = true;
         }
-        c.fence_to(this->model_.stream());
     }
+
+    void settle_parameters() override {
+        for (size_t u = 0; u < gather_pending_.size(); ++u)
+            if (gather_pending_[u]) {
+                CUDA_CHECK(cudaEventSynchronize(gathered_[u]));
+                gather_pending_[u] = false;
+            }
+    }
+
+  protected:
+    void before_unit_forward(int u) override {
+        if (gather_pending_.empty() || !gather_pending_[size_t(u)]) return;
+        CUDA_CHECK(cudaStreamWaitEvent(this->model_.stream(), gathered_[size_t(u)], 0));
+        gather_pending_[size_t(u)] = false;
+    }
+    void after_unit_backward(int u, bool last) override {
+        if (!last || this->slice_len(u) == 0) return;  // accumulating, or nothing of the unit trains
+        Comm& c = *this->comm_;
+        c.fence_from(this->model_.stream());
+        G* g = this->grads(u);
+        c.reduce_scatter(g, g + this->slice_begin(u), size_t(this->slice_len(u)));
+        this->reduced_on_comm(u);
+    }
+
+  private:
+    cudaEvent_t gathered(int u) {
+        if (gathered_.empty()) {
+            gathered_.resize(size_t(this->model_.num_units()));
+            for (cudaEvent_t& e : gathered_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+            gather_pending_.assign(gathered_.size(), false);
+        }
+        return gathered_[size_t(u)];
+    }
+    std::vector<cudaEvent_t> gathered_;  // per unit: its parameters' all-gather done (created on first use)
+    std::vector<bool> gather_pending_;   // recorded and not yet waited for
 };
 
 }  // namespace pv

@@ -385,6 +385,7 @@ class TrainingRun {
                 "train sample %s\n",
                 strategy_->name(), checkpoint_path(o_.out_dir, end_step_).c_str());
         } else if (writer() && tokenizer_) {
+            strategy_->settle_parameters();  // the decoder reads them on its own
             std::printf("\nsample (temperature %.2f, top-p %.2f):\n%s", o_.temperature, o_.top_p, o_.prompt.c_str());
             std::fflush(stdout);
             generate_text(*model_, *tokenizer_, o_.prompt, o_.sample_tokens, o_.temperature, o_.top_p, o_.seed,

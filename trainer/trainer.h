@@ -1,8 +1,11 @@
 // One optimizer step under any strategy (DESIGN.md §2, §4), the loop `train` runs and the parity
 // tests run in-process.
 //
-//   1. The step's counted target tokens are known before any forward: this rank counts its own,
-//      an all-reduce of one integer gives the global count C (a step with C = 0 is an error).
+//   1. The step's counted target tokens are known before any backward: this rank counts its
+//      own, an all-reduce of one integer gives the global count C (a step with C = 0 is an
+//      error). The first forwards are queued before the host waits for that count, so the
+//      device (and a ZeRO all-gather of the previous update, parallel/zero1.h) is never idle
+//      while it travels.
 //   2. Each micro-step: forward (its loss sum kept), backward with loss scale 1/C, so that the
 //      gradients summed over micro-steps and ranks are those of the global mean loss; the
 //      strategy communicates in its hooks. With S activation slots (a pipeline, parallel/mp.h)
@@ -123,8 +126,6 @@ class Trainer {
         long long local = 0;
         for (const auto& b : micro)
             for (int target : b.targets) local += target != kIgnoreIndex;
-        r.counted = s_.data_comm() ? count_over_ranks(local, *s_.data_comm()) : local;  // one integer all-reduce
-        if (r.counted == 0) throw std::runtime_error("step " + std::to_string(t) + " has no counted target tokens");
         cudaStream_t stream = m.stream();
         if (losses_.size() < micro.size()) losses_ = DeviceBuffer<A>(micro.size(), MemoryCategory::workspace);
         s_.begin_step();
@@ -133,6 +134,11 @@ class Trainer {
         for (size_t first = 0; first < micro.size(); first += slots) {
             const size_t n = std::min(slots, micro.size() - first);
             for (size_t k = 0; k < n; ++k) forward_slot(int(k), micro[first + k], t, losses_.get() + first + k);
+            if (first == 0) {  // the backward needs the count (its loss scale): one integer all-reduce
+                r.counted = s_.data_comm() ? count_over_ranks(local, *s_.data_comm()) : local;
+                if (r.counted == 0)
+                    throw std::runtime_error("step " + std::to_string(t) + " has no counted target tokens");
+            }
             for (size_t k = 0; k < n; ++k)
                 s_.backward(int(k), device_batch(k, micro[first + k], t), 1.0 / double(r.counted),
                             first + k + 1 == micro.size());

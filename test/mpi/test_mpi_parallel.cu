@@ -193,6 +193,7 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
             r.per_step.push_back(all), r.logs.push_back(comm->log());
             if (mp) r.schedule.push_back(pipeline_order(comm->log(), rank, ranks));
         }
+        s->settle_parameters();  // the last step's parameter all-gathers, before reading them here
         for (int u = 0; u < model.num_units(); ++u)
             for (int g = 0; g < model.num_groups(u); ++g) {
                 if (model.group(u, g).kind == pv::GroupKind::nf4) continue;  // packed codes, not values
@@ -929,6 +930,7 @@ void check_refused_step(const std::string& strategy, pv::Comm* comm, int world_r
     const pv::StepResult first =
         trainer.step(micro_batches(0, rank * per_rank, per_rank, config.vocab_size, false), 1e30, 1, 0.0, adamw);
     REQUIRE(std::isfinite(first.loss));
+    s->settle_parameters();
     const auto before = snapshot(model, *optimizer);
     std::string message;
     try {
@@ -939,6 +941,7 @@ void check_refused_step(const std::string& strategy, pv::Comm* comm, int world_r
     INFO(strategy << " rank " << rank);
     REQUIRE(message.find("step 2: the loss or gradient norm is not finite") != std::string::npos);
     REQUIRE(message.find("lower --lr or enable --clip") != std::string::npos);
+    s->settle_parameters();
     const auto after = snapshot(model, *optimizer);
     REQUIRE(after.size() == before.size());
     for (size_t i = 0; i < after.size(); ++i) REQUIRE(after[i] == before[i]);
