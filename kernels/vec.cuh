@@ -98,21 +98,56 @@ __device__ inline Vec<T, W> load_vec(const T* p) {
     return out;
 }
 
+// The bits of one element, as an unsigned integer of its size.
+template <class T>
+__device__ inline unsigned long long vec_element_bits(T v) {
+    if constexpr (sizeof(T) == 2) {
+        unsigned short b;
+        memcpy(&b, static_cast<const void*>(&v), 2);
+        return b;
+    } else if constexpr (sizeof(T) == 4) {
+        unsigned b;
+        memcpy(&b, static_cast<const void*>(&v), 4);
+        return b;
+    } else {
+        static_assert(sizeof(T) == 8, "vector elements are 2, 4 or 8 bytes");
+        unsigned long long b;
+        memcpy(&b, static_cast<const void*>(&v), 8);
+        return b;
+    }
+}
+
+// The stores assemble their words from the elements' bits with shifts (little-endian, as both the
+// GPU and the host are) and store 16 bytes as one unsigned __int128: copying the Vec's bytes into
+// a uint4 let nvcc split the store into per-element or per-word stores (st.global.v2.u16 or
+// st.global.u32 where st.global.v4 was meant) in kernels with two output streams; an __int128
+// store is one st.global.v2.u64, a 16-byte STG.
 template <int W, class T>
 __device__ inline void store_vec(T* p, const Vec<T, W>& in) {
     constexpr int bytes = int(sizeof(T)) * W;
-    if constexpr (bytes == 2 || bytes == 4 || bytes == 8 || bytes == 16) {
-        using Word = typename VecWord<bytes>::type;
-        check_vec_alignment(p, bytes);
-        Word w;
-        memcpy(&w, static_cast<const void*>(&in.v[0]), bytes);
-        *reinterpret_cast<Word*>(p) = w;
-    } else if constexpr (bytes % 16 == 0) {
-        check_vec_alignment(p, 16);
-        for (int k = 0; k < bytes / 16; ++k) {
-            uint4 w;
-            memcpy(&w, reinterpret_cast<const unsigned char*>(static_cast<const void*>(&in.v[0])) + 16 * k, 16);
-            reinterpret_cast<uint4*>(p)[k] = w;
+    if constexpr (bytes % 4 == 0 && (bytes <= 16 ? (bytes & (bytes - 1)) == 0 : bytes % 16 == 0)) {
+        unsigned w[bytes / 4] = {};
+        for (int k = 0; k < W; ++k) {
+            const unsigned long long b = vec_element_bits(in.v[k]);
+            const int at = k * int(sizeof(T));  // byte offset
+            if constexpr (sizeof(T) == 8) {
+                w[at / 4] = unsigned(b), w[at / 4 + 1] = unsigned(b >> 32);
+            } else {
+                w[at / 4] |= unsigned(b) << (8 * (at % 4));
+            }
+        }
+        check_vec_alignment(p, bytes < 16 ? bytes : 16);
+        if constexpr (bytes == 4) {
+            *reinterpret_cast<unsigned*>(p) = w[0];
+        } else if constexpr (bytes == 8) {
+            *reinterpret_cast<unsigned long long*>(p) = (unsigned long long)w[0] | (unsigned long long)w[1] << 32;
+        } else {
+            for (int g = 0; g < bytes / 16; ++g) {
+                const unsigned __int128 word = (unsigned __int128)w[4 * g] | (unsigned __int128)w[4 * g + 1] << 32 |
+                                               (unsigned __int128)w[4 * g + 2] << 64 |
+                                               (unsigned __int128)w[4 * g + 3] << 96;
+                reinterpret_cast<unsigned __int128*>(p)[g] = word;
+            }
         }
     } else {
         for (int k = 0; k < W; ++k) p[k] = in.v[k];
