@@ -264,6 +264,22 @@ void run(const pv::LlamaConfig& c, const Options& o) {
     report<T>("attention forward",
               time_it(R, [&] { pv::attention_forward(qkv, nullptr, att, lse, B, Tn, H, Hkv, hd, nullptr); }), att_bytes,
               att_flops, on_gpu);
+    // bf16 at hd 64 and 128 runs on tensor cores (kernels/attention_mma_forward.cuh); the CUDA-core
+    // kernel it replaced, timed alongside for comparison.
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        if (hd == 64 || hd == 128)
+            report<T>("attention fwd, CUDA cores",
+                      time_it(R,
+                              [&] {
+                                  if (hd == 64)
+                                      pv::attention_forward_launch<T, 64>(qkv, nullptr, att, lse, B, Tn, H, Hkv, hd,
+                                                                          nullptr);
+                                  else
+                                      pv::attention_forward_launch<T, 128>(qkv, nullptr, att, lse, B, Tn, H, Hkv, hd,
+                                                                           nullptr);
+                              }),
+                      att_bytes, att_flops, on_gpu);
+    }
     report<T>("attention backward",
               time_it(R,
                       [&] {

@@ -92,12 +92,15 @@
 //
 // These are CUDA-core kernels (scalar FMAs from shared memory, no tensor cores): simple enough to
 // be checked on the host, with the flash structure (tiling, online softmax, recomputation). They
-// serve fp32 and fp64 (the oracles' precision) and every head dim. For bf16 at hd 64 and 128 with
-// 16-byte aligned buffers, attention_backward runs the dot kernel above and then the tensor-core
-// dK/dV and dQ kernels of kernels/attention_mma_backward.cuh (same contract, same D scratch).
+// serve fp32 and fp64 (the oracles' precision) and the head dims the tensor cores do not take.
+// For bf16 with 16-byte aligned buffers, attention_forward runs the tensor-core forward of
+// kernels/attention_mma_forward.cuh (hd 64 and 128), and attention_backward runs the dot kernel
+// above and then the tensor-core dK/dV and dQ kernels of kernels/attention_mma_backward.cuh (hd a
+// multiple of 16 up to 128): same contract, same outputs, same D scratch.
 #pragma once
 
 #include "kernels/attention_mma_backward.cuh"
+#include "kernels/attention_mma_forward.cuh"
 #include "kernels/attention_windows.cuh"
 #include "kernels/common.cuh"
 
@@ -524,6 +527,15 @@ template <class T>
 void attention_forward(const T* qkv, const int* positions, T* out, acc_t<T>* lse, int B, int T_len, int H, int Hkv,
                        int hd, cudaStream_t stream) {
     attention_check_shape(B, T_len, H, Hkv, hd);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        if (attention_mma_forward_supported(qkv, out, hd)) {  // tensor cores (attention_mma_forward.cuh)
+            if (hd == 64)
+                attention_mma_forward_launch<64>(qkv, positions, out, lse, B, T_len, H, Hkv, stream);
+            else
+                attention_mma_forward_launch<128>(qkv, positions, out, lse, B, T_len, H, Hkv, stream);
+            return;
+        }
+    }
     if (hd == 64)
         attention_forward_launch<T, 64>(qkv, positions, out, lse, B, T_len, H, Hkv, hd, stream);
     else if (hd == 128)

@@ -380,6 +380,77 @@ TEST_CASE("cp.async: groups land at their wait, zfill, uncommitted copies wait f
     }
 }
 
+// ---- a cp.async double buffer, and the race of reusing a buffer too early ------------------------
+// n tiles of 8×8 16-bit values stream through two shared buffers: tile k + 1 is copied while
+// every warp reads tile k with ldmatrix. Without the trailing barrier a fast thread's copy of tile
+// k + 2 overwrites the buffer of tile k while slower warps may still read it: the write-after-read
+// hazard that ThreadSanitizer must report (the copy's destination is written at issue).
+template <bool trailing_barrier>
+__global__ void pipelined_tile_sums(const uint16_t* tiles, int n, uint32_t* out) {
+    PV_DYNAMIC_SHARED(uint16_t, s);  // [2][8 rows][8]
+    const unsigned t = threadIdx.x, lane = t % 32;
+    auto issue = [&](int k) {
+        if (t < 8) cp_async_16(s + (k % 2) * 64 + t * 8, tiles + k * 64 + t * 8);
+        cp_async_commit();  // (an empty group for the other threads)
+    };
+    issue(0);
+    uint32_t acc = 0;
+    for (int k = 0; k < n; ++k) {
+        if (k + 1 < n) {
+            issue(k + 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        uint32_t r[1];
+        ldmatrix_x1(r, s + (k % 2) * 64 + (lane % 8) * 8);
+        acc += r[0];
+        if (trailing_barrier) __syncthreads();
+    }
+    out[t] = acc;
+}
+
+template <bool trailing_barrier>
+void check_pipeline() {
+    const int n = 5;
+    std::vector<uint16_t> tiles(size_t(n) * 64);
+    std::mt19937 rng(51);
+    for (auto& x : tiles) x = uint16_t(rng());
+    DeviceArray<uint16_t> d_tiles(tiles);
+    DeviceArray<uint32_t> out(128);
+    launch(pipelined_tile_sums<trailing_barrier>, dim3(1), dim3(128), 2 * 64 * sizeof(uint16_t), nullptr, d_tiles.get(),
+           n, out.get());
+    CUDA_CHECK_LAUNCH();
+    const auto got = out.download();
+    for (unsigned t = 0; t < 128; ++t) {
+        const unsigned l = t % 32, row = l / 4, col = 2 * (l % 4);
+        uint32_t expected = 0;
+        for (int k = 0; k < n; ++k)
+            expected += uint32_t(tiles[size_t(k * 64) + row * 8 + col]) |
+                        uint32_t(tiles[size_t(k * 64) + row * 8 + col + 1]) << 16;
+        REQUIRE(got[t] == expected);
+    }
+}
+
+TEST_CASE("a cp.async double buffer streams tiles that every warp reads by ldmatrix", "[kernels][mma]") {
+    check_pipeline<true>();
+}
+TEST_CASE("planted: cp.async into a buffer still being read", "[.planted]") { check_pipeline<false>(); }
+
+TEST_CASE("ThreadSanitizer reports a cp.async overwriting a buffer other warps still read",
+          "[host-only][tsan][planted][mma]") {
+    const Environment env = {{"POLEVAULT_HOST_THREAD_ORDER", "in-order"},
+                             {"POLEVAULT_HOST_STREAMS", "sync"},
+                             {"TSAN_OPTIONS", "halt_on_error=0 exitcode=66 history_size=4"}};
+    const ChildResult bug = run_in_child("planted: cp.async into a buffer still being read", env);
+    INFO(bug.output);
+    REQUIRE(bug.died);
+    REQUIRE(bug.output.find("ThreadSanitizer: data race") != std::string::npos);
+    REQUIRE(bug.output.find("cp_async_16") != std::string::npos);
+    REQUIRE(bug.output.find("pipelined_tile_sums<false>") != std::string::npos);
+}
+
 // ---- dynamic shared memory: the opt-in limit ---------------------------------------------------
 __global__ void touch_smem_ends(uint32_t* out, int words) {
     PV_DYNAMIC_SHARED(uint32_t, smem);

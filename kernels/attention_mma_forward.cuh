@@ -1,0 +1,259 @@
+// The attention forward on tensor cores, bf16 (FlashAttention-2's structure): the same math,
+// masks, layouts and outputs as attention_forward_kernel in kernels/attention.cuh, which
+// dispatches here for bf16 with head dim 64 or 128 (other head dims, fp32 and fp64 keep the
+// CUDA-core kernels: the oracles' precision).
+//
+// Math, with s = 1/sqrt(hd) and each row's keys lo_i ≤ j ≤ i (kernels/attention_windows.cuh):
+//   x_ij = s·log2(e) · q_i·k_j                      (scores in base 2: exp2 is the fast exponential)
+//   m_i  = max_j x_ij,  l_i = Σ_j 2^(x_ij − m_i),   both carried online over key tiles
+//   out_i = Σ_j 2^(x_ij − m_i) v_j / l_i,           lse_i = ln 2 · (m_i + log2 l_i)   (float, [B][H][T])
+//
+// Tiling. A block of 4 warps owns Br = 64 query rows of one (batch, head): warp w the 16 rows
+// q0 + 16w .. q0 + 16w + 15. Key tiles of Bc = 64 rows stream through shared memory, K and V
+// double-buffered with cp.async: at each tile the block waits for its copies, meets at one
+// barrier (tile t has landed everywhere, and everyone is done with tile t − 1's buffer), issues
+// tile t + 1 into that buffer and computes on tile t while it lands. Q is staged once in V's
+// second buffer, read into registers, and a second barrier (first tile only) frees the buffer.
+// Per key tile and warp, with mma.m16n8k16 (bf16 in, fp32 accumulate; layouts in kernels/mma.cuh):
+//   S (16×64) = Q_w (16×hd) · Kᵀ       Q's A fragments loaded once by ldmatrix and kept in
+//                                      registers (hd/16 × 4 regs); K by ldmatrix.x4, two k-chunks
+//                                      of one 8-key n-tile per load; 8 accumulator tiles
+//   online softmax on the accumulators  each lane holds rows g and g+8 (g = lane/4), columns 2t,
+//                                      2t+1 of each n-tile: a row's max and sum over its 4 lanes by
+//                                      two xor shuffles; masked scores are −∞ and contribute 0
+//   O (16×hd) += P · V                 P rounded to bf16 straight from the S accumulators into A
+//                                      fragments (no shared memory), V by ldmatrix.x4.trans
+// l is summed per lane (its own columns) and over the row's 4 lanes once at the end.
+//
+// Masks and skipping. Key tiles run from the one holding the block's smallest lo to the one
+// holding its last row (causal tile skipping; with documents, tiles left of every row's window
+// are never loaded). A warp whose 16 rows see no key of a tile skips its math (warp-uniform; the
+// result is the same bits as computing it fully masked: alpha = 1 and nothing added). Heavy
+// tiles first: the grid is 1-D, query tile index descending with the block index, so the
+// blocks with the most key tiles are dispatched first and the short ones fill the tail.
+//
+// Bounds. Query and key rows at or past T are loaded with cp.async zfill (src-size 0: never
+// read; zeros in shared memory); key rows past T are masked (j ≤ i < T); query rows past T
+// attend like row T − 1 and are never stored. Requires qkv 16-byte aligned and out 4-byte
+// aligned (the dispatcher checks; cudaMalloc gives 256).
+//
+// Shared memory (bf16 rows padded to hd + 8 elements, 16 bytes, so the 8 rows an ldmatrix reads
+// fall in distinct banks): K [2][64][hd+8], V [2][64][hd+8] (Q staged in V[1]), lo [64] ints:
+//   hd 64:  37,120 bytes (under the default 48 KiB)     hd 128: 69,888 bytes (opt-in above 48 KiB)
+// 128 threads per block; ptxas (sm_80, sm_90): 164 registers at hd 64, 232 and 238 at hd 128, no
+// local memory. So two blocks per SM at hd 128 on sm_80 (164 KiB) and on sm_90 (where registers
+// are the limit).
+//
+// Global memory per launch (nq = ceil(T/64) query tiles; key tiles per query tile kt_q ≤ q + 1):
+//   reads  Q: B·H·T·hd·2 bytes once; K and V: Σ_q kt_q · 64·hd·2 bytes each per (b, h), rows past
+//          T not read; positions (if given): 64 ints per block
+//   writes out B·T·H·hd·2 bytes, lse B·H·T·4 bytes (each element once; no atomics: deterministic)
+// FLOPs (matmul, as executed): 4·16·64·hd per (warp, key tile) computed.
+#pragma once
+
+#include "kernels/attention_windows.cuh"
+#include "kernels/common.cuh"
+#include "kernels/mma.cuh"
+
+#include <cstdint>
+
+namespace pv {
+
+inline constexpr int kMmaAttentionWarps = 4;
+inline constexpr int kMmaAttentionThreads = 32 * kMmaAttentionWarps;
+inline constexpr int kMmaAttentionBr = 16 * kMmaAttentionWarps;  // query rows per block
+inline constexpr int kMmaAttentionBc = 64;                       // key rows per tile
+
+template <int HD>
+struct MmaAttentionForwardConfig {
+    static_assert(HD % 32 == 0 && HD <= 128, "head dim: a multiple of 32 up to 128");
+    static_assert(kMmaAttentionBr <= kMmaAttentionBc, "Q is staged in a V buffer");
+    static constexpr int kLd = HD + 8;  // shared row stride, elements
+    static constexpr size_t kSmemBytes =
+        size_t(4 * kMmaAttentionBc) * kLd * sizeof(__nv_bfloat16) + kMmaAttentionBr * sizeof(int);
+};
+
+// Rows [row0, row0 + ROWS) of a [T][stride] bf16 matrix (hd = HD wide from `src`) into shared
+// dst[ROWS][HD + 8] with cp.async, zero-filled at or past T_len. Not committed here.
+template <int HD, int ROWS>
+__device__ inline void mma_attention_load_tile(__nv_bfloat16* dst, const __nv_bfloat16* src, long long stride, int row0,
+                                               int T_len) {
+    constexpr int chunks = HD / 8;  // 16-byte pieces per row
+    constexpr int ld = MmaAttentionForwardConfig<HD>::kLd;
+    for (int idx = int(threadIdx.x); idx < ROWS * chunks; idx += kMmaAttentionThreads) {
+        const int r = idx / chunks, c = idx % chunks, row = row0 + r;
+        const bool inside = row < T_len;
+        cp_async_16_zfill(dst + r * ld + c * 8, src + (long long)(inside ? row : 0) * stride + c * 8, inside ? 16 : 0);
+    }
+}
+
+// The max and sum over the 4 lanes holding one row (adjacent lanes): every lane gets the same bits.
+__device__ inline float mma_row_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ inline float mma_row_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Grid: ceil(T/64)·H·B blocks (1-D, heaviest query tiles first), 128 threads.
+template <int HD>
+__global__ void __launch_bounds__(kMmaAttentionThreads)
+    attention_mma_forward_kernel(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse,
+                                 int T_len, int H, int Hkv, int B) {
+    using bf16 = __nv_bfloat16;
+    constexpr int Br = kMmaAttentionBr, Bc = kMmaAttentionBc, ld = MmaAttentionForwardConfig<HD>::kLd;
+    constexpr int KC = HD / 16;  // k-chunks of Q·Kᵀ
+    constexpr int NT = HD / 8;   // n-tiles of O
+    const int q_tiles = ceil_div(T_len, Br), heads = H * B;
+    const int q0 = (q_tiles - 1 - int(blockIdx.x) / heads) * Br;
+    const int h = int(blockIdx.x) % heads % H, b = int(blockIdx.x) % heads / H;
+    const int kvh = h / (H / Hkv);
+    const long long stride = (long long)(H + 2 * Hkv) * HD;
+    const bf16* rows = qkv + (long long)b * T_len * stride;
+    const bf16* q = rows + (long long)h * HD;
+    const bf16* k = rows + (long long)(H + kvh) * HD;
+    const bf16* v = rows + (long long)(H + Hkv + kvh) * HD;
+    const int* pos = positions ? positions + (long long)b * T_len : nullptr;
+
+    PV_DYNAMIC_SHARED(bf16, Ks);        // [2][Bc][ld]
+    bf16* const Vs = Ks + 2 * Bc * ld;  // [2][Bc][ld]
+    bf16* const Qs = Vs + Bc * ld;      // [Br][ld]: staged in V's second buffer until in registers
+    int* const lo_s = reinterpret_cast<int*>(Vs + 2 * Bc * ld);
+
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t4 = lane % 4;
+    // Q and the first key tile are in flight while the rows' windows are worked out.
+    mma_attention_load_tile<HD, Br>(Qs, q, stride, q0, T_len);
+    if (threadIdx.x < Br) lo_s[threadIdx.x] = attention_first_key(pos, min(q0 + int(threadIdx.x), T_len - 1));
+    __syncthreads();
+    int block_lo = lo_s[0], warp_lo = lo_s[16 * warp];
+    for (int r = 1; r < Br; ++r) block_lo = min(block_lo, lo_s[r]);
+    for (int r = 1; r < 16; ++r) warp_lo = min(warp_lo, lo_s[16 * warp + r]);
+    const int warp_hi = min(q0 + 16 * warp + 15, T_len - 1);  // the warp's last key (rows past T: T − 1)
+    // This lane's two rows (g and g + 8 of the warp's 16): the last and first key each sees.
+    const int i_eff[2] = {min(q0 + 16 * warp + g, T_len - 1), min(q0 + 16 * warp + g + 8, T_len - 1)};
+    const int lo[2] = {lo_s[16 * warp + g], lo_s[16 * warp + g + 8]};
+
+    const int first = block_lo / Bc, last = (min(q0 + Br, T_len) - 1) / Bc;
+    mma_attention_load_tile<HD, Bc>(Ks, k, stride, first * Bc, T_len);
+    mma_attention_load_tile<HD, Bc>(Vs, v, stride, first * Bc, T_len);
+    cp_async_commit();
+
+    const float scale_log2 = 1.4426950408889634f / sqrtf(float(HD));
+    uint32_t qf[KC][4];
+    float o[NT][4];
+    for (int n = 0; n < NT; ++n)
+        for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    for (int kt = first; kt <= last; ++kt) {
+        const int buf = (kt - first) & 1, k0 = kt * Bc;
+        cp_async_wait<0>();  // this thread's copies of tile kt (and Q) have landed
+        __syncthreads();     // ... and everyone's; and everyone is done with tile kt − 1's buffer
+        if (kt == first) {
+            for (int c = 0; c < KC; ++c)
+                ldmatrix_x4(qf[c], Qs + (16 * warp + lane % 16) * ld + c * 16 + 8 * (lane / 16));
+            __syncthreads();  // Q is in every warp's registers: its buffer may be refilled
+        }
+        if (kt < last) {  // the next tile into the other buffer, in flight while this one is used
+            mma_attention_load_tile<HD, Bc>(Ks + (buf ^ 1) * Bc * ld, k, stride, k0 + Bc, T_len);
+            mma_attention_load_tile<HD, Bc>(Vs + (buf ^ 1) * Bc * ld, v, stride, k0 + Bc, T_len);
+            cp_async_commit();
+        }
+        const bf16* Kt = Ks + buf * Bc * ld;
+        const bf16* Vt = Vs + buf * Bc * ld;
+
+        if (k0 <= warp_hi && k0 + Bc - 1 >= warp_lo) {  // some row of the warp sees a key here
+            // S = Q·Kᵀ: n-tile n holds keys k0 + 8n .. k0 + 8n + 7.
+            float s[Bc / 8][4];
+            for (int n = 0; n < Bc / 8; ++n) {
+                for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+                for (int c = 0; c < KC; c += 2) {  // matrices: this n-tile's keys × dims 16c + 0..31
+                    uint32_t kb[4];
+                    ldmatrix_x4(kb, Kt + (8 * n + lane % 8) * ld + c * 16 + 8 * (lane / 8));
+                    const uint32_t b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
+                    mma_m16n8k16_bf16(s[n], qf[c], b0, s[n]);
+                    mma_m16n8k16_bf16(s[n], qf[c + 1], b1, s[n]);
+                }
+            }
+            // Online softmax, per row half (accumulator elements 2·half and 2·half + 1).
+            for (int half = 0; half < 2; ++half) {
+                float tile_max = -INFINITY;
+                for (int n = 0; n < Bc / 8; ++n)
+                    for (int e = 0; e < 2; ++e) {
+                        const int j = k0 + 8 * n + 2 * t4 + e;
+                        float& x = s[n][2 * half + e];
+                        x = lo[half] <= j && j <= i_eff[half] ? x * scale_log2 : -INFINITY;
+                        tile_max = fmaxf(tile_max, x);
+                    }
+                // Until a row's first key, m_new = −∞ and alpha = 0 (l and o are still 0) rather
+                // than 2^(−∞ + ∞).
+                const float m_new = fmaxf(m[half], mma_row_max(tile_max));
+                const float alpha = m_new == -INFINITY ? 0.0f : exp2f(m[half] - m_new);
+                float sum = 0.0f;
+                for (int n = 0; n < Bc / 8; ++n)
+                    for (int e = 0; e < 2; ++e) {
+                        float& x = s[n][2 * half + e];
+                        x = x == -INFINITY ? 0.0f : exp2f(x - m_new);
+                        sum += x;
+                    }
+                l[half] = l[half] * alpha + sum;
+                m[half] = m_new;
+                for (int n = 0; n < NT; ++n) o[n][2 * half] *= alpha, o[n][2 * half + 1] *= alpha;
+            }
+            // O += P·V: k-chunk c is keys 16c .. 16c + 15 (S tiles 2c and 2c + 1).
+            for (int c = 0; c < Bc / 16; ++c) {
+                uint32_t pa[4];
+                accumulators_to_a_bf16(s[2 * c], s[2 * c + 1], pa);
+                for (int n = 0; n < NT; n += 2) {  // matrices: keys 16c + 0..7, 8..15 × dims 8n + 0..15
+                    uint32_t vb[4];
+                    ldmatrix_x4_trans(vb,
+                                      Vt + (16 * c + lane % 8 + 8 * ((lane / 8) % 2)) * ld + 8 * n + 8 * (lane / 16));
+                    const uint32_t b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
+                    mma_m16n8k16_bf16(o[n], pa, b0, o[n]);
+                    mma_m16n8k16_bf16(o[n + 1], pa, b1, o[n + 1]);
+                }
+            }
+        }
+    }
+
+    for (int half = 0; half < 2; ++half) {
+        const float total = mma_row_sum(l[half]);  // ≥ 1: every row sees itself
+        const int i = q0 + 16 * warp + g + 8 * half;
+        if (i >= T_len) continue;
+        const float inv = 1.0f / total;
+        bf16* o_row = out + ((long long)b * T_len + i) * H * HD + (long long)h * HD;
+        for (int n = 0; n < NT; ++n)
+            *reinterpret_cast<uint32_t*>(o_row + 8 * n + 2 * t4) =
+                pack_bf16x2(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
+        if (t4 == 0) lse[((long long)b * H + h) * T_len + i] = 0.6931471805599453f * (m[half] + log2f(total));
+    }
+}
+
+// Whether the tensor-core forward takes this call: bf16 (the caller's type), hd 64 or 128, and
+// the alignment its 16-byte copies and 4-byte stores need.
+inline bool attention_mma_forward_supported(const void* qkv, const void* out, int hd) {
+    return (hd == 64 || hd == 128) && reinterpret_cast<uintptr_t>(qkv) % 16 == 0 &&
+           reinterpret_cast<uintptr_t>(out) % 4 == 0;
+}
+
+template <int HD>
+void attention_mma_forward_launch(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse, int B,
+                                  int T_len, int H, int Hkv, cudaStream_t stream) {
+    constexpr size_t smem = MmaAttentionForwardConfig<HD>::kSmemBytes;
+    if constexpr (smem > 48 * 1024) {  // once per process: the opt-in above the default limit
+        static const bool opted_in = [] {
+            CUDA_CHECK(cudaFuncSetAttribute(attention_mma_forward_kernel<HD>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+            return true;
+        }();
+        (void)opted_in;
+    }
+    const long long blocks = (long long)ceil_div(T_len, kMmaAttentionBr) * H * B;
+    launch(attention_mma_forward_kernel<HD>, dim3(unsigned(blocks)), dim3(kMmaAttentionThreads), smem, stream, qkv,
+           positions, out, lse, T_len, H, Hkv, B);
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace pv
