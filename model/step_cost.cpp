@@ -146,14 +146,28 @@ double causal_tile_pairs(int T, int own, int other) {
 }
 }  // namespace
 
-// attention_forward_kernel (CUDA cores, 32×32 tiles at hd 64/128 in bf16): q, k and v read (every
-// key row is read by some query tile), positions when given; out and lse written. 2 matmuls.
-std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions) {
+// attention_forward_kernel (CUDA cores, 32×32 tiles at hd 64/128 in bf16: fp32, fp64 and the
+// "before" bf16 step): q, k and v read (every key row is read by some query tile), positions when
+// given; out and lse written. 2 matmuls per computed score pair.
+std::vector<KernelCost> attention_forward_cuda_cores(int B, int T, int H, int Hkv, int hd, int t, int a,
+                                                     bool positions) {
     const double rows = double(B) * T;
     const double read = rows * (H + 2 * Hkv) * hd * t + (positions ? rows * 4 : 0);
     const double written = rows * H * hd * t + rows * H * a;
     const double flops = 4.0 * hd * causal_tile_pairs(T, 32, 32) * B * H;
     return {kernel("attention_forward_kernel", "attention", read, written, flops, Roofline::attention_cuda_core)};
+}
+
+// attention_mma_forward_kernel (bf16, hd 64 and 128: kernels/attention_mma_forward.cuh): the same
+// bytes; every warp computes whole 64-key tiles up to its query tile's diagonal, rows past T
+// included: n(n+1)/2 tile pairs of 64×64 per (batch, head), n = ceil(T/64), 2 products each.
+std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions) {
+    KernelCost k = attention_forward_cuda_cores(B, T, H, Hkv, hd, t, a, positions).front();
+    const double n = double((T + 63) / 64);
+    k.kernel = "attention_mma_forward_kernel";
+    k.flops = 4.0 * hd * (n * (n + 1) / 2 * 64.0 * 64.0) * B * H;
+    k.roofline = Roofline::attention_mma;
+    return {k};
 }
 
 // The CUDA-core dK/dV and dQ kernels (attention_backward_cuda_cores: fp32, fp64, and the "before"
@@ -320,7 +334,10 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     append(k, cost::gemm(N, c.qkv_width(), C, t, false, "q, k, v projection"), layers);
     append(k, cost::rope(N, H, hd, t, a, false, s.seq_len), layers);
     append(k, cost::rope(N, Hkv, hd, t, a, false, s.seq_len), layers);
-    append(k, cost::attention_forward(s.batch, s.seq_len, H, Hkv, hd, t, a, false), layers);
+    append(k,
+           now ? cost::attention_forward(s.batch, s.seq_len, H, Hkv, hd, t, a, false)
+               : cost::attention_forward_cuda_cores(s.batch, s.seq_len, H, Hkv, hd, t, a, false),
+           layers);
     append(k, cost::gemm(N, C, c.q_width(), t, false, "output projection"), layers);
     append(k, cost::residual_rmsnorm_forward(N, C, t, a), layers);
     append(k, cost::gemm(N, 2LL * F, C, t, false, "gate, up projection"), layers);

@@ -72,7 +72,11 @@ std::vector<KernelCost> swiglu_backward(long long N, int F, int t);
 // table_rows: the distinct positions of the N rows (the RoPE table's rows read).
 std::vector<KernelCost> rope(long long N, int heads, int hd, int t, int a, bool positions, long long table_rows);
 std::vector<KernelCost> add(long long n, int t);
+// bf16 at head dims 64 and 128: the tensor-core forward.
 std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions);
+// The CUDA-core forward.
+std::vector<KernelCost> attention_forward_cuda_cores(int B, int T, int H, int Hkv, int hd, int t, int a,
+                                                     bool positions);
 // bf16 at a head dim that is a multiple of 16: the D kernel and the tensor-core kernels.
 std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions);
 // The CUDA-core dK/dV and dQ kernels (without the D kernel).

@@ -135,6 +135,9 @@ TEST_CASE("attention moves the bytes the model says, with and without document m
         const int* p = masked ? pos.get() : nullptr;
         check_traffic(pv::cost::attention_forward(B, T, H, Hkv, hd, t, a, masked),
                       [&] { pv::attention_forward(qkv.get(), p, out.get(), lse.get(), B, T, H, Hkv, hd, nullptr); });
+        check_traffic(pv::cost::attention_forward_cuda_cores(B, T, H, Hkv, hd, t, a, masked), [&] {
+            pv::attention_forward_launch<bf16, 64>(qkv.get(), p, out.get(), lse.get(), B, T, H, Hkv, hd, nullptr);
+        });
         check_traffic(pv::cost::attention_backward(B, T, H, Hkv, hd, t, a, masked), [&] {
             pv::attention_backward(qkv.get(), p, out.get(), dout.get(), lse.get(), dqkv.get(), scratch.get(), B, T, H,
                                    Hkv, hd, nullptr);
