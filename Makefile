@@ -83,8 +83,16 @@ PRODUCT_LIBS := -lpcre2-8
 
 HOST_CXXFLAGS := -std=c++20 $(OPT) $(WARNINGS) $(INCLUDES) -MMD -MP
 ifeq ($(BACKEND),cuda)
-  GENCODE := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
-  CU := $(NVCC) -x cu -std=c++20 -O2 $(GENCODE) -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror \
+  # Machine code (SASS) for A100 (sm_80), H100 (sm_90) and, where this nvcc knows it, B200
+  # (sm_100); plus the PTX of the newest of them, which the driver compiles for any later GPU
+  # (forward compatibility: without it a newer GPU has "no kernel image"). -lineinfo maps SASS
+  # back to source lines for profilers and compute-sanitizer, at no run-time cost.
+  NVCC_ARCHS := $(shell $(NVCC) --list-gpu-arch 2>/dev/null)
+  NEWEST_ARCH := $(if $(filter compute_100,$(NVCC_ARCHS)),100,90)
+  SASS_ARCHS := 80 90 $(filter 100,$(NEWEST_ARCH))
+  GENCODE := $(foreach a,$(SASS_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+             -gencode arch=compute_$(NEWEST_ARCH),code=compute_$(NEWEST_ARCH)
+  CU := $(NVCC) -x cu -std=c++20 -O2 -lineinfo $(GENCODE) -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror \
         $(INCLUDES) -MMD -MP
   LINK := $(NVCC) $(GENCODE)
   BACKEND_LIBS := -lcublas -lcudart -lnccl $(MPI_LIBS) $(PRODUCT_LIBS)

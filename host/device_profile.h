@@ -27,7 +27,8 @@ inline constexpr int kMemoryBusWidthBits = 5120;
 inline constexpr size_t kTotalGlobalMem = size_t(80) << 30;
 inline constexpr size_t kTotalConstMem = 64 * 1024;
 
-// Devices visible: POLEVAULT_HOST_DEVICES, else 8 (a node), never fewer than this node's ranks.
+// Devices visible: POLEVAULT_HOST_DEVICES exactly when set, else 8 (a node) or this node's ranks
+// if there are more.
 int host_device_count();
 
 }  // namespace pv::host

@@ -19,6 +19,9 @@
 //   ncclCommSplit     MPI_Comm_split of the parent (collective over the parent); NCCL_SPLIT_NOCOLOR
 //                     gives NULL; ranks are ordered by key, ties by parent rank (NCCL's rule and MPI's).
 //   ncclCommDestroy   waits for queued work (as NCCL does), then frees the MPI communicators.
+//   ncclCommGetAsyncError / ncclCommAbort   a failure while collectives run (injected for tests:
+//                     POLEVAULT_HOST_NCCL_ASYNC_ERROR, see injected_failure) and giving up on a
+//                     communicator without waiting for its peers.
 // Each communicator owns two MPI communicators: one for collectives, whose messages carry a tag
 // made from the communicator's collective sequence number, and one for ncclSend/ncclRecv (tag 0),
 // so a send can never match a collective's message, whatever is in flight.
@@ -78,6 +81,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
@@ -100,6 +104,8 @@ struct ncclComm {
     MPI_Comm point_to_point = MPI_COMM_NULL;  // ncclSend/ncclRecv
     int max_tag = 32767;                      // MPI_TAG_UB of `collectives` (MPI guarantees ≥ 32767)
     unsigned long long collectives_issued = 0;
+    std::atomic<int> async_error{ncclSuccess};  // ncclCommGetAsyncError; set by a failed collective
+    std::atomic<bool> aborted{false};           // ncclCommAbort
 };
 
 namespace pv::host::nccl {
@@ -518,6 +524,43 @@ ncclResult_t check_cuda(cudaError_t e, const char* what) {
     return ncclSuccess;
 }
 
+// Asynchronous errors. A GPU's NCCL reports a failure that happens while its kernels run (a peer
+// died, the network failed) through ncclCommGetAsyncError, while the stream simply never
+// finishes. Here MPI would block the same way, so the failure is injected for tests:
+// POLEVAULT_HOST_NCCL_ASYNC_ERROR=R:K makes the K-th (0-based) piece of NCCL stream work that
+// runs on world rank R fail with ncclRemoteError instead of running: its communicators report the
+// error, their later work is skipped (a broken communicator moves no data), and the peers wait in
+// MPI for data that never comes — until the product, polling, aborts the job.
+bool injected_failure() {
+    static const std::pair<int, long long> target = [] {
+        std::pair<int, long long> t{-1, -1};
+        if (const char* v = std::getenv("POLEVAULT_HOST_NCCL_ASYNC_ERROR"))
+            if (std::sscanf(v, "%d:%lld", &t.first, &t.second) != 2) {
+                std::fprintf(stderr, "polevault host NCCL: POLEVAULT_HOST_NCCL_ASYNC_ERROR=%s; use RANK:INDEX\n", v);
+                std::exit(2);
+            }
+        return t;
+    }();
+    if (target.first < 0) return false;
+    static std::atomic<long long> ran{0};
+    const long long index = ran.fetch_add(1);
+    int rank = 0;
+    if (mpi_usable()) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    return rank == target.first && index == target.second;
+}
+
+// Runs a call or group unless a communicator of it has failed or been aborted.
+ncclResult_t execute_unless_broken(const std::vector<Op>& ops, const std::vector<SelfPair>& self_pairs) {
+    bool broken = injected_failure();
+    for (const Op& op : ops) broken = broken || op.comm->async_error != ncclSuccess || op.comm->aborted;
+    if (!broken) return execute(ops, self_pairs);
+    for (const Op& op : ops) {
+        int expected = ncclSuccess;
+        op.comm->async_error.compare_exchange_strong(expected, ncclRemoteError);
+    }
+    return ncclSuccess;  // asynchronous: reported by ncclCommGetAsyncError, not by the call
+}
+
 // Submits a call or group as one piece of stream work.
 ncclResult_t launch(std::vector<Op> ops) {
     if (ops.empty()) return ncclSuccess;
@@ -546,7 +589,7 @@ ncclResult_t launch(std::vector<Op> ops) {
     const bool deferred = streams_are_deferred();
     auto status = std::make_shared<ncclResult_t>(ncclSuccess);
     stream_submit(primary, [ops = std::move(ops), self_pairs = std::move(self_pairs), status, deferred] {
-        *status = execute(ops, self_pairs);
+        *status = execute_unless_broken(ops, self_pairs);
         if (*status != ncclSuccess && deferred) {
             std::fprintf(stderr,
                          "polevault host NCCL: %s failed inside deferred stream work, where no caller can be told; "
@@ -855,6 +898,26 @@ extern "C" ncclResult_t ncclCommDestroy(ncclComm_t comm) {
         PV_MPI_TRY(MPI_Comm_free(&comm->point_to_point));
         PV_MPI_TRY(MPI_Comm_free(&comm->collectives));
     }
+    return ncclSuccess;
+}
+
+extern "C" ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
+    PV_NCCL_TRY(check_comm(comm, "ncclCommGetAsyncError"));
+    if (!async_error) return fail(ncclInvalidArgument, "ncclCommGetAsyncError: async_error is NULL");
+    *async_error = ncclResult_t(comm->async_error.load());
+    return ncclSuccess;
+}
+
+// Unlike ncclCommDestroy, waits for nothing and talks to no peer (they may be dead): the
+// communicator is marked aborted, so queued work that runs later is skipped, and forgotten. Its
+// MPI communicators are not freed (MPI_Comm_free is collective); a program aborts a communicator
+// on its way out.
+extern "C" ncclResult_t ncclCommAbort(ncclComm_t comm) {
+    if (!comm) return ncclSuccess;  // as NCCL
+    PV_NCCL_TRY(check_comm(comm, "ncclCommAbort"));
+    comm->aborted = true;
+    std::lock_guard lock(comms_mutex);
+    live_comms.erase(comm);
     return ncclSuccess;
 }
 

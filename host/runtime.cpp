@@ -169,8 +169,10 @@ DeviceMemoryAccess::~DeviceMemoryAccess() {
 
 int host_device_count() {
     static const int count = [] {
+        // Set explicitly, the count is taken as it is (so a test can give a node fewer GPUs than
+        // ranks); by default a node has 8, or as many as its ranks.
+        if (const char* env = std::getenv("POLEVAULT_HOST_DEVICES")) return std::max(1, std::atoi(env));
         int n = 8;
-        if (const char* env = std::getenv("POLEVAULT_HOST_DEVICES")) n = std::max(1, std::atoi(env));
         if (const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) n = std::max(n, std::atoi(env));
         return n;
     }();

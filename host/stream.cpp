@@ -271,10 +271,15 @@ extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     return cudaSuccess;
 }
 
+// A GPU makes progress while the host polls; the deferred executor runs only when the host waits,
+// so a query runs the stream's queued work first (one valid timing: it all finished before the
+// query). Otherwise a loop of queries, as a wait that polls for NCCL errors is, would never end.
 extern "C" cudaError_t cudaStreamQuery(cudaStream_t stream) {
     if (!stream_is_valid(stream)) return set_last_error(cudaErrorInvalidResourceHandle);
     std::lock_guard lock(streams_mutex);
-    return stream_idle(*resolve(stream)) ? cudaSuccess : cudaErrorNotReady;
+    CUstream_st* s = resolve(stream);
+    if (deferred_mode()) run_until([&] { return stream_idle(*s); });
+    return stream_idle(*s) ? cudaSuccess : cudaErrorNotReady;
 }
 
 extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned flags) {

@@ -3,7 +3,9 @@
 
 #include "parallel/world.h"
 
+#include <chrono>
 #include <string>
+#include <thread>
 
 namespace pv {
 
@@ -58,6 +60,33 @@ Comm::~Comm() {
     cudaEventDestroy(from_);
     cudaEventDestroy(to_);
     cudaStreamDestroy(stream_);
+}
+
+void Comm::synchronize() { wait_polling(stream_, {this}); }
+
+void Comm::check_async_error() {
+    ncclResult_t error = ncclSuccess;
+    NCCL_CHECK(ncclCommGetAsyncError(comm_, &error));
+    if (error == ncclSuccess || error == ncclInProgress) return;
+    ncclCommAbort(comm_);  // stop its kernels; the peers may be gone, so do not wait for them
+    abort_all_ranks(std::string("NCCL asynchronous error '") + ncclGetErrorString(error) + "' on communicator '" +
+                    name_ + "' (rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
+                    ") while waiting for the device: a peer rank failed or the network did; the communicator is "
+                    "aborted and the job ends (the first failure is in the log of the rank that failed)");
+}
+
+void wait_polling(cudaStream_t stream, const std::vector<Comm*>& comms) {
+    for (long long polls = 0;; ++polls) {
+        const cudaError_t state = cudaStreamQuery(stream);
+        if (state != cudaSuccess && state != cudaErrorNotReady)
+            fail_cuda_call("cudaStreamQuery", cudaGetErrorString(state), __FILE__, __LINE__);
+        for (Comm* c : comms) c->check_async_error();  // also after success: the work may have failed
+        if (state == cudaSuccess) return;
+        if (polls < 1000)
+            std::this_thread::yield();
+        else
+            std::this_thread::sleep_for(std::chrono::microseconds(50));  // a long wait: leave the core alone
+    }
 }
 
 void Comm::fence_from(cudaStream_t compute) {

@@ -16,7 +16,12 @@
 // Streams. Collectives run on the Comm's stream. `fence_from(compute)` makes the comm stream wait
 // for the compute stream's work so far (an event, no host stall), `fence_to(compute)` makes the
 // compute stream wait for the collectives issued so far: the order DDP needs between a unit's
-// backward, its gradient all-reduce and the optimizer.
+// backward, its gradient all-reduce and the optimizer. The comm stream is created at the device's
+// greatest priority, so collectives are not starved by the compute kernels they overlap.
+//
+// Errors. A collective that fails while it runs (a dead peer, a network failure) is reported only
+// through ncclCommGetAsyncError; the host therefore never waits on communication with a bare
+// synchronisation but with wait_polling, which aborts the communicator and ends the job.
 #pragma once
 
 #include "platform/platform.h"
@@ -117,6 +122,13 @@ class Comm {
     void fence_from(cudaStream_t compute);
     void fence_to(cudaStream_t compute);
 
+    // The host waits for the comm stream's work, polling for asynchronous errors (wait_polling).
+    void synchronize();
+    // Ends the job if the communicator has had an asynchronous error (ncclCommGetAsyncError):
+    // aborts it (ncclCommAbort) and stops every rank with a message naming this rank, the
+    // communicator and the error.
+    void check_async_error();
+
     // The record since construction or the last clear.
     const std::vector<CollectiveRecord>& log() const { return log_; }
     void clear_log() { log_.clear(); }
@@ -135,5 +147,12 @@ class Comm {
     cudaEvent_t from_ = nullptr, to_ = nullptr;
     std::vector<CollectiveRecord> log_;
 };
+
+// Makes the host wait until `stream` has finished its work, polling every communicator of `comms`
+// meanwhile (Comm::check_async_error). On a GPU a collective whose peer died never completes, so a
+// bare cudaStreamSynchronize on work that depends on communication would hang the job forever;
+// every such wait in the product goes through here instead, and a failure ends the job with a
+// message naming the rank.
+void wait_polling(cudaStream_t stream, const std::vector<Comm*>& comms);
 
 }  // namespace pv

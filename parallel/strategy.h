@@ -182,13 +182,13 @@ class Strategy {
             if (comm_->rank() == owner) {
                 comm_->fence_from(model_.stream());
                 comm_->send(local, size_t(padded), 0);
-                CUDA_CHECK(cudaStreamSynchronize(comm_->stream()));
+                comm_->synchronize();
                 return {};
             }
             if (!writer) return {};
             DeviceBuffer<X> whole(size_t(padded), MemoryCategory::comm_buffers);
             comm_->recv(whole.get(), size_t(padded), owner);
-            CUDA_CHECK(cudaStreamSynchronize(comm_->stream()));
+            comm_->synchronize();
             return download_bytes(whole.get(), padded);
         }
         if (len == padded || owner == 0) return writer ? download_bytes(local, padded) : std::vector<uint8_t>{};
@@ -198,7 +198,7 @@ class Strategy {
         DeviceBuffer<X> whole(size_t(padded), MemoryCategory::comm_buffers);
         comm_->fence_from(model_.stream());
         comm_->all_gather(local, whole.get(), size_t(len));
-        CUDA_CHECK(cudaStreamSynchronize(comm_->stream()));
+        comm_->synchronize();
         return writer ? download_bytes(whole.get(), padded) : std::vector<uint8_t>{};
     }
 

@@ -23,6 +23,15 @@ void mpi_check(int result, const char* what) {
 
 }  // namespace
 
+std::string gpu_sharing_problem(int local_ranks, int devices) {
+    if (devices < 1) return "no CUDA device visible: run on a machine with a GPU (check CUDA_VISIBLE_DEVICES)";
+    if (local_ranks <= devices) return "";
+    return std::to_string(local_ranks) + " ranks run on this node but it has " + std::to_string(devices) +
+           " GPU(s) visible: each rank needs a GPU of its own (NCCL refuses two ranks on one device); start at most " +
+           std::to_string(devices) + " rank(s) per node (mpirun -np, or --map-by ppr:" + std::to_string(devices) +
+           ":node) or make more GPUs visible (CUDA_VISIBLE_DEVICES)";
+}
+
 void abort_all_ranks(const std::string& message) {
     int rank = 0, size = 1;
     const bool running = mpi_running();
@@ -48,12 +57,15 @@ World::World(int* argc, char*** argv) {
     MPI_Comm node;
     mpi_check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
               "MPI_Comm_split_type");
+    int local_ranks = 1;
     mpi_check(MPI_Comm_rank(node, &local_rank_), "MPI_Comm_rank");
+    mpi_check(MPI_Comm_size(node, &local_ranks), "MPI_Comm_size");
     MPI_Comm_free(&node);
     int devices = 0;
     CUDA_CHECK(cudaGetDeviceCount(&devices));
-    if (devices < 1) abort_all_ranks("no CUDA device visible");
-    device_ = local_rank_ % devices;
+    if (const std::string problem = gpu_sharing_problem(local_ranks, devices); !problem.empty())
+        abort_all_ranks(problem);
+    device_ = local_rank_;
     CUDA_CHECK(cudaSetDevice(device_));
     ncclUniqueId id;
     if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));

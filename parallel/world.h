@@ -41,6 +41,11 @@ class World {
     std::unique_ptr<Comm> comm_;
 };
 
+// Empty when `local_ranks` ranks of one node can each have a GPU of their own among `devices`
+// visible ones; otherwise the error to stop with, naming the fix. Two ranks on one GPU would
+// share its memory and NCCL refuses a communicator with two ranks on one device.
+std::string gpu_sharing_problem(int local_ranks, int devices);
+
 // Prints "rank R/N: message" to stderr and ends every rank (MPI_Abort), or exits with status 1
 // when MPI is not running or the world has one rank.
 [[noreturn]] void abort_all_ranks(const std::string& message);

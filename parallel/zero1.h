@@ -53,11 +53,8 @@ class Zero1 : public Strategy<T, G> {
     }
 
     void settle_parameters() override {
-        for (size_t u = 0; u < gather_pending_.size(); ++u)
-            if (gather_pending_[u]) {
-                CUDA_CHECK(cudaEventSynchronize(gathered_[u]));
-                gather_pending_[u] = false;
-            }
+        this->comm_->synchronize();  // the gathers ran on it
+        gather_pending_.assign(gather_pending_.size(), false);
     }
 
   protected:

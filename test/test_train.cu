@@ -482,6 +482,42 @@ TEST_CASE("train under mpirun: a failure on one rank ends every rank within 60 s
     REQUIRE(r.output.find("/nonexistent/rank1.pvtokens") != std::string::npos);
 }
 
+// A collective that fails while it runs (injected on rank 1 by the host NCCL: its 12th piece of
+// NCCL work reports ncclRemoteError through ncclCommGetAsyncError and moves no data, as a dead
+// peer would leave it) is found by the polling wait, which aborts the communicator and ends the
+// job with the rank and the communicator named, instead of leaving rank 0 waiting forever.
+TEST_CASE("train under mpirun: an asynchronous NCCL error ends the job with a message naming the rank",
+          "[train][mpi]") {
+    TempDir dir("train_mpi_async");
+    const std::string run = (build_dir() / "train").string() + " " + kTiny + " --sample-tokens 0 ";
+    for (const char* strategy : {"ddp", "zero1"}) {
+        const auto start = std::chrono::steady_clock::now();
+        const Run r = run_mpi(2, std::string("-x POLEVAULT_HOST_NCCL_ASYNC_ERROR=1:12 ") + run + "--parallel " +
+                                     strategy + " --out-dir " + dir.file(strategy));
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        INFO(strategy << "\n" << r.output);
+        REQUIRE(r.status != 0);
+        REQUIRE(r.status != 124);  // not the timeout
+        REQUIRE(seconds < 60);
+        REQUIRE(r.output.find("rank 1/2: NCCL asynchronous error") != std::string::npos);
+        REQUIRE(r.output.find("on communicator 'world' (rank 1 of 2)") != std::string::npos);
+        REQUIRE(losses(r.output).size() < 6);  // it stopped during the run
+    }
+}
+
+// Two ranks of one node with one GPU between them: refused at start-up, the fix named.
+TEST_CASE("train under mpirun: more ranks on a node than GPUs is refused with the fix", "[train][mpi]") {
+    TempDir dir("train_mpi_gpus");
+    const Run r = run_mpi(2, "-x POLEVAULT_HOST_DEVICES=1 " + (build_dir() / "train").string() + " " + kTiny +
+                                 " --parallel ddp --out-dir " + dir.file("run"));
+    INFO(r.output);
+    REQUIRE(r.status != 0);
+    REQUIRE(r.status != 124);
+    REQUIRE(r.output.find("2 ranks run on this node but it has 1 GPU(s) visible") != std::string::npos);
+    REQUIRE(r.output.find("start at most 1 rank(s) per node") != std::string::npos);
+    REQUIRE(losses(r.output).empty());
+}
+
 namespace train_test {
 
 // Every step's loss from a metrics.jsonl, at its 17 digits.

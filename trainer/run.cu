@@ -58,7 +58,7 @@ std::vector<std::array<double, 3>> gather_load_stats(World& world, const LoadSta
     double* slot = buffer.get() + 3 * world.rank();
     CUDA_CHECK(cudaMemcpy(slot, mine.data(), sizeof mine, cudaMemcpyHostToDevice));
     world.comm().all_gather(slot, buffer.get(), 3);
-    CUDA_CHECK(cudaStreamSynchronize(world.comm().stream()));
+    world.comm().synchronize();
     CUDA_CHECK(cudaMemcpy(all.data(), buffer.get(), buffer.bytes(), cudaMemcpyDeviceToHost));
     return all;
 }

@@ -158,7 +158,7 @@ class Trainer {
             opt_.update_unit(u, s_.owned_params(u), s_.owned_grads(u), adamw, lr, t, 1.0, stream, &figures->scale);
         s_.after_update();
         CUDA_CHECK(cudaMemcpyAsync(host_figures_, figures, sizeof(StepFigures), cudaMemcpyDeviceToHost, stream));
-        CUDA_CHECK(cudaStreamSynchronize(stream));  // the step's one wait
+        wait_polling(stream, s_.comms());  // the step's one wait
         r.loss = host_figures_->loss_sum / double(r.counted);
         r.grad_norm = host_figures_->grad_norm;
         if (!std::isfinite(r.loss) || !std::isfinite(host_figures_->scale))
@@ -181,7 +181,7 @@ class Trainer {
         c->fence_to(m.stream());
         X out = 0;
         CUDA_CHECK(cudaMemcpyAsync(&out, device + 1, sizeof(X), cudaMemcpyDeviceToHost, m.stream()));
-        CUDA_CHECK(cudaStreamSynchronize(m.stream()));
+        wait_polling(m.stream(), s_.comms());
         return out;
     }
 
@@ -194,7 +194,7 @@ class Trainer {
         c.all_reduce(counts_.get(), counts_.get() + 1, 1);
         CUDA_CHECK(cudaMemcpyAsync(host_counts_ + 1, counts_.get() + 1, sizeof(long long), cudaMemcpyDeviceToHost,
                                    c.stream()));
-        CUDA_CHECK(cudaStreamSynchronize(c.stream()));
+        c.synchronize();
         return host_counts_[1];
     }
 
@@ -236,7 +236,7 @@ class Trainer {
         Llama<T>& m = s_.model();
         A host = 0;
         CUDA_CHECK(cudaMemcpyAsync(&host, loss, sizeof(A), cudaMemcpyDeviceToHost, m.stream()));
-        CUDA_CHECK(cudaStreamSynchronize(m.stream()));
+        wait_polling(m.stream(), s_.comms());  // a forward may communicate (zero3, a pipeline)
         return double(host);
     }
 

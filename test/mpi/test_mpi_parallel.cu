@@ -970,3 +970,14 @@ TEST_CASE("the communication stream runs at the device's greatest priority, abov
     CHECK(comm == greatest);
     CHECK(compute == least);
 }
+
+TEST_CASE("a node with fewer GPUs than ranks is refused, naming the fix", "[parallel][world]") {
+    CHECK(pv::gpu_sharing_problem(1, 1).empty());
+    CHECK(pv::gpu_sharing_problem(4, 8).empty());
+    CHECK(pv::gpu_sharing_problem(8, 8).empty());
+    const std::string two_on_one = pv::gpu_sharing_problem(2, 1);
+    CHECK(two_on_one.find("2 ranks run on this node but it has 1 GPU(s) visible") != std::string::npos);
+    CHECK(two_on_one.find("start at most 1 rank(s) per node") != std::string::npos);
+    CHECK(pv::gpu_sharing_problem(9, 8).find("start at most 8 rank(s) per node") != std::string::npos);
+    CHECK(pv::gpu_sharing_problem(1, 0).find("no CUDA device visible") != std::string::npos);
+}
