@@ -21,23 +21,28 @@ cd "$(dirname "$0")/.."
 source_file="${1:-bench/kernels_bench.cu}"
 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 NVCC="$CUDA_HOME/bin/nvcc"
-# Kernels whose bf16 instantiations must use tensor cores, and those that must load 16 bytes at once.
-TENSOR_CORE_KERNELS="${TENSOR_CORE_KERNELS:-attention_mma_forward_kernel attention_mma_dkv_kernel attention_mma_dq_kernel}"
-VECTOR_KERNELS="${VECTOR_KERNELS:-swiglu_forward_kernel swiglu_backward_kernel add_kernel accumulate_kernel cast_kernel}"
+# Kernels whose bf16 instantiations must use tensor cores, and those that must load 16 bytes at
+# once: extended regular expressions matched against the demangled name, '~' standing for a space
+# (each must match at least one bf16 instantiation). The vector kernels are the 16-byte instantiations (W = 8 for bf16) of
+# the elementwise loop and the row kernels.
+TENSOR_CORE_KERNELS="${TENSOR_CORE_KERNELS:-attention_mma_forward_kernel< attention_mma_dkv_kernel< attention_mma_dq_kernel<}"
+VECTOR_KERNELS="${VECTOR_KERNELS:-elementwise_kernel<pv::Swiglu.*,~8, elementwise_kernel<pv::Rope.*,~8, rmsnorm_forward_kernel<__nv_bfloat16,~8 rmsnorm_backward_kernel<__nv_bfloat16,~8 cross_entropy_forward_kernel<__nv_bfloat16,~8 embedding_sum_kernel<__nv_bfloat16,~8}"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 flags=(-x cu -std=c++20 -O2 -I. -isystem "$CUDA_HOME/include")
 "$NVCC" "${flags[@]}" -gencode arch=compute_90,code=sm_90 -Xptxas -v -c "$source_file" -o "$work/k.o" 2> "$work/ptxas.log"
 "$NVCC" "${flags[@]}" -arch=compute_90 -ptx "$source_file" -o "$work/k.ptx"
 
-# cuobjdump: from $CUOBJDUMP, or a pinned wheel in build/sass-tools.
+# cuobjdump (and the nvdisasm it runs): from $CUOBJDUMP, or pinned wheels in build/sass-tools.
 if [[ -z "${CUOBJDUMP:-}" ]]; then
   tools=build/sass-tools
   CUOBJDUMP=$(find "$tools" -name cuobjdump -type f 2>/dev/null | head -1 || true)
-  if [[ -z "$CUOBJDUMP" ]]; then
-    python3 -m pip install --quiet --no-deps --target "$tools" nvidia-cuda-cuobjdump==13.2.86 >&2
+  if [[ -z "$CUOBJDUMP" || -z "$(find "$tools" -name nvdisasm -type f 2>/dev/null)" ]]; then
+    python3 -m pip install --quiet --no-deps --target "$tools" nvidia-cuda-cuobjdump==13.2.86 \
+      nvidia-cuda-nvdisasm==13.2.86 2>&1 | grep -v "WARNING: Running pip as the 'root' user" >&2 || true
     CUOBJDUMP=$(find "$tools" -name cuobjdump -type f | head -1)
   fi
+  export PATH="$(dirname "$(find "$tools" -name nvdisasm -type f | head -1)"):$PATH"
 fi
 # Per function: HMMA instructions and 128-bit global loads.
 "$CUOBJDUMP" -sass "$work/k.o" | awk '
@@ -86,17 +91,24 @@ while read -r mangled regs smem spill bound hmma ldg; do
   if [[ "$bound" -gt 0 && $((regs * bound)) -gt 65536 ]]; then
     verdict="$verdict  <- $regs registers x $bound threads exceeds 65536"; failures=$((failures + 1))
   fi
-  if [[ "$dtype" == "bf16" && " $TENSOR_CORE_KERNELS " == *" $base "* && "$hmma" -eq 0 ]]; then
-    verdict="$verdict  <- no tensor-core (HMMA) instruction"; failures=$((failures + 1))
-  fi
-  if [[ "$dtype" == "bf16" && " $VECTOR_KERNELS " == *" $base "* && "$ldg" -eq 0 ]]; then
-    verdict="$verdict  <- no 128-bit global load"; failures=$((failures + 1))
-  fi
+  for pattern in $TENSOR_CORE_KERNELS; do
+    if [[ "$dtype" == "bf16" && "$name" =~ ${pattern//\~/ } && "$hmma" -eq 0 ]]; then
+      verdict="$verdict  <- no tensor-core (HMMA) instruction"; failures=$((failures + 1))
+    fi
+  done
+  for pattern in $VECTOR_KERNELS; do
+    if [[ "$dtype" == "bf16" && "$name" =~ ${pattern//\~/ } && "$ldg" -eq 0 ]]; then
+      verdict="$verdict  <- no 128-bit global load"; failures=$((failures + 1))
+    fi
+  done
   printf "%-6s %5s %8s %6s %7s %9s %10s %5s %8s  %s%s\n" "$dtype" "$regs" "$smem" "$spill" "${bound/#0/-}" "$warps" "$blocks" "$hmma" "$ldg" "$name" "$verdict"
 done < "$work/table"
-# Every kernel named in the two lists must exist in bf16 (a renamed kernel must not pass unchecked).
-for k in $TENSOR_CORE_KERNELS $VECTOR_KERNELS; do
-  if ! grep -q "$k" <(c++filt < "$work/table"); then echo "ptxas-report: kernel $k not found"; failures=$((failures + 1)); fi
+# Every pattern in the two lists must match a bf16 instantiation (a renamed kernel must not pass
+# unchecked).
+for pattern in $TENSOR_CORE_KERNELS $VECTOR_KERNELS; do
+  if ! awk '{print $1}' "$work/table" | c++filt | grep -E -q "${pattern//\~/ }"; then
+    echo "ptxas-report: no kernel matches '$pattern'"; failures=$((failures + 1))
+  fi
 done
 if [[ $failures -gt 0 ]]; then
   echo "ptxas-report: $failures problem(s)"; exit 1

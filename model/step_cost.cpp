@@ -379,17 +379,18 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     const double embedding = double(V) * C, head = (c.tie_embeddings ? 0 : double(V) * C) + C;
     const double params = embedding + L * block_params + head;
     const int head_tensors = c.tie_embeddings ? 1 : 2;
+    const double z = s.optimizer_shards;  // each rank's share of the norm and the update
     append(k, cost::memset(params * t, "gradients zeroed"), 1);
-    append(k, cost::sum_of_squares((long long)block_params, t, true), L);
-    append(k, cost::sum_of_squares((long long)embedding, t, true), 1);
-    append(k, cost::sum_of_squares((long long)head, t, true), 1);
+    append(k, cost::sum_of_squares((long long)(block_params / z), t, true), L);
+    append(k, cost::sum_of_squares((long long)(embedding / z), t, true), 1);
+    append(k, cost::sum_of_squares((long long)(head / z), t, true), 1);
     if (now) {  // one launch per unit
-        append(k, cost::adamw((long long)block_params, t, t, a, 6), L);
-        append(k, cost::adamw((long long)embedding, t, t, a, 1), 1);
-        append(k, cost::adamw((long long)head, t, t, a, head_tensors), 1);
+        append(k, cost::adamw((long long)(block_params / z), t, t, a, 6), L);
+        append(k, cost::adamw((long long)(embedding / z), t, t, a, 1), 1);
+        append(k, cost::adamw((long long)(head / z), t, t, a, head_tensors), 1);
     } else {  // one launch per tensor: six per block, the embedding, the final norm, an untied lm_head
         const double tensors = 6.0 * L + 1 + head_tensors;
-        KernelCost opt = cost::adamw((long long)params, t, t, a, 0)[0];
+        KernelCost opt = cost::adamw((long long)(params / z), t, t, a, 0)[0];
         opt.op = "AdamW (" + std::to_string(int(tensors)) + " launches)";
         k.push_back(opt);
     }

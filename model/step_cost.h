@@ -103,12 +103,14 @@ std::vector<KernelCost> cross_entropy_backward(long long N, int V, int t);
 }  // namespace before
 }  // namespace cost
 
-// The shape of one training step: full fine-tuning on one GPU, micro-batch `batch` × `seq_len`,
-// `accumulation` micro-steps per optimizer step, storage bytes t (bf16: 2).
+// The shape of one training step of one rank: full fine-tuning, micro-batch `batch` × `seq_len`,
+// `accumulation` micro-steps per optimizer step, storage bytes t (bf16: 2); under ZeRO each rank
+// forms the norm of and updates 1/optimizer_shards of the parameters.
 struct StepShape {
     LlamaConfig config;
     int batch = 1, seq_len = 2048, accumulation = 1;
     int t = 2;
+    int optimizer_shards = 1;  // ranks the optimizer state is split over (ZeRO: the world; else 1)
 };
 
 // Which kernels: those of the issue-15 code (now), or those it replaced (before), for the
