@@ -96,12 +96,12 @@
 // For bf16 with 16-byte aligned buffers, attention_forward runs the tensor-core forward of
 // kernels/attention_mma_forward.cuh (hd 64 and 128), and attention_backward runs the dot kernel
 // above and then the tensor-core dK/dV and dQ kernels of kernels/attention_mma_backward.cuh (hd a
-// multiple of 16 up to 128): same contract, same outputs, same D scratch.
+// multiple of 16 from 32 to 128): same contract, same outputs, same D scratch.
 #pragma once
 
 #include "kernels/attention_mma_backward.cuh"
 #include "kernels/attention_mma_forward.cuh"
-#include "kernels/attention_windows.cuh"
+#include "kernels/attention_window.cuh"
 #include "kernels/common.cuh"
 
 #include <cstdio>

@@ -3,7 +3,7 @@
 // dispatches here for bf16 with head dim 64 or 128 (other head dims, fp32 and fp64 keep the
 // CUDA-core kernels: the oracles' precision).
 //
-// Math, with s = 1/sqrt(hd) and each row's keys lo_i ≤ j ≤ i (kernels/attention_windows.cuh):
+// Math, with s = 1/sqrt(hd) and each row's keys lo_i ≤ j ≤ i (kernels/attention_window.cuh):
 //   x_ij = s·log2(e) · q_i·k_j                      (scores in base 2: exp2 is the fast exponential)
 //   m_i  = max_j x_ij,  l_i = Σ_j 2^(x_ij − m_i),   both carried online over key tiles
 //   out_i = Σ_j 2^(x_ij − m_i) v_j / l_i,           lse_i = ln 2 · (m_i + log2 l_i)   (float, [B][H][T])
@@ -51,7 +51,7 @@
 // FLOPs (matmul, as executed): 4·16·64·hd per (warp, key tile) computed.
 #pragma once
 
-#include "kernels/attention_windows.cuh"
+#include "kernels/attention_window.cuh"
 #include "kernels/common.cuh"
 #include "kernels/mma.cuh"
 

@@ -1,16 +1,16 @@
-// The key windows of attention's rows (the contract is in kernels/attention.cuh's header
-// comment): lo_i, the first key row i attends to, and the last query row that reaches a key.
-// Shared by the CUDA-core kernels (kernels/attention.cuh) and the tensor-core ones
-// (kernels/attention_mma_*.cuh), so every kernel reads positions the same way.
+// Which keys a query row of causal attention sees, shared by every attention kernel
+// (kernels/attention.cuh states the contract): row i of a sequence attends to keys lo_i ≤ j ≤ i,
+// lo_i = 0 without positions, else lo_i = clamp(i − positions[i], 0, i), the first row of i's
+// document (0 ≤ positions[i] ≤ i is the caller's contract; other values are clamped, never read past).
 #pragma once
 
-#include "kernels/common.cuh"
+#include "platform/platform.h"
 
 namespace pv {
 
-// lo_i, the first key row i attends to (the contract): 0 without positions, else i − pos
-// clamped to [0, i]. `pos` is the sequence's positions, or null. (Written so that no out-of-range
-// value can overflow the subtraction.)
+// lo_i, the first key row i attends to: 0 without positions, else i − pos clamped to [0, i].
+// `pos` is the sequence's positions, or null. (Written so that no out-of-range value can overflow
+// the subtraction.)
 __device__ inline int attention_first_key(const int* pos, int i) {
     if (!pos) return 0;
     const int p = pos[i];
