@@ -198,7 +198,7 @@ double mma_backward_pairs(int T) {
 }
 }  // namespace
 
-// attention_backward for bf16 at a head dim that is a multiple of 16 (attention_mma_backward.cuh):
+// attention_backward for bf16 at a head dim that is a multiple of 16 from 32 to 128 (attention_mma_backward.cuh):
 // the D kernel, then attention_mma_dkv_kernel (q, k, v, dout, lse and D read, dk and dv written;
 // per score pair S, dP, and dV, dK as hi + lo pairs: 12·hd FLOPs) and attention_mma_dq_kernel (the
 // same reads, dq written; S, dP, dQ as hi + lo: 8·hd).

@@ -77,7 +77,7 @@ std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, 
 // The CUDA-core forward.
 std::vector<KernelCost> attention_forward_cuda_cores(int B, int T, int H, int Hkv, int hd, int t, int a,
                                                      bool positions);
-// bf16 at a head dim that is a multiple of 16: the D kernel and the tensor-core kernels.
+// bf16 at a head dim that is a multiple of 16 from 32 to 128: the D kernel and the tensor-core kernels.
 std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions);
 // The CUDA-core dK/dV and dQ kernels (without the D kernel).
 std::vector<KernelCost> attention_backward_cuda_cores(int B, int T, int H, int Hkv, int hd, int t, int a,
