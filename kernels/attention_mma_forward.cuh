@@ -21,9 +21,17 @@
 //   online softmax on the accumulators  each lane holds rows g and g+8 (g = lane/4), columns 2t,
 //                                      2t+1 of each n-tile: a row's max and sum over its 4 lanes by
 //                                      two xor shuffles; masked scores are −∞ and contribute 0
-//   O (16×hd) += P · V                 P rounded to bf16 straight from the S accumulators into A
-//                                      fragments (no shared memory), V by ldmatrix.x4.trans
+//   O (16×hd) += P · V                 P split into bf16 hi + lo straight from the S accumulators
+//                                      into A fragments (no shared memory), two mma per V fragment;
+//                                      V by ldmatrix.x4.trans
 // l is summed per lane (its own columns) and over the row's 4 lanes once at the end.
+//
+// Why P = hi + lo. Rounding P to one bf16 (FlashAttention-2's choice) adds a 2^-9 relative error
+// per probability: the output stays within the fp64 reference's bf16 tolerance (RMS error about
+// 17% above the CUDA-core kernel's), but the KV-cache decoder (fp32 P) and a full forward then
+// disagree by more than the bf16 tolerance on a few logits of test_decoder's random models. With
+// hi + lo, P keeps ~16 bits and the error equals the CUDA-core kernel's; the cost is one more
+// mma per P·V mma (1.5× the forward's tensor-core work).
 //
 // Masks and skipping. Key tiles run from the one holding the block's smallest lo to the one
 // holding its last row (causal tile skipping; with documents, tiles left of every row's window
@@ -40,15 +48,16 @@
 // Shared memory (bf16 rows padded to hd + 8 elements, 16 bytes, so the 8 rows an ldmatrix reads
 // fall in distinct banks): K [2][64][hd+8], V [2][64][hd+8] (Q staged in V[1]), lo [64] ints:
 //   hd 64:  37,120 bytes (under the default 48 KiB)     hd 128: 69,888 bytes (opt-in above 48 KiB)
-// 128 threads per block; ptxas (sm_80, sm_90): 164 registers at hd 64, 232 and 238 at hd 128, no
-// local memory. So two blocks per SM at hd 128 on sm_80 (164 KiB) and on sm_90 (where registers
-// are the limit).
+// 128 threads per block; ptxas (sm_80, sm_90): 164 and 186 registers at hd 64, 243 and 238 at
+// hd 128, no local memory. So two blocks per SM at hd 128 on sm_80 (164 KiB) and on sm_90 (where
+// registers are the limit).
 //
 // Global memory per launch (nq = ceil(T/64) query tiles; key tiles per query tile kt_q ≤ q + 1):
 //   reads  Q: B·H·T·hd·2 bytes once; K and V: Σ_q kt_q · 64·hd·2 bytes each per (b, h), rows past
 //          T not read; positions (if given): 64 ints per block
 //   writes out B·T·H·hd·2 bytes, lse B·H·T·4 bytes (each element once; no atomics: deterministic)
-// FLOPs (matmul, as executed): 4·16·64·hd per (warp, key tile) computed.
+// FLOPs per (warp, key tile) computed: 2·16·64·hd for S and 2·2·16·64·hd for P·V (hi and lo)
+// executed on tensor cores, i.e. 1.5× the 4·16·64·hd of the matmul-equivalent count.
 #pragma once
 
 #include "kernels/attention_window.cuh"
@@ -202,17 +211,19 @@ __global__ void __launch_bounds__(kMmaAttentionThreads)
                 m[half] = m_new;
                 for (int n = 0; n < NT; ++n) o[n][2 * half] *= alpha, o[n][2 * half + 1] *= alpha;
             }
-            // O += P·V: k-chunk c is keys 16c .. 16c + 15 (S tiles 2c and 2c + 1).
+            // O += P·V: k-chunk c is keys 16c .. 16c + 15 (S tiles 2c and 2c + 1); P = hi + lo.
             for (int c = 0; c < Bc / 16; ++c) {
-                uint32_t pa[4];
-                accumulators_to_a_bf16(s[2 * c], s[2 * c + 1], pa);
+                uint32_t p_hi[4], p_lo[4];
+                accumulators_to_a_bf16_split(s[2 * c], s[2 * c + 1], p_hi, p_lo);
                 for (int n = 0; n < NT; n += 2) {  // matrices: keys 16c + 0..7, 8..15 × dims 8n + 0..15
                     uint32_t vb[4];
                     ldmatrix_x4_trans(vb,
                                       Vt + (16 * c + lane % 8 + 8 * ((lane / 8) % 2)) * ld + 8 * n + 8 * (lane / 16));
                     const uint32_t b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
-                    mma_m16n8k16_bf16(o[n], pa, b0, o[n]);
-                    mma_m16n8k16_bf16(o[n + 1], pa, b1, o[n + 1]);
+                    mma_m16n8k16_bf16(o[n], p_hi, b0, o[n]);
+                    mma_m16n8k16_bf16(o[n], p_lo, b0, o[n]);
+                    mma_m16n8k16_bf16(o[n + 1], p_hi, b1, o[n + 1]);
+                    mma_m16n8k16_bf16(o[n + 1], p_lo, b1, o[n + 1]);
                 }
             }
         }

@@ -53,4 +53,18 @@ __device__ inline void accumulators_to_a_bf16(const float (&left)[4], const floa
     a[3] = pack_bf16x2(right[2], right[3]);
 }
 
+// The same tiles as two bf16 operands, hi = bf16(x) and lo = bf16(x − hi): hi·B + lo·B carries
+// x to about 16 significant bits (bf16 alone keeps 8), for products whose fp32 inputs must not
+// lose precision (attention's probabilities P before P·V).
+__device__ inline void accumulators_to_a_bf16_split(const float (&left)[4], const float (&right)[4], uint32_t (&hi)[4],
+                                                    uint32_t (&lo)[4]) {
+    accumulators_to_a_bf16(left, right, hi);
+    float left_lo[4], right_lo[4];
+    for (int e = 0; e < 4; ++e) {
+        left_lo[e] = left[e] - (e % 2 ? bf16x2_high(hi[e / 2]) : bf16x2_low(hi[e / 2]));
+        right_lo[e] = right[e] - (e % 2 ? bf16x2_high(hi[2 + e / 2]) : bf16x2_low(hi[2 + e / 2]));
+    }
+    accumulators_to_a_bf16(left_lo, right_lo, lo);
+}
+
 }  // namespace pv
