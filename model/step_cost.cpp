@@ -160,12 +160,13 @@ std::vector<KernelCost> attention_forward_cuda_cores(int B, int T, int H, int Hk
 
 // attention_mma_forward_kernel (bf16, hd 64 and 128: kernels/attention_mma_forward.cuh): the same
 // bytes; every warp computes whole 64-key tiles up to its query tile's diagonal, rows past T
-// included: n(n+1)/2 tile pairs of 64×64 per (batch, head), n = ceil(T/64), 2 products each.
+// included: n(n+1)/2 tile pairs of 64×64 per (batch, head), n = ceil(T/64); per pair S = Q·Kᵀ and
+// P·V with P as a bf16 hi + lo pair: 3 products, 6·hd FLOPs.
 std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions) {
     KernelCost k = attention_forward_cuda_cores(B, T, H, Hkv, hd, t, a, positions).front();
     const double n = double((T + 63) / 64);
     k.kernel = "attention_mma_forward_kernel";
-    k.flops = 4.0 * hd * (n * (n + 1) / 2 * 64.0 * 64.0) * B * H;
+    k.flops = 6.0 * hd * (n * (n + 1) / 2 * 64.0 * 64.0) * B * H;
     k.roofline = Roofline::attention_mma;
     return {k};
 }
