@@ -95,9 +95,15 @@ cudaError_t release(void* ptr, AllocKind kind) {
         std::lock_guard lock(registry_mutex);
         auto it = allocations.find(static_cast<const char*>(ptr));
         if (it == allocations.end() || it->second.kind != kind) return set_last_error(cudaErrorInvalidValue);
-        allocations.erase(it);
     }
-    cudaDeviceSynchronize();  // as on the device, freeing waits for work that may still use it
+    // As on the device, freeing waits for work that may still use it. That work runs while the
+    // allocation is still registered: a kernel deferred until now must see it as device memory
+    // (the ASan build unpoisons only registered allocations for a launch).
+    cudaDeviceSynchronize();
+    {
+        std::lock_guard lock(registry_mutex);
+        allocations.erase(static_cast<const char*>(ptr));
+    }
 #if defined(__SANITIZE_ADDRESS__)
     ASAN_UNPOISON_MEMORY_REGION(ptr, 1);  // free() needs the chunk's header region sane; ASan repoisons
 #endif

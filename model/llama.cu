@@ -111,6 +111,36 @@ size_t arena_bytes(const std::vector<ActivationBuffer>& buffers) {
     return total;
 }
 
+std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& c, int batch, int seq_len, DType dtype,
+                                                   const LoraConfig& lora, bool nf4) {
+    const long long N = (long long)batch * seq_len, C = c.hidden_size, F = c.ffn_size;
+    const size_t t = dtype_size(dtype);
+    long long lora_max_a_rows = 0;
+    for (const LoraLinearShape& s : lora_linears(c, lora))
+        lora_max_a_rows = std::max<long long>(lora_max_a_rows, lora_shape(s, lora).a_rows());
+    // The scratch sizes depend on the storage type only through its accumulator.
+    const size_t norm_scratch = dtype == DType::fp64 ? rmsnorm_backward_scratch_bytes<double>(N, int(C))
+                                : dtype == DType::fp32 ? rmsnorm_backward_scratch_bytes<float>(N, int(C))
+                                                       : rmsnorm_backward_scratch_bytes<__nv_bfloat16>(N, int(C));
+    const size_t attention_scratch =
+        dtype == DType::fp64   ? attention_backward_scratch_bytes<double>(batch, seq_len, c.num_heads)
+        : dtype == DType::fp32 ? attention_backward_scratch_bytes<float>(batch, seq_len, c.num_heads)
+                               : attention_backward_scratch_bytes<__nv_bfloat16>(batch, seq_len, c.num_heads);
+    return {{"proj", N * C, t},
+            {"dh", N * C, t},
+            {"dact", N * F, t},
+            {"dgate_up", N * 2 * F, t},
+            {"datt", N * c.q_width(), t},
+            {"dqkv", N * c.qkv_width(), t},
+            {"norm_scratch", (long long)norm_scratch, 1},
+            {"attention_scratch", (long long)attention_scratch, 1},
+            {"lora_du", N * lora_max_a_rows, t},
+            {"lora_dropped", lora.dropout > 0 ? N * std::max<long long>({C, F, c.q_width()}) : 0, t},
+            {"dequantized",
+             nf4 ? std::max<long long>({(long long)c.qkv_width() * C, (long long)c.q_width() * C, 2 * F * C}) : 0, t},
+            {"embedding_scratch", (long long)embedding_backward_scratch_bytes(N), 1}};
+}
+
 template <class A>
 DeviceBuffer<A> rope_table_buffer(const LlamaConfig& config, int positions, cudaStream_t stream) {
     const std::vector<A> values = rope_table_values<A>(rope_inverse_frequencies(config), positions);
@@ -201,24 +231,9 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
     rope_table_ = rope_table_buffer<acc_t<T>>(config_, seq_len_, stream_);
 
     // The workspace: transient buffers of one unit at a time, for forward and backward.
-    const long long N = rows(), C = config_.hidden_size, F = config_.ffn_size;
-    const size_t t = sizeof(T);
-    const std::vector<ActivationBuffer> workspace_layout = {
-        {"proj", N * C, t},
-        {"dh", N * C, t},
-        {"dact", N * F, t},
-        {"dgate_up", N * 2 * F, t},
-        {"datt", N * config_.q_width(), t},
-        {"dqkv", N * config_.qkv_width(), t},
-        {"norm_scratch", (long long)rmsnorm_backward_scratch_bytes<T>(N, int(C)), 1},
-        {"attention_scratch", (long long)attention_backward_scratch_bytes<T>(o.batch, o.seq_len, config_.num_heads), 1},
-        {"lora_du", N * lora_max_a_rows_, t},
-        {"lora_dropped", lora_.dropout > 0 ? N * std::max<long long>({C, F, config_.q_width()}) : 0, t},
-        {"dequantized",
-         nf4_ ? std::max<long long>({(long long)config_.qkv_width() * C, (long long)config_.q_width() * C, 2 * F * C})
-              : 0,
-         t},
-        {"embedding_scratch", (long long)embedding_backward_scratch_bytes(N), 1}};
+    const long long N = rows(), C = config_.hidden_size;
+    const std::vector<ActivationBuffer> workspace_layout =
+        model_workspace_layout(config_, o.batch, o.seq_len, dt, lora_, nf4_);
     size_t workspace_bytes = 0;
     const std::vector<size_t> at = arena_offsets(workspace_layout, &workspace_bytes);
     workspace_ = device_alloc(workspace_bytes, MemoryCategory::workspace);

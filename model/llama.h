@@ -71,6 +71,11 @@ std::vector<ActivationBuffer> activation_layout(const LlamaConfig& c, UnitKind k
 // slot allocates in the activations category.
 size_t arena_bytes(const std::vector<ActivationBuffer>& buffers);
 
+// The workspace the model allocates once for whichever unit is running: the forward's and the
+// backward's transient buffers (arena_bytes of this layout). The memory planner uses this too.
+std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& c, int batch, int seq_len, DType dtype,
+                                                   const LoraConfig& lora, bool nf4);
+
 // Typed views of a unit's tensors and activations, resolved once when buffers are allocated or
 // bound (never looked up by name in a step). P is `const T*` for weights, `T*` for gradients
 // (null for a frozen tensor: its backward skips dW).

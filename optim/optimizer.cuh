@@ -25,6 +25,7 @@
 #include "model/parameters.h"
 #include "optim/adamw.cuh"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -41,6 +42,18 @@ struct AdamWSettings {
     bool stochastic_rounding = false;  // bf16 only: round the master stochastically
     uint64_t seed = 0;                 // stochastic rounding's key
 };
+
+// The tensor pieces of `layout` inside the owned range [begin, end), relative to begin: one
+// AdamWTable slot each (the memory planner counts them too).
+inline std::vector<AdamWPiece> owned_pieces(const GroupLayout& layout, long long begin, long long end) {
+    std::vector<AdamWPiece> pieces;
+    for (const TensorSlot& slot : layout.tensors) {
+        const long long lo = std::max(slot.offset, begin);
+        const long long hi = std::min(slot.offset + slot.spec.numel(), end);
+        if (lo < hi) pieces.push_back({lo - begin, hi - begin, lo - slot.offset, slot.spec.id, slot.spec.decay});
+    }
+    return pieces;
+}
 
 template <class T>
 class AdamWState {
@@ -78,14 +91,7 @@ class AdamWState {
             CUDA_CHECK(cudaMemset(u.v, 0, size_t(len) * sizeof(A)));
             if constexpr (kHasMaster)
                 u.master = static_cast<A*>(device_alloc(size_t(len) * sizeof(A), MemoryCategory::optimizer_state));
-            std::vector<AdamWPiece> pieces;
-            for (const TensorSlot& slot : l.tensors) {
-                const long long lo = std::max(slot.offset, u.begin);
-                const long long hi = std::min(slot.offset + slot.spec.numel(), u.end);
-                if (lo < hi)
-                    pieces.push_back({lo - u.begin, hi - u.begin, lo - slot.offset, slot.spec.id, slot.spec.decay});
-            }
-            u.table = std::make_shared<AdamWTable>(pieces);
+            u.table = std::make_shared<AdamWTable>(owned_pieces(l, u.begin, u.end));
             units_.push_back(u);
         }
     }

@@ -1,0 +1,302 @@
+// The memory planner (parallel/planner.h).
+#include "parallel/planner.h"
+
+#include "kernels/glue.cuh"
+#include "kernels/rope.cuh"
+#include "model/llama.h"
+#include "optim/clip.cuh"
+#include "optim/optimizer.cuh"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <stdexcept>
+
+namespace pv {
+
+namespace {
+
+using C = MemoryCategory;
+
+// One rank's lines, added to by name (a line named twice adds up).
+struct Lines {
+    std::vector<MemoryLine> lines;
+    void add(const std::string& name, C category, double bytes) {
+        if (bytes <= 0) return;
+        for (MemoryLine& l : lines)
+            if (l.name == name) {
+                l.bytes += bytes;
+                return;
+            }
+        lines.push_back({name, category, bytes});
+    }
+};
+
+const char* group_line(GroupKind k, bool lora) {
+    switch (k) {
+        case GroupKind::trainable: return lora ? "adapters (LoRA)" : "parameters";
+        case GroupKind::frozen: return lora ? "frozen base" : "frozen parameters";
+        case GroupKind::nf4: return "NF4 base (codes + absmaxes)";
+    }
+    return "parameters";
+}
+
+RankMemory plan_rank(const PlanRequest& q, int rank) {
+    const StrategyPlan sp = plan_strategy(q.strategy, q.config, q.seq_len, rank, q.ranks);
+    const Placement& place = sp.placement;
+    const auto layouts = model_layouts(q.config, q.dtype, place.shards, q.groups);
+    const int units = int(layouts.size());
+    const int first = place.stage.first, end = place.stage.end < 0 ? units : place.stage.end;
+    const bool tied = q.config.tie_embeddings, lora = q.groups.lora.enabled();
+    const double t = double(dtype_size(q.dtype)), a = q.dtype == DType::fp64 ? 8 : 4;
+    const double rows = double(q.micro_batch) * q.seq_len, hidden = q.config.hidden_size;
+    const int slots = place.slots;
+    const std::vector<UnitSpec> specs = model_units(q.config, q.groups.lora);
+    auto runs_here = [&](int u) { return u >= first && u < end; };
+    auto held = [&](int u) { return runs_here(u) || (u == 0 && tied && end == units); };
+    auto trainable = [&](int u) { return layouts[size_t(u)].front(); };
+    auto unit_elements = [&](int u) {
+        double n = 0;
+        for (const GroupLayout& g : layouts[size_t(u)]) n += double(g.padded);
+        return n;
+    };
+    const StrategyKind kind = sp.info->kind;
+    const bool zero2 = kind == StrategyKind::zero2 || kind == StrategyKind::zero3, zero3 = kind == StrategyKind::zero3;
+    const double shards = place.shards;
+    Lines m;
+
+    // The model (Llama's constructor): its groups where it owns them, gradients where it owns
+    // them, an arena per unit it runs per slot, the RoPE table, the workspace, the two
+    // residual-gradient buffers.
+    for (int u = 0; u < units; ++u) {
+        if (!held(u)) continue;
+        if (place.parameters == Parameters::owned)
+            for (const GroupLayout& g : layouts[size_t(u)])
+                if (g.padded > 0) m.add(group_line(g.kind, lora), C::parameters, double(g.bytes()));
+        if (place.gradients == Gradients::owned && trainable(u).padded > 0)
+            m.add("gradients", C::gradients, double(trainable(u).bytes()));
+        if (!runs_here(u)) continue;
+        const UnitKind k = specs[size_t(u)].kind;
+        const double arena =
+            double(arena_bytes(activation_layout(q.config, k, q.micro_batch, q.seq_len, q.dtype, q.groups.lora)));
+        m.add(k == UnitKind::head ? "logits and loss (head)" : "activations (saved for the backward)",
+              C::activations, slots * arena);
+    }
+    m.add("workspace (one unit's transients)", C::workspace,
+          double(arena_bytes(
+              model_workspace_layout(q.config, q.micro_batch, q.seq_len, q.dtype, q.groups.lora, q.groups.nf4))) +
+              2 * rows * hidden * t);  // + the residual stream's two gradient buffers
+    m.add("RoPE table", C::workspace,
+          double(rope_inverse_frequencies(q.config).size()) * 2 * q.seq_len * a);
+
+    // The strategy (parallel/strategy.h and its subclass).
+    const bool fp32_accumulation = q.strategy.fp32_grad_accumulation && q.dtype == DType::bf16;
+    long long largest_trainable = 0;
+    for (int u = 0; u < units; ++u) {
+        largest_trainable = std::max(largest_trainable, trainable(u).padded);
+        if (fp32_accumulation && held(u) && trainable(u).padded > 0)
+            m.add("fp32 gradient accumulation", C::gradients, 4.0 * double(trainable(u).padded));
+    }
+    m.add("norm scratch", C::workspace,
+          double(sum_of_squares_scratch_bytes<float>(largest_trainable)) + 2.0 * units * sizeof(double));
+    if (zero2) {  // parallel/zero2.h: each unit's slice, two rotating unit gradients, a tied embedding's own
+        long long largest_rotating = 0;
+        for (int u = tied ? 1 : 0; u < units; ++u) largest_rotating = std::max(largest_rotating, trainable(u).padded);
+        for (int u = 0; u < units; ++u) m.add("gradient slices", C::gradients, double(trainable(u).padded) / shards * t);
+        m.add("rotating gradient buffers", C::gradients,
+              (2 * double(largest_rotating) + (tied ? double(trainable(0).padded) : 0)) * t);
+    }
+    if (zero3) {  // parallel/zero3.h: every group's slice, two gather buffers, a tied embedding's own
+        double largest = 0;
+        for (int u = 0; u < units; ++u)
+            for (const GroupLayout& g : layouts[size_t(u)])
+                m.add(group_line(g.kind, lora) + std::string(" (slice)"), C::parameters, double(g.padded) / shards * t);
+        for (int u = tied ? 1 : 0; u < units; ++u) largest = std::max(largest, unit_elements(u));
+        m.add("gathered parameters", C::comm_buffers, (2 * largest + (tied ? unit_elements(0) : 0)) * t);
+    }
+    if (kind == StrategyKind::mp && rank > 0)  // parallel/mp.h: the stage's input per micro-batch in flight
+        m.add("pipeline stage inputs", C::activations, slots * rows * hidden * t);
+
+    // The optimizer (optim/optimizer.cuh AdamWState): the owned range of each held unit.
+    const int opt_shards = sp.info->kind == StrategyKind::zero1 || zero2 ? sp.data_ranks : 1;
+    const int opt_shard = opt_shards > 1 ? sp.data_rank : 0;
+    for (int u = 0; u < units; ++u) {
+        if (!held(u)) continue;
+        const long long len = trainable(u).padded / opt_shards;
+        if (len == 0) continue;
+        if (q.dtype == DType::bf16) m.add("fp32 master weights", C::optimizer_state, double(len) * a);
+        m.add("Adam m", C::optimizer_state, double(len) * a);
+        m.add("Adam v", C::optimizer_state, double(len) * a);
+        const long long begin = len * opt_shard;
+        m.add("optimizer tables", C::workspace,
+              double(owned_pieces(trainable(u), begin, begin + len).size() * sizeof(AdamWSlot)));
+    }
+
+    // The trainer (trainer/trainer.h): a slot's token, target and position ids, the micro-batches'
+    // loss sums (grown to the accumulation on the first step, the old array freed after the new
+    // one exists), the counts and the step's figures; pinned staging for the uploads.
+    const double losses = slots + (q.accumulation > slots ? q.accumulation : 0);
+    m.add("batch and loss buffers", C::workspace,
+          3 * rows * slots * sizeof(int) + losses * a + slots * sizeof(int) + 2 * sizeof(double) +
+              2 * sizeof(long long) + sizeof(StepFigures));
+    m.add("upload staging (pinned host)", C::pinned_host,
+          2.0 * slots * 3 * rows * sizeof(int) + sizeof(StepFigures) + 2 * sizeof(long long));
+
+    RankMemory r;
+    r.rank = rank;
+    r.lines = std::move(m.lines);
+    if (sp.info->stages)
+        r.role = "stage " + std::to_string(rank) + ": units " + std::to_string(first) + "-" + std::to_string(end - 1);
+    else
+        r.role = q.ranks == 1 ? "the rank" : "every rank";
+    return r;
+}
+
+}  // namespace
+
+double RankMemory::category(MemoryCategory c) const {
+    double s = 0;
+    for (const MemoryLine& l : lines)
+        if (l.category == c) s += l.bytes;
+    return s;
+}
+
+double RankMemory::device_total() const {
+    double s = 0;
+    for (const MemoryLine& l : lines)
+        if (l.category != C::pinned_host) s += l.bytes;
+    return s;
+}
+
+const RankMemory& MemoryPlan::largest() const {
+    size_t best = 0;
+    for (size_t i = 1; i < ranks.size(); ++i)
+        if (ranks[i].device_total() > ranks[best].device_total()) best = i;
+    return ranks.at(best);
+}
+
+MemoryPlan plan_memory(const PlanRequest& q) {
+    if (q.micro_batch < 1 || q.seq_len < 1 || q.ranks < 1 || q.accumulation < 1)
+        throw std::invalid_argument("plan_memory: micro-batch, seq-len, ranks and accumulation must be >= 1");
+    MemoryPlan p;
+    p.request = q;
+    // Data-parallel ranks are alike (equal slices); a pipeline's stages differ.
+    const int distinct = strategy_info(q.strategy.name).stages ? q.ranks : 1;
+    for (int r = 0; r < distinct; ++r) p.ranks.push_back(plan_rank(q, r));
+    return p;
+}
+
+namespace {
+
+// clang-format off
+const std::vector<std::pair<std::string, double>> kGpus = {
+    {"h100-80", 80.0 * (1ull << 30)}, {"a100-80", 80.0 * (1ull << 30)}, {"a100-40", 40.0 * (1ull << 30)},
+    {"l4-24", 24.0 * (1ull << 30)},   {"rtx4090-24", 24.0 * (1ull << 30)}, {"rtx3090-24", 24.0 * (1ull << 30)},
+    {"t4-16", 16.0 * (1ull << 30)},
+};
+// clang-format on
+
+}  // namespace
+
+std::vector<std::string> gpu_names() {
+    std::vector<std::string> out;
+    for (const auto& [name, bytes] : kGpus) out.push_back(name);
+    return out;
+}
+
+GpuMemory parse_gpu_memory(const std::string& text) {
+    for (const auto& [name, bytes] : kGpus)
+        if (text == name) return {name, bytes};
+    std::string names;
+    for (const auto& [name, bytes] : kGpus) names += (names.empty() ? "" : ", ") + name;
+    const std::string problem = "--gpu-memory '" + text + "' is neither a GPU (" + names +
+                                ") nor a number of bytes (like 80GiB, 24GB or 16e9)";
+    size_t used = 0;
+    double value = 0;
+    try {
+        value = std::stod(text, &used);
+    } catch (const std::exception&) {
+        throw std::invalid_argument(problem);
+    }
+    const std::string unit = text.substr(used);
+    const std::map<std::string, double> units = {{"", 1},         {"B", 1},           {"KB", 1e3},
+                                                 {"MB", 1e6},     {"GB", 1e9},        {"TB", 1e12},
+                                                 {"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", double(1ull << 30)},
+                                                 {"TiB", double(1ull << 40)}};
+    const auto it = units.find(unit);
+    if (it == units.end() || !std::isfinite(value) || value <= 0) throw std::invalid_argument(problem);
+    return {"", value * it->second};
+}
+
+std::string format_bytes(double bytes) {
+    char s[32];
+    if (bytes >= double(1ull << 30))
+        std::snprintf(s, sizeof s, "%.2f GiB", bytes / double(1ull << 30));
+    else if (bytes >= double(1 << 20))
+        std::snprintf(s, sizeof s, "%.1f MiB", bytes / double(1 << 20));
+    else if (bytes >= 1024)
+        std::snprintf(s, sizeof s, "%.1f KiB", bytes / 1024.0);
+    else
+        std::snprintf(s, sizeof s, "%.0f B", bytes);
+    return s;
+}
+
+std::string format_plan(const MemoryPlan& plan, const GpuMemory* gpu) {
+    // Rows: every line name any rank has, in first-seen order, grouped by category.
+    std::vector<std::pair<std::string, MemoryCategory>> rows;
+    for (int c = 0; c < kMemoryCategoryCount; ++c)
+        for (const RankMemory& r : plan.ranks)
+            for (const MemoryLine& l : r.lines)
+                if (int(l.category) == c &&
+                    std::none_of(rows.begin(), rows.end(), [&](const auto& x) { return x.first == l.name; }))
+                    rows.emplace_back(l.name, l.category);
+    std::string out;
+    char line[256];
+    const int w = 40;
+    std::snprintf(line, sizeof line, "%-*s", w, "per rank");
+    out += line;
+    for (const RankMemory& r : plan.ranks) {
+        std::snprintf(line, sizeof line, " %22s", r.role.c_str());
+        out += line;
+    }
+    out += "\n";
+    int last_category = -1;
+    for (const auto& [name, category] : rows) {
+        if (int(category) != last_category) {
+            if (category == C::pinned_host) out += "(host memory, not on the device)\n";
+            last_category = int(category);
+        }
+        std::snprintf(line, sizeof line, "  %-*s", w - 2, name.c_str());
+        out += line;
+        for (const RankMemory& r : plan.ranks) {
+            double b = 0;
+            for (const MemoryLine& l : r.lines)
+                if (l.name == name) b += l.bytes;
+            std::snprintf(line, sizeof line, " %22s", b > 0 ? format_bytes(b).c_str() : "-");
+            out += line;
+        }
+        out += "\n";
+    }
+    std::snprintf(line, sizeof line, "%-*s", w, "device total");
+    out += line;
+    for (const RankMemory& r : plan.ranks) {
+        std::snprintf(line, sizeof line, " %22s", format_bytes(r.device_total()).c_str());
+        out += line;
+    }
+    out += "\n";
+    if (gpu) {
+        const double peak = plan.peak();
+        std::snprintf(line, sizeof line,
+                      "%s on %s (%s; polevault may use %s of it: %s reserved for the CUDA context, cuBLAS and NCCL, "
+                      "%.0f%% allocator slack): %s, %.0f%% of what it may use\n",
+                      peak <= gpu->usable() ? "fits" : "DOES NOT FIT", gpu->name.empty() ? "the GPU" : gpu->name.c_str(),
+                      format_bytes(gpu->bytes).c_str(), format_bytes(gpu->usable()).c_str(),
+                      format_bytes(kReservedBytes).c_str(), 100 * kSlackFraction, format_bytes(peak).c_str(),
+                      100 * peak / gpu->usable());
+        out += line;
+    }
+    return out;
+}
+
+}  // namespace pv

@@ -1,0 +1,84 @@
+// The memory planner (DESIGN.md §3): every byte a training run allocates on each rank, by
+// category, before anything is allocated — what `train plan` prints, what `train` checks before
+// it builds the model, and what `--parallel auto` decides from.
+//
+// It is not a second model of the memory. It walks the same layouts the trainer allocates from:
+// model_layouts (each unit's parameter groups, padded for the shards), activation_layout and
+// model_workspace_layout (model/llama.h), owned_pieces (optim/optimizer.cuh), and, for the
+// strategies' own buffers, the rules their constructors follow (parallel/*.h: ZeRO-2's slices and
+// rotating buffers, ZeRO-3's slices and gather buffers, the pipeline's stage inputs). A test runs
+// a real step for a grid of models, dtypes, strategies and rank counts and requires the measured
+// peak of every model-state category to equal the plan exactly, and the total within 2%
+// (test/mpi/test_mpi_planner.cu); `train` reports the same comparison after its first step.
+//
+// Not counted (they are not polevault's allocations): the CUDA context, cuBLAS's and NCCL's
+// own buffers, and the allocator's rounding. The verdict against a GPU's memory reserves them
+// (kReservedBytes, kSlackFraction), stated where it is printed. Host code.
+#pragma once
+
+#include "model/config.h"
+#include "model/parameters.h"
+#include "parallel/plan.h"
+#include "platform/device_memory.h"
+
+#include <string>
+#include <vector>
+
+namespace pv {
+
+// What a run is, as far as memory goes.
+struct PlanRequest {
+    LlamaConfig config;
+    DType dtype = DType::bf16;
+    GroupOptions groups;  // frozen tensors, LoRA, NF4
+    StrategyOptions strategy;
+    int ranks = 1;
+    int micro_batch = 1, seq_len = 1;
+    int accumulation = 1;  // micro-steps per optimizer step on a rank
+};
+
+// One row of a rank's table: what it is, the category device_alloc charges it to, bytes.
+struct MemoryLine {
+    std::string name;
+    MemoryCategory category;
+    double bytes = 0;
+};
+
+struct RankMemory {
+    int rank = 0;
+    std::string role;  // "every rank", or a pipeline stage's units
+    std::vector<MemoryLine> lines;
+    double category(MemoryCategory c) const;
+    double device_total() const;  // every category but pinned host
+};
+
+struct MemoryPlan {
+    PlanRequest request;
+    std::vector<RankMemory> ranks;  // one per distinct rank: one for data parallelism, one per stage for mp
+    const RankMemory& largest() const;
+    double peak() const { return largest().device_total(); }
+};
+
+// Throws std::invalid_argument when the strategy cannot run on request.ranks ranks.
+MemoryPlan plan_memory(const PlanRequest& request);
+
+// A GPU's memory and what polevault may use of it.
+inline constexpr double kReservedBytes = 1.0 * (1 << 30);  // CUDA context, cuBLAS workspace, NCCL buffers
+inline constexpr double kSlackFraction = 0.02;             // allocation granularity and fragmentation
+struct GpuMemory {
+    std::string name;    // "h100-80", or "" for a number of bytes
+    double bytes = 0;    // the device's memory
+    double usable() const { return bytes * (1 - kSlackFraction) - kReservedBytes; }
+};
+// "h100-80", "a100-80", "a100-40", "l4-24", "rtx4090-24", "rtx3090-24", "t4-16", or bytes with an
+// optional unit ("80GB", "24GiB", "16e9"); throws std::invalid_argument listing the names.
+GpuMemory parse_gpu_memory(const std::string& text);
+std::vector<std::string> gpu_names();
+
+// "12.3 GiB", "512.0 MiB", "900 B".
+std::string format_bytes(double bytes);
+
+// The plan as a table (one column per distinct rank), its total and, with `gpu`, the verdict.
+std::string format_plan(const MemoryPlan& plan, const GpuMemory* gpu);
+
+}  // namespace pv

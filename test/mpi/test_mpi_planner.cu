@@ -1,0 +1,155 @@
+// The memory planner (parallel/planner.h) against what a real step holds: for a grid of models,
+// dtypes, strategies (single on one rank, the others on this job's ranks), full fine-tuning,
+// frozen tensors, LoRA and QLoRA, each rank builds the model, strategy, optimizer and trainer the
+// way `train` does, runs one optimizer step of two micro-steps, and reads the host platform's
+// per-category peaks (platform/device_memory.h). Model states (parameters, gradients, optimizer
+// state, communication buffers) and the activations must equal the plan exactly; the device
+// total within 2%. Rank 0 prints the accuracy table the README quotes.
+#include <catch2/catch.hpp>
+
+#include "data/loader.h"
+#include "model/llama.h"
+#include "optim/optimizer.cuh"
+#include "parallel/planner.h"
+#include "parallel/strategies.h"
+#include "parallel/world.h"
+#include "platform/device_memory.h"
+#include "test/mpi/awkward_model.h"
+#include "trainer/compute_stream.h"
+#include "trainer/trainer.h"
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace planner_test {
+
+using C = pv::MemoryCategory;
+constexpr int kMicro = 2, kSeq = 8, kAccumulation = 2;
+int world_rank = 0;  // rank 0 of the job prints
+
+struct Case {
+    std::string strategy;
+    std::string variant;  // "full", "frozen", "lora", "qlora"
+    bool tied = true;
+    int microbatches = 1;  // mp
+};
+
+pv::GroupOptions groups_of(const std::string& variant) {
+    pv::GroupOptions g;
+    if (variant == "frozen") g.frozen = {"wte", "layers.0.attn_norm", "layers.1.w_gate_up"};
+    if (variant == "lora" || variant == "qlora") {
+        g.lora.rank = 3, g.lora.alpha = 6, g.lora.dropout = variant == "lora" ? 0.2 : 0.0;
+        g.lora.targets = {"q_proj", "v_proj", "o_proj", "up_proj", "down_proj"};
+    }
+    g.nf4 = variant == "qlora";
+    return g;
+}
+
+// Random ids: the step's content does not change what it allocates, only that it runs.
+std::vector<pv::DataLoader::MicroBatch> batches(int count, int rows, int vocab, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<pv::DataLoader::MicroBatch> out(static_cast<size_t>(count));
+    for (auto& m : out)
+        for (int i = 0; i < rows; ++i) {
+            m.inputs.push_back(int(rng() % uint64_t(vocab)));
+            m.targets.push_back(int(rng() % uint64_t(vocab)));
+        }
+    return out;
+}
+
+struct Measured {
+    std::array<double, pv::kMemoryCategoryCount> peak{};
+    double device_peak = 0;
+};
+
+template <class T, class G>
+Measured run_step(const Case& c, const pv::LlamaConfig& config, pv::Comm* comm) {
+    const int ranks = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
+    const pv::MemoryStats before = pv::memory_stats();
+    pv::reset_memory_peaks();
+    {
+        pv::StrategyOptions so;
+        so.name = c.strategy, so.microbatches = c.microbatches, so.fp32_grad_accumulation = !std::is_same_v<G, T>;
+        const pv::StrategyPlan plan = pv::plan_strategy(so, config, kSeq, rank, ranks);
+        const pv::GroupOptions groups = groups_of(c.variant);
+        pv::ModelOptions mo;
+        mo.batch = kMicro, mo.seq_len = kSeq, mo.seed = 42, mo.frozen = groups.frozen, mo.lora = groups.lora;
+        mo.nf4 = groups.nf4, mo.placement = plan.placement;
+        pv::ComputeStream stream;
+        mo.stream = stream.get();
+        pv::Llama<T> model(config, mo);
+        auto s = pv::make_strategy<T, G>(plan, model, comm, 42);
+        auto optimizer = pv::Trainer<T, G>::make_optimizer(*s);
+        pv::Trainer<T, G> trainer(*s, *optimizer);
+        const int micro = kAccumulation * (c.strategy == "mp" ? c.microbatches : 1);  // micro-steps of the step
+        trainer.step(batches(micro, kMicro * kSeq, config.vocab_size, 7), 1e-3, 1, 1.0, pv::AdamWSettings{});
+        s->settle_parameters();
+        CUDA_CHECK(cudaDeviceSynchronize());
+    }
+    const pv::MemoryStats after = pv::memory_stats();
+    Measured m;
+    for (int k = 0; k < pv::kMemoryCategoryCount; ++k)
+        m.peak[size_t(k)] = double(after.peak[size_t(k)]) - double(before.current[size_t(k)]);
+    m.device_peak = double(after.device_peak) - double(before.device_current);
+    return m;
+}
+
+// Plans and runs one case; returns the rank's relative error of the device total.
+template <class T, class G>
+double check_case(const Case& c, pv::Comm* comm, const char* dtype) {
+    const int ranks = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
+    const pv::LlamaConfig config = pv::test::awkward_model(ranks, c.tied);
+    pv::PlanRequest q;
+    q.config = config, q.dtype = pv::dtype_of<T>(), q.groups = groups_of(c.variant);
+    q.strategy.name = c.strategy, q.strategy.microbatches = c.microbatches;
+    q.strategy.fp32_grad_accumulation = !std::is_same_v<G, T>;
+    q.ranks = ranks, q.micro_batch = kMicro, q.seq_len = kSeq;
+    q.accumulation = kAccumulation * (c.strategy == "mp" ? c.microbatches : 1);
+    const pv::MemoryPlan plan = pv::plan_memory(q);
+    const pv::RankMemory& mine = plan.ranks.at(plan.ranks.size() == 1 ? 0 : size_t(rank));
+    const Measured m = run_step<T, G>(c, config, comm);
+    INFO(c.strategy << " on " << ranks << " rank(s), rank " << rank << ", " << dtype
+                    << (std::is_same_v<G, T> ? "" : " fp32 accumulation") << ", " << c.variant
+                    << (c.tied ? ", tied" : "") << "\n"
+                    << pv::format_plan(plan, nullptr));
+    for (C k : {C::parameters, C::gradients, C::optimizer_state, C::comm_buffers, C::activations}) {
+        INFO(pv::category_name(k));
+        CHECK(m.peak[size_t(k)] == mine.category(k));
+    }
+    const double error = (mine.device_total() - m.device_peak) / m.device_peak;
+    INFO("device total: plan " << mine.device_total() << ", measured peak " << m.device_peak);
+    CHECK(std::abs(error) <= 0.02);
+    if (world_rank == 0)
+        std::printf("planner: %-6s %d rank(s) %-5s %-6s %-17s plan %9.0f B, measured %9.0f B (%+.2f%%); workspace "
+                    "plan %.0f, measured %.0f\n",
+                    c.strategy.c_str(), ranks, dtype, c.variant.c_str(),
+                    std::is_same_v<G, T> ? "" : "fp32 accumulation", mine.device_total(), m.device_peak,
+                    100 * error, mine.category(C::workspace), m.peak[size_t(C::workspace)]);
+    return error;
+}
+
+}  // namespace planner_test
+
+using namespace planner_test;
+
+TEST_CASE("the memory planner equals the measured peaks of a real step", "[planner]") {
+    pv::World world(nullptr, nullptr);
+    pv::Comm* comm = &world.comm();
+    world_rank = world.rank();
+    for (const std::string strategy : {"single", "ddp", "zero1", "zero2", "zero3", "mp"}) {
+        pv::Comm* c = strategy == "single" ? nullptr : comm;
+        for (const std::string variant : {"full", "frozen"}) {
+            check_case<double, double>({strategy, variant}, c, "fp64");
+            check_case<__nv_bfloat16, __nv_bfloat16>({strategy, variant, variant == "full"}, c, "bf16");
+        }
+        check_case<float, float>({strategy, "lora"}, c, "fp32");
+        check_case<__nv_bfloat16, __nv_bfloat16>({strategy, "qlora", false}, c, "bf16");
+        if (strategy != "zero2" && strategy != "zero3")
+            check_case<__nv_bfloat16, float>({strategy, "full"}, c, "bf16");
+    }
+    check_case<float, float>({"mp", "full", true, 2}, comm, "fp32");  // two micro-batches in flight
+}
