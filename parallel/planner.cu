@@ -140,8 +140,10 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     m.add("batch and loss buffers", C::workspace,
           3 * rows * slots * sizeof(int) + losses * a + slots * sizeof(int) + 2 * sizeof(double) +
               2 * sizeof(long long) + sizeof(StepFigures));
-    m.add("upload staging (pinned host)", C::pinned_host,
+    m.add("upload staging (pinned)", C::pinned_host,
           2.0 * slots * 3 * rows * sizeof(int) + sizeof(StepFigures) + 2 * sizeof(long long));
+    // A step's micro-batches as the loader gives them (inputs, targets, positions), pageable.
+    m.add("a step's micro-batches", C::pinned_host, 3.0 * q.accumulation * rows * sizeof(int));
 
     RankMemory r;
     r.rank = rank;
@@ -161,6 +163,8 @@ double RankMemory::category(MemoryCategory c) const {
         if (l.category == c) s += l.bytes;
     return s;
 }
+
+double RankMemory::host_total() const { return category(C::pinned_host); }
 
 double RankMemory::device_total() const {
     double s = 0;
@@ -264,7 +268,7 @@ std::string format_plan(const MemoryPlan& plan, const GpuMemory* gpu) {
     int last_category = -1;
     for (const auto& [name, category] : rows) {
         if (int(category) != last_category) {
-            if (category == C::pinned_host) out += "(host memory, not on the device)\n";
+            if (category == C::pinned_host) out += "host memory (not on the device)\n";
             last_category = int(category);
         }
         std::snprintf(line, sizeof line, "  %-*s", w - 2, name.c_str());
@@ -295,6 +299,143 @@ std::string format_plan(const MemoryPlan& plan, const GpuMemory* gpu) {
                       format_bytes(kReservedBytes).c_str(), 100 * kSlackFraction, format_bytes(peak).c_str(),
                       100 * peak / gpu->usable());
         out += line;
+    }
+    return out;
+}
+
+}  // namespace pv
+
+namespace pv {
+
+namespace {
+
+bool fits(const PlanRequest& q, double budget, double* peak = nullptr) {
+    try {
+        const double p = plan_memory(q).peak();
+        if (peak) *peak = p;
+        return p <= budget;
+    } catch (const std::invalid_argument&) {  // the strategy cannot run on these ranks
+        return false;
+    }
+}
+
+}  // namespace
+
+int largest_micro_batch(PlanRequest q, double budget, int limit) {
+    // Memory grows with the micro-batch: the largest that fits by bisection.
+    int lo = 1, hi = std::max(1, limit);
+    q.micro_batch = 1;
+    if (!fits(q, budget)) return 0;
+    while (lo < hi) {
+        const int mid = lo + (hi - lo + 1) / 2;
+        q.micro_batch = mid;
+        if (fits(q, budget))
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+int smallest_world(PlanRequest q, const std::string& strategy, double budget) {
+    q.strategy.name = strategy;
+    if (strategy != "mp") q.strategy.microbatches = 1;
+    for (int n : {1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096}) {
+        if (strategy_info(strategy).one_rank && n > 1) break;
+        if (!strategy_info(strategy).one_rank && n == 1) continue;
+        q.ranks = n;
+        if (fits(q, budget)) return n;
+    }
+    return 0;
+}
+
+StrategyChoice choose_strategy(const PlanRequest& request, double budget, bool slow_interconnect) {
+    StrategyChoice c;
+    if (request.ranks == 1) {
+        c.strategy = "single";
+        c.reason = "one rank";
+        PlanRequest q = request;
+        q.strategy.name = "single";
+        c.considered.push_back(plan_memory(q));
+        return c;
+    }
+    std::vector<std::string> order = {"ddp", "zero1", "zero2", "zero3", "mp"};
+    if (slow_interconnect) order = {"ddp", "mp", "zero1", "zero2", "zero3"};
+    const std::string budget_text = format_bytes(budget);
+    std::string rejected;
+    double least = 0;
+    for (const std::string& s : order) {
+        PlanRequest q = request;
+        q.strategy.name = s;
+        if (s != "mp") q.strategy.microbatches = 1;
+        if (s == "zero2" || s == "zero3") q.strategy.fp32_grad_accumulation = false;
+        MemoryPlan plan;
+        try {
+            plan = plan_memory(q);
+        } catch (const std::invalid_argument&) {
+            continue;
+        }
+        c.considered.push_back(plan);
+        const double peak = plan.peak();
+        if (c.strategy.empty() && peak <= budget) {
+            c.strategy = s;
+            c.reason = s + " needs " + format_bytes(peak) + " per rank of the " + budget_text + " available" +
+                       (rejected.empty() ? "" : " (" + rejected + ")");
+        }
+        if (!c.strategy.empty()) continue;
+        rejected += (rejected.empty() ? "" : ", ") + s + " " + format_bytes(peak);
+        if (least == 0 || peak < least) least = peak, c.reason = s;
+    }
+    if (c.strategy.empty()) {
+        c.strategy = c.reason;  // the least memory: the run will be refused with the changes that fit
+        c.reason = "nothing fits in " + budget_text + " per rank (" + rejected + "); " + c.strategy + " needs least";
+    }
+    return c;
+}
+
+std::vector<std::string> changes_that_fit(const PlanRequest& request, double budget) {
+    std::vector<std::string> out;
+    auto line = [&](const std::string& change, const PlanRequest& q) {
+        out.push_back(change + " (" + format_bytes(plan_memory(q).peak()) + " per rank)");
+    };
+    if (request.micro_batch > 1)
+        if (const int m = largest_micro_batch(request, budget, request.micro_batch - 1); m > 0) {
+            PlanRequest q = request;
+            q.micro_batch = m;
+            line("--micro-batch " + std::to_string(m), q);
+        }
+    if (request.ranks > 1)
+        for (const std::string s : {"zero1", "zero2", "zero3", "mp"}) {
+            if (s == request.strategy.name) continue;
+            PlanRequest q = request;
+            q.strategy.name = s;
+            if (s != "mp") q.strategy.microbatches = 1;
+            if (s == "zero2" || s == "zero3") q.strategy.fp32_grad_accumulation = false;
+            if (fits(q, budget)) {
+                line("--parallel " + s, q);
+                break;
+            }
+        }
+    for (const std::string s : {"zero3", "mp"}) {
+        if (const int n = smallest_world(request, s, budget); n > request.ranks) {
+            PlanRequest q = request;
+            q.strategy.name = s, q.ranks = n;
+            if (s != "mp") q.strategy.microbatches = 1;
+            if (s == "zero3") q.strategy.fp32_grad_accumulation = false;
+            line("--parallel " + s + " on " + std::to_string(n) + " ranks", q);
+            break;
+        }
+    }
+    if (!request.groups.lora.enabled()) {
+        PlanRequest q = request;
+        q.groups.lora.rank = 16, q.groups.lora.alpha = 32, q.groups.frozen.clear();
+        if (fits(q, budget)) line("LoRA (--lora-rank 16)", q);
+        q.groups.nf4 = true;
+        if (q.dtype == DType::bf16 && fits(q, budget)) line("QLoRA (--lora-rank 16 --quantize nf4)", q);
+    } else if (!request.groups.nf4 && request.dtype == DType::bf16) {
+        PlanRequest q = request;
+        q.groups.nf4 = true;
+        if (fits(q, budget)) line("QLoRA (--quantize nf4)", q);
     }
     return out;
 }

@@ -49,7 +49,8 @@ struct RankMemory {
     std::string role;  // "every rank", or a pipeline stage's units
     std::vector<MemoryLine> lines;
     double category(MemoryCategory c) const;
-    double device_total() const;  // every category but pinned host
+    double device_total() const;  // every category but host memory
+    double host_total() const;    // the host memory lines (MemoryCategory::pinned_host: pinned and pageable)
 };
 
 struct MemoryPlan {
@@ -80,5 +81,31 @@ std::string format_bytes(double bytes);
 
 // The plan as a table (one column per distinct rank), its total and, with `gpu`, the verdict.
 std::string format_plan(const MemoryPlan& plan, const GpuMemory* gpu);
+
+}  // namespace pv
+
+namespace pv {
+
+// What fits: the planner asked again with one thing changed.
+// The largest micro-batch (up to `limit`) whose plan fits in `budget` bytes per rank; 0: none.
+int largest_micro_batch(PlanRequest request, double budget, int limit = 1 << 16);
+// The smallest rank count (up to 4096) on which `strategy` fits in `budget` per rank; 0: none.
+int smallest_world(PlanRequest request, const std::string& strategy, double budget);
+
+// --parallel auto: the strategy every multi-GPU guide picks, from the plan. One rank: single.
+// Otherwise ddp if the replicas fit; else the cheapest ZeRO stage that fits (zero1, zero2,
+// zero3); else mp. With a slow interconnect, mp comes before the ZeRO stages (it sends only the
+// residual stream between stages). Nothing fitting, the least memory of them.
+struct StrategyChoice {
+    std::string strategy;
+    std::string reason;                 // one line: why
+    std::vector<MemoryPlan> considered;  // the plans compared, in the order tried
+};
+StrategyChoice choose_strategy(const PlanRequest& request, double budget, bool slow_interconnect);
+
+// When a plan does not fit: the cheapest changes that would, one per line ("--micro-batch 2
+// (peak 61.2 GiB)"), tried in this order: a smaller micro-batch, a ZeRO stage on these ranks,
+// more ranks, LoRA, QLoRA. Empty when nothing tried fits.
+std::vector<std::string> changes_that_fit(const PlanRequest& request, double budget);
 
 }  // namespace pv

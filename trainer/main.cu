@@ -29,6 +29,8 @@
 #include "model/llama.h"
 #include "model/llama2c.h"
 #include "parallel/plan.h"
+#include "parallel/planner.h"
+#include "model/freeze.h"
 #include "parallel/world.h"
 #include "model/decoder.h"
 #include "trainer/checkpoint.h"
@@ -53,6 +55,8 @@
 #include <iostream>
 #include <stdexcept>
 
+#include <unistd.h>
+
 namespace pv {
 namespace {
 
@@ -74,16 +78,12 @@ void apply_adapter_config(TrainOptions& o) {
     for (const std::string& t : a.lora.targets) o.lora_targets += (o.lora_targets.empty() ? "" : ",") + t;
 }
 
-int train_command(const TrainOptions& requested_flags, const std::string& resume_dir, World& world) {
-    TrainOptions requested = requested_flags;
-    if (resume_dir.empty()) apply_adapter_config(requested);
-    TrainOptions o = requested;
-    // A resumed run's model is the checkpoint's, whatever it was initialised from.
-    const std::string init_dir = resume_dir.empty() ? o.init_from : "";
-    check_strategy(strategy_options(o), world.size());
-    const int data_ranks = data_ranks_of(strategy_options(o), world.size());  // mp: every stage sees the whole batch
+// The automatic micro-batch (0): the largest divisor of batch / data ranks up to 8 (mp: one that
+// fills the pipeline); then the geometry's checks.
+void resolve_micro_batch(TrainOptions& o, int ranks) {
+    const int data_ranks = data_ranks_of(strategy_options(o), ranks);  // mp: every stage sees the whole batch
     const bool mp = strategy_info(o.parallel).stages;
-    if (o.micro_batch == 0) {  // auto: the largest divisor of batch / ranks up to 8 (mp: that fills the pipeline)
+    if (o.micro_batch == 0) {
         if (o.batch % data_ranks != 0)
             throw std::invalid_argument("--batch " + std::to_string(o.batch) + " does not split over " +
                                         std::to_string(data_ranks) + " ranks: make --batch a multiple of " +
@@ -103,6 +103,73 @@ int train_command(const TrainOptions& requested_flags, const std::string& resume
                                     std::to_string(o.micro_batch) + " = " + std::to_string(o.batch / o.micro_batch) +
                                     " micro-batches per step do not fill whole pipeline rounds of --microbatches " +
                                     std::to_string(o.microbatches) + ": make that count a multiple of it");
+    accumulation_for(o.batch, o.micro_batch, data_ranks);  // a bad geometry fails before any data is read
+}
+
+// The planner's question for these options (resolved: a strategy, a micro-batch) on `ranks`.
+PlanRequest plan_request(const TrainOptions& o, const LlamaConfig& config, int ranks) {
+    PlanRequest q;
+    q.config = config;
+    q.dtype = o.dtype == "fp64" ? DType::fp64 : o.dtype == "fp32" ? DType::fp32 : DType::bf16;
+    q.groups = GroupOptions{resolve_freeze(config, split_patterns(o.freeze)).names, lora_config(o),
+                            o.quantize == "nf4", o.double_quant};
+    q.strategy = strategy_options(o);
+    q.ranks = ranks;
+    q.micro_batch = o.micro_batch, q.seq_len = o.seq_len;
+    q.accumulation = accumulation_for(o.batch, o.micro_batch, data_ranks_of(q.strategy, ranks));
+    return q;
+}
+
+// The memory a rank may use: --gpu-memory, else this GPU's, else (host backend) this machine's
+// shared by the ranks (all on one machine, as the host backend runs them).
+GpuMemory memory_budget(const TrainOptions& o, int ranks) {
+    if (!o.gpu_memory.empty()) return parse_gpu_memory(o.gpu_memory);
+    if (!kHostBackend) {
+        size_t free_bytes = 0, total = 0;
+        CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+        return {"this GPU", double(total)};
+    }
+    const double machine = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+    return {"this machine's memory / " + std::to_string(ranks) + " rank(s)", machine / ranks};
+}
+
+// This machine's memory per rank, for the host-side lines of a plan.
+double host_budget(int ranks) { return double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)) / ranks; }
+
+// Refuses (std::invalid_argument with the plan's table and the changes that would fit) a run
+// whose plan does not fit the budget, before anything is allocated.
+void check_plan_fits(const PlanRequest& q, const GpuMemory& gpu) {
+    const MemoryPlan plan = plan_memory(q);
+    if (plan.peak() > gpu.usable())
+        {
+            std::string changes;
+            for (const std::string& c : changes_that_fit(q, gpu.usable())) changes += "\n  " + c;
+            throw std::invalid_argument(
+                "this run needs " + format_bytes(plan.peak()) + " of device memory per rank, more than the " +
+                format_bytes(gpu.usable()) + " it may use on " + gpu.name + ":\n" + format_plan(plan, &gpu) +
+                (changes.empty() ? "nothing tried fits (a smaller micro-batch, ZeRO, more ranks, LoRA, QLoRA): "
+                                   "choose a smaller model"
+                                 : "changes that fit:" + changes));
+        }
+    const double host = plan.largest().host_total(), budget = host_budget(q.ranks);
+    if (host > budget)
+        throw std::invalid_argument("this run needs " + format_bytes(host) + " of host memory per rank (" +
+                                    "a step's micro-batches and the pinned staging), more than this machine's " +
+                                    format_bytes(budget) + " per rank: use a smaller --batch");
+}
+
+int train_command(const TrainOptions& requested_flags, const std::string& resume_dir, World& world) {
+    TrainOptions requested = requested_flags;
+    if (resume_dir.empty()) apply_adapter_config(requested);
+    TrainOptions o = requested;
+    // A resumed run's model is the checkpoint's, whatever it was initialised from.
+    const std::string init_dir = resume_dir.empty() ? o.init_from : "";
+    // --parallel auto decides from the plan, which needs the model; until then the geometry is
+    // checked as a data-parallel run's.
+    const bool automatic = o.parallel == "auto";
+    if (automatic) o.parallel = world.size() == 1 ? "single" : "ddp";
+    check_strategy(strategy_options(o), world.size());
+    resolve_micro_batch(o, world.size());
     if (o.fp32_grad_accumulation && o.dtype != "bf16")
         throw std::invalid_argument("--fp32-grad-accumulation is for --dtype bf16 (" + o.dtype +
                                     " gradients already accumulate in their own type); drop the flag");
@@ -115,9 +182,24 @@ int train_command(const TrainOptions& requested_flags, const std::string& resume
                                     "--freeze (or --lora-rank for full fine-tuning with frozen tensors)");
     if (o.quantize == "nf4" && o.lora_rank == 0)
         throw std::invalid_argument("--quantize nf4 stores the frozen base of a LoRA run (QLoRA): add --lora-rank");
-    accumulation_for(o.batch, o.micro_batch, data_ranks);  // a bad geometry fails before any data is read
     RunData data = load_run_data(o, resume_dir, init_dir);
     const LlamaConfig config = model_config(o, data, resume_dir, init_dir);
+    // The memory plan, before anything is allocated (parallel/planner.h).
+    const GpuMemory gpu = memory_budget(o, world.size());
+    if (automatic && world.size() > 1) {
+        const StrategyChoice choice =
+            choose_strategy(plan_request(o, config, world.size()), gpu.usable(), o.interconnect == "slow");
+        if (choice.strategy != o.parallel) {
+            o.parallel = choice.strategy;
+            o.micro_batch = requested.micro_batch;
+            if (o.fp32_grad_accumulation && !strategy_info(o.parallel).fp32_accumulation)
+                o.fp32_grad_accumulation = false;
+            resolve_micro_batch(o, world.size());
+        }
+        std::printf("parallel: auto chose %s on %d ranks: %s\n", o.parallel.c_str(), world.size(),
+                    choice.reason.c_str());
+    }
+    check_plan_fits(plan_request(o, config, world.size()), gpu);
     const RunSources from{resume_dir, init_dir};
     if (o.dtype == "bf16") {
         if (o.fp32_grad_accumulation)
@@ -323,6 +405,74 @@ int eval_command(const EvalOptions& o) {
     return with_dtype(dtype, [&]<class T>() { return eval_with<T>(o, m, std::move(shards), seq_len); });
 }
 
+// The model a plan is for, without reading data: --init-from's or --resume's config.json,
+// --config, --preset, or the default model at the built-in tokenizer's --vocab.
+LlamaConfig plan_config(const TrainOptions& o) {
+    if (!o.resume.empty()) return read_hf_config(resolve_checkpoint(o.resume) + "/config.json");
+    if (!o.init_from.empty()) return read_hf_config(o.init_from + "/config.json");
+    if (!o.config.empty()) return read_hf_config(o.config);
+    if (!o.preset.empty()) return preset(o.preset);
+    return default_model(o.vocab, o.seq_len);
+}
+
+// `train plan`: the memory per rank by category, the verdict, what fits.
+int plan_command(const TrainOptions& flags, const PlanOptions& p) {
+    TrainOptions o = flags;
+    apply_adapter_config(o);
+    const LlamaConfig config = plan_config(o);
+    if (o.seq_len > config.max_seq_len)
+        throw std::invalid_argument("--seq-len " + std::to_string(o.seq_len) + " exceeds the model's max_seq_len " +
+                                    std::to_string(config.max_seq_len) + ": use a shorter sequence");
+    const GpuMemory gpu = parse_gpu_memory(o.gpu_memory.empty() ? "h100-80" : o.gpu_memory);
+    const std::string requested_strategy = o.parallel;
+    if (o.parallel == "auto") o.parallel = p.ranks == 1 ? "single" : "ddp";
+    check_strategy(strategy_options(o), p.ranks);
+    resolve_micro_batch(o, p.ranks);
+    StrategyChoice choice;
+    if (requested_strategy == "auto") {
+        choice = choose_strategy(plan_request(o, config, p.ranks), gpu.usable(), o.interconnect == "slow");
+        if (choice.strategy != o.parallel) {
+            o.parallel = choice.strategy, o.micro_batch = flags.micro_batch;
+            resolve_micro_batch(o, p.ranks);
+        }
+    }
+    const PlanRequest q = plan_request(o, config, p.ranks);
+    std::printf("plan: model %s (%lld parameters), %s, %s on %d rank(s), micro-batch %d x %d tokens, %d micro-step(s) "
+                "per step%s\n",
+                config.name.c_str(), parameter_count(config), o.dtype.c_str(), o.parallel.c_str(), p.ranks,
+                o.micro_batch, o.seq_len, q.accumulation,
+                q.groups.lora.enabled() ? (q.groups.nf4 ? ", QLoRA" : ", LoRA") : "");
+    if (requested_strategy == "auto") std::printf("--parallel auto: %s (%s)\n", o.parallel.c_str(), choice.reason.c_str());
+    const MemoryPlan plan = plan_memory(q);
+    std::printf("%s", format_plan(plan, &gpu).c_str());
+    std::printf("largest micro-batch that fits: %d\n", largest_micro_batch(q, gpu.usable()));
+    std::printf("smallest world size that fits:");
+    for (const StrategyInfo& s : strategy_registry()) {
+        const int n = smallest_world(q, s.name, gpu.usable());
+        std::printf(" %s %s%s", s.name, n > 0 ? std::to_string(n).c_str() : "none up to 4096",
+                    &s == &strategy_registry().back() ? "\n" : ",");
+    }
+    if (plan.peak() > gpu.usable())
+        for (const std::string& c : changes_that_fit(q, gpu.usable())) std::printf("would fit: %s\n", c.c_str());
+    if (p.compare) {
+        std::printf("\nevery strategy on %d rank(s):\n", p.ranks);
+        for (const StrategyInfo& s : strategy_registry()) {
+            PlanRequest alt = q;
+            alt.strategy.name = s.name;
+            if (!s.stages) alt.strategy.microbatches = 1;
+            if (!s.fp32_accumulation) alt.strategy.fp32_grad_accumulation = false;
+            try {
+                const MemoryPlan a = plan_memory(alt);
+                std::printf("  %-6s %12s per rank (largest rank)  %s\n", s.name, format_bytes(a.peak()).c_str(),
+                            a.peak() <= gpu.usable() ? "fits" : "does not fit");
+            } catch (const std::invalid_argument& e) {
+                std::printf("  %-6s cannot run: %s\n", s.name, e.what());
+            }
+        }
+    }
+    return 0;
+}
+
 int prepare_command(const PrepareOptions& o) {
     const PreparedData p = prepare_data(o);
     std::printf(
@@ -343,6 +493,7 @@ int prepare_command(const PrepareOptions& o) {
 
 int main_checked(int argc, char** argv) {
     Command c = parse_command(argc, argv);
+    if (c.kind == Command::Kind::plan) return plan_command(c.train, c.plan);
     if (c.kind == Command::Kind::sample) return sample_command(c.sample);
     if (c.kind == Command::Kind::eval) return eval_command(c.eval);
     if (c.kind == Command::Kind::prepare) return prepare_command(c.prepare);

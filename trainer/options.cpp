@@ -3,6 +3,7 @@
 #include "trainer/options.h"
 
 #include "data/chat.h"
+#include "parallel/planner.h"
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -15,7 +16,7 @@ namespace pv {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, init_from, data, val_data, vocab, steps,
                                                 batch, micro_batch, seq_len, lr, schedule, warmup, final_lr_fraction,
                                                 clip, weight_decay, decay_norm_weights, beta1, beta2, eps, dtype,
-                                                stochastic_rounding, fp32_grad_accumulation, seed, parallel,
+                                                stochastic_rounding, fp32_grad_accumulation, seed, parallel, interconnect,
                                                 microbatches, balance, freeze, eval_interval, eval_batches, out_dir,
                                                 checkpoint_interval, resume, stop_after, prompt, sample_tokens,
                                                 temperature, top_p, document_mask, lora_rank, lora_alpha, rslora,
@@ -79,8 +80,23 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
     std::string strategies;
     for (const StrategyInfo& s : strategy_registry())
         strategies += std::string(strategies.empty() ? "" : ", ") + s.name + " (" + s.help + ")";
-    app.add_option("--parallel", o.parallel, "Strategy over the ranks of mpirun: " + strategies)
-        ->check(CLI::IsMember(strategy_names()));
+    std::vector<std::string> choices = strategy_names();
+    choices.insert(choices.begin(), "auto");
+    app.add_option("--parallel", o.parallel,
+                   "Strategy over the ranks of mpirun: auto (from the memory plan: single on one rank, ddp if the "
+                   "replicas fit, else the cheapest ZeRO stage that fits, else mp), " +
+                       strategies)
+        ->check(CLI::IsMember(choices));
+    app.add_option("--interconnect", o.interconnect,
+                   "For --parallel auto: slow (Ethernet between nodes) prefers mp, which sends only the residual "
+                   "stream, to the ZeRO stages")
+        ->check(CLI::IsMember({"fast", "slow"}));
+    std::string gpus;
+    for (const std::string& g : gpu_names()) gpus += (gpus.empty() ? "" : ", ") + g;
+    app.add_option("--gpu-memory", o.gpu_memory,
+                   "Memory per rank the plan is checked against: a GPU (" + gpus +
+                       ") or bytes (80GiB, 24GB, 16e9); empty: this device's (the host backend: this machine's "
+                       "memory shared by its ranks)");
     app.add_option("--freeze", o.freeze,
                    "Keep these tensors fixed: comma-separated globs over Hugging Face tensor names, e.g. "
                    "'model.embed_tokens.*,*.input_layernorm.*' (no gradient, master or optimizer state; gradients "
@@ -304,6 +320,14 @@ Command parse_command(int argc, char** argv, const TrainOptions& base) {
         "built-in corpus (the project's own documentation and sources) and ends with a generated sample."};
     app.option_defaults()->always_capture_default();
     add_train_flags(app, c.train);
+    CLI::App* plan = app.add_subcommand(
+        "plan",
+        "Print the memory a training run needs per rank, by category, and whether it fits (takes every "
+        "training flag; --ranks instead of mpirun)");
+    plan->option_defaults()->always_capture_default();
+    add_train_flags(*plan, c.train);
+    plan->add_option("--ranks", c.plan.ranks, "World size to plan for")->check(CLI::Range(1, 1 << 20));
+    plan->add_flag("--compare", c.plan.compare, "Every strategy side by side, and the one --parallel auto takes");
     CLI::App* sample = app.add_subcommand(
         "sample", "Generate text from a checkpoint or a Hugging Face model directory, with a KV cache");
     sample->option_defaults()->always_capture_default();
@@ -336,6 +360,7 @@ Command parse_command(int argc, char** argv, const TrainOptions& base) {
     } catch (const CLI::ParseError& e) {
         std::exit(app.exit(e));
     }
+    if (plan->parsed()) c.kind = Command::Kind::plan;
     if (sample->parsed()) c.kind = Command::Kind::sample;
     if (eval->parsed()) c.kind = Command::Kind::eval;
     if (prepare->parsed()) c.kind = Command::Kind::prepare;

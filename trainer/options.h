@@ -63,7 +63,8 @@ struct TrainOptions {
     bool stochastic_rounding = false;
     bool fp32_grad_accumulation = false;
     uint64_t seed = 1337;
-    std::string parallel = "single";  // single, ddp, zero1, zero2, zero3 or mp (parallel/)
+    std::string parallel = "auto";    // auto, single, ddp, zero1, zero2, zero3 or mp (parallel/)
+    std::string interconnect = "fast";  // auto's hint: "slow" puts mp before the ZeRO stages
     int microbatches = 1;             // mp: micro-batches in flight in the pipeline (GPipe)
     std::string balance = "flops";    // mp: balance the stages by flops or params
     // Evaluation, output, checkpoints.
@@ -73,11 +74,20 @@ struct TrainOptions {
     long long checkpoint_interval = 0;  // 0: only the final checkpoint
     std::string resume;                 // a step_N checkpoint, or an output directory (its latest)
     long long stop_after = 0;           // stop after this many steps of this invocation (0: run to --steps)
+    // The memory budget per rank: a GPU's name or bytes (parallel/planner.h); empty: this device's
+    // (the host backend: this machine's memory shared by its ranks). Not saved in checkpoints.
+    std::string gpu_memory;
     // The sample printed at the end.
     std::string prompt = "The kernel";
     int sample_tokens = 120;
     double temperature = 0.8;
     double top_p = 0.95;
+};
+
+// `train plan`: the training flags plus these.
+struct PlanOptions {
+    int ranks = 1;         // the world size to plan for (instead of mpirun's)
+    bool compare = false;  // every strategy side by side
 };
 
 struct SampleOptions {
@@ -134,8 +144,9 @@ struct TokenizeOptions {
 };
 
 struct Command {
-    enum class Kind { train, sample, eval, prepare, convert, export_model, tokenize } kind = Kind::train;
+    enum class Kind { train, plan, sample, eval, prepare, convert, export_model, tokenize } kind = Kind::train;
     TrainOptions train;
+    PlanOptions plan;
     SampleOptions sample;
     EvalOptions eval;
     PrepareOptions prepare;

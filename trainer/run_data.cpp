@@ -23,23 +23,6 @@ namespace pv {
 
 namespace {
 
-// The default model: small enough that a 2-core CPU trains it in a few minutes.
-LlamaConfig default_model(int vocab, int seq_len) {
-    LlamaConfig c;
-    c.name = "default";
-    c.vocab_size = vocab;
-    c.hidden_size = 128;
-    c.num_layers = 4;
-    c.num_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 32;
-    c.ffn_size = 352;
-    c.rms_norm_eps = 1e-5;
-    c.rope_theta = 10000.0;
-    c.max_seq_len = seq_len;
-    c.tie_embeddings = true;
-    return c;
-}
 
 // The built-in corpus: a tokenizer trained on it (or the checkpoint's, on resume), the last 10%
 // held out for validation.
@@ -117,6 +100,24 @@ void check_same_tokenizer(const std::string& data_tokenizer, const std::string& 
 }
 
 }  // namespace
+
+// The default model: small enough that a 2-core CPU trains it in a few minutes.
+LlamaConfig default_model(int vocab, int seq_len) {
+    LlamaConfig c;
+    c.name = "default";
+    c.vocab_size = vocab;
+    c.hidden_size = 128;
+    c.num_layers = 4;
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 32;
+    c.ffn_size = 352;
+    c.rms_norm_eps = 1e-5;
+    c.rope_theta = 10000.0;
+    c.max_seq_len = seq_len;
+    c.tie_embeddings = true;
+    return c;
+}
 
 RunData load_run_data(const TrainOptions& o, const std::string& resume_dir, const std::string& init_dir) {
     if (o.data.empty()) return builtin_data(o, resume_dir, init_dir);

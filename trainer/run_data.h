@@ -39,6 +39,9 @@ RunData load_run_data(const TrainOptions& o, const std::string& resume_dir, cons
 // The model: the checkpoint's config when resuming, init_dir's config.json, --config, --preset,
 // or the default model (4 layers, hidden 128) sized to the data's vocabulary. Throws when the
 // data's vocabulary, or the tokenizer's, does not fit the model's.
+// The built-in run's model, sized to its tokenizer's vocabulary.
+LlamaConfig default_model(int vocab, int seq_len);
+
 LlamaConfig model_config(const TrainOptions& o, const RunData& data, const std::string& resume_dir,
                          const std::string& init_dir = "");
 
