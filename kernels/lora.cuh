@@ -95,15 +95,24 @@ void lora_dropout(const T* x, T* out, long long N, int in, const LoraDropout& d,
     launch_elementwise(LoraDropoutOp<T>{x, out, in, d, tensor, accumulate}, N * in, vector, stream);
 }
 
-// The adapter's forward on top of y = x·Wᵀ: u [N][a_rows] saved; `dropped` [N][in] workspace used
-// when dropout is on. `tensor`: A's tensor id (keys the mask).
+// The first half of the adapter's forward: u = drop(x)·Aᵀ [N][a_rows], what the backward keeps;
+// `dropped` [N][in] workspace used when dropout is on. `tensor`: A's tensor id (keys the mask).
+// Alone it is what activation checkpointing recomputes of a linear whose output is not needed.
 template <class T>
-void lora_forward(cublasHandle_t h, const T* x, const T* a, const T* b, T* y, T* u, T* dropped, long long N,
-                  const LoraShape& s, const LoraDropout& d, uint32_t tensor, cudaStream_t stream) {
+void lora_project_input(cublasHandle_t h, const T* x, const T* a, T* u, T* dropped, long long N, const LoraShape& s,
+                        const LoraDropout& d, uint32_t tensor, cudaStream_t stream) {
     const T* in = x;
     if (d.on()) lora_dropout(x, dropped, N, s.in, d, tensor, false, stream), in = dropped;
     const int pr = s.a_rows();
     gemm_x_wt(h, in, s.in, a, s.in, u, pr, N, s.in, pr, 1.0, 0.0, stream);
+}
+
+// The adapter's forward on top of y = x·Wᵀ: u saved (lora_project_input), then y += s·u·Bᵀ.
+template <class T>
+void lora_forward(cublasHandle_t h, const T* x, const T* a, const T* b, T* y, T* u, T* dropped, long long N,
+                  const LoraShape& s, const LoraDropout& d, uint32_t tensor, cudaStream_t stream) {
+    lora_project_input(h, x, a, u, dropped, N, s, d, tensor, stream);
+    const int pr = s.a_rows();
     for (int p = 0; p < s.parts; ++p)
         gemm_x_wt(h, u + p * s.rank, pr, b + (long long)s.part[p].b_begin * s.rank, s.rank, y + s.part[p].out_begin,
                   s.out, N, s.rank, s.part[p].rows, s.scale, 1.0, stream);

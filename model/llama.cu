@@ -141,6 +141,35 @@ std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& c, int b
             {"embedding_scratch", (long long)embedding_backward_scratch_bytes(N), 1}};
 }
 
+std::vector<ActivationBuffer> slot_arena_layout(const LlamaConfig& c, int u, int batch, int seq_len, DType dtype,
+                                                const LoraConfig& lora, const ActivationCheckpointing& checkpointing) {
+    const UnitKind kind = u == 0 ? UnitKind::embedding : u <= c.num_layers ? UnitKind::block : UnitKind::head;
+    std::vector<ActivationBuffer> layout = activation_layout(c, kind, batch, seq_len, dtype, lora);
+    if (kind == UnitKind::block && checkpointing.recomputes(u - 1)) layout.resize(size_t(kOut) + 1);
+    return layout;
+}
+
+std::vector<ActivationBuffer> recompute_arena_layout(const LlamaConfig& c, int batch, int seq_len, DType dtype,
+                                                     const LoraConfig& lora) {
+    std::vector<ActivationBuffer> layout = activation_layout(c, UnitKind::block, batch, seq_len, dtype, lora);
+    layout[kOut].elements = 0;  // kept in the block's own arena; the buffers keep their indices
+    return layout;
+}
+
+ActivationArenas activation_arenas(const LlamaConfig& c, int batch, int seq_len, DType dtype, const LoraConfig& lora,
+                                   int slots, const ActivationCheckpointing& checkpointing, StageUnits stage) {
+    const int units = c.num_layers + 2, end = stage.end < 0 ? units : stage.end;
+    ActivationArenas out;
+    out.slots = slots;
+    out.slot_bytes.assign(size_t(units), 0);
+    for (int u = stage.first; u < end; ++u) {
+        out.slot_bytes[size_t(u)] = arena_bytes(slot_arena_layout(c, u, batch, seq_len, dtype, lora, checkpointing));
+        if (u >= 1 && u <= c.num_layers && checkpointing.recomputes(u - 1))
+            out.recompute_bytes = arena_bytes(recompute_arena_layout(c, batch, seq_len, dtype, lora));
+    }
+    return out;
+}
+
 template <class A>
 DeviceBuffer<A> rope_table_buffer(const LlamaConfig& config, int positions, cudaStream_t stream) {
     const std::vector<A> values = rope_table_values<A>(rope_inverse_frequencies(config), positions);
@@ -190,6 +219,11 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
         model_layouts(config_, dtype_of<T>(), place.shards, GroupOptions{o.frozen, o.lora, o.nf4, o.double_quant});
     CUBLAS_CHECK(cublasCreate(&cublas_));
     const DType dt = dtype_of<T>();
+    // The arenas, from the function the memory planner calls.
+    const ActivationArenas arenas = activation_arenas(config_, o.batch, o.seq_len, dt, lora_, place.slots,
+                                                      o.checkpointing, StageUnits{first_unit_, end_unit_});
+    if (arenas.recompute_bytes > 0)
+        recompute_arena_ = device_alloc(arenas.recompute_bytes, MemoryCategory::activations);
     for (UnitSpec& spec : specs) {
         Unit fresh;
         fresh.groups = layouts[units_.size()];
@@ -221,10 +255,11 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
             unit.grads = static_cast<T*>(device_alloc(trainable(u).bytes(), MemoryCategory::gradients));
             CUDA_CHECK(cudaMemsetAsync(unit.grads, 0, trainable(u).bytes(), stream_));
         }
-        unit.arena_layout = activation_layout(config_, unit.spec.kind, o.batch, o.seq_len, dt, lora_);
+        unit.arena_layout = slot_arena_layout(config_, u, o.batch, o.seq_len, dt, lora_, o.checkpointing);
+        unit.recomputes = unit.spec.kind == UnitKind::block && o.checkpointing.recomputes(u - 1);
         if (!runs_here) continue;  // the tied embedding's copy on the head's stage
         for (int s = 0; s < place.slots; ++s)
-            unit.arenas.push_back(device_alloc(arena_bytes(unit.arena_layout), MemoryCategory::activations));
+            unit.arenas.push_back(device_alloc(arenas.slot_bytes[size_t(u)], MemoryCategory::activations));
         resolve_activations(u);
     }
     for (int u = 0; u < num_units(); ++u) resolve_params(u);
@@ -263,6 +298,7 @@ Llama<T>::~Llama() {
         for (void* a : u.arenas) memory_free(a);
     }
     memory_free(workspace_);
+    memory_free(recompute_arena_);
     for (T* d : dresidual_) memory_free(d);
     if (cublas_) cublasDestroy(cublas_);
 }
@@ -309,10 +345,16 @@ template <class T>
 void Llama<T>::resolve_activations(int u) {
     Unit& unit = units_[size_t(u)];
     const std::vector<size_t> at = arena_offsets(unit.arena_layout, nullptr);
+    // A recomputing block's buffers other than its output are the recompute arena's.
+    const std::vector<size_t> shared_at =
+        unit.recomputes
+            ? arena_offsets(recompute_arena_layout(config_, batch_, seq_len_, dtype_of<T>(), lora_), nullptr)
+            : at;
     for (void* arena : unit.arenas) {
         char* a = static_cast<char*>(arena);
-        auto t = [&](int i) { return reinterpret_cast<T*>(a + at[size_t(i)]); };
-        auto acc = [&](int i) { return reinterpret_cast<acc_t<T>*>(a + at[size_t(i)]); };
+        char* r = unit.recomputes ? static_cast<char*>(recompute_arena_) : a;
+        auto t = [&](int i) { return reinterpret_cast<T*>(i == kOut ? a + at[size_t(i)] : r + shared_at[size_t(i)]); };
+        auto acc = [&](int i) { return reinterpret_cast<acc_t<T>*>(r + shared_at[size_t(i)]); };
         switch (unit.spec.kind) {
             case UnitKind::embedding: unit.outputs.push_back(t(kOut)); break;
             case UnitKind::block: {
@@ -454,13 +496,18 @@ void Llama<T>::backward_unit(int u, int slot, const UnitIO<T>& io) {
                 embedding_backward(io.tokens, io.dresidual_out, dwte, rows(), config_.hidden_size, config_.vocab_size,
                                    work_.embedding_scratch, stream_);
             break;
-        case UnitKind::block: backward_block(u, slot, io); break;
+        case UnitKind::block:
+            // The same parameters (bound now as in the forward), input and dropout keys as the
+            // forward had: the same activations, bit for bit.
+            if (units_[size_t(u)].recomputes) forward_block(u, slot, io, true);
+            backward_block(u, slot, io);
+            break;
         case UnitKind::head: backward_head(slot, io); break;
     }
 }
 
 template <class T>
-void Llama<T>::forward_block(int u, int slot, const UnitIO<T>& io) {
+void Llama<T>::forward_block(int u, int slot, const UnitIO<T>& io, bool recompute) {
     const LlamaConfig& c = config_;
     const long long N = rows();
     const int C = c.hidden_size, F = c.ffn_size, hd = c.head_dim_resolved();
@@ -479,6 +526,15 @@ void Llama<T>::forward_block(int u, int slot, const UnitIO<T>& io) {
     residual_rmsnorm_forward(x, work_.proj, a.x2, w.mlp_norm, a.h2, a.rstd2, N, C, c.rms_norm_eps, stream_);
     linear(u, kLoraGateUp, a.h2, a.gate_up, N, a.lora_u[kLoraGateUp], drop, cublas_);
     swiglu_forward(a.gate_up, a.act, N, F, stream_);
+    if (recompute) {
+        // The backward reads no product of the down projection but its adapter's u; the output
+        // (and whoever read it) is left alone. Saves the down GEMM: F·C of the block's (qkv + q +
+        // 3F)·C matmul weights, 28% of them in Llama-3.2-1B.
+        if (const LoraShape& s = lora_shapes_[kLoraDown]; s.parts > 0)
+            lora_project_input(cublas_, a.act, w.lora[kLoraDown].a, a.lora_u[kLoraDown], work_.lora_dropped, N, s, drop,
+                               units_[size_t(u)].lora_ids[kLoraDown], stream_);
+        return;
+    }
     linear(u, kLoraDown, a.act, work_.proj, N, a.lora_u[kLoraDown], drop, cublas_);
     add(a.x2, work_.proj, io.residual_out, N * C, stream_);
 }

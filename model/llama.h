@@ -6,7 +6,8 @@
 // Per unit the model holds its parameter groups (model/parameters.h: a trainable group and,
 // with --freeze, a frozen one) and a gradient buffer of the trainable group's layout; per unit
 // and per micro-batch slot an activation arena with what the backward needs (sized by
-// activation_layout, which the memory planner reuses); and one shared workspace for the
+// activation_layout, which the memory planner reuses; with activation checkpointing a recomputed
+// block's slot keeps its output only, see ActivationCheckpointing); and one shared workspace for the
 // transient buffers of whichever unit is running. The forward and backward read typed views of
 // these (BlockParams, BlockActivations, ...), resolved when buffers are allocated or bound.
 //
@@ -75,6 +76,47 @@ size_t arena_bytes(const std::vector<ActivationBuffer>& buffers);
 // backward's transient buffers (arena_bytes of this layout). The memory planner uses this too.
 std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& c, int batch, int seq_len, DType dtype,
                                                    const LoraConfig& lora, bool nf4);
+
+// Activation checkpointing (--checkpoint-activations): a recomputed block keeps only its output,
+// the residual stream the next unit reads, in its slot's arena; its other activations live in one
+// recompute arena the model's recomputed blocks share (and all slots: one backward runs at a
+// time), which the block's forward fills and overwrites, and which its backward fills again by
+// re-running the forward (model/llama.cu recompute) just before it. With deterministic kernels the
+// recomputed activations are bitwise the forward's, so are the gradients. keep_every = 0: every
+// block is recomputed; N >= 1: block i (0-based, counting every block of the model, whatever the
+// stage) keeps its whole arena when i % N == N − 1 — one block in N, the last of each group of N,
+// so with N dividing num_layers the last block, whose backward follows its forward at once, keeps
+// its own (N = 1 keeps every block: no checkpointing).
+struct ActivationCheckpointing {
+    bool enabled = false;
+    int keep_every = 0;
+    bool recomputes(int block) const { return enabled && !(keep_every > 0 && block % keep_every == keep_every - 1); }
+};
+
+// The arena of one slot of unit u (model_units order): activation_layout, or for a block that
+// recomputes, its output alone.
+std::vector<ActivationBuffer> slot_arena_layout(const LlamaConfig& c, int u, int batch, int seq_len, DType dtype,
+                                                const LoraConfig& lora, const ActivationCheckpointing& checkpointing);
+// The recompute arena: a block's activation_layout without the output (the recompute writes none).
+std::vector<ActivationBuffer> recompute_arena_layout(const LlamaConfig& c, int batch, int seq_len, DType dtype,
+                                                     const LoraConfig& lora);
+
+// What a model allocates in the activations category, computed without a model (the memory
+// planner's figure; the Llama constructor allocates exactly these): per unit, one slot's arena
+// (0 for a unit outside the stage), `slots` of them, and the recompute arena (0 when no block of
+// the stage recomputes). Model parallelism's received inputs (parallel/mp.h) are not the model's.
+struct ActivationArenas {
+    std::vector<size_t> slot_bytes;  // per unit of the model
+    int slots = 1;
+    size_t recompute_bytes = 0;
+    size_t total() const {
+        size_t sum = recompute_bytes;
+        for (size_t b : slot_bytes) sum += b * size_t(slots);
+        return sum;
+    }
+};
+ActivationArenas activation_arenas(const LlamaConfig& c, int batch, int seq_len, DType dtype, const LoraConfig& lora,
+                                   int slots, const ActivationCheckpointing& checkpointing, StageUnits stage = {});
 
 // Typed views of a unit's tensors and activations, resolved once when buffers are allocated or
 // bound (never looked up by name in a step). P is `const T*` for weights, `T*` for gradients
@@ -150,6 +192,7 @@ struct ModelOptions {
     bool double_quant = true;
     Placement placement;
     cudaStream_t stream = nullptr;
+    ActivationCheckpointing checkpointing;  // off by default
 };
 
 // A whole model on one rank with `slots` activation slots: for training (owned gradients) or
@@ -258,6 +301,7 @@ class Llama {
         T* grads = nullptr;                          // the trainable group's
         std::vector<void*> arenas;                   // one per slot
         std::vector<ActivationBuffer> arena_layout;  // buffers in each arena, in order
+        bool recomputes = false;                     // a block whose backward recomputes its forward
         // Typed views (resolve_*).
         std::vector<const T*> weights;  // per spec tensor
         std::vector<T*> weight_grads;   // per spec tensor; null when frozen or without gradients
@@ -289,7 +333,8 @@ class Llama {
     const T* dense_weight(int u, int k) const;
     void resolve_params(int u);
     void resolve_activations(int u);
-    void forward_block(int u, int slot, const UnitIO<T>& io);
+    // recompute: only what the backward reads, before it (nothing of the output is written).
+    void forward_block(int u, int slot, const UnitIO<T>& io, bool recompute = false);
     void backward_block(int u, int slot, const UnitIO<T>& io);
     void forward_head(int slot, const UnitIO<T>& io);
     LoraDropout dropout_of(const UnitIO<T>& io) const;
@@ -319,6 +364,7 @@ class Llama {
     T* dresidual_[2] = {nullptr, nullptr};
     void* workspace_ = nullptr;
     Workspace work_;
+    void* recompute_arena_ = nullptr;  // the recomputed blocks' activations (null: none recomputes)
 };
 
 }  // namespace pv
