@@ -128,10 +128,12 @@ struct Options {
     int accumulation;
     int microbatches;  // mp: micro-batches in flight
     bool tied;
-    std::set<std::string> frozen;  // tensors in frozen groups (polevault names)
-    bool documents;                // packed documents (sample)
-    pv::LoraConfig lora;           // adapters on a frozen base (off by default)
-    bool nf4 = false;              // QLoRA: the base's block linears in NF4
+    std::set<std::string> frozen;               // tensors in frozen groups (polevault names)
+    bool documents;                             // packed documents (sample)
+    pv::LoraConfig lora;                        // adapters on a frozen base (off by default)
+    bool nf4 = false;                           // QLoRA: the base's block linears in NF4
+    pv::ActivationCheckpointing checkpointing;  // off by default
+    int steps = kSteps;
 };
 
 // LoRA on most modules with dropout: rank 3 (so adapter groups need padding), k_proj and
@@ -168,6 +170,7 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
         mo.batch = kMicro, mo.seq_len = kSeq, mo.seed = 42, mo.frozen = opt.frozen, mo.placement = plan.placement;
         mo.lora = opt.lora;
         mo.nf4 = opt.nf4;
+        mo.checkpointing = opt.checkpointing;
         pv::ComputeStream stream;  // as train computes: not on the legacy default stream
         mo.stream = stream.get();
         pv::Llama<T> model(config, mo);
@@ -178,7 +181,7 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
         adamw.weight_decay = 0.1;
         adamw.seed = 7;
         const int global = kMicro * opt.accumulation * world_ranks, per_rank = global / data_ranks;
-        for (long long step = 0; step < kSteps; ++step) {
+        for (long long step = 0; step < opt.steps; ++step) {
             for (pv::Comm* c : s->comms()) c->clear_log();
             const auto micro = micro_batches(step, data_rank * per_rank, per_rank, config.vocab_size, opt.documents);
             const pv::StepResult res = trainer.step(micro, 3e-3, step + 1, 1.0, adamw);
@@ -863,6 +866,77 @@ TEST_CASE("every strategy with LoRA (dropout on) trains what single trains: fp64
     Options no_dropout = opt;
     no_dropout.lora.dropout = 0;
     CHECK(reference<double>(world, no_dropout).losses[1] != single.losses[1]);
+}
+
+namespace parallel_test {
+
+// Activation checkpointing (model/llama.h) under `strategy`, two steps: bitwise the run without
+// it, and this rank's activations exactly activation_arenas's figure for its units and slots (mp:
+// plus the residual streams it receives, one per slot), less than without.
+template <class T>
+void check_checkpointing(pv::World& world, const std::string& strategy, Options opt,
+                         pv::ActivationCheckpointing checkpointing = {true, 0}) {
+    opt.steps = 2;
+    pv::Comm* comm = strategy == "single" ? nullptr : &world.comm();
+    const RunResult plain = train<T>(strategy, comm, world.size(), opt);
+    opt.checkpointing = checkpointing;
+    const RunResult ckpt = train<T>(strategy, comm, world.size(), opt);
+    INFO(strategy << ", " << pv::dtype_name(pv::dtype_of<T>()) << ", keep_every " << checkpointing.keep_every
+                  << (opt.lora.enabled() ? ", LoRA" : "") << (opt.nf4 ? ", NF4" : ""));
+    check_identical(ckpt, plain);
+    const bool mp = strategy == "mp";
+    const int rank = comm ? comm->rank() : 0;
+    const pv::LlamaConfig config = awkward_model(world.size(), opt.tied);
+    const pv::StageUnits stage =
+        mp ? pv::StageUnits{ckpt.stages[size_t(rank)], ckpt.stages[size_t(rank) + 1]} : pv::StageUnits{};
+    const int slots = mp ? opt.microbatches : 1;
+    const double received = mp && rank > 0 ? double(slots) * kMicro * kSeq * config.hidden_size * sizeof(T) : 0;
+    const auto arenas = [&](const pv::ActivationCheckpointing& c) {
+        return double(
+            pv::activation_arenas(config, kMicro, kSeq, pv::dtype_of<T>(), opt.lora, slots, c, stage).total());
+    };
+    using C = pv::MemoryCategory;
+    CHECK(plain.peak[size_t(C::activations)] == arenas({}) + received);
+    CHECK(ckpt.peak[size_t(C::activations)] == arenas(checkpointing) + received);
+    bool recomputes = false;  // a block of this rank's units recomputes (not so on a stage of the embedding or head)
+    const int end = stage.end < 0 ? config.num_layers + 2 : stage.end;
+    for (int u = std::max(stage.first, 1); u < std::min(end, config.num_layers + 1); ++u)
+        recomputes |= checkpointing.recomputes(u - 1);
+    if (recomputes)
+        CHECK(ckpt.peak[size_t(C::activations)] < plain.peak[size_t(C::activations)]);
+    else
+        CHECK(ckpt.peak[size_t(C::activations)] == plain.peak[size_t(C::activations)]);
+}
+
+}  // namespace parallel_test
+
+// Cheap cases (2 steps of the awkward model): every dtype under single, zero3 and mp with two
+// micro-batches in flight (the slots share the recompute arena); ddp, zero1 and zero2 in bf16;
+// keep-every-2 under zero3 and mp; LoRA with dropout (the recompute draws the same mask) and
+// QLoRA under zero3 and mp.
+TEST_CASE("activation checkpointing trains bit for bit as without it: every dtype and strategy, LoRA, QLoRA",
+          "[parallel][checkpointing]") {
+    pv::World world(nullptr, nullptr);
+    Options gpipe;
+    gpipe.microbatches = 2;
+    for (const char* strategy : {"single", "zero3", "mp"}) {
+        const Options opt = std::string(strategy) == "mp" ? gpipe : Options{};
+        check_checkpointing<double>(world, strategy, opt);
+        check_checkpointing<float>(world, strategy, opt);
+        check_checkpointing<__nv_bfloat16>(world, strategy, opt);
+    }
+    for (const char* strategy : {"ddp", "zero1", "zero2"})
+        check_checkpointing<__nv_bfloat16>(world, strategy, {});
+    check_checkpointing<double>(world, "zero3", {}, {true, 2});
+    check_checkpointing<double>(world, "mp", gpipe, {true, 2});
+    Options lora = lora_options(), qlora = lora_options();
+    qlora.nf4 = true;
+    for (const Options& o : {lora, qlora}) {
+        check_checkpointing<__nv_bfloat16>(world, "zero3", o);
+        Options pipelined = o;
+        pipelined.microbatches = 2;
+        check_checkpointing<double>(world, "mp", pipelined);
+    }
 }
 
 TEST_CASE("mp with frozen tensors: transfers, bytes on the wire and memory per stage are exactly as designed",
