@@ -55,11 +55,19 @@ Comm::Comm(ncclComm_t comm, std::string name) : comm_(comm), name_(std::move(nam
     CUDA_CHECK(cudaEventCreateWithFlags(&to_, cudaEventDisableTiming));
 }
 
+Comm::Comm(ncclComm_t comm, std::string name, const Comm& same_stream_as)
+    : comm_(comm), name_(std::move(name)), stream_(same_stream_as.stream()), owns_stream_(false) {
+    NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
+    NCCL_CHECK(ncclCommCount(comm_, &size_));
+    CUDA_CHECK(cudaEventCreateWithFlags(&from_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&to_, cudaEventDisableTiming));
+}
+
 Comm::~Comm() {
     cudaStreamSynchronize(stream_);
     cudaEventDestroy(from_);
     cudaEventDestroy(to_);
-    cudaStreamDestroy(stream_);
+    if (owns_stream_) cudaStreamDestroy(stream_);
 }
 
 void Comm::synchronize() { wait_polling(stream_, {this}); }

@@ -75,6 +75,10 @@ class Comm {
   public:
     // Wraps `comm` (owned by the caller, which destroys it after the Comm) with a new stream.
     Comm(ncclComm_t comm, std::string name);
+    // Wraps `comm` on another Comm's stream (which must outlive this one): collectives of several
+    // communicators on one stream run in issue order, the order NCCL requires of communicators
+    // that share ranks (hybrid sharding's, parallel/shard_groups.h), and one fence orders all of them.
+    Comm(ncclComm_t comm, std::string name, const Comm& same_stream_as);
     ~Comm();
     Comm(const Comm&) = delete;
     Comm& operator=(const Comm&) = delete;
@@ -144,6 +148,7 @@ class Comm {
     std::string name_;
     int rank_ = 0, size_ = 1;
     cudaStream_t stream_ = nullptr;
+    bool owns_stream_ = true;
     cudaEvent_t from_ = nullptr, to_ = nullptr;
     std::vector<CollectiveRecord> log_;
 };

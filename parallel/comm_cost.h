@@ -8,7 +8,14 @@
 //   zero3        2·(N−1)/N·scalars + A·(N−1)/N·(2·Ψall − Ψall_first − Ψall_last + Ψ)·t
 // Ψ: trainable padded elements, Ψall: every group's, first/last: the embedding's and the head's
 // (not gathered again for the backward), A: micro-steps per step, scalars: the token count, the
-// loss and one squared norm per unit (8 bytes each). Host code only.
+// loss and one squared norm per unit (8 bytes each).
+//
+// Hybrid sharding (shard groups of K ranks, R = N/K replicas; parallel/shard_groups.h) counts
+// three communicators apart. Ψ and Ψall are then padded for K shards.
+//   world        the count and the loss: 2·(N−1)/N·16
+//   shard group  the ZeRO formulas above with K for N, the scalars being the norms alone (8 per unit)
+//   replicas     one all-reduce of each rank's slices per step: 2·(R−1)/R·Ψ/K·t
+// Host code only.
 #pragma once
 
 #include "model/config.h"
@@ -18,9 +25,21 @@
 
 namespace pv {
 
+// Bytes one rank sends per optimizer step, by communicator: without shard groups everything is
+// the world's.
+struct StepWire {
+    double world = 0, shard = 0, replica = 0;
+    double total() const { return world + shard + replica; }
+};
+
 // Bytes one rank sends per optimizer step under `strategy` (single, ddp, zero1, zero2, zero3) on
-// `ranks` ranks with `accumulation` micro-steps. Throws std::invalid_argument for another strategy.
+// `ranks` ranks with `accumulation` micro-steps, ZeRO sharding within groups of `shard_group`
+// ranks (0: all of them). Throws std::invalid_argument for another strategy or a shard group that
+// cannot run (parallel/plan.h check_strategy).
+StepWire step_wire(const LlamaConfig& config, DType dtype, const GroupOptions& groups, const std::string& strategy,
+                   int ranks, int accumulation, int shard_group = 0);
+// Their total.
 double step_wire_bytes(const LlamaConfig& config, DType dtype, const GroupOptions& groups, const std::string& strategy,
-                       int ranks, int accumulation);
+                       int ranks, int accumulation, int shard_group = 0);
 
 }  // namespace pv

@@ -1,13 +1,15 @@
 // Model-state memory per rank (parallel/memory.h).
 #include "parallel/memory.h"
 
+#include "parallel/plan.h"
+
 #include <algorithm>
 #include <stdexcept>
 
 namespace pv {
 
 ModelStateMemory model_state_memory(const LlamaConfig& config, DType dtype, const GroupOptions& groups,
-                                    const std::string& strategy, int ranks) {
+                                    const std::string& strategy, int ranks, int shard_group) {
     const bool single = strategy == "single", ddp = strategy == "ddp", z1 = strategy == "zero1",
                z2 = strategy == "zero2", z3 = strategy == "zero3";
     if (!(single || ddp || z1 || z2 || z3))
@@ -15,8 +17,12 @@ ModelStateMemory model_state_memory(const LlamaConfig& config, DType dtype, cons
                                     "' is not one of single, ddp, zero1, zero2, zero3");
     if (ranks < 1 || (single && ranks != 1))
         throw std::invalid_argument("model_state_memory: " + strategy + " on " + std::to_string(ranks) + " ranks");
-    const auto layouts = model_layouts(config, dtype, ranks, groups);
-    const double t = double(dtype_size(dtype)), n = ranks;
+    StrategyOptions options;
+    options.name = strategy, options.shard_group = shard_group;
+    check_strategy(options, ranks);  // a shard group that cannot tile the ranks
+    const int shards = shards_of(options, ranks);
+    const auto layouts = model_layouts(config, dtype, shards, groups);
+    const double t = double(dtype_size(dtype)), n = shards;
     const double master = dtype == DType::bf16 ? 4 : 0, a = std::max(t, 4.0);
     const bool tied = config.tie_embeddings;
     double psi = 0, psi_all = 0, largest_trainable = 0, largest_unit = 0;

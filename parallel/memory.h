@@ -10,6 +10,8 @@
 //                unit's trainable group and a tied embedding's own
 //   zero3        parameters sharded too: Ψall/N·t, plus gather buffers (two of the largest unit's
 //                groups together, a tied embedding's own) in communication buffers
+// With hybrid sharding (shard groups of K ranks, parallel/shard_groups.h) ZeRO's N is K: the
+// groups are padded for K shards and every sharded figure is 1/K; the buffers are unchanged.
 // The multi-rank tests check the measured peaks per category against these exactly (test/mpi/
 // test_mpi_parallel.cu), and the README's table is printed from it (bench/model_state_table.cpp).
 // Activations and workspace are not model state; they depend on the batch (the planner's part).
@@ -28,9 +30,10 @@ struct ModelStateMemory {
     double total() const { return parameters + gradients + optimizer_state + comm_buffers; }
 };
 
-// Per rank for `strategy` (single, ddp, zero1, zero2 or zero3) on `ranks` ranks; throws
-// std::invalid_argument for another strategy or a rank count the strategy cannot run on.
+// Per rank for `strategy` (single, ddp, zero1, zero2 or zero3) on `ranks` ranks, ZeRO sharding
+// within groups of `shard_group` ranks (0: all of them; parallel/plan.h's --shard-group); throws
+// std::invalid_argument for another strategy, or a rank count or shard group it cannot run on.
 ModelStateMemory model_state_memory(const LlamaConfig& config, DType dtype, const GroupOptions& groups,
-                                    const std::string& strategy, int ranks);
+                                    const std::string& strategy, int ranks, int shard_group = 0);
 
 }  // namespace pv

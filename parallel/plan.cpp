@@ -9,20 +9,21 @@ namespace pv {
 
 namespace {
 
-// kind, name, help; one_rank, splits_batch, binds_gradients, binds_parameters, stages, fp32_accumulation
+// kind, name, help; one_rank, splits_batch, binds_gradients, binds_parameters, stages, fp32_accumulation,
+// shard_groups
 const std::vector<StrategyInfo> kStrategies = {
-    {StrategyKind::single, "single", "one rank", true, true, false, false, false, true},
+    {StrategyKind::single, "single", "one rank", true, true, false, false, false, true, false},
     {StrategyKind::ddp, "ddp", "replicas, gradients all-reduced in per-unit buckets", false, true, false, false, false,
-     true},
+     true, false},
     {StrategyKind::zero1, "zero1", "optimizer state sharded, gradients reduce-scattered", false, true, false, false,
-     false, true},
+     false, true, true},
     {StrategyKind::zero2, "zero2", "gradients sharded too, reduce-scattered unit by unit during the backward", false,
-     true, true, false, false, false},
+     true, true, false, false, false, true},
     {StrategyKind::zero3, "zero3", "parameters sharded too, each unit all-gathered just before it runs", false, true,
-     true, true, false, false},
+     true, true, false, false, true},
     {StrategyKind::mp, "mp",
      "model parallel: each rank runs a contiguous stage of the layers, the residual stream sent between stages", false,
-     false, false, false, true, true},
+     false, false, false, true, true, false},
 };
 
 }  // namespace
@@ -46,6 +47,10 @@ const StrategyInfo& strategy_info(const std::string& name) {
 
 int data_ranks_of(const StrategyOptions& o, int ranks) { return strategy_info(o.name).splits_batch ? ranks : 1; }
 
+int shards_of(const StrategyOptions& o, int ranks) {
+    return strategy_info(o.name).shard_groups && o.shard_group > 0 ? o.shard_group : data_ranks_of(o, ranks);
+}
+
 void check_strategy(const StrategyOptions& o, int ranks) {
     const StrategyInfo& s = strategy_info(o.name);
     if (o.microbatches > 1 && !s.stages)
@@ -66,6 +71,26 @@ void check_strategy(const StrategyOptions& o, int ranks) {
         throw std::invalid_argument("--parallel " + std::string(s.name) +
                                     " reduces gradients in the storage type: drop "
                                     "--fp32-grad-accumulation (or use ddp or zero1)");
+    if (o.shard_group != 0) {
+        const std::string k = "--shard-group " + std::to_string(o.shard_group);
+        if (!s.shard_groups)
+            throw std::invalid_argument(k +
+                                        " is for --parallel zero1, zero2 or zero3 (sharding within groups of "
+                                        "ranks); drop it, or choose one of them instead of --parallel " +
+                                        std::string(s.name));
+        if (o.shard_group < 0)
+            throw std::invalid_argument(k + ": a shard group has at least one rank; give 1 to " +
+                                        std::to_string(ranks) + " (0: the whole world)");
+        if (o.shard_group > ranks)
+            throw std::invalid_argument(k + " is larger than the " + std::to_string(ranks) +
+                                        " rank(s) mpirun started: give at most " + std::to_string(ranks) +
+                                        " (0: the whole world), or start more ranks");
+        if (ranks % o.shard_group != 0)
+            throw std::invalid_argument(k + " does not divide the " + std::to_string(ranks) +
+                                        " ranks into whole groups: give a divisor of " + std::to_string(ranks) +
+                                        " (0: the whole world), or start a multiple of " +
+                                        std::to_string(o.shard_group) + " ranks");
+    }
 }
 
 StrategyPlan plan_strategy(const StrategyOptions& o, const LlamaConfig& config, int seq_len, int rank, int ranks) {
@@ -76,7 +101,7 @@ StrategyPlan plan_strategy(const StrategyOptions& o, const LlamaConfig& config, 
     p.rank = rank, p.ranks = ranks;
     p.data_ranks = p.info->splits_batch ? ranks : 1;
     p.data_rank = p.info->splits_batch ? rank : 0;
-    p.placement.shards = p.data_ranks;
+    p.placement.shards = shards_of(o, ranks);
     p.placement.gradients = p.info->binds_gradients ? Gradients::bound : Gradients::owned;
     p.placement.parameters = p.info->binds_parameters ? Parameters::bound : Parameters::owned;
     if (p.info->stages) {

@@ -28,6 +28,7 @@ struct StrategyInfo {
     bool binds_parameters;   // keeps parameter slices and binds gathered copies (Parameters::bound)
     bool stages;             // each rank holds a contiguous stage of the units (model parallel)
     bool fp32_accumulation;  // supports --fp32-grad-accumulation
+    bool shard_groups;       // shards over groups of ranks (--shard-group, parallel/shard_groups.h)
 };
 
 // Every strategy, in the order --help lists them.
@@ -41,6 +42,7 @@ struct StrategyOptions {
     int microbatches = 1;           // mp: micro-batches in flight (GPipe)
     std::string balance = "flops";  // mp: how the stages are balanced (parallel/stages.h)
     bool fp32_grad_accumulation = false;
+    int shard_group = 0;  // zero1-3: shard over groups of this many consecutive ranks (0: the whole world)
 };
 
 // Throws std::invalid_argument naming the problem and the fix when the options cannot run on
@@ -62,5 +64,9 @@ StrategyPlan plan_strategy(const StrategyOptions& o, const LlamaConfig& config, 
 
 // The data-parallel ranks of a strategy on `ranks` ranks (before a model exists).
 int data_ranks_of(const StrategyOptions& o, int ranks);
+
+// The ranks the model's groups are split over (Placement::shards): a ZeRO strategy's shard group
+// (the data-parallel ranks unless --shard-group says fewer), else the data-parallel ranks.
+int shards_of(const StrategyOptions& o, int ranks);
 
 }  // namespace pv

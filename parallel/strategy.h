@@ -22,7 +22,10 @@
 // (r+1)·len), len = padded/N): ZeRO keeps optimizer state only there; DDP keeps all of it, but
 // every strategy forms the global gradient norm the same way — per unit, each rank the squares
 // of its slice; those summed over ranks in rank order; then the units added in unit order — so
-// DDP and ZeRO clip by bit-identical scales. Model parallelism (mp.h) splits the units instead of
+// DDP and ZeRO clip by bit-identical scales. Hybrid sharding (parallel/shard_groups.h) shards
+// over a group of K ranks instead: rank r owns slice r mod K of K, and the norm's sum runs over
+// its group alone — every group holds the same reduced slices, so each sums the same terms in the
+// same order and every rank clips by the same scale. Model parallelism (mp.h) splits the units instead of
 // the data: a rank holds its stage's units whole (its data-parallel world is one rank) and counts
 // them in the norm, the other ranks zeros, so a pipeline's norm has one rank's bits.
 #pragma once
@@ -30,6 +33,7 @@
 #include "kernels/glue.cuh"
 #include "model/llama.h"
 #include "parallel/comm.h"
+#include "parallel/shard_groups.h"
 #include "model/unit_loop.h"
 
 #include <memory>
@@ -40,8 +44,10 @@ namespace pv {
 template <class T, class G>
 class Strategy {
   public:
-    // comm: null for the single strategy. The model's groups must split into comm->size() shards.
-    Strategy(Llama<T>& model, Comm* comm) : model_(model), comm_(comm) {
+    // comm: null for the single strategy. `groups`: hybrid sharding's communicators (null: the
+    // shards span the data-parallel ranks). The model's groups must split into shards() shards.
+    Strategy(Llama<T>& model, Comm* comm, std::unique_ptr<ShardGroups> groups = nullptr)
+        : model_(model), comm_(comm), groups_(std::move(groups)) {
         static_assert(std::is_same_v<G, T> || std::is_same_v<G, float>, "gradients are T or float");
         if constexpr (!std::is_same_v<G, T>)
             for (int u = 0; u < model.num_units(); ++u)
@@ -73,7 +79,17 @@ class Strategy {
     virtual Comm* data_comm() { return comm_; }
     int data_rank() { return data_comm() ? data_comm()->rank() : 0; }
     int data_ranks() { return data_comm() ? data_comm()->size() : 1; }
-    virtual std::vector<Comm*> comms() { return comm_ ? std::vector<Comm*>{comm_} : std::vector<Comm*>{}; }
+    virtual std::vector<Comm*> comms() {
+        if (groups_) return {comm_, &groups_->shard(), &groups_->replica()};
+        return comm_ ? std::vector<Comm*>{comm_} : std::vector<Comm*>{};
+    }
+    // The ranks the groups are sharded over — the data-parallel ranks, or a shard group — and
+    // this rank's shard; the communicator of those ranks (the world's without groups; null with
+    // one data-parallel rank), and the one of the ranks holding the same shard (hybrid only).
+    Comm* shard_comm() { return groups_ ? &groups_->shard() : data_comm(); }
+    Comm* replica_comm() { return groups_ ? &groups_->replica() : nullptr; }
+    int shards() { return shard_comm() ? shard_comm()->size() : 1; }
+    int shard_rank() { return shard_comm() ? shard_comm()->rank() : 0; }
     // Micro-batches in flight at once (activation slots): 1, or the pipeline's (mp.h).
     virtual int slots() const { return 1; }
     // Whether this rank holds every parameter whole (it can sample, for one).
@@ -82,8 +98,8 @@ class Strategy {
     }
 
     // The slice of group g of unit u this rank owns (default: the trainable group).
-    long long slice_len(int u, int g = 0) { return model_.group(u, g).padded / data_ranks(); }
-    long long slice_begin(int u, int g = 0) { return slice_len(u, g) * data_rank(); }
+    long long slice_len(int u, int g = 0) { return model_.group(u, g).padded / shards(); }
+    long long slice_begin(int u, int g = 0) { return slice_len(u, g) * shard_rank(); }
     // The range the optimizer of this rank updates: everything, or the slice (ZeRO); nothing of
     // a unit the rank does not hold (mp.h).
     virtual bool sharded_optimizer() const = 0;
@@ -132,7 +148,8 @@ class Strategy {
 
     // The squared global gradient norm's terms (header comment), queued on the compute stream:
     // per unit, this rank's squares of its slice (zero for a unit not counted here), that vector
-    // summed over ranks in rank order. Returns the device array of the num_units() sums; adding
+    // summed over ranks in rank order (over the shard group with hybrid sharding: header comment).
+    // Returns the device array of the num_units() sums; adding
     // them in unit order (optim/clip.cuh) gives the squared norm, with the same association on
     // every strategy, so a pipeline (whose stages hold whole units) clips exactly as one rank does.
     const double* unit_norms_sq() {
@@ -145,10 +162,11 @@ class Strategy {
                 sum_of_squares_launch(slice_grads(u), slice_len(u), per_unit + u, norm_scratch_.get(), false,
                                       model_.stream());
         }
-        if (!comm_) return per_unit;
-        comm_->fence_from(model_.stream());
-        comm_->all_reduce(per_unit, per_unit + units, size_t(units));
-        comm_->fence_to(model_.stream());
+        Comm* c = groups_ ? &groups_->shard() : comm_;  // a pipeline's stages: over the world
+        if (!c) return per_unit;
+        c->fence_from(model_.stream());
+        c->all_reduce(per_unit, per_unit + units, size_t(units));
+        c->fence_to(model_.stream());
         return per_unit + units;
     }
 
@@ -171,7 +189,8 @@ class Strategy {
 
     // The whole `padded` elements of a field of unit u on rank 0 (empty elsewhere), from the `len`
     // elements at `local` each rank keeps: one rank holding the unit whole sends it (model
-    // parallelism), slices are all-gathered (ZeRO), a whole local copy is read. Collective over
+    // parallelism), slices are all-gathered (ZeRO; with hybrid sharding within the writer's shard
+    // group only, the other groups holding copies), a whole local copy is read. Collective over
     // the strategy's ranks; counted like every collective.
     template <class X>
     std::vector<uint8_t> whole_on_writer(int u, const X* local, long long len, long long padded) {
@@ -192,13 +211,15 @@ class Strategy {
             return download_bytes(whole.get(), padded);
         }
         if (len == padded || owner == 0) return writer ? download_bytes(local, padded) : std::vector<uint8_t>{};
-        if (!comm_ || padded != len * comm_->size())
+        Comm* shards = shard_comm();
+        if (!shards || padded != len * shards->size())
             throw std::logic_error("checkpoint: unit " + std::to_string(u) + " is sharded but " + name() +
                                    " has no communicator of its shards to gather it");
+        if (groups_ && groups_->replica().rank() != 0) return {};  // not the writer's group
         DeviceBuffer<X> whole(size_t(padded), MemoryCategory::comm_buffers);
-        comm_->fence_from(model_.stream());
-        comm_->all_gather(local, whole.get(), size_t(len));
-        comm_->synchronize();
+        shards->fence_from(model_.stream());
+        shards->all_gather(local, whole.get(), size_t(len));
+        shards->synchronize();
         return writer ? download_bytes(whole.get(), padded) : std::vector<uint8_t>{};
     }
 
@@ -244,6 +265,7 @@ class Strategy {
 
     Llama<T>& model_;
     Comm* comm_;
+    std::unique_ptr<ShardGroups> groups_;
     std::vector<DeviceBuffer<float>> grad32_;
     DeviceBuffer<uint8_t> norm_scratch_;
     DeviceBuffer<double> unit_norms_;

@@ -19,6 +19,12 @@
 // With the host NCCL the reduce-scatter sums the same terms in the same order as the all-reduce,
 // and the update of an element does not depend on who makes it, so ZeRO-1 and DDP end
 // bit-identical.
+//
+// Hybrid sharding (--shard-group K, parallel/shard_groups.h): the slices are 1/K, the reduce-
+// scatter and the all-gather run within the rank's group of K, and between them the group-reduced
+// slice is all-reduced over the N/K ranks holding the same slice (the replica communicator),
+// in place: (K−1)/K·Ψ twice within the group and 2·(N/K−1)/(N/K)·Ψ/K across groups per step.
+// Every group then holds the same reduced slice and makes the same update.
 #pragma once
 
 #include "parallel/strategy.h"
@@ -28,7 +34,8 @@ namespace pv {
 template <class T, class G>
 class Zero1 : public Strategy<T, G> {
   public:
-    Zero1(Llama<T>& model, Comm& comm) : Strategy<T, G>(model, &comm) {}
+    Zero1(Llama<T>& model, Comm& comm, std::unique_ptr<ShardGroups> groups = nullptr)
+        : Strategy<T, G>(model, &comm, std::move(groups)) {}
     const char* name() const override { return "zero1"; }
     bool sharded_optimizer() const override { return true; }
 
@@ -41,7 +48,7 @@ class Zero1 : public Strategy<T, G> {
     void finish_gradients() override {}  // each unit's reduce-scatter is waited for at its norm
 
     void after_update() override {
-        Comm& c = *this->comm_;
+        Comm& c = *this->shard_comm();
         c.fence_from(this->model_.stream());  // every unit's update
         for (int u = 0; u < this->model_.num_units(); ++u) {
             if (this->slice_len(u) == 0) continue;
@@ -53,7 +60,7 @@ class Zero1 : public Strategy<T, G> {
     }
 
     void settle_parameters() override {
-        this->comm_->synchronize();  // the gathers ran on it
+        wait_polling(this->shard_comm()->stream(), this->comms());  // the gathers ran on it
         gather_pending_.assign(gather_pending_.size(), false);
     }
 
@@ -65,10 +72,12 @@ class Zero1 : public Strategy<T, G> {
     }
     void after_unit_backward(int u, bool last) override {
         if (!last || this->slice_len(u) == 0) return;  // accumulating, or nothing of the unit trains
-        Comm& c = *this->comm_;
+        Comm& c = *this->shard_comm();
         c.fence_from(this->model_.stream());
-        G* g = this->grads(u);
-        c.reduce_scatter(g, g + this->slice_begin(u), size_t(this->slice_len(u)));
+        G* slice = this->grads(u) + this->slice_begin(u);
+        c.reduce_scatter(this->grads(u), slice, size_t(this->slice_len(u)));
+        if (Comm* replicas = this->replica_comm())  // on the same stream: after the reduce-scatter
+            replicas->all_reduce(slice, slice, size_t(this->slice_len(u)));
         this->reduced_on_comm(u);
     }
 

@@ -17,6 +17,10 @@
 // parameters 2Ψall (frozen groups included), slices 2Ψ/N, optimizer state 12Ψ/N, plus the
 // rotating buffers: 2Ψall + 14Ψ/N + 2·2·max unit (+ the embedding).
 //
+// Hybrid sharding (--shard-group K): the reduce-scatters run within the rank's group of K, and on
+// the last micro-step the accumulated slice is all-reduced over the replicas (the N/K ranks
+// holding the same slice), once per step: 2·(N/K−1)/(N/K)·Ψ/K across groups.
+//
 // The update and the parameter all-gather are ZeRO-1's. Gradients are reduced in the run's
 // storage type; fp32 gradient accumulation is not supported here (the slices would have to be
 // float and the reduce-scatter too).
@@ -33,7 +37,8 @@ template <class T, class G>
 class Zero2 : public Zero1<T, G> {
   public:
     // The model must have been built with Gradients::bound.
-    Zero2(Llama<T>& model, Comm& comm) : Zero1<T, G>(model, comm) {
+    Zero2(Llama<T>& model, Comm& comm, std::unique_ptr<ShardGroups> groups = nullptr)
+        : Zero1<T, G>(model, comm, std::move(groups)) {
         if constexpr (!std::is_same_v<G, T>) {
             throw std::invalid_argument("zero2 reduces gradients in the storage type: drop --fp32-grad-accumulation");
         } else {
@@ -56,7 +61,7 @@ class Zero2 : public Zero1<T, G> {
     void begin_step() override {
         for (auto& s : slices_) CUDA_CHECK(cudaMemsetAsync(s.get(), 0, s.bytes(), this->model_.stream()));
     }
-    void finish_gradients() override { this->comm_->fence_to(this->model_.stream()); }
+    void finish_gradients() override { this->shard_comm()->fence_to(this->model_.stream()); }
     const G* slice_grads(int u) override { return slices_[size_t(u)].get(); }
     const G* owned_grads(int u) override { return slices_[size_t(u)].get(); }
 
@@ -86,15 +91,19 @@ class Zero2 : public Zero1<T, G> {
         if (u > 0 || !tied()) bind(u);
     }
 
-    void after_unit_backward(int u, bool /*last*/) override {
-        Comm& c = *this->comm_;
+    void after_unit_backward(int u, bool last) override {
+        Comm& c = *this->shard_comm();
         const int b = buffer_of(u);
         T* full = buffer(b);
         const long long begin = this->slice_begin(u), len = this->slice_len(u);
         if (len == 0) return;  // nothing of the unit trains
         c.fence_from(this->model_.stream());
         c.reduce_scatter(full, full + begin, size_t(len));
-        if constexpr (std::is_same_v<G, T>) accumulate(slices_[size_t(u)].get(), full + begin, len, c.stream());
+        if constexpr (std::is_same_v<G, T>) {
+            accumulate(slices_[size_t(u)].get(), full + begin, len, c.stream());
+            if (Comm* replicas = this->replica_comm(); replicas && last)  // the step's sum, on the same stream
+                replicas->all_reduce(slices_[size_t(u)].get(), slices_[size_t(u)].get(), size_t(len));
+        }
         CUDA_CHECK(cudaEventRecord(free_[b], c.stream()));
     }
 

@@ -23,6 +23,10 @@
 // elements, times the accumulation A, per optimizer step; without frozen tensors (3Ψ − Ψ_embedding
 // − Ψ_head)·(N − 1)/N. Memory (bf16): 2Ψall/N + 14Ψ/N (16Ψ/N without frozen tensors) plus the
 // gather buffers and ZeRO-2's rotating gradient buffers.
+//
+// Hybrid sharding (--shard-group K): slices of 1/K, gathered within the rank's group of K only;
+// the gradients are ZeRO-2's (reduce-scattered within the group, the slices all-reduced across
+// the groups once per step).
 #pragma once
 
 #include "parallel/zero2.h"
@@ -34,7 +38,8 @@ class Zero3 : public Zero2<T, G> {
   public:
     // The model must have been built with Gradients::bound and Parameters::bound; `seed` is its
     // initialisation seed.
-    Zero3(Llama<T>& model, Comm& comm, uint64_t seed) : Zero2<T, G>(model, comm) {
+    Zero3(Llama<T>& model, Comm& comm, uint64_t seed, std::unique_ptr<ShardGroups> groups = nullptr)
+        : Zero2<T, G>(model, comm, std::move(groups)) {
         slices_.resize(size_t(model.num_units()));
         for (int u = 0; u < model.num_units(); ++u)
             for (int g = 0; g < model.num_groups(u); ++g) {
@@ -72,7 +77,7 @@ class Zero3 : public Zero2<T, G> {
     // Starts the all-gather of unit u's groups (frozen ones too) into its buffer on the
     // communication stream.
     void gather(int u) {
-        Comm& c = *this->comm_;
+        Comm& c = *this->shard_comm();
         T* buffer = gathered_[size_t(gather_buffer(u))].get();
         c.fence_from(this->model_.stream());
         for (int g = 0; g < this->model_.num_groups(u); ++g) {

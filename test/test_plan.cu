@@ -74,3 +74,46 @@ TEST_CASE("strategy options that cannot run are refused with the fix", "[plan]")
     // mp needs at least as many units as ranks.
     CHECK_THROWS_AS(pv::plan_strategy(options("mp"), pv::preset("test-tied"), 8, 0, 9), std::invalid_argument);
 }
+
+namespace {
+
+pv::StrategyOptions hybrid(const std::string& name, int shard_group) {
+    pv::StrategyOptions o = options(name);
+    o.shard_group = shard_group;
+    return o;
+}
+
+}  // namespace
+
+// --shard-group K: the batch still splits over every rank, the groups are padded for K shards.
+TEST_CASE("hybrid sharding plans K shards over N data-parallel ranks; shard groups that cannot work are refused",
+          "[plan][hybrid]") {
+    const pv::LlamaConfig& c = pv::preset("test-tied");
+    for (const char* name : {"zero1", "zero2", "zero3"}) {
+        INFO(name);
+        for (const auto& [k, shards] : std::vector<std::pair<int, int>>{{0, 4}, {4, 4}, {2, 2}, {1, 1}}) {
+            INFO("--shard-group " << k);
+            const pv::StrategyPlan p = pv::plan_strategy(hybrid(name, k), c, 8, 3, 4);
+            CHECK(p.data_ranks == 4);
+            CHECK(p.data_rank == 3);
+            CHECK(p.placement.shards == shards);
+            CHECK(pv::shards_of(hybrid(name, k), 4) == shards);
+        }
+    }
+    CHECK(pv::shards_of(options("ddp"), 4) == 4);
+    CHECK(pv::shards_of(options("mp"), 4) == 1);
+    CHECK(error_of<std::invalid_argument>([] { pv::check_strategy(hybrid("zero3", 3), 4); }) ==
+          "--shard-group 3 does not divide the 4 ranks into whole groups: give a divisor of 4 (0: the whole world), "
+          "or start a multiple of 3 ranks");
+    CHECK(error_of<std::invalid_argument>([] { pv::check_strategy(hybrid("zero1", 8), 4); }) ==
+          "--shard-group 8 is larger than the 4 rank(s) mpirun started: give at most 4 (0: the whole world), or start "
+          "more ranks");
+    CHECK(error_of<std::invalid_argument>([] { pv::check_strategy(hybrid("zero2", -2), 4); }) ==
+          "--shard-group -2: a shard group has at least one rank; give 1 to 4 (0: the whole world)");
+    for (const char* name : {"single", "ddp", "mp"})
+        CHECK(error_of<std::invalid_argument>([&] { pv::check_strategy(hybrid(name, 1), 1); }) ==
+              "--shard-group 1 is for --parallel zero1, zero2 or zero3 (sharding within groups of ranks); drop it, or "
+              "choose one of them instead of --parallel " +
+                  std::string(name));
+    CHECK_THROWS_AS(pv::plan_strategy(hybrid("zero3", 3), c, 8, 0, 4), std::invalid_argument);
+}

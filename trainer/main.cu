@@ -512,6 +512,9 @@ int main_checked(int argc, char** argv) {
         c = parse_command(argc, argv, saved);
         // Leaving a pipeline for another strategy drops its micro-batches in flight (unless given again).
         if (c.train.parallel != "mp" && c.train.microbatches == saved.microbatches) c.train.microbatches = 1;
+        // Leaving ZeRO drops its shard group (unless given again): the checkpoint is whole either way.
+        if (!strategy_info(c.train.parallel).shard_groups && c.train.shard_group == saved.shard_group)
+            c.train.shard_group = 0;
         TrainOptions compare = c.train;
         compare.resume = saved.resume;
         compare.stop_after = saved.stop_after;

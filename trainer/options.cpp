@@ -17,8 +17,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, in
                                                 batch, micro_batch, seq_len, lr, schedule, warmup, final_lr_fraction,
                                                 clip, weight_decay, decay_norm_weights, beta1, beta2, eps, dtype,
                                                 stochastic_rounding, fp32_grad_accumulation, seed, parallel, interconnect,
-                                                microbatches, balance, freeze, eval_interval, eval_batches, out_dir,
-                                                checkpoint_interval, resume, stop_after, prompt, sample_tokens,
+                                                microbatches, balance, shard_group, freeze, eval_interval, eval_batches,
+                                                out_dir, checkpoint_interval, resume, stop_after, prompt, sample_tokens,
                                                 temperature, top_p, document_mask, lora_rank, lora_alpha, rslora,
                                                 lora_targets, lora_dropout, adapter, quantize, double_quant)
 
@@ -134,6 +134,12 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
     app.add_option("--balance", o.balance,
                    "mp: balance the stages by training FLOPs (flops) or by parameter count (params)")
         ->check(CLI::IsMember({"flops", "params"}));
+    app.add_option("--shard-group", o.shard_group,
+                   "zero1/zero2/zero3: shard within groups of this many consecutive ranks and replicate across the "
+                   "groups (hybrid sharding, FSDP's HSDP): gradients reduce-scattered within a group then all-reduced "
+                   "across groups, parameters gathered within the group only. Must divide the rank count; 0: the "
+                   "whole world (plain ZeRO), 1: replication (DDP's traffic, ZeRO's code)")
+        ->check(CLI::NonNegativeNumber);
     app.add_option("--eval-interval", o.eval_interval,
                    "Evaluate on the validation data every this many steps (0: never)")
         ->check(CLI::NonNegativeNumber);
@@ -392,7 +398,7 @@ LoraConfig lora_config(const TrainOptions& o) {
 }
 
 StrategyOptions strategy_options(const TrainOptions& o) {
-    return StrategyOptions{o.parallel, o.microbatches, o.balance, o.fp32_grad_accumulation};
+    return StrategyOptions{o.parallel, o.microbatches, o.balance, o.fp32_grad_accumulation, o.shard_group};
 }
 
 std::vector<std::string> train_options_diff(const TrainOptions& before, const TrainOptions& after) {

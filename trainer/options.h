@@ -67,6 +67,7 @@ struct TrainOptions {
     std::string interconnect = "fast";  // auto's hint: "slow" puts mp before the ZeRO stages
     int microbatches = 1;             // mp: micro-batches in flight in the pipeline (GPipe)
     std::string balance = "flops";    // mp: balance the stages by flops or params
+    int shard_group = 0;              // zero1-3: shard within groups of this many ranks (0: all; HSDP)
     // Evaluation, output, checkpoints.
     int eval_interval = 50;
     int eval_batches = 4;

@@ -257,11 +257,11 @@ class TrainingRun {
         const LlamaConfig& c = config_;
         std::printf(
             "model %s: %lld parameters, %d layers, hidden %d, vocab %d, %s; batch %d = micro-batch %d x "
-            "accumulation %d x %d rank(s), strategy %s; %lld training windows of %d tokens; %.3g FLOPs per "
+            "accumulation %d x %d rank(s), strategy %s%s; %lld training windows of %d tokens; %.3g FLOPs per "
             "token\n",
             c.name.c_str(), parameter_count(c), c.num_layers, c.hidden_size, c.vocab_size, o_.dtype.c_str(), o_.batch,
-            o_.micro_batch, accumulation_, plan_.data_ranks, strategy_->name(), loader_->windows(), o_.seq_len,
-            training_flops_per_token(c, o_.seq_len));
+            o_.micro_batch, accumulation_, plan_.data_ranks, strategy_->name(), hybrid_label().c_str(),
+            loader_->windows(), o_.seq_len, training_flops_per_token(c, o_.seq_len));
         const long long trainable = model_->tensor_elements(GroupKind::trainable);
         const long long fixed = model_->tensor_elements(GroupKind::frozen);
         std::printf("parameters: %lld trainable (%.2f%%), %lld frozen (%.2f%%)\n", trainable,
@@ -395,6 +395,13 @@ class TrainingRun {
     }
 
     bool writer() const { return world_.rank() == 0; }
+    // ", sharded within groups of K ranks, N/K replicas" under hybrid sharding, else nothing.
+    std::string hybrid_label() const {
+        const int k = plan_.placement.shards;
+        if (!plan_.info->shard_groups || k == plan_.data_ranks) return "";
+        return ", sharded within groups of " + std::to_string(k) + " rank(s), " + std::to_string(plan_.data_ranks / k) +
+               " replicas";
+    }
 
     const TrainOptions o_, requested_;
     const LlamaConfig config_;

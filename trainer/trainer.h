@@ -101,8 +101,8 @@ class Trainer {
         const bool sharded = strategy.sharded_optimizer();
         std::vector<bool> held;
         for (int u = 0; u < m.num_units(); ++u) held.push_back(m.holds(u));
-        auto opt = std::make_unique<AdamWState<T>>(layouts, sharded ? strategy.data_rank() : 0,
-                                                   sharded ? strategy.data_ranks() : 1, held);
+        auto opt = std::make_unique<AdamWState<T>>(layouts, sharded ? strategy.shard_rank() : 0,
+                                                   sharded ? strategy.shards() : 1, held);
         for (int u = 0; u < m.num_units(); ++u) opt->init_master(u, strategy.owned_params(u), m.stream());
         // A checkpoint's state is uploaded with synchronous copies, which do not wait for a
         // non-blocking compute stream: the master copies must be done first.
