@@ -76,13 +76,16 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
                 if (g.padded > 0) m.add(group_line(g.kind, lora), C::parameters, double(g.bytes()));
         if (place.gradients == Gradients::owned && trainable(u).padded > 0)
             m.add("gradients", C::gradients, double(trainable(u).bytes()));
-        if (!runs_here(u)) continue;
-        const UnitKind k = specs[size_t(u)].kind;
-        const double arena =
-            double(arena_bytes(activation_layout(q.config, k, q.micro_batch, q.seq_len, q.dtype, q.groups.lora)));
-        m.add(k == UnitKind::head ? "logits and loss (head)" : "activations (saved for the backward)",
-              C::activations, slots * arena);
     }
+    // The activations: each unit's arena per slot (a recomputed block's output alone) and the
+    // recompute arena, as the model allocates them (activation_arenas).
+    const ActivationArenas arenas = activation_arenas(q.config, q.micro_batch, q.seq_len, q.dtype, q.groups.lora,
+                                                      slots, q.checkpointing, StageUnits{first, end});
+    for (int u = first; u < end; ++u)
+        m.add(specs[size_t(u)].kind == UnitKind::head ? "logits and loss (head)"
+                                                      : "activations (saved for the backward)",
+              C::activations, double(slots) * double(arenas.slot_bytes[size_t(u)]));
+    m.add("recompute arena (checkpointing)", C::activations, double(arenas.recompute_bytes));
     m.add("workspace (one unit's transients)", C::workspace,
           double(arena_bytes(
               model_workspace_layout(q.config, q.micro_batch, q.seq_len, q.dtype, q.groups.lora, q.groups.nf4))) +
@@ -119,8 +122,9 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
         m.add("pipeline stage inputs", C::activations, slots * rows * hidden * t);
 
     // The optimizer (optim/optimizer.cuh AdamWState): the owned range of each held unit.
-    const int opt_shards = sp.info->kind == StrategyKind::zero1 || zero2 ? sp.data_ranks : 1;
-    const int opt_shard = opt_shards > 1 ? sp.data_rank : 0;
+    // (ZeRO shards over its shard group: consecutive ranks, this rank's place in it.)
+    const int opt_shards = sp.info->kind == StrategyKind::zero1 || zero2 ? place.shards : 1;
+    const int opt_shard = opt_shards > 1 ? sp.data_rank % opt_shards : 0;
     for (int u = 0; u < units; ++u) {
         if (!held(u)) continue;
         const long long len = trainable(u).padded / opt_shards;

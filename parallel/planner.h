@@ -17,6 +17,7 @@
 #pragma once
 
 #include "model/config.h"
+#include "model/llama.h"
 #include "model/parameters.h"
 #include "parallel/plan.h"
 #include "platform/device_memory.h"
@@ -35,6 +36,7 @@ struct PlanRequest {
     int ranks = 1;
     int micro_batch = 1, seq_len = 1;
     int accumulation = 1;  // micro-steps per optimizer step on a rank
+    ActivationCheckpointing checkpointing;  // --checkpoint-activations
 };
 
 // One row of a rank's table: what it is, the category device_alloc charges it to, bytes.

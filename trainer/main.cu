@@ -167,6 +167,9 @@ int train_command(const TrainOptions& requested_flags, const std::string& resume
     // --parallel auto decides from the plan, which needs the model; until then the geometry is
     // checked as a data-parallel run's.
     const bool automatic = o.parallel == "auto";
+    if (automatic && o.shard_group != 0)
+        throw std::invalid_argument("--shard-group " + std::to_string(o.shard_group) +
+                                    " shards a ZeRO stage: choose it with --parallel zero1, zero2 or zero3");
     if (automatic) o.parallel = world.size() == 1 ? "single" : "ddp";
     check_strategy(strategy_options(o), world.size());
     resolve_micro_batch(o, world.size());
@@ -513,7 +516,8 @@ int main_checked(int argc, char** argv) {
         // Leaving a pipeline for another strategy drops its micro-batches in flight (unless given again).
         if (c.train.parallel != "mp" && c.train.microbatches == saved.microbatches) c.train.microbatches = 1;
         // Leaving ZeRO drops its shard group (unless given again): the checkpoint is whole either way.
-        if (!strategy_info(c.train.parallel).shard_groups && c.train.shard_group == saved.shard_group)
+        if (c.train.parallel != "auto" && !strategy_info(c.train.parallel).shard_groups &&
+            c.train.shard_group == saved.shard_group)
             c.train.shard_group = 0;
         TrainOptions compare = c.train;
         compare.resume = saved.resume;

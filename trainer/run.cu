@@ -168,7 +168,7 @@ class TrainingRun {
         for (const std::string& note : frozen.notes) std::printf("freeze: %s\n", note.c_str());
         model_ = std::make_unique<Llama<T>>(
             config, ModelOptions{o.micro_batch, o.seq_len, o.seed, frozen.names, lora_config(o), o.quantize == "nf4",
-                                 o.double_quant, plan_.placement, compute_.get()});
+                                 o.double_quant, plan_.placement, compute_.get(), ActivationCheckpointing{}});
         strategy_ = make_strategy<T, G>(plan_, *model_, &world.comm(), o.seed);
         // --init-from: the pretrained weights over the initial ones, each rank what it keeps, before
         // the optimizer takes its master copy from them.
