@@ -1,6 +1,8 @@
 // The strategy registry and plans (parallel/plan.h): every strategy's placement of the model, the
 // option checks and their messages. The strategies themselves run in test/mpi/test_mpi_parallel.
 #include "parallel/plan.h"
+#include "parallel/planner.h"
+#include "model/config.h"
 
 #include "parallel/stages.h"
 #include "test/error_of.h"
@@ -116,4 +118,44 @@ TEST_CASE("hybrid sharding plans K shards over N data-parallel ranks; shard grou
               "choose one of them instead of --parallel " +
                   std::string(name));
     CHECK_THROWS_AS(pv::plan_strategy(hybrid("zero3", 3), c, 8, 0, 4), std::invalid_argument);
+}
+
+// The planner's decisions (parallel/planner.h): names, the auto rule, the changes that fit.
+TEST_CASE("the planner's GPU names, --parallel auto and the changes it proposes", "[plan][planner]") {
+    CHECK(pv::parse_gpu_memory("h100-80").bytes == 80.0 * (1ull << 30));
+    CHECK(pv::parse_gpu_memory("24GiB").bytes == 24.0 * (1ull << 30));
+    CHECK(pv::parse_gpu_memory("16e9").bytes == 16e9);
+    CHECK_THROWS_WITH(pv::parse_gpu_memory("h100"), Catch::Contains("rtx4090-24"));
+    CHECK_THROWS(pv::parse_gpu_memory("-3GB"));
+    pv::PlanRequest q;
+    q.config = pv::preset("llama-2-7b");
+    q.micro_batch = 1, q.seq_len = 4096, q.ranks = 8;
+    const double budget = pv::parse_gpu_memory("h100-80").usable();
+    auto peak = [&](const std::string& s) {
+        pv::PlanRequest r = q;
+        r.strategy.name = s;
+        return pv::plan_memory(r).peak();
+    };
+    // 7B full fine-tuning: ddp's replicas do not fit an H100, zero1's sharded optimizer does.
+    REQUIRE(peak("ddp") > budget);
+    REQUIRE(peak("zero1") <= budget);
+    const pv::StrategyChoice c = pv::choose_strategy(q, budget, false);
+    CHECK(c.strategy == "zero1");
+    CHECK(c.reason.find("ddp") != std::string::npos);
+    // ZeRO shrinks memory stage by stage; the slow interconnect prefers mp once ddp is out.
+    CHECK(peak("zero3") < peak("zero2"));
+    CHECK(peak("zero2") < peak("zero1"));
+    CHECK(pv::choose_strategy(q, budget, true).strategy == "mp");
+    pv::PlanRequest one = q;
+    one.ranks = 1;
+    CHECK(pv::choose_strategy(one, budget, false).strategy == "single");
+    // One rank of a 7B full fine-tune does not fit; LoRA does, and a smaller micro-batch is proposed first.
+    one.strategy.name = "single", one.micro_batch = 4;
+    REQUIRE(pv::plan_memory(one).peak() > budget);
+    const auto changes = pv::changes_that_fit(one, budget);
+    REQUIRE(!changes.empty());
+    bool lora = false;
+    for (const std::string& s : changes) lora = lora || s.find("--lora-rank 16") != std::string::npos;
+    CHECK(lora);
+    CHECK(pv::largest_micro_batch(one, budget) == 0);  // full fine-tuning of 7B never fits one H100
 }
