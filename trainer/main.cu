@@ -120,6 +120,10 @@ PlanRequest plan_request(const TrainOptions& o, const LlamaConfig& config, int r
     return q;
 }
 
+// This machine's memory per rank (the host backend runs every rank on one machine), for the
+// host-side lines of a plan and the host backend's device budget.
+double host_budget(int ranks) { return double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)) / ranks; }
+
 // The memory a rank may use: --gpu-memory, else this GPU's, else (host backend) this machine's
 // shared by the ranks (all on one machine, as the host backend runs them).
 GpuMemory memory_budget(const TrainOptions& o, int ranks) {
@@ -129,12 +133,8 @@ GpuMemory memory_budget(const TrainOptions& o, int ranks) {
         CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
         return {"this GPU", double(total)};
     }
-    const double machine = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
-    return {"this machine's memory / " + std::to_string(ranks) + " rank(s)", machine / ranks};
+    return {"this machine's memory / " + std::to_string(ranks) + " rank(s)", host_budget(ranks)};
 }
-
-// This machine's memory per rank, for the host-side lines of a plan.
-double host_budget(int ranks) { return double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)) / ranks; }
 
 // Refuses (std::invalid_argument with the plan's table and the changes that would fit) a run
 // whose plan does not fit the budget, before anything is allocated.
