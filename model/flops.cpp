@@ -48,6 +48,16 @@ double training_flops_per_token(const LlamaConfig& c, int seq_len) {
            unit_training_flops_per_token(c, UnitKind::head, seq_len);
 }
 
+double recompute_flops_per_token(const LlamaConfig& c, int seq_len, const ActivationCheckpointing& checkpointing) {
+    // A block's forward is a third of its training FLOPs (2 of 6 per weight, 4 of 12 per score);
+    // the recompute leaves out the down projection, 2·ffn·hidden.
+    const double block =
+        unit_training_flops_per_token(c, UnitKind::block, seq_len) / 3.0 - 2.0 * double(c.ffn_size) * c.hidden_size;
+    int recomputed = 0;
+    for (int i = 0; i < c.num_layers; ++i) recomputed += checkpointing.recomputes(i);
+    return recomputed * block;
+}
+
 double dense_bf16_peak_flops(int cc_major, int cc_minor, int sm_count, int clock_khz) {
     if (sm_count <= 0 || clock_khz <= 0)
         throw std::invalid_argument("dense_bf16_peak_flops: sm_count = " + std::to_string(sm_count) +

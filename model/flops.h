@@ -48,6 +48,7 @@
 // Host code only.
 #pragma once
 
+#include "model/activations.h"
 #include "model/config.h"
 #include "model/parameters.h"
 
@@ -64,6 +65,11 @@ double training_flops_per_token(const LlamaConfig& c, int seq_len);
 // One unit's share: a block 6·(its matmul weights) + 12·num_heads·head_dim·seq_len, the head
 // 6·vocab·hidden, the embedding 0 (a gather). What model parallelism balances its stages by.
 double unit_training_flops_per_token(const LlamaConfig& c, UnitKind kind, int seq_len);
+
+// The matmul FLOPs per token activation checkpointing adds (model/activations.h): each recomputing
+// block's forward, 2·(its matmul weights but Wdown) + 4·num_heads·head_dim·seq_len. Not model
+// FLOPs: MFU leaves them out (the trainer prints them apart).
+double recompute_flops_per_token(const LlamaConfig& c, int seq_len, const ActivationCheckpointing& checkpointing);
 
 // The dense bf16 tensor-core peak in FLOP/s: sm_count · clock_khz·1e3 · the per-SM rate above,
 // 0 for a compute capability without a derived rate. Throws std::invalid_argument when sm_count

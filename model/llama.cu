@@ -21,22 +21,8 @@ namespace pv {
 
 namespace {
 
-size_t acc_size(DType t) { return t == DType::fp64 ? 8 : 4; }
-
-// Lays out buffers back to back, each start 256-byte aligned; the offset of each and the total.
-std::vector<size_t> arena_offsets(const std::vector<ActivationBuffer>& buffers, size_t* total) {
-    std::vector<size_t> offsets;
-    size_t at = 0;
-    for (const auto& b : buffers) {
-        at = (at + 255) / 256 * 256;
-        offsets.push_back(at);
-        at += b.bytes();
-    }
-    if (total) *total = at;
-    return offsets;
-}
-
-// The arena buffers of each unit kind, in the order of activation_layout and the typed views.
+// The arena buffers of each unit kind, in the order of activation_layout (model/activations.cpp)
+// and the typed views.
 enum BlockBuffer { kOut, kH1, kRstd1, kQkv, kAtt, kLse, kX2, kH2, kRstd2, kGateUp, kAct };
 enum HeadBuffer { kHeadH, kHeadRstd, kHeadLogits, kHeadRowLoss, kHeadRowStats };
 enum WorkBuffer {
@@ -72,54 +58,15 @@ LoraShape lora_shape(const LoraLinearShape& s, const LoraConfig& lora) {
 
 }  // namespace
 
-std::vector<ActivationBuffer> activation_layout(const LlamaConfig& c, UnitKind kind, int batch, int seq_len,
-                                                DType dtype, const LoraConfig& lora) {
-    const long long N = (long long)batch * seq_len, C = c.hidden_size;
-    const size_t t = dtype_size(dtype), a = acc_size(dtype);
-    switch (kind) {
-        case UnitKind::embedding: return {{"out", N * C, t}};
-        case UnitKind::block: {
-            std::vector<ActivationBuffer> buffers = {{"out", N * C, t},
-                                                     {"h1", N * C, t},
-                                                     {"rstd1", N, a},
-                                                     {"qkv", N * c.qkv_width(), t},
-                                                     {"att", N * c.q_width(), t},
-                                                     {"lse", (long long)batch * c.num_heads * seq_len, a},
-                                                     {"x2", N * C, t},
-                                                     {"h2", N * C, t},
-                                                     {"rstd2", N, a},
-                                                     {"gate_up", N * 2LL * c.ffn_size, t},
-                                                     {"act", N * c.ffn_size, t}};
-            const auto shapes = lora_linears(c, lora);
-            for (int k = 0; k < kLoraLinears; ++k)  // an empty buffer for a linear without adapter
-                buffers.push_back({"lora_u_" + lora_a_name(k).substr(7), N * shapes[size_t(k)].a_rows(lora.rank), t});
-            return buffers;
-        }
-        case UnitKind::head:
-            return {{"h", N * C, t},
-                    {"rstd", N, a},
-                    {"logits", N * c.vocab_size, t},
-                    {"row_loss", N, a},
-                    {"row_stats", N, 2 * a}};
-    }
-    return {};
-}
-
-size_t arena_bytes(const std::vector<ActivationBuffer>& buffers) {
-    size_t total = 0;
-    arena_offsets(buffers, &total);
-    return total;
-}
-
 std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& c, int batch, int seq_len, DType dtype,
-                                                   const LoraConfig& lora, bool nf4) {
+                                                     const LoraConfig& lora, bool nf4) {
     const long long N = (long long)batch * seq_len, C = c.hidden_size, F = c.ffn_size;
     const size_t t = dtype_size(dtype);
     long long lora_max_a_rows = 0;
     for (const LoraLinearShape& s : lora_linears(c, lora))
         lora_max_a_rows = std::max<long long>(lora_max_a_rows, lora_shape(s, lora).a_rows());
     // The scratch sizes depend on the storage type only through its accumulator.
-    const size_t norm_scratch = dtype == DType::fp64 ? rmsnorm_backward_scratch_bytes<double>(N, int(C))
+    const size_t norm_scratch = dtype == DType::fp64   ? rmsnorm_backward_scratch_bytes<double>(N, int(C))
                                 : dtype == DType::fp32 ? rmsnorm_backward_scratch_bytes<float>(N, int(C))
                                                        : rmsnorm_backward_scratch_bytes<__nv_bfloat16>(N, int(C));
     const size_t attention_scratch =
@@ -139,35 +86,6 @@ std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& c, int b
             {"dequantized",
              nf4 ? std::max<long long>({(long long)c.qkv_width() * C, (long long)c.q_width() * C, 2 * F * C}) : 0, t},
             {"embedding_scratch", (long long)embedding_backward_scratch_bytes(N), 1}};
-}
-
-std::vector<ActivationBuffer> slot_arena_layout(const LlamaConfig& c, int u, int batch, int seq_len, DType dtype,
-                                                const LoraConfig& lora, const ActivationCheckpointing& checkpointing) {
-    const UnitKind kind = u == 0 ? UnitKind::embedding : u <= c.num_layers ? UnitKind::block : UnitKind::head;
-    std::vector<ActivationBuffer> layout = activation_layout(c, kind, batch, seq_len, dtype, lora);
-    if (kind == UnitKind::block && checkpointing.recomputes(u - 1)) layout.resize(size_t(kOut) + 1);
-    return layout;
-}
-
-std::vector<ActivationBuffer> recompute_arena_layout(const LlamaConfig& c, int batch, int seq_len, DType dtype,
-                                                     const LoraConfig& lora) {
-    std::vector<ActivationBuffer> layout = activation_layout(c, UnitKind::block, batch, seq_len, dtype, lora);
-    layout[kOut].elements = 0;  // kept in the block's own arena; the buffers keep their indices
-    return layout;
-}
-
-ActivationArenas activation_arenas(const LlamaConfig& c, int batch, int seq_len, DType dtype, const LoraConfig& lora,
-                                   int slots, const ActivationCheckpointing& checkpointing, StageUnits stage) {
-    const int units = c.num_layers + 2, end = stage.end < 0 ? units : stage.end;
-    ActivationArenas out;
-    out.slots = slots;
-    out.slot_bytes.assign(size_t(units), 0);
-    for (int u = stage.first; u < end; ++u) {
-        out.slot_bytes[size_t(u)] = arena_bytes(slot_arena_layout(c, u, batch, seq_len, dtype, lora, checkpointing));
-        if (u >= 1 && u <= c.num_layers && checkpointing.recomputes(u - 1))
-            out.recompute_bytes = arena_bytes(recompute_arena_layout(c, batch, seq_len, dtype, lora));
-    }
-    return out;
 }
 
 template <class A>
@@ -269,9 +187,8 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
     const long long N = rows(), C = config_.hidden_size;
     const std::vector<ActivationBuffer> workspace_layout =
         model_workspace_layout(config_, o.batch, o.seq_len, dt, lora_, nf4_);
-    size_t workspace_bytes = 0;
-    const std::vector<size_t> at = arena_offsets(workspace_layout, &workspace_bytes);
-    workspace_ = device_alloc(workspace_bytes, MemoryCategory::workspace);
+    const std::vector<size_t> at = arena_offsets(workspace_layout);
+    workspace_ = device_alloc(arena_bytes(workspace_layout), MemoryCategory::workspace);
     char* w = static_cast<char*>(workspace_);
     work_ = Workspace{reinterpret_cast<T*>(w + at[kProj]),
                       reinterpret_cast<T*>(w + at[kDh]),
@@ -344,12 +261,10 @@ void Llama<T>::resolve_params(int u) {
 template <class T>
 void Llama<T>::resolve_activations(int u) {
     Unit& unit = units_[size_t(u)];
-    const std::vector<size_t> at = arena_offsets(unit.arena_layout, nullptr);
+    const std::vector<size_t> at = arena_offsets(unit.arena_layout);
     // A recomputing block's buffers other than its output are the recompute arena's.
     const std::vector<size_t> shared_at =
-        unit.recomputes
-            ? arena_offsets(recompute_arena_layout(config_, batch_, seq_len_, dtype_of<T>(), lora_), nullptr)
-            : at;
+        unit.recomputes ? arena_offsets(recompute_arena_layout(config_, batch_, seq_len_, dtype_of<T>(), lora_)) : at;
     for (void* arena : unit.arenas) {
         char* a = static_cast<char*>(arena);
         char* r = unit.recomputes ? static_cast<char*>(recompute_arena_) : a;

@@ -26,6 +26,7 @@
 #include "kernels/lora.cuh"
 #include "kernels/rope.cuh"
 #include "platform/device_memory.h"
+#include "model/activations.h"
 #include "model/config.h"
 #include "model/lora.h"
 #include "model/nf4_layout.h"
@@ -54,69 +55,10 @@ constexpr DType dtype_of() {
         return DType::bf16;
 }
 
-// One buffer of an arena: name, element count and element size.
-struct ActivationBuffer {
-    std::string name;
-    long long elements = 0;
-    size_t element_bytes = 0;
-    size_t bytes() const { return size_t(elements) * element_bytes; }
-};
-
-// The activations one unit keeps for its backward, for a micro-batch of batch x seq_len tokens in
-// storage type `dtype` (statistics in its accumulator type), in the order of the typed views
-// below; with LoRA a block also keeps each adapter's u = drop(x)·Aᵀ. The memory planner uses this too.
-std::vector<ActivationBuffer> activation_layout(const LlamaConfig& c, UnitKind kind, int batch, int seq_len,
-                                                DType dtype, const LoraConfig& lora = {});
-
-// Bytes of one activation arena holding `buffers` (each buffer 256-byte aligned): what a unit's
-// slot allocates in the activations category.
-size_t arena_bytes(const std::vector<ActivationBuffer>& buffers);
-
 // The workspace the model allocates once for whichever unit is running: the forward's and the
 // backward's transient buffers (arena_bytes of this layout). The memory planner uses this too.
 std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& c, int batch, int seq_len, DType dtype,
-                                                   const LoraConfig& lora, bool nf4);
-
-// Activation checkpointing (--checkpoint-activations): a recomputed block keeps only its output,
-// the residual stream the next unit reads, in its slot's arena; its other activations live in one
-// recompute arena the model's recomputed blocks share (and all slots: one backward runs at a
-// time), which the block's forward fills and overwrites, and which its backward fills again by
-// re-running the forward (model/llama.cu recompute) just before it. With deterministic kernels the
-// recomputed activations are bitwise the forward's, so are the gradients. keep_every = 0: every
-// block is recomputed; N >= 1: block i (0-based, counting every block of the model, whatever the
-// stage) keeps its whole arena when i % N == N − 1 — one block in N, the last of each group of N,
-// so with N dividing num_layers the last block, whose backward follows its forward at once, keeps
-// its own (N = 1 keeps every block: no checkpointing).
-struct ActivationCheckpointing {
-    bool enabled = false;
-    int keep_every = 0;
-    bool recomputes(int block) const { return enabled && !(keep_every > 0 && block % keep_every == keep_every - 1); }
-};
-
-// The arena of one slot of unit u (model_units order): activation_layout, or for a block that
-// recomputes, its output alone.
-std::vector<ActivationBuffer> slot_arena_layout(const LlamaConfig& c, int u, int batch, int seq_len, DType dtype,
-                                                const LoraConfig& lora, const ActivationCheckpointing& checkpointing);
-// The recompute arena: a block's activation_layout without the output (the recompute writes none).
-std::vector<ActivationBuffer> recompute_arena_layout(const LlamaConfig& c, int batch, int seq_len, DType dtype,
-                                                     const LoraConfig& lora);
-
-// What a model allocates in the activations category, computed without a model (the memory
-// planner's figure; the Llama constructor allocates exactly these): per unit, one slot's arena
-// (0 for a unit outside the stage), `slots` of them, and the recompute arena (0 when no block of
-// the stage recomputes). Model parallelism's received inputs (parallel/mp.h) are not the model's.
-struct ActivationArenas {
-    std::vector<size_t> slot_bytes;  // per unit of the model
-    int slots = 1;
-    size_t recompute_bytes = 0;
-    size_t total() const {
-        size_t sum = recompute_bytes;
-        for (size_t b : slot_bytes) sum += b * size_t(slots);
-        return sum;
-    }
-};
-ActivationArenas activation_arenas(const LlamaConfig& c, int batch, int seq_len, DType dtype, const LoraConfig& lora,
-                                   int slots, const ActivationCheckpointing& checkpointing, StageUnits stage = {});
+                                                     const LoraConfig& lora, bool nf4);
 
 // Typed views of a unit's tensors and activations, resolved once when buffers are allocated or
 // bound (never looked up by name in a step). P is `const T*` for weights, `T*` for gradients

@@ -408,6 +408,11 @@ std::vector<std::string> changes_that_fit(const PlanRequest& request, double bud
             q.micro_batch = m;
             line("--micro-batch " + std::to_string(m), q);
         }
+    if (!request.checkpointing.enabled || request.checkpointing.keep_every > 0) {
+        PlanRequest q = request;
+        q.checkpointing = ActivationCheckpointing{true, 0};
+        if (fits(q, budget)) line("--checkpoint-activations", q);
+    }
     if (request.ranks > 1)
         for (const std::string s : {"zero1", "zero2", "zero3", "mp"}) {
             if (s == request.strategy.name) continue;

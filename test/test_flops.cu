@@ -71,6 +71,17 @@ TEST_CASE("flops: a hand-built config, counted by hand", "[flops]") {
     CHECK(pv::training_flops_per_token(untied, 1) == 7680.0);
 }
 
+TEST_CASE("flops: activation checkpointing adds each recomputed block's forward but its down projection",
+          "[flops][checkpointing]") {
+    // Per block forward, the hand-built config above: 2·(576 − Wdown 96) = 960, attention
+    // 4·H·d·T = 4·2·6·5 = 240 at T = 5 → 1200 per recomputed block.
+    const auto c = hand_built(false);
+    CHECK(pv::recompute_flops_per_token(c, 5, {}) == 0.0);
+    CHECK(pv::recompute_flops_per_token(c, 5, {true, 0}) == 2400.0);  // both blocks
+    CHECK(pv::recompute_flops_per_token(c, 5, {true, 2}) == 1200.0);  // block 1 keeps its activations
+    CHECK(pv::recompute_flops_per_token(c, 5, {true, 3}) == 2400.0);  // block 2 would keep: there is none
+}
+
 TEST_CASE("flops: a tied lm_head still counts; the embedding and norms never do", "[flops]") {
     const auto untied = hand_built(false), tied = hand_built(true);
     CHECK(pv::matmul_parameter_count(tied) == pv::matmul_parameter_count(untied));

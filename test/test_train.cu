@@ -127,6 +127,47 @@ TEST_CASE("train: two runs with the same seed print identical losses", "[train]"
     REQUIRE(losses(c.output) != losses(a.output));
 }
 
+// Activation checkpointing end to end: the same metrics bit for bit as without it; the setting
+// kept on resume, and turning it off on resume is allowed (the gradients are the same) and said.
+TEST_CASE("train --checkpoint-activations: identical metrics, kept on resume, changeable on resume",
+          "[train][checkpointing]") {
+    TempDir dir("train_ckpt");
+    const std::string plain = (dir.path / "plain").string(), ckpt = (dir.path / "ckpt").string();
+    const Run a = run_train(kTiny + " --sample-tokens 0 --out-dir " + plain);
+    INFO(a.output);
+    REQUIRE(a.status == 0);
+    REQUIRE(a.output.find("activation checkpointing") == std::string::npos);
+    const Run b1 = run_train(kTiny + " --sample-tokens 0 --stop-after 2 --checkpoint-activations=2 --out-dir " + ckpt);
+    INFO(b1.output);
+    REQUIRE(b1.status == 0);
+    REQUIRE(b1.output.find("activation checkpointing: 2 of 4 blocks recompute") != std::string::npos);
+    const Run b2 = run_train("--resume " + ckpt + " --stop-after 2");
+    INFO(b2.output);
+    REQUIRE(b2.status == 0);
+    REQUIRE(b2.output.find("activation checkpointing: 2 of 4 blocks recompute") != std::string::npos);
+    const Run b3 = run_train("--resume " + ckpt + " --no-checkpoint-activations");
+    INFO(b3.output);
+    REQUIRE(b3.status == 0);
+    REQUIRE(b3.output.find("resume: checkpoint_activations: 2 -> -1 (from the command line; recomputing") !=
+            std::string::npos);
+    REQUIRE(b3.output.find("activation checkpointing:") == std::string::npos);
+    REQUIRE(losses(b1.output).size() + losses(b2.output).size() + losses(b3.output).size() == 6);
+    // Every number but the memory (device_bytes, device_peak_bytes: the activations are less).
+    const std::regex memory(R"(, "device_bytes": [0-9]+, "device_peak_bytes": [0-9]+)");
+    const auto numbers = [&](const std::string& run) {
+        return std::regex_replace(metrics_without_timing(fs::path(run) / "metrics.jsonl"), memory, "");
+    };
+    REQUIRE(numbers(ckpt).find("grad_norm") != std::string::npos);
+    REQUIRE(numbers(ckpt) == numbers(plain));
+    const Run every = run_train(kTiny + " --sample-tokens 0 --checkpoint-activations --out-dir " + ckpt + "_every");
+    REQUIRE(every.status == 0);
+    REQUIRE(every.output.find("activation checkpointing: 4 of 4 blocks recompute") != std::string::npos);
+    REQUIRE(losses(every.output) == losses(a.output));
+    const Run one = run_train(kTiny + " --checkpoint-activations=1 --out-dir " + ckpt + "_one");
+    REQUIRE(one.status != 0);
+    REQUIRE(one.output.find("give no value (every block recomputes) or N >= 2") != std::string::npos);
+}
+
 // DESIGN.md §3: a checkpoint holds everything the run depends on, so stopping and resuming changes
 // nothing: every logged number and every saved tensor is bit-identical to an uninterrupted run.
 TEST_CASE("train: a run stopped at a checkpoint and resumed ends bit-identical to one that never stopped",

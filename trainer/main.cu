@@ -116,6 +116,7 @@ PlanRequest plan_request(const TrainOptions& o, const LlamaConfig& config, int r
     q.strategy = strategy_options(o);
     q.ranks = ranks;
     q.micro_batch = o.micro_batch, q.seq_len = o.seq_len;
+    q.checkpointing = activation_checkpointing(o);
     q.accumulation = accumulation_for(o.batch, o.micro_batch, data_ranks_of(q.strategy, ranks));
     return q;
 }
@@ -530,7 +531,9 @@ int main_checked(int argc, char** argv) {
                     throw std::invalid_argument("cannot change " + change +
                                                 " when resuming: the checkpoint's model, "
                                                 "data order and batches depend on it; start a new run instead");
-            std::printf("resume: %s (from the command line)\n", change.c_str());
+            const bool harmless = change.rfind("checkpoint_activations:", 0) == 0;
+            std::printf("resume: %s (from the command line%s)\n", change.c_str(),
+                        harmless ? "; recomputing activations leaves every gradient bit the same" : "");
         }
     }
     try {

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -16,11 +17,12 @@ namespace pv {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, init_from, data, val_data, vocab, steps,
                                                 batch, micro_batch, seq_len, lr, schedule, warmup, final_lr_fraction,
                                                 clip, weight_decay, decay_norm_weights, beta1, beta2, eps, dtype,
-                                                stochastic_rounding, fp32_grad_accumulation, seed, parallel, interconnect,
-                                                microbatches, balance, shard_group, freeze, eval_interval, eval_batches,
-                                                out_dir, checkpoint_interval, resume, stop_after, prompt, sample_tokens,
-                                                temperature, top_p, document_mask, lora_rank, lora_alpha, rslora,
-                                                lora_targets, lora_dropout, adapter, quantize, double_quant)
+                                                stochastic_rounding, fp32_grad_accumulation, seed, parallel,
+                                                interconnect, microbatches, balance, shard_group, freeze, eval_interval,
+                                                eval_batches, out_dir, checkpoint_interval, resume, stop_after, prompt,
+                                                sample_tokens, temperature, top_p, document_mask, lora_rank, lora_alpha,
+                                                rslora, lora_targets, lora_dropout, adapter, quantize, double_quant,
+                                                checkpoint_activations)
 
 namespace {
 
@@ -131,6 +133,27 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
            "mp: micro-batches in flight in the pipeline (GPipe: that many forwards, then their backwards; "
            "1: naive model parallel). The micro-batches per step (batch / micro-batch) must be a multiple of it")
         ->check(CLI::PositiveNumber);
+    app.add_option("--checkpoint-activations", o.checkpoint_activations,
+                   "Activation checkpointing: a transformer block keeps only its output during the forward and "
+                   "recomputes its activations just before its backward (one more forward of the recomputed "
+                   "blocks; the gradients are bitwise the same). Alone: every block recomputes. =N (N >= 2): one "
+                   "block in N keeps its activations (0-based block i when i % N == N - 1), the others recompute. "
+                   "Default: off")
+        ->expected(0, 1)
+        ->default_str("0")
+        ->option_text("[=N]")
+        ->check([](const std::string& value) -> std::string {
+            try {
+                const int n = std::stoi(value);
+                if (n == 0 || n >= 2) return "";
+            } catch (const std::exception&) {}
+            return "--checkpoint-activations=" + value +
+                   ": give no value (every block recomputes) or N >= 2 (one block in N keeps its activations)";
+        });
+    app.add_flag_callback(
+           "--no-checkpoint-activations", [&o] { o.checkpoint_activations = -1; },
+           "Turn activation checkpointing off (a resumed run's setting)")
+        ->excludes("--checkpoint-activations");
     app.add_option("--balance", o.balance,
                    "mp: balance the stages by training FLOPs (flops) or by parameter count (params)")
         ->check(CLI::IsMember({"flops", "params"}));
@@ -399,6 +422,14 @@ LoraConfig lora_config(const TrainOptions& o) {
 
 StrategyOptions strategy_options(const TrainOptions& o) {
     return StrategyOptions{o.parallel, o.microbatches, o.balance, o.fp32_grad_accumulation, o.shard_group};
+}
+
+ActivationCheckpointing activation_checkpointing(const TrainOptions& o) {
+    if (o.checkpoint_activations < -1 || o.checkpoint_activations == 1)
+        throw std::invalid_argument("checkpoint_activations = " + std::to_string(o.checkpoint_activations) +
+                                    ": use -1 (off), 0 (every block recomputes) or N >= 2 (one block in N keeps "
+                                    "its activations)");
+    return ActivationCheckpointing{o.checkpoint_activations >= 0, std::max(o.checkpoint_activations, 0)};
 }
 
 std::vector<std::string> train_options_diff(const TrainOptions& before, const TrainOptions& after) {

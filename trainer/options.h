@@ -17,6 +17,7 @@
 #pragma once
 
 #include "data/prepare.h"
+#include "model/activations.h"
 #include "model/lora.h"
 #include "parallel/plan.h"
 
@@ -63,11 +64,15 @@ struct TrainOptions {
     bool stochastic_rounding = false;
     bool fp32_grad_accumulation = false;
     uint64_t seed = 1337;
-    std::string parallel = "auto";    // auto, single, ddp, zero1, zero2, zero3 or mp (parallel/)
+    std::string parallel = "auto";      // auto, single, ddp, zero1, zero2, zero3 or mp (parallel/)
     std::string interconnect = "fast";  // auto's hint: "slow" puts mp before the ZeRO stages
-    int microbatches = 1;             // mp: micro-batches in flight in the pipeline (GPipe)
-    std::string balance = "flops";    // mp: balance the stages by flops or params
-    int shard_group = 0;              // zero1-3: shard within groups of this many ranks (0: all; HSDP)
+    int microbatches = 1;               // mp: micro-batches in flight in the pipeline (GPipe)
+    std::string balance = "flops";      // mp: balance the stages by flops or params
+    int shard_group = 0;                // zero1-3: shard within groups of this many ranks (0: all; HSDP)
+    // Activation checkpointing (model/llama.h ActivationCheckpointing): −1 off; 0 every block
+    // recomputes its forward before its backward (the bare flag); N >= 2 one block in N keeps its
+    // activations (block i when i % N == N − 1), the others recompute.
+    int checkpoint_activations = -1;
     // Evaluation, output, checkpoints.
     int eval_interval = 50;
     int eval_batches = 4;
@@ -168,6 +173,8 @@ TrainOptions train_options_from_json(const std::string& json);
 LoraConfig lora_config(const TrainOptions& o);
 // The strategy options among them (parallel/plan.h).
 StrategyOptions strategy_options(const TrainOptions& o);
+// The activation checkpointing among them, checked (std::invalid_argument naming the flag).
+ActivationCheckpointing activation_checkpointing(const TrainOptions& o);
 
 // "key: old -> new" for every option that differs, for reporting overrides on resume.
 std::vector<std::string> train_options_diff(const TrainOptions& before, const TrainOptions& after);

@@ -168,7 +168,7 @@ class TrainingRun {
         for (const std::string& note : frozen.notes) std::printf("freeze: %s\n", note.c_str());
         model_ = std::make_unique<Llama<T>>(
             config, ModelOptions{o.micro_batch, o.seq_len, o.seed, frozen.names, lora_config(o), o.quantize == "nf4",
-                                 o.double_quant, plan_.placement, compute_.get(), ActivationCheckpointing{}});
+                                 o.double_quant, plan_.placement, compute_.get(), activation_checkpointing(o)});
         strategy_ = make_strategy<T, G>(plan_, *model_, &world.comm(), o.seed);
         // --init-from: the pretrained weights over the initial ones, each rank what it keeps, before
         // the optimizer takes its master copy from them.
@@ -279,6 +279,21 @@ class TrainingRun {
             std::printf("LoRA: rank %d, alpha %g, scale %g%s, dropout %g, on %s; the base is frozen (%s)\n", l.rank,
                         l.alpha, l.scale(), l.rslora ? " (rsLoRA)" : "", l.dropout, targets.c_str(),
                         o_.init_from.empty() ? "initialised from the seed" : o_.init_from.c_str());
+        }
+        if (const ActivationCheckpointing ckpt = activation_checkpointing(o_); ckpt.enabled) {
+            int recomputed = 0;
+            for (int i = 0; i < c.num_layers; ++i) recomputed += ckpt.recomputes(i);
+            const auto bytes = [&](const ActivationCheckpointing& a) {
+                return mib(activation_arenas(c, o_.micro_batch, o_.seq_len, dtype_of<T>(), model_->lora(),
+                                             plan_.placement.slots, a, plan_.placement.stage)
+                               .total());
+            };
+            std::printf(
+                "activation checkpointing: %d of %d blocks recompute their forward before their backward; "
+                "activation arenas on this rank %.2f MiB (%.2f MiB without); +%.1f%% FLOPs per step (recompute, "
+                "not counted in MFU)\n",
+                recomputed, c.num_layers, bytes(ckpt), bytes({}),
+                100.0 * recompute_flops_per_token(c, o_.seq_len, ckpt) / training_flops_per_token(c, o_.seq_len));
         }
         if (plan_.info->stages) {
             const std::vector<int>& stages = plan_.stage_bounds;
