@@ -363,6 +363,16 @@ TEST_CASE("train: bad input fails with a message naming the problem and the fix"
     const Run rounding = run_train("--dtype fp64 --stochastic-rounding --out-dir " + dir.file("sr"));
     REQUIRE(rounding.status != 0);
     REQUIRE(rounding.output.find("--stochastic-rounding is for --dtype bf16") != std::string::npos);
+    // Shard groups only with ZeRO, and only ones that tile the ranks; refused before any output.
+    const Run group = run_train("--shard-group 2 --out-dir " + dir.file("group"));
+    INFO(group.output);
+    REQUIRE(group.status != 0);
+    REQUIRE(group.output.find("--shard-group 2 is for --parallel zero1, zero2 or zero3") != std::string::npos);
+    const Run large = run_train("--parallel zero3 --shard-group 2 --out-dir " + dir.file("group"));
+    INFO(large.output);
+    REQUIRE(large.status != 0);
+    REQUIRE(large.output.find("--shard-group 2 is larger than the 1 rank(s)") != std::string::npos);
+    REQUIRE(!fs::exists(dir.file("group")));
     // Pipelines: micro-batches in flight only with mp, and they must fill whole rounds.
     const Run in_flight = run_train("--microbatches 2 --out-dir " + dir.file("inflight"));
     REQUIRE(in_flight.status != 0);
@@ -578,9 +588,12 @@ std::map<long long, double> metric_losses(const fs::path& p) {
 // DESIGN.md §3: checkpoints hold whole, unpadded tensors, so a run saved by any strategy at N ranks
 // resumes with any strategy at M ranks and continues the same training (fp64: to 1e-10 of a run
 // that never stopped, on one rank). The pipelines run the default model's 6 units over 4 ranks
-// with 4 micro-batches in flight.
-TEST_CASE("train: a checkpoint saved by zero3 at 4 ranks resumes with ddp at 2, and the reverse; mp and zero2 too",
-          "[train][mpi]") {
+// with 4 micro-batches in flight; hybrid zero3 shards within 2 groups of 2 ranks (its checkpoint
+// gathered within rank 0's group) and resumes on one rank, and the reverse.
+TEST_CASE(
+    "train: a checkpoint saved by zero3 at 4 ranks resumes with ddp at 2, and the reverse; mp, zero2 and hybrid "
+    "zero3 too",
+    "[train][mpi]") {
     TempDir dir("train_reshard");
     const std::string train = (build_dir() / "train").string();
     const std::string run =
@@ -593,8 +606,12 @@ TEST_CASE("train: a checkpoint saved by zero3 at 4 ranks resumes with ddp at 2, 
              {{4, "zero3"}, {2, "ddp"}},
              {{2, "ddp"}, {4, "zero3"}},
              {{4, "mp --microbatches 4"}, {2, "zero2"}},
-             {{2, "zero2"}, {4, "mp --microbatches 4"}}}) {
-        const std::string out = dir.file(first.second.substr(0, first.second.find(' ')) + std::to_string(first.first));
+             {{2, "zero2"}, {4, "mp --microbatches 4"}},
+             {{4, "zero3 --shard-group 2"}, {1, "single"}},
+             {{1, "single"}, {4, "zero3 --shard-group 2"}}}) {
+        std::string name = first.second + "x" + std::to_string(first.first);
+        std::replace(name.begin(), name.end(), ' ', '_');
+        const std::string out = dir.file(name);
         const Run a =
             run_mpi(first.first, train + run + "--parallel " + first.second + " --stop-after 4 --out-dir " + out);
         INFO(a.output);

@@ -76,16 +76,17 @@ std::vector<DataLoader::MicroBatch> micro_batches(long long step, int first, int
 
 struct RunResult {
     std::vector<double> losses;
-    std::vector<std::string> schedule;                    // mp: per step, this rank's F/B order (see below)
-    std::vector<int> stages;                              // mp: the stage boundaries
-    std::map<std::string, std::vector<double>> tensors;   // every tensor, unpadded, as double
-    std::vector<pv::Comm::Totals> per_step;               // collectives of each step
-    std::vector<std::vector<pv::CollectiveRecord>> logs;  // and their records
-    long long psi = 0;                                    // Σ padded trainable group elements (Ψ with padding)
-    long long psi_frozen = 0;                             // Σ padded frozen group elements
-    std::vector<long long> padded;                        // per unit, its trainable group
-    std::vector<long long> unit_padded;                   // per unit, all its groups
-    std::vector<int> nonempty;                            // per unit, groups with any element
+    std::vector<std::string> schedule;                              // mp: per step, this rank's F/B order (see below)
+    std::vector<int> stages;                                        // mp: the stage boundaries
+    std::map<std::string, std::vector<double>> tensors;             // every tensor, unpadded, as double
+    std::vector<pv::Comm::Totals> per_step;                         // collectives of each step
+    std::vector<std::map<std::string, pv::Comm::Totals>> per_comm;  // and by communicator
+    std::vector<std::vector<pv::CollectiveRecord>> logs;            // and their records
+    long long psi = 0;                   // Σ padded trainable group elements (Ψ with padding)
+    long long psi_frozen = 0;            // Σ padded frozen group elements
+    std::vector<long long> padded;       // per unit, its trainable group
+    std::vector<long long> unit_padded;  // per unit, all its groups
+    std::vector<int> nonempty;           // per unit, groups with any element
     int units = 0;
     std::array<double, pv::kMemoryCategoryCount> peak{};  // peak bytes per category during the run
 };
@@ -133,6 +134,7 @@ struct Options {
     pv::LoraConfig lora;                        // adapters on a frozen base (off by default)
     bool nf4 = false;                           // QLoRA: the base's block linears in NF4
     pv::ActivationCheckpointing checkpointing;  // off by default
+    int shard_group = 0;                        // zero1-3: --shard-group (0: the whole world)
     int steps = kSteps;
 };
 
@@ -164,6 +166,7 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
     {
         pv::StrategyOptions so;
         so.name = strategy, so.microbatches = opt.microbatches, so.fp32_grad_accumulation = !std::is_same_v<G, T>;
+        so.shard_group = opt.shard_group;
         const pv::StrategyPlan plan = pv::plan_strategy(so, config, kSeq, rank, ranks);
         r.stages = plan.stage_bounds;
         pv::ModelOptions mo;
@@ -188,8 +191,10 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
             r.losses.push_back(res.loss);
             if (!comm) continue;
             pv::Comm::Totals all;  // over every communicator of the strategy
+            r.per_comm.emplace_back();
             for (pv::Comm* c : s->comms()) {
                 const pv::Comm::Totals t = c->totals();
+                r.per_comm.back()[c->name()] = t;
                 for (size_t k = 0; k < all.calls.size(); ++k) all.calls[k] += t.calls[k];
                 all.wire_bytes += t.wire_bytes;
             }
@@ -204,10 +209,10 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
                 const long long padded = model.group(u, g).padded;
                 std::unique_ptr<pv::DeviceBuffer<T>> whole;
                 const T* params = model.group_params(u, g);
-                if (strategy == "zero3" && padded > 0) {
+                if (strategy == "zero3" && padded > 0) {  // over its shard group (the world without groups)
                     whole = std::make_unique<pv::DeviceBuffer<T>>(size_t(padded), pv::MemoryCategory::workspace);
-                    comm->all_gather(s->local_params(u, g), whole->get(), size_t(s->local_len(u, g)));
-                    CUDA_CHECK(cudaStreamSynchronize(comm->stream()));
+                    s->shard_comm()->all_gather(s->local_params(u, g), whole->get(), size_t(s->local_len(u, g)));
+                    CUDA_CHECK(cudaStreamSynchronize(s->shard_comm()->stream()));
                     params = whole->get();
                 } else if (mp && padded > 0) {
                     const int owner = pv::unit_stages(r.stages)[size_t(u)];
@@ -1054,4 +1059,114 @@ TEST_CASE("a node with fewer GPUs than ranks is refused, naming the fix", "[para
     CHECK(two_on_one.find("start at most 1 rank(s) per node") != std::string::npos);
     CHECK(pv::gpu_sharing_problem(9, 8).find("start at most 8 rank(s) per node") != std::string::npos);
     CHECK(pv::gpu_sharing_problem(1, 0).find("no CUDA device visible") != std::string::npos);
+}
+
+namespace parallel_test {
+
+// Hybrid sharding (parallel/shard_groups.h) with shard groups of K = N/2 ranks: at N = 4 two
+// groups of two (ranks 0-1 and 2-3), at N = 2 groups of one (ZeRO's code, DDP's replication).
+// fp64: parity with single for zero1-3. Per step the world carries only the token count and the
+// loss, the shard group ZeRO's collectives over K ranks (and the norms), the replicas one
+// all-reduce of each rank's slice per trained unit — bytes by the ring formulas with K and N/K
+// written out here, and the same as parallel/comm_cost.h's step_wire. Memory per category: the
+// slices are 1/K (the formulas written out, and parallel/memory.h with the shard group).
+template <class T>
+void check_hybrid(pv::World& world) {
+    using pv::CollectiveKind;
+    using C = pv::MemoryCategory;
+    const int n = world.size(), k = n / 2;
+    REQUIRE(k >= 1);
+    const RunResult single = reference<T>(world);
+    Options opt;
+    opt.shard_group = k;
+    const pv::LlamaConfig config = awkward_model(n);
+    const pv::GroupOptions groups{{}, {}, false, true};
+    const double t = sizeof(T), a = sizeof(pv::acc_t<T>), master = std::is_same_v<T, __nv_bfloat16> ? 4 : 0;
+    const double A = kAccumulation, kk = k, replicas = double(n) / k;
+    auto calls = [](const pv::Comm::Totals& c, CollectiveKind kind) { return c.calls[size_t(kind)]; };
+    for (const char* name : {"zero1", "zero2", "zero3"}) {
+        INFO(name << ", N = " << n << ", K = " << k << (std::is_same_v<T, double> ? ", fp64" : ", bf16"));
+        const RunResult r = train<T>(name, &world.comm(), n, opt);
+        if constexpr (std::is_same_v<T, double>) check_close(r, single);
+        // Groups padded for K shards (each a multiple of K·64 elements, not necessarily of N·64).
+        for (long long p : r.padded) CHECK(p % (k * 64LL) == 0);
+        const double psi = double(r.psi), units = r.units;
+        const double all_first = double(r.unit_padded.front()), all_last = double(r.unit_padded.back());
+        long long gathers = 0;  // zero3's per micro-step (check_counts)
+        for (int u = 0; u < r.units; ++u)
+            gathers += r.nonempty[size_t(u)] + (u >= 1 && u <= r.units - 2 ? r.nonempty[size_t(u)] : 0);
+        const std::string s = name;
+        for (int step = 0; step < kSteps; ++step) {
+            INFO("step " << step + 1);
+            const auto& by = r.per_comm[size_t(step)];
+            REQUIRE(by.size() == 3);
+            const pv::Comm::Totals &w = by.at("world"), &g = by.at("shard"), &rep = by.at("replica");
+            CHECK(calls(w, CollectiveKind::all_reduce) == 2);  // the count and the loss
+            CHECK(calls(w, CollectiveKind::reduce_scatter) + calls(w, CollectiveKind::all_gather) == 0);
+            CHECK(w.wire_bytes == Approx(2.0 * (n - 1) / n * 16).epsilon(1e-12));
+            // Within the group: the norms, the reduce-scatters and the gathers over K ranks.
+            const long long rs = s == "zero1" ? r.units : kAccumulation * r.units;
+            const long long ag = s == "zero3" ? kAccumulation * gathers : r.units;
+            CHECK(calls(g, CollectiveKind::all_reduce) == 1);
+            CHECK(calls(g, CollectiveKind::reduce_scatter) == rs);
+            CHECK(calls(g, CollectiveKind::all_gather) == ag);
+            const double ring = (kk - 1) / kk, norms = 8 * units;
+            const double within = s == "zero1" ? 2 * ring * (norms + psi * t)
+                                  : s == "zero2"
+                                      ? 2 * ring * norms + (A + 1) * ring * psi * t
+                                      : 2 * ring * norms + A * ring * (2 * psi - all_first - all_last + psi) * t;
+            CHECK(g.wire_bytes == Approx(within).epsilon(1e-12));
+            // Across groups: each rank's reduced slice (Ψ/K) all-reduced once per step, per unit.
+            CHECK(calls(rep, CollectiveKind::all_reduce) == r.units);
+            CHECK(calls(rep, CollectiveKind::reduce_scatter) + calls(rep, CollectiveKind::all_gather) == 0);
+            CHECK(rep.wire_bytes == Approx(2 * (replicas - 1) / replicas * psi / kk * t).epsilon(1e-12));
+            const pv::StepWire model = pv::step_wire(config, pv::dtype_of<T>(), groups, s, n, kAccumulation, k);
+            CHECK(w.wire_bytes == Approx(model.world).epsilon(1e-12));
+            CHECK(g.wire_bytes == Approx(model.shard).epsilon(1e-12));
+            CHECK(rep.wire_bytes == Approx(model.replica).epsilon(1e-12));
+        }
+        // The optimizer state of the slice; zero2/3 add the rotating gradient buffers (two of the
+        // largest block or head, the tied embedding's own); zero3 the gather buffers of the same
+        // size (no frozen groups).
+        double largest = 0;
+        for (size_t u = 1; u < r.padded.size(); ++u) largest = std::max(largest, double(r.padded[u]));
+        const double rotating = (2 * largest + double(r.padded[0])) * t;
+        CHECK(category(r, C::optimizer_state) == psi / kk * (master + 2 * a));
+        CHECK(category(r, C::parameters) == (s == "zero3" ? psi / kk : psi) * t);
+        CHECK(category(r, C::gradients) == (s == "zero1" ? psi * t : psi / kk * t + rotating));
+        CHECK(category(r, C::comm_buffers) == (s == "zero3" ? rotating : 0));
+        const pv::ModelStateMemory m = pv::model_state_memory(config, pv::dtype_of<T>(), groups, s, n, k);
+        CHECK(category(r, C::parameters) == m.parameters);
+        CHECK(category(r, C::gradients) == m.gradients);
+        CHECK(category(r, C::optimizer_state) == m.optimizer_state);
+        CHECK(category(r, C::comm_buffers) == m.comm_buffers);
+        if (world.rank() == 0) {
+            const auto& first = r.per_comm[0];
+            auto list = [&](const char* comm) {
+                const pv::Comm::Totals& c = first.at(comm);
+                return std::to_string(calls(c, CollectiveKind::reduce_scatter)) + " rs + " +
+                       std::to_string(calls(c, CollectiveKind::all_gather)) + " ag + " +
+                       std::to_string(calls(c, CollectiveKind::all_reduce)) + " ar";
+            };
+            std::printf(
+                "hybrid %s, N = %d, K = %d, %s: psi %.0f; per step world %s %.0f, shard group %s %.0f, replicas %s "
+                "%.0f bytes; memory params + grads + optimizer %.0f (+ comm buffers %.0f) bytes\n",
+                name, n, k, std::is_same_v<T, double> ? "fp64" : "bf16", psi, list("world").c_str(),
+                first.at("world").wire_bytes, list("shard").c_str(), first.at("shard").wire_bytes,
+                list("replica").c_str(), first.at("replica").wire_bytes,
+                category(r, C::parameters) + category(r, C::gradients) + category(r, C::optimizer_state),
+                category(r, C::comm_buffers));
+        }
+    }
+}
+
+}  // namespace parallel_test
+
+TEST_CASE(
+    "hybrid sharding: zero1-3 over shard groups of N/2 ranks train what single trains; collectives within and "
+    "across groups and memory are exactly as designed",
+    "[parallel][hybrid][counting]") {
+    pv::World world(nullptr, nullptr);
+    check_hybrid<double>(world);
+    check_hybrid<__nv_bfloat16>(world);
 }
