@@ -16,9 +16,11 @@
 // the documented error table: INVALID_VALUE "if m, n, k < 0 or if transa, transb != CUBLAS_OP_N,
 // CUBLAS_OP_C, CUBLAS_OP_T or if lda < max(1, m) if transa == CUBLAS_OP_N and lda < max(1, k)
 // otherwise or if ldb < max(1, k) if transb == CUBLAS_OP_N and ldb < max(1, n) otherwise or if
-// ldc < max(1, m) or if alpha, beta == NULL"; batchCount < 0 for the batched form; NOT_SUPPORTED for
+// ldc < max(1, m) or if alpha, beta == NULL"; NOT_SUPPORTED for
 // "the combination of the parameters Atype, Btype and Ctype"; and "if beta == 0, C does not have to
-// be a valid input"). They run synchronously, at the call; the arithmetic is queued on the handle's
+// be a valid input"). One exception to the documentation, measured: cuBLAS 13.0 on an H100 returns
+// SUCCESS for a negative batchCount of the strided-batched form (documented as INVALID_VALUE), and
+// so does this, computing nothing. They run synchronously, at the call; the arithmetic is queued on the handle's
 // stream through pv::host::stream_submit, like a kernel launch.
 //
 // OpenBLAS's own thread count is left alone (tests pin it with OPENBLAS_NUM_THREADS).
@@ -188,8 +190,7 @@ cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa, cublasOpera
                     cudaDataType Btype, int ldb, long long strideB, const void* beta, void* C, cudaDataType Ctype,
                     int ldc, long long strideC, int batchCount, cublasComputeType_t computeType) {
     if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
-    if (!valid_op(transa) || !valid_op(transb) || m < 0 || n < 0 || k < 0 || batchCount < 0)
-        return CUBLAS_STATUS_INVALID_VALUE;
+    if (!valid_op(transa) || !valid_op(transb) || m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
     const bool ta = transa != CUBLAS_OP_N, tb = transb != CUBLAS_OP_N;
     // Checked even when a dimension is 0 (the max(1, ...) in the documented bounds), as BLAS does.
     if (lda < std::max(1, ta ? k : m) || ldb < std::max(1, tb ? n : k) || ldc < std::max(1, m))
@@ -197,7 +198,7 @@ cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa, cublasOpera
     if (alpha == nullptr || beta == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
     const Flavour flavour = flavour_of(Atype, Btype, Ctype, computeType);
     if (flavour == Flavour::unsupported) return CUBLAS_STATUS_NOT_SUPPORTED;
-    if (m == 0 || n == 0 || batchCount == 0) return CUBLAS_STATUS_SUCCESS;  // nothing to compute or write
+    if (m == 0 || n == 0 || batchCount <= 0) return CUBLAS_STATUS_SUCCESS;  // nothing to compute or write
     // Stricter than cuBLAS, which would fault later on the device: a null matrix that will be
     // dereferenced is reported here instead of crashing the host inside the stream work.
     if (C == nullptr || (k > 0 && (A == nullptr || B == nullptr))) return CUBLAS_STATUS_INVALID_VALUE;

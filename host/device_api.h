@@ -360,7 +360,9 @@ inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline double __fma_rn(double a, double b, double c) { return std::fma(a, b, c); }
 inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
 inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __ddiv_rn(double a, double b) { return a / b; }
 inline double __dsqrt_rn(double x) { return std::sqrt(x); }
 inline int __popc(unsigned x) { return std::popcount(x); }
 inline int __popcll(unsigned long long x) { return std::popcount(x); }

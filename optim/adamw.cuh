@@ -101,11 +101,13 @@ __device__ inline void adamw_math(A& p, G grad, A& m, A& v, const AdamWCoefficie
         g = A(__bfloat162float(grad));
     else
         g = A(grad);
-    g *= c.grad_scale;
-    p *= decay;  // decoupled weight decay: before, and independent of, the Adam step
-    m = c.beta1 * m + c.one_minus_beta1 * g;
-    v = c.beta2 * v + c.one_minus_beta2 * g * g;
-    p -= c.step_size * m / (acc_sqrt(v) / c.bias2_sqrt + c.eps);
+    // Each operation rounded on its own (acc_mul etc., kernels/common.cuh): no FMA, so both
+    // kernels, and a CPU loop written in the same order, round identically.
+    g = acc_mul(g, c.grad_scale);
+    p = acc_mul(p, decay);  // decoupled weight decay: before, and independent of, the Adam step
+    m = acc_add(acc_mul(c.beta1, m), acc_mul(c.one_minus_beta1, g));
+    v = acc_add(acc_mul(c.beta2, v), acc_mul(acc_mul(c.one_minus_beta2, g), g));
+    p = acc_sub(p, acc_div(acc_mul(c.step_size, m), acc_add(acc_div(acc_sqrt(v), c.bias2_sqrt), c.eps)));
 }
 
 // The stored parameter from the updated master: round to nearest even, or stochastic rounding

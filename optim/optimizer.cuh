@@ -94,6 +94,9 @@ class AdamWState {
             u.table = std::make_shared<AdamWTable>(owned_pieces(l, u.begin, u.end));
             units_.push_back(u);
         }
+        // The zero fills above run on the legacy stream, asynchronously to the host, and the
+        // updates on a non-blocking stream that does not wait for it.
+        CUDA_CHECK(cudaDeviceSynchronize());
     }
     ~AdamWState() {
         for (Unit& u : units_) memory_free(u.master), memory_free(u.m), memory_free(u.v);

@@ -54,6 +54,10 @@ TEST_CASE("copies of every kind round-trip", "[runtime]") {
 TEST_CASE("memset, sync and async", "[runtime]") {
     DeviceArray<unsigned char> x(333);
     CUDA_CHECK(cudaMemset(x.get(), 0x5A, 333));
+    // cudaMemset of device memory is asynchronous with respect to the host and a non-blocking
+    // stream does not wait for the legacy stream: without this the two fills race (on an H100 the
+    // later one landed first).
+    CUDA_CHECK(cudaDeviceSynchronize());
     cudaStream_t s;
     CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     CUDA_CHECK(cudaMemsetAsync(x.get() + 100, 0x11, 50, s));

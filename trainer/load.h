@@ -187,6 +187,9 @@ LoadStats load_group_ranges(HfCheckpoint& source, const std::vector<GroupLayout>
         });
     for (size_t k = 0; k < ranges.size(); ++k)
         if (layouts[k].kind == GroupKind::nf4) stats.overflows += load_nf4_range(source, layouts[k], ranges[k]);
+    // A copy from pageable memory may return before its DMA lands, and the zero fills are
+    // asynchronous: nothing on a non-blocking stream may read the parameters before they finish.
+    CUDA_CHECK(cudaDeviceSynchronize());
     stats.bytes_read = source.bytes_read();
     stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return stats;
