@@ -367,7 +367,8 @@ TEST_CASE("train: bad input fails with a message naming the problem and the fix"
     const Run group = run_train("--shard-group 2 --out-dir " + dir.file("group"));
     INFO(group.output);
     REQUIRE(group.status != 0);
-    REQUIRE(group.output.find("--shard-group 2 is for --parallel zero1, zero2 or zero3") != std::string::npos);
+    REQUIRE(group.output.find("--shard-group 2 shards a ZeRO stage: choose it with --parallel zero1, zero2 or zero3") !=
+            std::string::npos);
     const Run large = run_train("--parallel zero3 --shard-group 2 --out-dir " + dir.file("group"));
     INFO(large.output);
     REQUIRE(large.status != 0);
@@ -480,6 +481,75 @@ Run run_mpi(int ranks, const std::string& per_rank_command) {
 }
 
 }  // namespace train_test
+
+namespace train_test {
+
+// "17.5 MiB", "30.28 GiB", "824 B" as printed by the plan and the run, in MiB.
+double mib_of(const std::string& figure) {
+    std::smatch m;
+    REQUIRE(std::regex_search(figure, m, std::regex(R"(([0-9.]+) (B|KiB|MiB|GiB))")));
+    const double v = std::stod(m[1]);
+    return m[2] == "B" ? v / 1048576 : m[2] == "KiB" ? v / 1024 : m[2] == "MiB" ? v : v * 1024;
+}
+
+}  // namespace train_test
+
+TEST_CASE("train plan: the default run's plan is its measured peak; what cannot fit is refused before allocating",
+          "[train][plan]") {
+    TempDir dir("train_plan");
+    // The plan of a run against the peak that run measures (the device accounting every step prints).
+    for (const std::string flags : {"", "--checkpoint-activations", "--lora-rank 4"}) {
+        const Run plan = run_train("plan " + flags);
+        const Run run = run_train(flags + " --steps 2 --warmup 1 --sample-tokens 0 --eval-interval 0 --out-dir " +
+                                  dir.file("run" + std::to_string(flags.size())));
+        INFO(flags << "\n" << plan.output << "\n----\n" << run.output);
+        REQUIRE(plan.status == 0);
+        REQUIRE(run.status == 0);
+        std::smatch total, peak;
+        REQUIRE(std::regex_search(plan.output, total, std::regex(R"(device total +([0-9.]+ [KMG]?i?B))")));
+        REQUIRE(std::regex_search(run.output, peak, std::regex(R"(\(peak ([0-9.]+ MiB)\))")));
+        CHECK(std::abs(mib_of(total[1]) - mib_of(peak[1])) <= 0.02 * mib_of(peak[1]));
+        CHECK(plan.output.find("fits on h100-80") != std::string::npos);
+        CHECK(plan.output.find("largest micro-batch that fits:") != std::string::npos);
+    }
+    // Llama-2-7B's model states alone are 16 bytes per parameter, 100 GiB: never on one 80 GB GPU;
+    // ZeRO-3 over 8 ranks divides them to 12.5 GiB.
+    const Run seven = run_train("plan --preset llama-2-7b --micro-batch 1 --seq-len 1024 --gpu-memory h100-80");
+    INFO(seven.output);
+    REQUIRE(seven.status == 0);
+    CHECK(seven.output.find("DOES NOT FIT on h100-80") != std::string::npos);
+    const Run sharded = run_train(
+        "plan --preset llama-2-7b --micro-batch 1 --seq-len 1024 --gpu-memory h100-80 --ranks 8 --parallel zero3 "
+        "--compare");
+    INFO(sharded.output);
+    REQUIRE(sharded.status == 0);
+    CHECK(sharded.output.find("fits on h100-80") != std::string::npos);
+    for (const char* strategy : {"ddp", "zero1", "zero2", "zero3", "mp"})
+        CHECK(sharded.output.find(strategy) != std::string::npos);
+    // train refuses what its plan says cannot fit, with the table and a way out, before allocating.
+    const Run big = run_train("--preset llama-2-70b --gpu-memory rtx4090-24 --out-dir " + dir.file("big"));
+    INFO(big.output);
+    REQUIRE(big.status != 0);
+    CHECK(big.output.find("DOES NOT FIT on rtx4090-24") != std::string::npos);
+    CHECK(big.output.find("changes that fit") != std::string::npos);
+    CHECK(big.output.find("--parallel zero3 on") != std::string::npos);
+    CHECK(big.output.find("step ") == std::string::npos);
+    CHECK(!fs::exists(dir.file("big")));
+    const Run batch = run_train("--batch 2000000000 --micro-batch 1 --out-dir " + dir.file("batch"));
+    INFO(batch.output);
+    REQUIRE(batch.status != 0);
+    CHECK(batch.output.find("of host memory per rank") != std::string::npos);
+}
+
+TEST_CASE("train under mpirun without --parallel: auto chooses ddp for a model that fits, and trains", "[train][mpi]") {
+    TempDir dir("train_auto");
+    const Run r =
+        run_mpi(2, (build_dir() / "train").string() + " " + kTiny + " --sample-tokens 0 --out-dir " + dir.file("auto"));
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    CHECK(r.output.find("parallel: auto chose ddp on 2 ranks") != std::string::npos);
+    CHECK(losses(r.output).size() == 6);
+}
 
 TEST_CASE("train under mpirun: zero1, zero2, zero3 and ddp train identically, and rank 0 alone reports",
           "[train][mpi]") {
