@@ -9,7 +9,7 @@ train="${TRAIN:-./train}"
 common="--micro-batch 1 --batch 8 --seq-len 4096"
 fewest() {  # "zero3 / mp" from the plan's "smallest world size that fits" line
   sed -n 's/^smallest world size that fits: //p' | tr ',' '\n' |
-    awk '$1 == "zero3" { z = $2 } $1 == "mp" { m = $2 } END { printf "%s / %s", z ? z : "—", m ? m : "—" }'
+    awk '$1 == "zero3" { z = $2 } $1 == "mp" { m = $2 } END { printf "%s / %s", (z && z != "none") ? z : "—", (m && m != "none") ? m : "—" }'
 }
 echo "| Model | Fine-tuning | ddp at 8 ranks | zero3 at 8 ranks | zero3 at 8, checkpointing | fewest ranks on 80 GB, checkpointing: zero3 / mp | on 24 GB |"
 echo "|---|---|---|---|---|---|---|"
