@@ -43,6 +43,39 @@ int checked_max_positions(const Llama<T>& model, int max_positions, int max_rows
 
 }  // namespace
 
+std::vector<ActivationBuffer> decoder_buffers(const LlamaConfig& c, DType dtype, const LoraConfig& lora,
+                                              int max_positions, int max_rows) {
+    const long long R = max_rows, C = c.hidden_size, F = c.ffn_size;
+    const size_t t = dtype_size(dtype), a = dtype == DType::fp64 ? 8 : 4;
+    const long long cache = (long long)c.num_layers * max_positions * c.kv_width();
+    const int H = c.num_heads, Hkv = c.num_kv_heads, hd = c.head_dim_resolved();
+    const size_t scratch =
+        dtype == DType::fp64   ? attention_decode_scratch_bound<double>(max_rows, max_positions, H, Hkv, hd)
+        : dtype == DType::fp32 ? attention_decode_scratch_bound<float>(max_rows, max_positions, H, Hkv, hd)
+                               : attention_decode_scratch_bound<__nv_bfloat16>(max_rows, max_positions, H, Hkv, hd);
+    return {{"cache_k", cache, t},
+            {"cache_v", cache, t},
+            {"x", R * C, t},
+            {"h", R * C, t},
+            {"qkv", R * c.qkv_width(), t},
+            {"att", R * c.q_width(), t},
+            {"proj", R * C, t},
+            {"gate_up", R * 2 * F, t},
+            {"act", R * F, t},
+            {"adapter_scratch", R * lora_max_a_rows(c, lora), t},
+            {"logits", c.vocab_size, t},
+            {"rstd", R, a},
+            {"tokens", R, sizeof(int)},
+            {"positions", R, sizeof(int)},
+            {"rope_table", (long long)rope_inverse_frequencies(c).size() * 2 * max_positions, a},
+            {"attention_scratch", (long long)scratch, 1}};
+}
+
+std::pair<int, int> sample_decoder_shape(const LlamaConfig& c, size_t prompt_bytes, int sample_tokens) {
+    const int rows = int(std::clamp<size_t>(prompt_bytes, 1, size_t(c.max_seq_len)));
+    return {std::min<long long>(c.max_seq_len, (long long)rows + std::max(sample_tokens, 1) - 1), rows};
+}
+
 template <class T>
 Decoder<T>::Decoder(const Llama<T>& model, int max_positions, int max_rows)
     : model_(model),
@@ -50,27 +83,26 @@ Decoder<T>::Decoder(const Llama<T>& model, int max_positions, int max_rows)
       max_rows_(max_rows),
       stream_(model.stream()) {
     const LlamaConfig& c = model.config();
-    const long long R = max_rows, C = c.hidden_size, F = c.ffn_size;
-    const size_t cache = size_t(c.num_layers) * size_t(max_positions) * size_t(c.kv_width());
+    const long long R = max_rows;
+    const std::vector<ActivationBuffer> b = decoder_buffers(c, dtype_of<T>(), model.lora(), max_positions, max_rows);
     const MemoryCategory act = MemoryCategory::activations, work = MemoryCategory::workspace;
-    cache_k_ = DeviceBuffer<T>(cache, act);
-    cache_v_ = DeviceBuffer<T>(cache, act);
-    x_ = DeviceBuffer<T>(size_t(R * C), work);
-    h_ = DeviceBuffer<T>(size_t(R * C), work);
-    qkv_ = DeviceBuffer<T>(size_t(R * c.qkv_width()), work);
-    att_ = DeviceBuffer<T>(size_t(R * c.q_width()), work);
-    proj_ = DeviceBuffer<T>(size_t(R * C), work);
-    gate_up_ = DeviceBuffer<T>(size_t(R * 2 * F), work);
-    act_ = DeviceBuffer<T>(size_t(R * F), work);
-    adapter_scratch_ = DeviceBuffer<T>(size_t(model.adapter_scratch_elements(R)), work);
-    device_logits_ = DeviceBuffer<T>(size_t(c.vocab_size), work);
-    rstd_ = DeviceBuffer<acc_t<T>>(size_t(R), work);
-    tokens_ = DeviceBuffer<int>(size_t(R), work);
-    positions_ = DeviceBuffer<int>(size_t(R), work);
-    rope_table_ = rope_table_buffer<acc_t<T>>(c, max_positions, stream_);  // the cache's positions
-    const size_t scratch =
-        attention_decode_scratch_bound<T>(max_rows, max_positions, c.num_heads, c.num_kv_heads, c.head_dim_resolved());
-    if (scratch > 0) attention_scratch_ = DeviceBuffer<unsigned char>(scratch, work);
+    const auto n = [&](int i) { return size_t(b[size_t(i)].elements); };
+    cache_k_ = DeviceBuffer<T>(n(0), act);
+    cache_v_ = DeviceBuffer<T>(n(1), act);
+    x_ = DeviceBuffer<T>(n(2), work);
+    h_ = DeviceBuffer<T>(n(3), work);
+    qkv_ = DeviceBuffer<T>(n(4), work);
+    att_ = DeviceBuffer<T>(n(5), work);
+    proj_ = DeviceBuffer<T>(n(6), work);
+    gate_up_ = DeviceBuffer<T>(n(7), work);
+    act_ = DeviceBuffer<T>(n(8), work);
+    adapter_scratch_ = DeviceBuffer<T>(n(9), work);
+    device_logits_ = DeviceBuffer<T>(n(10), work);
+    rstd_ = DeviceBuffer<acc_t<T>>(n(11), work);
+    tokens_ = DeviceBuffer<int>(n(12), work);
+    positions_ = DeviceBuffer<int>(n(13), work);
+    rope_table_ = rope_table_buffer<acc_t<T>>(c, max_positions, stream_);  // the cache's positions (n(14))
+    if (n(15) > 0) attention_scratch_ = DeviceBuffer<unsigned char>(n(15), work);
     host_positions_.resize(size_t(R));
     host_logits_.resize(size_t(c.vocab_size));
     logits_.resize(size_t(c.vocab_size));

@@ -28,9 +28,23 @@
 #include "model/llama.h"
 #include "platform/device_memory.h"
 
+#include <utility>
 #include <vector>
 
 namespace pv {
+
+// Every device buffer a Decoder allocates, in the order the constructor allocates them from this
+// list: the K and V caches (MemoryCategory::activations), then its workspace (the rest). The
+// memory planner adds them to a run that samples after training.
+std::vector<ActivationBuffer> decoder_buffers(const LlamaConfig& c, DType dtype, const LoraConfig& lora,
+                                              int max_positions, int max_rows);
+inline constexpr int kDecoderCacheBuffers = 2;  // the first two: the K and V caches
+
+// The Decoder that `train` builds after its last step to continue --prompt by sample_tokens
+// tokens: at most one row per prompt byte (a token holds at least one byte; an empty prompt is
+// the start token alone) and positions for the prompt and the tokens after it, within the
+// model's context. {max_positions, max_rows}.
+std::pair<int, int> sample_decoder_shape(const LlamaConfig& c, size_t prompt_bytes, int sample_tokens);
 
 template <class T>
 class Decoder {

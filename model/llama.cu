@@ -58,13 +58,18 @@ LoraShape lora_shape(const LoraLinearShape& s, const LoraConfig& lora) {
 
 }  // namespace
 
+long long lora_max_a_rows(const LlamaConfig& c, const LoraConfig& lora) {
+    long long rows = 0;
+    for (const LoraLinearShape& s : lora_linears(c, lora))
+        rows = std::max<long long>(rows, lora_shape(s, lora).a_rows());
+    return rows;
+}
+
 std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& c, int batch, int seq_len, DType dtype,
                                                      const LoraConfig& lora, bool nf4) {
     const long long N = (long long)batch * seq_len, C = c.hidden_size, F = c.ffn_size;
     const size_t t = dtype_size(dtype);
-    long long lora_max_a_rows = 0;
-    for (const LoraLinearShape& s : lora_linears(c, lora))
-        lora_max_a_rows = std::max<long long>(lora_max_a_rows, lora_shape(s, lora).a_rows());
+    const long long lora_max_a_rows = pv::lora_max_a_rows(c, lora);
     // The scratch sizes depend on the storage type only through its accumulator.
     const size_t norm_scratch = dtype == DType::fp64   ? rmsnorm_backward_scratch_bytes<double>(N, int(C))
                                 : dtype == DType::fp32 ? rmsnorm_backward_scratch_bytes<float>(N, int(C))

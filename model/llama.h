@@ -55,6 +55,9 @@ constexpr DType dtype_of() {
         return DType::bf16;
 }
 
+// The most rows of any adapter's A (its u = x·Aᵀ has that many columns): the adapters' scratch per row.
+long long lora_max_a_rows(const LlamaConfig& c, const LoraConfig& lora);
+
 // The workspace the model allocates once for whichever unit is running: the forward's and the
 // backward's transient buffers (arena_bytes of this layout). The memory planner uses this too.
 std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& c, int batch, int seq_len, DType dtype,

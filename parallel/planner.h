@@ -35,8 +35,10 @@ struct PlanRequest {
     StrategyOptions strategy;
     int ranks = 1;
     int micro_batch = 1, seq_len = 1;
-    int accumulation = 1;  // micro-steps per optimizer step on a rank
+    int accumulation = 1;                   // micro-steps per optimizer step on a rank
     ActivationCheckpointing checkpointing;  // --checkpoint-activations
+    // The sample after the last step (sample_decoder_shape); 0 rows: none.
+    int sample_positions = 0, sample_rows = 0;
 };
 
 // One row of a rank's table: what it is, the category device_alloc charges it to, bytes.
@@ -71,10 +73,10 @@ MemoryPlan plan_memory(const PlanRequest& request);
 // rank; nvidia-smi's used memory less the run's accounted peak): 1.31-1.36 GiB for Llama-3.2-1B
 // and Llama-3.1-8B QLoRA runs. NCCL's buffers on several ranks come on top (the slack covers them).
 inline constexpr double kReservedBytes = 1.5 * (1 << 30);
-inline constexpr double kSlackFraction = 0.02;             // allocation granularity and fragmentation
+inline constexpr double kSlackFraction = 0.02;  // allocation granularity and fragmentation
 struct GpuMemory {
-    std::string name;    // "h100-80", or "" for a number of bytes
-    double bytes = 0;    // the device's memory
+    std::string name;  // "h100-80", or "" for a number of bytes
+    double bytes = 0;  // the device's memory
     double usable() const { return bytes * (1 - kSlackFraction) - kReservedBytes; }
 };
 // "h100-80", "a100-80", "a100-40", "l4-24", "rtx4090-24", "rtx3090-24", "t4-16", or bytes with an
@@ -104,7 +106,7 @@ int smallest_world(PlanRequest request, const std::string& strategy, double budg
 // residual stream between stages). Nothing fitting, the least memory of them.
 struct StrategyChoice {
     std::string strategy;
-    std::string reason;                 // one line: why
+    std::string reason;                  // one line: why
     std::vector<MemoryPlan> considered;  // the plans compared, in the order tried
 };
 StrategyChoice choose_strategy(const PlanRequest& request, double budget, bool slow_interconnect);

@@ -60,7 +60,18 @@ void check_against_recomputation(const pv::LlamaConfig& c, int prompt, int total
     std::vector<int> seq;
     for (int i = 0; i < prompt; ++i) seq.push_back(int(rng() % uint64_t(c.vocab_size)));
 
+    // What the decoder allocates is what decoder_buffers (the memory planner's figure) lists.
+    const pv::MemoryStats before = pv::memory_stats();
     pv::Decoder<T> decoder(model, total, max_rows);
+    const pv::MemoryStats after = pv::memory_stats();
+    size_t cache = 0, work = 0;
+    const auto buffers = pv::decoder_buffers(c, pv::dtype_of<T>(), model.lora(), total, max_rows);
+    for (size_t i = 0; i < buffers.size(); ++i)
+        (int(i) < pv::kDecoderCacheBuffers ? cache : work) += buffers[i].bytes();
+    const auto grew = [&](pv::MemoryCategory k) { return after.current[size_t(k)] - before.current[size_t(k)]; };
+    CHECK(grew(pv::MemoryCategory::activations) == cache);
+    CHECK(grew(pv::MemoryCategory::workspace) == work);
+    CHECK(cache == decoder.cache_bytes());
     std::vector<double> decoded;  // the logits of positions prompt − 1 .. total − 2, in order
     std::vector<double> logits = decoder.prefill(seq);
     for (int t = prompt - 1; t + 1 < total; ++t) {

@@ -54,6 +54,7 @@
 #include <optional>
 #include <iostream>
 #include <stdexcept>
+#include <tuple>
 
 #include <unistd.h>
 
@@ -111,12 +112,14 @@ PlanRequest plan_request(const TrainOptions& o, const LlamaConfig& config, int r
     PlanRequest q;
     q.config = config;
     q.dtype = o.dtype == "fp64" ? DType::fp64 : o.dtype == "fp32" ? DType::fp32 : DType::bf16;
-    q.groups = GroupOptions{resolve_freeze(config, split_patterns(o.freeze)).names, lora_config(o),
-                            o.quantize == "nf4", o.double_quant};
+    q.groups = GroupOptions{resolve_freeze(config, split_patterns(o.freeze)).names, lora_config(o), o.quantize == "nf4",
+                            o.double_quant};
     q.strategy = strategy_options(o);
     q.ranks = ranks;
     q.micro_batch = o.micro_batch, q.seq_len = o.seq_len;
     q.checkpointing = activation_checkpointing(o);
+    if (o.sample_tokens > 0)
+        std::tie(q.sample_positions, q.sample_rows) = sample_decoder_shape(config, o.prompt.size(), o.sample_tokens);
     q.accumulation = accumulation_for(o.batch, o.micro_batch, data_ranks_of(q.strategy, ranks));
     return q;
 }
@@ -141,17 +144,16 @@ GpuMemory memory_budget(const TrainOptions& o, int ranks) {
 // whose plan does not fit the budget, before anything is allocated.
 void check_plan_fits(const PlanRequest& q, const GpuMemory& gpu) {
     const MemoryPlan plan = plan_memory(q);
-    if (plan.peak() > gpu.usable())
-        {
-            std::string changes;
-            for (const std::string& c : changes_that_fit(q, gpu.usable())) changes += "\n  " + c;
-            throw std::invalid_argument(
-                "this run needs " + format_bytes(plan.peak()) + " of device memory per rank, more than the " +
-                format_bytes(gpu.usable()) + " it may use on " + gpu.name + ":\n" + format_plan(plan, &gpu) +
-                (changes.empty() ? "nothing tried fits (a smaller micro-batch, ZeRO, more ranks, LoRA, QLoRA): "
-                                   "choose a smaller model"
-                                 : "changes that fit:" + changes));
-        }
+    if (plan.peak() > gpu.usable()) {
+        std::string changes;
+        for (const std::string& c : changes_that_fit(q, gpu.usable())) changes += "\n  " + c;
+        throw std::invalid_argument(
+            "this run needs " + format_bytes(plan.peak()) + " of device memory per rank, more than the " +
+            format_bytes(gpu.usable()) + " it may use on " + gpu.name + ":\n" + format_plan(plan, &gpu) +
+            (changes.empty() ? "nothing tried fits (a smaller micro-batch, ZeRO, more ranks, LoRA, QLoRA): "
+                               "choose a smaller model"
+                             : "changes that fit:" + changes));
+    }
     const double host = plan.largest().host_total(), budget = host_budget(q.ranks);
     if (host > budget)
         throw std::invalid_argument("this run needs " + format_bytes(host) + " of host memory per rank (" +
@@ -441,12 +443,13 @@ int plan_command(const TrainOptions& flags, const PlanOptions& p) {
         }
     }
     const PlanRequest q = plan_request(o, config, p.ranks);
-    std::printf("plan: model %s (%lld parameters), %s, %s on %d rank(s), micro-batch %d x %d tokens, %d micro-step(s) "
-                "per step%s\n",
-                config.name.c_str(), parameter_count(config), o.dtype.c_str(), o.parallel.c_str(), p.ranks,
-                o.micro_batch, o.seq_len, q.accumulation,
-                q.groups.lora.enabled() ? (q.groups.nf4 ? ", QLoRA" : ", LoRA") : "");
-    if (requested_strategy == "auto") std::printf("--parallel auto: %s (%s)\n", o.parallel.c_str(), choice.reason.c_str());
+    std::printf(
+        "plan: model %s (%lld parameters), %s, %s on %d rank(s), micro-batch %d x %d tokens, %d micro-step(s) "
+        "per step%s\n",
+        config.name.c_str(), parameter_count(config), o.dtype.c_str(), o.parallel.c_str(), p.ranks, o.micro_batch,
+        o.seq_len, q.accumulation, q.groups.lora.enabled() ? (q.groups.nf4 ? ", QLoRA" : ", LoRA") : "");
+    if (requested_strategy == "auto")
+        std::printf("--parallel auto: %s (%s)\n", o.parallel.c_str(), choice.reason.c_str());
     const MemoryPlan plan = plan_memory(q);
     std::printf("%s", format_plan(plan, &gpu).c_str());
     std::printf("largest micro-batch that fits: %d\n", largest_micro_batch(q, gpu.usable()));
