@@ -110,7 +110,8 @@ struct StepShape {
     LlamaConfig config;
     int batch = 1, seq_len = 2048, accumulation = 1;
     int t = 2;
-    int optimizer_shards = 1;  // ranks the optimizer state is split over (ZeRO: the world; else 1)
+    int optimizer_shards =
+        1;  // ranks the optimizer state is split over (ZeRO: its shard group, by default the world; else 1)
 };
 
 // Which kernels: those of the issue-15 code (now), or those it replaced (before), for the
