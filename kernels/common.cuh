@@ -47,8 +47,8 @@ __device__ inline float acc_exp(float x) { return expf(x); }
 __device__ inline double acc_exp(double x) { return exp(x); }
 __device__ inline float acc_log(float x) { return logf(x); }
 __device__ inline double acc_log(double x) { return log(x); }
-__device__ inline float acc_sqrt(float x) { return sqrtf(x); }
-__device__ inline double acc_sqrt(double x) { return sqrt(x); }
+__host__ __device__ inline float acc_sqrt(float x) { return sqrtf(x); }  // host too: optim/adamw_cpu.h
+__host__ __device__ inline double acc_sqrt(double x) { return sqrt(x); }
 __device__ inline float acc_rsqrt(float x) { return rsqrtf(x); }
 __device__ inline double acc_rsqrt(double x) { return rsqrt(x); }
 // Arithmetic rounded once per operation, never fused into an FMA: nvcc contracts a·b + c into

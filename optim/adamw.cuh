@@ -52,6 +52,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -84,18 +85,20 @@ struct AdamWCoefficients {
 
 // bf16 from a float by the stochastic-rounding bit trick of the header comment; `random` supplies
 // the 16 random bits in its low half.
-__device__ inline __nv_bfloat16 adamw_stochastic_round_bf16(float x, uint32_t random) {
-    const uint32_t u = __float_as_uint(x);
+__host__ __device__ inline __nv_bfloat16 adamw_stochastic_round_bf16(float x, uint32_t random) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);  // the bits (host and device: the CPU update shares this code)
     if ((u & 0x7F800000u) == 0x7F800000u) return __float2bfloat16(x);  // NaN or infinity
     const uint32_t rounded = (u + (random & 0xFFFFu)) >> 16;
     return __ushort_as_bfloat16((unsigned short)rounded);
 }
 
 // The update of one element (the header's formulas, in this order), shared by the per-tensor and
-// the multi-tensor kernels so that both make bit-identical updates. p is the master value (or the
+// the multi-tensor kernels and by the CPU update (optim/adamw_cpu.h) so that all make bit-identical
+// updates. p is the master value (or the
 // parameter itself for fp32/fp64), `decay` the weight-decay factor of the element's tensor.
 template <class A, class G>
-__device__ inline void adamw_math(A& p, G grad, A& m, A& v, const AdamWCoefficients<A>& c, A decay) {
+__host__ __device__ inline void adamw_math(A& p, G grad, A& m, A& v, const AdamWCoefficients<A>& c, A decay) {
     A g;
     if constexpr (std::is_same_v<G, __nv_bfloat16>)
         g = A(__bfloat162float(grad));
@@ -113,8 +116,8 @@ __device__ inline void adamw_math(A& p, G grad, A& m, A& v, const AdamWCoefficie
 // The stored parameter from the updated master: round to nearest even, or stochastic rounding
 // keyed by (seed, tensor_id, element, step); fp32/fp64 store the value itself.
 template <class T>
-__device__ inline T adamw_stored_param(acc_t<T> p, bool stochastic_rounding, uint64_t seed, uint32_t tensor_id,
-                                       long long element, uint32_t step) {
+__host__ __device__ inline T adamw_stored_param(acc_t<T> p, bool stochastic_rounding, uint64_t seed, uint32_t tensor_id,
+                                                long long element, uint32_t step) {
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
         if (stochastic_rounding) {
             const Philox4 r = philox_draw(seed, RandomPurpose::stochastic_rounding, tensor_id, uint64_t(element), step);

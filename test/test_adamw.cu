@@ -1,13 +1,17 @@
 // AdamW (optim/adamw.cuh) against the fp64 reference over several steps, for fp64, fp32 and
 // bf16-with-float-master parameters and T or float gradients; stochastic rounding: reproducible,
-// shard-invariant, always a neighbour, unbiased.
+// shard-invariant, always a neighbour, unbiased. The CPU update (optim/adamw_cpu.h) bitwise
+// against the device's multi-tensor kernel.
 #include "optim/adamw.cuh"
+#include "optim/adamw_cpu.h"
 #include "test/check.h"
 #include "test/reference/adamw.h"
 
 #include <bit>
 #include <cmath>
+#include <atomic>
 #include <cstring>
+#include <stdexcept>
 
 using namespace pv::test;
 
@@ -336,4 +340,93 @@ TEST_CASE("adamw group update leaves everything untouched when the device scale 
         INFO("scale " << bad);
         require_same(before, after);
     }
+}
+
+namespace adamw_cpu_test {
+
+using namespace adamw_group_test;
+
+// The owned range [begin, end) updated by the device's adamw_update_group and by adamw_update_cpu
+// on host copies of the same random arrays (the params the CPU writes poisoned first for bf16,
+// which must not read them): every array must come out with the same bits. `scale` is the clip
+// scale, on the device for the kernel and as a number for the CPU.
+template <class T, class G>
+void check_cpu_range(long long begin, long long end, bool stochastic, bool decay_norm_weights, double scale,
+                     pv::ThreadPool& pool) {
+    using A = pv::acc_t<T>;
+    constexpr bool bf = std::is_same_v<T, bf16>;
+    const uint64_t seed = 900 + uint64_t(begin);
+    GroupArrays<T, G> dev(seed);
+    const long long n = end - begin;
+    auto host_of = [&](const auto& array) {
+        auto all = array.download();
+        using X = typename decltype(all)::value_type;
+        return all.empty() ? std::vector<X>{} : std::vector<X>(all.begin() + begin, all.begin() + end);
+    };
+    std::vector<T> params = host_of(dev.params);
+    std::vector<A> master = host_of(dev.master), m = host_of(dev.m), v = host_of(dev.v);
+    const std::vector<G> grads = host_of(dev.grads);
+    const pv::AdamWStep step{.lr = 3e-2, .weight_decay = 0.1, .t = 4, .grad_scale = 1e30};  // scale: ignored
+    std::vector<pv::AdamWPiece> pieces;
+    for (const Tensor& k : kTensors) {
+        const long long lo = std::max(k.offset, begin), hi = std::min(k.offset + k.size, end);
+        if (lo < hi) pieces.push_back({lo - begin, hi - begin, lo - k.offset, k.id, k.decay});
+    }
+    if (bf)  // the pieces' params (padding stays as it was: neither update touches it)
+        for (const pv::AdamWPiece& p : pieces)
+            std::memset(static_cast<void*>(params.data() + p.begin), 0xFF, size_t(p.end - p.begin) * sizeof(T));
+    const pv::AdamWTable table(pieces);
+    DeviceArray<double> d_scale(std::vector<double>{scale});
+    pv::adamw_update_group(dev.params.get() + begin, dev.master_at(begin), dev.grads.get() + begin, dev.m.get() + begin,
+                           dev.v.get() + begin, table, step, decay_norm_weights, d_scale.get(), stochastic, 99,
+                           nullptr);
+    const bool updated =
+        pv::adamw_update_cpu<T, G>(params.data(), bf ? master.data() : nullptr, grads.data(), m.data(), v.data(),
+                                   pieces, step, decay_norm_weights, scale, stochastic, 99, pool);
+    INFO("range [" << begin << ", " << end << ") stochastic " << stochastic << " decay_norm_weights "
+                   << decay_norm_weights << " scale " << scale << " threads " << pool.threads());
+    REQUIRE(updated == std::isfinite(scale));
+    auto same = [&](const auto& device, const auto& host) {
+        const auto all = device.download();
+        return all.size() == 0 ? host.empty()
+                               : std::memcmp(all.data() + begin, host.data(), size_t(n) * sizeof(host[0])) == 0;
+    };
+    if (updated || !bf) REQUIRE(same(dev.params, params));  // a refused bf16 step leaves the poison
+    REQUIRE(same(dev.master, master));
+    REQUIRE(same(dev.m, m));
+    REQUIRE(same(dev.v, v));
+}
+
+template <class T, class G>
+void check_cpu_ranges(bool stochastic) {
+    pv::ThreadPool one(1), three(3);
+    const std::pair<long long, long long> ranges[] = {{0, kGroup}, {0, 1100}, {1100, 2201}, {3230, 3270}};
+    for (auto [begin, end] : ranges)
+        for (bool dnw : {false, true}) check_cpu_range<T, G>(begin, end, stochastic, dnw, 0.37, begin ? one : three);
+    for (double bad : {std::nan(""), double(INFINITY)}) check_cpu_range<T, G>(0, kGroup, stochastic, false, bad, three);
+}
+
+}  // namespace adamw_cpu_test
+
+TEST_CASE("adamw on the CPU is bit-identical to the device kernel", "[kernels][adamw]") {
+    using namespace adamw_cpu_test;
+    SECTION("bf16, bf16 gradients, round to nearest") { check_cpu_ranges<bf16, bf16>(false); }
+    SECTION("bf16, bf16 gradients, stochastic rounding") { check_cpu_ranges<bf16, bf16>(true); }
+    SECTION("bf16, fp32 gradients, stochastic rounding") { check_cpu_ranges<bf16, float>(true); }
+    SECTION("fp32") { check_cpu_ranges<float, float>(false); }
+    SECTION("fp64") { check_cpu_ranges<double, double>(false); }
+}
+
+TEST_CASE("the thread pool runs every index once and passes exceptions on", "[adamw]") {
+    pv::ThreadPool pool(3);
+    for (int round = 0; round < 20; ++round) {  // jobs back to back: a late worker must not take a new job's index
+        std::vector<std::atomic<int>> hits(257);
+        pool.run(hits.size(), [&](size_t i) { hits[i]++; });
+        for (auto& h : hits) REQUIRE(h.load() == 1);
+    }
+    REQUIRE_THROWS_WITH(pool.run(10,
+                                 [](size_t i) {
+                                     if (i == 7) throw std::runtime_error("seven");
+                                 }),
+                        "seven");
 }

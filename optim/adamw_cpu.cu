@@ -1,0 +1,65 @@
+// AdamW on the CPU (see optim/adamw_cpu.h).
+#include "optim/adamw_cpu.h"
+
+namespace pv {
+
+namespace {
+
+// Elements [lo, hi) of one piece; `key` the rounding key of element lo.
+template <class T, class G>
+void update_span(T* __restrict__ params, acc_t<T>* __restrict__ master, const G* __restrict__ grads,
+                 acc_t<T>* __restrict__ m, acc_t<T>* __restrict__ v, long long lo, long long hi,
+                 const AdamWCoefficients<acc_t<T>>& c, acc_t<T> decay, bool stochastic_rounding, uint64_t seed,
+                 uint32_t tensor_id, long long key, uint32_t step) {
+    using A = acc_t<T>;
+    constexpr bool has_master = std::is_same_v<T, __nv_bfloat16>;
+    for (long long i = lo; i < hi; ++i) {
+        A p = has_master ? master[i] : A(params[i]);
+        adamw_math(p, grads[i], m[i], v[i], c, decay);
+        if constexpr (has_master) master[i] = p;
+        params[i] = adamw_stored_param<T>(p, stochastic_rounding, seed, tensor_id, key + (i - lo), step);
+    }
+}
+
+}  // namespace
+
+template <class T, class G>
+bool adamw_update_cpu(T* params, acc_t<T>* master, const G* grads, acc_t<T>* m, acc_t<T>* v,
+                      const std::vector<AdamWPiece>& pieces, const AdamWStep& step, bool decay_norm_weights,
+                      double grad_scale, bool stochastic_rounding, uint64_t seed, ThreadPool& pool) {
+    using A = acc_t<T>;
+    adamw_check_master<T>(master, "adamw_update_cpu");
+    if (!(grad_scale - grad_scale == 0.0)) return false;  // NaN or infinite: refuse the step, as the kernel
+    // The launcher's coefficients (adamw_update_group): the factor of tensors without the decay
+    // flag in c.decay, decay_on for the others; the scale as the kernel converts it.
+    AdamWCoefficients<A> c = adamw_coefficients<A>(step, decay_norm_weights ? step.weight_decay : 0.0);
+    const A decay_on = adamw_coefficients<A>(step, step.weight_decay).decay;
+    c.grad_scale = A(grad_scale);
+    struct Span {
+        const AdamWPiece* piece;
+        long long lo, hi;
+    };
+    std::vector<Span> spans;
+    for (const AdamWPiece& p : pieces)
+        for (long long lo = p.begin; lo < p.end; lo += kAdamWCpuChunk)
+            spans.push_back({&p, lo, std::min(lo + kAdamWCpuChunk, p.end)});
+    pool.run(spans.size(), [&](size_t k) {
+        const Span& s = spans[k];
+        const AdamWPiece& p = *s.piece;
+        update_span<T, G>(params, master, grads, m, v, s.lo, s.hi, c, p.decay ? decay_on : c.decay, stochastic_rounding,
+                          seed, p.tensor_id, p.first_element + (s.lo - p.begin), uint32_t(step.t));
+    });
+    return true;
+}
+
+#define PV_ADAMW_CPU(T, G)                                                                                     \
+    template bool adamw_update_cpu<T, G>(T*, acc_t<T>*, const G*, acc_t<T>*, acc_t<T>*,                        \
+                                         const std::vector<AdamWPiece>&, const AdamWStep&, bool, double, bool, \
+                                         uint64_t, ThreadPool&);
+PV_ADAMW_CPU(__nv_bfloat16, __nv_bfloat16)
+PV_ADAMW_CPU(__nv_bfloat16, float)
+PV_ADAMW_CPU(float, float)
+PV_ADAMW_CPU(double, double)
+#undef PV_ADAMW_CPU
+
+}  // namespace pv
