@@ -19,6 +19,11 @@
 // gradient scale (clipping) comes from the host or, in a training step, from device memory.
 //
 // Checkpoints read and write the state per unit as host bytes of the owned range.
+//
+// Placement. The state lives on the device, or (--offload, optim/offload.h) in pinned host
+// memory: the same fields, the same ranges, charged to MemoryCategory::pinned_host, zeroed and
+// filled on the host; update_unit is then refused (the offloaded step, OffloadedAdamW, runs the
+// CPU update over pieces(u)), and no device table is built.
 #pragma once
 
 #include "platform/device_memory.h"
@@ -65,8 +70,10 @@ class AdamWState {
     // must be splittable into `shards` (GroupLayout::shards a multiple of it). `held` (empty: all)
     // says which units this rank keeps state for at all (a pipeline stage's, parallel/mp.h); the
     // others get an empty range.
-    AdamWState(std::vector<GroupLayout> layouts, int shard, int shards, const std::vector<bool>& held = {})
-        : layouts_(std::move(layouts)) {
+    // `on_host`: the state in pinned host memory (header comment).
+    AdamWState(std::vector<GroupLayout> layouts, int shard, int shards, const std::vector<bool>& held = {},
+               bool on_host = false)
+        : layouts_(std::move(layouts)), on_host_(on_host) {
         for (size_t i = 0; i < layouts_.size(); ++i) {
             const GroupLayout& l = layouts_[i];
             if (shards < 1 || shard < 0 || shard >= shards || l.padded % shards != 0)
@@ -85,13 +92,12 @@ class AdamWState {
                 units_.push_back(u);
                 continue;
             }
-            u.m = static_cast<A*>(device_alloc(size_t(len) * sizeof(A), MemoryCategory::optimizer_state));
-            u.v = static_cast<A*>(device_alloc(size_t(len) * sizeof(A), MemoryCategory::optimizer_state));
-            CUDA_CHECK(cudaMemset(u.m, 0, size_t(len) * sizeof(A)));
-            CUDA_CHECK(cudaMemset(u.v, 0, size_t(len) * sizeof(A)));
-            if constexpr (kHasMaster)
-                u.master = static_cast<A*>(device_alloc(size_t(len) * sizeof(A), MemoryCategory::optimizer_state));
-            u.table = std::make_shared<AdamWTable>(owned_pieces(l, u.begin, u.end));
+            const size_t bytes = size_t(len) * sizeof(A);
+            u.m = allocate(bytes, true);
+            u.v = allocate(bytes, true);
+            if constexpr (kHasMaster) u.master = allocate(bytes, false);
+            u.pieces = owned_pieces(l, u.begin, u.end);
+            if (!on_host_ && !u.pieces.empty()) u.table = std::make_shared<AdamWTable>(u.pieces);
             units_.push_back(u);
         }
         // The zero fills above run on the legacy stream, asynchronously to the host, and the
@@ -105,6 +111,9 @@ class AdamWState {
     AdamWState& operator=(const AdamWState&) = delete;
 
     static constexpr bool kHasMaster = std::is_same_v<T, __nv_bfloat16>;
+    bool on_host() const { return on_host_; }
+    // The tensor pieces of unit u's owned range (relative to begin(u)).
+    const std::vector<AdamWPiece>& pieces(int u) const { return units_[size_t(u)].pieces; }
     int num_units() const { return int(units_.size()); }
     long long begin(int u) const { return units_[size_t(u)].begin; }
     long long end(int u) const { return units_[size_t(u)].end; }
@@ -112,9 +121,18 @@ class AdamWState {
 
     // The master copy from the current parameters (the owned range, starting at element begin):
     // at the start of training and after loading weights. No-op without a master.
+    // On the host the parameters are downloaded (after the stream's work) and widened there.
     void init_master(int u, const T* params_range, cudaStream_t stream) {
         if (end(u) == begin(u)) return;
-        if constexpr (kHasMaster) pv::init_master(params_range, units_[size_t(u)].master, end(u) - begin(u), stream);
+        if constexpr (kHasMaster) {
+            const long long n = end(u) - begin(u);
+            A* master = units_[size_t(u)].master;
+            if (!on_host_) return pv::init_master(params_range, master, n, stream);
+            std::vector<T> params(static_cast<size_t>(n));
+            CUDA_CHECK(cudaStreamSynchronize(stream));
+            CUDA_CHECK(cudaMemcpy(params.data(), params_range, size_t(n) * sizeof(T), cudaMemcpyDeviceToHost));
+            for (long long i = 0; i < n; ++i) master[i] = to_acc(params[size_t(i)]);  // exact: widening
+        }
     }
 
     // One AdamW step at 1-based step t on unit u's owned range, one launch. params_range and
@@ -125,6 +143,7 @@ class AdamWState {
     void update_unit(int u, T* params_range, const G* grads_range, const AdamWSettings& s, double lr, long long t,
                      double grad_scale, cudaStream_t stream, const double* device_scale = nullptr) {
         const Unit& st = units_[size_t(u)];
+        if (on_host_) throw std::logic_error("AdamWState::update_unit: the state is offloaded (OffloadedAdamW)");
         if (!st.table) return;  // nothing owned
         AdamWStep h;
         h.lr = lr;
@@ -136,7 +155,8 @@ class AdamWState {
                                  device_scale, s.stochastic_rounding, s.seed, stream);
     }
 
-    // The device array of a field over unit u's owned range.
+    // The array of a field over unit u's owned range: device memory, or pinned host memory when
+    // on_host().
     A* data(int u, Field f) const { return field(u, f); }
 
     // Host bytes of a field over unit u's owned range, from a checkpoint.
@@ -145,7 +165,10 @@ class AdamWState {
             throw std::invalid_argument("AdamWState::upload: " + std::to_string(bytes.size()) +
                                         " bytes for a range of " + std::to_string(range_bytes(u)));
         if (bytes.empty()) return;
-        CUDA_CHECK(cudaMemcpy(field(u, f), bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+        if (on_host_)
+            std::memcpy(field(u, f), bytes.data(), bytes.size());
+        else
+            CUDA_CHECK(cudaMemcpy(field(u, f), bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
     }
 
   private:
@@ -154,8 +177,21 @@ class AdamWState {
         A* master = nullptr;
         A* m = nullptr;
         A* v = nullptr;
-        std::shared_ptr<AdamWTable> table;  // the owned range's tensor pieces (null: nothing owned)
+        std::vector<AdamWPiece> pieces;     // the owned range's tensor pieces
+        std::shared_ptr<AdamWTable> table;  // their device table (null: nothing owned, or on the host)
     };
+    // A field's array in the state's placement; m and v start at zero (the master is written by
+    // init_master or a checkpoint).
+    A* allocate(size_t bytes, bool zero) const {
+        if (!on_host_) {
+            A* p = static_cast<A*>(device_alloc(bytes, MemoryCategory::optimizer_state));
+            if (zero) CUDA_CHECK(cudaMemset(p, 0, bytes));
+            return p;
+        }
+        A* p = static_cast<A*>(pinned_host_alloc(bytes));
+        if (zero) std::memset(static_cast<void*>(p), 0, bytes);
+        return p;
+    }
     size_t range_bytes(int u) const { return size_t(end(u) - begin(u)) * sizeof(A); }
     A* field(int u, Field f) const {
         const Unit& st = units_[size_t(u)];
@@ -165,6 +201,7 @@ class AdamWState {
         return p;
     }
     std::vector<GroupLayout> layouts_;
+    bool on_host_ = false;
     std::vector<Unit> units_;
 };
 

@@ -83,11 +83,16 @@ void Comm::check_async_error() {
                     "aborted and the job ends (the first failure is in the log of the rank that failed)");
 }
 
-void wait_polling(cudaStream_t stream, const std::vector<Comm*>& comms) {
+namespace {
+
+// Polls `query` (cudaStreamQuery or cudaEventQuery) until the work is done, checking the
+// communicators for an asynchronous error at every poll.
+template <class Query>
+void poll_until_done(Query query, const char* what, const std::vector<Comm*>& comms) {
     for (long long polls = 0;; ++polls) {
-        const cudaError_t state = cudaStreamQuery(stream);
+        const cudaError_t state = query();
         if (state != cudaSuccess && state != cudaErrorNotReady)
-            fail_cuda_call("cudaStreamQuery", cudaGetErrorString(state), __FILE__, __LINE__);
+            fail_cuda_call(what, cudaGetErrorString(state), __FILE__, __LINE__);
         for (Comm* c : comms) c->check_async_error();  // also after success: the work may have failed
         if (state == cudaSuccess) return;
         if (polls < 1000)
@@ -95,6 +100,16 @@ void wait_polling(cudaStream_t stream, const std::vector<Comm*>& comms) {
         else
             std::this_thread::sleep_for(std::chrono::microseconds(50));  // a long wait: leave the core alone
     }
+}
+
+}  // namespace
+
+void wait_polling(cudaStream_t stream, const std::vector<Comm*>& comms) {
+    poll_until_done([&] { return cudaStreamQuery(stream); }, "cudaStreamQuery", comms);
+}
+
+void wait_event_polling(cudaEvent_t event, const std::vector<Comm*>& comms) {
+    poll_until_done([&] { return cudaEventQuery(event); }, "cudaEventQuery", comms);
 }
 
 void Comm::fence_from(cudaStream_t compute) {

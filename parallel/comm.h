@@ -159,5 +159,7 @@ class Comm {
 // every such wait in the product goes through here instead, and a failure ends the job with a
 // message naming the rank.
 void wait_polling(cudaStream_t stream, const std::vector<Comm*>& comms);
+// The same for one event (the work recorded before it).
+void wait_event_polling(cudaEvent_t event, const std::vector<Comm*>& comms);
 
 }  // namespace pv

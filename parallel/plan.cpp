@@ -51,6 +51,16 @@ int shards_of(const StrategyOptions& o, int ranks) {
     return strategy_info(o.name).shard_groups && o.shard_group > 0 ? o.shard_group : data_ranks_of(o, ranks);
 }
 
+const char* offload_name(Offload o) {
+    return o == Offload::params ? "params" : o == Offload::optimizer ? "optimizer" : "none";
+}
+
+Offload parse_offload(const std::string& name) {
+    for (Offload o : {Offload::none, Offload::optimizer, Offload::params})
+        if (name == offload_name(o)) return o;
+    throw std::invalid_argument("--offload " + name + ": give none, optimizer or params");
+}
+
 void check_strategy(const StrategyOptions& o, int ranks) {
     const StrategyInfo& s = strategy_info(o.name);
     if (o.microbatches > 1 && !s.stages)
@@ -71,6 +81,17 @@ void check_strategy(const StrategyOptions& o, int ranks) {
         throw std::invalid_argument("--parallel " + std::string(s.name) +
                                     " reduces gradients in the storage type: drop "
                                     "--fp32-grad-accumulation (or use ddp or zero1)");
+    // Offloading needs an optimizer that updates whole owned ranges between steps: not a pipeline's
+    // stages (GPipe), and parameters live in host memory only as zero3's slices.
+    if (o.offload != Offload::none && s.stages)
+        throw std::invalid_argument("--offload " + std::string(offload_name(o.offload)) +
+                                    " is not supported with --parallel mp: choose single, ddp, zero1, zero2 or "
+                                    "zero3, or drop --offload");
+    if (o.offload == Offload::params && s.kind != StrategyKind::zero3)
+        throw std::invalid_argument("--offload params keeps zero3's parameter slices in host memory; --parallel " +
+                                    std::string(s.name) +
+                                    " keeps whole parameters on the device: choose --parallel zero3, or "
+                                    "--offload optimizer");
     if (o.shard_group != 0) {
         const std::string k = "--shard-group " + std::to_string(o.shard_group);
         if (!s.shard_groups)

@@ -37,12 +37,21 @@ std::vector<std::string> strategy_names();
 // Throws std::invalid_argument listing the names when `name` is none of them.
 const StrategyInfo& strategy_info(const std::string& name);
 
+// --offload (ZeRO-Offload, optim/offload.h): where the optimizer state and, for zero3, the
+// parameter slices live. optimizer: the owned range's fp32 master, Adam m and v in pinned host
+// memory, AdamW on the CPU; params: that, and zero3's parameter slices in pinned host memory too.
+enum class Offload { none, optimizer, params };
+const char* offload_name(Offload o);
+// "none", "optimizer" or "params"; throws std::invalid_argument naming them otherwise.
+Offload parse_offload(const std::string& name);
+
 struct StrategyOptions {
     std::string name = "single";
     int microbatches = 1;           // mp: micro-batches in flight (GPipe)
     std::string balance = "flops";  // mp: how the stages are balanced (parallel/stages.h)
     bool fp32_grad_accumulation = false;
     int shard_group = 0;  // zero1-3: shard over groups of this many consecutive ranks (0: the whole world)
+    Offload offload = Offload::none;
 };
 
 // Throws std::invalid_argument naming the problem and the fix when the options cannot run on

@@ -29,12 +29,21 @@ void save_checkpoint(const std::string& dir, Strategy<T, G>& strategy, const Ada
             if (in_set(model, g, saved))
                 params.units.push_back(strategy.whole_on_writer(u, static_cast<const T*>(strategy.local_params(u, g)),
                                                                 strategy.local_len(u, g), model.group(u, g).padded));
+    // Offloaded state (pinned host memory) goes through a device copy of the unit's owned range,
+    // so the strategy gathers it exactly as device state: the same bytes either way.
     auto gather = [&](Field f) {
         HostGroups h{dtype_of<A>(), {}};
-        for (int u = 0; u < model.num_units(); ++u)
-            h.units.push_back(strategy.whole_on_writer(u, static_cast<const A*>(optimizer.data(u, f)),
-                                                       optimizer.end(u) - optimizer.begin(u),
-                                                       model.trainable(u).padded));
+        for (int u = 0; u < model.num_units(); ++u) {
+            const long long len = optimizer.end(u) - optimizer.begin(u);
+            const A* local = optimizer.data(u, f);
+            DeviceBuffer<A> staged;
+            if (optimizer.on_host() && len > 0) {
+                staged = DeviceBuffer<A>(size_t(len), MemoryCategory::comm_buffers);
+                CUDA_CHECK(cudaMemcpy(staged.get(), local, staged.bytes(), cudaMemcpyHostToDevice));
+                local = staged.get();
+            }
+            h.units.push_back(strategy.whole_on_writer(u, local, len, model.trainable(u).padded));
+        }
         return h;
     };
     std::vector<std::pair<std::string, HostGroups>> fields;

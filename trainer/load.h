@@ -32,6 +32,7 @@
 #include "parallel/strategy.h"
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -93,6 +94,7 @@ template <class X>
 struct DeviceRange {
     X* dst = nullptr;
     long long begin = 0, len = 0;
+    bool on_host = false;  // dst is host memory (offloaded optimizer state): filled with memset/memcpy
 };
 
 // What one load did on this rank.
@@ -177,13 +179,17 @@ LoadStats load_group_ranges(HfCheckpoint& source, const std::vector<GroupLayout>
     std::vector<ElementRange> wanted;
     for (size_t k = 0; k < ranges.size(); ++k) {
         const DeviceRange<X>& r = ranges[k];
-        if (r.len > 0) CUDA_CHECK(cudaMemset(r.dst, 0, size_t(r.len) * sizeof(X)));  // padding and gaps
+        if (r.len > 0 && r.on_host) std::memset(static_cast<void*>(r.dst), 0, size_t(r.len) * sizeof(X));
+        if (r.len > 0 && !r.on_host) CUDA_CHECK(cudaMemset(r.dst, 0, size_t(r.len) * sizeof(X)));  // padding, gaps
         const bool nf4 = layouts[k].kind == GroupKind::nf4;  // quantised below, tensor by tensor
         wanted.push_back({r.begin, nf4 ? 0 : r.len});
     }
     stats.overflows = read_group_ranges(
         source, layouts, wanted, dtype_of<X>(), [&](size_t k, long long at, const uint8_t* data, long long n) {
-            CUDA_CHECK(cudaMemcpy(ranges[k].dst + at, data, size_t(n) * sizeof(X), cudaMemcpyHostToDevice));
+            if (ranges[k].on_host)
+                std::memcpy(static_cast<void*>(ranges[k].dst + at), data, size_t(n) * sizeof(X));
+            else
+                CUDA_CHECK(cudaMemcpy(ranges[k].dst + at, data, size_t(n) * sizeof(X), cudaMemcpyHostToDevice));
         });
     for (size_t k = 0; k < ranges.size(); ++k)
         if (layouts[k].kind == GroupKind::nf4) stats.overflows += load_nf4_range(source, layouts[k], ranges[k]);
@@ -210,7 +216,8 @@ std::vector<DeviceRange<T>> param_ranges(Strategy<T, G>& s, GroupSet set = Group
 template <class T>
 std::vector<DeviceRange<acc_t<T>>> optimizer_ranges(AdamWState<T>& o, typename AdamWState<T>::Field f) {
     std::vector<DeviceRange<acc_t<T>>> out;
-    for (int u = 0; u < o.num_units(); ++u) out.push_back({o.data(u, f), o.begin(u), o.end(u) - o.begin(u)});
+    for (int u = 0; u < o.num_units(); ++u)
+        out.push_back({o.data(u, f), o.begin(u), o.end(u) - o.begin(u), o.on_host()});
     return out;
 }
 

@@ -173,7 +173,9 @@ int train_command(const TrainOptions& requested_flags, const std::string& resume
     if (automatic && o.shard_group != 0)
         throw std::invalid_argument("--shard-group " + std::to_string(o.shard_group) +
                                     " shards a ZeRO stage: choose it with --parallel zero1, zero2 or zero3");
-    if (automatic) o.parallel = world.size() == 1 ? "single" : "ddp";
+    // (--offload params needs zero3's slices: auto's data-parallel guess is zero3 then.)
+    if (automatic)
+        o.parallel = world.size() == 1 ? "single" : parse_offload(o.offload) == Offload::params ? "zero3" : "ddp";
     check_strategy(strategy_options(o), world.size());
     resolve_micro_batch(o, world.size());
     if (o.fp32_grad_accumulation && o.dtype != "bf16")

@@ -22,7 +22,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, in
                                                 eval_batches, out_dir, checkpoint_interval, resume, stop_after, prompt,
                                                 sample_tokens, temperature, top_p, document_mask, lora_rank, lora_alpha,
                                                 rslora, lora_targets, lora_dropout, adapter, quantize, double_quant,
-                                                checkpoint_activations)
+                                                checkpoint_activations, offload)
 
 namespace {
 
@@ -163,6 +163,11 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
                    "across groups, parameters gathered within the group only. Must divide the rank count; 0: the "
                    "whole world (plain ZeRO), 1: replication (DDP's traffic, ZeRO's code)")
         ->check(CLI::NonNegativeNumber);
+    app.add_option("--offload", o.offload,
+                   "CPU offload (ZeRO-Offload): optimizer keeps the fp32 master and Adam m and v of this rank's "
+                   "owned range in pinned host memory and runs AdamW on the CPU (single, ddp, zero1-3); params also "
+                   "keeps zero3's parameter slices in host memory (zero3 only). none: everything on the device")
+        ->check(CLI::IsMember({"none", "optimizer", "params"}));
     app.add_option("--eval-interval", o.eval_interval,
                    "Evaluate on the validation data every this many steps (0: never)")
         ->check(CLI::NonNegativeNumber);
@@ -421,7 +426,8 @@ LoraConfig lora_config(const TrainOptions& o) {
 }
 
 StrategyOptions strategy_options(const TrainOptions& o) {
-    return StrategyOptions{o.parallel, o.microbatches, o.balance, o.fp32_grad_accumulation, o.shard_group};
+    return StrategyOptions{o.parallel,    o.microbatches,          o.balance, o.fp32_grad_accumulation,
+                           o.shard_group, parse_offload(o.offload)};
 }
 
 ActivationCheckpointing activation_checkpointing(const TrainOptions& o) {

@@ -69,6 +69,7 @@ struct TrainOptions {
     int microbatches = 1;               // mp: micro-batches in flight in the pipeline (GPipe)
     std::string balance = "flops";      // mp: balance the stages by flops or params
     int shard_group = 0;                // zero1-3: shard within groups of this many ranks (0: all; HSDP)
+    std::string offload = "none";       // none, optimizer or params (parallel/plan.h Offload)
     // Activation checkpointing (model/llama.h ActivationCheckpointing): −1 off; 0 every block
     // recomputes its forward before its backward (the bare flag); N >= 2 one block in N keeps its
     // activations (block i when i % N == N − 1), the others recompute.

@@ -201,7 +201,7 @@ class TrainingRun {
                 report_load(world, "base from " + o.init_from + ": " + files_read(stats), stats);
             }
         }
-        optimizer_ = Trainer<T, G>::make_optimizer(*strategy_);
+        optimizer_ = Trainer<T, G>::make_optimizer(*strategy_, parse_offload(o.offload) != Offload::none);
         trainer_ = std::make_unique<Trainer<T, G>>(*strategy_, *optimizer_);
     }
 

@@ -37,6 +37,7 @@
 
 #include "data/loader.h"
 #include "optim/clip.cuh"
+#include "optim/offload.h"
 #include "optim/optimizer.cuh"
 #include "optim/schedule.h"
 #include "parallel/strategy.h"
@@ -74,6 +75,7 @@ class Trainer {
           figures_(1, MemoryCategory::workspace),
           host_figures_(static_cast<StepFigures*>(pinned_host_alloc(sizeof(StepFigures)))),
           host_counts_(static_cast<long long*>(pinned_host_alloc(2 * sizeof(long long)))) {
+        if (optimizer.on_host()) offloaded_ = std::make_unique<OffloadedAdamW<T, G>>(optimizer, cpu_threads_per_rank());
         for (int i = 0; i < 2 * strategy.slots(); ++i) {
             Staging st;
             st.host = static_cast<int*>(pinned_host_alloc(3 * size_t(rows_) * sizeof(int)));
@@ -93,8 +95,9 @@ class Trainer {
     Trainer(const Trainer&) = delete;
     Trainer& operator=(const Trainer&) = delete;
 
-    // Optimizer state for what `strategy` owns, the master copy initialised from the parameters.
-    static std::unique_ptr<AdamWState<T>> make_optimizer(Strategy<T, G>& strategy) {
+    // Optimizer state for what `strategy` owns, the master copy initialised from the parameters;
+    // on_host: in pinned host memory (--offload, optim/offload.h).
+    static std::unique_ptr<AdamWState<T>> make_optimizer(Strategy<T, G>& strategy, bool on_host = false) {
         Llama<T>& m = strategy.model();
         std::vector<GroupLayout> layouts;
         for (int u = 0; u < m.num_units(); ++u) layouts.push_back(m.trainable(u));
@@ -102,7 +105,7 @@ class Trainer {
         std::vector<bool> held;
         for (int u = 0; u < m.num_units(); ++u) held.push_back(m.holds(u));
         auto opt = std::make_unique<AdamWState<T>>(layouts, sharded ? strategy.shard_rank() : 0,
-                                                   sharded ? strategy.shards() : 1, held);
+                                                   sharded ? strategy.shards() : 1, held, on_host);
         for (int u = 0; u < m.num_units(); ++u) opt->init_master(u, strategy.owned_params(u), m.stream());
         // A checkpoint's state is uploaded with synchronous copies, which do not wait for a
         // non-blocking compute stream: the master copies must be done first.
@@ -154,8 +157,12 @@ class Trainer {
         }
         StepFigures* figures = figures_.get();
         step_figures(loss_sum, s_.unit_norms_sq(), m.num_units(), clip, figures, stream);
-        for (int u = 0; u < m.num_units(); ++u)
-            opt_.update_unit(u, s_.owned_params(u), s_.owned_grads(u), adamw, lr, t, 1.0, stream, &figures->scale);
+        if (offloaded_)  // the CPU update (optim/offload.h), the host waiting on its copies
+            offloaded_->step([&](int u) { return s_.owned_params(u); }, [&](int u) { return s_.owned_grads(u); }, adamw,
+                             lr, t, &figures->scale, stream, [&](cudaEvent_t e) { wait_event_polling(e, s_.comms()); });
+        else
+            for (int u = 0; u < m.num_units(); ++u)
+                opt_.update_unit(u, s_.owned_params(u), s_.owned_grads(u), adamw, lr, t, 1.0, stream, &figures->scale);
         s_.after_update();
         CUDA_CHECK(cudaMemcpyAsync(host_figures_, figures, sizeof(StepFigures), cudaMemcpyDeviceToHost, stream));
         wait_polling(stream, s_.comms());  // the step's one wait
@@ -242,6 +249,7 @@ class Trainer {
 
     Strategy<T, G>& s_;
     AdamWState<T>& opt_;
+    std::unique_ptr<OffloadedAdamW<T, G>> offloaded_;  // with the state on the host
     long long rows_;
     DeviceBuffer<int> tokens_, targets_, positions_;  // [slots][rows] each
     DeviceBuffer<A> losses_;                          // per micro-batch of the step: its loss sum
