@@ -6,6 +6,7 @@
 #include "model/decoder.h"
 #include "model/llama.h"
 #include "optim/clip.cuh"
+#include "optim/offload.h"
 #include "optim/optimizer.cuh"
 
 #include <algorithm>
@@ -136,17 +137,28 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     // (ZeRO shards over its shard group: consecutive ranks, this rank's place in it.)
     const int opt_shards = sp.info->kind == StrategyKind::zero1 || zero2 ? place.shards : 1;
     const int opt_shard = opt_shards > 1 ? sp.data_rank % opt_shards : 0;
+    // Offloaded (--offload, optim/offload.h): the same fields in pinned host memory, no device
+    // table, and the CPU update's pinned staging (offload_staging_bytes).
+    const bool offload = q.strategy.offload != Offload::none;
+    const C state = offload ? C::pinned_host : C::optimizer_state;
+    const std::string where = offload ? " (host)" : "";
+    long long largest_owned = 0;
     for (int u = 0; u < units; ++u) {
         if (!held(u)) continue;
         const long long len = trainable(u).padded / opt_shards;
         if (len == 0) continue;
-        if (q.dtype == DType::bf16) m.add("fp32 master weights", C::optimizer_state, double(len) * a);
-        m.add("Adam m", C::optimizer_state, double(len) * a);
-        m.add("Adam v", C::optimizer_state, double(len) * a);
+        largest_owned = std::max(largest_owned, len);
+        if (q.dtype == DType::bf16) m.add("fp32 master weights" + where, state, double(len) * a);
+        m.add("Adam m" + where, state, double(len) * a);
+        m.add("Adam v" + where, state, double(len) * a);
         const long long begin = len * opt_shard;
-        m.add("optimizer tables", C::workspace,
-              double(owned_pieces(trainable(u), begin, begin + len).size() * sizeof(AdamWSlot)));
+        if (!offload)
+            m.add("optimizer tables", C::workspace,
+                  double(owned_pieces(trainable(u), begin, begin + len).size() * sizeof(AdamWSlot)));
     }
+    if (offload)
+        m.add("offload staging (pinned)", C::pinned_host,
+              double(offload_staging_bytes(largest_owned, size_t(t), fp32_accumulation ? 4 : size_t(t))));
 
     // The trainer (trainer/trainer.h): a slot's token, target and position ids, the micro-batches'
     // loss sums (grown to the accumulation on the first step, the old array freed after the new

@@ -158,7 +158,8 @@ void check_plan_fits(const PlanRequest& q, const GpuMemory& gpu) {
     if (host > budget)
         throw std::invalid_argument("this run needs " + format_bytes(host) + " of host memory per rank (" +
                                     "a step's micro-batches and the pinned staging), more than this machine's " +
-                                    format_bytes(budget) + " per rank: use a smaller --batch");
+                                    format_bytes(budget) + " per rank: use a smaller --batch" +
+                                    (q.strategy.offload != Offload::none ? ", or drop --offload" : ""));
 }
 
 int train_command(const TrainOptions& requested_flags, const std::string& resume_dir, World& world) {

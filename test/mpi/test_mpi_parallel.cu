@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <array>
 #include <map>
 #include <memory>
@@ -136,6 +137,7 @@ struct Options {
     pv::ActivationCheckpointing checkpointing;  // off by default
     int shard_group = 0;                        // zero1-3: --shard-group (0: the whole world)
     int steps = kSteps;
+    pv::Offload offload = pv::Offload::none;  // --offload
 };
 
 // LoRA on most modules with dropout: rank 3 (so adapter groups need padding), k_proj and
@@ -167,6 +169,7 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
         pv::StrategyOptions so;
         so.name = strategy, so.microbatches = opt.microbatches, so.fp32_grad_accumulation = !std::is_same_v<G, T>;
         so.shard_group = opt.shard_group;
+        so.offload = opt.offload;
         const pv::StrategyPlan plan = pv::plan_strategy(so, config, kSeq, rank, ranks);
         r.stages = plan.stage_bounds;
         pv::ModelOptions mo;
@@ -178,7 +181,7 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
         mo.stream = stream.get();
         pv::Llama<T> model(config, mo);
         std::unique_ptr<pv::Strategy<T, G>> s = pv::make_strategy<T, G>(plan, model, comm, 42);
-        auto optimizer = pv::Trainer<T, G>::make_optimizer(*s);
+        auto optimizer = pv::Trainer<T, G>::make_optimizer(*s, opt.offload != pv::Offload::none);
         pv::Trainer<T, G> trainer(*s, *optimizer);
         pv::AdamWSettings adamw;
         adamw.weight_decay = 0.1;
@@ -930,8 +933,7 @@ TEST_CASE("activation checkpointing trains bit for bit as without it: every dtyp
         check_checkpointing<float>(world, strategy, opt);
         check_checkpointing<__nv_bfloat16>(world, strategy, opt);
     }
-    for (const char* strategy : {"ddp", "zero1", "zero2"})
-        check_checkpointing<__nv_bfloat16>(world, strategy, {});
+    for (const char* strategy : {"ddp", "zero1", "zero2"}) check_checkpointing<__nv_bfloat16>(world, strategy, {});
     check_checkpointing<double>(world, "zero3", {}, {true, 2});
     check_checkpointing<double>(world, "mp", gpipe, {true, 2});
     Options lora = lora_options(), qlora = lora_options();
@@ -970,9 +972,10 @@ namespace parallel_test {
 template <class T>
 std::vector<std::vector<uint8_t>> snapshot(pv::Llama<T>& model, pv::AdamWState<T>& opt) {
     std::vector<std::vector<uint8_t>> out;
-    auto add = [&](const void* p, size_t bytes) {
+    auto add = [&](const void* p, size_t bytes, bool on_host = false) {
         std::vector<uint8_t> host(bytes);
-        if (bytes > 0) CUDA_CHECK(cudaMemcpy(host.data(), p, bytes, cudaMemcpyDeviceToHost));
+        if (bytes > 0 && on_host) std::memcpy(host.data(), p, bytes);
+        if (bytes > 0 && !on_host) CUDA_CHECK(cudaMemcpy(host.data(), p, bytes, cudaMemcpyDeviceToHost));
         out.push_back(std::move(host));
     };
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -981,7 +984,7 @@ std::vector<std::vector<uint8_t>> snapshot(pv::Llama<T>& model, pv::AdamWState<T
         if (model.holds(u)) add(model.params(u), model.trainable(u).bytes());
         const size_t owned = size_t(opt.end(u) - opt.begin(u)) * sizeof(pv::acc_t<T>);
         for (F f : {F::master, F::m, F::v})
-            if (f != F::master || pv::AdamWState<T>::kHasMaster) add(opt.data(u, f), owned);
+            if (f != F::master || pv::AdamWState<T>::kHasMaster) add(opt.data(u, f), owned, opt.on_host());
     }
     return out;
 }
@@ -990,11 +993,13 @@ std::vector<std::vector<uint8_t>> snapshot(pv::Llama<T>& model, pv::AdamWState<T
 // parameters and the optimizer state bit for bit as they were: step 1 with an absurd learning
 // rate pushes the weights to ~1e30, so step 2's forward overflows.
 template <class T>
-void check_refused_step(const std::string& strategy, pv::Comm* comm, int world_ranks) {
+void check_refused_step(const std::string& strategy, pv::Comm* comm, int world_ranks,
+                        pv::Offload offload = pv::Offload::none) {
     const pv::LlamaConfig config = awkward_model(world_ranks, true);
     const int ranks = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
     pv::StrategyOptions so;
     so.name = strategy;
+    so.offload = offload;
     const pv::StrategyPlan plan = pv::plan_strategy(so, config, kSeq, rank, ranks);
     pv::ModelOptions mo;
     mo.batch = kMicro, mo.seq_len = kSeq, mo.seed = 42, mo.placement = plan.placement;
@@ -1002,7 +1007,7 @@ void check_refused_step(const std::string& strategy, pv::Comm* comm, int world_r
     mo.stream = stream.get();
     pv::Llama<T> model(config, mo);
     std::unique_ptr<pv::Strategy<T, T>> s = pv::make_strategy<T, T>(plan, model, comm, 42);
-    auto optimizer = pv::Trainer<T, T>::make_optimizer(*s);
+    auto optimizer = pv::Trainer<T, T>::make_optimizer(*s, offload != pv::Offload::none);
     pv::Trainer<T, T> trainer(*s, *optimizer);
     const pv::AdamWSettings adamw;
     const int per_rank = kMicro * kAccumulation * world_ranks / ranks;
@@ -1035,6 +1040,54 @@ TEST_CASE("a step whose loss is not finite is refused on the device and reported
     parallel_test::check_refused_step<float>("ddp", &world.comm(), world.size());
     parallel_test::check_refused_step<float>("zero1", &world.comm(), world.size());
     parallel_test::check_refused_step<__nv_bfloat16>("zero2", &world.comm(), world.size());
+    parallel_test::check_refused_step<__nv_bfloat16>("single", nullptr, world.size(), pv::Offload::optimizer);
+    parallel_test::check_refused_step<float>("zero2", &world.comm(), world.size(), pv::Offload::optimizer);
+}
+
+namespace parallel_test {
+
+// CPU offload (optim/offload.h) under `strategy`, two steps: bitwise the run without it (the CPU
+// update is the kernel's math); no optimizer state on the device, and host memory grown by exactly
+// the state the device no longer holds plus the staging (offload_staging_bytes).
+template <class T, class G = T>
+void check_offload(pv::World& world, const std::string& strategy, Options opt = {}) {
+    opt.steps = 2;
+    pv::Comm* comm = strategy == "single" ? nullptr : &world.comm();
+    const RunResult plain = train<T, G>(strategy, comm, world.size(), opt);
+    opt.offload = pv::Offload::optimizer;
+    const RunResult offloaded = train<T, G>(strategy, comm, world.size(), opt);
+    INFO(strategy << ", " << pv::dtype_name(pv::dtype_of<T>()) << (std::is_same_v<G, T> ? "" : ", fp32 accumulation")
+                  << (opt.lora.enabled() ? ", LoRA" : ""));
+    REQUIRE(plain.losses.size() == 2);
+    check_identical(offloaded, plain);
+    using C = pv::MemoryCategory;
+    const bool sharded = strategy != "single" && strategy != "ddp";
+    long long largest = 0;
+    for (long long padded : plain.padded) largest = std::max(largest, sharded ? padded / world.size() : padded);
+    CHECK(plain.peak[size_t(C::optimizer_state)] > 0);
+    CHECK(offloaded.peak[size_t(C::optimizer_state)] == 0);
+    CHECK(offloaded.peak[size_t(C::pinned_host)] - plain.peak[size_t(C::pinned_host)] ==
+          plain.peak[size_t(C::optimizer_state)] + double(pv::offload_staging_bytes(largest, sizeof(T), sizeof(G))));
+    for (C k : {C::parameters, C::gradients, C::comm_buffers, C::activations}) {
+        INFO(pv::category_name(k));
+        CHECK(offloaded.peak[size_t(k)] == plain.peak[size_t(k)]);
+    }
+}
+
+}  // namespace parallel_test
+
+// Cheap cases (2 steps of the awkward model): single, ddp, zero1-3 in fp64 and bf16, fp32
+// gradient accumulation, LoRA under zero3.
+TEST_CASE("--offload optimizer trains bit for bit as without it, with the state in host memory",
+          "[parallel][offload]") {
+    using parallel_test::check_offload;
+    pv::World world(nullptr, nullptr);
+    for (const char* strategy : {"single", "ddp", "zero1", "zero2", "zero3"}) {
+        check_offload<double>(world, strategy);
+        check_offload<__nv_bfloat16>(world, strategy);
+    }
+    check_offload<__nv_bfloat16, float>(world, "zero1");
+    check_offload<float>(world, "zero3", lora_options());
 }
 
 TEST_CASE("the communication stream runs at the device's greatest priority, above the compute stream",

@@ -36,6 +36,7 @@ struct Case {
     std::string variant;  // "full", "frozen", "lora", "qlora"
     bool tied = true;
     int microbatches = 1;  // mp
+    pv::Offload offload = pv::Offload::none;
 };
 
 pv::GroupOptions groups_of(const std::string& variant) {
@@ -74,6 +75,7 @@ Measured run_step(const Case& c, const pv::LlamaConfig& config, pv::Comm* comm) 
     {
         pv::StrategyOptions so;
         so.name = c.strategy, so.microbatches = c.microbatches, so.fp32_grad_accumulation = !std::is_same_v<G, T>;
+        so.offload = c.offload;
         const pv::StrategyPlan plan = pv::plan_strategy(so, config, kSeq, rank, ranks);
         const pv::GroupOptions groups = groups_of(c.variant);
         pv::ModelOptions mo;
@@ -83,7 +85,7 @@ Measured run_step(const Case& c, const pv::LlamaConfig& config, pv::Comm* comm) 
         mo.stream = stream.get();
         pv::Llama<T> model(config, mo);
         auto s = pv::make_strategy<T, G>(plan, model, comm, 42);
-        auto optimizer = pv::Trainer<T, G>::make_optimizer(*s);
+        auto optimizer = pv::Trainer<T, G>::make_optimizer(*s, c.offload != pv::Offload::none);
         pv::Trainer<T, G> trainer(*s, *optimizer);
         const int micro = kAccumulation * (c.strategy == "mp" ? c.microbatches : 1);  // micro-steps of the step
         trainer.step(batches(micro, kMicro * kSeq, config.vocab_size, 7), 1e-3, 1, 1.0, pv::AdamWSettings{});
@@ -107,28 +109,38 @@ double check_case(const Case& c, pv::Comm* comm, const char* dtype) {
     q.config = config, q.dtype = pv::dtype_of<T>(), q.groups = groups_of(c.variant);
     q.strategy.name = c.strategy, q.strategy.microbatches = c.microbatches;
     q.strategy.fp32_grad_accumulation = !std::is_same_v<G, T>;
+    q.strategy.offload = c.offload;
     q.ranks = ranks, q.micro_batch = kMicro, q.seq_len = kSeq;
     q.accumulation = kAccumulation * (c.strategy == "mp" ? c.microbatches : 1);
     const pv::MemoryPlan plan = pv::plan_memory(q);
     const pv::RankMemory& mine = plan.ranks.at(plan.ranks.size() == 1 ? 0 : size_t(rank));
     const Measured m = run_step<T, G>(c, config, comm);
-    INFO(c.strategy << " on " << ranks << " rank(s), rank " << rank << ", " << dtype
-                    << (std::is_same_v<G, T> ? "" : " fp32 accumulation") << ", " << c.variant
-                    << (c.tied ? ", tied" : "") << "\n"
+    INFO(c.strategy << " on " << ranks << " rank(s), rank " << rank << ", " << dtype << ", offload "
+                    << pv::offload_name(c.offload) << (std::is_same_v<G, T> ? "" : " fp32 accumulation") << ", "
+                    << c.variant << (c.tied ? ", tied" : "") << "\n"
                     << pv::format_plan(plan, nullptr));
     for (C k : {C::parameters, C::gradients, C::optimizer_state, C::comm_buffers, C::activations}) {
         INFO(pv::category_name(k));
         CHECK(m.peak[size_t(k)] == mine.category(k));
     }
+    // Host memory: every pinned line; "a step's micro-batches" is the loader's pageable vectors,
+    // which the platform does not count.
+    double pageable = 0;
+    for (const pv::MemoryLine& l : mine.lines)
+        if (l.name == "a step's micro-batches") pageable += l.bytes;
+    CHECK(m.peak[size_t(C::pinned_host)] == mine.category(C::pinned_host) - pageable);
     const double error = (mine.device_total() - m.device_peak) / m.device_peak;
     INFO("device total: plan " << mine.device_total() << ", measured peak " << m.device_peak);
     CHECK(std::abs(error) <= 0.02);
     if (world_rank == 0)
-        std::printf("planner: %-6s %d rank(s) %-5s %-6s %-17s plan %9.0f B, measured %9.0f B (%+.2f%%); workspace "
-                    "plan %.0f, measured %.0f\n",
-                    c.strategy.c_str(), ranks, dtype, c.variant.c_str(),
-                    std::is_same_v<G, T> ? "" : "fp32 accumulation", mine.device_total(), m.device_peak,
-                    100 * error, mine.category(C::workspace), m.peak[size_t(C::workspace)]);
+        std::printf(
+            "planner: %-6s %d rank(s) %-5s %-6s %-17s plan %9.0f B, measured %9.0f B (%+.2f%%); workspace "
+            "plan %.0f, measured %.0f\n",
+            c.strategy.c_str(), ranks, dtype, c.variant.c_str(),
+            c.offload != pv::Offload::none ? "offload optimizer"
+            : std::is_same_v<G, T>         ? ""
+                                           : "fp32 accumulation",
+            mine.device_total(), m.device_peak, 100 * error, mine.category(C::workspace), m.peak[size_t(C::workspace)]);
     return error;
 }
 
@@ -148,8 +160,13 @@ TEST_CASE("the memory planner equals the measured peaks of a real step", "[plann
         }
         check_case<float, float>({strategy, "lora"}, c, "fp32");
         check_case<__nv_bfloat16, __nv_bfloat16>({strategy, "qlora", false}, c, "bf16");
-        if (strategy != "zero2" && strategy != "zero3")
-            check_case<__nv_bfloat16, float>({strategy, "full"}, c, "bf16");
+        if (strategy != "zero2" && strategy != "zero3") check_case<__nv_bfloat16, float>({strategy, "full"}, c, "bf16");
     }
     check_case<float, float>({"mp", "full", true, 2}, comm, "fp32");  // two micro-batches in flight
+    // CPU offload: the optimizer state as host lines, none of it on the device, the staging.
+    using O = pv::Offload;
+    check_case<__nv_bfloat16, __nv_bfloat16>({"single", "full", true, 1, O::optimizer}, nullptr, "bf16");
+    check_case<__nv_bfloat16, float>({"zero1", "full", true, 1, O::optimizer}, comm, "bf16");
+    check_case<double, double>({"zero3", "frozen", true, 1, O::optimizer}, comm, "fp64");
+    check_case<__nv_bfloat16, __nv_bfloat16>({"zero3", "lora", false, 1, O::optimizer}, comm, "bf16");
 }
