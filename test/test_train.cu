@@ -219,6 +219,60 @@ TEST_CASE("train: a run stopped at a checkpoint and resumed ends bit-identical t
     }
 }
 
+// CPU offload end to end: the same numbers bit for bit as without it (the CPU update is the
+// kernel's math) with less device memory; a checkpoint saved offloaded resumes without offload
+// and the reverse, ending with the bytes of an unbroken run; --offload params refused off zero3.
+TEST_CASE("train --offload optimizer: identical run, resumable across offload settings, params needs zero3",
+          "[train][offload]") {
+    TempDir dir("train_offload");
+    const std::string run = kTiny + " --sample-tokens 0 --stochastic-rounding --checkpoint-interval 3";
+    const fs::path plain = dir.path / "plain", off = dir.path / "off", to_off = dir.path / "to_off";
+    const Run a = run_train(run + " --out-dir " + plain.string());
+    INFO(a.output);
+    REQUIRE(a.status == 0);
+    const Run b = run_train(run + " --offload optimizer --out-dir " + off.string());
+    INFO(b.output);
+    REQUIRE(b.status == 0);
+    REQUIRE(losses(a.output).size() == 6);
+    REQUIRE(losses(b.output) == losses(a.output));
+    // Every number but the memory, which is less: the optimizer state is in host memory.
+    const std::regex memory(R"(, "device_bytes": [0-9]+, "device_peak_bytes": [0-9]+)");
+    const auto numbers = [&](const fs::path& d) {
+        return std::regex_replace(metrics_without_timing(d / "metrics.jsonl"), memory, "");
+    };
+    REQUIRE(numbers(off).find("grad_norm") != std::string::npos);
+    REQUIRE(numbers(off) == numbers(plain));
+    const std::regex peak(R"("device_peak_bytes": ([0-9]+))");
+    std::smatch pa, pb;
+    const std::string ma = metrics_without_timing(plain / "metrics.jsonl"),
+                      mb = metrics_without_timing(off / "metrics.jsonl");
+    REQUIRE(std::regex_search(ma, pa, peak));
+    REQUIRE(std::regex_search(mb, pb, peak));
+    REQUIRE(std::stoll(pb[1]) < std::stoll(pa[1]));
+    // Offloaded → not (resume from step 3 of the offloaded run), and not → offloaded.
+    const Run c1 = run_train(run + " --stop-after 3 --out-dir " + to_off.string());
+    REQUIRE(c1.status == 0);
+    const Run c2 = run_train("--resume " + to_off.string() + " --offload optimizer");
+    INFO(c2.output);
+    REQUIRE(c2.status == 0);
+    REQUIRE(c2.output.find("resume: offload: \"none\" -> \"optimizer\"") != std::string::npos);
+    fs::remove_all(off / "step_6");
+    const Run d = run_train("--resume " + (off / "step_3").string() + " --offload none");
+    INFO(d.output);
+    REQUIRE(d.status == 0);
+    for (const char* f : {"model.safetensors", "master.safetensors", "adam_m.safetensors", "adam_v.safetensors"}) {
+        INFO(f);
+        const std::string x = read_file(plain / "step_6" / f);
+        REQUIRE(x.size() > 1000);
+        REQUIRE(read_file(to_off / "step_6" / f) == x);
+        REQUIRE(read_file(off / "step_6" / f) == x);
+    }
+    const Run e = run_train(kTiny + " --offload params --out-dir " + (dir.path / "params").string());
+    REQUIRE(e.status != 0);
+    REQUIRE(e.output.find("--offload params keeps zero3's parameter slices in host memory") != std::string::npos);
+    REQUIRE(e.output.find("choose --parallel zero3, or --offload optimizer") != std::string::npos);
+}
+
 namespace train_test {
 
 // The output without the closing tokens/s line (timings differ run to run).
