@@ -23,7 +23,9 @@
 // a buffer being rewritten.
 //
 // Memory (pinned host, offload_staging_bytes): 2 × largest owned range × (sizeof(G) + sizeof(T))
-// plus the scale; on the device nothing (the state's device bytes drop to 0).
+// plus the scale; on the device nothing (the state's device bytes drop to 0). With --offload params
+// (zero3's slices in pinned host memory) the CPU updates the slices in place: no parameter staging
+// and no parameter copies (the next gather uploads them, parallel/zero3.h).
 #pragma once
 
 #include "optim/adamw_cpu.h"
@@ -38,7 +40,8 @@
 namespace pv {
 
 // The pinned host staging of an offloaded step: two buffers of the largest owned range for the
-// gradients (grad_bytes each element) and two for the parameters (param_bytes), and the scale.
+// gradients (grad_bytes each element) and two for the parameters (param_bytes; 0 when the
+// parameters are on the host already), and the scale.
 inline size_t offload_staging_bytes(long long largest_owned, size_t param_bytes, size_t grad_bytes) {
     return 2 * size_t(largest_owned) * (param_bytes + grad_bytes) + sizeof(double);
 }
@@ -49,13 +52,16 @@ class OffloadedAdamW {
     using A = acc_t<T>;
     static constexpr bool kHasMaster = std::is_same_v<T, __nv_bfloat16>;
 
-    // `state` must be on the host; threads: the CPU update's (cpu_threads_per_rank()).
-    OffloadedAdamW(AdamWState<T>& state, int threads) : state_(state), pool_(threads) {
+    // `state` must be on the host; threads: the CPU update's (cpu_threads_per_rank());
+    // params_on_host: the owned parameters are pinned host memory too (--offload params), updated
+    // in place, with no parameter staging or copies.
+    OffloadedAdamW(AdamWState<T>& state, int threads, bool params_on_host = false)
+        : state_(state), pool_(threads), params_on_host_(params_on_host) {
         if (!state.on_host()) throw std::logic_error("OffloadedAdamW: the optimizer state is on the device");
         long long largest = 0;
         for (int u = 0; u < state.num_units(); ++u) largest = std::max(largest, state.end(u) - state.begin(u));
         largest_ = largest;
-        bytes_ = offload_staging_bytes(largest, sizeof(T), sizeof(G));
+        bytes_ = offload_staging_bytes(largest, params_on_host ? 0 : sizeof(T), sizeof(G));
         staging_ = static_cast<uint8_t*>(pinned_host_alloc(bytes_));
         CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
         for (cudaEvent_t* e : {&start_, &done_, &arrived_[0], &arrived_[1]})
@@ -89,7 +95,7 @@ class OffloadedAdamW {
             if (k >= units.size()) return;
             const int u = units[k], b = int(k % 2);
             const size_t n = size_t(state_.end(u) - state_.begin(u));
-            if constexpr (!kHasMaster)  // fp32/fp64: the parameters are the master
+            if (!kHasMaster && !params_on_host_)  // fp32/fp64: the parameters are the master
                 CUDA_CHECK(cudaMemcpyAsync(param_staging(b), params(u), n * sizeof(T), cudaMemcpyDeviceToHost, copy_));
             CUDA_CHECK(cudaMemcpyAsync(grad_staging(b), grads(u), n * sizeof(G), cudaMemcpyDeviceToHost, copy_));
             CUDA_CHECK(cudaEventRecord(arrived_[b], copy_));
@@ -105,12 +111,14 @@ class OffloadedAdamW {
             const int u = units[k], b = int(k % 2);
             wait(arrived_[b]);
             const size_t n = size_t(state_.end(u) - state_.begin(u));
+            T* updated = params_on_host_ ? params(u) : param_staging(b);
             applied = adamw_update_cpu<T, G>(
-                param_staging(b), kHasMaster ? state_.data(u, AdamWState<T>::Field::master) : nullptr, grad_staging(b),
+                updated, kHasMaster ? state_.data(u, AdamWState<T>::Field::master) : nullptr, grad_staging(b),
                 state_.data(u, AdamWState<T>::Field::m), state_.data(u, AdamWState<T>::Field::v), state_.pieces(u), h,
                 s.decay_norm_weights, *scale, s.stochastic_rounding, s.seed, pool_);
             if (!applied) break;  // the scale is not finite: nothing is updated (it is the same for every unit)
-            CUDA_CHECK(cudaMemcpyAsync(params(u), param_staging(b), n * sizeof(T), cudaMemcpyHostToDevice, copy_));
+            if (!params_on_host_)
+                CUDA_CHECK(cudaMemcpyAsync(params(u), updated, n * sizeof(T), cudaMemcpyHostToDevice, copy_));
             fetch(k + 2);
         }
         if (units.empty()) wait_scale(wait, &applied);
@@ -129,17 +137,19 @@ class OffloadedAdamW {
         const double scale = *reinterpret_cast<const double*>(staging_);
         *applied = scale - scale == 0.0;
     }
-    // The staging layout: the scale, then two parameter buffers, then two gradient buffers.
+    // The staging layout: the scale, then two parameter buffers (none with the parameters on the
+    // host), then two gradient buffers.
     T* param_staging(int b) const {
         return reinterpret_cast<T*>(staging_ + sizeof(double)) + size_t(b) * size_t(largest_);
     }
     G* grad_staging(int b) const {
-        return reinterpret_cast<G*>(staging_ + sizeof(double) + 2 * size_t(largest_) * sizeof(T)) +
-               size_t(b) * size_t(largest_);
+        const size_t params = params_on_host_ ? 0 : 2 * size_t(largest_) * sizeof(T);
+        return reinterpret_cast<G*>(staging_ + sizeof(double) + params) + size_t(b) * size_t(largest_);
     }
 
     AdamWState<T>& state_;
     ThreadPool pool_;
+    bool params_on_host_ = false;
     long long largest_ = 0;
     size_t bytes_ = 0;
     uint8_t* staging_ = nullptr;

@@ -121,8 +121,9 @@ class AdamWState {
 
     // The master copy from the current parameters (the owned range, starting at element begin):
     // at the start of training and after loading weights. No-op without a master.
-    // On the host the parameters are downloaded (after the stream's work) and widened there.
-    void init_master(int u, const T* params_range, cudaStream_t stream) {
+    // On the host the parameters are downloaded (after the stream's work) and widened there;
+    // params_on_host: params_range is host memory (--offload params), read as it is.
+    void init_master(int u, const T* params_range, cudaStream_t stream, bool params_on_host = false) {
         if (end(u) == begin(u)) return;
         if constexpr (kHasMaster) {
             const long long n = end(u) - begin(u);
@@ -130,7 +131,10 @@ class AdamWState {
             if (!on_host_) return pv::init_master(params_range, master, n, stream);
             std::vector<T> params(static_cast<size_t>(n));
             CUDA_CHECK(cudaStreamSynchronize(stream));
-            CUDA_CHECK(cudaMemcpy(params.data(), params_range, size_t(n) * sizeof(T), cudaMemcpyDeviceToHost));
+            if (params_on_host)
+                std::memcpy(static_cast<void*>(params.data()), params_range, size_t(n) * sizeof(T));
+            else
+                CUDA_CHECK(cudaMemcpy(params.data(), params_range, size_t(n) * sizeof(T), cudaMemcpyDeviceToHost));
             for (long long i = 0; i < n; ++i) master[i] = to_acc(params[size_t(i)]);  // exact: widening
         }
     }

@@ -3,6 +3,7 @@
 
 #include "parallel/stages.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace pv {
@@ -131,6 +132,14 @@ StrategyPlan plan_strategy(const StrategyOptions& o, const LlamaConfig& config, 
         p.placement.slots = o.microbatches;
     }
     return p;
+}
+
+std::vector<long long> zero3_gather_buffers(const std::vector<long long>& unit_elements, bool tied) {
+    long long largest = 0;
+    for (size_t u = tied ? 1 : 0; u < unit_elements.size(); ++u) largest = std::max(largest, unit_elements[u]);
+    std::vector<long long> out = {largest, largest};
+    if (tied && !unit_elements.empty()) out.push_back(unit_elements[0]);
+    return out;
 }
 
 }  // namespace pv

@@ -78,4 +78,11 @@ int data_ranks_of(const StrategyOptions& o, int ranks);
 // (the data-parallel ranks unless --shard-group says fewer), else the data-parallel ranks.
 int shards_of(const StrategyOptions& o, int ranks);
 
+// ZeRO-3's gather buffers (parallel/zero3.h), in elements: two of the largest unit's groups
+// together (the tied embedding excluded), then, with tied embeddings, the embedding's own.
+// unit_elements[u]: unit u's groups' padded sizes summed. With --offload params each buffer has a
+// device staging buffer of its slice (these sizes divided by the shards): the host slice is copied
+// there before the all-gather. Shared by Zero3's constructor and the planner.
+std::vector<long long> zero3_gather_buffers(const std::vector<long long>& unit_elements, bool tied);
+
 }  // namespace pv

@@ -113,12 +113,18 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
               (2 * double(largest_rotating) + (tied ? double(trainable(0).padded) : 0)) * t);
     }
     if (zero3) {  // parallel/zero3.h: every group's slice, two gather buffers, a tied embedding's own
-        double largest = 0;
+        // (--offload params: the slices in pinned host memory, each gather buffer's slice staged on the device)
+        const bool host = q.strategy.offload == Offload::params;
         for (int u = 0; u < units; ++u)
             for (const GroupLayout& g : layouts[size_t(u)])
-                m.add(group_line(g.kind, lora) + std::string(" (slice)"), C::parameters, double(g.padded) / shards * t);
-        for (int u = tied ? 1 : 0; u < units; ++u) largest = std::max(largest, unit_elements(u));
-        m.add("gathered parameters", C::comm_buffers, (2 * largest + (tied ? unit_elements(0) : 0)) * t);
+                m.add(group_line(g.kind, lora) + std::string(host ? " (slice, host)" : " (slice)"),
+                      host ? C::pinned_host : C::parameters, double(g.padded) / shards * t);
+        std::vector<long long> elements;
+        for (int u = 0; u < units; ++u) elements.push_back((long long)unit_elements(u));
+        double gathered = 0;
+        for (long long n : zero3_gather_buffers(elements, tied)) gathered += double(n);
+        m.add("gathered parameters", C::comm_buffers, gathered * t);
+        if (host) m.add("parameter upload staging", C::comm_buffers, gathered / shards * t);
     }
     // The sample after the last step (trainer/run.cu finish), on a rank that holds the whole model:
     // a Decoder beside everything the run still holds (decoder_buffers).
@@ -158,7 +164,8 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     }
     if (offload)
         m.add("offload staging (pinned)", C::pinned_host,
-              double(offload_staging_bytes(largest_owned, size_t(t), fp32_accumulation ? 4 : size_t(t))));
+              double(offload_staging_bytes(largest_owned, q.strategy.offload == Offload::params ? 0 : size_t(t),
+                                           fp32_accumulation ? 4 : size_t(t))));
 
     // The trainer (trainer/trainer.h): a slot's token, target and position ids, the micro-batches'
     // loss sums (grown to the accumulation on the first step, the old array freed after the new

@@ -34,7 +34,8 @@ std::unique_ptr<Strategy<T, G>> make_strategy(const StrategyPlan& plan, Llama<T>
         case StrategyKind::ddp: return std::make_unique<DDP<T, G>>(model, *comm);
         case StrategyKind::zero1: return std::make_unique<Zero1<T, G>>(model, *comm, groups());
         case StrategyKind::zero2: return std::make_unique<Zero2<T, G>>(model, *comm, groups());
-        case StrategyKind::zero3: return std::make_unique<Zero3<T, G>>(model, *comm, seed, groups());
+        case StrategyKind::zero3:
+            return std::make_unique<Zero3<T, G>>(model, *comm, seed, groups(), plan.options.offload == Offload::params);
         case StrategyKind::mp:
             return std::make_unique<ModelParallel<T, G>>(model, *comm, plan.options.microbatches, plan.stage_bounds);
     }

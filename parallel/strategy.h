@@ -144,6 +144,9 @@ class Strategy {
     virtual const G* slice_grads(int u) { return grads(u) + slice_begin(u); }
     // The parameters of the owned range, which the optimizer updates (ZeRO-3: the rank's slice).
     virtual T* owned_params(int u) { return model_.params(u) + owned_begin(u); }
+    // Whether owned_params and local_params are pinned host memory (zero3 with --offload params),
+    // not device memory: the optimizer, the checkpoints and the loads then copy them as host bytes.
+    virtual bool params_on_host() const { return false; }
     virtual const G* owned_grads(int u) { return grads(u) + owned_begin(u); }
 
     // The squared global gradient norm's terms (header comment), queued on the compute stream:

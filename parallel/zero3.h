@@ -27,9 +27,25 @@
 // Hybrid sharding (--shard-group K): slices of 1/K, gathered within the rank's group of K only;
 // the gradients are ZeRO-2's (reduce-scattered within the group, the slices all-reduced across
 // the groups once per step).
+//
+// --offload params (ZeRO-Offload): the slices live in pinned host memory instead (counted as
+// MemoryCategory::pinned_host), and each gather buffer gets a device staging buffer of its slice
+// size (comm_buffers; zero3_gather_buffers / shards). A gather first copies the unit's slices host
+// → device into its buffer's staging, on the communication stream right before the all-gather
+// that reads it, so the copy overlaps compute like the gather itself, and a staging buffer is
+// rewritten only after the all-gather before it on the same stream. The optimizer (optim/offload.h)
+// updates the host slices in place on the CPU (params_on_host). Initialisation writes each slice
+// into a staging buffer on the device and downloads it, so nothing beyond the staging is ever
+// allocated for it. NF4 groups are refused (their quantisation and loading run on the device).
 #pragma once
 
+#include "parallel/plan.h"
 #include "parallel/zero2.h"
+
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <utility>
 
 namespace pv {
 
@@ -38,30 +54,53 @@ class Zero3 : public Zero2<T, G> {
   public:
     // The model must have been built with Gradients::bound and Parameters::bound; `seed` is its
     // initialisation seed.
-    Zero3(Llama<T>& model, Comm& comm, uint64_t seed, std::unique_ptr<ShardGroups> groups = nullptr)
-        : Zero2<T, G>(model, comm, std::move(groups)) {
+    // offload_params: the slices in pinned host memory (header comment).
+    Zero3(Llama<T>& model, Comm& comm, uint64_t seed, std::unique_ptr<ShardGroups> groups = nullptr,
+          bool offload_params = false)
+        : Zero2<T, G>(model, comm, std::move(groups)), offload_(offload_params) {
+        std::vector<long long> elements;
+        for (int u = 0; u < model.num_units(); ++u) elements.push_back(unit_elements(u));
+        for (long long n : zero3_gather_buffers(elements, this->tied())) {
+            gathered_.emplace_back(size_t(n), MemoryCategory::comm_buffers);
+            if (offload_) staging_.emplace_back(size_t(n / this->shards()), MemoryCategory::comm_buffers);
+        }
         slices_.resize(size_t(model.num_units()));
         for (int u = 0; u < model.num_units(); ++u)
             for (int g = 0; g < model.num_groups(u); ++g) {
                 const long long begin = this->slice_begin(u, g), len = this->slice_len(u, g);
-                slices_[size_t(u)].emplace_back(size_t(len), MemoryCategory::parameters);
-                model.init_params(u, g, slices_[size_t(u)].back().get(), begin, begin + len, seed);
+                if (!offload_) {
+                    slices_[size_t(u)].emplace_back(size_t(len), MemoryCategory::parameters);
+                    model.init_params(u, g, slices_[size_t(u)].back().get(), begin, begin + len, seed);
+                    continue;
+                }
+                if (model.group(u, g).kind == GroupKind::nf4)
+                    throw std::invalid_argument(
+                        "--offload params with NF4 groups (QLoRA): the NF4 base is "
+                        "quantised on the device; use --offload optimizer");
+                T* host = static_cast<T*>(pinned_host_alloc(size_t(len) * sizeof(T)));
+                host_slices_.push_back(host);
+                slices_[size_t(u)].emplace_back();
+                host_[{u, g}] = host;
+                if (len == 0) continue;
+                T* scratch = staging_[size_t(gather_buffer(u))].get();  // holds the unit's slices
+                model.init_params(u, g, scratch, begin, begin + len, seed);
+                CUDA_CHECK(cudaStreamSynchronize(model.stream()));
+                CUDA_CHECK(cudaMemcpy(host, scratch, size_t(len) * sizeof(T), cudaMemcpyDeviceToHost));
             }
-        long long largest = 0;  // the largest unit's groups together (the tied embedding has its own)
-        for (int u = this->tied() ? 1 : 0; u < model.num_units(); ++u) largest = std::max(largest, unit_elements(u));
-        for (int b = 0; b < 2; ++b) gathered_.emplace_back(size_t(largest), MemoryCategory::comm_buffers);
-        if (this->tied()) gathered_.emplace_back(size_t(unit_elements(0)), MemoryCategory::comm_buffers);
         for (cudaEvent_t& e : ready_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     }
     ~Zero3() override {
         for (cudaEvent_t e : ready_) cudaEventDestroy(e);
+        if (offload_) cudaStreamSynchronize(this->shard_comm()->stream());  // no copy may outlive the slices
+        for (T* p : host_slices_) memory_free(p);
     }
     bool holds_whole_model() const override { return false; }  // slices only
 
     const char* name() const override { return "zero3"; }
-    T* owned_params(int u) override { return slices_[size_t(u)][0].get(); }
+    T* owned_params(int u) override { return local_params(u, 0); }
+    bool params_on_host() const override { return offload_; }
     void after_update() override {}  // the optimizer updated the slices themselves
-    T* local_params(int u, int g) override { return slices_[size_t(u)][size_t(g)].get(); }
+    T* local_params(int u, int g) override { return offload_ ? host_.at({u, g}) : slices_[size_t(u)][size_t(g)].get(); }
     long long local_begin(int u, int g) override { return this->slice_begin(u, g); }
     long long local_len(int u, int g) override { return this->slice_len(u, g); }
 
@@ -79,10 +118,17 @@ class Zero3 : public Zero2<T, G> {
     void gather(int u) {
         Comm& c = *this->shard_comm();
         T* buffer = gathered_[size_t(gather_buffer(u))].get();
+        T* staged = offload_ ? staging_[size_t(gather_buffer(u))].get() : nullptr;
         c.fence_from(this->model_.stream());
         for (int g = 0; g < this->model_.num_groups(u); ++g) {
-            if (this->slice_len(u, g) > 0)
-                c.all_gather(slices_[size_t(u)][size_t(g)].get(), buffer, size_t(this->slice_len(u, g)));
+            const long long len = this->slice_len(u, g);
+            const T* slice = local_params(u, g);
+            if (offload_ && len > 0) {  // host -> device staging first, on the same stream
+                CUDA_CHECK(cudaMemcpyAsync(staged, slice, size_t(len) * sizeof(T), cudaMemcpyHostToDevice, c.stream()));
+                slice = staged;
+                staged += len;
+            }
+            if (len > 0) c.all_gather(slice, buffer, size_t(len));
             buffer += this->model_.group(u, g).padded;
         }
         CUDA_CHECK(cudaEventRecord(ready_[gather_buffer(u)], c.stream()));
@@ -111,8 +157,12 @@ class Zero3 : public Zero2<T, G> {
     }
 
   private:
+    bool offload_ = false;
     std::vector<std::vector<DeviceBuffer<T>>> slices_;  // per unit, per group: this rank's slice of the parameters
+    std::map<std::pair<int, int>, T*> host_;            // offloaded: (unit, group) -> the slice in pinned host memory
+    std::vector<T*> host_slices_;                       // offloaded: every host slice, to free
     std::vector<DeviceBuffer<T>> gathered_;             // two rotating gather buffers, then the tied embedding's
+    std::vector<DeviceBuffer<T>> staging_;              // offloaded: per gather buffer, its slice's device staging
     cudaEvent_t ready_[3] = {};
 };
 

@@ -267,6 +267,17 @@ TEST_CASE("train --offload optimizer: identical run, resumable across offload se
         REQUIRE(read_file(to_off / "step_6" / f) == x);
         REQUIRE(read_file(off / "step_6" / f) == x);
     }
+    // zero3's slices in host memory too (one rank: the slices are whole groups).
+    const Run z = run_train(kTiny + " --sample-tokens 0 --parallel zero3 --out-dir " + (dir.path / "z").string());
+    const Run zp = run_train(kTiny + " --sample-tokens 0 --parallel zero3 --offload params --out-dir " +
+                             (dir.path / "zp").string());
+    INFO(zp.output);
+    REQUIRE(z.status == 0);
+    REQUIRE(zp.status == 0);
+    REQUIRE(losses(z.output).size() == 6);
+    REQUIRE(losses(zp.output) == losses(z.output));
+    REQUIRE(read_file(dir.path / "zp" / "step_6" / "model.safetensors") ==
+            read_file(dir.path / "z" / "step_6" / "model.safetensors"));
     const Run e = run_train(kTiny + " --offload params --out-dir " + (dir.path / "params").string());
     REQUIRE(e.status != 0);
     REQUIRE(e.output.find("--offload params keeps zero3's parameter slices in host memory") != std::string::npos);

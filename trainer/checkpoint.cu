@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <stdexcept>
+#include <type_traits>
 
 namespace pv {
 
@@ -23,27 +24,32 @@ void save_checkpoint(const std::string& dir, Strategy<T, G>& strategy, const Ada
     // Each group whole on the writer, the strategy gathering it from wherever it lives. A LoRA
     // run saves its adapters only: the base is referenced (trainer_state.json), never copied.
     const GroupSet saved = model.lora().enabled() ? GroupSet::trainable : GroupSet::all;
+    // What this rank keeps in host memory (offloaded parameters or optimizer state) goes through
+    // a device copy of its range, so the strategy gathers it exactly as device memory: the same
+    // bytes either way.
+    auto whole = [&](int u, const auto* local, long long len, bool on_host, long long padded) {
+        using X = std::remove_cv_t<std::remove_pointer_t<decltype(local)>>;
+        DeviceBuffer<X> staged;
+        if (on_host && len > 0) {
+            staged = DeviceBuffer<X>(size_t(len), MemoryCategory::comm_buffers);
+            CUDA_CHECK(cudaMemcpy(staged.get(), local, staged.bytes(), cudaMemcpyHostToDevice));
+            local = staged.get();
+        }
+        return strategy.whole_on_writer(u, local, len, padded);
+    };
     HostGroups params{dtype_of<T>(), {}};
     for (int u = 0; u < model.num_units(); ++u)
         for (int g = 0; g < model.num_groups(u); ++g)
             if (in_set(model, g, saved))
-                params.units.push_back(strategy.whole_on_writer(u, static_cast<const T*>(strategy.local_params(u, g)),
-                                                                strategy.local_len(u, g), model.group(u, g).padded));
-    // Offloaded state (pinned host memory) goes through a device copy of the unit's owned range,
-    // so the strategy gathers it exactly as device state: the same bytes either way.
+                params.units.push_back(whole(u, static_cast<const T*>(strategy.local_params(u, g)),
+                                             strategy.local_len(u, g), strategy.params_on_host(),
+                                             model.group(u, g).padded));
     auto gather = [&](Field f) {
         HostGroups h{dtype_of<A>(), {}};
-        for (int u = 0; u < model.num_units(); ++u) {
-            const long long len = optimizer.end(u) - optimizer.begin(u);
-            const A* local = optimizer.data(u, f);
-            DeviceBuffer<A> staged;
-            if (optimizer.on_host() && len > 0) {
-                staged = DeviceBuffer<A>(size_t(len), MemoryCategory::comm_buffers);
-                CUDA_CHECK(cudaMemcpy(staged.get(), local, staged.bytes(), cudaMemcpyHostToDevice));
-                local = staged.get();
-            }
-            h.units.push_back(strategy.whole_on_writer(u, local, len, model.trainable(u).padded));
-        }
+        for (int u = 0; u < model.num_units(); ++u)
+            h.units.push_back(whole(u, static_cast<const A*>(optimizer.data(u, f)),
+                                    optimizer.end(u) - optimizer.begin(u), optimizer.on_host(),
+                                    model.trainable(u).padded));
         return h;
     };
     std::vector<std::pair<std::string, HostGroups>> fields;

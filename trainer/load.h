@@ -208,7 +208,7 @@ std::vector<DeviceRange<T>> param_ranges(Strategy<T, G>& s, GroupSet set = Group
     for (int u = 0; u < s.model().num_units(); ++u)
         for (int g = 0; g < s.model().num_groups(u); ++g)
             if (in_set(s.model(), g, set))
-                out.push_back({s.local_params(u, g), s.local_begin(u, g), s.local_len(u, g)});
+                out.push_back({s.local_params(u, g), s.local_begin(u, g), s.local_len(u, g), s.params_on_host()});
     return out;
 }
 
@@ -279,7 +279,8 @@ LoadStats load_checkpoint_tensors(const std::string& dir, Strategy<T, G>& s, Ada
         if (std::filesystem::exists(dir + "/master.safetensors")) {
             field("master.safetensors", Field::master);
         } else {
-            for (int u = 0; u < model.num_units(); ++u) optimizer.init_master(u, s.owned_params(u), model.stream());
+            for (int u = 0; u < model.num_units(); ++u)
+                optimizer.init_master(u, s.owned_params(u), model.stream(), s.params_on_host());
         }
     }
     field("adam_m.safetensors", Field::m);

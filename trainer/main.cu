@@ -191,6 +191,9 @@ int train_command(const TrainOptions& requested_flags, const std::string& resume
                                     "--freeze (or --lora-rank for full fine-tuning with frozen tensors)");
     if (o.quantize == "nf4" && o.lora_rank == 0)
         throw std::invalid_argument("--quantize nf4 stores the frozen base of a LoRA run (QLoRA): add --lora-rank");
+    if (o.quantize == "nf4" && o.offload == "params")
+        throw std::invalid_argument("--offload params with --quantize nf4: the NF4 base is quantised and loaded on the "
+                                    "device; use --offload optimizer");
     RunData data = load_run_data(o, resume_dir, init_dir);
     const LlamaConfig config = model_config(o, data, resume_dir, init_dir);
     // The memory plan, before anything is allocated (parallel/planner.h).

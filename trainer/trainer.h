@@ -75,7 +75,13 @@ class Trainer {
           figures_(1, MemoryCategory::workspace),
           host_figures_(static_cast<StepFigures*>(pinned_host_alloc(sizeof(StepFigures)))),
           host_counts_(static_cast<long long*>(pinned_host_alloc(2 * sizeof(long long)))) {
-        if (optimizer.on_host()) offloaded_ = std::make_unique<OffloadedAdamW<T, G>>(optimizer, cpu_threads_per_rank());
+        if (optimizer.on_host())
+            offloaded_ =
+                std::make_unique<OffloadedAdamW<T, G>>(optimizer, cpu_threads_per_rank(), strategy.params_on_host());
+        else if (strategy.params_on_host())
+            throw std::invalid_argument(
+                "parameters in host memory need the optimizer state there too (--offload "
+                "params offloads both)");
         for (int i = 0; i < 2 * strategy.slots(); ++i) {
             Staging st;
             st.host = static_cast<int*>(pinned_host_alloc(3 * size_t(rows_) * sizeof(int)));
@@ -105,8 +111,10 @@ class Trainer {
         std::vector<bool> held;
         for (int u = 0; u < m.num_units(); ++u) held.push_back(m.holds(u));
         auto opt = std::make_unique<AdamWState<T>>(layouts, sharded ? strategy.shard_rank() : 0,
-                                                   sharded ? strategy.shards() : 1, held, on_host);
-        for (int u = 0; u < m.num_units(); ++u) opt->init_master(u, strategy.owned_params(u), m.stream());
+                                                   sharded ? strategy.shards() : 1, held,
+                                                   on_host || strategy.params_on_host());
+        for (int u = 0; u < m.num_units(); ++u)
+            opt->init_master(u, strategy.owned_params(u), m.stream(), strategy.params_on_host());
         // A checkpoint's state is uploaded with synchronous copies, which do not wait for a
         // non-blocking compute stream: the master copies must be done first.
         CUDA_CHECK(cudaStreamSynchronize(m.stream()));

@@ -214,7 +214,14 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
                 const T* params = model.group_params(u, g);
                 if (strategy == "zero3" && padded > 0) {  // over its shard group (the world without groups)
                     whole = std::make_unique<pv::DeviceBuffer<T>>(size_t(padded), pv::MemoryCategory::workspace);
-                    s->shard_comm()->all_gather(s->local_params(u, g), whole->get(), size_t(s->local_len(u, g)));
+                    const T* slice = s->local_params(u, g);
+                    pv::DeviceBuffer<T> staged;  // --offload params: the slice is host memory
+                    if (s->params_on_host()) {
+                        staged = pv::DeviceBuffer<T>(size_t(s->local_len(u, g)), pv::MemoryCategory::workspace);
+                        CUDA_CHECK(cudaMemcpy(staged.get(), slice, staged.bytes(), cudaMemcpyHostToDevice));
+                        slice = staged.get();
+                    }
+                    s->shard_comm()->all_gather(slice, whole->get(), size_t(s->local_len(u, g)));
                     CUDA_CHECK(cudaStreamSynchronize(s->shard_comm()->stream()));
                     params = whole->get();
                 } else if (mp && padded > 0) {
@@ -1049,36 +1056,50 @@ namespace parallel_test {
 // CPU offload (optim/offload.h) under `strategy`, two steps: bitwise the run without it (the CPU
 // update is the kernel's math); no optimizer state on the device, and host memory grown by exactly
 // the state the device no longer holds plus the staging (offload_staging_bytes).
+// With --offload params (zero3): the parameter slices leave the device too, for host memory, and
+// the device gains the upload staging (a slice of each gather buffer).
 template <class T, class G = T>
-void check_offload(pv::World& world, const std::string& strategy, Options opt = {}) {
+void check_offload(pv::World& world, const std::string& strategy, Options opt = {},
+                   pv::Offload mode = pv::Offload::optimizer) {
     opt.steps = 2;
     pv::Comm* comm = strategy == "single" ? nullptr : &world.comm();
     const RunResult plain = train<T, G>(strategy, comm, world.size(), opt);
-    opt.offload = pv::Offload::optimizer;
+    opt.offload = mode;
     const RunResult offloaded = train<T, G>(strategy, comm, world.size(), opt);
     INFO(strategy << ", " << pv::dtype_name(pv::dtype_of<T>()) << (std::is_same_v<G, T> ? "" : ", fp32 accumulation")
-                  << (opt.lora.enabled() ? ", LoRA" : ""));
+                  << (opt.lora.enabled() ? ", LoRA" : "") << ", offload " << pv::offload_name(mode));
     REQUIRE(plain.losses.size() == 2);
     check_identical(offloaded, plain);
     using C = pv::MemoryCategory;
-    const bool sharded = strategy != "single" && strategy != "ddp";
+    const bool sharded = strategy != "single" && strategy != "ddp", params = mode == pv::Offload::params;
     long long largest = 0;
     for (long long padded : plain.padded) largest = std::max(largest, sharded ? padded / world.size() : padded);
-    CHECK(plain.peak[size_t(C::optimizer_state)] > 0);
-    CHECK(offloaded.peak[size_t(C::optimizer_state)] == 0);
-    CHECK(offloaded.peak[size_t(C::pinned_host)] - plain.peak[size_t(C::pinned_host)] ==
-          plain.peak[size_t(C::optimizer_state)] + double(pv::offload_staging_bytes(largest, sizeof(T), sizeof(G))));
+    const auto peak = [](const RunResult& r, C k) { return r.peak[size_t(k)]; };
+    CHECK(peak(plain, C::optimizer_state) > 0);
+    CHECK(peak(offloaded, C::optimizer_state) == 0);
+    const double moved = peak(plain, C::optimizer_state) + (params ? peak(plain, C::parameters) : 0);
+    CHECK(peak(offloaded, C::pinned_host) - peak(plain, C::pinned_host) ==
+          moved + double(pv::offload_staging_bytes(largest, params ? 0 : sizeof(T), sizeof(G))));
+    if (params) {
+        CHECK(peak(plain, C::parameters) > 0);
+        CHECK(peak(offloaded, C::parameters) == 0);
+        double staging = 0;
+        for (long long n : pv::zero3_gather_buffers(plain.unit_padded, opt.tied)) staging += double(n);
+        staging = staging / world.size() * sizeof(T);
+        CHECK(peak(offloaded, C::comm_buffers) - peak(plain, C::comm_buffers) == staging);
+    }
     for (C k : {C::parameters, C::gradients, C::comm_buffers, C::activations}) {
+        if (params && (k == C::parameters || k == C::comm_buffers)) continue;  // checked above
         INFO(pv::category_name(k));
-        CHECK(offloaded.peak[size_t(k)] == plain.peak[size_t(k)]);
+        CHECK(peak(offloaded, k) == peak(plain, k));
     }
 }
 
 }  // namespace parallel_test
 
 // Cheap cases (2 steps of the awkward model): single, ddp, zero1-3 in fp64 and bf16, fp32
-// gradient accumulation, LoRA under zero3.
-TEST_CASE("--offload optimizer trains bit for bit as without it, with the state in host memory",
+// gradient accumulation, LoRA under zero3; --offload params under zero3, tied and untied, LoRA.
+TEST_CASE("--offload optimizer and params train bit for bit as without, the state and slices in host memory",
           "[parallel][offload]") {
     using parallel_test::check_offload;
     pv::World world(nullptr, nullptr);
@@ -1088,6 +1109,13 @@ TEST_CASE("--offload optimizer trains bit for bit as without it, with the state 
     }
     check_offload<__nv_bfloat16, float>(world, "zero1");
     check_offload<float>(world, "zero3", lora_options());
+    for (bool tied : {true, false}) {
+        Options o;
+        o.tied = tied;
+        check_offload<double>(world, "zero3", o, pv::Offload::params);
+        check_offload<__nv_bfloat16>(world, "zero3", o, pv::Offload::params);
+    }
+    check_offload<__nv_bfloat16>(world, "zero3", lora_options(), pv::Offload::params);  // the base's slices too
 }
 
 TEST_CASE("the communication stream runs at the device's greatest priority, above the compute stream",

@@ -137,9 +137,10 @@ double check_case(const Case& c, pv::Comm* comm, const char* dtype) {
             "planner: %-6s %d rank(s) %-5s %-6s %-17s plan %9.0f B, measured %9.0f B (%+.2f%%); workspace "
             "plan %.0f, measured %.0f\n",
             c.strategy.c_str(), ranks, dtype, c.variant.c_str(),
-            c.offload != pv::Offload::none ? "offload optimizer"
-            : std::is_same_v<G, T>         ? ""
-                                           : "fp32 accumulation",
+            c.offload == pv::Offload::params      ? "offload params"
+            : c.offload == pv::Offload::optimizer ? "offload optimizer"
+            : std::is_same_v<G, T>                ? ""
+                                                  : "fp32 accumulation",
             mine.device_total(), m.device_peak, 100 * error, mine.category(C::workspace), m.peak[size_t(C::workspace)]);
     return error;
 }
@@ -169,4 +170,6 @@ TEST_CASE("the memory planner equals the measured peaks of a real step", "[plann
     check_case<__nv_bfloat16, float>({"zero1", "full", true, 1, O::optimizer}, comm, "bf16");
     check_case<double, double>({"zero3", "frozen", true, 1, O::optimizer}, comm, "fp64");
     check_case<__nv_bfloat16, __nv_bfloat16>({"zero3", "lora", false, 1, O::optimizer}, comm, "bf16");
+    check_case<__nv_bfloat16, __nv_bfloat16>({"zero3", "full", true, 1, O::params}, comm, "bf16");
+    check_case<double, double>({"zero3", "frozen", false, 1, O::params}, comm, "fp64");
 }
