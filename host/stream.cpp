@@ -339,9 +339,12 @@ extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     return cudaSuccess;
 }
 
+// As cudaStreamQuery: the deferred executor runs only when the host waits, so a query first runs
+// the work the event's record waits for, or a loop of queries (wait_event_polling) never ends.
 extern "C" cudaError_t cudaEventQuery(cudaEvent_t event) {
     if (!event_is_live(event)) return set_last_error(cudaErrorInvalidResourceHandle);
     std::lock_guard lock(streams_mutex);
+    if (deferred_mode() && pending(event->record)) run_until([&] { return event->record->done; });
     return pending(event->record) ? cudaErrorNotReady : cudaSuccess;
 }
 
