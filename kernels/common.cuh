@@ -56,14 +56,14 @@ __device__ inline double acc_rsqrt(double x) { return rsqrt(x); }
 // expression (measured on an H100: AdamW's per-tensor and multi-tensor kernels disagreed in the
 // last bit). Code whose result must not depend on where it is compiled (or must equal a CPU
 // loop, where g++ never contracts in ISO C++ mode) spells its operations with these.
-__device__ inline float acc_add(float a, float b) { return __fadd_rn(a, b); }
-__device__ inline double acc_add(double a, double b) { return __dadd_rn(a, b); }
-__device__ inline float acc_sub(float a, float b) { return __fsub_rn(a, b); }
-__device__ inline double acc_sub(double a, double b) { return __dsub_rn(a, b); }
-__device__ inline float acc_mul(float a, float b) { return __fmul_rn(a, b); }
-__device__ inline double acc_mul(double a, double b) { return __dmul_rn(a, b); }
-__device__ inline float acc_div(float a, float b) { return __fdiv_rn(a, b); }
-__device__ inline double acc_div(double a, double b) { return __ddiv_rn(a, b); }
+__host__ __device__ inline float acc_add(float a, float b) { PV_ROUNDED(__fadd_rn(a, b), a + b); }
+__host__ __device__ inline double acc_add(double a, double b) { PV_ROUNDED(__dadd_rn(a, b), a + b); }
+__host__ __device__ inline float acc_sub(float a, float b) { PV_ROUNDED(__fsub_rn(a, b), a - b); }
+__host__ __device__ inline double acc_sub(double a, double b) { PV_ROUNDED(__dsub_rn(a, b), a - b); }
+__host__ __device__ inline float acc_mul(float a, float b) { PV_ROUNDED(__fmul_rn(a, b), a * b); }
+__host__ __device__ inline double acc_mul(double a, double b) { PV_ROUNDED(__dmul_rn(a, b), a * b); }
+__host__ __device__ inline float acc_div(float a, float b) { PV_ROUNDED(__fdiv_rn(a, b), a / b); }
+__host__ __device__ inline double acc_div(double a, double b) { PV_ROUNDED(__ddiv_rn(a, b), a / b); }
 __device__ inline float acc_max(float a, float b) { return fmaxf(a, b); }
 __device__ inline double acc_max(double a, double b) { return fmax(a, b); }
 template <class A>

@@ -81,19 +81,18 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     }
     // The activations: each unit's arena per slot (a recomputed block's output alone) and the
     // recompute arena, as the model allocates them (activation_arenas).
-    const ActivationArenas arenas = activation_arenas(q.config, q.micro_batch, q.seq_len, q.dtype, q.groups.lora,
-                                                      slots, q.checkpointing, StageUnits{first, end});
+    const ActivationArenas arenas = activation_arenas(q.config, q.micro_batch, q.seq_len, q.dtype, q.groups.lora, slots,
+                                                      q.checkpointing, StageUnits{first, end});
     for (int u = first; u < end; ++u)
-        m.add(specs[size_t(u)].kind == UnitKind::head ? "logits and loss (head)"
-                                                      : "activations (saved for the backward)",
-              C::activations, double(slots) * double(arenas.slot_bytes[size_t(u)]));
+        m.add(
+            specs[size_t(u)].kind == UnitKind::head ? "logits and loss (head)" : "activations (saved for the backward)",
+            C::activations, double(slots) * double(arenas.slot_bytes[size_t(u)]));
     m.add("recompute arena (checkpointing)", C::activations, double(arenas.recompute_bytes));
     m.add("workspace (one unit's transients)", C::workspace,
           double(arena_bytes(
               model_workspace_layout(q.config, q.micro_batch, q.seq_len, q.dtype, q.groups.lora, q.groups.nf4))) +
               2 * rows * hidden * t);  // + the residual stream's two gradient buffers
-    m.add("RoPE table", C::workspace,
-          double(rope_inverse_frequencies(q.config).size()) * 2 * q.seq_len * a);
+    m.add("RoPE table", C::workspace, double(rope_inverse_frequencies(q.config).size()) * 2 * q.seq_len * a);
 
     // The strategy (parallel/strategy.h and its subclass).
     const bool fp32_accumulation = q.strategy.fp32_grad_accumulation && q.dtype == DType::bf16;
@@ -108,7 +107,8 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     if (zero2) {  // parallel/zero2.h: each unit's slice, two rotating unit gradients, a tied embedding's own
         long long largest_rotating = 0;
         for (int u = tied ? 1 : 0; u < units; ++u) largest_rotating = std::max(largest_rotating, trainable(u).padded);
-        for (int u = 0; u < units; ++u) m.add("gradient slices", C::gradients, double(trainable(u).padded) / shards * t);
+        for (int u = 0; u < units; ++u)
+            m.add("gradient slices", C::gradients, double(trainable(u).padded) / shards * t);
         m.add("rotating gradient buffers", C::gradients,
               (2 * double(largest_rotating) + (tied ? double(trainable(0).padded) : 0)) * t);
     }
@@ -248,8 +248,8 @@ GpuMemory parse_gpu_memory(const std::string& text) {
         if (text == name) return {name, bytes};
     std::string names;
     for (const auto& [name, bytes] : kGpus) names += (names.empty() ? "" : ", ") + name;
-    const std::string problem = "--gpu-memory '" + text + "' is neither a GPU (" + names +
-                                ") nor a number of bytes (like 80GiB, 24GB or 16e9)";
+    const std::string problem =
+        "--gpu-memory '" + text + "' is neither a GPU (" + names + ") nor a number of bytes (like 80GiB, 24GB or 16e9)";
     size_t used = 0;
     double value = 0;
     try {
@@ -258,9 +258,15 @@ GpuMemory parse_gpu_memory(const std::string& text) {
         throw std::invalid_argument(problem);
     }
     const std::string unit = text.substr(used);
-    const std::map<std::string, double> units = {{"", 1},         {"B", 1},           {"KB", 1e3},
-                                                 {"MB", 1e6},     {"GB", 1e9},        {"TB", 1e12},
-                                                 {"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", double(1ull << 30)},
+    const std::map<std::string, double> units = {{"", 1},
+                                                 {"B", 1},
+                                                 {"KB", 1e3},
+                                                 {"MB", 1e6},
+                                                 {"GB", 1e9},
+                                                 {"TB", 1e12},
+                                                 {"KiB", 1 << 10},
+                                                 {"MiB", 1 << 20},
+                                                 {"GiB", double(1ull << 30)},
                                                  {"TiB", double(1ull << 40)}};
     const auto it = units.find(unit);
     if (it == units.end() || !std::isfinite(value) || value <= 0) throw std::invalid_argument(problem);
@@ -328,10 +334,10 @@ std::string format_plan(const MemoryPlan& plan, const GpuMemory* gpu) {
         std::snprintf(line, sizeof line,
                       "%s on %s (%s; polevault may use %s of it: %s reserved for the CUDA context, cuBLAS and NCCL, "
                       "%.0f%% allocator slack): %s, %.0f%% of what it may use\n",
-                      peak <= gpu->usable() ? "fits" : "DOES NOT FIT", gpu->name.empty() ? "the GPU" : gpu->name.c_str(),
-                      format_bytes(gpu->bytes).c_str(), format_bytes(gpu->usable()).c_str(),
-                      format_bytes(kReservedBytes).c_str(), 100 * kSlackFraction, format_bytes(peak).c_str(),
-                      100 * peak / gpu->usable());
+                      peak <= gpu->usable() ? "fits" : "DOES NOT FIT",
+                      gpu->name.empty() ? "the GPU" : gpu->name.c_str(), format_bytes(gpu->bytes).c_str(),
+                      format_bytes(gpu->usable()).c_str(), format_bytes(kReservedBytes).c_str(), 100 * kSlackFraction,
+                      format_bytes(peak).c_str(), 100 * peak / gpu->usable());
         out += line;
     }
     return out;
@@ -374,13 +380,16 @@ int largest_micro_batch(PlanRequest q, double budget, int limit) {
 int smallest_world(PlanRequest q, const std::string& strategy, double budget) {
     q.strategy.name = strategy;
     if (strategy != "mp") q.strategy.microbatches = 1;
+    bool runs = false;  // the strategy accepted the request at some world size
     for (int n : {1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096}) {
         if (strategy_info(strategy).one_rank && n > 1) break;
         if (!strategy_info(strategy).one_rank && n == 1) continue;
         q.ranks = n;
-        if (fits(q, budget)) return n;
+        double peak = -1;
+        if (fits(q, budget, &peak)) return n;
+        runs = runs || peak >= 0;
     }
-    return 0;
+    return runs ? 0 : -1;
 }
 
 StrategyChoice choose_strategy(const PlanRequest& request, double budget, bool slow_interconnect) {
@@ -455,6 +464,17 @@ std::vector<std::string> changes_that_fit(const PlanRequest& request, double bud
                 break;
             }
         }
+    if (request.strategy.offload == Offload::none && request.strategy.name != "mp") {
+        // The optimizer state to the host, then (zero3) the parameter slices too.
+        PlanRequest q = request;
+        q.strategy.offload = Offload::optimizer;
+        if (fits(q, budget))
+            line("--offload optimizer", q);
+        else if (q.strategy.name == "zero3" && !q.groups.nf4) {
+            q.strategy.offload = Offload::params;
+            if (fits(q, budget)) line("--offload params", q);
+        }
+    }
     for (const std::string s : {"zero3", "mp"}) {
         if (const int n = smallest_world(request, s, budget); n > request.ranks) {
             PlanRequest q = request;

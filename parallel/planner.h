@@ -97,7 +97,8 @@ namespace pv {
 // What fits: the planner asked again with one thing changed.
 // The largest micro-batch (up to `limit`) whose plan fits in `budget` bytes per rank; 0: none.
 int largest_micro_batch(PlanRequest request, double budget, int limit = 1 << 16);
-// The smallest rank count (up to 4096) on which `strategy` fits in `budget` per rank; 0: none.
+// The smallest rank count (up to 4096) on which `strategy` fits in `budget` per rank; 0: none;
+// −1: the strategy refuses these options at every size (mp with --offload, say).
 int smallest_world(PlanRequest request, const std::string& strategy, double budget);
 
 // --parallel auto: the strategy every multi-GPU guide picks, from the plan. One rank: single.

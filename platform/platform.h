@@ -28,6 +28,15 @@
 
 #define PV_BACKEND_NAME "cuda"
 
+// The body of a __host__ __device__ function that must round each operation on its own
+// (kernels/common.cuh acc_add, ...): the device's _rn intrinsic, which nvcc never fuses into an
+// FMA; in host code the plain operator (g++ contracts nothing in ISO C++ mode).
+#if defined(__CUDA_ARCH__)
+#define PV_ROUNDED(device_intrinsic, host_expression) return device_intrinsic
+#else
+#define PV_ROUNDED(device_intrinsic, host_expression) return host_expression
+#endif
+
 // One untyped extern array shared by every kernel: `extern __shared__ T name[]` with different T
 // in different kernels is a redeclaration error under nvcc, so each kernel casts this one.
 #define PV_DYNAMIC_SHARED(T, name)                                    \
@@ -127,6 +136,7 @@ __device__ __forceinline__ void cp_async_wait() {
 #else  // the host (CPU) backend
 
 #define PV_BACKEND_NAME "host"
+#define PV_ROUNDED(device_intrinsic, host_expression) return host_expression
 #include "host/device_api.h"
 
 #endif

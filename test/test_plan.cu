@@ -158,4 +158,19 @@ TEST_CASE("the planner's GPU names, --parallel auto and the changes it proposes"
     for (const std::string& s : changes) lora = lora || s.find("--lora-rank 16") != std::string::npos;
     CHECK(lora);
     CHECK(pv::largest_micro_batch(one, budget) == 0);  // full fine-tuning of 7B never fits one H100
+    // 7B full fine-tuning on one rank, micro-batch 1 with every block recomputed: 2 + 2 bytes per
+    // parameter of weights and gradients (25 GiB) plus the activations fit an 80 GB GPU once the
+    // 12 bytes per parameter of optimizer state (75 GiB) leave it, and only then.
+    pv::PlanRequest tight = one;
+    tight.micro_batch = 1, tight.checkpointing = pv::ActivationCheckpointing{true, 0};
+    REQUIRE(pv::plan_memory(tight).peak() > budget);
+    const auto offload = pv::changes_that_fit(tight, budget);
+    bool proposed = false;
+    for (const std::string& s : offload) proposed = proposed || s.find("--offload optimizer") != std::string::npos;
+    CHECK(proposed);
+    tight.strategy.offload = pv::Offload::optimizer;
+    CHECK(pv::plan_memory(tight).peak() <= budget);
+    // mp refuses offload at every world size: -1, not "none fits".
+    CHECK(pv::smallest_world(tight, "mp", budget) == -1);
+    CHECK(pv::smallest_world(tight, "zero3", budget) == 2);
 }

@@ -192,8 +192,9 @@ int train_command(const TrainOptions& requested_flags, const std::string& resume
     if (o.quantize == "nf4" && o.lora_rank == 0)
         throw std::invalid_argument("--quantize nf4 stores the frozen base of a LoRA run (QLoRA): add --lora-rank");
     if (o.quantize == "nf4" && o.offload == "params")
-        throw std::invalid_argument("--offload params with --quantize nf4: the NF4 base is quantised and loaded on the "
-                                    "device; use --offload optimizer");
+        throw std::invalid_argument(
+            "--offload params with --quantize nf4: the NF4 base is quantised and loaded on the "
+            "device; use --offload optimizer");
     RunData data = load_run_data(o, resume_dir, init_dir);
     const LlamaConfig config = model_config(o, data, resume_dir, init_dir);
     // The memory plan, before anything is allocated (parallel/planner.h).
@@ -462,7 +463,10 @@ int plan_command(const TrainOptions& flags, const PlanOptions& p) {
     std::printf("smallest world size that fits:");
     for (const StrategyInfo& s : strategy_registry()) {
         const int n = smallest_world(q, s.name, gpu.usable());
-        std::printf(" %s %s%s", s.name, n > 0 ? std::to_string(n).c_str() : "none up to 4096",
+        std::printf(" %s %s%s", s.name,
+                    n > 0    ? std::to_string(n).c_str()
+                    : n == 0 ? "none up to 4096"
+                             : "cannot run these options",
                     &s == &strategy_registry().back() ? "\n" : ",");
     }
     if (plan.peak() > gpu.usable())
