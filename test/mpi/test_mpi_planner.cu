@@ -37,6 +37,7 @@ struct Case {
     bool tied = true;
     int microbatches = 1;  // mp
     pv::Offload offload = pv::Offload::none;
+    pv::ActivationCheckpointing checkpointing{};  // --checkpoint-activations
 };
 
 pv::GroupOptions groups_of(const std::string& variant) {
@@ -80,7 +81,7 @@ Measured run_step(const Case& c, const pv::LlamaConfig& config, pv::Comm* comm) 
         const pv::GroupOptions groups = groups_of(c.variant);
         pv::ModelOptions mo;
         mo.batch = kMicro, mo.seq_len = kSeq, mo.seed = 42, mo.frozen = groups.frozen, mo.lora = groups.lora;
-        mo.nf4 = groups.nf4, mo.placement = plan.placement;
+        mo.nf4 = groups.nf4, mo.placement = plan.placement, mo.checkpointing = c.checkpointing;
         pv::ComputeStream stream;
         mo.stream = stream.get();
         pv::Llama<T> model(config, mo);
@@ -110,6 +111,7 @@ double check_case(const Case& c, pv::Comm* comm, const char* dtype) {
     q.strategy.name = c.strategy, q.strategy.microbatches = c.microbatches;
     q.strategy.fp32_grad_accumulation = !std::is_same_v<G, T>;
     q.strategy.offload = c.offload;
+    q.checkpointing = c.checkpointing;
     q.ranks = ranks, q.micro_batch = kMicro, q.seq_len = kSeq;
     q.accumulation = kAccumulation * (c.strategy == "mp" ? c.microbatches : 1);
     const pv::MemoryPlan plan = pv::plan_memory(q);
@@ -117,7 +119,10 @@ double check_case(const Case& c, pv::Comm* comm, const char* dtype) {
     const Measured m = run_step<T, G>(c, config, comm);
     INFO(c.strategy << " on " << ranks << " rank(s), rank " << rank << ", " << dtype << ", offload "
                     << pv::offload_name(c.offload) << (std::is_same_v<G, T> ? "" : " fp32 accumulation") << ", "
-                    << c.variant << (c.tied ? ", tied" : "") << "\n"
+                    << c.variant << (c.tied ? ", tied" : "")
+                    << (c.checkpointing.enabled ? ", checkpointing every " + std::to_string(c.checkpointing.keep_every)
+                                                : "")
+                    << "\n"
                     << pv::format_plan(plan, nullptr));
     for (C k : {C::parameters, C::gradients, C::optimizer_state, C::comm_buffers, C::activations}) {
         INFO(pv::category_name(k));
@@ -137,7 +142,8 @@ double check_case(const Case& c, pv::Comm* comm, const char* dtype) {
             "planner: %-6s %d rank(s) %-5s %-6s %-17s plan %9.0f B, measured %9.0f B (%+.2f%%); workspace "
             "plan %.0f, measured %.0f\n",
             c.strategy.c_str(), ranks, dtype, c.variant.c_str(),
-            c.offload == pv::Offload::params      ? "offload params"
+            c.checkpointing.enabled               ? "checkpointing"
+            : c.offload == pv::Offload::params    ? "offload params"
             : c.offload == pv::Offload::optimizer ? "offload optimizer"
             : std::is_same_v<G, T>                ? ""
                                                   : "fp32 accumulation",
@@ -172,4 +178,12 @@ TEST_CASE("the memory planner equals the measured peaks of a real step", "[plann
     check_case<__nv_bfloat16, __nv_bfloat16>({"zero3", "lora", false, 1, O::optimizer}, comm, "bf16");
     check_case<__nv_bfloat16, __nv_bfloat16>({"zero3", "full", true, 1, O::params}, comm, "bf16");
     check_case<double, double>({"zero3", "frozen", false, 1, O::params}, comm, "fp64");
+    // Activation checkpointing: every block recomputed (0) or one in two kept, with LoRA, QLoRA and
+    // GPipe's two slots sharing one recompute arena.
+    const pv::ActivationCheckpointing every{true, 0}, half{true, 2};
+    check_case<__nv_bfloat16, __nv_bfloat16>({"single", "full", true, 1, O::none, every}, nullptr, "bf16");
+    check_case<double, double>({"ddp", "lora", true, 1, O::none, half}, comm, "fp64");
+    check_case<__nv_bfloat16, __nv_bfloat16>({"zero3", "qlora", false, 1, O::none, every}, comm, "bf16");
+    check_case<float, float>({"mp", "full", true, 2, O::none, every}, comm, "fp32");
+    check_case<__nv_bfloat16, __nv_bfloat16>({"zero1", "full", true, 1, O::optimizer, every}, comm, "bf16");
 }
