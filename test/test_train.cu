@@ -563,7 +563,7 @@ TEST_CASE("train plan: the default run's plan is its measured peak; what cannot 
           "[train][plan]") {
     TempDir dir("train_plan");
     // The plan of a run against the peak that run measures (the device accounting every step prints).
-    for (const std::string flags : {"", "--checkpoint-activations", "--lora-rank 4"}) {
+    for (const std::string flags : {"", "--checkpoint-activations --lora-rank 4"}) {
         // (The sample after training comes after the last step's figures: not in either.)
         const Run plan = run_train("plan --sample-tokens 0 " + flags);
         const Run run = run_train(flags + " --steps 2 --warmup 1 --sample-tokens 0 --eval-interval 0 --out-dir " +
