@@ -126,7 +126,7 @@ TEST_CASE("cross-entropy with every row ignored", "[kernels][cross_entropy]") {
 }
 
 // exp(100) overflows float (and exp(-100) underflows): the max-shifted online sums do not.
-TEST_CASE("cross-entropy with logits where a naive exp overflows", "[kernels][cross_entropy]") {
+TEST_CASE("cross-entropy with logits where a naive exp overflows", "[kernels][cross_entropy][numerics]") {
     const long long N = rows_for_build(33, 7);
     check_against_reference<float>(N, 515, Ignore::Some, 60, -100.0, 100.0);
     check_against_reference<float>(N, 515, Ignore::Some, 61, 85.0, 100.0);     // a naive Σ exp is inf
@@ -135,7 +135,7 @@ TEST_CASE("cross-entropy with logits where a naive exp overflows", "[kernels][cr
     check_against_reference<double>(N, 515, Ignore::Some, 64, -800.0, 800.0);  // exp(710) overflows double
 }
 
-TEST_CASE("cross-entropy at Llama 3's vocabulary size", "[kernels][cross_entropy]") {
+TEST_CASE("cross-entropy at Llama 3's vocabulary size", "[kernels][cross_entropy][numerics]") {
     check_against_reference<float>(rows_for_build(3, 1), 128256, Ignore::Some, 70);
     check_against_reference<__nv_bfloat16>(rows_for_build(2, 1), 128256, Ignore::Some, 71);
 }
