@@ -9,6 +9,7 @@
 #include "host/device_profile.h"
 #include "host/schedule.h"
 #include "host/stream.h"
+#include "platform/cpu_cores.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -47,18 +48,6 @@ cudaError_t check_configuration(const KernelLaunch& k) {
         return cudaErrorInvalidValue;
     if (k.smem_bytes > size_t(dynamic_smem_limit(k.kernel))) return cudaErrorInvalidValue;
     return cudaSuccess;
-}
-
-size_t default_worker_count() {
-    if (const char* env = std::getenv("POLEVAULT_HOST_WORKERS")) {
-        const long n = std::strtol(env, nullptr, 10);
-        if (n >= 1) return size_t(n);
-    }
-    size_t cores = std::max(1u, std::thread::hardware_concurrency());
-    size_t local_ranks = 1;
-    if (const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
-        local_ranks = std::max(1L, std::strtol(env, nullptr, 10));
-    return std::max<size_t>(1, cores / local_ranks);
 }
 
 uint3 block_index(const KernelLaunch& k, size_t linear) {
@@ -179,7 +168,7 @@ class WorkerPool {
 };
 
 WorkerPool& pool() {
-    static WorkerPool p(default_worker_count());
+    static WorkerPool p(size_t(cpu_cores_per_rank("POLEVAULT_HOST_WORKERS")));
     return p;
 }
 

@@ -134,10 +134,7 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
                                     std::to_string(all) + " units");
     if (const auto problems = validate(lora_); !problems.empty()) throw std::invalid_argument(problems.front());
     const auto shapes = lora_linears(config_, lora_);
-    for (int k = 0; k < kLoraLinears; ++k) {
-        lora_shapes_[k] = lora_shape(shapes[size_t(k)], lora_);
-        lora_max_a_rows_ = std::max<long long>(lora_max_a_rows_, lora_shapes_[k].a_rows());
-    }
+    for (int k = 0; k < kLoraLinears; ++k) lora_shapes_[k] = lora_shape(shapes[size_t(k)], lora_);
     const std::vector<std::vector<GroupLayout>> layouts =
         model_layouts(config_, dtype_of<T>(), place.shards, GroupOptions{o.frozen, o.lora, o.nf4, o.double_quant});
     CUBLAS_CHECK(cublasCreate(&cublas_));

@@ -222,9 +222,8 @@ class Llama {
     RopeTable<acc_t<T>> rope_table() const { return {rope_table_.get(), seq_len_, config_.head_dim_resolved()}; }
     // Linear k (LoraLinear order) of block unit u on n rows, outside the unit loop (the decoder):
     // y = x·Wᵀ plus the adapter's s·(x·Aᵀ)·Bᵀ without dropout; `scratch` holds
-    // adapter_scratch_elements(n) elements of T.
+    // n · lora_max_a_rows(config, lora) elements of T.
     void linear_forward(int u, int k, const T* x, T* y, long long n, T* scratch, cublasHandle_t handle) const;
-    long long adapter_scratch_elements(long long n) const { return n * lora_max_a_rows_; }
     // Base tensor i of unit u as a dense [rows][cols] tensor into `out` (device): dequantised when
     // NF4, and for a block's linear with the adapter folded in, W[part rows] += s·B_p·A_p — the
     // merged model's weight (`train export --merged`).
@@ -297,7 +296,6 @@ class Llama {
     bool nf4_ = false;
     std::vector<Nf4PartFields> nf4_fields_[kLoraLinears];  // per block linear: its parts' fields in its slot
     LoraShape lora_shapes_[kLoraLinears];                  // per block linear (parts = 0: no adapter)
-    long long lora_max_a_rows_ = 0;
     int batch_, seq_len_;
     int first_unit_ = 0, end_unit_ = 0;
     Gradients gradients_;

@@ -1,5 +1,6 @@
 // A small pool of host threads (see optim/thread_pool.h).
 #include "optim/thread_pool.h"
+#include "platform/cpu_cores.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -84,16 +85,6 @@ void ThreadPool::run(size_t n, const std::function<void(size_t)>& f) {
     if (error_) std::rethrow_exception(error_);
 }
 
-int cpu_threads_per_rank() {
-    if (const char* env = std::getenv("POLEVAULT_CPU_THREADS")) {
-        const long n = std::strtol(env, nullptr, 10);
-        if (n >= 1) return int(n);
-    }
-    long cores = std::max(1u, std::thread::hardware_concurrency());
-    long local = 1;
-    if (const char* env = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
-        local = std::max(1L, std::strtol(env, nullptr, 10));
-    return int(std::max(1L, cores / local));
-}
+int cpu_threads_per_rank() { return cpu_cores_per_rank("POLEVAULT_CPU_THREADS"); }
 
 }  // namespace pv

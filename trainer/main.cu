@@ -150,8 +150,8 @@ void check_plan_fits(const PlanRequest& q, const GpuMemory& gpu) {
         throw std::invalid_argument(
             "this run needs " + format_bytes(plan.peak()) + " of device memory per rank, more than the " +
             format_bytes(gpu.usable()) + " it may use on " + gpu.name + ":\n" + format_plan(plan, &gpu) +
-            (changes.empty() ? "nothing tried fits (a smaller micro-batch, ZeRO, more ranks, LoRA, QLoRA): "
-                               "choose a smaller model"
+            (changes.empty() ? "nothing tried fits (a smaller micro-batch, activation checkpointing, ZeRO or mp, "
+                               "CPU offload, more ranks, LoRA, QLoRA): choose a smaller model"
                              : "changes that fit:" + changes));
     }
     const double host = plan.largest().host_total(), budget = host_budget(q.ranks);
@@ -160,6 +160,27 @@ void check_plan_fits(const PlanRequest& q, const GpuMemory& gpu) {
                                     "a step's micro-batches and the pinned staging), more than this machine's " +
                                     format_bytes(budget) + " per rank: use a smaller --batch" +
                                     (q.strategy.offload != Offload::none ? ", or drop --offload" : ""));
+}
+
+// --parallel auto, before the model is known: a data-parallel guess for the option and geometry
+// checks (single on one rank; zero3 when --offload params needs its slices; else ddp).
+void guess_auto_strategy(TrainOptions& o, int ranks) {
+    o.parallel = ranks == 1 ? "single" : parse_offload(o.offload) == Offload::params ? "zero3" : "ddp";
+}
+
+// --parallel auto, once the model is known: the plan's choice (choose_strategy), with the
+// micro-batch resolved again for it from the one asked for (0: automatic).
+StrategyChoice choose_auto_strategy(TrainOptions& o, int requested_micro_batch, const LlamaConfig& config, int ranks,
+                                    const GpuMemory& gpu) {
+    const StrategyChoice choice =
+        choose_strategy(plan_request(o, config, ranks), gpu.usable(), o.interconnect == "slow");
+    if (choice.strategy != o.parallel) {
+        o.parallel = choice.strategy;
+        o.micro_batch = requested_micro_batch;
+        if (o.fp32_grad_accumulation && !strategy_info(o.parallel).fp32_accumulation) o.fp32_grad_accumulation = false;
+        resolve_micro_batch(o, ranks);
+    }
+    return choice;
 }
 
 int train_command(const TrainOptions& requested_flags, const std::string& resume_dir, World& world) {
@@ -174,9 +195,7 @@ int train_command(const TrainOptions& requested_flags, const std::string& resume
     if (automatic && o.shard_group != 0)
         throw std::invalid_argument("--shard-group " + std::to_string(o.shard_group) +
                                     " shards a ZeRO stage: choose it with --parallel zero1, zero2 or zero3");
-    // (--offload params needs zero3's slices: auto's data-parallel guess is zero3 then.)
-    if (automatic)
-        o.parallel = world.size() == 1 ? "single" : parse_offload(o.offload) == Offload::params ? "zero3" : "ddp";
+    if (automatic) guess_auto_strategy(o, world.size());
     check_strategy(strategy_options(o), world.size());
     resolve_micro_batch(o, world.size());
     if (o.fp32_grad_accumulation && o.dtype != "bf16")
@@ -200,15 +219,7 @@ int train_command(const TrainOptions& requested_flags, const std::string& resume
     // The memory plan, before anything is allocated (parallel/planner.h).
     const GpuMemory gpu = memory_budget(o, world.size());
     if (automatic && world.size() > 1) {
-        const StrategyChoice choice =
-            choose_strategy(plan_request(o, config, world.size()), gpu.usable(), o.interconnect == "slow");
-        if (choice.strategy != o.parallel) {
-            o.parallel = choice.strategy;
-            o.micro_batch = requested.micro_batch;
-            if (o.fp32_grad_accumulation && !strategy_info(o.parallel).fp32_accumulation)
-                o.fp32_grad_accumulation = false;
-            resolve_micro_batch(o, world.size());
-        }
+        const StrategyChoice choice = choose_auto_strategy(o, requested.micro_batch, config, world.size(), gpu);
         std::printf("parallel: auto chose %s on %d ranks: %s\n", o.parallel.c_str(), world.size(),
                     choice.reason.c_str());
     }
@@ -438,17 +449,11 @@ int plan_command(const TrainOptions& flags, const PlanOptions& p) {
                                     std::to_string(config.max_seq_len) + ": use a shorter sequence");
     const GpuMemory gpu = parse_gpu_memory(o.gpu_memory.empty() ? "h100-80" : o.gpu_memory);
     const std::string requested_strategy = o.parallel;
-    if (o.parallel == "auto") o.parallel = p.ranks == 1 ? "single" : "ddp";
+    if (o.parallel == "auto") guess_auto_strategy(o, p.ranks);
     check_strategy(strategy_options(o), p.ranks);
     resolve_micro_batch(o, p.ranks);
     StrategyChoice choice;
-    if (requested_strategy == "auto") {
-        choice = choose_strategy(plan_request(o, config, p.ranks), gpu.usable(), o.interconnect == "slow");
-        if (choice.strategy != o.parallel) {
-            o.parallel = choice.strategy, o.micro_batch = flags.micro_batch;
-            resolve_micro_batch(o, p.ranks);
-        }
-    }
+    if (requested_strategy == "auto") choice = choose_auto_strategy(o, flags.micro_batch, config, p.ranks, gpu);
     const PlanRequest q = plan_request(o, config, p.ranks);
     std::printf(
         "plan: model %s (%lld parameters), %s, %s on %d rank(s), micro-batch %d x %d tokens, %d micro-step(s) "
