@@ -11,6 +11,8 @@
 #include "model/safetensors.h"
 #include "test/temp_dir.h"
 
+#include <nlohmann/json.hpp>
+
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -475,6 +477,79 @@ TEST_CASE("train: bad input fails with a message naming the problem and the fix"
     INFO(damaged.output);
     REQUIRE(damaged.status != 0);
     REQUIRE(damaged.output.find(weights.string()) != std::string::npos);
+}
+
+// One rule per option, for the command line and a checkpoint's trainer_state.json alike
+// (trainer/option_rules.h): finite numbers in range, known choices, whole numbers for counts.
+TEST_CASE("train: every option is checked the same from the command line and from trainer_state.json",
+          "[train]") {
+    // The flags: NaN, infinities and out-of-range values refused naming the flag, with a short
+    // message (not CLI11's 310-digit bound).
+    const std::vector<std::pair<std::string, std::string>> flags{
+        {"--clip nan", "--clip nan: must be a finite number >= 0"},
+        {"--beta1 nan", "--beta1 nan: must be a finite number in [0, 1)"},
+        {"--beta2 1", "--beta2 1: must be a finite number in [0, 1)"},
+        {"--eps 0", "--eps 0: must be a finite number > 0"},
+        {"--eps inf", "--eps inf: must be a finite number > 0"},
+        {"--weight-decay -nan", "--weight-decay"},
+        {"--temperature nan", "--temperature nan: must be a finite number >= 0"},
+        {"--top-p nan", "--top-p nan: must be a finite number in [0, 1]"},
+        {"--lr 1e400", "--lr inf: must be a finite number >= 0"},
+        {"--steps 0", "--steps 0: must be an integer >= 1"},
+        {"--microbatches 0", "--microbatches 0: must be an integer >= 1"},
+        {"--out-dir ''", "--out-dir \"\": is empty"},
+        {"sample . --temperature nan", "--temperature: nan: must be a finite number >= 0"},
+    };
+    for (const auto& [args, message] : flags) {
+        const Run r = run_train(args);
+        INFO(args << "\n" << r.output);
+        CHECK(r.status != 0);
+        CHECK(r.output.find(message) != std::string::npos);
+        CHECK(r.output.find("179769") == std::string::npos);
+    }
+    // The file: each edit of a real checkpoint's trainer_state.json is refused on --resume,
+    // naming the file and the field, before anything is built.
+    TempDir dir("train_state_rules");
+    const std::string out = dir.file("run");
+    const Run first = run_train("--steps 3 --stop-after 1 --warmup 1 --batch 2 --micro-batch 2 --seq-len 16 --vocab 300 "
+                                "--eval-interval 0 --sample-tokens 0 --out-dir " + out);
+    INFO(first.output);
+    REQUIRE(first.status == 0);
+    const fs::path state = fs::path(out) / "step_1" / "trainer_state.json";
+    const std::string original = read_file(state);
+    const nlohmann::json saved = nlohmann::json::parse(original);
+    const std::vector<std::tuple<std::string, nlohmann::json, std::string>> edits{
+        {"/options/microbatches", 0, "--microbatches 0: must be an integer >= 1"},
+        {"/options/microbatches", 2.5, "\"microbatches\" is 2.5; expected an integer"},
+        {"/options/batch", 5000000000LL, "--batch 5000000000: must be an integer in [1, 2147483647]"},
+        {"/options/dtype", "int8", "--dtype \"int8\": must be one of bf16, fp32, fp64"},
+        {"/options/parallel", "bogus", "--parallel \"bogus\": must be one of auto, single"},
+        {"/options/beta1", 5.0, "--beta1 5: must be a finite number in [0, 1)"},
+        {"/options/eps", 0, "--eps 0: must be a finite number > 0"},
+        {"/options/clip", -1, "--clip -1: must be a finite number >= 0"},
+        {"/options/clip", nullptr, "\"clip\" is null; expected a number"},
+        {"/options/seed", -1, "\"seed\" is -1; expected an unsigned integer"},
+        {"/options/no_such_option", 1, "\"no_such_option\" is not an option of this polevault"},
+        {"/step", 2.5, "step 2.5 is not a count"},
+        {"/step", -1, "step -1 is not a count"},
+        {"/data/fingerprint", "xyz", "data.fingerprint \"xyz\" is not a hexadecimal fingerprint"},
+        {"/dtype", "fp64", "dtype \"fp64\" differs from options.dtype \"bf16\""},
+    };
+    for (const auto& [pointer, value, message] : edits) {
+        nlohmann::json edited = saved;
+        edited[nlohmann::json::json_pointer(pointer)] = value;
+        std::ofstream(state) << edited.dump(2);
+        const Run r = run_train("--resume " + out);
+        INFO(pointer << " = " << value.dump() << "\n" << r.output);
+        CHECK(r.status != 0);
+        CHECK(r.output.find(state.string()) != std::string::npos);
+        CHECK(r.output.find(message) != std::string::npos);
+    }
+    // The file as written resumes.
+    std::ofstream(state) << original;
+    const Run resumed = run_train("--resume " + out + " --stop-after 1");
+    INFO(resumed.output);
+    CHECK(resumed.status == 0);
 }
 
 namespace train_test {

@@ -4,11 +4,14 @@
 
 #include "data/chat.h"
 #include "parallel/planner.h"
+#include "trainer/option_rules.h"
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -26,6 +29,25 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, in
 
 namespace {
 
+// A CLI11 check of a number against a rule (trainer/option_rules.h): the same message as the
+// training options' ("must be a finite number in [0, 1]"), NaN and infinities refused.
+CLI::Validator number_check(NumberRule rule) {
+    return CLI::Validator(
+        [rule](const std::string& text) -> std::string {
+            double value = NAN;
+            try {
+                size_t used = 0;
+                value = std::stod(text, &used);
+                if (used != text.size()) return text + ": not a number";
+            } catch (const std::exception&) {
+                return text + ": not a number";
+            }
+            const std::string problem = number_problem(value, rule);
+            return problem.empty() ? "" : text + ": " + problem;
+        },
+        "");
+}
+
 void add_train_flags(CLI::App& app, TrainOptions& o) {
     app.add_option("--preset", o.preset, "Model preset (empty: a small default model sized to the tokenizer)");
     app.add_option("--config", o.config, "A Hugging Face config.json giving the model's shape (instead of --preset)");
@@ -40,39 +62,32 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
     app.add_option("--val-data", o.val_data,
                    "Validation shard (empty: the data directory's val.pvtokens, or the "
                    "built-in corpus's held-out tail)");
-    app.add_option("--vocab", o.vocab, "Vocabulary size of the tokenizer trained on the built-in corpus")
-        ->check(CLI::Range(257, 1 << 20));
-    app.add_option("--steps", o.steps, "Optimizer steps (the learning-rate schedule spans them)")
-        ->check(CLI::PositiveNumber);
+    app.add_option("--vocab", o.vocab, "Vocabulary size of the tokenizer trained on the built-in corpus");
+    app.add_option("--steps", o.steps, "Optimizer steps (the learning-rate schedule spans them)");
     app.add_option("--batch", o.batch,
-                   "Global batch: sequences per optimizer step (= micro-batch x accumulation x ranks)")
-        ->check(CLI::PositiveNumber);
+                   "Global batch: sequences per optimizer step (= micro-batch x accumulation x ranks)");
     app.add_option("--micro-batch", o.micro_batch,
                    "Sequences per forward/backward pass (0: the largest divisor of batch / ranks that is at most 8, "
-                   "so the same --batch works at any rank count)")
-        ->check(CLI::NonNegativeNumber);
-    app.add_option("--seq-len", o.seq_len, "Tokens per sequence")->check(CLI::PositiveNumber);
+                   "so the same --batch works at any rank count)");
+    app.add_option("--seq-len", o.seq_len, "Tokens per sequence");
     app.add_flag("--document-mask", o.document_mask,
                  "Let each token attend only to its own document within the sequence, positions restarting at 0 "
                  "at each document (packed chats otherwise see unrelated conversations); the target predicting "
                  "the next document's first token does not count");
-    app.add_option("--lr", o.lr, "Peak learning rate")->check(CLI::NonNegativeNumber);
+    app.add_option("--lr", o.lr, "Peak learning rate");
     app.add_option("--schedule", o.schedule, "Learning-rate schedule after warmup: constant, cosine, linear or wsd");
-    app.add_option("--warmup", o.warmup, "Warmup steps (lr * (step + 1) / warmup)")->check(CLI::NonNegativeNumber);
-    app.add_option("--final-lr-fraction", o.final_lr_fraction, "Final learning rate as a fraction of the peak")
-        ->check(CLI::Range(0.0, 1.0));
-    app.add_option("--clip", o.clip, "Clip the global gradient norm to this (0: no clipping)")
-        ->check(CLI::NonNegativeNumber);
+    app.add_option("--warmup", o.warmup, "Warmup steps (lr * (step + 1) / warmup)");
+    app.add_option("--final-lr-fraction", o.final_lr_fraction, "Final learning rate as a fraction of the peak");
+    app.add_option("--clip", o.clip, "Clip the global gradient norm to this (0: no clipping)");
     app.add_option("--weight-decay", o.weight_decay,
                    "AdamW decoupled weight decay (matrices only unless "
-                   "--decay-norm-weights)")
-        ->check(CLI::NonNegativeNumber);
+                   "--decay-norm-weights)");
     app.add_flag("--decay-norm-weights", o.decay_norm_weights, "Apply weight decay to the RMSNorm weights too");
-    app.add_option("--beta1", o.beta1, "AdamW beta1")->check(CLI::Range(0.0, 1.0));
-    app.add_option("--beta2", o.beta2, "AdamW beta2")->check(CLI::Range(0.0, 1.0));
-    app.add_option("--eps", o.eps, "AdamW epsilon (outside the square root)")->check(CLI::PositiveNumber);
+    app.add_option("--beta1", o.beta1, "AdamW beta1");
+    app.add_option("--beta2", o.beta2, "AdamW beta2");
+    app.add_option("--eps", o.eps, "AdamW epsilon (outside the square root)");
     app.add_option("--dtype", o.dtype, "Storage type of parameters, activations and gradients: bf16, fp32 or fp64")
-        ->check(CLI::IsMember({"bf16", "fp32", "fp64"}));
+        ->check(CLI::IsMember(option_choices("dtype")));
     app.add_flag("--stochastic-rounding", o.stochastic_rounding,
                  "bf16: round the fp32 master weights to bf16 stochastically (Philox-keyed, reproducible) instead of "
                  "to nearest");
@@ -82,17 +97,15 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
     std::string strategies;
     for (const StrategyInfo& s : strategy_registry())
         strategies += std::string(strategies.empty() ? "" : ", ") + s.name + " (" + s.help + ")";
-    std::vector<std::string> choices = strategy_names();
-    choices.insert(choices.begin(), "auto");
     app.add_option("--parallel", o.parallel,
                    "Strategy over the ranks of mpirun: auto (from the memory plan: single on one rank, ddp if the "
                    "replicas fit, else the cheapest ZeRO stage that fits, else mp), " +
                        strategies)
-        ->check(CLI::IsMember(choices));
+        ->check(CLI::IsMember(option_choices("parallel")));
     app.add_option("--interconnect", o.interconnect,
                    "For --parallel auto: slow (Ethernet between nodes) prefers mp, which sends only the residual "
                    "stream, to the ZeRO stages")
-        ->check(CLI::IsMember({"fast", "slow"}));
+        ->check(CLI::IsMember(option_choices("interconnect")));
     std::string gpus;
     for (const std::string& g : gpu_names()) gpus += (gpus.empty() ? "" : ", ") + g;
     app.add_option("--gpu-memory", o.gpu_memory,
@@ -105,22 +118,19 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
                    "still flow through them)");
     app.add_option("--lora-rank", o.lora_rank,
                    "LoRA: train rank-r adapters on every targeted linear and freeze the whole base (0: full "
-                   "fine-tuning)")
-        ->check(CLI::NonNegativeNumber);
-    app.add_option("--lora-alpha", o.lora_alpha, "LoRA: the adapters' scale is alpha / rank (PEFT's lora_alpha)")
-        ->check(CLI::PositiveNumber);
+                   "fine-tuning)");
+    app.add_option("--lora-alpha", o.lora_alpha, "LoRA: the adapters' scale is alpha / rank (PEFT's lora_alpha)");
     app.add_flag("--rslora", o.rslora, "LoRA: scale by alpha / sqrt(rank) instead (rank-stabilised LoRA)");
     app.add_option("--lora-targets", o.lora_targets,
                    "LoRA: the modules that get adapters, comma-separated from "
                    "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
     app.add_option("--lora-dropout", o.lora_dropout,
                    "LoRA: dropout on the adapters' input (Philox-keyed by seed, step and the token's global row: "
-                   "the same at every world size)")
-        ->check(CLI::Range(0.0, 0.999));
+                   "the same at every world size)");
     app.add_option("--quantize", o.quantize,
                    "QLoRA: store the frozen base's linear weights (every block's q/k/v/o/gate/up/down) as NF4, "
                    "exactly as bitsandbytes' quantize_4bit, dequantised before each GEMM (needs --lora-rank)")
-        ->check(CLI::IsMember({"", "nf4"}));
+        ->check(CLI::IsMember(option_choices("quantize")));
     app.add_flag("--double-quant,!--no-double-quant", o.double_quant,
                  "NF4: quantise the absmaxes too (8 bits, blocks of 256: 4.127 bits per parameter instead of 4.5)");
     app.add_option("--adapter", o.adapter,
@@ -131,8 +141,7 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
     app.add_option(
            "--microbatches", o.microbatches,
            "mp: micro-batches in flight in the pipeline (GPipe: that many forwards, then their backwards; "
-           "1: naive model parallel). The micro-batches per step (batch / micro-batch) must be a multiple of it")
-        ->check(CLI::PositiveNumber);
+           "1: naive model parallel). The micro-batches per step (batch / micro-batch) must be a multiple of it");
     app.add_option("--checkpoint-activations", o.checkpoint_activations,
                    "Activation checkpointing: a transformer block keeps only its output during the forward and "
                    "recomputes its activations just before its backward (one more forward of the recomputed "
@@ -156,39 +165,33 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
         ->excludes("--checkpoint-activations");
     app.add_option("--balance", o.balance,
                    "mp: balance the stages by training FLOPs (flops) or by parameter count (params)")
-        ->check(CLI::IsMember({"flops", "params"}));
+        ->check(CLI::IsMember(option_choices("balance")));
     app.add_option("--shard-group", o.shard_group,
                    "zero1/zero2/zero3: shard within groups of this many consecutive ranks and replicate across the "
                    "groups (hybrid sharding, FSDP's HSDP): gradients reduce-scattered within a group then all-reduced "
                    "across groups, parameters gathered within the group only. Must divide the rank count; 0: the "
-                   "whole world (plain ZeRO), 1: replication (DDP's traffic, ZeRO's code)")
-        ->check(CLI::NonNegativeNumber);
+                   "whole world (plain ZeRO), 1: replication (DDP's traffic, ZeRO's code)");
     app.add_option("--offload", o.offload,
                    "CPU offload (ZeRO-Offload): optimizer keeps the fp32 master and Adam m and v of this rank's "
                    "owned range in pinned host memory and runs AdamW on the CPU (single, ddp, zero1-3); params also "
                    "keeps zero3's parameter slices in host memory (zero3 only). none: everything on the device")
-        ->check(CLI::IsMember({"none", "optimizer", "params"}));
+        ->check(CLI::IsMember(option_choices("offload")));
     app.add_option("--eval-interval", o.eval_interval,
-                   "Evaluate on the validation data every this many steps (0: never)")
-        ->check(CLI::NonNegativeNumber);
-    app.add_option("--eval-batches", o.eval_batches, "Micro-batches per evaluation")->check(CLI::PositiveNumber);
+                   "Evaluate on the validation data every this many steps (0: never)");
+    app.add_option("--eval-batches", o.eval_batches, "Micro-batches per evaluation");
     app.add_option("--out-dir", o.out_dir, "Output directory (metrics.jsonl, tokenizer.json, step_N checkpoints)");
     app.add_option("--checkpoint-interval", o.checkpoint_interval,
-                   "Write a checkpoint every this many steps (0: only at the end)")
-        ->check(CLI::NonNegativeNumber);
+                   "Write a checkpoint every this many steps (0: only at the end)");
     app.add_option("--resume", o.resume,
                    "Continue from a checkpoint: a step_N directory, or an output directory (its latest checkpoint). "
                    "Flags not given are taken from the checkpoint")
         ->check(CLI::ExistingDirectory);
     app.add_option("--stop-after", o.stop_after,
-                   "Stop after this many steps of this invocation, writing a checkpoint (0: run to --steps)")
-        ->check(CLI::NonNegativeNumber);
+                   "Stop after this many steps of this invocation, writing a checkpoint (0: run to --steps)");
     app.add_option("--prompt", o.prompt, "Prompt of the sample generated at the end");
-    app.add_option("--sample-tokens", o.sample_tokens, "Tokens to generate at the end (0: none)")
-        ->check(CLI::NonNegativeNumber);
-    app.add_option("--temperature", o.temperature, "Sampling temperature (0: greedy)")->check(CLI::NonNegativeNumber);
-    app.add_option("--top-p", o.top_p, "Nucleus sampling: the smallest set of tokens with this much probability")
-        ->check(CLI::Range(0.0, 1.0));
+    app.add_option("--sample-tokens", o.sample_tokens, "Tokens to generate at the end (0: none)");
+    app.add_option("--temperature", o.temperature, "Sampling temperature (0: greedy)");
+    app.add_option("--top-p", o.top_p, "Nucleus sampling: the smallest set of tokens with this much probability");
 }
 
 // The model directory both inference commands take (trainer/model_dir.h).
@@ -219,10 +222,10 @@ void add_sample_flags(CLI::App& app, SampleOptions& o) {
     app.add_option("--max-tokens", o.max_tokens,
                    "Tokens to generate; prompt + max tokens must fit the model's max_position_embeddings (0: up to " +
                        std::to_string(kDefaultSampleTokens) + ", as many as fit)")
-        ->check(CLI::NonNegativeNumber);
-    app.add_option("--temperature", o.temperature, "Sampling temperature (0: greedy)")->check(CLI::NonNegativeNumber);
+        ->check(number_check(whole_number(0)));
+    app.add_option("--temperature", o.temperature, "Sampling temperature (0: greedy)")->check(number_check(real_number(0)));
     app.add_option("--top-p", o.top_p, "Nucleus sampling: the smallest set of tokens with this much probability")
-        ->check(CLI::Range(0.0, 1.0));
+        ->check(number_check(real_number(0, 1)));
     app.add_option("--seed", o.seed, "Seed of the sampling");
     add_dtype_flag(app, o.dtype);
     app.add_flag("--print-ids", o.print_ids,
@@ -246,10 +249,10 @@ void add_eval_flags(CLI::App& app, EvalOptions& o) {
     add_dtype_flag(app, o.dtype);
     app.add_option("--seq-len", o.seq_len,
                    "Tokens per window (0: a checkpoint's training window, else min(max_position_embeddings, 1024))")
-        ->check(CLI::NonNegativeNumber);
-    app.add_option("--batch", o.batch, "Windows per forward pass")->check(CLI::PositiveNumber);
+        ->check(number_check(whole_number(0)));
+    app.add_option("--batch", o.batch, "Windows per forward pass")->check(number_check(whole_number(1)));
     app.add_option("--max-windows", o.max_windows, "Evaluate only the first this many windows (0: all)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(number_check(whole_number(0, 9223372036854775807.0)));
 }
 
 void add_prepare_flags(CLI::App& app, PrepareOptions& o) {
@@ -265,10 +268,10 @@ void add_prepare_flags(CLI::App& app, PrepareOptions& o) {
     app.add_option("--tokenizer", o.tokenizer, "Use this tokenizer.json instead of training one")
         ->check(CLI::ExistingFile);
     app.add_option("--vocab", o.vocab, "Vocabulary size of the tokenizer trained on the inputs")
-        ->check(CLI::Range(257, 1 << 20));
+        ->check(number_check(whole_number(257, 1 << 20)));
     app.add_option("--val-fraction", o.val_fraction, "Fraction of the tokens held out for validation (the tail)")
-        ->check(CLI::Range(0.0, 0.5));
-    app.add_option("--shard-tokens", o.shard_tokens, "Most tokens per training shard")->check(CLI::PositiveNumber);
+        ->check(number_check(real_number(0, 0.5)));
+    app.add_option("--shard-tokens", o.shard_tokens, "Most tokens per training shard")->check(number_check(whole_number(1, 9223372036854775807.0)));
     app.add_option("--chat-format", o.chat_format,
                    "How chats ({\"messages\": [...]}) are written: " + chat_format_list() +
                        " (default: recognised from the chat_template of tokenizer_config.json beside --tokenizer)")
@@ -335,7 +338,7 @@ void add_tokenize_flags(CLI::App& app, TokenizeOptions& o) {
                    "count as training targets wrapped in ⟦ ⟧ (instead of reading stdin)")
         ->check(CLI::ExistingFile);
     app.add_option("--examples", o.render_examples, "With --render: how many examples to show")
-        ->check(CLI::PositiveNumber);
+        ->check(number_check(whole_number(1)));
     app.add_option("--chat-format", o.chat_format,
                    "With --render: the chat format (" + chat_format_list() +
                        "); default: recognised from tokenizer_config.json's chat_template");
@@ -360,7 +363,7 @@ Command parse_command(int argc, char** argv, const TrainOptions& base) {
         "training flag; --ranks instead of mpirun)");
     plan->option_defaults()->always_capture_default();
     add_train_flags(*plan, c.train);
-    plan->add_option("--ranks", c.plan.ranks, "World size to plan for")->check(CLI::Range(1, 1 << 20));
+    plan->add_option("--ranks", c.plan.ranks, "World size to plan for")->check(number_check(whole_number(1, 1 << 20)));
     plan->add_flag("--compare", c.plan.compare, "Every strategy side by side, and the one --parallel auto takes");
     CLI::App* sample = app.add_subcommand(
         "sample", "Generate text from a checkpoint or a Hugging Face model directory, with a KV cache");
@@ -401,17 +404,59 @@ Command parse_command(int argc, char** argv, const TrainOptions& base) {
     if (convert->parsed()) c.kind = Command::Kind::convert;
     if (export_model->parsed()) c.kind = Command::Kind::export_model;
     if (tokenize->parsed()) c.kind = Command::Kind::tokenize;
+    if (c.kind == Command::Kind::train || c.kind == Command::Kind::plan) {
+        // Every option at once, as the flags and a resumed checkpoint's file left them.
+        if (const auto problems = train_option_problems(c.train); !problems.empty()) {
+            for (const std::string& p : problems) std::fprintf(stderr, "%s\n", p.c_str());
+            std::fprintf(stderr, "Run with --help for more information.\n");
+            std::exit(2);
+        }
+    }
     return c;
 }
 
 std::string train_options_json(const TrainOptions& o) { return nlohmann::json(o).dump(2); }
 
+// The file's options are checked as they are written, before conversion: every key one of ours
+// with the type of its default, every value within its flag's rules, so the file can never set
+// what the command line could not (2.5 micro-batches, dtype "int8", beta1 5).
 TrainOptions train_options_from_json(const std::string& text) {
     try {
-        return nlohmann::json::parse(text).get<TrainOptions>();
+        const nlohmann::json j = nlohmann::json::parse(text);
+        if (!j.is_object()) throw std::runtime_error("not a JSON object");
+        const nlohmann::json defaults = TrainOptions{};
+        for (auto it = j.begin(); it != j.end(); ++it) {
+            if (!defaults.contains(it.key()))
+                throw std::runtime_error("\"" + it.key() + "\" is not an option of this polevault");
+            const nlohmann::json& want = defaults.at(it.key());
+            const bool same = want.is_number() ? it->is_number() && (want.is_number_float() || it->is_number_integer())
+                                               : want.type() == it->type();
+            if (!same || (want.is_number_unsigned() && !it->is_number_unsigned()))
+                throw std::runtime_error("\"" + it.key() + "\" is " + it->dump() + "; expected " +
+                                         (want.is_number_unsigned() ? std::string("an unsigned integer")
+                                          : want.is_number_integer() ? std::string("an integer")
+                                                                     : std::string("a ") + want.type_name()));
+        }
+        if (const auto problems = train_option_problems(j); !problems.empty()) throw std::runtime_error(problems.front());
+        TrainOptions o = j.get<TrainOptions>();
+        if (const auto problems = train_option_problems(o); !problems.empty()) throw std::runtime_error(problems.front());
+        return o;
     } catch (const nlohmann::json::exception& e) {
         throw std::runtime_error(std::string("training options: ") + e.what());
+    } catch (const std::runtime_error& e) {
+        throw std::runtime_error(std::string("training options: ") + e.what());
     }
+}
+
+// The options as values (a NaN stays a NaN here; only its text form would be null).
+std::vector<std::string> train_option_problems(const TrainOptions& o) {
+    std::vector<std::string> problems = train_option_problems(nlohmann::json(o));
+    try {
+        if (problems.empty()) lora_config(o);  // the adapters' own rules (targets, rank with alpha)
+    } catch (const std::invalid_argument& e) {
+        problems.push_back(e.what());
+    }
+    return problems;
 }
 
 LoraConfig lora_config(const TrainOptions& o) {

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -53,6 +54,33 @@ void write_trainer_state(const std::string& path, const TrainerState& s) {
     write_file_atomically(path, "trainer state", [&](const ByteSink& sink) { sink(text.data(), text.size()); });
 }
 
+namespace {
+
+// A count the file holds at `pointer`: a JSON integer >= 0 (not 2.5, not "3", not -1).
+long long count_at(const nlohmann::json& j, const char* pointer) {
+    const nlohmann::json& v = j.at(nlohmann::json::json_pointer(pointer));
+    std::string name = pointer + 1;  // "loader.samples" for "/loader/samples"
+    std::replace(name.begin(), name.end(), '/', '.');
+    if (!v.is_number_integer() || (v.is_number_integer() && !v.is_number_unsigned() && v.get<long long>() < 0) ||
+        (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(LLONG_MAX)))
+        throw std::runtime_error(name + " " + v.dump() + " is not a count (an integer >= 0)");
+    return v.get<long long>();
+}
+
+// A 64-bit fingerprint the file holds at `pointer` as hexadecimal text (1 to 16 digits).
+uint64_t hex_at(const nlohmann::json& j, const char* pointer) {
+    const nlohmann::json& v = j.at(nlohmann::json::json_pointer(pointer));
+    std::string name = pointer + 1;  // "loader.samples" for "/loader/samples"
+    std::replace(name.begin(), name.end(), '/', '.');
+    const std::string hex = v.is_string() ? v.get<std::string>() : v.dump();
+    if (!v.is_string() || hex.empty() || hex.size() > 16 ||
+        hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
+        throw std::runtime_error(name + " \"" + hex + "\" is not a hexadecimal fingerprint (1 to 16 digits)");
+    return std::stoull(hex, nullptr, 16);
+}
+
+}  // namespace
+
 TrainerState read_trainer_state(const std::string& path) {
     std::ifstream f(path, std::ios::binary);
     if (!f)
@@ -68,21 +96,19 @@ TrainerState read_trainer_state(const std::string& path) {
         if (j.at("version").get<int>() != 1)
             throw std::runtime_error("version " + j.at("version").dump() +
                                      " is not 1; use the polevault that wrote it");
-        s.step = j.at("step").get<long long>();
-        s.samples = j.at("loader").at("samples").get<long long>();
-        s.seed = j.at("rng").at("seed").get<uint64_t>();
+        s.step = count_at(j, "/step");
+        s.samples = count_at(j, "/loader/samples");
+        const nlohmann::json& seed = j.at("rng").at("seed");
+        if (!seed.is_number_unsigned()) throw std::runtime_error("rng.seed " + seed.dump() + " is not an unsigned integer");
+        s.seed = seed.get<uint64_t>();
         s.dtype = j.at("dtype").get<std::string>();
         s.data_source = j.at("data").at("source").get<std::string>();
-        s.train_tokens = j.at("data").at("train_tokens").get<long long>();
-        s.data_fingerprint = std::stoull(j.at("data").at("fingerprint").get<std::string>(), nullptr, 16);
+        s.train_tokens = count_at(j, "/data/train_tokens");
+        s.data_fingerprint = hex_at(j, "/data/fingerprint");
         s.options = train_options_from_json(j.at("options").dump());
-        if (s.options.lora_rank > 0) {
-            const std::string hex = j.at("base").at("fingerprint").get<std::string>();
-            if (hex.empty() || hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
-                throw std::runtime_error("base.fingerprint \"" + hex + "\" is not a hexadecimal number");
-            s.base_fingerprint = std::stoull(hex, nullptr, 16);
-        }
-        if (s.step < 0) throw std::runtime_error("step " + std::to_string(s.step) + " is negative");
+        if (s.dtype != s.options.dtype)
+            throw std::runtime_error("dtype \"" + s.dtype + "\" differs from options.dtype \"" + s.options.dtype + "\"");
+        if (s.options.lora_rank > 0) s.base_fingerprint = hex_at(j, "/base/fingerprint");
     } catch (const std::exception& e) {
         throw std::runtime_error("trainer state '" + path + "': " + e.what());
     }
