@@ -554,6 +554,82 @@ TEST_CASE("train: every option is checked the same from the command line and fro
 
 namespace train_test {
 
+// CRC-32 (ISO-HDLC, the one PNG uses) of bytes, bit by bit.
+uint32_t crc32(const std::string& bytes) {
+    uint32_t c = 0xFFFFFFFFu;
+    for (unsigned char b : bytes) {
+        c ^= b;
+        for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+    }
+    return ~c;
+}
+
+uint32_t big_endian(const std::string& s, size_t at) {
+    return uint32_t(uint8_t(s[at])) << 24 | uint32_t(uint8_t(s[at + 1])) << 16 | uint32_t(uint8_t(s[at + 2])) << 8 |
+           uint32_t(uint8_t(s[at + 3]));
+}
+
+// The PNG's width and height after checking its structure: the signature, then chunks whose
+// lengths tile the file and whose CRCs match, IHDR first, at least one IDAT, IEND last.
+std::pair<uint32_t, uint32_t> png_size(const std::string& png) {
+    REQUIRE(png.size() > 8);
+    REQUIRE(png.compare(0, 8, std::string("\x89PNG\r\n\x1a\n", 8)) == 0);
+    std::vector<std::string> types;
+    uint32_t width = 0, height = 0;
+    for (size_t at = 8; at < png.size();) {
+        REQUIRE(at + 12 <= png.size());
+        const uint32_t length = big_endian(png, at);
+        REQUIRE(at + 12 + length <= png.size());
+        const std::string type_and_data = png.substr(at + 4, 4 + length);
+        REQUIRE(crc32(type_and_data) == big_endian(png, at + 8 + length));
+        types.push_back(type_and_data.substr(0, 4));
+        if (types.back() == "IHDR") width = big_endian(png, at + 8), height = big_endian(png, at + 12);
+        at += 12 + length;
+    }
+    REQUIRE(types.front() == "IHDR");
+    REQUIRE(types.back() == "IEND");
+    REQUIRE(std::count(types.begin(), types.end(), "IDAT") >= 1);
+    return {width, height};
+}
+
+}  // namespace train_test
+
+// `train plot`: a valid PNG of the requested size from runs' metrics.jsonl, also when steps were
+// non-finite (null, or the nan older builds wrote) or the last line is torn; no metrics: refused.
+TEST_CASE("train plot: a valid PNG of several runs, non-finite steps and torn lines left out", "[train]") {
+    TempDir dir("train_plot");
+    const fs::path a = dir.path / "a", b = dir.path / "b";
+    fs::create_directories(a), fs::create_directories(b);
+    {
+        std::ofstream fa(a / "metrics.jsonl"), fb(b / "metrics.jsonl");
+        for (int step = 1; step <= 20; ++step) {
+            fa << "{\"step\": " << step << ", \"loss\": " << 6.0 - 0.1 * step << ", \"lr\": " << 1e-3 * step
+               << ", \"grad_norm\": " << 1.0 / step << "}\n";
+            if (step % 5 == 0) fa << "{\"step\": " << step << ", \"val_loss\": " << 6.1 - 0.1 * step << "}\n";
+            fb << "{\"step\": " << step << ", \"loss\": " << (step == 7 ? "null" : std::to_string(5.0 - 0.05 * step))
+               << ", \"lr\": 0.001, \"grad_norm\": " << (step == 7 ? "null" : "0.5") << "}\n";
+        }
+        fb << "{\"step\": 21, \"loss\": nan, \"lr\": 0.001}\n{\"step\": 22, \"lo";
+    }
+    const std::string png = dir.file("both.png");
+    const Run r = run_train("plot " + a.string() + " " + b.string() + " --out " + png + " --width 640 --height 480");
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    REQUIRE(r.output.find("plot: " + png) != std::string::npos);
+    CHECK(png_size(read_file(png)) == std::pair<uint32_t, uint32_t>{640, 480});
+    // One run, the default output beside its metrics.
+    const Run one = run_train("plot " + b.string());
+    INFO(one.output);
+    REQUIRE(one.status == 0);
+    CHECK(png_size(read_file(b / "loss.png")) == std::pair<uint32_t, uint32_t>{1200, 900});
+    const Run none = run_train("plot " + dir.path.string());
+    INFO(none.output);
+    CHECK(none.status != 0);
+    CHECK(none.output.find((dir.path / "metrics.jsonl").string() + " is not a file") != std::string::npos);
+}
+
+namespace train_test {
+
 // −Σ p log p of the empirical token distribution: the lowest average loss any predictor that
 // ignores context can reach on these tokens (the best such predictor is their own frequencies).
 double unigram_entropy(const std::vector<int>& ids) {

@@ -15,6 +15,7 @@
 //   ./train convert --from llama2c model.bin --out HF_DIR    a llama2.c checkpoint as a HF model
 //   ./train export CHECKPOINT --out HF_DIR                   a checkpoint as a HF model
 //   ./train tokenize --tokenizer FILE  prints the token ids of stdin (or, with --decode, the text of ids)
+//   ./train plot RUN_DIR...      a run's loss, validation loss, lr and grad norm as a PNG (gnuplot)
 //   ./train --help               every flag with its default (also `train sample --help`, ...)
 //
 // This file holds the commands and the option checks; trainer/run.cu one training run in phases,
@@ -522,6 +523,7 @@ int main_checked(int argc, char** argv) {
     if (c.kind == Command::Kind::convert) return convert_command(c.convert);
     if (c.kind == Command::Kind::export_model) return export_model(c.export_model), 0;
     if (c.kind == Command::Kind::tokenize) return tokenize_command(c.tokenize, std::cin, std::cout);
+    if (c.kind == Command::Kind::plot) return std::printf("plot: %s\n", plot_runs(c.plot).c_str()), 0;
     World world(&argc, &argv);
     if (world.rank() != 0 && !std::freopen("/dev/null", "w", stdout))  // rank 0 reports; errors from any rank
         throw std::runtime_error("cannot silence the standard output of rank " + std::to_string(world.rank()));

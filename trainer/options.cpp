@@ -347,6 +347,17 @@ void add_tokenize_flags(CLI::App& app, TokenizeOptions& o) {
     app.add_flag("--colour", o.colour, "With --render: also show the counted tokens in green (ANSI escapes)");
 }
 
+void add_plot_flags(CLI::App& app, PlotOptions& o) {
+    app.add_option("runs", o.runs,
+                   "Run output directories (each holds metrics.jsonl; its latest checkpoint gives the tokens per "
+                   "step), or metrics.jsonl files; several runs share the axes, one colour each")
+        ->required()
+        ->check(CLI::ExistingPath);
+    app.add_option("--out", o.out, "The PNG to write (default: loss.png in the first run's directory)");
+    app.add_option("--width", o.width, "Width in pixels")->check(number_check(whole_number(200, 10000)));
+    app.add_option("--height", o.height, "Height in pixels")->check(number_check(whole_number(200, 10000)));
+}
+
 }  // namespace
 
 Command parse_command(int argc, char** argv, const TrainOptions& base) {
@@ -391,6 +402,12 @@ Command parse_command(int argc, char** argv, const TrainOptions& base) {
         "tokenizer.encode(text, add_special_tokens=False) gives them (special-token strings become their ids)");
     tokenize->option_defaults()->always_capture_default();
     add_tokenize_flags(*tokenize, c.tokenize);
+    CLI::App* plot = app.add_subcommand(
+        "plot",
+        "Draw the training loss, validation loss, learning rate and gradient norm of one or more runs against "
+        "steps and tokens, as a PNG (needs gnuplot: apt-get install gnuplot-nox)");
+    plot->option_defaults()->always_capture_default();
+    add_plot_flags(*plot, c.plot);
     app.require_subcommand(0, 1);
     try {
         app.parse(argc, argv);
@@ -404,6 +421,7 @@ Command parse_command(int argc, char** argv, const TrainOptions& base) {
     if (convert->parsed()) c.kind = Command::Kind::convert;
     if (export_model->parsed()) c.kind = Command::Kind::export_model;
     if (tokenize->parsed()) c.kind = Command::Kind::tokenize;
+    if (plot->parsed()) c.kind = Command::Kind::plot;
     if (c.kind == Command::Kind::train || c.kind == Command::Kind::plan) {
         // Every option at once, as the flags and a resumed checkpoint's file left them.
         if (const auto problems = train_option_problems(c.train); !problems.empty()) {

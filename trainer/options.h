@@ -9,6 +9,7 @@
 //   train convert --from llama2c FILE --out DIR    a llama2.c checkpoint -> a Hugging Face directory
 //   train export CHECKPOINT --out DIR              a checkpoint -> a Hugging Face directory
 //   train tokenize [flags]   text on stdin -> its token ids (or ids -> text), as Hugging Face gives them
+//   train plot RUN_DIR...    loss, validation loss, learning rate and gradient norm as a PNG
 //
 // Resuming: `train --resume DIR` takes every training flag from the checkpoint's
 // trainer_state.json and then applies the flags given on this command line on top, so a resumed
@@ -20,6 +21,7 @@
 #include "model/activations.h"
 #include "model/lora.h"
 #include "parallel/plan.h"
+#include "trainer/plot.h"
 
 #include <cstdint>
 #include <string>
@@ -151,7 +153,7 @@ struct TokenizeOptions {
 };
 
 struct Command {
-    enum class Kind { train, plan, sample, eval, prepare, convert, export_model, tokenize } kind = Kind::train;
+    enum class Kind { train, plan, sample, eval, prepare, convert, export_model, tokenize, plot } kind = Kind::train;
     TrainOptions train;
     PlanOptions plan;
     SampleOptions sample;
@@ -160,6 +162,7 @@ struct Command {
     ConvertOptions convert;
     ExportOptions export_model;
     TokenizeOptions tokenize;
+    PlotOptions plot;
 };
 
 // Parses argv; prints help or errors and exits (status 0 for --help, 2 for bad flags). Training
