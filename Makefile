@@ -127,11 +127,16 @@ MPI_TEST_RUNS := $(foreach n,$(MPI_TEST_RANKS),$(addprefix $(if $(filter address
 # reused before a stream has run the work that reads it); `make test` runs test_model under all three.
 # test_train (whole `train` programs, about 110 s per schedule) runs under the in-order and the
 # random+deferred schedules in `make test`: its kernels meet every schedule in their own suites.
-ASAN_ONE_SCHEDULE := $(BUILD)/test/test_train $(BUILD)/test/test_model $(BUILD)/test/test_attention
+# test_failures (whole `train` programs meeting bad input, signals, full disks) runs under one
+# schedule: what it tests is the program's behaviour, not the kernels'.
+ASAN_ONE_SCHEDULE := $(BUILD)/test/test_train $(BUILD)/test/test_model $(BUILD)/test/test_attention \
+  $(BUILD)/test/test_failures
 TWO_SCHEDULES := $(BUILD)/test/test_train
+ONE_SCHEDULE := $(BUILD)/test/test_failures
 TEST_RUNS := $(if $(filter address,$(SANITIZE)),\
   $(foreach b,$(TEST_BINS),$(if $(filter $(b),$(ASAN_ONE_SCHEDULE)),random+deferred@$(b),$(b))),\
-  $(foreach b,$(TEST_BINS),$(if $(filter $(b),$(TWO_SCHEDULES)),in-order@$(b) random+deferred@$(b),$(b))))
+  $(foreach b,$(TEST_BINS),$(if $(filter $(b),$(TWO_SCHEDULES)),in-order@$(b) random+deferred@$(b),\
+    $(if $(filter $(b),$(ONE_SCHEDULE)),in-order@$(b),$(b)))))
 # The traffic test runs in the plain host flavour only, under one schedule (what it measures does
 # not depend on the order threads run in).
 TRAFFIC_TEST := $(if $(filter host,$(FLAVOUR)),$(BUILD)/test/traffic/test_kernel_traffic)
