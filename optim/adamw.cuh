@@ -165,9 +165,24 @@ __global__ void adamw_update_kernel(T* params, acc_t<T>* master, const G* grads,
 // not finite (a NaN or infinite gradient norm or loss) makes every block return before touching
 // anything: the step is refused with the parameters and the state intact, and the host, reading
 // the norm after the update, reports it.
+//
+// Non-finite results. `nonfinite` (null: not watched) is a device word the caller sets to
+// kAdamWAllFinite before the launch; an element whose new parameter (the stored value), m or v is
+// NaN or infinite lowers it to that element's index in the owned range (atomicMin, so the first
+// such element whatever the block order). The math is untouched — the check reads what was written
+// — so the update stays bit-identical, and the branch is never taken in a healthy run.
 
 inline constexpr int kAdamWVector = 4;  // elements per thread
 inline constexpr long long kAdamWChunk = 256LL * kAdamWVector;
+inline constexpr unsigned long long kAdamWAllFinite = ~0ULL;  // `nonfinite`: no element went non-finite
+
+// Whether an updated element is finite: its stored parameter, m and v (x − x is 0 exactly for
+// finite x; NaN otherwise). Shared by the kernel and the CPU update (optim/adamw_cpu.cu).
+template <class T>
+__host__ __device__ inline bool adamw_finite(T stored, acc_t<T> m, acc_t<T> v) {
+    const acc_t<T> p = to_acc(stored);
+    return p - p == acc_t<T>(0) && m - m == acc_t<T>(0) && v - v == acc_t<T>(0);
+}
 
 struct AdamWSlot {
     long long begin = 0, end = 0;  // elements of the owned range
@@ -191,7 +206,7 @@ template <class T, class G>
 __global__ void adamw_group_kernel(T* params, acc_t<T>* master, const G* grads, acc_t<T>* m, acc_t<T>* v,
                                    const AdamWSlot* slots, int slot_count, AdamWCoefficients<acc_t<T>> c,
                                    acc_t<T> decay_on, const double* device_scale, bool stochastic_rounding,
-                                   uint64_t seed, uint32_t step, bool aligned) {
+                                   uint64_t seed, uint32_t step, bool aligned, unsigned long long* nonfinite) {
     using A = acc_t<T>;
     constexpr bool has_master = std::is_same_v<T, __nv_bfloat16>;
     if (device_scale) {
@@ -231,6 +246,12 @@ __global__ void adamw_group_kernel(T* params, acc_t<T>* master, const G* grads, 
             adamw_math(p[j], gp.x[j], mp.x[j], vp.x[j], c, decay);
             out.x[j] = adamw_stored_param<T>(p[j], stochastic_rounding, seed, s.tensor_id, key0 + j, step);
         }
+        if (nonfinite)
+            for (int j = 0; j < kAdamWVector; ++j)
+                if (!adamw_finite<T>(out.x[j], mp.x[j], vp.x[j])) {
+                    atomicMin(nonfinite, (unsigned long long)(i0 + j));
+                    break;
+                }
         *reinterpret_cast<AdamWPack<A>*>(m + i0) = mp;
         *reinterpret_cast<AdamWPack<A>*>(v + i0) = vp;
         if constexpr (has_master) {
@@ -250,7 +271,9 @@ __global__ void adamw_group_kernel(T* params, acc_t<T>* master, const G* grads, 
         m[i] = mi;
         v[i] = vi;
         if constexpr (has_master) master[i] = p;
-        params[i] = adamw_stored_param<T>(p, stochastic_rounding, seed, s.tensor_id, key0 + j, step);
+        const T stored = adamw_stored_param<T>(p, stochastic_rounding, seed, s.tensor_id, key0 + j, step);
+        params[i] = stored;
+        if (nonfinite && !adamw_finite<T>(stored, mi, vi)) atomicMin(nonfinite, (unsigned long long)i);
     }
 }
 
@@ -363,11 +386,13 @@ class AdamWTable {
 // piece is updated exactly as adamw_update would update it with weight decay step.weight_decay
 // where the piece's decay flag is set or decay_norm_weights, 0 elsewhere. device_scale: null (use
 // step.grad_scale), or a device double holding the gradient scale; a scale that is not finite
-// leaves everything untouched.
+// leaves everything untouched. nonfinite: null, or a device word lowered to the index of the first
+// element whose result is not finite (the multi-tensor kernel's comment).
 template <class T, class G>
 void adamw_update_group(T* params, acc_t<T>* master, const G* grads, acc_t<T>* m, acc_t<T>* v, const AdamWTable& table,
                         const AdamWStep& step, bool decay_norm_weights, const double* device_scale,
-                        bool stochastic_rounding, uint64_t seed, cudaStream_t stream) {
+                        bool stochastic_rounding, uint64_t seed, cudaStream_t stream,
+                        unsigned long long* nonfinite = nullptr) {
     static_assert(std::is_same_v<G, T> || std::is_same_v<G, float>, "gradients are T or float");
     using A = acc_t<T>;
     adamw_check_master<T>(master, "adamw_update_group");
@@ -381,7 +406,7 @@ void adamw_update_group(T* params, acc_t<T>* master, const G* grads, acc_t<T>* m
                          fits(v, sizeof(AdamWPack<A>));
     launch(adamw_group_kernel<T, G>, dim3(unsigned(table.blocks())), dim3(kAdamWBlock), 0, stream, params, master,
            grads, m, v, table.slots(), table.count(), c, decay_on, device_scale, stochastic_rounding, seed,
-           uint32_t(step.t), aligned);
+           uint32_t(step.t), aligned, nonfinite);
     CUDA_CHECK_LAUNCH();
 }
 

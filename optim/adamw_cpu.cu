@@ -29,12 +29,21 @@ void update_span(T* __restrict__ params, acc_t<T>* __restrict__ master, const G*
     }
 }
 
+// The first index in [lo, hi) whose stored parameter, m or v is not finite, or kAdamWAllFinite.
+template <class T>
+unsigned long long first_nonfinite(const T* params, const acc_t<T>* m, const acc_t<T>* v, long long lo, long long hi) {
+    for (long long i = lo; i < hi; ++i)
+        if (!adamw_finite<T>(params[i], m[i], v[i])) return (unsigned long long)i;
+    return kAdamWAllFinite;
+}
+
 }  // namespace
 
 template <class T, class G>
 bool adamw_update_cpu(T* params, acc_t<T>* master, const G* grads, acc_t<T>* m, acc_t<T>* v,
                       const std::vector<AdamWPiece>& pieces, const AdamWStep& step, bool decay_norm_weights,
-                      double grad_scale, bool stochastic_rounding, uint64_t seed, ThreadPool& pool) {
+                      double grad_scale, bool stochastic_rounding, uint64_t seed, ThreadPool& pool,
+                      unsigned long long* nonfinite) {
     using A = acc_t<T>;
     adamw_check_master<T>(master, "adamw_update_cpu");
     if (!(grad_scale - grad_scale == 0.0)) return false;  // NaN or infinite: refuse the step, as the kernel
@@ -51,6 +60,7 @@ bool adamw_update_cpu(T* params, acc_t<T>* master, const G* grads, acc_t<T>* m, 
     for (const AdamWPiece& p : pieces)
         for (long long lo = p.begin; lo < p.end; lo += kAdamWCpuChunk)
             spans.push_back({&p, lo, std::min(lo + kAdamWCpuChunk, p.end)});
+    std::vector<unsigned long long> first_bad(nonfinite ? spans.size() : 0, kAdamWAllFinite);  // per span
     pool.run(spans.size(), [&](size_t k) {
         const Span& s = spans[k];
         const AdamWPiece& p = *s.piece;
@@ -62,14 +72,16 @@ bool adamw_update_cpu(T* params, acc_t<T>* master, const G* grads, acc_t<T>* m, 
         else
             update_span<T, G, false>(params, master, grads, m, v, s.lo, s.hi, c, decay, seed, p.tensor_id, key,
                                      uint32_t(step.t));
+        if (nonfinite) first_bad[k] = first_nonfinite(params, m, v, s.lo, s.hi);
     });
+    for (unsigned long long i : first_bad) *nonfinite = std::min(*nonfinite, i);
     return true;
 }
 
 #define PV_ADAMW_CPU(T, G)                                                                                     \
     template bool adamw_update_cpu<T, G>(T*, acc_t<T>*, const G*, acc_t<T>*, acc_t<T>*,                        \
                                          const std::vector<AdamWPiece>&, const AdamWStep&, bool, double, bool, \
-                                         uint64_t, ThreadPool&);
+                                         uint64_t, ThreadPool&, unsigned long long*);
 PV_ADAMW_CPU(__nv_bfloat16, __nv_bfloat16)
 PV_ADAMW_CPU(__nv_bfloat16, float)
 PV_ADAMW_CPU(float, float)

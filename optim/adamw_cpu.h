@@ -30,10 +30,13 @@ inline constexpr long long kAdamWCpuChunk = 1 << 14;
 // range (index 0 = the range's first element); master non-null exactly for bf16; params are read
 // (fp32/fp64: they are their own master) and written. `pieces` are the range's tensor pieces
 // (owned_pieces). grad_scale replaces step.grad_scale (the device's clip scale, read back); when
-// it is not finite nothing is touched and false is returned.
+// it is not finite nothing is touched and false is returned. nonfinite: null, or lowered to the
+// index in the range of the first element whose new parameter, m or v is not finite (as the
+// kernel's flag; the caller sets it to kAdamWAllFinite first).
 template <class T, class G>
 bool adamw_update_cpu(T* params, acc_t<T>* master, const G* grads, acc_t<T>* m, acc_t<T>* v,
                       const std::vector<AdamWPiece>& pieces, const AdamWStep& step, bool decay_norm_weights,
-                      double grad_scale, bool stochastic_rounding, uint64_t seed, ThreadPool& pool);
+                      double grad_scale, bool stochastic_rounding, uint64_t seed, ThreadPool& pool,
+                      unsigned long long* nonfinite = nullptr);
 
 }  // namespace pv

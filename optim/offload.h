@@ -81,9 +81,11 @@ class OffloadedAdamW {
     // complete on `compute`'s timeline. `wait` blocks the host until an event has completed (the
     // trainer's polls the communicators meanwhile). Returns whether the step was applied (false:
     // the scale was not finite). On return the uploads are queued and `compute` waits for them.
+    // nonfinite: null, or one host word per unit (kAdamWAllFinite before), lowered to the index in
+    // the unit's owned range of the first element the update made non-finite (adamw_update_cpu).
     bool step(const std::function<T*(int)>& params, const std::function<const G*(int)>& grads, const AdamWSettings& s,
               double lr, long long t, const double* device_scale, cudaStream_t compute,
-              const std::function<void(cudaEvent_t)>& wait) {
+              const std::function<void(cudaEvent_t)>& wait, unsigned long long* nonfinite = nullptr) {
         std::vector<int> units;
         for (int u = 0; u < state_.num_units(); ++u)
             if (!state_.pieces(u).empty()) units.push_back(u);
@@ -115,7 +117,8 @@ class OffloadedAdamW {
             applied = adamw_update_cpu<T, G>(
                 updated, kHasMaster ? state_.data(u, AdamWState<T>::Field::master) : nullptr, grad_staging(b),
                 state_.data(u, AdamWState<T>::Field::m), state_.data(u, AdamWState<T>::Field::v), state_.pieces(u), h,
-                s.decay_norm_weights, *scale, s.stochastic_rounding, s.seed, pool_);
+                s.decay_norm_weights, *scale, s.stochastic_rounding, s.seed, pool_,
+                nonfinite ? nonfinite + u : nullptr);
             if (!applied) break;  // the scale is not finite: nothing is updated (it is the same for every unit)
             if (!params_on_host_)
                 CUDA_CHECK(cudaMemcpyAsync(params(u), updated, n * sizeof(T), cudaMemcpyHostToDevice, copy_));

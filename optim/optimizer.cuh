@@ -142,10 +142,12 @@ class AdamWState {
     // One AdamW step at 1-based step t on unit u's owned range, one launch. params_range and
     // grads_range point at element begin(u) of the group; the gradient scale (clipping) is
     // grad_scale, or *device_scale when that is not null (a scale that is not finite leaves the
-    // parameters and the state untouched).
+    // parameters and the state untouched). nonfinite: null, or a device word (kAdamWAllFinite
+    // before) lowered to the index in the owned range of the first element the update made non-finite.
     template <class G>
     void update_unit(int u, T* params_range, const G* grads_range, const AdamWSettings& s, double lr, long long t,
-                     double grad_scale, cudaStream_t stream, const double* device_scale = nullptr) {
+                     double grad_scale, cudaStream_t stream, const double* device_scale = nullptr,
+                     unsigned long long* nonfinite = nullptr) {
         const Unit& st = units_[size_t(u)];
         if (on_host_) throw std::logic_error("AdamWState::update_unit: the state is offloaded (OffloadedAdamW)");
         if (!st.table) return;  // nothing owned
@@ -156,7 +158,7 @@ class AdamWState {
         h.t = t;
         h.grad_scale = grad_scale;
         adamw_update_group<T, G>(params_range, st.master, grads_range, st.m, st.v, *st.table, h, s.decay_norm_weights,
-                                 device_scale, s.stochastic_rounding, s.seed, stream);
+                                 device_scale, s.stochastic_rounding, s.seed, stream, nonfinite);
     }
 
     // The array of a field over unit u's owned range: device memory, or pinned host memory when

@@ -134,6 +134,7 @@ void Comm::record(CollectiveKind kind, size_t count, ncclDataType_t dtype, int p
         case CollectiveKind::recv: wire = 0; break;
     }
     log_.push_back(CollectiveRecord{kind, count, dtype, size_, name_, wire, peer});
+    if (kind != CollectiveKind::send && kind != CollectiveKind::recv) ++collectives_;
 }
 
 Comm::Totals Comm::totals() const {

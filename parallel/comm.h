@@ -141,6 +141,10 @@ class Comm {
         double wire_bytes = 0;
     };
     Totals totals() const;
+    // Collectives (all-reduce, reduce-scatter, all-gather, broadcast; not send/recv, which differ
+    // between a pipeline's stages) issued since construction, whatever clear_log did: the
+    // trainer's per-step check that every rank runs the same ones (trainer/step_checks.h).
+    long long collectives() const { return collectives_; }
 
   private:
     void record(CollectiveKind kind, size_t count, ncclDataType_t dtype, int peer = -1);
@@ -151,6 +155,7 @@ class Comm {
     bool owns_stream_ = true;
     cudaEvent_t from_ = nullptr, to_ = nullptr;
     std::vector<CollectiveRecord> log_;
+    long long collectives_ = 0;
 };
 
 // Makes the host wait until `stream` has finished its work, polling every communicator of `comms`

@@ -36,7 +36,9 @@
 #include "parallel/shard_groups.h"
 #include "model/unit_loop.h"
 
+#include <algorithm>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace pv {
@@ -165,12 +167,46 @@ class Strategy {
                 sum_of_squares_launch(slice_grads(u), slice_len(u), per_unit + u, norm_scratch_.get(), false,
                                       model_.stream());
         }
-        Comm* c = groups_ ? &groups_->shard() : comm_;  // a pipeline's stages: over the world
+        Comm* c = norm_comm();
         if (!c) return per_unit;
         c->fence_from(model_.stream());
         c->all_reduce(per_unit, per_unit + units, size_t(units));
         c->fence_to(model_.stream());
         return per_unit + units;
+    }
+    // The ranks unit_norms_sq sums over: the shard group with hybrid sharding, else every rank (a
+    // pipeline's stages too); null with one rank.
+    Comm* norm_comm() { return groups_ ? &groups_->shard() : comm_; }
+    // Whether this rank's slice of unit u counts in the norm (each element once over the ranks).
+    bool counts_in_norm(int u) const { return in_norm(u); }
+
+    // The diagnosis of a step whose norm is not finite (the failure path only; trainer/step_checks.h):
+    // the squared norms of the given element ranges [begin, end) of unit u's trainable group —
+    // this rank's slice of each, reduced over norm_comm() as unit_norms_sq reduces, so every rank
+    // gets the global figures. Collective over norm_comm(); the host waits for the result.
+    std::vector<double> range_norms_sq(int u, const std::vector<std::pair<long long, long long>>& ranges) {
+        const size_t n = ranges.size();
+        std::vector<double> out(n, 0.0);
+        if (n == 0) return out;
+        DeviceBuffer<double> sums(2 * n, MemoryCategory::workspace);  // [n] this rank's, [n] reduced
+        CUDA_CHECK(cudaMemsetAsync(sums.get(), 0, n * sizeof(double), model_.stream()));
+        const long long lo = slice_begin(u), hi = lo + slice_len(u);
+        for (size_t k = 0; k < n && in_norm(u); ++k) {
+            const long long b = std::max(ranges[k].first, lo), e = std::min(ranges[k].second, hi);
+            if (b < e)
+                sum_of_squares_launch(slice_grads(u) + (b - lo), e - b, sums.get() + k, norm_scratch_.get(), false,
+                                      model_.stream());
+        }
+        const double* result = sums.get();
+        if (Comm* c = norm_comm()) {
+            c->fence_from(model_.stream());
+            c->all_reduce(sums.get(), sums.get() + n, n);
+            c->fence_to(model_.stream());
+            result += n;
+        }
+        CUDA_CHECK(cudaMemcpyAsync(out.data(), result, n * sizeof(double), cudaMemcpyDeviceToHost, model_.stream()));
+        wait_polling(model_.stream(), comms());
+        return out;
     }
 
     // After the optimizer has updated the owned ranges: every rank sees every new parameter — on

@@ -25,6 +25,7 @@
 
 #include "model/bnb_checkpoint.h"
 #include "model/checkpoint.h"
+#include "model/group_parts.h"
 #include "model/hf_checkpoint.h"
 #include "model/llama.h"
 #include "model/nf4_slot.cuh"
@@ -32,6 +33,8 @@
 #include "parallel/strategy.h"
 
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -163,11 +166,38 @@ uint64_t load_nf4_range(HfCheckpoint& source, const GroupLayout& layout, const D
     return overflows;
 }
 
+// What the values of a checkpoint's file must be, checked as they stream in (on resume): weights and
+// master copies finite; Adam's m finite; Adam's v, a running mean of squares, finite and not
+// negative. A checkpoint that breaks it was written by a run that had diverged, or was damaged, and
+// would train into NaN; it is refused naming the file, the tensor and the element.
+enum class ValueCheck { none, finite, finite_nonnegative };
+
+// Throws if one of the n values of group `layout` from element `first` breaks `check`.
+template <class X>
+void check_values(const std::string& file, const GroupLayout& layout, long long first, const X* values, long long n,
+                  ValueCheck check) {
+    if (check == ValueCheck::none) return;
+    for (long long i = 0; i < n; ++i) {
+        const double x = double(to_acc(values[i]));
+        const bool finite = std::isfinite(x);
+        if (finite && !(check == ValueCheck::finite_nonnegative && x < 0)) continue;
+        char value[40];
+        std::snprintf(value, sizeof value, "%g", x);
+        throw std::runtime_error(
+            file + ": " + group_element_name(layout, first + i) + " is " + value +
+            (finite ? " (Adam's v is a running mean of squares: never negative)" : " (not finite)") +
+            ": this checkpoint was written by a run that had diverged, or the file is damaged; "
+            "resume from an earlier checkpoint");
+    }
+}
+
 // Checks `source` against `layouts` (whole), then fills each device range from it: zeroed, then
-// the tensor elements inside it streamed in pieces. ranges[k] belongs to layouts[k].
+// the tensor elements inside it streamed in pieces, each piece's values checked by `check` first.
+// ranges[k] belongs to layouts[k].
 template <class X>
 LoadStats load_group_ranges(HfCheckpoint& source, const std::vector<GroupLayout>& layouts,
-                            const std::vector<DeviceRange<X>>& ranges, ExtraTensors extra) {
+                            const std::vector<DeviceRange<X>>& ranges, ExtraTensors extra,
+                            ValueCheck check = ValueCheck::none) {
     const auto start = std::chrono::steady_clock::now();
     LoadStats stats;
     stats.skipped = check_group_tensors(source, layouts, extra);
@@ -186,6 +216,9 @@ LoadStats load_group_ranges(HfCheckpoint& source, const std::vector<GroupLayout>
     }
     stats.overflows = read_group_ranges(
         source, layouts, wanted, dtype_of<X>(), [&](size_t k, long long at, const uint8_t* data, long long n) {
+            if (check != ValueCheck::none)
+                check_values(source.files().front(), layouts[k], ranges[k].begin + at, reinterpret_cast<const X*>(data),
+                             n, check);
             if (ranges[k].on_host)
                 std::memcpy(static_cast<void*>(ranges[k].dst + at), data, size_t(n) * sizeof(X));
             else
@@ -269,11 +302,13 @@ LoadStats load_checkpoint_tensors(const std::string& dir, Strategy<T, G>& s, Ada
     // A LoRA checkpoint holds the adapters only; the caller loads the base from its own files.
     const GroupSet held = model.lora().enabled() ? GroupSet::trainable : GroupSet::all;
     HfCheckpoint weights = HfCheckpoint::open_file(dir + "/" + weights_file(model));
-    LoadStats stats = load_group_ranges(weights, groups_of(model, held), param_ranges(s, held), ExtraTensors::refuse);
+    LoadStats stats = load_group_ranges(weights, groups_of(model, held), param_ranges(s, held), ExtraTensors::refuse,
+                                        ValueCheck::finite);
     auto field = [&](const char* file, Field f) {
         HfCheckpoint source = HfCheckpoint::open_file(dir + "/" + file);
-        stats.add(
-            load_group_ranges(source, trainable_groups(model), optimizer_ranges(optimizer, f), ExtraTensors::refuse));
+        stats.add(load_group_ranges(source, trainable_groups(model), optimizer_ranges(optimizer, f),
+                                    ExtraTensors::refuse,
+                                    f == Field::v ? ValueCheck::finite_nonnegative : ValueCheck::finite));
     };
     if constexpr (AdamWState<T>::kHasMaster) {
         if (std::filesystem::exists(dir + "/master.safetensors")) {

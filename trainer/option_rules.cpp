@@ -38,6 +38,7 @@ const std::map<std::string, NumberRule>& number_rules() {
         {"warmup",                 at_least(0)},
         {"final_lr_fraction",      real(0, 1)},
         {"clip",                   real(0, kHuge)},
+        {"skip_nonfinite",         at_least(0, kLong)},
         {"weight_decay",           real(0, kHuge)},
         {"beta1",                  real(0, 1, false, true)},  // 1 would divide by 1 - beta^t = 0
         {"beta2",                  real(0, 1, false, true)},

@@ -19,8 +19,8 @@ namespace pv {
 
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, init_from, data, val_data, vocab, steps,
                                                 batch, micro_batch, seq_len, lr, schedule, warmup, final_lr_fraction,
-                                                clip, weight_decay, decay_norm_weights, beta1, beta2, eps, dtype,
-                                                stochastic_rounding, fp32_grad_accumulation, seed, parallel,
+                                                clip, skip_nonfinite, weight_decay, decay_norm_weights, beta1, beta2,
+                                                eps, dtype, stochastic_rounding, fp32_grad_accumulation, seed, parallel,
                                                 interconnect, microbatches, balance, shard_group, freeze, eval_interval,
                                                 eval_batches, out_dir, checkpoint_interval, resume, stop_after, prompt,
                                                 sample_tokens, temperature, top_p, document_mask, lora_rank, lora_alpha,
@@ -79,6 +79,9 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
     app.add_option("--warmup", o.warmup, "Warmup steps (lr * (step + 1) / warmup)");
     app.add_option("--final-lr-fraction", o.final_lr_fraction, "Final learning rate as a fraction of the peak");
     app.add_option("--clip", o.clip, "Clip the global gradient norm to this (0: no clipping)");
+    app.add_option("--skip-nonfinite", o.skip_nonfinite,
+                   "Pass over up to this many steps whose loss or gradient norm is NaN or infinite (nothing is "
+                   "updated; the step still counts) before such a step ends the run");
     app.add_option("--weight-decay", o.weight_decay,
                    "AdamW decoupled weight decay (matrices only unless "
                    "--decay-norm-weights)");

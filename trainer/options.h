@@ -59,6 +59,10 @@ struct TrainOptions {
     int warmup = 20;
     double final_lr_fraction = 0.1;
     double clip = 1.0;
+    // Steps whose loss or gradient norm is NaN or infinite that are passed over (nothing updated;
+    // the step counter, data position and schedule advance) before such a step ends the run; counted
+    // per invocation of train.
+    long long skip_nonfinite = 0;
     double weight_decay = 0.1;
     bool decay_norm_weights = false;
     double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;

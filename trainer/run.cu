@@ -16,6 +16,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/compute_stream.h"
 #include "trainer/generate.h"
+#include "trainer/metrics_json.h"
 #include "trainer/state.h"
 #include "trainer/trainer.h"
 
@@ -203,6 +204,7 @@ class TrainingRun {
         }
         optimizer_ = Trainer<T, G>::make_optimizer(*strategy_, parse_offload(o.offload) != Offload::none);
         trainer_ = std::make_unique<Trainer<T, G>>(*strategy_, *optimizer_);
+        trainer_->set_skip_nonfinite(o.skip_nonfinite);
     }
 
     int run() {
@@ -322,11 +324,13 @@ class TrainingRun {
             if (val_loader_ && o_.eval_interval > 0 && ((step + 1) % o_.eval_interval == 0 || step + 1 == o_.steps)) {
                 const double val = evaluate();
                 std::printf("          validation loss %.7f\n", val);
-                if (metrics_) std::fprintf(metrics_, "{\"step\": %lld, \"val_loss\": %.17g}\n", step + 1, val);
+                if (metrics_)
+                    std::fprintf(metrics_, "{\"step\": %lld, \"val_loss\": %s}\n", step + 1, json_number(val).c_str());
             }
             if (metrics_) std::fflush(metrics_);
             if ((o_.checkpoint_interval > 0 && (step + 1) % o_.checkpoint_interval == 0) || step + 1 == end_step_) {
                 const std::string dir = checkpoint_path(o_.out_dir, step + 1);
+                trainer_->check_updates_finite();  // never a checkpoint with non-finite values
                 save_checkpoint(dir, *strategy_, *optimizer_, trainer_state(step + 1),
                                 ModelFiles{tokenizer_.get(), tokenizer_dir_,
                                            resume_dir_.empty() ? init_dir_ : resume_dir_, data_eos_});
@@ -348,12 +352,17 @@ class TrainingRun {
             "%.1f MiB (peak %.1f MiB)\n",
             step + 1, o_.steps, r.loss, lr, r.grad_norm, tokens_per_s, ms, mfu, mib(mem.device_current),
             mib(mem.device_peak));
+        if (r.skipped)
+            std::printf(
+                "          skipped step %lld: the loss or gradient norm is not finite (%s); nothing was updated "
+                "(%lld of --skip-nonfinite %lld)\n",
+                step + 1, r.nonfinite.c_str(), trainer_->skipped_steps(), o_.skip_nonfinite);
         if (metrics_)
-            std::fprintf(
-                metrics_,
-                "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, \"tokens_per_s\": %.6g, "
-                "\"ms\": %.6g, \"device_bytes\": %zu, \"device_peak_bytes\": %zu}\n",
-                step + 1, r.loss, lr, r.grad_norm, tokens_per_s, ms, mem.device_current, mem.device_peak);
+            std::fprintf(metrics_,
+                         "{\"step\": %lld, \"loss\": %s, \"lr\": %.17g, \"grad_norm\": %s, \"tokens_per_s\": %.6g, "
+                         "\"ms\": %.6g, \"device_bytes\": %zu, \"device_peak_bytes\": %zu%s}\n",
+                         step + 1, json_number(r.loss).c_str(), lr, json_number(r.grad_norm).c_str(), tokens_per_s, ms,
+                         mem.device_current, mem.device_peak, r.skipped ? ", \"skipped\": true" : "");
     }
 
     // The mean loss over --eval-batches micro-batches of the validation data.

@@ -20,7 +20,16 @@
 //      device memory; the strategy makes the new parameters visible. Only then does the host
 //      wait, once per step, to read the loss and the norm: a step whose loss or norm is not
 //      finite has been refused on the device (the update skipped, parameters and state intact)
-//      and is reported here.
+//      and is reported here, naming the first unit and tensor whose gradient is not finite — or,
+//      up to --skip-nonfinite times (set_skip_nonfinite), passed over: the step counter, the data
+//      position and the schedule advance as if it had been taken, so a resumed run is identical.
+//   5. The checks of trainer/step_checks.h, at no cost in a healthy step: the loss's all-reduce
+//      also carries every rank's micro-batch and collective counts (the ranks must agree) and
+//      whether its previous update made anything non-finite; the update itself flags the first
+//      element it made non-finite (optim/adamw.cuh), read with the figures. Where every rank makes
+//      the same update (one rank, DDP) such a step fails at once; where each updates its own slice
+//      (ZeRO, a pipeline) the ranks agree on it in the next step's all-reduce, or before a
+//      checkpoint (check_updates_finite), so no checkpoint is ever written with non-finite values.
 // Every cross-rank number goes through the strategy's Comm, so it is counted like the rest.
 // A micro-batch's tokens, targets and (with document masking) positions are uploaded into its
 // slot's device buffers and reach the strategy as one DeviceBatch (model/unit_loop.h).
@@ -41,8 +50,10 @@
 #include "optim/optimizer.cuh"
 #include "optim/schedule.h"
 #include "parallel/strategy.h"
+#include "trainer/step_checks.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -54,6 +65,8 @@ struct StepResult {
     double loss = 0;        // the global mean loss of the step
     double grad_norm = 0;   // the global gradient norm before clipping
     long long counted = 0;  // the global number of counted target tokens
+    bool skipped = false;   // the loss or norm was not finite and the step was passed over (--skip-nonfinite)
+    std::string nonfinite;  // then: where the non-finite gradient is (nonfinite_gradient_source)
 };
 
 template <class T, class G>
@@ -70,11 +83,18 @@ class Trainer {
           positions_(size_t(rows_ * strategy.slots()), MemoryCategory::workspace),
           losses_(size_t(strategy.slots()), MemoryCategory::workspace),
           count_(size_t(strategy.slots()), MemoryCategory::workspace),
-          sums_(2, MemoryCategory::workspace),
+          sums_(2 * size_t(kStepSums), MemoryCategory::workspace),
           counts_(2, MemoryCategory::workspace),
           figures_(1, MemoryCategory::workspace),
           host_figures_(static_cast<StepFigures*>(pinned_host_alloc(sizeof(StepFigures)))),
-          host_counts_(static_cast<long long*>(pinned_host_alloc(2 * sizeof(long long)))) {
+          host_counts_(static_cast<long long*>(pinned_host_alloc(2 * sizeof(long long)))),
+          update_flags_(size_t(strategy.model().num_units()), MemoryCategory::workspace),
+          host_flags_(static_cast<unsigned long long*>(
+              pinned_host_alloc(size_t(strategy.model().num_units()) * sizeof(unsigned long long)))),
+          host_sums_(static_cast<double*>(pinned_host_alloc(2 * size_t(kStepSums) * sizeof(double)))),
+          inject_(read_test_hook("POLEVAULT_TEST_INJECT_NONFINITE")),
+          diverge_(read_test_hook("POLEVAULT_TEST_DIVERGE")) {
+        if (Comm* c = strategy.comm()) collectives_ = c->collectives();
         if (optimizer.on_host())
             offloaded_ =
                 std::make_unique<OffloadedAdamW<T, G>>(optimizer, cpu_threads_per_rank(), strategy.params_on_host());
@@ -97,6 +117,8 @@ class Trainer {
         }
         memory_free(host_figures_);
         memory_free(host_counts_);
+        memory_free(host_flags_);
+        memory_free(host_sums_);
     }
     Trainer(const Trainer&) = delete;
     Trainer& operator=(const Trainer&) = delete;
@@ -129,10 +151,29 @@ class Trainer {
                                            : sum_over_ranks(local, sums_.get());  // a pipeline's last stage has it
     }
 
+    // Steps whose loss or gradient norm is not finite are passed over, up to n of them in the life
+    // of this trainer (0: the first one ends the run).
+    void set_skip_nonfinite(long long n) { skip_budget_ = n; }
+    long long skipped_steps() const { return skipped_; }
+
+    // Before a checkpoint (collective over every rank): fails, naming the step, unit and tensor, if
+    // an update since the last check made a parameter or the optimizer state non-finite on any rank.
+    // Only sharded updates need the collective; elsewhere step() has failed already.
+    void check_updates_finite() {
+        Comm* c = s_.comm();
+        if (!c || updates_agree()) return;
+        const long long first = min_over_ranks(bad_update_, *c, s_.model().stream(), s_.comms());
+        if (first != kNoBadUpdate) throw bad_update_error(first);
+    }
+
     // One optimizer step at 1-based step t over this rank's micro-batches.
-    StepResult step(const std::vector<DataLoader::MicroBatch>& micro, double lr, long long t, double clip,
+    StepResult step(const std::vector<DataLoader::MicroBatch>& batches, double lr, long long t, double clip,
                     const AdamWSettings& adamw) {
         Llama<T>& m = s_.model();
+        std::vector<DataLoader::MicroBatch> with_extra;  // the divergence hook's: the last one twice
+        if (diverge_.fires(t, s_.comm() ? s_.comm()->rank() : 0))
+            with_extra = batches, with_extra.push_back(batches.back());
+        const std::vector<DataLoader::MicroBatch>& micro = with_extra.empty() ? batches : with_extra;
         StepResult r;
         long long local = 0;
         for (const auto& b : micro)
@@ -155,31 +196,66 @@ class Trainer {
                             first + k + 1 == micro.size());
         }
         s_.finish_gradients();
-        sum_losses(losses_.get(), int(micro.size()), sums_.get(), stream);  // in micro-batch order
-        const double* loss_sum = sums_.get();
-        if (Comm* c = s_.comm()) {  // over the ranks, in rank order
+        if (inject_.fires(t, s_.comm() ? s_.comm()->rank() : 0)) inject_nonfinite_gradient(s_, inject_.tensor);
+        sum_losses(losses_.get(), int(micro.size()), sums_.get() + kLossSum, stream);  // in micro-batch order
+        const double* loss_sum = sums_.get() + kLossSum;
+        Comm* c = s_.comm();
+        if (c) {  // over the ranks, in rank order, with the checks' terms (trainer/step_checks.h)
+            const double micro_count = double(micro.size()), collectives = double(c->collectives() - collectives_);
+            collectives_ = c->collectives();
+            host_sums_[kMicro] = micro_count, host_sums_[kMicroSq] = micro_count * micro_count;
+            host_sums_[kCollectives] = collectives, host_sums_[kCollectivesSq] = collectives * collectives;
+            host_sums_[kBadUpdate] = bad_update_ != kNoBadUpdate;
+            CUDA_CHECK(cudaMemcpyAsync(sums_.get() + kMicro, host_sums_ + kMicro, (kStepSums - kMicro) * sizeof(double),
+                                       cudaMemcpyHostToDevice, stream));
             c->fence_from(stream);
-            c->all_reduce(sums_.get(), sums_.get() + 1, 1);
+            c->all_reduce(sums_.get(), sums_.get() + kStepSums, kStepSums);
             c->fence_to(stream);
-            loss_sum = sums_.get() + 1;
+            loss_sum = sums_.get() + kStepSums + kLossSum;
+            CUDA_CHECK(cudaMemcpyAsync(host_sums_ + kStepSums, sums_.get() + kStepSums, kStepSums * sizeof(double),
+                                       cudaMemcpyDeviceToHost, stream));
         }
         StepFigures* figures = figures_.get();
-        step_figures(loss_sum, s_.unit_norms_sq(), m.num_units(), clip, figures, stream);
-        if (offloaded_)  // the CPU update (optim/offload.h), the host waiting on its copies
+        const double* unit_norms = s_.unit_norms_sq();
+        step_figures(loss_sum, unit_norms, m.num_units(), clip, figures, stream);
+        const int units = m.num_units();
+        if (offloaded_) {  // the CPU update (optim/offload.h), the host waiting on its copies
+            std::fill(host_flags_, host_flags_ + units, kAdamWAllFinite);
             offloaded_->step([&](int u) { return s_.owned_params(u); }, [&](int u) { return s_.owned_grads(u); }, adamw,
-                             lr, t, &figures->scale, stream, [&](cudaEvent_t e) { wait_event_polling(e, s_.comms()); });
-        else
-            for (int u = 0; u < m.num_units(); ++u)
-                opt_.update_unit(u, s_.owned_params(u), s_.owned_grads(u), adamw, lr, t, 1.0, stream, &figures->scale);
+                             lr, t, &figures->scale, stream, [&](cudaEvent_t e) { wait_event_polling(e, s_.comms()); },
+                             host_flags_);
+        } else {
+            CUDA_CHECK(cudaMemsetAsync(update_flags_.get(), 0xFF, update_flags_.bytes(), stream));  // kAdamWAllFinite
+            for (int u = 0; u < units; ++u)
+                opt_.update_unit(u, s_.owned_params(u), s_.owned_grads(u), adamw, lr, t, 1.0, stream, &figures->scale,
+                                 update_flags_.get() + u);
+            CUDA_CHECK(cudaMemcpyAsync(host_flags_, update_flags_.get(), update_flags_.bytes(), cudaMemcpyDeviceToHost,
+                                       stream));
+        }
         s_.after_update();
         CUDA_CHECK(cudaMemcpyAsync(host_figures_, figures, sizeof(StepFigures), cudaMemcpyDeviceToHost, stream));
         wait_polling(stream, s_.comms());  // the step's one wait
         r.loss = host_figures_->loss_sum / double(r.counted);
         r.grad_norm = host_figures_->grad_norm;
-        if (!std::isfinite(r.loss) || !std::isfinite(host_figures_->scale))
-            throw std::runtime_error("step " + std::to_string(t) + ": the loss or gradient norm is not finite (loss " +
-                                     std::to_string(r.loss) + ", norm " + std::to_string(r.grad_norm) +
-                                     "); lower --lr or enable --clip");
+        if (c) {
+            const double* all = host_sums_ + kStepSums;
+            if (!all_equal(all[kMicro], all[kMicroSq], c->size()) ||
+                !all_equal(all[kCollectives], all[kCollectivesSq], c->size()))
+                throw ranks_out_of_step(t, *c, host_sums_[kMicro], host_sums_[kCollectives]);
+            if (all[kBadUpdate] > 0) check_updates_finite();  // the previous update's: fails on every rank
+        }
+        if (!std::isfinite(r.loss) || !std::isfinite(host_figures_->scale)) {  // refused on the device
+            r.nonfinite = nonfinite_gradient_source(s_, unit_norms);
+            if (skipped_ >= skip_budget_) throw nonfinite_step_error(t, r, clip);
+            ++skipped_;
+            r.skipped = true;
+            return r;
+        }
+        for (int u = 0; u < units && bad_update_ == kNoBadUpdate; ++u)
+            if (host_flags_[u] != kAdamWAllFinite)
+                bad_update_ = encode_bad_update(u, opt_.begin(u) + (long long)host_flags_[u]);
+        updated_step_ = t;
+        if (bad_update_ != kNoBadUpdate && (!c || updates_agree())) throw bad_update_error(bad_update_);
         return r;
     }
 
@@ -201,6 +277,27 @@ class Trainer {
     }
 
   private:
+    // Whether every rank makes the same update (one rank, DDP), so that their flags agree.
+    bool updates_agree() { return !s_.sharded_optimizer() && s_.holds_whole_model(); }
+
+    std::runtime_error bad_update_error(long long first) const {
+        return std::runtime_error(
+            "step " + std::to_string(updated_step_) +
+            ": the AdamW update made a parameter or the optimizer state non-finite (first at " +
+            bad_update_place(s_, first) +
+            "); the run cannot continue, no checkpoint is written with non-finite values and the last one is intact: "
+            "resume from it with a lower --lr");
+    }
+    std::runtime_error nonfinite_step_error(long long t, const StepResult& r, double clip) const {
+        char figures[96];
+        std::snprintf(figures, sizeof figures, "loss %.7g, gradient norm %.7g", r.loss, r.grad_norm);
+        return std::runtime_error(
+            "step " + std::to_string(t) + ": the loss or gradient norm is not finite (" + figures + "; " + r.nonfinite +
+            "); nothing was updated, the last checkpoint is intact. Lower --lr" + (clip > 0 ? "" : ", enable --clip") +
+            " or pass over such steps with --skip-nonfinite N" +
+            (skip_budget_ > 0 ? " (all " + std::to_string(skip_budget_) + " used)" : ""));
+    }
+
     // Σ over the ranks of `c` of this rank's count, on c's stream only (no wait for the compute
     // stream: the previous step's last collectives may still be running beside it).
     long long count_over_ranks(long long local, Comm& c) {
@@ -265,8 +362,16 @@ class Trainer {
     DeviceBuffer<double> sums_;
     DeviceBuffer<long long> counts_;
     DeviceBuffer<StepFigures> figures_;
-    StepFigures* host_figures_;  // pinned: where the step's figures are read back
-    long long* host_counts_;     // pinned: this rank's count and the sum over ranks
+    StepFigures* host_figures_;                      // pinned: where the step's figures are read back
+    long long* host_counts_;                         // pinned: this rank's count and the sum over ranks
+    DeviceBuffer<unsigned long long> update_flags_;  // per unit: the update's first non-finite element
+    unsigned long long* host_flags_;                 // pinned: where they are read back (the CPU update's own)
+    double* host_sums_;                              // pinned [2][kStepSums]: this rank's terms, the sums
+    long long collectives_ = 0;                      // the world's collective count at the previous step
+    long long bad_update_ = kNoBadUpdate;            // this rank's first non-finite update, encoded
+    long long updated_step_ = 0;                     // the last step whose update ran
+    long long skip_budget_ = 0, skipped_ = 0;
+    TestHook inject_, diverge_;
     struct Staging {
         int* host = nullptr;         // pinned [3][rows]: tokens, targets, positions
         cudaEvent_t read = nullptr;  // recorded after the copies that read it
