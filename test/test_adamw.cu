@@ -7,6 +7,7 @@
 #include "test/check.h"
 #include "test/reference/adamw.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <atomic>
@@ -349,10 +350,12 @@ using namespace adamw_group_test;
 // The owned range [begin, end) updated by the device's adamw_update_group and by adamw_update_cpu
 // on host copies of the same random arrays (the params the CPU writes poisoned first for bf16,
 // which must not read them): every array must come out with the same bits. `scale` is the clip
-// scale, on the device for the kernel and as a number for the CPU.
+// scale, on the device for the kernel and as a number for the CPU. `bad`: group elements whose
+// gradient is made +inf first; both updates must flag the first of them (its index in the range) as
+// the first element they made non-finite, and flag nothing without them or when the step is refused.
 template <class T, class G>
 void check_cpu_range(long long begin, long long end, bool stochastic, bool decay_norm_weights, double scale,
-                     pv::ThreadPool& pool) {
+                     pv::ThreadPool& pool, const std::vector<long long>& bad = {}) {
     using A = pv::acc_t<T>;
     constexpr bool bf = std::is_same_v<T, bf16>;
     const uint64_t seed = 900 + uint64_t(begin);
@@ -365,7 +368,18 @@ void check_cpu_range(long long begin, long long end, bool stochastic, bool decay
     };
     std::vector<T> params = host_of(dev.params);
     std::vector<A> master = host_of(dev.master), m = host_of(dev.m), v = host_of(dev.v);
-    const std::vector<G> grads = host_of(dev.grads);
+    std::vector<G> grads = host_of(dev.grads);
+    G inf;
+    if constexpr (std::is_same_v<G, bf16>)
+        inf = __float2bfloat16(INFINITY);
+    else
+        inf = G(INFINITY);
+    for (long long i : bad) {
+        grads[size_t(i - begin)] = inf;
+        CUDA_CHECK(cudaMemcpy(dev.grads.get() + i, &inf, sizeof(G), cudaMemcpyHostToDevice));
+    }
+    DeviceArray<unsigned long long> device_flag(std::vector<unsigned long long>{pv::kAdamWAllFinite});
+    unsigned long long cpu_flag = pv::kAdamWAllFinite;
     const pv::AdamWStep step{.lr = 3e-2, .weight_decay = 0.1, .t = 4, .grad_scale = 1e30};  // scale: ignored
     std::vector<pv::AdamWPiece> pieces;
     for (const Tensor& k : kTensors) {
@@ -378,14 +392,19 @@ void check_cpu_range(long long begin, long long end, bool stochastic, bool decay
     const pv::AdamWTable table(pieces);
     DeviceArray<double> d_scale(std::vector<double>{scale});
     pv::adamw_update_group(dev.params.get() + begin, dev.master_at(begin), dev.grads.get() + begin, dev.m.get() + begin,
-                           dev.v.get() + begin, table, step, decay_norm_weights, d_scale.get(), stochastic, 99,
-                           nullptr);
+                           dev.v.get() + begin, table, step, decay_norm_weights, d_scale.get(), stochastic, 99, nullptr,
+                           device_flag.get());
     const bool updated =
         pv::adamw_update_cpu<T, G>(params.data(), bf ? master.data() : nullptr, grads.data(), m.data(), v.data(),
-                                   pieces, step, decay_norm_weights, scale, stochastic, 99, pool);
+                                   pieces, step, decay_norm_weights, scale, stochastic, 99, pool, &cpu_flag);
     INFO("range [" << begin << ", " << end << ") stochastic " << stochastic << " decay_norm_weights "
                    << decay_norm_weights << " scale " << scale << " threads " << pool.threads());
     REQUIRE(updated == std::isfinite(scale));
+    const unsigned long long first_bad = bad.empty() || !updated
+                                             ? pv::kAdamWAllFinite
+                                             : (unsigned long long)(*std::min_element(bad.begin(), bad.end()) - begin);
+    CHECK(device_flag.download()[0] == first_bad);
+    CHECK(cpu_flag == first_bad);
     auto same = [&](const auto& device, const auto& host) {
         const auto all = device.download();
         return all.size() == 0 ? host.empty()
@@ -404,6 +423,11 @@ void check_cpu_ranges(bool stochastic) {
     for (auto [begin, end] : ranges)
         for (bool dnw : {false, true}) check_cpu_range<T, G>(begin, end, stochastic, dnw, 0.37, begin ? one : three);
     for (double bad : {std::nan(""), double(INFINITY)}) check_cpu_range<T, G>(0, kGroup, stochastic, false, bad, three);
+    // Infinite gradients: the first element made non-finite is flagged (the later one listed first),
+    // in a vectorised chunk and at a ragged piece end, by both; a refused step flags nothing.
+    check_cpu_range<T, G>(1100, 2201, stochastic, false, 0.37, three, {2100, 1500});
+    check_cpu_range<T, G>(0, kGroup, stochastic, false, 0.37, one, {3270, 3269});
+    check_cpu_range<T, G>(0, kGroup, stochastic, false, std::nan(""), three, {1500});
 }
 
 }  // namespace adamw_cpu_test
