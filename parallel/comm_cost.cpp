@@ -27,7 +27,7 @@ StepWire step_wire(const LlamaConfig& config, DType dtype, const GroupOptions& g
         if (u + 1 == layouts.size()) last = all;
     }
     const double n = ranks, t = double(dtype_size(dtype)), A = accumulation;
-    const double count_and_loss = 8 + 8, norms = 8.0 * double(layouts.size());
+    const double count_and_loss = 8 + 8.0 * kLossAllReduceDoubles, norms = 8.0 * double(layouts.size());
     const bool hybrid = k != ranks;
     // The shard group's ring (the world's without groups) and what it carries.
     const double ring = (k - 1.0) / k, scalars = hybrid ? norms : count_and_loss + norms;

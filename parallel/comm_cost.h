@@ -8,11 +8,12 @@
 //   zero3        2·(N−1)/N·scalars + A·(N−1)/N·(2·Ψall − Ψall_first − Ψall_last + Ψ)·t
 // Ψ: trainable padded elements, Ψall: every group's, first/last: the embedding's and the head's
 // (not gathered again for the backward), A: micro-steps per step, scalars: the token count, the
-// loss and one squared norm per unit (8 bytes each).
+// loss all-reduce's kLossAllReduceDoubles (the loss and the per-step checks' terms) and one squared
+// norm per unit (8 bytes each).
 //
 // Hybrid sharding (shard groups of K ranks, R = N/K replicas; parallel/shard_groups.h) counts
 // three communicators apart. Ψ and Ψall are then padded for K shards.
-//   world        the count and the loss: 2·(N−1)/N·16
+//   world        the count and the loss all-reduce: 2·(N−1)/N·(8 + 8·kLossAllReduceDoubles)
 //   shard group  the ZeRO formulas above with K for N, the scalars being the norms alone (8 per unit)
 //   replicas     one all-reduce of each rank's slices per step: 2·(R−1)/R·Ψ/K·t
 // Host code only.
@@ -24,6 +25,10 @@
 #include <string>
 
 namespace pv {
+
+// The doubles of the all-reduce that sums a step's loss (trainer/trainer.h): the loss sum and the
+// per-step checks' terms (trainer/step_checks.h StepSum, which must match it).
+inline constexpr int kLossAllReduceDoubles = 6;
 
 // Bytes one rank sends per optimizer step, by communicator: without shard groups everything is
 // the world's.

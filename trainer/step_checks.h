@@ -32,6 +32,7 @@
 #pragma once
 
 #include "model/group_parts.h"
+#include "parallel/comm_cost.h"
 #include "parallel/strategy.h"
 
 #include <climits>
@@ -89,6 +90,7 @@ inline TestHook read_test_hook(const char* variable) {
 // The per-step values added to the loss's all-reduce (trainer/trainer.h): the loss sum, then the
 // fingerprint's terms, then whether the previous step's update made anything non-finite here.
 enum StepSum : int { kLossSum, kMicro, kMicroSq, kCollectives, kCollectivesSq, kBadUpdate, kStepSums };
+static_assert(kStepSums == kLossAllReduceDoubles, "the communication model counts the loss all-reduce's doubles");
 
 // Whether every one of `ranks` values whose sum and sum of squares are given was equal (header).
 inline bool all_equal(double sum, double sum_sq, int ranks) { return double(ranks) * sum_sq == sum * sum; }

@@ -555,8 +555,9 @@ void check_mp_counts(pv::World& world, Options opt = {}) {
         CHECK(c.calls[size_t(CollectiveKind::recv)] == sends);
         CHECK(c.calls[size_t(CollectiveKind::reduce_scatter)] == 0);
         CHECK(c.calls[size_t(CollectiveKind::all_gather)] == 0);
-        CHECK(c.wire_bytes ==
-              Approx(2 * (n - 1) / n * (8 + 8.0 * mp.units) + sends * stream * t + tied_bytes).epsilon(1e-12));
+        CHECK(c.wire_bytes == Approx(2 * (n - 1) / n * (8.0 * pv::kLossAllReduceDoubles + 8.0 * mp.units) +
+                                     sends * stream * t + tied_bytes)
+                                  .epsilon(1e-12));
     }
     CHECK(category(mp, C::parameters) == held_all * t);
     CHECK(category(mp, C::gradients) == held * t);
@@ -629,7 +630,8 @@ void check_counts(pv::World& world, Options opt = {}) {
     const RunResult zero2 = train<T>("zero2", &world.comm(), world.size(), opt);
     const RunResult zero3 = train<T>("zero3", &world.comm(), world.size(), opt);
     // The count and the loss (one number each), the squared norm (one per unit).
-    const double psi = double(ddp.psi), psi_all = double(ddp.psi + ddp.psi_frozen), scalars = 8 + 8 + 8.0 * ddp.units;
+    const double psi = double(ddp.psi), psi_all = double(ddp.psi + ddp.psi_frozen),
+                 scalars = 8 + 8.0 * pv::kLossAllReduceDoubles + 8.0 * ddp.units;
     const double A = kAccumulation;
     for (const RunResult* r : {&zero1, &zero2, &zero3}) {
         REQUIRE(r->padded == ddp.padded);
@@ -1184,7 +1186,7 @@ void check_hybrid(pv::World& world) {
             const pv::Comm::Totals &w = by.at("world"), &g = by.at("shard"), &rep = by.at("replica");
             CHECK(calls(w, CollectiveKind::all_reduce) == 2);  // the count and the loss
             CHECK(calls(w, CollectiveKind::reduce_scatter) + calls(w, CollectiveKind::all_gather) == 0);
-            CHECK(w.wire_bytes == Approx(2.0 * (n - 1) / n * 16).epsilon(1e-12));
+            CHECK(w.wire_bytes == Approx(2.0 * (n - 1) / n * (8 + 8.0 * pv::kLossAllReduceDoubles)).epsilon(1e-12));
             // Within the group: the norms, the reduce-scatters and the gathers over K ranks.
             const long long rs = s == "zero1" ? r.units : kAccumulation * r.units;
             const long long ag = s == "zero3" ? kAccumulation * gathers : r.units;
