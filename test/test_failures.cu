@@ -11,8 +11,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -169,3 +171,145 @@ TEST_CASE("train plot: a valid PNG of several runs, non-finite steps and torn li
     CHECK(none.output.find((dir.path / "metrics.jsonl").string() + " is not a file") != std::string::npos);
 }
 
+namespace train_test {
+
+// Every line of a metrics.jsonl, parsed (a line that is not JSON fails the test).
+std::vector<nlohmann::json> metrics_lines(const fs::path& p) {
+    std::istringstream in(read_file(p));
+    std::vector<nlohmann::json> out;
+    std::string line;
+    while (std::getline(in, line)) {
+        INFO(line);
+        REQUIRE_NOTHROW(out.push_back(nlohmann::json::parse(line)));
+    }
+    return out;
+}
+
+// Overwrites element `element` of a float32 tensor in a safetensors file (a damaged checkpoint).
+void poke_f32(const fs::path& file, const std::string& tensor, long long element, float value) {
+    std::string bytes = read_file(file);
+    uint64_t header = 0;
+    std::memcpy(&header, bytes.data(), 8);
+    const nlohmann::json h = nlohmann::json::parse(bytes.substr(8, header));
+    REQUIRE(h.at(tensor).at("dtype") == "F32");
+    const size_t at = 8 + header + h.at(tensor).at("data_offsets").at(0).get<size_t>() + 4 * size_t(element);
+    std::memcpy(bytes.data() + at, &value, 4);
+    std::ofstream(file, std::ios::binary) << bytes;
+}
+
+const std::string kNonfinite =
+    "--steps 4 --batch 4 --micro-batch 2 --seq-len 16 --vocab 300 --warmup 1 --lr 3e-3 "
+    "--eval-interval 0 --sample-tokens 0 ";
+const std::string kUpProj = "model.layers.0.mlp.up_proj.weight";
+
+}  // namespace train_test
+
+// A gradient made infinite on purpose (POLEVAULT_TEST_INJECT_NONFINITE, trainer/step_checks.h) and
+// a learning rate that overflows the update.
+TEST_CASE(
+    "train: a non-finite step stops naming the tensor, or is skipped; no non-finite checkpoint; metrics stay "
+    "JSON; a damaged checkpoint is refused",
+    "[train][nonfinite]") {
+    TempDir dir("train_nonfinite");
+    const std::string train = (build_dir() / "train").string();
+    const std::string inject = "POLEVAULT_TEST_INJECT_NONFINITE=step=3,rank=0,tensor=" + kUpProj + " ";
+    // The update overflows: refused before any checkpoint, exit non-zero.
+    const Run huge = run_train(
+        "--steps 1 --warmup 0 --lr 1e39 --batch 4 --micro-batch 2 --seq-len 16 --vocab 300 "
+        "--sample-tokens 0 --out-dir " +
+        dir.file("huge"));
+    INFO(huge.output);
+    REQUIRE(huge.status != 0);
+    CHECK(huge.output.find("step 1: the AdamW update made a parameter or the optimizer state non-finite (first at "
+                           "unit 0, model.embed_tokens.weight element") != std::string::npos);
+    CHECK(!fs::exists(fs::path(dir.file("huge")) / "step_1"));
+    // An infinite gradient at step 3 without --skip-nonfinite: the stop names it; clipping is on, so
+    // the advice does not suggest it; step_2 stays and resumes.
+    const std::string stop = dir.file("stop");
+    const Run stopped =
+        run_train_command(inject + train + " " + kNonfinite + "--checkpoint-interval 2 --out-dir " + stop);
+    INFO(stopped.output);
+    REQUIRE(stopped.status != 0);
+    CHECK(stopped.output.find("step 3: the loss or gradient norm is not finite") != std::string::npos);
+    CHECK(stopped.output.find("the first non-finite gradient is in unit 1, tensor " + kUpProj) != std::string::npos);
+    CHECK(stopped.output.find("enable --clip") == std::string::npos);
+    CHECK(stopped.output.find("--skip-nonfinite N") != std::string::npos);
+    CHECK(fs::exists(fs::path(stop) / "step_2"));
+    CHECK(!fs::exists(fs::path(stop) / "step_4"));
+    for (const nlohmann::json& line : metrics_lines(fs::path(stop) / "metrics.jsonl")) CHECK(line.at("step") <= 2);
+    // Skipped once with --skip-nonfinite 1: the run goes on; the record says so with nulls.
+    const std::string skip = dir.file("skip");
+    const Run skipped = run_train_command(inject + train + " " + kNonfinite + "--skip-nonfinite 1 --out-dir " + skip);
+    INFO(skipped.output);
+    REQUIRE(skipped.status == 0);
+    CHECK(skipped.output.find("skipped step 3: the loss or gradient norm is not finite (the first non-finite "
+                              "gradient is in unit 1, tensor " +
+                              kUpProj + "); nothing was updated (1 of --skip-nonfinite 1)") != std::string::npos);
+    const std::vector<nlohmann::json> lines = metrics_lines(fs::path(skip) / "metrics.jsonl");
+    REQUIRE(lines.size() == 4);
+    CHECK(lines[2].at("step") == 3);
+    CHECK(lines[2].at("grad_norm").is_null());
+    CHECK(lines[2].at("skipped") == true);
+    CHECK(lines[3].at("grad_norm").is_number());
+    CHECK(!lines[3].contains("skipped"));
+    // The intact step_2 resumes; with a negative Adam v or a NaN weight it is refused, naming both.
+    const fs::path step2 = fs::path(stop) / "step_2";
+    const Run resumed = run_train("--resume " + step2.string() + " --steps 3");
+    INFO(resumed.output);
+    CHECK(resumed.status == 0);
+    poke_f32(step2 / "adam_v.safetensors", "model.layers.1.self_attn.o_proj.weight", 5, -1.5f);
+    const Run negative = run_train("--resume " + step2.string() + " --steps 3");
+    INFO(negative.output);
+    CHECK(negative.status != 0);
+    CHECK(negative.output.find("adam_v.safetensors: model.layers.1.self_attn.o_proj.weight element 5 is -1.5 (Adam's "
+                               "v is a running mean of squares: never negative)") != std::string::npos);
+    poke_f32(step2 / "adam_v.safetensors", "model.layers.1.self_attn.o_proj.weight", 5, 0.5f);
+    poke_f32(step2 / "master.safetensors", "model.norm.weight", 3, NAN);
+    const Run nan_weight = run_train("--resume " + step2.string() + " --steps 3");
+    INFO(nan_weight.output);
+    CHECK(nan_weight.status != 0);
+    CHECK(nan_weight.output.find("master.safetensors: model.norm.weight element 3 is nan (not finite)") !=
+          std::string::npos);
+}
+
+// The same injection on rank 1 of 2 under ddp and zero3: every rank skips the step and the runs end
+// identically; without --skip-nonfinite the job stops naming the tensor with the last checkpoint
+// intact. And a rank that runs one micro-batch more (POLEVAULT_TEST_DIVERGE) is named.
+TEST_CASE(
+    "train under mpirun: a non-finite gradient on one rank is skipped by every rank or stops the job; a rank "
+    "out of step is named",
+    "[train][nonfinite][mpi]") {
+    TempDir dir("train_nonfinite_mpi");
+    const std::string train = (build_dir() / "train").string() + " " + kNonfinite;
+    const std::string inject = "-x POLEVAULT_TEST_INJECT_NONFINITE=step=3,rank=1,tensor=" + kUpProj + " ";
+    for (const char* strategy : {"ddp", "zero3"}) {
+        const Run r = run_mpi(
+            2, inject + train + "--skip-nonfinite 1 --parallel " + strategy + " --out-dir " + dir.file(strategy));
+        INFO(strategy << "\n" << r.output);
+        REQUIRE(r.status == 0);
+        CHECK(r.output.find("skipped step 3: the loss or gradient norm is not finite (the first non-finite gradient "
+                            "is in unit 1, tensor " +
+                            kUpProj + ")") != std::string::npos);
+        CHECK(losses(r.output).size() == 4);
+    }
+    for (const char* f : {"model.safetensors", "master.safetensors", "adam_m.safetensors", "adam_v.safetensors"})
+        CHECK(read_file(fs::path(dir.file("ddp")) / "step_4" / f) ==
+              read_file(fs::path(dir.file("zero3")) / "step_4" / f));
+    const Run stop =
+        run_mpi(2, inject + train + "--parallel zero3 --checkpoint-interval 2 --out-dir " + dir.file("stop"));
+    INFO(stop.output);
+    REQUIRE(stop.status != 0);
+    REQUIRE(stop.status != 124);
+    CHECK(stop.output.find("train: step 3: the loss or gradient norm is not finite") != std::string::npos);
+    CHECK(stop.output.find("tensor " + kUpProj) != std::string::npos);
+    CHECK(fs::exists(fs::path(dir.file("stop")) / "step_2" / "trainer_state.json"));
+    CHECK(!fs::exists(fs::path(dir.file("stop")) / "step_4"));
+    const Run diverged =
+        run_mpi(2, "-x POLEVAULT_TEST_DIVERGE=step=2,rank=1 " + train + "--parallel ddp --out-dir " + dir.file("div"));
+    INFO(diverged.output);
+    REQUIRE(diverged.status != 0);
+    REQUIRE(diverged.status != 124);
+    CHECK(diverged.output.find("step 2: the ranks are out of step: rank 1 ran 2 micro-batch(es) and") !=
+          std::string::npos);
+    CHECK(diverged.output.find("rank 0 ran 1 and") != std::string::npos);
+}
