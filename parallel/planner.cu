@@ -1,6 +1,8 @@
 // The memory planner (parallel/planner.h).
 #include "parallel/planner.h"
 
+#include "parallel/comm_cost.h"
+
 #include "kernels/glue.cuh"
 #include "kernels/rope.cuh"
 #include "model/decoder.h"
@@ -169,13 +171,17 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
 
     // The trainer (trainer/trainer.h): a slot's token, target and position ids, the micro-batches'
     // loss sums (grown to the accumulation on the first step, the old array freed after the new
-    // one exists), the counts and the step's figures; pinned staging for the uploads.
+    // one exists), the loss all-reduce's terms and their sums, the counts, the step's figures and
+    // each unit's update flag; pinned staging for the uploads and read-backs.
     const double losses = slots + (q.accumulation > slots ? q.accumulation : 0);
+    const double step_sums = 2.0 * kLossAllReduceDoubles * sizeof(double);
+    const double update_flags = double(units) * sizeof(unsigned long long);
     m.add("batch and loss buffers", C::workspace,
-          3 * rows * slots * sizeof(int) + losses * a + slots * sizeof(int) + 2 * sizeof(double) +
-              2 * sizeof(long long) + sizeof(StepFigures));
+          3 * rows * slots * sizeof(int) + losses * a + slots * sizeof(int) + step_sums + 2 * sizeof(long long) +
+              sizeof(StepFigures) + update_flags);
     m.add("upload staging (pinned)", C::pinned_host,
-          2.0 * slots * 3 * rows * sizeof(int) + sizeof(StepFigures) + 2 * sizeof(long long));
+          2.0 * slots * 3 * rows * sizeof(int) + sizeof(StepFigures) + 2 * sizeof(long long) + step_sums +
+              update_flags);
     // A step's micro-batches as the loader gives them (inputs, targets, positions), pageable.
     m.add("a step's micro-batches", C::pinned_host, 3.0 * q.accumulation * rows * sizeof(int));
 
