@@ -56,4 +56,18 @@ void __tsan_atomic64_store(volatile int64_t* a, int64_t v, int) { __atomic_store
 int8_t __tsan_atomic8_load(const volatile int8_t* a, int) { return __atomic_load_n(a, __ATOMIC_SEQ_CST); }
 void __tsan_atomic8_store(volatile int8_t* a, int8_t v, int) { __atomic_store_n(a, v, __ATOMIC_SEQ_CST); }
 void __tsan_atomic_thread_fence(int) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+// Compare-and-swap (atomicMin and atomicMax on 64 bits are loops of it): a read, and a write when
+// it succeeds.
+int __tsan_atomic64_compare_exchange_weak(volatile int64_t* a, int64_t* expected, int64_t v, int, int) {
+    access_meter_record(const_cast<int64_t*>(a), 8, false);
+    const bool swapped = __atomic_compare_exchange_n(a, expected, v, true, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    if (swapped) access_meter_record(const_cast<int64_t*>(a), 8, true);
+    return swapped;
+}
+int __tsan_atomic64_compare_exchange_strong(volatile int64_t* a, int64_t* expected, int64_t v, int, int) {
+    access_meter_record(const_cast<int64_t*>(a), 8, false);
+    const bool swapped = __atomic_compare_exchange_n(a, expected, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    if (swapped) access_meter_record(const_cast<int64_t*>(a), 8, true);
+    return swapped;
+}
 }
