@@ -127,14 +127,15 @@ MPI_TEST_RUNS := $(foreach n,$(MPI_TEST_RANKS),$(addprefix $(if $(filter address
 # reused before a stream has run the work that reads it); `make test` runs test_model under all three.
 # test_train (whole `train` programs, about 110 s per schedule) runs under the in-order and the
 # random+deferred schedules in `make test`: its kernels meet every schedule in their own suites.
-# test_failures (whole `train` programs meeting bad input, signals, full disks) runs under one
-# schedule: what it tests is the program's behaviour, not the kernels'.
+# test_failures (whole `train` programs meeting bad input, signals, full disks) and test_learning
+# (a small model must learn) run under one schedule: what they test is the program's behaviour,
+# not the kernels'. (test_learning is all [learning]: not under ASan.)
 ASAN_ONE_SCHEDULE := $(BUILD)/test/test_train $(BUILD)/test/test_model $(BUILD)/test/test_attention \
   $(BUILD)/test/test_failures
 TWO_SCHEDULES := $(BUILD)/test/test_train
-ONE_SCHEDULE := $(BUILD)/test/test_failures
+ONE_SCHEDULE := $(BUILD)/test/test_failures $(BUILD)/test/test_learning
 TEST_RUNS := $(if $(filter address,$(SANITIZE)),\
-  $(foreach b,$(TEST_BINS),$(if $(filter $(b),$(ASAN_ONE_SCHEDULE)),random+deferred@$(b),$(b))),\
+  $(foreach b,$(filter-out $(BUILD)/test/test_learning,$(TEST_BINS)),$(if $(filter $(b),$(ASAN_ONE_SCHEDULE)),random+deferred@$(b),$(b))),\
   $(foreach b,$(TEST_BINS),$(if $(filter $(b),$(TWO_SCHEDULES)),in-order@$(b) random+deferred@$(b),\
     $(if $(filter $(b),$(ONE_SCHEDULE)),in-order@$(b),$(b)))))
 # The traffic test runs in the plain host flavour only, under one schedule (what it measures does
