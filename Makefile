@@ -7,6 +7,7 @@
 #   make test-full        the suite plus the larger cases kept out of `make test` ([.full])
 #   make test-interop     the host `train` against transformers, tokenizers and safetensors from
 #                         PyPI (test/interop/, a pinned virtual environment in build/interop-venv)
+#   make fuzz             a libFuzzer target per file reader, each run FUZZ_SECONDS (default 30)
 #   make bench            build and run the benchmarks
 #   make ptxas-report     registers, shared memory and spills of every kernel for sm_90
 #   make format           clang-format (.clang-format) over every C++/CUDA source
@@ -296,10 +297,59 @@ bench: $(BENCH_BINS) $(BUILD)/train
 	@for b in $(BENCH_BINS); do echo "== $$b"; POLEVAULT_HOST_WORKERS=1 OPENBLAS_NUM_THREADS=1 $$b || exit 1; done
 	@echo "== bench/train_throughput.sh"; TRAIN=$(BUILD)/train bench/train_throughput.sh
 
+# make fuzz: a libFuzzer target per file reader (fuzz/fuzz_*.cpp, fuzz/README.md), each run for
+# FUZZ_SECONDS on its committed corpus fuzz/corpus/<reader>/. Built with clang (libFuzzer is
+# clang's) under AddressSanitizer + UBSan, host C++ only: the readers and what they call, compiled
+# again with the fuzzer's coverage instrumentation into build/fuzz/ and linked from an archive, so
+# each target takes only the objects it needs (unused functions are dropped with their sections:
+# trainer/options.o's command-line parser is not linked in with the options' JSON reader).
+FUZZ_SECONDS ?= 30
+FUZZ_CXX ?= clang++
+FUZZ_BUILD := build/fuzz
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined
+FUZZ_CXXFLAGS := -std=c++20 -O1 -g -fno-omit-frame-pointer $(FUZZ_SAN) -fsanitize=fuzzer-no-link \
+                 -ffunction-sections -fdata-sections $(WARNINGS) $(INCLUDES) -MMD -MP
+# Two of the objects include the host platform's headers, which clang 14 cannot compile
+# (std::source_location needs a builtin it lacks): they are compiled by g++ under the same
+# sanitizers (ASan's and UBSan's interfaces are the same in both compilers), without the
+# fuzzer's coverage — the options' JSON reader is nlohmann's templates, instrumented in the
+# objects that instantiate them too; the NF4 tables are constants.
+FUZZ_GXX_OBJS := $(FUZZ_BUILD)/trainer/options.o $(FUZZ_BUILD)/model/bnb_tables.o
+FUZZ_LIB_OBJS := $(patsubst %.cpp,$(FUZZ_BUILD)/%.o,$(wildcard data/*.cpp io/*.cpp model/*.cpp) trainer/state.cpp) \
+                 $(FUZZ_GXX_OBJS)
+FUZZ_BINS := $(patsubst fuzz/%.cpp,$(FUZZ_BUILD)/%,$(wildcard fuzz/fuzz_*.cpp))
+
+.PHONY: fuzz
+fuzz: $(FUZZ_BINS)
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz/run.sh $(FUZZ_BINS)
+
+$(FUZZ_BUILD)/%.o: %.cpp
+	@mkdir -p $(dir $@)
+	$(FUZZ_CXX) $(FUZZ_CXXFLAGS) -c $< -o $@
+
+FUZZ_GXX := $(CXX) -x c++ -std=c++20 -O1 -g -fno-omit-frame-pointer $(FUZZ_SAN) -ffunction-sections -fdata-sections \
+            $(WARNINGS) -Wno-maybe-uninitialized $(INCLUDES) -MMD -MP
+$(FUZZ_BUILD)/trainer/options.o: trainer/options.cpp
+	@mkdir -p $(dir $@)
+	$(FUZZ_GXX) -c $< -o $@
+
+$(FUZZ_BUILD)/model/bnb_tables.o: model/bnb_tables.cu
+	@mkdir -p $(dir $@)
+	$(FUZZ_GXX) -c $< -o $@
+
+# The targets find their fixed inputs (a tokenizer) in the repository's test data.
+$(FUZZ_BUILD)/fuzz/%.o: FUZZ_CXXFLAGS += -DPV_FUZZ_DATA_DIR='"$(CURDIR)/test/data"'
+
+$(FUZZ_BUILD)/libreaders.a: $(FUZZ_LIB_OBJS)
+	rm -f $@ && ar rcs $@ $^
+
+$(FUZZ_BUILD)/fuzz_%: $(FUZZ_BUILD)/fuzz/fuzz_%.o $(FUZZ_BUILD)/libreaders.a
+	$(FUZZ_CXX) $(FUZZ_SAN) -fsanitize=fuzzer -Wl,--gc-sections -o $@ $^ $(PRODUCT_LIBS)
+
 format:
 	clang-format -i $$(git ls-files '*.cu' '*.cuh' '*.cpp' '*.h')
 
 clean:
 	rm -rf build demo train
 
--include $(shell find build/$(FLAVOUR) -name '*.d' 2>/dev/null)
+-include $(shell find build/$(FLAVOUR) $(FUZZ_BUILD) -name '*.d' 2>/dev/null)

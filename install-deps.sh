@@ -11,6 +11,7 @@
 #   gnuplot-nox        `train plot` draws its PNG with it (pngcairo terminal)
 #   python3, python3-venv   make test-interop's virtual environment (test only; PyPI packages go there)
 #   make, g++          the build
+#   clang, libclang-rt-14-dev   make fuzz: libFuzzer and the sanitizers' runtimes for clang
 set -euo pipefail
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
@@ -18,7 +19,7 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update
 $SUDO apt-get install -y --no-install-recommends \
   make g++ catch2 libopenblas-dev libopenmpi-dev openmpi-bin nlohmann-json3-dev libcli11-dev libpcre2-dev \
-  gnuplot-nox python3 python3-venv
+  gnuplot-nox python3 python3-venv clang libclang-rt-14-dev
 if ! command -v nvcc >/dev/null && [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
   echo "note: nvcc not found; BACKEND=cuda builds need the CUDA toolkit (the host backend does not)" >&2
 fi

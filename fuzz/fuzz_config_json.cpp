@@ -1,0 +1,22 @@
+// Fuzz target: a Hugging Face config.json (model/config_json.h): parse_hf_config on the text, and
+// the readers of the same file's other keys (torch_dtype; the token ids, which
+// read_generation_config reads from a config.json as transformers falls back to). An accepted
+// config must survive the round trip an export makes: written back (hf_config_json), it reads
+// again and writes the same text — an exception or a difference there aborts (a finding).
+#include "fuzz/fuzz_target.h"
+#include "model/config_json.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    const std::string path = pv::fuzz::write_scratch("config.json", data, size);
+    pv::fuzz::accepts([&] { pv::read_hf_torch_dtype(path); });
+    pv::fuzz::accepts([&] { pv::read_generation_config(path); });
+    pv::LlamaConfig c;
+    const std::string text(reinterpret_cast<const char*>(data), size);
+    if (!pv::fuzz::accepts([&] { c = pv::parse_hf_config(text, "fuzz/config.json"); })) return 0;
+    const std::string written = pv::hf_config_json(c);
+    if (pv::hf_config_json(pv::parse_hf_config(written, "fuzz/written")) != written) {
+        std::fprintf(stderr, "fuzz finding: config.json does not round-trip:\n%s\n", written.c_str());
+        std::abort();
+    }
+    return 0;
+}

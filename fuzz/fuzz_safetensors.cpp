@@ -1,0 +1,32 @@
+// Fuzz target: safetensors files (model/safetensors.h), as a model directory's model.safetensors.
+// The input is the whole file: the header is read and checked by SafeTensorsReader, then every
+// tensor's bytes are read through it, and every float tensor is converted to fp32 through
+// HfCheckpoint (the path weights take into a model).
+#include "fuzz/fuzz_target.h"
+#include "model/dtype_conversion.h"
+#include "model/hf_checkpoint.h"
+#include "model/safetensors.h"
+
+#include <vector>
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    const std::string path = pv::fuzz::write_scratch("model.safetensors", data, size);
+    pv::fuzz::accepts([&] {
+        pv::SafeTensorsReader reader(path);
+        std::vector<uint8_t> bytes;
+        for (const pv::SafeTensorInfo& t : reader.tensors()) {
+            bytes.resize(t.bytes);
+            reader.read(t, 0, t.bytes, bytes.data());
+        }
+    });
+    pv::fuzz::accepts([&] {
+        pv::HfCheckpoint checkpoint = pv::HfCheckpoint::open_file(path);
+        std::vector<float> values;
+        for (const pv::SafeTensorInfo* t : checkpoint.tensors()) {
+            if (!pv::is_float_dtype(t->dtype)) continue;
+            values.resize(t->numel());
+            checkpoint.read(t->name, 0, t->numel(), pv::DType::fp32, values.data());
+        }
+    });
+    return 0;
+}

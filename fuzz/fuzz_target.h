@@ -1,0 +1,86 @@
+// What every fuzz target (fuzz/fuzz_*.cpp, `make fuzz`) shares: a scratch directory for the
+// readers that take a path, and the rule for what counts as a finding.
+//
+// Readers that open files get the input written to a file in a scratch directory per process, in
+// /dev/shm when there is one (tmpfs: an execution costs a write to memory, not to a disk), named
+// as the product names it (model.safetensors, tokenizer.json, ...) so that the reader takes the
+// same branches it takes for the real file.
+//
+// Findings. libFuzzer with AddressSanitizer and UBSan reports crashes, over-reads, undefined
+// behaviour, leaks, hangs (-timeout) and allocations beyond -malloc_limit_mb / -rss_limit_mb.
+// On top of that, a reader may reject an input only the documented way: std::runtime_error or
+// std::invalid_argument (what every reader promises, with a message naming the file). Anything
+// else escaping it — std::length_error or std::bad_alloc from a size taken from the file, an
+// std::out_of_range from an unchecked index, a bare nlohmann::json exception — is a finding too,
+// and reject() aborts with its message so libFuzzer saves the input.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <typeinfo>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+namespace pv::fuzz {
+
+// A directory of this process's own, created on first use and removed at exit.
+inline const std::filesystem::path& scratch_dir() {
+    static const std::filesystem::path dir = [] {
+        namespace fs = std::filesystem;
+        const fs::path base = fs::is_directory("/dev/shm") ? fs::path("/dev/shm") : fs::temp_directory_path();
+        fs::path d = base / ("polevault_fuzz_" + std::to_string(::getpid()));
+        fs::remove_all(d);
+        fs::create_directories(d);
+        static struct Remover {
+            fs::path d;
+            ~Remover() {
+                std::error_code ec;
+                fs::remove_all(d, ec);
+            }
+        } remover{d};
+        return d;
+    }();
+    return dir;
+}
+
+// Writes `size` bytes to scratch_dir()/name (replacing it) and returns its path.
+inline std::string write_scratch(const std::string& name, const uint8_t* data, size_t size) {
+    const std::string path = (scratch_dir() / name).string();
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) std::abort();
+    for (size_t done = 0; done < size;) {
+        const ssize_t n = ::write(fd, data + done, size - done);
+        if (n <= 0) std::abort();
+        done += size_t(n);
+    }
+    ::close(fd);
+    return path;
+}
+
+// Runs `read`; returns whether it accepted the input. A rejection other than the documented kinds
+// (above) aborts, naming the exception's type and message.
+inline bool accepts(const std::function<void()>& read) {
+    try {
+        read();
+        return true;
+    } catch (const std::runtime_error&) {
+        return false;
+    } catch (const std::invalid_argument&) {
+        return false;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "fuzz finding: the reader threw %s (not std::runtime_error or invalid_argument): %s\n",
+                     typeid(e).name(), e.what());
+        std::abort();
+    }
+}
+
+}  // namespace pv::fuzz

@@ -1,0 +1,22 @@
+// Fuzz target: a checkpoint's trainer_state.json (trainer/state.h), read as `train --resume` reads
+// it, and its "options" object alone through train_options_from_json (trainer/options.h), the
+// function every resume passes them to. An accepted options object must round-trip:
+// train_options_json of what was read reads back to the same text — an exception or a
+// difference there aborts (a finding).
+#include "fuzz/fuzz_target.h"
+#include "trainer/options.h"
+#include "trainer/state.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    const std::string path = pv::fuzz::write_scratch("trainer_state.json", data, size);
+    pv::fuzz::accepts([&] { pv::read_trainer_state(path); });
+    const std::string text(reinterpret_cast<const char*>(data), size);
+    pv::TrainOptions o;
+    if (!pv::fuzz::accepts([&] { o = pv::train_options_from_json(text); })) return 0;
+    const std::string written = pv::train_options_json(o);
+    if (pv::train_options_json(pv::train_options_from_json(written)) != written) {
+        std::fprintf(stderr, "fuzz finding: the training options do not round-trip:\n%s\n", written.c_str());
+        std::abort();
+    }
+    return 0;
+}
