@@ -32,6 +32,7 @@ bool state_shape(pv::HfCheckpoint& source, const pv::SafeTensorInfo& state, long
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    pv::fuzz::begin_input(size);
     const std::string path = pv::fuzz::write_scratch("model.safetensors", data, size);
     pv::fuzz::accepts([&] {
         pv::HfCheckpoint source = pv::HfCheckpoint::open_file(path);

@@ -7,6 +7,7 @@
 #include "model/config_json.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    pv::fuzz::begin_input(size);
     const std::string path = pv::fuzz::write_scratch("config.json", data, size);
     pv::fuzz::accepts([&] { pv::read_hf_torch_dtype(path); });
     pv::fuzz::accepts([&] { pv::read_generation_config(path); });

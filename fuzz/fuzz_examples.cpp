@@ -10,6 +10,7 @@
 #endif
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    pv::fuzz::begin_input(size);
     static const pv::Tokenizer tok = pv::Tokenizer::load(PV_FUZZ_DATA_DIR "/tokenizers/llama3-small.json");
     const std::string path = pv::fuzz::write_scratch("input.jsonl", data, size);
     std::vector<pv::Example> examples;

@@ -4,6 +4,7 @@
 #include "model/llama2c.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    pv::fuzz::begin_input(size);
     const std::string path = pv::fuzz::write_scratch("model.bin", data, size);
     if (!pv::fuzz::accepts([&] { pv::read_llama2c_header(path); })) return 0;
     const std::filesystem::path out = pv::fuzz::scratch_dir() / "converted";

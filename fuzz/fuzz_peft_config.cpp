@@ -6,6 +6,7 @@
 #include "model/peft_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    pv::fuzz::begin_input(size);
     const std::string text(reinterpret_cast<const char*>(data), size);
     pv::PeftAdapterConfig c;
     if (!pv::fuzz::accepts([&] { c = pv::parse_peft_adapter_config(text, "fuzz/adapter_config.json"); })) return 0;

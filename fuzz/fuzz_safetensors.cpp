@@ -10,6 +10,7 @@
 #include <vector>
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    pv::fuzz::begin_input(size);
     const std::string path = pv::fuzz::write_scratch("model.safetensors", data, size);
     pv::fuzz::accepts([&] {
         pv::SafeTensorsReader reader(path);

@@ -5,6 +5,7 @@
 #include "fuzz/fuzz_target.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    pv::fuzz::begin_input(size);
     const std::string path = pv::fuzz::write_scratch("train_000000.pvtokens", data, size);
     pv::TokenShard shard;
     if (!pv::fuzz::accepts([&] { shard = pv::read_shard(path); })) return 0;

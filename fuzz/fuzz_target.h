@@ -8,11 +8,15 @@
 //
 // Findings. libFuzzer with AddressSanitizer and UBSan reports crashes, over-reads, undefined
 // behaviour, leaks, hangs (-timeout) and allocations beyond -malloc_limit_mb / -rss_limit_mb.
+// Tighter than those: one allocation larger than kFixedBytes + kBytesPerInputByte × the input's
+// size is a size taken from the file and not checked against it (a reader's own fixed buffers,
+// such as HfCheckpoint's 16 MiB read chunk, fit under kFixedBytes; what a reader builds from the
+// file's contents grows with them); begin_input(size), the first call of every target, sets it.
 // On top of that, a reader may reject an input only the documented way: std::runtime_error or
 // std::invalid_argument (what every reader promises, with a message naming the file). Anything
 // else escaping it — std::length_error or std::bad_alloc from a size taken from the file, an
 // std::out_of_range from an unchecked index, a bare nlohmann::json exception — is a finding too,
-// and reject() aborts with its message so libFuzzer saves the input.
+// and accepts() aborts with its message so libFuzzer saves the input.
 #pragma once
 
 #include <cstddef>
@@ -30,7 +34,28 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+extern "C" int __sanitizer_install_malloc_and_free_hooks(void (*malloc_hook)(const volatile void*, size_t),
+                                                         void (*free_hook)(const volatile void*));
+
 namespace pv::fuzz {
+
+inline constexpr size_t kFixedBytes = size_t(32) << 20, kBytesPerInputByte = 256;
+inline size_t allocation_limit = SIZE_MAX;
+
+inline void check_allocation(const volatile void*, size_t bytes) {
+    if (bytes <= allocation_limit) return;
+    static const char message[] = "fuzz finding: one allocation larger than the input's size allows\n";
+    (void)!::write(2, message, sizeof message - 1);
+    std::abort();
+}
+inline void ignore_free(const volatile void*) {}
+
+// Call first in every execution: the allocation limit for an input of `size` bytes (above).
+inline void begin_input(size_t size) {
+    static const bool installed = __sanitizer_install_malloc_and_free_hooks(check_allocation, ignore_free) != 0;
+    if (!installed) std::abort();
+    allocation_limit = kFixedBytes + kBytesPerInputByte * size;
+}
 
 // A directory of this process's own, created on first use and removed at exit.
 inline const std::filesystem::path& scratch_dir() {

@@ -7,6 +7,7 @@
 #include "fuzz/fuzz_target.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    pv::fuzz::begin_input(size);
     const std::string path = pv::fuzz::write_scratch("tokenizer.json", data, size);
     pv::fuzz::accepts([&] {
         const pv::Tokenizer tok = pv::Tokenizer::load(path);

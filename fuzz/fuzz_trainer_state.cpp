@@ -8,6 +8,7 @@
 #include "trainer/state.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    pv::fuzz::begin_input(size);
     const std::string path = pv::fuzz::write_scratch("trainer_state.json", data, size);
     pv::fuzz::accepts([&] { pv::read_trainer_state(path); });
     const std::string text(reinterpret_cast<const char*>(data), size);
