@@ -201,7 +201,7 @@ std::optional<Example> parse_example_line(std::string_view line, const std::stri
     nlohmann::json j;
     try {
         j = nlohmann::json::parse(line.begin(), line.end());
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // a syntax error, or a number beyond a double (2e999)
         fail(where, std::string("not JSON (") + e.what() + "); a .jsonl file holds one JSON object per line");
     }
     if (!j.is_object())

@@ -299,7 +299,20 @@ struct Loader {
 
     // The vocabulary, merges and unknown-character handling of a BPE model; the vocabulary's
     // entries and the merges come from the parse (StreamedModel), the rest from m.
-    void model(const json& m, const StreamedModel& streamed, tok::BpeModel& out) const {
+    // Ids index dense tables (the model's tokens, the id -> text map) and set the vocabulary's
+    // size, so an id is refused beyond what the file's entries can number: its vocab entries and
+    // added tokens, 0, 1, 2, ..., with at most kUnusedIds ids left unused among them. (A single
+    // id of 16 million in a file of a few bytes would otherwise allocate half a gigabyte.)
+    static constexpr long long kUnusedIds = 1024;
+    void check_id(long long id, long long entries, const std::string& what) const {
+        if (id < 0 || id >= std::min<long long>(entries + kUnusedIds, 1 << 24))
+            throw fail(what + " id " + std::to_string(id) + " out of range: the file has " + std::to_string(entries) +
+                       " vocab entries and added tokens, numbered from 0 (ids above " +
+                       std::to_string(entries + kUnusedIds - 1) +
+                       " would leave more than 1024 unused); is the file corrupt?");
+    }
+
+    void model(const json& m, const StreamedModel& streamed, long long entries, tok::BpeModel& out) const {
         if (!m.is_object()) throw fail("no \"model\" object");
         if (m.contains("type") && m["type"] != "BPE")
             throw fail("model type " + m["type"].dump() +
@@ -324,7 +337,7 @@ struct Loader {
         for (const auto& [token, idj] : streamed.vocab) {
             if (!idj.is_number_integer()) throw fail("vocab entry " + json(token).dump() + " has no integer id");
             const long long id = idj.get<long long>();
-            if (id < 0 || id >= (1 << 24)) throw fail("vocab id " + std::to_string(id) + " out of range");
+            check_id(id, entries, "vocab");
             if (id < (long long)out.valid.size() && out.valid[size_t(id)])
                 throw fail("vocab id " + std::to_string(id) + " used twice");
             out.add_token(int(id), token);
@@ -384,7 +397,7 @@ struct Loader {
         }
     }
 
-    void added_tokens(const json& j, Tokenizer::Impl& impl) const {
+    void added_tokens(const json& j, long long entries, Tokenizer::Impl& impl) const {
         if (j.is_null()) return;
         if (!j.is_array()) throw fail("\"added_tokens\" is not an array");
         for (const json& t : j) {
@@ -393,7 +406,7 @@ struct Loader {
                 throw fail("added token " + t.dump() + " lacks an integer id or a string content");
             tok::AddedToken a;
             const long long id = t["id"].get<long long>();
-            if (id < 0 || id >= (1 << 24)) throw fail("added token id " + std::to_string(id) + " out of range");
+            check_id(id, entries, "added token");
             a.id = int(id);
             a.content = t["content"].get<std::string>();
             if (a.content.empty()) throw fail("added token " + std::to_string(id) + " is empty");
@@ -479,8 +492,10 @@ Tokenizer Tokenizer::load(const std::string& path) {
             impl->model.byte_level = true;
         }
     if (!j.contains("model")) throw L.fail("no \"model\" object");
-    L.model(j["model"], streamed, impl->model);
-    L.added_tokens(j.value("added_tokens", json()), *impl);
+    const json added = j.value("added_tokens", json());
+    const long long entries = (long long)streamed.vocab.size() + (added.is_array() ? (long long)added.size() : 0);
+    L.model(j["model"], streamed, entries, impl->model);
+    L.added_tokens(added, entries, *impl);
     if (j.contains("decoder") && !j["decoder"].is_null()) {
         impl->has_decoder = true;
         L.decoder(j["decoder"], impl->decoder);

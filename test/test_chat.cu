@@ -427,6 +427,10 @@ TEST_CASE("malformed JSON lines name the file, the line and the message", "[chat
     CHECK_THAT(error_of(R"({"text": 3})"), Contains("field \"text\" holds a JSON number"));
     CHECK_THAT(error_of("[1, 2]"), Contains("not an object"));
     CHECK_THAT(error_of("{\"messages\": [}"), Contains("not JSON"));
+    // A number beyond a double is nlohmann's out_of_range, not a parse_error; it once escaped as
+    // that, naming neither file nor line (fuzz/corpus/examples/regression_number_overflow.jsonl,
+    // found by fuzz_examples).
+    CHECK_THAT(error_of(R"({"text": "a", "n": 2e333333})"), Contains("not JSON") && Contains("number overflow"));
     // The good shapes, in order; the kind is decided by the first of messages, prompt, text.
     const std::string path = dir.file("good.jsonl");
     write_text(path,

@@ -374,6 +374,19 @@ TEST_CASE("bad tokenizer files are rejected with the file and the problem", "[to
 
     p = broken("no_byte.json", "\"a\": 97,", "");
     REQUIRE_THROWS_WITH(pv::Tokenizer::load(p), Contains(p) && Contains("byte"));
+
+    // Ids index dense tables: one far beyond the file's entries is refused before anything is
+    // allocated for it (fuzz/corpus/tokenizer_json/regression_vocab_id_5991263.json, found by
+    // fuzz_tokenizer_json: a 21 KB file whose id 5,991,263 made the loader allocate 190 MB).
+    p = broken("huge_vocab_id.json", "\"ab\": 256", "\"ab\": 5991263");
+    REQUIRE_THROWS_WITH(pv::Tokenizer::load(p), Contains(p) && Contains("vocab id 5991263 out of range") &&
+                                                    Contains("258 vocab entries and added tokens"));
+    p = broken("huge_added_id.json", "\"id\": 257", "\"id\": 1000000");
+    REQUIRE_THROWS_WITH(pv::Tokenizer::load(p), Contains(p) && Contains("added token id 1000000 out of range"));
+    // Unused ids below the limit are a valid file (Hugging Face allows them), and count in the size.
+    p = broken("unused_ids.json", "\"ab\": 256", "\"ab\": 1200");
+    REQUIRE(pv::Tokenizer::load(p).vocab_size() == 1201);
+    REQUIRE(pv::Tokenizer::load(p).encode("ab") == std::vector<int>{1200});
 }
 
 namespace tokenizer_test {
