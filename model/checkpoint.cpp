@@ -7,8 +7,11 @@
 #include "model/dtype_conversion.h"
 #include "model/safetensors.h"
 
+#include <sys/statvfs.h>
+
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -288,45 +291,114 @@ void commit_checkpoint_dir(const std::string& dir_in) {
     rename_durably(tmp, dir, kDirKind);
 }
 
-std::optional<std::string> latest_checkpoint(const std::string& out_dir, const std::string& marker_file) {
+namespace {
+
+// N of a directory name "step_N" (N decimal digits, in range); nullopt for anything else.
+std::optional<long long> step_of_name(std::string_view name) {
+    constexpr std::string_view prefix = "step_";
+    if (name.size() <= prefix.size() || name.substr(0, prefix.size()) != prefix) return std::nullopt;
+    const char* digits = name.data() + prefix.size();
+    const char* end = name.data() + name.size();
+    if (*digits < '0' || *digits > '9') return std::nullopt;
+    long long step = 0;
+    const auto [stop, parse_error] = std::from_chars(digits, end, step);
+    if (parse_error != std::errc() || stop != end) return std::nullopt;  // step_7.tmp, step_7x, or out of range
+    return step;
+}
+
+// Calls f(entry) for every entry of out_dir; false if out_dir does not exist.
+template <class F>
+bool for_each_entry(const std::string& out_dir, F&& f) {
     std::error_code ec;
     const fs::file_status status = fs::status(out_dir, ec);
-    if (status.type() == fs::file_type::not_found) return std::nullopt;
+    if (status.type() == fs::file_type::not_found) return false;
     if (ec) dir_error(out_dir, "cannot look for checkpoints", ec.message());
     if (!fs::is_directory(status))
         dir_error(out_dir, "cannot look for checkpoints", "not a directory (pass the run's output directory)");
-
-    std::optional<std::string> best;
-    long long best_step = -1;
-    std::string best_name;
-    const auto consider = [&](const fs::directory_entry& entry) {
-        const std::string name = entry.path().filename().string();
-        constexpr std::string_view prefix = "step_";
-        if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) return;
-        const char* digits = name.c_str() + prefix.size();
-        const char* end = name.c_str() + name.size();
-        if (*digits < '0' || *digits > '9') return;
-        long long step = 0;
-        const auto [stop, parse_error] = std::from_chars(digits, end, step);
-        if (parse_error != std::errc() || stop != end) return;  // step_7.tmp, step_7x, or out of range
-        std::error_code ignore;
-        if (!fs::is_directory(entry.path(), ignore)) return;
-        if (!fs::is_regular_file(entry.path() / marker_file, ignore)) return;  // incomplete: never resumed from
-        // On equal steps (step_5, step_05) the lexicographically smaller name wins, whatever the listing order.
-        if (step > best_step || (step == best_step && name < best_name)) {
-            best_step = step;
-            best_name = name;
-            best = entry.path().string();
-        }
-    };
     fs::directory_iterator it(out_dir, ec);
     if (ec) dir_error(out_dir, "cannot list", ec.message());
     while (it != fs::directory_iterator()) {
-        consider(*it);
+        f(*it);
         it.increment(ec);
         if (ec) dir_error(out_dir, "cannot list", ec.message());
     }
-    return best;
+    return true;
+}
+
+std::string format_bytes_exact(uint64_t bytes) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%llu bytes (%.1f MiB)", static_cast<unsigned long long>(bytes),
+                  double(bytes) / (1024.0 * 1024.0));
+    return text;
+}
+
+}  // namespace
+
+void write_checkpoint_dir(const std::string& dir, uint64_t bytes,
+                          const std::function<void(const std::string& tmp)>& write) {
+    const std::string tmp = without_trailing_slashes(dir) + ".tmp";
+    try {
+        begin_checkpoint_dir(dir);
+        write(tmp);
+        commit_checkpoint_dir(dir);
+    } catch (const std::exception& e) {
+        std::error_code ec;
+        fs::remove_all(tmp, ec);  // what was written of it is no checkpoint; the earlier ones stay
+        const std::string parent = fs::path(without_trailing_slashes(dir)).parent_path().string();
+        const std::string where = parent.empty() ? "." : parent;
+        std::string free_text = "unknown";
+        struct statvfs fs_stats {};
+        if (::statvfs(where.c_str(), &fs_stats) == 0)
+            free_text = format_bytes_exact(uint64_t(fs_stats.f_bavail) * uint64_t(fs_stats.f_frsize));
+        throw std::runtime_error(std::string(e.what()) + "\ncheckpoint " + without_trailing_slashes(dir) +
+                                 " was not written (" +
+                                 (ec ? "its temporary " + tmp + " could not be removed: " + ec.message()
+                                     : "its temporary directory is removed") +
+                                 "; the checkpoints before it are intact): it needs about " +
+                                 format_bytes_exact(bytes) + " in " + where + ", which has " + free_text +
+                                 " free; free space there, raise the file-size limit (ulimit -f), or choose "
+                                 "another --out-dir");
+    }
+}
+
+std::vector<CheckpointDir> list_checkpoints(const std::string& out_dir, const std::string& marker_file) {
+    std::vector<CheckpointDir> out;
+    for_each_entry(out_dir, [&](const fs::directory_entry& entry) {
+        const std::optional<long long> step = step_of_name(entry.path().filename().string());
+        std::error_code ignore;
+        if (!step || !fs::is_directory(entry.path(), ignore)) return;
+        if (!fs::is_regular_file(entry.path() / marker_file, ignore)) return;  // incomplete: never resumed from
+        out.push_back({*step, entry.path().string()});
+    });
+    std::sort(out.begin(), out.end(), [](const CheckpointDir& a, const CheckpointDir& b) {
+        return a.step != b.step ? a.step < b.step : a.path < b.path;
+    });
+    return out;
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& out_dir, const std::string& marker_file) {
+    const std::vector<CheckpointDir> all = list_checkpoints(out_dir, marker_file);
+    if (all.empty()) return std::nullopt;
+    // On equal steps (step_5, step_05) the lexicographically smaller name wins, whatever the listing order.
+    auto first_of_last = all.end() - 1;
+    while (first_of_last != all.begin() && (first_of_last - 1)->step == all.back().step) --first_of_last;
+    return first_of_last->path;
+}
+
+std::vector<std::string> checkpoint_temporaries(const std::string& out_dir) {
+    std::vector<std::string> out;
+    for_each_entry(out_dir, [&](const fs::directory_entry& entry) {
+        const std::string name = entry.path().filename().string();
+        constexpr std::string_view suffix = ".tmp";
+        if (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+            return;
+        std::error_code ignore;
+        if (step_of_name(std::string_view(name).substr(0, name.size() - suffix.size())) &&
+            fs::is_directory(fs::symlink_status(entry.path(), ignore)))
+            out.push_back(entry.path().string());
+    });
+    std::sort(out.begin(), out.end());
+    return out;
 }
 
 }  // namespace pv

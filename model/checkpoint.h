@@ -134,10 +134,31 @@ std::string begin_new_model_dir(const std::string& dir);
 // and the OS error on any failure.
 void commit_checkpoint_dir(const std::string& dir);
 
-// The complete checkpoint with the largest N among the directories out_dir/step_N (N decimal
-// digits; step_N.tmp and anything else ignored; a step_N counts only if it contains the regular
-// file `marker_file`, e.g. "trainer_state.json"); nullopt if there is none or out_dir does not
-// exist. Throws std::runtime_error if out_dir exists but cannot be listed.
+// Writes the checkpoint `dir` as one transaction: begin_checkpoint_dir, then `write` fills the
+// temporary directory it is given, then commit_checkpoint_dir. On any failure (a full disk, a
+// file-size limit, ...) the temporary directory is removed — the checkpoints already there are
+// never touched — and std::runtime_error says what failed, that the checkpoint needs about
+// `bytes` bytes in the directory it goes to, and the space free there (statvfs).
+void write_checkpoint_dir(const std::string& dir, uint64_t bytes,
+                          const std::function<void(const std::string& tmp)>& write);
+
+// A complete checkpoint directory of an output directory and its step.
+struct CheckpointDir {
+    long long step = 0;
+    std::string path;
+};
+
+// Every complete checkpoint among the directories out_dir/step_N (N decimal digits; step_N.tmp
+// and anything else ignored; a step_N counts only if it contains the regular file `marker_file`,
+// e.g. "trainer_state.json"), by step, equal steps (step_5, step_05) in name order; empty if
+// out_dir does not exist. Throws std::runtime_error if out_dir exists but cannot be listed.
+std::vector<CheckpointDir> list_checkpoints(const std::string& out_dir, const std::string& marker_file);
+
+// The complete checkpoint with the largest N (list_checkpoints; on equal steps the first name);
+// nullopt if there is none or out_dir does not exist.
 std::optional<std::string> latest_checkpoint(const std::string& out_dir, const std::string& marker_file);
+
+// The step_N.tmp directories in out_dir (paths): checkpoints whose writing never finished.
+std::vector<std::string> checkpoint_temporaries(const std::string& out_dir);
 
 }  // namespace pv

@@ -8,7 +8,7 @@
 //   zero3        2·(N−1)/N·scalars + A·(N−1)/N·(2·Ψall − Ψall_first − Ψall_last + Ψ)·t
 // Ψ: trainable padded elements, Ψall: every group's, first/last: the embedding's and the head's
 // (not gathered again for the backward), A: micro-steps per step, scalars: the token count, the
-// loss all-reduce's kLossAllReduceDoubles (the loss and the per-step checks' terms) and one squared
+// loss all-reduce's kLossAllReduceDoubles (the loss, the per-step checks' terms, the stop votes) and one squared
 // norm per unit (8 bytes each).
 //
 // Hybrid sharding (shard groups of K ranks, R = N/K replicas; parallel/shard_groups.h) counts
@@ -28,7 +28,7 @@ namespace pv {
 
 // The doubles of the all-reduce that sums a step's loss (trainer/trainer.h): the loss sum and the
 // per-step checks' terms (trainer/step_checks.h StepSum, which must match it).
-inline constexpr int kLossAllReduceDoubles = 6;
+inline constexpr int kLossAllReduceDoubles = 7;
 
 // Bytes one rank sends per optimizer step, by communicator: without shard groups everything is
 // the world's.

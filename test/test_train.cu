@@ -563,6 +563,77 @@ TEST_CASE("train under mpirun: an asynchronous NCCL error ends the job with a me
     }
 }
 
+// Preemption (trainer/signals.h): a stop signal that reaches one rank of four (SIGTERM raised by
+// rank 2 alone, through the test hook, before step 2) stops every rank after that same step, with
+// its checkpoint and the resume command, exit 0; resumed, the run ends with the bytes of a run that
+// was never stopped (fp64, ddp at 4 ranks both times).
+TEST_CASE(
+    "train under mpirun: a stop signal on one rank stops every rank after one step with a checkpoint; resumed, "
+    "the bytes of an unbroken run",
+    "[train][mpi][signals]") {
+    TempDir dir("train_signal_mpi");
+    const std::string train = (build_dir() / "train").string();
+    const std::string run = train +
+                            " --steps 4 --warmup 0 --batch 4 --micro-batch 1 --seq-len 8 --vocab 257 --sample-tokens 0 "
+                            "--dtype fp64 --eval-interval 0 --parallel ddp --out-dir ";
+    const fs::path straight = dir.path / "straight", stopped = dir.path / "stopped";
+    const Run a = run_mpi(4, run + straight.string());
+    INFO(a.output);
+    REQUIRE(a.status == 0);
+    const Run b1 = run_mpi(4,
+                           "sh -c 'if [ \"$OMPI_COMM_WORLD_RANK\" = 2 ]; then export POLEVAULT_TEST_SIGNAL_AT_STEP=2; "
+                           "fi; exec " +
+                               run + stopped.string() + "'");
+    INFO(b1.output);
+    REQUIRE(b1.status == 0);
+    CHECK(b1.output.find("train: SIGTERM received: finishing this step") != std::string::npos);
+    CHECK(b1.output.find("stopped by a stop signal on 1 of 4 rank(s) after step 2, checkpoint " +
+                         (stopped / "step_2").string() + " written; continue with: train --resume " +
+                         stopped.string()) != std::string::npos);
+    REQUIRE(losses(b1.output).size() == 2);
+    REQUIRE(fs::exists(stopped / "step_2" / "trainer_state.json"));
+    REQUIRE_FALSE(fs::exists(stopped / "step_4"));
+    const Run b2 = run_mpi(4, train + " --resume " + stopped.string());
+    INFO(b2.output);
+    REQUIRE(b2.status == 0);
+    REQUIRE(losses(b2.output).size() == 2);
+    // Every step's numbers (not the memory peak: loading a checkpoint is another allocation history).
+    const std::regex memory(R"(, "device_bytes": [0-9]+, "device_peak_bytes": [0-9]+)");
+    const auto numbers = [&](const fs::path& d) {
+        return std::regex_replace(metrics_without_timing(d / "metrics.jsonl"), memory, "");
+    };
+    REQUIRE(numbers(straight).find("\"step\": 4, \"loss\"") != std::string::npos);
+    REQUIRE(numbers(stopped) == numbers(straight));
+    for (const char* f : {"model.safetensors", "adam_m.safetensors", "adam_v.safetensors"}) {
+        INFO(f);
+        const std::string x = read_file(straight / "step_4" / f);
+        REQUIRE(x.size() > 1000);
+        REQUIRE(read_file(stopped / "step_4" / f) == x);
+    }
+}
+
+// A second signal (real ones, sent with kill while step 3 runs: SIGINT, then SIGTERM) ends the
+// run at once with 128 + SIGTERM and says that the step in flight has no checkpoint; the earlier
+// checkpoint is complete, and no later one was written.
+TEST_CASE("train: a second stop signal exits at once, non-zero, leaving the earlier checkpoint", "[train][signals]") {
+    TempDir dir("train_signal_twice");
+    const std::string log = dir.file("log"), out = dir.file("out");
+    const Run r = run_train_command(
+        "timeout 60 sh -c '" + (build_dir() / "train").string() +
+        " --steps 40 --warmup 0 --batch 4 --micro-batch 1 --seq-len 8 --vocab 257 --sample-tokens 0 "
+        "--eval-interval 0 --checkpoint-interval 2 --out-dir " +
+        out + " > " + log + " 2>&1 & p=$!; while kill -0 $p 2>/dev/null && ! grep -q \"checkpoint .*step_2\" " + log +
+        "; do sleep 0.02; done; kill -INT $p; kill -TERM $p; wait $p; s=$?; cat " + log + "; exit $s'");
+    INFO(r.output);
+    REQUIRE(r.status == 128 + 15);
+    CHECK(r.output.find("train: SIGINT received: finishing this step") != std::string::npos);
+    CHECK(r.output.find("train: SIGTERM again: exiting at once; no checkpoint was written for the step in flight") !=
+          std::string::npos);
+    CHECK(losses(r.output).size() < 40);
+    REQUIRE(fs::exists(fs::path(out) / "step_2" / "trainer_state.json"));
+    for (const char* later : {"step_4", "step_6"}) CHECK_FALSE(fs::exists(fs::path(out) / later));
+}
+
 // Two ranks of one node with one GPU between them: refused at start-up, the fix named.
 TEST_CASE("train under mpirun: more ranks on a node than GPUs is refused with the fix", "[train][mpi]") {
     TempDir dir("train_mpi_gpus");

@@ -57,17 +57,22 @@ void save_checkpoint(const std::string& dir, Strategy<T, G>& strategy, const Ada
     fields.emplace_back("adam_m.safetensors", gather(Field::m));
     fields.emplace_back("adam_v.safetensors", gather(Field::v));
     if (!writer) return;
-    const std::string tmp = begin_checkpoint_dir(dir);
-    const std::map<std::string, std::string> metadata{{"format", "pt"}};
-    write_group_tensors(tmp + "/" + weights_file(model), groups_of(model, saved), params, metadata);
-    for (const auto& [file, groups] : fields)
-        write_group_tensors(tmp + "/" + file, trainable_groups(model), groups, metadata);
-    write_hf_config(tmp + "/config.json", model.config(), torch_dtype_name(dtype_of<T>()));
-    if (model.lora().enabled())  // with adapter_model.safetensors: a PEFT adapter directory as it is
-        write_peft_adapter_config(tmp + "/adapter_config.json", model.lora(), state.options.init_from);
-    write_model_files(tmp, files);
-    write_trainer_state(tmp + "/" + kTrainerStateFile, state);  // last: the marker of a complete checkpoint
-    commit_checkpoint_dir(dir);
+    // What the files need, about: the tensors (padded groups: a little more than the files hold).
+    uint64_t bytes = 0;
+    for (const auto& unit : params.units) bytes += unit.size();
+    for (const auto& field : fields)
+        for (const auto& unit : field.second.units) bytes += unit.size();
+    write_checkpoint_dir(dir, bytes, [&](const std::string& tmp) {
+        const std::map<std::string, std::string> metadata{{"format", "pt"}};
+        write_group_tensors(tmp + "/" + weights_file(model), groups_of(model, saved), params, metadata);
+        for (const auto& [file, groups] : fields)
+            write_group_tensors(tmp + "/" + file, trainable_groups(model), groups, metadata);
+        write_hf_config(tmp + "/config.json", model.config(), torch_dtype_name(dtype_of<T>()));
+        if (model.lora().enabled())  // with adapter_model.safetensors: a PEFT adapter directory as it is
+            write_peft_adapter_config(tmp + "/adapter_config.json", model.lora(), state.options.init_from);
+        write_model_files(tmp, files);
+        write_trainer_state(tmp + "/" + kTrainerStateFile, state);  // last: the marker of a complete checkpoint
+    });
 }
 
 template <class T, class G>

@@ -41,8 +41,10 @@
 #include "trainer/model_dir.h"
 #include "model/peft_config.h"
 #include "trainer/options.h"
+#include "trainer/out_dir.h"
 #include "trainer/run.h"
 #include "trainer/run_data.h"
+#include "trainer/signals.h"
 #include "trainer/state.h"
 #include "trainer/tokenize.h"
 
@@ -523,7 +525,7 @@ int main_checked(int argc, char** argv) {
     if (c.kind == Command::Kind::convert) return convert_command(c.convert);
     if (c.kind == Command::Kind::export_model) return export_model(c.export_model), 0;
     if (c.kind == Command::Kind::tokenize) return tokenize_command(c.tokenize, std::cin, std::cout);
-    if (c.kind == Command::Kind::plot) return std::printf("plot: %s\n", plot_runs(c.plot).c_str()), 0;
+    install_stop_signals();  // before MPI starts its threads (trainer/signals.h)
     World world(&argc, &argv);
     if (world.rank() != 0 && !std::freopen("/dev/null", "w", stdout))  // rank 0 reports; errors from any rank
         throw std::runtime_error("cannot silence the standard output of rank " + std::to_string(world.rank()));
@@ -532,7 +534,8 @@ int main_checked(int argc, char** argv) {
     if (!c.train.resume.empty()) {
         // The checkpoint's options, then this command line's flags on top.
         resume_dir = resolve_checkpoint(c.train.resume);
-        const TrainOptions saved = read_trainer_state(resume_dir + "/" + kTrainerStateFile).options;
+        const TrainerState saved_state = read_trainer_state(resume_dir + "/" + kTrainerStateFile);
+        const TrainOptions& saved = saved_state.options;
         c = parse_command(argc, argv, saved);
         // Leaving a pipeline for another strategy drops its micro-batches in flight (unless given again).
         if (c.train.parallel != "mp" && c.train.microbatches == saved.microbatches) c.train.microbatches = 1;
@@ -555,6 +558,14 @@ int main_checked(int argc, char** argv) {
             std::printf("resume: %s (from the command line%s)\n", change.c_str(),
                         harmless ? "; recomputing activations leaves every gradient bit the same" : "");
         }
+        check_out_dir(c.train.out_dir);
+        check_branch(resume_dir, saved_state.step, c.train.out_dir, c.train.overwrite_later);
+    } else if (c.train.overwrite_later) {
+        throw std::invalid_argument(
+            "--overwrite-later goes with --resume DIR/step_N (it removes DIR's later "
+            "checkpoints): drop it");
+    } else {
+        check_out_dir(c.train.out_dir);
     }
     try {
         return train_command(c.train, resume_dir, world);
@@ -568,6 +579,7 @@ int main_checked(int argc, char** argv) {
 }  // namespace pv
 
 int main(int argc, char** argv) {
+    pv::ignore_file_size_signal();  // a file-size limit becomes a write error with a message
     try {
         return pv::main_checked(argc, argv);
     } catch (const std::exception& e) {

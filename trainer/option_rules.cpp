@@ -50,6 +50,7 @@ const std::map<std::string, NumberRule>& number_rules() {
         {"eval_batches",           at_least(1)},
         {"checkpoint_interval",    at_least(0, kLong)},
         {"stop_after",             at_least(0, kLong)},
+        {"keep_checkpoints",       at_least(0, kLong)},
         {"sample_tokens",          at_least(0)},
         {"temperature",            real(0, kHuge)},
         {"top_p",                  real(0, 1)},

@@ -25,7 +25,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, in
                                                 eval_batches, out_dir, checkpoint_interval, resume, stop_after, prompt,
                                                 sample_tokens, temperature, top_p, document_mask, lora_rank, lora_alpha,
                                                 rslora, lora_targets, lora_dropout, adapter, quantize, double_quant,
-                                                checkpoint_activations, offload)
+                                                checkpoint_activations, offload, keep_checkpoints)
 
 namespace {
 
@@ -191,6 +191,13 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
         ->check(CLI::ExistingDirectory);
     app.add_option("--stop-after", o.stop_after,
                    "Stop after this many steps of this invocation, writing a checkpoint (0: run to --steps)");
+    app.add_option("--keep-checkpoints", o.keep_checkpoints,
+                   "Keep only the newest K checkpoints of the output directory, deleting older ones once a newer "
+                   "one is complete (0: keep all)");
+    app.add_flag("--overwrite-later", o.overwrite_later,
+                 "With --resume DIR/step_N: remove DIR's checkpoints after step N and its metrics past step N "
+                 "before continuing there (without it, such a branch is refused unless --out-dir names another "
+                 "directory)");
     app.add_option("--prompt", o.prompt, "Prompt of the sample generated at the end");
     app.add_option("--sample-tokens", o.sample_tokens, "Tokens to generate at the end (0: none)");
     app.add_option("--temperature", o.temperature, "Sampling temperature (0: greedy)");

@@ -87,6 +87,8 @@ struct TrainOptions {
     long long checkpoint_interval = 0;  // 0: only the final checkpoint
     std::string resume;                 // a step_N checkpoint, or an output directory (its latest)
     long long stop_after = 0;           // stop after this many steps of this invocation (0: run to --steps)
+    long long keep_checkpoints = 0;     // keep the newest K complete checkpoints (0: all; trainer/out_dir.h)
+    bool overwrite_later = false;       // resuming step_N: remove the output directory's later checkpoints
     // The memory budget per rank: a GPU's name or bytes (parallel/planner.h); empty: this device's
     // (the host backend: this machine's memory shared by its ranks). Not saved in checkpoints.
     std::string gpu_memory;

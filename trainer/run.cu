@@ -17,6 +17,8 @@
 #include "trainer/compute_stream.h"
 #include "trainer/generate.h"
 #include "trainer/metrics_json.h"
+#include "trainer/out_dir.h"
+#include "trainer/signals.h"
 #include "trainer/state.h"
 #include "trainer/trainer.h"
 
@@ -211,7 +213,9 @@ class TrainingRun {
         resume();
         open_metrics();
         print_header();
+        set_signal_phase(SignalPhase::training);
         train_steps();
+        set_signal_phase(SignalPhase::finished);
         finish();
         return 0;
     }
@@ -243,12 +247,13 @@ class TrainingRun {
         end_step_ = o_.stop_after > 0 ? std::min(o_.steps, start_step_ + o_.stop_after) : o_.steps;
     }
 
-    // Rank 0 writes metrics.jsonl: from scratch, or after the checkpoint's steps on resume.
+    // Rank 0 prepares the output directory (trainer/out_dir.h) and writes metrics.jsonl: from
+    // scratch, or after the history up to the checkpoint's step on resume.
     void open_metrics() {
         if (!writer()) return;
+        for (const std::string& line : prepare_out_dir(o_.out_dir, resume_dir_, start_step_, o_.overwrite_later))
+            std::printf("%s\n", line.c_str());
         const std::string path = o_.out_dir + "/metrics.jsonl";
-        std::filesystem::create_directories(o_.out_dir);
-        if (start_step_ > 0) trim_metrics(path, start_step_);
         metrics_ = std::fopen(path.c_str(), start_step_ > 0 ? "a" : "w");
         if (!metrics_) throw std::runtime_error("cannot write " + path);
     }
@@ -316,7 +321,8 @@ class TrainingRun {
             for (int j = 0; j < accumulation_; ++j)
                 micro.push_back(loader_->micro_batch(step, j, geometry_, plan_.data_rank));
             const double lr = learning_rate(lr_, step);
-            const StepResult r = trainer_->step(micro, lr, step + 1, o_.clip, adamw_);
+            test_signal_hook(step + 1);
+            const StepResult r = trainer_->step(micro, lr, step + 1, o_.clip, adamw_, stop_signal() != 0);
             const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
             if (step == start_step_) first_loss_ = r.loss;
             last_loss_ = r.loss;
@@ -328,6 +334,8 @@ class TrainingRun {
                     std::fprintf(metrics_, "{\"step\": %lld, \"val_loss\": %s}\n", step + 1, json_number(val).c_str());
             }
             if (metrics_) std::fflush(metrics_);
+            // A stop signal on any rank (trainer/signals.h): this step is the last, with its checkpoint.
+            if (r.stop_requests > 0) stop_requests_ = r.stop_requests, end_step_ = step + 1;
             if ((o_.checkpoint_interval > 0 && (step + 1) % o_.checkpoint_interval == 0) || step + 1 == end_step_) {
                 const std::string dir = checkpoint_path(o_.out_dir, step + 1);
                 trainer_->check_updates_finite();  // never a checkpoint with non-finite values
@@ -335,6 +343,10 @@ class TrainingRun {
                                 ModelFiles{tokenizer_.get(), tokenizer_dir_,
                                            resume_dir_.empty() ? init_dir_ : resume_dir_, data_eos_});
                 std::printf("          checkpoint %s\n", dir.c_str());
+                if (writer())  // only now that it is complete (--keep-checkpoints)
+                    for (const std::string& old : prune_checkpoints(o_.out_dir, step + 1, o_.keep_checkpoints))
+                        std::printf("          removed %s (--keep-checkpoints %lld)\n", old.c_str(),
+                                    o_.keep_checkpoints);
             }
             std::fflush(stdout);
         }
@@ -389,6 +401,7 @@ class TrainingRun {
         s.options = requested_;  // as the user gave them (an automatic micro-batch stays automatic)
         s.options.resume.clear();
         s.options.stop_after = 0;
+        s.options.overwrite_later = false;
         s.base_fingerprint = base_fingerprint_;
         return s;
     }
@@ -399,10 +412,23 @@ class TrainingRun {
         std::printf("trained steps %lld..%lld in %.1f s (%.0f tokens/s): loss %.4f -> %.4f\n", start_step_ + 1,
                     end_step_, seconds, double(end_step_ - start_step_) * o_.batch * o_.seq_len / seconds, first_loss_,
                     last_loss_);
+        if (stop_requests_ > 0 && end_step_ < o_.steps) {
+            const int here = stop_signal();
+            std::printf(
+                "stopped by %s on %lld of %d rank(s) after step %lld, checkpoint %s written; continue with: "
+                "train --resume %s\n",
+                here ? signal_name(here) : "a stop signal", stop_requests_, world_.size(), end_step_,
+                checkpoint_path(o_.out_dir, end_step_).c_str(), o_.out_dir.c_str());
+            return;
+        }
         if (end_step_ < o_.steps)
             std::printf("stopped after %lld steps; continue with: train --resume %s\n", end_step_ - start_step_,
                         o_.out_dir.c_str());
         if (o_.sample_tokens == 0 || end_step_ != o_.steps) return;
+        if (stop_requests_ > 0 || stop_signal()) {  // at the last step: the run is complete, the sample skipped
+            std::printf("a stop signal at the last step: the final checkpoint is written; no sample\n");
+            return;
+        }
         if (!strategy_->holds_whole_model()) {  // one rank alone has not got the parameters
             std::printf(
                 "\nsample: %s keeps only part of the parameters on each rank; sample from the checkpoint with: "
@@ -450,6 +476,7 @@ class TrainingRun {
     std::unique_ptr<AdamWState<T>> optimizer_;
     std::unique_ptr<Trainer<T, G>> trainer_;
     long long start_step_ = 0, end_step_ = 0;
+    long long stop_requests_ = 0;  // ranks that asked to stop (a signal): the run ended at end_step_
     FILE* metrics_ = nullptr;
     std::chrono::steady_clock::time_point start_;
     double first_loss_ = NAN, last_loss_ = NAN;

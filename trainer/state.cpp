@@ -1,4 +1,4 @@
-// trainer_state.json and metrics trimming (see train_state.h).
+// trainer_state.json and metrics trimming (see state.h).
 #include "trainer/state.h"
 
 #include "io/durable_file.h"
@@ -157,9 +157,11 @@ uint64_t fingerprint_tokens(const std::vector<uint32_t>& tokens, uint64_t h) {
     return h;
 }
 
-void trim_metrics(const std::string& path, long long step) {
-    std::ifstream in(path);
-    if (!in) return;
+MetricsCopy copy_metrics(const std::string& from, const std::string& to, long long step) {
+    MetricsCopy c;
+    std::ifstream in(from);
+    if (!in) return c;
+    c.found = true;
     std::string kept, line;
     while (std::getline(in, line)) {
         long long s = -1;
@@ -168,10 +170,14 @@ void trim_metrics(const std::string& path, long long step) {
         } catch (const std::exception&) {
             continue;  // a torn last line from a crash
         }
-        if (s <= step) kept += line + "\n";
+        if (s <= step)
+            kept += line + "\n", ++c.kept;
+        else
+            ++c.dropped;
     }
     in.close();
-    write_file_atomically(path, "metrics", [&](const ByteSink& sink) { sink(kept.data(), kept.size()); });
+    write_file_atomically(to, "metrics", [&](const ByteSink& sink) { sink(kept.data(), kept.size()); });
+    return c;
 }
 
 }  // namespace pv

@@ -63,8 +63,15 @@ TrainerState read_trainer_state(const std::string& path);
 // FNV-1a 64 over the tokens' int32 values, chained across calls through `h`.
 uint64_t fingerprint_tokens(const std::vector<uint32_t>& tokens, uint64_t h = 0xcbf29ce484222325ull);
 
-// Rewrites a metrics.jsonl keeping only the lines of steps ≤ step (a resumed run then appends
-// after them, so the file never holds two histories). A missing file is fine.
-void trim_metrics(const std::string& path, long long step);
+// Writes `to` (atomically) with the lines of the metrics.jsonl `from` whose steps are ≤ step (a
+// line torn by a crash is dropped): a resumed run then appends after them, so the file never holds
+// two histories. `from` == `to` trims the file in place; a branch copies its parent's history. A
+// missing `from` writes nothing (found false).
+struct MetricsCopy {
+    bool found = false;
+    long long kept = 0;     // lines of steps ≤ step
+    long long dropped = 0;  // lines of later steps
+};
+MetricsCopy copy_metrics(const std::string& from, const std::string& to, long long step);
 
 }  // namespace pv

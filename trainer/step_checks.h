@@ -88,8 +88,9 @@ inline TestHook read_test_hook(const char* variable) {
 }
 
 // The per-step values added to the loss's all-reduce (trainer/trainer.h): the loss sum, then the
-// fingerprint's terms, then whether the previous step's update made anything non-finite here.
-enum StepSum : int { kLossSum, kMicro, kMicroSq, kCollectives, kCollectivesSq, kBadUpdate, kStepSums };
+// fingerprint's terms, whether the previous step's update made anything non-finite here, and
+// whether this rank was asked to stop after this step (a signal).
+enum StepSum : int { kLossSum, kMicro, kMicroSq, kCollectives, kCollectivesSq, kBadUpdate, kStopRequests, kStepSums };
 static_assert(kStepSums == kLossAllReduceDoubles, "the communication model counts the loss all-reduce's doubles");
 
 // Whether every one of `ranks` values whose sum and sum of squares are given was equal (header).

@@ -13,7 +13,10 @@
 //      (GPipe); with one slot, forward and backward alternate. Either way gradients accumulate
 //      in micro-batch order.
 //   3. The strategy completes the owned gradients; the loss (sum over ranks / C) is all-reduced
-//      for the log (a pipeline's stages before the last contribute zeros); the global gradient
+//      for the log (a pipeline's stages before the last contribute zeros), and with it, in the
+//      same all-reduce, each rank's stop request (1 when a stop signal reached it before the step:
+//      trainer/signals.h), so every rank learns how many ranks want to stop after this step
+//      without a collective of its own; the global gradient
 //      norm gives the clipping scale. All of it stays on the device (optim/clip.cuh): the
 //      micro-batches' loss sums are added there, and norm and scale land in device memory.
 //   4. AdamW updates the owned range of every unit, one launch per unit, reading the scale from
@@ -67,6 +70,7 @@ struct StepResult {
     long long counted = 0;  // the global number of counted target tokens
     bool skipped = false;   // the loss or norm was not finite and the step was passed over (--skip-nonfinite)
     std::string nonfinite;  // then: where the non-finite gradient is (nonfinite_gradient_source)
+    long long stop_requests = 0;  // ranks that asked to stop after this step (the same on every rank)
 };
 
 template <class T, class G>
@@ -166,9 +170,11 @@ class Trainer {
         if (first != kNoBadUpdate) throw bad_update_error(first);
     }
 
-    // One optimizer step at 1-based step t over this rank's micro-batches.
+    // One optimizer step at 1-based step t over this rank's micro-batches. `stop_requested`: this
+    // rank's vote to stop after this step (a signal, trainer/signals.h), summed over the ranks in
+    // the loss all-reduce into StepResult::stop_requests, so every rank stops after the same step.
     StepResult step(const std::vector<DataLoader::MicroBatch>& batches, double lr, long long t, double clip,
-                    const AdamWSettings& adamw) {
+                    const AdamWSettings& adamw, bool stop_requested = false) {
         Llama<T>& m = s_.model();
         std::vector<DataLoader::MicroBatch> with_extra;  // the divergence hook's: the last one twice
         if (diverge_.fires(t, s_.comm() ? s_.comm()->rank() : 0))
@@ -206,6 +212,7 @@ class Trainer {
             host_sums_[kMicro] = micro_count, host_sums_[kMicroSq] = micro_count * micro_count;
             host_sums_[kCollectives] = collectives, host_sums_[kCollectivesSq] = collectives * collectives;
             host_sums_[kBadUpdate] = bad_update_ != kNoBadUpdate;
+            host_sums_[kStopRequests] = stop_requested;
             CUDA_CHECK(cudaMemcpyAsync(sums_.get() + kMicro, host_sums_ + kMicro, (kStepSums - kMicro) * sizeof(double),
                                        cudaMemcpyHostToDevice, stream));
             c->fence_from(stream);
@@ -237,6 +244,7 @@ class Trainer {
         wait_polling(stream, s_.comms());  // the step's one wait
         r.loss = host_figures_->loss_sum / double(r.counted);
         r.grad_norm = host_figures_->grad_norm;
+        r.stop_requests = c ? std::llround(host_sums_[kStepSums + kStopRequests]) : stop_requested;
         if (c) {
             const double* all = host_sums_ + kStepSums;
             if (!all_equal(all[kMicro], all[kMicroSq], c->size()) ||

@@ -521,7 +521,7 @@ namespace parallel_test {
 double category(const RunResult& r, pv::MemoryCategory c) { return r.peak[size_t(c)]; }
 
 // Model parallelism per step: the residual stream of every micro-batch forward to the next stage
-// and its gradient back ([kMicro·kSeq][hidden] each), the loss and the per-unit squared norms
+// and its gradient back ([kMicro·kSeq][hidden] each), the loss (with the stop requests) and the per-unit squared norms
 // all-reduced over every rank (no token count: every stage has the whole batch), and with tied
 // embeddings the wte gradient all-reduced between the first and last stages — unless wte is
 // frozen (it has no gradient: 2 all-reduces there instead of 3). Memory: each rank holds its
@@ -609,7 +609,7 @@ void check_mp_counts(pv::World& world, Options opt = {}) {
 }
 
 // Every collective of a step, as designed: DDP all-reduces the token count (int64), one bucket
-// per unit with a non-empty trainable group, the loss and the squared norm (doubles, one per
+// per unit with a non-empty trainable group, the loss with the stop requests and the squared norm (doubles, one per
 // unit); ZeRO-1 reduce-scatters and all-gathers each such unit instead of the buckets. Frozen
 // groups are never communicated, except that ZeRO-3 shards them and gathers each non-empty group
 // of a unit (one all-gather per group) wherever it gathers the unit. Bytes per rank by the ring

@@ -1,0 +1,136 @@
+// The output directory's housekeeping and the branch rule (see out_dir.h).
+#include "trainer/out_dir.h"
+
+#include "model/checkpoint.h"
+#include "trainer/state.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <stdexcept>
+#include <system_error>
+
+namespace pv {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The complete checkpoints of out_dir later than `step`.
+std::vector<CheckpointDir> later_checkpoints(const std::string& out_dir, long long step) {
+    std::vector<CheckpointDir> later = list_checkpoints(out_dir, kTrainerStateFile);
+    later.erase(std::remove_if(later.begin(), later.end(), [&](const CheckpointDir& c) { return c.step <= step; }),
+                later.end());
+    return later;
+}
+
+// "step_6, step_7, step_8" (the first few, then how many more).
+std::string names(const std::vector<CheckpointDir>& dirs) {
+    std::string out;
+    for (size_t i = 0; i < dirs.size() && i < 4; ++i)
+        out += (i ? ", " : "") + fs::path(dirs[i].path).filename().string();
+    if (dirs.size() > 4) out += " and " + std::to_string(dirs.size() - 4) + " more";
+    return out;
+}
+
+void remove_dir(const std::string& path, const std::string& why) {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+    if (ec) throw std::runtime_error("cannot remove " + path + " (" + why + "): " + ec.message());
+}
+
+// Whether two paths name one directory (the second need not exist yet).
+bool same_dir(const std::string& a, const std::string& b) {
+    std::error_code ec;
+    const fs::path x = fs::weakly_canonical(a, ec);
+    if (ec) return false;
+    const fs::path y = fs::weakly_canonical(b, ec);
+    return !ec && x == y;
+}
+
+// The output directory a checkpoint directory belongs to.
+std::string parent_of(const std::string& checkpoint_dir) {
+    fs::path p(checkpoint_dir);
+    if (!p.has_filename()) p = p.parent_path();  // "out/step_5/"
+    const fs::path parent = p.parent_path();
+    return parent.empty() ? "." : parent.string();
+}
+
+}  // namespace
+
+void check_out_dir(const std::string& out_dir) {
+    if (out_dir.empty())
+        throw std::invalid_argument(
+            "--out-dir is empty: name the directory the run writes metrics.jsonl and its step_N checkpoints to (e.g. "
+            "--out-dir runs/first)");
+    std::error_code ec;
+    const fs::file_status status = fs::status(out_dir, ec);
+    if (status.type() != fs::file_type::not_found && !fs::is_directory(status))
+        throw std::invalid_argument("--out-dir " + out_dir +
+                                    " exists and is not a directory: choose another path for the run's output");
+}
+
+void check_branch(const std::string& resume_dir, long long step, const std::string& out_dir, bool overwrite_later) {
+    const std::vector<CheckpointDir> later = later_checkpoints(out_dir, step);
+    if (later.empty() || overwrite_later) return;
+    throw std::invalid_argument(
+        "--resume " + resume_dir + ": the output directory " + out_dir + " already holds later checkpoints (" +
+        names(later) +
+        ") of the run this one would branch off; writing the branch there would mix two histories. "
+        "Pass --out-dir NEW to put the branch in another directory (its metrics.jsonl starts with this history up to "
+        "step " +
+        std::to_string(step) + "), or --overwrite-later to remove " + names(later) + " and the metrics past step " +
+        std::to_string(step) + " first");
+}
+
+std::vector<std::string> prepare_out_dir(const std::string& out_dir, const std::string& resume_dir, long long step,
+                                         bool overwrite_later) {
+    std::vector<std::string> said;
+    std::error_code ec;
+    fs::create_directories(out_dir, ec);
+    if (ec) throw std::runtime_error("cannot create the output directory " + out_dir + ": " + ec.message());
+    for (const std::string& tmp : checkpoint_temporaries(out_dir)) {
+        remove_dir(tmp, "a checkpoint a crash left unfinished");
+        said.push_back("removed " + tmp + ": a checkpoint whose writing never finished (never resumed from)");
+    }
+    const std::string metrics = (fs::path(out_dir) / "metrics.jsonl").string();
+    if (resume_dir.empty()) return said;
+    std::string removed;
+    if (overwrite_later) {
+        const std::vector<CheckpointDir> later = later_checkpoints(out_dir, step);
+        for (const CheckpointDir& c : later) remove_dir(c.path, "--overwrite-later");
+        removed = names(later);
+    }
+    const std::string parent = parent_of(resume_dir);
+    if (same_dir(parent, out_dir)) {
+        const MetricsCopy c = copy_metrics(metrics, metrics, step);
+        if (overwrite_later)
+            said.push_back("--overwrite-later: removed " + (removed.empty() ? "no checkpoints" : removed) + " from " +
+                           out_dir + " and " + std::to_string(c.dropped) + " metrics line(s) past step " +
+                           std::to_string(step));
+        return said;
+    }
+    // A branch into another directory: its history up to `step` is the parent's.
+    MetricsCopy c = copy_metrics((fs::path(parent) / "metrics.jsonl").string(), metrics, step);
+    if (!c.found) copy_metrics(metrics, metrics, step);  // none to copy: at least no lines past `step`
+    if (overwrite_later && !removed.empty())
+        said.push_back("--overwrite-later: removed " + removed + " from " + out_dir);
+    said.push_back("branch: " + out_dir + " continues " + resume_dir +
+                   (c.found ? "; its metrics.jsonl starts with " + std::to_string(c.kept) + " line(s) of " + parent +
+                                  "'s history up to step " + std::to_string(step)
+                            : " (" + parent + " has no metrics.jsonl to copy)"));
+    return said;
+}
+
+std::vector<std::string> prune_checkpoints(const std::string& out_dir, long long newest, long long keep) {
+    std::vector<std::string> removed;
+    if (keep <= 0) return removed;
+    std::vector<CheckpointDir> all = list_checkpoints(out_dir, kTrainerStateFile);
+    all.erase(std::remove_if(all.begin(), all.end(), [&](const CheckpointDir& c) { return c.step > newest; }),
+              all.end());
+    for (size_t i = 0; i + size_t(keep) < all.size(); ++i) {
+        remove_dir(all[i].path, "--keep-checkpoints " + std::to_string(keep));
+        removed.push_back(all[i].path);
+    }
+    return removed;
+}
+
+}  // namespace pv

@@ -1,0 +1,106 @@
+// The stop signals' handler and phases, SIGXFSZ ignored, the test hook (see signals.h).
+#include "trainer/signals.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+
+namespace pv {
+namespace {
+
+static_assert(std::atomic<int>::is_always_lock_free, "the handler's flags must be lock-free to be signal-safe");
+
+std::atomic<int> g_phase{int(SignalPhase::loading)};
+std::atomic<int> g_stop{0};  // the first stop signal while training
+
+constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1};
+
+// write(2) of a NUL-terminated string to stderr; nothing else is safe here. A failed write has
+// nowhere to be reported.
+void say(const char* s) {
+    size_t n = std::strlen(s);
+    while (n > 0) {
+        const ssize_t w = ::write(STDERR_FILENO, s, n);
+        if (w <= 0) return;
+        s += w, n -= size_t(w);
+    }
+}
+
+void on_stop_signal(int signo) {
+    const int saved_errno = errno;
+    const char* name = signal_name(signo);
+    switch (SignalPhase(g_phase.load())) {
+        case SignalPhase::loading:
+            say("train: "), say(name), say(" before training started: exiting (nothing to save yet)\n");
+            // Die by the signal, as without a handler: it is blocked while this handler runs and is
+            // delivered, with the default action, when the handler returns.
+            std::signal(signo, SIG_DFL);
+            std::raise(signo);
+            break;
+        case SignalPhase::training: {
+            int none = 0;
+            if (g_stop.compare_exchange_strong(none, signo)) {
+                say("train: "), say(name),
+                    say(" received: finishing this step, then writing its checkpoint and exiting (a second signal "
+                        "exits at once, without that checkpoint)\n");
+                break;
+            }
+            say("train: "), say(name),
+                say(" again: exiting at once; no checkpoint was written for the step in flight (the checkpoints "
+                    "written before it are intact)\n");
+            ::_exit(128 + signo);
+        }
+        case SignalPhase::finished:
+            say("train: "), say(name), say(" after the last step: its checkpoint is written; exiting\n");
+            ::_exit(128 + signo);
+    }
+    errno = saved_errno;
+}
+
+}  // namespace
+
+const char* signal_name(int signo) {
+    switch (signo) {
+        case SIGTERM: return "SIGTERM";
+        case SIGINT: return "SIGINT";
+        case SIGHUP: return "SIGHUP";
+        case SIGUSR1: return "SIGUSR1";
+        default: return "a signal";
+    }
+}
+
+void ignore_file_size_signal() { std::signal(SIGXFSZ, SIG_IGN); }
+
+void install_stop_signals() {
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    for (int s : kStopSignals) sigaddset(&action.sa_mask, s);  // one handler at a time
+    action.sa_flags = SA_RESTART;                              // interrupted system calls resume
+    for (int s : kStopSignals) sigaction(s, &action, nullptr);
+}
+
+void set_signal_phase(SignalPhase phase) { g_phase.store(int(phase)); }
+
+int stop_signal() { return g_stop.load(); }
+
+void test_signal_hook(long long step) {
+    static const auto [at, times] = [] {
+        const char* v = std::getenv("POLEVAULT_TEST_SIGNAL_AT_STEP");
+        if (!v || !*v) return std::pair{-1LL, 0};
+        char* end = nullptr;
+        const long long k = std::strtoll(v, &end, 10);
+        const int n = *end == 'x' ? std::atoi(end + 1) : 1;
+        return std::pair{k, n};
+    }();
+    if (step != at) return;
+    for (int i = 0; i < times; ++i) std::raise(SIGTERM);
+}
+
+}  // namespace pv
