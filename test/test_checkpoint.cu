@@ -659,6 +659,60 @@ TEST_CASE("checkpoint directories: begin, commit, replace, and find the latest c
     CHECK_THAT(what, Catch::Contains("blocker") && Catch::Contains("not a directory"));
 }
 
+// list_checkpoints: every complete step_N by step (numerically), the rest ignored;
+// checkpoint_temporaries: the step_N.tmp directories only.
+TEST_CASE("checkpoint directories: every complete one in step order, and the unfinished .tmp ones", "[checkpoint]") {
+    TempDir dir;
+    const fs::path out = dir.path / "run";
+    const std::string marker = "trainer_state.json";
+    CHECK(pv::list_checkpoints(out.string(), marker).empty());
+    CHECK(pv::checkpoint_temporaries(out.string()).empty());
+    for (const char* d :
+         {"step_10", "step_9", "step_2", "step_3", "step_7.tmp", "step_12.tmp", "step_x.tmp", "other"}) {
+        fs::create_directories(out / d);
+        if (std::string(d) != "step_3") touch(out / d / marker);  // step_3 is incomplete
+    }
+    touch(out / "step_5.tmp");  // a file, not a directory
+    const auto all = pv::list_checkpoints(out.string(), marker);
+    std::vector<std::pair<long long, std::string>> got;
+    for (const auto& c : all) got.emplace_back(c.step, c.path);
+    CHECK(got == std::vector<std::pair<long long, std::string>>{
+                     {2, (out / "step_2").string()}, {9, (out / "step_9").string()}, {10, (out / "step_10").string()}});
+    CHECK(pv::checkpoint_temporaries(out.string()) ==
+          std::vector<std::string>{(out / "step_12.tmp").string(), (out / "step_7.tmp").string()});
+}
+
+// A checkpoint whose writing fails (here the writer throws as a full disk makes a write fail)
+// leaves no .tmp behind and the earlier checkpoint as it was; the message keeps the cause and
+// says the bytes needed, where, and the free space there.
+TEST_CASE("checkpoint directories: a failed write removes its .tmp and says the bytes needed and free",
+          "[checkpoint]") {
+    TempDir dir;
+    const fs::path out = dir.path / "run";
+    pv::write_checkpoint_dir((out / "step_1").string(), 5,
+                             [&](const std::string& tmp) { touch(fs::path(tmp) / "trainer_state.json", "one"); });
+    CHECK(slurp_text(out / "step_1" / "trainer_state.json") == "one");
+    CHECK_FALSE(fs::exists(out / "step_1.tmp"));
+    bool wrote = false;
+    const std::string what = error_of<std::runtime_error>([&] {
+        pv::write_checkpoint_dir((out / "step_2").string(), 123456789, [&](const std::string& tmp) {
+            touch(fs::path(tmp) / "model.safetensors", "half");
+            wrote = true;
+            throw std::runtime_error("safetensors 'x': write failed: No space left on device");
+        });
+    });
+    CHECK(wrote);
+    CHECK_FALSE(fs::exists(out / "step_2.tmp"));
+    CHECK_FALSE(fs::exists(out / "step_2"));
+    CHECK(slurp_text(out / "step_1" / "trainer_state.json") == "one");
+    CHECK_THAT(what, Catch::Contains("write failed: No space left on device") &&
+                         Catch::Contains("checkpoint " + (out / "step_2").string() + " was not written") &&
+                         Catch::Contains("its temporary directory is removed") &&
+                         Catch::Contains("needs about 123456789 bytes (117.7 MiB) in " + out.string()) &&
+                         Catch::Contains("bytes (") && Catch::Contains(" free"));
+    CHECK(pv::latest_checkpoint(out.string(), "trainer_state.json") == (out / "step_1").string());
+}
+
 // What a ZeRO-3 rank keeps is a slice of each padded group; reading only that slice must give
 // exactly that slice of the whole read, and deliver nothing outside it.
 TEST_CASE("checkpoint ranged reads: every group's slice equals the same slice of the whole read", "[checkpoint]") {

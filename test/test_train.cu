@@ -47,6 +47,28 @@ TEST_CASE("train: a tiny run on the built-in corpus learns, evaluates, checkpoin
     for (const auto& v : l) REQUIRE(v.size() >= 8);  // at least 7 significant digits: "d.ddddddd"
     REQUIRE(std::stod(l.back()) < std::stod(l.front()));
     REQUIRE(validation_losses(r.output).size() == 2);
+    // The step line's elapsed time and ETA: unknown after the first step, none left after the last.
+    const std::regex clock(R"(\| ([0-9]+):([0-9]{2}):([0-9]{2}) elapsed, ETA (\?|[0-9]+:[0-9]{2}:[0-9]{2}) \|)");
+    std::vector<std::string> etas;
+    double last_elapsed = 0;
+    for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), clock); it != std::sregex_iterator(); ++it) {
+        const double elapsed = std::stod((*it)[1]) * 3600 + std::stod((*it)[2]) * 60 + std::stod((*it)[3]);
+        CHECK(elapsed >= last_elapsed);
+        last_elapsed = elapsed;
+        etas.push_back((*it)[4]);
+    }
+    REQUIRE(etas.size() == 6);
+    CHECK(etas.front() == "?");
+    CHECK(etas.back() == "0:00:00");
+    // Evaluation prints the perplexity, e^loss, and metrics.jsonl records it beside the loss.
+    const std::regex printed(R"(validation loss ([0-9.]+) \(perplexity ([0-9.]+)\))");
+    std::smatch p;
+    REQUIRE(std::regex_search(r.output, p, printed));
+    CHECK(std::stod(p[2]) == Approx(std::exp(std::stod(p[1]))).epsilon(1e-4));
+    const std::regex recorded(R"(\{"step": 6, "val_loss": ([-0-9.e+]+), "val_ppl": ([-0-9.e+]+)\})");
+    const std::string metrics = read_file(dir.path / "metrics.jsonl");
+    REQUIRE(std::regex_search(metrics, p, recorded));
+    CHECK(std::stod(p[2]) == Approx(std::exp(std::stod(p[1]))).epsilon(1e-15));
     REQUIRE(r.output.find("sample (temperature") != std::string::npos);
     REQUIRE(fs::exists(dir.path / "metrics.jsonl"));
     for (const char* f : {"model.safetensors", "master.safetensors", "adam_m.safetensors", "adam_v.safetensors",
@@ -632,6 +654,108 @@ TEST_CASE("train: a second stop signal exits at once, non-zero, leaving the earl
     CHECK(losses(r.output).size() < 40);
     REQUIRE(fs::exists(fs::path(out) / "step_2" / "trainer_state.json"));
     for (const char* later : {"step_4", "step_6"}) CHECK_FALSE(fs::exists(fs::path(out) / later));
+}
+
+// The output directory's housekeeping and branching (trainer/out_dir.h). --keep-checkpoints 2
+// deletes older checkpoints only once a newer one is complete; a stale step_N.tmp from a crash is
+// removed when a run starts. Resuming step_3 of a directory that holds step_4 is refused, naming
+// it; --out-dir NEW branches (NEW's history up to step 3 is the parent's, byte for byte, and the
+// parent is untouched); --overwrite-later continues in place, removing step_4 and the metrics past
+// step 3 first, and then computes exactly what the branch did.
+TEST_CASE("train: --keep-checkpoints, stale .tmp removed, a branch refused, sent elsewhere or overwriting",
+          "[train][branch]") {
+    TempDir dir("train_branch");
+    const fs::path parent = dir.path / "parent", branch = dir.path / "branch";
+    fs::create_directories(parent / "step_9.tmp");
+    std::ofstream(parent / "step_9.tmp" / "model.safetensors") << "half written";
+    const Run a = run_train(
+        "--steps 4 --warmup 0 --batch 4 --micro-batch 1 --seq-len 8 --vocab 257 --sample-tokens 0 --eval-interval 0 "
+        "--checkpoint-interval 1 --keep-checkpoints 2 --out-dir " +
+        parent.string());
+    INFO(a.output);
+    REQUIRE(a.status == 0);
+    CHECK(a.output.find("removed " + (parent / "step_9.tmp").string() +
+                        ": a checkpoint whose writing never finished") != std::string::npos);
+    CHECK_FALSE(fs::exists(parent / "step_9.tmp"));
+    // step_1 went when step_3 was complete, step_2 when step_4 was.
+    const std::string removed1 = "removed " + (parent / "step_1").string() + " (--keep-checkpoints 2)";
+    REQUIRE(a.output.find(removed1) != std::string::npos);
+    CHECK(a.output.find(removed1) > a.output.find("checkpoint " + (parent / "step_3").string()));
+    CHECK(a.output.find(removed1) < a.output.find("checkpoint " + (parent / "step_4").string()));
+    for (const char* gone : {"step_1", "step_2"}) CHECK_FALSE(fs::exists(parent / gone));
+    REQUIRE(fs::exists(parent / "step_3" / "trainer_state.json"));
+    REQUIRE(fs::exists(parent / "step_4" / "trainer_state.json"));
+    const std::string parent_metrics = read_file(parent / "metrics.jsonl"),
+                      parent_step4 = read_file(parent / "step_4" / "model.safetensors");
+
+    const Run refused = run_train("--resume " + (parent / "step_3").string() + " --lr 1e-3");
+    INFO(refused.output);
+    REQUIRE(refused.status != 0);
+    CHECK(refused.output.find("already holds later checkpoints (step_4)") != std::string::npos);
+    CHECK(refused.output.find("--out-dir NEW") != std::string::npos);
+    CHECK(refused.output.find("--overwrite-later") != std::string::npos);
+    REQUIRE(losses(refused.output).empty());
+
+    const Run b = run_train("--resume " + (parent / "step_3").string() + " --lr 1e-3 --out-dir " + branch.string());
+    INFO(b.output);
+    REQUIRE(b.status == 0);
+    CHECK(b.output.find("its metrics.jsonl starts with 3 line(s) of " + parent.string() + "'s history up to step 3") !=
+          std::string::npos);
+    REQUIRE(losses(b.output).size() == 1);
+    CHECK(read_file(parent / "metrics.jsonl") == parent_metrics);
+    CHECK(read_file(parent / "step_4" / "model.safetensors") == parent_step4);
+    const std::string branch_metrics = read_file(branch / "metrics.jsonl");
+    const size_t three_lines = parent_metrics.find("{\"step\": 4,");
+    REQUIRE(three_lines != std::string::npos);
+    CHECK(branch_metrics.substr(0, three_lines) == parent_metrics.substr(0, three_lines));
+    CHECK(branch_metrics.find("{\"step\": 4,") == three_lines);
+    CHECK(branch_metrics.substr(three_lines) != parent_metrics.substr(three_lines));  // another learning rate
+
+    const Run c = run_train("--resume " + (parent / "step_3").string() + " --lr 1e-3 --overwrite-later");
+    INFO(c.output);
+    REQUIRE(c.status == 0);
+    CHECK(c.output.find("--overwrite-later: removed step_4 from " + parent.string() +
+                        " and 1 metrics line(s) past step 3") != std::string::npos);
+    REQUIRE(losses(c.output) == losses(b.output));
+    CHECK(metrics_without_timing(parent / "metrics.jsonl") == metrics_without_timing(branch / "metrics.jsonl"));
+    CHECK(read_file(parent / "step_4" / "model.safetensors") == read_file(branch / "step_4" / "model.safetensors"));
+    CHECK(read_file(parent / "step_4" / "model.safetensors") != parent_step4);
+}
+
+// A checkpoint write that fails — here at a file-size limit (`ulimit -f`, 5000 KiB: above what
+// MPI's start-up writes, below the fp64 checkpoint's 6 MB tensor files): SIGXFSZ is ignored, so
+// the write fails with EFBIG and the run exits non-zero with a message saying what failed, the
+// bytes needed and free; the .tmp is removed and the previous checkpoint keeps its bytes.
+// And an empty --out-dir is refused with the fix.
+TEST_CASE("train: a checkpoint that cannot be written leaves the previous one intact and says why", "[train][disk]") {
+    TempDir dir("train_disk");
+    const fs::path out = dir.path / "out";
+    const std::string train = (build_dir() / "train").string();
+    const Run a = run_train(
+        "--steps 4 --warmup 0 --batch 4 --micro-batch 1 --seq-len 8 --vocab 257 --sample-tokens 0 --eval-interval 0 "
+        "--dtype fp64 --stop-after 2 --out-dir " +
+        out.string());
+    INFO(a.output);
+    REQUIRE(a.status == 0);
+    std::map<std::string, std::string> before;
+    for (const auto& e : fs::directory_iterator(out / "step_2")) before[e.path().filename()] = read_file(e.path());
+    REQUIRE(before.at("model.safetensors").size() > 5000 * 1024);
+    const Run b = run_train_command("bash -c 'ulimit -f 5000; exec " + train + " --resume " + out.string() + "'");
+    INFO(b.output);
+    REQUIRE(b.status != 0);
+    CHECK(b.output.find("File too large") != std::string::npos);
+    CHECK(b.output.find("checkpoint " + (out / "step_4").string() +
+                        " was not written (its temporary directory is removed; the checkpoints before it are intact): "
+                        "it needs about ") != std::string::npos);
+    CHECK(b.output.find(" in " + out.string() + ", which has ") != std::string::npos);
+    CHECK_FALSE(fs::exists(out / "step_4.tmp"));
+    CHECK_FALSE(fs::exists(out / "step_4"));
+    std::map<std::string, std::string> after;
+    for (const auto& e : fs::directory_iterator(out / "step_2")) after[e.path().filename()] = read_file(e.path());
+    CHECK(after == before);
+    const Run empty = run_train("--out-dir ''");
+    REQUIRE(empty.status != 0);
+    CHECK(empty.output.find("--out-dir is empty: name the directory the run writes") != std::string::npos);
 }
 
 // Two ranks of one node with one GPU between them: refused at start-up, the fix named.

@@ -31,12 +31,21 @@
 #include <memory>
 #include <optional>
 #include <stdexcept>
+#include <string>
 
 namespace pv {
 
 namespace {
 
 double mib(size_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
+
+// "H:MM:SS" of a duration in seconds (hours grow as needed).
+std::string clock_text(double seconds) {
+    const long long s = std::llround(std::max(0.0, seconds));
+    char text[32];
+    std::snprintf(text, sizeof text, "%lld:%02lld:%02lld", s / 3600, s / 60 % 60, s % 60);
+    return text;
+}
 
 // The dense bf16 peak of the GPU for MFU; 0 on the host backend (a CPU has no such peak worth
 // quoting) or an unknown GPU.
@@ -324,14 +333,15 @@ class TrainingRun {
             test_signal_hook(step + 1);
             const StepResult r = trainer_->step(micro, lr, step + 1, o_.clip, adamw_, stop_signal() != 0);
             const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-            if (step == start_step_) first_loss_ = r.loss;
+            if (step == start_step_) first_loss_ = r.loss, first_step_end_ = std::chrono::steady_clock::now();
             last_loss_ = r.loss;
             log_step(step, r, lr, ms, flops_per_token, peak);
             if (val_loader_ && o_.eval_interval > 0 && ((step + 1) % o_.eval_interval == 0 || step + 1 == o_.steps)) {
-                const double val = evaluate();
-                std::printf("          validation loss %.7f\n", val);
+                const double val = evaluate(), perplexity = std::exp(val);
+                std::printf("          validation loss %.7f (perplexity %.2f)\n", val, perplexity);
                 if (metrics_)
-                    std::fprintf(metrics_, "{\"step\": %lld, \"val_loss\": %s}\n", step + 1, json_number(val).c_str());
+                    std::fprintf(metrics_, "{\"step\": %lld, \"val_loss\": %s, \"val_ppl\": %s}\n", step + 1,
+                                 json_number(val).c_str(), json_number(perplexity).c_str());
             }
             if (metrics_) std::fflush(metrics_);
             // A stop signal on any rank (trainer/signals.h): this step is the last, with its checkpoint.
@@ -359,11 +369,21 @@ class TrainingRun {
         const MemoryStats mem = memory_stats();
         char mfu[32] = "";
         if (peak > 0) std::snprintf(mfu, sizeof mfu, " | MFU %5.1f%%", 100.0 * tokens_per_s * flops_per_token / peak);
+        // Elapsed: this invocation's training so far. ETA to --steps: the mean wall time per step
+        // since the first step of this invocation (which pays for warming up), evaluations and
+        // checkpoints included; unknown after the first step.
+        const auto now = std::chrono::steady_clock::now();
+        const long long after_first = step - start_step_;
+        const std::string eta = after_first > 0
+                                    ? clock_text(std::chrono::duration<double>(now - first_step_end_).count() /
+                                                 double(after_first) * double(o_.steps - (step + 1)))
+                                    : "?";
         std::printf(
-            "step %5lld/%lld | loss %.7f | lr %.3e | grad norm %.4f | %8.0f tok/s | %7.1f ms%s | device memory "
-            "%.1f MiB (peak %.1f MiB)\n",
-            step + 1, o_.steps, r.loss, lr, r.grad_norm, tokens_per_s, ms, mfu, mib(mem.device_current),
-            mib(mem.device_peak));
+            "step %5lld/%lld | loss %.7f | lr %.3e | grad norm %.4f | %8.0f tok/s | %7.1f ms%s | %s elapsed, ETA "
+            "%s | device memory %.1f MiB (peak %.1f MiB)\n",
+            step + 1, o_.steps, r.loss, lr, r.grad_norm, tokens_per_s, ms, mfu,
+            clock_text(std::chrono::duration<double>(now - start_).count()).c_str(), eta.c_str(),
+            mib(mem.device_current), mib(mem.device_peak));
         if (r.skipped)
             std::printf(
                 "          skipped step %lld: the loss or gradient norm is not finite (%s); nothing was updated "
@@ -478,7 +498,7 @@ class TrainingRun {
     long long start_step_ = 0, end_step_ = 0;
     long long stop_requests_ = 0;  // ranks that asked to stop (a signal): the run ended at end_step_
     FILE* metrics_ = nullptr;
-    std::chrono::steady_clock::time_point start_;
+    std::chrono::steady_clock::time_point start_, first_step_end_;  // this invocation's training; its first step's end
     double first_loss_ = NAN, last_loss_ = NAN;
 };
 
