@@ -8,8 +8,6 @@
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
-#include <string>
-#include <utility>
 
 namespace pv {
 namespace {
@@ -91,16 +89,11 @@ void set_signal_phase(SignalPhase phase) { g_phase.store(int(phase)); }
 int stop_signal() { return g_stop.load(); }
 
 void test_signal_hook(long long step) {
-    static const auto [at, times] = [] {
+    static const long long at = [] {
         const char* v = std::getenv("POLEVAULT_TEST_SIGNAL_AT_STEP");
-        if (!v || !*v) return std::pair{-1LL, 0};
-        char* end = nullptr;
-        const long long k = std::strtoll(v, &end, 10);
-        const int n = *end == 'x' ? std::atoi(end + 1) : 1;
-        return std::pair{k, n};
+        return v && *v ? std::atoll(v) : -1LL;
     }();
-    if (step != at) return;
-    for (int i = 0; i < times; ++i) std::raise(SIGTERM);
+    if (step == at) std::raise(SIGTERM);
 }
 
 }  // namespace pv

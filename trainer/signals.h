@@ -25,8 +25,9 @@
 // fails with EFBIG and reaches the caller as an error with a message (io/durable_file.h) instead
 // of killing the process silently.
 //
-// Test hook: POLEVAULT_TEST_SIGNAL_AT_STEP=K[xN] makes the process raise SIGTERM N times (default
-// once) at the run loop's read point of step K (1-based), a deterministic stand-in for `kill`.
+// Test hook: POLEVAULT_TEST_SIGNAL_AT_STEP=K makes the process raise SIGTERM at the run loop's
+// read point of step K (1-based), a deterministic stand-in for `kill` (under mpirun, set it on one
+// rank to signal that rank alone).
 // Host code only.
 #pragma once
 
