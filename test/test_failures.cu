@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -21,6 +22,179 @@
 #include <vector>
 
 using namespace train_test;
+
+// Preemption (trainer/signals.h): a stop signal that reaches one rank of four (SIGTERM raised by
+// rank 2 alone, through the test hook, before step 2) stops every rank after that same step, with
+// its checkpoint and the resume command, exit 0; resumed, the run ends with the bytes of a run that
+// was never stopped (fp64, ddp at 4 ranks both times).
+TEST_CASE(
+    "train under mpirun: a stop signal on one rank stops every rank after one step with a checkpoint; resumed, "
+    "the bytes of an unbroken run",
+    "[train][mpi][signals]") {
+    TempDir dir("train_signal_mpi");
+    const std::string train = (build_dir() / "train").string();
+    const std::string run = train +
+                            " --steps 4 --warmup 0 --batch 4 --micro-batch 1 --seq-len 8 --vocab 257 --sample-tokens 0 "
+                            "--dtype fp64 --eval-interval 0 --parallel ddp --out-dir ";
+    const fs::path straight = dir.path / "straight", stopped = dir.path / "stopped";
+    const Run a = run_mpi(4, run + straight.string());
+    INFO(a.output);
+    REQUIRE(a.status == 0);
+    const Run b1 = run_mpi(4,
+                           "sh -c 'if [ \"$OMPI_COMM_WORLD_RANK\" = 2 ]; then export POLEVAULT_TEST_SIGNAL_AT_STEP=2; "
+                           "fi; exec " +
+                               run + stopped.string() + "'");
+    INFO(b1.output);
+    REQUIRE(b1.status == 0);
+    CHECK(b1.output.find("train: SIGTERM received: finishing this step") != std::string::npos);
+    CHECK(b1.output.find("stopped by a stop signal on 1 of 4 rank(s) after step 2, checkpoint " +
+                         (stopped / "step_2").string() + " written; continue with: train --resume " +
+                         stopped.string()) != std::string::npos);
+    REQUIRE(losses(b1.output).size() == 2);
+    REQUIRE(fs::exists(stopped / "step_2" / "trainer_state.json"));
+    REQUIRE_FALSE(fs::exists(stopped / "step_4"));
+    const Run b2 = run_mpi(4, train + " --resume " + stopped.string());
+    INFO(b2.output);
+    REQUIRE(b2.status == 0);
+    REQUIRE(losses(b2.output).size() == 2);
+    // Every step's numbers (not the memory peak: loading a checkpoint is another allocation history).
+    const std::regex memory(R"(, "device_bytes": [0-9]+, "device_peak_bytes": [0-9]+)");
+    const auto numbers = [&](const fs::path& d) {
+        return std::regex_replace(metrics_without_timing(d / "metrics.jsonl"), memory, "");
+    };
+    REQUIRE(numbers(straight).find("\"step\": 4, \"loss\"") != std::string::npos);
+    REQUIRE(numbers(stopped) == numbers(straight));
+    for (const char* f : {"model.safetensors", "adam_m.safetensors", "adam_v.safetensors"}) {
+        INFO(f);
+        const std::string x = read_file(straight / "step_4" / f);
+        REQUIRE(x.size() > 1000);
+        REQUIRE(read_file(stopped / "step_4" / f) == x);
+    }
+}
+
+// A second signal (real ones, sent with kill once step 2's checkpoint is written: SIGINT, then
+// SIGTERM) ends the run at once with 128 + SIGTERM, long before its 40 steps, and says that the
+// step in flight has no checkpoint; the earlier checkpoint is complete.
+TEST_CASE("train: a second stop signal exits at once, non-zero, leaving the earlier checkpoint", "[train][signals]") {
+    TempDir dir("train_signal_twice");
+    const std::string log = dir.file("log"), out = dir.file("out");
+    const Run r = run_train_command(
+        "timeout 60 sh -c '" + (build_dir() / "train").string() +
+        " --steps 40 --warmup 0 --batch 4 --micro-batch 1 --seq-len 8 --vocab 257 --sample-tokens 0 "
+        "--eval-interval 0 --checkpoint-interval 2 --out-dir " +
+        out + " > " + log + " 2>&1 & p=$!; while kill -0 $p 2>/dev/null && ! grep -q \"checkpoint .*step_2\" " + log +
+        "; do sleep 0.02; done; kill -INT $p; kill -TERM $p; wait $p; s=$?; cat " + log + "; exit $s'");
+    INFO(r.output);
+    REQUIRE(r.status == 128 + 15);
+    CHECK(r.output.find("train: SIGINT received: finishing this step") != std::string::npos);
+    CHECK(r.output.find("train: SIGTERM again: exiting at once; no checkpoint was written for the step in flight") !=
+          std::string::npos);
+    CHECK(losses(r.output).size() < 40);
+    REQUIRE(fs::exists(fs::path(out) / "step_2" / "trainer_state.json"));
+    CHECK_FALSE(fs::exists(fs::path(out) / "step_40"));
+}
+
+// The output directory's housekeeping and branching (trainer/out_dir.h). --keep-checkpoints 2
+// deletes older checkpoints only once a newer one is complete; a stale step_N.tmp from a crash is
+// removed when a run starts. Resuming step_3 of a directory that holds step_4 is refused, naming
+// it; --out-dir NEW branches (NEW's history up to step 3 is the parent's, byte for byte, and the
+// parent is untouched); --overwrite-later continues in place, removing step_4 and the metrics past
+// step 3 first, and then computes exactly what the branch did.
+TEST_CASE("train: --keep-checkpoints, stale .tmp removed, a branch refused, sent elsewhere or overwriting",
+          "[train][branch]") {
+    TempDir dir("train_branch");
+    const fs::path parent = dir.path / "parent", branch = dir.path / "branch";
+    fs::create_directories(parent / "step_9.tmp");
+    std::ofstream(parent / "step_9.tmp" / "model.safetensors") << "half written";
+    const Run a = run_train(
+        "--steps 4 --warmup 0 --batch 4 --micro-batch 1 --seq-len 8 --vocab 257 --sample-tokens 0 --eval-interval 0 "
+        "--checkpoint-interval 1 --keep-checkpoints 2 --out-dir " +
+        parent.string());
+    INFO(a.output);
+    REQUIRE(a.status == 0);
+    CHECK(a.output.find("removed " + (parent / "step_9.tmp").string() +
+                        ": a checkpoint whose writing never finished") != std::string::npos);
+    CHECK_FALSE(fs::exists(parent / "step_9.tmp"));
+    // step_1 went when step_3 was complete, step_2 when step_4 was.
+    const std::string removed1 = "removed " + (parent / "step_1").string() + " (--keep-checkpoints 2)";
+    REQUIRE(a.output.find(removed1) != std::string::npos);
+    CHECK(a.output.find(removed1) > a.output.find("checkpoint " + (parent / "step_3").string()));
+    CHECK(a.output.find(removed1) < a.output.find("checkpoint " + (parent / "step_4").string()));
+    for (const char* gone : {"step_1", "step_2"}) CHECK_FALSE(fs::exists(parent / gone));
+    REQUIRE(fs::exists(parent / "step_3" / "trainer_state.json"));
+    REQUIRE(fs::exists(parent / "step_4" / "trainer_state.json"));
+    const std::string parent_metrics = read_file(parent / "metrics.jsonl"),
+                      parent_step4 = read_file(parent / "step_4" / "model.safetensors");
+
+    const Run refused = run_train("--resume " + (parent / "step_3").string() + " --lr 1e-3");
+    INFO(refused.output);
+    REQUIRE(refused.status != 0);
+    CHECK(refused.output.find("already holds later checkpoints (step_4)") != std::string::npos);
+    CHECK(refused.output.find("--out-dir NEW") != std::string::npos);
+    CHECK(refused.output.find("--overwrite-later") != std::string::npos);
+    REQUIRE(losses(refused.output).empty());
+
+    const Run b = run_train("--resume " + (parent / "step_3").string() + " --lr 1e-3 --out-dir " + branch.string());
+    INFO(b.output);
+    REQUIRE(b.status == 0);
+    CHECK(b.output.find("its metrics.jsonl starts with 3 line(s) of " + parent.string() + "'s history up to step 3") !=
+          std::string::npos);
+    REQUIRE(losses(b.output).size() == 1);
+    CHECK(read_file(parent / "metrics.jsonl") == parent_metrics);
+    CHECK(read_file(parent / "step_4" / "model.safetensors") == parent_step4);
+    const std::string branch_metrics = read_file(branch / "metrics.jsonl");
+    const size_t three_lines = parent_metrics.find("{\"step\": 4,");
+    REQUIRE(three_lines != std::string::npos);
+    CHECK(branch_metrics.substr(0, three_lines) == parent_metrics.substr(0, three_lines));
+    CHECK(branch_metrics.find("{\"step\": 4,") == three_lines);
+    CHECK(branch_metrics.substr(three_lines) != parent_metrics.substr(three_lines));  // another learning rate
+
+    const Run c = run_train("--resume " + (parent / "step_3").string() + " --lr 1e-3 --overwrite-later");
+    INFO(c.output);
+    REQUIRE(c.status == 0);
+    CHECK(c.output.find("--overwrite-later: removed step_4 from " + parent.string() +
+                        " and 1 metrics line(s) past step 3") != std::string::npos);
+    REQUIRE(losses(c.output) == losses(b.output));
+    CHECK(metrics_without_timing(parent / "metrics.jsonl") == metrics_without_timing(branch / "metrics.jsonl"));
+    CHECK(read_file(parent / "step_4" / "model.safetensors") == read_file(branch / "step_4" / "model.safetensors"));
+    CHECK(read_file(parent / "step_4" / "model.safetensors") != parent_step4);
+}
+
+// A checkpoint write that fails — here at a file-size limit (`ulimit -f`, 5000 KiB: above what
+// MPI's start-up writes, below the fp64 checkpoint's 6 MB tensor files): SIGXFSZ is ignored, so
+// the write fails with EFBIG and the run exits non-zero with a message saying what failed, the
+// bytes needed and free; the .tmp is removed and the previous checkpoint keeps its bytes.
+// And an empty --out-dir is refused with the fix.
+TEST_CASE("train: a checkpoint that cannot be written leaves the previous one intact and says why", "[train][disk]") {
+    TempDir dir("train_disk");
+    const fs::path out = dir.path / "out";
+    const std::string train = (build_dir() / "train").string();
+    const Run a = run_train(
+        "--steps 4 --warmup 0 --batch 4 --micro-batch 1 --seq-len 8 --vocab 257 --sample-tokens 0 --eval-interval 0 "
+        "--dtype fp64 --stop-after 2 --out-dir " +
+        out.string());
+    INFO(a.output);
+    REQUIRE(a.status == 0);
+    std::map<std::string, std::string> before;
+    for (const auto& e : fs::directory_iterator(out / "step_2")) before[e.path().filename()] = read_file(e.path());
+    REQUIRE(before.at("model.safetensors").size() > 5000 * 1024);
+    const Run b = run_train_command("bash -c 'ulimit -f 5000; exec " + train + " --resume " + out.string() + "'");
+    INFO(b.output);
+    REQUIRE(b.status != 0);
+    CHECK(b.output.find("File too large") != std::string::npos);
+    CHECK(b.output.find("checkpoint " + (out / "step_4").string() +
+                        " was not written (its temporary directory is removed; the checkpoints before it are intact): "
+                        "it needs about ") != std::string::npos);
+    CHECK(b.output.find(" in " + out.string() + ", which has ") != std::string::npos);
+    CHECK_FALSE(fs::exists(out / "step_4.tmp"));
+    CHECK_FALSE(fs::exists(out / "step_4"));
+    std::map<std::string, std::string> after;
+    for (const auto& e : fs::directory_iterator(out / "step_2")) after[e.path().filename()] = read_file(e.path());
+    CHECK(after == before);
+    const Run empty = run_train("--out-dir ''");
+    REQUIRE(empty.status != 0);
+    CHECK(empty.output.find("--out-dir is empty: name the directory the run writes") != std::string::npos);
+}
 
 // One rule per option, for the command line and a checkpoint's trainer_state.json alike
 // (trainer/option_rules.h): finite numbers in range, known choices, whole numbers for counts.
@@ -40,7 +214,6 @@ TEST_CASE("train: every option is checked the same from the command line and fro
         {"--lr 1e400", "--lr inf: must be a finite number >= 0"},
         {"--steps 0", "--steps 0: must be an integer >= 1"},
         {"--microbatches 0", "--microbatches 0: must be an integer >= 1"},
-        {"--out-dir ''", "--out-dir \"\": is empty"},
         {"sample . --temperature nan", "--temperature: nan: must be a finite number >= 0"},
     };
     for (const auto& [args, message] : flags) {
@@ -258,14 +431,14 @@ TEST_CASE(
     INFO(resumed.output);
     CHECK(resumed.status == 0);
     poke_f32(step2 / "adam_v.safetensors", "model.layers.1.self_attn.o_proj.weight", 5, -1.5f);
-    const Run negative = run_train("--resume " + step2.string() + " --steps 3");
+    const Run negative = run_train("--resume " + step2.string() + " --steps 3 --overwrite-later");
     INFO(negative.output);
     CHECK(negative.status != 0);
     CHECK(negative.output.find("adam_v.safetensors: model.layers.1.self_attn.o_proj.weight element 5 is -1.5 (Adam's "
                                "v is a running mean of squares: never negative)") != std::string::npos);
     poke_f32(step2 / "adam_v.safetensors", "model.layers.1.self_attn.o_proj.weight", 5, 0.5f);
     poke_f32(step2 / "master.safetensors", "model.norm.weight", 3, NAN);
-    const Run nan_weight = run_train("--resume " + step2.string() + " --steps 3");
+    const Run nan_weight = run_train("--resume " + step2.string() + " --steps 3 --overwrite-later");
     INFO(nan_weight.output);
     CHECK(nan_weight.status != 0);
     CHECK(nan_weight.output.find("master.safetensors: model.norm.weight element 3 is nan (not finite)") !=

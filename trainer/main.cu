@@ -525,6 +525,7 @@ int main_checked(int argc, char** argv) {
     if (c.kind == Command::Kind::convert) return convert_command(c.convert);
     if (c.kind == Command::Kind::export_model) return export_model(c.export_model), 0;
     if (c.kind == Command::Kind::tokenize) return tokenize_command(c.tokenize, std::cin, std::cout);
+    if (c.kind == Command::Kind::plot) return std::printf("plot: %s\n", plot_runs(c.plot).c_str()), 0;
     install_stop_signals();  // before MPI starts its threads (trainer/signals.h)
     World world(&argc, &argv);
     if (world.rank() != 0 && !std::freopen("/dev/null", "w", stdout))  // rank 0 reports; errors from any rank

@@ -154,8 +154,6 @@ std::vector<std::string> train_option_problems(const nlohmann::json& j) {
         for (const std::string& c : choices) known |= v.is_string() && v.get<std::string>() == c;
         if (!known) say(key, v, "must be one of " + choice_list(choices));
     }
-    if (j.contains("out_dir") && j.at("out_dir") == "")
-        say("out_dir", j.at("out_dir"), "is empty; give the directory the run writes its checkpoints and metrics to");
     return problems;
 }
 
