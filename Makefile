@@ -79,8 +79,9 @@ else
 endif
 BUILD := build/$(FLAVOUR)
 
-# Libraries the product code itself needs (the tokenizer's Unicode pre-split), on both backends.
-PRODUCT_LIBS := -lpcre2-8
+# Libraries the product code itself needs (the tokenizer's Unicode pre-split; XXH3 file checksums), on
+# both backends.
+PRODUCT_LIBS := -lpcre2-8 -lxxhash
 
 HOST_CXXFLAGS := -std=c++20 $(OPT) $(WARNINGS) $(INCLUDES) -MMD -MP
 ifeq ($(BACKEND),cuda)

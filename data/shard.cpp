@@ -1,22 +1,19 @@
 // Token shard writer and reader; the format is described in data/shard.h.
 #include "data/shard.h"
 
+#include "io/checksum.h"
 #include "io/durable_file.h"
+#include "io/input_file.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
-#include <filesystem>
+#include <functional>
+#include <optional>
 #include <stdexcept>
-
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
+#include <utility>
 
 namespace pv {
 namespace {
-
-std::string os_error(int err) { return std::strerror(err); }
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
     throw std::runtime_error("token shard '" + path + "': " + what);
@@ -39,28 +36,7 @@ uint64_t get_u64(const unsigned char* p) {
     return v;
 }
 
-// Closes the descriptor on every path out of a function.
-struct Fd {
-    int fd = -1;
-    ~Fd() {
-        if (fd >= 0) ::close(fd);
-    }
-};
-
-void read_all(int fd, unsigned char* data, size_t n, const std::string& path) {
-    while (n > 0) {
-        const ssize_t r = ::read(fd, data, n);
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            fail(path, "read failed: " + os_error(errno));
-        }
-        if (r == 0) fail(path, "the file shrank while being read; is another process rewriting it?");
-        data += r;
-        n -= static_cast<size_t>(r);
-    }
-}
-
-// Bytes a version-1 or version-2 file of `count` tokens has after the header; false on overflow.
+// Bytes a version-1, 2 or 3 file of `count` tokens has after the header; false on overflow.
 bool payload_bytes(uint32_t version, uint64_t count, uint32_t width, uint64_t& out) {
     const uint64_t per_token = width + (version >= 2 ? 1u : 0u);
     if (count > UINT64_MAX / per_token) return false;
@@ -99,6 +75,10 @@ void write_shard(const std::string& path, const TokenShard& shard) {
     if (const std::string problem = flags_problem(shard.flags); !problem.empty())
         fail(path, problem + "; fix the flags before writing");
 
+    if (shard.vocab_size > kMaxShardVocab)
+        fail(path, "vocab_size " + std::to_string(shard.vocab_size) + " is above the largest vocabulary (" +
+                       std::to_string(kMaxShardVocab) + ")");
+
     const uint32_t width = shard_token_bytes(shard.vocab_size);
     const uint64_t count = shard.tokens.size();
     unsigned char header[kShardHeaderBytes];
@@ -109,9 +89,9 @@ void write_shard(const std::string& path, const TokenShard& shard) {
     put_u32(header + 20, shard.eot_token);
     put_u64(header + 24, count);
 
-    write_file_atomically(path, "token shard", [&](const ByteSink& sink) {
-        sink(header, sizeof header);
-        // Encode in chunks so a large shard never needs a second full-size buffer.
+    // The payload is encoded twice, in bounded chunks: once for the header's checksum, once to
+    // write; a large shard never needs a second full-size buffer.
+    const auto encode = [&](const std::function<void(const unsigned char*, size_t)>& out) {
         std::vector<unsigned char> buf;
         const size_t chunk = size_t(1) << 20;
         for (size_t begin = 0; begin < shard.tokens.size(); begin += chunk) {
@@ -127,36 +107,39 @@ void write_shard(const std::string& path, const TokenShard& shard) {
                     p[3] = static_cast<unsigned char>(t >> 24);
                 }
             }
-            sink(buf.data(), buf.size());
+            out(buf.data(), buf.size());
         }
-        sink(shard.flags.data(), shard.flags.size());
+        out(shard.flags.data(), shard.flags.size());
+    };
+    Xxh3 checksum;
+    checksum.update(header, kShardV2HeaderBytes);
+    encode([&](const unsigned char* data, size_t n) { checksum.update(data, n); });
+    put_u64(header + kShardV2HeaderBytes, checksum.digest());
+
+    write_file_atomically(path, "token shard", [&](const ByteSink& sink) {
+        sink(header, sizeof header);
+        encode([&](const unsigned char* data, size_t n) { sink(data, n); });
     });
 }
 
 TokenShard read_shard(const std::string& path) {
-    Fd f;
-    f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (f.fd < 0)
-        fail(path,
-             "cannot open: " + os_error(errno) + " (check the path; shards are made by the data preparation step)");
-    struct stat st {};
-    if (::fstat(f.fd, &st) != 0) fail(path, "cannot stat: " + os_error(errno));
-    if (!S_ISREG(st.st_mode)) fail(path, "not a regular file; pass the path of a .bin token shard");
-    const uint64_t size = static_cast<uint64_t>(st.st_size);
+    const InputFile f =
+        open_input_file(path, "token shard", "check the path; shards are made by the data preparation step");
+    const uint64_t size = f.size();
 
     const std::string recreate = "; re-create the shard with the data preparation step";
-    if (size < kShardHeaderBytes) {
+    if (size < kShardV2HeaderBytes) {
         // Too short for a header: say which problem it is if the magic is already wrong.
         unsigned char head[8] = {};
-        read_all(f.fd, head, static_cast<size_t>(std::min<uint64_t>(size, 8)), path);
+        f.read_exact(head, static_cast<size_t>(std::min<uint64_t>(size, 8)));
         if (size < 8 || std::memcmp(head, kShardMagic, 8) != 0)
             fail(path, "not a polevault token shard (" + std::to_string(size) +
                            " bytes, no \"PVTOKENS\" header); pass a file written by write_shard");
         fail(path, "truncated: " + std::to_string(size) + " bytes, shorter than the " +
-                       std::to_string(kShardHeaderBytes) + "-byte header" + recreate);
+                       std::to_string(kShardV2HeaderBytes) + "-byte header" + recreate);
     }
     unsigned char header[kShardHeaderBytes];
-    read_all(f.fd, header, sizeof header, path);
+    f.read_exact(header, kShardV2HeaderBytes);
     if (std::memcmp(header, kShardMagic, 8) != 0)
         fail(path,
              "not a polevault token shard (the first 8 bytes are not \"PVTOKENS\"); pass a file written by "
@@ -166,9 +149,18 @@ TokenShard read_shard(const std::string& path) {
     const uint32_t width = get_u32(header + 16);
     const uint32_t eot = get_u32(header + 20);
     const uint64_t count = get_u64(header + 24);
-    if (version != 1 && version != 2)
-        fail(path, "unsupported shard version " + std::to_string(version) + " (this build reads versions 1 and " +
+    if (version < 1 || version > kShardVersion)
+        fail(path, "unsupported shard version " + std::to_string(version) + " (this build reads versions 1 to " +
                        std::to_string(kShardVersion) + ")" + recreate + " of this build");
+    const size_t header_bytes = version >= 3 ? kShardHeaderBytes : kShardV2HeaderBytes;
+    if (size < header_bytes)
+        fail(path, "truncated: " + std::to_string(size) + " bytes, shorter than the " + std::to_string(header_bytes) +
+                       "-byte header of version " + std::to_string(version) + recreate);
+    if (version >= 3) f.read_exact(header + kShardV2HeaderBytes, kShardHeaderBytes - kShardV2HeaderBytes);
+    if (vocab == 0 || vocab > kMaxShardVocab)
+        fail(path, "header field vocab_size is " + std::to_string(vocab) + ", outside 1.." +
+                       std::to_string(kMaxShardVocab) + " (no tokenizer has that many tokens); the header is corrupt" +
+                       recreate);
     if (width != 2 && width != 4)
         fail(path,
              "bad token width " + std::to_string(width) + " bytes (must be 2 or 4); the header is corrupt" + recreate);
@@ -179,7 +171,7 @@ TokenShard read_shard(const std::string& path) {
         fail(path, "eot_token " + std::to_string(eot) + " is not below vocab_size " + std::to_string(vocab) +
                        "; the header is corrupt" + recreate);
 
-    const uint64_t payload = size - kShardHeaderBytes;
+    const uint64_t payload = size - header_bytes;
     uint64_t expected = 0;
     const bool overflow = !payload_bytes(version, count, width, expected);  // does not fit in 64 bits
     const std::string per_token =
@@ -195,33 +187,46 @@ TokenShard read_shard(const std::string& path) {
                        std::to_string(payload) + " (" + std::to_string(payload - expected) +
                        " extra); the file is corrupt or was appended to" + recreate);
 
+    // Only now, with count known to fit the file, is anything allocated.
+    Xxh3 checksum;
+    checksum.update(header, kShardV2HeaderBytes);
     TokenShard shard;
     shard.vocab_size = vocab;
     shard.eot_token = eot;
     shard.tokens.resize(static_cast<size_t>(count));
+    // A token id is checked after the checksum: a corrupt byte is reported as corruption, not as
+    // a tokenizer mismatch.
+    std::optional<std::pair<size_t, uint32_t>> out_of_range;
     std::vector<unsigned char> buf;
     const size_t chunk = size_t(1) << 20;
     for (size_t begin = 0; begin < shard.tokens.size(); begin += chunk) {
         const size_t end = std::min(shard.tokens.size(), begin + chunk);
         buf.resize((end - begin) * width);
-        read_all(f.fd, buf.data(), buf.size(), path);
+        f.read_exact(buf.data(), buf.size());
+        checksum.update(buf.data(), buf.size());
         const unsigned char* p = buf.data();
         for (size_t i = begin; i < end; ++i, p += width) {
             const uint32_t t = width == 2 ? uint32_t(p[0]) | uint32_t(p[1]) << 8 : get_u32(p);
-            if (t >= vocab)
-                fail(path, "token at index " + std::to_string(i) + " is " + std::to_string(t) +
-                               ", not below vocab_size " + std::to_string(vocab) +
-                               "; the shard is corrupt or was made with another tokenizer" + recreate +
-                               " and the matching tokenizer");
+            if (t >= vocab && !out_of_range) out_of_range = {i, t};
             shard.tokens[i] = t;
         }
     }
     if (version >= 2) {
         shard.flags.resize(static_cast<size_t>(count));
-        read_all(f.fd, shard.flags.data(), shard.flags.size(), path);
-        if (const std::string problem = flags_problem(shard.flags); !problem.empty())
-            fail(path, "corrupt flags: " + problem + recreate);
+        f.read_exact(shard.flags.data(), shard.flags.size());
+        checksum.update(shard.flags.data(), shard.flags.size());
     }
+    if (version >= 3 && checksum.digest() != get_u64(header + kShardV2HeaderBytes))
+        fail(path, "checksum mismatch: the header records XXH3 " + checksum_hex(get_u64(header + kShardV2HeaderBytes)) +
+                       " but the file's bytes hash to " + checksum_hex(checksum.digest()) +
+                       ": the file was corrupted (a flipped bit, an overwritten byte) after it was written" + recreate);
+    if (out_of_range)
+        fail(path, "token at index " + std::to_string(out_of_range->first) + " is " +
+                       std::to_string(out_of_range->second) + ", not below vocab_size " + std::to_string(vocab) +
+                       "; the shard is corrupt or was made with another tokenizer" + recreate +
+                       " and the matching tokenizer");
+    if (const std::string problem = flags_problem(shard.flags); !problem.empty())
+        fail(path, "corrupt flags: " + problem + recreate);
     return shard;
 }
 

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <stdexcept>
 #include <system_error>
+#include <utility>
 
 namespace pv {
 namespace {
@@ -34,7 +35,15 @@ std::string parent_of(const std::string& path) {
     return parent.empty() ? std::string(".") : parent.string();
 }
 
+thread_local WriteRecorder* innermost_recorder = nullptr;
+
 }  // namespace
+
+WriteRecorder::WriteRecorder() : outer_(innermost_recorder) { innermost_recorder = this; }
+WriteRecorder::~WriteRecorder() { innermost_recorder = outer_; }
+void WriteRecorder::record(WrittenFile file) {
+    if (innermost_recorder) innermost_recorder->files_.push_back(std::move(file));
+}
 
 void fsync_path(const std::string& path, bool directory, const std::string& kind_in) {
     const std::string kind = !kind_in.empty() ? kind_in : directory ? "directory" : "file";
@@ -67,9 +76,11 @@ void rename_durably(const std::string& from, const std::string& to, const std::s
     fsync_path(parent_of(to), true, kind);
 }
 
-void write_file_atomically(const std::string& path, const std::string& kind,
-                           const std::function<void(const ByteSink&)>& write) {
+FileDigest write_file_atomically(const std::string& path, const std::string& kind,
+                                 const std::function<void(const ByteSink&)>& write) {
     const std::string tmp = path + ".tmp";
+    Xxh3 checksum;
+    uint64_t written = 0;
     {
         Fd f;
         f.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -79,6 +90,8 @@ void write_file_atomically(const std::string& path, const std::string& kind,
                      " (does the directory exist and is it writable?)");
         try {
             write([&](const void* data, size_t n) {
+                checksum.update(data, n);
+                written += n;
                 const char* p = static_cast<const char*>(data);
                 while (n > 0) {
                     const ssize_t w = ::write(f.fd, p, n);
@@ -106,6 +119,9 @@ void write_file_atomically(const std::string& path, const std::string& kind,
         fail(kind, path, "cannot rename '" + tmp + "' to it: " + std::strerror(err));
     }
     fsync_path(parent_of(path), true, kind);
+    const FileDigest digest{written, checksum.digest()};
+    WriteRecorder::record({path, digest});
+    return digest;
 }
 
 }  // namespace pv

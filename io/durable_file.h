@@ -5,25 +5,57 @@
 // EINVAL exception, no best effort): a write that is not known to be durable is never reported as
 // done. Errors are std::runtime_error naming the path and the OS error (strerror). Shards, the
 // tokenizer, config.json, safetensors files, trainer_state.json and checkpoint directories all go
-// through here. Host code only (g++); no CUDA headers.
+// through here.
+//
+// Every file written is checksummed (XXH3-64, io/checksum.h) as its bytes pass through the sink,
+// so a checkpoint records what it wrote without reading it back: a WriteRecorder alive on the
+// writing thread collects each file's final path, size and checksum (save_checkpoint keeps one
+// while it writes a step_N.tmp/ and stores the list in trainer_state.json). Host code only (g++);
+// no CUDA headers.
 #pragma once
+
+#include "io/checksum.h"
 
 #include <cstddef>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace pv {
 
 // Appends bytes to the file being written.
 using ByteSink = std::function<void(const void* data, size_t bytes)>;
 
+// A file write_file_atomically completed: the path it was renamed to, its size and checksum.
+struct WrittenFile {
+    std::string path;
+    FileDigest digest;
+};
+
+// While alive, collects every file write_file_atomically completes on this thread (the writes of
+// one checkpoint). Recorders nest: the innermost collects.
+class WriteRecorder {
+  public:
+    WriteRecorder();
+    ~WriteRecorder();
+    WriteRecorder(const WriteRecorder&) = delete;
+    WriteRecorder& operator=(const WriteRecorder&) = delete;
+    const std::vector<WrittenFile>& files() const { return files_; }
+    static void record(WrittenFile file);  // to the innermost recorder, if any
+
+  private:
+    std::vector<WrittenFile> files_;
+    WriteRecorder* outer_;
+};
+
 // Calls `write` with a sink into `path.tmp`, then makes the file durable and renames it over
 // `path`, then fsyncs the directory. On any failure std::runtime_error is thrown, its message
 // starting "<kind> '<file>': " and naming the OS error (e.g. kind = "token shard"); `path.tmp` is
 // removed if the failure comes before the rename. A failed directory fsync is thrown too, though
-// the new file is then already in place under `path`.
-void write_file_atomically(const std::string& path, const std::string& kind,
-                           const std::function<void(const ByteSink&)>& write);
+// the new file is then already in place under `path`. Returns the size and checksum of what was
+// written (also given to the thread's WriteRecorder).
+FileDigest write_file_atomically(const std::string& path, const std::string& kind,
+                                 const std::function<void(const ByteSink&)>& write);
 
 // fsync of a file (directory = false) or a directory (directory = true) by path. Throws
 // std::runtime_error "<kind> '<path>': cannot open to fsync: <os error>" or "... fsync failed:

@@ -1,11 +1,13 @@
 // Token shards: round trips at both token widths and empty, with every flags value; version-1
-// files (written here byte by byte) still read; the atomic write; and every rejection path of
+// and version-2 files (written here byte by byte) still read; version 3's checksum (computed here
+// with libxxhash directly) catches any flipped bit; the atomic write; and every rejection path of
 // read_shard — the header, the tokens and the flags section — with a message that names the
 // file, the problem and the fix.
 #include "test/temp_dir.h"
 #include "data/shard.h"
 
 #include <catch2/catch.hpp>
+#include <xxhash.h>
 
 #include <cstdint>
 #include <cstring>
@@ -16,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace shard_test {
@@ -62,6 +65,22 @@ inline void put_u64(std::vector<unsigned char>& b, size_t at, uint64_t v) {
     for (int i = 0; i < 8; ++i) b[at + i] = static_cast<unsigned char>(v >> (8 * i));
 }
 
+// The version-3 header's checksum recomputed after a test edits the bytes (XXH3-64 of bytes 0-31
+// then everything after the 40-byte header), so a structural check is reached rather than the
+// checksum's.
+inline void reseal(std::vector<unsigned char>& b) {
+    std::vector<unsigned char> covered(b.begin(), b.begin() + 32);
+    covered.insert(covered.end(), b.begin() + 40, b.end());
+    put_u64(b, 32, XXH3_64bits(covered.data(), covered.size()));
+}
+
+// The bytes of a version-2 file with the same contents as version-3 bytes `b` (the checksum cut).
+inline std::vector<unsigned char> as_version2(std::vector<unsigned char> b) {
+    b.erase(b.begin() + 32, b.begin() + 40);
+    put_u32(b, 8, 2);
+    return b;
+}
+
 // read_shard(path) throws std::runtime_error whose message contains the path and every substring.
 inline void expect_rejected(const std::string& path, const std::vector<std::string>& substrings) {
     std::string message;
@@ -100,8 +119,11 @@ TEST_CASE("shards round-trip at 2-byte and 4-byte widths and empty", "[data]") {
         const auto bytes = read_bytes(path);
         REQUIRE(bytes.size() == pv::kShardHeaderBytes + c.n * (c.width + 1));
         CHECK(std::memcmp(bytes.data(), "PVTOKENS", 8) == 0);
-        CHECK(bytes[8] == 2);
+        CHECK(bytes[8] == 3);
         CHECK(bytes[16] == c.width);
+        std::vector<unsigned char> resealed = bytes;
+        reseal(resealed);
+        CHECK(resealed == bytes);  // the header's checksum is XXH3 of everything but itself
         const auto r = pv::read_shard(path);
         CHECK(r.vocab_size == s.vocab_size);
         CHECK(r.eot_token == s.eot_token);
@@ -116,18 +138,22 @@ TEST_CASE("shard header is little-endian in the documented layout, the flags aft
     const auto path = dir.file("layout.bin");
     pv::write_shard(path, s);
     const auto b = read_bytes(path);
-    REQUIRE(b.size() == 32 + 3 * 4 + 3);
+    REQUIRE(b.size() == 40 + 3 * 4 + 3);
     const std::vector<unsigned char> header = {'P',  'V',  'T',  'O', 'K', 'E', 'N', 'S',  // magic
-                                               2,    0,    0,    0,                        // version
+                                               3,    0,    0,    0,                        // version
                                                0x70, 0x11, 0x01, 0,                        // vocab 70000
                                                4,    0,    0,    0,                        // width
                                                3,    0,    0,    0,                        // eot
                                                3,    0,    0,    0,   0,   0,   0,   0};   // count
     CHECK(std::vector<unsigned char>(b.begin(), b.begin() + 32) == header);
     const uint32_t t0 = 0x01020304u % 70000;
-    CHECK(b[32] == (t0 & 0xFF));
-    CHECK(b[33] == ((t0 >> 8) & 0xFF));
-    CHECK(b[34] == ((t0 >> 16) & 0xFF));
+    std::vector<unsigned char> covered(b.begin(), b.begin() + 32);
+    covered.insert(covered.end(), b.begin() + 40, b.end());
+    const uint64_t checksum = XXH3_64bits(covered.data(), covered.size());
+    for (int i = 0; i < 8; ++i) CHECK(b[32 + size_t(i)] == ((checksum >> (8 * i)) & 0xFF));
+    CHECK(b[40] == (t0 & 0xFF));
+    CHECK(b[41] == ((t0 >> 8) & 0xFF));
+    CHECK(b[42] == ((t0 >> 16) & 0xFF));
     CHECK(std::vector<unsigned char>(b.end() - 3, b.end()) == std::vector<unsigned char>{0b011, 0b001, 0b110});
     // The bits are those the layout table names.
     CHECK(pv::kTokenCounted == 1);
@@ -167,6 +193,22 @@ TEST_CASE("version-1 shards (no flags) still read, at both widths", "[data]") {
         write_bytes(path, b);
         expect_rejected(path, {"truncated", "5 tokens × " + std::to_string(width) + " bytes"});
     }
+}
+
+TEST_CASE("version-2 shards (flags, no checksum) still read", "[data]") {
+    TempDir dir;
+    const auto s = random_shard(70000, 200, 11);
+    pv::write_shard(dir.file("v3.bin"), s);
+    const auto v2 = as_version2(read_bytes(dir.file("v3.bin")));
+    REQUIRE(v2.size() == 32 + 200 * 5);
+    write_bytes(dir.file("v2.bin"), v2);
+    const auto r = pv::read_shard(dir.file("v2.bin"));
+    CHECK(r.tokens == s.tokens);
+    CHECK(r.flags == s.flags);
+    CHECK(r.vocab_size == 70000);
+    // Structure is still checked in version 2: a cut file is refused.
+    write_bytes(dir.file("v2cut.bin"), std::vector<unsigned char>(v2.begin(), v2.end() - 1));
+    expect_rejected(dir.file("v2cut.bin"), {"truncated", "200 tokens × (4 + 1 flags byte)"});
 }
 
 TEST_CASE("write_shard replaces a file whole and reports OS errors with the path", "[data]") {
@@ -224,7 +266,13 @@ TEST_CASE("read_shard rejects broken files, naming the file, the problem and the
     const auto good_path = dir.file("good.bin");
     pv::write_shard(good_path, random_shard(1000, 64, 3));  // 2-byte tokens
     const auto good = read_bytes(good_path);
-    REQUIRE(good.size() == 32 + 128 + 64);
+    REQUIRE(good.size() == 40 + 128 + 64);
+    // Writes a variant of the good file, its checksum recomputed (reseal), so the check under
+    // test is reached.
+    const auto write_resealed = [&](const std::string& path, std::vector<unsigned char> b) {
+        reseal(b);
+        write_bytes(path, b);
+    };
 
     SECTION("missing file") {
         expect_rejected(dir.file("absent.bin"), {"cannot open", "No such file or directory", "check the path"});
@@ -242,23 +290,25 @@ TEST_CASE("read_shard rejects broken files, naming the file, the problem and the
     SECTION("header cut short") {
         write_bytes(dir.file("short.bin"), std::vector<unsigned char>(good.begin(), good.begin() + 20));
         expect_rejected(dir.file("short.bin"), {"truncated", "20 bytes", "32-byte header", "re-create"});
+        write_bytes(dir.file("short3.bin"), std::vector<unsigned char>(good.begin(), good.begin() + 36));
+        expect_rejected(dir.file("short3.bin"), {"truncated", "36 bytes", "40-byte header of version 3"});
     }
     SECTION("unsupported version") {
         auto b = good;
-        put_u32(b, 8, 3);
+        put_u32(b, 8, 4);
         write_bytes(dir.file("version.bin"), b);
-        expect_rejected(dir.file("version.bin"), {"unsupported shard version 3", "versions 1 and 2", "re-create"});
+        expect_rejected(dir.file("version.bin"), {"unsupported shard version 4", "versions 1 to 3", "re-create"});
     }
     SECTION("bad token width") {
         auto b = good;
         put_u32(b, 16, 3);
-        write_bytes(dir.file("width.bin"), b);
+        write_resealed(dir.file("width.bin"), b);
         expect_rejected(dir.file("width.bin"), {"bad token width 3", "2 or 4", "re-create"});
     }
     SECTION("width 2 with a vocabulary that needs 4") {
         auto b = good;
         put_u32(b, 12, 70000);
-        write_bytes(dir.file("width2.bin"), b);
+        write_resealed(dir.file("width2.bin"), b);
         expect_rejected(dir.file("width2.bin"), {"bad token width 2", "70000", "re-create"});
     }
     SECTION("truncated tokens") {
@@ -278,17 +328,17 @@ TEST_CASE("read_shard rejects broken files, naming the file, the problem and the
         for (int bit = 3; bit < 8; ++bit) {
             INFO("bit " << bit);
             auto b = good;
-            b[32 + 128 + 17] |= static_cast<unsigned char>(1u << bit);
-            write_bytes(dir.file("bit.bin"), b);
+            b[40 + 128 + 17] |= static_cast<unsigned char>(1u << bit);
+            write_resealed(dir.file("bit.bin"), b);
             expect_rejected(dir.file("bit.bin"), {"corrupt flags", "index 17", "bits other than 0-2", "re-create"});
         }
     }
     SECTION("a document whose splittable bit changes inside it") {
         auto b = good;
         size_t i = 1;  // a token that does not start a document
-        while (b[32 + 128 + i] & pv::kTokenStartsDocument) ++i;
-        b[32 + 128 + i] ^= pv::kTokenSplittable;
-        write_bytes(dir.file("split.bin"), b);
+        while (b[40 + 128 + i] & pv::kTokenStartsDocument) ++i;
+        b[40 + 128 + i] ^= pv::kTokenSplittable;
+        write_resealed(dir.file("split.bin"), b);
         expect_rejected(dir.file("split.bin"), {"corrupt flags", "index " + std::to_string(i), "splittable"});
     }
     SECTION("absurd count") {
@@ -306,16 +356,50 @@ TEST_CASE("read_shard rejects broken files, naming the file, the problem and the
     }
     SECTION("token not below the vocabulary size") {
         auto b = good;
-        b[32 + 2 * 37] = 0xE8;  // token 37 = 1000 = 0x03E8
-        b[32 + 2 * 37 + 1] = 0x03;
-        write_bytes(dir.file("token.bin"), b);
+        b[40 + 2 * 37] = 0xE8;  // token 37 = 1000 = 0x03E8
+        b[40 + 2 * 37 + 1] = 0x03;
+        write_resealed(dir.file("token.bin"), b);
         expect_rejected(dir.file("token.bin"), {"index 37", "is 1000", "vocab_size 1000", "tokenizer"});
     }
     SECTION("eot not below the vocabulary size") {
         auto b = good;
         put_u32(b, 20, 1000);
-        write_bytes(dir.file("eot.bin"), b);
+        write_resealed(dir.file("eot.bin"), b);
         expect_rejected(dir.file("eot.bin"), {"eot_token 1000", "vocab_size 1000", "re-create"});
     }
-    SECTION("a directory") { expect_rejected(dir.path.string(), {"not a regular file"}); }
+    SECTION("a directory") { expect_rejected(dir.path.string(), {"is a directory", "not a regular file"}); }
+    SECTION("a FIFO named like a shard is refused at once, not waited on") {
+        const std::string fifo = dir.file("train_000000.pvtokens");
+        REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+        expect_rejected(fifo, {"is a FIFO (named pipe)", "not a regular file"});  // hangs without the fix
+    }
+    SECTION("vocab_size beyond a signed 32-bit count") {
+        auto b = good;
+        put_u32(b, 12, 3000000000u);
+        put_u32(b, 16, 4);
+        write_resealed(dir.file("vocab.bin"), b);
+        expect_rejected(dir.file("vocab.bin"), {"header field vocab_size is 3000000000", "outside 1..2147483647"});
+    }
+    SECTION("a flipped bit anywhere (tokens, flags, header fields) fails the checksum") {
+        // A flag bit 0 or 1 flipped, or a token changed within the vocabulary, is a valid shard with
+        // another meaning: only the checksum tells.
+        for (const size_t at : {size_t(12), size_t(20), size_t(33), size_t(40 + 2 * 5), size_t(40 + 128 + 9)}) {
+            for (const int bit : {0, 1}) {
+                INFO("byte " << at << " bit " << bit);
+                auto b = good;
+                b[at] ^= static_cast<unsigned char>(1u << bit);
+                write_bytes(dir.file("flip.bin"), b);
+                expect_rejected(dir.file("flip.bin"), {"checksum mismatch", "corrupted", "re-create"});
+            }
+        }
+    }
+    SECTION("two tokens swapped fails the checksum") {
+        auto b = good;
+        size_t j = 1;
+        while (b[40 + 2 * j] == b[40] && b[41 + 2 * j] == b[41]) ++j;
+        std::swap(b[40], b[40 + 2 * j]);
+        std::swap(b[41], b[41 + 2 * j]);
+        write_bytes(dir.file("swap.bin"), b);
+        expect_rejected(dir.file("swap.bin"), {"checksum mismatch"});
+    }
 }
