@@ -1,6 +1,8 @@
 // Chat formats: rendering, recognising templates, resolving --chat-format (data/chat.h).
 #include "data/chat.h"
 
+#include "io/input_file.h"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -239,8 +241,7 @@ ChatFormat resolve_chat_format(const std::string& name, const std::string& confi
             "the data has chats but no chat format: there is no tokenizer_config.json " +
             (config_path.empty() ? std::string("(no tokenizer was given)") : "at '" + config_path + "'") +
             " with a chat_template to recognise" + fix);
-    std::ifstream in(config_path, std::ios::binary);
-    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    const std::string text = read_input_file(config_path, "tokenizer config", kMaxJsonFileBytes);
     nlohmann::json j;
     try {
         j = nlohmann::json::parse(text);

@@ -2,6 +2,7 @@
 // marked (data/examples.h).
 #include "data/examples.h"
 
+#include "io/input_file.h"
 #include "data/shard.h"
 
 #include <nlohmann/json.hpp>
@@ -41,8 +42,10 @@ File open_input(const std::string& path) {
     const std::string where = "input '" + path + "'";
     std::error_code ec;
     if (fs::is_directory(path, ec)) fail(where, "is a directory; pass the files in it");
-    File f(std::fopen(path.c_str(), "rb"), &std::fclose);
-    if (!f) fail(where, "cannot open: " + std::string(std::strerror(errno)) + " (check the path and its permissions)");
+    InputFile in = open_input_file(path, "input", "check the path and its permissions");  // regular files only
+    File f(::fdopen(in.fd(), "rb"), &std::fclose);
+    if (!f) fail(where, "cannot read: " + std::string(std::strerror(errno)));
+    in.release();  // the FILE owns the descriptor now
     return f;
 }
 

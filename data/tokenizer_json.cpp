@@ -5,6 +5,7 @@
 // replacement to "▁", ...).
 #include "data/tokenizer.h"
 
+#include "io/input_file.h"
 #include "data/tokenizer_parts.h"
 #include "data/utf8.h"
 
@@ -448,22 +449,11 @@ struct Loader {
     }
 };
 
-std::string read_whole_file(const std::string& path, bool& ok) {
-    std::ifstream f(path, std::ios::binary);
-    ok = bool(f);
-    if (!ok) return {};
-    std::ostringstream ss;
-    ss << f.rdbuf();
-    return std::move(ss).str();
-}
-
 }  // namespace
 
 Tokenizer Tokenizer::load(const std::string& path) {
     const Loader L{path};
-    bool ok;
-    std::string text = read_whole_file(path, ok);
-    if (!ok) throw L.fail("cannot open the file (missing or unreadable)");
+    std::string text = read_input_file(path, "tokenizer", kMaxJsonFileBytes, "check the path");
     json j;
     StreamedModel streamed;
     try {
@@ -507,8 +497,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
     const std::string config_path = (std::filesystem::path(path).parent_path() / "tokenizer_config.json").string();
     json config = json::object();
     if (std::filesystem::exists(config_path)) {
-        impl->config_text = read_whole_file(config_path, ok);
-        if (!ok) throw std::runtime_error("tokenizer config '" + config_path + "': cannot read it");
+        impl->config_text = read_input_file(config_path, "tokenizer config", kMaxJsonFileBytes);
         try {
             config = json::parse(impl->config_text);
         } catch (const json::exception& e) {

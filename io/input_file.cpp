@@ -74,6 +74,8 @@ void InputFile::pread_exact(void* data, size_t n, uint64_t offset) const {
     }
 }
 
+int InputFile::release() { return std::exchange(fd_, -1); }
+
 std::string InputFile::read_all() const {
     std::string bytes(size_t(size_), '\0');
     pread_exact(bytes.data(), bytes.size(), 0);

@@ -40,6 +40,8 @@ class InputFile {
     void pread_exact(void* data, size_t n, uint64_t offset) const;
     // The whole file as bytes (for JSON and other small files).
     std::string read_all() const;
+    // Hands the descriptor over to the caller (who closes it); this object is then empty.
+    int release();
 
   private:
     int fd_ = -1;

@@ -2,6 +2,7 @@
 // model/config_json.h.
 #include "model/config_json.h"
 
+#include "io/input_file.h"
 #include "io/durable_file.h"
 
 #include <cerrno>
@@ -351,11 +352,7 @@ LlamaConfig read_hf_config(const std::string& path) {
     };
     std::error_code ec;
     if (std::filesystem::is_directory(path, ec)) fail("is a directory: pass the config.json file inside it");
-    std::ifstream in(path, std::ios::binary);
-    if (!in) fail("cannot open: " + std::string(std::strerror(errno)) + " (check the path)");
-    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-    if (in.bad()) fail("read failed: " + std::string(std::strerror(errno)));
-    return parse_hf_config(text, path);
+    return parse_hf_config(read_input_file(path, "config.json", kMaxJsonFileBytes, "check the path"), path);
 }
 
 namespace {
@@ -363,9 +360,7 @@ namespace {
 // The JSON object in the file at `path`; `kind` names the file in errors.
 json read_json_object(const std::string& path, const std::string& kind) {
     auto fail = [&](const std::string& what) -> void { throw std::runtime_error(kind + " '" + path + "': " + what); };
-    std::ifstream in(path, std::ios::binary);
-    if (!in) fail("cannot open: " + std::string(std::strerror(errno)) + " (check the path)");
-    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    const std::string text = read_input_file(path, kind, kMaxJsonFileBytes, "check the path");
     json j;
     try {
         j = json::parse(text);

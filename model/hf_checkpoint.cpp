@@ -1,6 +1,7 @@
 // Hugging Face model directories and ranged tensor reads (model/hf_checkpoint.h).
 #include "model/hf_checkpoint.h"
 
+#include "io/input_file.h"
 #include "model/dtype_conversion.h"
 
 #include <algorithm>
@@ -25,11 +26,11 @@ using json = nlohmann::json;
 }
 
 std::string read_text(const std::string& path, const std::string& origin) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) fail(origin, "cannot open " + path + ": " + std::strerror(errno));
-    std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-    if (in.bad()) fail(origin, "cannot read " + path + ": " + std::strerror(errno));
-    return text;
+    try {
+        return read_input_file(path, "file", kMaxJsonFileBytes);
+    } catch (const std::runtime_error& e) {
+        fail(origin, e.what());
+    }
 }
 
 // A shard's name from the index: a file inside the directory, never a path out of it.

@@ -1,6 +1,7 @@
 // llama2.c checkpoint -> Hugging Face directory (model/llama2c.h).
 #include "model/llama2c.h"
 
+#include "io/input_file.h"
 #include "model/checkpoint.h"
 #include "model/config_json.h"
 #include "model/hf_checkpoint.h"
@@ -28,14 +29,10 @@ constexpr uint32_t kVersionedMagic = 0x616b3432;
 
 // A file opened for pread, closed on scope exit.
 struct File {
-    int fd = -1;
-    explicit File(const std::string& path) {
-        fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd < 0) fail(path, "cannot open: " + std::string(std::strerror(errno)) + " (check the path)");
-    }
-    ~File() { ::close(fd); }
-    File(const File&) = delete;
-    File& operator=(const File&) = delete;
+    InputFile in;  // a regular file only (io/input_file.h)
+    int fd;
+    explicit File(const std::string& path)
+        : in(open_input_file(path, "llama2.c checkpoint", "check the path")), fd(in.fd()) {}
 };
 
 void read_at(const File& f, const std::string& path, void* dst, uint64_t bytes, uint64_t offset) {

@@ -1,6 +1,7 @@
 // PEFT's adapter_config.json, written and read; the format and the rules are in model/peft_config.h.
 #include "model/peft_config.h"
 
+#include "io/input_file.h"
 #include "io/durable_file.h"
 
 #include <algorithm>
@@ -337,13 +338,9 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& path) {
     std::error_code ec;
     const std::string file =
         std::filesystem::is_directory(path, ec) ? (std::filesystem::path(path) / "adapter_config.json").string() : path;
-    std::ifstream in(file, std::ios::binary);
-    if (!in)
-        throw std::runtime_error("adapter_config.json '" + file + "': cannot open: " + std::strerror(errno) +
-                                 " (a PEFT adapter directory holds adapter_config.json beside "
-                                 "adapter_model.safetensors)");
-    const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-    if (in.bad()) throw std::runtime_error("adapter_config.json '" + file + "': read failed: " + std::strerror(errno));
+    const std::string text =
+        read_input_file(file, "adapter_config.json", kMaxJsonFileBytes,
+                        "a PEFT adapter directory holds adapter_config.json beside adapter_model.safetensors");
     return parse_peft_adapter_config(text, file);
 }
 

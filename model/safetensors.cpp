@@ -1,6 +1,7 @@
 // safetensors writer and reader; the format is described in model/safetensors.h.
 #include "model/safetensors.h"
 
+#include "io/input_file.h"
 #include "io/durable_file.h"
 
 #include <algorithm>
@@ -172,13 +173,10 @@ const SafeTensor& SafeTensorsFile::at(const std::string& name) const {
 }
 
 SafeTensorsReader::SafeTensorsReader(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) fail(path, "cannot open: " + os_error(errno) + " (check the path)");
+    InputFile file = open_input_file(path, "safetensors file", "check the path");  // regular files only
+    const uint64_t size = file.size();
+    fd_ = file.release();
     try {
-        struct stat st {};
-        if (::fstat(fd_, &st) != 0) fail(path, "cannot stat: " + os_error(errno));
-        if (S_ISDIR(st.st_mode)) fail(path, "is a directory, not a safetensors file");
-        const auto size = static_cast<uint64_t>(st.st_size);
         if (size < 8)
             fail(path, "file is " + std::to_string(size) + " bytes, shorter than the 8-byte header length" + kRewrite);
         uint8_t prefix[8];

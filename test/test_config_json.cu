@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace config_json_test {
@@ -763,6 +764,9 @@ TEST_CASE("write_hf_config and read_hf_config through a file", "[config_json]") 
                                                          Catch::Contains("No such file"));
     REQUIRE_THROWS_WITH(pv::read_hf_config(dir.path.string()),
                         Catch::Contains("is a directory") && Catch::Contains("config.json file inside it"));
+    const std::string fifo = dir.file("fifo.json");  // refused at once, not waited on
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    REQUIRE_THROWS_WITH(pv::read_hf_config(fifo), Catch::Contains(fifo) && Catch::Contains("FIFO"));
     // Writing into a directory that does not exist fails with the atomic writer's message.
     REQUIRE_THROWS_AS(pv::write_hf_config(missing, p), std::runtime_error);
     REQUIRE_THROWS_WITH(pv::write_hf_config(missing, p), Catch::Contains("config.json '"));

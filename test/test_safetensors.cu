@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace safetensors_test {
@@ -208,6 +209,11 @@ TEST_CASE("safetensors reader rejects broken files", "[safetensors]") {
             CHECK(std::string(e.what()).find("absent.safetensors") != std::string::npos);
             CHECK(std::string(e.what()).find("cannot open") != std::string::npos);
         }
+    }
+    SECTION("a FIFO named like a safetensors file is refused at once, not waited on") {
+        const std::string fifo = dir.file("model.safetensors");
+        REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+        CHECK_THROWS_WITH(pv::read_safetensors(fifo), Catch::Contains(fifo) && Catch::Contains("FIFO"));
     }
     SECTION("shorter than the length prefix") {
         expect_rejected(dir, {}, {"shorter than the 8-byte"});
