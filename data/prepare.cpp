@@ -142,15 +142,6 @@ long long train_end(const std::vector<uint8_t>& flags, long long val) {
     return cut;
 }
 
-// Copies a file byte for byte, atomically.
-void copy_file(const std::string& from, const std::string& to) {
-    std::ifstream in(from, std::ios::binary);
-    if (!in) throw std::runtime_error("'" + from + "': cannot open to copy it: " + std::strerror(errno));
-    const std::string bytes((std::istreambuf_iterator<char>(in)), {});
-    if (in.bad()) throw std::runtime_error("'" + from + "': read failed");
-    write_file_atomically(to, "file", [&](const ByteSink& sink) { sink(bytes.data(), bytes.size()); });
-}
-
 bool is_train_shard_name(const std::string& name) {
     const std::string prefix = "train_", suffix = ".pvtokens";
     return name.size() > prefix.size() + suffix.size() && name.compare(0, prefix.size(), prefix) == 0 &&
@@ -247,10 +238,11 @@ PreparedData prepare_data(const PrepareOptions& o) {
     if (o.tokenizer.empty()) {
         tok.save(out.tokenizer_path);
     } else if (!fs::exists(out.tokenizer_path, ec) || !fs::equivalent(o.tokenizer, out.tokenizer_path, ec)) {
-        copy_file(o.tokenizer, out.tokenizer_path);
+        copy_file_atomically(o.tokenizer, out.tokenizer_path, "tokenizer");
     }
     if (!config_in.empty() && fs::is_regular_file(config_in, ec)) {
-        if (!fs::exists(config_out, ec) || !fs::equivalent(config_in, config_out, ec)) copy_file(config_in, config_out);
+        if (!fs::exists(config_out, ec) || !fs::equivalent(config_in, config_out, ec))
+            copy_file_atomically(config_in, config_out, "tokenizer config");
     } else if (fs::exists(config_out, ec)) {
         fs::remove(config_out, ec);  // an earlier run's, for another tokenizer
         if (ec)
@@ -284,6 +276,7 @@ DataSet load_dataset(const std::string& path) {
     DataSet ds;
     if (!fs::is_directory(st)) {
         ds.train.push_back(read_shard(path));
+        ds.train_paths.push_back(path);
         return ds;
     }
     std::vector<std::string> names;
@@ -309,6 +302,7 @@ DataSet load_dataset(const std::string& path) {
     for (const auto& name : names) {
         const std::string file = (dir / name).string();
         ds.train.push_back(read_shard(file));
+        ds.train_paths.push_back(file);
         check_vocab(ds.train.back(), file);
     }
     const fs::path val = dir / "val.pvtokens";

@@ -106,7 +106,8 @@ PreparedData prepare_data(const PrepareOptions& o);
 struct DataSet {
     std::vector<TokenShard> train;
     std::optional<TokenShard> val;
-    std::string tokenizer_path;  // empty if none
+    std::string tokenizer_path;            // empty if none
+    std::vector<std::string> train_paths;  // the file of each train shard
 };
 DataSet load_dataset(const std::string& path);
 

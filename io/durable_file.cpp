@@ -2,9 +2,12 @@
 // io/durable_file.h.
 #include "io/durable_file.h"
 
+#include "io/input_file.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -122,6 +125,19 @@ FileDigest write_file_atomically(const std::string& path, const std::string& kin
     const FileDigest digest{written, checksum.digest()};
     WriteRecorder::record({path, digest});
     return digest;
+}
+
+FileDigest copy_file_atomically(const std::string& from, const std::string& to, const std::string& kind) {
+    const InputFile in = open_input_file(from, kind, "the file to copy");
+    return write_file_atomically(to, kind, [&](const ByteSink& sink) {
+        std::vector<unsigned char> buf(size_t(1) << 20);
+        for (uint64_t at = 0; at < in.size();) {
+            const size_t n = size_t(std::min<uint64_t>(buf.size(), in.size() - at));
+            in.pread_exact(buf.data(), n, at);
+            sink(buf.data(), n);
+            at += n;
+        }
+    });
 }
 
 }  // namespace pv

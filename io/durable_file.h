@@ -57,6 +57,10 @@ class WriteRecorder {
 FileDigest write_file_atomically(const std::string& path, const std::string& kind,
                                  const std::function<void(const ByteSink&)>& write);
 
+// write_file_atomically of a copy of the regular file `from` (io/input_file.h), byte for byte, read
+// in bounded pieces. Errors name `from` or `to`.
+FileDigest copy_file_atomically(const std::string& from, const std::string& to, const std::string& kind);
+
 // fsync of a file (directory = false) or a directory (directory = true) by path. Throws
 // std::runtime_error "<kind> '<path>': cannot open to fsync: <os error>" or "... fsync failed:
 // <os error>"; kind defaults to "file" or "directory".

@@ -3,14 +3,21 @@
 // written by hand from HF's Llama naming, not from the parts); a split tensor holds the right rows
 // of its fused tensor; dtype conversion matches an independent round-to-nearest-even reference and
 // a table of known bit patterns; a file written at one shard count loads at another; every error
-// names the file, the tensor and the fix; the directory transaction and latest_checkpoint.
+// names the file, the tensor and the fix; the directory transaction and latest_checkpoint; the
+// files' checksums catch what the tensor checks cannot (a flipped bit, a relabelled dtype, swapped
+// offsets), and a checkpoint missing optimizer files is refused unless accepted.
 #include "test/error_of.h"
 #include "test/temp_dir.h"
 #include "model/checkpoint.h"
 
+#include "io/durable_file.h"
+#include "model/checkpoint_files.h"
+#include "model/config_json.h"
 #include "model/safetensors.h"
 
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cmath>
@@ -18,6 +25,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <optional>
 #include <random>
@@ -790,4 +798,130 @@ TEST_CASE("checkpoint tensor checks: what Hugging Face ignores by name is skippe
     CHECK_THAT(error_of<std::runtime_error>([&] { pv::check_group_tensors(odd, untied_layouts, E::hugging_face); }),
                Catch::Contains("'model.layers.1.self_attn.rotary_emb.inv_freq_x'") &&
                    Catch::Contains("skips only what Hugging Face itself ignores"));
+}
+
+// Edits a safetensors file's JSON header in place (padded with spaces to its old length, which the
+// format allows), so the file stays a valid safetensors file of the same size.
+inline void edit_safetensors_header(const std::string& path, const std::function<void(nlohmann::json&)>& edit) {
+    std::string bytes = slurp_text(path);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | uint8_t(bytes[size_t(i)]);
+    nlohmann::json header = nlohmann::json::parse(bytes.substr(8, size_t(n)));
+    edit(header);
+    std::string text = header.dump();
+    REQUIRE(text.size() <= n);
+    text.resize(size_t(n), ' ');
+    bytes.replace(8, size_t(n), text);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+TEST_CASE("checkpoint file checksums: recorded while writing, and every corruption refused naming the file",
+          "[checkpoint][checksum]") {
+    TempDir dir;
+    const pv::LlamaConfig tiny = pv::preset("test-tiny");
+    std::vector<pv::GroupLayout> layouts;
+    for (const pv::UnitSpec& unit : pv::model_units(tiny))
+        layouts.push_back(pv::layout_group(pv::GroupKind::trainable, pv::DType::bf16, unit.tensors, 1));
+    const std::string ckpt = dir.file("step_1");
+    fs::create_directories(ckpt);
+    const std::string model = ckpt + "/model.safetensors", config = ckpt + "/config.json";
+    pv::FileDigests files;
+    {
+        pv::WriteRecorder written;
+        pv::write_group_tensors(model, layouts, random_groups(layouts, pv::DType::bf16, 21));
+        pv::write_hf_config(config, tiny);
+        for (const pv::WrittenFile& f : written.files()) files[fs::path(f.path).filename().string()] = f.digest;
+    }
+    REQUIRE(files.size() == 2);
+    // What the recorder saw is the file's XXH3 and size, computed here by libxxhash over the bytes read back.
+    for (const auto& [name, digest] : files) {
+        const std::string bytes = slurp_text(ckpt + "/" + name);
+        CHECK(digest.bytes == bytes.size());
+        CHECK(digest.xxh3 == XXH3_64bits(bytes.data(), bytes.size()));
+    }
+    pv::verify_checkpoint_files(ckpt, files, 0, 1);  // intact: accepted
+    const auto refused = [&](const std::vector<std::string>& expected) {
+        const std::string what = error_of<std::runtime_error>([&] { pv::verify_checkpoint_files(ckpt, files, 0, 1); });
+        CHECK_THAT(what, Catch::Contains(model));
+        for (const std::string& e : expected) CHECK_THAT(what, Catch::Contains(e));
+    };
+    // Each corruption below leaves a file the tensor reader itself accepts: only the checksum tells.
+    const auto still_reads = [&] { CHECK_NOTHROW(pv::read_group_tensors(model, layouts, pv::DType::fp32)); };
+
+    SECTION("a flipped bit inside tensor data") {
+        std::string bytes = slurp_text(model);
+        bytes[bytes.size() - 1000] ^= 0x10;
+        std::ofstream(model, std::ios::binary | std::ios::trunc) << bytes;
+        still_reads();
+        refused({"XXH3 checksum", "trainer_state.json records", "restore it"});
+    }
+    SECTION("BF16 tensors relabelled F16") {
+        edit_safetensors_header(model, [](nlohmann::json& h) {
+            for (auto& [name, t] : h.items())
+                if (name != "__metadata__") t["dtype"] = "F16";
+        });
+        still_reads();
+        refused({"XXH3 checksum"});
+    }
+    SECTION("two same-size tensors' offsets swapped") {
+        edit_safetensors_header(model, [](nlohmann::json& h) {
+            auto& k = h["model.layers.0.self_attn.k_proj.weight"];
+            auto& v = h["model.layers.0.self_attn.v_proj.weight"];
+            REQUIRE(k["shape"] == v["shape"]);
+            std::swap(k["data_offsets"], v["data_offsets"]);
+        });
+        still_reads();
+        refused({"XXH3 checksum"});
+    }
+    SECTION("a truncated file") {
+        fs::resize_file(model, fs::file_size(model) - 64);
+        refused({"bytes, but trainer_state.json records", "truncated"});
+    }
+    SECTION("a missing file, unless the caller accepts its absence") {
+        fs::remove(model);
+        refused({"is missing"});
+        pv::verify_checkpoint_files(ckpt, files, 0, 1, {"model.safetensors"});
+    }
+    SECTION("dealt out over ranks: file i (name order) is read by rank i mod ranks only") {
+        std::string bytes = slurp_text(model);  // model.safetensors is file 1 of {config.json, model.safetensors}
+        bytes[100] ^= 1;
+        std::ofstream(model, std::ios::binary | std::ios::trunc) << bytes;
+        pv::verify_checkpoint_files(ckpt, files, 0, 2);
+        CHECK_THROWS_AS(pv::verify_checkpoint_files(ckpt, files, 1, 2), std::runtime_error);
+        CHECK_THROWS_AS(pv::verify_checkpoint_files(ckpt, files, 1, 3), std::runtime_error);
+        pv::verify_checkpoint_files(ckpt, files, 2, 3);
+    }
+    SECTION("an edited config.json is refused naming the field, both values") {
+        pv::LlamaConfig edited = tiny;
+        edited.rope_theta = 500000.0;
+        pv::write_hf_config(config, edited);
+        const std::string what =
+            error_of<std::runtime_error>([&] { pv::check_checkpoint_config(ckpt, pv::hf_config_json(tiny)); });
+        CHECK_THAT(
+            what, Catch::Contains(config) && Catch::Contains("rope_theta 500000.0") && Catch::Contains("used 10000.0"));
+        CHECK_THAT(what, !Catch::Contains("rms_norm_eps"));
+        CHECK_THROWS_WITH(pv::verify_checkpoint_files(ckpt, files, 0, 1), Catch::Contains(config));
+    }
+    SECTION("the intact config.json matches the model it was written for") {
+        pv::check_checkpoint_config(ckpt, pv::hf_config_json(tiny));
+    }
+}
+
+TEST_CASE("checkpoint without a file a bit-exact resume needs: refused naming it and the flag, or accepted",
+          "[checkpoint][checksum]") {
+    TempDir dir;
+    const std::string ckpt = dir.file("step_3");
+    fs::create_directories(ckpt);
+    for (const char* f : {"master.safetensors", "adam_m.safetensors", "adam_v.safetensors"}) touch(ckpt + "/" + f);
+    CHECK(pv::missing_optimizer_files(ckpt, true, false).empty());
+    fs::remove(ckpt + "/master.safetensors");
+    CHECK(pv::missing_optimizer_files(ckpt, false, false).empty());  // an fp32 run has no master
+    const std::string what = error_of<std::runtime_error>([&] { pv::missing_optimizer_files(ckpt, true, false); });
+    CHECK_THAT(what, Catch::Contains("has no master.safetensors") && Catch::Contains("bit for bit") &&
+                         Catch::Contains("--allow-inexact-resume"));
+    fs::remove(ckpt + "/adam_v.safetensors");
+    CHECK_THAT(error_of<std::runtime_error>([&] { pv::missing_optimizer_files(ckpt, false, false); }),
+               Catch::Contains("has no adam_v.safetensors") && Catch::Contains("--allow-inexact-resume"));
+    CHECK(pv::missing_optimizer_files(ckpt, true, true) ==
+          std::vector<std::string>{"master.safetensors", "adam_v.safetensors"});
 }

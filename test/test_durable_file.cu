@@ -2,11 +2,17 @@
 // name and leaves no .tmp, or throws and leaves the old file; every failure (creating the .tmp, a
 // rename, the fsync of a file or of a directory, EINVAL included) is an error naming the path and
 // the OS error. /proc gives a real fsync failure: its files and directories refuse fsync (EINVAL).
+// A WriteRecorder sees each completed file's size and XXH3 (checked against libxxhash over the
+// bytes read back); open_input_file refuses a FIFO at once and anything else not a regular file.
 #include "test/error_of.h"
 #include "test/temp_dir.h"
 #include "io/durable_file.h"
+#include "io/input_file.h"
 
 #include <catch2/catch.hpp>
+#include <xxhash.h>
+
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -129,4 +135,56 @@ TEST_CASE("fsync_tree and rename_durably: a directory published whole, failures 
     CHECK(error_of<std::runtime_error>([&] { pv::rename_durably(from, under_file, "checkpoint directory"); }) ==
           "checkpoint directory '" + under_file + "': cannot rename '" + from + "' to it: Not a directory");
     CHECK(fs::is_directory(from));
+}
+
+TEST_CASE("WriteRecorder: each completed file's path, size and XXH3, computed while writing", "[io][checksum]") {
+    TempDir dir;
+    const std::string a = dir.file("a.bin"), b = dir.file("b.bin"), c = dir.file("c.bin");
+    std::string big(3 << 20, '\0');
+    for (size_t i = 0; i < big.size(); ++i) big[i] = char((i * 2654435761u) >> 13);
+    pv::WriteRecorder outer;
+    write_text(a, "hello, checksum");
+    {
+        pv::WriteRecorder inner;  // the innermost collects
+        write_text(b, big);
+        REQUIRE(inner.files().size() == 1);
+        CHECK(inner.files()[0].path == b);
+    }
+    const pv::FileDigest copied = pv::copy_file_atomically(b, c, "copy");  // read in pieces, written whole
+    // A failed write records nothing.
+    CHECK_THROWS(pv::write_file_atomically(dir.file("missing/x"), "test file", [](const pv::ByteSink&) {}));
+    REQUIRE(outer.files().size() == 2);
+    CHECK(outer.files()[0].path == a);
+    CHECK(outer.files()[1].path == c);
+    for (const pv::WrittenFile& f : outer.files()) {
+        const std::string bytes = slurp(f.path);
+        CHECK(f.digest.bytes == bytes.size());
+        CHECK(f.digest.xxh3 == XXH3_64bits(bytes.data(), bytes.size()));
+        CHECK(pv::digest_file(f.path, "test").xxh3 == f.digest.xxh3);  // the verifier's read agrees
+    }
+    CHECK(slurp(c) == big);
+    CHECK(copied.xxh3 == XXH3_64bits(big.data(), big.size()));
+    CHECK(pv::checksum_hex(0x0123456789abcdefull) == "0123456789abcdef");
+    CHECK(pv::parse_checksum_hex("0123456789abcdef", "f") == 0x0123456789abcdefull);
+    CHECK_THROWS_WITH(pv::parse_checksum_hex("0123", "files.x.xxh3"),
+                      Catch::Contains("files.x.xxh3") && Catch::Contains("16 lowercase hexadecimal digits"));
+}
+
+TEST_CASE("open_input_file: regular files only, a FIFO refused at once; JSON files bounded", "[io]") {
+    TempDir dir;
+    const std::string fifo = dir.file("tokenizer.json");
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    // Without O_NONBLOCK the open itself would wait forever for a writer.
+    CHECK_THROWS_WITH(pv::open_input_file(fifo, "tokenizer"),
+                      Catch::Contains("tokenizer '" + fifo + "'") && Catch::Contains("is a FIFO (named pipe)"));
+    CHECK_THROWS_WITH(pv::open_input_file(dir.path.string(), "config.json"), Catch::Contains("is a directory"));
+    CHECK_THROWS_WITH(pv::open_input_file(dir.file("none"), "config.json", "check the path"),
+                      Catch::Contains("cannot open: No such file or directory (check the path)"));
+    write_text(dir.file("ok.json"), "{\"a\": 1}");
+    const pv::InputFile f = pv::open_input_file(dir.file("ok.json"), "json");
+    CHECK(f.size() == 8);
+    CHECK(f.read_all() == "{\"a\": 1}");
+    CHECK(pv::read_input_file(dir.file("ok.json"), "json", 8) == "{\"a\": 1}");
+    CHECK_THROWS_WITH(pv::read_input_file(dir.file("ok.json"), "json", 7),
+                      Catch::Contains("is 8 bytes, more than the 7"));
 }

@@ -5,7 +5,9 @@
 #include "model/config_json.h"
 #include "model/dtype_conversion.h"
 #include "model/peft_config.h"
+#include "model/checkpoint_files.h"
 
+#include <cstdio>
 #include <filesystem>
 #include <stdexcept>
 #include <type_traits>
@@ -63,6 +65,7 @@ void save_checkpoint(const std::string& dir, Strategy<T, G>& strategy, const Ada
     for (const auto& field : fields)
         for (const auto& unit : field.second.units) bytes += unit.size();
     write_checkpoint_dir(dir, bytes, [&](const std::string& tmp) {
+        WriteRecorder written;  // each file's size and checksum, computed as it is written
         const std::map<std::string, std::string> metadata{{"format", "pt"}};
         write_group_tensors(tmp + "/" + weights_file(model), groups_of(model, saved), params, metadata);
         for (const auto& [file, groups] : fields)
@@ -71,15 +74,35 @@ void save_checkpoint(const std::string& dir, Strategy<T, G>& strategy, const Ada
         if (model.lora().enabled())  // with adapter_model.safetensors: a PEFT adapter directory as it is
             write_peft_adapter_config(tmp + "/adapter_config.json", model.lora(), state.options.init_from);
         write_model_files(tmp, files);
-        write_trainer_state(tmp + "/" + kTrainerStateFile, state);  // last: the marker of a complete checkpoint
+        TrainerState complete = state;
+        complete.model_config = hf_config_json(model.config(), torch_dtype_name(dtype_of<T>()));
+        for (const WrittenFile& f : written.files()) {
+            if (fs::path(f.path).parent_path() != fs::path(tmp))
+                throw std::logic_error("save_checkpoint: " + f.path + " was written outside " + tmp);
+            complete.files[fs::path(f.path).filename().string()] = f.digest;
+        }
+        write_trainer_state(tmp + "/" + kTrainerStateFile, complete);  // last: the marker of a complete checkpoint
     });
 }
 
 template <class T, class G>
 TrainerState load_checkpoint(const std::string& dir, Strategy<T, G>& strategy, AdamWState<T>& optimizer,
-                             LoadStats* stats) {
+                             LoadStats* stats, bool allow_inexact) {
     TrainerState state = read_trainer_state(dir + "/" + kTrainerStateFile);
-    const LoadStats read = load_checkpoint_tensors(dir, strategy, optimizer);
+    const std::vector<std::string> absent =
+        missing_optimizer_files(dir, AdamWState<T>::kHasMaster, allow_inexact);  // refused unless allowed
+    const int rank = strategy.comm() ? strategy.comm()->rank() : 0;
+    const int ranks = strategy.comm() ? strategy.comm()->size() : 1;
+    verify_checkpoint_files(dir, state.files, rank, ranks, absent);  // this rank's share; a bad file ends every rank
+    if (rank == 0) {
+        if (state.files.empty())
+            std::printf("note: %s records no checksums (written by an older build): its files are not verified\n",
+                        dir.c_str());
+        for (const std::string& f : absent)
+            std::printf("warning: %s has no %s; resuming without it (%s): the run does not continue bit for bit\n",
+                        dir.c_str(), f.c_str(), kAllowInexactResumeFlag);
+    }
+    const LoadStats read = load_checkpoint_tensors(dir, strategy, optimizer, absent);
     if (stats) *stats = read;
     return state;
 }
@@ -92,8 +115,10 @@ LoadStats load_weights(const std::string& dir, Llama<T>& model) {
 template <class T>
 LoadStats load_model_dir(const ModelDir& m, Llama<T>& model) {
     if (!m.lora.enabled()) return load_model_weights(m.path, model);
+    verify_model_dir_files(m.path);  // the adapters' checkpoint
     LoadStats stats;
     if (!m.base_dir.empty()) {
+        verify_model_dir_files(m.base_dir);  // when the base is a polevault checkpoint
         HfCheckpoint base = HfCheckpoint::open_dir(m.base_dir);
         stats = load_model_weights(base, model, GroupSet::base);
     }
@@ -112,7 +137,7 @@ ModelOptions inference_model(const ModelDir& m, int batch, int seq_len) {
 #define PV_INSTANTIATE(T, G)                                                                                      \
     template void save_checkpoint(const std::string&, Strategy<T, G>&, const AdamWState<T>&, const TrainerState&, \
                                   const ModelFiles&);                                                             \
-    template TrainerState load_checkpoint(const std::string&, Strategy<T, G>&, AdamWState<T>&, LoadStats*);
+    template TrainerState load_checkpoint(const std::string&, Strategy<T, G>&, AdamWState<T>&, LoadStats*, bool);
 PV_INSTANTIATE(__nv_bfloat16, __nv_bfloat16)
 PV_INSTANTIATE(__nv_bfloat16, float)
 PV_INSTANTIATE(float, float)

@@ -9,7 +9,8 @@
 //   step_N/tokenizer.json        when the run knows its tokenizer (with tokenizer_config.json and
 //                                special_tokens_map.json when its source directory has them)
 //   step_N/generation_config.json  BOS/EOS ids: the source model's file, else the tokenizer's ids
-//   step_N/trainer_state.json    step, loader position, RNG seed, every training option
+//   step_N/trainer_state.json    step, loader position, RNG seed, every training option, and
+//                                every other file's size and XXH3 checksum (trainer/state.h)
 //
 // So a checkpoint is also a Hugging Face model directory that transformers loads as it is.
 // The weights are saved even when a master copy exists: with stochastic rounding they are not a
@@ -49,10 +50,13 @@ void save_checkpoint(const std::string& dir, Strategy<T, G>& strategy, const Ada
                      const TrainerState& state, const ModelFiles& files);
 
 // Loads what this rank keeps of the weights (as the strategy says) and of the optimizer state,
-// reading only those ranges (trainer/load.h); returns the trainer state and what was read.
+// reading only those ranges (trainer/load.h); returns the trainer state and what was read. First
+// the checkpoint is checked (model/checkpoint_files.h): a missing master/adam file is refused
+// unless allow_inexact (--allow-inexact-resume: then it starts fresh), and this rank verifies its
+// share of the files' checksums. Collective over the strategy's ranks.
 template <class T, class G>
 TrainerState load_checkpoint(const std::string& dir, Strategy<T, G>& strategy, AdamWState<T>& optimizer,
-                             LoadStats* stats = nullptr);
+                             LoadStats* stats = nullptr, bool allow_inexact = false);
 
 // Loads the weights of every unit the model holds from `dir`: a polevault checkpoint or any
 // Hugging Face model directory (model.safetensors or sharded; BF16, F16, F32 or F64 tensors,

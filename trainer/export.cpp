@@ -1,6 +1,7 @@
 // Model directories for Hugging Face and `train export` (trainer/export.h).
 #include "trainer/export.h"
 
+#include "io/durable_file.h"
 #include "model/checkpoint.h"
 #include "model/config_json.h"
 #include "model/dtype_conversion.h"
@@ -64,7 +65,8 @@ void export_peft(const ExportOptions& o, const ModelDir& m) {
 
 void write_model_files(const std::string& dir, const ModelFiles& files) {
     const auto copy = [&](const fs::path& from) {
-        fs::copy_file(from, fs::path(dir) / from.filename(), fs::copy_options::overwrite_existing);
+        // Through write_file_atomically, so a checkpoint's WriteRecorder checksums the copy too.
+        copy_file_atomically(from.string(), (fs::path(dir) / from.filename()).string(), "model file");
     };
     const fs::path tokenizer_dir(files.tokenizer_dir);
     if (!files.tokenizer_dir.empty() && fs::is_regular_file(tokenizer_dir / "tokenizer.json")) {

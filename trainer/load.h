@@ -31,6 +31,7 @@
 #include "model/nf4_slot.cuh"
 #include "optim/optimizer.cuh"
 #include "parallel/strategy.h"
+#include "model/checkpoint_files.h"
 
 #include <chrono>
 #include <cmath>
@@ -261,6 +262,7 @@ std::vector<DeviceRange<acc_t<T>>> optimizer_ranges(AdamWState<T>& o, typename A
 template <class T, class G>
 LoadStats load_pretrained(const std::string& dir, Strategy<T, G>& s) {
     const auto start = std::chrono::steady_clock::now();
+    verify_model_dir_files(dir, s.comm() ? s.comm()->rank() : 0, s.comm() ? s.comm()->size() : 1);  // a checkpoint
     HfCheckpoint source = HfCheckpoint::open_dir(dir);
     LoadStats stats = load_group_ranges(source, groups_of(s.model(), GroupSet::base), param_ranges(s, GroupSet::base),
                                         ExtraTensors::hugging_face);
@@ -287,15 +289,18 @@ LoadStats load_model_weights(HfCheckpoint& source, Llama<T>& model, GroupSet set
 
 template <class T>
 LoadStats load_model_weights(const std::string& dir, Llama<T>& model) {
+    verify_model_dir_files(dir);  // a polevault checkpoint's recorded checksums
     HfCheckpoint source = HfCheckpoint::open_dir(dir);
     return load_model_weights(source, model);
 }
 
 // A checkpoint's weights and optimizer state (model/checkpoint.h's files), this rank's ranges of
-// each. Without master.safetensors (a checkpoint of an fp32/fp64 run continued in bf16) the
-// master is initialised from the loaded weights.
+// each. The optimizer files named in `absent` (accepted missing: --allow-inexact-resume,
+// model/checkpoint_files.h) are not read: a missing master is initialised from the loaded
+// weights, missing moments keep their fresh zeros. Any other missing file is an error.
 template <class T, class G>
-LoadStats load_checkpoint_tensors(const std::string& dir, Strategy<T, G>& s, AdamWState<T>& optimizer) {
+LoadStats load_checkpoint_tensors(const std::string& dir, Strategy<T, G>& s, AdamWState<T>& optimizer,
+                                  const std::vector<std::string>& absent = {}) {
     using Field = typename AdamWState<T>::Field;
     const auto start = std::chrono::steady_clock::now();
     Llama<T>& model = s.model();
@@ -304,14 +309,18 @@ LoadStats load_checkpoint_tensors(const std::string& dir, Strategy<T, G>& s, Ada
     HfCheckpoint weights = HfCheckpoint::open_file(dir + "/" + weights_file(model));
     LoadStats stats = load_group_ranges(weights, groups_of(model, held), param_ranges(s, held), ExtraTensors::refuse,
                                         ValueCheck::finite);
+    const auto is_absent = [&](const std::string& file) {
+        return std::find(absent.begin(), absent.end(), file) != absent.end();
+    };
     auto field = [&](const char* file, Field f) {
+        if (is_absent(file)) return;
         HfCheckpoint source = HfCheckpoint::open_file(dir + "/" + file);
         stats.add(load_group_ranges(source, trainable_groups(model), optimizer_ranges(optimizer, f),
                                     ExtraTensors::refuse,
                                     f == Field::v ? ValueCheck::finite_nonnegative : ValueCheck::finite));
     };
     if constexpr (AdamWState<T>::kHasMaster) {
-        if (std::filesystem::exists(dir + "/master.safetensors")) {
+        if (!is_absent("master.safetensors")) {
             field("master.safetensors", Field::master);
         } else {
             for (int u = 0; u < model.num_units(); ++u)

@@ -189,6 +189,9 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
                    "Continue from a checkpoint: a step_N directory, or an output directory (its latest checkpoint). "
                    "Flags not given are taken from the checkpoint")
         ->check(CLI::ExistingDirectory);
+    app.add_flag("--allow-inexact-resume", o.allow_inexact_resume,
+                 "With --resume: accept a checkpoint without master.safetensors, adam_m.safetensors or "
+                 "adam_v.safetensors, starting that state fresh (the run then does not continue bit for bit)");
     app.add_option("--stop-after", o.stop_after,
                    "Stop after this many steps of this invocation, writing a checkpoint (0: run to --steps)");
     app.add_option("--keep-checkpoints", o.keep_checkpoints,

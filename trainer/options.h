@@ -89,6 +89,9 @@ struct TrainOptions {
     long long stop_after = 0;           // stop after this many steps of this invocation (0: run to --steps)
     long long keep_checkpoints = 0;     // keep the newest K complete checkpoints (0: all; trainer/out_dir.h)
     bool overwrite_later = false;       // resuming step_N: remove the output directory's later checkpoints
+    // Resume from a checkpoint missing master/adam files, starting their state fresh
+    // (model/checkpoint_files.h). This invocation's choice only: not saved in checkpoints.
+    bool allow_inexact_resume = false;
     // The memory budget per rank: a GPU's name or bytes (parallel/planner.h); empty: this device's
     // (the host backend: this machine's memory shared by its ranks). Not saved in checkpoints.
     std::string gpu_memory;

@@ -234,7 +234,7 @@ class TrainingRun {
     void resume() {
         if (!resume_dir_.empty()) {
             LoadStats stats;
-            const TrainerState state = load_checkpoint(resume_dir_, *strategy_, *optimizer_, &stats);
+            const TrainerState state = load_checkpoint(resume_dir_, *strategy_, *optimizer_, &stats, o_.allow_inexact_resume);
             report_load(world_, "resume: " + files_read(stats), stats);
             start_step_ = state.step;
             if (state.data_fingerprint != fingerprint_ || state.train_tokens != train_tokens_) {
@@ -454,6 +454,10 @@ class TrainingRun {
                 "\nsample: %s keeps only part of the parameters on each rank; sample from the checkpoint with: "
                 "train sample %s\n",
                 strategy_->name(), checkpoint_path(o_.out_dir, end_step_).c_str());
+        } else if (writer() && !tokenizer_) {
+            std::printf("\nno sample: the data has no tokenizer.json, so there is no text to print; sample token ids "
+                        "with: train sample %s --prompt-ids ID,... --print-ids\n",
+                        checkpoint_path(o_.out_dir, end_step_).c_str());
         } else if (writer() && tokenizer_) {
             strategy_->settle_parameters();  // the decoder reads them on its own
             std::printf("\nsample (temperature %.2f, top-p %.2f):\n%s", o_.temperature, o_.top_p, o_.prompt.c_str());

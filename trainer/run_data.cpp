@@ -2,7 +2,10 @@
 #include "trainer/run_data.h"
 
 #include "data/prepare.h"
+#include "io/input_file.h"
 #include "model/config_json.h"
+#include "model/checkpoint_files.h"
+#include "trainer/state.h"
 
 #include <nlohmann/json.hpp>
 
@@ -22,7 +25,6 @@ extern "C" const char pv_corpus_end[];
 namespace pv {
 
 namespace {
-
 
 // The built-in corpus: a tokenizer trained on it (or the checkpoint's, on resume), the last 10%
 // held out for validation.
@@ -63,11 +65,10 @@ RunData builtin_data(const TrainOptions& o, const std::string& resume_dir, const
 // and texts. Two files with the same mapping give the same ids the same meaning, however they
 // are laid out (a rewritten file, a different pre-tokenizer or merge list).
 nlohmann::json token_meaning(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
+    const std::string text = read_input_file(path, "tokenizer", kMaxJsonFileBytes);
     nlohmann::json j;
     try {
-        j = nlohmann::json::parse(in);
+        j = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
         throw std::runtime_error(path + " is not valid JSON (" + e.what() + ")");
     }
@@ -99,6 +100,34 @@ void check_same_tokenizer(const std::string& data_tokenizer, const std::string& 
                                  model_tokenizer + " ...`");
 }
 
+// A --val-data shard must come from the training data's tokenizer: the same vocabulary size and
+// end-of-sequence id (ids of another tokenizer mean other tokens, or none: a loss of nan).
+void check_val_matches(const TokenShard& val, const std::string& val_name, const TokenShard& train,
+                       const std::string& train_name) {
+    if (val.vocab_size == train.vocab_size && val.eot_token == train.eot_token) return;
+    throw std::runtime_error("--val-data " + val_name + " has vocab_size " + std::to_string(val.vocab_size) +
+                             " and eot_token " + std::to_string(val.eot_token) + ", but the training data (" +
+                             train_name + ") has vocab_size " + std::to_string(train.vocab_size) + " and eot_token " +
+                             std::to_string(train.eot_token) +
+                             ": it was tokenized with another tokenizer; prepare the validation text with the "
+                             "training data's tokenizer (`train prepare --tokenizer DATA/tokenizer.json`)");
+}
+
+// The data directory's tokenizer.json must be the one its shards were written with (`train
+// prepare` writes the tokenizer's vocabulary size and EOS id into every shard header).
+void check_tokenizer_matches(const Tokenizer& tokenizer, const std::string& tokenizer_path, const TokenShard& shard,
+                             const std::string& shard_name) {
+    const uint32_t eos = uint32_t(std::max(0, tokenizer.eos_id()));
+    if (uint32_t(tokenizer.vocab_size()) == shard.vocab_size && eos == shard.eot_token) return;
+    throw std::runtime_error(tokenizer_path + " has " + std::to_string(tokenizer.vocab_size()) +
+                             " tokens and end-of-sequence id " + std::to_string(eos) + ", but " + shard_name +
+                             " was written with vocab_size " + std::to_string(shard.vocab_size) + " and eot_token " +
+                             std::to_string(shard.eot_token) +
+                             ": the tokenizer is not the one the shards were prepared with (its ids would decode to "
+                             "other text); put the matching tokenizer.json back, or re-run `train prepare` into an "
+                             "empty directory");
+}
+
 }  // namespace
 
 // The default model: small enough that a 2-core CPU trains it in a few minutes.
@@ -126,7 +155,14 @@ RunData load_run_data(const TrainOptions& o, const std::string& resume_dir, cons
     DataSet set = load_dataset(o.data);
     d.train = std::move(set.train);
     d.val = std::move(set.val);
-    if (!o.val_data.empty()) d.val = read_shard(o.val_data);
+    if (!o.val_data.empty()) {
+        d.val = read_shard(o.val_data);
+        check_val_matches(*d.val, o.val_data, d.train.front(), set.train_paths.front());
+    }
+    if (!set.tokenizer_path.empty()) {
+        const Tokenizer data_tokenizer = Tokenizer::load(set.tokenizer_path);
+        check_tokenizer_matches(data_tokenizer, set.tokenizer_path, d.train.front(), set.train_paths.front());
+    }
     if (!init_dir.empty() && !set.tokenizer_path.empty()) check_same_tokenizer(set.tokenizer_path, init_dir);
     // The model's own tokenizer files when the data's mean the same, so its tokenizer_config.json
     // travels with the checkpoints too.
@@ -136,18 +172,29 @@ RunData load_run_data(const TrainOptions& o, const std::string& resume_dir, cons
     if (!tokenizer_path.empty()) {
         d.tokenizer = std::make_unique<Tokenizer>(Tokenizer::load(tokenizer_path));
         d.tokenizer_dir = std::filesystem::path(tokenizer_path).parent_path().string();
+    } else {
+        std::printf(
+            "note: --data %s has no tokenizer.json, so this run knows token ids but no text: it prints no sample at "
+            "the end, and its checkpoints sample with `train sample CKPT --prompt-ids ... --print-ids` only (put "
+            "the tokenizer.json the data was prepared with into the data directory to have text)\n",
+            o.data.c_str());
     }
     return d;
 }
 
 LlamaConfig model_config(const TrainOptions& o, const RunData& data, const std::string& resume_dir,
                          const std::string& init_dir) {
-    const int data_vocab = int(data.train.front().vocab_size);
+    const int data_vocab = int(data.train.front().vocab_size);  // ≤ 2^31 − 1 (read_shard checks)
+    if (!resume_dir.empty())
+        check_checkpoint_config(resume_dir, read_trainer_state(resume_dir + "/" + kTrainerStateFile).model_config);
     LlamaConfig c = !resume_dir.empty() ? read_hf_config(resume_dir + "/config.json")
                     : !init_dir.empty() ? read_hf_config(init_dir + "/config.json")
                     : !o.config.empty() ? read_hf_config(o.config)
                     : !o.preset.empty() ? preset(o.preset)
                                         : default_model(data_vocab, o.seq_len);
+    // Every token id is below its shard's vocab_size (read_shard), every shard's vocab_size is the
+    // first training shard's (load_dataset, check_val_matches), and that is at most the model's
+    // (below): so every id of the training and validation data has an embedding row.
     // A tokenizer with fewer tokens than the embedding has rows is fine (padding rows, as many
     // published models have); one with more would produce ids the model has no row for.
     if (data.tokenizer && data.tokenizer->vocab_size() > c.vocab_size)

@@ -7,7 +7,17 @@
 // tokenizer whose ids mean the same tokens (its tokenizer.json and DIR's are compared: the same
 // vocabulary and added tokens; merges and pre-tokenizer settings do not change what an id means),
 // else the error names both files. A DIR without tokenizer.json (a converted llama2.c model) takes
-// the data's ids as they are. Host C++ only.
+// the data's ids as they are.
+//
+// Data and model are checked against each other before the model is built: the data directory's
+// tokenizer.json against its shards (vocabulary size and end-of-sequence id: a tokenizer swapped in
+// from another preparation is refused, not found out at the final sample), --val-data against the
+// training shards (the same vocabulary size and end-of-sequence id: data from another tokenizer is
+// refused, not evaluated as "validation loss nan"), and the shards' vocabulary against the model's
+// (with read_shard's check of every id against its header, every id has an embedding row). A data directory without tokenizer.json is said up front: the run trains on ids,
+// prints no sample, and its checkpoints sample with --prompt-ids/--print-ids only. On resume the
+// checkpoint's config.json is compared with the model the saved run built (an edited rope_theta
+// is refused, naming the field). Host C++ only.
 #pragma once
 
 #include "data/shard.h"

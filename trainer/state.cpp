@@ -2,6 +2,7 @@
 #include "trainer/state.h"
 
 #include "io/durable_file.h"
+#include "io/input_file.h"
 #include "model/checkpoint.h"
 
 #include <nlohmann/json.hpp>
@@ -11,7 +12,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <stdexcept>
 
 namespace pv {
@@ -50,6 +50,8 @@ void write_trainer_state(const std::string& path, const TrainerState& s) {
     j["options"] = nlohmann::json::parse(train_options_json(s.options));
     if (s.options.lora_rank > 0)
         j["base"] = {{"path", s.options.init_from}, {"fingerprint", hex64(s.base_fingerprint)}};
+    if (!s.model_config.empty()) j["model"] = nlohmann::json::parse(s.model_config);
+    if (!s.files.empty()) j["files"] = file_digests_json(s.files);
     const std::string text = j.dump(2) + "\n";
     write_file_atomically(path, "trainer state", [&](const ByteSink& sink) { sink(text.data(), text.size()); });
 }
@@ -82,15 +84,11 @@ uint64_t hex_at(const nlohmann::json& j, const char* pointer) {
 }  // namespace
 
 TrainerState read_trainer_state(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f)
-        throw std::runtime_error("trainer state '" + path +
-                                 "': cannot open it; is this a polevault checkpoint directory?");
-    std::stringstream text;
-    text << f.rdbuf();
+    const std::string text =
+        read_input_file(path, "trainer state", kMaxJsonFileBytes, "is this a polevault checkpoint directory?");
     TrainerState s;
     try {
-        const nlohmann::json j = nlohmann::json::parse(text.str());
+        const nlohmann::json j = nlohmann::json::parse(text);
         if (j.value("format", "") != "polevault-checkpoint")
             throw std::runtime_error("its \"format\" is not \"polevault-checkpoint\"");
         if (j.at("version").get<int>() != 1)
@@ -109,6 +107,11 @@ TrainerState read_trainer_state(const std::string& path) {
         if (s.dtype != s.options.dtype)
             throw std::runtime_error("dtype \"" + s.dtype + "\" differs from options.dtype \"" + s.options.dtype + "\"");
         if (s.options.lora_rank > 0) s.base_fingerprint = hex_at(j, "/base/fingerprint");
+        if (j.contains("model")) {
+            if (!j["model"].is_object()) throw std::runtime_error("\"model\" is not an object (a config.json)");
+            s.model_config = j["model"].dump();
+        }
+        if (j.contains("files")) s.files = parse_file_digests(j["files"]);
     } catch (const std::exception& e) {
         throw std::runtime_error("trainer state '" + path + "': " + e.what());
     }
@@ -122,11 +125,9 @@ uint64_t model_files_fingerprint(const std::string& dir) {
         for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(data)[i]) * 0x100000001b3ull;
     };
     auto read_bytes = [&](const fs::path& p, size_t max) {
-        std::ifstream f(p, std::ios::binary);
-        if (!f) throw std::runtime_error("cannot read " + p.string() + " to fingerprint the base model");
-        std::string bytes(max, '\0');
-        f.read(bytes.data(), std::streamsize(max));
-        bytes.resize(size_t(f.gcount()));
+        const InputFile f = open_input_file(p.string(), "base model file", "needed to fingerprint the base model");
+        std::string bytes(size_t(std::min<uint64_t>(f.size(), max)), '\0');
+        f.pread_exact(bytes.data(), bytes.size(), 0);
         return bytes;
     };
     std::vector<fs::path> files;

@@ -10,15 +10,26 @@
 //                                                 seed and the step are the whole RNG state
 //    "dtype": "bf16",
 //    "data": {"source": "...", "train_tokens": N, "fingerprint": "0123abcd..."},
-//    "options": {...every training flag...}}
+//    "options": {...every training flag...},
+//    "model": {...},                              the model's config.json as the run built it
+//    "files": {"model.safetensors": {"bytes": N, "xxh3": "0123456789abcdef"}, ...}}
+//
+// "files" lists every other file of the checkpoint with its size and XXH3-64 checksum
+// (io/checksum.h), computed while it was written (io/durable_file.h WriteRecorder), never by a
+// second read; resume and load verify them (model/checkpoint_files.h), so a flipped bit, a
+// truncation or an edited header is refused naming the file. "model" lets a resume name the field
+// of an edited config.json. Checkpoints of older builds have neither: nothing to verify.
 //
 // The data fingerprint (FNV-1a over the training tokens) lets a resumed run notice that its data
 // changed, which would silently break the continuation.
 #pragma once
 
+#include "io/checksum.h"
+#include "model/checkpoint_files.h"
 #include "trainer/options.h"
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -36,6 +47,10 @@ struct TrainerState {
     // A LoRA run's base model, which its checkpoints reference instead of copying: the directory
     // (options.init_from; empty: initialised from the seed) and a fingerprint of its files.
     uint64_t base_fingerprint = 0;
+    // The model's config.json text (hf_config_json) as the run built it; empty: an older build.
+    std::string model_config;
+    // Every other file of the checkpoint by name (no directory part): size and checksum as written.
+    FileDigests files;
 };
 
 // A fingerprint of a Hugging Face model directory's files: config.json's bytes and, for every
@@ -44,8 +59,6 @@ struct TrainerState {
 // a 70B model (the tensor data itself is not hashed). Throws std::runtime_error naming the path when
 // the directory cannot be read.
 uint64_t model_files_fingerprint(const std::string& dir);
-
-inline constexpr const char* kTrainerStateFile = "trainer_state.json";
 
 // step_N under out_dir.
 std::string checkpoint_path(const std::string& out_dir, long long step);
