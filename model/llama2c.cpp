@@ -124,9 +124,7 @@ void write_model(const std::string& bin, const std::string& tmp, const std::vect
 
 Llama2cHeader read_llama2c_header(const std::string& path) {
     const File f(path);
-    struct stat st {};
-    if (::fstat(f.fd, &st) != 0) fail(path, "cannot stat: " + std::string(std::strerror(errno)));
-    const auto size = uint64_t(st.st_size);
+    const uint64_t size = f.in.size();
     if (size < kHeaderBytes)
         fail(path, "is " + std::to_string(size) +
                        " bytes, shorter than the 28-byte header (7 int32: dim, hidden_dim, n_layers, n_heads, "

@@ -689,6 +689,33 @@ TEST_CASE("train under mpirun: a failure on one rank ends every rank within 60 s
     REQUIRE(r.output.find("/nonexistent/rank1.pvtokens") != std::string::npos);
 }
 
+// A checkpoint's files are dealt out over the ranks for verification (file i in name order to rank
+// i mod 2): model.safetensors, 6th of adam_m, adam_v, config.json, generation_config.json,
+// master.safetensors, model.safetensors, tokenizer.json, is rank 1's. Its flipped bit is found
+// there, and rank 1's error ends rank 0 too.
+TEST_CASE("train under mpirun: a corrupted checkpoint file found by the rank that verifies it ends every rank",
+          "[train][mpi][checksum]") {
+    TempDir dir("train_mpi_checksum");
+    const fs::path data = dir.path / "data", out = dir.path / "out";
+    write_small_data_dir(data);
+    const Run first =
+        run_train("--data " + data.string() + " " + kSmallRun +
+                  " --steps 2 --stop-after 1 --sample-tokens 0 --eval-interval 0 --out-dir " + out.string());
+    INFO(first.output);
+    REQUIRE(first.status == 0);
+    std::string bytes = read_file(out / "step_1" / "model.safetensors");
+    bytes[bytes.size() / 2] ^= 0x40;
+    std::ofstream(out / "step_1" / "model.safetensors", std::ios::binary | std::ios::trunc) << bytes;
+    const Run r = run_mpi(2, (build_dir() / "train").string() + " --resume " + (out / "step_1").string() +
+                                 " --parallel ddp --micro-batch 1");
+    INFO(r.output);
+    CHECK(r.status != 0);
+    CHECK(r.status != 124);
+    CHECK_THAT(r.output, Catch::Contains("rank 1/2") &&
+                             Catch::Contains((out / "step_1" / "model.safetensors").string()) &&
+                             Catch::Contains("XXH3 checksum"));
+}
+
 // A collective that fails while it runs (injected on rank 1 by the host NCCL: its 12th piece of
 // NCCL work reports ncclRemoteError through ncclCommGetAsyncError and moves no data, as a dead
 // peer would leave it) is found by the polling wait, which aborts the communicator and ends the
