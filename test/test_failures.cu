@@ -4,6 +4,8 @@
 // suites.
 #include <catch2/catch.hpp>
 
+#include "data/shard.h"
+#include "data/tokenizer.h"
 #include "test/temp_dir.h"
 #include "test/train_runner.h"
 
@@ -22,6 +24,161 @@
 #include <vector>
 
 using namespace train_test;
+
+namespace train_test {
+
+// A `train prepare`-like data directory written in-process (fast): tokenizer.json trained on a
+// little text, one training shard and val.pvtokens of tokens below its vocabulary, with its EOS as
+// eot_token. Returns the tokenizer's vocabulary size.
+uint32_t write_small_data_dir(const fs::path& dir, int vocab = 300) {
+    fs::create_directories(dir);
+    std::string text;
+    for (int i = 0; i < 40; ++i)
+        text += "The kernel reads tile " + std::to_string(i) + " of the matrix and writes it back. ";
+    const pv::Tokenizer tok = pv::Tokenizer::train(text, vocab);
+    tok.save((dir / "tokenizer.json").string());
+    const auto shard = [&](size_t n, uint64_t seed) {
+        pv::TokenShard s{uint32_t(tok.vocab_size()), uint32_t(std::max(0, tok.eos_id())), {}, {}};
+        for (size_t i = 0; i < n; ++i) {
+            s.tokens.push_back(uint32_t((i * 7919 + seed) % uint64_t(tok.vocab_size())));
+            s.flags.push_back(
+                uint8_t(pv::kTokenCounted | pv::kTokenSplittable | (i == 0 ? pv::kTokenStartsDocument : 0)));
+        }
+        return s;
+    };
+    pv::write_shard((dir / "train_000000.pvtokens").string(), shard(2000, 1));
+    pv::write_shard((dir / "val.pvtokens").string(), shard(400, 2));
+    return uint32_t(tok.vocab_size());
+}
+
+// A small run's shape; each caller adds --steps, --sample-tokens, --eval-interval.
+const std::string kSmallRun = "--warmup 0 --batch 2 --micro-batch 2 --seq-len 16";
+
+}  // namespace train_test
+
+TEST_CASE("train: data checked against itself and the model before the model is built", "[train][data]") {
+    TempDir dir("train_data_checks");
+    const fs::path data = dir.path / "data";
+    const uint32_t vocab = write_small_data_dir(data);
+    SECTION("a data directory whose tokenizer.json is not its shards' is refused up front") {
+        write_small_data_dir(dir.path / "other", 280);  // another preparation's tokenizer swapped in
+        fs::copy_file(dir.path / "other" / "tokenizer.json", data / "tokenizer.json",
+                      fs::copy_options::overwrite_existing);
+        const Run r = run_train("--data " + data.string() + " " + kSmallRun +
+                                " --steps 1 --sample-tokens 0 --eval-interval 0 --out-dir " + dir.file("a"));
+        INFO(r.output);
+        CHECK(r.status != 0);
+        CHECK_THAT(r.output, Catch::Contains((data / "tokenizer.json").string()) &&
+                                 Catch::Contains("was written with vocab_size " + std::to_string(vocab)) &&
+                                 Catch::Contains("not the one the shards were prepared with"));
+        CHECK_THAT(r.output, !Catch::Contains("step     1/1"));
+    }
+    SECTION("--val-data from another tokenizer is refused, not evaluated as nan") {
+        write_small_data_dir(dir.path / "other", 280);
+        const std::string other = (dir.path / "other" / "val.pvtokens").string();
+        const Run r = run_train("--data " + data.string() + " --val-data " + other + " " + kSmallRun +
+                                " --steps 1 --sample-tokens 0 --eval-interval 1 --out-dir " + dir.file("b"));
+        INFO(r.output);
+        CHECK(r.status != 0);
+        CHECK_THAT(r.output, Catch::Contains("--val-data " + other) && Catch::Contains("another tokenizer") &&
+                                 Catch::Contains("vocab_size " + std::to_string(vocab)));
+        CHECK_THAT(r.output, !Catch::Contains("validation loss"));
+    }
+    SECTION("data without tokenizer.json: said up front, and the end says how to sample by ids") {
+        const Run r = run_train("--data " + (data / "train_000000.pvtokens").string() + " " + kSmallRun +
+                                " --steps 1 --eval-interval 0 --sample-tokens 8 --out-dir " + dir.file("c"));
+        INFO(r.output);
+        CHECK(r.status == 0);
+        CHECK_THAT(r.output, Catch::Contains("has no tokenizer.json, so this run knows token ids but no text") &&
+                                 Catch::Contains("no sample: the data has no tokenizer.json") &&
+                                 Catch::Contains("train sample " + dir.file("c") + "/step_1 --prompt-ids"));
+    }
+}
+
+TEST_CASE("train --resume: a corrupted, incomplete or edited checkpoint is refused naming the file",
+          "[train][resume][checksum]") {
+    TempDir dir("train_resume_checks");
+    const fs::path data = dir.path / "data", out = dir.path / "out";
+    write_small_data_dir(data);
+    const Run first =
+        run_train("--data " + data.string() + " " + kSmallRun +
+                  " --steps 2 --stop-after 1 --sample-tokens 0 --eval-interval 0 --out-dir " + out.string());
+    INFO(first.output);
+    REQUIRE(first.status == 0);
+    const fs::path ckpt = out / "step_1", copy = dir.path / "copy" / "step_1";
+    const auto fresh_copy = [&] {
+        fs::remove_all(copy.parent_path());
+        fs::create_directories(copy.parent_path());
+        fs::copy(ckpt, copy);
+    };
+    {  // a flipped bit in model.safetensors
+        fresh_copy();
+        std::string bytes = read_file(copy / "model.safetensors");
+        bytes[bytes.size() - 7] ^= 0x01;
+        std::ofstream(copy / "model.safetensors", std::ios::binary | std::ios::trunc) << bytes;
+        const Run r = run_train("--resume " + copy.string());
+        INFO(r.output);
+        CHECK(r.status != 0);
+        CHECK_THAT(r.output, Catch::Contains((copy / "model.safetensors").string()) &&
+                                 Catch::Contains("XXH3 checksum") && Catch::Contains("restore it"));
+    }
+    {  // an edited rope_theta in config.json
+        fresh_copy();
+        const std::string config = read_file(copy / "config.json");
+        const std::string edited =
+            std::regex_replace(config, std::regex(R"("rope_theta": [0-9.e+]+)"), "\"rope_theta\": 500000.0");
+        REQUIRE(edited != config);
+        std::ofstream(copy / "config.json", std::ios::trunc) << edited;
+        const Run r = run_train("--resume " + copy.string());
+        INFO(r.output);
+        CHECK(r.status != 0);
+        CHECK_THAT(r.output, Catch::Contains("config.json was edited") && Catch::Contains("rope_theta 500000.0") &&
+                                 Catch::Contains("used 10000.0"));
+    }
+    {  // no adam_m.safetensors: refused naming the flag, which then resumes
+        fresh_copy();
+        fs::remove(copy / "adam_m.safetensors");
+        const Run r = run_train("--resume " + copy.string());
+        INFO(r.output);
+        CHECK(r.status != 0);
+        CHECK_THAT(r.output, Catch::Contains("has no adam_m.safetensors") && Catch::Contains("--allow-inexact-resume"));
+        const Run allowed = run_train("--resume " + copy.string() + " --allow-inexact-resume");
+        INFO(allowed.output);
+        CHECK(allowed.status == 0);
+        CHECK_THAT(allowed.output, Catch::Contains("warning: " + copy.string() + " has no adam_m.safetensors") &&
+                                       Catch::Contains("resumed from " + copy.string() + " at step 1"));
+        // The flag is this invocation's only: the new checkpoint does not carry it.
+        CHECK_THAT(read_file(out / "step_2" / "trainer_state.json"), !Catch::Contains("inexact"));
+    }
+}
+
+// A checkpoint's files are dealt out over the ranks for verification (file i in name order to rank
+// i mod 2): model.safetensors, 6th of adam_m, adam_v, config.json, generation_config.json,
+// master.safetensors, model.safetensors, tokenizer.json, is rank 1's. Its flipped bit is found
+// there, and rank 1's error ends rank 0 too.
+TEST_CASE("train under mpirun: a corrupted checkpoint file found by the rank that verifies it ends every rank",
+          "[train][mpi][checksum]") {
+    TempDir dir("train_mpi_checksum");
+    const fs::path data = dir.path / "data", out = dir.path / "out";
+    write_small_data_dir(data);
+    const Run first =
+        run_train("--data " + data.string() + " " + kSmallRun +
+                  " --steps 2 --stop-after 1 --sample-tokens 0 --eval-interval 0 --out-dir " + out.string());
+    INFO(first.output);
+    REQUIRE(first.status == 0);
+    std::string bytes = read_file(out / "step_1" / "model.safetensors");
+    bytes[bytes.size() / 2] ^= 0x40;
+    std::ofstream(out / "step_1" / "model.safetensors", std::ios::binary | std::ios::trunc) << bytes;
+    const Run r = run_mpi(2, (build_dir() / "train").string() + " --resume " + (out / "step_1").string() +
+                                 " --parallel ddp --micro-batch 1");
+    INFO(r.output);
+    CHECK(r.status != 0);
+    CHECK(r.status != 124);
+    CHECK_THAT(r.output, Catch::Contains("rank 1/2") &&
+                             Catch::Contains((out / "step_1" / "model.safetensors").string()) &&
+                             Catch::Contains("XXH3 checksum"));
+}
+
 
 // Preemption (trainer/signals.h): a stop signal that reaches one rank of four (SIGTERM raised by
 // rank 2 alone, through the test hook, before step 2) stops every rank after that same step, with
@@ -430,6 +587,13 @@ TEST_CASE(
     const Run resumed = run_train("--resume " + step2.string() + " --steps 3");
     INFO(resumed.output);
     CHECK(resumed.status == 0);
+    // Values written so by a run (not damaged after): the checksums are left out, as an older
+    // build's checkpoint has none, so the values themselves must be what is refused.
+    {
+        nlohmann::json state = nlohmann::json::parse(read_file(step2 / "trainer_state.json"));
+        REQUIRE(state.erase("files") == 1);
+        std::ofstream(step2 / "trainer_state.json") << state.dump(2);
+    }
     poke_f32(step2 / "adam_v.safetensors", "model.layers.1.self_attn.o_proj.weight", 5, -1.5f);
     const Run negative = run_train("--resume " + step2.string() + " --steps 3 --overwrite-later");
     INFO(negative.output);
