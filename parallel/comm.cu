@@ -53,6 +53,7 @@ Comm::Comm(ncclComm_t comm, std::string name) : comm_(comm), name_(std::move(nam
     CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest));
     CUDA_CHECK(cudaEventCreateWithFlags(&from_, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&to_, cudaEventDisableTiming));
+    if (size_ > 1) tracker_ = std::make_unique<CollectiveTracker>(name_, stream_);
 }
 
 Comm::Comm(ncclComm_t comm, std::string name, const Comm& same_stream_as)
@@ -61,6 +62,7 @@ Comm::Comm(ncclComm_t comm, std::string name, const Comm& same_stream_as)
     NCCL_CHECK(ncclCommCount(comm_, &size_));
     CUDA_CHECK(cudaEventCreateWithFlags(&from_, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&to_, cudaEventDisableTiming));
+    if (size_ > 1) tracker_ = std::make_unique<CollectiveTracker>(name_, stream_);
 }
 
 Comm::~Comm() {
@@ -85,21 +87,35 @@ void Comm::check_async_error() {
 
 namespace {
 
+// Publishes the collective the device waits in, if it waits in one of `comms`'
+// (collective_watch.h); true if it does.
+bool publish_collective_wait(const std::vector<Comm*>& comms) {
+    for (Comm* c : comms)
+        if (const std::optional<CollectiveId> id = c->arrived_unfinished()) return publish_device_wait(*id), true;
+    publish_no_wait();
+    return false;
+}
+
 // Polls `query` (cudaStreamQuery or cudaEventQuery) until the work is done, checking the
-// communicators for an asynchronous error at every poll.
+// communicators for an asynchronous error at every poll. A long wait also publishes, every 64
+// polls, the collective the device waits in, for the stall watchdog (collective_watch.h).
 template <class Query>
 void poll_until_done(Query query, const char* what, const std::vector<Comm*>& comms) {
+    bool published = false;
     for (long long polls = 0;; ++polls) {
         const cudaError_t state = query();
         if (state != cudaSuccess && state != cudaErrorNotReady)
             fail_cuda_call(what, cudaGetErrorString(state), __FILE__, __LINE__);
         for (Comm* c : comms) c->check_async_error();  // also after success: the work may have failed
-        if (state == cudaSuccess) return;
-        if (polls < 1000)
+        if (state == cudaSuccess) break;
+        if (polls < 1000) {
             std::this_thread::yield();
-        else
+        } else {
+            if (polls % 64 == 0) published = publish_collective_wait(comms) || published;
             std::this_thread::sleep_for(std::chrono::microseconds(50));  // a long wait: leave the core alone
+        }
     }
+    if (published) publish_no_wait();
 }
 
 }  // namespace

@@ -22,13 +22,19 @@
 // Errors. A collective that fails while it runs (a dead peer, a network failure) is reported only
 // through ncclCommGetAsyncError; the host therefore never waits on communication with a bare
 // synchronisation but with wait_polling, which aborts the communicator and ends the job.
+// A collective that a peer never joins (a stalled rank) is found by the watchdog of
+// parallel/collective_watch.h: a Comm of several ranks brackets each collective with a tracker's
+// events, and wait_polling publishes the collective the device waits in.
 #pragma once
 
+#include "parallel/collective_watch.h"
 #include "platform/platform.h"
 
 #include <nccl.h>
 
 #include <array>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,33 +98,39 @@ class Comm {
     template <class T>
     void all_reduce(const T* send, T* recv, size_t count, ncclRedOp_t op = ncclSum) {
         record(CollectiveKind::all_reduce, count, nccl_type<T>());
+        const Tracked tracked(tracker_.get(), CollectiveKind::all_reduce);
         NCCL_CHECK(ncclAllReduce(send, recv, count, nccl_type<T>(), op, comm_, stream_));
     }
     // recv[recv_count] = the reduction of block rank() of every rank's send[size()·recv_count].
     template <class T>
     void reduce_scatter(const T* send, T* recv, size_t recv_count, ncclRedOp_t op = ncclSum) {
         record(CollectiveKind::reduce_scatter, recv_count, nccl_type<T>());
+        const Tracked tracked(tracker_.get(), CollectiveKind::reduce_scatter);
         NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type<T>(), op, comm_, stream_));
     }
     // recv[size()·send_count] = every rank's send[send_count], in rank order.
     template <class T>
     void all_gather(const T* send, T* recv, size_t send_count) {
         record(CollectiveKind::all_gather, send_count, nccl_type<T>());
+        const Tracked tracked(tracker_.get(), CollectiveKind::all_gather);
         NCCL_CHECK(ncclAllGather(send, recv, send_count, nccl_type<T>(), comm_, stream_));
     }
     template <class T>
     void broadcast(const T* send, T* recv, size_t count, int root) {
         record(CollectiveKind::broadcast, count, nccl_type<T>());
+        const Tracked tracked(tracker_.get(), CollectiveKind::broadcast);
         NCCL_CHECK(ncclBroadcast(send, recv, count, nccl_type<T>(), root, comm_, stream_));
     }
     template <class T>
     void send(const T* buf, size_t count, int peer) {
         record(CollectiveKind::send, count, nccl_type<T>(), peer);
+        const Tracked tracked(tracker_.get(), CollectiveKind::send);
         NCCL_CHECK(ncclSend(buf, count, nccl_type<T>(), peer, comm_, stream_));
     }
     template <class T>
     void recv(T* buf, size_t count, int peer) {
         record(CollectiveKind::recv, count, nccl_type<T>(), peer);
+        const Tracked tracked(tracker_.get(), CollectiveKind::recv);
         NCCL_CHECK(ncclRecv(buf, count, nccl_type<T>(), peer, comm_, stream_));
     }
 
@@ -132,6 +144,12 @@ class Comm {
     // aborts it (ncclCommAbort) and stops every rank with a message naming this rank, the
     // communicator and the error.
     void check_async_error();
+
+    // The oldest collective the device has reached and not finished (CollectiveTracker); none on a
+    // one-rank communicator.
+    std::optional<CollectiveId> arrived_unfinished() {
+        return tracker_ ? tracker_->arrived_unfinished() : std::nullopt;
+    }
 
     // The record since construction or the last clear.
     const std::vector<CollectiveRecord>& log() const { return log_; }
@@ -147,6 +165,18 @@ class Comm {
     long long collectives() const { return collectives_; }
 
   private:
+    // Brackets one NCCL call for the stall watchdog (CollectiveTracker::before/after).
+    struct Tracked {
+        Tracked(CollectiveTracker* t, CollectiveKind kind) : tracker(t) {
+            if (tracker) tracker->before(collective_name(kind));
+        }
+        ~Tracked() {
+            if (tracker) tracker->after();
+        }
+        Tracked(const Tracked&) = delete;
+        Tracked& operator=(const Tracked&) = delete;
+        CollectiveTracker* tracker;
+    };
     void record(CollectiveKind kind, size_t count, ncclDataType_t dtype, int peer = -1);
     ncclComm_t comm_;
     std::string name_;
@@ -156,6 +186,7 @@ class Comm {
     cudaEvent_t from_ = nullptr, to_ = nullptr;
     std::vector<CollectiveRecord> log_;
     long long collectives_ = 0;
+    std::unique_ptr<CollectiveTracker> tracker_;  // with more than one rank
 };
 
 // Makes the host wait until `stream` has finished its work, polling every communicator of `comms`

@@ -49,7 +49,7 @@ void abort_all_ranks(const std::string& message) {
 World::World(int* argc, char*** argv) {
     if (!mpi_running()) {
         int provided = 0;
-        mpi_check(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+        mpi_check(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
         owns_mpi_ = true;
     }
     mpi_check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
@@ -74,7 +74,12 @@ World::World(int* argc, char*** argv) {
     comm_ = std::make_unique<Comm>(nccl_, "world");
 }
 
+void World::watch_collectives(double timeout_seconds) {
+    if (size_ > 1 && !watchdog_) watchdog_ = std::make_unique<CollectiveWatchdog>(timeout_seconds);
+}
+
 World::~World() {
+    watchdog_.reset();
     comm_.reset();
     if (nccl_) ncclCommDestroy(nccl_);
     if (owns_mpi_ && mpi_running()) MPI_Finalize();

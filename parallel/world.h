@@ -11,6 +11,9 @@
 // Failure. A failed assertion or error on one rank must end every rank within seconds, never a
 // hang where the others wait in a collective: abort_all_ranks prints the message with the rank
 // and calls MPI_Abort, which makes mpirun kill the job. On a world of one it just exits non-zero.
+// A rank that stalls — never arrives at a collective — is found by the watchdog of
+// parallel/collective_watch.h (watch_collectives); MPI is started with MPI_THREAD_MULTIPLE for
+// it, its thread talking MPI while the main thread may be inside the host NCCL's MPI calls.
 #pragma once
 
 #include "parallel/comm.h"
@@ -34,11 +37,17 @@ class World {
     int device() const { return device_; }
     Comm& comm() { return *comm_; }
 
+    // Every rank ends once one has waited `timeout_seconds` in a collective (--collective-timeout):
+    // starts the watchdog thread (collective over the world). A world of one has no collectives:
+    // nothing to watch.
+    void watch_collectives(double timeout_seconds);
+
   private:
     int rank_ = 0, size_ = 1, local_rank_ = 0, device_ = 0;
     bool owns_mpi_ = false;
     ncclComm_t nccl_ = nullptr;
     std::unique_ptr<Comm> comm_;
+    std::unique_ptr<CollectiveWatchdog> watchdog_;
 };
 
 // Empty when `local_ranks` ranks of one node can each have a GPU of their own among `devices`

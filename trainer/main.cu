@@ -568,6 +568,7 @@ int main_checked(int argc, char** argv) {
     } else {
         check_out_dir(c.train.out_dir);
     }
+    world.watch_collectives(c.train.collective_timeout);  // every rank, once its options are known
     try {
         return train_command(c.train, resume_dir, world);
     } catch (const std::exception& e) {

@@ -201,6 +201,11 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
                  "With --resume DIR/step_N: remove DIR's checkpoints after step N and its metrics past step N "
                  "before continuing there (without it, such a branch is refused unless --out-dir names another "
                  "directory)");
+    app.add_option("--collective-timeout", o.collective_timeout,
+                   "Seconds a rank waits in one collective for a rank that does not arrive before every rank stops "
+                   "with a message naming it (under mpirun; a single process has no collectives). Not saved in "
+                   "checkpoints")
+        ->check(number_check(real_number(1, 604800)));
     app.add_option("--prompt", o.prompt, "Prompt of the sample generated at the end");
     app.add_option("--sample-tokens", o.sample_tokens, "Tokens to generate at the end (0: none)");
     app.add_option("--temperature", o.temperature, "Sampling temperature (0: greedy)");

@@ -95,6 +95,10 @@ struct TrainOptions {
     // The memory budget per rank: a GPU's name or bytes (parallel/planner.h); empty: this device's
     // (the host backend: this machine's memory shared by its ranks). Not saved in checkpoints.
     std::string gpu_memory;
+    // Every rank ends once one has waited this many seconds in one collective for a rank that does
+    // not arrive (parallel/collective_watch.h). Not saved in checkpoints: it changes no result, and a
+    // resumed run on other machines may need another.
+    double collective_timeout = 600;
     // The sample printed at the end.
     std::string prompt = "The kernel";
     int sample_tokens = 120;

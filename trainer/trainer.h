@@ -175,6 +175,7 @@ class Trainer {
     // the loss all-reduce into StepResult::stop_requests, so every rank stops after the same step.
     StepResult step(const std::vector<DataLoader::MicroBatch>& batches, double lr, long long t, double clip,
                     const AdamWSettings& adamw, bool stop_requested = false) {
+        note_training_step(t);  // names the step of a collective that times out (collective_watch.h)
         Llama<T>& m = s_.model();
         std::vector<DataLoader::MicroBatch> with_extra;  // the divergence hook's: the last one twice
         if (diverge_.fires(t, s_.comm() ? s_.comm()->rank() : 0))
