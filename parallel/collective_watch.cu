@@ -115,13 +115,6 @@ void maybe_stall(const CollectiveId& next, long long issued_over_all) {
     while (Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(20));
 }
 
-bool happened(cudaEvent_t event) {
-    const cudaError_t state = cudaEventQuery(event);
-    if (state == cudaErrorNotReady) return false;
-    CUDA_CHECK(state);
-    return true;
-}
-
 }  // namespace
 
 std::string describe(const CollectiveId& id) {
@@ -144,7 +137,7 @@ CollectiveTracker::~CollectiveTracker() {
 void CollectiveTracker::before(const char* kind) {
     const CollectiveId id{kind, comm_, issued_ + 1, training_step.load()};
     maybe_stall(id, ++collectives_issued);
-    Slot& s = slot(id.seq);  // a previous occupant still unfinished is no longer tracked (header)
+    Slot& s = slot(id.seq);  // its previous occupant is kTrackedCollectives earlier (arrived_unfinished)
     if (!s.arrived) {
         CUDA_CHECK(cudaEventCreateWithFlags(&s.arrived, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
@@ -165,16 +158,25 @@ void CollectiveTracker::after() {
     publish_no_wait();
 }
 
+bool CollectiveTracker::happened(const Slot& s, bool done) {
+    const cudaError_t state = cudaEventQuery(done ? s.done : s.arrived);
+    if (state == cudaErrorNotReady) return false;
+    CUDA_CHECK(state);
+    return true;
+}
+
 std::optional<CollectiveId> CollectiveTracker::arrived_unfinished() {
     if (completed_ == issued_) return std::nullopt;
-    if (happened(slot(issued_).done)) {  // the usual case: all done
+    if (happened(slot(issued_), true)) {  // the usual case: all done
         completed_ = issued_;
         return std::nullopt;
     }
+    // A slot whose collective was followed by kTrackedCollectives more holds the latest of them:
+    // one stream runs a communicator's collectives in order, so that one done means ours is done,
+    // and that one reached but not done is where the device waits.
     for (; completed_ < issued_; ++completed_) {
         const Slot& s = slot(completed_ + 1);
-        if (s.id.seq != completed_ + 1) return std::nullopt;  // overwritten: cannot tell
-        if (!happened(s.done)) return happened(s.arrived) ? std::optional<CollectiveId>(s.id) : std::nullopt;
+        if (!happened(s, true)) return happened(s, false) ? std::optional<CollectiveId>(s.id) : std::nullopt;
     }
     return std::nullopt;
 }
@@ -191,6 +193,11 @@ void publish_device_wait(const CollectiveId& id) {
 void publish_no_wait() {
     std::lock_guard lock(published_mutex);
     published.waiting = false;
+}
+
+CollectiveWait current_wait() {
+    const Published p = snapshot();
+    return p.waiting ? CollectiveWait{true, p.current, seconds_since(p.since)} : CollectiveWait{};
 }
 
 // ---- the watchdog -----------------------------------------------------------------------------

@@ -34,9 +34,9 @@
 // Limits. A GPU rank that blocks outside wait_polling (a synchronous copy behind a collective)
 // publishes no wait: it answers "in no collective" and does not time out itself (its peers do).
 // The host backend's deferred stream mode runs collectives inside a stream query, where no wait
-// is published either; the timeout is meant for the default (sync) mode and GPUs. A rank more than
-// kTrackedCollectives collectives ahead of its device cannot tell which of them it waits in and
-// publishes no wait (a step issues a few hundred at most).
+// is published either; the timeout is meant for the default (sync) mode and GPUs. A host more than
+// kTrackedCollectives collectives ahead of its device sees a wait only once the device reaches the
+// latest collective that shares the slot (a step issues a few hundred at most).
 #pragma once
 
 #include "platform/platform.h"
@@ -66,7 +66,7 @@ class CollectiveTracker {
   public:
     static constexpr int kTrackedCollectives = 512;
     CollectiveTracker(std::string comm, cudaStream_t stream);
-    ~CollectiveTracker();
+    virtual ~CollectiveTracker();
     CollectiveTracker(const CollectiveTracker&) = delete;
     CollectiveTracker& operator=(const CollectiveTracker&) = delete;
 
@@ -77,11 +77,17 @@ class CollectiveTracker {
     // The oldest collective this rank's device has reached and not finished, if any.
     std::optional<CollectiveId> arrived_unfinished();
 
-  private:
+  protected:
     struct Slot {
         cudaEvent_t arrived = nullptr, done = nullptr;
         CollectiveId id;
     };
+    // Whether the slot's `done` (or `arrived`) event has happened: cudaEventQuery. A test
+    // replaces it to play a device that has reached or finished chosen collectives, which the host
+    // backend's streams, done at the call, never leave pending.
+    virtual bool happened(const Slot& s, bool done);
+
+  private:
     Slot& slot(long long seq) { return slots_[size_t(seq % kTrackedCollectives)]; }
     std::string comm_;
     cudaStream_t stream_;
@@ -94,6 +100,13 @@ class CollectiveTracker {
 // waited in it), or that it no longer waits (wait_polling).
 void publish_device_wait(const CollectiveId& id);
 void publish_no_wait();
+// What this rank publishes now: whether it waits in a collective, which one, for how long.
+struct CollectiveWait {
+    bool waiting = false;
+    CollectiveId collective;
+    double seconds = 0;
+};
+CollectiveWait current_wait();
 
 // The watchdog thread of one rank (see the header comment). Collective over MPI_COMM_WORLD:
 // every rank constructs it together. Without MPI_THREAD_MULTIPLE it cannot ask the other ranks
