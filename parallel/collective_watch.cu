@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 namespace pv {
@@ -35,6 +36,8 @@ struct Published {
     bool issued_any = false;
     CollectiveId last;  // the last collective issued, when
     Clock::time_point last_at = Clock::now();
+    std::string busy;  // LongHostWork under way, since when
+    Clock::time_point busy_since;
 };
 std::mutex published_mutex;
 Published published;
@@ -59,6 +62,7 @@ struct StallHook {
     int rank = -1;
     long long collective = 0, step = 0;
     double seconds = -1;  // < 0: forever
+    bool busy = false;    // the pause is declared LongHostWork
 };
 
 const StallHook& stall_hook() {
@@ -85,13 +89,16 @@ const StallHook& stall_hook() {
                 h.step = (long long)x;
             else if (key == "seconds")
                 h.seconds = x;
+            else if (key == "busy")
+                h.busy = x != 0;
             else
                 ok = false;
             at = end + 1;
         }
         if (!ok || h.rank < 0 || (h.collective > 0) == (h.step > 0)) {
             std::fprintf(stderr,
-                         "POLEVAULT_TEST_STALL=%s; use rank=R,collective=N[,seconds=S] or rank=R,step=K[,seconds=S]\n",
+                         "POLEVAULT_TEST_STALL=%s; use rank=R,collective=N[,seconds=S][,busy=1] or "
+                         "rank=R,step=K[,seconds=S][,busy=1]\n",
                          v);
             std::exit(2);
         }
@@ -110,6 +117,8 @@ void maybe_stall(const CollectiveId& next, long long issued_over_all) {
     std::fprintf(stderr, "POLEVAULT_TEST_STALL: rank %d stops %s before %s\n", h.rank,
                  h.seconds < 0 ? "for good" : format("for %g s", h.seconds).c_str(), describe(next).c_str());
     std::fflush(stderr);
+    std::optional<LongHostWork> busy;
+    if (h.busy) busy.emplace("pausing in the test hook POLEVAULT_TEST_STALL");
     const Clock::time_point until = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                        std::chrono::duration<double>(h.seconds < 0 ? 1e9 : h.seconds));
     while (Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -195,6 +204,27 @@ void publish_no_wait() {
     published.waiting = false;
 }
 
+LongHostWork::LongHostWork(const std::string& what) {
+    std::lock_guard lock(published_mutex);
+    published.busy = what;
+    published.busy_since = Clock::now();
+}
+
+LongHostWork::~LongHostWork() {
+    std::lock_guard lock(published_mutex);
+    published.busy.clear();
+}
+
+namespace {
+
+// The peers in the way are busy with long work: this rank's wait starts again.
+void restart_wait() {
+    std::lock_guard lock(published_mutex);
+    published.since = Clock::now();
+}
+
+}  // namespace
+
 CollectiveWait current_wait() {
     const Published p = snapshot();
     return p.waiting ? CollectiveWait{true, p.current, seconds_since(p.since)} : CollectiveWait{};
@@ -216,6 +246,7 @@ struct Answer {
     double seconds = 0;  // waiting: in `current`; otherwise since `last` was issued
     char current[240] = "";
     char last[240] = "";
+    char busy[240] = "";  // LongHostWork under way
 };
 
 void copy_text(char* to, size_t size, const std::string& from) { std::snprintf(to, size, "%s", from.c_str()); }
@@ -255,7 +286,9 @@ struct CollectiveWatchdog::Impl {
         a.seconds = seconds_since(p.waiting ? p.since : p.last_at);
         copy_text(a.current, sizeof a.current, p.waiting ? describe(p.current) : "");
         copy_text(a.last, sizeof a.last, p.issued_any ? describe(p.last) : "");
-        if (!p.waiting && !said_stalled) {
+        if (!p.busy.empty())
+            copy_text(a.busy, sizeof a.busy, p.busy + " (for " + format("%.1f", seconds_since(p.busy_since)) + " s)");
+        if (!p.waiting && p.busy.empty() && !said_stalled) {
             said_stalled = true;
             std::fprintf(
                 stderr,
@@ -272,8 +305,9 @@ struct CollectiveWatchdog::Impl {
         MPI_Irecv(&incoming, sizeof incoming, MPI_BYTE, MPI_ANY_SOURCE, kQueryTag, comm, &incoming_request);
     }
 
-    // This rank has waited too long in p.current: ask the others, name who did not arrive, end the job.
-    [[noreturn]] void time_out(const Published& p) {
+    // This rank has waited too long in p.current: ask the others, name who did not arrive, end the
+    // job — unless the ranks in the way are busy with long work (LongHostWork): then wait again.
+    void time_out(const Published& p) {
         const double waited = seconds_since(p.since);
         std::string message = "collective timeout: this rank has waited " + format("%.1f", waited) +
                               " s (--collective-timeout " + format("%g", timeout) + ") in " + describe(p.current);
@@ -309,7 +343,7 @@ struct CollectiveWatchdog::Impl {
             }
             std::this_thread::sleep_for(std::chrono::milliseconds(10));
         }
-        std::string absent, waiting;
+        std::string absent, waiting, busy;
         for (int r = 0; r < size; ++r) {
             if (r == rank) continue;
             const Answer& a = answers[size_t(r)];
@@ -317,6 +351,8 @@ struct CollectiveWatchdog::Impl {
             if (!answered[size_t(r)])
                 absent += (absent.empty() ? "" : "; ") + who + " did not answer within " +
                           format("%g", kAnswerSeconds) + " s (its process is frozen or gone)";
+            else if (!a.waiting && a.busy[0])
+                busy += (busy.empty() ? "" : "; ") + who + " is " + a.busy;
             else if (!a.waiting)
                 absent += (absent.empty() ? "" : "; ") + who + " is in no collective (" +
                           (a.issued_any ? "its last, " + std::string(a.last) + ", was issued " +
@@ -327,8 +363,16 @@ struct CollectiveWatchdog::Impl {
                 waiting += (waiting.empty() ? "" : "; ") + who + " has waited " + format("%.1f", a.seconds) + " s in " +
                            a.current;
         }
+        if (absent.empty() && !busy.empty()) {
+            std::fprintf(stderr, "rank %d/%d: has waited %.1f s in %s: %s; waiting again\n", rank, size, waited,
+                         describe(p.current).c_str(), busy.c_str());
+            std::fflush(stderr);
+            restart_wait();
+            return;
+        }
         if (!absent.empty())
-            message += ", for what has not arrived: " + absent + (waiting.empty() ? "" : "; meanwhile " + waiting);
+            message += ", for what has not arrived: " + absent + (busy.empty() ? "" : "; " + busy) +
+                       (waiting.empty() ? "" : "; meanwhile " + waiting);
         else
             message += ", and every rank waits in a collective but not all in the same one (" + waiting +
                        "): the ranks issued different collectives, a divergence between them rather than a stall";

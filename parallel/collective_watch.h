@@ -25,11 +25,14 @@
 // 3 s), names the ranks that are in no collective — they have not arrived — and those that did not
 // answer, then ends the job (abort_all_ranks). A watchdog asked while its own rank waits in no
 // collective prints that this rank stalled before it answers. If every rank waits, they wait in
-// different collectives: the message says so and lists them.
+// different collectives: the message says so and lists them. A rank in declared long host work
+// (LongHostWork: the checkpoint writer) is not stalled: if only such ranks are in the way, the
+// asking rank notes it on stderr and its wait starts again.
 //
-// Test hook: POLEVAULT_TEST_STALL="rank=R,collective=N[,seconds=S]" or "rank=R,step=K[,seconds=S]",
-// read once: world rank R stops before issuing its N-th collective (1-based, over all its
-// communicators) or the first collective of training step K, for S seconds (default: forever).
+// Test hook: POLEVAULT_TEST_STALL="rank=R,collective=N[,seconds=S][,busy=1]" or
+// "rank=R,step=K[,seconds=S][,busy=1]", read once: world rank R stops before issuing its N-th
+// collective (1-based, over all its communicators) or the first collective of training step K, for
+// S seconds (default: forever); busy=1 declares the pause LongHostWork.
 //
 // Limits. A GPU rank that blocks outside wait_polling (a synchronous copy behind a collective)
 // publishes no wait: it answers "in no collective" and does not time out itself (its peers do).
@@ -100,6 +103,17 @@ class CollectiveTracker {
 // waited in it), or that it no longer waits (wait_polling).
 void publish_device_wait(const CollectiveId& id);
 void publish_no_wait();
+// Declares long host work that is progress, not a stall (the writer writing a checkpoint while the
+// other ranks wait in their next collective): a rank that times out waiting for this one while it
+// lasts says so on stderr and waits again, instead of ending the job.
+class LongHostWork {
+  public:
+    explicit LongHostWork(const std::string& what);  // "writing checkpoint out/step_4"
+    ~LongHostWork();
+    LongHostWork(const LongHostWork&) = delete;
+    LongHostWork& operator=(const LongHostWork&) = delete;
+};
+
 // What this rank publishes now: whether it waits in a collective, which one, for how long.
 struct CollectiveWait {
     bool waiting = false;

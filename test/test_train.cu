@@ -590,20 +590,29 @@ TEST_CASE("train under mpirun: an asynchronous NCCL error ends the job with a me
 // before the first collective of step 2) ends every rank once rank 0 has waited --collective-timeout
 // seconds in that collective: rank 0 names rank 1 and the collective, the collective is the one
 // rank 1 stopped before, and rank 1 says it stalled. A rank that is only slow (3 s before a
-// collective of step 3, under a 5 s timeout) trips nothing: the run ends normally. The two jobs run
-// side by side.
+// collective of step 3, under a 5 s timeout) trips nothing: the run ends normally. Nor does a rank
+// that pauses longer than the timeout (3 s under 2 s) in declared long host work (LongHostWork, as
+// the checkpoint writer does): the waiting rank notes it and waits again. The three jobs run side by side.
 TEST_CASE(
     "train under mpirun: a stalled rank ends every rank within --collective-timeout, naming it and the "
     "collective; a slow rank does not",
     "[train][mpi]") {
     TempDir dir("train_mpi_stall");
-    const std::string run = (build_dir() / "train").string() + " " + kTiny +
-                            " --sample-tokens 0 --parallel ddp --collective-timeout 5 --out-dir ";
+    // Three steps (the pauses come before step 2's or 3's first collective), no evaluation: short jobs.
+    const std::string run = (build_dir() / "train").string() +
+                            " --steps 3 --batch 4 --micro-batch 2 --seq-len 16 --vocab 300 --warmup 1 "
+                            "--eval-interval 0 --sample-tokens 0 --parallel ddp --out-dir ";
     const auto start = std::chrono::steady_clock::now();
     auto slow = std::async(std::launch::async, [&] {
-        return run_mpi(2, "-x POLEVAULT_TEST_STALL=rank=1,step=3,seconds=3 " + run + dir.file("slow"));
+        return run_mpi(
+            2, "-x POLEVAULT_TEST_STALL=rank=1,step=3,seconds=3 " + run + dir.file("slow") + " --collective-timeout 5");
     });
-    const Run stalled = run_mpi(2, "-x POLEVAULT_TEST_STALL=rank=1,step=2 " + run + dir.file("stalled"));
+    auto busy = std::async(std::launch::async, [&] {
+        return run_mpi(2, "-x POLEVAULT_TEST_STALL=rank=1,step=2,seconds=3,busy=1 " + run + dir.file("busy") +
+                              " --collective-timeout 2");
+    });
+    const Run stalled =
+        run_mpi(2, "-x POLEVAULT_TEST_STALL=rank=1,step=2 " + run + dir.file("stalled") + " --collective-timeout 5");
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     {
         INFO(stalled.output);
@@ -633,7 +642,16 @@ TEST_CASE(
     REQUIRE(late.status == 0);
     CHECK(late.output.find("POLEVAULT_TEST_STALL: rank 1 stops for 3 s before all-reduce") != std::string::npos);
     CHECK(late.output.find("collective timeout") == std::string::npos);
-    CHECK(losses(late.output).size() == 6);
+    CHECK(losses(late.output).size() == 3);
+    const Run writing = busy.get();
+    INFO(writing.output);
+    REQUIRE(writing.status == 0);
+    CHECK(losses(writing.output).size() == 3);
+    CHECK(std::regex_search(
+        writing.output, std::regex(R"(rank 0/2: has waited 2\.[0-9] s in all-reduce #[0-9]+ on communicator 'world' )"
+                                   R"(\(step 2\): rank 1 is pausing in the test hook POLEVAULT_TEST_STALL \(for )"
+                                   R"([0-9.]+ s\); waiting again)")));
+    CHECK(writing.output.find("collective timeout") == std::string::npos);
     // The flag's range: a timeout that could never be met, or no number, is refused naming the flag.
     for (const char* bad : {"0", "nan", "1e9"}) {
         const Run r = run_train(std::string("--collective-timeout ") + bad);

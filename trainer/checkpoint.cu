@@ -6,6 +6,7 @@
 #include "model/dtype_conversion.h"
 #include "model/peft_config.h"
 #include "model/checkpoint_files.h"
+#include "parallel/collective_watch.h"
 
 #include <cstdio>
 #include <filesystem>
@@ -59,6 +60,8 @@ void save_checkpoint(const std::string& dir, Strategy<T, G>& strategy, const Ada
     fields.emplace_back("adam_m.safetensors", gather(Field::m));
     fields.emplace_back("adam_v.safetensors", gather(Field::v));
     if (!writer) return;
+    // The others wait in their next collective meanwhile: not a stall (parallel/collective_watch.h).
+    const LongHostWork writing("writing checkpoint " + dir);
     // What the files need, about: the tensors (padded groups: a little more than the files hold).
     uint64_t bytes = 0;
     for (const auto& unit : params.units) bytes += unit.size();
