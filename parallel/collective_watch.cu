@@ -38,6 +38,7 @@ struct Published {
     Clock::time_point last_at = Clock::now();
     std::string busy;  // LongHostWork under way, since when
     Clock::time_point busy_since;
+    int busy_depth = 0;
 };
 std::mutex published_mutex;
 Published published;
@@ -204,15 +205,17 @@ void publish_no_wait() {
     published.waiting = false;
 }
 
+// Nested declarations publish the outermost.
 LongHostWork::LongHostWork(const std::string& what) {
     std::lock_guard lock(published_mutex);
+    if (published.busy_depth++ > 0) return;
     published.busy = what;
     published.busy_since = Clock::now();
 }
 
 LongHostWork::~LongHostWork() {
     std::lock_guard lock(published_mutex);
-    published.busy.clear();
+    if (--published.busy_depth == 0) published.busy.clear();
 }
 
 namespace {
@@ -227,7 +230,10 @@ void restart_wait() {
 
 CollectiveWait current_wait() {
     const Published p = snapshot();
-    return p.waiting ? CollectiveWait{true, p.current, seconds_since(p.since)} : CollectiveWait{};
+    CollectiveWait w;
+    if (p.waiting) w.waiting = true, w.collective = p.current, w.seconds = seconds_since(p.since);
+    w.busy = p.busy;
+    return w;
 }
 
 // ---- the watchdog -----------------------------------------------------------------------------

@@ -114,11 +114,13 @@ class LongHostWork {
     LongHostWork& operator=(const LongHostWork&) = delete;
 };
 
-// What this rank publishes now: whether it waits in a collective, which one, for how long.
+// What this rank publishes now: whether it waits in a collective, which one, for how long; the
+// long host work it declares (empty: none).
 struct CollectiveWait {
     bool waiting = false;
     CollectiveId collective;
     double seconds = 0;
+    std::string busy;
 };
 CollectiveWait current_wait();
 

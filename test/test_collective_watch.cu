@@ -111,3 +111,18 @@ TEST_CASE("collective watch: the host waits in a collective during its NCCL call
     pv::publish_no_wait();
     CHECK_FALSE(pv::current_wait().waiting);
 }
+
+TEST_CASE("collective watch: long host work is published while it lasts, the outermost of nested ones",
+          "[collective_watch]") {
+    CHECK(pv::current_wait().busy.empty());
+    {
+        const pv::LongHostWork writing("writing checkpoint out/step_4");
+        CHECK(pv::current_wait().busy == "writing checkpoint out/step_4");
+        {
+            const pv::LongHostWork reading("reading weights from a.safetensors");
+            CHECK(pv::current_wait().busy == "writing checkpoint out/step_4");
+        }
+        CHECK(pv::current_wait().busy == "writing checkpoint out/step_4");
+    }
+    CHECK(pv::current_wait().busy.empty());
+}

@@ -30,6 +30,7 @@
 #include "model/llama.h"
 #include "model/nf4_slot.cuh"
 #include "optim/optimizer.cuh"
+#include "parallel/collective_watch.h"
 #include "parallel/strategy.h"
 #include "model/checkpoint_files.h"
 
@@ -202,7 +203,12 @@ LoadStats load_group_ranges(HfCheckpoint& source, const std::vector<GroupLayout>
     const auto start = std::chrono::steady_clock::now();
     LoadStats stats;
     stats.skipped = check_group_tensors(source, layouts, extra);
-    stats.files = source.files().size();
+    const std::vector<std::string> files = source.files();
+    stats.files = files.size();
+    // The other ranks may reach their next collective long before this one's disk is done: not a
+    // stall (parallel/collective_watch.h).
+    const LongHostWork reading("reading weights from " + (files.empty() ? std::string("?") : files.front()) +
+                               (files.size() > 1 ? " and " + std::to_string(files.size() - 1) + " more file(s)" : ""));
     for (const SafeTensorInfo* t : source.tensors())
         if (std::find(stats.dtypes.begin(), stats.dtypes.end(), t->dtype) == stats.dtypes.end())
             stats.dtypes.push_back(t->dtype);
