@@ -17,6 +17,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -351,6 +353,86 @@ TEST_CASE("train: a checkpoint that cannot be written leaves the previous one in
     const Run empty = run_train("--out-dir ''");
     REQUIRE(empty.status != 0);
     CHECK(empty.output.find("--out-dir is empty: name the directory the run writes") != std::string::npos);
+}
+
+// A rank that stops before a collective (the POLEVAULT_TEST_STALL hook: rank 1's main thread sleeps
+// before the first collective of step 2) ends every rank once rank 0 has waited --collective-timeout
+// seconds in that collective: rank 0 names rank 1 and the collective, the collective is the one
+// rank 1 stopped before, and rank 1 says it stalled. A rank that is only slow (3 s before a
+// collective of step 3, under a 5 s timeout) trips nothing: the run ends normally. Nor does a rank
+// that pauses longer than the timeout (3 s under 2 s) in declared long host work (LongHostWork, as
+// the checkpoint writer does): the waiting rank notes it and waits again. The three jobs run side by side.
+TEST_CASE(
+    "train under mpirun: a stalled rank ends every rank within --collective-timeout, naming it and the "
+    "collective; a slow rank does not",
+    "[train][mpi]") {
+    TempDir dir("train_mpi_stall");
+    // Three steps (the pauses come before step 2's or 3's first collective), no evaluation: short jobs.
+    const std::string run = (build_dir() / "train").string() +
+                            " --steps 3 --batch 4 --micro-batch 2 --seq-len 16 --vocab 300 --warmup 1 "
+                            "--eval-interval 0 --sample-tokens 0 --parallel ddp --out-dir ";
+    // The host backend's deferred streams run a collective inside a stream query, where no wait is
+    // published (collective_watch.h, Limits): these jobs run in the default sync mode whatever the
+    // schedule of this test.
+    const std::string sync = "-x POLEVAULT_HOST_STREAMS=sync ";
+    const auto start = std::chrono::steady_clock::now();
+    auto slow = std::async(std::launch::async, [&] {
+        return run_mpi(2, sync + "-x POLEVAULT_TEST_STALL=rank=1,step=3,seconds=3 " + run + dir.file("slow") +
+                              " --collective-timeout 5");
+    });
+    auto busy = std::async(std::launch::async, [&] {
+        return run_mpi(2, sync + "-x POLEVAULT_TEST_STALL=rank=1,step=2,seconds=3,busy=1 " + run + dir.file("busy") +
+                              " --collective-timeout 2");
+    });
+    const Run stalled = run_mpi(
+        2, sync + "-x POLEVAULT_TEST_STALL=rank=1,step=2 " + run + dir.file("stalled") + " --collective-timeout 5");
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    {
+        INFO(stalled.output);
+        REQUIRE(stalled.status != 0);
+        REQUIRE(stalled.status != 124);  // not the test's timeout
+        REQUIRE(seconds < 30);
+        CHECK(losses(stalled.output).size() == 1);
+        std::smatch hook, timeout;
+        REQUIRE(
+            std::regex_search(stalled.output, hook,
+                              std::regex(R"(POLEVAULT_TEST_STALL: rank 1 stops for good before (all-reduce #[0-9]+ )"
+                                         R"(on communicator 'world' \(step 2\)))")));
+        REQUIRE(std::regex_search(
+            stalled.output, timeout,
+            std::regex(R"(rank 0/2: collective timeout: this rank has waited ([0-9.]+) s \(--collective-timeout 5\) )"
+                       R"(in (all-reduce #[0-9]+ on communicator 'world' \(step 2\)), for what has not arrived: )"
+                       R"(rank 1 is in no collective \(its last, all-reduce #[0-9]+ on communicator 'world' )"
+                       R"(\(step 1\), was issued [0-9.]+ s ago\): it stalled)")));
+        CHECK(timeout[2].str() == hook[1].str());  // the collective rank 1 never issued
+        const double waited = std::stod(timeout[1]);
+        CHECK(waited >= 5);
+        CHECK(waited < 6.5);
+        CHECK(stalled.output.find("rank 1/2: this rank stalled: it is in no collective") != std::string::npos);
+    }
+    const Run late = slow.get();
+    INFO(late.output);
+    REQUIRE(late.status == 0);
+    CHECK(late.output.find("POLEVAULT_TEST_STALL: rank 1 stops for 3 s before all-reduce") != std::string::npos);
+    CHECK(late.output.find("collective timeout") == std::string::npos);
+    CHECK(losses(late.output).size() == 3);
+    const Run writing = busy.get();
+    INFO(writing.output);
+    REQUIRE(writing.status == 0);
+    CHECK(losses(writing.output).size() == 3);
+    CHECK(std::regex_search(
+        writing.output, std::regex(R"(rank 0/2: has waited 2\.[0-9] s in all-reduce #[0-9]+ on communicator 'world' )"
+                                   R"(\(step 2\): rank 1 is pausing in the test hook POLEVAULT_TEST_STALL \(for )"
+                                   R"([0-9.]+ s\); waiting again)")));
+    CHECK(writing.output.find("collective timeout") == std::string::npos);
+    // The flag's range: a timeout that could never be met, or no number, is refused naming the flag.
+    for (const char* bad : {"0", "nan", "1e9"}) {
+        const Run r = run_train(std::string("--collective-timeout ") + bad);
+        INFO(r.output);
+        CHECK(r.status != 0);
+        CHECK(r.output.find(std::string("--collective-timeout: ") + bad +
+                            ": must be a finite number in [1, 604800]") != std::string::npos);
+    }
 }
 
 // One rule per option, for the command line and a checkpoint's trainer_state.json alike
