@@ -121,8 +121,10 @@ TEST_SUPPORT := $(BUILD)/test/catch_main.o $(BUILD)/test/child_process.o
 MPI_TEST_BINS := $(patsubst test/mpi/%.cu,$(BUILD)/test/mpi/%,$(wildcard test/mpi/test_mpi_*.cu))
 # (The asan flavour runs them at 2 ranks only: its budget is the kernels and one 2-rank parity run.)
 MPI_TEST_RANKS := $(if $(filter address,$(SANITIZE)),2,2 4)
-# (and under the deferred-stream schedule only, like the whole-model suites below).
-MPI_TEST_RUNS := $(foreach n,$(MPI_TEST_RANKS),$(addprefix $(if $(filter address,$(SANITIZE)),random+deferred@)mpi:$(n):,$(MPI_TEST_BINS)))
+# (and under the deferred-stream schedule only, like the whole-model suites below). `make test`
+# runs them at 2 ranks under every schedule and at 4 ranks under the deferred-stream one: the
+# schedules reorder each rank's kernels and streams, which 2 ranks exercise as well as 4.
+MPI_TEST_RUNS := $(foreach n,$(MPI_TEST_RANKS),$(addprefix $(if $(filter address,$(SANITIZE))$(filter 4,$(n)),random+deferred@)mpi:$(n):,$(MPI_TEST_BINS)))
 # What `make test` runs. Under ASan the two suites that run whole models — test_train (`train`
 # programs in child processes, about 75 s per schedule there) and test_model (about 35 s) — and
 # test_attention (the tensor-core emulation, about 35 s there) run under the deferred-stream schedule only, the one that exposes lifetime bugs (a buffer freed or
