@@ -245,7 +245,7 @@ ChatFormat resolve_chat_format(const std::string& name, const std::string& confi
     nlohmann::json j;
     try {
         j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {
         throw std::runtime_error("'" + config_path + "': not JSON (" + e.what() + ")");
     }
     std::string jinja;
