@@ -56,6 +56,18 @@ uint32_t write_small_data_dir(const fs::path& dir, int vocab = 300) {
 // A small run's shape; each caller adds --steps, --sample-tokens, --eval-interval.
 const std::string kSmallRun = "--warmup 0 --batch 2 --micro-batch 2 --seq-len 16";
 
+
+// A small run on write_small_data_dir's data stopped after its first step: out/step_1 (of 2).
+void write_first_checkpoint(const fs::path& dir, const fs::path& out) {
+    const fs::path data = dir / "data";
+    write_small_data_dir(data);
+    const Run first =
+        run_train("--data " + data.string() + " " + kSmallRun +
+                  " --steps 2 --stop-after 1 --sample-tokens 0 --eval-interval 0 --out-dir " + out.string());
+    INFO(first.output);
+    REQUIRE(first.status == 0);
+}
+
 }  // namespace train_test
 
 TEST_CASE("train: data checked against itself and the model before the model is built", "[train][data]") {
@@ -100,13 +112,8 @@ TEST_CASE("train: data checked against itself and the model before the model is 
 TEST_CASE("train --resume: a corrupted, incomplete or edited checkpoint is refused naming the file",
           "[train][resume][checksum]") {
     TempDir dir("train_resume_checks");
-    const fs::path data = dir.path / "data", out = dir.path / "out";
-    write_small_data_dir(data);
-    const Run first =
-        run_train("--data " + data.string() + " " + kSmallRun +
-                  " --steps 2 --stop-after 1 --sample-tokens 0 --eval-interval 0 --out-dir " + out.string());
-    INFO(first.output);
-    REQUIRE(first.status == 0);
+    const fs::path out = dir.path / "out";
+    write_first_checkpoint(dir.path, out);
     const fs::path ckpt = out / "step_1", copy = dir.path / "copy" / "step_1";
     const auto fresh_copy = [&] {
         fs::remove_all(copy.parent_path());
@@ -161,13 +168,8 @@ TEST_CASE("train --resume: a corrupted, incomplete or edited checkpoint is refus
 TEST_CASE("train under mpirun: a corrupted checkpoint file found by the rank that verifies it ends every rank",
           "[train][mpi][checksum]") {
     TempDir dir("train_mpi_checksum");
-    const fs::path data = dir.path / "data", out = dir.path / "out";
-    write_small_data_dir(data);
-    const Run first =
-        run_train("--data " + data.string() + " " + kSmallRun +
-                  " --steps 2 --stop-after 1 --sample-tokens 0 --eval-interval 0 --out-dir " + out.string());
-    INFO(first.output);
-    REQUIRE(first.status == 0);
+    const fs::path out = dir.path / "out";
+    write_first_checkpoint(dir.path, out);
     std::string bytes = read_file(out / "step_1" / "model.safetensors");
     bytes[bytes.size() / 2] ^= 0x40;
     std::ofstream(out / "step_1" / "model.safetensors", std::ios::binary | std::ios::trunc) << bytes;
