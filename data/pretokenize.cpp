@@ -70,6 +70,18 @@ std::string oniguruma_compatible(const std::string& pattern) {
     return out;
 }
 
+// A match that ends in an error (PCRE2's match or depth limit, on a pattern that backtracks
+// exponentially) would leave the rest of the text unsplit, so it ends the encoding instead.
+std::runtime_error match_error(const std::string& pattern, int rc, size_t text_bytes, size_t at) {
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(rc, msg, sizeof msg);
+    return std::runtime_error("the tokenizer's regex " + pattern + " failed on a text of " +
+                              std::to_string(text_bytes) + " bytes, matching from byte " + std::to_string(at) +
+                              ": " + reinterpret_cast<const char*>(msg) +
+                              " (the pattern backtracks too much on this text; fix the pattern in tokenizer.json "
+                              "or split the text into shorter documents)");
+}
+
 }  // namespace
 
 Regex::Regex(const std::string& pattern) : pattern_(pattern) {
@@ -99,7 +111,8 @@ void Regex::find_all(std::string_view text, std::vector<std::pair<size_t, size_t
     size_t last_end = 0;
     while (start <= text.size()) {
         const int rc = pcre2_match(code_->code, subject, text.size(), start, 0, m.md, nullptr);
-        if (rc < 0) break;  // no further match (an error leaves the rest unmatched as well)
+        if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc < 0) throw match_error(pattern_, rc, text.size(), start);
         const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(m.md);
         const size_t s = ov[0], e = ov[1];
         if (s == e && matched && e == last_end) {  // an empty match where the last one ended
@@ -116,8 +129,10 @@ void Regex::find_all(std::string_view text, std::vector<std::pair<size_t, size_t
 
 bool Regex::matches_at(std::string_view text, size_t pos) const {
     MatchData m(code_->code);
-    return pcre2_match(code_->code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), pos, PCRE2_ANCHORED, m.md,
-                       nullptr) >= 0;
+    const int rc = pcre2_match(code_->code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), pos,
+                               PCRE2_ANCHORED, m.md, nullptr);
+    if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) throw match_error(pattern_, rc, text.size(), pos);
+    return rc >= 0;
 }
 
 void Pattern::find_all(std::string_view text, std::vector<std::pair<size_t, size_t>>& out) const {

@@ -512,6 +512,15 @@ TEST_CASE("components polevault does not run are refused by name, with what is s
                                       {"special_tokens", json::object()}}}}),
                Contains("\"<x>\" without listing its ids"));
 
+    // A pattern that backtracks exponentially compiles and loads, but encoding a text it cannot
+    // match within PCRE2's match limit is an error naming the pattern, not a text left unsplit.
+    const pv::Tokenizer backtracks = pv::Tokenizer::load(patched(
+        dir, "backtracks.json",
+        {{"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "(a|aa)+$"}}}, {"behavior", "Isolated"}}}}));
+    REQUIRE(!backtracks.encode("aaaa b").empty());
+    CHECK_THROWS_WITH(backtracks.encode(std::string(60, 'a') + "!"),
+                      Contains("regex (a|aa)+$ failed on a text of 61 bytes") && Contains("match limit exceeded"));
+
     // tokenizer_config.json beside the file: its tokens must exist, and it must be JSON.
     TempDir cdir("config");
     const std::string file = cdir.file("tokenizer.json");
