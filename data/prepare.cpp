@@ -3,6 +3,7 @@
 
 #include "data/examples.h"
 #include "data/tokenizer.h"
+#include "io/checksum.h"
 #include "io/durable_file.h"
 
 #include <algorithm>
@@ -221,6 +222,7 @@ PreparedData prepare_data(const PrepareOptions& o) {
     TokenShard shard;
     shard.vocab_size = uint32_t(tok.vocab_size());
     shard.eot_token = uint32_t(std::max(0, tok.eos_id()));
+    shard.tokenizer = tok.id_fingerprint();
     const auto write = [&](long long begin, long long end, const std::string& path) {
         shard.tokens.assign(stream.begin() + begin, stream.begin() + end);
         shard.flags.assign(flags.begin() + begin, flags.begin() + end);
@@ -291,11 +293,19 @@ DataSet load_dataset(const std::string& path) {
     std::sort(names.begin(), names.end());
     const fs::path dir(path);
     const std::string first = (dir / names.front()).string();
+    // Every shard must come from the first one's tokenizer: the same vocabulary size, and the same
+    // fingerprint where both record one.
     auto check_vocab = [&](const TokenShard& s, const std::string& file) {
-        const uint32_t v0 = ds.train.front().vocab_size;
-        if (s.vocab_size != v0)
-            throw std::runtime_error("data '" + path + "': shard '" + file + "' has vocab_size " +
-                                     std::to_string(s.vocab_size) + " but '" + first + "' has " + std::to_string(v0) +
+        const TokenShard& s0 = ds.train.front();
+        std::string differs;
+        if (s.vocab_size != s0.vocab_size)
+            differs = "has vocab_size " + std::to_string(s.vocab_size) + " but '" + first + "' has " +
+                      std::to_string(s0.vocab_size);
+        else if (s.tokenizer != 0 && s0.tokenizer != 0 && s.tokenizer != s0.tokenizer)
+            differs = "was made with tokenizer " + checksum_hex(s.tokenizer) + " but '" + first + "' with " +
+                      checksum_hex(s0.tokenizer);
+        if (!differs.empty())
+            throw std::runtime_error("data '" + path + "': shard '" + file + "' " + differs +
                                      ": the shards come from different runs or tokenizers; re-run `train prepare` "
                                      "into an empty directory");
     };

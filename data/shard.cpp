@@ -36,7 +36,16 @@ uint64_t get_u64(const unsigned char* p) {
     return v;
 }
 
-// Bytes a version-1, 2 or 3 file of `count` tokens has after the header; false on overflow.
+// The header's size in a version.
+size_t header_bytes_of(uint32_t version) {
+    return version >= 4 ? kShardHeaderBytes : version == 3 ? kShardV3HeaderBytes : kShardV2HeaderBytes;
+}
+
+// Where the header keeps its checksum (versions 3 and 4): its last 8 bytes, after every field
+// the checksum covers.
+size_t checksum_offset(uint32_t version) { return header_bytes_of(version) - 8; }
+
+// Bytes a version-1 to 4 file of `count` tokens has after the header; false on overflow.
 bool payload_bytes(uint32_t version, uint64_t count, uint32_t width, uint64_t& out) {
     const uint64_t per_token = width + (version >= 2 ? 1u : 0u);
     if (count > UINT64_MAX / per_token) return false;
@@ -88,6 +97,7 @@ void write_shard(const std::string& path, const TokenShard& shard) {
     put_u32(header + 16, width);
     put_u32(header + 20, shard.eot_token);
     put_u64(header + 24, count);
+    put_u64(header + 32, shard.tokenizer);
 
     // The payload is encoded twice, in bounded chunks: once for the header's checksum, once to
     // write; a large shard never needs a second full-size buffer.
@@ -111,10 +121,11 @@ void write_shard(const std::string& path, const TokenShard& shard) {
         }
         out(shard.flags.data(), shard.flags.size());
     };
+    const size_t checksum_at = checksum_offset(kShardVersion);
     Xxh3 checksum;
-    checksum.update(header, kShardV2HeaderBytes);
+    checksum.update(header, checksum_at);
     encode([&](const unsigned char* data, size_t n) { checksum.update(data, n); });
-    put_u64(header + kShardV2HeaderBytes, checksum.digest());
+    put_u64(header + checksum_at, checksum.digest());
 
     write_file_atomically(path, "token shard", [&](const ByteSink& sink) {
         sink(header, sizeof header);
@@ -152,11 +163,11 @@ TokenShard read_shard(const std::string& path) {
     if (version < 1 || version > kShardVersion)
         fail(path, "unsupported shard version " + std::to_string(version) + " (this build reads versions 1 to " +
                        std::to_string(kShardVersion) + ")" + recreate + " of this build");
-    const size_t header_bytes = version >= 3 ? kShardHeaderBytes : kShardV2HeaderBytes;
+    const size_t header_bytes = header_bytes_of(version);
     if (size < header_bytes)
         fail(path, "truncated: " + std::to_string(size) + " bytes, shorter than the " + std::to_string(header_bytes) +
                        "-byte header of version " + std::to_string(version) + recreate);
-    if (version >= 3) f.read_exact(header + kShardV2HeaderBytes, kShardHeaderBytes - kShardV2HeaderBytes);
+    f.read_exact(header + kShardV2HeaderBytes, header_bytes - kShardV2HeaderBytes);
     if (vocab == 0 || vocab > kMaxShardVocab)
         fail(path, "header field vocab_size is " + std::to_string(vocab) + ", outside 1.." +
                        std::to_string(kMaxShardVocab) + " (no tokenizer has that many tokens); the header is corrupt" +
@@ -188,11 +199,13 @@ TokenShard read_shard(const std::string& path) {
                        " extra); the file is corrupt or was appended to" + recreate);
 
     // Only now, with count known to fit the file, is anything allocated.
+    const size_t checksum_at = checksum_offset(version);
     Xxh3 checksum;
-    checksum.update(header, kShardV2HeaderBytes);
+    checksum.update(header, checksum_at);
     TokenShard shard;
     shard.vocab_size = vocab;
     shard.eot_token = eot;
+    shard.tokenizer = version >= 4 ? get_u64(header + 32) : 0;
     shard.tokens.resize(static_cast<size_t>(count));
     // A token id is checked after the checksum: a corrupt byte is reported as corruption, not as
     // a tokenizer mismatch.
@@ -216,8 +229,8 @@ TokenShard read_shard(const std::string& path) {
         f.read_exact(shard.flags.data(), shard.flags.size());
         checksum.update(shard.flags.data(), shard.flags.size());
     }
-    if (version >= 3 && checksum.digest() != get_u64(header + kShardV2HeaderBytes))
-        fail(path, "checksum mismatch: the header records XXH3 " + checksum_hex(get_u64(header + kShardV2HeaderBytes)) +
+    if (version >= 3 && checksum.digest() != get_u64(header + checksum_at))
+        fail(path, "checksum mismatch: the header records XXH3 " + checksum_hex(get_u64(header + checksum_at)) +
                        " but the file's bytes hash to " + checksum_hex(checksum.digest()) +
                        ": the file was corrupted (a flipped bit, an overwritten byte) after it was written" + recreate);
     if (out_of_range)

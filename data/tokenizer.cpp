@@ -5,6 +5,7 @@
 
 #include "data/tokenizer_parts.h"
 #include "data/utf8.h"
+#include "io/checksum.h"
 #include "io/durable_file.h"
 
 #include <nlohmann/json.hpp>
@@ -93,6 +94,37 @@ std::string Tokenizer::decode(const std::vector<int>& ids, bool skip_special) co
 }
 
 int Tokenizer::vocab_size() const { return int(impl_->id_text.size()); }
+
+uint64_t Tokenizer::id_fingerprint() const {
+    const Impl& m = *impl_;
+    Xxh3 h;
+    // Numbers as 8 little-endian bytes, strings as their length then their bytes, so that the
+    // value is the same on every machine and no two different tables hash the same bytes.
+    const auto put_number = [&](uint64_t v) {
+        unsigned char b[8];
+        for (int i = 0; i < 8; ++i) b[i] = static_cast<unsigned char>(v >> (8 * i));
+        h.update(b, sizeof b);
+    };
+    const auto put_string = [&](const std::string& s) {
+        put_number(s.size());
+        h.update(s.data(), s.size());
+    };
+    put_number(m.model.tokens.size());
+    for (size_t id = 0; id < m.model.tokens.size(); ++id) {
+        const char valid = m.model.valid[id];
+        h.update(&valid, 1);
+        if (valid) put_string(m.model.tokens[id]);
+    }
+    std::vector<std::pair<int, const std::string*>> added;
+    for (const tok::AddedToken& t : m.added.tokens) added.emplace_back(t.id, &t.content);
+    std::sort(added.begin(), added.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (const auto& [id, content] : added) {
+        put_number(uint64_t(id));
+        put_string(*content);
+    }
+    const uint64_t f = h.digest();
+    return f != 0 ? f : 1;
+}
 
 int Tokenizer::token_id(std::string_view token_text) const {
     const Impl& m = *impl_;

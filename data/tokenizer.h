@@ -48,6 +48,7 @@
 // called concurrently from several threads.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -103,6 +104,12 @@ class Tokenizer {
     bool add_bos_token() const;
     // tokenizer_config.json as read ("" when there was none), for its chat_template.
     const std::string& config_json() const;
+    // What every id means, as a number: XXH3-64 of each id's vocabulary string (or its absence)
+    // and of the added tokens' ids and contents. Two tokenizers with the same fingerprint give
+    // every id the same token, however their files are laid out; merges, normalizer and
+    // pre-tokenizer do not count (they change how a text is cut, not what an id stands for).
+    // Never 0, which token shards use for "not recorded" (data/shard.h).
+    uint64_t id_fingerprint() const;
 
     struct Impl;
 

@@ -1,6 +1,6 @@
 // Fuzz target: token shards (data/shard.h), read and validated by read_shard; an accepted shard
-// is written back (write_shard) and must read back to the same tokens and flags — an exception or
-// a difference there aborts (a finding).
+// is written back (write_shard) and must read back to the same tokens, flags and tokenizer
+// fingerprint — an exception or a difference there aborts (a finding).
 #include "data/shard.h"
 #include "fuzz/fuzz_target.h"
 
@@ -14,7 +14,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     pv::write_shard(again, shard);
     const pv::TokenShard back = pv::read_shard(again);
     if (back.tokens != shard.tokens || back.flags != shard.flags || back.vocab_size != shard.vocab_size ||
-        back.eot_token != shard.eot_token) {
+        back.eot_token != shard.eot_token || back.tokenizer != shard.tokenizer) {
         std::fprintf(stderr, "fuzz finding: the shard does not round-trip\n");
         std::abort();
     }

@@ -30,17 +30,18 @@ using namespace train_test;
 namespace train_test {
 
 // A `train prepare`-like data directory written in-process (fast): tokenizer.json trained on a
-// little text, one training shard and val.pvtokens of tokens below its vocabulary, with its EOS as
-// eot_token. Returns the tokenizer's vocabulary size.
-uint32_t write_small_data_dir(const fs::path& dir, int vocab = 300) {
+// little text about `subject`, one training shard and val.pvtokens of tokens below its vocabulary,
+// with its EOS as eot_token and its id fingerprint. Returns the tokenizer's vocabulary size.
+uint32_t write_small_data_dir(const fs::path& dir, int vocab = 300, const std::string& subject = "kernel") {
     fs::create_directories(dir);
     std::string text;
     for (int i = 0; i < 40; ++i)
-        text += "The kernel reads tile " + std::to_string(i) + " of the matrix and writes it back. ";
+        text += "The " + subject + " reads tile " + std::to_string(i) + " of the matrix and writes it back. ";
     const pv::Tokenizer tok = pv::Tokenizer::train(text, vocab);
     tok.save((dir / "tokenizer.json").string());
     const auto shard = [&](size_t n, uint64_t seed) {
-        pv::TokenShard s{uint32_t(tok.vocab_size()), uint32_t(std::max(0, tok.eos_id())), {}, {}};
+        pv::TokenShard s{uint32_t(tok.vocab_size()), uint32_t(std::max(0, tok.eos_id())), {}, {},
+                         tok.id_fingerprint()};
         for (size_t i = 0; i < n; ++i) {
             s.tokens.push_back(uint32_t((i * 7919 + seed) % uint64_t(tok.vocab_size())));
             s.flags.push_back(
@@ -86,6 +87,30 @@ TEST_CASE("train: data checked against itself and the model before the model is 
                                  Catch::Contains("was written with vocab_size " + std::to_string(vocab)) &&
                                  Catch::Contains("not the one the shards were prepared with"));
         CHECK_THAT(r.output, !Catch::Contains("step     1/1"));
+    }
+    SECTION("a tokenizer.json with the shards' vocabulary size and EOS but other tokens is refused too") {
+        REQUIRE(write_small_data_dir(dir.path / "other", int(vocab), "compiler") == vocab);
+        fs::copy_file(dir.path / "other" / "tokenizer.json", data / "tokenizer.json",
+                      fs::copy_options::overwrite_existing);
+        const Run r = run_train("--data " + data.string() + " " + kSmallRun +
+                                " --steps 1 --sample-tokens 0 --eval-interval 0 --out-dir " + dir.file("a2"));
+        INFO(r.output);
+        CHECK(r.status != 0);
+        CHECK_THAT(r.output, Catch::Contains((data / "tokenizer.json").string()) &&
+                                 Catch::Contains("its ids mean other tokens") &&
+                                 Catch::Contains("not the one the shards were prepared with"));
+        CHECK_THAT(r.output, !Catch::Contains("step     1/1"));
+    }
+    SECTION("--val-data from a tokenizer of the same size is refused by its fingerprint") {
+        REQUIRE(write_small_data_dir(dir.path / "other", int(vocab), "compiler") == vocab);
+        const std::string other = (dir.path / "other" / "val.pvtokens").string();
+        const Run r = run_train("--data " + data.string() + " --val-data " + other + " " + kSmallRun +
+                                " --steps 1 --sample-tokens 0 --eval-interval 1 --out-dir " + dir.file("b2"));
+        INFO(r.output);
+        CHECK(r.status != 0);
+        CHECK_THAT(r.output, Catch::Contains("--val-data " + other) && Catch::Contains("another tokenizer") &&
+                                 Catch::Contains("(tokenizer "));
+        CHECK_THAT(r.output, !Catch::Contains("validation loss"));
     }
     SECTION("--val-data from another tokenizer is refused, not evaluated as nan") {
         write_small_data_dir(dir.path / "other", 280);

@@ -269,6 +269,9 @@ TEST_CASE("a given tokenizer is used as is and copied to the output", "[prepare]
     CHECK(copied.vocab_size() == given.vocab_size());
     CHECK(copied.encode(docs[0], false) == given.encode(docs[0], false));
     CHECK(copied.encode(docs[1], false) == given.encode(docs[1], false));
+    // Every shard records what the tokenizer's ids mean.
+    for (const std::string& shard : r.train_shards) CHECK(pv::read_shard(shard).tokenizer == given.id_fingerprint());
+    CHECK(pv::read_shard(r.val_shard).tokenizer == given.id_fingerprint());
 
     // The output directory's own tokenizer.json as input: loaded before it is rewritten.
     o.tokenizer = r.tokenizer_path;
@@ -491,6 +494,18 @@ TEST_CASE("load_dataset rejects missing paths, empty directories, mixed vocabula
     pv::write_shard(mixed + "/train_000001.pvtokens", pv::TokenShard{400, 399, {1, 2, 3}, {7, 5, 5}});
     expect_error<std::runtime_error>([&] { (void)pv::load_dataset(mixed); },
                                      {mixed + "/train_000001.pvtokens", "vocab_size 400", "300", "different runs"});
+
+    // The same vocabulary size from two tokenizers: the shards' fingerprints tell them apart (and
+    // a shard that records none, written without a tokenizer, is taken as it is).
+    const std::string mixed_tokenizers = dir.file("mixed_tokenizers");
+    fs::create_directories(mixed_tokenizers);
+    pv::write_shard(mixed_tokenizers + "/train_000000.pvtokens", pv::TokenShard{300, 299, {1, 2, 3}, {7, 5, 5}, 0xa1});
+    pv::write_shard(mixed_tokenizers + "/train_000001.pvtokens", pv::TokenShard{300, 299, {1, 2, 3}, {7, 5, 5}, 0});
+    REQUIRE(pv::load_dataset(mixed_tokenizers).train.size() == 2);
+    pv::write_shard(mixed_tokenizers + "/train_000002.pvtokens", pv::TokenShard{300, 299, {1, 2, 3}, {7, 5, 5}, 0xb2});
+    expect_error<std::runtime_error>(
+        [&] { (void)pv::load_dataset(mixed_tokenizers); },
+        {mixed_tokenizers + "/train_000002.pvtokens", "tokenizer 00000000000000b2", "00000000000000a1", "different runs"});
 
     const std::string mixed_val = dir.file("mixed_val");
     fs::create_directories(mixed_val);

@@ -1,6 +1,6 @@
-// Token shards: round trips at both token widths and empty, with every flags value; version-1
-// and version-2 files (written here byte by byte) still read; version 3's checksum (computed here
-// with libxxhash directly) catches any flipped bit; the atomic write; and every rejection path of
+// Token shards: round trips at both token widths and empty, with every flags value and the
+// tokenizer fingerprint; version-1, 2 and 3 files (written here byte by byte) still read; the
+// checksum (computed here with libxxhash directly) catches any flipped bit; the atomic write; and every rejection path of
 // read_shard — the header, the tokens and the flags section — with a message that names the
 // file, the problem and the fix.
 #include "test/temp_dir.h"
@@ -65,18 +65,30 @@ inline void put_u64(std::vector<unsigned char>& b, size_t at, uint64_t v) {
     for (int i = 0; i < 8; ++i) b[at + i] = static_cast<unsigned char>(v >> (8 * i));
 }
 
-// The version-3 header's checksum recomputed after a test edits the bytes (XXH3-64 of bytes 0-31
-// then everything after the 40-byte header), so a structural check is reached rather than the
+// The version-4 header's checksum recomputed after a test edits the bytes (XXH3-64 of bytes 0-39
+// then everything after the 48-byte header), so a structural check is reached rather than the
 // checksum's.
 inline void reseal(std::vector<unsigned char>& b) {
+    std::vector<unsigned char> covered(b.begin(), b.begin() + 40);
+    covered.insert(covered.end(), b.begin() + 48, b.end());
+    put_u64(b, 40, XXH3_64bits(covered.data(), covered.size()));
+}
+
+// The bytes of a version-3 file with the same contents as version-4 bytes `b` (the tokenizer
+// field cut, the checksum recomputed over bytes 0-31 and the body).
+inline std::vector<unsigned char> as_version3(std::vector<unsigned char> b) {
+    b.erase(b.begin() + 32, b.begin() + 40);
+    put_u32(b, 8, 3);
     std::vector<unsigned char> covered(b.begin(), b.begin() + 32);
     covered.insert(covered.end(), b.begin() + 40, b.end());
     put_u64(b, 32, XXH3_64bits(covered.data(), covered.size()));
+    return b;
 }
 
-// The bytes of a version-2 file with the same contents as version-3 bytes `b` (the checksum cut).
+// The bytes of a version-2 file with the same contents as version-4 bytes `b` (the tokenizer
+// field and the checksum cut).
 inline std::vector<unsigned char> as_version2(std::vector<unsigned char> b) {
-    b.erase(b.begin() + 32, b.begin() + 40);
+    b.erase(b.begin() + 32, b.begin() + 48);
     put_u32(b, 8, 2);
     return b;
 }
@@ -112,14 +124,15 @@ TEST_CASE("shards round-trip at 2-byte and 4-byte widths and empty", "[data]") {
     for (const Case c : {Case{50257, 1000, 2}, Case{65536, 333, 2}, Case{65537, 333, 4}, Case{128256, 1001, 4},
                          Case{7, 0, 2}, Case{200000, 0, 4}, Case{1, 5, 2}}) {
         INFO("vocab " << c.vocab << ", " << c.n << " tokens");
-        const auto s = random_shard(c.vocab, c.n, c.vocab + c.n);
+        auto s = random_shard(c.vocab, c.n, c.vocab + c.n);
+        s.tokenizer = 0x8000000000000000ull | (c.vocab * 2654435761ull);  // the top byte is used too
         const auto path = dir.file("rt.bin");
         pv::write_shard(path, s);
         CHECK(!fs::exists(path + ".tmp"));
         const auto bytes = read_bytes(path);
         REQUIRE(bytes.size() == pv::kShardHeaderBytes + c.n * (c.width + 1));
         CHECK(std::memcmp(bytes.data(), "PVTOKENS", 8) == 0);
-        CHECK(bytes[8] == 3);
+        CHECK(bytes[8] == 4);
         CHECK(bytes[16] == c.width);
         std::vector<unsigned char> resealed = bytes;
         reseal(resealed);
@@ -129,31 +142,33 @@ TEST_CASE("shards round-trip at 2-byte and 4-byte widths and empty", "[data]") {
         CHECK(r.eot_token == s.eot_token);
         CHECK(r.tokens == s.tokens);
         CHECK(r.flags == s.flags);
+        CHECK(r.tokenizer == s.tokenizer);
     }
 }
 
 TEST_CASE("shard header is little-endian in the documented layout, the flags after the tokens", "[data]") {
     TempDir dir;
-    pv::TokenShard s{70000, 3, {0x01020304u % 70000, 69999, 3}, {0b011, 0b001, 0b110}};
+    pv::TokenShard s{70000, 3, {0x01020304u % 70000, 69999, 3}, {0b011, 0b001, 0b110}, 0x0807060504030201ull};
     const auto path = dir.file("layout.bin");
     pv::write_shard(path, s);
     const auto b = read_bytes(path);
-    REQUIRE(b.size() == 40 + 3 * 4 + 3);
+    REQUIRE(b.size() == 48 + 3 * 4 + 3);
     const std::vector<unsigned char> header = {'P',  'V',  'T',  'O', 'K', 'E', 'N', 'S',  // magic
-                                               3,    0,    0,    0,                        // version
+                                               4,    0,    0,    0,                        // version
                                                0x70, 0x11, 0x01, 0,                        // vocab 70000
                                                4,    0,    0,    0,                        // width
                                                3,    0,    0,    0,                        // eot
-                                               3,    0,    0,    0,   0,   0,   0,   0};   // count
-    CHECK(std::vector<unsigned char>(b.begin(), b.begin() + 32) == header);
+                                               3,    0,    0,    0,   0,   0,   0,   0,    // count
+                                               1,    2,    3,    4,   5,   6,   7,   8};   // tokenizer
+    CHECK(std::vector<unsigned char>(b.begin(), b.begin() + 40) == header);
     const uint32_t t0 = 0x01020304u % 70000;
-    std::vector<unsigned char> covered(b.begin(), b.begin() + 32);
-    covered.insert(covered.end(), b.begin() + 40, b.end());
+    std::vector<unsigned char> covered(b.begin(), b.begin() + 40);
+    covered.insert(covered.end(), b.begin() + 48, b.end());
     const uint64_t checksum = XXH3_64bits(covered.data(), covered.size());
-    for (int i = 0; i < 8; ++i) CHECK(b[32 + size_t(i)] == ((checksum >> (8 * i)) & 0xFF));
-    CHECK(b[40] == (t0 & 0xFF));
-    CHECK(b[41] == ((t0 >> 8) & 0xFF));
-    CHECK(b[42] == ((t0 >> 16) & 0xFF));
+    for (int i = 0; i < 8; ++i) CHECK(b[40 + size_t(i)] == ((checksum >> (8 * i)) & 0xFF));
+    CHECK(b[48] == (t0 & 0xFF));
+    CHECK(b[49] == ((t0 >> 8) & 0xFF));
+    CHECK(b[50] == ((t0 >> 16) & 0xFF));
     CHECK(std::vector<unsigned char>(b.end() - 3, b.end()) == std::vector<unsigned char>{0b011, 0b001, 0b110});
     // The bits are those the layout table names.
     CHECK(pv::kTokenCounted == 1);
@@ -195,11 +210,29 @@ TEST_CASE("version-1 shards (no flags) still read, at both widths", "[data]") {
     }
 }
 
+TEST_CASE("version-3 shards (a checksum, no tokenizer) still read, and a flipped bit is still caught", "[data]") {
+    TempDir dir;
+    auto s = random_shard(70000, 200, 13);
+    s.tokenizer = 12345;
+    pv::write_shard(dir.file("v4.bin"), s);
+    const auto v3 = as_version3(read_bytes(dir.file("v4.bin")));
+    REQUIRE(v3.size() == 40 + 200 * 5);
+    write_bytes(dir.file("v3.bin"), v3);
+    const auto r = pv::read_shard(dir.file("v3.bin"));
+    CHECK(r.tokens == s.tokens);
+    CHECK(r.flags == s.flags);
+    CHECK(r.tokenizer == 0);  // not recorded
+    auto flipped = v3;
+    flipped[40 + 7] ^= 1;
+    write_bytes(dir.file("v3flip.bin"), flipped);
+    expect_rejected(dir.file("v3flip.bin"), {"checksum mismatch"});
+}
+
 TEST_CASE("version-2 shards (flags, no checksum) still read", "[data]") {
     TempDir dir;
     const auto s = random_shard(70000, 200, 11);
-    pv::write_shard(dir.file("v3.bin"), s);
-    const auto v2 = as_version2(read_bytes(dir.file("v3.bin")));
+    pv::write_shard(dir.file("v4.bin"), s);
+    const auto v2 = as_version2(read_bytes(dir.file("v4.bin")));
     REQUIRE(v2.size() == 32 + 200 * 5);
     write_bytes(dir.file("v2.bin"), v2);
     const auto r = pv::read_shard(dir.file("v2.bin"));
@@ -266,7 +299,7 @@ TEST_CASE("read_shard rejects broken files, naming the file, the problem and the
     const auto good_path = dir.file("good.bin");
     pv::write_shard(good_path, random_shard(1000, 64, 3));  // 2-byte tokens
     const auto good = read_bytes(good_path);
-    REQUIRE(good.size() == 40 + 128 + 64);
+    REQUIRE(good.size() == 48 + 128 + 64);
     // Writes a variant of the good file, its checksum recomputed (reseal), so the check under
     // test is reached.
     const auto write_resealed = [&](const std::string& path, std::vector<unsigned char> b) {
@@ -290,14 +323,18 @@ TEST_CASE("read_shard rejects broken files, naming the file, the problem and the
     SECTION("header cut short") {
         write_bytes(dir.file("short.bin"), std::vector<unsigned char>(good.begin(), good.begin() + 20));
         expect_rejected(dir.file("short.bin"), {"truncated", "20 bytes", "32-byte header", "re-create"});
-        write_bytes(dir.file("short3.bin"), std::vector<unsigned char>(good.begin(), good.begin() + 36));
+        write_bytes(dir.file("short4.bin"), std::vector<unsigned char>(good.begin(), good.begin() + 44));
+        expect_rejected(dir.file("short4.bin"), {"truncated", "44 bytes", "48-byte header of version 4"});
+        auto v3 = std::vector<unsigned char>(good.begin(), good.begin() + 36);
+        put_u32(v3, 8, 3);
+        write_bytes(dir.file("short3.bin"), v3);
         expect_rejected(dir.file("short3.bin"), {"truncated", "36 bytes", "40-byte header of version 3"});
     }
     SECTION("unsupported version") {
         auto b = good;
-        put_u32(b, 8, 4);
+        put_u32(b, 8, 5);
         write_bytes(dir.file("version.bin"), b);
-        expect_rejected(dir.file("version.bin"), {"unsupported shard version 4", "versions 1 to 3", "re-create"});
+        expect_rejected(dir.file("version.bin"), {"unsupported shard version 5", "versions 1 to 4", "re-create"});
     }
     SECTION("bad token width") {
         auto b = good;
@@ -328,7 +365,7 @@ TEST_CASE("read_shard rejects broken files, naming the file, the problem and the
         for (int bit = 3; bit < 8; ++bit) {
             INFO("bit " << bit);
             auto b = good;
-            b[40 + 128 + 17] |= static_cast<unsigned char>(1u << bit);
+            b[48 + 128 + 17] |= static_cast<unsigned char>(1u << bit);
             write_resealed(dir.file("bit.bin"), b);
             expect_rejected(dir.file("bit.bin"), {"corrupt flags", "index 17", "bits other than 0-2", "re-create"});
         }
@@ -336,8 +373,8 @@ TEST_CASE("read_shard rejects broken files, naming the file, the problem and the
     SECTION("a document whose splittable bit changes inside it") {
         auto b = good;
         size_t i = 1;  // a token that does not start a document
-        while (b[40 + 128 + i] & pv::kTokenStartsDocument) ++i;
-        b[40 + 128 + i] ^= pv::kTokenSplittable;
+        while (b[48 + 128 + i] & pv::kTokenStartsDocument) ++i;
+        b[48 + 128 + i] ^= pv::kTokenSplittable;
         write_resealed(dir.file("split.bin"), b);
         expect_rejected(dir.file("split.bin"), {"corrupt flags", "index " + std::to_string(i), "splittable"});
     }
@@ -356,8 +393,8 @@ TEST_CASE("read_shard rejects broken files, naming the file, the problem and the
     }
     SECTION("token not below the vocabulary size") {
         auto b = good;
-        b[40 + 2 * 37] = 0xE8;  // token 37 = 1000 = 0x03E8
-        b[40 + 2 * 37 + 1] = 0x03;
+        b[48 + 2 * 37] = 0xE8;  // token 37 = 1000 = 0x03E8
+        b[48 + 2 * 37 + 1] = 0x03;
         write_resealed(dir.file("token.bin"), b);
         expect_rejected(dir.file("token.bin"), {"index 37", "is 1000", "vocab_size 1000", "tokenizer"});
     }
@@ -383,7 +420,9 @@ TEST_CASE("read_shard rejects broken files, naming the file, the problem and the
     SECTION("a flipped bit anywhere (tokens, flags, header fields) fails the checksum") {
         // A flag bit 0 or 1 flipped, or a token changed within the vocabulary, is a valid shard with
         // another meaning: only the checksum tells.
-        for (const size_t at : {size_t(12), size_t(20), size_t(33), size_t(40 + 2 * 5), size_t(40 + 128 + 9)}) {
+        // Byte 33 is the tokenizer field, 41 the checksum itself.
+        for (const size_t at :
+             {size_t(12), size_t(20), size_t(33), size_t(41), size_t(48 + 2 * 5), size_t(48 + 128 + 9)}) {
             for (const int bit : {0, 1}) {
                 INFO("byte " << at << " bit " << bit);
                 auto b = good;
@@ -396,9 +435,9 @@ TEST_CASE("read_shard rejects broken files, naming the file, the problem and the
     SECTION("two tokens swapped fails the checksum") {
         auto b = good;
         size_t j = 1;
-        while (b[40 + 2 * j] == b[40] && b[41 + 2 * j] == b[41]) ++j;
-        std::swap(b[40], b[40 + 2 * j]);
-        std::swap(b[41], b[41 + 2 * j]);
+        while (b[48 + 2 * j] == b[48] && b[49 + 2 * j] == b[49]) ++j;
+        std::swap(b[48], b[48 + 2 * j]);
+        std::swap(b[49], b[49 + 2 * j]);
         write_bytes(dir.file("swap.bin"), b);
         expect_rejected(dir.file("swap.bin"), {"checksum mismatch"});
     }

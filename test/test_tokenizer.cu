@@ -531,6 +531,46 @@ TEST_CASE("components polevault does not run are refused by name, with what is s
     CHECK_THROWS_WITH(pv::Tokenizer::load(file), Contains("tokenizer_config.json") && Contains("not JSON"));
 }
 
+TEST_CASE("id_fingerprint says what ids mean, not how the file is laid out or a text is cut", "[tokenizer]") {
+    TempDir dir;
+    const pv::Tokenizer& base = trained512();
+    const uint64_t f = base.id_fingerprint();
+    CHECK(f != 0);
+    CHECK(f != llama3().id_fingerprint());
+    // Saved and loaded back; the same file rewritten with other indentation and key order.
+    const std::string saved = dir.file("saved.json");
+    base.save(saved);
+    CHECK(pv::Tokenizer::load(saved).id_fingerprint() == f);
+    const json j = json::parse(read_file(saved));
+    const std::string relaid = dir.file("relaid.json");
+    write_file(relaid, j.dump(4));  // nlohmann's json sorts the keys: another order than HF's
+    CHECK(pv::Tokenizer::load(relaid).id_fingerprint() == f);
+    // Another way of cutting text gives other ids for a text, but every id means the same token.
+    const pv::Tokenizer prepended =
+        pv::Tokenizer::load(patched(dir, "prepend.json", {{"normalizer", {{"type", "Prepend"}, {"prepend", "x"}}}}));
+    CHECK(prepended.encode("ab") != base.encode("ab"));
+    CHECK(prepended.id_fingerprint() == f);
+    // Two vocabulary entries' ids swapped; an added token's text changed; a trained tokenizer of
+    // the same size from another text: each means other tokens.
+    json vocab = j["model"]["vocab"];
+    std::string first, second;
+    for (const auto& [token, id] : vocab.items()) {
+        if (id == 300) first = token;
+        if (id == 301) second = token;
+    }
+    REQUIRE((!first.empty() && !second.empty()));
+    vocab[first] = 301;
+    vocab[second] = 300;
+    CHECK(pv::Tokenizer::load(patched(dir, "swapped.json", {{"model", {{"vocab", vocab}}}})).id_fingerprint() != f);
+    json added = j["added_tokens"];
+    REQUIRE(added.size() == 1);
+    added[0]["content"] = "<|eot|>";
+    CHECK(pv::Tokenizer::load(patched(dir, "renamed.json", {{"added_tokens", added}})).id_fingerprint() != f);
+    const pv::Tokenizer other = pv::Tokenizer::train(corpus().substr(corpus().size() / 2), 512);
+    REQUIRE(other.vocab_size() == base.vocab_size());
+    CHECK(other.id_fingerprint() != f);
+}
+
 TEST_CASE("BOS and EOS come from tokenizer_config.json, the post-processor, or the usual names", "[tokenizer]") {
     // The SentencePiece-style file: TemplateProcessing "<s> $A" adds BOS; its EOS is "</s>".
     const pv::Tokenizer sp = pv::Tokenizer::load(shared_tokenizer("spbpe32k-tokenizer.json").string());

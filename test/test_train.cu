@@ -1075,6 +1075,10 @@ TEST_CASE("train --init-from: what cannot work is refused, naming the problem an
     REQUIRE(run_train("prepare " + dir.file("a.txt") + " --out " + dir.file("data") + " --vocab 280").status == 0);
     refused(init + " --data " + dir.file("data"),
             {dir.file("data") + "/tokenizer.json", (e.hf / "tokenizer.json").string(), "train prepare --tokenizer"});
+    // The same data without its tokenizer.json: the shards still say which tokenizer made them.
+    fs::remove(fs::path(dir.file("data")) / "tokenizer.json");
+    refused(init + " --data " + dir.file("data"), {dir.file("data") + "/train_000000.pvtokens was made with tokenizer",
+                                                   (e.hf / "tokenizer.json").string(), "train prepare --tokenizer"});
     // No tokenizer in the model directory and no data to train on.
     fs::copy(e.hf, dir.path / "untokenized", fs::copy_options::recursive);
     fs::remove(dir.path / "untokenized" / "tokenizer.json");

@@ -2,12 +2,10 @@
 #include "trainer/run_data.h"
 
 #include "data/prepare.h"
-#include "io/input_file.h"
+#include "io/checksum.h"
 #include "model/config_json.h"
 #include "model/checkpoint_files.h"
 #include "trainer/state.h"
-
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -52,7 +50,8 @@ RunData builtin_data(const TrainOptions& o, const std::string& resume_dir, const
         if (f > 0) entropy -= f / double(ids.size()) * std::log(f / double(ids.size()));
     std::printf("unigram entropy of the corpus: %.4f nats/token\n", entropy);
     const size_t split = ids.size() - ids.size() / 10;
-    TokenShard t{uint32_t(d.tokenizer->vocab_size()), uint32_t(std::max(0, d.tokenizer->eos_id())), {}, {}};
+    TokenShard t{uint32_t(d.tokenizer->vocab_size()), uint32_t(std::max(0, d.tokenizer->eos_id())), {}, {},
+                 d.tokenizer->id_fingerprint()};
     TokenShard v = t;
     t.tokens.assign(ids.begin(), ids.begin() + long(split));
     v.tokens.assign(ids.begin() + long(split), ids.end());
@@ -61,68 +60,63 @@ RunData builtin_data(const TrainOptions& o, const std::string& resume_dir, const
     return d;
 }
 
-// The id -> token mapping of a tokenizer.json: the model's vocabulary and the added tokens' ids
-// and texts. Two files with the same mapping give the same ids the same meaning, however they
-// are laid out (a rewritten file, a different pre-tokenizer or merge list).
-nlohmann::json token_meaning(const std::string& path) {
-    const std::string text = read_input_file(path, "tokenizer", kMaxJsonFileBytes);
-    nlohmann::json j;
-    try {
-        j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-        throw std::runtime_error(path + " is not valid JSON (" + e.what() + ")");
-    }
-    nlohmann::json meaning = nlohmann::json::object();
-    if (j.is_object() && j.contains("model") && j["model"].is_object() && j["model"].contains("vocab"))
-        meaning["vocab"] = j["model"]["vocab"];
-    nlohmann::json added = nlohmann::json::array();
-    if (j.is_object() && j.contains("added_tokens") && j["added_tokens"].is_array())
-        for (const auto& t : j["added_tokens"])
-            if (t.is_object()) added.push_back({t.value("id", -1), t.value("content", std::string())});
-    std::sort(added.begin(), added.end());
-    meaning["added"] = added;
-    return meaning;
+// --data prepared with another tokenizer than the model's is an error naming both files.
+void check_same_tokenizer(const Tokenizer& data, const std::string& data_path, const Tokenizer& model,
+                          const std::string& model_path) {
+    if (data.id_fingerprint() == model.id_fingerprint()) return;
+    throw std::runtime_error("--data was prepared with " + data_path + ", whose token ids differ from " + model_path +
+                             "'s (the model's): the model would read other tokens than the data holds; prepare "
+                             "the data with `train prepare --tokenizer " +
+                             model_path + " ...`");
 }
 
-// --data prepared with another tokenizer than the model's is an error naming both files.
-void check_same_tokenizer(const std::string& data_tokenizer, const std::string& model_dir) {
-    const std::string model_tokenizer = model_dir + "/tokenizer.json";
-    if (!std::filesystem::exists(model_tokenizer)) {
-        std::printf("note: %s has no tokenizer.json; the data's token ids (tokenizer %s) are taken as the model's\n",
-                    model_dir.c_str(), data_tokenizer.c_str());
-        return;
-    }
-    if (token_meaning(data_tokenizer) != token_meaning(model_tokenizer))
-        throw std::runtime_error("--data was prepared with " + data_tokenizer + ", whose token ids differ from " +
-                                 model_tokenizer +
-                                 "'s (the model's): the model would read other tokens than the data holds; prepare "
-                                 "the data with `train prepare --tokenizer " +
-                                 model_tokenizer + " ...`");
+// Shards that record their tokenizer (version 4) without a tokenizer.json beside them must still
+// be the model's.
+void check_shards_for_model(const TokenShard& shard, const std::string& shard_name, const Tokenizer& model,
+                            const std::string& model_path) {
+    if (shard.tokenizer == 0 || shard.tokenizer == model.id_fingerprint()) return;
+    throw std::runtime_error(shard_name + " was made with tokenizer " + checksum_hex(shard.tokenizer) +
+                             ", whose token ids differ from " + model_path + "'s (the model's, " +
+                             checksum_hex(model.id_fingerprint()) +
+                             "): the model would read other tokens than the data holds; prepare the data with "
+                             "`train prepare --tokenizer " +
+                             model_path + " ...`");
 }
 
 // A --val-data shard must come from the training data's tokenizer: the same vocabulary size and
-// end-of-sequence id (ids of another tokenizer mean other tokens, or none: a loss of nan).
+// end-of-sequence id, and the same fingerprint where both record one (ids of another tokenizer
+// mean other tokens, or none: a loss of nan).
 void check_val_matches(const TokenShard& val, const std::string& val_name, const TokenShard& train,
                        const std::string& train_name) {
-    if (val.vocab_size == train.vocab_size && val.eot_token == train.eot_token) return;
-    throw std::runtime_error("--val-data " + val_name + " has vocab_size " + std::to_string(val.vocab_size) +
-                             " and eot_token " + std::to_string(val.eot_token) + ", but the training data (" +
-                             train_name + ") has vocab_size " + std::to_string(train.vocab_size) + " and eot_token " +
-                             std::to_string(train.eot_token) +
+    const auto describe = [](const TokenShard& s) {
+        return "vocab_size " + std::to_string(s.vocab_size) + " and eot_token " + std::to_string(s.eot_token) +
+               (s.tokenizer != 0 ? " (tokenizer " + checksum_hex(s.tokenizer) + ")" : "");
+    };
+    const bool fingerprints_differ = val.tokenizer != 0 && train.tokenizer != 0 && val.tokenizer != train.tokenizer;
+    if (val.vocab_size == train.vocab_size && val.eot_token == train.eot_token && !fingerprints_differ) return;
+    throw std::runtime_error("--val-data " + val_name + " has " + describe(val) + ", but the training data (" +
+                             train_name + ") has " + describe(train) +
                              ": it was tokenized with another tokenizer; prepare the validation text with the "
                              "training data's tokenizer (`train prepare --tokenizer DATA/tokenizer.json`)");
 }
 
 // The data directory's tokenizer.json must be the one its shards were written with (`train
-// prepare` writes the tokenizer's vocabulary size and EOS id into every shard header).
+// prepare` writes the tokenizer's vocabulary size, EOS id and, from version 4, its id fingerprint
+// into every shard header).
 void check_tokenizer_matches(const Tokenizer& tokenizer, const std::string& tokenizer_path, const TokenShard& shard,
                              const std::string& shard_name) {
     const uint32_t eos = uint32_t(std::max(0, tokenizer.eos_id()));
-    if (uint32_t(tokenizer.vocab_size()) == shard.vocab_size && eos == shard.eot_token) return;
-    throw std::runtime_error(tokenizer_path + " has " + std::to_string(tokenizer.vocab_size()) +
-                             " tokens and end-of-sequence id " + std::to_string(eos) + ", but " + shard_name +
-                             " was written with vocab_size " + std::to_string(shard.vocab_size) + " and eot_token " +
-                             std::to_string(shard.eot_token) +
+    std::string mismatch;
+    if (uint32_t(tokenizer.vocab_size()) != shard.vocab_size || eos != shard.eot_token)
+        mismatch = tokenizer_path + " has " + std::to_string(tokenizer.vocab_size()) + " tokens and end-of-sequence id " +
+                   std::to_string(eos) + ", but " + shard_name + " was written with vocab_size " +
+                   std::to_string(shard.vocab_size) + " and eot_token " + std::to_string(shard.eot_token);
+    else if (shard.tokenizer != 0 && shard.tokenizer != tokenizer.id_fingerprint())
+        mismatch = tokenizer_path + " has the shards' vocabulary size and end-of-sequence id, but its ids mean other " +
+                   "tokens: its fingerprint is " + checksum_hex(tokenizer.id_fingerprint()) + ", and " + shard_name +
+                   " was written with tokenizer " + checksum_hex(shard.tokenizer);
+    if (mismatch.empty()) return;
+    throw std::runtime_error(mismatch +
                              ": the tokenizer is not the one the shards were prepared with (its ids would decode to "
                              "other text); put the matching tokenizer.json back, or re-run `train prepare` into an "
                              "empty directory");
@@ -160,19 +154,26 @@ RunData load_run_data(const TrainOptions& o, const std::string& resume_dir, cons
         check_val_matches(*d.val, o.val_data, d.train.front(), set.train_paths.front());
     }
     if (!set.tokenizer_path.empty()) {
-        const Tokenizer data_tokenizer = Tokenizer::load(set.tokenizer_path);
-        check_tokenizer_matches(data_tokenizer, set.tokenizer_path, d.train.front(), set.train_paths.front());
+        d.tokenizer = std::make_unique<Tokenizer>(Tokenizer::load(set.tokenizer_path));
+        check_tokenizer_matches(*d.tokenizer, set.tokenizer_path, d.train.front(), set.train_paths.front());
+        d.tokenizer_dir = std::filesystem::path(set.tokenizer_path).parent_path().string();
     }
-    if (!init_dir.empty() && !set.tokenizer_path.empty()) check_same_tokenizer(set.tokenizer_path, init_dir);
-    // The model's own tokenizer files when the data's mean the same, so its tokenizer_config.json
-    // travels with the checkpoints too.
-    const std::string tokenizer_path = !init_dir.empty() && std::filesystem::exists(init_dir + "/tokenizer.json")
-                                           ? init_dir + "/tokenizer.json"
-                                           : set.tokenizer_path;
-    if (!tokenizer_path.empty()) {
-        d.tokenizer = std::make_unique<Tokenizer>(Tokenizer::load(tokenizer_path));
-        d.tokenizer_dir = std::filesystem::path(tokenizer_path).parent_path().string();
-    } else {
+    const std::string model_tokenizer_path = init_dir + "/tokenizer.json";
+    if (!init_dir.empty() && std::filesystem::exists(model_tokenizer_path)) {
+        // The model's own tokenizer files when the data's mean the same, so its
+        // tokenizer_config.json travels with the checkpoints too.
+        auto model_tokenizer = std::make_unique<Tokenizer>(Tokenizer::load(model_tokenizer_path));
+        if (d.tokenizer)
+            check_same_tokenizer(*d.tokenizer, set.tokenizer_path, *model_tokenizer, model_tokenizer_path);
+        else
+            check_shards_for_model(d.train.front(), set.train_paths.front(), *model_tokenizer, model_tokenizer_path);
+        d.tokenizer = std::move(model_tokenizer);
+        d.tokenizer_dir = init_dir;
+    } else if (!init_dir.empty() && d.tokenizer) {
+        std::printf("note: %s has no tokenizer.json; the data's token ids (tokenizer %s) are taken as the model's\n",
+                    init_dir.c_str(), set.tokenizer_path.c_str());
+    }
+    if (!d.tokenizer) {
         std::printf(
             "note: --data %s has no tokenizer.json, so this run knows token ids but no text: it prints no sample at "
             "the end, and its checkpoints sample with `train sample CKPT --prompt-ids ... --print-ids` only (put "

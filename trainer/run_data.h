@@ -4,16 +4,19 @@
 //
 // --init-from DIR: the model is DIR's (config.json) and so is the tokenizer (DIR/tokenizer.json):
 // the built-in corpus is tokenized with it, and a --data directory must have been prepared with a
-// tokenizer whose ids mean the same tokens (its tokenizer.json and DIR's are compared: the same
-// vocabulary and added tokens; merges and pre-tokenizer settings do not change what an id means),
+// tokenizer whose ids mean the same tokens (its tokenizer.json and DIR's are compared by
+// Tokenizer::id_fingerprint: the same vocabulary and added tokens; merges and pre-tokenizer
+// settings do not change what an id means),
 // else the error names both files. A DIR without tokenizer.json (a converted llama2.c model) takes
 // the data's ids as they are.
 //
 // Data and model are checked against each other before the model is built: the data directory's
-// tokenizer.json against its shards (vocabulary size and end-of-sequence id: a tokenizer swapped in
-// from another preparation is refused, not found out at the final sample), --val-data against the
-// training shards (the same vocabulary size and end-of-sequence id: data from another tokenizer is
-// refused, not evaluated as "validation loss nan"), and the shards' vocabulary against the model's
+// tokenizer.json against its shards (vocabulary size, end-of-sequence id and, for version-4 shards,
+// the tokenizer's id fingerprint: a tokenizer swapped in from another preparation is refused, not
+// found out at the final sample), --val-data against the training shards (the same vocabulary
+// size, end-of-sequence id and recorded fingerprint: data from another tokenizer is refused, not
+// evaluated as "validation loss nan"), --init-from's tokenizer against the shards' recorded
+// fingerprint when the data directory has no tokenizer.json, and the shards' vocabulary against the model's
 // (with read_shard's check of every id against its header, every id has an embedding row). A data directory without tokenizer.json is said up front: the run trains on ids,
 // prints no sample, and its checkpoints sample with --prompt-ids/--print-ids only. On resume the
 // checkpoint's config.json is compared with the model the saved run built (an edited rope_theta
