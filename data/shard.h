@@ -43,9 +43,9 @@
 // Older versions are still read. Version 3 is version 4 without the tokenizer field: a 40-byte
 // header whose bytes 32-39 are the checksum (of bytes 0-31 and everything after the header).
 // Version 2 is version 3 without the checksum: a 32-byte header (bytes 0-31 above), then the
-// tokens and flags; nothing to verify beyond the structure. Version 1
-// (still read) is version 2 without the flags: the file is 32 + count × token_bytes bytes, every token counts, documents end at each eot_token (the next
-// document starts after it) and every document is splittable. read_shard returns it with empty
+// tokens and flags; nothing to verify beyond the structure. Version 1 is version 2 without the
+// flags: the file is 32 + count × token_bytes bytes, every token counts, documents end at each
+// eot_token (the next document starts after it) and every document is splittable. read_shard returns it with empty
 // `flags`; the loader derives those meanings (data/loader.h).
 //
 // write_shard picks the narrowest width (2 bytes when every id fits, i.e. vocab_size ≤ 65536),
@@ -56,8 +56,9 @@
 // every flags byte: no unknown bit, bit 2 constant within a document) and throws
 // std::runtime_error naming the file, the problem and the fix: a shard is user input, and a bad
 // token id would otherwise surface much later as an out-of-bounds embedding read. (A flipped
-// bit 0 or 1 is a valid shard with another meaning, which only the checksum of versions 3 and 4 catches: it is
-// verified while the tokens are read, so any flipped bit or overwritten byte is refused.) The file
+// bit 0 or 1 is a valid shard with another meaning, which only the checksum of versions 3 and 4
+// catches: it is verified while the tokens are read, so any flipped bit or overwritten byte is
+// refused.) The file
 // is opened as user input (io/input_file.h: a FIFO or directory named like a shard is refused, not
 // waited on), and the count is checked against the file's size before anything is allocated.
 // Host code only.
