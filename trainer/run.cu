@@ -219,6 +219,7 @@ class TrainingRun {
     }
 
     int run() {
+        test_signal_hook(0);  // the loading phase's answer to a stop signal (trainer/signals.h)
         resume();
         open_metrics();
         print_header();

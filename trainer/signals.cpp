@@ -7,7 +7,6 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
-#include <cstring>
 
 namespace pv {
 namespace {
@@ -19,10 +18,15 @@ std::atomic<int> g_stop{0};  // the first stop signal while training
 
 constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1};
 
-// write(2) of a NUL-terminated string to stderr; nothing else is safe here. A failed write has
-// nowhere to be reported.
-void say(const char* s) {
-    size_t n = std::strlen(s);
+// "train: " + name + rest, written to stderr with one write(2) (nothing else is safe here), so
+// that the line is not interleaved with another rank's output under mpirun, which forwards each
+// write as it comes. A failed write has nowhere to be reported.
+void say(const char* name, const char* rest) {
+    char line[512];
+    size_t n = 0;
+    for (const char* part : {"train: ", name, rest})
+        for (const char* c = part; *c && n < sizeof line; ++c) line[n++] = *c;
+    const char* s = line;
     while (n > 0) {
         const ssize_t w = ::write(STDERR_FILENO, s, n);
         if (w <= 0) return;
@@ -35,7 +39,7 @@ void on_stop_signal(int signo) {
     const char* name = signal_name(signo);
     switch (SignalPhase(g_phase.load())) {
         case SignalPhase::loading:
-            say("train: "), say(name), say(" before training started: exiting (nothing to save yet)\n");
+            say(name, " before training started: exiting (nothing to save yet)\n");
             // Die by the signal, as without a handler: it is blocked while this handler runs and is
             // delivered, with the default action, when the handler returns.
             std::signal(signo, SIG_DFL);
@@ -44,18 +48,18 @@ void on_stop_signal(int signo) {
         case SignalPhase::training: {
             int none = 0;
             if (g_stop.compare_exchange_strong(none, signo)) {
-                say("train: "), say(name),
-                    say(" received: finishing this step, then writing its checkpoint and exiting (a second signal "
-                        "exits at once, without that checkpoint)\n");
+                say(name,
+                    " received: finishing this step, then writing its checkpoint and exiting (a second signal "
+                    "exits at once, without that checkpoint)\n");
                 break;
             }
-            say("train: "), say(name),
-                say(" again: exiting at once; no checkpoint was written for the step in flight (the checkpoints "
-                    "written before it are intact)\n");
+            say(name,
+                " again: exiting at once; no checkpoint was written for the step in flight (the checkpoints "
+                "written before it are intact)\n");
             ::_exit(128 + signo);
         }
         case SignalPhase::finished:
-            say("train: "), say(name), say(" after the last step: its checkpoint is written; exiting\n");
+            say(name, " after the last step: its checkpoint is written; exiting\n");
             ::_exit(128 + signo);
     }
     errno = saved_errno;

@@ -27,7 +27,8 @@
 //
 // Test hook: POLEVAULT_TEST_SIGNAL_AT_STEP=K makes the process raise SIGTERM at the run loop's
 // read point of step K (1-based), a deterministic stand-in for `kill` (under mpirun, set it on one
-// rank to signal that rank alone).
+// rank to signal that rank alone); K = 0 raises it at the end of loading, once the model is built
+// and before a resumed run reads its checkpoint's state.
 // Host code only.
 #pragma once
 
@@ -50,7 +51,8 @@ int stop_signal();
 // "SIGTERM", "SIGINT", ... for a stop signal's number; "signal N" for another.
 const char* signal_name(int signo);
 
-// The test hook: raises SIGTERM as POLEVAULT_TEST_SIGNAL_AT_STEP asks when `step` (1-based) is its K.
+// The test hook: raises SIGTERM as POLEVAULT_TEST_SIGNAL_AT_STEP asks when `step` (1-based; 0:
+// loading) is its K.
 void test_signal_hook(long long step);
 
 }  // namespace pv
