@@ -75,53 +75,43 @@ TEST_CASE("train: data checked against itself and the model before the model is 
     TempDir dir("train_data_checks");
     const fs::path data = dir.path / "data";
     const uint32_t vocab = write_small_data_dir(data);
-    SECTION("a data directory whose tokenizer.json is not its shards' is refused up front") {
-        write_small_data_dir(dir.path / "other", 280);  // another preparation's tokenizer swapped in
-        fs::copy_file(dir.path / "other" / "tokenizer.json", data / "tokenizer.json",
-                      fs::copy_options::overwrite_existing);
-        const Run r = run_train("--data " + data.string() + " " + kSmallRun +
-                                " --steps 1 --sample-tokens 0 --eval-interval 0 --out-dir " + dir.file("a"));
+    const fs::path other = dir.path / "other";
+    // A run on `data` with `more` arguments, which must be refused before its first step, saying
+    // each of `says`.
+    const auto refused = [&](const std::string& more, const std::string& out, const std::vector<std::string>& says) {
+        const Run r = run_train("--data " + data.string() + " " + more + " " + kSmallRun +
+                                " --steps 1 --sample-tokens 0 --out-dir " + dir.file(out));
         INFO(r.output);
         CHECK(r.status != 0);
-        CHECK_THAT(r.output, Catch::Contains((data / "tokenizer.json").string()) &&
-                                 Catch::Contains("was written with vocab_size " + std::to_string(vocab)) &&
-                                 Catch::Contains("not the one the shards were prepared with"));
-        CHECK_THAT(r.output, !Catch::Contains("step     1/1"));
+        for (const std::string& say : says) CHECK_THAT(r.output, Catch::Contains(say));
+        CHECK_THAT(r.output, !Catch::Contains("step     1/1") && !Catch::Contains("validation loss"));
+    };
+    const auto swap_in_other_tokenizer = [&] {
+        fs::copy_file(other / "tokenizer.json", data / "tokenizer.json", fs::copy_options::overwrite_existing);
+    };
+    const std::string tokenizer = (data / "tokenizer.json").string(), other_val = (other / "val.pvtokens").string();
+    SECTION("a data directory whose tokenizer.json is not its shards' is refused up front") {
+        write_small_data_dir(other, 280);  // another preparation's tokenizer swapped in
+        swap_in_other_tokenizer();
+        refused("--eval-interval 0", "a",
+                {tokenizer, "was written with vocab_size " + std::to_string(vocab),
+                 "not the one the shards were prepared with"});
     }
     SECTION("a tokenizer.json with the shards' vocabulary size and EOS but other tokens is refused too") {
-        REQUIRE(write_small_data_dir(dir.path / "other", int(vocab), "compiler") == vocab);
-        fs::copy_file(dir.path / "other" / "tokenizer.json", data / "tokenizer.json",
-                      fs::copy_options::overwrite_existing);
-        const Run r = run_train("--data " + data.string() + " " + kSmallRun +
-                                " --steps 1 --sample-tokens 0 --eval-interval 0 --out-dir " + dir.file("a2"));
-        INFO(r.output);
-        CHECK(r.status != 0);
-        CHECK_THAT(r.output, Catch::Contains((data / "tokenizer.json").string()) &&
-                                 Catch::Contains("its ids mean other tokens") &&
-                                 Catch::Contains("not the one the shards were prepared with"));
-        CHECK_THAT(r.output, !Catch::Contains("step     1/1"));
+        REQUIRE(write_small_data_dir(other, int(vocab), "compiler") == vocab);
+        swap_in_other_tokenizer();
+        refused("--eval-interval 0", "a2",
+                {tokenizer, "its ids mean other tokens", "not the one the shards were prepared with"});
     }
     SECTION("--val-data from a tokenizer of the same size is refused by its fingerprint") {
-        REQUIRE(write_small_data_dir(dir.path / "other", int(vocab), "compiler") == vocab);
-        const std::string other = (dir.path / "other" / "val.pvtokens").string();
-        const Run r = run_train("--data " + data.string() + " --val-data " + other + " " + kSmallRun +
-                                " --steps 1 --sample-tokens 0 --eval-interval 1 --out-dir " + dir.file("b2"));
-        INFO(r.output);
-        CHECK(r.status != 0);
-        CHECK_THAT(r.output, Catch::Contains("--val-data " + other) && Catch::Contains("another tokenizer") &&
-                                 Catch::Contains("(tokenizer "));
-        CHECK_THAT(r.output, !Catch::Contains("validation loss"));
+        REQUIRE(write_small_data_dir(other, int(vocab), "compiler") == vocab);
+        refused("--eval-interval 1 --val-data " + other_val, "b2",
+                {"--val-data " + other_val, "another tokenizer", "(tokenizer "});
     }
     SECTION("--val-data from another tokenizer is refused, not evaluated as nan") {
-        write_small_data_dir(dir.path / "other", 280);
-        const std::string other = (dir.path / "other" / "val.pvtokens").string();
-        const Run r = run_train("--data " + data.string() + " --val-data " + other + " " + kSmallRun +
-                                " --steps 1 --sample-tokens 0 --eval-interval 1 --out-dir " + dir.file("b"));
-        INFO(r.output);
-        CHECK(r.status != 0);
-        CHECK_THAT(r.output, Catch::Contains("--val-data " + other) && Catch::Contains("another tokenizer") &&
-                                 Catch::Contains("vocab_size " + std::to_string(vocab)));
-        CHECK_THAT(r.output, !Catch::Contains("validation loss"));
+        write_small_data_dir(other, 280);
+        refused("--eval-interval 1 --val-data " + other_val, "b",
+                {"--val-data " + other_val, "another tokenizer", "vocab_size " + std::to_string(vocab)});
     }
     SECTION("data without tokenizer.json: said up front, and the end says how to sample by ids") {
         const Run r = run_train("--data " + (data / "train_000000.pvtokens").string() + " " + kSmallRun +
