@@ -12,6 +12,7 @@
 #   libxxhash-dev      XXH3 checksums of checkpoint files and token shards
 #   python3, python3-venv   make test-interop's virtual environment (test only; PyPI packages go there)
 #   make, g++          the build
+#   ccache             the compiler cache every compile goes through (Makefile, "Compiler cache")
 #   clang, libclang-rt-14-dev   make fuzz: libFuzzer and the sanitizers' runtimes for clang
 set -euo pipefail
 SUDO=""
@@ -20,7 +21,7 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update
 $SUDO apt-get install -y --no-install-recommends \
   make g++ catch2 libopenblas-dev libopenmpi-dev openmpi-bin nlohmann-json3-dev libcli11-dev libpcre2-dev \
-  libxxhash-dev gnuplot-nox python3 python3-venv clang libclang-rt-14-dev
+  libxxhash-dev gnuplot-nox python3 python3-venv clang libclang-rt-14-dev ccache
 if ! command -v nvcc >/dev/null && [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
   echo "note: nvcc not found; BACKEND=cuda builds need the CUDA toolkit (the host backend does not)" >&2
 fi

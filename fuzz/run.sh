@@ -6,7 +6,7 @@
 # is only read); a failing input to build/fuzz/artifacts/<reader>/, named in the log
 # build/fuzz/logs/<reader>.log.
 #
-#   FUZZ_SECONDS   seconds per target (default 30)
+#   FUZZ_SECONDS   seconds per target (default 10)
 #   FUZZ_RUNS      stop a target after this many executions (or FUZZ_SECONDS, whichever comes first)
 #   FUZZ_FLAGS     more libFuzzer flags (e.g. -jobs=2, -seed=1)
 #
@@ -20,7 +20,7 @@ declare -A max_len=(
   [safetensors]=16384 [config_json]=4096 [tokenizer_json]=65536 [trainer_state]=4096 [shard]=8192
   [examples]=4096 [llama2c]=16384 [peft_config]=4096 [bnb_checkpoint]=8192
 )
-seconds=${FUZZ_SECONDS:-30}
+seconds=${FUZZ_SECONDS:-10}
 passed=0 failed=0
 for bin in "$@"; do
   reader=$(basename "$bin"); reader=${reader#fuzz_}

@@ -9,7 +9,8 @@
 # orders, seed; host/stream.h: deferred streams); without --schedule each binary runs once in the
 # current environment. A binary that crashes, hangs past the timeout or prints no Catch2 summary
 # counts as one failed test case, and its whole output is shown, with the variables to reproduce
-# it. Passing runs print one line each.
+# it. Passing runs print one line each. Before the closing line it lists the ten slowest runs
+# (binary, ranks and schedule, seconds), so a suite that grows is seen the day it does.
 #
 # A binary written `LABEL@PATH` runs only under the schedule labelled LABEL (a suite whose cost
 # is whole programs, where one schedule is what a budget affords).
@@ -35,6 +36,7 @@ done
 
 total_passed=0
 total_failed=0
+timings=()  # "SECONDS<TAB>NAME" of every run, for the slowest-ten list
 for spec in "$@"; do
 ranks=0
 only=""
@@ -71,6 +73,7 @@ for schedule in "${schedules[@]}"; do
   output=$(env "${env_args[@]}" timeout --kill-after=10 "$limit" "${launcher[@]}" "$bin" "${args[@]}" 2>&1)
   rc=$?
   seconds=$(( $(date +%s) - start ))
+  timings+=("$seconds"$'\t'"$name")
   passed=""; failed=0
   if [[ "$output" =~ All\ tests\ passed\ \(([0-9]+)\ assertions?\ in\ ([0-9]+)\ test\ cases?\) ]]; then
     passed=${BASH_REMATCH[2]}
@@ -97,5 +100,11 @@ for schedule in "${schedules[@]}"; do
   fi
 done
 done
+if [[ ${#timings[@]} -gt 1 ]]; then
+  total_s=0
+  for t in "${timings[@]}"; do total_s=$(( total_s + ${t%%$'\t'*} )); done
+  echo "slowest runs (of ${#timings[@]}, ${total_s}s in all):"
+  printf '%s\n' "${timings[@]}" | sort -t$'\t' -k1,1nr | head -n 10 | awk -F'\t' '{printf "  %5ds  %s\n", $1, $2}'
+fi
 echo "$total_passed passed, $total_failed failed"
 [[ $total_failed -eq 0 ]]
