@@ -50,13 +50,11 @@ CXX := g++
 # object names no folder). nvcc's -lineinfo counts as debug info to ccache, but nvcc has no prefix
 # map: for nvcc the working directory is left out of the key (hash_dir off), and an nvcc object
 # from the cache names, in its line tables, the folder of the checkout that compiled it first.
-# The cache (ccache's own folder, ~/.cache/ccache unless configured) must hold every flavour at
-# once, about 3 GB compressed (README, "CI"): CCACHE_MAXSIZE below, unless set in the environment.
+# The cache is ccache's own (~/.cache/ccache unless configured), with its own size limit (5 GB by
+# default); every flavour CI builds takes about 0.3 GB of it, compressed (README, "CI").
 CCACHE ?= $(shell command -v ccache 2>/dev/null)
 ifneq ($(CCACHE),)
   export CCACHE_BASEDIR := $(CURDIR)
-  CCACHE_MAXSIZE ?= 8G
-  export CCACHE_MAXSIZE
 endif
 CXXC := $(CCACHE) $(CXX)
 NVCCC = $(if $(CCACHE),CCACHE_NOHASHDIR=true $(CCACHE)) $(NVCC)
@@ -83,26 +81,36 @@ WARNINGS := -Wall -Wextra -Werror
 # SANITIZE=thread (test-tsan) under ThreadSanitizer in build/tsan, where host/ itself is not
 # instrumented: the platform states CUDA's happens-before edges explicitly
 # (host/sanitizer_hooks.h), so its own bookkeeping cannot hide a race.
+#
+# Debug information: line tables (-g1) by default, in every flavour. They give file:line in
+# backtraces, sanitizer reports and profiles, and gdb's breakpoints and stepping by line; full
+# information (-g: types and local variables) makes g++ take 35-45% longer on our heaviest
+# translation units (test_train, test_lora: measured on this 2-core machine). `make DEBUG_INFO=-g`
+# builds with it, in a folder of its own (build/<flavour>-g), so the two never mix.
+DEBUG_INFO ?= -g1
 PLATFORM_SAN :=
 ifeq ($(SANITIZE),address)
   override BACKEND := host
   FLAVOUR := asan
   # GCC 12 reports false maybe-uninitialized warnings inside libstdc++ (std::regex, std::function)
   # when the sanitizers instrument it; that one warning is not an error in this flavour.
-  OPT := -O1 -g1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+  OPT := -O1 $(DEBUG_INFO) -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined \
          -Wno-error=maybe-uninitialized -Wno-maybe-uninitialized
   PLATFORM_SAN := $(OPT)
 else ifeq ($(SANITIZE),thread)
   override BACKEND := host
   FLAVOUR := tsan
-  OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=thread -DPOLEVAULT_TSAN -Wno-error=tsan -Wno-tsan
-  PLATFORM_SAN := -O1 -g -fno-omit-frame-pointer -DPOLEVAULT_TSAN
+  OPT := -O1 $(DEBUG_INFO) -fno-omit-frame-pointer -fsanitize=thread -DPOLEVAULT_TSAN -Wno-error=tsan -Wno-tsan
+  PLATFORM_SAN := -O1 $(DEBUG_INFO) -fno-omit-frame-pointer -DPOLEVAULT_TSAN
 else ifneq ($(SANITIZE),)
   $(error SANITIZE must be address or thread (got '$(SANITIZE)'))
 else
   FLAVOUR := $(BACKEND)
-  OPT := -O2 -g
+  OPT := -O2 $(DEBUG_INFO)
   PLATFORM_SAN := $(OPT)
+endif
+ifneq ($(DEBUG_INFO),-g1)
+  FLAVOUR := $(FLAVOUR)$(subst $(eval) ,,$(DEBUG_INFO))
 endif
 BUILD := build/$(FLAVOUR)
 
@@ -124,7 +132,7 @@ ifeq ($(BACKEND),cuda)
   # than the default builds in a folder of its own (build/cuda-sm90), so objects never mix archs.
   SASS_ARCHS ?= 80 90
   ifneq ($(strip $(SASS_ARCHS)),80 90)
-    FLAVOUR := cuda$(subst $(eval) ,,$(foreach a,$(SASS_ARCHS),-sm$(a)))
+    FLAVOUR := $(FLAVOUR)$(subst $(eval) ,,$(foreach a,$(SASS_ARCHS),-sm$(a)))
     BUILD := build/$(FLAVOUR)
   endif
   PTX_ARCH := $(lastword $(SASS_ARCHS))
@@ -159,8 +167,11 @@ PRODUCT_LIB := $(BUILD)/libpolevault.a
 TSAN_PRODUCT_OBJS := $(addprefix $(BUILD)/,io/checksum.o io/durable_file.o io/input_file.o model/safetensors.o)
 CORE_LIBS := $(PRODUCT_LIB) $(PLATFORM_OBJS)
 
-TEST_SOURCES := $(wildcard test/test_*.cu)
-TEST_BINS := $(patsubst test/%.cu,$(BUILD)/test/%,$(TEST_SOURCES))
+# Suites are .cu when they launch kernels or use the platform, .cpp when they are plain host C++
+# (file formats, tokenizers, whole `train` programs): those compile with g++ in every flavour, so
+# the cuda and host flavours share their objects through the compiler cache.
+TEST_SOURCES := $(wildcard test/test_*.cu test/test_*.cpp)
+TEST_BINS := $(patsubst test/%,$(BUILD)/test/%,$(basename $(TEST_SOURCES)))
 TEST_SUPPORT := $(BUILD)/test/catch_main.o $(BUILD)/test/child_process.o
 # Multi-rank suites: test/mpi/test_mpi_*.cu with a Catch2 main that starts MPI and agrees on one
 # verdict across ranks; the runner starts each under mpirun at the rank counts below.
@@ -190,17 +201,27 @@ runs_of = $(or $(call under,$(1),$(2)),$(1))
 MPI_TEST_RANKS := $(if $(filter asan,$(FLAVOUR)),2,2 4)
 MPI_TEST_SPECS := $(foreach n,$(MPI_TEST_RANKS),$(addprefix mpi:$(n):,$(MPI_TEST_BINS)))
 ONE_RANK_BINS := $(if $(filter asan,$(FLAVOUR)),$(filter-out $(BUILD)/test/test_learning,$(TEST_BINS)),$(TEST_BINS))
+# The runner runs TEST_JOBS suites at once (default: one per core), the slowest first, except
+# those whose assertions involve time, which run alone (--alone): the whole `train` programs meeting
+# signals and stalled ranks (test_failures; test_train, whose stall cases are [mpi], which the
+# asan flavour leaves out), the stall watchdog (test_collective_watch) and the multi-rank jobs,
+# which run under MPI_TEST_TIMEOUT.
+TEST_JOBS ?= $(shell nproc)
+TIMED_BINS := $(addprefix $(BUILD)/test/,test_failures test_collective_watch $(if $(filter asan,$(FLAVOUR)),,test_train))
+SLOWEST_BINS := $(addprefix $(BUILD)/test/,test_train test_attention test_model test_learning test_lora)
+PARALLEL_BINS := $(filter-out $(TIMED_BINS),$(foreach b,$(SLOWEST_BINS),$(filter $(b),$(ONE_RANK_BINS))) $(filter-out $(SLOWEST_BINS),$(ONE_RANK_BINS)))
+ORDERED_SPECS := $(PARALLEL_BINS) --alone $(filter $(TIMED_BINS),$(ONE_RANK_BINS)) $(MPI_TEST_SPECS)
 ifeq ($(FULL)$(FLAVOUR),host)
-  TEST_RUNS := $(foreach b,$(ONE_RANK_BINS) $(MPI_TEST_SPECS),$(call runs_of,$(b),$(call HOST_SCHEDULES_OF,$(b))))
+  TEST_RUNS := $(foreach b,$(ORDERED_SPECS),$(if $(filter --alone,$(b)),$(b),$(call runs_of,$(b),$(call HOST_SCHEDULES_OF,$(b)))))
 else ifeq ($(FULL)$(FLAVOUR),asan)
-  TEST_RUNS := $(foreach b,$(ONE_RANK_BINS) $(MPI_TEST_SPECS),$(RD)@$(b))
+  TEST_RUNS := $(foreach b,$(ORDERED_SPECS),$(if $(filter --alone,$(b)),$(b),$(RD)@$(b)))
 else
-  TEST_RUNS := $(ONE_RANK_BINS) $(MPI_TEST_SPECS)
+  TEST_RUNS := $(ORDERED_SPECS)
 endif
 # The traffic test runs in the plain host flavour only, under one schedule (what it measures does
 # not depend on the order threads run in).
 TRAFFIC_TEST := $(if $(filter host,$(FLAVOUR)),$(BUILD)/test/traffic/test_kernel_traffic)
-TEST_RUNS += $(if $(TRAFFIC_TEST),in-order@$(TRAFFIC_TEST))
+TEST_RUNS := $(if $(TRAFFIC_TEST),in-order@$(TRAFFIC_TEST)) $(TEST_RUNS)
 BENCH_BINS := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu)) \
               $(patsubst bench/%.cpp,$(BUILD)/bench/%,$(wildcard bench/*.cpp))
 
@@ -259,6 +280,15 @@ $(BUILD)/host/%.o: host/%.cpp
 $(BUILD)/host/fiber_switch.o: host/fiber_switch.S
 	@mkdir -p $(dir $@)
 	$(CXX) -c $< -o $@
+
+# In the sanitizer flavours the tests' plain C++ (test/*.cpp: Catch2's mains, the child-process
+# helper, the suites of file formats, tokenizers and whole `train` programs) compiles at -O0: the
+# code they check is the product's, compiled at -O1 and instrumented alike, and ASan + UBSan at -O1
+# take about three times as long on them (test_train.cpp: 42 s against 14 s). The kernel suites
+# (.cu) stay at -O1, where their kernels run.
+ifneq ($(SANITIZE),)
+$(patsubst test/%.cpp,$(BUILD)/test/%.o,$(wildcard test/*.cpp)): HOST_CXXFLAGS += -O0
+endif
 
 # Catch2's main, the child-process helper, the train program's host parts and the host-only
 # product code are plain C++ for every flavour (host/ has its own rule above: the platform's flags).
@@ -333,7 +363,7 @@ TSAN_TESTS := $(addprefix $(BUILD)/test/,test_kernels_platform test_planted_race
 TSAN_OPTIONS_ := TSAN_OPTIONS='halt_on_error=0 exitcode=66 history_size=4'
 
 test: $(TEST_BINS) $(MPI_TEST_BINS) $(TRAFFIC_TEST) $(BUILD)/train
-	@test/run_tests.sh --filter '$(TEST_FILTER)$(if $(FULL),$(comma)[full])' $(SCHEDULES) $(TEST_RUNS)
+	@test/run_tests.sh --jobs $(TEST_JOBS) --filter '$(TEST_FILTER)$(if $(FULL),$(comma)[full])' $(SCHEDULES) $(TEST_RUNS)
 
 # The full cross-product: every suite under every schedule and rank count, plus the hidden [full]
 # cases (make test-asan FULL=1 and make test-tsan FULL=1 are the same for those flavours).
@@ -352,14 +382,14 @@ test-tsan:
 # happens-before order, which the thread order does not change, and only deferred streams run a
 # stream's work on a thread of its own, where a missing cudaStreamWaitEvent is a race it can see.
 tsan-suite: $(TSAN_TESTS)
-	@$(TSAN_OPTIONS_) test/run_tests.sh --filter '$(TEST_FILTER)' $(SCHEDULES) $(if $(FULL),$(TSAN_TESTS),$(addprefix $(RD)@,$(TSAN_TESTS)))
+	@$(TSAN_OPTIONS_) test/run_tests.sh --jobs $(TEST_JOBS) --filter '$(TEST_FILTER)' $(SCHEDULES) $(if $(FULL),$(TSAN_TESTS),$(addprefix $(RD)@,$(TSAN_TESTS)))
 
 # The interop suite runs the host flavour's train whatever BACKEND is; test/interop/run.sh makes
 # the virtual environment on first use (and again only when requirements.txt or run.sh change).
 # `make test` never needs it.
 INTEROP_VENV := build/interop-venv
 test-interop:
-	@$(MAKE) --no-print-directory BACKEND=host build/host/train
+	@$(MAKE) --no-print-directory BACKEND=host DEBUG_INFO=-g1 build/host/train
 	@test/interop/run.sh $(INTEROP_VENV)
 
 ptxas-report:
@@ -380,7 +410,7 @@ FUZZ_SECONDS ?= 10
 FUZZ_CXX ?= clang++
 FUZZ_BUILD := build/fuzz
 FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined
-FUZZ_CXXFLAGS := -std=c++20 -O1 -g -fno-omit-frame-pointer $(FUZZ_SAN) -fsanitize=fuzzer-no-link \
+FUZZ_CXXFLAGS := -std=c++20 -O1 $(DEBUG_INFO) -fno-omit-frame-pointer $(FUZZ_SAN) -fsanitize=fuzzer-no-link \
                  -ffunction-sections -fdata-sections $(WARNINGS) $(DEBUG_PREFIX_MAP) $(INCLUDES) -MMD -MP
 # Two of the objects include the host platform's headers, which clang 14 cannot compile
 # (std::source_location needs a builtin it lacks): they are compiled by g++ under the same
@@ -408,7 +438,7 @@ $(FUZZ_BUILD)/%.o: %.cpp
 	@mkdir -p $(dir $@)
 	$(CCACHE) $(FUZZ_CXX) $(FUZZ_CXXFLAGS) -c $< -o $@
 
-FUZZ_GXX := $(CXXC) -x c++ -std=c++20 -O1 -g -fno-omit-frame-pointer $(FUZZ_SAN) -ffunction-sections -fdata-sections \
+FUZZ_GXX := $(CXXC) -x c++ -std=c++20 -O1 $(DEBUG_INFO) -fno-omit-frame-pointer $(FUZZ_SAN) -ffunction-sections -fdata-sections \
             $(WARNINGS) -Wno-maybe-uninitialized $(DEBUG_PREFIX_MAP) $(INCLUDES) -MMD -MP
 $(FUZZ_BUILD)/trainer/options.o: trainer/options.cpp
 	@mkdir -p $(dir $@)

@@ -2,8 +2,8 @@
 # Runs Catch2 test binaries, each under every schedule given, and aggregates their results into
 # one closing line `N passed, M failed` (test cases), exiting non-zero if anything failed.
 #
-#   test/run_tests.sh [--filter 'CATCH TAG EXPRESSION'] [--timeout SECONDS]
-#                     [--schedule 'LABEL:VAR=VALUE,VAR=VALUE']... BINARY...
+#   test/run_tests.sh [--filter 'CATCH TAG EXPRESSION'] [--timeout SECONDS] [--jobs N]
+#                     [--schedule 'LABEL:VAR=VALUE,VAR=VALUE']... BINARY... [--alone BINARY...]
 #
 # A schedule is a label and the environment variables it sets (host/schedule.h: thread and block
 # orders, seed; host/stream.h: deferred streams); without --schedule each binary runs once in the
@@ -19,49 +19,68 @@
 # `mpirun -np N` on this machine (oversubscribed, allowed as root, ranks yielding when idle), each
 # rank with one host worker and one OpenBLAS thread and the schedule's variables, under a timeout
 # of MPI_TEST_TIMEOUT seconds (default 120); rank 0 prints the job's summary.
+#
+# --jobs N (default TEST_JOBS, else 1) runs up to N of the binaries before --alone at once; lines
+# are printed as runs finish. The binaries after --alone run one at a time with nothing beside
+# them: those whose assertions involve time (signals, stall watchdogs, multi-rank jobs under a
+# timeout) and must not share the cores. No test result depends on how many run at once.
 set -u
 filter=""
 timeout_s="${TEST_TIMEOUT:-900}"
 mpi_timeout_s="${MPI_TEST_TIMEOUT:-120}"
+jobs="${TEST_JOBS:-1}"
 schedules=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --filter) filter="$2"; shift 2 ;;
     --timeout) timeout_s="$2"; shift 2 ;;
+    --jobs) jobs="$2"; shift 2 ;;
     --schedule) schedules+=("$2"); shift 2 ;;
     *) break ;;
   esac
 done
 [[ ${#schedules[@]} -eq 0 ]] && schedules=(":")
+[[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "run_tests.sh: --jobs must be a positive integer (got '$jobs')"; exit 2; }
 
-total_passed=0
-total_failed=0
-timings=()  # "SECONDS<TAB>NAME" of every run, for the slowest-ten list
+# The runs: "SPEC<TAB>SCHEDULE<TAB>ALONE" for every binary and each schedule it runs under.
+runs=()
+alone=0
 for spec in "$@"; do
-ranks=0
-only=""
-if [[ "$spec" =~ ^([^@/]+)@(.+)$ ]]; then
-  only=${BASH_REMATCH[1]}
-  spec=${BASH_REMATCH[2]}
-fi
-bin="$spec"
-if [[ "$spec" =~ ^mpi:([0-9]+):(.+)$ ]]; then
-  ranks=${BASH_REMATCH[1]}
-  bin=${BASH_REMATCH[2]}
-fi
-for schedule in "${schedules[@]}"; do
+  if [[ $spec == --alone ]]; then alone=1; continue; fi
+  only=""
+  [[ "$spec" =~ ^([^@/]+)@(.+)$ ]] && only=${BASH_REMATCH[1]}
+  for schedule in "${schedules[@]}"; do
+    label="${schedule%%:*}"
+    [[ -n "$only" && "$label" != "$only" ]] && continue
+    runs+=("$spec"$'\t'"$schedule"$'\t'"$alone")
+  done
+done
+
+results=$(mktemp -d)
+trap 'rm -rf "$results"' EXIT
+
+# Runs one binary under one schedule; writes "PASSED FAILED SECONDS<TAB>NAME" to $results/N.count
+# and what to print to $results/N.out.
+run_one() {
+  local n="$1" spec="$2" schedule="$3"
+  local ranks=0 bin label vars name
+  [[ "$spec" =~ ^([^@/]+)@(.+)$ ]] && spec=${BASH_REMATCH[2]}
+  bin="$spec"
+  if [[ "$spec" =~ ^mpi:([0-9]+):(.+)$ ]]; then
+    ranks=${BASH_REMATCH[1]}
+    bin=${BASH_REMATCH[2]}
+  fi
   label="${schedule%%:*}"
   vars="${schedule#*:}"
-  [[ -n "$only" && "$label" != "$only" ]] && continue
-  env_args=()
+  local env_args=()
   [[ -n "$vars" ]] && IFS=',' read -r -a env_args <<< "$vars"
   name=$(basename "$bin")
   [[ $ranks -gt 0 ]] && name="$name -np $ranks"
   [[ -n "$label" ]] && name="$name [$label]"
-  args=()
+  local args=()
   [[ -n "$filter" ]] && args+=("$filter")
-  launcher=()
-  limit="$timeout_s"
+  local launcher=()
+  local limit="$timeout_s"
   if [[ $ranks -gt 0 ]]; then
     env_args=(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 POLEVAULT_HOST_WORKERS=1 OPENBLAS_NUM_THREADS=1
               "${env_args[@]}")
@@ -69,12 +88,11 @@ for schedule in "${schedules[@]}"; do
     for v in "${env_args[@]}"; do launcher+=(-x "${v%%=*}"); done
     (( mpi_timeout_s < limit )) && limit="$mpi_timeout_s"
   fi
+  local start output rc seconds passed="" failed=0
   start=$(date +%s)
-  output=$(env "${env_args[@]}" timeout --kill-after=10 "$limit" "${launcher[@]}" "$bin" "${args[@]}" 2>&1)
+  output=$(env "${env_args[@]}" timeout --kill-after=10 "$limit" "${launcher[@]}" "$bin" "${args[@]}" 2>&1 < /dev/null)
   rc=$?
   seconds=$(( $(date +%s) - start ))
-  timings+=("$seconds"$'\t'"$name")
-  passed=""; failed=0
   if [[ "$output" =~ All\ tests\ passed\ \(([0-9]+)\ assertions?\ in\ ([0-9]+)\ test\ cases?\) ]]; then
     passed=${BASH_REMATCH[2]}
   elif [[ "$output" =~ test\ cases:\ +([0-9]+)\ \|\ +([0-9]+)\ passed\ \|\ +([0-9]+)\ failed ]]; then
@@ -82,29 +100,64 @@ for schedule in "${schedules[@]}"; do
   elif [[ "$output" =~ test\ cases:\ +([0-9]+)\ \|\ +([0-9]+)\ failed ]]; then
     passed=0; failed=${BASH_REMATCH[2]}
   fi
-  if [[ -z "$passed" || ( $rc -ne 0 && $failed -eq 0 ) ]]; then
-    # No summary (crash, abort, timeout) or a non-zero exit with nothing counted as failed.
-    passed=${passed:-0}
-    failed=$(( failed + 1 ))
-    [[ $rc -eq 124 || $rc -eq 137 ]] && echo "$name: TIMED OUT after ${limit}s"
-  fi
-  total_passed=$(( total_passed + passed ))
-  total_failed=$(( total_failed + failed ))
-  if [[ $failed -gt 0 ]]; then
-    echo "---- $name (exit $rc) ----"
-    echo "$output"
-    echo "---- $name: $passed passed, $failed failed (${seconds}s); reproduce with:"
-    echo "     ${env_args[*]} ${launcher[*]} $bin '${filter}'"
-  else
-    echo "$name: $passed passed (${seconds}s)"
-  fi
+  {
+    if [[ -z "$passed" || ( $rc -ne 0 && $failed -eq 0 ) ]]; then
+      # No summary (crash, abort, timeout) or a non-zero exit with nothing counted as failed.
+      passed=${passed:-0}
+      failed=$(( failed + 1 ))
+      [[ $rc -eq 124 || $rc -eq 137 ]] && echo "$name: TIMED OUT after ${limit}s"
+    fi
+    if [[ $failed -gt 0 ]]; then
+      echo "---- $name (exit $rc) ----"
+      echo "$output"
+      echo "---- $name: $passed passed, $failed failed (${seconds}s); reproduce with:"
+      echo "     ${env_args[*]} ${launcher[*]} $bin '${filter}'"
+    else
+      echo "$name: $passed passed (${seconds}s)"
+    fi
+  } > "$results/$n.out"
+  printf '%s %s %s\t%s\n' "$passed" "$failed" "$seconds" "$name" > "$results/$n.count"
+}
+
+# The pool: up to $jobs runs at once; an --alone run waits for every other run to finish and
+# starts nothing beside it. Each run's lines are printed when it finishes.
+running=()  # indices of runs started and not yet printed
+print_finished() {
+  local still=() i
+  for i in "${running[@]}"; do
+    if [[ -f "$results/$i.count" ]]; then cat "$results/$i.out"; else still+=("$i"); fi
+  done
+  running=("${still[@]}")
+}
+for i in "${!runs[@]}"; do
+  IFS=$'\t' read -r spec schedule run_alone <<< "${runs[$i]}"
+  limit_now=$jobs
+  [[ $run_alone == 1 ]] && limit_now=1
+  while (( ${#running[@]} >= limit_now )); do
+    wait -n 2> /dev/null || true
+    print_finished
+  done
+  run_one "$i" "$spec" "$schedule" &
+  running+=("$i")
+  [[ $run_alone == 1 ]] && { wait; print_finished; }
 done
+wait
+print_finished
+
+total_passed=0 total_failed=0 total_s=0 counted=0
+for f in "$results"/*.count; do
+  [[ -f $f ]] || continue
+  read -r p fl s _ < "$f"
+  total_passed=$(( total_passed + p )) total_failed=$(( total_failed + fl )) total_s=$(( total_s + s ))
+  counted=$(( counted + 1 ))
 done
-if [[ ${#timings[@]} -gt 1 ]]; then
-  total_s=0
-  for t in "${timings[@]}"; do total_s=$(( total_s + ${t%%$'\t'*} )); done
-  echo "slowest runs (of ${#timings[@]}, ${total_s}s in all):"
-  printf '%s\n' "${timings[@]}" | sort -t$'\t' -k1,1nr | head -n 10 | awk -F'\t' '{printf "  %5ds  %s\n", $1, $2}'
+if (( counted < ${#runs[@]} )); then  # a run that left no count (the runner itself failed)
+  echo "run_tests.sh: $(( ${#runs[@]} - counted )) run(s) reported nothing"
+  total_failed=$(( total_failed + ${#runs[@]} - counted ))
+fi
+if [[ ${#runs[@]} -gt 1 ]]; then
+  echo "slowest runs (of ${#runs[@]}, ${total_s}s in all, up to $jobs at once):"
+  cat "$results"/*.count | cut -d' ' -f3- | sort -t$'\t' -k1,1nr | head -n 10 | awk -F'\t' '{printf "  %5ds  %s\n", $1, $2}'
 fi
 echo "$total_passed passed, $total_failed failed"
 [[ $total_failed -eq 0 ]]

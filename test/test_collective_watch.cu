@@ -1,7 +1,7 @@
 // The stall watchdog's bookkeeping (parallel/collective_watch.h) in one process: which collective a
 // device waits in, given which of a communicator's collectives it has reached and finished, and the
 // wait the host publishes around an NCCL call and while it polls. The watchdog's questions to the
-// other ranks and the end of the job are tested under mpirun (test_train.cu, "a stalled rank ...").
+// other ranks and the end of the job are tested under mpirun (test_train.cpp, "a stalled rank ...").
 #include <catch2/catch.hpp>
 
 #include "parallel/collective_watch.h"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Golden token ids from Hugging Face `tokenizers`, for test/test_tokenizer_golden.cu.
+"""Golden token ids from Hugging Face `tokenizers`, for test/test_tokenizer_golden.cpp.
 
     python3 -m venv /tmp/venv && /tmp/venv/bin/pip install tokenizers==0.23.3
     /tmp/venv/bin/python test/interop/make_tokenizer_golden.py [--shared ../shared]

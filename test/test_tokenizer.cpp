@@ -1,4 +1,4 @@
-// The tokenizer's own behaviour (its agreement with Hugging Face is test_tokenizer_golden.cu):
+// The tokenizer's own behaviour (its agreement with Hugging Face is test_tokenizer_golden.cpp):
 // exact round trips on random and adversarial byte strings (invalid UTF-8 included, every string
 // of up to two bytes through Llama 3's file), compression of a trained vocabulary, deterministic
 // training, save/load, special tokens, added-token flags, BOS/EOS and tokenizer_config.json,
