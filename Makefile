@@ -6,7 +6,9 @@
 #   make test-asan        the suite on the host backend under AddressSanitizer + UBSan
 #   make test-tsan        the kernel suites under ThreadSanitizer (shared-memory race checker)
 #   make test-full        the suite under every schedule and rank count, plus the larger cases
-#                         kept out of `make test` ([.full]); README, "CI", lists what only it runs
+#                         kept out of `make test` ([full]); the README's "Which schedules each
+#                         suite meets" lists what only it runs (FULL=1 does the same for
+#                         test-asan and test-tsan)
 #   make test-interop     the host `train` against transformers, tokenizers and safetensors from
 #                         PyPI (test/interop/, a pinned virtual environment in build/interop-venv)
 #   make fuzz             a libFuzzer target per file reader, each run FUZZ_SECONDS (default 10)
