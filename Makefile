@@ -53,7 +53,7 @@ CXX := g++
 # map: for nvcc the working directory is left out of the key (hash_dir off), and an nvcc object
 # from the cache names, in its line tables, the folder of the checkout that compiled it first.
 # The cache is ccache's own (~/.cache/ccache unless configured), with its own size limit (5 GB by
-# default); every flavour CI builds takes about 0.3 GB of it, compressed (README, "CI").
+# default); all five flavours CI builds took 138 MB of it, compressed (README, "CI").
 CCACHE ?= $(shell command -v ccache 2>/dev/null)
 ifneq ($(CCACHE),)
   export CCACHE_BASEDIR := $(CURDIR)
@@ -130,7 +130,7 @@ ifeq ($(BACKEND),cuda)
   # Override to add targets, at build time: make BACKEND=cuda SASS_ARCHS="80 90 100" adds B200's
   # SASS (where this nvcc knows sm_100; each arch adds about half the device-code compile time).
   # CI builds SASS_ARCHS=90: its CUDA build is a compile-and-link check, for which one real
-  # architecture plus its PTX is enough (half the device-code compile time). A SASS_ARCHS other
+  # architecture plus its PTX is enough (one device-code pass per file instead of two). A SASS_ARCHS other
   # than the default builds in a folder of its own (build/cuda-sm90), so objects never mix archs.
   SASS_ARCHS ?= 80 90
   ifneq ($(strip $(SASS_ARCHS)),80 90)
@@ -183,7 +183,8 @@ MPI_TEST_BINS := $(patsubst test/mpi/%.cu,$(BUILD)/test/mpi/%,$(wildcard test/mp
 # run under every schedule of the flavour. The suites whose cost is whole models or whole `train`
 # programs run under fewer: their kernels meet every schedule in their own suites, so another
 # schedule repeats assertions already made; `make test-full` (FULL=1) runs every suite under every
-# schedule, and the multi-rank suites at 2 and 4 ranks under each (README, "CI", lists it).
+# schedule, and the multi-rank suites at 2 and 4 ranks under each (the README's "Which schedules
+# each suite meets" lists it).
 #   host   test_model and test_mpi_parallel at 2 ranks: in-order and random+deferred;
 #          test_train: random+deferred; test_failures and test_learning (the program's behaviour
 #          on bad input, signals, full disks; a model must learn): in-order; every multi-rank
