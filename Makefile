@@ -61,6 +61,7 @@ endif
 CXXC := $(CCACHE) $(CXX)
 NVCCC = $(if $(CCACHE),CCACHE_NOHASHDIR=true $(CCACHE)) $(NVCC)
 DEBUG_PREFIX_MAP := -fdebug-prefix-map=$(CURDIR)=.
+HASH := \#
 NVCC ?= $(CUDA_HOME)/bin/nvcc
 # Open MPI: NCCL on the host runs on it, and every flavour's programs start with it (mpirun -np N).
 # Flags from its wrapper compiler, read once per make run; only -I, -L and -l are kept, so nvcc
@@ -206,16 +207,23 @@ MPI_TEST_SPECS := $(foreach n,$(MPI_TEST_RANKS),$(addprefix mpi:$(n):,$(MPI_TEST
 ONE_RANK_BINS := $(if $(filter asan,$(FLAVOUR)),$(filter-out $(BUILD)/test/test_learning,$(TEST_BINS)),$(TEST_BINS))
 # The runner runs TEST_JOBS suites at once (default: one per core), the slowest first, except
 # those whose assertions involve time, which run alone (--alone): the whole `train` programs meeting
-# signals and stalled ranks (test_failures; test_train, whose stall cases are [mpi], which the
-# asan flavour leaves out), the stall watchdog (test_collective_watch) and the multi-rank jobs,
-# which run under MPI_TEST_TIMEOUT.
+# signals (test_failures), the stall watchdog (test_collective_watch) and the multi-rank jobs,
+# which run under MPI_TEST_TIMEOUT. test_train, the longest suite, is split (test/run_tests.sh:
+# PATH#TAGS, PATH%K): its [mpi] cases start ranks of their own and stall them on purpose, so they
+# run alone (the asan flavour leaves them out); the rest run in the pool as two parts, side by
+# side, where one whole suite used to hold a core while the other finished everything else.
 TEST_JOBS ?= $(shell nproc)
-TIMED_BINS := $(addprefix $(BUILD)/test/,test_failures test_collective_watch $(if $(filter asan,$(FLAVOUR)),,test_train))
-SLOWEST_BINS := $(addprefix $(BUILD)/test/,test_train test_attention test_model test_learning test_lora)
-PARALLEL_BINS := $(filter-out $(TIMED_BINS),$(foreach b,$(SLOWEST_BINS),$(filter $(b),$(ONE_RANK_BINS))) $(filter-out $(SLOWEST_BINS),$(ONE_RANK_BINS)))
-ORDERED_SPECS := $(PARALLEL_BINS) --alone $(filter $(TIMED_BINS),$(ONE_RANK_BINS)) $(MPI_TEST_SPECS)
+TRAIN_SUITE := $(BUILD)/test/test_train
+TRAIN_SPECS := $(TRAIN_SUITE)$(HASH)~[mpi]%2
+TRAIN_ALONE := $(if $(filter asan,$(FLAVOUR)),,$(TRAIN_SUITE)$(HASH)[mpi])
+spec_bin = $(firstword $(subst %, ,$(subst $(HASH), ,$(1))))
+TIMED_BINS := $(addprefix $(BUILD)/test/,test_failures test_collective_watch)
+SLOWEST_BINS := $(addprefix $(BUILD)/test/,test_attention test_model test_learning test_lora)
+PARALLEL_BINS := $(TRAIN_SPECS) $(filter-out $(TIMED_BINS) $(TRAIN_SUITE), \
+  $(foreach b,$(SLOWEST_BINS),$(filter $(b),$(ONE_RANK_BINS))) $(filter-out $(SLOWEST_BINS),$(ONE_RANK_BINS)))
+ORDERED_SPECS := $(PARALLEL_BINS) --alone $(TRAIN_ALONE) $(filter $(TIMED_BINS),$(ONE_RANK_BINS)) $(MPI_TEST_SPECS)
 ifeq ($(FULL)$(FLAVOUR),host)
-  TEST_RUNS := $(foreach b,$(ORDERED_SPECS),$(if $(filter --alone,$(b)),$(b),$(call runs_of,$(b),$(call HOST_SCHEDULES_OF,$(b)))))
+  TEST_RUNS := $(foreach b,$(ORDERED_SPECS),$(if $(filter --alone,$(b)),$(b),$(call runs_of,$(b),$(call HOST_SCHEDULES_OF,$(call spec_bin,$(b))))))
 else ifeq ($(FULL)$(FLAVOUR),asan)
   TEST_RUNS := $(foreach b,$(ORDERED_SPECS),$(if $(filter --alone,$(b)),$(b),$(RD)@$(b)))
 else
@@ -284,13 +292,24 @@ $(BUILD)/host/fiber_switch.o: host/fiber_switch.S
 	@mkdir -p $(dir $@)
 	$(CXX) -c $< -o $@
 
-# In the sanitizer flavours the tests' plain C++ (test/*.cpp: Catch2's mains, the child-process
-# helper, the suites of file formats, tokenizers and whole `train` programs) compiles at -O0: the
-# code they check is the product's, compiled at -O1 and instrumented alike, and ASan + UBSan at -O1
-# take about three times as long on them (test_train.cpp: 42 s against 14 s). The kernel suites
-# (.cu) stay at -O1, where their kernels run.
+# In the sanitizer flavours the tests' own code compiles at -O0 wherever no kernel of theirs runs:
+# the code they check is the product's, compiled at -O1 and instrumented alike, and ASan + UBSan at
+# -O1 take two to three times as long (test_train.cpp: 42 s against 14 s; test_mpi_parallel.cu:
+# 52 s against 25 s). That is the plain C++ suites (test/*.cpp: file formats, tokenizers, whole
+# `train` programs, the child-process helper) and the .cu suites that include no kernel header
+# (kernels/<op>.cuh) and define no __global__ function of their own (models, checkpoints,
+# multi-rank strategies: their kernels are the product's). The kernel suites stay at -O1, where
+# their kernels run. Catch2's mains (its implementation, 20 s each under ASan; the multi-rank
+# one adds a short harness that agrees on a verdict across ranks) compile as in the host flavour,
+# uninstrumented: the compiler cache serves the host flavour's objects. The multi-rank main finds
+# LeakSanitizer's entry point by a weak symbol, so the same object calls it in the asan flavour.
+CATCH_MAINS := $(BUILD)/test/catch_main.o $(BUILD)/test/catch_mpi_main.o
+KERNEL_FREE_SUITES := $(shell for f in test/*.cu test/mpi/*.cu; do \
+  grep -E '__global__|^$(HASH)include "kernels/' $$f | grep -qv 'kernels/common.cuh' || echo $$f; done)
 ifneq ($(SANITIZE),)
-$(patsubst test/%.cpp,$(BUILD)/test/%.o,$(wildcard test/*.cpp)): HOST_CXXFLAGS += -O0
+$(filter-out $(CATCH_MAINS),$(patsubst test/%.cpp,$(BUILD)/test/%.o,$(wildcard test/*.cpp))): HOST_CXXFLAGS += -O0
+$(patsubst test/%.cu,$(BUILD)/test/%.o,$(KERNEL_FREE_SUITES)): CU += -O0
+$(CATCH_MAINS): HOST_CXXFLAGS := -std=c++20 -O2 $(DEBUG_INFO) $(WARNINGS) $(DEBUG_PREFIX_MAP) $(INCLUDES) -MMD -MP
 endif
 
 # Catch2's main, the child-process helper, the train program's host parts and the host-only
@@ -366,7 +385,7 @@ TSAN_TESTS := $(addprefix $(BUILD)/test/,test_kernels_platform test_planted_race
 TSAN_OPTIONS_ := TSAN_OPTIONS='halt_on_error=0 exitcode=66 history_size=4'
 
 test: $(TEST_BINS) $(MPI_TEST_BINS) $(TRAFFIC_TEST) $(BUILD)/train
-	@test/run_tests.sh --jobs $(TEST_JOBS) --filter '$(TEST_FILTER)$(if $(FULL),$(comma)[full])' $(SCHEDULES) $(TEST_RUNS)
+	@test/run_tests.sh --jobs $(TEST_JOBS) --filter '$(TEST_FILTER)$(if $(FULL),$(comma)[full])' $(SCHEDULES) $(foreach r,$(TEST_RUNS),'$(r)')
 
 # The full cross-product: every suite under every schedule and rank count, plus the hidden [full]
 # cases (make test-asan FULL=1 and make test-tsan FULL=1 are the same for those flavours).
