@@ -15,13 +15,6 @@
 # A binary written `LABEL@PATH` runs only under the schedule labelled LABEL (a suite whose cost
 # is whole programs, where one schedule is what a budget affords).
 #
-# `PATH#TAGS` runs only the cases that also match the Catch2 tags TAGS (`test_train#[mpi]`, the
-# cases that start ranks of their own, beside `test_train#~[mpi]`, the rest). `PATH%K` splits the
-# cases the filter selects into K runs, dealt in turn, which the pool runs side by side like any
-# others: a suite that is most of a step's wall time no longer holds one core while the other
-# idles. Both may follow any path (`LABEL@PATH#TAGS%K`); every case still runs once under each
-# schedule.
-#
 # A binary written `mpi:N:PATH` is a multi-rank suite (test/catch_mpi_main.cpp): it runs as
 # `mpirun -np N` on this machine (oversubscribed, allowed as root, ranks yielding when idle), each
 # rank with one host worker and one OpenBLAS thread and the schedule's variables, under a timeout
@@ -49,65 +42,27 @@ done
 [[ ${#schedules[@]} -eq 0 ]] && schedules=(":")
 [[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "run_tests.sh: --jobs must be a positive integer (got '$jobs')"; exit 2; }
 
-results=$(mktemp -d)
-trap 'rm -rf "$results"' EXIT
-
-# A test name as a Catch2 test spec: in a name only ',' (which separates specs), '[' (which opens
-# a tag) and the escape character '\' itself are special.
-escape_name() {
-  local n="${1//\\/\\\\}"
-  n="${n//,/\\,}"
-  printf '%s' "${n//\[/\\[}"
-}
-
-# The runs, one record (fields split by $US) for every binary and each schedule it runs under:
-# SPEC SCHEDULE ALONE TAGS SHARD, where SHARD is empty or "K/N FILE": the Kth of N parts, whose
-# case names FILE holds.
-US=$'\x1f'
+# The runs: "SPEC<TAB>SCHEDULE<TAB>ALONE" for every binary and each schedule it runs under.
 runs=()
 alone=0
-spec_index=0
 for spec in "$@"; do
   if [[ $spec == --alone ]]; then alone=1; continue; fi
-  spec_index=$(( spec_index + 1 ))
-  only="" tags="" shards=1
+  only=""
   [[ "$spec" =~ ^([^@/]+)@(.+)$ ]] && only=${BASH_REMATCH[1]}
-  if [[ "$spec" =~ ^(.+)%([0-9]+)$ ]]; then spec=${BASH_REMATCH[1]} shards=${BASH_REMATCH[2]}; fi
-  if [[ "$spec" =~ ^([^#]+)#(.*)$ ]]; then spec=${BASH_REMATCH[1]} tags=${BASH_REMATCH[2]}; fi
-  shard_files=("")
-  if (( shards > 1 )); then
-    bin=${spec#*@}
-    [[ $bin == mpi:* ]] && { echo "run_tests.sh: a multi-rank suite cannot be split ($spec%$shards)"; exit 2; }
-    # The cases the run would select, dealt in turn into K lists (one spec, the names joined by
-    # commas). Catch2 exits with the number of names it listed; where the binary cannot list them,
-    # one unsplit run reports why.
-    names=$("$bin" --list-test-names-only "$filter$tags" 2> /dev/null)
-    listed=$?
-    if [[ -n $names ]] && (( listed == $(grep -c . <<< "$names") % 256 )); then
-      shard_files=()
-      i=0
-      while IFS= read -r name; do
-        [[ -z $name ]] && continue
-        f="$results/shard.$spec_index.$(( i % shards ))"
-        if [[ -f $f ]]; then printf ',' >> "$f"; else shard_files+=("$(( i % shards + 1 ))/$shards $f"); fi
-        escape_name "$name" >> "$f"
-        i=$(( i + 1 ))
-      done <<< "$names"
-    fi
-  fi
   for schedule in "${schedules[@]}"; do
     label="${schedule%%:*}"
     [[ -n "$only" && "$label" != "$only" ]] && continue
-    for f in "${shard_files[@]}"; do
-      runs+=("$spec$US$schedule$US$alone$US$tags$US$f")
-    done
+    runs+=("$spec"$'\t'"$schedule"$'\t'"$alone")
   done
 done
 
-# Runs one binary (or the cases of one part of it) under one schedule; writes
-# "PASSED FAILED SECONDS<TAB>NAME" to $results/N.count and what to print to $results/N.out.
+results=$(mktemp -d)
+trap 'rm -rf "$results"' EXIT
+
+# Runs one binary under one schedule; writes "PASSED FAILED SECONDS<TAB>NAME" to $results/N.count
+# and what to print to $results/N.out.
 run_one() {
-  local n="$1" spec="$2" schedule="$3" tags="$4" shard="$5"
+  local n="$1" spec="$2" schedule="$3"
   local ranks=0 bin label vars name
   [[ "$spec" =~ ^([^@/]+)@(.+)$ ]] && spec=${BASH_REMATCH[2]}
   bin="$spec"
@@ -120,16 +75,10 @@ run_one() {
   local env_args=()
   [[ -n "$vars" ]] && IFS=',' read -r -a env_args <<< "$vars"
   name=$(basename "$bin")
-  [[ -n "$tags" ]] && name="$name#$tags"
-  [[ -n "$shard" ]] && name="$name ${shard%% *}"
   [[ $ranks -gt 0 ]] && name="$name -np $ranks"
   [[ -n "$label" ]] && name="$name [$label]"
   local args=()
-  if [[ -n "$shard" ]]; then
-    args+=("$(< "${shard#* }")")
-  elif [[ -n "$filter$tags" ]]; then
-    args+=("$filter$tags")
-  fi
+  [[ -n "$filter" ]] && args+=("$filter")
   local launcher=()
   local limit="$timeout_s"
   if [[ $ranks -gt 0 ]]; then
@@ -162,7 +111,7 @@ run_one() {
       echo "---- $name (exit $rc) ----"
       echo "$output"
       echo "---- $name: $passed passed, $failed failed (${seconds}s); reproduce with:"
-      echo "     ${env_args[*]} ${launcher[*]} $bin $(printf '%q' "${args[0]:-}")"
+      echo "     ${env_args[*]} ${launcher[*]} $bin '${filter}'"
     else
       echo "$name: $passed passed (${seconds}s)"
     fi
@@ -181,14 +130,14 @@ print_finished() {
   running=("${still[@]}")
 }
 for i in "${!runs[@]}"; do
-  IFS=$US read -r spec schedule run_alone tags shard <<< "${runs[$i]}"
+  IFS=$'\t' read -r spec schedule run_alone <<< "${runs[$i]}"
   limit_now=$jobs
   [[ $run_alone == 1 ]] && limit_now=1
   while (( ${#running[@]} >= limit_now )); do
     wait -n 2> /dev/null || true
     print_finished
   done
-  run_one "$i" "$spec" "$schedule" "$tags" "$shard" &
+  run_one "$i" "$spec" "$schedule" &
   running+=("$i")
   [[ $run_alone == 1 ]] && { wait; print_finished; }
 done

@@ -2,8 +2,6 @@
 # `make test-interop`: the interop suite (test/interop/test_*.py) in its own virtual environment.
 #
 #   test/interop/run.sh VENV [pytest arguments]
-#   test/interop/run.sh --venv-only VENV     (only make the environment: .ci/run makes it while
-#                                            the CUDA flavour compiles)
 #
 # Creates VENV from requirements.txt unless VENV already holds that set (a stamp named after the
 # file's hash: editing it rebuilds the environment, nothing else does), then runs pytest on
@@ -15,9 +13,7 @@
 # LD_LIBRARY_PATH names here (the loader reads it at process start, so it is set before Python).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-venv_only=0
-[[ ${1:-} == --venv-only ]] && { venv_only=1; shift; }
-venv="${1:?usage: test/interop/run.sh [--venv-only] VENV [pytest arguments]}"
+venv="${1:?usage: test/interop/run.sh VENV [pytest arguments]}"
 shift
 
 # Nothing from the network (the models are made by the tests), no caches written into the
@@ -48,7 +44,6 @@ if [[ ! -f $stamp ]]; then
   touch "$stamp"
   echo "interop: $venv created in $(( $(date +%s) - start ))s"
 fi
-(( venv_only )) && exit 0
 
 export POLEVAULT_TRAIN="${POLEVAULT_TRAIN:-$PWD/build/host/train}"
 exec "$venv/bin/python" -m pytest -p no:cacheprovider -q -rfE test/interop "$@"
