@@ -218,8 +218,7 @@ ONE_RANK_BINS := $(if $(filter asan,$(FLAVOUR)),$(filter-out $(BUILD)/test/test_
 # those whose assertions involve time, which run alone (--alone): the whole `train` programs meeting
 # signals and stalled ranks (test_failures; test_train, whose stall cases are [mpi], which the
 # asan flavour leaves out), the stall watchdog (test_collective_watch) and the multi-rank jobs,
-# which run under MPI_TEST_TIMEOUT. (Splitting test_train into parts that run side by side was
-# measured and lost time: each run's kernels already use every core, POLEVAULT_HOST_WORKERS.)
+# which run under MPI_TEST_TIMEOUT.
 TEST_JOBS ?= $(shell nproc)
 TIMED_BINS := $(addprefix $(BUILD)/test/,test_failures test_collective_watch $(if $(filter asan,$(FLAVOUR)),,test_train))
 SLOWEST_BINS := $(addprefix $(BUILD)/test/,test_train test_attention test_model test_learning test_lora)
@@ -361,8 +360,9 @@ $(PRODUCT_LIB): $(if $(filter tsan,$(FLAVOUR)),$(TSAN_PRODUCT_OBJS),$(PRODUCT_OB
 # tests optimisation, not memory, and is too slow under ASan, as are the [mpi] runs of the train
 # binary under mpirun (the strategies themselves run under ASan in test/mpi/) and the [heavy]
 # cases: the whole-model gradient check (numerics: the same forward and backward run under ASan in
-# the other test_model cases) and the tokenizer goldens on all of tinyshakespeare (the same code
-# runs under ASan on its slices). Hidden tests ([.], the planted bugs' child runs)
+# the other test_model cases), the tokenizer goldens on all of tinyshakespeare (the same code
+# runs under ASan on its slices) and test_train's same-seed determinism (three plain runs: the
+# tiny run's code path, which runs under ASan). Hidden tests ([.], the planted bugs' child runs)
 # are excluded explicitly: Catch2 v2 runs hidden tests under a filter made only of exclusions.
 ifeq ($(BACKEND),cuda)
   TEST_FILTER := ~[.]~[host-only]~[asan]~[tsan]
@@ -391,9 +391,10 @@ ifeq ($(FLAVOUR),host)
 else ifneq ($(SANITIZE),)
   SCHEDULES := $(S_IN_ORDER) $(S_RANDOM)
 endif
-# test-tsan checks the kernel suites (where shared-memory races live) at their small shapes.
-TSAN_TESTS := $(addprefix $(BUILD)/test/,test_kernels_platform test_planted_races test_attention test_attention_decode test_rmsnorm \
-  test_cross_entropy test_nf4 test_warp_mma)
+# test-tsan checks the kernel suites (where shared-memory races live) at their small shapes, the
+# slowest first.
+TSAN_TESTS := $(addprefix $(BUILD)/test/,test_rmsnorm test_attention test_cross_entropy test_nf4 test_kernels_platform \
+  test_warp_mma test_attention_decode test_planted_races)
 TSAN_OPTIONS_ := TSAN_OPTIONS='halt_on_error=0 exitcode=66 history_size=4'
 
 test: $(TEST_BINS) $(MPI_TEST_BINS) $(TRAFFIC_TEST) $(BUILD)/train
@@ -416,7 +417,8 @@ test-tsan:
 # happens-before order, which the thread order does not change, and only deferred streams run a
 # stream's work on a thread of its own, where a missing cudaStreamWaitEvent is a race it can see.
 tsan-suite: $(TSAN_TESTS)
-	@$(TSAN_OPTIONS_) test/run_tests.sh --jobs $(TEST_JOBS) --filter '$(TEST_FILTER)' $(SCHEDULES) $(if $(FULL),$(TSAN_TESTS),$(addprefix $(RD)@,$(TSAN_TESTS)))
+	@$(TSAN_OPTIONS_) test/run_tests.sh --jobs $(TEST_JOBS) --filter '$(TEST_FILTER)' $(SCHEDULES) \
+	  $(foreach b,$(filter-out $(TIMED_BINS),$(TSAN_TESTS)) --alone $(filter $(TIMED_BINS),$(TSAN_TESTS)),$(if $(or $(FULL),$(filter --alone,$(b))),$(b),$(RD)@$(b)))
 
 # The interop suite runs the host flavour's train whatever BACKEND is; test/interop/run.sh makes
 # the virtual environment on first use (and again only when requirements.txt or run.sh change).

@@ -29,11 +29,14 @@ if [[ ! -f $stamp ]]; then
   rm -rf "$venv"
   python3 -m venv "$venv" ||
     { echo "interop: python3 -m venv failed: install Python 3 with its venv module (Debian: python3-venv)"; exit 1; }
-  # --no-deps: the file is the complete set (pip would otherwise add torch's CUDA wheels).
-  # --no-compile: byte-compiling all of torch takes longer than the download; Python compiles
-  # what the suite imports on first use instead (into build/, PYTHONPYCACHEPREFIX above).
-  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-input --no-deps --no-compile \
-    -r test/interop/requirements.txt
+  # uv (pinned in the file) installs the set: it downloads and unpacks the wheels in parallel,
+  # 7 s where pip took 36 s on this machine. --no-deps: the file is the complete set (a resolver
+  # would otherwise add torch's CUDA wheels). Nothing is byte-compiled at install time; Python
+  # compiles what the suite imports on first use (into build/, PYTHONPYCACHEPREFIX above).
+  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-input --no-compile \
+    "$(grep -E '^uv==' test/interop/requirements.txt)"
+  UV_CACHE_DIR="$PWD/build/interop-uv-cache" UV_PYTHON_DOWNLOADS=never "$venv/bin/uv" pip install --quiet \
+    --no-deps --python "$venv/bin/python" -r test/interop/requirements.txt
 fi
 
 libs=$(find "$PWD/$venv" -path '*/site-packages/nvidia/*/lib' -type d | sort | paste -sd: -)
