@@ -29,8 +29,9 @@ if [[ ! -f $stamp ]]; then
   rm -rf "$venv"
   python3 -m venv "$venv" ||
     { echo "interop: python3 -m venv failed: install Python 3 with its venv module (Debian: python3-venv)"; exit 1; }
-  # uv (pinned in the file) installs the set: it downloads and unpacks the wheels in parallel,
-  # 7 s where pip took 36 s on this machine. --no-deps: the file is the complete set (a resolver
+  # uv (pinned in the file) installs the set: it downloads and unpacks the wheels in parallel
+  # (the environment, with the import check below, took 28-31 s here, where pip made it in
+  # 45-46 s: the "created in" line). --no-deps: the file is the complete set (a resolver
   # would otherwise add torch's CUDA wheels). Nothing is byte-compiled at install time; Python
   # compiles what the suite imports on first use (into build/, PYTHONPYCACHEPREFIX above).
   "$venv/bin/pip" install --quiet --disable-pip-version-check --no-input --no-compile \
