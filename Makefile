@@ -6,7 +6,7 @@
 #   make test-asan        the suite on the host backend under AddressSanitizer + UBSan
 #   make test-tsan        the kernel suites under ThreadSanitizer (shared-memory race checker)
 #   make test-full        the suite under every schedule and rank count, plus the larger cases
-#                         kept out of `make test` ([full]); the README's "Which schedules each
+#                         kept out of `make test` ([full]); docs/testing.md's "Which schedules each
 #                         suite meets" lists what only it runs (FULL=1 does the same for
 #                         test-asan and test-tsan)
 #   make test-interop     the host `train` against transformers, tokenizers and safetensors from
@@ -53,7 +53,7 @@ CXX := g++
 # map: for nvcc the working directory is left out of the key (hash_dir off), and an nvcc object
 # from the cache names, in its line tables, the folder of the checkout that compiled it first.
 # The cache is ccache's own (~/.cache/ccache unless configured), with its own size limit (5 GB by
-# default); all five flavours CI builds took 138 MB of it, compressed (README, "CI").
+# default); all five flavours CI builds took 138 MB of it, compressed (docs/testing.md, "CI").
 CCACHE ?= $(shell command -v ccache 2>/dev/null)
 ifneq ($(CCACHE),)
   export CCACHE_BASEDIR := $(CURDIR)
@@ -197,7 +197,7 @@ MPI_TEST_BINS := $(patsubst test/mpi/%.cu,$(BUILD)/test/mpi/%,$(wildcard test/mp
 # run under every schedule of the flavour. The suites whose cost is whole models or whole `train`
 # programs run under fewer: their kernels meet every schedule in their own suites, so another
 # schedule repeats assertions already made; `make test-full` (FULL=1) runs every suite under every
-# schedule, and the multi-rank suites at 2 and 4 ranks under each (the README's "Which schedules
+# schedule, and the multi-rank suites at 2 and 4 ranks under each (docs/testing.md, "Which schedules
 # each suite meets" lists it).
 #   host   test_model and test_mpi_parallel at 2 ranks: in-order and random+deferred;
 #          test_train: random+deferred; test_failures and test_learning (the program's behaviour
@@ -269,9 +269,9 @@ TRAIN_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard trainer/*.cu)) $(patsubst 
 $(BUILD)/train: $(TRAIN_OBJS) $(BUILD)/corpus.o $(CORE_OBJS)
 	$(LINK) -o $@ $^ $(BACKEND_LIBS)
 
-# The built-in corpus of `train`: the project's own README and headers, concatenated in a fixed
+# The built-in corpus of `train`: the project's own README, docs/*.md and headers, concatenated in a fixed
 # order and embedded with .incbin (pv_corpus_begin .. pv_corpus_end).
-CORPUS_FILES := README.md $(sort $(wildcard kernels/*.cuh platform/*.h model/*.h host/*.h parallel/*.h data/*.h io/*.h optim/*.h trainer/*.h))
+CORPUS_FILES := README.md $(sort $(wildcard docs/*.md)) $(sort $(wildcard kernels/*.cuh platform/*.h model/*.h host/*.h parallel/*.h data/*.h io/*.h optim/*.h trainer/*.h))
 $(BUILD)/corpus.txt: $(CORPUS_FILES)
 	@mkdir -p $(dir $@)
 	cat $^ > $@

@@ -1,4 +1,4 @@
-// The README's table of activation memory with and without activation checkpointing, per rank
+// docs/memory.md's table of activation memory with and without activation checkpointing, per rank
 // on one rank (one slot), in bf16 at sequence length 2048: the activation arenas the model
 // allocates (model/activations.h activation_arenas, the figure test_checkpointing checks against
 // measured peaks), and the matmul FLOPs the recompute adds as a share of the step's model FLOPs

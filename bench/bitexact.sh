@@ -9,7 +9,7 @@
 #   bench/bitexact.sh compare /tmp/before /tmp/after    # prints each difference; exits 1 on any
 #
 # The runs: the default run (250 steps, every default) on a fixed data directory prepared from
-# TEXT (default ../shared/data/tinyshakespeare.txt), so edits to the README and headers (the
+# TEXT (default ../shared/data/tinyshakespeare.txt), so edits to the README, docs/ and headers (the
 # built-in corpus) do not move it; fp64 and bf16 runs of 4 steps under every strategy at 1, 2 and
 # 4 ranks (mp also as a 2-deep pipeline, bf16 also with stochastic rounding and fp32 gradient
 # accumulation); and resumes across strategies and world sizes (zero3@4 -> ddp@2, mp@4 -> zero2@2,

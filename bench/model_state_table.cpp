@@ -1,4 +1,4 @@
-// The README's table of model-state memory per GPU for fine-tuning published checkpoints: full
+// docs/lora-qlora.md's table of model-state memory per GPU for fine-tuning published checkpoints: full
 // fine-tuning, LoRA and QLoRA under each data-parallel strategy at 1, 2, 4 and 8 ranks, in bf16
 // (mixed precision: fp32 master and Adam state), from parallel/memory.h — the figures the
 // multi-rank tests check against measured peaks. Activations, workspace and the CUDA context come

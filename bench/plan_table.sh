@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's "what fits" table, from `train plan`: Llama models at micro-batch 1 x 4096 tokens,
+# docs/memory.md's "what fits" table, from `train plan`: Llama models at micro-batch 1 x 4096 tokens,
 # bf16, full fine-tuning, LoRA (r 16) and QLoRA (r 16, NF4), per rank (the largest rank for mp),
 # without and with activation checkpointing.
 #

@@ -9,7 +9,7 @@
 //   decode MB/s     decode(ids of the whole text), bytes of text per second
 //
 // test/interop/tokenizer_speed_hf.py measures Hugging Face `tokenizers` doing the same work; the
-// README has both.
+// docs/training-and-data.md has both.
 #include "data/tokenizer.h"
 
 #include <cstdio>

@@ -1,7 +1,7 @@
 // The product-side wrapper through which every collective goes (DESIGN.md §5 "Counting").
 //
 // A Comm is one NCCL communicator plus the stream its collectives run on. Every call is recorded
-// — kind, element count, data type, communicator — on both backends, so tests and the README's
+// — kind, element count, data type, communicator — on both backends, so tests and docs/parallel-training.md's
 // table read exact per-step figures from the product itself, and the bytes each rank puts on the
 // wire are derived from the record with the ring algorithm NCCL uses for large messages:
 //

@@ -13,7 +13,7 @@
 // With hybrid sharding (shard groups of K ranks, parallel/shard_groups.h) ZeRO's N is K: the
 // groups are padded for K shards and every sharded figure is 1/K; the buffers are unchanged.
 // The multi-rank tests check the measured peaks per category against these exactly (test/mpi/
-// test_mpi_parallel.cu), and the README's table is printed from it (bench/model_state_table.cpp).
+// test_mpi_parallel.cu), and docs/lora-qlora.md's table is printed from it (bench/model_state_table.cpp).
 // Activations and workspace are not model state; they depend on the batch (the planner's part).
 // Host code only.
 #pragma once

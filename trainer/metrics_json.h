@@ -1,7 +1,7 @@
 // Numbers in metrics.jsonl. JSON has no NaN or infinity, and a line holding `nan` is not JSON (a
 // resume's trim of the file, trainer/state.h, and every JSON reader would drop or reject it), so a
 // value that is not finite is written as null; a skipped step's record also says "skipped": true
-// (README, "metrics.jsonl"). Finite values keep 17 significant digits: they read back exactly.
+// (docs/training-and-data.md, "The default run"). Finite values keep 17 significant digits: they read back exactly.
 #pragma once
 
 #include <cmath>

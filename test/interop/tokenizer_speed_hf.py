@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hugging Face `tokenizers` doing what bench/tokenizer_bench.cpp measures, for the README's table.
+"""Hugging Face `tokenizers` doing what bench/tokenizer_bench.cpp measures, for docs/training-and-data.md's table.
 
     /tmp/venv/bin/python test/interop/tokenizer_speed_hf.py [--shared ../shared]
 

@@ -294,7 +294,7 @@ void check_frozen(const RunResult& r, const std::map<std::string, std::vector<do
 }
 
 // ", frozen a + b + c (psi_frozen N)" (nothing without frozen tensors), for the figures printed
-// for the README.
+// for docs/parallel-training.md.
 std::string frozen_label(const std::set<std::string>& frozen, long long psi_frozen) {
     if (frozen.empty()) return "";
     std::string names;
@@ -573,7 +573,7 @@ void check_mp_counts(pv::World& world, Options opt = {}) {
     CUDA_CHECK(cudaMemcpy(total, sum.get(), sizeof total, cudaMemcpyDeviceToHost));
     CHECK(total[0] == double(mp.psi) + (p > 1 ? double(mp.padded[0]) : 0));
     CHECK(total[1] == double(mp.psi + mp.psi_frozen) + (p > 1 ? double(mp.unit_padded[0]) : 0));
-    // Every stage's figures, gathered to rank 0 for the README's table.
+    // Every stage's figures, gathered to rank 0 for the table of docs/parallel-training.md.
     const double memory = category(mp, C::parameters) + category(mp, C::gradients) + category(mp, C::optimizer_state);
     const auto& calls = mp.per_step[0].calls;
     const std::vector<double> mine{double(first),
@@ -740,7 +740,7 @@ void check_counts(pv::World& world, Options opt = {}) {
     CHECK(category(ddp, C::comm_buffers) == 0);
     CHECK(category(zero1, C::comm_buffers) == 0);
     // The same figures from parallel/memory.h, which computes them before any allocation (the
-    // README's table comes from it), for every strategy here and for single on one rank.
+    // docs/lora-qlora.md's table comes from it), for every strategy here and for single on one rank.
     const pv::GroupOptions groups{opt.frozen, opt.lora, opt.nf4, true};
     const pv::LlamaConfig config = awkward_model(world.size(), opt.tied);
     const RunResult single = reference<T>(world, opt);

@@ -4,7 +4,7 @@
 // way `train` does, runs one optimizer step of two micro-steps, and reads the host platform's
 // per-category peaks (platform/device_memory.h). Model states (parameters, gradients, optimizer
 // state, communication buffers) and the activations must equal the plan exactly; the device
-// total within 2%. Rank 0 prints the accuracy table the README quotes.
+// total within 2%. Rank 0 prints the accuracy table docs/memory.md quotes.
 #include <catch2/catch.hpp>
 
 #include "data/loader.h"
