@@ -1,4 +1,4 @@
-// What `train` does when something goes wrong (issue 17's failure table in the README): bad
+// What `train` does when something goes wrong (issue 17's failure table in docs/checkpoints-and-failures.md): bad
 // options from the command line or a checkpoint's file, and the tools that show a run. Whole
 // programs in child processes, under one schedule: their kernels meet every schedule in their own
 // suites.
@@ -129,6 +129,8 @@ TEST_CASE("train --resume: a corrupted, incomplete or edited checkpoint is refus
     TempDir dir("train_resume_checks");
     const fs::path out = dir.path / "out";
     write_first_checkpoint(dir.path, out);
+    // The copies are resumed in their own directory: --out-dir would otherwise be the checkpoint's,
+    // `out`, which holds the run they were copied from (trainer/out_dir.h: never clobbered).
     const fs::path ckpt = out / "step_1", copy = dir.path / "copy" / "step_1";
     const auto fresh_copy = [&] {
         fs::remove_all(copy.parent_path());
@@ -140,7 +142,7 @@ TEST_CASE("train --resume: a corrupted, incomplete or edited checkpoint is refus
         std::string bytes = read_file(copy / "model.safetensors");
         bytes[bytes.size() - 7] ^= 0x01;
         std::ofstream(copy / "model.safetensors", std::ios::binary | std::ios::trunc) << bytes;
-        const Run r = run_train("--resume " + copy.string());
+        const Run r = run_train("--resume " + copy.string() + " --out-dir " + copy.parent_path().string());
         INFO(r.output);
         CHECK(r.status != 0);
         CHECK_THAT(r.output, Catch::Contains((copy / "model.safetensors").string()) &&
@@ -153,7 +155,7 @@ TEST_CASE("train --resume: a corrupted, incomplete or edited checkpoint is refus
             std::regex_replace(config, std::regex(R"("rope_theta": [0-9.e+]+)"), "\"rope_theta\": 500000.0");
         REQUIRE(edited != config);
         std::ofstream(copy / "config.json", std::ios::trunc) << edited;
-        const Run r = run_train("--resume " + copy.string());
+        const Run r = run_train("--resume " + copy.string() + " --out-dir " + copy.parent_path().string());
         INFO(r.output);
         CHECK(r.status != 0);
         CHECK_THAT(r.output, Catch::Contains("config.json was edited") && Catch::Contains("rope_theta 500000.0") &&
@@ -162,17 +164,17 @@ TEST_CASE("train --resume: a corrupted, incomplete or edited checkpoint is refus
     {  // no adam_m.safetensors: refused naming the flag, which then resumes
         fresh_copy();
         fs::remove(copy / "adam_m.safetensors");
-        const Run r = run_train("--resume " + copy.string());
+        const Run r = run_train("--resume " + copy.string() + " --out-dir " + copy.parent_path().string());
         INFO(r.output);
         CHECK(r.status != 0);
         CHECK_THAT(r.output, Catch::Contains("has no adam_m.safetensors") && Catch::Contains("--allow-inexact-resume"));
-        const Run allowed = run_train("--resume " + copy.string() + " --allow-inexact-resume");
+        const Run allowed = run_train("--resume " + copy.string() + " --out-dir " + copy.parent_path().string() + " --allow-inexact-resume");
         INFO(allowed.output);
         CHECK(allowed.status == 0);
         CHECK_THAT(allowed.output, Catch::Contains("warning: " + copy.string() + " has no adam_m.safetensors") &&
                                        Catch::Contains("resumed from " + copy.string() + " at step 1"));
         // The flag is this invocation's only: the new checkpoint does not carry it.
-        CHECK_THAT(read_file(out / "step_2" / "trainer_state.json"), !Catch::Contains("inexact"));
+        CHECK_THAT(read_file(copy.parent_path() / "step_2" / "trainer_state.json"), !Catch::Contains("inexact"));
     }
 }
 
@@ -358,6 +360,132 @@ TEST_CASE("train: --keep-checkpoints, stale .tmp removed, a branch refused, sent
     CHECK(metrics_without_timing(parent / "metrics.jsonl") == metrics_without_timing(branch / "metrics.jsonl"));
     CHECK(read_file(parent / "step_4" / "model.safetensors") == read_file(branch / "step_4" / "model.safetensors"));
     CHECK(read_file(parent / "step_4" / "model.safetensors") != parent_step4);
+}
+
+// Never clobbered (trainer/out_dir.h): a new run into a directory holding a run is refused before
+// anything is written, naming what is there and the three ways on; the files stay byte for byte.
+// --overwrite removes the run's files and nothing else; a branch into a directory that holds a
+// run is refused the same way.
+TEST_CASE("train: a new run into a directory that holds a run is refused; --overwrite removes only the run",
+          "[train][out_dir]") {
+    TempDir dir("train_clobber");
+    const fs::path out = dir.path / "out";
+    const std::string run = "--warmup 0 --batch 2 --micro-batch 2 --seq-len 8 --vocab 257 --sample-tokens 0 "
+                            "--eval-interval 0 --out-dir " + out.string();
+    const Run first = run_train(run + " --steps 2 --seed 1");
+    INFO(first.output);
+    REQUIRE(first.status == 0);
+    std::ofstream(out / "notes.txt") << "the user's own file";
+    const std::string metrics = read_file(out / "metrics.jsonl"),
+                      weights = read_file(out / "step_2" / "model.safetensors");
+    REQUIRE(metrics.find("\"step\": 2,") != std::string::npos);
+
+    const Run again = run_train(run + " --steps 3 --seed 2");
+    INFO(again.output);
+    REQUIRE(again.status != 0);
+    CHECK(again.output.find("--out-dir " + out.string() + " already holds a run (metrics.jsonl, step_2)") !=
+          std::string::npos);
+    for (const char* way : {"--resume ", "another --out-dir", "--overwrite to remove metrics.jsonl, step_2"})
+        CHECK(again.output.find(way) != std::string::npos);
+    CHECK(losses(again.output).empty());
+    CHECK(read_file(out / "metrics.jsonl") == metrics);
+    CHECK(read_file(out / "step_2" / "model.safetensors") == weights);
+
+    // A branch of another run's checkpoint into `out` is refused too.
+    const fs::path other = dir.path / "other";
+    const Run source = run_train("--warmup 0 --batch 2 --micro-batch 2 --seq-len 8 --vocab 257 --sample-tokens 0 "
+                                 "--eval-interval 0 --steps 1 --out-dir " + other.string());
+    INFO(source.output);
+    REQUIRE(source.status == 0);
+    const Run branch = run_train("--resume " + (other / "step_1").string() + " --steps 2 --out-dir " + out.string());
+    INFO(branch.output);
+    REQUIRE(branch.status != 0);
+    CHECK(branch.output.find("the branch of --resume " + (other / "step_1").string() + " there would destroy it") !=
+          std::string::npos);
+    CHECK(read_file(out / "metrics.jsonl") == metrics);
+
+    const Run overwrite = run_train(run + " --steps 3 --seed 2 --overwrite");
+    INFO(overwrite.output);
+    REQUIRE(overwrite.status == 0);
+    CHECK(overwrite.output.find("--overwrite: removed the run that was in " + out.string() +
+                                " (metrics.jsonl, step_2)") != std::string::npos);
+    CHECK_FALSE(fs::exists(out / "step_2"));
+    REQUIRE(fs::exists(out / "step_3" / "trainer_state.json"));
+    CHECK(read_file(out / "notes.txt") == "the user's own file");
+    const std::string now = read_file(out / "metrics.jsonl");
+    CHECK(now.find("\"step\": 3,") != std::string::npos);
+    CHECK(now.rfind("{\"step\": 1,", 0) == 0);  // the new run's history alone
+}
+
+// One writer at a time: while a run holds the output directory's lock, a second `train` into it —
+// a new run or a resume — is refused naming the first's pid; the first, stopped by SIGTERM, still
+// writes its checkpoint and exits 0.
+TEST_CASE("train: a second writer into a directory a run is writing is refused naming the first",
+          "[train][out_dir]") {
+    TempDir dir("train_second_writer");
+    const fs::path out = dir.path / "out";
+    const std::string train = (build_dir() / "train").string();
+    const std::string args = " --warmup 0 --batch 2 --micro-batch 2 --seq-len 8 --vocab 257 --sample-tokens 0 "
+                             "--eval-interval 0 --out-dir " + out.string();
+    // The lock file's line is written once the lock is held.
+    const Run r = run_train_command(
+        "timeout 120 sh -c '" + train + args + " --steps 1000000 --checkpoint-interval 1 > " +
+        (dir.path / "first.log").string() + " 2>&1 & first=$!; while [ ! -s " + (out / "train.lock").string() +
+        " ] || [ ! -d " + (out / "step_1").string() + " ]; do sleep 0.05; done; " + train + args +
+        " --steps 5; echo \"new run: exit $?\"; " + train + " --resume " + out.string() +
+        "; echo \"resume: exit $?\"; echo \"first: pid $first\"; kill -TERM $first; wait $first; "
+        "echo \"first: exit $?\"'");
+    INFO(r.output);
+    INFO(read_file(dir.path / "first.log"));
+    std::smatch pid;
+    REQUIRE(std::regex_search(r.output, pid, std::regex("first: pid ([0-9]+)")));
+    const std::string refused = "--out-dir " + out.string() + " is being written by another train (pid " +
+                                pid[1].str() + " on host ";
+    CHECK(r.output.find(refused) != std::string::npos);
+    CHECK(r.output.find("new run: exit 1") != std::string::npos);
+    CHECK(r.output.find("resume: exit 1") != std::string::npos);
+    CHECK(r.output.find("first: exit 0") != std::string::npos);
+    CHECK(read_file(dir.path / "first.log").find("stopped by SIGTERM on 1 of 1 rank(s)") != std::string::npos);
+    CHECK(fs::exists(out / "step_1" / "trainer_state.json"));
+}
+
+// Preemption as jobs are stopped: Ctrl-C on mpirun. Open MPI's mpirun sends each rank SIGCONT,
+// then SIGTERM and SIGKILL, each after odls_base_sigkill_timeout (here 5 s); the ranks take the
+// SIGCONT as the stop request (trainer/signals.h), so the step in flight ends with a complete
+// checkpoint, every rank agreeing, well before the SIGKILL. mpirun itself waits out both timeouts.
+TEST_CASE("train under mpirun: Ctrl-C on mpirun ends the run after the step in flight, with its checkpoint",
+          "[train][mpi][signals]") {
+    TempDir dir("train_mpirun_interrupt");
+    const fs::path out = dir.path / "out";
+    const std::string metrics = (out / "metrics.jsonl").string();
+    const Run r = run_train_command(
+        "timeout 120 sh -c 'OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 2 --oversubscribe "
+        "--bind-to none --mca mpi_yield_when_idle 1 --mca odls_base_sigkill_timeout 5 -x POLEVAULT_HOST_WORKERS=1 "
+        "-x OPENBLAS_NUM_THREADS=1 " + (build_dir() / "train").string() +
+        " --steps 1000000 --warmup 0 --batch 4 --micro-batch 1 --seq-len 8 --vocab 257 --sample-tokens 0 "
+        "--eval-interval 0 --parallel ddp --out-dir " + out.string() + " > " + (dir.path / "mpirun.log").string() +
+        " 2>&1 & m=$!; while [ \"$(cat " + metrics + " 2>/dev/null | wc -l)\" -lt 3 ]; do sleep 0.05; done; "
+        "echo \"lines at the signal: $(wc -l < " + metrics + ")\"; kill -INT $m; wait $m; echo \"mpirun: exit $?\"'");
+    INFO(r.output);
+    INFO(read_file(dir.path / "mpirun.log"));
+    std::smatch at;
+    REQUIRE(std::regex_search(r.output, at, std::regex("lines at the signal: ([0-9]+)")));
+    const long long signalled = std::stoll(at[1].str());
+    std::vector<long long> steps;
+    for (const auto& e : fs::directory_iterator(out)) {
+        const std::string name = e.path().filename().string();
+        CHECK(name.find(".tmp") == std::string::npos);
+        if (name.rfind("step_", 0) == 0) steps.push_back(std::stoll(name.substr(5)));
+    }
+    REQUIRE(steps.size() == 1);
+    // The step in flight when the signal came, or the one after it (the signal raced the read).
+    CHECK(steps[0] >= signalled);
+    CHECK(steps[0] <= signalled + 2);
+    const fs::path ckpt = out / ("step_" + std::to_string(steps[0]));
+    REQUIRE(fs::exists(ckpt / "trainer_state.json"));
+    CHECK(read_file(ckpt / "trainer_state.json").find("\"step\": " + std::to_string(steps[0])) != std::string::npos);
+    const std::string lines = read_file(out / "metrics.jsonl");
+    CHECK(std::count(lines.begin(), lines.end(), '\n') == steps[0]);
 }
 
 // A checkpoint write that fails — here at a file-size limit (`ulimit -f`, 5000 KiB: above what

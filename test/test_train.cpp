@@ -83,13 +83,13 @@ TEST_CASE("train: a tiny run on the built-in corpus learns, evaluates, checkpoin
 TEST_CASE("train: two runs with the same seed print identical losses", "[train][heavy]") {
     TempDir dir("train_det");
     const Run a = run_train(kTiny + " --sample-tokens 0 --out-dir " + dir.path.string());
-    const Run b = run_train(kTiny + " --sample-tokens 0 --out-dir " + dir.path.string());
+    const Run b = run_train(kTiny + " --sample-tokens 0 --overwrite --out-dir " + dir.path.string());
     INFO(a.output << "\n----\n" << b.output);
     REQUIRE(a.status == 0);
     REQUIRE(b.status == 0);
     REQUIRE(losses(a.output).size() == 6);
     REQUIRE(losses(a.output) == losses(b.output));
-    const Run c = run_train(kTiny + " --sample-tokens 0 --seed 7 --out-dir " + dir.path.string());
+    const Run c = run_train(kTiny + " --sample-tokens 0 --seed 7 --overwrite --out-dir " + dir.path.string());
     REQUIRE(losses(c.output) != losses(a.output));
 }
 
@@ -1123,7 +1123,7 @@ TEST_CASE("train convert: stories260K becomes a directory --init-from fine-tunes
     CHECK_FALSE(fs::exists(dir.file("bad")));
 }
 
-// The fine-tuning path end to end, as the README tells it: a published llama2.c model converted
+// The fine-tuning path end to end, as docs/fine-tuning-and-chat.md tells it: a published llama2.c model converted
 // to a Hugging Face directory, a chat JSON-lines file prepared with masked prompts, the model
 // fine-tuned from it under ddp at 2 ranks with --document-mask, then asked a question with --chat.
 // `train eval` on the same data before and after shows the fine-tuning lowered the loss.

@@ -3,7 +3,7 @@
 // of it; rank 0 reports and writes.
 //
 //   ./train                      trains a small model on the built-in corpus (the project's own
-//                                README and headers, embedded at build time), prints one line per
+//                                README, docs/ and headers, embedded at build time), prints one line per
 //                                step, evaluates on a held-out tail, saves a checkpoint and ends
 //                                with a generated sample
 //   ./train --resume DIR         continues a run from a checkpoint, bit for bit
@@ -186,7 +186,8 @@ StrategyChoice choose_auto_strategy(TrainOptions& o, int requested_micro_batch, 
     return choice;
 }
 
-int train_command(const TrainOptions& requested_flags, const std::string& resume_dir, World& world) {
+int train_command(const TrainOptions& requested_flags, const std::string& resume_dir, World& world,
+                  std::optional<OutDirLock>& lock) {
     TrainOptions requested = requested_flags;
     if (resume_dir.empty()) apply_adapter_config(requested);
     TrainOptions o = requested;
@@ -227,6 +228,7 @@ int train_command(const TrainOptions& requested_flags, const std::string& resume
                     choice.reason.c_str());
     }
     check_plan_fits(plan_request(o, config, world.size()), gpu);
+    if (world.rank() == 0 && !lock) lock.emplace(o.out_dir);  // creates the directory
     const RunSources from{resume_dir, init_dir};
     if (o.dtype == "bf16") {
         if (o.fp32_grad_accumulation)
@@ -532,10 +534,12 @@ int main_checked(int argc, char** argv) {
         throw std::runtime_error("cannot silence the standard output of rank " + std::to_string(world.rank()));
     check_init_from(c.train);  // the command line's own flags, before a checkpoint's fill in the rest
     std::string resume_dir;
+    long long saved_step = 0;
     if (!c.train.resume.empty()) {
         // The checkpoint's options, then this command line's flags on top.
         resume_dir = resolve_checkpoint(c.train.resume);
         const TrainerState saved_state = read_trainer_state(resume_dir + "/" + kTrainerStateFile);
+        saved_step = saved_state.step;
         const TrainOptions& saved = saved_state.options;
         c = parse_command(argc, argv, saved);
         // Leaving a pipeline for another strategy drops its micro-batches in flight (unless given again).
@@ -559,18 +563,29 @@ int main_checked(int argc, char** argv) {
             std::printf("resume: %s (from the command line%s)\n", change.c_str(),
                         harmless ? "; recomputing activations leaves every gradient bit the same" : "");
         }
+    }
+    // Rank 0 holds the output directory's lock (trainer/out_dir.h) until it exits: taken here,
+    // before anything there is checked or loaded, when the directory exists; otherwise once the
+    // options have passed their checks (train_command), so a refused run creates nothing.
+    std::optional<OutDirLock> lock;
+    try {
         check_out_dir(c.train.out_dir);
-        check_branch(resume_dir, saved_state.step, c.train.out_dir, c.train.overwrite_later);
-    } else if (c.train.overwrite_later) {
-        throw std::invalid_argument(
-            "--overwrite-later goes with --resume DIR/step_N (it removes DIR's later "
-            "checkpoints): drop it");
-    } else {
-        check_out_dir(c.train.out_dir);
+        if (world.rank() == 0 && std::filesystem::is_directory(c.train.out_dir)) lock.emplace(c.train.out_dir);
+        if (!resume_dir.empty()) {
+            check_branch(resume_dir, saved_step, c.train.out_dir, c.train.overwrite_later, c.train.overwrite);
+        } else if (c.train.overwrite_later) {
+            throw std::invalid_argument(
+                "--overwrite-later goes with --resume DIR/step_N (it removes DIR's later checkpoints): drop it");
+        } else {
+            check_no_run(c.train.out_dir, c.train.overwrite, "");
+        }
+    } catch (const std::exception& e) {
+        if (world.size() > 1 && world.rank() == 0) abort_all_ranks(std::string("train: ") + e.what());
+        throw;
     }
     world.watch_collectives(c.train.collective_timeout);  // every rank, once its options are known
     try {
-        return train_command(c.train, resume_dir, world);
+        return train_command(c.train, resume_dir, world, lock);
     } catch (const std::exception& e) {
         if (world.size() > 1) abort_all_ranks(std::string("train: ") + e.what());  // never leave the others waiting
         throw;

@@ -201,6 +201,9 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
                  "With --resume DIR/step_N: remove DIR's checkpoints after step N and its metrics past step N "
                  "before continuing there (without it, such a branch is refused unless --out-dir names another "
                  "directory)");
+    app.add_flag("--overwrite", o.overwrite,
+                 "Remove the run already in --out-dir (its metrics.jsonl and step_N checkpoints; nothing else) "
+                 "once this run has loaded, instead of refusing to write there");
     app.add_option("--collective-timeout", o.collective_timeout,
                    "Seconds a rank waits in one collective for a rank that does not arrive before every rank stops "
                    "with a message naming it (under mpirun; a single process has no collectives). Not saved in "

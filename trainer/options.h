@@ -89,6 +89,7 @@ struct TrainOptions {
     long long stop_after = 0;           // stop after this many steps of this invocation (0: run to --steps)
     long long keep_checkpoints = 0;     // keep the newest K complete checkpoints (0: all; trainer/out_dir.h)
     bool overwrite_later = false;       // resuming step_N: remove the output directory's later checkpoints
+    bool overwrite = false;             // remove the run already in --out-dir first (trainer/out_dir.h); not saved
     // Resume from a checkpoint missing master/adam files, starting their state fresh
     // (model/checkpoint_files.h). This invocation's choice only: not saved in checkpoints.
     bool allow_inexact_resume = false;

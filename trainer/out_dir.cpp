@@ -4,7 +4,14 @@
 #include "model/checkpoint.h"
 #include "trainer/state.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <stdexcept>
 #include <system_error>
@@ -22,13 +29,18 @@ std::vector<CheckpointDir> later_checkpoints(const std::string& out_dir, long lo
     return later;
 }
 
-// "step_6, step_7, step_8" (the first few, then how many more).
-std::string names(const std::vector<CheckpointDir>& dirs) {
+// "metrics.jsonl, step_6, step_7" (the first few names, then how many more).
+std::string file_names(const std::vector<std::string>& paths) {
     std::string out;
-    for (size_t i = 0; i < dirs.size() && i < 4; ++i)
-        out += (i ? ", " : "") + fs::path(dirs[i].path).filename().string();
-    if (dirs.size() > 4) out += " and " + std::to_string(dirs.size() - 4) + " more";
+    for (size_t i = 0; i < paths.size() && i < 4; ++i) out += (i ? ", " : "") + fs::path(paths[i]).filename().string();
+    if (paths.size() > 4) out += " and " + std::to_string(paths.size() - 4) + " more";
     return out;
+}
+
+std::string names(const std::vector<CheckpointDir>& dirs) {
+    std::vector<std::string> paths;
+    for (const CheckpointDir& d : dirs) paths.push_back(d.path);
+    return file_names(paths);
 }
 
 void remove_dir(const std::string& path, const std::string& why) {
@@ -68,7 +80,79 @@ void check_out_dir(const std::string& out_dir) {
                                     " exists and is not a directory: choose another path for the run's output");
 }
 
-void check_branch(const std::string& resume_dir, long long step, const std::string& out_dir, bool overwrite_later) {
+std::vector<std::string> run_files(const std::string& out_dir) {
+    std::vector<std::string> files;
+    std::error_code ec;
+    if (!fs::is_directory(out_dir, ec)) return files;
+    const fs::path metrics = fs::path(out_dir) / "metrics.jsonl";
+    if (fs::symlink_status(metrics, ec).type() != fs::file_type::not_found) files.push_back(metrics.string());
+    for (const CheckpointDir& c : list_checkpoints(out_dir, kTrainerStateFile)) files.push_back(c.path);
+    return files;
+}
+
+void check_no_run(const std::string& out_dir, bool overwrite, const std::string& resume) {
+    const std::vector<std::string> files = run_files(out_dir);
+    if (files.empty() || overwrite) return;
+    const std::string what = resume.empty() ? "a new run" : "the branch of --resume " + resume;
+    throw std::invalid_argument("--out-dir " + out_dir + " already holds a run (" + file_names(files) + "); " + what +
+                                " there would destroy it. Continue that run with --resume " + out_dir +
+                                ", write this one to another --out-dir, or pass --overwrite to remove " +
+                                file_names(files) + " first (other files there are left alone)");
+}
+
+std::vector<std::string> remove_run(const std::string& out_dir) {
+    const std::vector<std::string> files = run_files(out_dir);
+    for (const std::string& f : files) remove_dir(f, "--overwrite");
+    if (files.empty()) return {};
+    return {"--overwrite: removed the run that was in " + out_dir + " (" + file_names(files) + ")"};
+}
+
+OutDirLock::OutDirLock(const std::string& out_dir) {
+    std::error_code ec;
+    fs::create_directories(out_dir, ec);
+    if (ec) throw std::runtime_error("cannot create the output directory " + out_dir + ": " + ec.message());
+    const std::string path = (fs::path(out_dir) / "train.lock").string();
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd_ < 0)
+        throw std::runtime_error("cannot open " + path + " (the output directory's lock): " + std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+        const int error = errno;
+        std::string holder(256, '\0');
+        const ssize_t n = ::pread(fd_, holder.data(), holder.size(), 0);
+        holder.resize(n > 0 ? size_t(n) : 0);
+        while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\0')) holder.pop_back();
+        ::close(fd_);
+        fd_ = -1;
+        if (error != EWOULDBLOCK)
+            throw std::runtime_error("cannot lock " + path + ": " + std::strerror(error));
+        throw std::runtime_error("--out-dir " + out_dir + " is being written by another train (" +
+                                 (holder.empty() ? "its details not yet written" : holder) +
+                                 "): two runs in one directory would mix their checkpoints and metrics. Wait for "
+                                 "it to end (then --resume " + out_dir + " continues it), or choose another --out-dir");
+    }
+    char host[256] = "";
+    ::gethostname(host, sizeof host - 1);
+    char started[64] = "";
+    const std::time_t now = std::time(nullptr);
+    std::tm utc{};
+    ::gmtime_r(&now, &utc);
+    std::strftime(started, sizeof started, "%Y-%m-%d %H:%M:%S UTC", &utc);
+    const std::string line = "pid " + std::to_string(::getpid()) + " on host " + host + ", since " + started + "\n";
+    // Best effort: the lock, not the text, is what keeps a second writer out.
+    if (::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, line.data(), line.size(), 0) < 0) {}
+}
+
+OutDirLock::~OutDirLock() {
+    if (fd_ >= 0) ::close(fd_);  // closing drops the lock
+}
+
+void check_branch(const std::string& resume_dir, long long step, const std::string& out_dir, bool overwrite_later,
+                  bool overwrite) {
+    if (!same_dir(parent_of(resume_dir), out_dir)) return check_no_run(out_dir, overwrite, resume_dir);
+    if (overwrite)
+        throw std::invalid_argument("--overwrite with --resume " + resume_dir +
+                                    " would remove the run being resumed: drop it (--overwrite-later removes only "
+                                    "the checkpoints after the resumed one)");
     const std::vector<CheckpointDir> later = later_checkpoints(out_dir, step);
     if (later.empty() || overwrite_later) return;
     throw std::invalid_argument(

@@ -2,6 +2,18 @@
 // checkpoints), and what a run does with what is already there. Host C++ only.
 //
 //   - An empty --out-dir, or one that exists and is not a directory, is refused at start-up.
+//   - Never clobbered. A new run (no --resume), or a branch into another directory, is refused
+//     when --out-dir already holds a run — its metrics.jsonl or a complete step_N checkpoint —
+//     naming what is there and the three ways on: --resume it, another --out-dir, or
+//     --overwrite, which removes exactly those files (nothing else in the directory) once the
+//     new run has loaded, and says what it removed.
+//   - One writer at a time. Rank 0 holds an advisory lock (flock(2), exclusive) on
+//     OUT/train.lock from before anything is loaded until the process ends, and writes its pid,
+//     host and start time into the file; a second `train` into the same directory — a new run,
+//     or a resume racing the writer — is refused, naming them. The kernel drops the lock when
+//     the holder exits, however it exits, so a crash never leaves a stale lock behind (the file
+//     stays; it is not part of the run). flock works across hosts on NFSv4 and Lustre (with
+//     flock mounts), not on every network file system: there it is a local lock only.
 //   - step_N.tmp directories are checkpoints a crash interrupted (model/checkpoint.h: never a
 //     checkpoint, never resumed from); a run removes them when it starts writing there.
 //   - --keep-checkpoints K: after a checkpoint is complete (committed), the complete checkpoints
@@ -23,10 +35,38 @@ namespace pv {
 // Refuses (std::invalid_argument naming the fix) an empty out_dir or a path that is not a directory.
 void check_out_dir(const std::string& out_dir);
 
+// The files of a run in out_dir: metrics.jsonl and the complete checkpoints (paths, in that
+// order); empty when there is none or out_dir does not exist. Unfinished step_N.tmp are not a
+// run: every run removes them (above).
+std::vector<std::string> run_files(const std::string& out_dir);
+
+// The rule against clobbering: throws std::invalid_argument naming the run's files and the three
+// choices when out_dir holds a run and `overwrite` is false. `resume` is the --resume given, for
+// the message (empty: a new run).
+void check_no_run(const std::string& out_dir, bool overwrite, const std::string& resume);
+
+// --overwrite: removes run_files(out_dir); returns the lines to print.
+std::vector<std::string> remove_run(const std::string& out_dir);
+
+// Rank 0's lock on out_dir for the run (see above): creates out_dir if missing, takes the lock or
+// throws std::runtime_error naming the holder (its pid, host and start) and the fix.
+class OutDirLock {
+  public:
+    explicit OutDirLock(const std::string& out_dir);
+    ~OutDirLock();
+    OutDirLock(const OutDirLock&) = delete;
+    OutDirLock& operator=(const OutDirLock&) = delete;
+
+  private:
+    int fd_ = -1;
+};
+
 // The branch rule above, before anything is loaded: throws std::invalid_argument naming the later
 // checkpoints and the two flags, when out_dir holds complete checkpoints later than `step` (the
-// resumed checkpoint's, `resume_dir`) and overwrite_later is false.
-void check_branch(const std::string& resume_dir, long long step, const std::string& out_dir, bool overwrite_later);
+// resumed checkpoint's, `resume_dir`) and overwrite_later is false. A branch into another
+// directory follows check_no_run instead; --overwrite of the directory being resumed is refused.
+void check_branch(const std::string& resume_dir, long long step, const std::string& out_dir, bool overwrite_later,
+                  bool overwrite);
 
 // Makes out_dir ready for a run (rank 0, before its first step): creates it, removes stale
 // step_N.tmp directories, and when resuming at `step` from `resume_dir` (empty: a fresh run)

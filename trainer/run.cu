@@ -26,6 +26,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -261,6 +262,8 @@ class TrainingRun {
     // scratch, or after the history up to the checkpoint's step on resume.
     void open_metrics() {
         if (!writer()) return;
+        if (o_.overwrite)
+            for (const std::string& line : remove_run(o_.out_dir)) std::printf("%s\n", line.c_str());
         for (const std::string& line : prepare_out_dir(o_.out_dir, resume_dir_, start_step_, o_.overwrite_later))
             std::printf("%s\n", line.c_str());
         const std::string path = o_.out_dir + "/metrics.jsonl";
@@ -311,6 +314,13 @@ class TrainingRun {
                 "not counted in MFU)\n",
                 recomputed, c.num_layers, bytes(ckpt), bytes({}),
                 100.0 * recompute_flops_per_token(c, o_.seq_len, ckpt) / training_flops_per_token(c, o_.seq_len));
+        }
+        if (under_open_mpi()) {
+            const int t = mpirun_kill_grace_seconds();
+            std::printf(
+                "stop signals: Ctrl-C or SIGTERM to mpirun leaves the ranks %d s to finish the step and write its "
+                "checkpoint (twice Open MPI's odls_base_sigkill_timeout, %d s)%s\n",
+                2 * t, t, t < 30 ? "; lengthen it with mpirun --mca odls_base_sigkill_timeout 60" : "");
         }
         if (plan_.info->stages) {
             const std::vector<int>& stages = plan_.stage_bounds;
@@ -423,6 +433,7 @@ class TrainingRun {
         s.options.resume.clear();
         s.options.stop_after = 0;
         s.options.overwrite_later = false;
+        s.options.overwrite = false;
         s.base_fingerprint = base_fingerprint_;
         return s;
     }
@@ -438,7 +449,7 @@ class TrainingRun {
             std::printf(
                 "stopped by %s on %lld of %d rank(s) after step %lld, checkpoint %s written; continue with: "
                 "train --resume %s\n",
-                here ? signal_name(here) : "a stop signal", stop_requests_, world_.size(), end_step_,
+                here == SIGCONT ? "mpirun (its SIGCONT)" : here ? signal_name(here) : "a stop signal", stop_requests_, world_.size(), end_step_,
                 checkpoint_path(o_.out_dir, end_step_).c_str(), o_.out_dir.c_str());
             return;
         }

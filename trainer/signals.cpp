@@ -14,7 +14,8 @@ namespace {
 static_assert(std::atomic<int>::is_always_lock_free, "the handler's flags must be lock-free to be signal-safe");
 
 std::atomic<int> g_phase{int(SignalPhase::loading)};
-std::atomic<int> g_stop{0};  // the first stop signal while training
+std::atomic<int> g_stop{0};            // the first stop signal while training
+std::atomic<bool> g_mpirun_term{false};  // after mpirun's SIGCONT: its SIGTERM is the same request
 
 constexpr int kStopSignals[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1};
 
@@ -39,6 +40,7 @@ void on_stop_signal(int signo) {
     const char* name = signal_name(signo);
     switch (SignalPhase(g_phase.load())) {
         case SignalPhase::loading:
+            if (signo == SIGCONT) break;  // mpirun's herald: its SIGTERM follows (nothing to save yet)
             say(name, " before training started: exiting (nothing to save yet)\n");
             // Die by the signal, as without a handler: it is blocked while this handler runs and is
             // delivered, with the default action, when the handler returns.
@@ -48,9 +50,22 @@ void on_stop_signal(int signo) {
         case SignalPhase::training: {
             int none = 0;
             if (g_stop.compare_exchange_strong(none, signo)) {
-                say(name,
-                    " received: finishing this step, then writing its checkpoint and exiting (a second signal "
-                    "exits at once, without that checkpoint)\n");
+                if (signo == SIGCONT) {
+                    g_mpirun_term.store(true);
+                    say(name,
+                        " from mpirun (Open MPI sends it when mpirun is interrupted or terminated, then SIGTERM and "
+                        "SIGKILL, each after its odls_base_sigkill_timeout): finishing this step, then writing its "
+                        "checkpoint and exiting\n");
+                } else {
+                    say(name,
+                        " received: finishing this step, then writing its checkpoint and exiting (a second signal "
+                        "exits at once, without that checkpoint)\n");
+                }
+                break;
+            }
+            if (signo == SIGCONT) break;  // mpirun sends one whenever it signals
+            if (g_mpirun_term.exchange(false)) {  // the SIGTERM that follows mpirun's SIGCONT: the same request
+                say(name, " from mpirun: still finishing this step and writing its checkpoint\n");
                 break;
             }
             say(name,
@@ -59,6 +74,7 @@ void on_stop_signal(int signo) {
             ::_exit(128 + signo);
         }
         case SignalPhase::finished:
+            if (signo == SIGCONT) break;
             say(name, " after the last step: its checkpoint is written; exiting\n");
             ::_exit(128 + signo);
     }
@@ -73,6 +89,7 @@ const char* signal_name(int signo) {
         case SIGINT: return "SIGINT";
         case SIGHUP: return "SIGHUP";
         case SIGUSR1: return "SIGUSR1";
+        case SIGCONT: return "SIGCONT";
         default: return "a signal";
     }
 }
@@ -86,6 +103,18 @@ void install_stop_signals() {
     for (int s : kStopSignals) sigaddset(&action.sa_mask, s);  // one handler at a time
     action.sa_flags = SA_RESTART;                              // interrupted system calls resume
     for (int s : kStopSignals) sigaction(s, &action, nullptr);
+    if (under_open_mpi()) {
+        sigaddset(&action.sa_mask, SIGCONT);
+        for (int s : kStopSignals) sigaction(s, &action, nullptr);
+        sigaction(SIGCONT, &action, nullptr);
+    }
+}
+
+bool under_open_mpi() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr; }
+
+int mpirun_kill_grace_seconds() {
+    const char* v = std::getenv("OMPI_MCA_odls_base_sigkill_timeout");
+    return v && *v ? std::atoi(v) : 1;  // Open MPI 4's default
 }
 
 void set_signal_phase(SignalPhase phase) { g_phase.store(int(phase)); }

@@ -18,6 +18,17 @@
 //             resumed from and is removed by the next run: trainer/out_dir.h).
 //   finished  (after the last step: the closing sample): the checkpoints are written; a signal
 //             ends the process at once with a line saying so.
+//
+// Under Open MPI's mpirun. mpirun does not forward SIGINT or SIGTERM: interrupted (Ctrl-C) or
+// terminated, it sends each rank SIGCONT, waits odls_base_sigkill_timeout seconds (T, 1 by
+// default), sends SIGTERM, waits T again and sends SIGKILL (Open MPI 4's odls "kill local
+// procs"), and it forwards none of the ranks' output meanwhile. Waiting for the SIGTERM would
+// leave T seconds for the step and its checkpoint; so under Open MPI (OMPI_COMM_WORLD_SIZE set)
+// a SIGCONT while training is taken as the stop request, 2T seconds before the SIGKILL, and the
+// SIGTERM that follows it is the same request, not a second signal. The price: a SIGCONT sent by
+// hand to a rank under mpirun (after a SIGSTOP, say) stops the run too, with its checkpoint.
+// `mpirun --mca odls_base_sigkill_timeout 60` gives the ranks 120 s (docs/failures.md).
+//
 // The handler touches only async-signal-safe things: a std::atomic that is always lock-free,
 // write(2) of preformatted strings, signal(2) and raise(3), _exit(2).
 //
@@ -41,6 +52,13 @@ void ignore_file_size_signal();
 
 // The training command: installs the stop signals' handler (phase: loading), before MPI starts.
 void install_stop_signals();
+
+// Whether this process is a rank that Open MPI's mpirun started (OMPI_COMM_WORLD_SIZE is set).
+bool under_open_mpi();
+
+// T above: the seconds mpirun waits between its SIGCONT, SIGTERM and SIGKILL
+// (OMPI_MCA_odls_base_sigkill_timeout, which `mpirun --mca` also sets; 1 when unset).
+int mpirun_kill_grace_seconds();
 
 // Sets what the next stop signal does (see above).
 void set_signal_phase(SignalPhase phase);
