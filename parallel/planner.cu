@@ -447,6 +447,22 @@ std::vector<std::string> changes_that_fit(const PlanRequest& request, double bud
     auto line = [&](const std::string& change, const PlanRequest& q) {
         out.push_back(change + " (" + format_bytes(plan_memory(q).peak()) + " per rank)");
     };
+    // A change that saves model state (LoRA, QLoRA, offload) may fit only once the activations
+    // shrink too: q with activation checkpointing, then the largest micro-batch that fits, added
+    // as needed; true (and the flags appended to `change`) when q then fits.
+    auto fits_with_activation_savers = [&](PlanRequest& q, std::string& change) {
+        if (fits(q, budget)) return true;
+        if (!q.checkpointing.enabled || q.checkpointing.keep_every > 0) {
+            q.checkpointing = ActivationCheckpointing{true, 0};
+            change += " --checkpoint-activations";
+            if (fits(q, budget)) return true;
+        }
+        const int m = q.micro_batch > 1 ? largest_micro_batch(q, budget, q.micro_batch - 1) : 0;
+        if (m <= 0) return false;
+        q.micro_batch = m;
+        change += " --micro-batch " + std::to_string(m);
+        return true;
+    };
     if (request.micro_batch > 1)
         if (const int m = largest_micro_batch(request, budget, request.micro_batch - 1); m > 0) {
             PlanRequest q = request;
@@ -474,11 +490,14 @@ std::vector<std::string> changes_that_fit(const PlanRequest& request, double bud
         // The optimizer state to the host, then (zero3) the parameter slices too.
         PlanRequest q = request;
         q.strategy.offload = Offload::optimizer;
-        if (fits(q, budget))
-            line("--offload optimizer", q);
-        else if (q.strategy.name == "zero3" && !q.groups.nf4) {
+        std::string change = "--offload optimizer";
+        if (fits_with_activation_savers(q, change)) {
+            line(change, q);
+        } else if (request.strategy.name == "zero3" && !request.groups.nf4) {
+            q = request;
             q.strategy.offload = Offload::params;
-            if (fits(q, budget)) line("--offload params", q);
+            change = "--offload params";
+            if (fits_with_activation_savers(q, change)) line(change, q);
         }
     }
     for (const std::string s : {"zero3", "mp"}) {
@@ -494,13 +513,17 @@ std::vector<std::string> changes_that_fit(const PlanRequest& request, double bud
     if (!request.groups.lora.enabled()) {
         PlanRequest q = request;
         q.groups.lora.rank = 16, q.groups.lora.alpha = 32, q.groups.frozen.clear();
-        if (fits(q, budget)) line("LoRA (--lora-rank 16)", q);
-        q.groups.nf4 = true;
-        if (q.dtype == DType::bf16 && fits(q, budget)) line("QLoRA (--lora-rank 16 --quantize nf4)", q);
+        std::string change = "LoRA: --lora-rank 16";
+        if (fits_with_activation_savers(q, change)) line(change, q);
+        q = request;
+        q.groups.lora.rank = 16, q.groups.lora.alpha = 32, q.groups.frozen.clear(), q.groups.nf4 = true;
+        change = "QLoRA: --lora-rank 16 --quantize nf4";
+        if (q.dtype == DType::bf16 && fits_with_activation_savers(q, change)) line(change, q);
     } else if (!request.groups.nf4 && request.dtype == DType::bf16) {
         PlanRequest q = request;
         q.groups.nf4 = true;
-        if (fits(q, budget)) line("QLoRA (--quantize nf4)", q);
+        std::string change = "QLoRA: --quantize nf4";
+        if (fits_with_activation_savers(q, change)) line(change, q);
     }
     return out;
 }

@@ -114,8 +114,11 @@ struct StrategyChoice {
 StrategyChoice choose_strategy(const PlanRequest& request, double budget, bool slow_interconnect);
 
 // When a plan does not fit: the cheapest changes that would, one per line ("--micro-batch 2
-// (peak 61.2 GiB)"), tried in this order: a smaller micro-batch, a ZeRO stage on these ranks,
-// more ranks, LoRA, QLoRA. Empty when nothing tried fits.
+// (61.2 GiB per rank)"), tried in this order: a smaller micro-batch, activation checkpointing, a
+// ZeRO stage on these ranks, CPU offload, more ranks, LoRA, QLoRA. Offload, LoRA and QLoRA
+// come with activation checkpointing and a smaller micro-batch when they need them to fit
+// ("QLoRA: --lora-rank 16 --quantize nf4 --checkpoint-activations --micro-batch 2"). Empty
+// when nothing tried fits.
 std::vector<std::string> changes_that_fit(const PlanRequest& request, double budget);
 
 }  // namespace pv

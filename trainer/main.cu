@@ -469,7 +469,10 @@ int plan_command(const TrainOptions& flags, const PlanOptions& p) {
         std::printf("--parallel auto: %s (%s)\n", o.parallel.c_str(), choice.reason.c_str());
     const MemoryPlan plan = plan_memory(q);
     std::printf("%s", format_plan(plan, &gpu).c_str());
-    std::printf("largest micro-batch that fits: %d\n", largest_micro_batch(q, gpu.usable()));
+    if (const int m = largest_micro_batch(q, gpu.usable()); m > 0)
+        std::printf("largest micro-batch that fits: %d\n", m);
+    else
+        std::printf("largest micro-batch that fits: none (micro-batch 1 does not fit either)\n");
     std::printf("smallest world size that fits:");
     for (const StrategyInfo& s : strategy_registry()) {
         const int n = smallest_world(q, s.name, gpu.usable());
@@ -479,8 +482,10 @@ int plan_command(const TrainOptions& flags, const PlanOptions& p) {
                              : "cannot run these options",
                     &s == &strategy_registry().back() ? "\n" : ",");
     }
-    if (plan.peak() > gpu.usable())
-        for (const std::string& c : changes_that_fit(q, gpu.usable())) std::printf("would fit: %s\n", c.c_str());
+    const bool fits = plan.peak() <= gpu.usable();
+    std::vector<std::string> changes;
+    if (!fits) changes = changes_that_fit(q, gpu.usable());
+    for (const std::string& c : changes) std::printf("would fit: %s\n", c.c_str());
     if (p.compare) {
         std::printf("\nevery strategy on %d rank(s):\n", p.ranks);
         for (const StrategyInfo& s : strategy_registry()) {
@@ -497,7 +502,14 @@ int plan_command(const TrainOptions& flags, const PlanOptions& p) {
             }
         }
     }
-    return 0;
+    if (fits) return 0;
+    // Exit status 1: scripts and schedulers see that this run cannot start as given.
+    std::printf("\ndoes not fit: this run needs %s per rank, %s usable on %s; %s\n", format_bytes(plan.peak()).c_str(),
+                format_bytes(gpu.usable()).c_str(), gpu.name.empty() ? "the --gpu-memory given" : gpu.name.c_str(),
+                changes.empty() ? "none of the changes tried (smaller micro-batches, activation checkpointing, ZeRO, "
+                                  "offload, more ranks up to 4096, LoRA, QLoRA) fits either"
+                                : "the changes above would fit");
+    return 1;
 }
 
 int prepare_command(const PrepareOptions& o) {
