@@ -133,6 +133,20 @@ void write_shard(const std::string& path, const TokenShard& shard) {
     });
 }
 
+namespace {
+
+// What to do with a file that is not a shard: text and JSON lines are what `train prepare` reads.
+std::string not_a_shard_fix(const std::string& path, const unsigned char* head, size_t n) {
+    bool text = n > 0;
+    for (size_t i = 0; i < n; ++i) text = text && (head[i] >= 0x20 || head[i] == '\n' || head[i] == '\r' || head[i] == '\t' || head[i] >= 0x80);
+    if (text)
+        return "; it looks like text or JSON lines: tokenize it first with `train prepare " + path +
+               " --tokenizer MODEL/tokenizer.json --out DIR` (or --vocab N to train a tokenizer), then pass DIR";
+    return "; pass a directory made by `train prepare`, or one of its .pvtokens files";
+}
+
+}  // namespace
+
 TokenShard read_shard(const std::string& path) {
     const InputFile f =
         open_input_file(path, "token shard", "check the path; shards are made by the data preparation step");
@@ -144,17 +158,16 @@ TokenShard read_shard(const std::string& path) {
         unsigned char head[8] = {};
         f.read_exact(head, static_cast<size_t>(std::min<uint64_t>(size, 8)));
         if (size < 8 || std::memcmp(head, kShardMagic, 8) != 0)
-            fail(path, "not a polevault token shard (" + std::to_string(size) +
-                           " bytes, no \"PVTOKENS\" header); pass a file written by write_shard");
+            fail(path, "not a polevault token shard (" + std::to_string(size) + " bytes, no \"PVTOKENS\" header)" +
+                           not_a_shard_fix(path, head, size_t(std::min<uint64_t>(size, 8))));
         fail(path, "truncated: " + std::to_string(size) + " bytes, shorter than the " +
                        std::to_string(kShardV2HeaderBytes) + "-byte header" + recreate);
     }
     unsigned char header[kShardHeaderBytes];
     f.read_exact(header, kShardV2HeaderBytes);
     if (std::memcmp(header, kShardMagic, 8) != 0)
-        fail(path,
-             "not a polevault token shard (the first 8 bytes are not \"PVTOKENS\"); pass a file written by "
-             "write_shard");
+        fail(path, "not a polevault token shard (the first 8 bytes are not \"PVTOKENS\")" +
+                       not_a_shard_fix(path, header, kShardV2HeaderBytes));
     const uint32_t version = get_u32(header + 8);
     const uint32_t vocab = get_u32(header + 12);
     const uint32_t width = get_u32(header + 16);

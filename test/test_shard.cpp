@@ -314,7 +314,14 @@ TEST_CASE("read_shard rejects broken files, naming the file, the problem and the
         auto b = good;
         b[0] = 'X';
         write_bytes(dir.file("magic.bin"), b);
-        expect_rejected(dir.file("magic.bin"), {"not a polevault token shard", "PVTOKENS", "write_shard"});
+        expect_rejected(dir.file("magic.bin"), {"not a polevault token shard", "PVTOKENS", "made by `train prepare`"});
+    }
+    SECTION("JSON lines passed where prepared data goes: the prepare command to run") {
+        const std::string line = "{\"messages\": [{\"role\": \"user\", \"content\": \"hello there, how are you\"}]}\n";
+        write_bytes(dir.file("chats.jsonl"), std::vector<unsigned char>(line.begin(), line.end()));
+        expect_rejected(dir.file("chats.jsonl"),
+                        {"not a polevault token shard", "it looks like text or JSON lines",
+                         "`train prepare " + dir.file("chats.jsonl") + " --tokenizer MODEL/tokenizer.json --out DIR`"});
     }
     SECTION("a tiny foreign file") {
         write_bytes(dir.file("tiny.bin"), {'h', 'i'});

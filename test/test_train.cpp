@@ -371,6 +371,18 @@ TEST_CASE("train prepare of chats, then train --document-mask: packing counts pr
     REQUIRE(on.status == 0);
     REQUIRE(losses(on.output).size() == 1);
     REQUIRE(on.output.find("document mask on") != std::string::npos);
+    // `train eval` of the checkpoint takes the run's validation settings (its document mask, its
+    // windows, its micro-batch): its loss is the run's last validation loss, to the 7 decimals
+    // the run prints.
+    const std::vector<double> validation = validation_losses(on.output);
+    REQUIRE(validation.size() == 1);
+    const Run e = run_train("eval " + dir.file("run") + " --data " + data);
+    INFO(e.output);
+    REQUIRE(e.status == 0);
+    CHECK(e.output.find("document mask on, the first 2 (the run's validation windows") != std::string::npos);
+    std::smatch loss;
+    REQUIRE(std::regex_search(e.output, loss, std::regex(R"(\nloss ([0-9.]+) )")));
+    CHECK(std::abs(std::stod(loss[1]) - validation[0]) <= 5e-8);
 }
 
 TEST_CASE("train: bad input fails with a message naming the problem and the fix", "[train]") {
@@ -1249,9 +1261,11 @@ void stories_with_chats(TempDir& dir, const std::string& base, const std::string
                 .status == 0);
 }
 
-// `train eval MODEL --data DATA` in fp32: the loss it prints.
+// `train eval MODEL --data DATA` in fp32, every window without the document mask (a checkpoint's
+// run may have had it: the same computation for checkpoints and exported directories): its loss.
 double eval_fp32(const std::string& model, const std::string& data) {
-    const Run e = run_train("eval " + model + " --data " + data + " --seq-len 48 --dtype fp32");
+    const Run e = run_train("eval " + model + " --data " + data +
+                            " --seq-len 48 --dtype fp32 --no-document-mask --max-windows 0");
     INFO(e.output);
     REQUIRE(e.status == 0);
     std::smatch m;
@@ -1260,6 +1274,85 @@ double eval_fp32(const std::string& model, const std::string& data) {
 }
 
 }  // namespace train_test
+
+// A fine-tuning run (--init-from) takes fine-tuning's defaults for the flags not given — the
+// learning rate by method, a warmup ratio, the window from the data's longest example, the
+// document mask, no closing sample — and says so; a flag given wins. `train plan` takes them too.
+TEST_CASE("train --init-from: fine-tuning defaults for the flags not given, the window from the data",
+          "[train][init]") {
+    TempDir dir("train_finetune_defaults");
+    const std::string base = dir.file("st"), data = dir.file("data");
+    stories_with_chats(dir, base, data);
+    const Run lora = run_train("plan --init-from " + base + " --data " + data + " --lora-rank 4");
+    INFO(lora.output);
+    REQUIRE(lora.status == 0);
+    CHECK(lora.output.find("fine-tuning defaults (--init-from): --lr 0.0002 (LoRA), --warmup-ratio 0.03, --seq-len "
+                           "from the data, --document-mask, no closing sample") != std::string::npos);
+    // The longest chat ("What comes after 47?" and its answer in the llama3 format) decides the
+    // window: the longest example's tokens, less one, rounded up to a multiple of 64.
+    std::smatch longest;
+    REQUIRE(std::regex_search(lora.output, longest,
+                              std::regex(R"(--seq-len ([0-9]+) from the data: its longest example is ([0-9]+) tokens)")));
+    const int window = std::stoi(longest[1]), tokens = std::stoi(longest[2]);
+    CHECK(tokens > 10);
+    CHECK(window == (tokens - 1 + 63) / 64 * 64);
+    CHECK(lora.output.find("micro-batch 8 x " + std::to_string(window) + " tokens") != std::string::npos);
+    const Run full = run_train("plan --init-from " + base + " --data " + data + " --lr 1e-3 --seq-len 32");
+    INFO(full.output);
+    REQUIRE(full.status == 0);
+    CHECK(full.output.find("fine-tuning defaults (--init-from): --warmup-ratio 0.03, --document-mask, no closing "
+                           "sample") != std::string::npos);
+    CHECK(full.output.find("from the data") == std::string::npos);
+    const Run demo = run_train("plan");
+    CHECK(demo.output.find("fine-tuning defaults") == std::string::npos);
+}
+
+// --warmup as long as the run is warned about (it never trains at --lr); longer is refused naming
+// the flags; --warmup-ratio counts as Hugging Face does; --epochs derives the steps from the data.
+// A resume with another --steps says what it does to the schedule and needs the choice made.
+TEST_CASE("train: the warmup warning, --warmup-ratio, --epochs, and a resume that changes --steps",
+          "[train][schedule]") {
+    TempDir dir("train_schedule_flags");
+    const std::string tiny = "--batch 2 --micro-batch 2 --seq-len 8 --vocab 257 --sample-tokens 0 --eval-interval 0 ";
+    const Run all_warmup = run_train(tiny + "--steps 3 --warmup 3 --out-dir " + dir.file("a"));
+    INFO(all_warmup.output);
+    REQUIRE(all_warmup.status == 0);
+    CHECK(all_warmup.output.find("warning: --warmup 3 is the whole run's 3 steps") != std::string::npos);
+    const Run longer = run_train(tiny + "--steps 3 --warmup 4 --out-dir " + dir.file("b"));
+    CHECK(longer.status != 0);
+    CHECK(longer.output.find("--warmup 4 is more than the run's 3 steps") != std::string::npos);
+    CHECK(!fs::exists(dir.file("b")));
+    // ceil(0.25 x 6) = 2 warmup steps: the first step's learning rate is half the peak.
+    const Run ratio = run_train(tiny + "--steps 6 --warmup-ratio 0.25 --lr 1e-3 --out-dir " + dir.file("c"));
+    INFO(ratio.output);
+    REQUIRE(ratio.status == 0);
+    CHECK(ratio.output.find("step     1/6 | loss") != std::string::npos);
+    CHECK(ratio.output.find("| lr 5.000e-04 |") != std::string::npos);
+    CHECK(ratio.output.find("warning") == std::string::npos);
+    // --epochs 0.0001 of the built-in corpus's windows at --batch 2.
+    const Run epochs = run_train(tiny + "--epochs 0.0001 --warmup 0 --out-dir " + dir.file("d"));
+    INFO(epochs.output);
+    REQUIRE(epochs.status == 0);
+    std::smatch windows, steps;
+    REQUIRE(std::regex_search(epochs.output, windows, std::regex(R"(([0-9]+) training windows of 8 tokens)")));
+    REQUIRE(std::regex_search(epochs.output, steps, std::regex(R"(--epochs 0.0001: ([0-9]+) steps)")));
+    const long long expected = (long long)std::ceil(0.0001 * std::stod(windows[1]) / 2 - 1e-9);
+    CHECK(std::stoll(steps[1]) == expected);
+    CHECK(losses(epochs.output).size() == size_t(expected));
+    // Resuming run `a` (3 steps) to 5: the choice is the user's.
+    const Run refused = run_train("--resume " + dir.file("a") + " --steps 5");
+    INFO(refused.output);
+    CHECK(refused.status != 0);
+    CHECK(refused.output.find("the checkpoint's learning-rate schedule spans 3 steps") != std::string::npos);
+    CHECK(refused.output.find("--extend-schedule stretches it over 5 steps") != std::string::npos);
+    CHECK(refused.output.find("--keep-schedule keeps it") != std::string::npos);
+    const Run kept = run_train("--resume " + dir.file("a") + " --steps 5 --keep-schedule");
+    INFO(kept.output);
+    REQUIRE(kept.status == 0);
+    // The 3-step schedule's final learning rate, --lr x --final-lr-fraction (2e-3 x 0.1), held.
+    CHECK(kept.output.find("step     4/5 | loss") != std::string::npos);
+    CHECK(kept.output.find("| lr 2.000e-04 |") != std::string::npos);
+}
 
 // LoRA end to end on a real pretrained model: stories260K converted, adapters trained on chats
 // (stopped and resumed: the base is reloaded from the directory the checkpoint references), the

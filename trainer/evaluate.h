@@ -8,6 +8,10 @@
 // nothing. The model's head sums the cross-entropy of a batch's counted tokens in acc_t<T>, as the
 // training run's evaluation does; the batches' sums and counts add up in double on the host:
 //   loss = Σ cross-entropy / Σ counted tokens,   perplexity = exp(loss).
+// With the loader's document mask, each row attends within its documents and takes their positions
+// for RoPE, as in training. A training run's validation is this computation on the first
+// --eval-batches × --micro-batch windows, --micro-batch at a time, and `train eval` of its
+// checkpoint takes those settings by default (trainer/model_dir.h): the same loss.
 #pragma once
 
 #include "data/loader.h"

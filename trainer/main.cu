@@ -220,6 +220,14 @@ int train_command(const TrainOptions& requested_flags, const std::string& resume
             "device; use --offload optimizer");
     RunData data = load_run_data(o, resume_dir, init_dir);
     const LlamaConfig config = model_config(o, data, resume_dir, init_dir);
+    if (o.seq_len == 0) {
+        if (init_dir.empty())
+            throw std::invalid_argument("--seq-len 0 (the window from the data) goes with --init-from; give a --seq-len");
+        std::string why;
+        o.seq_len = seq_len_from_data(data, config, &why);
+        requested.seq_len = o.seq_len;  // the checkpoint records the window the run used
+        std::printf("--seq-len %d from the data: %s\n", o.seq_len, why.c_str());
+    }
     // The memory plan, before anything is allocated (parallel/planner.h).
     const GpuMemory gpu = memory_budget(o, world.size());
     if (automatic && world.size() > 1) {
@@ -228,6 +236,7 @@ int train_command(const TrainOptions& requested_flags, const std::string& resume
                     choice.reason.c_str());
     }
     check_plan_fits(plan_request(o, config, world.size()), gpu);
+    if (o.epochs == 0) (void)lr_config_of(o);  // the schedule's checks, before anything is written
     if (world.rank() == 0 && !lock) lock.emplace(o.out_dir);  // creates the directory
     const RunSources from{resume_dir, init_dir};
     if (o.dtype == "bf16") {
@@ -387,12 +396,14 @@ int sample_command(const SampleOptions& o) {
 }
 
 template <class T>
-int eval_with(const EvalOptions& o, const ModelDir& m, std::vector<TokenShard> shards, int seq_len) {
-    const DataLoader data(std::move(shards), seq_len, 0);  // the seed orders training only; eval reads in order
-    Llama<T> model(m.config, inference_model(m, o.batch, seq_len));
+int eval_with(const ModelDir& m, std::vector<TokenShard> shards, int seq_len, int batch, long long max_windows,
+              bool document_mask) {
+    // The seed orders training only; eval reads the windows in order.
+    const DataLoader data(std::move(shards), seq_len, 0, document_mask);
+    Llama<T> model(m.config, inference_model(m, batch, seq_len));
     load_model_dir(m, model);
     const auto t0 = std::chrono::steady_clock::now();
-    const EvalResult r = evaluate_windows(model, data, o.max_windows);
+    const EvalResult r = evaluate_windows(model, data, max_windows);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr, "evaluated %lld windows of %d tokens in %.1f s (%.0f tokens/s)\n", r.windows, seq_len, seconds,
                  double(r.windows) * seq_len / seconds);
@@ -428,10 +439,22 @@ int eval_command(const EvalOptions& o) {
         throw std::invalid_argument("the data has " + std::to_string(tokens) + " tokens, fewer than one window of " +
                                     std::to_string(seq_len) + " + 1 = " + std::to_string(seq_len + 1) +
                                     ": 0 windows to evaluate; use a shorter --seq-len or more data");
-    std::fprintf(stderr, "evaluating %s (%s, %s) on %s (%s, %lld tokens), windows of %d tokens\n", m.path.c_str(),
-                 m.checkpoint ? ("step " + std::to_string(m.step)).c_str() : "Hugging Face model", dtype.c_str(),
-                 o.data.c_str(), validation ? "validation shard" : "training shards", tokens, seq_len);
-    return with_dtype(dtype, [&]<class T>() { return eval_with<T>(o, m, std::move(shards), seq_len); });
+    // A checkpoint's own validation settings by default (trainer/model_dir.h): the same windows,
+    // mask and forward-pass size give the run's last validation loss.
+    const bool document_mask = o.document_mask >= 0 ? o.document_mask == 1 : m.document_mask;
+    const long long max_windows = o.max_windows >= 0 ? o.max_windows : m.validation_windows;
+    const int batch = o.batch > 0 ? o.batch : m.validation_micro_batch > 0 ? m.validation_micro_batch : 1;
+    std::fprintf(stderr, "evaluating %s (%s, %s) on %s (%s, %lld tokens), windows of %d tokens%s, %s\n",
+                 m.path.c_str(), m.checkpoint ? ("step " + std::to_string(m.step)).c_str() : "Hugging Face model",
+                 dtype.c_str(), o.data.c_str(), validation ? "validation shard" : "training shards", tokens, seq_len,
+                 document_mask ? ", document mask on" : "",
+                 max_windows > 0 ? ("the first " + std::to_string(max_windows) +
+                                    (o.max_windows < 0 ? " (the run's validation windows; --max-windows 0 for all)" : ""))
+                                       .c_str()
+                                 : "every window");
+    return with_dtype(dtype, [&]<class T>() {
+        return eval_with<T>(m, std::move(shards), seq_len, batch, max_windows, document_mask);
+    });
 }
 
 // The model a plan is for, without reading data: --init-from's or --resume's config.json,
@@ -449,6 +472,19 @@ int plan_command(const TrainOptions& flags, const PlanOptions& p) {
     TrainOptions o = flags;
     apply_adapter_config(o);
     const LlamaConfig config = plan_config(o);
+    if (o.seq_len == 0 && !o.data.empty()) {  // from the data, as the run will take it
+        DataSet set = load_dataset(o.data);
+        RunData data;
+        data.train = std::move(set.train), data.val = std::move(set.val);
+        std::string why;
+        o.seq_len = seq_len_from_data(data, config, &why);
+        std::printf("--seq-len %d from the data: %s\n", o.seq_len, why.c_str());
+    } else if (o.seq_len == 0) {
+        o.seq_len = std::min(config.max_seq_len, 2048);
+        std::printf("--seq-len: the run takes it from --data (its longest example); planned here at %d (give --data "
+                    "or --seq-len for the run's own)\n",
+                    o.seq_len);
+    }
     if (o.seq_len > config.max_seq_len)
         throw std::invalid_argument("--seq-len " + std::to_string(o.seq_len) + " exceeds the model's max_seq_len " +
                                     std::to_string(config.max_seq_len) + ": use a shorter sequence");
@@ -530,8 +566,92 @@ int prepare_command(const PrepareOptions& o) {
     return 0;
 }
 
+// A resume with another --steps (or --epochs) changes the learning-rate schedule's length: the user
+// says how (--extend-schedule, --keep-schedule), told what each does to the next step's learning
+// rate; refused otherwise. --keep-schedule fixes the schedule at the checkpoint's.
+void check_schedule_change(const TrainOptions& saved, long long step, TrainOptions& o) {
+    const bool changed = o.steps != saved.steps || o.epochs != saved.epochs;
+    if (!changed && (o.extend_schedule || o.keep_schedule))
+        throw std::invalid_argument(std::string(o.extend_schedule ? "--extend-schedule" : "--keep-schedule") +
+                                    " goes with a --resume that changes --steps (or --epochs): drop it");
+    if (!changed) return;
+    if (saved.epochs > 0 || o.epochs > 0) {
+        if (o.keep_schedule)
+            throw std::invalid_argument("--keep-schedule with --epochs: the schedule's steps are counted from the data "
+                                        "when the run starts; give --extend-schedule");
+        if (!o.extend_schedule)
+            throw std::invalid_argument("--epochs changes the learning-rate schedule's length on --resume: give "
+                                        "--extend-schedule to stretch it over the new epochs");
+        o.schedule_steps = 0;
+        return;
+    }
+    const LrConfig before = lr_config_of(saved);
+    TrainOptions stretched = o;
+    stretched.schedule_steps = 0;
+    const LrConfig after = lr_config_of(stretched);
+    char text[160];
+    std::snprintf(text, sizeof text, "step %lld's learning rate becomes %.3e (%.3e in the schedule it was trained with)",
+                  step + 1, learning_rate(after, step), learning_rate(before, step));
+    if (o.keep_schedule) {
+        o.schedule_steps = before.total_steps;
+        std::printf("resume: --keep-schedule: the learning-rate schedule stays the checkpoint's %lld steps; steps past "
+                    "it run at its final learning rate %.3e\n",
+                    before.total_steps, learning_rate(before, before.total_steps));
+        return;
+    }
+    if (o.extend_schedule) {
+        o.schedule_steps = 0;
+        std::printf("resume: --extend-schedule: the learning-rate schedule now spans %lld steps; %s\n", o.steps, text);
+        return;
+    }
+    throw std::invalid_argument(
+        "--steps " + std::to_string(o.steps) + " with --resume: the checkpoint's learning-rate schedule spans " +
+        std::to_string(before.total_steps) + " steps. Say what happens to it: --extend-schedule stretches it over " +
+        std::to_string(o.steps) + " steps (" + text + "), --keep-schedule keeps it (steps past " +
+        std::to_string(before.total_steps) + " run at its final learning rate)");
+}
+
+// A fine-tuning run's defaults (--init-from, a new run): what the flags not given take instead of the
+// built-in demo's. `first` is the command line parsed over the demo's defaults.
+TrainOptions fine_tuning_defaults(const TrainOptions& first) {
+    TrainOptions d;
+    d.lr = first.lora_rank > 0 ? 2e-4 : 2e-5;  // the usual LoRA and full fine-tuning rates
+    d.warmup = 0, d.warmup_ratio = 0.03;       // Hugging Face's common warmup_ratio
+    d.seq_len = 0;                             // the data's longest example (trainer/run_data.h)
+    d.document_mask = true;                    // packed examples never see each other
+    d.sample_tokens = 0;                       // no closing sample continuing the demo's prompt
+    return d;
+}
+
+// The fine-tuning defaults a run took (the flags that differ from the demo's): one line.
+std::string fine_tuning_note(const TrainOptions& demo, const TrainOptions& o) {
+    std::string taken;
+    const auto add = [&](bool differs, const std::string& what) {
+        if (differs) taken += (taken.empty() ? "" : ", ") + what;
+    };
+    char lr[32];
+    std::snprintf(lr, sizeof lr, "%g", o.lr);
+    add(demo.lr != o.lr, std::string("--lr ") + lr + (o.lora_rank > 0 ? " (LoRA)" : " (full fine-tuning)"));
+    char ratio[32];
+    std::snprintf(ratio, sizeof ratio, "%g", o.warmup_ratio);
+    add(demo.warmup_ratio != o.warmup_ratio, std::string("--warmup-ratio ") + ratio);
+    add(demo.seq_len != o.seq_len, "--seq-len from the data");
+    add(demo.document_mask != o.document_mask, "--document-mask");
+    add(demo.sample_tokens != o.sample_tokens, "no closing sample (--sample-tokens N asks for one)");
+    return taken.empty() ? "" : "fine-tuning defaults (--init-from): " + taken + "; a flag given overrides each";
+}
+
 int main_checked(int argc, char** argv) {
     Command c = parse_command(argc, argv);
+    // --init-from starts a fine-tuning run: the flags not given take fine-tuning's defaults.
+    std::string fine_tuning;
+    if ((c.kind == Command::Kind::train || c.kind == Command::Kind::plan) && !c.train.init_from.empty() &&
+        c.train.resume.empty()) {
+        const TrainOptions demo = c.train;
+        c = parse_command(argc, argv, fine_tuning_defaults(demo));
+        fine_tuning = fine_tuning_note(demo, c.train);
+    }
+    if (!fine_tuning.empty() && c.kind == Command::Kind::plan) std::printf("%s\n", fine_tuning.c_str());
     if (c.kind == Command::Kind::plan) return plan_command(c.train, c.plan);
     if (c.kind == Command::Kind::sample) return sample_command(c.sample);
     if (c.kind == Command::Kind::eval) return eval_command(c.eval);
@@ -544,6 +664,7 @@ int main_checked(int argc, char** argv) {
     World world(&argc, &argv);
     if (world.rank() != 0 && !std::freopen("/dev/null", "w", stdout))  // rank 0 reports; errors from any rank
         throw std::runtime_error("cannot silence the standard output of rank " + std::to_string(world.rank()));
+    if (!fine_tuning.empty()) std::printf("%s\n", fine_tuning.c_str());
     check_init_from(c.train);  // the command line's own flags, before a checkpoint's fill in the rest
     std::string resume_dir;
     long long saved_step = 0;
@@ -560,6 +681,7 @@ int main_checked(int argc, char** argv) {
         if (c.train.parallel != "auto" && !strategy_info(c.train.parallel).shard_groups &&
             c.train.shard_group == saved.shard_group)
             c.train.shard_group = 0;
+        check_schedule_change(saved, saved_state.step, c.train);
         TrainOptions compare = c.train;
         compare.resume = saved.resume;
         compare.stop_after = saved.stop_after;

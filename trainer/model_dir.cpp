@@ -47,6 +47,9 @@ ModelDir open_model_dir(const std::string& given) {
     if (m.checkpoint) {
         const TrainerState state = read_trainer_state((fs::path(m.path) / kTrainerStateFile).string());
         m.step = state.step, m.dtype = state.dtype, m.seq_len = state.options.seq_len;
+        m.document_mask = state.options.document_mask;
+        m.validation_windows = state.validation_windows;
+        m.validation_micro_batch = state.validation_micro_batch;
         m.seed = state.seed;
         if (state.options.lora_rank > 0) {
             m.lora = lora_config(state.options);

@@ -32,6 +32,12 @@ struct ModelDir {
     LlamaConfig config;
     std::string dtype;         // bf16, fp32 or fp64: the default storage type
     int seq_len = 0;           // a checkpoint's training window; 0 for a Hugging Face directory
+    // A checkpoint's validation settings, which `train eval` takes by default so that its loss of
+    // the run's validation data is the run's: the document mask, and the windows the run
+    // evaluated (--eval-batches × --micro-batch, the first ones in order) and per forward pass.
+    bool document_mask = false;
+    long long validation_windows = 0;  // 0: a Hugging Face directory, or a run without validation
+    int validation_micro_batch = 0;
     std::string tokenizer;     // tokenizer.json's path, empty when there is none
     std::vector<int> eos_ids;  // declared end-of-sequence ids (may be empty)
     int bos_id = -1;           // the declared beginning-of-sequence id, or -1

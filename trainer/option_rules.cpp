@@ -33,9 +33,12 @@ const std::map<std::string, NumberRule>& number_rules() {
         {"steps",                  at_least(1, kLong)},
         {"batch",                  at_least(1)},
         {"micro_batch",            at_least(0)},
-        {"seq_len",                at_least(1)},
+        {"seq_len",                at_least(0)},  // 0: from the data (fine-tuning, trainer/run_data.h)
         {"lr",                     real(0, kHuge)},
         {"warmup",                 at_least(0)},
+        {"warmup_ratio",           real(0, 1)},
+        {"epochs",                 real(0, 1e6)},
+        {"schedule_steps",         at_least(0, kLong)},
         {"final_lr_fraction",      real(0, 1)},
         {"clip",                   real(0, kHuge)},
         {"skip_nonfinite",         at_least(0, kLong)},

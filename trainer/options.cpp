@@ -18,7 +18,8 @@
 namespace pv {
 
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, init_from, data, val_data, vocab, steps,
-                                                batch, micro_batch, seq_len, lr, schedule, warmup, final_lr_fraction,
+                                                batch, micro_batch, seq_len, lr, schedule, warmup, warmup_ratio, epochs,
+                                                schedule_steps, final_lr_fraction,
                                                 clip, skip_nonfinite, weight_decay, decay_norm_weights, beta1, beta2,
                                                 eps, dtype, stochastic_rounding, fp32_grad_accumulation, seed, parallel,
                                                 interconnect, microbatches, balance, shard_group, freeze, eval_interval,
@@ -64,12 +65,18 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
                    "built-in corpus's held-out tail)");
     app.add_option("--vocab", o.vocab, "Vocabulary size of the tokenizer trained on the built-in corpus");
     app.add_option("--steps", o.steps, "Optimizer steps (the learning-rate schedule spans them)");
+    app.add_option("--epochs", o.epochs,
+                   "Train this many passes over the training data: --steps becomes ceil(epochs x training windows / "
+                   "--batch), printed at the start")
+        ->excludes("--steps");
     app.add_option("--batch", o.batch,
                    "Global batch: sequences per optimizer step (= micro-batch x accumulation x ranks)");
     app.add_option("--micro-batch", o.micro_batch,
                    "Sequences per forward/backward pass (0: the largest divisor of batch / ranks that is at most 8, "
                    "so the same --batch works at any rank count)");
-    app.add_option("--seq-len", o.seq_len, "Tokens per sequence");
+    app.add_option("--seq-len", o.seq_len,
+                   "Tokens per sequence (0: from the data's longest example, up to the model's "
+                   "max_position_embeddings; the default with --init-from)");
     app.add_flag("--document-mask", o.document_mask,
                  "Let each token attend only to its own document within the sequence, positions restarting at 0 "
                  "at each document (packed chats otherwise see unrelated conversations); the target predicting "
@@ -77,6 +84,17 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
     app.add_option("--lr", o.lr, "Peak learning rate");
     app.add_option("--schedule", o.schedule, "Learning-rate schedule after warmup: constant, cosine, linear or wsd");
     app.add_option("--warmup", o.warmup, "Warmup steps (lr * (step + 1) / warmup)");
+    app.add_option("--warmup-ratio", o.warmup_ratio,
+                   "Warmup as a fraction of the steps (Hugging Face's warmup_ratio: ceil(ratio x steps) steps); "
+                   "replaces --warmup when > 0")
+        ->excludes("--warmup");
+    app.add_flag("--extend-schedule", o.extend_schedule,
+                 "With --resume and another --steps: stretch the learning-rate schedule over the new --steps (the "
+                 "learning rate jumps to where the new schedule is at the resumed step)");
+    app.add_flag("--keep-schedule", o.keep_schedule,
+                 "With --resume and another --steps: keep the original schedule; steps past its end run at its "
+                 "final learning rate")
+        ->excludes("--extend-schedule");
     app.add_option("--final-lr-fraction", o.final_lr_fraction, "Final learning rate as a fraction of the peak");
     app.add_option("--clip", o.clip, "Clip the global gradient norm to this (0: no clipping)");
     app.add_option("--skip-nonfinite", o.skip_nonfinite,
@@ -271,9 +289,19 @@ void add_eval_flags(CLI::App& app, EvalOptions& o) {
     app.add_option("--seq-len", o.seq_len,
                    "Tokens per window (0: a checkpoint's training window, else min(max_position_embeddings, 1024))")
         ->check(number_check(whole_number(0)));
-    app.add_option("--batch", o.batch, "Windows per forward pass")->check(number_check(whole_number(1)));
-    app.add_option("--max-windows", o.max_windows, "Evaluate only the first this many windows (0: all)")
-        ->check(number_check(whole_number(0, 9223372036854775807.0)));
+    app.add_option("--batch", o.batch, "Windows per forward pass (0: a checkpoint's micro-batch, else 1)")
+        ->check(number_check(whole_number(0)));
+    app.add_option("--max-windows", o.max_windows,
+                   "Evaluate only the first this many windows (0: all; -1: the windows a checkpoint's run evaluated, "
+                   "--eval-batches x --micro-batch, so the loss is its last validation loss; all for a Hugging "
+                   "Face model)")
+        ->check(number_check(whole_number(-1, 9223372036854775807.0)));
+    app.add_flag_callback(
+        "--document-mask", [&o] { o.document_mask = 1; },
+        "Each window's documents attend only to themselves (default: as the checkpoint was trained)");
+    app.add_flag_callback(
+           "--no-document-mask", [&o] { o.document_mask = 0; }, "Windows attend across documents")
+        ->excludes("--document-mask");
 }
 
 void add_prepare_flags(CLI::App& app, PrepareOptions& o) {
@@ -435,6 +463,12 @@ Command parse_command(int argc, char** argv, const TrainOptions& base) {
     } catch (const CLI::ParseError& e) {
         std::exit(app.exit(e));
     }
+    // --warmup alone replaces a warmup ratio the base holds (a checkpoint's, the fine-tuning defaults).
+    for (const CLI::App* a : {static_cast<const CLI::App*>(&app), static_cast<const CLI::App*>(plan)})
+        if (a->count("--warmup") > 0 && a->count("--warmup-ratio") == 0) c.train.warmup_ratio = 0;
+    // --steps alone replaces an epoch count the base holds, likewise.
+    for (const CLI::App* a : {static_cast<const CLI::App*>(&app), static_cast<const CLI::App*>(plan)})
+        if (a->count("--steps") > 0 && a->count("--epochs") == 0) c.train.epochs = 0;
     if (plan->parsed()) c.kind = Command::Kind::plan;
     if (sample->parsed()) c.kind = Command::Kind::sample;
     if (eval->parsed()) c.kind = Command::Kind::eval;

@@ -57,6 +57,9 @@ struct TrainOptions {
     double lr = 2e-3;
     std::string schedule = "cosine";
     int warmup = 20;
+    double warmup_ratio = 0;      // > 0: warmup = ceil(ratio × the schedule's steps), instead of --warmup
+    double epochs = 0;            // > 0: --steps = ceil(epochs × training windows / --batch)
+    long long schedule_steps = 0;  // the schedule's length when it is not --steps (a resume's --keep-schedule)
     double final_lr_fraction = 0.1;
     double clip = 1.0;
     // Steps whose loss or gradient norm is NaN or infinite that are passed over (nothing updated;
@@ -90,6 +93,9 @@ struct TrainOptions {
     long long keep_checkpoints = 0;     // keep the newest K complete checkpoints (0: all; trainer/out_dir.h)
     bool overwrite_later = false;       // resuming step_N: remove the output directory's later checkpoints
     bool overwrite = false;             // remove the run already in --out-dir first (trainer/out_dir.h); not saved
+    // A resume with another --steps: the schedule stretched over the new steps, or the original one
+    // kept (its final learning rate held past its end). This invocation's choice; not saved.
+    bool extend_schedule = false, keep_schedule = false;
     // Resume from a checkpoint missing master/adam files, starting their state fresh
     // (model/checkpoint_files.h). This invocation's choice only: not saved in checkpoints.
     bool allow_inexact_resume = false;
@@ -133,8 +139,9 @@ struct EvalOptions {
     std::string data;   // a `train prepare` directory (its validation shard, else its training shards) or one shard
     std::string dtype;  // empty: the model's own
     int seq_len = 0;    // 0: a checkpoint's training window, else min(max_position_embeddings, 1024)
-    int batch = 1;      // windows per forward pass
-    long long max_windows = 0;  // 0: every window
+    int batch = 0;      // windows per forward pass; 0: a checkpoint's micro-batch, else 1
+    long long max_windows = -1;  // 0: every window; -1: a checkpoint's validation windows, else every one
+    int document_mask = -1;      // 1 on, 0 off, -1: a checkpoint's setting, else off
 };
 
 struct ConvertOptions {

@@ -138,16 +138,6 @@ void print_data(const char* name, const DataLoader& d) {
             name, c.dropped_documents, d.seq_len() + 1, c.dropped_tokens);
 }
 
-LrConfig lr_config_of(const TrainOptions& o) {
-    LrConfig c;
-    c.kind = parse_schedule(o.schedule);
-    c.lr = o.lr;
-    c.warmup = o.warmup;
-    c.final_fraction = o.final_lr_fraction;
-    c.total_steps = o.steps;
-    if (const auto problems = validate(c); !problems.empty()) throw std::invalid_argument(problems.front());
-    return c;
-}
 
 template <class T, class G>
 class TrainingRun {
@@ -174,6 +164,13 @@ class TrainingRun {
             fingerprint_ = fingerprint_flags(s.flags, fingerprint_);
         }
         loader_.emplace(std::move(data.train), o.seq_len, o.seed, o.document_mask);
+        if (o_.epochs > 0) {  // the steps of that many passes over the training windows
+            const double windows = double(loader_->windows());
+            o_.steps = std::max(1LL, (long long)std::ceil(o_.epochs * windows / double(o_.batch) - 1e-9));
+            lr_ = lr_config_of(o_);
+            std::printf("--epochs %g: %lld steps (%.0f training windows of %d tokens, --batch %d per step)\n",
+                        o_.epochs, o_.steps, windows, o_.seq_len, o_.batch);
+        }
         if (data.val)
             val_loader_.emplace(std::vector<TokenShard>{std::move(*data.val)}, o.seq_len, o.seed + 1, o.document_mask);
         // The strategy decides how the model is built and is applied to a model that knows nothing of it.
@@ -272,6 +269,11 @@ class TrainingRun {
     }
 
     void print_header() {
+        if (lr_.warmup > 0 && lr_.warmup >= lr_.total_steps)
+            std::printf(
+                "warning: --warmup %d is the whole run's %lld steps: the learning rate rises all the way and reaches "
+                "--lr only at the last step; lower --warmup, or give --warmup-ratio (e.g. 0.03)\n",
+                lr_.warmup, lr_.total_steps);
         print_data("training", *loader_);
         if (val_loader_) print_data("validation", *val_loader_);
         const LlamaConfig& c = config_;
@@ -408,12 +410,28 @@ class TrainingRun {
                          mem.device_current, mem.device_peak, r.skipped ? ", \"skipped\": true" : "");
     }
 
-    // The mean loss over --eval-batches micro-batches of the validation data.
+    // The windows a validation reads: the first --eval-batches × --micro-batch of the validation
+    // data, in order (all of them when there are fewer) — the windows `train eval` reads by default
+    // from the checkpoint, so that its loss is this one (trainer/model_dir.h).
+    long long validation_windows() const {
+        return std::min<long long>((long long)o_.eval_batches * o_.micro_batch, val_loader_->windows());
+    }
+
+    // The mean loss per counted target over the validation windows, in forward passes of
+    // --micro-batch windows (the last one padded with rows that count nothing).
     double evaluate() {
         double sum = 0, counted = 0;
-        const BatchGeometry eval_geometry{o_.micro_batch, o_.micro_batch, 1, 1};
-        for (int i = 0; i < o_.eval_batches; ++i) {
-            const auto b = val_loader_->micro_batch(i, 0, eval_geometry, 0);
+        const size_t width = size_t(o_.seq_len), rows = size_t(o_.micro_batch);
+        const long long windows = validation_windows();
+        for (long long first = 0; first < windows; first += o_.micro_batch) {
+            DataLoader::MicroBatch b;
+            b.inputs.assign(rows * width, 0);
+            b.targets.assign(rows * width, kIgnoreIndex);
+            if (val_loader_->document_mask())
+                for (size_t i = 0; i < rows * width; ++i) b.positions.push_back(int(i % width));
+            for (size_t r = 0; r < rows && first + (long long)r < windows; ++r)
+                val_loader_->window(first + (long long)r, b.inputs.data() + r * width, b.targets.data() + r * width,
+                                    b.positions.empty() ? nullptr : b.positions.data() + r * width);
             sum += trainer_->forward_loss(b);
             for (int t : b.targets) counted += t != kIgnoreIndex;
         }
@@ -435,6 +453,8 @@ class TrainingRun {
         s.options.overwrite_later = false;
         s.options.overwrite = false;
         s.base_fingerprint = base_fingerprint_;
+        if (val_loader_ && o_.eval_interval > 0)
+            s.validation_windows = validation_windows(), s.validation_micro_batch = o_.micro_batch;
         return s;
     }
 
@@ -489,14 +509,15 @@ class TrainingRun {
                " replicas";
     }
 
-    const TrainOptions o_, requested_;
+    TrainOptions o_;  // --epochs sets its steps once the training windows are counted
+    const TrainOptions requested_;
     const LlamaConfig config_;
     const std::string resume_dir_, init_dir_;
     World& world_;
     const StrategyPlan plan_;
     const int accumulation_;
     const BatchGeometry geometry_;
-    const LrConfig lr_;
+    LrConfig lr_;
     const AdamWSettings adamw_;
     const std::string source_;
     std::unique_ptr<Tokenizer> tokenizer_;
@@ -519,6 +540,24 @@ class TrainingRun {
 };
 
 }  // namespace
+
+// The learning-rate schedule: over --steps, or the schedule a resume kept (--keep-schedule); the
+// warmup in steps, or from --warmup-ratio as Hugging Face counts it (ceil(ratio × steps)).
+LrConfig lr_config_of(const TrainOptions& o) {
+    LrConfig c;
+    c.kind = parse_schedule(o.schedule);
+    c.lr = o.lr;
+    c.total_steps = o.schedule_steps > 0 ? o.schedule_steps : o.steps;
+    c.warmup = o.warmup_ratio > 0 ? int(std::ceil(o.warmup_ratio * double(c.total_steps) - 1e-9)) : o.warmup;
+    c.final_fraction = o.final_lr_fraction;
+    if (c.warmup > c.total_steps)
+        throw std::invalid_argument("--warmup " + std::to_string(c.warmup) + " is more than the run's " +
+                                    std::to_string(c.total_steps) +
+                                    " steps: the learning rate would never reach --lr; lower --warmup, or give "
+                                    "--warmup-ratio (e.g. 0.03: 3% of the steps)");
+    if (const auto problems = validate(c); !problems.empty()) throw std::invalid_argument(problems.front());
+    return c;
+}
 
 template <class T, class G>
 int run_training(const TrainOptions& o, const TrainOptions& requested, RunData data, const LlamaConfig& config,

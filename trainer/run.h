@@ -2,6 +2,7 @@
 // resume, the step loop with its logging, evaluation and checkpoints, and the closing sample.
 #pragma once
 
+#include "optim/schedule.h"
 #include "parallel/world.h"
 #include "trainer/options.h"
 #include "trainer/run_data.h"
@@ -16,6 +17,11 @@ struct RunSources {
     std::string resume_dir;
     std::string init_dir;
 };
+
+// The learning-rate schedule of these options (optim/schedule.h): over --steps, or the schedule a
+// resume kept (--keep-schedule); the warmup in steps, or from --warmup-ratio as Hugging Face
+// counts it, ceil(ratio × steps). Throws std::invalid_argument naming the flags when it is unusable.
+LrConfig lr_config_of(const TrainOptions& o);
 
 // Trains with storage type T and gradient type G (T, or float with --fp32-grad-accumulation).
 // `o` has the micro-batch resolved; `requested` is what the user asked for (saved in checkpoints,

@@ -183,6 +183,35 @@ RunData load_run_data(const TrainOptions& o, const std::string& resume_dir, cons
     return d;
 }
 
+int seq_len_from_data(const RunData& data, const LlamaConfig& config, std::string* why) {
+    long long longest = 0;  // tokens of the longest document that must be packed whole
+    const auto scan = [&](const TokenShard& s) {
+        long long length = 0;
+        bool whole = false;
+        for (size_t i = 0; i < s.flags.size(); ++i) {
+            if (s.flags[i] & kTokenStartsDocument) {
+                if (whole) longest = std::max(longest, length);
+                length = 0, whole = !(s.flags[i] & kTokenSplittable);
+            }
+            ++length;
+        }
+        if (whole) longest = std::max(longest, length);
+    };
+    for (const TokenShard& s : data.train) scan(s);
+    if (data.val) scan(*data.val);
+    const int limit = config.max_seq_len;
+    if (longest == 0) {
+        *why = "the data is plain text (any window length fits it); the model takes up to " + std::to_string(limit);
+        return std::min(limit, 1024);
+    }
+    const long long rounded = (longest - 1 + 63) / 64 * 64;
+    *why = "its longest example is " + std::to_string(longest) + " tokens" +
+           (longest - 1 > limit ? ", more than the model's max_position_embeddings " + std::to_string(limit) +
+                                      ": longer examples are left out (counted below)"
+                                : "; the model takes up to " + std::to_string(limit));
+    return int(std::min<long long>(limit, std::max<long long>(rounded, 1)));
+}
+
 LlamaConfig model_config(const TrainOptions& o, const RunData& data, const std::string& resume_dir,
                          const std::string& init_dir) {
     const int data_vocab = int(data.train.front().vocab_size);  // ≤ 2^31 − 1 (read_shard checks)

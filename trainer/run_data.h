@@ -58,4 +58,11 @@ LlamaConfig default_model(int vocab, int seq_len);
 LlamaConfig model_config(const TrainOptions& o, const RunData& data, const std::string& resume_dir,
                          const std::string& init_dir = "");
 
+// --seq-len 0 (a fine-tuning run's default, trainer/main.cu): the window that holds the data's
+// longest example whole — the longest document that must not be split (a chat, a prompt and
+// completion) of the training and validation shards, L tokens, needs a window of L − 1 inputs —
+// rounded up to a multiple of 64 and at most the model's max_position_embeddings; 1024 (at most
+// that) when every document may be split (plain text). `why` says which.
+int seq_len_from_data(const RunData& data, const LlamaConfig& config, std::string* why);
+
 }  // namespace pv

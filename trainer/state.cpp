@@ -50,6 +50,8 @@ void write_trainer_state(const std::string& path, const TrainerState& s) {
     j["options"] = nlohmann::json::parse(train_options_json(s.options));
     if (s.options.lora_rank > 0)
         j["base"] = {{"path", s.options.init_from}, {"fingerprint", hex64(s.base_fingerprint)}};
+    if (s.validation_windows > 0)
+        j["validation"] = {{"windows", s.validation_windows}, {"micro_batch", s.validation_micro_batch}};
     if (!s.model_config.empty()) j["model"] = nlohmann::json::parse(s.model_config);
     if (!s.files.empty()) j["files"] = file_digests_json(s.files);
     const std::string text = j.dump(2) + "\n";
@@ -107,6 +109,12 @@ TrainerState read_trainer_state(const std::string& path) {
         if (s.dtype != s.options.dtype)
             throw std::runtime_error("dtype \"" + s.dtype + "\" differs from options.dtype \"" + s.options.dtype + "\"");
         if (s.options.lora_rank > 0) s.base_fingerprint = hex_at(j, "/base/fingerprint");
+        if (j.contains("validation")) {
+            s.validation_windows = count_at(j, "/validation/windows");
+            const long long m = count_at(j, "/validation/micro_batch");
+            if (m < 1 || m > INT_MAX) throw std::runtime_error("validation.micro_batch " + std::to_string(m) + " is not >= 1");
+            s.validation_micro_batch = int(m);
+        }
         if (j.contains("model")) {
             if (!j["model"].is_object()) throw std::runtime_error("\"model\" is not an object (a config.json)");
             s.model_config = j["model"].dump();

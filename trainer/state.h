@@ -47,6 +47,10 @@ struct TrainerState {
     // A LoRA run's base model, which its checkpoints reference instead of copying: the directory
     // (options.init_from; empty: initialised from the seed) and a fingerprint of its files.
     uint64_t base_fingerprint = 0;
+    // The run's validation (trainer/run.cu): how many windows of the validation data it evaluated
+    // (the first ones, in order) in forward passes of how many; 0: no validation data.
+    long long validation_windows = 0;
+    int validation_micro_batch = 0;
     // The model's config.json text (hf_config_json) as the run built it; empty: an older build.
     std::string model_config;
     // Every other file of the checkpoint by name (no directory part): size and checksum as written.
