@@ -265,9 +265,31 @@ $(BUILD)/demo: $(BUILD)/platform/demo.o $(CORE_OBJS)
 
 # The train program: trainer/ (main, options, run state, checkpoints, generation, the trainer),
 # the built-in corpus and the product code.
+# Run files (train --run run.yaml, trainer/run_file.h) are read with yaml-cpp.
 TRAIN_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard trainer/*.cu)) $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard trainer/*.cpp))
+TRAIN_LIBS := -lyaml-cpp
 $(BUILD)/train: $(TRAIN_OBJS) $(BUILD)/corpus.o $(CORE_OBJS)
-	$(LINK) -o $@ $^ $(BACKEND_LIBS)
+	$(LINK) -o $@ $^ $(BACKEND_LIBS) $(TRAIN_LIBS)
+
+# train --version: the commit (`git describe --always --dirty` where this is a git checkout, .git
+# being a folder or a worktree's file; "unknown" elsewhere, e.g. a tarball, without asking git,
+# which would otherwise describe an enclosing repository) and the backend. Only
+# trainer/version.o holds them; the stamp changes, and so rebuilds it, only when they change.
+POLEVAULT_VERSION := $(if $(wildcard .git),$(shell git describe --always --dirty 2>/dev/null),)
+POLEVAULT_VERSION := $(or $(POLEVAULT_VERSION),unknown)
+$(BUILD)/version.stamp: FORCE
+	@mkdir -p $(dir $@)
+	@echo '$(POLEVAULT_VERSION) $(BACKEND)' | cmp -s - $@ || echo '$(POLEVAULT_VERSION) $(BACKEND)' > $@
+$(BUILD)/trainer/version.o: $(BUILD)/version.stamp
+$(BUILD)/trainer/version.o: HOST_CXXFLAGS += -DPOLEVAULT_VERSION='"$(POLEVAULT_VERSION)"' -DPOLEVAULT_BACKEND='"$(BACKEND)"'
+.PHONY: FORCE
+FORCE:
+
+# test_run_file checks the train program's own option parsing in process: it links the trainer's
+# option objects (plain C++) besides the product code.
+OPTION_OBJS := $(addprefix $(BUILD)/trainer/,options.o option_rules.o run_file.o version.o)
+$(BUILD)/test/test_run_file: $(BUILD)/test/test_run_file.o $(OPTION_OBJS) $(TEST_SUPPORT) $(CORE_LIBS)
+	$(LINK) -o $@ $^ $(BACKEND_LIBS) $(TRAIN_LIBS)
 
 # The built-in corpus of `train`: the project's own README, docs/*.md and headers, concatenated in a fixed
 # order and embedded with .incbin (pv_corpus_begin .. pv_corpus_end).

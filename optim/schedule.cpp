@@ -52,16 +52,18 @@ std::vector<std::string> validate(const LrConfig& c) {
         (s << ... << parts);
         errors.push_back(s.str());
     };
-    if (!std::isfinite(c.lr) || c.lr < 0) add("lr = ", c.lr, ": the learning rate must be finite and >= 0");
-    if (c.total_steps < 1) add("total_steps = ", c.total_steps, ": a run needs at least one step");
-    if (c.warmup < 0) add("warmup = ", c.warmup, ": warmup steps must be >= 0");
+    // Each problem names the flag of `train` that sets the field (lr, total_steps: --steps, warmup,
+    // final_fraction: --final-lr-fraction); decay_fraction has no flag (wsd's fixed decaying part).
+    if (!std::isfinite(c.lr) || c.lr < 0) add("--lr ", c.lr, ": the learning rate must be finite and >= 0");
+    if (c.total_steps < 1) add("--steps ", c.total_steps, ": a run needs at least one step");
+    if (c.warmup < 0) add("--warmup ", c.warmup, ": warmup steps must be >= 0");
     if (c.total_steps >= 1 && c.warmup > c.total_steps)
-        add("warmup = ", c.warmup, ": more warmup steps than total_steps = ", c.total_steps,
-            "; use at most total_steps");
+        add("--warmup ", c.warmup, " is more than --steps ", c.total_steps, ": use at most ", c.total_steps,
+            " warmup steps");
     if (!(c.final_fraction >= 0 && c.final_fraction <= 1))
-        add("final_fraction = ", c.final_fraction, ": must be in [0, 1] (final lr = lr * final_fraction)");
+        add("--final-lr-fraction ", c.final_fraction, ": must be in [0, 1] (final lr = lr * final fraction)");
     if (!(c.decay_fraction >= 0 && c.decay_fraction <= 1))
-        add("decay_fraction = ", c.decay_fraction, ": must be in [0, 1] (the decaying part of a wsd run)");
+        add("the wsd decay fraction ", c.decay_fraction, ": must be in [0, 1] (the decaying part of a wsd run)");
     return errors;
 }
 

@@ -397,7 +397,7 @@ TEST_CASE("train: a new run into a directory that holds a run is refused; --over
                                  "--eval-interval 0 --steps 1 --out-dir " + other.string());
     INFO(source.output);
     REQUIRE(source.status == 0);
-    const Run branch = run_train("--resume " + (other / "step_1").string() + " --steps 2 --out-dir " + out.string());
+    const Run branch = run_train("--resume " + (other / "step_1").string() + " --steps 2 --extend-schedule --out-dir " + out.string());
     INFO(branch.output);
     REQUIRE(branch.status != 0);
     CHECK(branch.output.find("the branch of --resume " + (other / "step_1").string() + " there would destroy it") !=

@@ -127,15 +127,15 @@ TEST_CASE("schedule names parse and unknown ones are refused", "[optim][schedule
 TEST_CASE("schedule validation names every problem", "[optim][schedule]") {
     REQUIRE(pv::validate(config(LrSchedule::cosine, 3e-4, 100, 1000)).empty());
     REQUIRE(pv::validate(config(LrSchedule::wsd, 0.0, 0, 1, 0.0, 1.0)).empty());
-    REQUIRE(mentions(pv::validate(pv::LrConfig{}), "total_steps = 0"));  // the default needs a length
-    REQUIRE(mentions(pv::validate(config(LrSchedule::cosine, -1e-3, 0, 10)), "lr = "));
-    REQUIRE(mentions(pv::validate(config(LrSchedule::cosine, std::nan(""), 0, 10)), "lr = "));
-    REQUIRE(mentions(pv::validate(config(LrSchedule::cosine, 1e-3, 11, 10)), "warmup = 11"));
-    REQUIRE(mentions(pv::validate(config(LrSchedule::cosine, 1e-3, -1, 10)), "warmup = -1"));
-    REQUIRE(mentions(pv::validate(config(LrSchedule::cosine, 1e-3, 0, 10, 1.5)), "final_fraction = "));
-    REQUIRE(mentions(pv::validate(config(LrSchedule::cosine, 1e-3, 0, 10, -0.1)), "final_fraction = "));
-    REQUIRE(mentions(pv::validate(config(LrSchedule::wsd, 1e-3, 0, 10, 0.1, 1.2)), "decay_fraction = "));
-    REQUIRE(mentions(pv::validate(config(LrSchedule::wsd, 1e-3, 0, 10, 0.1, std::nan(""))), "decay_fraction = "));
+    REQUIRE(mentions(pv::validate(pv::LrConfig{}), "--steps 0"));  // the default needs a length
+    REQUIRE(mentions(pv::validate(config(LrSchedule::cosine, -1e-3, 0, 10)), "--lr "));
+    REQUIRE(mentions(pv::validate(config(LrSchedule::cosine, std::nan(""), 0, 10)), "--lr "));
+    REQUIRE(mentions(pv::validate(config(LrSchedule::cosine, 1e-3, 11, 10)), "--warmup 11 is more than --steps 10"));
+    REQUIRE(mentions(pv::validate(config(LrSchedule::cosine, 1e-3, -1, 10)), "--warmup -1"));
+    REQUIRE(mentions(pv::validate(config(LrSchedule::cosine, 1e-3, 0, 10, 1.5)), "--final-lr-fraction "));
+    REQUIRE(mentions(pv::validate(config(LrSchedule::cosine, 1e-3, 0, 10, -0.1)), "--final-lr-fraction "));
+    REQUIRE(mentions(pv::validate(config(LrSchedule::wsd, 1e-3, 0, 10, 0.1, 1.2)), "wsd decay fraction "));
+    REQUIRE(mentions(pv::validate(config(LrSchedule::wsd, 1e-3, 0, 10, 0.1, std::nan(""))), "wsd decay fraction "));
     // Several problems: all reported.
     REQUIRE(pv::validate(config(LrSchedule::cosine, -1.0, -2, 0, 2.0, -1.0)).size() == 5);
 }

@@ -114,7 +114,7 @@ TEST_CASE("train --checkpoint-activations: identical metrics, kept on resume, ch
     const Run b3 = run_train("--resume " + ckpt + " --no-checkpoint-activations");
     INFO(b3.output);
     REQUIRE(b3.status == 0);
-    REQUIRE(b3.output.find("resume: checkpoint_activations: 2 -> -1 (from the command line; recomputing") !=
+    REQUIRE(b3.output.find("resume: --checkpoint-activations: 2 -> -1 (from the command line; recomputing") !=
             std::string::npos);
     REQUIRE(b3.output.find("activation checkpointing:") == std::string::npos);
     REQUIRE(losses(b1.output).size() + losses(b2.output).size() + losses(b3.output).size() == 6);
@@ -221,7 +221,7 @@ TEST_CASE("train --offload optimizer: identical run, resumable across offload se
     const Run c2 = run_train("--resume " + to_off.string() + " --offload optimizer");
     INFO(c2.output);
     REQUIRE(c2.status == 0);
-    REQUIRE(c2.output.find("resume: offload: \"none\" -> \"optimizer\"") != std::string::npos);
+    REQUIRE(c2.output.find("resume: --offload: \"none\" -> \"optimizer\"") != std::string::npos);
     fs::remove_all(off / "step_6");
     const Run d = run_train("--resume " + (off / "step_3").string() + " --offload none");
     INFO(d.output);
@@ -365,7 +365,7 @@ TEST_CASE("train prepare of chats, then train --document-mask: packing counts pr
     const Run off = run_train("--resume " + dir.file("run") + " --document-mask=false");
     INFO(off.output);
     REQUIRE(off.status != 0);
-    REQUIRE(off.output.find("cannot change document_mask: true -> false") != std::string::npos);
+    REQUIRE(off.output.find("cannot change --document-mask: true -> false") != std::string::npos);
     const Run on = run_train("--resume " + dir.file("run"));
     INFO(on.output);
     REQUIRE(on.status == 0);
@@ -442,14 +442,14 @@ TEST_CASE("train: bad input fails with a message naming the problem and the fix"
     const Run dtype = run_train("--resume " + out + " --dtype fp32");
     INFO(dtype.output);
     REQUIRE(dtype.status != 0);
-    REQUIRE(dtype.output.find("cannot change dtype") != std::string::npos);
+    REQUIRE(dtype.output.find("cannot change --dtype") != std::string::npos);
     const Run done = run_train("--resume " + out);
     INFO(done.output);
     REQUIRE(done.status != 0);
     REQUIRE(done.output.find("raise --steps") != std::string::npos);
     const fs::path weights = fs::path(out) / "step_2" / "model.safetensors";
     fs::resize_file(weights, fs::file_size(weights) - 100);
-    const Run damaged = run_train("--resume " + out + " --steps 4");
+    const Run damaged = run_train("--resume " + out + " --steps 4 --extend-schedule");
     INFO(damaged.output);
     REQUIRE(damaged.status != 0);
     REQUIRE(damaged.output.find(weights.string()) != std::string::npos);
@@ -848,16 +848,16 @@ TEST_CASE(
     REQUIRE(run_train(two + " --freeze '" + kFreeze + "' --out-dir " + frozen).status == 0);
     REQUIRE(run_train(two + " --out-dir " + plain).status == 0);
     for (const auto& [checkpoint, flag, change] : std::vector<std::tuple<std::string, std::string, std::string>>{
-             {frozen, "--freeze 'model.norm.weight'", "freeze: \"" + kFreeze + "\" -> \"model.norm.weight\""},
-             {frozen, "--freeze ''", "freeze: \"" + kFreeze + "\" -> \"\""},
-             {plain, "--freeze '" + kFreeze + "'", "freeze: \"\" -> \"" + kFreeze + "\""}}) {
-        const Run changed = run_train("--resume " + checkpoint + " --steps 3 " + flag);
+             {frozen, "--freeze 'model.norm.weight'", "--freeze: \"" + kFreeze + "\" -> \"model.norm.weight\""},
+             {frozen, "--freeze ''", "--freeze: \"" + kFreeze + "\" -> \"\""},
+             {plain, "--freeze '" + kFreeze + "'", "--freeze: \"\" -> \"" + kFreeze + "\""}}) {
+        const Run changed = run_train("--resume " + checkpoint + " --steps 3 --extend-schedule " + flag);
         INFO(changed.output);
         REQUIRE(changed.status != 0);
         REQUIRE(changed.output.find("cannot change " + change + " when resuming") != std::string::npos);
         REQUIRE(changed.output.find("start a new run instead") != std::string::npos);
     }
-    const Run same = run_train("--resume " + frozen + " --steps 3 --freeze '" + kFreeze + "'");
+    const Run same = run_train("--resume " + frozen + " --steps 3 --extend-schedule --freeze '" + kFreeze + "'");
     INFO(same.output);
     REQUIRE(same.status == 0);
     REQUIRE(same.output.find("resumed from") != std::string::npos);
@@ -1036,7 +1036,7 @@ TEST_CASE("train --init-from: a Hugging Face directory's weights, config and tok
     const auto source = dtype_and_bytes(e.hf / "model.safetensors");
     CHECK(trained.at("model.embed_tokens.weight") == source.at("model.embed_tokens.weight"));
     CHECK(trained.at("model.norm.weight") != source.at("model.norm.weight"));
-    const Run resumed = run_train("--resume " + dir.file("init") + " --steps 2");
+    const Run resumed = run_train("--resume " + dir.file("init") + " --steps 2 --extend-schedule");
     INFO(resumed.output);
     REQUIRE(resumed.status == 0);
     CHECK(resumed.output.find("resumed from " + step.string() + " at step 1") != std::string::npos);

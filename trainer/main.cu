@@ -16,7 +16,9 @@
 //   ./train export CHECKPOINT --out HF_DIR                   a checkpoint as a HF model
 //   ./train tokenize --tokenizer FILE  prints the token ids of stdin (or, with --decode, the text of ids)
 //   ./train plot RUN_DIR...      a run's loss, validation loss, lr and grad norm as a PNG (gnuplot)
-//   ./train --help               every flag with its default (also `train sample --help`, ...)
+//   ./train --run run.yaml       the training flags from a YAML run file (docs/run-files.md)
+//   ./train --help               every flag with its default, by group (also `train sample --help`, ...)
+//   ./train --version            the commit it was built from and its backend
 //
 // This file holds the commands and the option checks; trainer/run.cu one training run in phases,
 // trainer/trainer.h one optimizer step, trainer/checkpoint.* checkpoints, trainer/run_data.* the
@@ -87,6 +89,14 @@ void apply_adapter_config(TrainOptions& o) {
 void resolve_micro_batch(TrainOptions& o, int ranks) {
     const int data_ranks = data_ranks_of(strategy_options(o), ranks);  // mp: every stage sees the whole batch
     const bool mp = strategy_info(o.parallel).stages;
+    if (o.micro_batch > 0 && o.batch % (o.micro_batch * data_ranks) != 0)
+        throw std::invalid_argument(
+            "--batch " + std::to_string(o.batch) + " is not a whole number of micro-batches on each rank: --batch = "
+            "--micro-batch x accumulation x ranks, and --micro-batch " + std::to_string(o.micro_batch) + " x " +
+            std::to_string(data_ranks) + " rank(s) = " + std::to_string(o.micro_batch * data_ranks) +
+            " does not divide it; make --batch a multiple of " + std::to_string(o.micro_batch * data_ranks) +
+            ", or choose a --micro-batch that divides " + std::to_string(o.batch / data_ranks) +
+            (o.batch % data_ranks == 0 ? "" : " (after making --batch a multiple of the ranks)"));
     if (o.micro_batch == 0) {
         if (o.batch % data_ranks != 0)
             throw std::invalid_argument("--batch " + std::to_string(o.batch) + " does not split over " +
@@ -186,8 +196,8 @@ StrategyChoice choose_auto_strategy(TrainOptions& o, int requested_micro_batch, 
     return choice;
 }
 
-int train_command(const TrainOptions& requested_flags, const std::string& resume_dir, World& world,
-                  std::optional<OutDirLock>& lock) {
+int train_command(const TrainOptions& requested_flags, const OptionSources& sources, const std::string& resume_dir,
+                  World& world, std::optional<OutDirLock>& lock) {
     TrainOptions requested = requested_flags;
     if (resume_dir.empty()) apply_adapter_config(requested);
     TrainOptions o = requested;
@@ -218,16 +228,20 @@ int train_command(const TrainOptions& requested_flags, const std::string& resume
         throw std::invalid_argument(
             "--offload params with --quantize nf4: the NF4 base is quantised and loaded on the "
             "device; use --offload optimizer");
+    if (o.seq_len == 0 && init_dir.empty())
+        throw std::invalid_argument("--seq-len 0 (the window from the data) goes with --init-from; give a --seq-len");
     RunData data = load_run_data(o, resume_dir, init_dir);
     const LlamaConfig config = model_config(o, data, resume_dir, init_dir);
     if (o.seq_len == 0) {
-        if (init_dir.empty())
-            throw std::invalid_argument("--seq-len 0 (the window from the data) goes with --init-from; give a --seq-len");
         std::string why;
         o.seq_len = seq_len_from_data(data, config, &why);
         requested.seq_len = o.seq_len;  // the checkpoint records the window the run used
         std::printf("--seq-len %d from the data: %s\n", o.seq_len, why.c_str());
     }
+    if (o.seq_len > config.max_seq_len)
+        throw std::invalid_argument("--seq-len " + std::to_string(o.seq_len) +
+                                    " exceeds the model's max_position_embeddings of " +
+                                    std::to_string(config.max_seq_len) + ": use a shorter sequence");
     // The memory plan, before anything is allocated (parallel/planner.h).
     const GpuMemory gpu = memory_budget(o, world.size());
     if (automatic && world.size() > 1) {
@@ -238,7 +252,7 @@ int train_command(const TrainOptions& requested_flags, const std::string& resume
     check_plan_fits(plan_request(o, config, world.size()), gpu);
     if (o.epochs == 0) (void)lr_config_of(o);  // the schedule's checks, before anything is written
     if (world.rank() == 0 && !lock) lock.emplace(o.out_dir);  // creates the directory
-    const RunSources from{resume_dir, init_dir};
+    const RunSources from{resume_dir, init_dir, sources};
     if (o.dtype == "bf16") {
         if (o.fp32_grad_accumulation)
             return run_training<__nv_bfloat16, float>(o, requested, std::move(data), config, from, world);
@@ -468,7 +482,9 @@ LlamaConfig plan_config(const TrainOptions& o) {
 }
 
 // `train plan`: the memory per rank by category, the verdict, what fits.
-int plan_command(const TrainOptions& flags, const PlanOptions& p) {
+int plan_command(const TrainOptions& given, const PlanOptions& p) {
+    TrainOptions flags = given;
+    apply_accumulation(flags, p.ranks);  // --accumulation: the global batch at --ranks
     TrainOptions o = flags;
     apply_adapter_config(o);
     const LlamaConfig config = plan_config(o);
@@ -486,7 +502,8 @@ int plan_command(const TrainOptions& flags, const PlanOptions& p) {
                     o.seq_len);
     }
     if (o.seq_len > config.max_seq_len)
-        throw std::invalid_argument("--seq-len " + std::to_string(o.seq_len) + " exceeds the model's max_seq_len " +
+        throw std::invalid_argument("--seq-len " + std::to_string(o.seq_len) +
+                                    " exceeds the model's max_position_embeddings of " +
                                     std::to_string(config.max_seq_len) + ": use a shorter sequence");
     const GpuMemory gpu = parse_gpu_memory(o.gpu_memory.empty() ? "h100-80" : o.gpu_memory);
     const std::string requested_strategy = o.parallel;
@@ -641,6 +658,11 @@ std::string fine_tuning_note(const TrainOptions& demo, const TrainOptions& o) {
     return taken.empty() ? "" : "fine-tuning defaults (--init-from): " + taken + "; a flag given overrides each";
 }
 
+// The run file's keys accepted and ignored (logging_steps), once.
+void print_notes(const Command& c) {
+    for (const std::string& n : c.notes) std::printf("%s\n", n.c_str());
+}
+
 int main_checked(int argc, char** argv) {
     Command c = parse_command(argc, argv);
     // --init-from starts a fine-tuning run: the flags not given take fine-tuning's defaults.
@@ -652,6 +674,7 @@ int main_checked(int argc, char** argv) {
         fine_tuning = fine_tuning_note(demo, c.train);
     }
     if (!fine_tuning.empty() && c.kind == Command::Kind::plan) std::printf("%s\n", fine_tuning.c_str());
+    if (c.kind == Command::Kind::plan) print_notes(c);
     if (c.kind == Command::Kind::plan) return plan_command(c.train, c.plan);
     if (c.kind == Command::Kind::sample) return sample_command(c.sample);
     if (c.kind == Command::Kind::eval) return eval_command(c.eval);
@@ -664,6 +687,8 @@ int main_checked(int argc, char** argv) {
     World world(&argc, &argv);
     if (world.rank() != 0 && !std::freopen("/dev/null", "w", stdout))  // rank 0 reports; errors from any rank
         throw std::runtime_error("cannot silence the standard output of rank " + std::to_string(world.rank()));
+    print_notes(c);
+    apply_accumulation(c.train, world.size(), &c.train_sources);
     if (!fine_tuning.empty()) std::printf("%s\n", fine_tuning.c_str());
     check_init_from(c.train);  // the command line's own flags, before a checkpoint's fill in the rest
     std::string resume_dir;
@@ -674,7 +699,8 @@ int main_checked(int argc, char** argv) {
         const TrainerState saved_state = read_trainer_state(resume_dir + "/" + kTrainerStateFile);
         saved_step = saved_state.step;
         const TrainOptions& saved = saved_state.options;
-        c = parse_command(argc, argv, saved);
+        c = parse_command(argc, argv, saved, OptionSource::checkpoint);
+        apply_accumulation(c.train, world.size(), &c.train_sources);
         // Leaving a pipeline for another strategy drops its micro-batches in flight (unless given again).
         if (c.train.parallel != "mp" && c.train.microbatches == saved.microbatches) c.train.microbatches = 1;
         // Leaving ZeRO drops its shard group (unless given again): the checkpoint is whole either way.
@@ -686,15 +712,19 @@ int main_checked(int argc, char** argv) {
         compare.resume = saved.resume;
         compare.stop_after = saved.stop_after;
         for (const std::string& change : train_options_diff(saved, compare)) {
-            for (const char* fixed : {"preset:", "config:", "init_from:", "vocab:", "dtype:", "batch:", "seq_len:",
-                                      "seed:", "freeze:", "document_mask:", "lora_rank:", "lora_alpha:", "rslora:",
-                                      "lora_targets:", "quantize:", "double_quant:"})
+            for (const char* fixed :
+                 {"--preset:", "--config:", "--init-from:", "--vocab:", "--dtype:", "--batch:", "--seq-len:", "--seed:",
+                  "--freeze:", "--document-mask:", "--lora-rank:", "--lora-alpha:", "--rslora:", "--lora-targets:",
+                  "--quantize:", "--double-quant:"})
                 if (change.rfind(fixed, 0) == 0)
                     throw std::invalid_argument("cannot change " + change +
                                                 " when resuming: the checkpoint's model, "
                                                 "data order and batches depend on it; start a new run instead");
-            const bool harmless = change.rfind("checkpoint_activations:", 0) == 0;
-            std::printf("resume: %s (from the command line%s)\n", change.c_str(),
+            if (change.rfind("--schedule-steps:", 0) == 0) continue;  // said by check_schedule_change
+            const bool harmless = change.rfind("--checkpoint-activations:", 0) == 0;
+            std::string key = change.substr(2, change.find(':') - 2);  // "--seq-len: ..." -> seq_len
+            std::replace(key.begin(), key.end(), '-', '_');
+            std::printf("resume: %s (from the %s%s)\n", change.c_str(), source_name(c.train_sources.of(key)),
                         harmless ? "; recomputing activations leaves every gradient bit the same" : "");
         }
     }
@@ -719,7 +749,7 @@ int main_checked(int argc, char** argv) {
     }
     world.watch_collectives(c.train.collective_timeout);  // every rank, once its options are known
     try {
-        return train_command(c.train, resume_dir, world, lock);
+        return train_command(c.train, c.train_sources, resume_dir, world, lock);
     } catch (const std::exception& e) {
         if (world.size() > 1) abort_all_ranks(std::string("train: ") + e.what());  // never leave the others waiting
         throw;

@@ -33,6 +33,7 @@ const std::map<std::string, NumberRule>& number_rules() {
         {"steps",                  at_least(1, kLong)},
         {"batch",                  at_least(1)},
         {"micro_batch",            at_least(0)},
+        {"accumulation",           at_least(0)},
         {"seq_len",                at_least(0)},  // 0: from the data (fine-tuning, trainer/run_data.h)
         {"lr",                     real(0, kHuge)},
         {"warmup",                 at_least(0)},

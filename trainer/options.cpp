@@ -1,24 +1,30 @@
 // Command-line parsing for `train` with CLI11: each flag documents itself and its default in
-// --help. The JSON form of TrainOptions (checkpoints) uses nlohmann/json with one field list.
+// --help, in groups. The JSON form of TrainOptions (checkpoints) uses nlohmann/json with one field
+// list. --run's file (trainer/run_file.h) is applied flag by flag through the same CLI11 options,
+// so a run file can set exactly what the command line can, checked the same way.
 #include "trainer/options.h"
 
 #include "data/chat.h"
 #include "parallel/planner.h"
 #include "trainer/option_rules.h"
+#include "trainer/run_file.h"
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <stdexcept>
 
 namespace pv {
 
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, init_from, data, val_data, vocab, steps,
-                                                batch, micro_batch, seq_len, lr, schedule, warmup, warmup_ratio, epochs,
+                                                batch, micro_batch, accumulation, seq_len, lr, schedule, warmup, warmup_ratio, epochs,
                                                 schedule_steps, final_lr_fraction,
                                                 clip, skip_nonfinite, weight_decay, decay_norm_weights, beta1, beta2,
                                                 eps, dtype, stochastic_rounding, fp32_grad_accumulation, seed, parallel,
@@ -49,20 +55,83 @@ CLI::Validator number_check(NumberRule rule) {
         "");
 }
 
-void add_train_flags(CLI::App& app, TrainOptions& o) {
-    app.add_option("--preset", o.preset, "Model preset (empty: a small default model sized to the tokenizer)");
-    app.add_option("--config", o.config, "A Hugging Face config.json giving the model's shape (instead of --preset)");
-    app.add_option("--init-from", o.init_from,
-                   "Start from a Hugging Face model directory (config.json, model.safetensors or sharded "
-                   "safetensors, tokenizer.json): its shape, weights (converted to --dtype) and tokenizer; fresh "
-                   "optimizer state, step 0. Not with --preset, --config or --resume")
-        ->check(CLI::ExistingDirectory);
+std::string choice_list(const std::vector<std::string>& choices, const char* between = ", ") {
+    std::string out;
+    for (const std::string& c : choices) out += (out.empty() ? "" : between) + (c.empty() ? std::string("\"\"") : c);
+    return out;
+}
+
+// A CLI11 check that a value is one of `choices`, with the nearest as a suggestion ("--dtype: bf61
+// is not one of bf16, fp32, fp64; did you mean bf16?").
+CLI::Validator choice_check(const std::vector<std::string>& choices) {
+    return CLI::Validator(
+        [choices](const std::string& text) -> std::string {
+            if (std::find(choices.begin(), choices.end(), text) != choices.end()) return "";
+            return (text.empty() ? std::string("\"\"") : text) + " is not one of " + choice_list(choices) +
+                   did_you_mean(text, choices);
+        },
+        "{" + choice_list(choices, ",") + "}");
+}
+
+// An existing directory, or empty (the option's "none", as a run file or a resolved run.yaml writes it).
+const CLI::Validator directory_or_empty(
+    [](std::string& path) { return path.empty() ? std::string() : CLI::ExistingDirectory(path); }, "DIR");
+
+// The --help groups of the training flags, in the order --help shows them.
+const std::vector<std::pair<std::string, std::vector<std::string>>>& train_flag_groups() {
+    static const std::vector<std::pair<std::string, std::vector<std::string>>> groups{
+        {"Data", {"data", "val-data", "seq-len", "document-mask", "batch", "micro-batch", "accumulation"}},
+        {"Model", {"preset", "config", "init-from", "vocab", "dtype", "freeze", "checkpoint-activations",
+                   "no-checkpoint-activations"}},
+        {"Optimisation", {"steps", "epochs", "lr", "schedule", "warmup", "warmup-ratio", "final-lr-fraction", "clip",
+                          "skip-nonfinite",
+                          "weight-decay", "decay-norm-weights", "beta1", "beta2", "eps", "stochastic-rounding",
+                          "fp32-grad-accumulation", "seed"}},
+        {"LoRA/QLoRA", {"lora-rank", "lora-alpha", "rslora", "lora-targets", "lora-dropout", "quantize",
+                        "double-quant", "adapter"}},
+        {"Parallel", {"parallel", "interconnect", "gpu-memory", "microbatches", "balance", "shard-group", "offload",
+                      "collective-timeout"}},
+        {"Checkpoints", {"checkpoint-interval", "resume", "allow-inexact-resume", "stop-after", "keep-checkpoints",
+                         "overwrite-later", "extend-schedule", "keep-schedule"}},
+        {"Output", {"out-dir", "overwrite", "eval-interval", "eval-batches", "prompt", "sample-tokens", "temperature", "top-p"}},
+    };
+    return groups;
+}
+
+// Puts each training flag in its group; a flag in none is a programming error (a new flag must
+// say where --help shows it).
+void group_train_flags(CLI::App& app) {
+    for (CLI::Option* opt : app.get_options()) {
+        if (opt->get_lnames().empty() || opt->get_lnames()[0] == "help" || opt->get_lnames()[0] == "run" ||
+            opt->get_lnames()[0] == "version")
+            continue;
+        bool placed = false;
+        for (const auto& [group, names] : train_flag_groups())
+            if (std::find(names.begin(), names.end(), opt->get_lnames()[0]) != names.end())
+                opt->group(group), placed = true;
+        if (!placed) throw std::logic_error("--" + opt->get_lnames()[0] + " is in no --help group (train_flag_groups)");
+    }
+}
+
+void add_train_flags(CLI::App& app, TrainOptions& o, std::string* run_file = nullptr) {
+    if (run_file)
+        app.add_option("--run", *run_file,
+                       "A YAML run file of training flags (lora_rank: 8, or Hugging Face names such as "
+                       "learning_rate): flags on the command line override its values (docs/run-files.md)")
+            ->check(CLI::ExistingFile);
     app.add_option(
         "--data", o.data,
         "Training data: a directory made by `train prepare` or one token shard (empty: the built-in corpus)");
     app.add_option("--val-data", o.val_data,
                    "Validation shard (empty: the data directory's val.pvtokens, or the "
                    "built-in corpus's held-out tail)");
+    app.add_option("--preset", o.preset, "Model preset (empty: a small default model sized to the tokenizer)");
+    app.add_option("--config", o.config, "A Hugging Face config.json giving the model's shape (instead of --preset)");
+    app.add_option("--init-from", o.init_from,
+                   "Start from a Hugging Face model directory (config.json, model.safetensors or sharded "
+                   "safetensors, tokenizer.json): its shape, weights (converted to --dtype) and tokenizer; fresh "
+                   "optimizer state, step 0. Not with --preset, --config or --resume")
+        ->check(directory_or_empty);
     app.add_option("--vocab", o.vocab, "Vocabulary size of the tokenizer trained on the built-in corpus");
     app.add_option("--steps", o.steps, "Optimizer steps (the learning-rate schedule spans them)");
     app.add_option("--epochs", o.epochs,
@@ -74,6 +143,10 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
     app.add_option("--micro-batch", o.micro_batch,
                    "Sequences per forward/backward pass (0: the largest divisor of batch / ranks that is at most 8, "
                    "so the same --batch works at any rank count)");
+    app.add_option("--accumulation", o.accumulation,
+                   "Micro-batches per optimizer step on each rank (Hugging Face's gradient_accumulation_steps), "
+                   "instead of --batch: the global batch becomes micro-batch x accumulation x ranks (needs "
+                   "--micro-batch; 0: --batch decides)");
     app.add_option("--seq-len", o.seq_len,
                    "Tokens per sequence (0: from the data's longest example, up to the model's "
                    "max_position_embeddings; the default with --init-from)");
@@ -82,7 +155,8 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
                  "at each document (packed chats otherwise see unrelated conversations); the target predicting "
                  "the next document's first token does not count");
     app.add_option("--lr", o.lr, "Peak learning rate");
-    app.add_option("--schedule", o.schedule, "Learning-rate schedule after warmup: constant, cosine, linear or wsd");
+    app.add_option("--schedule", o.schedule, "Learning-rate schedule after warmup: constant, cosine, linear or wsd")
+        ->check(choice_check(option_choices("schedule")));
     app.add_option("--warmup", o.warmup, "Warmup steps (lr * (step + 1) / warmup)");
     app.add_option("--warmup-ratio", o.warmup_ratio,
                    "Warmup as a fraction of the steps (Hugging Face's warmup_ratio: ceil(ratio x steps) steps); "
@@ -108,7 +182,7 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
     app.add_option("--beta2", o.beta2, "AdamW beta2");
     app.add_option("--eps", o.eps, "AdamW epsilon (outside the square root)");
     app.add_option("--dtype", o.dtype, "Storage type of parameters, activations and gradients: bf16, fp32 or fp64")
-        ->check(CLI::IsMember(option_choices("dtype")));
+        ->check(choice_check(option_choices("dtype")));
     app.add_flag("--stochastic-rounding", o.stochastic_rounding,
                  "bf16: round the fp32 master weights to bf16 stochastically (Philox-keyed, reproducible) instead of "
                  "to nearest");
@@ -122,11 +196,11 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
                    "Strategy over the ranks of mpirun: auto (from the memory plan: single on one rank, ddp if the "
                    "replicas fit, else the cheapest ZeRO stage that fits, else mp), " +
                        strategies)
-        ->check(CLI::IsMember(option_choices("parallel")));
+        ->check(choice_check(option_choices("parallel")));
     app.add_option("--interconnect", o.interconnect,
                    "For --parallel auto: slow (Ethernet between nodes) prefers mp, which sends only the residual "
                    "stream, to the ZeRO stages")
-        ->check(CLI::IsMember(option_choices("interconnect")));
+        ->check(choice_check(option_choices("interconnect")));
     std::string gpus;
     for (const std::string& g : gpu_names()) gpus += (gpus.empty() ? "" : ", ") + g;
     app.add_option("--gpu-memory", o.gpu_memory,
@@ -151,14 +225,14 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
     app.add_option("--quantize", o.quantize,
                    "QLoRA: store the frozen base's linear weights (every block's q/k/v/o/gate/up/down) as NF4, "
                    "exactly as bitsandbytes' quantize_4bit, dequantised before each GEMM (needs --lora-rank)")
-        ->check(CLI::IsMember(option_choices("quantize")));
+        ->check(choice_check(option_choices("quantize")));
     app.add_flag("--double-quant,!--no-double-quant", o.double_quant,
                  "NF4: quantise the absmaxes too (8 bits, blocks of 256: 4.127 bits per parameter instead of 4.5)");
     app.add_option("--adapter", o.adapter,
                    "LoRA: continue training a PEFT adapter directory (adapter_config.json, "
                    "adapter_model.safetensors) on the base given by --init-from; its rank, alpha, rsLoRA and "
                    "targets become the run's")
-        ->check(CLI::ExistingDirectory);
+        ->check(directory_or_empty);
     app.add_option(
            "--microbatches", o.microbatches,
            "mp: micro-batches in flight in the pipeline (GPipe: that many forwards, then their backwards; "
@@ -186,7 +260,7 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
         ->excludes("--checkpoint-activations");
     app.add_option("--balance", o.balance,
                    "mp: balance the stages by training FLOPs (flops) or by parameter count (params)")
-        ->check(CLI::IsMember(option_choices("balance")));
+        ->check(choice_check(option_choices("balance")));
     app.add_option("--shard-group", o.shard_group,
                    "zero1/zero2/zero3: shard within groups of this many consecutive ranks and replicate across the "
                    "groups (hybrid sharding, FSDP's HSDP): gradients reduce-scattered within a group then all-reduced "
@@ -196,7 +270,7 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
                    "CPU offload (ZeRO-Offload): optimizer keeps the fp32 master and Adam m and v of this rank's "
                    "owned range in pinned host memory and runs AdamW on the CPU (single, ddp, zero1-3); params also "
                    "keeps zero3's parameter slices in host memory (zero3 only). none: everything on the device")
-        ->check(CLI::IsMember(option_choices("offload")));
+        ->check(choice_check(option_choices("offload")));
     app.add_option("--eval-interval", o.eval_interval,
                    "Evaluate on the validation data every this many steps (0: never)");
     app.add_option("--eval-batches", o.eval_batches, "Micro-batches per evaluation");
@@ -206,7 +280,7 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
     app.add_option("--resume", o.resume,
                    "Continue from a checkpoint: a step_N directory, or an output directory (its latest checkpoint). "
                    "Flags not given are taken from the checkpoint")
-        ->check(CLI::ExistingDirectory);
+        ->check(directory_or_empty);
     app.add_flag("--allow-inexact-resume", o.allow_inexact_resume,
                  "With --resume: accept a checkpoint without master.safetensors, adam_m.safetensors or "
                  "adam_v.safetensors, starting that state fresh (the run then does not continue bit for bit)");
@@ -231,6 +305,7 @@ void add_train_flags(CLI::App& app, TrainOptions& o) {
     app.add_option("--sample-tokens", o.sample_tokens, "Tokens to generate at the end (0: none)");
     app.add_option("--temperature", o.temperature, "Sampling temperature (0: greedy)");
     app.add_option("--top-p", o.top_p, "Nucleus sampling: the smallest set of tokens with this much probability");
+    group_train_flags(app);
 }
 
 // The model directory both inference commands take (trainer/model_dir.h).
@@ -246,7 +321,7 @@ void add_dtype_flag(CLI::App& app, std::string& dtype) {
     app.add_option("--dtype", dtype,
                    "Storage type the weights are converted to on load: bf16, fp32 or fp64 (default: a checkpoint's "
                    "own; a Hugging Face model's torch_dtype, bfloat16 -> bf16, float32 and float16 -> fp32)")
-        ->check(CLI::IsMember({"bf16", "fp32", "fp64"}));
+        ->check(choice_check({"bf16", "fp32", "fp64"}));
 }
 
 void add_sample_flags(CLI::App& app, SampleOptions& o) {
@@ -324,7 +399,7 @@ void add_prepare_flags(CLI::App& app, PrepareOptions& o) {
     app.add_option("--chat-format", o.chat_format,
                    "How chats ({\"messages\": [...]}) are written: " + chat_format_list() +
                        " (default: recognised from the chat_template of tokenizer_config.json beside --tokenizer)")
-        ->check(CLI::IsMember(chat_format_names()));
+        ->check(choice_check(chat_format_names()));
     app.add_flag("--train-on-prompt", o.train_on_prompt,
                  "Train on every token, not only on completions and assistant turns (system, user and prompt "
                  "tokens count too)");
@@ -333,7 +408,7 @@ void add_prepare_flags(CLI::App& app, PrepareOptions& o) {
 void add_convert_flags(CLI::App& app, ConvertOptions& o) {
     app.add_option("--from", o.from, "The format of the input: llama2c (karpathy/llama2.c's model.bin, as run.c reads)")
         ->required()
-        ->check(CLI::IsMember({"llama2c"}));
+        ->check(choice_check({"llama2c"}));
     app.add_option("input", o.input, "The checkpoint to convert")->required()->check(CLI::ExistingFile);
     app.add_option("--out", o.out_dir,
                    "Output directory (a new or empty one): config.json, model.safetensors, generation_config.json")
@@ -368,7 +443,7 @@ void add_export_flags(CLI::App& app, ExportOptions& o) {
             throw CLI::RequiredError("one of --out, --peft or --merged");
     });
     app.add_option("--dtype", o.dtype, "Convert the weights to bf16, fp32 or fp64 (default: as stored)")
-        ->check(CLI::IsMember({"bf16", "fp32", "fp64"}));
+        ->check(choice_check({"bf16", "fp32", "fp64"}));
 }
 
 void add_tokenize_flags(CLI::App& app, TokenizeOptions& o) {
@@ -407,24 +482,97 @@ void add_plot_flags(CLI::App& app, PlotOptions& o) {
     app.add_option("--height", o.height, "Height in pixels")->check(number_check(whole_number(200, 10000)));
 }
 
-}  // namespace
+// The unknown flags and stray arguments CLI11 left over in one command, as one message with the
+// nearest known flag (or command) for each: "unknown option --lora-rnak; did you mean --lora-rank?".
+std::string extras_message(const CLI::App& app, const std::vector<std::string>& extras) {
+    std::vector<std::string> flags, commands;
+    for (const CLI::Option* opt : app.get_options())
+        for (const std::string& n : opt->get_lnames()) flags.push_back(n);
+    for (const CLI::App* sub : app.get_subcommands({})) commands.push_back(sub->get_name());
+    std::string out;
+    const auto add = [&](const std::string& line) { out += (out.empty() ? "" : "\n") + line; };
+    bool any_flag = false;
+    for (const std::string& e : extras) {
+        if (e.size() < 2 || e[0] != '-' || std::isdigit(static_cast<unsigned char>(e[1])) || e[1] == '.') continue;
+        any_flag = true;
+        const std::string name = e.substr(0, e.find('='));
+        const std::string bare = name.substr(name.find_first_not_of('-'));
+        add("unknown option " + name + (app.get_parent() ? " for `train " + app.get_name() + "`" : "") +
+            did_you_mean(bare, flags, "--"));
+    }
+    if (!any_flag)  // only stray words: a misspelt command, or an argument too many
+        for (const std::string& e : extras)
+            add(app.get_parent() == nullptr && !commands.empty() && !nearest_name(e, commands).empty()
+                    ? "unknown command " + e + did_you_mean(e, commands)
+                    : "unexpected argument " + e + (app.get_parent() ? " for `train " + app.get_name() + "`" : ""));
+    return out;
+}
 
-Command parse_command(int argc, char** argv, const TrainOptions& base) {
+// --help with the training flags' groups in train_flag_groups' order (CLI11 shows groups in the
+// order their first options were added): a command's own groups first, then the training groups.
+class GroupedHelp : public CLI::Formatter {
+  public:
+    // As CLI11's Formatter::make_help (whose make_groups is not virtual), with our make_groups.
+    std::string make_help(const CLI::App* app, std::string name, CLI::AppFormatMode mode) const override {
+        if (mode == CLI::AppFormatMode::Sub) return make_expanded(app);
+        return make_description(app) + make_usage(app, name) + make_positionals(app) + grouped(app, mode) +
+               make_subcommands(app, mode) + "\n" + make_footer(app);
+    }
+
+  private:
+    std::string grouped(const CLI::App* app, CLI::AppFormatMode mode) const {
+        std::vector<std::string> groups, training;
+        for (const auto& [group, names] : train_flag_groups()) training.push_back(group);
+        for (const std::string& g : app->get_groups())
+            if (std::find(training.begin(), training.end(), g) == training.end()) groups.push_back(g);
+        const std::vector<std::string> present = app->get_groups();
+        for (const std::string& g : training)
+            if (std::find(present.begin(), present.end(), g) != present.end()) groups.push_back(g);
+        std::string out;
+        for (const std::string& group : groups) {
+            const std::vector<const CLI::Option*> opts = app->get_options([&](const CLI::Option* opt) {
+                return opt->get_group() == group && opt->nonpositional() &&
+                       (mode != CLI::AppFormatMode::Sub ||
+                        (app->get_help_ptr() != opt && app->get_help_all_ptr() != opt));
+            });
+            if (!group.empty() && !opts.empty()) out += (out.empty() ? "" : "\n") + make_group(group, false, opts);
+        }
+        return out;
+    }
+};
+
+// One parse of the command line with `base` as the training options' starting values.
+struct Parsed {
     Command c;
+    std::string run_file;             // --run
+    std::vector<std::string> given;   // the JSON keys of the training flags given on the command line
+};
+
+// A bad flag or value throws std::invalid_argument; --help and --version print and exit 0.
+Parsed parse_once(const std::vector<std::string>& args, const TrainOptions& base) {
+    Parsed p;
+    Command& c = p.c;
     c.train = base;
     CLI::App app{
         "polevault train: trains a Llama-family model. With no arguments it trains a small model on a "
         "built-in corpus (the project's own documentation and sources) and ends with a generated sample."};
+    app.name("train");
+    app.formatter(std::make_shared<GroupedHelp>());  // before the commands, which inherit it
     app.option_defaults()->always_capture_default();
-    add_train_flags(app, c.train);
+    app.allow_extras();  // inherited by the commands: their leftovers get a "did you mean" below
+    app.set_version_flag("--version", version_text(), "Print polevault's version (its git commit) and backend");
+    add_train_flags(app, c.train, &p.run_file);
     CLI::App* plan = app.add_subcommand(
         "plan",
         "Print the memory a training run needs per rank, by category, and whether it fits (takes every "
         "training flag; --ranks instead of mpirun)");
     plan->option_defaults()->always_capture_default();
-    add_train_flags(*plan, c.train);
-    plan->add_option("--ranks", c.plan.ranks, "World size to plan for")->check(number_check(whole_number(1, 1 << 20)));
-    plan->add_flag("--compare", c.plan.compare, "Every strategy side by side, and the one --parallel auto takes");
+    add_train_flags(*plan, c.train, &p.run_file);
+    plan->add_option("--ranks", c.plan.ranks, "World size to plan for")
+        ->check(number_check(whole_number(1, 1 << 20)))
+        ->group("Plan");
+    plan->add_flag("--compare", c.plan.compare, "Every strategy side by side, and the one --parallel auto takes")
+        ->group("Plan");
     CLI::App* sample = app.add_subcommand(
         "sample", "Generate text from a checkpoint or a Hugging Face model directory, with a KV cache");
     sample->option_defaults()->always_capture_default();
@@ -459,10 +607,20 @@ Command parse_command(int argc, char** argv, const TrainOptions& base) {
     add_plot_flags(*plot, c.plot);
     app.require_subcommand(0, 1);
     try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
+        std::vector<std::string> reversed(args.rbegin(), args.rend());
+        app.parse(reversed);
+    } catch (const CLI::CallForHelp& e) {
         std::exit(app.exit(e));
+    } catch (const CLI::CallForAllHelp& e) {
+        std::exit(app.exit(e));
+    } catch (const CLI::CallForVersion& e) {
+        std::exit(app.exit(e));
+    } catch (const CLI::ParseError& e) {
+        throw std::invalid_argument(e.what());
     }
+    for (const CLI::App* a : {&app, plan, sample, eval, prepare, convert, export_model, tokenize, plot})
+        if ((a == &app || a->parsed()) && a->remaining_size(false) > 0)
+            throw std::invalid_argument(extras_message(*a, a->remaining(false)));
     // --warmup alone replaces a warmup ratio the base holds (a checkpoint's, the fine-tuning defaults).
     for (const CLI::App* a : {static_cast<const CLI::App*>(&app), static_cast<const CLI::App*>(plan)})
         if (a->count("--warmup") > 0 && a->count("--warmup-ratio") == 0) c.train.warmup_ratio = 0;
@@ -477,15 +635,139 @@ Command parse_command(int argc, char** argv, const TrainOptions& base) {
     if (export_model->parsed()) c.kind = Command::Kind::export_model;
     if (tokenize->parsed()) c.kind = Command::Kind::tokenize;
     if (plot->parsed()) c.kind = Command::Kind::plot;
+    for (const CLI::App* a : {&app, plan})
+        for (const CLI::Option* opt : a->get_options()) {
+            if (opt->count() == 0 || opt->get_lnames().empty()) continue;
+            std::string name = opt->get_lnames()[0];
+            if (name == "no-checkpoint-activations") name = "checkpoint-activations";
+            std::replace(name.begin(), name.end(), '-', '_');
+            p.given.push_back(name);
+        }
+    return p;
+}
+
+// The JSON key of a flag name ("lora-rank" -> "lora_rank").
+std::string key_of(std::string flag) {
+    std::replace(flag.begin(), flag.end(), '-', '_');
+    return flag;
+}
+
+// Applies a run file's entries to `o`, one flag at a time through the training flags' own CLI11
+// options and then the option's rules, so that each problem names the file, the line and the key.
+void apply_run_file(const RunFile& file, TrainOptions& o, OptionSources& sources) {
+    for (const RunFileEntry& e : file.entries) {
+        const std::string at = file.path + ":" + std::to_string(e.line) + ": " + e.key + ": ";
+        CLI::App app;
+        add_train_flags(app, o);
+        try {
+            std::vector<std::string> reversed(e.args.rbegin(), e.args.rend());
+            app.parse(reversed);
+        } catch (const CLI::ParseError& err) {
+            throw std::invalid_argument(at + err.what());
+        }
+        const std::string key = key_of(e.flag);
+        sources.by_key[key] = OptionSource::run_file;
+        const nlohmann::json all = o;
+        if (all.contains(key)) {
+            const nlohmann::json one = {{key, all.at(key)}};
+            if (const auto problems = train_option_problems(one); !problems.empty())
+                throw std::invalid_argument(at + problems.front());
+        }
+    }
+}
+
+Command parse_train_command(const std::vector<std::string>& args, const TrainOptions& base, OptionSource base_source) {
+    Parsed first = parse_once(args, base);
+    Command c = std::move(first.c);
+    c.train_sources.base_source = base_source;
+    if (!first.run_file.empty()) {
+        TrainOptions with_file = base;
+        const RunFile file = read_run_file(first.run_file, train_flag_specs());
+        apply_run_file(file, with_file, c.train_sources);
+        c.train_sources.run_file = first.run_file;
+        c.notes = file.notes;
+        c.train = parse_once(args, with_file).c.train;  // the command line's flags on top of the file's
+    }
+    for (const std::string& key : first.given) c.train_sources.by_key[key] = OptionSource::command_line;
     if (c.kind == Command::Kind::train || c.kind == Command::Kind::plan) {
-        // Every option at once, as the flags and a resumed checkpoint's file left them.
+        const OptionSource batch_from = c.train_sources.of("batch");
+        if (c.train.accumulation > 0 && c.train.micro_batch == 0)
+            throw std::invalid_argument("--accumulation " + std::to_string(c.train.accumulation) +
+                                        " needs --micro-batch (per_device_train_batch_size): the global batch is "
+                                        "micro-batch x accumulation x ranks");
+        if (c.train.accumulation > 0 &&
+            (batch_from == OptionSource::run_file || batch_from == OptionSource::command_line))
+            throw std::invalid_argument("--batch " + std::to_string(c.train.batch) + " and --accumulation " +
+                                        std::to_string(c.train.accumulation) +
+                                        " both set the global batch (= micro-batch x accumulation x ranks): give one");
+        // Every option at once, as the flags, the run file and a resumed checkpoint's file left them.
         if (const auto problems = train_option_problems(c.train); !problems.empty()) {
-            for (const std::string& p : problems) std::fprintf(stderr, "%s\n", p.c_str());
-            std::fprintf(stderr, "Run with --help for more information.\n");
-            std::exit(2);
+            std::string all;
+            for (const std::string& p : problems) all += (all.empty() ? "" : "\n") + p;
+            throw std::invalid_argument(all);
         }
     }
     return c;
+}
+
+}  // namespace
+
+Command parse_arguments(const std::vector<std::string>& args, const TrainOptions& base, OptionSource base_source) {
+    return parse_train_command(args, base, base_source);
+}
+
+Command parse_command(int argc, char** argv, const TrainOptions& base, OptionSource base_source) {
+    try {
+        return parse_train_command(std::vector<std::string>(argv + 1, argv + argc), base, base_source);
+    } catch (const std::invalid_argument& e) {
+        std::fprintf(stderr, "%s\nRun with --help for more information.\n", e.what());
+        std::exit(2);
+    }
+}
+
+void apply_accumulation(TrainOptions& o, int ranks, OptionSources* sources) {
+    if (o.accumulation <= 0) return;
+    const long long batch = (long long)o.micro_batch * o.accumulation * ranks;
+    if (batch > INT_MAX)
+        throw std::invalid_argument("--micro-batch " + std::to_string(o.micro_batch) + " x --accumulation " +
+                                    std::to_string(o.accumulation) + " x " + std::to_string(ranks) +
+                                    " ranks = " + std::to_string(batch) + " sequences per step: too many");
+    if (sources) {
+        sources->by_key["batch"] = sources->of("accumulation");
+        sources->notes["batch"] = "--micro-batch " + std::to_string(o.micro_batch) + " x --accumulation " +
+                                  std::to_string(o.accumulation) + " x " + std::to_string(ranks) + " rank(s)";
+    }
+    o.batch = int(batch);
+    o.accumulation = 0;
+}
+
+std::vector<FlagSpec> train_flag_specs() {
+    CLI::App app;
+    TrainOptions o;
+    add_train_flags(app, o);
+    std::vector<FlagSpec> specs;
+    for (const CLI::Option* opt : app.get_options()) {
+        if (opt->get_lnames().empty() || opt->get_lnames()[0] == "help") continue;
+        FlagSpec f;
+        f.name = opt->get_lnames()[0];
+        f.type = opt->get_type_name();
+        f.group = opt->get_group();
+        f.list = f.name == "lora-targets" || f.name == "freeze";
+        if (opt->get_expected_max() == 0) {
+            f.kind = FlagSpec::Kind::flag;
+            for (const std::string& n : opt->get_lnames())
+                if (n != f.name) f.negation = n;
+        } else if (opt->get_expected_min() == 0) {
+            f.kind = FlagSpec::Kind::optional_value;
+        }
+        specs.push_back(f);
+    }
+    // --help's order: by group, then as added.
+    std::vector<FlagSpec> ordered;
+    for (const auto& [group, names] : train_flag_groups())
+        for (const FlagSpec& f : specs)
+            if (f.group == group) ordered.push_back(f);
+    return ordered;
 }
 
 std::string train_options_json(const TrainOptions& o) { return nlohmann::json(o).dump(2); }
@@ -550,9 +832,9 @@ StrategyOptions strategy_options(const TrainOptions& o) {
 
 ActivationCheckpointing activation_checkpointing(const TrainOptions& o) {
     if (o.checkpoint_activations < -1 || o.checkpoint_activations == 1)
-        throw std::invalid_argument("checkpoint_activations = " + std::to_string(o.checkpoint_activations) +
-                                    ": use -1 (off), 0 (every block recomputes) or N >= 2 (one block in N keeps "
-                                    "its activations)");
+        throw std::invalid_argument("--checkpoint-activations=" + std::to_string(o.checkpoint_activations) +
+                                    ": give no value (every block recomputes), N >= 2 (one block in N keeps its "
+                                    "activations), or --no-checkpoint-activations");
     return ActivationCheckpointing{o.checkpoint_activations >= 0, std::max(o.checkpoint_activations, 0)};
 }
 
@@ -561,7 +843,7 @@ std::vector<std::string> train_options_diff(const TrainOptions& before, const Tr
     std::vector<std::string> out;
     for (auto it = a.begin(); it != a.end(); ++it)
         if (b.at(it.key()) != it.value())
-            out.push_back(it.key() + ": " + it.value().dump() + " -> " + b.at(it.key()).dump());
+            out.push_back(flag_of(it.key()) + ": " + it.value().dump() + " -> " + b.at(it.key()).dump());
     return out;
 }
 

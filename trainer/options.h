@@ -10,6 +10,8 @@
 //   train export CHECKPOINT --out DIR              a checkpoint -> a Hugging Face directory
 //   train tokenize [flags]   text on stdin -> its token ids (or ids -> text), as Hugging Face gives them
 //   train plot RUN_DIR...    loss, validation loss, learning rate and gradient norm as a PNG
+//   train --run run.yaml     the training flags from a YAML file (trainer/run_file.h), flags after it on top
+//   train --version          the commit this train was built from and its backend
 //
 // Resuming: `train --resume DIR` takes every training flag from the checkpoint's
 // trainer_state.json and then applies the flags given on this command line on top, so a resumed
@@ -22,6 +24,7 @@
 #include "model/lora.h"
 #include "parallel/plan.h"
 #include "trainer/plot.h"
+#include "trainer/run_file.h"
 
 #include <cstdint>
 #include <string>
@@ -51,6 +54,10 @@ struct TrainOptions {
     long long steps = 250;
     int batch = 16;
     int micro_batch = 0;  // 0: the largest divisor of batch / ranks that is at most 8
+    // Micro-steps per optimizer step on each rank (Hugging Face's gradient_accumulation_steps):
+    // when > 0, batch = micro_batch x accumulation x ranks, computed once the rank count is known
+    // (apply_accumulation), after which it is 0 again and batch holds the result. 0: batch as given.
+    int accumulation = 0;
     int seq_len = 64;
     bool document_mask = false;  // attention and positions restricted to each token's own document
     // Optimizer.
@@ -184,11 +191,32 @@ struct Command {
     ExportOptions export_model;
     TokenizeOptions tokenize;
     PlotOptions plot;
+    // Where each training option's value came from (defaults, a checkpoint, --run's file, the command line).
+    OptionSources train_sources;
+    // Keys of the run file accepted and ignored ("FILE:LINE: logging_steps ignored: ..."), to print once.
+    std::vector<std::string> notes;
 };
 
-// Parses argv; prints help or errors and exits (status 0 for --help, 2 for bad flags). Training
-// flags not given keep the values in `base` (the defaults, or a checkpoint's options on resume).
-Command parse_command(int argc, char** argv, const TrainOptions& base = {});
+// Parses argv; prints help or errors and exits (status 0 for --help and --version, 2 for bad
+// flags or a bad run file). Training flags not given keep the values of --run's file, else those
+// in `base` (the defaults, or a checkpoint's options on resume: base_source says which).
+Command parse_command(int argc, char** argv, const TrainOptions& base = {},
+                      OptionSource base_source = OptionSource::default_value);
+// The same for arguments without the program's name, throwing std::invalid_argument with the
+// message parse_command would print instead of exiting (--help and --version still print and exit).
+Command parse_arguments(const std::vector<std::string>& args, const TrainOptions& base = {},
+                        OptionSource base_source = OptionSource::default_value);
+
+// --accumulation: sets batch = micro_batch x accumulation x ranks and accumulation to 0 (nothing
+// when it is 0); `sources` learns where batch came from. Throws std::invalid_argument naming the
+// flags when the product does not fit an int.
+void apply_accumulation(TrainOptions& o, int ranks, OptionSources* sources = nullptr);
+
+// Every training flag as a run file sees it, in --help's order (trainer/run_file.h).
+std::vector<FlagSpec> train_flag_specs();
+
+// "polevault <git describe> (<backend> backend)" (trainer/version.cpp; the Makefile bakes the commit in).
+std::string version_text();
 
 // The training options as a JSON object (for trainer_state.json) and back; doubles round-trip
 // exactly. from_json throws std::runtime_error naming a key of the wrong type.
@@ -201,7 +229,7 @@ StrategyOptions strategy_options(const TrainOptions& o);
 // The activation checkpointing among them, checked (std::invalid_argument naming the flag).
 ActivationCheckpointing activation_checkpointing(const TrainOptions& o);
 
-// "key: old -> new" for every option that differs, for reporting overrides on resume.
+// "--flag: old -> new" for every option that differs, for reporting overrides on resume.
 std::vector<std::string> train_options_diff(const TrainOptions& before, const TrainOptions& after);
 
 }  // namespace pv

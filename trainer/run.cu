@@ -5,6 +5,7 @@
 #include "trainer/run.h"
 
 #include "data/loader.h"
+#include "io/durable_file.h"
 #include "kernels/glue.cuh"
 #include "model/flops.h"
 #include "model/freeze.h"
@@ -149,6 +150,7 @@ class TrainingRun {
           config_(config),
           resume_dir_(from.resume_dir),
           init_dir_(from.init_dir),
+          option_sources_(from.options),
           world_(world),
           plan_(plan_strategy(strategy_options(o), config, o.seq_len, world.rank(), world.size())),
           accumulation_(accumulation_for(o.batch, o.micro_batch, plan_.data_ranks)),
@@ -263,6 +265,11 @@ class TrainingRun {
             for (const std::string& line : remove_run(o_.out_dir)) std::printf("%s\n", line.c_str());
         for (const std::string& line : prepare_out_dir(o_.out_dir, resume_dir_, start_step_, o_.overwrite_later))
             std::printf("%s\n", line.c_str());
+        // The options as resolved, as a run file (trainer/run_file.h): `train --run OUT/run.yaml`
+        // repeats the run. As the user gave them (an automatic micro-batch stays automatic).
+        const std::string yaml = resolved_run_yaml(requested_, option_sources_, &o_);
+        write_file_atomically(o_.out_dir + "/run.yaml", "resolved options",
+                              [&](const ByteSink& sink) { sink(yaml.data(), yaml.size()); });
         const std::string path = o_.out_dir + "/metrics.jsonl";
         metrics_ = std::fopen(path.c_str(), start_step_ > 0 ? "a" : "w");
         if (!metrics_) throw std::runtime_error("cannot write " + path);
@@ -513,6 +520,7 @@ class TrainingRun {
     const TrainOptions requested_;
     const LlamaConfig config_;
     const std::string resume_dir_, init_dir_;
+    const OptionSources option_sources_;
     World& world_;
     const StrategyPlan plan_;
     const int accumulation_;

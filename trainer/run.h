@@ -16,6 +16,7 @@ namespace pv {
 struct RunSources {
     std::string resume_dir;
     std::string init_dir;
+    OptionSources options;  // where each option's value came from (for the run.yaml it writes)
 };
 
 // The learning-rate schedule of these options (optim/schedule.h): over --steps, or the schedule a
