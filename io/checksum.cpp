@@ -2,6 +2,7 @@
 #include "io/checksum.h"
 
 #include "io/input_file.h"
+#include "io/progress.h"
 
 #include <xxhash.h>
 
@@ -49,6 +50,7 @@ FileDigest digest_file(const std::string& path, const std::string& kind) {
         file.pread_exact(buf.data(), n, done);
         h.update(buf.data(), n);
         done += n;
+        Progress::report_to_current(double(n));  // a checkpoint's verification (io/progress.h)
     }
     return {file.size(), h.digest()};
 }

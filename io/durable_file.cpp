@@ -3,6 +3,7 @@
 #include "io/durable_file.h"
 
 #include "io/input_file.h"
+#include "io/progress.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -95,6 +96,7 @@ FileDigest write_file_atomically(const std::string& path, const std::string& kin
             write([&](const void* data, size_t n) {
                 checksum.update(data, n);
                 written += n;
+                Progress::report_to_current(double(n));  // a checkpoint's or an export's (io/progress.h)
                 const char* p = static_cast<const char*>(data);
                 while (n > 0) {
                     const ssize_t w = ::write(f.fd, p, n);

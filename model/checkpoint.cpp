@@ -3,6 +3,7 @@
 #include "model/checkpoint.h"
 
 #include "io/durable_file.h"
+#include "io/progress.h"
 #include "model/bnb_checkpoint.h"
 #include "model/dtype_conversion.h"
 #include "model/safetensors.h"
@@ -339,6 +340,7 @@ void write_checkpoint_dir(const std::string& dir, uint64_t bytes,
     const std::string tmp = without_trailing_slashes(dir) + ".tmp";
     try {
         begin_checkpoint_dir(dir);
+        Progress progress("writing checkpoint " + dir, double(bytes));  // the files' writes report to it
         write(tmp);
         commit_checkpoint_dir(dir);
     } catch (const std::exception& e) {

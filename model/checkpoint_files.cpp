@@ -3,6 +3,7 @@
 
 #include "io/checksum.h"
 #include "io/input_file.h"
+#include "io/progress.h"
 #include "model/config_json.h"
 
 #include <nlohmann/json.hpp>
@@ -79,6 +80,11 @@ std::vector<std::string> missing_optimizer_files(const std::string& dir, bool ha
 void verify_checkpoint_files(const std::string& dir, const FileDigests& files, int rank, int ranks,
                              const std::vector<std::string>& absent_ok) {
     const std::string fix = "; restore it, or resume from another checkpoint";
+    double bytes = 0;  // of the files this rank verifies
+    int counted = 0;
+    for (const auto& [name, recorded] : files)
+        if (counted++ % ranks == rank) bytes += double(recorded.bytes);
+    Progress progress("verifying the checksums of " + dir, bytes);  // digest_file reports to it
     int index = 0;
     for (const auto& [name, recorded] : files) {  // std::map: name order, the same on every rank
         if (index++ % ranks != rank) continue;

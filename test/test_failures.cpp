@@ -449,11 +449,12 @@ TEST_CASE("train: a second writer into a directory a run is writing is refused n
     CHECK(fs::exists(out / "step_1" / "trainer_state.json"));
 }
 
-// Preemption as jobs are stopped: Ctrl-C on mpirun. Open MPI's mpirun sends each rank SIGCONT,
+// Preemption as jobs are stopped: Ctrl-C on mpirun, and SIGTERM to every rank at once as Slurm
+// sends it. Open MPI's mpirun sends each rank SIGCONT,
 // then SIGTERM and SIGKILL, each after odls_base_sigkill_timeout (here 5 s); the ranks take the
 // SIGCONT as the stop request (trainer/signals.h), so the step in flight ends with a complete
 // checkpoint, every rank agreeing, well before the SIGKILL. mpirun itself waits out both timeouts.
-TEST_CASE("train under mpirun: Ctrl-C on mpirun ends the run after the step in flight, with its checkpoint",
+TEST_CASE("train under mpirun: Ctrl-C on mpirun, or SIGTERM to every rank, ends the run after the step in flight",
           "[train][mpi][signals]") {
     TempDir dir("train_mpirun_interrupt");
     const fs::path out = dir.path / "out";
@@ -486,6 +487,31 @@ TEST_CASE("train under mpirun: Ctrl-C on mpirun ends the run after the step in f
     CHECK(read_file(ckpt / "trainer_state.json").find("\"step\": " + std::to_string(steps[0])) != std::string::npos);
     const std::string lines = read_file(out / "metrics.jsonl");
     CHECK(std::count(lines.begin(), lines.end(), '\n') == steps[0]);
+
+    // Slurm's way (scancel, preemption): SIGTERM to every task at once. Every rank votes to stop;
+    // they stop after the same step, with its checkpoint, and mpirun exits 0.
+    const fs::path slurm = dir.path / "slurm";
+    const std::string slurm_metrics = (slurm / "metrics.jsonl").string();
+    const Run all = run_train_command(
+        "timeout 120 sh -c 'OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 2 --oversubscribe "
+        "--bind-to none --mca mpi_yield_when_idle 1 -x POLEVAULT_HOST_WORKERS=1 -x OPENBLAS_NUM_THREADS=1 " +
+        (build_dir() / "train").string() +
+        " --steps 1000000 --warmup 0 --batch 4 --micro-batch 1 --seq-len 8 --vocab 257 --sample-tokens 0 "
+        "--eval-interval 0 --parallel ddp --out-dir " + slurm.string() + " > " + (dir.path / "slurm.log").string() +
+        " 2>&1 & m=$!; while [ \"$(cat " + slurm_metrics + " 2>/dev/null | wc -l)\" -lt 3 ]; do sleep 0.05; done; "
+        "pkill -TERM -f \"^" + (build_dir() / "train").string() + " .*--out-dir " + slurm.string() +
+        "\"; wait $m; echo \"mpirun: exit $?\"'");  // the ranks alone, not mpirun or this shell
+    INFO(all.output);
+    INFO(read_file(dir.path / "slurm.log"));
+    CHECK(all.output.find("mpirun: exit 0") != std::string::npos);
+    CHECK(read_file(dir.path / "slurm.log").find("stopped by SIGTERM on 2 of 2 rank(s) after step ") !=
+          std::string::npos);
+    std::vector<std::string> written;
+    for (const auto& e : fs::directory_iterator(slurm))
+        if (e.path().filename().string().rfind("step_", 0) == 0) written.push_back(e.path().filename().string());
+    REQUIRE(written.size() == 1);
+    CHECK(written[0].find(".tmp") == std::string::npos);
+    CHECK(fs::exists(slurm / written[0] / "trainer_state.json"));
 }
 
 // A checkpoint write that fails — here at a file-size limit (`ulimit -f`, 5000 KiB: above what
@@ -835,7 +861,7 @@ TEST_CASE(
     CHECK(!lines[3].contains("skipped"));
     // The intact step_2 resumes; with a negative Adam v or a NaN weight it is refused, naming both.
     const fs::path step2 = fs::path(stop) / "step_2";
-    const Run resumed = run_train("--resume " + step2.string() + " --steps 3");
+    const Run resumed = run_train("--resume " + step2.string() + " --steps 3 --extend-schedule");
     INFO(resumed.output);
     CHECK(resumed.status == 0);
     // Values written so by a run (not damaged after): the checksums are left out, as an older
@@ -846,14 +872,14 @@ TEST_CASE(
         std::ofstream(step2 / "trainer_state.json") << state.dump(2);
     }
     poke_f32(step2 / "adam_v.safetensors", "model.layers.1.self_attn.o_proj.weight", 5, -1.5f);
-    const Run negative = run_train("--resume " + step2.string() + " --steps 3 --overwrite-later");
+    const Run negative = run_train("--resume " + step2.string() + " --steps 3 --extend-schedule --overwrite-later");
     INFO(negative.output);
     CHECK(negative.status != 0);
     CHECK(negative.output.find("adam_v.safetensors: model.layers.1.self_attn.o_proj.weight element 5 is -1.5 (Adam's "
                                "v is a running mean of squares: never negative)") != std::string::npos);
     poke_f32(step2 / "adam_v.safetensors", "model.layers.1.self_attn.o_proj.weight", 5, 0.5f);
     poke_f32(step2 / "master.safetensors", "model.norm.weight", 3, NAN);
-    const Run nan_weight = run_train("--resume " + step2.string() + " --steps 3 --overwrite-later");
+    const Run nan_weight = run_train("--resume " + step2.string() + " --steps 3 --extend-schedule --overwrite-later");
     INFO(nan_weight.output);
     CHECK(nan_weight.status != 0);
     CHECK(nan_weight.output.find("master.safetensors: model.norm.weight element 3 is nan (not finite)") !=

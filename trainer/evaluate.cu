@@ -1,6 +1,7 @@
 // A model's loss on every window of a dataset (see evaluate.h).
 #include "trainer/evaluate.h"
 
+#include "io/progress.h"
 #include "model/unit_loop.h"
 #include "platform/device_memory.h"
 
@@ -29,6 +30,7 @@ EvalResult evaluate_windows(Llama<T>& model, const DataLoader& data, long long m
     DeviceBuffer<int> count(1, MemoryCategory::workspace);
     std::vector<int> inputs(size_t(B) * size_t(Tn)), outputs(size_t(B) * size_t(Tn));
     EvalResult r;
+    Progress progress("evaluating " + std::to_string(windows) + " windows", double(windows), Progress::Unit::items);
     for (long long first = 0; first < windows; first += B) {
         const long long rows = std::min<long long>(B, windows - first);
         std::fill(inputs.begin(), inputs.end(), 0);  // padding rows: token 0, nothing counted
@@ -51,6 +53,7 @@ EvalResult evaluate_windows(Llama<T>& model, const DataLoader& data, long long m
         r.loss_sum += double(sum);
         r.tokens += counted;
         r.windows += rows;
+        progress.advance(double(rows));
     }
     if (r.tokens == 0)
         throw std::runtime_error("evaluation: none of the " + std::to_string(r.windows) +

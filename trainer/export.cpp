@@ -2,6 +2,7 @@
 #include "trainer/export.h"
 
 #include "io/durable_file.h"
+#include "io/progress.h"
 #include "model/checkpoint.h"
 #include "model/config_json.h"
 #include "model/dtype_conversion.h"
@@ -92,6 +93,8 @@ void write_model_files(const std::string& dir, const ModelFiles& files) {
 
 void export_model(const ExportOptions& o) {
     const ModelDir model = open_model_dir(o.checkpoint);  // a checkpoint (resolved) or a model directory
+    // Loading (its own progress) and the files written, which report their bytes here.
+    const Progress progress("export of " + model.path, 0);
     const std::string& src = model.path;
     if (!model.lora.enabled() && !(o.peft_out.empty() && o.merged_out.empty()))
         throw std::invalid_argument("export: '" + src +

@@ -23,6 +23,7 @@
 // does.
 #pragma once
 
+#include "io/progress.h"
 #include "model/bnb_checkpoint.h"
 #include "model/checkpoint.h"
 #include "model/group_parts.h"
@@ -214,6 +215,11 @@ LoadStats load_group_ranges(HfCheckpoint& source, const std::vector<GroupLayout>
             stats.dtypes.push_back(t->dtype);
     CUDA_CHECK(cudaDeviceSynchronize());  // nothing queued earlier (initialisation) may land after the load
     std::vector<ElementRange> wanted;
+    double total = 0;  // bytes of this rank's ranges, in the run's type
+    for (const DeviceRange<X>& r : ranges) total += double(r.len) * sizeof(X);
+    Progress progress("loading weights from " + (files.empty() ? std::string("?") : files.front()) +
+                          (files.size() > 1 ? " and " + std::to_string(files.size() - 1) + " more" : ""),
+                      total);
     for (size_t k = 0; k < ranges.size(); ++k) {
         const DeviceRange<X>& r = ranges[k];
         if (r.len > 0 && r.on_host) std::memset(static_cast<void*>(r.dst), 0, size_t(r.len) * sizeof(X));
@@ -230,9 +236,13 @@ LoadStats load_group_ranges(HfCheckpoint& source, const std::vector<GroupLayout>
                 std::memcpy(static_cast<void*>(ranges[k].dst + at), data, size_t(n) * sizeof(X));
             else
                 CUDA_CHECK(cudaMemcpy(ranges[k].dst + at, data, size_t(n) * sizeof(X), cudaMemcpyHostToDevice));
+            progress.advance(double(n) * sizeof(X));
         });
     for (size_t k = 0; k < ranges.size(); ++k)
-        if (layouts[k].kind == GroupKind::nf4) stats.overflows += load_nf4_range(source, layouts[k], ranges[k]);
+        if (layouts[k].kind == GroupKind::nf4) {  // read and quantised tensor by tensor
+            stats.overflows += load_nf4_range(source, layouts[k], ranges[k]);
+            progress.advance(double(ranges[k].len) * sizeof(X));
+        }
     // A copy from pageable memory may return before its DMA lands, and the zero fills are
     // asynchronous: nothing on a non-blocking stream may read the parameters before they finish.
     CUDA_CHECK(cudaDeviceSynchronize());

@@ -25,6 +25,7 @@
 // data and model shape, trainer/generate.* sampling, trainer/evaluate.* evaluation, trainer/model_dir.*
 // the model directories sample and eval read.
 #include "data/loader.h"
+#include "io/progress.h"
 #include "data/chat.h"
 #include "data/examples.h"
 #include "data/prepare.h"
@@ -687,6 +688,7 @@ int main_checked(int argc, char** argv) {
     World world(&argc, &argv);
     if (world.rank() != 0 && !std::freopen("/dev/null", "w", stdout))  // rank 0 reports; errors from any rank
         throw std::runtime_error("cannot silence the standard output of rank " + std::to_string(world.rank()));
+    Progress::set_enabled(world.rank() == 0);  // rank 0 reports the progress of long operations (io/progress.h)
     print_notes(c);
     apply_accumulation(c.train, world.size(), &c.train_sources);
     if (!fine_tuning.empty()) std::printf("%s\n", fine_tuning.c_str());
