@@ -110,7 +110,7 @@ std::optional<ChatFormat> chat_format_of(const PrepareOptions& o, const std::vec
         std::any_of(examples.begin(), examples.end(), [](const Example& e) { return e.kind == ExampleKind::chat; });
     if (!chats) return std::nullopt;
     const std::string config = o.tokenizer.empty() ? "" : tokenizer_config_beside(o.tokenizer);
-    const ChatFormat f = resolve_chat_format(o.chat_format, config);
+    const ChatFormat f = resolve_chat_format(o.chat_format, config, o.chat_template);
     for (const Example& e : examples) check_example(e, ExampleEncoding{f, o.train_on_prompt});
     return f;
 }
@@ -166,7 +166,7 @@ PreparedData prepare_data(const PrepareOptions& o) {
     if (examples.empty())
         throw std::runtime_error("prepare: the inputs hold no documents (every file is empty or has only blank lines" +
                                  std::string(" or empty texts); check the input files"));
-    const std::optional<ChatFormat> format = chat_format_of(o, examples);
+    std::optional<ChatFormat> format = chat_format_of(o, examples);
 
     const Tokenizer tok = o.tokenizer.empty() ? train_tokenizer(o, examples, format) : Tokenizer::load(o.tokenizer);
     const bool needs_eos =
@@ -175,7 +175,10 @@ PreparedData prepare_data(const PrepareOptions& o) {
         throw std::runtime_error("tokenizer '" + o.tokenizer +
                                  "': has no end-of-sequence token to end documents with; use the model's own "
                                  "tokenizer.json (with its tokenizer_config.json), or pass no tokenizer to train one");
-    if (format) check_chat_tokens(tok, *format);
+    if (format) {
+        add_tokenizer_specials(*format, tok);
+        check_chat_tokens(tok, *format);
+    }
 
     PreparedData out;
     out.documents = (long long)examples.size();

@@ -72,7 +72,8 @@ namespace pv {
 
 struct PrepareOptions {
     std::vector<std::string> inputs;       // files: *.jsonl / *.ndjson JSON lines, anything else plain text
-    std::string chat_format;               // --chat-format: llama3, llama3.1, llama2; empty: recognise the template
+    std::string chat_format;               // --chat-format: llama3, llama3.1, llama2; empty: the tokenizer's template
+    std::string chat_template;             // --chat-template: a .jinja file; overrides chat_format and the tokenizer's
     bool train_on_prompt = false;          // --train-on-prompt: prompts, system and user turns count too
     std::string text_field = "text";       // the JSONL field holding a document
     std::string tokenizer;                 // an existing tokenizer.json; empty: train one of `vocab` tokens

@@ -692,7 +692,7 @@ TEST_CASE("chats and prompts: rendered in the recognised format, flags and count
     CHECK(r.chat_documents == 12);
     CHECK(r.prompt_completion_documents == 1);
     CHECK(r.text_documents == 1);
-    CHECK(r.chat_format == "llama3");  // from tokenizer_config.json
+    CHECK(r.chat_format == "chat_template of '" + dir.file("model/tokenizer_config.json") + "'");
     CHECK(read_bytes(dir.file("out/tokenizer_config.json")) == read_bytes(dir.file("model/tokenizer_config.json")));
     CHECK(read_bytes(r.tokenizer_path) == read_bytes(tokenizer));
 
@@ -722,9 +722,10 @@ TEST_CASE("chats and prompts: rendered in the recognised format, flags and count
     o.train_on_prompt = true;
     const pv::PreparedData all = pv::prepare_data(o);
     CHECK(all.counted_tokens == n - 13);
-    // --chat-format overrides the template: llama2 needs <s>, which this tokenizer lacks.
+    // --chat-format overrides the template: llama2 with this model's bos_token (its
+    // tokenizer_config.json names one) needs the eos_token </s>, which this tokenizer lacks.
     o.chat_format = "llama2";
-    expect_error<std::runtime_error>([&] { (void)pv::prepare_data(o); }, {"no special token \"<s>\"", "llama2"});
+    expect_error<std::runtime_error>([&] { (void)pv::prepare_data(o); }, {"no special token \"</s>\"", "llama2"});
 }
 
 TEST_CASE("chats need a chat format; bad chats name their line before any tokenizer is trained", "[prepare]") {
@@ -744,14 +745,14 @@ TEST_CASE("chats need a chat format; bad chats name their line before any tokeni
     const pv::Tokenizer trained = pv::Tokenizer::load(r.tokenizer_path);
     CHECK(trained.encode("<s></s>", true).size() == 2);
     CHECK(!fs::exists(dir.file("out/tokenizer_config.json")));
-    // An unrecognised template beside a given tokenizer.
+    // A template outside the Jinja subset beside a given tokenizer: its file and line.
     const std::string tokenizer = llama3_tokenizer(dir);
     write_bytes(dir.file("model/tokenizer_config.json"),
-                nlohmann::json{{"chat_template", "{% for m in messages %}{{ m.content }}{% endfor %}"}}.dump());
+                nlohmann::json{{"chat_template", "{% for m in messages %}\n{{ m.content | nosuch }}{% endfor %}"}}.dump());
     o.tokenizer = tokenizer;
     o.chat_format.clear();
-    expect_error<std::invalid_argument>(
-        run, {dir.file("model/tokenizer_config.json"), "none polevault knows", "--chat-format", "llama3.1"});
+    expect_error<std::runtime_error>(
+        run, {"line 1", dir.file("model/tokenizer_config.json"), "line 2", "no filter named 'nosuch'"});
     // A chat the format refuses, and one without an answer: file and line.
     o.chat_format = "llama2";
     write_bytes(dir.file("c.jsonl"),
@@ -759,7 +760,7 @@ TEST_CASE("chats need a chat format; bad chats name their line before any tokeni
                     "{\"messages\": [{\"role\": \"assistant\", \"content\": \"x\"}, {\"role\": \"user\", "
                     "\"content\": \"y\"}]}\n");
     o.tokenizer.clear();
-    expect_error<std::runtime_error>(run, {dir.file("c.jsonl"), "line 2", "message 0 is assistant", "llama2"});
+    expect_error<std::runtime_error>(run, {dir.file("c.jsonl"), "line 2", "Conversation roles must alternate", "llama2"});
     write_bytes(dir.file("c.jsonl"),
                 chat_line("hi", "hello") + "{\"messages\": [{\"role\": \"user\", \"content\": \"y\"}]}\n");
     expect_error<std::runtime_error>(run, {dir.file("c.jsonl"), "line 2", "no assistant message"});
