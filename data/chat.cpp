@@ -311,6 +311,10 @@ ChatFormat parse_chat_format(const std::string& name) {
     throw std::invalid_argument("unknown chat format '" + name + "'; the formats are: " + chat_format_list());
 }
 
+std::string chat_template_file_beside(const std::string& config_path) {
+    return (fs::path(config_path).parent_path() / "chat_template.jinja").string();
+}
+
 std::string tokenizer_config_beside(const std::string& tokenizer_path) {
     return (fs::path(tokenizer_path).parent_path() / "tokenizer_config.json").string();
 }
@@ -329,6 +333,7 @@ std::string token_text(const nlohmann::json& j, const char* key) {
 struct TokenizerConfig {
     bool exists = false;
     std::string chat_template;
+    std::string template_origin;  // where chat_template came from, for the format's name
     std::string bos, eos, unk, pad;
     std::vector<std::string> specials;  // every added token's text and the named ones
 };
@@ -336,7 +341,16 @@ struct TokenizerConfig {
 TokenizerConfig read_tokenizer_config(const std::string& path) {
     TokenizerConfig c;
     std::error_code ec;
-    if (path.empty() || !fs::is_regular_file(path, ec)) return c;
+    if (path.empty()) return c;
+    // transformers 5 saves the template as chat_template.jinja beside tokenizer_config.json and
+    // loads it from there first.
+    const std::string jinja_file = chat_template_file_beside(path);
+    if (fs::is_regular_file(jinja_file, ec)) {
+        c.exists = true;
+        c.chat_template = read_input_file(jinja_file, "chat template", kMaxJsonFileBytes);
+        c.template_origin = "'" + jinja_file + "'";
+    }
+    if (!fs::is_regular_file(path, ec)) return c;
     c.exists = true;
     const std::string text = read_input_file(path, "tokenizer config", kMaxJsonFileBytes);
     nlohmann::json j;
@@ -346,7 +360,8 @@ TokenizerConfig read_tokenizer_config(const std::string& path) {
         throw std::runtime_error("'" + path + "': not JSON (" + e.what() + ")");
     }
     if (!j.is_object()) throw std::runtime_error("'" + path + "': not a JSON object");
-    if (j.contains("chat_template")) {
+    if (c.chat_template.empty() && j.contains("chat_template")) {
+        c.template_origin = "chat_template of '" + path + "'";
         const nlohmann::json& t = j["chat_template"];
         if (t.is_string()) c.chat_template = t.get<std::string>();
         if (t.is_array())  // named templates: the default one renders plain chats
@@ -401,9 +416,9 @@ ChatFormat resolve_chat_format(const std::string& name, const std::string& confi
                 (config_path.empty() ? std::string("(no tokenizer was given)") : "at '" + config_path + "'") +
                 " with a chat_template" + fix);
         if (config.chat_template.empty())
-            throw std::invalid_argument("the data has chats but '" + config_path + "' has no chat_template" + fix);
-        f = make_chat_format("chat_template of '" + config_path + "'", config.chat_template, config.bos, config.eos,
-                             config.specials);
+            throw std::invalid_argument("the data has chats but '" + config_path +
+                                        "' has no chat_template (and there is no chat_template.jinja beside it)" + fix);
+        f = make_chat_format(config.template_origin, config.chat_template, config.bos, config.eos, config.specials);
     }
     f.unk_token = config.unk, f.pad_token = config.pad;
     return f;

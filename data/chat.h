@@ -4,8 +4,9 @@
 // Host code only.
 //
 // Where the template comes from (resolve_chat_format): --chat-template FILE (a .jinja file), else
-// --chat-format NAME (a built-in template below), else tokenizer_config.json's chat_template beside
-// the tokenizer (a string, or the one named "default" in a list of {name, template}). bos_token,
+// --chat-format NAME (a built-in template below), else the tokenizer's own: chat_template.jinja
+// beside it (transformers 5 saves templates there), else tokenizer_config.json's chat_template (a
+// string, or the one named "default" in a list of {name, template}). bos_token,
 // eos_token, unk_token and pad_token come from that tokenizer_config.json when there is one (a
 // built-in template brings its own model's).
 //
@@ -79,6 +80,10 @@ std::vector<std::string> chat_format_names();
 std::string chat_format_list();
 // The built-in format of this name; std::invalid_argument naming the formats there are otherwise.
 ChatFormat parse_chat_format(const std::string& name);
+
+// chat_template.jinja beside a tokenizer_config.json (where transformers 5 saves the template; it
+// wins over the file's chat_template key, as when transformers loads it).
+std::string chat_template_file_beside(const std::string& config_path);
 
 // tokenizer_config.json beside a tokenizer.json (the same directory), whether or not it exists.
 std::string tokenizer_config_beside(const std::string& tokenizer_path);

@@ -31,7 +31,8 @@
 //   Strings have Python's methods templates use (strip, lstrip, rstrip, split, rsplit,
 //   startswith, endswith, upper, lower, title, capitalize, replace, find, count, join, format
 //   for "{}"/"{0}"/"{name}" fields); dicts items/keys/values/get; lists index/count.
-//   Globals: range, namespace, dict, raise_exception, strftime_now.
+//   Globals: range, namespace, dict, raise_exception, strftime_now (today's local date and time, or
+//   SOURCE_DATE_EPOCH's in UTC when that variable holds an integer: reproducible renderings).
 // Semantics followed: Python truthiness, str() of values ("None", "True", "1.0", "['a', 'b']"),
 // Jinja's default Undefined (renders empty, is falsy, iterates as empty, has length 0, but
 // attribute or item access on it, calling it and arithmetic with it are errors), `set` inside a

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <ctime>
 #include <map>
 #include <set>
@@ -1560,9 +1561,19 @@ Scope globals(const nlohmann::ordered_json& context, const std::vector<std::stri
     });
     g["strftime_now"] = Value::of_fn([](Args& a) {
         if (a.pos.empty() || a.pos[0].kind != Value::string) fail(a.line, "strftime_now() needs a format string");
-        const std::time_t now = std::time(nullptr);
+        // SOURCE_DATE_EPOCH (the reproducible-builds convention: seconds since 1970, read as UTC)
+        // fixes "now", so a rendering that prints the date can be made reproducible.
         std::tm tm{};
-        localtime_r(&now, &tm);
+        const char* epoch = std::getenv("SOURCE_DATE_EPOCH");
+        char* end = nullptr;
+        const long long fixed = epoch ? std::strtoll(epoch, &end, 10) : 0;
+        if (epoch && *epoch && end && *end == '\0') {
+            const std::time_t t = std::time_t(fixed);
+            gmtime_r(&t, &tm);
+        } else {
+            const std::time_t now = std::time(nullptr);
+            localtime_r(&now, &tm);
+        }
         char buf[256];
         const size_t n = std::strftime(buf, sizeof buf, a.pos[0].s.c_str(), &tm);
         return Value::str(std::string(buf, n));

@@ -255,6 +255,19 @@ PreparedData prepare_data(const PrepareOptions& o) {
                                      "' of an earlier run: " + ec.message() + "; remove it by hand");
     }
 
+    // The template transformers 5 saves beside the config travels with it (or an earlier run's goes).
+    const std::string template_in = config_in.empty() ? "" : chat_template_file_beside(config_in);
+    const std::string template_out = chat_template_file_beside(config_out);
+    if (!template_in.empty() && fs::is_regular_file(template_in, ec)) {
+        if (!fs::exists(template_out, ec) || !fs::equivalent(template_in, template_out, ec))
+            copy_file_atomically(template_in, template_out, "chat template");
+    } else if (fs::exists(template_out, ec)) {
+        fs::remove(template_out, ec);
+        if (ec)
+            throw std::runtime_error("output directory '" + o.out_dir + "': cannot remove the stale '" + template_out +
+                                     "' of an earlier run: " + ec.message() + "; remove it by hand");
+    }
+
     // Remove an earlier run's training shards beyond this run's count, so load_dataset, which
     // takes every train_*.pvtokens, sees only this run's.
     std::vector<std::string> keep;

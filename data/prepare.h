@@ -50,6 +50,7 @@
 // On disk (out_dir, created if missing; file formats in data/shard.h and data/tokenizer.h):
 //   tokenizer.json                    the tokenizer (a given one copied as it is)
 //   tokenizer_config.json             a copy of the given tokenizer's, when it has one
+//   chat_template.jinja               a copy of the one beside the given tokenizer, when it has one
 //   train_000000.pvtokens, ...        the training stream in order: train_%06d, counting from 0
 //   val.pvtokens                      the validation stream
 // Each file is written atomically (tmp + fsync + rename). Rerunning over an older output
