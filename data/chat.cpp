@@ -228,24 +228,36 @@ size_t common_prefix(const std::string& a, const std::string& b) {
     return k;
 }
 
+// Where two renderings part, moved back to the start of a special token or UTF-8 character that
+// spans it: "...<|end|>\n<|user|>" and "...<|end|>\n<|endoftext|>" share "<|", which belongs to
+// the next message's token.
+size_t boundary(const ChatFormat& f, const std::string& text, size_t pos) {
+    while (pos > 0 && pos < text.size() && (static_cast<unsigned char>(text[pos]) & 0xC0) == 0x80) --pos;
+    for (const std::string& s : f.special_tokens)
+        for (size_t from = pos >= s.size() ? pos - s.size() + 1 : 0; from < pos && from < text.size(); ++from)
+            if (text.compare(from, s.size(), s) == 0) return boundary(f, text, from);
+    return pos;
+}
+
 // Which bytes of the rendering are answer: see data/chat.h.
 std::vector<bool> answer_bytes(const ChatFormat& f, const std::vector<ChatMessage>& messages, const JinjaRendering& r) {
     std::vector<bool> answer(r.text.size(), false);
     size_t g = 0;  // the next generation block
     for (size_t k = 0; k < messages.size(); ++k) {
         if (messages[k].role != ChatRole::assistant) continue;
-        const size_t end = common_prefix(r.text, render_chat(f, messages, k + 1, false).text);
+        const size_t end = boundary(f, r.text, common_prefix(r.text, render_chat(f, messages, k + 1, false).text));
         size_t start;
         if (f.jinja->has_generation()) {
             // the first generation block that ends after the text before this message
-            const size_t before = k == 0 ? 0 : common_prefix(r.text, render_chat(f, messages, k, false).text);
+            const size_t before =
+                k == 0 ? 0 : boundary(f, r.text, common_prefix(r.text, render_chat(f, messages, k, false).text));
             while (g < r.generation.size() && r.generation[g].second <= before && r.generation[g].second < end) ++g;
             if (g >= r.generation.size()) continue;
             start = r.generation[g].first;
             for (; g < r.generation.size() && r.generation[g].first < std::max(end, start + 1); ++g)
                 for (size_t b = r.generation[g].first; b < r.generation[g].second; ++b) answer[b] = true;
         } else {
-            start = common_prefix(r.text, render_chat(f, messages, k, true).text);
+            start = boundary(f, r.text, common_prefix(r.text, render_chat(f, messages, k, true).text));
         }
         for (size_t b = start; b < end; ++b) answer[b] = true;
     }

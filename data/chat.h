@@ -25,8 +25,10 @@
 // TRL find it, by rendering prefixes: for assistant message k of the rendering R of all messages,
 //   start = the length of the common prefix of R and render(messages[:k], add_generation_prompt)
 //   end   = the length of the common prefix of R and render(messages[:k+1])
-// (so text a template writes only after the last message, such as Phi-3's eos_token, belongs to
-// the last message). A template with {% generation %} blocks says where each answer starts:
+// each moved back to the start of a special token (of the format's) or UTF-8 character that spans
+// it (so text a template writes only after the last message, such as Phi-3's eos_token, belongs
+// to the last message; where "<|end|>\n<|user|>" and "<|end|>\n<|endoftext|>" part inside "<|",
+// the answer ends before it). A template with {% generation %} blocks says where each answer starts:
 // there an answer is each generation block, extended to `end` above when that is later.
 // data/examples.h turns pieces into tokens and flags.
 //

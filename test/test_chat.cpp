@@ -493,3 +493,56 @@ TEST_CASE("the Llama 3 tokenizer renders a chat as Meta's ids", "[chat]") {
                                               271, 9906, 128009});
     CHECK(got.flags == std::vector<uint8_t>{2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1});
 }
+
+TEST_CASE("the published templates render as transformers renders them, answers by the prefix rule",
+          "[chat]") {
+    // test/data/chat_templates/golden.json: transformers 5.23's apply_chat_template output for
+    // each template and conversation, with the answer spans (make_chat_template_golden.py).
+    std::ifstream in("test/data/chat_templates/golden.json");
+    REQUIRE(in.good());
+    const nlohmann::json golden = nlohmann::json::parse(in);
+    ::setenv("SOURCE_DATE_EPOCH", std::to_string(golden["epoch"].get<long long>()).c_str(), 1);
+    int cases = 0;
+    for (const auto& [name, t] : golden["templates"].items()) {
+        std::ifstream src("test/data/chat_templates/" + name);
+        const std::string source((std::istreambuf_iterator<char>(src)), std::istreambuf_iterator<char>());
+        REQUIRE(!source.empty());
+        const std::vector<std::string> specials = t["special_tokens"].get<std::vector<std::string>>();
+        const pv::ChatFormat f = pv::make_chat_format(name, source, t["bos_token"].is_string() ? t["bos_token"] : "",
+                                                      t["eos_token"], specials);
+        for (const nlohmann::json& c : t["cases"]) {
+            std::vector<pv::ChatMessage> messages;
+            std::string contents;
+            for (const nlohmann::json& m : c["messages"]) {
+                messages.push_back({*pv::parse_chat_role(m["role"].get<std::string>()), m["content"]});
+                contents += m["content"].get<std::string>() + "\n";
+            }
+            const std::string want = c["text"];
+            INFO(name << "\n" << want);
+            std::string text;
+            std::vector<bool> answer;
+            size_t special_pieces = 0;
+            for (const pv::ChatPiece& p : pv::chat_pieces(f, messages)) {
+                text += p.text;
+                answer.insert(answer.end(), p.text.size(), p.target == pv::PieceTarget::answer);
+                special_pieces += p.special;
+            }
+            CHECK(text == want);
+            std::vector<bool> want_answer(want.size(), false);
+            for (const nlohmann::json& s : c["answers"])
+                for (size_t b = s[0]; b < s[1].get<size_t>(); ++b) want_answer[b] = true;
+            CHECK(answer == want_answer);
+            // Special tokens: each one the template wrote, none of those the messages spell.
+            const auto count = [&](const std::string& s) {
+                size_t n = 0;
+                for (const std::string& sp : specials)
+                    for (size_t at = s.find(sp); at != std::string::npos; at = s.find(sp, at + sp.size())) ++n;
+                return n;
+            };
+            CHECK(special_pieces == count(want) - count(contents));
+            ++cases;
+        }
+    }
+    ::unsetenv("SOURCE_DATE_EPOCH");
+    CHECK(cases >= 30);
+}

@@ -12,6 +12,7 @@ The answer (trained-on) spans follow polevault's rule (data/chat.h), computed he
 transformers' own renderings: for assistant message k of the rendering R,
   start = common prefix of R and render(messages[:k], add_generation_prompt=True)
   end   = common prefix of R and render(messages[:k+1])
+each moved back to the start of a special token that spans it
 and, for a template with {% generation %} blocks, start is where the block starts (transformers'
 return_assistant_tokens_mask), the span extended to `end` when that is later.
 """
@@ -19,6 +20,10 @@ return_assistant_tokens_mask), the span extended to `end` when that is later.
 from pathlib import Path
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "data" / "chat_templates"
+
+# The day Llama 3.2's template prints (26 Jul 2024, 00:00 UTC): polevault gets it as
+# SOURCE_DATE_EPOCH, transformers through its clock.
+EPOCH = 1721952000
 
 LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 
@@ -81,14 +86,54 @@ def common_prefix(a, b):
     return n
 
 
-def answer_spans(render, messages):
+def boundary(text, pos, specials):
+    """pos moved back to the start of a special token that spans it."""
+    for s in specials:
+        for start in range(max(0, pos - len(s) + 1), pos):
+            if text.startswith(s, start):
+                return boundary(text, start, specials)
+    return pos
+
+
+def answer_spans(render, messages, specials):
     """[start, end) character spans of the answers by the prefix rule; render(msgs, gen) -> text."""
     full = render(messages, False)
     spans = []
     for k, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        start = common_prefix(full, render(messages[:k], True))
-        end = common_prefix(full, render(messages[: k + 1], False))
+        start = boundary(full, common_prefix(full, render(messages[:k], True)), specials)
+        end = boundary(full, common_prefix(full, render(messages[: k + 1], False)), specials)
         spans.append((start, max(start, end)))
     return full, spans
+
+
+def make_tokenizer(directory, name, template):
+    """A byte-level BPE trained by `tokenizers` on the conversations with the template's special
+    tokens, saved by transformers with the template into `directory`; returns the transformers
+    tokenizer."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bos, eos, specials, system_ok = TEMPLATES[name]
+    corpus = []
+    for conversation in conversations(system_ok):
+        corpus += [m["content"] for m in conversation]
+    corpus += [template, "system user assistant model"]
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=600,
+        special_tokens=[AddedToken(s, special=True, normalized=False) for s in specials],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tk.train_from_iterator(corpus, trainer)
+    kwargs = {"eos_token": eos}
+    if bos is not None:
+        kwargs["bos_token"] = bos
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, **kwargs)
+    tok.chat_template = template
+    tok.save_pretrained(directory)
+    return tok

@@ -25,7 +25,7 @@ import pytest
 import chat_template_cases as cases
 import polevault_cli as pv
 
-EPOCH = 1721952000  # 26 Jul 2024 00:00 UTC
+EPOCH = cases.EPOCH
 
 
 def read_shard_v4(path):
@@ -38,34 +38,6 @@ def read_shard_v4(path):
     tokens = list(struct.unpack_from(f"<{count}{'H' if width == 2 else 'I'}", data, body))
     flags = list(data[body + count * width : body + count * width + count])
     return tokens, flags
-
-
-def make_tokenizer(directory, name, template):
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    bos, eos, specials, system_ok = cases.TEMPLATES[name]
-    corpus = []
-    for conversation in cases.conversations(system_ok):
-        corpus += [m["content"] for m in conversation]
-    corpus += [template, "system user assistant model"]
-    tk = Tokenizer(models.BPE())
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=600,
-        special_tokens=[AddedToken(s, special=True, normalized=False) for s in specials],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tk.train_from_iterator(corpus, trainer)
-    kwargs = {"eos_token": eos}
-    if bos is not None:
-        kwargs["bos_token"] = bos
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, **kwargs)
-    tok.chat_template = template
-    tok.save_pretrained(directory)
-    return tok
 
 
 @pytest.fixture(autouse=True)
@@ -88,7 +60,8 @@ def expected_mask(tok, name, template, messages, ids):
     def render(msgs, gen):
         return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)
 
-    text, spans = cases.answer_spans(render, messages)
+    specials = cases.TEMPLATES[name][2]
+    text, spans = cases.answer_spans(render, messages, specials)
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     assert enc["input_ids"] == ids
     offsets = enc["offset_mapping"]
@@ -111,7 +84,7 @@ def expected_mask(tok, name, template, messages, ids):
 @pytest.mark.parametrize("name", sorted(cases.TEMPLATES))
 def test_prepare_renders_as_transformers(tmp_path, name):
     template = (cases.TEMPLATE_DIR / name).read_text()
-    tok = make_tokenizer(tmp_path / "model", name, template)
+    tok = cases.make_tokenizer(tmp_path / "model", name, template)
     assert (tmp_path / "model" / "chat_template.jinja").exists()
     conversations = cases.conversations(cases.TEMPLATES[name][3])
     data = tmp_path / "chats.jsonl"
@@ -144,7 +117,7 @@ def test_special_token_text_in_messages_stays_text(tmp_path, name):
     """The same text as transformers renders, but the special-token strings inside the messages
     are plain text: exactly as many special tokens fewer as the messages spell."""
     template = (cases.TEMPLATE_DIR / name).read_text()
-    tok = make_tokenizer(tmp_path / "model", name, template)
+    tok = cases.make_tokenizer(tmp_path / "model", name, template)
     data = tmp_path / "chats.jsonl"
     # a plain chat first: prepare needs a training and a validation document
     data.write_text("".join(json.dumps({"messages": c}) + "\n" for c in (cases.CONVERSATIONS[0], cases.FORGED)))
