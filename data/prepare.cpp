@@ -6,6 +6,8 @@
 #include "io/checksum.h"
 #include "io/durable_file.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -39,6 +41,10 @@ void check_options(const PrepareOptions& o) {
                                     " is not positive; choose the largest number of tokens per training shard");
     if (o.text_field.empty())
         throw std::invalid_argument("prepare: text_field is empty; name the JSONL field holding the text");
+    if (o.truncate < 0 || o.truncate == 1)
+        throw std::invalid_argument("prepare: truncate " + std::to_string(o.truncate) +
+                                    " is neither 0 (off) nor at least 2 (an input and its target); give the --seq-len "
+                                    "you will train with, plus 1");
 }
 
 // ceil(fraction · n), with a product within a relative 1e-9 of an integer taken as that integer,
@@ -52,9 +58,13 @@ long long held_out(double fraction, long long n) {
 
 // The examples' tokens and flags, concatenated in order: examples are encoded on several threads,
 // each a contiguous run of them of about equal bytes, and the runs joined in order
-// (deterministic). The first error, in input order, is rethrown.
+// (deterministic). The first error, in input order, is rethrown. With truncate > 0, an example
+// that must stay whole (a chat, a prompt and completion) longer than truncate tokens keeps its
+// first truncate tokens (counted in `truncated`), or goes (counted in `dropped`) when none of
+// those counts.
 void encode_stream(const Tokenizer& tok, const std::vector<Example>& examples, const ExampleEncoding& how,
-                   std::vector<uint32_t>& tokens, std::vector<uint8_t>& flags) {
+                   long long truncate, std::vector<uint32_t>& tokens, std::vector<uint8_t>& flags,
+                   long long& truncated, long long& dropped) {
     const size_t n = examples.size();
     std::vector<size_t> end_bytes(n);  // cumulative input bytes after example i
     size_t bytes = 0;
@@ -78,10 +88,21 @@ void encode_stream(const Tokenizer& tok, const std::vector<Example>& examples, c
     std::vector<std::vector<uint32_t>> part_tokens(threads);
     std::vector<std::vector<uint8_t>> part_flags(threads);
     std::vector<std::exception_ptr> errors(threads);
+    std::vector<long long> part_truncated(threads), part_dropped(threads);
     auto work = [&](size_t t) {
         try {
-            for (size_t d = cut[t]; d < cut[t + 1]; ++d)
+            for (size_t d = cut[t]; d < cut[t + 1]; ++d) {
+                const size_t first = part_tokens[t].size();
                 encode_example(tok, examples[d], how, part_tokens[t], part_flags[t]);
+                const size_t n = part_tokens[t].size() - first;
+                if (truncate <= 0 || n <= size_t(truncate) || (part_flags[t][first] & kTokenSplittable)) continue;
+                const size_t keep = first + size_t(truncate);
+                const bool counts = std::any_of(part_flags[t].begin() + long(first), part_flags[t].begin() + long(keep),
+                                                [](uint8_t f) { return (f & kTokenCounted) != 0; });
+                part_tokens[t].resize(counts ? keep : first);
+                part_flags[t].resize(counts ? keep : first);
+                ++(counts ? part_truncated[t] : part_dropped[t]);
+            }
         } catch (...) {
             errors[t] = std::current_exception();
         }
@@ -92,6 +113,7 @@ void encode_stream(const Tokenizer& tok, const std::vector<Example>& examples, c
     for (auto& th : pool) th.join();
     for (const auto& e : errors)
         if (e) std::rethrow_exception(e);
+    for (size_t t = 0; t < threads; ++t) truncated += part_truncated[t], dropped += part_dropped[t];
     size_t total = 0;
     for (const auto& p : part_tokens) total += p.size();
     tokens.reserve(total);
@@ -132,6 +154,22 @@ Tokenizer train_tokenizer(const PrepareOptions& o, const std::vector<Example>& e
     return Tokenizer::train(joined, o.vocab, specials);
 }
 
+// The tokenizer as `train --data` will load it from the output: what the file says, not what the
+// freshly trained object assumed. They can differ in the end-of-sequence token: a trained one ends
+// documents with "<|endoftext|>", but load() without a tokenizer_config.json prefers "</s>" when
+// the chat format's special tokens include it (llama2), so the shards' eot_token would not match
+// the tokenizer `train` reads back, and `train --data` would refuse the directory.
+Tokenizer as_saved(const Tokenizer& trained) {
+    std::error_code ec;
+    const fs::path dir = fs::temp_directory_path(ec) / ("polevault-prepare-" + std::to_string(::getpid()));
+    fs::create_directories(dir, ec);
+    const std::string path = (dir / "tokenizer.json").string();
+    trained.save(path);
+    Tokenizer loaded = Tokenizer::load(path);
+    fs::remove_all(dir, ec);
+    return loaded;
+}
+
 // Where the training set ends: N − ceil(fraction · N), moved back to the start of a document
 // that must not be split when it falls inside one.
 long long train_end(const std::vector<uint8_t>& flags, long long val) {
@@ -168,7 +206,8 @@ PreparedData prepare_data(const PrepareOptions& o) {
                                  std::string(" or empty texts); check the input files"));
     std::optional<ChatFormat> format = chat_format_of(o, examples);
 
-    const Tokenizer tok = o.tokenizer.empty() ? train_tokenizer(o, examples, format) : Tokenizer::load(o.tokenizer);
+    const Tokenizer tok =
+        o.tokenizer.empty() ? as_saved(train_tokenizer(o, examples, format)) : Tokenizer::load(o.tokenizer);
     const bool needs_eos =
         std::any_of(examples.begin(), examples.end(), [](const Example& e) { return e.kind != ExampleKind::chat; });
     if (tok.eos_id() < 0 && needs_eos)
@@ -191,7 +230,8 @@ PreparedData prepare_data(const PrepareOptions& o) {
 
     std::vector<uint32_t> stream;
     std::vector<uint8_t> flags;
-    encode_stream(tok, examples, ExampleEncoding{format, o.train_on_prompt}, stream, flags);
+    encode_stream(tok, examples, ExampleEncoding{format, o.train_on_prompt}, o.truncate, stream, flags,
+                  out.truncated_documents, out.dropped_documents);
     examples = {};  // the text is no longer needed
     const long long n = (long long)stream.size();
     const long long train = train_end(flags, held_out(o.val_fraction, n));

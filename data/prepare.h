@@ -82,6 +82,11 @@ struct PrepareOptions {
     std::string out_dir;                   // created if missing
     double val_fraction = 0.1;             // of the tokens, held out at the end for validation: (0, 0.5]
     long long shard_tokens = 100'000'000;  // max tokens per training shard
+    // --truncate N: a chat or prompt/completion longer than N tokens keeps its first N (one whose
+    // first N hold no counted token is left out). 0: kept whole; the loader then leaves out those
+    // longer than a window (--seq-len + 1 tokens) and `train` prints how many. Give N = the
+    // --seq-len you will train with, plus 1.
+    long long truncate = 0;
 };
 
 struct PreparedData {
@@ -94,6 +99,8 @@ struct PreparedData {
     long long train_tokens = 0, val_tokens = 0;
     long long counted_tokens = 0;  // of train + val tokens, those that count as targets
     int vocab_size = 0;            // the tokenizer's (a trained one may stop short of `vocab`)
+    long long truncated_documents = 0;  // cut to `truncate` tokens
+    long long dropped_documents = 0;    // longer than `truncate` with nothing counted in the first `truncate`
 };
 
 PreparedData prepare_data(const PrepareOptions& o);

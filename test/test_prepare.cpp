@@ -786,3 +786,49 @@ TEST_CASE("a rerun with a trained tokenizer removes the given one's tokenizer_co
     (void)pv::prepare_data(o);
     CHECK(!fs::exists(dir.file("out/tokenizer_config.json")));
 }
+
+TEST_CASE("--truncate cuts over-long chats, counting what it cut or left out; a trained tokenizer's EOS is the "
+          "file's",
+          "[prepare]") {
+    TempDir dir("truncate");
+    std::string long_answer, long_prompt;
+    for (int i = 0; i < 40; ++i) long_answer += "answer" + std::to_string(i) + " ";
+    for (int i = 0; i < 60; ++i) long_prompt += "prompt" + std::to_string(i * 7) + " ";
+    write_bytes(dir.file("c.jsonl"), chat_line("hi", "hello") + chat_line("a question", long_answer) +
+                                         chat_line(long_prompt, "ok") + chat_line("bye", "see you"));
+    pv::PrepareOptions o;
+    o.inputs = {dir.file("c.jsonl")};
+    o.out_dir = dir.file("whole");
+    o.vocab = 300;
+    o.chat_format = "llama2";  // its </s> made the trained tokenizer's EOS differ from the file's
+    const pv::PreparedData whole = pv::prepare_data(o);
+    CHECK(whole.truncated_documents == 0);
+    CHECK(whole.dropped_documents == 0);
+    const std::vector<uint32_t> s0 = stream_of(whole);
+    const std::vector<uint8_t> f0 = flags_of(whole);
+    std::vector<size_t> starts;
+    for (size_t i = 0; i < f0.size(); ++i)
+        if (f0[i] & pv::kTokenStartsDocument) starts.push_back(i);
+    starts.push_back(f0.size());
+    REQUIRE(starts.size() == 5);
+    // the short chats fit, the second's answer is cut, the third's prompt alone is longer
+    const size_t n = std::max(starts[1] - starts[0], starts[4] - starts[3]) + 2;
+    REQUIRE(starts[2] - starts[1] > n);
+    REQUIRE(starts[3] - starts[2] > n);
+    // `train --data` checks the shards' eot_token against the tokenizer it loads from the directory.
+    CHECK(pv::read_shard(whole.val_shard).eot_token == uint32_t(pv::Tokenizer::load(whole.tokenizer_path).eos_id()));
+
+    o.out_dir = dir.file("cut");
+    o.truncate = (long long)n;
+    const pv::PreparedData cut = pv::prepare_data(o);
+    CHECK(cut.truncated_documents == 1);
+    CHECK(cut.dropped_documents == 1);  // the long prompt leaves nothing counted in its first n tokens
+    std::vector<uint32_t> want(s0.begin(), s0.begin() + long(starts[1] + n));
+    std::vector<uint8_t> want_flags(f0.begin(), f0.begin() + long(starts[1] + n));
+    want.insert(want.end(), s0.begin() + long(starts[3]), s0.end());
+    want_flags.insert(want_flags.end(), f0.begin() + long(starts[3]), f0.end());
+    CHECK(stream_of(cut) == want);
+    CHECK(flags_of(cut) == want_flags);
+    o.truncate = 1;
+    expect_error<std::invalid_argument>([&] { (void)pv::prepare_data(o); }, {"truncate 1", "--seq-len"});
+}
