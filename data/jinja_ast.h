@@ -103,6 +103,7 @@ struct Expr {
     std::vector<std::pair<std::string, ExprP>> kw;
     std::vector<std::string> ops;
     bool negate = false;
+    int height = 1;  // of the tree below (the parser bounds it: the evaluator recurses over it)
 };
 
 struct Node;

@@ -512,6 +512,10 @@ public:
     }
 
     void node(const Node& n, Out& out) {
+        if (++steps_ > kMaxSteps)
+            fail(n.line, "the template ran " + std::to_string(kMaxSteps) + " steps without finishing (a loop "
+                         "that does not end?)");
+        if (out.text.size() > kMaxBytes) fail(n.line, "the rendering passed " + std::to_string(kMaxBytes) + " bytes");
         switch (n.kind) {
             case Node::raw: out.add(Value::str(n.text)); return;
             case Node::output: {
@@ -632,6 +636,9 @@ public:
         ++loop_depth_;
         const int64_t len = int64_t(items.size());
         for (int64_t k = 0; k < len; ++k) {
+            if (++steps_ > kMaxSteps)
+                fail(n.line, "the template ran " + std::to_string(kMaxSteps) + " steps without finishing (a loop "
+                             "that does not end?)");
             scopes_.emplace_back();
             assign(n.targets, items[size_t(k)], n.line);
             Dict loop = {{"index0", Value::of(k)},
@@ -685,6 +692,14 @@ public:
                 fail(a.line, "macro '" + def->targets[0] + "' takes " + std::to_string(def->params.size()) +
                                  " arguments, " + std::to_string(a.pos.size()) + " given");
             s["varargs"] = Value::of_list(List(a.pos.begin() + long(std::min(a.pos.size(), def->params.size())), a.pos.end()));
+            if (macro_depth_ >= kMaxMacroDepth)
+                fail(a.line, "macro '" + def->targets[0] + "' called " + std::to_string(kMaxMacroDepth) +
+                                 " levels deep (endless recursion?)");
+            ++macro_depth_;
+            struct Leave {
+                int& n;
+                ~Leave() { --n; }
+            } leave{macro_depth_};
             // A macro sees the template's top-level names and its arguments, not its caller's locals.
             std::vector<Scope> saved;
             saved.swap(scopes_);
@@ -901,6 +916,9 @@ public:
             }
         }
         if (op == "*" && ((l.kind == Value::string || l.kind == Value::list) && r.kind == Value::integer)) {
+            const size_t unit = l.kind == Value::string ? l.s.size() : l.items->size();
+            if (r.i > 0 && unit > 0 && uint64_t(r.i) > kMaxBytes / unit)
+                fail(e.line, "repeating a " + std::string(type_name(l)) + " " + std::to_string(r.i) + " times is too large");
             if (l.kind == Value::string) {
                 MStr o;
                 for (int64_t k = 0; k < r.i; ++k) o.add(l);
@@ -1492,10 +1510,18 @@ public:
         return test(e);
     }
 
+    // Limits that keep a hostile or broken template from hanging or exhausting the machine; chat
+    // templates stay far below them.
+    static constexpr long long kMaxSteps = 1'000'000;
+    static constexpr size_t kMaxBytes = size_t(1) << 28;
+    static constexpr int kMaxMacroDepth = 100;
+
 private:
     const Template& t_;
     std::vector<Scope> scopes_;
     int loop_depth_ = 0;
+    long long steps_ = 0;
+    int macro_depth_ = 0;
 };
 
 // ---- context and globals ---------------------------------------------------------------------
@@ -1536,7 +1562,7 @@ Scope globals(const nlohmann::ordered_json& context, const std::vector<std::stri
         List l;
         for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
             l.push_back(Value::of(k));
-            if (l.size() > 10'000'000) fail(a.line, "range() too large");
+            if (l.size() > 1'000'000) fail(a.line, "range() of more than 1000000 numbers");
         }
         return Value::of_list(std::move(l));
     });

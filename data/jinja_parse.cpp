@@ -320,16 +320,28 @@ public:
             c->kids.push_back(std::move(test));
             c->kids.push_back(std::move(e));
             c->kids.push_back(std::move(other));
-            return c;
+            return grown(std::move(c));
         }
         return e;
     }
+    // e's height from its children's; chains built by loops (a + b + c ..., a.b.c ..., x | f | g
+    // ...) are bounded here, nesting by Depth.
+    ExprP grown(ExprP e) {
+        for (const auto& k : e->kids)
+            if (k) e->height = std::max(e->height, k->height + 1);
+        for (const auto& k : e->kw)
+            if (k.second) e->height = std::max(e->height, k.second->height + 1);
+        if (e->height > kMaxHeight) fail("an expression deeper than " + std::to_string(kMaxHeight) + " operations");
+        return e;
+    }
+    static constexpr int kMaxHeight = 1000;
+
     ExprP binary(ExprP l, const std::string& op, ExprP r) {
         auto b = make(Expr::binary);
         b->name = op;
         b->kids.push_back(std::move(l));
         b->kids.push_back(std::move(r));
-        return b;
+        return grown(std::move(b));
     }
     ExprP or_expr() {
         ExprP e = and_expr();
@@ -367,6 +379,7 @@ public:
             }
             c->ops.push_back(op);
             c->kids.push_back(math1());
+            c = grown(std::move(c));
         }
         return c ? std::move(c) : std::move(first);
     }
@@ -396,7 +409,19 @@ public:
         while (accept_op("**")) e = binary(std::move(e), "**", unary());
         return e;
     }
+    // Nesting depth (parentheses, brackets, unary operators, nested calls): bounded so that a
+    // hostile template cannot overflow the stack of this recursive parser or of the evaluator.
+    struct Depth {
+        ExprParser& p;
+        explicit Depth(ExprParser& q) : p(q) {
+            if (++p.depth_ > kMaxDepth) p.fail("expressions nested deeper than " + std::to_string(kMaxDepth));
+        }
+        ~Depth() { --p.depth_; }
+    };
+    static constexpr int kMaxDepth = 200;
+
     ExprP unary() {
+        const Depth guard(*this);
         if (is_op("-") || is_op("+")) {
             auto u = make(Expr::unary);
             u->name = t_[p_++].text;
@@ -490,7 +515,7 @@ public:
                 if (t_[p_].kind == Tok::integer) a->name = t_[p_++].text;
                 else a->name = expect_name();
                 a->kids.push_back(std::move(e));
-                e = std::move(a);
+                e = grown(std::move(a));
             } else if (accept_op("[")) {
                 ExprP idx[3];
                 bool is_slice = false;
@@ -504,12 +529,12 @@ public:
                 s->kids.push_back(std::move(e));
                 if (!is_slice && !idx[0]) fail("an empty subscript");
                 for (int k = 0; k < (is_slice ? 3 : 1); ++k) s->kids.push_back(std::move(idx[k]));
-                e = std::move(s);
+                e = grown(std::move(s));
             } else if (accept_op("(")) {
                 auto c = make(Expr::call);
                 c->kids.push_back(std::move(e));
                 call_args(*c);
-                e = std::move(c);
+                e = grown(std::move(c));
             } else {
                 return e;
             }
@@ -522,7 +547,7 @@ public:
         while (accept_op(".")) f->name += "." + expect_name();
         f->kids.push_back(std::move(e));
         if (accept_op("(")) call_args(*f);
-        return f;
+        return grown(std::move(f));
     }
     ExprP filters(ExprP e) {
         for (;;) {
@@ -541,12 +566,12 @@ public:
                             !is_name("if") && !is_name("is") && !is_name("in") && !is_name("not"))) {
                     t->kids.push_back(postfix(primary()));  // `is divisibleby 3`, `is sameas none`
                 }
-                e = std::move(t);
+                e = grown(std::move(t));
             } else if (accept_op("(")) {
                 auto c = make(Expr::call);
                 c->kids.push_back(std::move(e));
                 call_args(*c);
-                e = std::move(c);
+                e = grown(std::move(c));
             } else {
                 return e;
             }
@@ -568,6 +593,7 @@ private:
     size_t p_ = 0;
     const std::string& name_;
     int line_;
+    int depth_ = 0;
 };
 
 class Parser {
@@ -628,6 +654,11 @@ private:
     }
 
     Node statement(const std::string& kw, ExprParser& p, int line) {
+        if (++nesting_ > kMaxNesting) syntax(name_, line, "blocks nested deeper than " + std::to_string(kMaxNesting));
+        struct Leave {
+            int& n;
+            ~Leave() { --n; }
+        } leave{nesting_};
         Node n;
         n.line = line;
         std::string end_kw;
@@ -722,6 +753,8 @@ private:
     size_t i_ = 0;
     const std::string& name_;
     bool has_generation_ = false;
+    int nesting_ = 0;  // block statements open around the one being parsed
+    static constexpr int kMaxNesting = 200;
 };
 
 }  // namespace

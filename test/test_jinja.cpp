@@ -219,3 +219,22 @@ TEST_CASE("jinja: random sources never crash the parser or the renderer") {
 }
 
 }  // namespace jinja_test
+
+namespace jinja_test {
+
+TEST_CASE("jinja: hostile templates end in an error, not a crash or a hang") {
+    CHECK_THAT(error_of("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}"), Contains("nested deeper"));
+    std::string chain = "{{ 1";
+    for (int i = 0; i < 5000; ++i) chain += " + 1";
+    CHECK_THAT(error_of(chain + " }}"), Contains("deeper than"));
+    std::string blocks;
+    for (int i = 0; i < 1000; ++i) blocks += "{% if true %}";
+    CHECK_THAT(error_of(blocks), Contains("nested deeper"));
+    CHECK_THAT(error_of("{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}"), Contains("levels deep"));
+    CHECK_THAT(error_of("{% for a in range(1000) %}{% for b in range(1000) %}{% endfor %}{% endfor %}x"),
+               Contains("without finishing"));
+    CHECK_THAT(error_of("{{ 'ab' * 1000000000000 }}"), Contains("too large"));
+    CHECK_THAT(error_of("{{ range(100000000) }}"), Contains("range()"));
+}
+
+}  // namespace jinja_test
