@@ -19,8 +19,10 @@
 //   prompt/completion  [BOS] T(prompt + completion) EOS: BOS when the tokenizer has one. The
 //                      prompt's tokens do not count (unless --train-on-prompt); the completion's
 //                      and EOS do. Not splittable.
-//   chat               the pieces of its chat template (data/chat.h): special pieces encoded with
-//                      special tokens parsed (each must be one token of the tokenizer, else an
+//   chat               the pieces of its chat template's rendering (data/chat.h): special pieces
+//                      (the template's own text spelling one of the format's special tokens, which
+//                      add_tokenizer_specials extends with the tokenizer's added tokens) encoded
+//                      with special tokens parsed (each must be one token of the tokenizer, else an
 //                      error names the token and the format), each run of plain pieces between
 //                      two special ones encoded as one text. Prompt pieces do not count (unless
 //                      --train-on-prompt), answer pieces do. Not splittable. A chat without an

@@ -6,10 +6,19 @@
 // "completion"} or {"messages": [{"role", "content"}, ...]} — and any other file is one plain
 // text. Every bad line is an error naming the file and line.
 //
-// Chats are rendered in a chat format (data/chat.h): `chat_format` (--chat-format) if given, else
-// the one tokenizer_config.json's chat_template beside `tokenizer` is recognised as; without
-// either, chats are an error naming the formats there are (a tokenizer trained here has no
-// template: pass --chat-format). Only inputs with chats need a format.
+// Chats are rendered by a chat template (data/chat.h) as transformers' apply_chat_template renders
+// them: the .jinja file `chat_template` (--chat-template) if given, else the built-in
+// `chat_format` (--chat-format) if given, else the tokenizer's own (chat_template.jinja or
+// tokenizer_config.json's chat_template beside `tokenizer`); without any, chats are an error,
+// before anything is written, saying what to pass (a tokenizer trained here has no template).
+// Only inputs with chats need a template.
+//
+// Over-long examples. The loader packs a chat or a prompt and completion whole into a window of
+// --seq-len + 1 tokens, and leaves out one that is longer (data/loader.h; `train` prints how
+// many). With `truncate` N > 0 such an example longer than N tokens is cut here to its first N
+// tokens instead (left out when none of those counts), and prepare_data reports how many it cut
+// and left out; plain text is never cut (the loader splits it). The window is a training option,
+// so N is given here: the --seq-len to train with, plus 1.
 //
 // The token stream. Each example is encoded as data/examples.h says — plain text "T(text) EOS",
 // a prompt and completion "[BOS] T(prompt + completion) EOS", a chat its format's tokens — with
