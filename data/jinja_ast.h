@@ -30,6 +30,7 @@ struct Value {
     std::shared_ptr<Dict> map;    // dict; a namespace() too (mutable through set ns.attr)
     std::shared_ptr<Function> fn;
     bool is_namespace = false;
+    bool is_tuple = false;  // a list that Python would hold as a tuple (repr "(a, b)")
     std::string undefined_name;  // what was undefined, for errors
 
     static Value undef(std::string name = "") {

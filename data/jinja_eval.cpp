@@ -69,6 +69,13 @@ std::vector<size_t> cp_starts(const std::string& s) {
 
 // ---- Python's str() and repr() ----------------------------------------------------------------
 
+// A (key, value) tuple, as dict.items() gives.
+Value pair(Value a, Value b) {
+    Value v = Value::of_list({std::move(a), std::move(b)});
+    v.is_tuple = true;
+    return v;
+}
+
 std::string float_repr(double d) {
     if (std::isnan(d)) return "nan";
     if (std::isinf(d)) return d < 0 ? "-inf" : "inf";
@@ -149,8 +156,9 @@ std::string py_repr(const Value& v) {
     switch (v.kind) {
         case Value::string: return str_repr(v.s);
         case Value::list: {
-            std::string o = "[";
+            std::string o = v.is_tuple ? "(" : "[";
             for (size_t k = 0; k < v.items->size(); ++k) o += (k ? ", " : "") + py_repr((*v.items)[k]);
+            if (v.is_tuple) return o + (v.items->size() == 1 ? ",)" : ")");
             return o + "]";
         }
         case Value::dict: {
@@ -731,7 +739,9 @@ public:
             case Expr::tuple: {
                 List l;
                 for (const auto& k : e.kids) l.push_back(eval(*k));
-                return Value::of_list(std::move(l));
+                Value v = Value::of_list(std::move(l));
+                v.is_tuple = e.kind == Expr::tuple;
+                return v;
             }
             case Expr::dict: {
                 Dict d;
@@ -1098,7 +1108,7 @@ public:
         if (self.kind == Value::dict) {
             if (name == "items") {
                 List l;
-                for (const auto& kv : *self.map) l.push_back(Value::of_list({Value::str(kv.first), kv.second}));
+                for (const auto& kv : *self.map) l.push_back(pair(Value::str(kv.first), kv.second));
                 return Value::of_list(std::move(l));
             }
             if (name == "keys") {
@@ -1351,7 +1361,7 @@ public:
             Dict d = *v.map;
             std::stable_sort(d.begin(), d.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
             List l;
-            for (auto& kv : d) l.push_back(Value::of_list({Value::str(kv.first), kv.second}));
+            for (auto& kv : d) l.push_back(pair(Value::str(kv.first), kv.second));
             return Value::of_list(std::move(l));
         }
         if (name == "replace") {

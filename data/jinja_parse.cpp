@@ -760,6 +760,10 @@ private:
 }  // namespace
 
 Template parse(std::string_view source, const std::string& name) {
+    // Jinja's keep_trailing_newline=False (transformers keeps the default): one newline at the very
+    // end of the source is not part of the template.
+    if (source.size() >= 2 && source.substr(source.size() - 2) == "\r\n") source.remove_suffix(2);
+    else if (!source.empty() && source.back() == '\n') source.remove_suffix(1);
     return Parser(scan(source, name), name).run();
 }
 

@@ -59,9 +59,9 @@ TEST_CASE("jinja: arithmetic, comparison and logic follow Python") {
 
 TEST_CASE("jinja: whitespace control, trim_blocks and lstrip_blocks as transformers sets them") {
     // trim_blocks: the newline after a block tag goes; lstrip_blocks: the indentation before it.
-    CHECK(render("{% if true %}\n  yes\n{% endif %}\n") == "  yes\n");
+    CHECK(render("{% if true %}\n  yes\n{% endif %}\nz") == "  yes\nz");
     CHECK(render("a\n    {% if true %}\nb\n    {% endif %}\nc") == "a\nb\nc");
-    CHECK(render("{{ 'x' }}\n") == "x\n");  // not after {{ }}
+    CHECK(render("{{ 'x' }}\ny") == "x\ny");  // not after {{ }}
     CHECK(render("a  {{- 'x' -}}  \n b") == "axb");
     CHECK(render("a \n {%- if true -%} \n b {%- endif %}") == "ab");
     CHECK(render("  {%+ if true %}x{% endif %}") == "  x");
@@ -69,6 +69,8 @@ TEST_CASE("jinja: whitespace control, trim_blocks and lstrip_blocks as transform
     CHECK(render("x {% if true %}y{% endif %}") == "x y");  // not at the start of a line: kept
     CHECK(render("{# c #}\nx") == "x");
     CHECK(render("{% raw %}{{ not evaluated }}{% endraw %}") == "{{ not evaluated }}");
+    CHECK(render("{{ 'x' }}\n") == "x");  // keep_trailing_newline=False: one final newline goes
+    CHECK(render("x\n\n") == "x\n");
 }
 
 TEST_CASE("jinja: if, for, loop variables, set, namespace, macro") {
