@@ -124,7 +124,7 @@ TEST_CASE("jinja: filters and string methods") {
     CHECK(render("{{ ['a', 'b'] | join(', ') }}{{ [1, 2] | first }}{{ [1, 2] | last }}{{ 'ab' | list }}") ==
           "a, b12['a', 'b']");
     CHECK(render("{{ {'a': 1} | items | list }}{{ 5 | string }}{{ 'aXbX' | replace('X', '-') }}") ==
-          "[['a', 1]]5a-b-");
+          "[('a', 1)]5a-b-");
     CHECK(render("{{ 'a,b,,c'.split(',') }}{{ ' a  b '.split() }}{{ 'a b c'.split(' ', 1) }}{{ 'a-b-c'.rsplit('-', 1) }}") ==
           "['a', 'b', '', 'c']['a', 'b']['a', 'b c']['a-b', 'c']");
     CHECK(render("{{ 'abc'.startswith('ab') }}{{ 'abc'.endswith('bc') }}{{ 'abc'.startswith(('x', 'a')) }}") ==
