@@ -18,7 +18,7 @@
 //   tag, "+" to turn off lstrip_blocks / trim_blocks for one tag; trim_blocks (the newline after
 //   a block or comment tag is dropped) and lstrip_blocks (spaces and tabs from the start of a
 //   line up to a block or comment tag are dropped); one newline ending the source is dropped
-//   (Jinja's keep_trailing_newline=False).
+//   (Jinja's keep_trailing_newline=False); "\r\n" and "\r" in the source read as "\n".
 //   statements: if/elif/else, for x in y [if cond] ... [else] ... endfor (and for a, b in ...),
 //   loop.index0/index/revindex/revindex0/first/last/length/previtem/nextitem, break, continue,
 //   set x = e, set a, b = e, set ns.attr = e, set x %}...{% endset, macro/endmacro (positional

@@ -379,7 +379,8 @@ Value strip(const Value& v, int which, const Value* chars) {
 }
 
 // Maps ASCII letters; keeps the mask (lengths do not change).
-Value map_case(const Value& v, int mode) {  // 0 lower, 1 upper, 2 title, 3 capitalize
+// 0 lower, 1 upper, 2 str.title(), 3 capitalize, 4 Jinja's title filter.
+Value map_case(const Value& v, int mode) {
     std::string s = v.s;
     bool word_start = true;
     for (size_t k = 0; k < s.size(); ++k) {
@@ -391,8 +392,11 @@ Value map_case(const Value& v, int mode) {  // 0 lower, 1 upper, 2 title, 3 capi
             s[k] = char(word_start ? std::toupper(c) : std::tolower(c));
             word_start = !alpha && !(c >= '0' && c <= '9') ? true : false;
             if (alpha || (c >= '0' && c <= '9')) word_start = false;
-        } else {
+        } else if (mode == 3) {
             s[k] = char(k == 0 ? std::toupper(c) : std::tolower(c));
+        } else {  // Jinja's title filter: words begin after runs of whitespace, '-', '(', '{', '[', '<'
+            s[k] = char(word_start ? std::toupper(c) : std::tolower(c));
+            word_start = std::isspace(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
         }
     }
     return Value::str(std::move(s), v.mask);
@@ -852,7 +856,7 @@ public:
         if (v.kind == Value::list) n = int64_t(v.items->size());
         else if (v.kind == Value::string) st = cp_starts(v.s), n = int64_t(st.size()) - 1;
         else if (v.kind == Value::undefined) undefined_error(v, " (slicing it)", e.line, e.kids[0].get());
-        else fail(e.line, std::string("'") + type_name(v) + "' object is not subscriptable");
+        else return Value::undef("a slice of " + std::string(type_name(v)));  // Jinja's getitem: undefined
         // Python's slice.indices()
         const auto clamp = [&](int64_t x, bool has, int64_t def) {
             if (!has) return def;
@@ -867,7 +871,9 @@ public:
         if (v.kind == Value::list) {
             List l;
             for (int64_t k : picks) l.push_back((*v.items)[size_t(k)]);
-            return Value::of_list(std::move(l));
+            Value out = Value::of_list(std::move(l));
+            out.is_tuple = v.is_tuple;
+            return out;
         }
         MStr o;
         for (int64_t k : picks)
@@ -925,17 +931,33 @@ public:
                 return Value::of_list(std::move(x));
             }
         }
-        if (op == "*" && ((l.kind == Value::string || l.kind == Value::list) && r.kind == Value::integer)) {
+        if (op == "*" && (l.kind == Value::integer || l.kind == Value::boolean) &&
+            (r.kind == Value::string || r.kind == Value::list)) {
+            Expr swapped;  // n * s is s * n
+            swapped.kind = Expr::binary;
+            swapped.name = "*";
+            swapped.line = e.line;
+            for (const Value* x : {&r, &l}) {
+                auto lit = std::make_unique<Expr>();
+                lit->kind = Expr::literal;
+                lit->lit = *x;
+                swapped.kids.push_back(std::move(lit));
+            }
+            return binary(swapped);
+        }
+        if (op == "*" && ((l.kind == Value::string || l.kind == Value::list) &&
+                          (r.kind == Value::integer || r.kind == Value::boolean))) {
+            const int64_t times = as_int(r);
             const size_t unit = l.kind == Value::string ? l.s.size() : l.items->size();
-            if (r.i > 0 && unit > 0 && uint64_t(r.i) > kMaxBytes / unit)
+            if (times > 0 && unit > 0 && uint64_t(times) > kMaxBytes / unit)
                 fail(e.line, "repeating a " + std::string(type_name(l)) + " " + std::to_string(r.i) + " times is too large");
             if (l.kind == Value::string) {
                 MStr o;
-                for (int64_t k = 0; k < r.i; ++k) o.add(l);
+                for (int64_t k = 0; k < times; ++k) o.add(l);
                 return std::move(o).value();
             }
             List x;
-            for (int64_t k = 0; k < r.i; ++k) x.insert(x.end(), l.items->begin(), l.items->end());
+            for (int64_t k = 0; k < times; ++k) x.insert(x.end(), l.items->begin(), l.items->end());
             return Value::of_list(std::move(x));
         }
         if (op == "%" && l.kind == Value::string) return percent_format(l, r, e.line);
@@ -1037,7 +1059,7 @@ public:
         };
         if (t == "none") return v.kind == Value::none;
         if (t == "string") return v.kind == Value::string;
-        if (t == "number") return v.kind == Value::integer || v.kind == Value::floating;
+        if (t == "number") return is_number(v);  // Python's bool is a number too
         if (t == "integer") return v.kind == Value::integer;
         if (t == "float") return v.kind == Value::floating;
         if (t == "boolean") return v.kind == Value::boolean;
@@ -1289,7 +1311,7 @@ public:
         if (name == "upper") return map_case(need_string(v), 1);
         if (name == "lower") return map_case(need_string(v), 0);
         if (name == "capitalize") return map_case(need_string(v), 3);
-        if (name == "title") return map_case(need_string(v), 2);
+        if (name == "title") return map_case(need_string(v), 4);
         if (name == "length" || name == "count") {
             switch (v.kind) {
                 case Value::undefined: return Value::of(int64_t(0));

@@ -420,15 +420,19 @@ public:
     };
     static constexpr int kMaxDepth = 200;
 
-    ExprP unary() {
+    // Jinja's parse_unary: a sign binds tighter than filters and tests, so -x | f is (-x) | f.
+    ExprP unary(bool with_filters = true) {
         const Depth guard(*this);
         if (is_op("-") || is_op("+")) {
             auto u = make(Expr::unary);
             u->name = t_[p_++].text;
-            u->kids.push_back(unary());
-            return filters(std::move(u));
+            u->kids.push_back(unary(false));
+            if (with_filters) return filters(grown(std::move(u)));
+            return grown(std::move(u));
         }
-        return filters(postfix(primary()));
+        ExprP e = postfix(primary());
+        if (with_filters) return filters(std::move(e));
+        return e;
     }
     ExprP primary() {
         const Tok& t = t_[p_];
@@ -760,11 +764,19 @@ private:
 }  // namespace
 
 Template parse(std::string_view source, const std::string& name) {
-    // Jinja's keep_trailing_newline=False (transformers keeps the default): one newline at the very
-    // end of the source is not part of the template.
-    if (source.size() >= 2 && source.substr(source.size() - 2) == "\r\n") source.remove_suffix(2);
-    else if (!source.empty() && source.back() == '\n') source.remove_suffix(1);
-    return Parser(scan(source, name), name).run();
+    // Jinja writes every line ending of the template ("\r\n", "\r") as its newline_sequence "\n"
+    // (in text and string literals alike; inside tags both are whitespace).
+    std::string text;
+    text.reserve(source.size());
+    for (size_t i = 0; i < source.size(); ++i) {
+        if (source[i] != '\r') text += source[i];
+        else if (i + 1 < source.size() && source[i + 1] == '\n') continue;  // the "\n" follows
+        else text += '\n';
+    }
+    // keep_trailing_newline=False (transformers keeps the default): one newline at the very end of
+    // the source is not part of the template.
+    if (!text.empty() && text.back() == '\n') text.pop_back();
+    return Parser(scan(text, name), name).run();
 }
 
 }  // namespace pv::jinja

@@ -139,6 +139,11 @@ TEST_CASE("jinja: filters and string methods") {
     CHECK(render("{{ ms | rejectattr('role', 'eq', 'user') | map(attribute='content') | list }}", ctx) == "['S']");
     CHECK(render("{{ ms | map(attribute='role') | unique | list }}", ctx) == "['system', 'user']");
     CHECK(render("{{ 'x' | safe }}{{ ['b', 'a'] | sort }}{{ [1, 2] | reverse | list }}") == "x['a', 'b'][2, 1]");
+    // found by comparing random expressions with Jinja2: a sign binds before filters, bools are
+    // numbers, the title filter starts words only after spaces and brackets, n * s repeats
+    CHECK(render("{{ -2 | abs }}{{ true is number }}{{ \"{'b'} x-y\" | title }}{{ 2 * 'ab' }}{{ (1, 2)[::-1] }}") ==
+          "2True{'b'} X-Yabab(2, 1)");
+    CHECK(render("\r\nx\ry") == "\nx\ny");
 }
 
 TEST_CASE("jinja: tojson is json.dumps(ensure_ascii=False) as transformers configures it") {
