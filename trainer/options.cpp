@@ -291,9 +291,8 @@ void add_prepare_flags(CLI::App& app, PrepareOptions& o) {
         ->check(number_check(real_number(0, 0.5)));
     app.add_option("--shard-tokens", o.shard_tokens, "Most tokens per training shard")->check(number_check(whole_number(1, 9223372036854775807.0)));
     app.add_option("--chat-format", o.chat_format,
-                   "How chats ({\"messages\": [...]}) are written, a built-in template: " + chat_format_list() +
-                       " (default: the tokenizer's own template, chat_template.jinja or tokenizer_config.json's "
-                       "chat_template beside --tokenizer)")
+                   "How chats ({\"messages\": [...]}) are written: " + chat_format_list() +
+                       " (default: recognised from the chat_template of tokenizer_config.json beside --tokenizer)")
         ->check(CLI::IsMember(chat_format_names()));
     app.add_option("--chat-template", o.chat_template,
                    "A Jinja chat template file (.jinja) to render chats with, as transformers' apply_chat_template "
