@@ -2,6 +2,7 @@
 #include "data/bpe.h"
 
 #include "data/utf8.h"
+#include "io/progress.h"
 
 #include <algorithm>
 #include <bit>
@@ -329,6 +330,8 @@ void learn_byte_level_merges(const std::vector<std::pair<std::string_view, int64
     t.init();
     int next_id = 256;
     uint64_t key;
+    Progress progress("training a " + std::to_string(target) + "-token BPE tokenizer", double(target - next_id),
+                      Progress::Unit::items);  // io/progress.h
     while (next_id < target && t.best(key)) {
         const int a = int(key >> 32), b = int(key & 0xffffffffu);
         const std::string bytes = bytes_of[size_t(a)] + bytes_of[size_t(b)];
@@ -340,6 +343,7 @@ void learn_byte_level_merges(const std::vector<std::pair<std::string_view, int64
             for (char c : bytes) spelled += alphabet.to_utf8[static_cast<unsigned char>(c)];
             model.add_token(result, spelled);
             bytes_of.push_back(bytes);
+            progress.advance(1);
         }
         model.merges.set(a, b, {int(model.merge_list.size()), result});
         model.merge_list.push_back({a, b});

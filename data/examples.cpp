@@ -301,16 +301,22 @@ std::string example_training_text(const Example& e, const std::optional<ChatForm
     return s;
 }
 
-void check_chat_tokens(const Tokenizer& tok, ChatFormat f) {
+void check_chat_tokens(const Tokenizer& tok, const ChatFormat& f) {
     for (const std::string& s : chat_special_tokens(f)) {
         const size_t n = tok.encode(s, /*parse_special=*/true).size();
         if (n != 1)
             throw std::runtime_error("the tokenizer has no special token \"" + s + "\", which the " +
                                      chat_format_name(f) + " chat format writes (it encodes as " + std::to_string(n) +
-                                     " tokens): use the model's own tokenizer.json, or the --chat-format of the "
-                                     "model (" +
+                                     " tokens): use the model's own tokenizer.json, or the model's chat template "
+                                     "(--chat-template FILE.jinja, or --chat-format: " +
                                      chat_format_list() + ")");
     }
+}
+
+void add_tokenizer_specials(ChatFormat& f, const Tokenizer& tok) {
+    for (std::string& s : tok.added_token_texts())
+        if (std::find(f.special_tokens.begin(), f.special_tokens.end(), s) == f.special_tokens.end())
+            f.special_tokens.push_back(std::move(s));
 }
 
 std::string render_counted(const Tokenizer& tok, const std::string& path, const RenderOptions& o) {
@@ -319,7 +325,8 @@ std::string render_counted(const Tokenizer& tok, const std::string& path, const 
     int shown = 0;
     for (const Example& e : read_examples(path, o.text_field, size_t(std::max(0, o.examples)))) {
         if (e.kind == ExampleKind::chat && !format) {
-            format = resolve_chat_format(o.chat_format, o.tokenizer_config);
+            format = resolve_chat_format(o.chat_format, o.tokenizer_config, o.chat_template);
+            add_tokenizer_specials(*format, tok);
             check_chat_tokens(tok, *format);
         }
         std::vector<uint32_t> tokens;

@@ -19,8 +19,10 @@
 //   prompt/completion  [BOS] T(prompt + completion) EOS: BOS when the tokenizer has one. The
 //                      prompt's tokens do not count (unless --train-on-prompt); the completion's
 //                      and EOS do. Not splittable.
-//   chat               the pieces of its chat format (data/chat.h): special pieces encoded with
-//                      special tokens parsed (each must be one token of the tokenizer, else an
+//   chat               the pieces of its chat template's rendering (data/chat.h): special pieces
+//                      (the template's own text spelling one of the format's special tokens, which
+//                      add_tokenizer_specials extends with the tokenizer's added tokens) encoded
+//                      with special tokens parsed (each must be one token of the tokenizer, else an
 //                      error names the token and the format), each run of plain pieces between
 //                      two special ones encoded as one text. Prompt pieces do not count (unless
 //                      --train-on-prompt), answer pieces do. Not splittable. A chat without an
@@ -96,14 +98,20 @@ std::string example_training_text(const Example& e, const std::optional<ChatForm
 
 // Throws std::runtime_error naming the format and the token when the tokenizer lacks one of the
 // special tokens format f writes (each must encode, with special tokens parsed, as one token).
-void check_chat_tokens(const Tokenizer& tok, ChatFormat f);
+void check_chat_tokens(const Tokenizer& tok, const ChatFormat& f);
+
+// f with the tokenizer's added tokens among its special tokens: where the template's own text
+// holds one, it is that token, as when Hugging Face encodes a rendered chat.
+void add_tokenizer_specials(ChatFormat& f, const Tokenizer& tok);
 
 // What `train tokenize --render FILE.jsonl` shows: the first `examples` examples of the file,
 // each as a header line ("line N: chat, 57 tokens, 21 counted") and its tokens decoded, the
 // counted spans wrapped in ⟦ ⟧ (with `colour`, also shown in green by ANSI escapes). Chats
-// use `chat_format` if given, else the template of tokenizer_config.json at `tokenizer_config`.
+// use the template `chat_template` if given, else `chat_format` if given, else the template of
+// tokenizer_config.json at `tokenizer_config`.
 struct RenderOptions {
-    std::string chat_format;       // --chat-format; empty: recognise the template
+    std::string chat_format;       // --chat-format; empty: the template of tokenizer_config.json
+    std::string chat_template;     // --chat-template FILE; overrides both
     std::string tokenizer_config;  // tokenizer_config.json (tokenizer_config_beside(tokenizer))
     std::string text_field = "text";
     bool train_on_prompt = false;

@@ -35,26 +35,26 @@ uint64_t uniform_upto(std::mt19937_64& rng, uint64_t bound) {
 
 std::string batch_mismatch(const BatchGeometry& g) {
     const long long product = 1LL * g.micro_batch * g.accumulation * g.world;
-    return "batch " + std::to_string(g.global_batch) + " is not micro_batch " + std::to_string(g.micro_batch) +
+    return "--batch " + std::to_string(g.global_batch) + " is not --micro-batch " + std::to_string(g.micro_batch) +
            " × accumulation " + std::to_string(g.accumulation) + " × ranks " + std::to_string(g.world) + " = " +
            std::to_string(product) + ": set --batch " + std::to_string(product) +
            ", or --micro-batch/--accumulation so that their product with the rank count is " +
            std::to_string(g.global_batch);
 }
 
-void require_positive(std::vector<std::string>& errors, const char* what, const char* flag, int v) {
+void require_positive(std::vector<std::string>& errors, const char* flag, int v) {
     if (v <= 0)
-        errors.push_back(std::string(what) + " is " + std::to_string(v) + ": " + flag + " must be a positive integer");
+        errors.push_back(std::string(flag) + " is " + std::to_string(v) + ": it must be a positive integer");
 }
 
 }  // namespace
 
 std::vector<std::string> validate(const BatchGeometry& g) {
     std::vector<std::string> errors;
-    require_positive(errors, "batch", "--batch (sequences per optimizer step over all ranks)", g.global_batch);
-    require_positive(errors, "micro_batch", "--micro-batch (sequences per forward pass on one rank)", g.micro_batch);
-    require_positive(errors, "accumulation", "--accumulation (micro-steps per optimizer step)", g.accumulation);
-    require_positive(errors, "ranks", "the data-parallel rank count (mpirun -np)", g.world);
+    require_positive(errors, "--batch (sequences per optimizer step over all ranks)", g.global_batch);
+    require_positive(errors, "--micro-batch (sequences per forward pass on one rank)", g.micro_batch);
+    require_positive(errors, "--accumulation (micro-steps per optimizer step)", g.accumulation);
+    require_positive(errors, "the data-parallel rank count (mpirun -np)", g.world);
     if (errors.empty() && 1LL * g.micro_batch * g.accumulation * g.world != g.global_batch)
         errors.push_back(batch_mismatch(g));
     return errors;
@@ -62,9 +62,9 @@ std::vector<std::string> validate(const BatchGeometry& g) {
 
 int accumulation_for(int global_batch, int micro_batch, int world) {
     std::vector<std::string> errors;
-    require_positive(errors, "batch", "--batch (sequences per optimizer step over all ranks)", global_batch);
-    require_positive(errors, "micro_batch", "--micro-batch (sequences per forward pass on one rank)", micro_batch);
-    require_positive(errors, "ranks", "the data-parallel rank count (mpirun -np)", world);
+    require_positive(errors, "--batch (sequences per optimizer step over all ranks)", global_batch);
+    require_positive(errors, "--micro-batch (sequences per forward pass on one rank)", micro_batch);
+    require_positive(errors, "the data-parallel rank count (mpirun -np)", world);
     if (!errors.empty()) {
         std::string all;
         for (const auto& e : errors) all += (all.empty() ? "" : "; ") + e;
@@ -75,9 +75,9 @@ int accumulation_for(int global_batch, int micro_batch, int world) {
         const long long below = global_batch / per_step * per_step, above = below + per_step;
         std::string choices =
             below > 0 ? std::to_string(below) + " or " + std::to_string(above) : std::to_string(above);
-        throw std::invalid_argument("batch " + std::to_string(global_batch) + " is not micro_batch " +
+        throw std::invalid_argument("--batch " + std::to_string(global_batch) + " is not --micro-batch " +
                                     std::to_string(micro_batch) + " × accumulation k × ranks " + std::to_string(world) +
-                                    " for any whole k (micro_batch × ranks = " + std::to_string(per_step) +
+                                    " for any whole k (--micro-batch × ranks = " + std::to_string(per_step) +
                                     " does not divide " + std::to_string(global_batch) +
                                     "): set --batch to a multiple of " + std::to_string(per_step) + " (e.g. " +
                                     choices + "), or a --micro-batch whose product with the rank count divides " +

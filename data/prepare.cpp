@@ -5,6 +5,9 @@
 #include "data/tokenizer.h"
 #include "io/checksum.h"
 #include "io/durable_file.h"
+#include "io/progress.h"
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -25,20 +28,31 @@ namespace fs = std::filesystem;
 
 const std::string kEot = "<|endoftext|>";
 
+// 0.05, 1e-07: a fraction as the user would write it (std::to_string gives 0.000000).
+std::string fraction_text(double v) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", v);
+    return text;
+}
+
 void check_options(const PrepareOptions& o) {
     if (o.inputs.empty()) throw std::invalid_argument("prepare: no input files; name at least one text or .jsonl file");
-    if (o.out_dir.empty()) throw std::invalid_argument("prepare: no output directory; name one (out_dir)");
+    if (o.out_dir.empty()) throw std::invalid_argument("prepare: no output directory; name one with --out DIR");
     if (o.tokenizer.empty() && o.vocab < 257)
-        throw std::invalid_argument("prepare: vocab " + std::to_string(o.vocab) +
-                                    " is below 257 (the 256 byte tokens and \"<|endoftext|>\"); choose a larger vocab");
+        throw std::invalid_argument("prepare: --vocab " + std::to_string(o.vocab) +
+                                    " is below 257 (the 256 byte tokens and \"<|endoftext|>\"); choose a larger --vocab");
     if (!(o.val_fraction > 0.0 && o.val_fraction <= 0.5))
-        throw std::invalid_argument("prepare: val_fraction " + std::to_string(o.val_fraction) +
+        throw std::invalid_argument("prepare: --val-fraction " + fraction_text(o.val_fraction) +
                                     " is not in (0, 0.5]; hold out a positive fraction of at most half the tokens");
     if (o.shard_tokens < 1)
-        throw std::invalid_argument("prepare: shard_tokens " + std::to_string(o.shard_tokens) +
+        throw std::invalid_argument("prepare: --shard-tokens " + std::to_string(o.shard_tokens) +
                                     " is not positive; choose the largest number of tokens per training shard");
     if (o.text_field.empty())
-        throw std::invalid_argument("prepare: text_field is empty; name the JSONL field holding the text");
+        throw std::invalid_argument("prepare: --field is empty; name the JSONL field holding the text");
+    if (o.truncate < 0 || o.truncate == 1)
+        throw std::invalid_argument("prepare: --truncate " + std::to_string(o.truncate) +
+                                    " is neither 0 (off) nor at least 2 (an input and its target); give the --seq-len "
+                                    "you will train with, plus 1");
 }
 
 // ceil(fraction · n), with a product within a relative 1e-9 of an integer taken as that integer,
@@ -52,9 +66,13 @@ long long held_out(double fraction, long long n) {
 
 // The examples' tokens and flags, concatenated in order: examples are encoded on several threads,
 // each a contiguous run of them of about equal bytes, and the runs joined in order
-// (deterministic). The first error, in input order, is rethrown.
+// (deterministic). The first error, in input order, is rethrown. With truncate > 0, an example
+// that must stay whole (a chat, a prompt and completion) longer than truncate tokens keeps its
+// first truncate tokens (counted in `truncated`), or goes (counted in `dropped`) when none of
+// those counts.
 void encode_stream(const Tokenizer& tok, const std::vector<Example>& examples, const ExampleEncoding& how,
-                   std::vector<uint32_t>& tokens, std::vector<uint8_t>& flags) {
+                   long long truncate, std::vector<uint32_t>& tokens, std::vector<uint8_t>& flags,
+                   long long& truncated, long long& dropped) {
     const size_t n = examples.size();
     std::vector<size_t> end_bytes(n);  // cumulative input bytes after example i
     size_t bytes = 0;
@@ -78,10 +96,23 @@ void encode_stream(const Tokenizer& tok, const std::vector<Example>& examples, c
     std::vector<std::vector<uint32_t>> part_tokens(threads);
     std::vector<std::vector<uint8_t>> part_flags(threads);
     std::vector<std::exception_ptr> errors(threads);
+    std::vector<long long> part_truncated(threads), part_dropped(threads);
+    Progress progress("encoding " + std::to_string(n) + " documents", double(bytes));  // io/progress.h
     auto work = [&](size_t t) {
         try {
-            for (size_t d = cut[t]; d < cut[t + 1]; ++d)
+            for (size_t d = cut[t]; d < cut[t + 1]; ++d) {
+                const size_t first = part_tokens[t].size();
                 encode_example(tok, examples[d], how, part_tokens[t], part_flags[t]);
+                progress.advance(double(end_bytes[d] - (d > 0 ? end_bytes[d - 1] : 0)));
+                const size_t n = part_tokens[t].size() - first;
+                if (truncate <= 0 || n <= size_t(truncate) || (part_flags[t][first] & kTokenSplittable)) continue;
+                const size_t keep = first + size_t(truncate);
+                const bool counts = std::any_of(part_flags[t].begin() + long(first), part_flags[t].begin() + long(keep),
+                                                [](uint8_t f) { return (f & kTokenCounted) != 0; });
+                part_tokens[t].resize(counts ? keep : first);
+                part_flags[t].resize(counts ? keep : first);
+                ++(counts ? part_truncated[t] : part_dropped[t]);
+            }
         } catch (...) {
             errors[t] = std::current_exception();
         }
@@ -92,6 +123,7 @@ void encode_stream(const Tokenizer& tok, const std::vector<Example>& examples, c
     for (auto& th : pool) th.join();
     for (const auto& e : errors)
         if (e) std::rethrow_exception(e);
+    for (size_t t = 0; t < threads; ++t) truncated += part_truncated[t], dropped += part_dropped[t];
     size_t total = 0;
     for (const auto& p : part_tokens) total += p.size();
     tokens.reserve(total);
@@ -110,7 +142,7 @@ std::optional<ChatFormat> chat_format_of(const PrepareOptions& o, const std::vec
         std::any_of(examples.begin(), examples.end(), [](const Example& e) { return e.kind == ExampleKind::chat; });
     if (!chats) return std::nullopt;
     const std::string config = o.tokenizer.empty() ? "" : tokenizer_config_beside(o.tokenizer);
-    const ChatFormat f = resolve_chat_format(o.chat_format, config);
+    const ChatFormat f = resolve_chat_format(o.chat_format, config, o.chat_template);
     for (const Example& e : examples) check_example(e, ExampleEncoding{f, o.train_on_prompt});
     return f;
 }
@@ -130,6 +162,22 @@ Tokenizer train_tokenizer(const PrepareOptions& o, const std::vector<Example>& e
                                     std::to_string(256 + specials.size()) + " (the 256 byte tokens and " +
                                     std::to_string(specials.size()) + " special tokens); choose a larger vocab");
     return Tokenizer::train(joined, o.vocab, specials);
+}
+
+// The tokenizer as `train --data` will load it from the output: what the file says, not what the
+// freshly trained object assumed. They can differ in the end-of-sequence token: a trained one ends
+// documents with "<|endoftext|>", but load() without a tokenizer_config.json prefers "</s>" when
+// the chat format's special tokens include it (llama2), so the shards' eot_token would not match
+// the tokenizer `train` reads back, and `train --data` would refuse the directory.
+Tokenizer as_saved(const Tokenizer& trained) {
+    std::error_code ec;
+    const fs::path dir = fs::temp_directory_path(ec) / ("polevault-prepare-" + std::to_string(::getpid()));
+    fs::create_directories(dir, ec);
+    const std::string path = (dir / "tokenizer.json").string();
+    trained.save(path);
+    Tokenizer loaded = Tokenizer::load(path);
+    fs::remove_all(dir, ec);
+    return loaded;
 }
 
 // Where the training set ends: N − ceil(fraction · N), moved back to the start of a document
@@ -166,16 +214,20 @@ PreparedData prepare_data(const PrepareOptions& o) {
     if (examples.empty())
         throw std::runtime_error("prepare: the inputs hold no documents (every file is empty or has only blank lines" +
                                  std::string(" or empty texts); check the input files"));
-    const std::optional<ChatFormat> format = chat_format_of(o, examples);
+    std::optional<ChatFormat> format = chat_format_of(o, examples);
 
-    const Tokenizer tok = o.tokenizer.empty() ? train_tokenizer(o, examples, format) : Tokenizer::load(o.tokenizer);
+    const Tokenizer tok =
+        o.tokenizer.empty() ? as_saved(train_tokenizer(o, examples, format)) : Tokenizer::load(o.tokenizer);
     const bool needs_eos =
         std::any_of(examples.begin(), examples.end(), [](const Example& e) { return e.kind != ExampleKind::chat; });
     if (tok.eos_id() < 0 && needs_eos)
         throw std::runtime_error("tokenizer '" + o.tokenizer +
                                  "': has no end-of-sequence token to end documents with; use the model's own "
                                  "tokenizer.json (with its tokenizer_config.json), or pass no tokenizer to train one");
-    if (format) check_chat_tokens(tok, *format);
+    if (format) {
+        add_tokenizer_specials(*format, tok);
+        check_chat_tokens(tok, *format);
+    }
 
     PreparedData out;
     out.documents = (long long)examples.size();
@@ -188,7 +240,8 @@ PreparedData prepare_data(const PrepareOptions& o) {
 
     std::vector<uint32_t> stream;
     std::vector<uint8_t> flags;
-    encode_stream(tok, examples, ExampleEncoding{format, o.train_on_prompt}, stream, flags);
+    encode_stream(tok, examples, ExampleEncoding{format, o.train_on_prompt}, o.truncate, stream, flags,
+                  out.truncated_documents, out.dropped_documents);
     examples = {};  // the text is no longer needed
     const long long n = (long long)stream.size();
     const long long train = train_end(flags, held_out(o.val_fraction, n));
@@ -196,16 +249,16 @@ PreparedData prepare_data(const PrepareOptions& o) {
     if (val < 2 || train < 2)
         throw std::runtime_error(
             "prepare: the inputs give only " + std::to_string(n) + " tokens (" + std::to_string(out.documents) +
-            " documents), so val_fraction " + std::to_string(o.val_fraction) + " leaves " + std::to_string(train) +
+            " documents), so --val-fraction " + fraction_text(o.val_fraction) + " leaves " + std::to_string(train) +
             " training and " + std::to_string(val) + " validation tokens" +
             (train != n - held_out(o.val_fraction, n) ? " (the cut moved back to the start of a chat or prompt)" : "") +
-            "; both need at least 2: add data or " + (val < 2 ? "raise" : "lower") + " val_fraction");
+            "; both need at least 2: add data or " + (val < 2 ? "raise" : "lower") + " --val-fraction");
     const long long shards = (train + o.shard_tokens - 1) / o.shard_tokens;
     if (shards > 1'000'000)
-        throw std::invalid_argument("prepare: shard_tokens " + std::to_string(o.shard_tokens) + " would make " +
+        throw std::invalid_argument("prepare: --shard-tokens " + std::to_string(o.shard_tokens) + " would make " +
                                     std::to_string(shards) +
                                     " training shards (at most 1000000, the names have 6 digits); "
-                                    "raise shard_tokens");
+                                    "raise --shard-tokens");
     for (uint8_t f : flags) out.counted_tokens += (f & kTokenCounted) != 0;
 
     std::error_code ec;
@@ -219,6 +272,7 @@ PreparedData prepare_data(const PrepareOptions& o) {
     out.val_tokens = val;
     out.vocab_size = tok.vocab_size();
 
+    Progress writing("writing shards to " + o.out_dir, double(shards + 1), Progress::Unit::items);
     TokenShard shard;
     shard.vocab_size = uint32_t(tok.vocab_size());
     shard.eot_token = uint32_t(std::max(0, tok.eos_id()));
@@ -227,6 +281,7 @@ PreparedData prepare_data(const PrepareOptions& o) {
         shard.tokens.assign(stream.begin() + begin, stream.begin() + end);
         shard.flags.assign(flags.begin() + begin, flags.begin() + end);
         write_shard(path, shard);
+        writing.advance(1);
     };
     for (long long s = 0; s < shards; ++s) {
         out.train_shards.push_back((dir / train_shard_name(size_t(s))).string());
@@ -249,6 +304,19 @@ PreparedData prepare_data(const PrepareOptions& o) {
         fs::remove(config_out, ec);  // an earlier run's, for another tokenizer
         if (ec)
             throw std::runtime_error("output directory '" + o.out_dir + "': cannot remove the stale '" + config_out +
+                                     "' of an earlier run: " + ec.message() + "; remove it by hand");
+    }
+
+    // The template transformers 5 saves beside the config travels with it (or an earlier run's goes).
+    const std::string template_in = config_in.empty() ? "" : chat_template_file_beside(config_in);
+    const std::string template_out = chat_template_file_beside(config_out);
+    if (!template_in.empty() && fs::is_regular_file(template_in, ec)) {
+        if (!fs::exists(template_out, ec) || !fs::equivalent(template_in, template_out, ec))
+            copy_file_atomically(template_in, template_out, "chat template");
+    } else if (fs::exists(template_out, ec)) {
+        fs::remove(template_out, ec);
+        if (ec)
+            throw std::runtime_error("output directory '" + o.out_dir + "': cannot remove the stale '" + template_out +
                                      "' of an earlier run: " + ec.message() + "; remove it by hand");
     }
 

@@ -6,10 +6,19 @@
 // "completion"} or {"messages": [{"role", "content"}, ...]} — and any other file is one plain
 // text. Every bad line is an error naming the file and line.
 //
-// Chats are rendered in a chat format (data/chat.h): `chat_format` (--chat-format) if given, else
-// the one tokenizer_config.json's chat_template beside `tokenizer` is recognised as; without
-// either, chats are an error naming the formats there are (a tokenizer trained here has no
-// template: pass --chat-format). Only inputs with chats need a format.
+// Chats are rendered by a chat template (data/chat.h) as transformers' apply_chat_template renders
+// them: the .jinja file `chat_template` (--chat-template) if given, else the built-in
+// `chat_format` (--chat-format) if given, else the tokenizer's own (chat_template.jinja or
+// tokenizer_config.json's chat_template beside `tokenizer`); without any, chats are an error,
+// before anything is written, saying what to pass (a tokenizer trained here has no template).
+// Only inputs with chats need a template.
+//
+// Over-long examples. The loader packs a chat or a prompt and completion whole into a window of
+// --seq-len + 1 tokens, and leaves out one that is longer (data/loader.h; `train` prints how
+// many). With `truncate` N > 0 such an example longer than N tokens is cut here to its first N
+// tokens instead (left out when none of those counts), and prepare_data reports how many it cut
+// and left out; plain text is never cut (the loader splits it). The window is a training option,
+// so N is given here: the --seq-len to train with, plus 1.
 //
 // The token stream. Each example is encoded as data/examples.h says — plain text "T(text) EOS",
 // a prompt and completion "[BOS] T(prompt + completion) EOS", a chat its format's tokens — with
@@ -50,6 +59,7 @@
 // On disk (out_dir, created if missing; file formats in data/shard.h and data/tokenizer.h):
 //   tokenizer.json                    the tokenizer (a given one copied as it is)
 //   tokenizer_config.json             a copy of the given tokenizer's, when it has one
+//   chat_template.jinja               a copy of the one beside the given tokenizer, when it has one
 //   train_000000.pvtokens, ...        the training stream in order: train_%06d, counting from 0
 //   val.pvtokens                      the validation stream
 // Each file is written atomically (tmp + fsync + rename). Rerunning over an older output
@@ -72,7 +82,8 @@ namespace pv {
 
 struct PrepareOptions {
     std::vector<std::string> inputs;       // files: *.jsonl / *.ndjson JSON lines, anything else plain text
-    std::string chat_format;               // --chat-format: llama3, llama3.1, llama2; empty: recognise the template
+    std::string chat_format;               // --chat-format: llama3, llama3.1, llama2; empty: the tokenizer's template
+    std::string chat_template;             // --chat-template: a .jinja file; overrides chat_format and the tokenizer's
     bool train_on_prompt = false;          // --train-on-prompt: prompts, system and user turns count too
     std::string text_field = "text";       // the JSONL field holding a document
     std::string tokenizer;                 // an existing tokenizer.json; empty: train one of `vocab` tokens
@@ -80,6 +91,11 @@ struct PrepareOptions {
     std::string out_dir;                   // created if missing
     double val_fraction = 0.1;             // of the tokens, held out at the end for validation: (0, 0.5]
     long long shard_tokens = 100'000'000;  // max tokens per training shard
+    // --truncate N: a chat or prompt/completion longer than N tokens keeps its first N (one whose
+    // first N hold no counted token is left out). 0: kept whole; the loader then leaves out those
+    // longer than a window (--seq-len + 1 tokens) and `train` prints how many. Give N = the
+    // --seq-len you will train with, plus 1.
+    long long truncate = 0;
 };
 
 struct PreparedData {
@@ -92,6 +108,8 @@ struct PreparedData {
     long long train_tokens = 0, val_tokens = 0;
     long long counted_tokens = 0;  // of train + val tokens, those that count as targets
     int vocab_size = 0;            // the tokenizer's (a trained one may stop short of `vocab`)
+    long long truncated_documents = 0;  // cut to `truncate` tokens
+    long long dropped_documents = 0;    // longer than `truncate` with nothing counted in the first `truncate`
 };
 
 PreparedData prepare_data(const PrepareOptions& o);

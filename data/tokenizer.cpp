@@ -138,6 +138,12 @@ int Tokenizer::token_id(std::string_view token_text) const {
     return m.model.find(token_text);
 }
 
+std::vector<std::string> Tokenizer::added_token_texts() const {
+    std::vector<std::string> out;
+    for (const tok::AddedToken& t : impl_->added.tokens) out.push_back(t.content);
+    return out;
+}
+
 bool Tokenizer::is_special(int id) const { return id >= 0 && id < vocab_size() && impl_->id_special[size_t(id)] != 0; }
 
 int Tokenizer::bos_id() const { return impl_->bos; }

@@ -89,6 +89,9 @@ class Tokenizer {
     // file (HF's token_to_id), else, for byte-level vocabularies, of the token standing for these
     // bytes (token_id(" the") finds "Ġthe"); -1 when none.
     int token_id(std::string_view token_text) const;
+    // The contents of the added tokens, in the file's order: the strings encode(text, true) cuts
+    // out of a text as one token each.
+    std::vector<std::string> added_token_texts() const;
     // Whether id is an added token marked special (decode(ids, true) leaves those out, except one
     // with the `normalized` flag whose normalized string differs from its content, as in HF).
     bool is_special(int id) const;

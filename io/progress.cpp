@@ -72,7 +72,7 @@ void Progress::advance(double amount) {
 }
 
 void Progress::report_to_current(double amount) {
-    if (t_current) t_current->advance(amount);
+    if (t_current && t_current->unit_ == Unit::bytes) t_current->advance(amount);  // bytes count toward bytes only
 }
 
 void Progress::set_enabled(bool enabled) { g_enabled.store(enabled); }

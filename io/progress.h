@@ -40,7 +40,7 @@ class Progress {
     Progress& operator=(const Progress&) = delete;
 
     void advance(double amount);
-    // Adds to the innermost Progress alive on this thread, if any.
+    // Adds bytes to the innermost Progress alive on this thread, if it counts bytes.
     static void report_to_current(double amount);
 
     // Whether this process prints progress at all (rank 0 of a run does; the others do not).

@@ -211,19 +211,18 @@ TEST_CASE("batch geometry validation names the flags and the fix", "[data]") {
         INFO(joined(e));
         REQUIRE(e.size() == 1);
         CHECK(e[0] ==
-              "batch 12 is not micro_batch 4 × accumulation 2 × ranks 2 = 16: set --batch 16, or "
+              "--batch 12 is not --micro-batch 4 × accumulation 2 × ranks 2 = 16: set --batch 16, or "
               "--micro-batch/--accumulation so that their product with the rank count is 12");
     }
     {
         const auto e = pv::validate({0, -1, 0, 0});
         INFO(joined(e));
         REQUIRE(e.size() == 4);
-        CHECK(e[0].find("batch is 0") != std::string::npos);
-        CHECK(e[0].find("--batch") != std::string::npos);
-        CHECK(e[1].find("micro_batch is -1") != std::string::npos);
-        CHECK(e[1].find("--micro-batch") != std::string::npos);
+        CHECK(e[0].find("--batch (sequences per optimizer step over all ranks) is 0") != std::string::npos);
+        CHECK(e[1].find("--micro-batch (sequences per forward pass on one rank) is -1") != std::string::npos);
         CHECK(e[2].find("--accumulation") != std::string::npos);
-        CHECK(e[3].find("ranks is 0") != std::string::npos);
+        CHECK(e[3].find("the data-parallel rank count (mpirun -np) is 0") != std::string::npos);
+        for (const std::string& m : e) CHECK(m.find("micro_batch") == std::string::npos);  // flags, not fields
     }
     CHECK(pv::accumulation_for(16, 4, 2) == 2);
     CHECK(pv::accumulation_for(12, 4, 3) == 1);
@@ -231,12 +230,13 @@ TEST_CASE("batch geometry validation names the flags and the fix", "[data]") {
     {
         const auto m = thrown_message([] { pv::accumulation_for(12, 5, 2); });
         INFO(m);
-        CHECK(m.find("batch 12 is not micro_batch 5 × accumulation k × ranks 2") != std::string::npos);
+        CHECK(m.find("--batch 12 is not --micro-batch 5 × accumulation k × ranks 2") != std::string::npos);
         CHECK(m.find("set --batch to a multiple of 10 (e.g. 10 or 20)") != std::string::npos);
         CHECK(m.find("--micro-batch") != std::string::npos);
     }
     CHECK(thrown_message([] { pv::accumulation_for(4, 8, 1); }).find("(e.g. 8)") != std::string::npos);
-    CHECK(thrown_message([] { pv::accumulation_for(16, 0, 1); }).find("micro_batch is 0") != std::string::npos);
+    CHECK(thrown_message([] { pv::accumulation_for(16, 0, 1); }).find("--micro-batch (sequences per forward pass on "
+                                                                     "one rank) is 0") != std::string::npos);
 
     pv::DataLoader d(counting_shards(1000), 4, 1);
     CHECK(thrown_message([&] { d.micro_batch(0, 0, {12, 4, 2, 2}, 0); }).find("batch 12 is not") != std::string::npos);

@@ -539,21 +539,24 @@ TEST_CASE("prepare_data rejects bad options and inputs, naming the file, line or
         expect_error<std::invalid_argument>(run(o), {"no input files"});
         o = base;
         o.out_dir.clear();
-        expect_error<std::invalid_argument>(run(o), {"no output directory"});
+        expect_error<std::invalid_argument>(run(o), {"no output directory", "--out DIR"});
         o = base;
         o.vocab = 256;
-        expect_error<std::invalid_argument>(run(o), {"vocab 256", "257", "<|endoftext|>"});
+        expect_error<std::invalid_argument>(run(o), {"--vocab 256", "257", "<|endoftext|>"});
         o = base;
         o.shard_tokens = 0;
-        expect_error<std::invalid_argument>(run(o), {"shard_tokens 0", "not positive"});
+        expect_error<std::invalid_argument>(run(o), {"--shard-tokens 0", "not positive"});
         for (double f : {0.0, -0.1, 0.50001, 1.0, std::numeric_limits<double>::quiet_NaN()}) {
             o = base;
             o.val_fraction = f;
-            expect_error<std::invalid_argument>(run(o), {"val_fraction", "(0, 0.5]"});
+            expect_error<std::invalid_argument>(run(o), {"--val-fraction", "(0, 0.5]"});
         }
         o = base;
         o.text_field.clear();
-        expect_error<std::invalid_argument>(run(o), {"text_field"});
+        expect_error<std::invalid_argument>(run(o), {"--field is empty"});
+        o = base;
+        o.val_fraction = 0;  // as a user reads it: 0, not std::to_string's 0.000000
+        expect_error<std::invalid_argument>(run(o), {"--val-fraction 0 is not in"});
     }
     SECTION("missing, directory or unreadable input files") {
         pv::PrepareOptions o = base;
@@ -612,7 +615,7 @@ TEST_CASE("prepare_data rejects bad options and inputs, naming the file, line or
         write_bytes(dir.file("tiny.txt"), "a");  // 2 tokens: "a" EOT
         o.inputs = {dir.file("tiny.txt")};
         expect_error<std::runtime_error>(run(o),
-                                         {"only 2 tokens", "1 documents", "1 validation", "raise val_fraction"});
+                                         {"only 2 tokens", "1 documents", "1 validation", "raise --val-fraction"});
         write_bytes(dir.file("tiny.txt"), "ab");  // 3 tokens, half: 2 validation, 1 training
         o.val_fraction = 0.5;
         expect_error<std::runtime_error>(run(o), {"only 3 tokens", "1 training", "add data"});
@@ -692,7 +695,7 @@ TEST_CASE("chats and prompts: rendered in the recognised format, flags and count
     CHECK(r.chat_documents == 12);
     CHECK(r.prompt_completion_documents == 1);
     CHECK(r.text_documents == 1);
-    CHECK(r.chat_format == "llama3");  // from tokenizer_config.json
+    CHECK(r.chat_format == "chat_template of '" + dir.file("model/tokenizer_config.json") + "'");
     CHECK(read_bytes(dir.file("out/tokenizer_config.json")) == read_bytes(dir.file("model/tokenizer_config.json")));
     CHECK(read_bytes(r.tokenizer_path) == read_bytes(tokenizer));
 
@@ -722,9 +725,10 @@ TEST_CASE("chats and prompts: rendered in the recognised format, flags and count
     o.train_on_prompt = true;
     const pv::PreparedData all = pv::prepare_data(o);
     CHECK(all.counted_tokens == n - 13);
-    // --chat-format overrides the template: llama2 needs <s>, which this tokenizer lacks.
+    // --chat-format overrides the template: llama2 with this model's bos_token (its
+    // tokenizer_config.json names one) needs the eos_token </s>, which this tokenizer lacks.
     o.chat_format = "llama2";
-    expect_error<std::runtime_error>([&] { (void)pv::prepare_data(o); }, {"no special token \"<s>\"", "llama2"});
+    expect_error<std::runtime_error>([&] { (void)pv::prepare_data(o); }, {"no special token \"</s>\"", "llama2"});
 }
 
 TEST_CASE("chats need a chat format; bad chats name their line before any tokenizer is trained", "[prepare]") {
@@ -744,14 +748,14 @@ TEST_CASE("chats need a chat format; bad chats name their line before any tokeni
     const pv::Tokenizer trained = pv::Tokenizer::load(r.tokenizer_path);
     CHECK(trained.encode("<s></s>", true).size() == 2);
     CHECK(!fs::exists(dir.file("out/tokenizer_config.json")));
-    // An unrecognised template beside a given tokenizer.
+    // A template outside the Jinja subset beside a given tokenizer: its file and line.
     const std::string tokenizer = llama3_tokenizer(dir);
     write_bytes(dir.file("model/tokenizer_config.json"),
-                nlohmann::json{{"chat_template", "{% for m in messages %}{{ m.content }}{% endfor %}"}}.dump());
+                nlohmann::json{{"chat_template", "{% for m in messages %}\n{{ m.content | nosuch }}{% endfor %}"}}.dump());
     o.tokenizer = tokenizer;
     o.chat_format.clear();
-    expect_error<std::invalid_argument>(
-        run, {dir.file("model/tokenizer_config.json"), "none polevault knows", "--chat-format", "llama3.1"});
+    expect_error<std::runtime_error>(
+        run, {"line 1", dir.file("model/tokenizer_config.json"), "line 2", "no filter named 'nosuch'"});
     // A chat the format refuses, and one without an answer: file and line.
     o.chat_format = "llama2";
     write_bytes(dir.file("c.jsonl"),
@@ -759,7 +763,7 @@ TEST_CASE("chats need a chat format; bad chats name their line before any tokeni
                     "{\"messages\": [{\"role\": \"assistant\", \"content\": \"x\"}, {\"role\": \"user\", "
                     "\"content\": \"y\"}]}\n");
     o.tokenizer.clear();
-    expect_error<std::runtime_error>(run, {dir.file("c.jsonl"), "line 2", "message 0 is assistant", "llama2"});
+    expect_error<std::runtime_error>(run, {dir.file("c.jsonl"), "line 2", "Conversation roles must alternate", "llama2"});
     write_bytes(dir.file("c.jsonl"),
                 chat_line("hi", "hello") + "{\"messages\": [{\"role\": \"user\", \"content\": \"y\"}]}\n");
     expect_error<std::runtime_error>(run, {dir.file("c.jsonl"), "line 2", "no assistant message"});
@@ -784,4 +788,50 @@ TEST_CASE("a rerun with a trained tokenizer removes the given one's tokenizer_co
     o.vocab = 300;
     (void)pv::prepare_data(o);
     CHECK(!fs::exists(dir.file("out/tokenizer_config.json")));
+}
+
+TEST_CASE("--truncate cuts over-long chats, counting what it cut or left out; a trained tokenizer's EOS is the "
+          "file's",
+          "[prepare]") {
+    TempDir dir("truncate");
+    std::string long_answer, long_prompt;
+    for (int i = 0; i < 40; ++i) long_answer += "answer" + std::to_string(i) + " ";
+    for (int i = 0; i < 60; ++i) long_prompt += "prompt" + std::to_string(i * 7) + " ";
+    write_bytes(dir.file("c.jsonl"), chat_line("hi", "hello") + chat_line("a question", long_answer) +
+                                         chat_line(long_prompt, "ok") + chat_line("bye", "see you"));
+    pv::PrepareOptions o;
+    o.inputs = {dir.file("c.jsonl")};
+    o.out_dir = dir.file("whole");
+    o.vocab = 300;
+    o.chat_format = "llama2";  // its </s> made the trained tokenizer's EOS differ from the file's
+    const pv::PreparedData whole = pv::prepare_data(o);
+    CHECK(whole.truncated_documents == 0);
+    CHECK(whole.dropped_documents == 0);
+    const std::vector<uint32_t> s0 = stream_of(whole);
+    const std::vector<uint8_t> f0 = flags_of(whole);
+    std::vector<size_t> starts;
+    for (size_t i = 0; i < f0.size(); ++i)
+        if (f0[i] & pv::kTokenStartsDocument) starts.push_back(i);
+    starts.push_back(f0.size());
+    REQUIRE(starts.size() == 5);
+    // the short chats fit, the second's answer is cut, the third's prompt alone is longer
+    const size_t n = std::max(starts[1] - starts[0], starts[4] - starts[3]) + 2;
+    REQUIRE(starts[2] - starts[1] > n);
+    REQUIRE(starts[3] - starts[2] > n);
+    // `train --data` checks the shards' eot_token against the tokenizer it loads from the directory.
+    CHECK(pv::read_shard(whole.val_shard).eot_token == uint32_t(pv::Tokenizer::load(whole.tokenizer_path).eos_id()));
+
+    o.out_dir = dir.file("cut");
+    o.truncate = (long long)n;
+    const pv::PreparedData cut = pv::prepare_data(o);
+    CHECK(cut.truncated_documents == 1);
+    CHECK(cut.dropped_documents == 1);  // the long prompt leaves nothing counted in its first n tokens
+    std::vector<uint32_t> want(s0.begin(), s0.begin() + long(starts[1] + n));
+    std::vector<uint8_t> want_flags(f0.begin(), f0.begin() + long(starts[1] + n));
+    want.insert(want.end(), s0.begin() + long(starts[3]), s0.end());
+    want_flags.insert(want_flags.end(), f0.begin() + long(starts[3]), f0.end());
+    CHECK(stream_of(cut) == want);
+    CHECK(flags_of(cut) == want_flags);
+    o.truncate = 1;
+    expect_error<std::invalid_argument>([&] { (void)pv::prepare_data(o); }, {"truncate 1", "--seq-len"});
 }

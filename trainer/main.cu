@@ -580,6 +580,10 @@ int prepare_command(const PrepareOptions& o) {
         o.train_on_prompt || p.documents == p.text_documents ? "" : ": completions and assistant turns",
         p.tokenizer_path.c_str(), p.val_shard.c_str());
     for (const std::string& s : p.train_shards) std::printf("  training   %s\n", s.c_str());
+    if (o.truncate > 0)
+        std::printf("  --truncate %lld: %lld example(s) cut to %lld tokens, %lld left out (nothing counted in "
+                    "their first %lld tokens)\n",
+                    o.truncate, p.truncated_documents, o.truncate, p.dropped_documents, o.truncate);
     std::printf("train on it with: train --data %s\n", o.out_dir.c_str());
     return 0;
 }

@@ -398,8 +398,18 @@ void add_prepare_flags(CLI::App& app, PrepareOptions& o) {
     app.add_option("--shard-tokens", o.shard_tokens, "Most tokens per training shard")->check(number_check(whole_number(1, 9223372036854775807.0)));
     app.add_option("--chat-format", o.chat_format,
                    "How chats ({\"messages\": [...]}) are written: " + chat_format_list() +
-                       " (default: recognised from the chat_template of tokenizer_config.json beside --tokenizer)")
+                       " (default: the tokenizer's own template, chat_template.jinja or tokenizer_config.json's "
+                       "chat_template beside --tokenizer)")
         ->check(choice_check(chat_format_names()));
+    app.add_option("--chat-template", o.chat_template,
+                   "A Jinja chat template file (.jinja) to render chats with, as transformers' apply_chat_template "
+                   "does; wins over --chat-format and the tokenizer's own")
+        ->check(CLI::ExistingFile);
+    app.add_option("--truncate", o.truncate,
+                   "Cut a chat or prompt/completion longer than this many tokens to its first this many (give the "
+                   "--seq-len you will train with, plus 1); 0: keep it whole, and training leaves out those longer "
+                   "than a window")
+        ->check(number_check(whole_number(0, 9223372036854775807.0)));
     app.add_flag("--train-on-prompt", o.train_on_prompt,
                  "Train on every token, not only on completions and assistant turns (system, user and prompt "
                  "tokens count too)");
