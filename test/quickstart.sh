@@ -54,7 +54,7 @@ while IFS= read -r command; do
   command=${command//.\/train/$train}
   command=${command//mpirun -np/mpirun --allow-run-as-root --oversubscribe --bind-to none -np}
   echo "quickstart \$ $command"
-  if ! M="$M" bash -c "$command" > out.log 2>&1; then
+  if ! M="$M" bash -c "$command" < /dev/null > out.log 2>&1; then  # mpirun would read the list
     cat out.log
     echo "quickstart: this command of README.md's quickstart failed: $command"
     exit 1

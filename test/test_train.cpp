@@ -1494,3 +1494,16 @@ TEST_CASE("train LoRA and QLoRA checkpoints resume across strategies and world s
         }
     }
 }
+
+// The README's fine-tuning quickstart, its block taken from README.md and run as written
+// (test/quickstart.sh) on a stand-in for the model it names: prepare, tokenize --render, plan,
+// LoRA under mpirun at 2 ranks with --epochs and the fine-tuning defaults, eval, sample --chat,
+// export --peft and --merged. Every command exits 0.
+TEST_CASE("README: the fine-tuning quickstart runs as written", "[train][mpi][readme]") {
+    const fs::path script = fs::path(__FILE__).parent_path() / "quickstart.sh";
+    const Run r = run_train_command("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 300 " +
+                                    script.string() + " " + (build_dir() / "train").string());
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    CHECK(r.output.find("quickstart: 8 commands ran") != std::string::npos);
+}

@@ -6,8 +6,9 @@
 //   step_N/adam_m.safetensors    Adam's m and v in max(T, fp32)
 //   step_N/adam_v.safetensors
 //   step_N/config.json           the model's shape as a Hugging Face config.json, with torch_dtype
-//   step_N/tokenizer.json        when the run knows its tokenizer (with tokenizer_config.json and
-//                                special_tokens_map.json when its source directory has them)
+//   step_N/tokenizer.json        when the run knows its tokenizer (with tokenizer_config.json,
+//                                chat_template.jinja and special_tokens_map.json when its source
+//                                directory has them)
 //   step_N/generation_config.json  BOS/EOS ids: the source model's file, else the tokenizer's ids
 //   step_N/trainer_state.json    step, loader position, RNG seed, every training option, and
 //                                every other file's size and XXH3 checksum (trainer/state.h)

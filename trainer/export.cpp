@@ -71,7 +71,9 @@ void write_model_files(const std::string& dir, const ModelFiles& files) {
     };
     const fs::path tokenizer_dir(files.tokenizer_dir);
     if (!files.tokenizer_dir.empty() && fs::is_regular_file(tokenizer_dir / "tokenizer.json")) {
-        for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
+        // chat_template.jinja: where transformers 5 saves the chat template (`sample --chat` reads it).
+        for (const char* f :
+             {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"})
             if (fs::is_regular_file(tokenizer_dir / f)) copy(tokenizer_dir / f);
     } else if (files.tokenizer) {
         files.tokenizer->save(dir + "/tokenizer.json");
@@ -164,7 +166,7 @@ void export_model(const ExportOptions& o) {
                 skipped.empty()
                     ? ""
                     : (", skipped " + std::to_string(skipped.size()) + " tensor(s) Hugging Face ignores").c_str());
-    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "generation_config.json"})
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"})
         if (fs::exists(fs::path(o.out_dir) / f)) std::printf("  with %s\n", f);
 }
 
