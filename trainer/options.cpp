@@ -474,8 +474,11 @@ void add_tokenize_flags(CLI::App& app, TokenizeOptions& o) {
     app.add_option("--examples", o.render_examples, "With --render: how many examples to show")
         ->check(number_check(whole_number(1)));
     app.add_option("--chat-format", o.chat_format,
-                   "With --render: the chat format (" + chat_format_list() +
-                       "); default: recognised from tokenizer_config.json's chat_template");
+                   "With --render: a built-in chat template (" + chat_format_list() +
+                       "); default: the tokenizer's own (chat_template.jinja or tokenizer_config.json's)");
+    app.add_option("--chat-template", o.chat_template,
+                   "With --render: a Jinja chat template file, as prepare --chat-template takes it")
+        ->check(CLI::ExistingFile);
     app.add_flag("--train-on-prompt", o.train_on_prompt,
                  "With --render: count the prompt tokens too, as prepare would");
     app.add_flag("--colour", o.colour, "With --render: also show the counted tokens in green (ANSI escapes)");

@@ -175,7 +175,8 @@ struct TokenizeOptions {
     // --render FILE.jsonl: the file's first examples as prepare encodes them, counted tokens marked.
     std::string render;
     int render_examples = 3;
-    std::string chat_format;  // empty: recognised from tokenizer_config.json
+    std::string chat_format;    // empty: the tokenizer's own template
+    std::string chat_template;  // --chat-template FILE: overrides both
     bool train_on_prompt = false;
     bool colour = false;
 };

@@ -18,13 +18,15 @@ int tokenize_command(const TokenizeOptions& o, std::istream& in, std::ostream& o
     if (!o.render.empty()) {
         if (o.decode) throw std::invalid_argument("--render shows a file's examples; drop --decode");
         RenderOptions r;
-        r.chat_format = o.chat_format, r.tokenizer_config = tokenizer_config_beside(o.tokenizer);
+        r.chat_format = o.chat_format, r.chat_template = o.chat_template;
+        r.tokenizer_config = tokenizer_config_beside(o.tokenizer);
         r.train_on_prompt = o.train_on_prompt, r.examples = o.render_examples, r.colour = o.colour;
         out << render_counted(tok, o.render, r);
         return 0;
     }
-    if (!o.chat_format.empty() || o.train_on_prompt || o.colour)
-        throw std::invalid_argument("--chat-format, --train-on-prompt and --colour go with --render FILE.jsonl");
+    if (!o.chat_format.empty() || !o.chat_template.empty() || o.train_on_prompt || o.colour)
+        throw std::invalid_argument(
+            "--chat-format, --chat-template, --train-on-prompt and --colour go with --render FILE.jsonl");
     const std::string input{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
     if (!o.decode) {
         const std::vector<int> ids = tok.encode(input, o.parse_special, o.add_special);
