@@ -180,7 +180,7 @@ CORE_OBJS := $(PRODUCT_OBJS) $(PLATFORM_OBJS)
 PRODUCT_LIB := $(BUILD)/libpolevault.a
 # What test-tsan's suites call (the NF4 fixtures are safetensors files); the kernels themselves are
 # templates their own translation units instantiate, under ThreadSanitizer.
-TSAN_PRODUCT_OBJS := $(addprefix $(BUILD)/,io/checksum.o io/durable_file.o io/input_file.o model/safetensors.o)
+TSAN_PRODUCT_OBJS := $(addprefix $(BUILD)/,io/checksum.o io/durable_file.o io/input_file.o io/progress.o model/safetensors.o)
 CORE_LIBS := $(PRODUCT_LIB) $(PLATFORM_OBJS)
 
 # Suites are .cu when they launch kernels or use the platform, .cpp when they are plain host C++
@@ -339,6 +339,9 @@ $(BUILD)/host/fiber_switch.o: host/fiber_switch.S
 # at -O1: its suites load 128k-entry vocabularies and encode whole corpora.
 JSON_PRODUCT_OBJS := $(patsubst %.cpp,$(BUILD)/%.o,$(filter-out data/tokenizer%,\
   $(shell grep -l nlohmann data/*.cpp io/*.cpp model/*.cpp optim/*.cpp parallel/*.cpp trainer/*.cpp)))
+# The Jinja parser too (its evaluator includes nlohmann for tojson): chat templates are parsed once
+# per prepare, and test_jinja's long loop is left out of the ASan build ([heavy]).
+JSON_PRODUCT_OBJS += $(BUILD)/data/jinja_parse.o
 CATCH_MAINS := $(BUILD)/test/catch_main.o $(BUILD)/test/catch_mpi_main.o
 KERNEL_FREE_SUITES := $(shell for f in test/*.cu test/mpi/*.cu; do \
   grep -E '__global__|^$(HASH)include "kernels/' $$f | grep -qv 'kernels/common.cuh' || echo $$f; done)
@@ -481,7 +484,7 @@ FUZZ_CXXFLAGS := -std=c++20 -O1 $(DEBUG_INFO) -fno-omit-frame-pointer $(FUZZ_SAN
 FUZZ_GXX_OBJS := $(FUZZ_BUILD)/trainer/options.o $(FUZZ_BUILD)/model/bnb_tables.o
 # The readers and what they call (a missing one is a link error naming its symbol).
 FUZZ_LIB_SOURCES := $(addprefix data/,bpe.cpp chat.cpp examples.cpp jinja_eval.cpp jinja_parse.cpp pretokenize.cpp shard.cpp token_decoders.cpp \
-                      tokenizer.cpp tokenizer_json.cpp utf8.cpp) $(addprefix io/,checksum.cpp durable_file.cpp input_file.cpp) \
+                      tokenizer.cpp tokenizer_json.cpp utf8.cpp) $(addprefix io/,checksum.cpp durable_file.cpp input_file.cpp progress.cpp) \
                     $(addprefix model/,bnb_checkpoint.cpp checkpoint.cpp checkpoint_files.cpp config.cpp config_json.cpp dtype_conversion.cpp flops.cpp \
                       hf_checkpoint.cpp llama2c.cpp lora.cpp nf4_layout.cpp parameters.cpp peft_config.cpp safetensors.cpp) \
                     trainer/state.cpp trainer/option_rules.cpp parallel/plan.cpp parallel/stages.cpp

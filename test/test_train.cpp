@@ -1278,8 +1278,10 @@ double eval_fp32(const std::string& model, const std::string& data) {
 // A fine-tuning run (--init-from) takes fine-tuning's defaults for the flags not given — the
 // learning rate by method, a warmup ratio, the window from the data's longest example, the
 // document mask, no closing sample — and says so; a flag given wins. `train plan` takes them too.
+// [heavy]: left out of the ASan build, whose time budget the whole-program runs fill; what it
+// checks is the options' arithmetic, plain host C++ with no kernel of its own.
 TEST_CASE("train --init-from: fine-tuning defaults for the flags not given, the window from the data",
-          "[train][init]") {
+          "[train][init][heavy]") {
     TempDir dir("train_finetune_defaults");
     const std::string base = dir.file("st"), data = dir.file("data");
     stories_with_chats(dir, base, data);
@@ -1311,7 +1313,7 @@ TEST_CASE("train --init-from: fine-tuning defaults for the flags not given, the 
 // the flags; --warmup-ratio counts as Hugging Face does; --epochs derives the steps from the data.
 // A resume with another --steps says what it does to the schedule and needs the choice made.
 TEST_CASE("train: the warmup warning, --warmup-ratio, --epochs, and a resume that changes --steps",
-          "[train][schedule]") {
+          "[train][schedule][heavy]") {  // [heavy] as the case above
     TempDir dir("train_schedule_flags");
     const std::string tiny = "--batch 2 --micro-batch 2 --seq-len 8 --vocab 257 --sample-tokens 0 --eval-interval 0 ";
     const Run all_warmup = run_train(tiny + "--steps 3 --warmup 3 --out-dir " + dir.file("a"));
