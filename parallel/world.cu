@@ -1,10 +1,14 @@
 // The world of ranks (see world.h).
 #include "parallel/world.h"
 
+#include "platform/device_memory.h"
+
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 namespace pv {
 
@@ -76,6 +80,40 @@ World::World(int* argc, char*** argv) {
 
 void World::watch_collectives(double timeout_seconds) {
     if (size_ > 1 && !watchdog_) watchdog_ = std::make_unique<CollectiveWatchdog>(timeout_seconds);
+}
+
+std::vector<std::string> World::all_texts(const std::string& mine) {
+    if (size_ == 1) return {mine};
+    // Collectives of the world's communicator, not MPI calls: a rank that never arrives (it failed,
+    // or stalls loading) is named by the collective watchdog within --collective-timeout, as in
+    // training. Every rank's length first, then each text padded to the longest, as int32 words.
+    Comm& c = *comm_;
+    const cudaStream_t s = c.stream();
+    const size_t n = size_t(size_);
+    std::vector<long long> lengths(n);
+    const long long length = (long long)mine.size();
+    DeviceBuffer<long long> my_length(1, MemoryCategory::comm_buffers), all_lengths(n, MemoryCategory::comm_buffers);
+    CUDA_CHECK(cudaMemcpyAsync(my_length.get(), &length, sizeof length, cudaMemcpyHostToDevice, s));
+    c.all_gather(my_length.get(), all_lengths.get(), 1);
+    wait_polling(s, {&c});
+    CUDA_CHECK(cudaMemcpyAsync(lengths.data(), all_lengths.get(), n * sizeof(long long), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    long long longest = 0;
+    for (long long l : lengths) longest = std::max(longest, l);
+    const size_t words = size_t(longest + 3) / 4;
+    std::vector<int> packed(words, 0), gathered(words * n);
+    std::memcpy(packed.data(), mine.data(), mine.size());
+    DeviceBuffer<int> send(std::max<size_t>(words, 1), MemoryCategory::comm_buffers),
+        recv(std::max<size_t>(words * n, 1), MemoryCategory::comm_buffers);
+    CUDA_CHECK(cudaMemcpyAsync(send.get(), packed.data(), words * sizeof(int), cudaMemcpyHostToDevice, s));
+    c.all_gather(send.get(), recv.get(), words);
+    wait_polling(s, {&c});
+    CUDA_CHECK(cudaMemcpyAsync(gathered.data(), recv.get(), words * n * sizeof(int), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    std::vector<std::string> texts;
+    for (size_t r = 0; r < n; ++r)
+        texts.emplace_back(reinterpret_cast<const char*>(gathered.data() + r * words), size_t(lengths[r]));
+    return texts;
 }
 
 World::~World() {

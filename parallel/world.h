@@ -20,6 +20,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace pv {
 
@@ -41,6 +42,11 @@ class World {
     // starts the watchdog thread (collective over the world). A world of one has no collectives:
     // nothing to watch.
     void watch_collectives(double timeout_seconds);
+
+    // Every rank's `mine`, in rank order, on every rank (two all-gathers of the world's
+    // communicator, watched like any collective): for what the ranks must agree on before the
+    // first step (trainer/rank_agreement.h).
+    std::vector<std::string> all_texts(const std::string& mine);
 
   private:
     int rank_ = 0, size_ = 1, local_rank_ = 0, device_ = 0;

@@ -10,6 +10,7 @@
 #include "test/train_runner.h"
 
 #include <nlohmann/json.hpp>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <chrono>
@@ -645,7 +646,8 @@ TEST_CASE("train: every option is checked the same from the command line and fro
         {"--eps inf", "--eps inf: must be a finite number > 0"},
         {"--weight-decay -nan", "--weight-decay"},
         {"--temperature nan", "--temperature nan: must be a finite number >= 0"},
-        {"--top-p nan", "--top-p nan: must be a finite number in [0, 1]"},
+        {"--top-p nan", "--top-p nan: must be a finite number in (0, 1]"},
+        {"--top-p 0", "--top-p 0: must be a finite number in (0, 1]"},  // refused at start, not at the closing sample
         {"--lr 1e400", "--lr inf: must be a finite number >= 0"},
         {"--steps 0", "--steps 0: must be an integer >= 1"},
         {"--microbatches 0", "--microbatches 0: must be an integer >= 1"},
@@ -686,12 +688,43 @@ TEST_CASE("train: every option is checked the same from the command line and fro
         {"/data/fingerprint", "xyz", "data.fingerprint \"xyz\" is not a hexadecimal fingerprint"},
         {"/dtype", "fp64", "dtype \"fp64\" differs from options.dtype \"bf16\""},
     };
+    // Each edit is re-signed as a tool that meant it would (docs/checkpoints-and-failures.md: the
+    // "checksum" is XXH3-64 of the compact JSON of the rest, 16 hex digits): the rules behind the
+    // checksum must hold on their own.
+    const auto sign = [](nlohmann::json& j) {
+        j.erase("checksum");
+        const std::string text = j.dump();
+        char hex[17];
+        std::snprintf(hex, sizeof hex, "%016llx", (unsigned long long)XXH3_64bits(text.data(), text.size()));
+        j["checksum"] = hex;
+    };
+    const auto write_signed = [&](nlohmann::json edited) {
+        sign(edited);
+        std::ofstream(state) << edited.dump(2);
+    };
     for (const auto& [pointer, value, message] : edits) {
         nlohmann::json edited = saved;
         edited[nlohmann::json::json_pointer(pointer)] = value;
-        std::ofstream(state) << edited.dump(2);
+        write_signed(edited);
         const Run r = run_train("--resume " + out);
         INFO(pointer << " = " << value.dump() << "\n" << r.output);
+        CHECK(r.status != 0);
+        CHECK(r.output.find(state.string()) != std::string::npos);
+        CHECK(r.output.find(message) != std::string::npos);
+    }
+    // An edit that is not re-signed is refused by the checksum (step_1 continued in fp32 here
+    // before trainer_state.json carried one); one that is, but moves the step away from its
+    // directory's, by the cross-check (it resumed "at step 2" on step 1's weights).
+    std::vector<std::pair<nlohmann::json, std::string>> unsigned_or_moved{
+        {saved, "its contents do not match its checksum"}, {saved, "step 2 is not its directory's step_1"}};
+    unsigned_or_moved[0].first["dtype"] = "fp32", unsigned_or_moved[0].first["options"]["dtype"] = "fp32";
+    nlohmann::json& moved = unsigned_or_moved[1].first;
+    moved["step"] = 2, moved["loader"]["position"] = 2, moved["loader"]["samples"] = 4;
+    sign(moved);
+    for (const auto& [edited, message] : unsigned_or_moved) {
+        std::ofstream(state) << edited.dump(2);
+        const Run r = run_train("--resume " + out);
+        INFO(edited.dump() << "\n" << r.output);
         CHECK(r.status != 0);
         CHECK(r.output.find(state.string()) != std::string::npos);
         CHECK(r.output.find(message) != std::string::npos);
@@ -701,6 +734,75 @@ TEST_CASE("train: every option is checked the same from the command line and fro
     const Run resumed = run_train("--resume " + out + " --stop-after 1");
     INFO(resumed.output);
     CHECK(resumed.status == 0);
+}
+
+// What must agree before step 1, beyond each option's own range: a resume's data and the
+// checkpoint's tokenizer, the batch and the data's windows, evaluation and the validation set, the
+// learning rate and any rate that trains.
+TEST_CASE(
+    "train: a resume refuses data of another tokenizer; a batch beyond the data's windows is refused; evaluation "
+    "beyond the validation set and an absurd --lr are said",
+    "[train]") {
+    TempDir dir("train_agree");
+    const fs::path kernel = dir.path / "kernel", garden = dir.path / "garden";
+    train_test::write_small_data_dir(kernel, 300, "kernel");
+    train_test::write_small_data_dir(garden, 300, "garden");
+    const std::string out = dir.file("run");
+    const std::string small = train_test::kSmallRun + " --eval-interval 0 --sample-tokens 0 ";
+    const Run first = run_train("--data " + kernel.string() + " " + small + "--steps 2 --stop-after 1 --out-dir " + out);
+    INFO(first.output);
+    REQUIRE(first.status == 0);
+    // Resumed on data of another tokenizer: refused as --init-from refuses it (it trained on, and
+    // swapped the checkpoint's tokenizer.json for the data's).
+    const Run other = run_train("--resume " + out + " --data " + garden.string());
+    INFO(other.output);
+    CHECK(other.status != 0);
+    CHECK(other.output.find("--data was prepared with " + (garden / "tokenizer.json").string() +
+                            ", whose token ids differ from " + (fs::path(out) / "step_1" / "tokenizer.json").string()) !=
+          std::string::npos);
+    CHECK(!fs::exists(fs::path(out) / "step_2"));
+    const Run same = run_train("--resume " + out + " --data " + kernel.string());
+    INFO(same.output);
+    CHECK(same.status == 0);
+    // A batch of more windows than the data has.
+    const Run big = run_train("--data " + kernel.string() +
+                              " --warmup 0 --batch 5000 --micro-batch 2 --seq-len 16 --steps 1 --out-dir " +
+                              dir.file("big"));
+    INFO(big.output);
+    CHECK(big.status != 0);
+    CHECK(big.output.find("--batch 5000 is more than the ") != std::string::npos);
+    CHECK(big.output.find(" windows of 17 tokens the training data has") != std::string::npos);
+    CHECK(!fs::exists(fs::path(dir.file("big")) / "metrics.jsonl"));
+    // Evaluation batches beyond the validation set, and a rate no model trains at: said.
+    const Run said = run_train("--data " + kernel.string() + " " + train_test::kSmallRun +
+                               " --steps 1 --eval-interval 1 --eval-batches 10000000 --sample-tokens 0 --lr 5 --out-dir " +
+                               dir.file("said"));
+    INFO(said.output);
+    CHECK(said.output.find("note: --eval-batches 10000000 x micro-batch 2 = 20000000 windows, but the validation data "
+                           "has ") != std::string::npos);
+    CHECK(said.output.find("warning: --lr 5 is far above the rates") != std::string::npos);
+}
+
+// Ranks started with different runs (an MPMD mpirun line): refused before step 1, naming each
+// difference and the ranks; nothing is written. A different --dtype was caught before by a
+// collective's size; --lr and --seed ran to exit 0 with diverged replicas.
+TEST_CASE("train under mpirun: ranks started with different flags are refused, naming the flags and the ranks",
+          "[train][mpi]") {
+    TempDir dir("train_mpi_disagree");
+    const std::string out = dir.file("run");
+    const std::string train = (build_dir() / "train").string() +
+                              " --parallel ddp --dtype fp64 --steps 2 --warmup 1 --batch 4 --micro-batch 2 --seq-len 16 "
+                              "--vocab 300 --sample-tokens 0 --eval-interval 0 --out-dir " +
+                              out;
+    const Run r = run_mpi(1, train + " --lr 0.001 : -np 1 " + train + " --lr 0.002 --seed 5");
+    INFO(r.output);
+    CHECK(r.status != 0);
+    CHECK(r.status != 124);
+    CHECK(r.output.find("the ranks were started with different runs") != std::string::npos);
+    CHECK(r.output.find("--lr is 0.001 on rank 0, 0.002 on rank 1") != std::string::npos);
+    CHECK(r.output.find("--seed is 1337 on rank 0, 5 on rank 1") != std::string::npos);
+    CHECK(!fs::exists(fs::path(out) / "metrics.jsonl"));
+    CHECK(!fs::exists(fs::path(out) / "step_2"));
 }
 
 namespace train_test {
@@ -870,6 +972,7 @@ TEST_CASE(
     {
         nlohmann::json state = nlohmann::json::parse(read_file(step2 / "trainer_state.json"));
         REQUIRE(state.erase("files") == 1);
+        REQUIRE(state.erase("checksum") == 1);
         std::ofstream(step2 / "trainer_state.json") << state.dump(2);
     }
     poke_f32(step2 / "adam_v.safetensors", "model.layers.1.self_attn.o_proj.weight", 5, -1.5f);

@@ -297,3 +297,23 @@ TEST_CASE("train --version and grouped --help", "[options][train]") {
     CHECK(plan.output.find("\nPlan:\n") != std::string::npos);
     CHECK(plan.output.find("--lora-rank") != std::string::npos);
 }
+
+// CLI11 alone reads integers with strtoll/strtoull in base 0: 2^64 became 2^63 - 1 steps, --seed -1
+// wrapped to 2^64 - 1, 010 was 8. Every integer flag of every command reads decimal digits exactly.
+TEST_CASE("integer flags: overflow, a negative count and other bases are refused; leading zeros are decimal",
+          "[options]") {
+    CHECK(refusal({"--steps", "18446744073709551616"}) ==
+          "--steps: 18446744073709551616: out of range: must be an integer in [-9223372036854775808, "
+          "9223372036854775807]");
+    CHECK(refusal({"--seed", "-1"}) == "--seed: -1: must be an integer in [0, 18446744073709551615], in decimal digits");
+    CHECK(refusal({"--seed", "18446744073709551616"}).find("out of range") != std::string::npos);
+    CHECK(refusal({"--steps", "0x10"}).find("in decimal digits") != std::string::npos);
+    CHECK(refusal({"sample", ".", "--seed", "-5"}).find("--seed: -5: must be an integer in [0, ") != std::string::npos);
+    CHECK(refusal({"plan", "--ranks", "99999999999999999999"}).find("--ranks: 99999999999999999999: out of range") !=
+          std::string::npos);
+    CHECK(pv::parse_arguments({"--steps", "010"}).train.steps == 10);
+    CHECK(pv::parse_arguments({"--seed", "18446744073709551615"}).train.seed == 18446744073709551615ull);
+    // A run file's values go through the same flags.
+    TempDir dir("integer_flags");
+    CHECK(refusal({"--run", write(dir, "run.yaml", "seed: -1\n")}).find("--seed: -1: must be") != std::string::npos);
+}

@@ -231,6 +231,11 @@ int train_command(const TrainOptions& requested_flags, const OptionSources& sour
             "device; use --offload optimizer");
     if (o.seq_len == 0 && init_dir.empty())
         throw std::invalid_argument("--seq-len 0 (the window from the data) goes with --init-from; give a --seq-len");
+    if (o.lr > 0.1)  // in range (a test may want the update to overflow) but never a working rate
+        std::printf("warning: --lr %g is far above the rates Llama-family models train at (1e-5 to 3e-3): AdamW "
+                    "moves every weight by up to about --lr per step, and weights are of order 0.02, so the model "
+                    "will be destroyed in a few steps\n",
+                    o.lr);
     RunData data = load_run_data(o, resume_dir, init_dir);
     const LlamaConfig config = model_config(o, data, resume_dir, init_dir);
     if (o.seq_len == 0) {
@@ -750,7 +755,7 @@ int main_checked(int argc, char** argv) {
             check_no_run(c.train.out_dir, c.train.overwrite, "");
         }
     } catch (const std::exception& e) {
-        if (world.size() > 1 && world.rank() == 0) abort_all_ranks(std::string("train: ") + e.what());
+        if (world.size() > 1) abort_all_ranks(std::string("train: ") + e.what());  // any rank: never leave the others waiting
         throw;
     }
     world.watch_collectives(c.train.collective_timeout);  // every rank, once its options are known

@@ -57,7 +57,7 @@ const std::map<std::string, NumberRule>& number_rules() {
         {"keep_checkpoints",       at_least(0, kLong)},
         {"sample_tokens",          at_least(0)},
         {"temperature",            real(0, kHuge)},
-        {"top_p",                  real(0, 1)},
+        {"top_p",                  real(0, 1, true)},  // 0 keeps no token
         {"lora_rank",              at_least(0)},
         {"lora_alpha",             real(0, kHuge, true)},
         {"lora_dropout",           real(0, 1, false, true)},

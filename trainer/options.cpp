@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -53,6 +54,48 @@ CLI::Validator number_check(NumberRule rule) {
             return problem.empty() ? "" : text + ": " + problem;
         },
         "");
+}
+
+// CLI11 reads an integer with strtoll/strtoull in base 0: 2^64 saturates to the type's maximum,
+// -1 wraps to 2^64 - 1 for an unsigned option and 010 is octal 8. Every integer option of every
+// command reads decimal digits instead, exactly, or is refused; the text is rewritten to its
+// canonical form ("007" -> "7") so CLI11's own conversion then agrees.
+CLI::Validator integer_text(bool is_unsigned) {
+    return CLI::Validator(
+        [is_unsigned](std::string& text) -> std::string {
+            const char* begin = text.data();
+            const char* end = begin + text.size();
+            const char* type = is_unsigned ? "an integer in [0, 18446744073709551615]"
+                                           : "an integer in [-9223372036854775808, 9223372036854775807]";
+            std::from_chars_result r{};
+            std::string canonical;
+            if (is_unsigned) {
+                uint64_t v = 0;
+                r = std::from_chars(begin, end, v);
+                canonical = std::to_string(v);
+            } else {
+                int64_t v = 0;
+                r = std::from_chars(begin, end, v);
+                canonical = std::to_string(v);
+            }
+            if (r.ec == std::errc::result_out_of_range) return text + ": out of range: must be " + type;
+            if (r.ec != std::errc() || r.ptr != end) return text + ": must be " + type + ", in decimal digits";
+            text = canonical;
+            return "";
+        },
+        "");
+}
+
+// Puts integer_text on every option that takes an integer, in `app` and its subcommands.
+void check_integer_texts(CLI::App& app) {
+    for (CLI::Option* opt : app.get_options()) {
+        if (opt->get_type_size_min() < 1) continue;  // a flag: no value to read
+        const std::string type = opt->get_type_name();
+        // transform, not check: it may rewrite the text, and runs before the option's own checks.
+        if (type == "INT" || type.rfind("INT:", 0) == 0) opt->transform(integer_text(false));
+        if (type == "UINT" || type.rfind("UINT:", 0) == 0) opt->transform(integer_text(true));
+    }
+    for (CLI::App* sub : app.get_subcommands({})) check_integer_texts(*sub);
 }
 
 std::string choice_list(const std::vector<std::string>& choices, const char* between = ", ") {
@@ -339,7 +382,7 @@ void add_sample_flags(CLI::App& app, SampleOptions& o) {
         ->check(number_check(whole_number(0)));
     app.add_option("--temperature", o.temperature, "Sampling temperature (0: greedy)")->check(number_check(real_number(0)));
     app.add_option("--top-p", o.top_p, "Nucleus sampling: the smallest set of tokens with this much probability")
-        ->check(number_check(real_number(0, 1)));
+        ->check(number_check(real_number(0, 1, true)));
     app.add_option("--seed", o.seed, "Seed of the sampling");
     add_dtype_flag(app, o.dtype);
     app.add_flag("--print-ids", o.print_ids,
@@ -619,6 +662,7 @@ Parsed parse_once(const std::vector<std::string>& args, const TrainOptions& base
     plot->option_defaults()->always_capture_default();
     add_plot_flags(*plot, c.plot);
     app.require_subcommand(0, 1);
+    check_integer_texts(app);
     try {
         std::vector<std::string> reversed(args.rbegin(), args.rend());
         app.parse(reversed);
@@ -672,6 +716,7 @@ void apply_run_file(const RunFile& file, TrainOptions& o, OptionSources& sources
         const std::string at = file.path + ":" + std::to_string(e.line) + ": " + e.key + ": ";
         CLI::App app;
         add_train_flags(app, o);
+        check_integer_texts(app);
         try {
             std::vector<std::string> reversed(e.args.rbegin(), e.args.rend());
             app.parse(reversed);

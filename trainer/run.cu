@@ -20,6 +20,8 @@
 #include "trainer/metrics_json.h"
 #include "trainer/out_dir.h"
 #include "trainer/signals.h"
+#include "model/config_json.h"
+#include "trainer/rank_agreement.h"
 #include "trainer/state.h"
 #include "trainer/trainer.h"
 
@@ -140,6 +142,23 @@ void print_data(const char* name, const DataLoader& d) {
 }
 
 
+// Values in range but absurd for this data: a step of more windows than the data has would repeat
+// them within the step (refused); evaluation batches beyond the validation set are capped at one
+// pass over it (said, with the figures).
+void check_batch_fits_data(const TrainOptions& o, long long train_windows, long long val_windows) {
+    if (o.batch > train_windows)
+        throw std::invalid_argument("--batch " + std::to_string(o.batch) + " is more than the " +
+                                    std::to_string(train_windows) + " windows of " + std::to_string(o.seq_len + 1) +
+                                    " tokens the training data has: each step would repeat windows; use --batch " +
+                                    std::to_string(train_windows) + " or less (or more data, or a shorter --seq-len)");
+    const long long asked = (long long)o.eval_batches * o.micro_batch;
+    if (val_windows > 0 && o.eval_interval > 0 && asked > val_windows)
+        std::printf("note: --eval-batches %d x micro-batch %d = %lld windows, but the validation data has %lld: each "
+                    "evaluation takes all %lld once (%lld micro-batches)\n",
+                    o.eval_batches, o.micro_batch, asked, val_windows, val_windows,
+                    (val_windows + o.micro_batch - 1) / o.micro_batch);
+}
+
 template <class T, class G>
 class TrainingRun {
   public:
@@ -165,6 +184,11 @@ class TrainingRun {
             fingerprint_ = fingerprint_tokens(s.tokens, fingerprint_), train_tokens_ += (long long)s.tokens.size();
             fingerprint_ = fingerprint_flags(s.flags, fingerprint_);
         }
+        // Before anything is allocated: every rank runs the same run (trainer/rank_agreement.h).
+        const std::string statement = run_statement(o_, fingerprint_, tokenizer_ ? tokenizer_->id_fingerprint() : 0,
+                                                    hf_config_json(config));
+        if (const std::string problem = rank_disagreement(world.all_texts(statement)); !problem.empty())
+            throw std::invalid_argument(problem);
         loader_.emplace(std::move(data.train), o.seq_len, o.seed, o.document_mask);
         if (o_.epochs > 0) {  // the steps of that many passes over the training windows
             const double windows = double(loader_->windows());
@@ -175,6 +199,7 @@ class TrainingRun {
         }
         if (data.val)
             val_loader_.emplace(std::vector<TokenShard>{std::move(*data.val)}, o.seq_len, o.seed + 1, o.document_mask);
+        check_batch_fits_data(o_, loader_->windows(), val_loader_ ? val_loader_->windows() : 0);
         // The strategy decides how the model is built and is applied to a model that knows nothing of it.
         const FrozenTensors frozen = resolve_freeze(config, split_patterns(o.freeze));
         for (const std::string& note : frozen.notes) std::printf("freeze: %s\n", note.c_str());

@@ -158,8 +158,11 @@ RunData load_run_data(const TrainOptions& o, const std::string& resume_dir, cons
         check_tokenizer_matches(*d.tokenizer, set.tokenizer_path, d.train.front(), set.train_paths.front());
         d.tokenizer_dir = std::filesystem::path(set.tokenizer_path).parent_path().string();
     }
-    const std::string model_tokenizer_path = init_dir + "/tokenizer.json";
-    if (!init_dir.empty() && std::filesystem::exists(model_tokenizer_path)) {
+    // The model's tokenizer: a resumed checkpoint's or an --init-from directory's. Data prepared with
+    // another is refused for both (a resume may change its data, never the meaning of its ids).
+    const std::string model_dir = !resume_dir.empty() ? resume_dir : init_dir;
+    const std::string model_tokenizer_path = model_dir + "/tokenizer.json";
+    if (!model_dir.empty() && std::filesystem::exists(model_tokenizer_path)) {
         // The model's own tokenizer files when the data's mean the same, so its
         // tokenizer_config.json travels with the checkpoints too.
         auto model_tokenizer = std::make_unique<Tokenizer>(Tokenizer::load(model_tokenizer_path));
@@ -168,10 +171,10 @@ RunData load_run_data(const TrainOptions& o, const std::string& resume_dir, cons
         else
             check_shards_for_model(d.train.front(), set.train_paths.front(), *model_tokenizer, model_tokenizer_path);
         d.tokenizer = std::move(model_tokenizer);
-        d.tokenizer_dir = init_dir;
-    } else if (!init_dir.empty() && d.tokenizer) {
+        d.tokenizer_dir = model_dir;
+    } else if (!model_dir.empty() && d.tokenizer) {
         std::printf("note: %s has no tokenizer.json; the data's token ids (tokenizer %s) are taken as the model's\n",
-                    init_dir.c_str(), set.tokenizer_path.c_str());
+                    model_dir.c_str(), set.tokenizer_path.c_str());
     }
     if (!d.tokenizer) {
         std::printf(

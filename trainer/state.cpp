@@ -37,6 +37,14 @@ std::string hex64(uint64_t v) {
 
 }  // namespace
 
+uint64_t trainer_state_checksum(nlohmann::json state) {
+    state.erase("checksum");
+    const std::string text = state.dump();
+    Xxh3 h;
+    h.update(text.data(), text.size());
+    return h.digest();
+}
+
 void write_trainer_state(const std::string& path, const TrainerState& s) {
     nlohmann::json j;
     j["format"] = "polevault-checkpoint";
@@ -54,6 +62,7 @@ void write_trainer_state(const std::string& path, const TrainerState& s) {
         j["validation"] = {{"windows", s.validation_windows}, {"micro_batch", s.validation_micro_batch}};
     if (!s.model_config.empty()) j["model"] = nlohmann::json::parse(s.model_config);
     if (!s.files.empty()) j["files"] = file_digests_json(s.files);
+    j["checksum"] = checksum_hex(trainer_state_checksum(j));
     const std::string text = j.dump(2) + "\n";
     write_file_atomically(path, "trainer state", [&](const ByteSink& sink) { sink(text.data(), text.size()); });
 }
@@ -83,6 +92,19 @@ uint64_t hex_at(const nlohmann::json& j, const char* pointer) {
     return std::stoull(hex, nullptr, 16);
 }
 
+// A checkpoint's directory is step_N for its step N: a trainer_state.json whose step says otherwise
+// (edited, or copied from another checkpoint) would resume at the wrong step on these weights.
+void check_step_directory(const std::string& path, long long step) {
+    const std::string dir = std::filesystem::path(path).parent_path().filename().string();
+    if (dir.rfind("step_", 0) != 0) return;  // a copy under another name: nothing to compare
+    const std::string digits = dir.substr(5);
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return;
+    if (digits != std::to_string(step))
+        throw std::runtime_error("step " + std::to_string(step) + " is not its directory's " + dir +
+                                 ": the file belongs to another checkpoint; restore " + dir +
+                                 "'s own trainer_state.json");
+}
+
 }  // namespace
 
 TrainerState read_trainer_state(const std::string& path) {
@@ -96,8 +118,21 @@ TrainerState read_trainer_state(const std::string& path) {
         if (j.at("version").get<int>() != 1)
             throw std::runtime_error("version " + j.at("version").dump() +
                                      " is not 1; use the polevault that wrote it");
+        if (j.contains("checksum")) {  // absent: an older build's checkpoint, nothing to verify
+            const uint64_t recorded = parse_checksum_hex(j.at("checksum").is_string() ? j.at("checksum").get<std::string>()
+                                                                                       : j.at("checksum").dump(),
+                                                         "checksum");
+            if (recorded != trainer_state_checksum(j))
+                throw std::runtime_error(
+                    "its contents do not match its checksum " + checksum_hex(recorded) +
+                    ": the file was edited or damaged after it was written (a changed step, dtype or option would "
+                    "continue another run than the one saved); restore it from a copy of the checkpoint");
+        }
         s.step = count_at(j, "/step");
         s.samples = count_at(j, "/loader/samples");
+        if (const long long position = count_at(j, "/loader/position"); position != s.step)
+            throw std::runtime_error("loader.position " + std::to_string(position) + " is not its step " +
+                                     std::to_string(s.step) + " (the loader's position is the step)");
         const nlohmann::json& seed = j.at("rng").at("seed");
         if (!seed.is_number_unsigned()) throw std::runtime_error("rng.seed " + seed.dump() + " is not an unsigned integer");
         s.seed = seed.get<uint64_t>();
@@ -120,6 +155,10 @@ TrainerState read_trainer_state(const std::string& path) {
             s.model_config = j["model"].dump();
         }
         if (j.contains("files")) s.files = parse_file_digests(j["files"]);
+        if (s.samples != s.step * (long long)s.options.batch)
+            throw std::runtime_error("loader.samples " + std::to_string(s.samples) + " is not step " +
+                                     std::to_string(s.step) + " x options.batch " + std::to_string(s.options.batch));
+        check_step_directory(path, s.step);
     } catch (const std::exception& e) {
         throw std::runtime_error("trainer state '" + path + "': " + e.what());
     }
