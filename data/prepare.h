@@ -96,7 +96,27 @@ struct PrepareOptions {
     // longer than a window (--seq-len + 1 tokens) and `train` prints how many. Give N = the
     // --seq-len you will train with, plus 1.
     long long truncate = 0;
+    // How the work is cut (the output does not depend on either): input text per encoding item
+    // (0: kPrepareChunkBytes) and threads (0: every core, cpu_threads_per_rank()). Small values
+    // are for tests.
+    size_t chunk_bytes = 0;
+    int threads = 0;
 };
+
+// Memory. prepare streams: it reads the inputs a block at a time into items of about chunk_bytes
+// of text (JSON lines: whole examples; plain text: pieces cut only where the tokenizer's encoding
+// is the same whole or cut), encodes two items per thread at a time, and appends their tokens to
+// a working copy of the stream on disk, from which the shards are written a piece at a time; no
+// more than one round of items, their tokens and the piece of a shard being written is ever held,
+// whatever the size of the inputs. Text in a round: at most kPrepareRoundBytes (the chunk shrinks
+// with many threads). Peak resident memory stays under 1 GiB (measured: docs/training-and-data.md).
+// A plain text with no safe cut in max(16 chunks, 64 MiB), and a JSON line longer than that, are
+// errors. Training a tokenizer (no `tokenizer`) holds all of its text: refused above
+// kPrepareMaxTrainingBytes of input.
+inline constexpr size_t kPrepareChunkBytes = size_t(4) << 20;
+inline constexpr size_t kPrepareRoundBytes = size_t(64) << 20;
+inline constexpr int kPrepareMaxThreads = 64;
+inline constexpr size_t kPrepareMaxTrainingBytes = size_t(256) << 20;
 
 struct PreparedData {
     std::string tokenizer_path;             // out_dir/tokenizer.json
@@ -110,6 +130,9 @@ struct PreparedData {
     int vocab_size = 0;            // the tokenizer's (a trained one may stop short of `vocab`)
     long long truncated_documents = 0;  // cut to `truncate` tokens
     long long dropped_documents = 0;    // longer than `truncate` with nothing counted in the first `truncate`
+    // What was held at once, at most (the memory bound's test): input text read and not yet
+    // encoded, and tokens encoded and not yet on disk.
+    size_t peak_buffered_bytes = 0, peak_buffered_tokens = 0;
 };
 
 PreparedData prepare_data(const PrepareOptions& o);
