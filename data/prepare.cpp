@@ -118,7 +118,7 @@ bool is_train_shard_name(const std::string& name) {
 }
 
 std::string train_shard_name(size_t i) {
-    char name[32];
+    char name[48];
     std::snprintf(name, sizeof name, "train_%06zu.pvtokens", i);
     return name;
 }
@@ -683,6 +683,14 @@ DataSet load_dataset(const std::string& path) {
                                  "`train prepare` into this directory, or pass a .pvtokens file");
     std::sort(names.begin(), names.end());
     const fs::path dir(path);
+    // prepare numbers the shards from 0 without gaps: a missing one is data lost, not a smaller set.
+    for (size_t i = 0; i < names.size(); ++i)
+        if (names[i] != train_shard_name(i))
+            throw std::runtime_error("data '" + path + "': training shard '" + (dir / train_shard_name(i)).string() +
+                                     "' is missing (the directory has " + std::to_string(names.size()) +
+                                     " train_*.pvtokens files, but '" + names[i] +
+                                     "' where it should be; prepare numbers them from train_000000 without gaps): "
+                                     "a shard was removed or renamed; re-run `train prepare` into this directory");
     const std::string first = (dir / names.front()).string();
     // Every shard must come from the first one's tokenizer: the same vocabulary size, and the same
     // fingerprint where both record one.
