@@ -265,24 +265,56 @@ size_t char_start(std::string_view s, size_t i) {
     return i;
 }
 
-// Whether cutting text at p leaves its encoding unchanged: p follows a line break and starts a
-// printable ASCII character (where the Llama 3 and GPT-2 pre-tokenizers always start a new piece),
-// and the lines around p encode to the same tokens whole as in two parts. The second test catches
-// a tokenizer that does not cut there (a SentencePiece one prepends "▁" to every text it
-// encodes, so no cut is ever safe for it).
-bool cut_keeps_tokens(const Tokenizer& tok, std::string_view text, size_t p) {
-    if (p == 0 || p >= text.size() || text[p - 1] != '\n' || text[p] <= ' ' || text[p] > '~') return false;
-    const size_t window = 1024;
-    size_t begin = p > window ? char_start(text, p - window) : 0;
-    if (p >= 2)
-        if (const size_t nl = text.rfind('\n', p - 2); nl != std::string_view::npos && nl + 1 > begin) begin = nl + 1;
-    size_t end = std::min(text.size(), p + window);
-    if (const size_t nl = text.find('\n', p); nl != std::string_view::npos && nl < end) end = nl + 1;
-    end = char_start(text, end);
-    std::vector<int> parts = tok.encode(text.substr(begin, p - begin), false);
-    const std::vector<int> right = tok.encode(text.substr(p, end - p), false);
+// A place to cut a plain text: the first piece is text[0, end), the next starts at `next` (end, or
+// end + 1 when the space between them is dropped).
+struct Cut {
+    size_t end = 0, next = 0;
+};
+
+// The kinds of candidate cut at a position p (data/prepare.h, "Where plain text is cut").
+enum class CutKind { line_start, space_kept, space_dropped };
+constexpr CutKind kCutKinds[] = {CutKind::line_start, CutKind::space_kept, CutKind::space_dropped};
+
+bool is_visible(char c) { return static_cast<unsigned char>(c) > ' ' && c != '\x7f'; }
+
+// The cut of this kind at p, if p is such a candidate: a line start before printable ASCII, or
+// just after a single space between two non-whitespace characters.
+std::optional<Cut> candidate(std::string_view text, size_t p, CutKind kind) {
+    if (p == 0 || p >= text.size()) return std::nullopt;
+    if (kind == CutKind::line_start) {
+        if (text[p - 1] != '\n' || text[p] <= ' ' || text[p] > '~') return std::nullopt;
+        return Cut{p, p};
+    }
+    if (p < 2 || text[p - 1] != ' ' || !is_visible(text[p - 2]) || !is_visible(text[p])) return std::nullopt;
+    return kind == CutKind::space_kept ? Cut{p - 1, p - 1} : Cut{p - 1, p};
+}
+
+// Whether cutting text at `cut` leaves its encoding unchanged, checked on the lines around it (at
+// most kCutWindow bytes either side): encoded whole they give the same tokens as their two parts
+// encoded apart and joined.
+constexpr size_t kCutWindow = 1024;
+bool cut_keeps_tokens(const Tokenizer& tok, std::string_view text, Cut cut) {
+    size_t begin = cut.end > kCutWindow ? char_start(text, cut.end - kCutWindow) : 0;
+    if (cut.end >= 2)  // (the character before the cut, a line start's '\n', is left out of the search)
+        if (const size_t nl = text.rfind('\n', cut.end - 2); nl != std::string_view::npos && nl + 1 > begin)
+            begin = nl + 1;
+    size_t end = std::min(text.size(), cut.next + kCutWindow);
+    if (const size_t nl = text.find('\n', cut.next); nl != std::string_view::npos && nl < end) end = nl + 1;
+    end = std::max(char_start(text, end), cut.next + 1);
+    std::vector<int> parts = tok.encode(text.substr(begin, cut.end - begin), false);
+    const std::vector<int> right = tok.encode(text.substr(cut.next, end - cut.next), false);
     parts.insert(parts.end(), right.begin(), right.end());
     return tok.encode(text.substr(begin, end - begin), false) == parts;
+}
+
+// "64 MiB", "300.5 MiB", or "4096 bytes" below a MiB (tests set small limits).
+std::string size_text(size_t bytes) {
+    const size_t mib = size_t(1) << 20;
+    if (bytes < mib) return std::to_string(bytes) + " bytes";
+    if (bytes % mib == 0) return std::to_string(bytes / mib) + " MiB";
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f MiB", double(bytes) / double(mib));
+    return text;
 }
 
 // The inputs as work items of about chunk_bytes of text each, in order, read a block at a time:
@@ -292,7 +324,10 @@ bool cut_keeps_tokens(const Tokenizer& tok, std::string_view text, size_t p) {
 class InputStream {
   public:
     InputStream(const PrepareOptions& o, const Tokenizer& tok, size_t chunk_bytes)
-        : o_(o), tok_(tok), chunk_(chunk_bytes), max_uncut_(std::max<size_t>(16 * chunk_bytes, 64 << 20)) {}
+        : o_(o),
+          tok_(tok),
+          chunk_(chunk_bytes),
+          max_uncut_(o.max_uncut_bytes > 0 ? o.max_uncut_bytes : std::max<size_t>(16 * chunk_bytes, kPrepareRoundBytes)) {}
 
     // The next item; false at the end of the inputs.
     bool next(WorkItem& item) {
@@ -334,43 +369,58 @@ class InputStream {
     }
     void close_file() { in_.reset(), pending_.clear(), pending_.shrink_to_fit(), ++file_; }
 
+    // The last cut in pending_ that keeps the tokens, looking back over at most 64 candidates
+    // (cheap when none is accepted). The kind of the last accepted cut is tried first: a
+    // SentencePiece tokenizer never takes a line start or a kept space, a byte-level one never
+    // a dropped space.
+    std::optional<Cut> last_safe_cut() {
+        size_t tries = 0;
+        for (size_t p = pending_.size() - 1; p > 0 && tries < 64; --p) {
+            if (pending_[p - 1] != '\n' && pending_[p - 1] != ' ') continue;
+            for (int k = 0; k < 4 && tries < 64; ++k) {
+                const CutKind kind = k == 0 ? preferred_ : kCutKinds[k - 1];
+                if (k > 0 && kind == preferred_) continue;
+                const std::optional<Cut> cut = candidate(pending_, p, kind);
+                if (!cut) continue;
+                ++tries;
+                if (cut_keeps_tokens(tok_, pending_, *cut)) {
+                    preferred_ = kind;
+                    return cut;
+                }
+            }
+        }
+        return std::nullopt;
+    }
+
     // Plain text: a piece of at least chunk_ bytes ending at a safe cut, or the rest of the file.
     bool fill_text(WorkItem& item) {
         for (;;) {
             const bool more = read_block();
-            size_t cut = 0;
+            std::optional<Cut> cut;
             if (more && pending_.size() >= chunk_) {
-                // The last safe cut, looking back over at most 64 line starts (cheap when none is safe).
-                size_t tries = 0;
-                for (size_t p = pending_.size() - 1; p > 0 && tries < 64; --p) {
-                    if (pending_[p - 1] != '\n') continue;
-                    ++tries;
-                    if (cut_keeps_tokens(tok_, pending_, p)) {
-                        cut = p;
-                        break;
-                    }
-                }
-                if (cut == 0 && pending_.size() >= max_uncut_)
+                cut = last_safe_cut();
+                if (!cut && pending_.size() >= max_uncut_)
                     throw std::runtime_error(
-                        "input '" + path_ + "': no place to cut the text in the " + std::to_string(max_uncut_ >> 20) +
-                        " MiB after byte " + std::to_string(done_bytes_) +
-                        " where the tokenizer's encoding stays the same (a line break followed by a printable "
-                        "ASCII character that the tokenizer starts a new piece at); prepare encodes plain text in "
-                        "pieces to bound its memory: break the text into lines, split it into several files, or "
-                        "give it as JSON lines");
+                        "input '" + path_ + "': no place to cut the text in the " + size_text(max_uncut_) +
+                        " after byte " + std::to_string(done_bytes_) +
+                        " where the tokenizer's encoding stays the same (a line start, or a single space between "
+                        "two words, where the tokenizer starts a new piece); prepare encodes plain text in pieces to "
+                        "bound its memory: break the text into lines, split it into several files, or give it as "
+                        "JSON lines");
             }
-            if (more && cut == 0) continue;
-            if (!more) cut = pending_.size();
-            if (cut == 0) {  // an empty file, or nothing after the last cut (never: a cut leaves text)
+            if (more && !cut) continue;
+            if (!more) cut = Cut{pending_.size(), pending_.size()};
+            if (cut->end == 0) {  // an empty file, or nothing after the last cut (never: a cut leaves text)
                 close_file();
                 return false;
             }
-            item.examples.push_back({ExampleKind::text, pending_.substr(0, cut), {}, {}, {}, "input '" + path_ + "'"});
+            item.examples.push_back(
+                {ExampleKind::text, pending_.substr(0, cut->end), {}, {}, {}, "input '" + path_ + "'"});
             item.first_piece = pieces_++ == 0;
             item.last_piece = !more;
-            item.bytes = cut;
-            done_bytes_ += cut;
-            pending_.erase(0, cut);
+            item.bytes = cut->next;
+            done_bytes_ += cut->next;
+            pending_.erase(0, cut->next);
             if (!more) close_file(), done_bytes_ = 0;
             return true;
         }
@@ -390,8 +440,8 @@ class InputStream {
             pending_.erase(0, begin);
             if (pending_.size() > max_uncut_)
                 throw std::runtime_error("input '" + path_ + "' line " + std::to_string(line_ + 1) + ": longer than " +
-                                         std::to_string(max_uncut_ >> 20) +
-                                         " MiB; prepare reads one example at a time and holds at most that "
+                                         size_text(max_uncut_) +
+                                         "; prepare reads one example at a time and holds at most that "
                                          "much: split the example");
             if (read_block()) continue;
             if (!pending_.empty()) add_line(item, pending_);  // the last line, without its '\n'
@@ -413,6 +463,7 @@ class InputStream {
     const size_t chunk_, max_uncut_;
     size_t file_ = 0, line_ = 0, pieces_ = 0, done_bytes_ = 0, peak_ = 0;
     bool eof_ = false;
+    CutKind preferred_ = CutKind::line_start;
     std::string path_, pending_;
     std::optional<InputFile> in_;
 };
@@ -441,14 +492,14 @@ double input_bytes(const PrepareOptions& o) {
 }
 
 // Training a tokenizer holds the whole text (several times over, in its piece counts): refused
-// above kPrepareMaxTrainingBytes, before anything is read.
+// above max_training_bytes (default kPrepareMaxTrainingBytes), before anything is read.
 void check_training_size(const PrepareOptions& o) {
     const double bytes = input_bytes(o);
-    if (bytes > double(kPrepareMaxTrainingBytes))
+    const size_t limit = o.max_training_bytes > 0 ? o.max_training_bytes : kPrepareMaxTrainingBytes;
+    if (bytes > double(limit))
         throw std::invalid_argument(
-            "prepare: the inputs hold " + std::to_string((long long)(bytes / (1 << 20))) +
-            " MiB, more than the " + std::to_string(kPrepareMaxTrainingBytes >> 20) +
-            " MiB a tokenizer is trained on here (training holds all of its text in memory); train one on a sample "
+            "prepare: the inputs hold " + size_text(size_t(bytes)) + ", more than the " + size_text(limit) +
+            " a tokenizer is trained on here (training holds all of its text in memory); train one on a sample "
             "once (train prepare SAMPLE --vocab N --out TOK) and pass it: --tokenizer TOK/tokenizer.json");
 }
 
