@@ -96,7 +96,51 @@ struct PrepareOptions {
     // longer than a window (--seq-len + 1 tokens) and `train` prints how many. Give N = the
     // --seq-len you will train with, plus 1.
     long long truncate = 0;
+    // How the work is cut (the output does not depend on either): input text per encoding item
+    // (0: kPrepareChunkBytes) and threads (0: every core, cpu_threads_per_rank()). Small values
+    // are for tests.
+    size_t chunk_bytes = 0;
+    int threads = 0;
+    // The memory bounds' refusals (0: the defaults below; small values are for tests): the most
+    // plain text held without a safe cut, which is also the longest JSON line (0: max(16 chunks,
+    // kPrepareRoundBytes)), and the most input a tokenizer is trained on (0: kPrepareMaxTrainingBytes).
+    size_t max_uncut_bytes = 0;
+    size_t max_training_bytes = 0;
 };
+
+// Memory. prepare streams: it reads the inputs a block at a time into items of about chunk_bytes
+// of text (JSON lines: whole examples; plain text: pieces cut only where the tokenizer's encoding
+// is the same whole or cut, see below), encodes two items per thread at a time, and appends their tokens to
+// a working copy of the stream on disk, from which the shards are written a piece at a time; no
+// more than one round of items, their tokens and the piece of a shard being written is ever held,
+// whatever the size of the inputs. Text in a round: at most kPrepareRoundBytes (the chunk shrinks
+// with many threads). Peak resident memory stays under 1 GiB (measured: docs/training-and-data.md).
+// A plain text with no safe cut in max(16 chunks, 64 MiB), and a JSON line longer than that, are
+// errors. Training a tokenizer (no `tokenizer`) holds all of its text: refused above
+// kPrepareMaxTrainingBytes of input.
+//
+// Where plain text is cut. A candidate cut is
+//   - a line start followed by a printable ASCII character: the pieces are text[0, p) and
+//     text[p, ...) (byte-level BPE such as GPT-2's and Llama 3's: their pre-tokenizers start a
+//     new piece there);
+//   - a single space between two non-whitespace characters, kept at the start of the next piece
+//     (the same pre-tokenizers start a new piece at " word"), or dropped: the pieces are the text
+//     before the space and the text after it. The second is for SentencePiece-style tokenizers
+//     (Llama 2, TinyLlama, Mistral): their normalizer puts "▁" in front of every text and turns
+//     each " " into "▁", so normalize(A + " " + B) = normalize(A) + normalize(B) exactly, and the
+//     "▁" the second piece is given stands for the dropped space. Without a pre-tokenizer BPE then
+//     merges the whole text as one word, and the joined encodings equal the whole one unless a
+//     merge joins A's last character to that "▁": such a merge would make a token holding a
+//     non-space character followed by "▁", which a SentencePiece vocabulary does not have (its
+//     pieces hold "▁" only at their start; data/bpe.h cuts long words on the same argument).
+// Every candidate is checked before it is used: the lines around it (at most 1 KiB either side)
+// are encoded whole and as the two pieces, and a candidate whose tokens differ is passed over. So
+// a tokenizer the reasoning above does not fit costs at most a rejected candidate, never a
+// different token; a text with no accepted cut within the bound is refused.
+inline constexpr size_t kPrepareChunkBytes = size_t(4) << 20;
+inline constexpr size_t kPrepareRoundBytes = size_t(64) << 20;
+inline constexpr int kPrepareMaxThreads = 64;
+inline constexpr size_t kPrepareMaxTrainingBytes = size_t(256) << 20;
 
 struct PreparedData {
     std::string tokenizer_path;             // out_dir/tokenizer.json
@@ -110,6 +154,9 @@ struct PreparedData {
     int vocab_size = 0;            // the tokenizer's (a trained one may stop short of `vocab`)
     long long truncated_documents = 0;  // cut to `truncate` tokens
     long long dropped_documents = 0;    // longer than `truncate` with nothing counted in the first `truncate`
+    // What was held at once, at most (the memory bound's test): input text read and not yet
+    // encoded, and tokens encoded and not yet on disk.
+    size_t peak_buffered_bytes = 0, peak_buffered_tokens = 0;
 };
 
 PreparedData prepare_data(const PrepareOptions& o);

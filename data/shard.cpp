@@ -55,61 +55,79 @@ bool payload_bytes(uint32_t version, uint64_t count, uint32_t width, uint64_t& o
 
 }  // namespace
 
-std::string flags_problem(const std::vector<uint8_t>& flags) {
-    for (size_t i = 0; i < flags.size(); ++i) {
+namespace {
+
+// flags_problem of flags[0, n), numbered from `base`, after a token whose flags byte is *previous
+// (null: none, the first token of the shard).
+std::string flags_problem_in(const uint8_t* flags, size_t n, const uint8_t* previous, uint64_t base) {
+    for (size_t i = 0; i < n; ++i) {
         const uint8_t f = flags[i];
+        const uint8_t* before = i > 0 ? &flags[i - 1] : previous;
         if (f & ~kTokenFlagBits)
-            return "token at index " + std::to_string(i) + " has flags byte " + std::to_string(f) +
+            return "token at index " + std::to_string(base + i) + " has flags byte " + std::to_string(f) +
                    " with bits other than 0-2 set (bits 3-7 are always zero)";
-        if (i > 0 && !(f & kTokenStartsDocument) && (f & kTokenSplittable) != (flags[i - 1] & kTokenSplittable))
-            return "token at index " + std::to_string(i) + " is inside a document but its splittable bit (2) " +
+        if (before && !(f & kTokenStartsDocument) && (f & kTokenSplittable) != (*before & kTokenSplittable))
+            return "token at index " + std::to_string(base + i) + " is inside a document but its splittable bit (2) " +
                    "differs from the previous token's (a document is splittable or not as a whole)";
     }
     return "";
 }
 
+}  // namespace
+
+std::string flags_problem(const std::vector<uint8_t>& flags) {
+    return flags_problem_in(flags.data(), flags.size(), nullptr, 0);
+}
+
 void write_shard(const std::string& path, const TokenShard& shard) {
-    if (shard.vocab_size == 0) fail(path, "vocab_size is 0; set it to the tokenizer's vocabulary size");
-    if (shard.eot_token >= shard.vocab_size)
-        fail(path, "eot_token " + std::to_string(shard.eot_token) + " is not below vocab_size " +
-                       std::to_string(shard.vocab_size) + "; use the tokenizer's end-of-text id");
-    for (size_t i = 0; i < shard.tokens.size(); ++i)
-        if (shard.tokens[i] >= shard.vocab_size)
-            fail(path, "token at index " + std::to_string(i) + " is " + std::to_string(shard.tokens[i]) +
-                           ", not below vocab_size " + std::to_string(shard.vocab_size) +
-                           "; the tokens and the vocabulary size do not belong together");
     if (shard.flags.size() != shard.tokens.size())
         fail(path, "has " + std::to_string(shard.flags.size()) + " flags bytes for " +
                        std::to_string(shard.tokens.size()) + " tokens; give every token its flags byte");
-    if (const std::string problem = flags_problem(shard.flags); !problem.empty())
-        fail(path, problem + "; fix the flags before writing");
+    write_shard_streamed(path, shard.vocab_size, shard.eot_token, shard.tokenizer, shard.tokens.size(),
+                         [&](uint64_t begin, size_t n, uint32_t* tokens, uint8_t* flags) {
+                             std::copy_n(shard.tokens.begin() + long(begin), n, tokens);
+                             std::copy_n(shard.flags.begin() + long(begin), n, flags);
+                         });
+}
 
-    if (shard.vocab_size > kMaxShardVocab)
-        fail(path, "vocab_size " + std::to_string(shard.vocab_size) + " is above the largest vocabulary (" +
+void write_shard_streamed(const std::string& path, uint32_t vocab_size, uint32_t eot_token, uint64_t tokenizer,
+                          uint64_t count, const ShardReader& read) {
+    if (vocab_size == 0) fail(path, "vocab_size is 0; set it to the tokenizer's vocabulary size");
+    if (eot_token >= vocab_size)
+        fail(path, "eot_token " + std::to_string(eot_token) + " is not below vocab_size " +
+                       std::to_string(vocab_size) + "; use the tokenizer's end-of-text id");
+    if (vocab_size > kMaxShardVocab)
+        fail(path, "vocab_size " + std::to_string(vocab_size) + " is above the largest vocabulary (" +
                        std::to_string(kMaxShardVocab) + ")");
 
-    const uint32_t width = shard_token_bytes(shard.vocab_size);
-    const uint64_t count = shard.tokens.size();
+    const uint32_t width = shard_token_bytes(vocab_size);
     unsigned char header[kShardHeaderBytes];
     std::memcpy(header, kShardMagic, 8);
     put_u32(header + 8, kShardVersion);
-    put_u32(header + 12, shard.vocab_size);
+    put_u32(header + 12, vocab_size);
     put_u32(header + 16, width);
-    put_u32(header + 20, shard.eot_token);
+    put_u32(header + 20, eot_token);
     put_u64(header + 24, count);
-    put_u64(header + 32, shard.tokenizer);
+    put_u64(header + 32, tokenizer);
 
-    // The payload is encoded twice, in bounded chunks: once for the header's checksum, once to
-    // write; a large shard never needs a second full-size buffer.
-    const auto encode = [&](const std::function<void(const unsigned char*, size_t)>& out) {
-        std::vector<unsigned char> buf;
-        const size_t chunk = size_t(1) << 20;
-        for (size_t begin = 0; begin < shard.tokens.size(); begin += chunk) {
-            const size_t end = std::min(shard.tokens.size(), begin + chunk);
-            buf.resize((end - begin) * width);
-            unsigned char* p = buf.data();
-            for (size_t i = begin; i < end; ++i, p += width) {
-                const uint32_t t = shard.tokens[i];
+    // The payload is produced twice, in bounded pieces: once for the header's checksum (checking
+    // every token and flags byte on the way), once to write; no full-size buffer is ever needed.
+    const size_t piece = size_t(1) << 20;
+    std::vector<uint32_t> tokens(size_t(std::min<uint64_t>(count, piece)));
+    std::vector<uint8_t> flags(tokens.size());
+    std::vector<unsigned char> bytes(tokens.size() * width);
+    const auto produce = [&](bool check, const std::function<void(const unsigned char*, size_t)>& out) {
+        uint8_t previous = 0;  // the flags byte before the piece, for flags_problem's document rule
+        for (uint64_t begin = 0; begin < count; begin += piece) {
+            const size_t n = size_t(std::min<uint64_t>(count - begin, piece));
+            read(begin, n, tokens.data(), flags.data());
+            unsigned char* p = bytes.data();
+            for (size_t i = 0; i < n; ++i, p += width) {
+                const uint32_t t = tokens[i];
+                if (check && t >= vocab_size)
+                    fail(path, "token at index " + std::to_string(begin + i) + " is " + std::to_string(t) +
+                                   ", not below vocab_size " + std::to_string(vocab_size) +
+                                   "; the tokens and the vocabulary size do not belong together");
                 p[0] = static_cast<unsigned char>(t);
                 p[1] = static_cast<unsigned char>(t >> 8);
                 if (width == 4) {
@@ -117,19 +135,30 @@ void write_shard(const std::string& path, const TokenShard& shard) {
                     p[3] = static_cast<unsigned char>(t >> 24);
                 }
             }
-            out(buf.data(), buf.size());
+            if (check) {
+                if (const std::string problem =
+                        flags_problem_in(flags.data(), n, begin > 0 ? &previous : nullptr, begin);
+                    !problem.empty())
+                    fail(path, problem + "; fix the flags before writing");
+                previous = flags[n - 1];
+            }
+            out(bytes.data(), n * width);
         }
-        out(shard.flags.data(), shard.flags.size());
+        for (uint64_t begin = 0; begin < count; begin += piece) {
+            const size_t n = size_t(std::min<uint64_t>(count - begin, piece));
+            read(begin, n, tokens.data(), flags.data());
+            out(flags.data(), n);
+        }
     };
     const size_t checksum_at = checksum_offset(kShardVersion);
     Xxh3 checksum;
     checksum.update(header, checksum_at);
-    encode([&](const unsigned char* data, size_t n) { checksum.update(data, n); });
+    produce(true, [&](const unsigned char* data, size_t n) { checksum.update(data, n); });
     put_u64(header + checksum_at, checksum.digest());
 
     write_file_atomically(path, "token shard", [&](const ByteSink& sink) {
         sink(header, sizeof header);
-        encode([&](const unsigned char* data, size_t n) { sink(data, n); });
+        produce(false, [&](const unsigned char* data, size_t n) { sink(data, n); });
     });
 }
 

@@ -65,6 +65,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,13 @@ std::string flags_problem(const std::vector<uint8_t>& flags);
 // naming the path and the OS error, or the offending token if one is ≥ vocab_size, or when flags
 // is not one valid byte per token (such a shard could not be read back).
 void write_shard(const std::string& path, const TokenShard& shard);
+
+// write_shard of a shard too large to hold: `count` tokens that read(begin, n, tokens, flags)
+// gives, n ≤ 2^20 at a time (each range is asked for several times, so it must give the same
+// values each time). The file is byte-identical to write_shard's of the same tokens and flags.
+using ShardReader = std::function<void(uint64_t begin, size_t n, uint32_t* tokens, uint8_t* flags)>;
+void write_shard_streamed(const std::string& path, uint32_t vocab_size, uint32_t eot_token, uint64_t tokenizer,
+                          uint64_t count, const ShardReader& read);
 
 // Reads and fully validates a shard of version 4, 3, 2 or 1 (a tokenizer fingerprint in version 4
 // only, a checksum from version 3, empty flags in version 1); throws std::runtime_error naming

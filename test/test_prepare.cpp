@@ -20,6 +20,7 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -466,14 +467,14 @@ TEST_CASE("load_dataset reads a prepared directory or a single shard", "[prepare
     // Name order, whatever order the files were written in; no val, no tokenizer.
     const std::string hand = dir.file("hand");
     fs::create_directories(hand);
-    for (uint32_t i : {2u, 0u, 1u, 10u}) {
+    for (uint32_t i : {2u, 0u, 1u, 3u}) {
         char name[64];
         std::snprintf(name, sizeof name, "train_%06u.pvtokens", i);
         pv::write_shard(hand + "/" + name, pv::TokenShard{20, 19, {i, i, 19}, {7, 5, 5}});
     }
     const pv::DataSet h = pv::load_dataset(hand);
     REQUIRE(h.train.size() == 4);
-    for (size_t k = 0; k < 4; ++k) CHECK(h.train[k].tokens[0] == std::vector<uint32_t>{0, 1, 2, 10}[k]);
+    for (size_t k = 0; k < 4; ++k) CHECK(h.train[k].tokens[0] == std::vector<uint32_t>{0, 1, 2, 3}[k]);
     CHECK(!h.val.has_value());
     CHECK(h.tokenizer_path.empty());
 }
@@ -513,6 +514,15 @@ TEST_CASE("load_dataset rejects missing paths, empty directories, mixed vocabula
     pv::write_shard(mixed_val + "/val.pvtokens", pv::TokenShard{512, 511, {1, 2, 3}, {7, 5, 5}});
     expect_error<std::runtime_error>([&] { (void)pv::load_dataset(mixed_val); },
                                      {mixed_val + "/val.pvtokens", "vocab_size 512", "300"});
+
+    // A gap in the numbering (a shard removed or renamed) is data lost: refused, naming the file.
+    const std::string gap = dir.file("gap");
+    fs::create_directories(gap);
+    for (const char* name : {"train_000000.pvtokens", "train_000002.pvtokens"})
+        pv::write_shard(gap + "/" + name, pv::TokenShard{300, 299, {1, 2, 3}, {7, 5, 5}});
+    expect_error<std::runtime_error>([&] { (void)pv::load_dataset(gap); },
+                                     {gap + "/train_000001.pvtokens", "is missing", "'" + gap + "'",
+                                      "re-run `train prepare`"});
 
     const std::string bad = dir.file("bad");
     fs::create_directories(bad);
@@ -835,3 +845,210 @@ TEST_CASE("--truncate cuts over-long chats, counting what it cut or left out; a 
     o.truncate = 1;
     expect_error<std::invalid_argument>([&] { (void)pv::prepare_data(o); }, {"truncate 1", "--seq-len"});
 }
+
+namespace prepare_test {
+
+// POLEVAULT_SHARED, else ../shared relative to the current directory (as test_tokenizer finds it).
+inline fs::path shared_file(const std::string& relative) {
+    const char* env = std::getenv("POLEVAULT_SHARED");
+    const fs::path path = (env && *env ? fs::path(env) : fs::current_path().parent_path() / "shared") / relative;
+    INFO(path << " is needed by this test and is absent: run it from the repository root with ../shared beside "
+                 "it, or set POLEVAULT_SHARED");
+    REQUIRE(fs::exists(path));
+    return path;
+}
+
+// Every output file of a prepare run, by name, as bytes.
+inline std::map<std::string, std::string> output_files(const std::string& dir) {
+    std::map<std::string, std::string> out;
+    for (const auto& entry : fs::directory_iterator(dir)) out[entry.path().filename().string()] = read_bytes(entry.path());
+    return out;
+}
+
+TEST_CASE("plain text encoded in 4 KiB pieces on 1 or 3 threads gives the whole text's tokens, byte-identical "
+          "shards and a buffer bounded by the piece size",
+          "[prepare]") {
+    TempDir dir("stream");
+    // The first 256 KiB of tinyshakespeare (about 60 pieces of 4 KiB; the whole 1.1 MB proves no more
+    // and took four times as long).
+    const std::string text = read_bytes(shared_file("data/tinyshakespeare.txt").string()).substr(0, 256 << 10);
+    REQUIRE(text.size() == 256 << 10);
+    write_bytes(dir.file("shakespeare.txt"), text);
+    // The Llama 3 pre-tokenizer (cut at line starts) and a SentencePiece-style one, the 32k Llama
+    // 2-style file ("▁" in front of every text and for every space: cut at a space between two
+    // words, which is dropped).
+    const std::string llama3 = "test/data/tokenizers/llama3-small.json",
+                      sp32k = shared_file("tokenizers/spbpe32k-tokenizer.json").string();
+    for (const std::string& tokenizer : {llama3, sp32k}) {
+        INFO(tokenizer);
+        const pv::Tokenizer tok = pv::Tokenizer::load(tokenizer);
+        std::vector<int> expected = tok.encode(text, false);
+        expected.push_back(tok.eos_id());
+
+        pv::PrepareOptions o;
+        o.inputs = {dir.file("shakespeare.txt")};
+        o.tokenizer = tokenizer;
+        o.shard_tokens = (long long)expected.size() * 3 / 4;  // two training shards (each file costs two fsyncs)
+        o.chunk_bytes = size_t(1) << 30;  // one piece: the whole text at once, as before streaming
+        o.threads = 1;
+        o.out_dir = dir.file("whole");
+        const pv::PreparedData whole = pv::prepare_data(o);
+        CHECK(whole.peak_buffered_bytes >= text.size());  // the measure sees a whole-text buffer
+        CHECK(whole.train_shards.size() == 2);
+        const std::vector<uint32_t> got = stream_of(whole);
+        CHECK(std::equal(got.begin(), got.end(), expected.begin(), expected.end(),
+                         [](uint32_t a, int b) { return a == uint32_t(b); }));
+        const auto whole_files = output_files(o.out_dir);
+
+        for (int threads : {1, 3}) {
+            o.chunk_bytes = 4096;
+            o.threads = threads;
+            o.out_dir = dir.file("pieces" + std::to_string(threads));
+            const pv::PreparedData pieces = pv::prepare_data(o);
+            CHECK(output_files(o.out_dir) == whole_files);
+            // Memory does not grow with the input: the text was cut into pieces. The round holds
+            // 2 items per thread, each at most a piece plus one read block (4 KiB here) past it,
+            // and the reader one more: far below the 256 KiB of input.
+            CHECK(pieces.peak_buffered_bytes <= size_t(2 * threads + 1) * 2 * 4096);
+            CHECK(pieces.peak_buffered_tokens <= size_t(2 * threads) * 2 * 4096);
+        }
+    }
+}
+
+TEST_CASE("plain text without a safe cut within the bound, a JSON line over it, and tokenizer training above its "
+          "input limit are refused, naming the file and the fix",
+          "[prepare]") {
+    TempDir dir("bounds");
+    const std::string llama3 = "test/data/tokenizers/llama3-small.json",
+                      sp32k = shared_file("tokenizers/spbpe32k-tokenizer.json").string();
+    pv::PrepareOptions o;
+    o.tokenizer = llama3;
+    o.chunk_bytes = 1024;
+    o.max_uncut_bytes = 8192;
+    o.threads = 1;
+    o.out_dir = dir.file("out");
+    auto run = [&] { (void)pv::prepare_data(o); };
+    auto streams = [&](const std::string& file, const std::string& tokenizer) {
+        INFO(file << " with " << tokenizer);
+        o.inputs = {file};
+        o.tokenizer = tokenizer;
+        o.out_dir = dir.file("streamed");
+        const pv::PreparedData r = pv::prepare_data(o);
+        CHECK(r.peak_buffered_bytes < 8192);  // cut into pieces
+        const pv::Tokenizer tok = pv::Tokenizer::load(tokenizer);
+        std::vector<int> expected = tok.encode(read_bytes(file), false);
+        expected.push_back(tok.eos_id());
+        CHECK(as_ids(stream_of(r)) == expected);
+    };
+    auto refused = [&](const std::string& file, const std::string& tokenizer) {
+        INFO(file << " with " << tokenizer);
+        o.inputs = {file};
+        o.tokenizer = tokenizer;
+        o.out_dir = dir.file("refused");
+        expect_error<std::runtime_error>(run, {"input '" + file + "'", "no place to cut the text in the 8192 bytes",
+                                               "after byte 0", "break the text into lines"});
+        CHECK(!fs::exists(o.out_dir));  // nothing left behind
+    };
+
+    // 20 KB with neither a line break nor a space: no candidate cut at all, whatever the tokenizer.
+    write_bytes(dir.file("one_word.txt"), letters(20000, 4));
+    refused(dir.file("one_word.txt"), llama3);
+    refused(dir.file("one_word.txt"), sp32k);
+    // Words on lines of their own: Llama 3 cuts at the line starts; the SentencePiece tokenizer
+    // never can (the piece after the cut would start with a "▁" the text does not have there), and
+    // there is no space to cut at instead.
+    std::string lines;
+    for (int i = 0; lines.size() < 20000; ++i) lines += letters(5 + i % 7, uint64_t(i)) + "\n";
+    write_bytes(dir.file("lines.txt"), lines);
+    streams(dir.file("lines.txt"), llama3);
+    refused(dir.file("lines.txt"), sp32k);
+    // The same words on one line, a space between two: both tokenizers cut at a space (Llama 3
+    // keeping it at the start of the next piece, SentencePiece dropping it for its "▁").
+    std::string words = lines;
+    std::replace(words.begin(), words.end(), '\n', ' ');
+    write_bytes(dir.file("words.txt"), words);
+    streams(dir.file("words.txt"), llama3);
+    streams(dir.file("words.txt"), sp32k);
+    // Words two spaces apart: only a single space between two words is a candidate (beside another
+    // space the "▁" could merge: "▁▁" is a token), and there is none.
+    std::string spaced;
+    for (char c : words) spaced += c == ' ' ? std::string("  ") : std::string(1, c);
+    write_bytes(dir.file("spaced.txt"), spaced);
+    refused(dir.file("spaced.txt"), sp32k);
+
+    // JSON lines: whole examples only; one longer than the bound (line 3) is refused by number,
+    // one just within it (line 2) is not.
+    const std::string within = nlohmann::json{{"text", letters(8000, 5)}}.dump() + "\n";
+    REQUIRE(within.size() <= 8192);
+    write_bytes(dir.file("long.jsonl"),
+                "{\"text\": \"short\"}\n" + within + nlohmann::json{{"text", letters(9000, 6)}}.dump() + "\n");
+    o.inputs = {dir.file("long.jsonl")};
+    o.tokenizer = llama3;
+    o.out_dir = dir.file("jsonl");
+    expect_error<std::runtime_error>(run, {"input '" + dir.file("long.jsonl") + "' line 3",
+                                           "longer than 8192 bytes", "split the example"});
+    write_bytes(dir.file("long.jsonl"), "{\"text\": \"short\"}\n" + within);
+    CHECK_NOTHROW(run());
+
+    // Training a tokenizer holds all of its input: above the limit it is refused before anything
+    // is read or written, at the limit it trains.
+    o.tokenizer.clear();
+    o.vocab = 300;
+    o.max_training_bytes = 20000;
+    o.out_dir = dir.file("trained");
+    write_bytes(dir.file("train.txt"), words.substr(0, 20000));
+    o.inputs = {dir.file("train.txt")};
+    CHECK_NOTHROW(run());
+    write_bytes(dir.file("train.txt"), words.substr(0, 20001));
+    fs::remove_all(o.out_dir);
+    expect_error<std::invalid_argument>(run, {"the inputs hold 20001 bytes", "more than the 20000 bytes",
+                                              "--tokenizer TOK/tokenizer.json"});
+    CHECK(!fs::exists(o.out_dir));
+}
+
+TEST_CASE("JSON lines in small batches on 1 or 4 threads give the same shards as in one batch", "[prepare]") {
+    TempDir dir("stream_jsonl");
+    std::mt19937_64 rng(11);
+    std::string lines;
+    for (int i = 0; i < 300; ++i) {
+        nlohmann::json j;
+        if (i % 3 == 0)
+            j = {{"prompt", random_text(rng, 5, false)}, {"completion", random_text(rng, 8, false)}};
+        else
+            j = {{"text", random_text(rng, 20, false)}};
+        lines += j.dump() + "\n";
+        if (i % 50 == 0) lines += "\n";  // blank lines keep their numbers
+    }
+    write_bytes(dir.file("d.jsonl"), lines);
+    pv::PrepareOptions o;
+    o.inputs = {dir.file("d.jsonl")};
+    o.vocab = 400;
+    o.shard_tokens = 4000;  // two training shards (of 7.7k tokens): each file costs two fsyncs
+    o.val_fraction = 0.2;
+    o.truncate = 12;
+    o.chunk_bytes = size_t(1) << 30;
+    o.threads = 1;
+    o.out_dir = dir.file("whole");
+    const pv::PreparedData whole = pv::prepare_data(o);
+    CHECK(whole.train_shards.size() == 2);
+    o.tokenizer = whole.tokenizer_path;  // trained once: the batches are what is under test
+    for (int threads : {1, 4}) {
+        o.chunk_bytes = 200;
+        o.threads = threads;
+        o.out_dir = dir.file("batches" + std::to_string(threads));
+        const pv::PreparedData r = pv::prepare_data(o);
+        CHECK(output_files(o.out_dir) == output_files(dir.file("whole")));
+        CHECK(r.documents == whole.documents);
+        CHECK(r.truncated_documents == whole.truncated_documents);
+        CHECK(r.dropped_documents == whole.dropped_documents);
+        CHECK(r.counted_tokens == whole.counted_tokens);
+    }
+    // An error is the first bad line, whatever the threads and batches.
+    write_bytes(dir.file("bad.jsonl"), lines + "{\"text\": 1}\n" + lines + "not json\n");
+    o.inputs = {dir.file("bad.jsonl")};
+    o.out_dir = dir.file("bad_out");
+    expect_error<std::runtime_error>([&] { (void)pv::prepare_data(o); }, {"line 307"});
+    CHECK(!fs::exists(o.out_dir));  // a failed run leaves no output directory behind
+}
+
+}  // namespace prepare_test
