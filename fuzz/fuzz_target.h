@@ -19,6 +19,8 @@
 // and accepts() aborts with its message so libFuzzer saves the input.
 #pragma once
 
+#include "io/checksum.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -88,6 +90,20 @@ inline std::string write_scratch(const std::string& name, const uint8_t* data, s
         done += size_t(n);
     }
     ::close(fd);
+    return path;
+}
+
+// Writes `size` bytes to scratch_dir()/name as write_scratch does, and a trainer_state.json beside
+// it recording that file's size and XXH3-64 checksum, as a checkpoint records its files
+// (model/checkpoint_files.h): the input is "re-signed", so the checksum it would otherwise never
+// match lets it through to the parser behind the verification.
+inline std::string write_signed_scratch(const std::string& name, const uint8_t* data, size_t size) {
+    const std::string path = write_scratch(name, data, size);
+    pv::Xxh3 checksum;
+    checksum.update(data, size);
+    const std::string state = "{\"files\": {\"" + name + "\": {\"bytes\": " + std::to_string(size) +
+                              ", \"xxh3\": \"" + pv::checksum_hex(checksum.digest()) + "\"}}}";
+    write_scratch("trainer_state.json", reinterpret_cast<const uint8_t*>(state.data()), state.size());
     return path;
 }
 
