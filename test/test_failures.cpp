@@ -972,6 +972,19 @@ TEST_CASE("train: a model directory's files are validated when first read, befor
         INFO(r.output);
         CHECK(r.status == 1);
         CHECK_THAT(r.output, Catch::Contains("hidden_size = 1000000000 exceeds polevault's limit of 65536"));
+        // Within every limit but far beyond any machine (5·10^13 parameters): refused before allocating.
+        edit_json(copy / "config.json", "hidden_size", 65536);
+        edit_json(copy / "config.json", "intermediate_size", 262144);
+        edit_json(copy / "config.json", "num_hidden_layers", 1024);
+        for (const std::string& command :
+             {"sample " + copy.string() + " --print-ids --prompt-ids 1 --max-tokens 2",
+              "eval " + copy.string() + " --data " + data.string()}) {
+            const Run big = run_train(command);
+            INFO(big.output);
+            CHECK(big.status == 1);
+            CHECK_THAT(big.output, Catch::Contains("'" + copy.string() + "': its config.json describes a model of ") &&
+                                       Catch::Contains("whose weights alone take"));
+        }
     }
     {  // row 5: a million layers refused at once by train plan, --config and --init-from, not planned for minutes
         const fs::path copy = hf_copy("deep");
