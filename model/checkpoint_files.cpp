@@ -142,8 +142,11 @@ bool verify_model_dir_files(const std::string& dir, int rank, int ranks) {
 void check_checkpoint_config(const std::string& dir, const std::string& model_config) {
     if (model_config.empty()) return;  // an older build's checkpoint
     const std::string path = (fs::path(dir) / "config.json").string();
-    // Both through the same parser and writer, so only what the model uses is compared.
-    const nlohmann::json now = nlohmann::json::parse(hf_config_json(read_hf_config(path)));
+    // Both through the same parser and writer, so only what the model uses is compared. Parsed
+    // without its checksum (read_hf_config would refuse the edit by it first): naming the fields
+    // edited says more, and nothing is sized from it here.
+    const nlohmann::json now = nlohmann::json::parse(
+        hf_config_json(parse_hf_config(read_input_file(path, "config.json", kMaxJsonFileBytes), path)));
     const nlohmann::json then =
         nlohmann::json::parse(hf_config_json(parse_hf_config(model_config, std::string(kTrainerStateFile) + " model")));
     std::string differences;
