@@ -15,10 +15,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     pv::fuzz::accepts([&] { pv::read_hf_torch_dtype(path); });
     pv::fuzz::accepts([&] { pv::read_generation_config(path); });
     {
-        const std::string signed_path = pv::fuzz::write_signed_scratch("config.json", data, size);
+        pv::fuzz::write_signed_scratch({"config.json", "generation_config.json"}, data, size);
         pv::fuzz::accepts([&] { pv::read_model_dir_config(pv::fuzz::scratch_dir().string()); });
-        std::filesystem::remove(signed_path);
-        const std::string generation = pv::fuzz::write_signed_scratch("generation_config.json", data, size);
+        const std::string generation = (pv::fuzz::scratch_dir() / "generation_config.json").string();
         pv::fuzz::accepts([&] { pv::read_generation_config(generation, 300); });
         std::filesystem::remove(generation);
         std::filesystem::remove(pv::fuzz::scratch_dir() / "trainer_state.json");

@@ -23,7 +23,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             reader.read(t, 0, t.bytes, bytes.data());
         }
     });
-    pv::fuzz::write_signed_scratch("model.safetensors", data, size);
+    pv::fuzz::write_signed_scratch({"model.safetensors"}, data, size);
     pv::fuzz::accepts([&] {
         const std::string dir = pv::fuzz::scratch_dir().string();
         pv::verify_model_dir_files(dir);
