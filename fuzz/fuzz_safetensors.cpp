@@ -1,8 +1,11 @@
 // Fuzz target: safetensors files (model/safetensors.h), as a model directory's model.safetensors.
 // The input is the whole file: the header is read and checked by SafeTensorsReader, then every
 // tensor's bytes are read through it, and every float tensor is converted to fp32 through
-// HfCheckpoint (the path weights take into a model).
+// HfCheckpoint (the path weights take into a model): as a checkpoint's file, re-signed
+// (write_signed_scratch) so that the checksum verification every checkpoint load starts with lets
+// it through to the directory reader.
 #include "fuzz/fuzz_target.h"
+#include "model/checkpoint_files.h"
 #include "model/dtype_conversion.h"
 #include "model/hf_checkpoint.h"
 #include "model/safetensors.h"
@@ -20,8 +23,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             reader.read(t, 0, t.bytes, bytes.data());
         }
     });
+    pv::fuzz::write_signed_scratch({"model.safetensors"}, data, size);
     pv::fuzz::accepts([&] {
-        pv::HfCheckpoint checkpoint = pv::HfCheckpoint::open_file(path);
+        const std::string dir = pv::fuzz::scratch_dir().string();
+        pv::verify_model_dir_files(dir);
+        pv::HfCheckpoint checkpoint = pv::HfCheckpoint::open_dir(dir);
         std::vector<float> values;
         for (const pv::SafeTensorInfo* t : checkpoint.tensors()) {
             if (!pv::is_float_dtype(t->dtype)) continue;

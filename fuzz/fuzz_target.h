@@ -19,6 +19,8 @@
 // and accepts() aborts with its message so libFuzzer saves the input.
 #pragma once
 
+#include "io/checksum.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -26,6 +28,7 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -89,6 +92,26 @@ inline std::string write_scratch(const std::string& name, const uint8_t* data, s
     }
     ::close(fd);
     return path;
+}
+
+// Writes `size` bytes to scratch_dir()/name for each of `names` as write_scratch does, and a
+// trainer_state.json beside them recording each file's size and XXH3-64 checksum, as a checkpoint
+// records its files (model/checkpoint_files.h): the input is "re-signed", so the checksum it would
+// otherwise never match lets it through to the parser behind the verification. Returns the first
+// file's path.
+inline std::string write_signed_scratch(std::initializer_list<std::string> names, const uint8_t* data, size_t size) {
+    pv::Xxh3 checksum;
+    checksum.update(data, size);
+    const std::string digest = "{\"bytes\": " + std::to_string(size) + ", \"xxh3\": \"" +
+                               pv::checksum_hex(checksum.digest()) + "\"}";
+    std::string state;
+    for (const std::string& name : names) {
+        write_scratch(name, data, size);
+        state += (state.empty() ? "{\"files\": {\"" : ", \"") + name + "\": " + digest;
+    }
+    state += "}}";
+    write_scratch("trainer_state.json", reinterpret_cast<const uint8_t*>(state.data()), state.size());
+    return (scratch_dir() / *names.begin()).string();
 }
 
 // Runs `read`; returns whether it accepted the input. A rejection other than the documented kinds

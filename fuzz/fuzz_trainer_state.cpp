@@ -4,6 +4,7 @@
 // train_options_json of what was read reads back to the same text — an exception or a
 // difference there aborts (a finding).
 #include "fuzz/fuzz_target.h"
+#include "model/checkpoint_files.h"
 #include "trainer/options.h"
 #include "trainer/state.h"
 
@@ -11,6 +12,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     pv::fuzz::begin_input(size);
     const std::string path = pv::fuzz::write_scratch("trainer_state.json", data, size);
     pv::fuzz::accepts([&] { pv::read_trainer_state(path); });
+    // Its "files", as every load of a checkpoint directory reads them first.
+    pv::fuzz::accepts([&] { pv::recorded_file_digests(pv::fuzz::scratch_dir().string()); });
     const std::string text(reinterpret_cast<const char*>(data), size);
     pv::TrainOptions o;
     if (!pv::fuzz::accepts([&] { o = pv::train_options_from_json(text); })) return 0;

@@ -43,7 +43,8 @@ uint64_t parse_checksum_hex(const std::string& text, const std::string& field) {
 FileDigest digest_file(const std::string& path, const std::string& kind) {
     const InputFile file = open_input_file(path, kind);
     Xxh3 h;
-    std::vector<unsigned char> buf(size_t(4) << 20);
+    // A piece of at most 4 MiB, no larger than the file (a config.json is verified before it is read).
+    std::vector<unsigned char> buf(size_t(std::clamp<uint64_t>(file.size(), 1, uint64_t(4) << 20)));
     uint64_t done = 0;
     while (done < file.size()) {
         const size_t n = size_t(std::min<uint64_t>(buf.size(), file.size() - done));

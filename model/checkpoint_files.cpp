@@ -77,9 +77,28 @@ std::vector<std::string> missing_optimizer_files(const std::string& dir, bool ha
     return missing;
 }
 
+namespace {
+
+// Checks one file against what trainer_state.json recorded for it.
+void verify_file(const std::string& path, const FileDigest& recorded) {
+    const std::string fix = "; restore it, or resume from another checkpoint";
+    const FileDigest found = digest_file(path, "checkpoint file");
+    if (found.bytes != recorded.bytes)
+        throw std::runtime_error("checkpoint file '" + path + "' is " + std::to_string(found.bytes) + " bytes, but " +
+                                 kTrainerStateFile + " records " + std::to_string(recorded.bytes) +
+                                 ": it was truncated or replaced after the checkpoint was written" + fix);
+    if (found.xxh3 != recorded.xxh3)
+        throw std::runtime_error("checkpoint file '" + path + "' has XXH3 checksum " + checksum_hex(found.xxh3) +
+                                 ", but " + kTrainerStateFile + " records " + checksum_hex(recorded.xxh3) +
+                                 ": its bytes changed after the checkpoint was written (a flipped bit, an edited "
+                                 "header or value)" +
+                                 fix);
+}
+
+}  // namespace
+
 void verify_checkpoint_files(const std::string& dir, const FileDigests& files, int rank, int ranks,
                              const std::vector<std::string>& absent_ok) {
-    const std::string fix = "; restore it, or resume from another checkpoint";
     double bytes = 0;  // of the files this rank verifies
     int counted = 0;
     for (const auto& [name, recorded] : files)
@@ -93,20 +112,24 @@ void verify_checkpoint_files(const std::string& dir, const FileDigests& files, i
         if (!fs::exists(fs::symlink_status(path, ec))) {
             if (std::find(absent_ok.begin(), absent_ok.end(), name) != absent_ok.end()) continue;
             throw std::runtime_error("checkpoint file '" + path + "' is missing (" + kTrainerStateFile +
-                                     " lists it as written with the checkpoint)" + fix);
+                                     " lists it as written with the checkpoint); restore it, or resume from "
+                                     "another checkpoint");
         }
-        const FileDigest found = digest_file(path, "checkpoint file");
-        if (found.bytes != recorded.bytes)
-            throw std::runtime_error("checkpoint file '" + path + "' is " + std::to_string(found.bytes) +
-                                     " bytes, but " + kTrainerStateFile + " records " + std::to_string(recorded.bytes) +
-                                     ": it was truncated or replaced after the checkpoint was written" + fix);
-        if (found.xxh3 != recorded.xxh3)
-            throw std::runtime_error("checkpoint file '" + path + "' has XXH3 checksum " + checksum_hex(found.xxh3) +
-                                     ", but " + kTrainerStateFile + " records " + checksum_hex(recorded.xxh3) +
-                                     ": its bytes changed after the checkpoint was written (a flipped bit, an edited "
-                                     "header or value)" +
-                                     fix);
+        verify_file(path, recorded);
     }
+}
+
+void verify_recorded_file(const std::string& path) {
+    const fs::path p(path);
+    const FileDigests files = recorded_file_digests(p.parent_path().empty() ? "." : p.parent_path().string());
+    const auto it = files.find(p.filename().string());
+    if (it != files.end()) verify_file(path, it->second);
+}
+
+void verify_model_dir_metadata(const std::string& dir) {
+    FileDigests files = recorded_file_digests(dir);
+    std::erase_if(files, [](const auto& f) { return f.first.ends_with(".safetensors"); });
+    verify_checkpoint_files(dir, files, 0, 1);
 }
 
 bool verify_model_dir_files(const std::string& dir, int rank, int ranks) {
@@ -119,8 +142,11 @@ bool verify_model_dir_files(const std::string& dir, int rank, int ranks) {
 void check_checkpoint_config(const std::string& dir, const std::string& model_config) {
     if (model_config.empty()) return;  // an older build's checkpoint
     const std::string path = (fs::path(dir) / "config.json").string();
-    // Both through the same parser and writer, so only what the model uses is compared.
-    const nlohmann::json now = nlohmann::json::parse(hf_config_json(read_hf_config(path)));
+    // Both through the same parser and writer, so only what the model uses is compared. Parsed
+    // without its checksum (read_hf_config would refuse the edit by it first): naming the fields
+    // edited says more, and nothing is sized from it here.
+    const nlohmann::json now = nlohmann::json::parse(
+        hf_config_json(parse_hf_config(read_input_file(path, "config.json", kMaxJsonFileBytes), path)));
     const nlohmann::json then =
         nlohmann::json::parse(hf_config_json(parse_hf_config(model_config, std::string(kTrainerStateFile) + " model")));
     std::string differences;

@@ -55,6 +55,15 @@ std::vector<std::string> missing_optimizer_files(const std::string& dir, bool ha
 void verify_checkpoint_files(const std::string& dir, const FileDigests& files, int rank, int ranks,
                              const std::vector<std::string>& absent_ok = {});
 
+// A file of a directory that may be a polevault checkpoint, verified before anything in it is
+// used (its numbers size the model: config.json, generation_config.json): when the directory's
+// trainer_state.json records the file, its size and checksum must match. Throws as above.
+void verify_recorded_file(const std::string& path);
+
+// The same for every recorded file but the weights (*.safetensors, verified as they are loaded):
+// config.json, tokenizer.json, generation_config.json, ..., whose numbers size what is built.
+void verify_model_dir_metadata(const std::string& dir);
+
 // For a model directory that may be a polevault checkpoint (train sample, export, --init-from):
 // when it holds trainer_state.json listing files, verify_checkpoint_files over this rank's share.
 // Returns whether there was anything to verify.

@@ -40,17 +40,37 @@ std::vector<std::string> validate(const LlamaConfig& c) {
         return false;
     };
     positive("vocab_size", c.vocab_size, "set it to the tokenizer's vocabulary size");
-    const bool hidden_ok =
+    bool hidden_ok =
         positive("hidden_size", c.hidden_size, "set it to the model width (config.json hidden_size)");
     positive("num_layers", c.num_layers, "set it to the number of transformer blocks (config.json num_hidden_layers)");
-    const bool heads_ok =
+    bool heads_ok =
         positive("num_heads", c.num_heads, "set it to the number of query heads (config.json num_attention_heads)");
-    const bool kv_ok = positive("num_kv_heads", c.num_kv_heads,
+    bool kv_ok = positive("num_kv_heads", c.num_kv_heads,
                                 "set it to the number of key/value heads (config.json num_key_value_heads; "
                                 "equal to num_heads without grouped-query attention)");
     positive("ffn_size", c.ffn_size, "set it to the MLP width (config.json intermediate_size)");
     positive("max_seq_len", c.max_seq_len,
              "set it to the longest sequence the model takes (config.json max_position_embeddings)");
+
+    // Upper limits, far above any published Llama (405B: hidden 16384, intermediate 53248, 126
+    // layers, 128 heads; vocabularies up to 256k; windows up to 10M): a larger value is a damaged or
+    // foreign config.json, refused here before any size computed from it allocates memory, or a
+    // planner walks a million layers.
+    auto at_most = [&](const char* field, int value, int limit, const char* largest) {
+        if (value <= limit) return true;
+        errors.push_back(std::string(field) + " = " + std::to_string(value) + " exceeds polevault's limit of " +
+                         std::to_string(limit) + " (" + largest +
+                         "): the config is damaged or not a Llama-family model's; correct the value");
+        return false;
+    };
+    at_most("vocab_size", c.vocab_size, kMaxVocabSize, "the largest published vocabularies have 262144 tokens");
+    hidden_ok = at_most("hidden_size", c.hidden_size, kMaxHiddenSize, "Llama 3.1 405B has 16384") && hidden_ok;
+    at_most("num_layers", c.num_layers, kMaxLayers, "Llama 3.1 405B has 126");
+    heads_ok = at_most("num_heads", c.num_heads, kMaxHeads, "Llama 3.1 405B has 128") && heads_ok;
+    kv_ok = at_most("num_kv_heads", c.num_kv_heads, kMaxHeads, "Llama 3.1 405B has 8") && kv_ok;
+    at_most("head_dim", c.head_dim, kMaxHeadDim, "Llama models use 64 or 128");
+    at_most("ffn_size", c.ffn_size, kMaxFfnSize, "Llama 3.1 405B has 53248");
+    at_most("max_seq_len", c.max_seq_len, kMaxSeqLen, "Llama 4 Scout has 10485760");
 
     if (heads_ok && kv_ok && c.num_heads % c.num_kv_heads != 0)
         errors.push_back("num_kv_heads = " + std::to_string(c.num_kv_heads) + " does not divide num_heads = " +

@@ -71,6 +71,11 @@ struct LlamaConfig {
     int qkv_width() const { return q_width() + 2 * kv_width(); }
 };
 
+// Upper limits of the sizes validate() accepts, each far above any published Llama's, so that
+// no size computed from a config overflows and nothing walks an absurd number of layers.
+inline constexpr int kMaxVocabSize = 1 << 22, kMaxHiddenSize = 1 << 16, kMaxLayers = 1 << 10, kMaxHeads = 1 << 10,
+                     kMaxHeadDim = 1 << 12, kMaxFfnSize = 1 << 18, kMaxSeqLen = 1 << 24;
+
 // Every problem with the config, empty when it is usable. Each message starts with the field
 // and its value ("num_kv_heads = 3 ...") and says how to fix it.
 std::vector<std::string> validate(const LlamaConfig& c);

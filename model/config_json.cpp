@@ -4,6 +4,7 @@
 
 #include "io/input_file.h"
 #include "io/durable_file.h"
+#include "model/checkpoint_files.h"
 
 #include <cerrno>
 #include <climits>
@@ -352,6 +353,7 @@ LlamaConfig read_hf_config(const std::string& path) {
     };
     std::error_code ec;
     if (std::filesystem::is_directory(path, ec)) fail("is a directory: pass the config.json file inside it");
+    verify_recorded_file(path);  // a checkpoint's: its sizes are trusted only once its checksum matches
     return parse_hf_config(read_input_file(path, "config.json", kMaxJsonFileBytes, "check the path"), path);
 }
 
@@ -360,6 +362,7 @@ namespace {
 // The JSON object in the file at `path`; `kind` names the file in errors.
 json read_json_object(const std::string& path, const std::string& kind) {
     auto fail = [&](const std::string& what) -> void { throw std::runtime_error(kind + " '" + path + "': " + what); };
+    verify_recorded_file(path);  // a checkpoint's, as read_hf_config
     const std::string text = read_input_file(path, kind, kMaxJsonFileBytes, "check the path");
     json j;
     try {
@@ -400,13 +403,18 @@ void write_generation_config(const std::string& path, const GenerationConfig& g)
                           [&](const ByteSink& sink) { sink(text.data(), text.size()); });
 }
 
-GenerationConfig read_generation_config(const std::string& path) {
+GenerationConfig read_generation_config(const std::string& path, int vocab_size) {
     const std::string kind = std::filesystem::path(path).filename().string();  // also a config.json's ids
     const json j = read_json_object(path, kind);
     auto id = [&](const json& v, const std::string& key) {
         if (!v.is_number_integer() || v.get<long long>() < 0 || v.get<long long>() > INT_MAX)
             throw std::runtime_error(kind + " '" + path + "': " + key + " = " + shown(v) +
                                      " is not a token id (a non-negative integer)");
+        if (vocab_size > 0 && v.get<long long>() >= vocab_size)
+            throw std::runtime_error(kind + " '" + path + "': " + key + " = " + shown(v) +
+                                     " is not a token of this model, whose ids are 0 to " +
+                                     std::to_string(vocab_size - 1) + " (config.json vocab_size " +
+                                     std::to_string(vocab_size) + "); correct the id or remove the key");
         return v.get<int>();
     };
     GenerationConfig g;
@@ -418,7 +426,20 @@ GenerationConfig read_generation_config(const std::string& path) {
         else
             g.eos_token_ids.push_back(id(*it, "eos_token_id"));
     }
+    // Checked, not kept: transformers pads with it. Only generation_config.json's (Llama 1's
+    // config.json says -1 for "none").
+    if (const auto it = j.find("pad_token_id"); kind == "generation_config.json" && it != j.end() && !it->is_null())
+        id(*it, "pad_token_id");
     return g;
+}
+
+LlamaConfig read_model_dir_config(const std::string& dir) {
+    const std::filesystem::path d(dir);
+    LlamaConfig c = read_hf_config((d / "config.json").string());
+    std::error_code ec;
+    if (std::filesystem::exists(d / "generation_config.json", ec))
+        read_generation_config((d / "generation_config.json").string(), c.vocab_size);
+    return c;
 }
 
 void write_hf_config(const std::string& path, const LlamaConfig& c, const std::string& torch_dtype) {

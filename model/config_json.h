@@ -95,7 +95,13 @@ std::string generation_config_json(const GenerationConfig& g);
 void write_generation_config(const std::string& path, const GenerationConfig& g);
 // Reads bos_token_id and eos_token_id (an id, a list of ids, or null); other keys are ignored, so
 // a config.json's ids (which transformers falls back to) read the same way. Throws
-// std::runtime_error naming the file and the key when a value is of another type.
-GenerationConfig read_generation_config(const std::string& path);
+// std::runtime_error naming the file and the key when a value is of another type, or, given the
+// model's vocab_size (> 0), when an id (pad_token_id too, in a generation_config.json) is not below
+// it: a model directory's ids are checked when it is first read, not by a later command.
+GenerationConfig read_generation_config(const std::string& path, int vocab_size = 0);
+
+// A model directory's config.json (read_hf_config), with its generation_config.json, when there is
+// one, checked against it (read_generation_config): what `--init-from DIR` reads first.
+LlamaConfig read_model_dir_config(const std::string& dir);
 
 }  // namespace pv

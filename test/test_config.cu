@@ -235,6 +235,34 @@ TEST_CASE("non-positive sizes are named with their value", "[config]") {
     }
 }
 
+// A hostile config.json (issue 28, rows 4 and 5): sizes whose products overflow, or a million
+// layers a planner would walk for minutes, are refused by validate() naming field, value and limit.
+TEST_CASE("sizes beyond any trainable model are refused naming the field, the value and the limit", "[config]") {
+    struct Case {
+        const char* field;
+        int pv::LlamaConfig::*member;
+        int value;
+        const char* limit;
+    };
+    const Case cases[] = {
+        {"vocab_size", &pv::LlamaConfig::vocab_size, 2000000000, "4194304"},
+        {"hidden_size", &pv::LlamaConfig::hidden_size, 1000000000, "65536"},
+        {"num_layers", &pv::LlamaConfig::num_layers, 1000000, "1024"},
+        {"num_heads", &pv::LlamaConfig::num_heads, 1000000, "1024"},
+        {"num_kv_heads", &pv::LlamaConfig::num_kv_heads, 1000000, "1024"},
+        {"head_dim", &pv::LlamaConfig::head_dim, 1 << 30, "4096"},
+        {"ffn_size", &pv::LlamaConfig::ffn_size, 2147483647, "262144"},
+        {"max_seq_len", &pv::LlamaConfig::max_seq_len, 1 << 30, "16777216"},
+    };
+    for (const auto& k : cases) {
+        pv::LlamaConfig c = tiny();
+        c.*k.member = k.value;
+        INFO(k.field << " = " << k.value);
+        expect_one_error(c, {std::string(k.field) + " = " + std::to_string(k.value),
+                             std::string("exceeds polevault's limit of ") + k.limit});
+    }
+}
+
 TEST_CASE("rms_norm_eps and rope_theta must be positive", "[config]") {
     const double nan = std::numeric_limits<double>::quiet_NaN();
     pv::LlamaConfig c = tiny();

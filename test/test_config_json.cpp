@@ -9,6 +9,7 @@
 // for the doubles, and head_dim by its resolved value: head_dim 0 means hidden_size / num_heads,
 // so 0 and the explicit quotient are the same shape (the writer always writes the resolved value;
 // the reader keeps 0 when the file has no head_dim).
+#include "test/error_of.h"
 #include "test/temp_dir.h"
 #include "model/config_json.h"
 
@@ -801,4 +802,29 @@ TEST_CASE("generation_config.json: written as transformers reads it, read back w
     CHECK(pv::read_hf_torch_dtype(dir + "/config.json") == "bfloat16");
     std::ofstream(dir + "/config.json") << "{\"model_type\": \"llama\"}";
     CHECK(pv::read_hf_torch_dtype(dir + "/config.json").empty());
+}
+
+// Issue 28 row 6: a model directory's generation_config.json is checked against its config.json
+// when the directory is first read (read_model_dir_config: --init-from), every id in [0, vocab_size).
+TEST_CASE("read_model_dir_config: generation_config.json's ids must be tokens of the model", "[config_json]") {
+    const pv::test::TempDir temp("model_dir_ids");
+    const std::string dir = temp.path.string(), gen = temp.file("generation_config.json");
+    std::ofstream(dir + "/config.json") << pv::hf_config_json(pv::preset("test-tiny"));  // vocab_size 67
+    const auto refused = [&](const std::string& text, const std::vector<std::string>& says) {
+        std::ofstream(gen, std::ios::trunc) << text;
+        const std::string what = pv::test::error_of<std::runtime_error>([&] { pv::read_model_dir_config(dir); });
+        INFO(text << "\n" << what);
+        CHECK_THAT(what, Catch::Contains("generation_config.json '" + gen + "'"));
+        for (const std::string& s : says) CHECK_THAT(what, Catch::Contains(s));
+    };
+    refused("{\"eos_token_id\": 1000000000000}", {"eos_token_id = 1000000000000", "is not a token id"});
+    refused("{\"eos_token_id\": [-5, 2]}", {"eos_token_id = -5", "is not a token id"});
+    refused("{\"eos_token_id\": [2, 67]}",
+            {"eos_token_id = 67 is not a token of this model, whose ids are 0 to 66 (config.json vocab_size 67)"});
+    refused("{\"bos_token_id\": 70, \"eos_token_id\": 2}", {"bos_token_id = 70"});
+    refused("{\"pad_token_id\": 67, \"eos_token_id\": 2}", {"pad_token_id = 67"});
+    std::ofstream(gen, std::ios::trunc) << "{\"bos_token_id\": 0, \"eos_token_id\": [66, 1], \"pad_token_id\": null}";
+    CHECK(pv::read_model_dir_config(dir).vocab_size == 67);
+    fs::remove(gen);  // none: nothing to check
+    CHECK(pv::read_model_dir_config(dir).vocab_size == 67);
 }

@@ -1031,3 +1031,118 @@ TEST_CASE(
           std::string::npos);
     CHECK(diverged.output.find("rank 0 ran 1 and") != std::string::npos);
 }
+
+// Issue 28, a hostile probe's rows 4, 5, 6 and 10: a model directory's files are validated when
+// first read, before any number in them sizes an allocation, and refused with exit 1 and a message.
+TEST_CASE("train: a model directory's files are validated when first read, before anything is sized by them",
+          "[train][inputs]") {
+    TempDir dir("train_model_dir_inputs");
+    const fs::path out = dir.path / "out", data = dir.path / "data";
+    write_first_checkpoint(dir.path, out);
+    const fs::path ckpt = out / "step_1";
+    const auto edit_json = [](const fs::path& file, const std::string& key, const nlohmann::json& value) {
+        nlohmann::json j = nlohmann::json::parse(read_file(file));
+        j[key] = value;
+        std::ofstream(file, std::ios::trunc) << j.dump(2);
+    };
+    // A copy of the checkpoint as a plain Hugging Face directory: no trainer_state.json, so no checksums.
+    const auto hf_copy = [&](const std::string& name) {
+        const fs::path copy = dir.path / name;
+        fs::copy(ckpt, copy);
+        fs::remove(copy / "trainer_state.json");
+        for (const char* f : {"master.safetensors", "adam_m.safetensors", "adam_v.safetensors"}) fs::remove(copy / f);
+        return copy;
+    };
+    const std::string init_run = " --data " + data.string() + " " + kSmallRun +
+                                 " --steps 1 --sample-tokens 0 --eval-interval 0 --out-dir " + (dir.path / "o").string();
+    {  // row 4: config.json of a checkpoint edited to sizes that cannot be allocated: its checksum, before the model
+        for (const auto& [key, value] :
+             {std::pair<std::string, long long>{"hidden_size", 1000000000}, {"vocab_size", 2000000000},
+              {"intermediate_size", 2147483647}}) {
+            const fs::path copy = dir.path / ("edited_" + key);
+            fs::copy(ckpt, copy);
+            edit_json(copy / "config.json", key, value);
+            const Run r = run_train("sample " + copy.string() + " --print-ids --prompt-ids 1 --max-tokens 2");
+            INFO(key << "\n" << r.output);
+            CHECK(r.status == 1);
+            CHECK_THAT(r.output, Catch::Contains("checkpoint file '" + (copy / "config.json").string() + "' is ") &&
+                                     Catch::Contains("after the checkpoint was written"));
+        }
+        // The same sizes in a Hugging Face directory (no checksums): refused by their limits, naming the key.
+        const fs::path copy = hf_copy("huge_hf");
+        edit_json(copy / "config.json", "hidden_size", 1000000000);
+        const Run r = run_train("sample " + copy.string() + " --print-ids --prompt-ids 1 --max-tokens 2");
+        INFO(r.output);
+        CHECK(r.status == 1);
+        CHECK_THAT(r.output, Catch::Contains("hidden_size = 1000000000 exceeds polevault's limit of 65536"));
+        // Within every limit but far beyond any machine (5·10^13 parameters): refused before allocating.
+        edit_json(copy / "config.json", "hidden_size", 65536);
+        edit_json(copy / "config.json", "intermediate_size", 262144);
+        edit_json(copy / "config.json", "num_hidden_layers", 1024);
+        for (const std::string& command :
+             {"sample " + copy.string() + " --print-ids --prompt-ids 1 --max-tokens 2",
+              "eval " + copy.string() + " --data " + data.string()}) {
+            const Run big = run_train(command);
+            INFO(big.output);
+            CHECK(big.status == 1);
+            CHECK_THAT(big.output, Catch::Contains("'" + copy.string() + "': its config.json describes a model of ") &&
+                                       Catch::Contains("whose weights alone take"));
+        }
+    }
+    {  // row 5: a million layers refused at once by train plan, --config and --init-from, not planned for minutes
+        const fs::path copy = hf_copy("deep");
+        edit_json(copy / "config.json", "num_hidden_layers", 1000000);
+        for (const std::string& args :
+             {"plan --config " + (copy / "config.json").string(), "plan --init-from " + copy.string(),
+              "--config " + (copy / "config.json").string() + init_run, "--init-from " + copy.string() + init_run,
+              "sample " + copy.string() + " --print-ids --prompt-ids 1 --max-tokens 2"}) {
+            const auto start = std::chrono::steady_clock::now();
+            const Run r = run_train_command("timeout 20 " + (build_dir() / "train").string() + " " + args);
+            const double seconds =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            INFO(args << "\n" << r.output);
+            CHECK(r.status == 1);
+            CHECK(seconds < 5);
+            CHECK_THAT(r.output, Catch::Contains("num_layers = 1000000 exceeds polevault's limit of 1024") &&
+                                     Catch::Contains("num_layers is num_hidden_layers"));
+        }
+    }
+    {  // row 6: --init-from a directory whose generation_config.json holds ids no token has: refused, never copied
+        int n = 0;
+        for (const nlohmann::json& eos : {nlohmann::json(1000000000000ll), nlohmann::json({-5, 2})}) {
+            const fs::path copy = hf_copy("eos_" + std::to_string(n++));
+            edit_json(copy / "generation_config.json", "eos_token_id", eos);
+            const Run r = run_train("--init-from " + copy.string() + init_run);
+            INFO(eos.dump() << "\n" << r.output);
+            CHECK(r.status == 1);
+            CHECK_THAT(r.output, Catch::Contains("generation_config.json '" +
+                                                 (copy / "generation_config.json").string() + "': eos_token_id = "));
+            CHECK(!fs::exists(dir.path / "o" / "step_1"));
+        }
+        const fs::path copy = hf_copy("eos_vocab");
+        edit_json(copy / "generation_config.json", "eos_token_id", 300);
+        const Run r = run_train("--init-from " + copy.string() + init_run);
+        INFO(r.output);
+        CHECK(r.status == 1);
+        CHECK_THAT(r.output, Catch::Contains("eos_token_id = 300 is not a token of this model, whose ids are 0 to 299"));
+    }
+    {  // row 10: a NaN in the weights to start from is refused at load, naming tensor and element
+        const fs::path copy = hf_copy("nan");
+        std::string bytes = read_file(copy / "model.safetensors");
+        uint64_t header = 0;
+        std::memcpy(&header, bytes.data(), 8);
+        const nlohmann::json h = nlohmann::json::parse(bytes.substr(8, header));
+        REQUIRE(h.at("model.embed_tokens.weight").at("dtype") == "BF16");
+        const size_t row = 7, hidden = h.at("model.embed_tokens.weight").at("shape").at(1).get<size_t>();
+        const size_t at = 8 + header + h.at("model.embed_tokens.weight").at("data_offsets").at(0).get<size_t>() +
+                          2 * (row * hidden + 3);
+        bytes[at] = char(0xC0), bytes[at + 1] = char(0x7F);  // bf16 NaN, little-endian
+        std::ofstream(copy / "model.safetensors", std::ios::binary | std::ios::trunc) << bytes;
+        const Run r = run_train("--init-from " + copy.string() + init_run);
+        INFO(r.output);
+        CHECK(r.status == 1);
+        CHECK_THAT(r.output, Catch::Contains("model.embed_tokens.weight element " + std::to_string(row * hidden + 3) +
+                                             " is nan in the run's dtype (not finite)"));
+        CHECK_THAT(r.output, !Catch::Contains("step 1"));
+    }
+}

@@ -1090,6 +1090,9 @@ TEST_CASE("train --init-from: what cannot work is refused, naming the problem an
     config.replace(config.find("\"vocab_size\": 300"), 17, "\"vocab_size\": 290");
     std::ofstream(dir.path / "wide" / "config.json") << config;
     refused("--init-from " + (dir.path / "wide").string() + kInit,
+            {"generation_config.json", "eos_token_id = 299 is not a token of this model"});
+    fs::remove(dir.path / "wide" / "generation_config.json");  // then the tokenizer is what does not fit
+    refused("--init-from " + (dir.path / "wide").string() + kInit,
             {"has 300 tokens, more than the model's vocab_size 290"});
     // Data prepared with another tokenizer.
     std::string text;

@@ -7,11 +7,14 @@
 #include "model/peft_config.h"
 #include "model/checkpoint_files.h"
 #include "parallel/collective_watch.h"
+#include "parallel/planner.h"
 
 #include <cstdio>
 #include <filesystem>
 #include <stdexcept>
 #include <type_traits>
+
+#include <unistd.h>
 
 namespace pv {
 
@@ -135,6 +138,29 @@ ModelOptions inference_model(const ModelDir& m, int batch, int seq_len) {
     o.lora = m.lora;
     o.nf4 = m.nf4, o.double_quant = m.double_quant;
     return o;
+}
+
+void check_model_fits(const ModelDir& m, const std::string& dtype) {
+    const DType t = dtype == "fp64" ? DType::fp64 : dtype == "fp32" ? DType::fp32 : DType::bf16;
+    const GroupOptions groups{{}, m.lora, m.nf4, m.double_quant};
+    double bytes = 0;
+    for (const std::vector<GroupLayout>& unit : model_layouts(m.config, t, 1, groups))
+        for (const GroupLayout& g : unit) bytes += double(g.bytes());
+    double budget = 0;
+    std::string where;
+    if (kHostBackend) {
+        budget = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)), where = "this machine's memory";
+    } else {
+        size_t free_bytes = 0, total = 0;
+        CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+        budget = double(free_bytes), where = "this GPU's free memory";
+    }
+    if (bytes <= budget) return;
+    throw std::runtime_error("'" + m.path + "': its config.json describes a model of " +
+                             std::to_string(parameter_count(m.config)) + " parameters, whose weights alone take " +
+                             format_bytes(bytes) + " in " + dtype + ", more than the " + format_bytes(budget) + " of " +
+                             where + ": check config.json's sizes (hidden_size, intermediate_size, vocab_size, "
+                             "num_hidden_layers), or use a smaller --dtype or a machine with more memory");
 }
 
 #define PV_INSTANTIATE(T, G)                                                                                      \

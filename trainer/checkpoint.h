@@ -71,6 +71,12 @@ LoadStats load_weights(const std::string& dir, Llama<T>& model);
 template <class T>
 LoadStats load_model_dir(const ModelDir& m, Llama<T>& model);
 
+// Refuses (std::runtime_error naming the directory, the size and the budget) a model directory
+// whose weights alone, in `dtype` ("bf16", "fp32", "fp64"), exceed this machine's memory (host
+// backend) or the GPU's free memory: `sample`, `eval` and `export --merged` call it before the
+// model is allocated, so an impossible config.json is a message, not an abort while allocating.
+void check_model_fits(const ModelDir& m, const std::string& dtype);
+
 // The options of a model for inference on `m`: whole, `batch` × `seq_len`, no gradients, its
 // adapters and initialisation seed.
 ModelOptions inference_model(const ModelDir& m, int batch, int seq_len);

@@ -4,6 +4,7 @@
 #include "io/durable_file.h"
 #include "io/progress.h"
 #include "model/checkpoint.h"
+#include "model/checkpoint_files.h"
 #include "model/config_json.h"
 #include "model/dtype_conversion.h"
 #include "model/hf_checkpoint.h"
@@ -109,6 +110,7 @@ void export_model(const ExportOptions& o) {
     if (!o.merged_out.empty()) return export_merged(o, model);
     if (!o.peft_out.empty()) return export_peft(o, model);
     const LlamaConfig& config = model.config;
+    verify_model_dir_files(src);  // a checkpoint's weights, before any header in them is read
     HfCheckpoint source = HfCheckpoint::open_dir(src);
     std::vector<GroupLayout> layouts;
     for (const UnitSpec& unit : model_units(config))

@@ -83,6 +83,7 @@ void merged_as(const ExportOptions& o, const ModelDir& m) {
             "weights, not fp64: pass --dtype bf16 or --dtype fp32");
     const bool double_quant = m.nf4 ? m.double_quant : true;
     const std::set<std::string> quantize = o.quantized ? nf4_tensor_names(m) : std::set<std::string>{};
+    check_model_fits(m, dtype_name(dtype_of<T>()));
     Llama<T> model(m.config, inference_model(m, 1, 1));
     load_model_dir(m, model);
     // The base's tensors, dense (dequantised when NF4), each adapted one with W + s·B·A.

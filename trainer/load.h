@@ -172,8 +172,10 @@ uint64_t load_nf4_range(HfCheckpoint& source, const GroupLayout& layout, const D
 // What the values of a checkpoint's file must be, checked as they stream in (on resume): weights and
 // master copies finite; Adam's m finite; Adam's v, a running mean of squares, finite and not
 // negative. A checkpoint that breaks it was written by a run that had diverged, or was damaged, and
-// would train into NaN; it is refused naming the file, the tensor and the element.
-enum class ValueCheck { none, finite, finite_nonnegative };
+// would train into NaN; it is refused naming the file, the tensor and the element. The weights of
+// a model to start from (--init-from) must be finite too (pretrained): a NaN there would surface only
+// as a non-finite first step.
+enum class ValueCheck { none, finite, finite_nonnegative, pretrained };
 
 // Throws if one of the n values of group `layout` from element `first` breaks `check`.
 template <class X>
@@ -186,6 +188,11 @@ void check_values(const std::string& file, const GroupLayout& layout, long long 
         if (finite && !(check == ValueCheck::finite_nonnegative && x < 0)) continue;
         char value[40];
         std::snprintf(value, sizeof value, "%g", x);
+        if (check == ValueCheck::pretrained)
+            throw std::runtime_error(file + ": " + group_element_name(layout, first + i) + " is " + value +
+                                     " in the run's dtype (not finite): a model to start from must hold finite "
+                                     "weights; the file is damaged or the model had diverged (or the value overflows "
+                                     "the run's --dtype); use an intact copy of the model");
         throw std::runtime_error(
             file + ": " + group_element_name(layout, first + i) + " is " + value +
             (finite ? " (Adam's v is a running mean of squares: never negative)" : " (not finite)") +
@@ -230,7 +237,7 @@ LoadStats load_group_ranges(HfCheckpoint& source, const std::vector<GroupLayout>
     stats.overflows = read_group_ranges(
         source, layouts, wanted, dtype_of<X>(), [&](size_t k, long long at, const uint8_t* data, long long n) {
             if (check != ValueCheck::none)
-                check_values(source.files().front(), layouts[k], ranges[k].begin + at, reinterpret_cast<const X*>(data),
+                check_values(check == ValueCheck::pretrained ? source.origin() : source.files().front(), layouts[k], ranges[k].begin + at, reinterpret_cast<const X*>(data),
                              n, check);
             if (ranges[k].on_host)
                 std::memcpy(static_cast<void*>(ranges[k].dst + at), data, size_t(n) * sizeof(X));
@@ -281,7 +288,7 @@ LoadStats load_pretrained(const std::string& dir, Strategy<T, G>& s) {
     verify_model_dir_files(dir, s.comm() ? s.comm()->rank() : 0, s.comm() ? s.comm()->size() : 1);  // a checkpoint
     HfCheckpoint source = HfCheckpoint::open_dir(dir);
     LoadStats stats = load_group_ranges(source, groups_of(s.model(), GroupSet::base), param_ranges(s, GroupSet::base),
-                                        ExtraTensors::hugging_face);
+                                        ExtraTensors::hugging_face, ValueCheck::pretrained);
     stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return stats;
 }

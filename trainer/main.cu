@@ -410,6 +410,7 @@ int sample_with(const SampleOptions& o, const ModelDir& m) {
 int sample_command(const SampleOptions& o) {
     const ModelDir m = open_model_dir(o.model);
     const std::string dtype = run_dtype(o.dtype, m);
+    check_model_fits(m, dtype);
     std::fprintf(stderr, "sampling from %s (%s, %s)\n", m.path.c_str(),
                  m.checkpoint ? ("step " + std::to_string(m.step)).c_str() : "Hugging Face model", dtype.c_str());
     return with_dtype(dtype, [&]<class T>() { return sample_with<T>(o, m); });
@@ -435,6 +436,7 @@ int eval_with(const ModelDir& m, std::vector<TokenShard> shards, int seq_len, in
 int eval_command(const EvalOptions& o) {
     const ModelDir m = open_model_dir(o.model);
     const std::string dtype = run_dtype(o.dtype, m);
+    check_model_fits(m, dtype);
     DataSet set = load_dataset(o.data);
     const bool validation = set.val.has_value();
     std::vector<TokenShard> shards;

@@ -4,6 +4,7 @@
 #include "trainer/options.h"
 
 #include "model/checkpoint.h"
+#include "model/checkpoint_files.h"
 #include "model/config_json.h"
 #include "trainer/state.h"
 
@@ -42,6 +43,9 @@ ModelDir open_model_dir(const std::string& given) {
                                  ", or an output directory holding one) nor a Hugging Face model directory "
                                  "(config.json with safetensors weights)");
     }
+    // A checkpoint's small files are verified before any number in them sizes anything; its
+    // weights are, before they are read (trainer/load.h).
+    if (m.checkpoint) verify_model_dir_metadata(m.path);
     const std::string config_path = (fs::path(m.path) / "config.json").string();
     m.config = read_hf_config(config_path);
     if (m.checkpoint) {
@@ -68,7 +72,7 @@ ModelDir open_model_dir(const std::string& given) {
         m.tokenizer = (fs::path(m.path) / "tokenizer.json").string();
     const std::string generation_path = (fs::path(m.path) / "generation_config.json").string();
     const bool generation = fs::is_regular_file(generation_path);
-    const GenerationConfig ids = read_generation_config(generation ? generation_path : config_path);
+    const GenerationConfig ids = read_generation_config(generation ? generation_path : config_path, m.config.vocab_size);
     m.eos_ids = ids.eos_token_ids;
     m.bos_id = ids.bos_token_id;
     return m;

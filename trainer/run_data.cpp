@@ -221,7 +221,7 @@ LlamaConfig model_config(const TrainOptions& o, const RunData& data, const std::
     if (!resume_dir.empty())
         check_checkpoint_config(resume_dir, read_trainer_state(resume_dir + "/" + kTrainerStateFile).model_config);
     LlamaConfig c = !resume_dir.empty() ? read_hf_config(resume_dir + "/config.json")
-                    : !init_dir.empty() ? read_hf_config(init_dir + "/config.json")
+                    : !init_dir.empty() ? read_model_dir_config(init_dir)
                     : !o.config.empty() ? read_hf_config(o.config)
                     : !o.preset.empty() ? preset(o.preset)
                                         : default_model(data_vocab, o.seq_len);
