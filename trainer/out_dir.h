@@ -35,6 +35,16 @@ namespace pv {
 // Refuses (std::invalid_argument naming the fix) an empty out_dir or a path that is not a directory.
 void check_out_dir(const std::string& out_dir);
 
+// The smallest file size limit (ulimit -f) `train` can start under: Open MPI's start-up writes a
+// 4 MiB file (its PMIx shared-memory store; measured: one process fails at 4000 KiB, starts at
+// 4096 KiB, as do two ranks), and a checkpoint's files are larger still.
+inline constexpr unsigned long long kMinFileSizeLimit = 4ull << 20;
+
+// Before MPI starts (MPI_Init fails with PMIx errors that say nothing of the limit): throws
+// std::invalid_argument when the file size limit (RLIMIT_FSIZE) is below kMinFileSizeLimit,
+// saying the limit in KiB and how to raise it.
+void check_file_size_limit();
+
 // The files of a run in out_dir: metrics.jsonl and the complete checkpoints (paths, in that
 // order); empty when there is none or out_dir does not exist. Unfinished step_N.tmp are not a
 // run: every run removes them (above).
