@@ -515,11 +515,12 @@ TEST_CASE("train under mpirun: Ctrl-C on mpirun, or SIGTERM to every rank, ends 
     CHECK(fs::exists(slurm / written[0] / "trainer_state.json"));
 }
 
-// A checkpoint write that fails — here at a file-size limit (`ulimit -f`, 5000 KiB: above what
-// MPI's start-up writes, below the fp64 checkpoint's 6 MB tensor files): SIGXFSZ is ignored, so
-// the write fails with EFBIG and the run exits non-zero with a message saying what failed, the
-// bytes needed and free; the .tmp is removed and the previous checkpoint keeps its bytes.
-// And an empty --out-dir is refused with the fix.
+// A checkpoint write that fails — here at a file-size limit (`ulimit -f`) a KiB below the fp64
+// weights file: above its tensors' bytes, which is what the check before step 1 compares (issue
+// 28: a limit below them is refused then, no step computed), below the file with its header.
+// SIGXFSZ is ignored, so the write fails with EFBIG and the run exits non-zero with a message
+// saying what failed, the bytes needed and free; the .tmp is removed and the previous checkpoint
+// keeps its bytes. And an empty --out-dir is refused with the fix.
 TEST_CASE("train: a checkpoint that cannot be written leaves the previous one intact and says why", "[train][disk]") {
     TempDir dir("train_disk");
     const fs::path out = dir.path / "out";
@@ -533,7 +534,8 @@ TEST_CASE("train: a checkpoint that cannot be written leaves the previous one in
     std::map<std::string, std::string> before;
     for (const auto& e : fs::directory_iterator(out / "step_2")) before[e.path().filename()] = read_file(e.path());
     REQUIRE(before.at("model.safetensors").size() > 5000 * 1024);
-    const Run b = run_train_command("bash -c 'ulimit -f 5000; exec " + train + " --resume " + out.string() + "'");
+    const std::string limit = std::to_string(before.at("model.safetensors").size() / 1024 - 1);
+    const Run b = run_train_command("bash -c 'ulimit -f " + limit + "; exec " + train + " --resume " + out.string() + "'");
     INFO(b.output);
     REQUIRE(b.status != 0);
     CHECK(b.output.find("File too large") != std::string::npos);
@@ -1081,4 +1083,19 @@ TEST_CASE("train: a long prompt, a device as tokenizer.json, a too-long or dangl
     CHECK(link.output.find("--out-dir " + dangling.string() + " is a symbolic link to " + (dir.path / "gone").string() +
                            ", which does not exist") != std::string::npos);
     CHECK_FALSE(fs::exists(dir.path / "gone"));
+}
+
+// The file size limit (ulimit -f) and the free space are compared with the checkpoint's size as
+// the plan knows it, before step 1: a limit below its files is refused then, naming both sizes,
+// and no step is computed only to be lost at the checkpoint (before: the run trained, then failed).
+TEST_CASE("train: a file size limit below the checkpoint's files is refused before step 1", "[train][disk]") {
+    TempDir dir("train_fsize_plan");
+    const Run r = run_train_command("bash -c 'ulimit -f 5000; exec " + (build_dir() / "train").string() + " " +
+                                    kTinyRun + " --dtype fp64 --out-dir " + (dir.path / "fp64").string() + "'");
+    INFO(r.output);
+    CHECK(r.status != 0);
+    CHECK(r.output.find("train: the file size limit (ulimit -f) is 5000 KiB, and this run's checkpoints hold a file "
+                        "of at least ") != std::string::npos);
+    CHECK(r.output.find("raise it with `ulimit -f unlimited` (checked before step 1") != std::string::npos);
+    CHECK(losses(r.output).empty());
 }

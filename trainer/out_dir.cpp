@@ -7,10 +7,12 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -148,6 +150,31 @@ void check_file_size_limit() {
                                 " KiB: too small for a run (MPI's start-up alone writes a file of " +
                                 std::to_string(kMinFileSizeLimit >> 20) +
                                 " MiB, a checkpoint's files are larger still); raise it with `ulimit -f unlimited`");
+}
+
+namespace {
+std::string mib_text(unsigned long long bytes) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f MiB", double(bytes) / double(1 << 20));
+    return text;
+}
+}  // namespace
+
+void check_room_for_checkpoint(const std::string& out_dir, const CheckpointSize& size) {
+    const uint64_t limit = file_size_limit();
+    if (limit != 0 && size.largest > limit)
+        throw std::runtime_error("the file size limit (ulimit -f) is " + std::to_string(limit / 1024) +
+                                 " KiB, and this run's checkpoints hold a file of at least " + mib_text(size.largest) +
+                                 " (" + size.largest_file + "): raise it with `ulimit -f unlimited` (checked before "
+                                 "step 1, so no step is computed only to be lost)");
+    struct statvfs fs_stats {};
+    if (::statvfs(out_dir.c_str(), &fs_stats) != 0) return;  // unknown: the writes say what fails
+    const unsigned long long free_bytes = (unsigned long long)fs_stats.f_bavail * fs_stats.f_frsize;
+    if (free_bytes < size.total)
+        throw std::runtime_error("--out-dir " + out_dir + " has " + mib_text(free_bytes) +
+                                 " free, and a checkpoint of this run needs at least " + mib_text(size.total) +
+                                 ": free space there, or choose another --out-dir (checked before step 1, so no step "
+                                 "is computed only to be lost)");
 }
 
 std::vector<std::string> run_files(const std::string& out_dir) {

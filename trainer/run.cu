@@ -272,6 +272,20 @@ class TrainingRun {
                               [&](const ByteSink& sink) { sink(yaml.data(), yaml.size()); });
         const std::string path = o_.out_dir + "/metrics.jsonl";
         metrics_.emplace(path, "metrics", start_step_ == 0);  // every record's write checked (io/durable_file.h)
+        check_room_for_checkpoint(o_.out_dir, checkpoint_size());
+    }
+
+    // One checkpoint's tensors (trainer/checkpoint.cu): the weights (a LoRA run's adapters only)
+    // and the optimizer's state of the trainable ones, each a file.
+    CheckpointSize checkpoint_size() const {
+        const unsigned long long trainable = model_->tensor_elements(GroupKind::trainable),
+                                 all = trainable + model_->tensor_elements(GroupKind::frozen);
+        const unsigned long long weights = (model_->lora().enabled() ? trainable : all) * sizeof(T),
+                                 moment = trainable * sizeof(acc_t<T>);
+        const int fields = AdamWState<T>::kHasMaster ? 3 : 2;
+        CheckpointSize size{weights + fields * moment, std::max(weights, moment), ""};
+        size.largest_file = weights >= moment ? "the weights" : "adam_m.safetensors";
+        return size;
     }
 
     void print_header() {
