@@ -284,7 +284,7 @@ class TrainingRun {
                                  moment = trainable * sizeof(acc_t<T>);
         const int fields = AdamWState<T>::kHasMaster ? 3 : 2;
         CheckpointSize size{weights + fields * moment, std::max(weights, moment), ""};
-        size.largest_file = weights >= moment ? "the weights" : "adam_m.safetensors";
+        size.largest_file = weights >= moment ? weights_file(*model_) : "adam_m.safetensors";
         return size;
     }
 
