@@ -17,6 +17,7 @@
 #include "io/checksum.h"
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -56,6 +57,34 @@ class WriteRecorder {
 // written (also given to the thread's WriteRecorder).
 FileDigest write_file_atomically(const std::string& path, const std::string& kind,
                                  const std::function<void(const ByteSink&)>& write);
+
+// A file a run appends records to as it goes (metrics.jsonl): every write is checked. Opened
+// with O_NOFOLLOW, so a symbolic link at `path` is refused, never followed out of the run's
+// directory, and anything but a regular file is refused; `truncate` starts it empty (a new run),
+// otherwise records are appended. A failed or short write, or a failed close, throws
+// std::runtime_error "<kind> '<path>': write failed: <os error> (<what to do>)": no record is
+// dropped silently. Not fsynced per record: a crash may lose the last records, never corrupt the
+// earlier ones.
+class AppendedFile {
+  public:
+    AppendedFile(const std::string& path, const std::string& kind, bool truncate);
+    ~AppendedFile();
+    AppendedFile(const AppendedFile&) = delete;
+    AppendedFile& operator=(const AppendedFile&) = delete;
+    void write(const std::string& bytes);
+    void close();  // checked; the destructor closes unchecked (after an error)
+
+  private:
+    int fd_ = -1;
+    std::string path_, kind_;
+};
+
+// What to do about a failed write's errno, in words: a full file system, the file size limit
+// (naming it, from getrlimit), a read-only file system; empty for others.
+std::string write_error_advice(int error);
+
+// The file size limit (RLIMIT_FSIZE, what `ulimit -f` sets) in bytes; 0 when unlimited.
+uint64_t file_size_limit();
 
 // write_file_atomically of a copy of the regular file `from` (io/input_file.h), byte for byte, read
 // in bounded pieces. Errors name `from` or `to`.

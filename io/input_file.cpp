@@ -99,6 +99,21 @@ InputFile open_input_file(const std::string& path, const std::string& kind, cons
     return file;
 }
 
+bool optional_input_file(const std::string& path, const std::string& kind) {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) {
+        if (errno == ENOENT) return false;
+        fail(kind, path, "cannot stat: " + std::string(std::strerror(errno)));
+    }
+    if (::stat(path.c_str(), &st) != 0)
+        fail(kind, path,
+             "is a symbolic link whose target cannot be reached (" + std::string(std::strerror(errno)) +
+                 "): make it point to the file, or remove it");
+    if (!S_ISREG(st.st_mode))
+        fail(kind, path, std::string("is ") + file_type(st.st_mode) + ", not a regular file: replace it with the file");
+    return true;
+}
+
 std::string read_input_file(const std::string& path, const std::string& kind, uint64_t max_bytes,
                             const std::string& hint) {
     const InputFile file = open_input_file(path, kind, hint);

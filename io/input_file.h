@@ -59,6 +59,11 @@ InputFile open_input_file(const std::string& path, const std::string& kind, cons
 std::string read_input_file(const std::string& path, const std::string& kind, uint64_t max_bytes,
                             const std::string& hint = "");
 
+// Whether the optional file `path` is there to read: false when nothing has that name; true for a
+// regular file (or a link to one); anything else there (a device, a directory, a FIFO, a dangling
+// symbolic link) throws "<kind> '<path>': is ..., not a regular file" — never taken for "no file".
+bool optional_input_file(const std::string& path, const std::string& kind);
+
 // The bound on JSON files the readers load whole (config.json, tokenizer.json, trainer_state.json,
 // adapter_config.json): far above any real one (Llama 3's tokenizer.json is 9 MB).
 inline constexpr uint64_t kMaxJsonFileBytes = uint64_t(1) << 30;

@@ -12,7 +12,13 @@
 #include <catch2/catch.hpp>
 #include <xxhash.h>
 
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
 
 #include <filesystem>
 #include <fstream>
@@ -187,4 +193,106 @@ TEST_CASE("open_input_file: regular files only, a FIFO refused at once; JSON fil
     CHECK(pv::read_input_file(dir.file("ok.json"), "json", 8) == "{\"a\": 1}");
     CHECK_THROWS_WITH(pv::read_input_file(dir.file("ok.json"), "json", 7),
                       Catch::Contains("is 8 bytes, more than the 7"));
+}
+
+// Issue 28, row 16: a .tmp another process removed while this one wrote it is said as such, not
+// blamed on free space; row 8: a symbolic link planted at the .tmp name is refused, its target
+// untouched (before, the target was truncated and written, and the link renamed into place).
+TEST_CASE("write_file_atomically: a .tmp removed meanwhile is said; a link at the .tmp is never written through",
+          "[io]") {
+    TempDir dir;
+    const std::string path = dir.file("metrics.jsonl");
+    CHECK_THROWS_WITH(pv::write_file_atomically(path, "metrics",
+                                                [&](const pv::ByteSink& sink) {
+                                                    sink("abc", 3);
+                                                    fs::remove(path + ".tmp");  // another process's cleanup
+                                                    sink("def", 3);
+                                                }),
+                      Catch::Contains("metrics '" + path + ".tmp'") &&
+                          Catch::Contains("disappeared while it was being written: another process removed") &&
+                          !Catch::Contains("free disk space"));
+    CHECK_FALSE(fs::exists(path));
+    const std::string elsewhere = dir.file("users_notes.txt");
+    std::ofstream(elsewhere) << "keep me";
+    fs::create_symlink(elsewhere, path + ".tmp");
+    CHECK_THROWS_WITH(write_text(path, "new"),
+                      Catch::Contains("'" + path + ".tmp': is a symbolic link: refusing to write through it"));
+    CHECK(slurp(elsewhere) == "keep me");
+    CHECK_FALSE(fs::exists(path));
+}
+
+// Issue 28, row 1: every record's write checked. In a child process (the limit is per process)
+// with SIGXFSZ ignored, as train ignores it, a file size limit makes a write fail with EFBIG: the
+// error names the file, the OS reason and the limit with its fix; the records before stay whole.
+// Row 8: a symbolic link or a non-file at the name is refused, never written through.
+TEST_CASE("AppendedFile: a failed write names the file, the OS reason and the fix; links refused", "[io]") {
+    TempDir dir;
+    const std::string path = dir.file("metrics.jsonl");
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+        std::signal(SIGXFSZ, SIG_IGN);
+        struct rlimit limit {};
+        ::getrlimit(RLIMIT_FSIZE, &limit);
+        const rlim_t unlimited = limit.rlim_cur;
+        limit.rlim_cur = 2048;  // 2 KiB
+        ::setrlimit(RLIMIT_FSIZE, &limit);
+        std::string said;
+        try {
+            pv::AppendedFile f(path, "metrics", true);
+            f.write(std::string(1500, 'a') + "\n");
+            f.write(std::string(1500, 'b') + "\n");  // past 2 KiB: a short write, then EFBIG
+        } catch (const std::exception& e) {
+            said = e.what();
+        }
+        limit.rlim_cur = unlimited;
+        ::setrlimit(RLIMIT_FSIZE, &limit);
+        std::ofstream(dir.file("said")) << said;
+        std::_Exit(0);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    CHECK(slurp(dir.file("said")) == "metrics '" + path +
+                                         "': write failed: File too large (the file size limit (ulimit -f) is 2 KiB: "
+                                         "raise it with `ulimit -f unlimited`)");
+    CHECK(slurp(path).substr(0, 1501) == std::string(1500, 'a') + "\n");
+    // Appending keeps what is there; truncating starts empty.
+    {
+        pv::AppendedFile f(path, "metrics", true);
+        f.write("1\n");
+        f.close();
+        pv::AppendedFile g(path, "metrics", false);
+        g.write("2\n");
+        g.close();
+    }
+    CHECK(slurp(path) == "1\n2\n");
+    const std::string elsewhere = dir.file("users_notes.txt");
+    std::ofstream(elsewhere) << "keep me";
+    const std::string link = dir.file("linked.jsonl");
+    fs::create_symlink(elsewhere, link);
+    CHECK_THROWS_WITH(pv::AppendedFile(link, "metrics", true),
+                      Catch::Contains("metrics '" + link + "': is a symbolic link: refusing to write through it"));
+    CHECK(slurp(elsewhere) == "keep me");
+    CHECK_THROWS_WITH(pv::AppendedFile("/dev/null", "metrics", false), Catch::Contains("is not a regular file"));
+    CHECK_THROWS_WITH(pv::AppendedFile(dir.file("none/metrics.jsonl"), "metrics", true),
+                      Catch::Contains("cannot open to write: No such file or directory"));
+    CHECK(pv::write_error_advice(EROFS) == "the file system is read-only: choose a directory on a writable one");
+    CHECK(pv::write_error_advice(ENOSPC).find("the file system is full") == 0);
+}
+
+// Issue 28, row 16: tokenizer.json linked to /dev/urandom is no "missing tokenizer.json".
+TEST_CASE("optional_input_file: absent is false, a regular file true, anything else an error naming it", "[io]") {
+    TempDir dir;
+    const std::string path = dir.file("tokenizer.json");
+    CHECK_FALSE(pv::optional_input_file(path, "tokenizer.json"));
+    fs::create_symlink("/dev/urandom", path);
+    CHECK_THROWS_WITH(pv::optional_input_file(path, "tokenizer.json"),
+                      Catch::Contains("tokenizer.json '" + path + "': is a character device, not a regular file"));
+    fs::remove(path);
+    fs::create_symlink(dir.file("gone.json"), path);
+    CHECK_THROWS_WITH(pv::optional_input_file(path, "tokenizer.json"),
+                      Catch::Contains("is a symbolic link whose target cannot be reached"));
+    fs::remove(path);
+    write_text(path, "{}");
+    CHECK(pv::optional_input_file(path, "tokenizer.json"));
 }

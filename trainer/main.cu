@@ -370,6 +370,11 @@ int sample_with(const SampleOptions& o, const ModelDir& m) {
                                         std::to_string(positions) + ": shorten the prompt");
     } else {
         g.max_tokens = o.max_tokens;
+        if (prompt >= positions)  // no --max-tokens fits: the prompt is what to change
+            throw std::invalid_argument("the prompt's " + std::to_string(prompt) +
+                                        " tokens alone fill the model's max_position_embeddings of " +
+                                        std::to_string(positions) + ", leaving no room for --max-tokens " +
+                                        std::to_string(o.max_tokens) + ": shorten the prompt");
         if (prompt + o.max_tokens > positions)
             throw std::invalid_argument("the prompt's " + std::to_string(prompt) + " tokens + --max-tokens " +
                                         std::to_string(o.max_tokens) + " = " + std::to_string(prompt + o.max_tokens) +
@@ -695,6 +700,7 @@ int main_checked(int argc, char** argv) {
     if (c.kind == Command::Kind::export_model) return export_model(c.export_model), 0;
     if (c.kind == Command::Kind::tokenize) return tokenize_command(c.tokenize, std::cin, std::cout);
     if (c.kind == Command::Kind::plot) return std::printf("plot: %s\n", plot_runs(c.plot).c_str()), 0;
+    check_file_size_limit();  // before MPI_Init, which fails under a tiny one saying nothing of it (trainer/out_dir.h)
     install_stop_signals();  // before MPI starts its threads (trainer/signals.h)
     World world(&argc, &argv);
     if (world.rank() != 0 && !std::freopen("/dev/null", "w", stdout))  // rank 0 reports; errors from any rank

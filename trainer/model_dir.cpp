@@ -3,6 +3,7 @@
 
 #include "trainer/options.h"
 
+#include "io/input_file.h"
 #include "model/checkpoint.h"
 #include "model/checkpoint_files.h"
 #include "model/config_json.h"
@@ -68,10 +69,10 @@ ModelDir open_model_dir(const std::string& given) {
     } else {
         m.dtype = dtype_of_torch(config_path);
     }
-    if (fs::is_regular_file(fs::path(m.path) / "tokenizer.json"))
+    if (optional_input_file((fs::path(m.path) / "tokenizer.json").string(), "tokenizer.json"))
         m.tokenizer = (fs::path(m.path) / "tokenizer.json").string();
     const std::string generation_path = (fs::path(m.path) / "generation_config.json").string();
-    const bool generation = fs::is_regular_file(generation_path);
+    const bool generation = optional_input_file(generation_path, "generation_config.json");
     const GenerationConfig ids = read_generation_config(generation ? generation_path : config_path, m.config.vocab_size);
     m.eos_ids = ids.eos_token_ids;
     m.bos_id = ids.bos_token_id;

@@ -1,19 +1,23 @@
 // The output directory's housekeeping and the branch rule (see out_dir.h).
 #include "trainer/out_dir.h"
 
+#include "io/durable_file.h"
 #include "model/checkpoint.h"
 #include "trainer/state.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <stdexcept>
+#include <string_view>
 #include <system_error>
 
 namespace pv {
@@ -66,6 +70,37 @@ std::string parent_of(const std::string& checkpoint_dir) {
     return parent.empty() ? "." : parent.string();
 }
 
+// Whether `name` is step_N or step_N.tmp (N decimal digits): a name a run writes and replaces.
+bool checkpoint_name(std::string name) {
+    constexpr std::string_view prefix = "step_", suffix = ".tmp";
+    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+        name.resize(name.size() - suffix.size());
+    return name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0 &&
+           name.find_first_not_of("0123456789", prefix.size()) == std::string::npos;
+}
+
+bool is_real_directory(const fs::path& p) {
+    std::error_code ec;
+    return fs::symlink_status(p, ec).type() == fs::file_type::directory;
+}
+
+// Why the entry `p` named step_N or step_N.tmp is not the run's own (empty: it is). A run's
+// step_N is a directory (not a link) holding its marker, trainer_state.json; a run's step_N.tmp
+// is a directory (not a link) of regular files only, a checkpoint a crash interrupted.
+std::string not_the_runs(const fs::path& p) {
+    std::error_code ec;
+    if (fs::is_symlink(fs::symlink_status(p, ec))) return "is a symbolic link";
+    if (!is_real_directory(p)) return "is not a directory";
+    if (p.extension() != ".tmp")
+        return fs::symlink_status(p / kTrainerStateFile, ec).type() == fs::file_type::regular
+                   ? ""
+                   : "holds no " + std::string(kTrainerStateFile) + " (it is no checkpoint of a run)";
+    for (fs::directory_iterator it(p, ec), end; !ec && it != end; it.increment(ec))
+        if (it->symlink_status(ec).type() != fs::file_type::regular)
+            return "holds " + it->path().filename().string() + ", which is not a regular file (a checkpoint's is)";
+    return ec ? "cannot be listed: " + ec.message() : "";
+}
+
 }  // namespace
 
 void check_out_dir(const std::string& out_dir) {
@@ -75,9 +110,71 @@ void check_out_dir(const std::string& out_dir) {
             "--out-dir runs/first)");
     std::error_code ec;
     const fs::file_status status = fs::status(out_dir, ec);
+    if (ec && status.type() != fs::file_type::not_found)
+        throw std::invalid_argument(
+            "--out-dir " + out_dir + ": " + ec.message() +
+            (ec == std::errc::filename_too_long
+                 ? " (a component of the path is longer than NAME_MAX, 255 bytes, or the whole path longer than "
+                   "PATH_MAX, 4096): choose a shorter path"
+                 : ": choose another path for the run's output"));
+    if (status.type() == fs::file_type::not_found && fs::is_symlink(fs::symlink_status(out_dir, ec)))
+        throw std::invalid_argument("--out-dir " + out_dir + " is a symbolic link to " +
+                                    fs::read_symlink(out_dir, ec).string() +
+                                    ", which does not exist: create that directory, or choose another --out-dir");
     if (status.type() != fs::file_type::not_found && !fs::is_directory(status))
         throw std::invalid_argument("--out-dir " + out_dir +
                                     " exists and is not a directory: choose another path for the run's output");
+    if (status.type() == fs::file_type::not_found) return;
+    // What the run writes, replaces or removes must be its own: refused before anything is loaded.
+    const fs::path metrics = fs::path(out_dir) / "metrics.jsonl";
+    const fs::file_type metrics_type = fs::symlink_status(metrics, ec).type();
+    if (metrics_type != fs::file_type::not_found && metrics_type != fs::file_type::regular)
+        throw std::invalid_argument(metrics.string() + " is " +
+                                    (metrics_type == fs::file_type::symlink ? "a symbolic link" : "not a regular file") +
+                                    ": a run writes its metrics only into a file of its own there; move it away, or "
+                                    "choose another --out-dir");
+    for (fs::directory_iterator it(out_dir, ec), end; !ec && it != end; it.increment(ec)) {
+        if (!checkpoint_name(it->path().filename().string())) continue;
+        if (const std::string why = not_the_runs(it->path()); !why.empty())
+            throw std::invalid_argument(it->path().string() + " " + why +
+                                        ": it is not a checkpoint this program wrote, and a run replaces or removes "
+                                        "step_N and step_N.tmp in its --out-dir; move it away, or choose another "
+                                        "--out-dir");
+    }
+}
+
+void check_file_size_limit() {
+    const uint64_t limit = file_size_limit();
+    if (limit == 0 || limit >= kMinFileSizeLimit) return;
+    throw std::invalid_argument("the file size limit (ulimit -f) is " + std::to_string(limit / 1024) +
+                                " KiB: too small for a run (MPI's start-up alone writes a file of " +
+                                std::to_string(kMinFileSizeLimit >> 20) +
+                                " MiB, a checkpoint's files are larger still); raise it with `ulimit -f unlimited`");
+}
+
+namespace {
+std::string mib_text(unsigned long long bytes) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f MiB", double(bytes) / double(1 << 20));
+    return text;
+}
+}  // namespace
+
+void check_room_for_checkpoint(const std::string& out_dir, const CheckpointSize& size) {
+    const uint64_t limit = file_size_limit();
+    if (limit != 0 && size.largest > limit)
+        throw std::runtime_error("the file size limit (ulimit -f) is " + std::to_string(limit / 1024) +
+                                 " KiB, and this run's checkpoints hold a file of at least " + mib_text(size.largest) +
+                                 " (" + size.largest_file + "): raise it with `ulimit -f unlimited` (checked before "
+                                 "step 1, so no step is computed only to be lost)");
+    struct statvfs fs_stats {};
+    if (::statvfs(out_dir.c_str(), &fs_stats) != 0) return;  // unknown: the writes say what fails
+    const unsigned long long free_bytes = (unsigned long long)fs_stats.f_bavail * fs_stats.f_frsize;
+    if (free_bytes < size.total)
+        throw std::runtime_error("--out-dir " + out_dir + " has " + mib_text(free_bytes) +
+                                 " free, and a checkpoint of this run needs at least " + mib_text(size.total) +
+                                 ": free space there, or choose another --out-dir (checked before step 1, so no step "
+                                 "is computed only to be lost)");
 }
 
 std::vector<std::string> run_files(const std::string& out_dir) {
@@ -172,6 +269,7 @@ std::vector<std::string> prepare_out_dir(const std::string& out_dir, const std::
     fs::create_directories(out_dir, ec);
     if (ec) throw std::runtime_error("cannot create the output directory " + out_dir + ": " + ec.message());
     for (const std::string& tmp : checkpoint_temporaries(out_dir)) {
+        if (!not_the_runs(tmp).empty()) check_out_dir(out_dir);  // says why it is not removed
         remove_dir(tmp, "a checkpoint a crash left unfinished");
         said.push_back("removed " + tmp + ": a checkpoint whose writing never finished (never resumed from)");
     }

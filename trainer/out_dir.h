@@ -16,6 +16,11 @@
 //     flock mounts), not on every network file system: there it is a local lock only.
 //   - step_N.tmp directories are checkpoints a crash interrupted (model/checkpoint.h: never a
 //     checkpoint, never resumed from); a run removes them when it starts writing there.
+//   - Nothing the run did not write is replaced or removed. What a run writes, replaces or
+//     removes there must be its own, or the run is refused before anything is loaded, naming
+//     it: metrics.jsonl a regular file (not a link); each step_N a directory (not a link)
+//     holding trainer_state.json, its marker; each step_N.tmp a directory (not a link) of
+//     regular files only, as a crash leaves one. Files are opened with O_NOFOLLOW.
 //   - --keep-checkpoints K: after a checkpoint is complete (committed), the complete checkpoints
 //     older than the newest K are deleted — never before the new one is complete, and never one
 //     later than the new one (that would be another run's: it stays).
@@ -32,8 +37,31 @@
 
 namespace pv {
 
-// Refuses (std::invalid_argument naming the fix) an empty out_dir or a path that is not a directory.
+// Refuses (std::invalid_argument naming the fix) an empty out_dir, a path that is not a directory
+// (or too long, or a dangling link), and an out_dir holding what is not the run's (above).
 void check_out_dir(const std::string& out_dir);
+
+// The smallest file size limit (ulimit -f) `train` can start under: Open MPI's start-up writes a
+// 4 MiB file (its PMIx shared-memory store; measured: one process fails at 4000 KiB, starts at
+// 4096 KiB, as do two ranks), and a checkpoint's files are larger still.
+inline constexpr unsigned long long kMinFileSizeLimit = 4ull << 20;
+
+// Before MPI starts (MPI_Init fails with PMIx errors that say nothing of the limit): throws
+// std::invalid_argument when the file size limit (RLIMIT_FSIZE) is below kMinFileSizeLimit,
+// saying the limit in KiB and how to raise it.
+void check_file_size_limit();
+
+// What one checkpoint of a run writes, as the plan sizes it before step 1: its tensors' bytes (a
+// lower bound: the files' headers and padding are left out), its largest file and that file's name.
+struct CheckpointSize {
+    unsigned long long total = 0, largest = 0;
+    std::string largest_file;  // e.g. "adam_m.safetensors"
+};
+
+// Before step 1 (rank 0), so that no step is computed only to be lost: throws std::runtime_error
+// when the file size limit (ulimit -f) is below the checkpoint's largest file, or out_dir's free
+// space (statvfs) below the checkpoint's total, saying both sizes and the fix.
+void check_room_for_checkpoint(const std::string& out_dir, const CheckpointSize& size);
 
 // The files of a run in out_dir: metrics.jsonl and the complete checkpoints (paths, in that
 // order); empty when there is none or out_dir does not exist. Unfinished step_N.tmp are not a

@@ -296,8 +296,21 @@ class TrainingRun {
         write_file_atomically(o_.out_dir + "/run.yaml", "resolved options",
                               [&](const ByteSink& sink) { sink(yaml.data(), yaml.size()); });
         const std::string path = o_.out_dir + "/metrics.jsonl";
-        metrics_ = std::fopen(path.c_str(), start_step_ > 0 ? "a" : "w");
-        if (!metrics_) throw std::runtime_error("cannot write " + path);
+        metrics_.emplace(path, "metrics", start_step_ == 0);  // every record's write checked (io/durable_file.h)
+        check_room_for_checkpoint(o_.out_dir, checkpoint_size());
+    }
+
+    // One checkpoint's tensors (trainer/checkpoint.cu): the weights (a LoRA run's adapters only)
+    // and the optimizer's state of the trainable ones, each a file.
+    CheckpointSize checkpoint_size() const {
+        const unsigned long long trainable = model_->tensor_elements(GroupKind::trainable),
+                                 all = trainable + model_->tensor_elements(GroupKind::frozen);
+        const unsigned long long weights = (model_->lora().enabled() ? trainable : all) * sizeof(T),
+                                 moment = trainable * sizeof(acc_t<T>);
+        const int fields = AdamWState<T>::kHasMaster ? 3 : 2;
+        CheckpointSize size{weights + fields * moment, std::max(weights, moment), ""};
+        size.largest_file = weights >= moment ? weights_file(*model_) : "adam_m.safetensors";
+        return size;
     }
 
     void print_header() {
@@ -385,10 +398,9 @@ class TrainingRun {
                 const double val = evaluate(), perplexity = std::exp(val);
                 std::printf("          validation loss %.7f (perplexity %.2f)\n", val, perplexity);
                 if (metrics_)
-                    std::fprintf(metrics_, "{\"step\": %lld, \"val_loss\": %s, \"val_ppl\": %s}\n", step + 1,
+                    metrics_line("{\"step\": %lld, \"val_loss\": %s, \"val_ppl\": %s}\n", step + 1,
                                  json_number(val).c_str(), json_number(perplexity).c_str());
             }
-            if (metrics_) std::fflush(metrics_);
             // A stop signal on any rank (trainer/signals.h): this step is the last, with its checkpoint.
             if (r.stop_requests > 0) stop_requests_ = r.stop_requests, end_step_ = step + 1;
             if ((o_.checkpoint_interval > 0 && (step + 1) % o_.checkpoint_interval == 0) || step + 1 == end_step_) {
@@ -405,7 +417,7 @@ class TrainingRun {
             }
             std::fflush(stdout);
         }
-        if (metrics_) std::fclose(metrics_), metrics_ = nullptr;
+        if (metrics_) metrics_->close(), metrics_.reset();
     }
 
     // The step line and its metrics.jsonl record.
@@ -435,8 +447,7 @@ class TrainingRun {
                 "(%lld of --skip-nonfinite %lld)\n",
                 step + 1, r.nonfinite.c_str(), trainer_->skipped_steps(), o_.skip_nonfinite);
         if (metrics_)
-            std::fprintf(metrics_,
-                         "{\"step\": %lld, \"loss\": %s, \"lr\": %.17g, \"grad_norm\": %s, \"tokens_per_s\": %.6g, "
+            metrics_line("{\"step\": %lld, \"loss\": %s, \"lr\": %.17g, \"grad_norm\": %s, \"tokens_per_s\": %.6g, "
                          "\"ms\": %.6g, \"device_bytes\": %zu, \"device_peak_bytes\": %zu%s}\n",
                          step + 1, json_number(r.loss).c_str(), lr, json_number(r.grad_norm).c_str(), tokens_per_s, ms,
                          mem.device_current, mem.device_peak, r.skipped ? ", \"skipped\": true" : "");
@@ -567,7 +578,16 @@ class TrainingRun {
     std::unique_ptr<Trainer<T, G>> trainer_;
     long long start_step_ = 0, end_step_ = 0;
     long long stop_requests_ = 0;  // ranks that asked to stop (a signal): the run ended at end_step_
-    FILE* metrics_ = nullptr;
+    std::optional<AppendedFile> metrics_;
+    // One metrics.jsonl record, formatted as printf does, written whole or an error.
+    template <class... A>
+    void metrics_line(const char* format, A... args) {
+        const int n = std::snprintf(nullptr, 0, format, args...);
+        std::string line(size_t(n) + 1, '\0');
+        std::snprintf(line.data(), line.size(), format, args...);
+        line.pop_back();
+        metrics_->write(line);
+    }
     std::chrono::steady_clock::time_point start_, first_step_end_;  // this invocation's training; its first step's end
     double first_loss_ = NAN, last_loss_ = NAN;
 };
