@@ -38,6 +38,25 @@ FileDigests parse_file_digests(const nlohmann::json& files) {
     return out;
 }
 
+uint64_t trainer_state_checksum(nlohmann::json state) {
+    state.erase("checksum");
+    const std::string text = state.dump();
+    Xxh3 h;
+    h.update(text.data(), text.size());
+    return h.digest();
+}
+
+void check_trainer_state_checksum(const nlohmann::json& state) {
+    if (!state.is_object() || !state.contains("checksum")) return;
+    const nlohmann::json& v = state.at("checksum");
+    const uint64_t recorded = parse_checksum_hex(v.is_string() ? v.get<std::string>() : v.dump(), "checksum");
+    if (recorded != trainer_state_checksum(state))
+        throw std::runtime_error("its contents do not match its checksum " + checksum_hex(recorded) +
+                                 ": the file was edited or damaged after it was written (a changed step, dtype or "
+                                 "option would continue another run than the one saved); restore it from a copy of "
+                                 "the checkpoint");
+}
+
 FileDigests recorded_file_digests(const std::string& dir) {
     const std::string path = (fs::path(dir) / kTrainerStateFile).string();
     std::error_code ec;
@@ -45,6 +64,7 @@ FileDigests recorded_file_digests(const std::string& dir) {
     const std::string text = read_input_file(path, "trainer state", kMaxJsonFileBytes);
     try {
         const nlohmann::json j = nlohmann::json::parse(text);
+        check_trainer_state_checksum(j);
         if (!j.is_object() || !j.contains("files")) return {};
         return parse_file_digests(j["files"]);
     } catch (const std::exception& e) {

@@ -29,6 +29,14 @@ namespace pv {
 // The file that marks a complete checkpoint and holds its state (trainer/state.h).
 inline constexpr const char* kTrainerStateFile = "trainer_state.json";
 
+// trainer_state.json's own "checksum": XXH3-64 of the compact JSON text of the state without that
+// key (keys in order, as nlohmann dumps them), so reformatting the file keeps it valid and changing
+// any value does not. check_trainer_state_checksum throws std::runtime_error when a state holding a
+// checksum does not match it (a state without one is an older build's: nothing to verify). Every
+// reader of the file checks it first: the "files" it records are trusted only if it matches.
+uint64_t trainer_state_checksum(nlohmann::json state);
+void check_trainer_state_checksum(const nlohmann::json& state);
+
 // A checkpoint's files by name (no directory part): size and checksum as written.
 using FileDigests = std::map<std::string, FileDigest>;
 

@@ -1011,9 +1011,11 @@ TEST_CASE("train --init-from: a Hugging Face directory's weights, config and tok
     REQUIRE(fresh.status == 0);
     REQUIRE(init.status == 0);
     CHECK(init.output.find("init from " + e.hf.string() + ": 1 file (F32) -> fp32; rank 0 read ") != std::string::npos);
-    // The trained weights predict the corpus far better than a fresh model's.
+    // The trained weights predict the corpus better than a fresh model's: a fresh model's first loss
+    // is within ~0.01 of ln(vocab), and the source's six steps lower it by 0.25-0.35 depending on the
+    // corpus (the project's own documentation and headers, which every change edits), so 0.1.
     REQUIRE(losses(init.output).size() == 1);
-    CHECK(std::stod(losses(init.output)[0]) < std::stod(losses(fresh.output)[0]) - 0.3);
+    CHECK(std::stod(losses(init.output)[0]) < std::stod(losses(fresh.output)[0]) - 0.1);
     // lr 0: AdamW changes nothing, so the checkpoint holds the source's weights bit for bit; the
     // model files travel with it.
     const fs::path step = fs::path(dir.file("init")) / "step_1";

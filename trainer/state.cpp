@@ -37,14 +37,6 @@ std::string hex64(uint64_t v) {
 
 }  // namespace
 
-uint64_t trainer_state_checksum(nlohmann::json state) {
-    state.erase("checksum");
-    const std::string text = state.dump();
-    Xxh3 h;
-    h.update(text.data(), text.size());
-    return h.digest();
-}
-
 void write_trainer_state(const std::string& path, const TrainerState& s) {
     nlohmann::json j;
     j["format"] = "polevault-checkpoint";
@@ -118,16 +110,7 @@ TrainerState read_trainer_state(const std::string& path) {
         if (j.at("version").get<int>() != 1)
             throw std::runtime_error("version " + j.at("version").dump() +
                                      " is not 1; use the polevault that wrote it");
-        if (j.contains("checksum")) {  // absent: an older build's checkpoint, nothing to verify
-            const uint64_t recorded = parse_checksum_hex(j.at("checksum").is_string() ? j.at("checksum").get<std::string>()
-                                                                                       : j.at("checksum").dump(),
-                                                         "checksum");
-            if (recorded != trainer_state_checksum(j))
-                throw std::runtime_error(
-                    "its contents do not match its checksum " + checksum_hex(recorded) +
-                    ": the file was edited or damaged after it was written (a changed step, dtype or option would "
-                    "continue another run than the one saved); restore it from a copy of the checkpoint");
-        }
+        check_trainer_state_checksum(j);
         s.step = count_at(j, "/step");
         s.samples = count_at(j, "/loader/samples");
         if (const long long position = count_at(j, "/loader/position"); position != s.step)

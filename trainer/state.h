@@ -29,8 +29,6 @@
 #include "model/checkpoint_files.h"
 #include "trainer/options.h"
 
-#include <nlohmann/json_fwd.hpp>
-
 #include <cstdint>
 #include <map>
 #include <string>
@@ -75,14 +73,12 @@ std::string checkpoint_path(const std::string& out_dir, long long step);
 // std::runtime_error saying what was looked for when there is none.
 std::string resolve_checkpoint(const std::string& path);
 
-// Writes path atomically (tmp, fsync, rename), with "checksum": trainer_state_checksum of the rest;
+// Writes path atomically (tmp, fsync, rename), with "checksum": trainer_state_checksum of the rest
+// (model/checkpoint_files.h);
 // reads and validates it (std::runtime_error naming the file and the problem): the checksum when
 // present (older builds wrote none), loader.position and loader.samples against the step and the
 // batch, and the step against the name of a step_N directory holding the file.
 void write_trainer_state(const std::string& path, const TrainerState& s);
-// XXH3-64 of the state's compact JSON text without its "checksum" key (keys in order, as nlohmann
-// dumps them): reformatting the file keeps it valid, changing any value does not.
-uint64_t trainer_state_checksum(nlohmann::json state);
 TrainerState read_trainer_state(const std::string& path);
 
 // FNV-1a 64 over the tokens' int32 values, chained across calls through `h`.
