@@ -4,6 +4,7 @@
 #include "parallel/world.h"
 
 #include <chrono>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -136,6 +137,20 @@ void Comm::fence_from(cudaStream_t compute) {
 void Comm::fence_to(cudaStream_t compute) {
     CUDA_CHECK(cudaEventRecord(to_, stream_));
     CUDA_CHECK(cudaStreamWaitEvent(compute, to_, 0));
+}
+
+void Comm::begin_group() {
+    if (grouped_) throw std::logic_error("Comm::begin_group: a group is already open on " + name_);
+    grouped_ = true;
+    if (tracker_) tracker_->before("send/recv group");
+    NCCL_CHECK(ncclGroupStart());
+}
+
+void Comm::end_group() {
+    if (!grouped_) throw std::logic_error("Comm::end_group without begin_group on " + name_);
+    NCCL_CHECK(ncclGroupEnd());
+    if (tracker_) tracker_->after();
+    grouped_ = false;
 }
 
 void Comm::record(CollectiveKind kind, size_t count, ncclDataType_t dtype, int peer) {

@@ -121,18 +121,23 @@ class Comm {
         const Tracked tracked(tracker_.get(), CollectiveKind::broadcast);
         NCCL_CHECK(ncclBroadcast(send, recv, count, nccl_type<T>(), root, comm_, stream_));
     }
+    // Point-to-point transfers; between begin_group and end_group they form one NCCL group, posted
+    // together and complete together (a pipeline's send and the next receive: parallel/schedule.h).
     template <class T>
     void send(const T* buf, size_t count, int peer) {
         record(CollectiveKind::send, count, nccl_type<T>(), peer);
-        const Tracked tracked(tracker_.get(), CollectiveKind::send);
+        const Tracked tracked(grouped_ ? nullptr : tracker_.get(), CollectiveKind::send);
         NCCL_CHECK(ncclSend(buf, count, nccl_type<T>(), peer, comm_, stream_));
     }
     template <class T>
     void recv(T* buf, size_t count, int peer) {
         record(CollectiveKind::recv, count, nccl_type<T>(), peer);
-        const Tracked tracked(tracker_.get(), CollectiveKind::recv);
+        const Tracked tracked(grouped_ ? nullptr : tracker_.get(), CollectiveKind::recv);
         NCCL_CHECK(ncclRecv(buf, count, nccl_type<T>(), peer, comm_, stream_));
     }
+    // The watchdog brackets the whole group (its work is queued at ncclGroupEnd).
+    void begin_group();
+    void end_group();
 
     // The comm stream waits for `compute`'s work so far; `compute` waits for the comm stream's.
     void fence_from(cudaStream_t compute);
@@ -183,6 +188,7 @@ class Comm {
     int rank_ = 0, size_ = 1;
     cudaStream_t stream_ = nullptr;
     bool owns_stream_ = true;
+    bool grouped_ = false;  // between begin_group and end_group
     cudaEvent_t from_ = nullptr, to_ = nullptr;
     std::vector<CollectiveRecord> log_;
     long long collectives_ = 0;

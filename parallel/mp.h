@@ -10,12 +10,15 @@
 // Transfers run on the communication stream behind event fences; the compute stream waits for a
 // send before it can overwrite what is being sent.
 //
-// Schedule. With M micro-batches in flight (--microbatches M, M activation slots) the trainer
-// runs each group of M micro-batches as M forwards then M backwards, in micro-batch order
-// (GPipe's schedule, all-forward-all-backward): while stage r works on micro-batch k, stage r + 1
-// works on k − 1. A stage idles (p − 1) of every (M + p − 1) time slots — the bubble. M = 1 is
-// naive model parallelism: one stage busy at a time. Gradients accumulate in micro-batch order,
-// so an untied model trains bit for bit as on one rank.
+// Schedule (parallel/schedule.h). A step runs this rank's row of the pipeline's table: GPipe
+// (K forwards, then their K backwards; K = 1 is naive model parallelism, one stage busy at a
+// time) or 1F1B (warm-up forwards, then one forward and one backward alternately, so stage r
+// holds at most p − r micro-batches' activations instead of every one in flight). Between two
+// entries the rank issues the previous entry's send and the next entry's receive as one NCCL
+// group, the table's transfers exactly as the simulator checked them: 1F1B's neighbours would
+// otherwise each wait in a send for the other's receive. Every schedule runs the backwards in
+// micro-batch order, so gradients accumulate in micro-batch order and an untied model trains bit
+// for bit as on one rank. Evaluation (a forward alone, outside a step) receives and sends inline.
 //
 // Tied embeddings. The head multiplies by wte, so the last stage holds a copy of the embedding's
 // parameters and gradient (Llama's StageUnits); after the last micro-batch the first and last
@@ -34,18 +37,15 @@
 
 namespace pv {
 
-// The theoretical idle fraction of a GPipe pipeline of p stages and m micro-batches.
-inline double pipeline_bubble(int stages, int microbatches) {
-    return double(stages - 1) / double(microbatches + stages - 1);
-}
-
 template <class T, class G>
 class ModelParallel : public Strategy<T, G> {
   public:
-    // The model must hold stage comm.rank() of `bounds` (balance_stages) and have `microbatches`
-    // slots; collective over comm (the tied-embedding communicator is split off it).
-    ModelParallel(Llama<T>& model, Comm& comm, int microbatches, const std::vector<int>& bounds)
-        : Strategy<T, G>(model, &comm), microbatches_(microbatches), owner_(unit_stages(bounds)) {
+    // The model must hold stage comm.rank() of `bounds` (balance_stages) and have the slots of
+    // this rank's row of `schedule` (plan_strategy); collective over comm (the tied-embedding
+    // communicator is split off it).
+    ModelParallel(Llama<T>& model, Comm& comm, const PipelineSchedule& schedule, const std::vector<int>& bounds)
+        : Strategy<T, G>(model, &comm), schedule_(schedule), slots_(schedule.slots.at(size_t(comm.rank()))),
+          owner_(unit_stages(bounds)) {
         const int r = comm.rank(), p = comm.size();
         if ((model.first_unit() == 0) != (r == 0) || (model.end_unit() == model.num_units()) != (r == p - 1))
             throw std::logic_error("ModelParallel: rank " + std::to_string(r) + "'s model holds units [" +
@@ -53,7 +53,7 @@ class ModelParallel : public Strategy<T, G> {
                                    "), not a stage in rank order");
         const long long rows = model.rows(), hidden = model.config().hidden_size;
         if (r > 0)
-            for (int s = 0; s < microbatches; ++s)
+            for (int s = 0; s < slots_; ++s)
                 inputs_.emplace_back(size_t(rows * hidden), MemoryCategory::activations);
         if (model.config().tie_embeddings && p > 1) {
             ncclComm_t tied = nullptr;
@@ -69,7 +69,25 @@ class ModelParallel : public Strategy<T, G> {
     const char* name() const override { return "mp"; }
     bool sharded_optimizer() const override { return false; }
     Comm* data_comm() override { return nullptr; }  // every stage sees the whole batch
-    int slots() const override { return microbatches_; }
+    int slots() const override { return slots_; }
+
+    void run_micro_steps(int micro, const std::function<void(const PipeStep&, bool)>& run) override {
+        if (micro != schedule_.micro) {  // another count (a test hook's extra micro-batch): within the slots
+            schedule_ = make_pipeline_schedule(schedule_.kind, schedule_.ranks, micro, 1, slots_);
+            simulate_pipeline_schedule(schedule_);
+        }
+        const int r = this->comm_->rank();
+        const std::vector<PipeStep>& row = schedule_.steps[size_t(r)];
+        size_t last = row.size();  // the last backward
+        for (size_t i = 0; i < row.size(); ++i)
+            if (row[i].backward) last = i;
+        scheduled_ = true;
+        for (size_t i = 0; i <= row.size(); ++i) {
+            exchange(row, i);
+            if (i < row.size()) run(row[i], i == last);
+        }
+        scheduled_ = false;
+    }
     std::vector<Comm*> comms() override {
         std::vector<Comm*> out{this->comm_};
         if (tied_) out.push_back(tied_.get());
@@ -82,26 +100,26 @@ class ModelParallel : public Strategy<T, G> {
         const T* input = nullptr;
         if (c.rank() > 0) {
             T* in = inputs_[size_t(slot)].get();
-            c.fence_from(m.stream());  // the slot's last backward has read the buffer
-            c.recv(in, inputs_[size_t(slot)].size(), c.rank() - 1);
-            c.fence_to(m.stream());
+            if (!scheduled_) {  // evaluation: receive inline
+                c.fence_from(m.stream());  // the slot's last backward has read the buffer
+                c.recv(in, inputs_[size_t(slot)].size(), c.rank() - 1);
+                c.fence_to(m.stream());
+            }
             input = in;
         }
         forward_units(m, slot, m.first_unit(), m.end_unit(), input, batch, loss_sum, count, [](int) {});
-        if (c.rank() + 1 < c.size()) send(m.unit_output(m.end_unit() - 1, slot), c.rank() + 1);
+        if (!scheduled_ && c.rank() + 1 < c.size()) {
+            c.fence_from(m.stream());
+            c.send(m.unit_output(m.end_unit() - 1, slot), rows_hidden(), c.rank() + 1);
+            c.fence_to(m.stream());  // the buffer is not overwritten while it is read
+        }
     }
 
     void backward(int slot, const DeviceBatch& batch, double loss_scale, bool last) override {
         Llama<T>& m = this->model_;
         Comm& c = *this->comm_;
         if (!this->grad32_.empty()) m.zero_grads();
-        T* grad_out = nullptr;
-        if (c.rank() + 1 < c.size()) {
-            grad_out = m.residual_grad(0);
-            c.fence_from(m.stream());  // the previous backward is done with the buffer
-            c.recv(grad_out, size_t(m.rows() * m.config().hidden_size), c.rank() + 1);
-            c.fence_to(m.stream());
-        }
+        T* grad_out = c.rank() + 1 < c.size() ? received_grad_ : nullptr;  // the exchange before it received it
         const T* input = c.rank() > 0 ? inputs_[size_t(slot)].get() : nullptr;
         T* grad_in = backward_units(
             m, slot, m.first_unit(), m.end_unit(), input, grad_out, batch, loss_scale, [](int) {},
@@ -110,7 +128,7 @@ class ModelParallel : public Strategy<T, G> {
                 if (u == m.num_units() - 1 && !m.runs(0) && m.holds(0))
                     this->accumulate32(0);  // the head's part of wte
             });
-        if (c.rank() > 0) send(grad_in, c.rank() - 1);
+        sent_grad_ = grad_in;  // sent by the exchange after it
     }
 
     // The two partial gradients of a tied embedding, summed on the first and last stages.
@@ -130,17 +148,43 @@ class ModelParallel : public Strategy<T, G> {
     bool in_norm(int u) const override { return this->model_.runs(u); }  // the tied copy counts on the first stage
 
   private:
-    // Sends the residual stream (or its gradient) and makes the compute stream wait until the send
-    // has finished, so the buffer is not overwritten while it is read.
-    void send(const T* buf, int peer) {
+    size_t rows_hidden() const { return size_t(this->model_.rows() * this->model_.config().hidden_size); }
+
+    // The transfers of the table just before entry i of this rank's row (transfers_before): one
+    // NCCL group, fenced both ways so the compute stream neither overwrites a buffer being sent
+    // nor reads one being received before the group is done.
+    void exchange(const std::vector<PipeStep>& row, size_t i) {
         Llama<T>& m = this->model_;
         Comm& c = *this->comm_;
+        const std::vector<PipeTransfer> transfers = transfers_before(schedule_, c.rank(), i);
+        if (transfers.empty()) return;
+        // The entry a transfer belongs to: a send's in the round before i, a receive's from i on.
+        auto slot_of = [&](const PipeTransfer& t) {
+            const bool backward = t.gradient;
+            for (size_t k = 0; k < row.size(); ++k)
+                if (row[k].backward == backward && row[k].micro == t.micro) return row[k].slot;
+            throw std::logic_error("ModelParallel: no entry for a transfer of micro-batch " + std::to_string(t.micro));
+        };
         c.fence_from(m.stream());
-        c.send(buf, size_t(m.rows() * m.config().hidden_size), peer);
+        c.begin_group();
+        for (const PipeTransfer& t : transfers) {
+            if (t.send && !t.gradient) c.send(m.unit_output(m.end_unit() - 1, slot_of(t)), rows_hidden(), t.peer);
+            if (t.send && t.gradient) c.send(sent_grad_, rows_hidden(), t.peer);
+            if (!t.send && !t.gradient) c.recv(inputs_[size_t(slot_of(t))].get(), rows_hidden(), t.peer);
+            if (!t.send && t.gradient) {  // into the residual-gradient buffer not being sent
+                received_grad_ = sent_grad_ == m.residual_grad(0) ? m.residual_grad(1) : m.residual_grad(0);
+                c.recv(received_grad_, rows_hidden(), t.peer);
+            }
+        }
+        c.end_group();
         c.fence_to(m.stream());
     }
 
-    int microbatches_;
+    PipelineSchedule schedule_;
+    int slots_;
+    bool scheduled_ = false;           // inside run_micro_steps: the transfers are exchange's
+    T* sent_grad_ = nullptr;           // the last backward's input gradient, to send
+    T* received_grad_ = nullptr;       // where the next backward's output gradient was received
     std::vector<int> owner_;               // per unit, the rank (stage) holding it
     std::vector<DeviceBuffer<T>> inputs_;  // per slot: the residual stream received from the previous stage
     ncclComm_t tied_nccl_ = nullptr;

@@ -64,10 +64,13 @@ Offload parse_offload(const std::string& name) {
 
 void check_strategy(const StrategyOptions& o, int ranks) {
     const StrategyInfo& s = strategy_info(o.name);
-    if (o.microbatches > 1 && !s.stages)
-        throw std::invalid_argument("--microbatches " + std::to_string(o.microbatches) +
+    if (o.in_flight > 0 && !s.stages)
+        throw std::invalid_argument("--microbatches " + std::to_string(o.in_flight) +
                                     " is for --parallel mp (the "
                                     "pipeline's micro-batches in flight); drop it, or choose --parallel mp");
+    if (o.in_flight < 0)
+        throw std::invalid_argument("--microbatches " + std::to_string(o.in_flight) +
+                                    ": give the micro-batches in flight per stage, or 0 for the schedule's own");
     if (s.one_rank && ranks > 1) {
         std::vector<std::string> names;
         for (const StrategyInfo& t : kStrategies)
@@ -129,9 +132,22 @@ StrategyPlan plan_strategy(const StrategyOptions& o, const LlamaConfig& config, 
     if (p.info->stages) {
         p.stage_bounds = balance_stages(unit_costs(config, seq_len, parse_stage_balance(o.balance)), ranks);
         p.placement.stage = StageUnits{p.stage_bounds[size_t(rank)], p.stage_bounds[size_t(rank) + 1]};
-        p.placement.slots = o.microbatches;
+        p.schedule = pipeline_schedule_of(o, ranks);
+        p.placement.slots = p.schedule.slots[size_t(rank)];
     }
     return p;
+}
+
+PipelineSchedule pipeline_schedule_of(const StrategyOptions& o, int ranks) {
+    PipelineSchedule s = make_pipeline_schedule(o.pipeline, ranks, o.micro_per_step, 1, o.in_flight);
+    try {
+        simulate_pipeline_schedule(s);
+    } catch (const std::logic_error& e) {
+        throw std::invalid_argument(std::string("the ") + pipeline_schedule_name(o.pipeline) + " schedule of " +
+                                    std::to_string(ranks) + " stages and " + std::to_string(o.micro_per_step) +
+                                    " micro-batches cannot run: " + e.what());
+    }
+    return s;
 }
 
 std::vector<long long> zero3_gather_buffers(const std::vector<long long>& unit_elements, bool tied) {

@@ -9,6 +9,7 @@
 
 #include "model/config.h"
 #include "model/placement.h"
+#include "parallel/schedule.h"
 
 #include <string>
 #include <vector>
@@ -47,7 +48,9 @@ Offload parse_offload(const std::string& name);
 
 struct StrategyOptions {
     std::string name = "single";
-    int microbatches = 1;           // mp: micro-batches in flight (GPipe)
+    PipelineScheduleKind pipeline = PipelineScheduleKind::one_f_one_b;  // mp: the schedule (parallel/schedule.h)
+    int in_flight = 0;       // mp: at most this many micro-batches in flight per stage (0: the schedule's own)
+    int micro_per_step = 1;  // mp: micro-batches per optimizer step (every stage runs them all)
     std::string balance = "flops";  // mp: how the stages are balanced (parallel/stages.h)
     bool fp32_grad_accumulation = false;
     int shard_group = 0;  // zero1-3: shard over groups of this many consecutive ranks (0: the whole world)
@@ -65,11 +68,16 @@ struct StrategyPlan {
     int rank = 0, ranks = 1;            // the world
     int data_rank = 0, data_ranks = 1;  // the batch is split over data_ranks (1: every rank sees it all)
     std::vector<int> stage_bounds;      // stages: unit boundaries of every rank's stage
+    PipelineSchedule schedule;          // stages: the pipeline's table, checked by the simulator
     Placement placement;
 };
 
 // Checks the options and plans the strategy for rank `rank` of `ranks` with this model.
 StrategyPlan plan_strategy(const StrategyOptions& o, const LlamaConfig& config, int seq_len, int rank, int ranks);
+
+// The pipeline table of options `o` (a strategy with stages) on `ranks` ranks, checked by the
+// simulator; throws std::invalid_argument naming what cannot be scheduled.
+PipelineSchedule pipeline_schedule_of(const StrategyOptions& o, int ranks);
 
 // The data-parallel ranks of a strategy on `ranks` ranks (before a model exists).
 int data_ranks_of(const StrategyOptions& o, int ranks);

@@ -47,7 +47,9 @@ const char* group_line(GroupKind k, bool lora) {
 }
 
 RankMemory plan_rank(const PlanRequest& q, int rank) {
-    const StrategyPlan sp = plan_strategy(q.strategy, q.config, q.seq_len, rank, q.ranks);
+    StrategyOptions so = q.strategy;
+    so.micro_per_step = q.accumulation;  // a pipeline's slots depend on them (parallel/schedule.h)
+    const StrategyPlan sp = plan_strategy(so, q.config, q.seq_len, rank, q.ranks);
     const Placement& place = sp.placement;
     const auto layouts = model_layouts(q.config, q.dtype, place.shards, q.groups);
     const int units = int(layouts.size());
@@ -385,7 +387,7 @@ int largest_micro_batch(PlanRequest q, double budget, int limit) {
 
 int smallest_world(PlanRequest q, const std::string& strategy, double budget) {
     q.strategy.name = strategy;
-    if (strategy != "mp") q.strategy.microbatches = 1;
+    if (strategy != "mp") q.strategy.in_flight = 0;
     bool runs = false;  // the strategy accepted the request at some world size
     for (int n : {1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096}) {
         if (strategy_info(strategy).one_rank && n > 1) break;
@@ -416,7 +418,7 @@ StrategyChoice choose_strategy(const PlanRequest& request, double budget, bool s
     for (const std::string& s : order) {
         PlanRequest q = request;
         q.strategy.name = s;
-        if (s != "mp") q.strategy.microbatches = 1;
+        if (s != "mp") q.strategy.in_flight = 0;
         if (s == "zero2" || s == "zero3") q.strategy.fp32_grad_accumulation = false;
         MemoryPlan plan;
         try {
@@ -479,7 +481,7 @@ std::vector<std::string> changes_that_fit(const PlanRequest& request, double bud
             if (s == request.strategy.name) continue;
             PlanRequest q = request;
             q.strategy.name = s;
-            if (s != "mp") q.strategy.microbatches = 1;
+            if (s != "mp") q.strategy.in_flight = 0;
             if (s == "zero2" || s == "zero3") q.strategy.fp32_grad_accumulation = false;
             if (fits(q, budget)) {
                 line("--parallel " + s, q);
@@ -504,7 +506,7 @@ std::vector<std::string> changes_that_fit(const PlanRequest& request, double bud
         if (const int n = smallest_world(request, s, budget); n > request.ranks) {
             PlanRequest q = request;
             q.strategy.name = s, q.ranks = n;
-            if (s != "mp") q.strategy.microbatches = 1;
+            if (s != "mp") q.strategy.in_flight = 0;
             if (s == "zero3") q.strategy.fp32_grad_accumulation = false;
             line("--parallel " + s + " on " + std::to_string(n) + " ranks", q);
             break;

@@ -37,7 +37,7 @@ std::unique_ptr<Strategy<T, G>> make_strategy(const StrategyPlan& plan, Llama<T>
         case StrategyKind::zero3:
             return std::make_unique<Zero3<T, G>>(model, *comm, seed, groups(), plan.options.offload == Offload::params);
         case StrategyKind::mp:
-            return std::make_unique<ModelParallel<T, G>>(model, *comm, plan.options.microbatches, plan.stage_bounds);
+            return std::make_unique<ModelParallel<T, G>>(model, *comm, plan.schedule, plan.stage_bounds);
     }
     throw std::logic_error("make_strategy: unknown strategy");
 }

@@ -33,10 +33,12 @@
 #include "kernels/glue.cuh"
 #include "model/llama.h"
 #include "parallel/comm.h"
+#include "parallel/schedule.h"
 #include "parallel/shard_groups.h"
 #include "model/unit_loop.h"
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -94,6 +96,17 @@ class Strategy {
     int shard_rank() { return shard_comm() ? shard_comm()->rank() : 0; }
     // Micro-batches in flight at once (activation slots): 1, or the pipeline's (mp.h).
     virtual int slots() const { return 1; }
+
+    // One optimizer step's `micro` micro-batches on this rank, in the order of its schedule
+    // (parallel/schedule.h): `run(entry, last)` runs one forward or backward (`last`: the last
+    // backward of the step on this rank's units). Without a pipeline each forward is followed by
+    // its backward in slot 0; a pipeline runs its table's row and adds the transfers between entries.
+    virtual void run_micro_steps(int micro, const std::function<void(const PipeStep&, bool)>& run) {
+        for (int m = 0; m < micro; ++m) {
+            run(PipeStep{false, m, 0, 0}, false);
+            run(PipeStep{true, m, 0, 0}, m + 1 == micro);
+        }
+    }
     // Whether this rank holds every parameter whole (it can sample, for one).
     virtual bool holds_whole_model() const {
         return model_.first_unit() == 0 && model_.end_unit() == model_.num_units();
@@ -106,9 +119,6 @@ class Strategy {
     // a unit the rank does not hold (mp.h).
     virtual bool sharded_optimizer() const = 0;
     long long owned_begin(int u) { return sharded_optimizer() ? slice_begin(u) : 0; }
-    long long owned_len(int u) {
-        return !model_.holds(u) ? 0 : sharded_optimizer() ? slice_len(u) : model_.trainable(u).padded;
-    }
 
     // The start of an optimizer step: gradients to zero.
     virtual void begin_step() {

@@ -15,9 +15,9 @@ using pv::test::error_of;
 
 namespace {
 
-pv::StrategyOptions options(const std::string& name, int microbatches = 1, bool fp32 = false) {
+pv::StrategyOptions options(const std::string& name, int in_flight = 0, bool fp32 = false) {
     pv::StrategyOptions o;
-    o.name = name, o.microbatches = microbatches, o.fp32_grad_accumulation = fp32;
+    o.name = name, o.in_flight = in_flight, o.fp32_grad_accumulation = fp32;
     return o;
 }
 
@@ -42,15 +42,20 @@ TEST_CASE("each strategy plans the model it needs", "[plan]") {
         CHECK((p.placement.gradients == pv::Gradients::bound) == bound);
         CHECK((p.placement.parameters == pv::Parameters::bound) == (std::string(name) == "zero3"));
     }
-    // mp: every rank sees the whole batch and holds its stage, with a slot per micro-batch in flight.
+    // mp: every rank sees the whole batch and holds its stage, with a slot per micro-batch in flight:
+    // GPipe's group of 2 on every stage; 1F1B's p - r of the 4 micro-batches on stage r.
     const std::vector<int> bounds = pv::balance_stages(pv::unit_costs(c, 8, pv::StageBalance::flops), 3);
     for (int r = 0; r < 3; ++r) {
-        const pv::StrategyPlan p = pv::plan_strategy(options("mp", 2), c, 8, r, 3);
+        pv::StrategyOptions gpipe = options("mp", 2), one_f_one_b = options("mp");
+        gpipe.pipeline = pv::PipelineScheduleKind::gpipe;
+        gpipe.micro_per_step = one_f_one_b.micro_per_step = 4;
+        const pv::StrategyPlan p = pv::plan_strategy(gpipe, c, 8, r, 3);
         INFO("rank " << r);
         CHECK(p.data_ranks == 1);
         CHECK(p.data_rank == 0);
         CHECK(p.placement.shards == 1);
         CHECK(p.placement.slots == 2);
+        CHECK(pv::plan_strategy(one_f_one_b, c, 8, r, 3).placement.slots == 3 - r);
         CHECK(p.stage_bounds == bounds);
         CHECK(p.placement.stage.first == bounds[size_t(r)]);
         CHECK(p.placement.stage.end == bounds[size_t(r) + 1]);
@@ -68,11 +73,11 @@ TEST_CASE("strategy options that cannot run are refused with the fix", "[plan]")
           "--microbatches 4 is for --parallel mp (the pipeline's micro-batches in flight); drop it, or choose "
           "--parallel mp");
     for (const char* name : {"zero2", "zero3"})
-        CHECK(error_of<std::invalid_argument>([&] { pv::check_strategy(options(name, 1, true), 2); }) ==
+        CHECK(error_of<std::invalid_argument>([&] { pv::check_strategy(options(name, 0, true), 2); }) ==
               "--parallel " + std::string(name) +
                   " reduces gradients in the storage type: drop --fp32-grad-accumulation (or use ddp or zero1)");
     for (const char* name : {"single", "ddp", "zero1", "mp"})
-        CHECK_NOTHROW(pv::check_strategy(options(name, 1, true), 1));
+        CHECK_NOTHROW(pv::check_strategy(options(name, 0, true), 1));
     // mp needs at least as many units as ranks.
     CHECK_THROWS_AS(pv::plan_strategy(options("mp"), pv::preset("test-tied"), 8, 0, 9), std::invalid_argument);
 }

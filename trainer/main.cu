@@ -85,11 +85,10 @@ void apply_adapter_config(TrainOptions& o) {
     for (const std::string& t : a.lora.targets) o.lora_targets += (o.lora_targets.empty() ? "" : ",") + t;
 }
 
-// The automatic micro-batch (0): the largest divisor of batch / data ranks up to 8 (mp: one that
-// fills the pipeline); then the geometry's checks.
+// The automatic micro-batch (0): the largest divisor of batch / data ranks up to 8; then the
+// geometry's checks.
 void resolve_micro_batch(TrainOptions& o, int ranks) {
     const int data_ranks = data_ranks_of(strategy_options(o), ranks);  // mp: every stage sees the whole batch
-    const bool mp = strategy_info(o.parallel).stages;
     if (o.micro_batch > 0 && o.batch % (o.micro_batch * data_ranks) != 0)
         throw std::invalid_argument(
             "--batch " + std::to_string(o.batch) + " is not a whole number of micro-batches on each rank: --batch = "
@@ -105,19 +104,8 @@ void resolve_micro_batch(TrainOptions& o, int ranks) {
                                         std::to_string(data_ranks));
         const int per_rank = o.batch / data_ranks;
         for (int m = std::min(8, per_rank); m >= 1 && o.micro_batch == 0; --m)
-            if (per_rank % m == 0 && per_rank / m % o.microbatches == 0) o.micro_batch = m;
-        if (o.micro_batch == 0)
-            throw std::invalid_argument("--batch " + std::to_string(o.batch) +
-                                        " has no micro-batch size that gives a "
-                                        "multiple of --microbatches " +
-                                        std::to_string(o.microbatches) + " micro-batches: make --batch a multiple of " +
-                                        std::to_string(o.microbatches));
+            if (per_rank % m == 0) o.micro_batch = m;
     }
-    if (mp && o.batch % o.micro_batch == 0 && o.batch / o.micro_batch % o.microbatches != 0)
-        throw std::invalid_argument("--batch " + std::to_string(o.batch) + " / --micro-batch " +
-                                    std::to_string(o.micro_batch) + " = " + std::to_string(o.batch / o.micro_batch) +
-                                    " micro-batches per step do not fill whole pipeline rounds of --microbatches " +
-                                    std::to_string(o.microbatches) + ": make that count a multiple of it");
     accumulation_for(o.batch, o.micro_batch, data_ranks);  // a bad geometry fails before any data is read
 }
 
@@ -557,7 +545,7 @@ int plan_command(const TrainOptions& given, const PlanOptions& p) {
         for (const StrategyInfo& s : strategy_registry()) {
             PlanRequest alt = q;
             alt.strategy.name = s.name;
-            if (!s.stages) alt.strategy.microbatches = 1;
+            if (!s.stages) alt.strategy.in_flight = 0;
             if (!s.fp32_accumulation) alt.strategy.fp32_grad_accumulation = false;
             try {
                 const MemoryPlan a = plan_memory(alt);
@@ -721,7 +709,7 @@ int main_checked(int argc, char** argv) {
         c = parse_command(argc, argv, saved, OptionSource::checkpoint);
         apply_accumulation(c.train, world.size(), &c.train_sources);
         // Leaving a pipeline for another strategy drops its micro-batches in flight (unless given again).
-        if (c.train.parallel != "mp" && c.train.microbatches == saved.microbatches) c.train.microbatches = 1;
+        if (c.train.parallel != "mp" && c.train.microbatches == saved.microbatches) c.train.microbatches = 0;
         // Leaving ZeRO drops its shard group (unless given again): the checkpoint is whole either way.
         if (c.train.parallel != "auto" && !strategy_info(c.train.parallel).shard_groups &&
             c.train.shard_group == saved.shard_group)

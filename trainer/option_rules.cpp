@@ -47,7 +47,7 @@ const std::map<std::string, NumberRule>& number_rules() {
         {"beta1",                  real(0, 1, false, true)},  // 1 would divide by 1 - beta^t = 0
         {"beta2",                  real(0, 1, false, true)},
         {"eps",                    real(0, kHuge, true)},
-        {"microbatches",           at_least(1)},
+        {"microbatches",           at_least(0)},
         {"shard_group",            at_least(0)},
         {"checkpoint_activations", at_least(-1)},  // and not 1: checked below
         {"eval_interval",          at_least(0)},
@@ -115,6 +115,7 @@ std::vector<std::string> option_choices(const std::string& key) {
     }
     if (key == "interconnect") return {"fast", "slow"};
     if (key == "balance") return {"flops", "params"};
+    if (key == "pipeline_schedule") return {"gpipe", "1f1b"};
     if (key == "offload") return {"none", "optimizer", "params"};
     if (key == "quantize") return {"", "nf4"};
     return {};
@@ -150,7 +151,7 @@ std::vector<std::string> train_option_problems(const nlohmann::json& j) {
     if (j.contains("checkpoint_activations") && j.at("checkpoint_activations") == 1)
         say("checkpoint_activations", j.at("checkpoint_activations"),
             "give -1 (off), 0 (every block recomputes) or N >= 2 (one block in N keeps its activations)");
-    for (const char* key : {"dtype", "schedule", "parallel", "interconnect", "balance", "offload", "quantize"}) {
+    for (const char* key : {"dtype", "schedule", "parallel", "interconnect", "balance", "pipeline_schedule", "offload", "quantize"}) {
         if (!j.contains(key)) continue;
         const nlohmann::json& v = j.at(key);
         const std::vector<std::string> choices = option_choices(key);

@@ -29,7 +29,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, in
                                                 schedule_steps, final_lr_fraction,
                                                 clip, skip_nonfinite, weight_decay, decay_norm_weights, beta1, beta2,
                                                 eps, dtype, stochastic_rounding, fp32_grad_accumulation, seed, parallel,
-                                                interconnect, microbatches, balance, shard_group, freeze, eval_interval,
+                                                interconnect, microbatches, pipeline_schedule, balance, shard_group, freeze, eval_interval,
                                                 eval_batches, out_dir, checkpoint_interval, resume, stop_after, prompt,
                                                 sample_tokens, temperature, top_p, document_mask, lora_rank, lora_alpha,
                                                 rslora, lora_targets, lora_dropout, adapter, quantize, double_quant,
@@ -132,7 +132,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& train_flag_
                           "fp32-grad-accumulation", "seed"}},
         {"LoRA/QLoRA", {"lora-rank", "lora-alpha", "rslora", "lora-targets", "lora-dropout", "quantize",
                         "double-quant", "adapter"}},
-        {"Parallel", {"parallel", "interconnect", "gpu-memory", "microbatches", "balance", "shard-group", "offload",
+        {"Parallel", {"parallel", "interconnect", "gpu-memory", "microbatches", "pipeline-schedule", "balance", "shard-group", "offload",
                       "collective-timeout"}},
         {"Checkpoints", {"checkpoint-interval", "resume", "allow-inexact-resume", "stop-after", "keep-checkpoints",
                          "overwrite-later", "extend-schedule", "keep-schedule"}},
@@ -278,8 +278,14 @@ void add_train_flags(CLI::App& app, TrainOptions& o, std::string* run_file = nul
         ->check(directory_or_empty);
     app.add_option(
            "--microbatches", o.microbatches,
-           "mp: micro-batches in flight in the pipeline (GPipe: that many forwards, then their backwards; "
-           "1: naive model parallel). The micro-batches per step (batch / micro-batch) must be a multiple of it");
+           "mp: at most this many micro-batches in flight per stage (gpipe: groups of that many forwards, "
+           "then their backwards, 1 = naive model parallel; 1f1b: a shorter warm-up). 0: the schedule's own "
+           "(gpipe: every micro-batch of the step; 1f1b: p - r on stage r)");
+    app.add_option("--pipeline-schedule", o.pipeline_schedule,
+                   "mp: the pipeline schedule: 1f1b (warm-up forwards, then one forward and one backward in turn; "
+                   "stage r holds at most p - r micro-batches) or gpipe (all forwards, then all backwards); the "
+                   "same gradients either way")
+        ->check(choice_check(option_choices("pipeline_schedule")));
     app.add_option("--checkpoint-activations", o.checkpoint_activations,
                    "Activation checkpointing: a transformer block keeps only its output during the forward and "
                    "recomputes its activations just before its backward (one more forward of the recomputed "
@@ -884,8 +890,16 @@ LoraConfig lora_config(const TrainOptions& o) {
 }
 
 StrategyOptions strategy_options(const TrainOptions& o) {
-    return StrategyOptions{o.parallel,    o.microbatches,          o.balance, o.fp32_grad_accumulation,
-                           o.shard_group, parse_offload(o.offload)};
+    StrategyOptions s;
+    s.name = o.parallel;
+    s.pipeline = parse_pipeline_schedule(o.pipeline_schedule);
+    s.in_flight = o.microbatches;
+    s.micro_per_step = o.micro_batch > 0 && o.batch % o.micro_batch == 0 ? std::max(1, o.batch / o.micro_batch) : 1;
+    s.balance = o.balance;
+    s.fp32_grad_accumulation = o.fp32_grad_accumulation;
+    s.shard_group = o.shard_group;
+    s.offload = parse_offload(o.offload);
+    return s;
 }
 
 ActivationCheckpointing activation_checkpointing(const TrainOptions& o) {

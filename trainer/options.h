@@ -82,7 +82,8 @@ struct TrainOptions {
     uint64_t seed = 1337;
     std::string parallel = "auto";      // auto, single, ddp, zero1, zero2, zero3 or mp (parallel/)
     std::string interconnect = "fast";  // auto's hint: "slow" puts mp before the ZeRO stages
-    int microbatches = 1;               // mp: micro-batches in flight in the pipeline (GPipe)
+    int microbatches = 0;               // mp: most micro-batches in flight per stage (0: the schedule's own)
+    std::string pipeline_schedule = "1f1b";  // mp: gpipe or 1f1b (parallel/schedule.h)
     std::string balance = "flops";      // mp: balance the stages by flops or params
     int shard_group = 0;                // zero1-3: shard within groups of this many ranks (0: all; HSDP)
     std::string offload = "none";       // none, optimizer or params (parallel/plan.h Offload)

@@ -8,10 +8,11 @@
 //      while it travels.
 //   2. Each micro-step: forward (its loss sum kept), backward with loss scale 1/C, so that the
 //      gradients summed over micro-steps and ranks are those of the global mean loss; the
-//      strategy communicates in its hooks. With S activation slots (a pipeline, parallel/mp.h)
-//      the micro-steps run in groups of S: S forwards, then their S backwards in the same order
-//      (GPipe); with one slot, forward and backward alternate. Either way gradients accumulate
-//      in micro-batch order.
+//      strategy communicates in its hooks. The strategy gives the order (Strategy::run_micro_steps):
+//      forward and backward alternate in one slot, or a pipeline runs its schedule's row
+//      (parallel/schedule.h: GPipe, 1F1B), a micro-batch's activations in its slot from its
+//      forward to its backward. Every schedule runs a unit's backwards in micro-batch order, so
+//      gradients accumulate in micro-batch order.
 //   3. The strategy completes the owned gradients; the loss (sum over ranks / C) is all-reduced
 //      for the log (a pipeline's stages before the last contribute zeros), and with it, in the
 //      same all-reduce, each rank's stop request (1 when a stop signal reached it before the step:
@@ -189,19 +190,18 @@ class Trainer {
         if (losses_.size() < micro.size()) losses_ = DeviceBuffer<A>(micro.size(), MemoryCategory::workspace);
         s_.begin_step();
         CUDA_CHECK(cudaMemsetAsync(losses_.get(), 0, micro.size() * sizeof(A), stream));
-        const size_t slots = size_t(s_.slots());
-        for (size_t first = 0; first < micro.size(); first += slots) {
-            const size_t n = std::min(slots, micro.size() - first);
-            for (size_t k = 0; k < n; ++k) forward_slot(int(k), micro[first + k], t, losses_.get() + first + k);
-            if (first == 0) {  // the backward needs the count (its loss scale): one integer all-reduce
+        bool have_count = false;  // the backward needs the count (its loss scale): one integer all-reduce
+        s_.run_micro_steps(int(micro.size()), [&](const PipeStep& e, bool last) {
+            const size_t m = size_t(e.micro);
+            if (!e.backward) return forward_slot(e.slot, micro[m], t, losses_.get() + m);
+            if (!have_count) {  // after this rank's first forwards: the device is busy while it travels
                 r.counted = s_.data_comm() ? count_over_ranks(local, *s_.data_comm()) : local;
                 if (r.counted == 0)
                     throw std::runtime_error("step " + std::to_string(t) + " has no counted target tokens");
+                have_count = true;
             }
-            for (size_t k = 0; k < n; ++k)
-                s_.backward(int(k), device_batch(k, micro[first + k], t), 1.0 / double(r.counted),
-                            first + k + 1 == micro.size());
-        }
+            s_.backward(e.slot, device_batch(size_t(e.slot), micro[m], t), 1.0 / double(r.counted), last);
+        });
         s_.finish_gradients();
         if (inject_.fires(t, s_.comm() ? s_.comm()->rank() : 0)) inject_nonfinite_gradient(s_, inject_.tensor);
         sum_losses(losses_.get(), int(micro.size()), sums_.get() + kLossSum, stream);  // in micro-batch order

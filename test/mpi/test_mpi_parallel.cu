@@ -128,7 +128,8 @@ struct Options {
           frozen(std::move(frozen_)),
           documents(documents_) {}
     int accumulation;
-    int microbatches;  // mp: micro-batches in flight
+    int microbatches;  // mp: micro-batches in flight (0: the schedule's own)
+    pv::PipelineScheduleKind pipeline = pv::PipelineScheduleKind::gpipe;  // mp
     bool tied;
     std::set<std::string> frozen;               // tensors in frozen groups (polevault names)
     bool documents;                             // packed documents (sample)
@@ -153,6 +154,14 @@ Options lora_options() {
 // trainable and a frozen group, and freeze a fused matrix.
 const std::set<std::string> kFrozen = {"wte", "layers.0.attn_norm", "layers.1.w_gate_up"};
 
+// The activation slots stage r of p needs, from the schedules' definitions (parallel/schedule.h):
+// GPipe holds its group of K (every micro-batch of the step without a cap), 1F1B at most p − r.
+int pipeline_slots(const Options& o, int p, int r) {
+    const int micro = o.accumulation * p, cap = o.microbatches > 0 ? o.microbatches : micro;
+    if (o.pipeline == pv::PipelineScheduleKind::gpipe) return std::min(cap, micro);
+    return std::min({p - r, micro, cap});
+}
+
 // Trains kSteps steps of the global batch (kMicro × accumulation × world_ranks sequences) with
 // `strategy` ("single", "ddp", "zero1", "zero2", "zero3", "mp") on `comm` (null: single on one
 // rank, all of the batch). Data-parallel ranks take slice r of the batch; mp stages all of it.
@@ -167,7 +176,8 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
     RunResult r;
     {
         pv::StrategyOptions so;
-        so.name = strategy, so.microbatches = opt.microbatches, so.fp32_grad_accumulation = !std::is_same_v<G, T>;
+        so.name = strategy, so.in_flight = mp ? opt.microbatches : 0, so.fp32_grad_accumulation = !std::is_same_v<G, T>;
+        so.pipeline = opt.pipeline, so.micro_per_step = opt.accumulation * (mp ? world_ranks : 1);
         so.shard_group = opt.shard_group;
         so.offload = opt.offload;
         const pv::StrategyPlan plan = pv::plan_strategy(so, config, kSeq, rank, ranks);
@@ -514,6 +524,40 @@ TEST_CASE("mp runs the GPipe schedule: M forwards then M backwards per group, on
         REQUIRE(mp.schedule.size() == size_t(kSteps));
         for (const std::string& order : mp.schedule) CHECK(order == expected);
     }
+}
+
+// 1F1B (parallel/schedule.h): stage r runs min(p − r − 1, M) warm-up forwards, then one forward
+// and one backward in turn, then the remaining backwards — read from its own transfers — and
+// trains what single trains: untied bit for bit, tied within 1e-10 (fp64), with and without a cap
+// on the micro-batches in flight, and with LoRA (dropout on) and QLoRA.
+TEST_CASE("mp runs 1F1B: warm-up, one forward one backward, cool-down; the single run's weights, untied bit for bit",
+          "[parallel][mp][parity]") {
+    pv::World world(nullptr, nullptr);
+    const int p = world.size(), r = world.rank(), micro = kAccumulation * p;
+    const RunResult single = reference<double>(world);
+    const RunResult single_untied = reference<double>(world, Options{kAccumulation, 1, false});
+    for (int cap : {0, 2}) {
+        INFO("1f1b, in flight at most " << cap << " (0: p - r), rank " << r);
+        Options o{kAccumulation, cap}, untied{kAccumulation, cap, false};
+        o.pipeline = untied.pipeline = pv::PipelineScheduleKind::one_f_one_b;
+        const int warmup = std::min({p - r - 1, micro, cap > 0 ? cap - 1 : micro});
+        std::string expected = std::string(size_t(warmup), 'F');
+        for (int k = 0; k + warmup < micro; ++k) expected += "FB";
+        expected += std::string(size_t(warmup), 'B');
+        const RunResult mp = train<double>("mp", &world.comm(), p, o);
+        REQUIRE(mp.schedule.size() == size_t(kSteps));
+        for (const std::string& order : mp.schedule) CHECK(order == expected);
+        check_close(mp, single);
+        check_identical(train<double>("mp", &world.comm(), p, untied), single_untied);
+    }
+    Options lora = lora_options(), qlora = lora_options();
+    qlora.nf4 = true;
+    lora.pipeline = qlora.pipeline = pv::PipelineScheduleKind::one_f_one_b;
+    lora.microbatches = qlora.microbatches = 0;
+    check_close(train<double>("mp", &world.comm(), p, lora), reference<double>(world, lora_options()));
+    Options qlora_single = lora_options();
+    qlora_single.nf4 = true;
+    check_close(train<double>("mp", &world.comm(), p, qlora), reference<double>(world, qlora_single));
 }
 
 namespace parallel_test {
@@ -906,7 +950,7 @@ void check_checkpointing(pv::World& world, const std::string& strategy, Options 
     const pv::LlamaConfig config = awkward_model(world.size(), opt.tied);
     const pv::StageUnits stage =
         mp ? pv::StageUnits{ckpt.stages[size_t(rank)], ckpt.stages[size_t(rank) + 1]} : pv::StageUnits{};
-    const int slots = mp ? opt.microbatches : 1;
+    const int slots = mp ? pipeline_slots(opt, world.size(), rank) : 1;
     const double received = mp && rank > 0 ? double(slots) * kMicro * kSeq * config.hidden_size * sizeof(T) : 0;
     const auto arenas = [&](const pv::ActivationCheckpointing& c) {
         return double(
@@ -953,6 +997,10 @@ TEST_CASE("activation checkpointing trains bit for bit as without it: every dtyp
         pipelined.microbatches = 2;
         check_checkpointing<double>(world, "mp", pipelined);
     }
+    Options one_f_one_b;  // each stage's own slots (p - r)
+    one_f_one_b.microbatches = 0, one_f_one_b.pipeline = pv::PipelineScheduleKind::one_f_one_b;
+    check_checkpointing<double>(world, "mp", one_f_one_b);
+    check_checkpointing<__nv_bfloat16>(world, "mp", one_f_one_b, {true, 2});
 }
 
 TEST_CASE("mp with frozen tensors: transfers, bytes on the wire and memory per stage are exactly as designed",

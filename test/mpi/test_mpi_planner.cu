@@ -35,10 +35,16 @@ struct Case {
     std::string strategy;
     std::string variant;  // "full", "frozen", "lora", "qlora"
     bool tied = true;
-    int microbatches = 1;  // mp
+    int microbatches = 1;  // mp: in flight (0: the schedule's own)
     pv::Offload offload = pv::Offload::none;
     pv::ActivationCheckpointing checkpointing{};  // --checkpoint-activations
+    pv::PipelineScheduleKind pipeline = pv::PipelineScheduleKind::gpipe;  // mp
 };
+
+// Micro-steps of the step: mp runs the accumulation times its in-flight count (4 with the schedule's own).
+int micro_steps(const Case& c) {
+    return kAccumulation * (c.strategy == "mp" ? (c.microbatches > 0 ? c.microbatches : 2) : 1);
+}
 
 pv::GroupOptions groups_of(const std::string& variant) {
     pv::GroupOptions g;
@@ -75,8 +81,8 @@ Measured run_step(const Case& c, const pv::LlamaConfig& config, pv::Comm* comm) 
     pv::reset_memory_peaks();
     {
         pv::StrategyOptions so;
-        so.name = c.strategy, so.microbatches = c.microbatches, so.fp32_grad_accumulation = !std::is_same_v<G, T>;
-        so.offload = c.offload;
+        so.name = c.strategy, so.in_flight = c.strategy == "mp" ? c.microbatches : 0, so.fp32_grad_accumulation = !std::is_same_v<G, T>;
+        so.offload = c.offload, so.pipeline = c.pipeline, so.micro_per_step = micro_steps(c);
         const pv::StrategyPlan plan = pv::plan_strategy(so, config, kSeq, rank, ranks);
         const pv::GroupOptions groups = groups_of(c.variant);
         pv::ModelOptions mo;
@@ -88,8 +94,7 @@ Measured run_step(const Case& c, const pv::LlamaConfig& config, pv::Comm* comm) 
         auto s = pv::make_strategy<T, G>(plan, model, comm, 42);
         auto optimizer = pv::Trainer<T, G>::make_optimizer(*s, c.offload != pv::Offload::none);
         pv::Trainer<T, G> trainer(*s, *optimizer);
-        const int micro = kAccumulation * (c.strategy == "mp" ? c.microbatches : 1);  // micro-steps of the step
-        trainer.step(batches(micro, kMicro * kSeq, config.vocab_size, 7), 1e-3, 1, 1.0, pv::AdamWSettings{});
+        trainer.step(batches(micro_steps(c), kMicro * kSeq, config.vocab_size, 7), 1e-3, 1, 1.0, pv::AdamWSettings{});
         s->settle_parameters();
         CUDA_CHECK(cudaDeviceSynchronize());
     }
@@ -108,12 +113,12 @@ double check_case(const Case& c, pv::Comm* comm, const char* dtype) {
     const pv::LlamaConfig config = pv::test::awkward_model(ranks, c.tied);
     pv::PlanRequest q;
     q.config = config, q.dtype = pv::dtype_of<T>(), q.groups = groups_of(c.variant);
-    q.strategy.name = c.strategy, q.strategy.microbatches = c.microbatches;
+    q.strategy.name = c.strategy, q.strategy.in_flight = c.strategy == "mp" ? c.microbatches : 0, q.strategy.pipeline = c.pipeline;
     q.strategy.fp32_grad_accumulation = !std::is_same_v<G, T>;
     q.strategy.offload = c.offload;
     q.checkpointing = c.checkpointing;
     q.ranks = ranks, q.micro_batch = kMicro, q.seq_len = kSeq;
-    q.accumulation = kAccumulation * (c.strategy == "mp" ? c.microbatches : 1);
+    q.accumulation = micro_steps(c);
     const pv::MemoryPlan plan = pv::plan_memory(q);
     const pv::RankMemory& mine = plan.ranks.at(plan.ranks.size() == 1 ? 0 : size_t(rank));
     const Measured m = run_step<T, G>(c, config, comm);
@@ -170,6 +175,11 @@ TEST_CASE("the memory planner equals the measured peaks of a real step", "[plann
         if (strategy != "zero2" && strategy != "zero3") check_case<__nv_bfloat16, float>({strategy, "full"}, c, "bf16");
     }
     check_case<float, float>({"mp", "full", true, 2}, comm, "fp32");  // two micro-batches in flight
+    // 1F1B: stage r holds min(p - r, 4) micro-batches' activations (its own slots), fewer than GPipe's 4.
+    const auto f1b1 = pv::PipelineScheduleKind::one_f_one_b;
+    check_case<float, float>({"mp", "full", true, 0, pv::Offload::none, {}, f1b1}, comm, "fp32");
+    check_case<__nv_bfloat16, __nv_bfloat16>({"mp", "qlora", false, 0, pv::Offload::none, {}, f1b1}, comm, "bf16");
+    check_case<double, double>({"mp", "lora", true, 0, pv::Offload::none, {true, 2}, f1b1}, comm, "fp64");
     // CPU offload: the optimizer state as host lines, none of it on the device, the staging.
     using O = pv::Offload;
     check_case<__nv_bfloat16, __nv_bfloat16>({"single", "full", true, 1, O::optimizer}, nullptr, "bf16");
