@@ -11,8 +11,8 @@
 # The runs: the default run (250 steps, every default) on a fixed data directory prepared from
 # TEXT (default ../shared/data/tinyshakespeare.txt), so edits to the README, docs/ and headers (the
 # built-in corpus) do not move it; fp64 and bf16 runs of 4 steps under every strategy at 1, 2 and
-# 4 ranks (mp also as a 2-deep pipeline, bf16 also with stochastic rounding and fp32 gradient
-# accumulation); and resumes across strategies and world sizes (zero3@4 -> ddp@2, mp@4 -> zero2@2,
+# 4 ranks (pp also under GPipe with 2 in flight and 1F1B over 8 micro-batches, bf16 also with stochastic rounding and fp32 gradient
+# accumulation); and resumes across strategies and world sizes (zero3@4 -> ddp@2, pp@4 -> zero2@2,
 # ddp@2 -> single@1). BITEXACT_QUICK=1 leaves out the default run (3-4 minutes of the ~6).
 # Timings (tokens/s, ms) are not compared; device bytes are listed separately and only reported.
 set -euo pipefail
@@ -49,16 +49,17 @@ record() {
     for dtype in fp64 bf16; do
         run "single-$dtype" 1 "${short[@]}" --dtype "$dtype"
         for ranks in 2 4; do
-            for p in ddp zero1 zero2 zero3 mp; do
+            for p in ddp zero1 zero2 zero3 pp; do
                 run "$p$ranks-$dtype" "$ranks" "${short[@]}" --dtype "$dtype" --parallel "$p"
             done
         done
-        run "mp4-gpipe-$dtype" 4 "${short[@]}" --dtype "$dtype" --parallel mp --microbatches 2 --micro-batch 2
+        run "pp4-gpipe-$dtype" 4 "${short[@]}" --dtype "$dtype" --parallel pp --pipeline-schedule gpipe --in-flight 2 --micro-batch 2
+        run "pp4-1f1b-$dtype" 4 "${short[@]}" --dtype "$dtype" --parallel pp --micro-batch 1
         # Resumes across strategies and world sizes: stop at step 2, continue elsewhere.
         run "resume-zero3-ddp-$dtype" 4 "${short[@]}" --dtype "$dtype" --parallel zero3 --stop-after 2
         run "resume-zero3-ddp-$dtype" 2 --resume "runs/resume-zero3-ddp-$dtype" --parallel ddp
-        run "resume-mp-zero2-$dtype" 4 "${short[@]}" --dtype "$dtype" --parallel mp --stop-after 2
-        run "resume-mp-zero2-$dtype" 2 --resume "runs/resume-mp-zero2-$dtype" --parallel zero2
+        run "resume-pp-zero2-$dtype" 4 "${short[@]}" --dtype "$dtype" --parallel pp --stop-after 2
+        run "resume-pp-zero2-$dtype" 2 --resume "runs/resume-pp-zero2-$dtype" --parallel zero2
         run "resume-ddp-single-$dtype" 2 "${short[@]}" --dtype "$dtype" --parallel ddp --stop-after 2
         run "resume-ddp-single-$dtype" 1 --resume "runs/resume-ddp-single-$dtype" --parallel single
     done

@@ -22,8 +22,8 @@ const std::vector<StrategyInfo> kStrategies = {
      true, true, false, false, false, true},
     {StrategyKind::zero3, "zero3", "parameters sharded too, each unit all-gathered just before it runs", false, true,
      true, true, false, false, true},
-    {StrategyKind::mp, "mp",
-     "model parallel: each rank runs a contiguous stage of the layers, the residual stream sent between stages", false,
+    {StrategyKind::pp, "pp",
+     "pipeline parallel: each rank runs a contiguous stage of the layers, the residual stream sent between stages", false,
      false, false, false, true, true, false},
 };
 
@@ -37,7 +37,8 @@ std::vector<std::string> strategy_names() {
     return out;
 }
 
-const StrategyInfo& strategy_info(const std::string& name) {
+const StrategyInfo& strategy_info(const std::string& given) {
+    const std::string name = canonical_strategy_name(given);
     std::string names;
     for (const StrategyInfo& s : kStrategies) {
         if (name == s.name) return s;
@@ -45,6 +46,8 @@ const StrategyInfo& strategy_info(const std::string& name) {
     }
     throw std::invalid_argument("unknown strategy '" + name + "': choose one of " + names);
 }
+
+std::string canonical_strategy_name(const std::string& name) { return name == "mp" ? "pp" : name; }
 
 int data_ranks_of(const StrategyOptions& o, int ranks) { return strategy_info(o.name).splits_batch ? ranks : 1; }
 
@@ -65,11 +68,11 @@ Offload parse_offload(const std::string& name) {
 void check_strategy(const StrategyOptions& o, int ranks) {
     const StrategyInfo& s = strategy_info(o.name);
     if (o.in_flight > 0 && !s.stages)
-        throw std::invalid_argument("--microbatches " + std::to_string(o.in_flight) +
-                                    " is for --parallel mp (the "
-                                    "pipeline's micro-batches in flight); drop it, or choose --parallel mp");
+        throw std::invalid_argument("--in-flight " + std::to_string(o.in_flight) +
+                                    " is for --parallel pp (the "
+                                    "pipeline's micro-batches in flight); drop it, or choose --parallel pp");
     if (o.in_flight < 0)
-        throw std::invalid_argument("--microbatches " + std::to_string(o.in_flight) +
+        throw std::invalid_argument("--in-flight " + std::to_string(o.in_flight) +
                                     ": give the micro-batches in flight per stage, or 0 for the schedule's own");
     if (s.one_rank && ranks > 1) {
         std::vector<std::string> names;
@@ -89,7 +92,7 @@ void check_strategy(const StrategyOptions& o, int ranks) {
     // stages (GPipe), and parameters live in host memory only as zero3's slices.
     if (o.offload != Offload::none && s.stages)
         throw std::invalid_argument("--offload " + std::string(offload_name(o.offload)) +
-                                    " is not supported with --parallel mp: choose single, ddp, zero1, zero2 or "
+                                    " is not supported with --parallel pp: choose single, ddp, zero1, zero2 or "
                                     "zero3, or drop --offload");
     if (o.offload == Offload::params && s.kind != StrategyKind::zero3)
         throw std::invalid_argument("--offload params keeps zero3's parameter slices in host memory; --parallel " +

@@ -16,7 +16,7 @@
 
 namespace pv {
 
-enum class StrategyKind { single, ddp, zero1, zero2, zero3, mp };
+enum class StrategyKind { single, ddp, zero1, zero2, zero3, pp };
 
 // What a strategy is and needs, known before any model exists.
 struct StrategyInfo {
@@ -35,8 +35,10 @@ struct StrategyInfo {
 // Every strategy, in the order --help lists them.
 const std::vector<StrategyInfo>& strategy_registry();
 std::vector<std::string> strategy_names();
-// Throws std::invalid_argument listing the names when `name` is none of them.
+// Throws std::invalid_argument listing the names when `name` is none of them (or an old name).
 const StrategyInfo& strategy_info(const std::string& name);
+// A strategy's current name: "mp" (model parallel, the pipeline's name before 1F1B) is "pp".
+std::string canonical_strategy_name(const std::string& name);
 
 // --offload (ZeRO-Offload, optim/offload.h): where the optimizer state and, for zero3, the
 // parameter slices live. optimizer: the owned range's fp32 master, Adam m and v in pinned host
@@ -48,10 +50,10 @@ Offload parse_offload(const std::string& name);
 
 struct StrategyOptions {
     std::string name = "single";
-    PipelineScheduleKind pipeline = PipelineScheduleKind::one_f_one_b;  // mp: the schedule (parallel/schedule.h)
-    int in_flight = 0;       // mp: at most this many micro-batches in flight per stage (0: the schedule's own)
-    int micro_per_step = 1;  // mp: micro-batches per optimizer step (every stage runs them all)
-    std::string balance = "flops";  // mp: how the stages are balanced (parallel/stages.h)
+    PipelineScheduleKind pipeline = PipelineScheduleKind::one_f_one_b;  // pp: the schedule (parallel/schedule.h)
+    int in_flight = 0;       // pp: at most this many micro-batches in flight per stage (0: the schedule's own)
+    int micro_per_step = 1;  // pp: micro-batches per optimizer step (every stage runs them all)
+    std::string balance = "flops";  // pp: how the stages are balanced (parallel/stages.h)
     bool fp32_grad_accumulation = false;
     int shard_group = 0;  // zero1-3: shard over groups of this many consecutive ranks (0: the whole world)
     Offload offload = Offload::none;

@@ -140,7 +140,7 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
         m.add("sample after training: KV cache", C::activations, cache);
         m.add("sample after training: workspace", C::workspace, work);
     }
-    if (kind == StrategyKind::mp && rank > 0)  // parallel/mp.h: the stage's input per micro-batch in flight
+    if (kind == StrategyKind::pp && rank > 0)  // parallel/pp.h: the stage's input per micro-batch in flight
         m.add("pipeline stage inputs", C::activations, slots * rows * hidden * t);
 
     // The optimizer (optim/optimizer.cuh AdamWState): the owned range of each held unit.
@@ -387,7 +387,7 @@ int largest_micro_batch(PlanRequest q, double budget, int limit) {
 
 int smallest_world(PlanRequest q, const std::string& strategy, double budget) {
     q.strategy.name = strategy;
-    if (strategy != "mp") q.strategy.in_flight = 0;
+    if (strategy != "pp") q.strategy.in_flight = 0;
     bool runs = false;  // the strategy accepted the request at some world size
     for (int n : {1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096}) {
         if (strategy_info(strategy).one_rank && n > 1) break;
@@ -410,15 +410,15 @@ StrategyChoice choose_strategy(const PlanRequest& request, double budget, bool s
         c.considered.push_back(plan_memory(q));
         return c;
     }
-    std::vector<std::string> order = {"ddp", "zero1", "zero2", "zero3", "mp"};
-    if (slow_interconnect) order = {"ddp", "mp", "zero1", "zero2", "zero3"};
+    std::vector<std::string> order = {"ddp", "zero1", "zero2", "zero3", "pp"};
+    if (slow_interconnect) order = {"ddp", "pp", "zero1", "zero2", "zero3"};
     const std::string budget_text = format_bytes(budget);
     std::string rejected;
     double least = 0;
     for (const std::string& s : order) {
         PlanRequest q = request;
         q.strategy.name = s;
-        if (s != "mp") q.strategy.in_flight = 0;
+        if (s != "pp") q.strategy.in_flight = 0;
         if (s == "zero2" || s == "zero3") q.strategy.fp32_grad_accumulation = false;
         MemoryPlan plan;
         try {
@@ -477,18 +477,18 @@ std::vector<std::string> changes_that_fit(const PlanRequest& request, double bud
         if (fits(q, budget)) line("--checkpoint-activations", q);
     }
     if (request.ranks > 1)
-        for (const std::string s : {"zero1", "zero2", "zero3", "mp"}) {
+        for (const std::string s : {"zero1", "zero2", "zero3", "pp"}) {
             if (s == request.strategy.name) continue;
             PlanRequest q = request;
             q.strategy.name = s;
-            if (s != "mp") q.strategy.in_flight = 0;
+            if (s != "pp") q.strategy.in_flight = 0;
             if (s == "zero2" || s == "zero3") q.strategy.fp32_grad_accumulation = false;
             if (fits(q, budget)) {
                 line("--parallel " + s, q);
                 break;
             }
         }
-    if (request.strategy.offload == Offload::none && request.strategy.name != "mp") {
+    if (request.strategy.offload == Offload::none && request.strategy.name != "pp") {
         // The optimizer state to the host, then (zero3) the parameter slices too.
         PlanRequest q = request;
         q.strategy.offload = Offload::optimizer;
@@ -502,11 +502,11 @@ std::vector<std::string> changes_that_fit(const PlanRequest& request, double bud
             if (fits_with_activation_savers(q, change)) line(change, q);
         }
     }
-    for (const std::string s : {"zero3", "mp"}) {
+    for (const std::string s : {"zero3", "pp"}) {
         if (const int n = smallest_world(request, s, budget); n > request.ranks) {
             PlanRequest q = request;
             q.strategy.name = s, q.ranks = n;
-            if (s != "mp") q.strategy.in_flight = 0;
+            if (s != "pp") q.strategy.in_flight = 0;
             if (s == "zero3") q.strategy.fp32_grad_accumulation = false;
             line("--parallel " + s + " on " + std::to_string(n) + " ranks", q);
             break;

@@ -325,6 +325,16 @@ ScheduleFacts simulate_pipeline_schedule(const PipelineSchedule& s, bool group_t
     return f;
 }
 
+std::string describe_pipeline_schedule(const PipelineSchedule& s) {
+    std::string out = std::string(pipeline_schedule_name(s.kind)) + " over " + std::to_string(s.micro) +
+                      " micro-batches, activation slots per stage";
+    for (int k : s.slots) out += " " + std::to_string(k);
+    char bubble[96];
+    std::snprintf(bubble, sizeof bubble, ", bubble %.1f%% (simulated, backward = 2 forwards)",
+                  100 * simulate_pipeline_schedule(s).bubble);
+    return out + bubble;
+}
+
 std::string draw_pipeline_schedule(const PipelineSchedule& s) {
     const ScheduleFacts f = simulate_pipeline_schedule(s);
     const int columns = int(f.makespan);

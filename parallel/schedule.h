@@ -103,6 +103,10 @@ struct ScheduleFacts {
 // what each rank waits for).
 ScheduleFacts simulate_pipeline_schedule(const PipelineSchedule& s, bool group_transfers = true);
 
+// One line: "1f1b over 8 micro-batches, activation slots per stage 4 3 2 1, bubble 27.3%
+// (simulated, backward = 2 forwards)".
+std::string describe_pipeline_schedule(const PipelineSchedule& s);
+
 // The timeline as text, one line per rank, one column per time unit: "F3" forward of micro-batch
 // 3 (with chunks: "F3.1", chunk 1), "B3" backward (two units), "." idle; and the bubble below.
 std::string draw_pipeline_schedule(const PipelineSchedule& s);

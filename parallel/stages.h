@@ -1,4 +1,4 @@
-// Pipeline stages for model parallelism (parallel/mp.h): the model's units cut into contiguous
+// Pipeline stages for model parallelism (parallel/pp.h): the model's units cut into contiguous
 // runs, one per rank, so that the slowest stage — which sets the pipeline's pace — is as fast as
 // it can be.
 //

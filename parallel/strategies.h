@@ -4,7 +4,7 @@
 
 #include "model/llama.h"
 #include "parallel/ddp.h"
-#include "parallel/mp.h"
+#include "parallel/pp.h"
 #include "parallel/plan.h"
 #include "parallel/single.h"
 #include "parallel/zero1.h"
@@ -36,8 +36,8 @@ std::unique_ptr<Strategy<T, G>> make_strategy(const StrategyPlan& plan, Llama<T>
         case StrategyKind::zero2: return std::make_unique<Zero2<T, G>>(model, *comm, groups());
         case StrategyKind::zero3:
             return std::make_unique<Zero3<T, G>>(model, *comm, seed, groups(), plan.options.offload == Offload::params);
-        case StrategyKind::mp:
-            return std::make_unique<ModelParallel<T, G>>(model, *comm, plan.schedule, plan.stage_bounds);
+        case StrategyKind::pp:
+            return std::make_unique<PipelineParallel<T, G>>(model, *comm, plan.schedule, plan.stage_bounds);
     }
     throw std::logic_error("make_strategy: unknown strategy");
 }

@@ -652,7 +652,7 @@ TEST_CASE("train: every option is checked the same from the command line and fro
         {"--top-p 0", "--top-p 0: must be a finite number in (0, 1]"},  // refused at start, not at the closing sample
         {"--lr 1e400", "--lr inf: must be a finite number >= 0"},
         {"--steps 0", "--steps 0: must be an integer >= 1"},
-        {"--microbatches -1", "--microbatches -1: must be an integer >= 0"},
+        {"--in-flight -1", "--in-flight -1: must be an integer >= 0"},
         {"sample . --temperature nan", "--temperature: nan: must be a finite number >= 0"},
     };
     for (const auto& [args, message] : flags) {
@@ -674,8 +674,8 @@ TEST_CASE("train: every option is checked the same from the command line and fro
     const std::string original = read_file(state);
     const nlohmann::json saved = nlohmann::json::parse(original);
     const std::vector<std::tuple<std::string, nlohmann::json, std::string>> edits{
-        {"/options/microbatches", -1, "--microbatches -1: must be an integer >= 0"},
-        {"/options/microbatches", 2.5, "\"microbatches\" is 2.5; expected an integer"},
+        {"/options/in_flight", -1, "--in-flight -1: must be an integer >= 0"},
+        {"/options/in_flight", 2.5, "\"in_flight\" is 2.5; expected an integer"},
         {"/options/batch", 5000000000LL, "--batch 5000000000: must be an integer in [1, 2147483647]"},
         {"/options/dtype", "int8", "--dtype \"int8\": must be one of bf16, fp32, fp64"},
         {"/options/parallel", "bogus", "--parallel \"bogus\": must be one of auto, single"},

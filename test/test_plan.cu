@@ -25,7 +25,8 @@ pv::StrategyOptions options(const std::string& name, int in_flight = 0, bool fp3
 
 TEST_CASE("each strategy plans the model it needs", "[plan]") {
     const pv::LlamaConfig& c = pv::preset("test-tied");
-    REQUIRE(pv::strategy_names() == std::vector<std::string>{"single", "ddp", "zero1", "zero2", "zero3", "mp"});
+    REQUIRE(pv::strategy_names() == std::vector<std::string>{"single", "ddp", "zero1", "zero2", "zero3", "pp"});
+    CHECK(&pv::strategy_info("mp") == &pv::strategy_info("pp"));  // the pipeline's old name
     const pv::StrategyPlan single = pv::plan_strategy(options("single"), c, 8, 0, 1);
     CHECK(single.placement.shards == 1);
     CHECK(single.data_ranks == 1);
@@ -46,7 +47,7 @@ TEST_CASE("each strategy plans the model it needs", "[plan]") {
     // GPipe's group of 2 on every stage; 1F1B's p - r of the 4 micro-batches on stage r.
     const std::vector<int> bounds = pv::balance_stages(pv::unit_costs(c, 8, pv::StageBalance::flops), 3);
     for (int r = 0; r < 3; ++r) {
-        pv::StrategyOptions gpipe = options("mp", 2), one_f_one_b = options("mp");
+        pv::StrategyOptions gpipe = options("pp", 2), one_f_one_b = options("pp");
         gpipe.pipeline = pv::PipelineScheduleKind::gpipe;
         gpipe.micro_per_step = one_f_one_b.micro_per_step = 4;
         const pv::StrategyPlan p = pv::plan_strategy(gpipe, c, 8, r, 3);
@@ -60,26 +61,26 @@ TEST_CASE("each strategy plans the model it needs", "[plan]") {
         CHECK(p.placement.stage.first == bounds[size_t(r)]);
         CHECK(p.placement.stage.end == bounds[size_t(r) + 1]);
     }
-    CHECK(pv::data_ranks_of(options("mp"), 4) == 1);
+    CHECK(pv::data_ranks_of(options("pp"), 4) == 1);
     CHECK(pv::data_ranks_of(options("zero1"), 4) == 4);
 }
 
 TEST_CASE("strategy options that cannot run are refused with the fix", "[plan]") {
     CHECK(error_of<std::invalid_argument>([] { pv::strategy_info("zero4"); }) ==
-          "unknown strategy 'zero4': choose one of single, ddp, zero1, zero2, zero3, mp");
+          "unknown strategy 'zero4': choose one of single, ddp, zero1, zero2, zero3, pp");
     CHECK(error_of<std::invalid_argument>([] { pv::check_strategy(options("single"), 2); }) ==
-          "--parallel single runs on one rank but mpirun started 2: choose --parallel ddp, zero1, zero2, zero3 or mp");
+          "--parallel single runs on one rank but mpirun started 2: choose --parallel ddp, zero1, zero2, zero3 or pp");
     CHECK(error_of<std::invalid_argument>([] { pv::check_strategy(options("ddp", 4), 2); }) ==
-          "--microbatches 4 is for --parallel mp (the pipeline's micro-batches in flight); drop it, or choose "
-          "--parallel mp");
+          "--in-flight 4 is for --parallel pp (the pipeline's micro-batches in flight); drop it, or choose "
+          "--parallel pp");
     for (const char* name : {"zero2", "zero3"})
         CHECK(error_of<std::invalid_argument>([&] { pv::check_strategy(options(name, 0, true), 2); }) ==
               "--parallel " + std::string(name) +
                   " reduces gradients in the storage type: drop --fp32-grad-accumulation (or use ddp or zero1)");
-    for (const char* name : {"single", "ddp", "zero1", "mp"})
+    for (const char* name : {"single", "ddp", "zero1", "pp"})
         CHECK_NOTHROW(pv::check_strategy(options(name, 0, true), 1));
     // mp needs at least as many units as ranks.
-    CHECK_THROWS_AS(pv::plan_strategy(options("mp"), pv::preset("test-tied"), 8, 0, 9), std::invalid_argument);
+    CHECK_THROWS_AS(pv::plan_strategy(options("pp"), pv::preset("test-tied"), 8, 0, 9), std::invalid_argument);
 }
 
 namespace {
@@ -108,7 +109,7 @@ TEST_CASE("hybrid sharding plans K shards over N data-parallel ranks; shard grou
         }
     }
     CHECK(pv::shards_of(options("ddp"), 4) == 4);
-    CHECK(pv::shards_of(options("mp"), 4) == 1);
+    CHECK(pv::shards_of(options("pp"), 4) == 1);
     CHECK(error_of<std::invalid_argument>([] { pv::check_strategy(hybrid("zero3", 3), 4); }) ==
           "--shard-group 3 does not divide the 4 ranks into whole groups: give a divisor of 4 (0: the whole world), "
           "or start a multiple of 3 ranks");
@@ -117,7 +118,7 @@ TEST_CASE("hybrid sharding plans K shards over N data-parallel ranks; shard grou
           "more ranks");
     CHECK(error_of<std::invalid_argument>([] { pv::check_strategy(hybrid("zero2", -2), 4); }) ==
           "--shard-group -2: a shard group has at least one rank; give 1 to 4 (0: the whole world)");
-    for (const char* name : {"single", "ddp", "mp"})
+    for (const char* name : {"single", "ddp", "pp"})
         CHECK(error_of<std::invalid_argument>([&] { pv::check_strategy(hybrid(name, 1), 1); }) ==
               "--shard-group 1 is for --parallel zero1, zero2 or zero3 (sharding within groups of ranks); drop it, or "
               "choose one of them instead of --parallel " +
@@ -150,7 +151,7 @@ TEST_CASE("the planner's GPU names, --parallel auto and the changes it proposes"
     // ZeRO shrinks memory stage by stage; the slow interconnect prefers mp once ddp is out.
     CHECK(peak("zero3") < peak("zero2"));
     CHECK(peak("zero2") < peak("zero1"));
-    CHECK(pv::choose_strategy(q, budget, true).strategy == "mp");
+    CHECK(pv::choose_strategy(q, budget, true).strategy == "pp");
     pv::PlanRequest one = q;
     one.ranks = 1;
     CHECK(pv::choose_strategy(one, budget, false).strategy == "single");
@@ -176,6 +177,6 @@ TEST_CASE("the planner's GPU names, --parallel auto and the changes it proposes"
     tight.strategy.offload = pv::Offload::optimizer;
     CHECK(pv::plan_memory(tight).peak() <= budget);
     // mp refuses offload at every world size: -1, not "none fits".
-    CHECK(pv::smallest_world(tight, "mp", budget) == -1);
+    CHECK(pv::smallest_world(tight, "pp", budget) == -1);
     CHECK(pv::smallest_world(tight, "zero3", budget) == 2);
 }

@@ -418,9 +418,14 @@ TEST_CASE("train: bad input fails with a message naming the problem and the fix"
     REQUIRE(large.output.find("--shard-group 2 is larger than the 1 rank(s)") != std::string::npos);
     REQUIRE(!fs::exists(dir.file("group")));
     // Pipelines: micro-batches in flight only with mp.
-    const Run in_flight = run_train("--microbatches 2 --out-dir " + dir.file("inflight"));
+    const Run in_flight = run_train("--in-flight 2 --out-dir " + dir.file("inflight"));
     REQUIRE(in_flight.status != 0);
-    REQUIRE(in_flight.output.find("--microbatches 2 is for --parallel mp") != std::string::npos);
+    REQUIRE(in_flight.output.find("--in-flight 2 is for --parallel pp") != std::string::npos);
+    const Run renamed = run_train("--parallel mp --microbatches 2 --out-dir " + dir.file("renamed"));
+    REQUIRE(renamed.status != 0);
+    REQUIRE(renamed.output.find("--microbatches 2: the micro-batches in flight per pipeline stage are now --in-flight 2") !=
+            std::string::npos);
+    REQUIRE(!fs::exists(dir.file("renamed")));
     // Resuming: a directory without checkpoints, a change that would break the run, a finished
     // run, a damaged checkpoint.
     fs::create_directories(dir.path / "empty");
@@ -501,8 +506,8 @@ TEST_CASE("train plan: the default run's plan is its measured peak; what cannot 
     INFO(sharded.output);
     REQUIRE(sharded.status == 0);
     CHECK(sharded.output.find("fits on h100-80") != std::string::npos);
-    for (const char* strategy : {"ddp", "zero1", "zero2", "zero3", "mp"})
-        CHECK(sharded.output.find(strategy) != std::string::npos);
+    for (const char* strategy : {"ddp", "zero1", "zero2", "zero3", "pp"})
+        CHECK(sharded.output.find(std::string("  ") + strategy + " ") != std::string::npos);
     // train refuses what its plan says cannot fit, with the table and a way out, before allocating.
     const Run big = run_train("--preset llama-2-70b --gpu-memory rtx4090-24 --out-dir " + dir.file("big"));
     INFO(big.output);
@@ -559,7 +564,7 @@ TEST_CASE("train under mpirun: zero1, zero2, zero3 and ddp train identically, an
     // --parallel single cannot span ranks.
     const Run single = run_mpi(2, run + "--parallel single --out-dir " + dir.file("single"));
     REQUIRE(single.status != 0);
-    REQUIRE(single.output.find("choose --parallel ddp, zero1, zero2, zero3 or mp") != std::string::npos);
+    REQUIRE(single.output.find("choose --parallel ddp, zero1, zero2, zero3 or pp") != std::string::npos);
 }
 
 TEST_CASE("train under mpirun: a failure on one rank ends every rank within 60 s with its message", "[train][mpi]") {
@@ -652,8 +657,8 @@ TEST_CASE(
     for (const auto& [first, second] : std::vector<std::pair<std::pair<int, std::string>, std::pair<int, std::string>>>{
              {{4, "zero3"}, {2, "ddp"}},
              {{2, "ddp"}, {4, "zero3"}},
-             {{4, "mp --microbatches 4"}, {2, "zero2"}},
-             {{2, "zero2"}, {4, "mp --microbatches 4"}},
+             {{4, "pp --in-flight 4"}, {2, "zero2"}},
+             {{2, "zero2"}, {4, "pp --in-flight 4"}},
              {{4, "zero3 --shard-group 2"}, {1, "single"}},
              {{1, "single"}, {4, "zero3 --shard-group 2"}}}) {
         std::string name = first.second + "x" + std::to_string(first.first);
@@ -898,7 +903,7 @@ TEST_CASE("train --freeze under mpirun: zero3 and ddp agree; a frozen mp checkpo
     REQUIRE(std::regex_search(s.output, counts, std::regex("parameters: [^\n]*")));
     const fs::path mp = dir.file("mp2"), single = dir.file("single1");
     const Run a =
-        run_mpi(2, train + frozen_run + "--parallel mp --microbatches 2 --stop-after 3 --out-dir " + mp.string());
+        run_mpi(2, train + frozen_run + "--parallel mp --in-flight 2 --stop-after 3 --out-dir " + mp.string());
     INFO(a.output);
     REQUIRE(a.status == 0);
     REQUIRE(a.output.find(counts[0].str()) != std::string::npos);

@@ -88,7 +88,7 @@ void apply_adapter_config(TrainOptions& o) {
 // The automatic micro-batch (0): the largest divisor of batch / data ranks up to 8; then the
 // geometry's checks.
 void resolve_micro_batch(TrainOptions& o, int ranks) {
-    const int data_ranks = data_ranks_of(strategy_options(o), ranks);  // mp: every stage sees the whole batch
+    const int data_ranks = data_ranks_of(strategy_options(o), ranks);  // pp: every stage sees the whole batch
     if (o.micro_batch > 0 && o.batch % (o.micro_batch * data_ranks) != 0)
         throw std::invalid_argument(
             "--batch " + std::to_string(o.batch) + " is not a whole number of micro-batches on each rank: --batch = "
@@ -523,6 +523,14 @@ int plan_command(const TrainOptions& given, const PlanOptions& p) {
         std::printf("--parallel auto: %s (%s)\n", o.parallel.c_str(), choice.reason.c_str());
     const MemoryPlan plan = plan_memory(q);
     std::printf("%s", format_plan(plan, &gpu).c_str());
+    if (strategy_info(o.parallel).stages) {
+        const PipelineSchedule schedule = pipeline_schedule_of(q.strategy, p.ranks);
+        std::printf("pipeline: %s\n", describe_pipeline_schedule(schedule).c_str());
+        if (p.show_schedule) std::printf("%s", draw_pipeline_schedule(schedule).c_str());
+    } else if (p.show_schedule) {
+        std::printf("--show-schedule: --parallel %s runs no pipeline (each micro-batch's forward, then its backward)\n",
+                    o.parallel.c_str());
+    }
     if (const int m = largest_micro_batch(q, gpu.usable()); m > 0)
         std::printf("largest micro-batch that fits: %d\n", m);
     else
@@ -709,7 +717,7 @@ int main_checked(int argc, char** argv) {
         c = parse_command(argc, argv, saved, OptionSource::checkpoint);
         apply_accumulation(c.train, world.size(), &c.train_sources);
         // Leaving a pipeline for another strategy drops its micro-batches in flight (unless given again).
-        if (c.train.parallel != "mp" && c.train.microbatches == saved.microbatches) c.train.microbatches = 0;
+        if (c.train.parallel != "pp" && c.train.in_flight == saved.in_flight) c.train.in_flight = 0;
         // Leaving ZeRO drops its shard group (unless given again): the checkpoint is whole either way.
         if (c.train.parallel != "auto" && !strategy_info(c.train.parallel).shard_groups &&
             c.train.shard_group == saved.shard_group)

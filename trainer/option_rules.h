@@ -20,7 +20,7 @@ namespace pv {
 struct TrainOptions;
 
 // The allowed range of a number; integer ones must also be whole numbers (a JSON 2.5 for
-// --microbatches is refused; on the command line CLI11 refuses it when converting).
+// --in-flight is refused; on the command line CLI11 refuses it when converting).
 struct NumberRule {
     double lo, hi;
     bool lo_open = false, hi_open = false;  // an open end excludes the bound itself

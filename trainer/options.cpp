@@ -29,7 +29,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, in
                                                 schedule_steps, final_lr_fraction,
                                                 clip, skip_nonfinite, weight_decay, decay_norm_weights, beta1, beta2,
                                                 eps, dtype, stochastic_rounding, fp32_grad_accumulation, seed, parallel,
-                                                interconnect, microbatches, pipeline_schedule, balance, shard_group, freeze, eval_interval,
+                                                interconnect, in_flight, pipeline_schedule, balance, shard_group, freeze, eval_interval,
                                                 eval_batches, out_dir, checkpoint_interval, resume, stop_after, prompt,
                                                 sample_tokens, temperature, top_p, document_mask, lora_rank, lora_alpha,
                                                 rslora, lora_targets, lora_dropout, adapter, quantize, double_quant,
@@ -132,7 +132,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& train_flag_
                           "fp32-grad-accumulation", "seed"}},
         {"LoRA/QLoRA", {"lora-rank", "lora-alpha", "rslora", "lora-targets", "lora-dropout", "quantize",
                         "double-quant", "adapter"}},
-        {"Parallel", {"parallel", "interconnect", "gpu-memory", "microbatches", "pipeline-schedule", "balance", "shard-group", "offload",
+        {"Parallel", {"parallel", "interconnect", "gpu-memory", "pipeline-schedule", "in-flight", "balance", "shard-group", "offload",
                       "collective-timeout"}},
         {"Checkpoints", {"checkpoint-interval", "resume", "allow-inexact-resume", "stop-after", "keep-checkpoints",
                          "overwrite-later", "extend-schedule", "keep-schedule"}},
@@ -146,7 +146,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& train_flag_
 void group_train_flags(CLI::App& app) {
     for (CLI::Option* opt : app.get_options()) {
         if (opt->get_lnames().empty() || opt->get_lnames()[0] == "help" || opt->get_lnames()[0] == "run" ||
-            opt->get_lnames()[0] == "version")
+            opt->get_lnames()[0] == "version" || opt->get_group().empty())  // hidden: an old name refused
             continue;
         bool placed = false;
         for (const auto& [group, names] : train_flag_groups())
@@ -237,11 +237,23 @@ void add_train_flags(CLI::App& app, TrainOptions& o, std::string* run_file = nul
         strategies += std::string(strategies.empty() ? "" : ", ") + s.name + " (" + s.help + ")";
     app.add_option("--parallel", o.parallel,
                    "Strategy over the ranks of mpirun: auto (from the memory plan: single on one rank, ddp if the "
-                   "replicas fit, else the cheapest ZeRO stage that fits, else mp), " +
-                       strategies)
+                   "replicas fit, else the cheapest ZeRO stage that fits, else pp), " +
+                       strategies + "; mp is pp's old name")
+        ->transform([](std::string name) { return canonical_strategy_name(name); }, "")
         ->check(choice_check(option_choices("parallel")));
+    // The in-flight count's old name, one letter from --micro-batch in spelling and far from it in
+    // meaning: refused with the new one (hidden from --help).
+    app.add_option_function<std::string>(
+           "--microbatches",
+           [](const std::string& v) {
+               throw CLI::ValidationError("--microbatches", "--microbatches " + v +
+                                                                ": the micro-batches in flight per pipeline stage are "
+                                                                "now --in-flight " + v);
+           },
+           "")
+        ->group("");
     app.add_option("--interconnect", o.interconnect,
-                   "For --parallel auto: slow (Ethernet between nodes) prefers mp, which sends only the residual "
+                   "For --parallel auto: slow (Ethernet between nodes) prefers pp, which sends only the residual "
                    "stream, to the ZeRO stages")
         ->check(choice_check(option_choices("interconnect")));
     std::string gpus;
@@ -277,12 +289,12 @@ void add_train_flags(CLI::App& app, TrainOptions& o, std::string* run_file = nul
                    "targets become the run's")
         ->check(directory_or_empty);
     app.add_option(
-           "--microbatches", o.microbatches,
-           "mp: at most this many micro-batches in flight per stage (gpipe: groups of that many forwards, "
+           "--in-flight", o.in_flight,
+           "pp: at most this many micro-batches in flight per stage (gpipe: groups of that many forwards, "
            "then their backwards, 1 = naive model parallel; 1f1b: a shorter warm-up). 0: the schedule's own "
            "(gpipe: every micro-batch of the step; 1f1b: p - r on stage r)");
     app.add_option("--pipeline-schedule", o.pipeline_schedule,
-                   "mp: the pipeline schedule: 1f1b (warm-up forwards, then one forward and one backward in turn; "
+                   "pp: the pipeline schedule: 1f1b (warm-up forwards, then one forward and one backward in turn; "
                    "stage r holds at most p - r micro-batches) or gpipe (all forwards, then all backwards); the "
                    "same gradients either way")
         ->check(choice_check(option_choices("pipeline_schedule")));
@@ -308,7 +320,7 @@ void add_train_flags(CLI::App& app, TrainOptions& o, std::string* run_file = nul
            "Turn activation checkpointing off (a resumed run's setting)")
         ->excludes("--checkpoint-activations");
     app.add_option("--balance", o.balance,
-                   "mp: balance the stages by training FLOPs (flops) or by parameter count (params)")
+                   "pp: balance the stages by training FLOPs (flops) or by parameter count (params)")
         ->check(choice_check(option_choices("balance")));
     app.add_option("--shard-group", o.shard_group,
                    "zero1/zero2/zero3: shard within groups of this many consecutive ranks and replicate across the "
@@ -633,6 +645,9 @@ Parsed parse_once(const std::vector<std::string>& args, const TrainOptions& base
     plan->add_option("--ranks", c.plan.ranks, "World size to plan for")
         ->check(number_check(whole_number(1, 1 << 20)))
         ->group("Plan");
+    plan->add_flag("--show-schedule", c.plan.show_schedule,
+                   "--parallel pp: draw the pipeline schedule's timeline, one line per stage (F3: the forward of "
+                   "micro-batch 3, B3 its backward, taking two columns; '.' idle)");
     plan->add_flag("--compare", c.plan.compare, "Every strategy side by side, and the one --parallel auto takes")
         ->group("Plan");
     CLI::App* sample = app.add_subcommand(
@@ -811,7 +826,7 @@ std::vector<FlagSpec> train_flag_specs() {
     add_train_flags(app, o);
     std::vector<FlagSpec> specs;
     for (const CLI::Option* opt : app.get_options()) {
-        if (opt->get_lnames().empty() || opt->get_lnames()[0] == "help") continue;
+        if (opt->get_lnames().empty() || opt->get_lnames()[0] == "help" || opt->get_group().empty()) continue;
         FlagSpec f;
         f.name = opt->get_lnames()[0];
         f.type = opt->get_type_name();
@@ -841,8 +856,13 @@ std::string train_options_json(const TrainOptions& o) { return nlohmann::json(o)
 // what the command line could not (2.5 micro-batches, dtype "int8", beta1 5).
 TrainOptions train_options_from_json(const std::string& text) {
     try {
-        const nlohmann::json j = nlohmann::json::parse(text);
+        nlohmann::json j = nlohmann::json::parse(text);
         if (!j.is_object()) throw std::runtime_error("not a JSON object");
+        // Older checkpoints' names: "microbatches" is "in_flight", strategy "mp" is "pp".
+        if (j.contains("microbatches") && !j.contains("in_flight"))
+            j["in_flight"] = j["microbatches"], j.erase("microbatches");
+        if (j.contains("parallel") && j["parallel"].is_string())
+            j["parallel"] = canonical_strategy_name(j["parallel"].get<std::string>());
         const nlohmann::json defaults = TrainOptions{};
         for (auto it = j.begin(); it != j.end(); ++it) {
             if (!defaults.contains(it.key()))
@@ -893,7 +913,7 @@ StrategyOptions strategy_options(const TrainOptions& o) {
     StrategyOptions s;
     s.name = o.parallel;
     s.pipeline = parse_pipeline_schedule(o.pipeline_schedule);
-    s.in_flight = o.microbatches;
+    s.in_flight = o.in_flight;
     s.micro_per_step = o.micro_batch > 0 && o.batch % o.micro_batch == 0 ? std::max(1, o.batch / o.micro_batch) : 1;
     s.balance = o.balance;
     s.fp32_grad_accumulation = o.fp32_grad_accumulation;

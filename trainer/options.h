@@ -82,9 +82,9 @@ struct TrainOptions {
     uint64_t seed = 1337;
     std::string parallel = "auto";      // auto, single, ddp, zero1, zero2, zero3 or mp (parallel/)
     std::string interconnect = "fast";  // auto's hint: "slow" puts mp before the ZeRO stages
-    int microbatches = 0;               // mp: most micro-batches in flight per stage (0: the schedule's own)
-    std::string pipeline_schedule = "1f1b";  // mp: gpipe or 1f1b (parallel/schedule.h)
-    std::string balance = "flops";      // mp: balance the stages by flops or params
+    int in_flight = 0;                  // pp: most micro-batches in flight per stage (0: the schedule's own)
+    std::string pipeline_schedule = "1f1b";  // pp: gpipe or 1f1b (parallel/schedule.h)
+    std::string balance = "flops";      // pp: balance the stages by flops or params
     int shard_group = 0;                // zero1-3: shard within groups of this many ranks (0: all; HSDP)
     std::string offload = "none";       // none, optimizer or params (parallel/plan.h Offload)
     // Activation checkpointing (model/llama.h ActivationCheckpointing): −1 off; 0 every block
@@ -125,6 +125,7 @@ struct TrainOptions {
 struct PlanOptions {
     int ranks = 1;         // the world size to plan for (instead of mpirun's)
     bool compare = false;  // every strategy side by side
+    bool show_schedule = false;  // pp: the pipeline schedule's timeline (parallel/schedule.h)
 };
 
 struct SampleOptions {

@@ -373,10 +373,7 @@ class TrainingRun {
             const std::vector<int>& stages = plan_.stage_bounds;
             std::printf("pipeline: %d stages (balanced by %s):", world_.size(), o_.balance.c_str());
             for (size_t s = 0; s + 1 < stages.size(); ++s) std::printf(" [units %d-%d]", stages[s], stages[s + 1] - 1);
-            const PipelineSchedule& s = plan_.schedule;
-            std::printf("; %s over %d micro-batches, activation slots per stage", pipeline_schedule_name(s.kind), s.micro);
-            for (int k : s.slots) std::printf(" %d", k);
-            std::printf(", bubble %.1f%% (simulated, backward = 2 forwards)\n", 100.0 * simulate_pipeline_schedule(s).bubble);
+            std::printf("; %s\n", describe_pipeline_schedule(plan_.schedule).c_str());
         }
     }
 

@@ -511,7 +511,7 @@ TEST_CASE(
     check_frozen(untied, initial_untied, kFrozenUntied);
 }
 
-// GPipe (parallel/mp.h): each group of M micro-batches runs M forwards, then M backwards, on every
+// GPipe (parallel/pp.h): each group of M micro-batches runs M forwards, then M backwards, on every
 // stage; M = 1 alternates. The order is read from each stage's own transfers.
 TEST_CASE("mp runs the GPipe schedule: M forwards then M backwards per group, on every stage", "[parallel][mp]") {
     pv::World world(nullptr, nullptr);

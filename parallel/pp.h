@@ -38,17 +38,17 @@
 namespace pv {
 
 template <class T, class G>
-class ModelParallel : public Strategy<T, G> {
+class PipelineParallel : public Strategy<T, G> {
   public:
     // The model must hold stage comm.rank() of `bounds` (balance_stages) and have the slots of
     // this rank's row of `schedule` (plan_strategy); collective over comm (the tied-embedding
     // communicator is split off it).
-    ModelParallel(Llama<T>& model, Comm& comm, const PipelineSchedule& schedule, const std::vector<int>& bounds)
+    PipelineParallel(Llama<T>& model, Comm& comm, const PipelineSchedule& schedule, const std::vector<int>& bounds)
         : Strategy<T, G>(model, &comm), schedule_(schedule), slots_(schedule.slots.at(size_t(comm.rank()))),
           owner_(unit_stages(bounds)) {
         const int r = comm.rank(), p = comm.size();
         if ((model.first_unit() == 0) != (r == 0) || (model.end_unit() == model.num_units()) != (r == p - 1))
-            throw std::logic_error("ModelParallel: rank " + std::to_string(r) + "'s model holds units [" +
+            throw std::logic_error("PipelineParallel: rank " + std::to_string(r) + "'s model holds units [" +
                                    std::to_string(model.first_unit()) + ", " + std::to_string(model.end_unit()) +
                                    "), not a stage in rank order");
         const long long rows = model.rows(), hidden = model.config().hidden_size;
@@ -61,12 +61,12 @@ class ModelParallel : public Strategy<T, G> {
             if (tied) tied_nccl_ = tied, tied_ = std::make_unique<Comm>(tied, "tied-embedding");
         }
     }
-    ~ModelParallel() override {
+    ~PipelineParallel() override {
         tied_.reset();
         if (tied_nccl_) ncclCommDestroy(tied_nccl_);
     }
 
-    const char* name() const override { return "mp"; }
+    const char* name() const override { return "pp"; }
     bool sharded_optimizer() const override { return false; }
     Comm* data_comm() override { return nullptr; }  // every stage sees the whole batch
     int slots() const override { return slots_; }
@@ -163,7 +163,7 @@ class ModelParallel : public Strategy<T, G> {
             const bool backward = t.gradient;
             for (size_t k = 0; k < row.size(); ++k)
                 if (row[k].backward == backward && row[k].micro == t.micro) return row[k].slot;
-            throw std::logic_error("ModelParallel: no entry for a transfer of micro-batch " + std::to_string(t.micro));
+            throw std::logic_error("PipelineParallel: no entry for a transfer of micro-batch " + std::to_string(t.micro));
         };
         c.fence_from(m.stream());
         c.begin_group();
