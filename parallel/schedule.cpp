@@ -11,8 +11,6 @@ namespace pv {
 
 namespace {
 
-constexpr double kForwardTime = 1, kBackwardTime = 2;
-
 std::string step_name(const PipeStep& e, bool chunks) {
     return std::string(e.backward ? "B" : "F") + std::to_string(e.micro) + (chunks ? "." + std::to_string(e.chunk) : "");
 }
@@ -154,7 +152,7 @@ std::vector<PipeTransfer> transfers_before(const PipelineSchedule& s, int rank, 
     return out;
 }
 
-ScheduleFacts simulate_pipeline_schedule(const PipelineSchedule& s, bool group_transfers) {
+ScheduleFacts simulate_pipeline_schedule(const PipelineSchedule& s, bool group_transfers, const PipeTimes& times) {
     const int p = s.ranks;
     if (int(s.steps.size()) != p || int(s.slots.size()) != p)
         throw std::logic_error("pipeline schedule: a table needs one row and one slot count per rank");
@@ -268,7 +266,7 @@ ScheduleFacts simulate_pipeline_schedule(const PipelineSchedule& s, bool group_t
         }
         state = e.backward ? 2 : 1;
         f.start[size_t(r)][i] = clock[size_t(r)];
-        const double d = e.backward ? kBackwardTime : kForwardTime;
+        const double d = e.backward ? times.backward : times.forward;
         clock[size_t(r)] += d, busy[size_t(r)] += d;
     };
     for (;;) {
@@ -288,7 +286,7 @@ ScheduleFacts simulate_pipeline_schedule(const PipelineSchedule& s, bool group_t
                     Op& other = ops[size_t(op.partner)];
                     if (!op.matched && other.posted) {
                         op.matched = other.matched = true;
-                        op.matched_at = other.matched_at = std::max(op.posted_at, other.posted_at);
+                        op.matched_at = other.matched_at = std::max(op.posted_at, other.posted_at) + times.transfer;
                     }
                     all = all && op.matched;
                 }
@@ -347,7 +345,7 @@ std::string draw_pipeline_schedule(const PipelineSchedule& s) {
         std::vector<std::string> cells(size_t(columns), ".");
         const auto& row = s.steps[size_t(r)];
         for (size_t i = 0; i < row.size(); ++i) {
-            const int begin = int(f.start[size_t(r)][i]), length = row[i].backward ? int(kBackwardTime) : 1;
+            const int begin = int(f.start[size_t(r)][i]), length = row[i].backward ? 2 : 1;
             for (int c = begin; c < begin + length && c < columns; ++c) cells[size_t(c)] = step_name(row[i], chunks);
         }
         std::string line = "rank " + std::to_string(r) + " |";

@@ -86,7 +86,15 @@ struct PipeTransfer {
 // round that starts at i. A round is an entry and the entries joined to it; empty inside a round.
 std::vector<PipeTransfer> transfers_before(const PipelineSchedule& s, int rank, size_t i);
 
-// What the simulator found. Time unit: one forward of one stage (a backward takes 2).
+// How long the simulator takes for each entry and transfer: by default one forward of one stage
+// is the unit, a backward takes 2 and a transfer nothing (the bubble's textbook figures); the
+// performance model gives seconds (bench/pipeline_table.cpp).
+struct PipeTimes {
+    double forward = 1, backward = 2;
+    double transfer = 0;  // from the later of a transfer's two sides posting it to its arrival
+};
+
+// What the simulator found, in PipeTimes' unit.
 struct ScheduleFacts {
     double makespan = 0;                 // start of the first forward to the end of the last backward
     double bubble = 0;                   // idle fraction of rank-time: 1 − Σ busy / (ranks · makespan)
@@ -101,7 +109,8 @@ struct ScheduleFacts {
 // activation slot free when a forward takes it, every receive met by the send of the data it
 // expects, and no deadlock. Throws std::logic_error naming the first violation (a deadlock names
 // what each rank waits for).
-ScheduleFacts simulate_pipeline_schedule(const PipelineSchedule& s, bool group_transfers = true);
+ScheduleFacts simulate_pipeline_schedule(const PipelineSchedule& s, bool group_transfers = true,
+                                         const PipeTimes& times = {});
 
 // One line: "1f1b over 8 micro-batches, activation slots per stage 4 3 2 1, bubble 27.3%
 // (simulated, backward = 2 forwards)".

@@ -1,0 +1,119 @@
+// Pipeline schedules at a real shape: Llama-2-70B full fine-tuning on 16 H100 SXM (two nodes of 8)
+// as a 16-stage pipeline, micro-batch 1 × 4096, 64 micro-batches per step, activation
+// checkpointing — GPipe, 1F1B and interleaved 1F1B side by side: activation slots and memory per
+// stage, the bubble, and the predicted step.
+//
+// Memory: the planner (parallel/planner.h, equal to the measured peaks in test_mpi_planner) for
+// GPipe and 1F1B. The interleaved schedule is simulated but `train` does not run it yet, so its
+// activations are estimated: the first stage's 1F1B activations per micro-batch in flight, times
+// its peak of (micro-batch, chunk) pairs in flight, over the V chunks (each holds 1/V of the units).
+//
+// Time: the performance model (model/step_cost.h) prices one micro-batch of the whole model (the
+// step with two micro-batches less the step with one) and the optimizer update; the slowest stage
+// takes its share of the training FLOPs (parallel/stages.h), forward 1/3 and backward 2/3; the
+// residual stream crosses a stage boundary in bytes / link bandwidth (NVLink inside a node, the
+// node's InfiniBand between, the slower taken for every boundary). The simulator (parallel/
+// schedule.h) runs the table with those durations; the step adds the stage's optimizer update.
+// The recompute of activation checkpointing is left out (the performance model does not price it
+// yet), so the steps are short by about a forward per micro-batch. Predictions, not measurements.
+//
+//   build/<flavour>/bench/pipeline_table
+#include "model/config.h"
+#include "model/flops.h"
+#include "model/step_cost.h"
+#include "parallel/planner.h"
+#include "parallel/schedule.h"
+#include "parallel/stages.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace pv;
+
+constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+constexpr double kInfinibandBytesPerS = 50e9;  // NDR 400 Gb/s per GPU between nodes (NVLink's 450 GB/s inside)
+
+struct Row {
+    std::string name;
+    PipelineSchedule schedule;
+    double stage0_activations = 0, peak_memory = 0;
+    bool estimated = false;
+};
+
+}  // namespace
+
+int main() {
+    const LlamaConfig config = preset("llama-2-70b");
+    const int p = 16, micro = 64, seq = 4096, batch = 1, chunks = 2;
+    {
+        PlanRequest q;
+        q.config = config, q.dtype = DType::bf16, q.ranks = p, q.micro_batch = batch, q.seq_len = seq;
+        q.accumulation = micro;
+        q.strategy.name = "pp", q.strategy.micro_per_step = micro;
+        q.checkpointing = ActivationCheckpointing{true, 0};  // every block recomputed: 70B needs it
+        // Time per micro-batch of the whole model and of the optimizer update.
+        StepShape one{config, batch, seq, 1, 2, 1}, two{config, batch, seq, 2, 2, 1};
+        const double t1 = predict_step(one, KernelSet::now).seconds, t2 = predict_step(two, KernelSet::now).seconds;
+        const double per_micro = t2 - t1, update = t1 - per_micro;
+        const std::vector<double> costs = unit_costs(config, seq, StageBalance::flops);
+        const std::vector<int> bounds = balance_stages(costs, p);
+        const double total = std::accumulate(costs.begin(), costs.end(), 0.0);
+        double slowest = 0;
+        for (int s = 0; s < p; ++s)
+            slowest = std::max(slowest, std::accumulate(costs.begin() + bounds[size_t(s)],
+                                                        costs.begin() + bounds[size_t(s) + 1], 0.0));
+        const double stage_micro = per_micro * slowest / total;
+        const double transfer = double(batch) * seq * config.hidden_size * 2 / kInfinibandBytesPerS;
+        std::printf("## %s, full fine-tuning, bf16, %d stages, micro-batch %d x %d, %d micro-batches per step, every "
+                    "block recomputed (activation checkpointing)\n\n",
+                    config.name.c_str(), p, batch, seq, micro);
+        std::printf("One micro-batch through the slowest stage: %.1f ms (forward %.1f, backward %.1f); a transfer "
+                    "%.2f ms; the stage's optimizer update %.1f ms. The recompute of activation checkpointing is not priced (the "
+                    "performance model has no recompute yet: about one forward more per micro-batch).\n\n",
+                    stage_micro * 1e3, stage_micro / 3 * 1e3, stage_micro * 2 / 3 * 1e3, transfer * 1e3,
+                    update / p * 1e3);
+        std::vector<Row> rows;
+        for (auto [name, kind, in_flight] :
+             {std::tuple<const char*, PipelineScheduleKind, int>{"GPipe (all in flight)", PipelineScheduleKind::gpipe, 0},
+              {"GPipe, 16 in flight", PipelineScheduleKind::gpipe, 16},
+              {"1F1B", PipelineScheduleKind::one_f_one_b, 0}}) {
+            PlanRequest r = q;
+            r.strategy.pipeline = kind, r.strategy.in_flight = in_flight;
+            const MemoryPlan plan = plan_memory(r);
+            Row row{name, pipeline_schedule_of(r.strategy, p)};
+            row.stage0_activations = plan.ranks.at(0).category(MemoryCategory::activations);
+            row.peak_memory = plan.peak();
+            rows.push_back(row);
+        }
+        {  // interleaved: estimated from 1F1B's first stage (header comment)
+            Row row{"interleaved 1F1B, V = 2", make_pipeline_schedule(PipelineScheduleKind::interleaved, p, micro, chunks)};
+            const Row& f1b1 = rows.back();
+            const ScheduleFacts facts = simulate_pipeline_schedule(row.schedule);
+            const double per_slot = f1b1.stage0_activations / f1b1.schedule.slots[0];
+            row.stage0_activations = per_slot * facts.peak_in_flight[0] / chunks;
+            row.peak_memory = f1b1.peak_memory - f1b1.stage0_activations + row.stage0_activations;
+            row.estimated = true;
+            rows.push_back(row);
+        }
+        std::printf("| schedule | in flight, first / last stage | activations, first stage | largest stage's device "
+                    "total (fits in an H100's %.1f GiB?) | bubble | predicted step | tokens/s |\n|---|---:|---:|---:|---:|---:|---:|\n",
+                    parse_gpu_memory("h100-80").usable() / GiB);
+        for (const Row& row : rows) {
+            const double v = row.schedule.chunks;
+            PipeTimes times{stage_micro / 3 / v, stage_micro * 2 / 3 / v, transfer};
+            const ScheduleFacts f = simulate_pipeline_schedule(row.schedule, true, times);
+            const double step = f.makespan + update / p;
+            std::printf("| %s | %d / %d | %.1f GiB%s | %.1f GiB%s, %s | %.1f%% | %.2f s | %.0f |\n", row.name.c_str(),
+                        f.peak_in_flight[0], f.peak_in_flight[size_t(p) - 1], row.stage0_activations / GiB, row.estimated ? " (est.)" : "",
+                        row.peak_memory / GiB, row.estimated ? " (est.)" : "",
+                        row.peak_memory <= parse_gpu_memory("h100-80").usable() ? "fits" : "does not fit", 100 * f.bubble, step,
+                        double(micro) * batch * seq / step);
+        }
+    }
+    return 0;
+}
