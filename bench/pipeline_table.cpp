@@ -1,12 +1,10 @@
 // Pipeline schedules at a real shape: Llama-2-70B full fine-tuning on 16 H100 SXM (two nodes of 8)
 // as a 16-stage pipeline, micro-batch 1 × 4096, 64 micro-batches per step, activation
-// checkpointing — GPipe, 1F1B and interleaved 1F1B side by side: activation slots and memory per
+// checkpointing — GPipe, 1F1B and interleaved 1F1B (V = 2 and 4) side by side: activation slots and memory per
 // stage, the bubble, and the predicted step.
 //
 // Memory: the planner (parallel/planner.h, equal to the measured peaks in test_mpi_planner) for
-// GPipe and 1F1B. The interleaved schedule is simulated but `train` does not run it yet, so its
-// activations are estimated: the first stage's 1F1B activations per micro-batch in flight, times
-// its peak of (micro-batch, chunk) pairs in flight, over the V chunks (each holds 1/V of the units).
+// every schedule.
 //
 // Time: the performance model (model/step_cost.h) prices one micro-batch of the whole model (the
 // step with two micro-batches less the step with one) and the optimizer update; the slowest stage
@@ -42,7 +40,6 @@ struct Row {
     std::string name;
     PipelineSchedule schedule;
     double stage0_activations = 0, peak_memory = 0;
-    bool estimated = false;
 };
 
 }  // namespace
@@ -78,26 +75,18 @@ int main() {
                     stage_micro * 1e3, stage_micro / 3 * 1e3, stage_micro * 2 / 3 * 1e3, transfer * 1e3,
                     update / p * 1e3);
         std::vector<Row> rows;
-        for (auto [name, kind, in_flight] :
-             {std::tuple<const char*, PipelineScheduleKind, int>{"GPipe (all in flight)", PipelineScheduleKind::gpipe, 0},
-              {"GPipe, 16 in flight", PipelineScheduleKind::gpipe, 16},
-              {"1F1B", PipelineScheduleKind::one_f_one_b, 0}}) {
+        for (auto [name, kind, in_flight, chunks] : {std::tuple<const char*, PipelineScheduleKind, int, int>{
+                                                         "GPipe (all in flight)", PipelineScheduleKind::gpipe, 0, 1},
+                                                     {"GPipe, 16 in flight", PipelineScheduleKind::gpipe, 16, 1},
+                                                     {"1F1B", PipelineScheduleKind::one_f_one_b, 0, 1},
+                                                     {"interleaved 1F1B, V = 2", PipelineScheduleKind::interleaved, 0, 2},
+                                                     {"interleaved 1F1B, V = 4", PipelineScheduleKind::interleaved, 0, 4}}) {
             PlanRequest r = q;
-            r.strategy.pipeline = kind, r.strategy.in_flight = in_flight;
+            r.strategy.pipeline = kind, r.strategy.in_flight = in_flight, r.strategy.chunks = chunks;
             const MemoryPlan plan = plan_memory(r);
             Row row{name, pipeline_schedule_of(r.strategy, p)};
             row.stage0_activations = plan.ranks.at(0).category(MemoryCategory::activations);
             row.peak_memory = plan.peak();
-            rows.push_back(row);
-        }
-        {  // interleaved: estimated from 1F1B's first stage (header comment)
-            Row row{"interleaved 1F1B, V = 2", make_pipeline_schedule(PipelineScheduleKind::interleaved, p, micro, chunks)};
-            const Row& f1b1 = rows.back();
-            const ScheduleFacts facts = simulate_pipeline_schedule(row.schedule);
-            const double per_slot = f1b1.stage0_activations / f1b1.schedule.slots[0];
-            row.stage0_activations = per_slot * facts.peak_in_flight[0] / chunks;
-            row.peak_memory = f1b1.peak_memory - f1b1.stage0_activations + row.stage0_activations;
-            row.estimated = true;
             rows.push_back(row);
         }
         std::printf("| schedule | in flight, first / last stage | activations, first stage | largest stage's device "
@@ -108,11 +97,11 @@ int main() {
             PipeTimes times{stage_micro / 3 / v, stage_micro * 2 / 3 / v, transfer};
             const ScheduleFacts f = simulate_pipeline_schedule(row.schedule, true, times);
             const double step = f.makespan + update / p;
-            std::printf("| %s | %d / %d | %.1f GiB%s | %.1f GiB%s, %s | %.1f%% | %.2f s | %.0f |\n", row.name.c_str(),
-                        f.peak_in_flight[0], f.peak_in_flight[size_t(p) - 1], row.stage0_activations / GiB, row.estimated ? " (est.)" : "",
-                        row.peak_memory / GiB, row.estimated ? " (est.)" : "",
-                        row.peak_memory <= parse_gpu_memory("h100-80").usable() ? "fits" : "does not fit", 100 * f.bubble, step,
-                        double(micro) * batch * seq / step);
+            std::printf("| %s | %d / %d | %.1f GiB | %.1f GiB, %s | %.1f%% | %.2f s | %.0f |\n", row.name.c_str(),
+                        f.peak_in_flight[0], f.peak_in_flight[size_t(p) - 1], row.stage0_activations / GiB,
+                        row.peak_memory / GiB,
+                        row.peak_memory <= parse_gpu_memory("h100-80").usable() ? "fits" : "does not fit",
+                        100 * f.bubble, step, double(micro) * batch * seq / step);
         }
     }
     return 0;

@@ -70,12 +70,14 @@ std::vector<ActivationBuffer> recompute_arena_layout(const LlamaConfig& c, int b
 }
 
 ActivationArenas activation_arenas(const LlamaConfig& c, int batch, int seq_len, DType dtype, const LoraConfig& lora,
-                                   int slots, const ActivationCheckpointing& checkpointing, StageUnits stage) {
-    const int units = c.num_layers + 2, end = stage.end < 0 ? units : stage.end;
+                                   int slots, const ActivationCheckpointing& checkpointing,
+                                   const std::vector<StageUnits>& chunks) {
+    const int units = c.num_layers + 2;
     ActivationArenas out;
     out.slots = slots;
     out.slot_bytes.assign(size_t(units), 0);
-    for (int u = stage.first; u < end; ++u) {
+    for (const StageUnits& stage : chunks)
+    for (int u = stage.first; u < (stage.end < 0 ? units : stage.end); ++u) {
         out.slot_bytes[size_t(u)] = arena_bytes(slot_arena_layout(c, u, batch, seq_len, dtype, lora, checkpointing));
         if (u >= 1 && u <= c.num_layers && checkpointing.recomputes(u - 1))
             out.recompute_bytes = arena_bytes(recompute_arena_layout(c, batch, seq_len, dtype, lora));

@@ -69,8 +69,8 @@ std::vector<ActivationBuffer> recompute_arena_layout(const LlamaConfig& c, int b
 
 // What a model allocates in the activations category, computed without a model (the memory
 // planner's figure; the Llama constructor allocates exactly these): per unit, one slot's arena
-// (0 for a unit outside the stage), `slots` of them, and the recompute arena (0 when no block of
-// the stage recomputes). Model parallelism's received inputs (parallel/mp.h) are not the model's.
+// (0 for a unit outside the chunks held), `slots` of them, and the recompute arena (0 when no
+// block held recomputes). A pipeline's received inputs (parallel/pp.h) are not the model's.
 struct ActivationArenas {
     std::vector<size_t> slot_bytes;  // per unit of the model
     int slots = 1;
@@ -82,6 +82,12 @@ struct ActivationArenas {
     }
 };
 ActivationArenas activation_arenas(const LlamaConfig& c, int batch, int seq_len, DType dtype, const LoraConfig& lora,
-                                   int slots, const ActivationCheckpointing& checkpointing, StageUnits stage = {});
+                                   int slots, const ActivationCheckpointing& checkpointing,
+                                   const std::vector<StageUnits>& chunks = {StageUnits{}});
+inline ActivationArenas activation_arenas(const LlamaConfig& c, int batch, int seq_len, DType dtype,
+                                          const LoraConfig& lora, int slots,
+                                          const ActivationCheckpointing& checkpointing, StageUnits stage) {
+    return activation_arenas(c, batch, seq_len, dtype, lora, slots, checkpointing, std::vector<StageUnits>{stage});
+}
 
 }  // namespace pv

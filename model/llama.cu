@@ -126,12 +126,16 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
                                     "; use a shorter sequence");
     std::vector<UnitSpec> specs = model_units(config_, o.lora);
     const int all = int(specs.size());
-    first_unit_ = place.stage.first;
-    end_unit_ = place.stage.end < 0 ? all : place.stage.end;
-    if (first_unit_ < 0 || first_unit_ >= end_unit_ || end_unit_ > all)
-        throw std::invalid_argument("Llama: stage units [" + std::to_string(place.stage.first) + ", " +
-                                    std::to_string(place.stage.end) + ") are not a non-empty range of the model's " +
-                                    std::to_string(all) + " units");
+    for (const StageUnits& c : place.chunks) {
+        const StageUnits resolved{c.first, c.end < 0 ? all : c.end};
+        if (resolved.first < (chunks_.empty() ? 0 : chunks_.back().end) || resolved.first >= resolved.end ||
+            resolved.end > all)
+            throw std::invalid_argument("Llama: stage units [" + std::to_string(c.first) + ", " +
+                                        std::to_string(c.end) + ") are not a non-empty range of the model's " +
+                                        std::to_string(all) + " units after the chunks before it");
+        chunks_.push_back(resolved);
+    }
+    if (chunks_.empty()) throw std::invalid_argument("Llama: a model holds at least one chunk of units");
     if (const auto problems = validate(lora_); !problems.empty()) throw std::invalid_argument(problems.front());
     const auto shapes = lora_linears(config_, lora_);
     for (int k = 0; k < kLoraLinears; ++k) lora_shapes_[k] = lora_shape(shapes[size_t(k)], lora_);
@@ -141,7 +145,7 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
     const DType dt = dtype_of<T>();
     // The arenas, from the function the memory planner calls.
     const ActivationArenas arenas = activation_arenas(config_, o.batch, o.seq_len, dt, lora_, place.slots,
-                                                      o.checkpointing, StageUnits{first_unit_, end_unit_});
+                                                      o.checkpointing, chunks_);
     if (arenas.recompute_bytes > 0)
         recompute_arena_ = device_alloc(arenas.recompute_bytes, MemoryCategory::activations);
     for (UnitSpec& spec : specs) {
@@ -162,8 +166,8 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
         units_.push_back(std::move(fresh));
         Unit& unit = units_.back();
         const int u = num_units() - 1;
-        const bool runs_here = u >= first_unit_ && u < end_unit_;
-        unit.held = runs_here || (u == 0 && config_.tie_embeddings && end_unit_ == all);
+        const bool runs_here = runs(u);
+        unit.held = runs_here || (u == 0 && config_.tie_embeddings && chunks_.back().end == all);
         if (!unit.held) continue;
         if (parameters_ == Parameters::owned)
             for (size_t g = 0; g < unit.groups.size(); ++g) {

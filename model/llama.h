@@ -170,11 +170,16 @@ class Llama {
     long long rows() const { return (long long)batch_ * seq_len_; }
     int num_units() const { return int(units_.size()); }
     UnitKind unit_kind(int u) const { return units_[size_t(u)].spec.kind; }
-    // The stage's units [first_unit, end_unit) run here; holds(u) also for the tied embedding's
-    // copy on the head's stage (parameters and gradients, no arena).
-    int first_unit() const { return first_unit_; }
-    int end_unit() const { return end_unit_; }
-    bool runs(int u) const { return u >= first_unit_ && u < end_unit_; }
+    // The chunks of units that run here (one stage, or an interleaved pipeline's several; ends
+    // resolved); holds(u) also for the tied embedding's copy on the head's rank (parameters and
+    // gradients, no arena).
+    const std::vector<StageUnits>& chunks() const { return chunks_; }
+    bool runs(int u) const {
+        for (const StageUnits& c : chunks_)
+            if (u >= c.first && u < c.end) return true;
+        return false;
+    }
+    bool runs_every_unit() const { return chunks_.size() == 1 && chunks_[0].first == 0 && chunks_[0].end == num_units(); }
     bool holds(int u) const { return units_[size_t(u)].held; }
 
     void forward_unit(int u, int slot, const UnitIO<T>& io);
@@ -297,7 +302,7 @@ class Llama {
     std::vector<Nf4PartFields> nf4_fields_[kLoraLinears];  // per block linear: its parts' fields in its slot
     LoraShape lora_shapes_[kLoraLinears];                  // per block linear (parts = 0: no adapter)
     int batch_, seq_len_;
-    int first_unit_ = 0, end_unit_ = 0;
+    std::vector<StageUnits> chunks_;
     Gradients gradients_;
     Parameters parameters_;
     cudaStream_t stream_;

@@ -2,6 +2,8 @@
 // and the model obeys without knowing why. Host code only.
 #pragma once
 
+#include <vector>
+
 namespace pv {
 
 // Gradients: none (inference), owned (one buffer per unit's trainable group, allocated here) or
@@ -12,10 +14,11 @@ namespace pv {
 enum class Gradients { none, owned, bound };
 enum class Parameters { owned, bound };
 
-// The units a model holds: [first, end) (end −1: to the last unit). Model parallelism gives each
-// rank one contiguous stage; the model then allocates parameters, gradients and activation arenas
-// for those units only. A stage with the head of a model with tied embeddings also holds the
-// embedding's parameters and gradients (the head multiplies by wte), but no arena for it.
+// A run of units a model holds: [first, end) (end −1: to the last unit). A pipeline gives each
+// rank one contiguous stage, or with the interleaved schedule several (its chunks, in unit order);
+// the model then allocates parameters, gradients and activation arenas for those units only. A
+// rank with the head of a model with tied embeddings also holds the embedding's parameters and
+// gradients (the head multiplies by wte), but no arena for it.
 struct StageUnits {
     int first = 0;
     int end = -1;
@@ -26,8 +29,8 @@ struct StageUnits {
 // are bound from outside.
 struct Placement {
     int shards = 1;
-    StageUnits stage;
-    int slots = 1;
+    std::vector<StageUnits> chunks = {StageUnits{}};  // the units held: every one by default
+    int slots = 1;  // per chunk
     Gradients gradients = Gradients::owned;
     Parameters parameters = Parameters::owned;
 };

@@ -133,8 +133,11 @@ StrategyPlan plan_strategy(const StrategyOptions& o, const LlamaConfig& config, 
     p.placement.gradients = p.info->binds_gradients ? Gradients::bound : Gradients::owned;
     p.placement.parameters = p.info->binds_parameters ? Parameters::bound : Parameters::owned;
     if (p.info->stages) {
-        p.stage_bounds = balance_stages(unit_costs(config, seq_len, parse_stage_balance(o.balance)), ranks);
-        p.placement.stage = StageUnits{p.stage_bounds[size_t(rank)], p.stage_bounds[size_t(rank) + 1]};
+        // p·V stages (V chunks per rank: the interleaved schedule); rank r runs stages r, r + p, …
+        p.stage_bounds = balance_stages(unit_costs(config, seq_len, parse_stage_balance(o.balance)), ranks * o.chunks);
+        p.placement.chunks.clear();
+        for (int s = rank; s < ranks * o.chunks; s += ranks)
+            p.placement.chunks.push_back(StageUnits{p.stage_bounds[size_t(s)], p.stage_bounds[size_t(s) + 1]});
         p.schedule = pipeline_schedule_of(o, ranks);
         p.placement.slots = p.schedule.slots[size_t(rank)];
     }
@@ -142,7 +145,7 @@ StrategyPlan plan_strategy(const StrategyOptions& o, const LlamaConfig& config, 
 }
 
 PipelineSchedule pipeline_schedule_of(const StrategyOptions& o, int ranks) {
-    PipelineSchedule s = make_pipeline_schedule(o.pipeline, ranks, o.micro_per_step, 1, o.in_flight);
+    PipelineSchedule s = make_pipeline_schedule(o.pipeline, ranks, o.micro_per_step, o.chunks, o.in_flight);
     try {
         simulate_pipeline_schedule(s);
     } catch (const std::logic_error& e) {

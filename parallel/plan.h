@@ -53,6 +53,7 @@ struct StrategyOptions {
     PipelineScheduleKind pipeline = PipelineScheduleKind::one_f_one_b;  // pp: the schedule (parallel/schedule.h)
     int in_flight = 0;       // pp: at most this many micro-batches in flight per stage (0: the schedule's own)
     int micro_per_step = 1;  // pp: micro-batches per optimizer step (every stage runs them all)
+    int chunks = 1;          // pp: model chunks per rank (the interleaved schedule's V; else 1)
     std::string balance = "flops";  // pp: how the stages are balanced (parallel/stages.h)
     bool fp32_grad_accumulation = false;
     int shard_group = 0;  // zero1-3: shard over groups of this many consecutive ranks (0: the whole world)
@@ -69,7 +70,7 @@ struct StrategyPlan {
     StrategyOptions options;
     int rank = 0, ranks = 1;            // the world
     int data_rank = 0, data_ranks = 1;  // the batch is split over data_ranks (1: every rank sees it all)
-    std::vector<int> stage_bounds;      // stages: unit boundaries of every rank's stage
+    std::vector<int> stage_bounds;      // stages: unit boundaries of every stage (p·V of them; rank r runs r, r + p, …)
     PipelineSchedule schedule;          // stages: the pipeline's table, checked by the simulator
     Placement placement;
 };

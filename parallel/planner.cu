@@ -53,14 +53,21 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     const Placement& place = sp.placement;
     const auto layouts = model_layouts(q.config, q.dtype, place.shards, q.groups);
     const int units = int(layouts.size());
-    const int first = place.stage.first, end = place.stage.end < 0 ? units : place.stage.end;
+    std::vector<StageUnits> chunks = place.chunks;  // ends resolved
+    for (StageUnits& c : chunks) c.end = c.end < 0 ? units : c.end;
     const bool tied = q.config.tie_embeddings, lora = q.groups.lora.enabled();
     const double t = double(dtype_size(q.dtype)), a = q.dtype == DType::fp64 ? 8 : 4;
     const double rows = double(q.micro_batch) * q.seq_len, hidden = q.config.hidden_size;
     const int slots = place.slots;
     const std::vector<UnitSpec> specs = model_units(q.config, q.groups.lora);
-    auto runs_here = [&](int u) { return u >= first && u < end; };
-    auto held = [&](int u) { return runs_here(u) || (u == 0 && tied && end == units); };
+    auto runs_here = [&](int u) {
+        for (const StageUnits& c : chunks)
+            if (u >= c.first && u < c.end) return true;
+        return false;
+    };
+    auto held = [&](int u) { return runs_here(u) || (u == 0 && tied && chunks.back().end == units); };
+    // The trainer's batch buffers: one per activation slot of every chunk.
+    const int buffer_slots = slots * int(chunks.size());
     auto trainable = [&](int u) { return layouts[size_t(u)].front(); };
     auto unit_elements = [&](int u) {
         double n = 0;
@@ -86,9 +93,9 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     // The activations: each unit's arena per slot (a recomputed block's output alone) and the
     // recompute arena, as the model allocates them (activation_arenas).
     const ActivationArenas arenas = activation_arenas(q.config, q.micro_batch, q.seq_len, q.dtype, q.groups.lora, slots,
-                                                      q.checkpointing, StageUnits{first, end});
-    for (int u = first; u < end; ++u)
-        m.add(
+                                                      q.checkpointing, chunks);
+    for (int u = 0; u < units; ++u)
+        if (runs_here(u)) m.add(
             specs[size_t(u)].kind == UnitKind::head ? "logits and loss (head)" : "activations (saved for the backward)",
             C::activations, double(slots) * double(arenas.slot_bytes[size_t(u)]));
     m.add("recompute arena (checkpointing)", C::activations, double(arenas.recompute_bytes));
@@ -132,7 +139,7 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     }
     // The sample after the last step (trainer/run.cu finish), on a rank that holds the whole model:
     // a Decoder beside everything the run still holds (decoder_buffers).
-    if (q.sample_rows > 0 && !zero3 && first == 0 && end == units) {
+    if (q.sample_rows > 0 && !zero3 && chunks.size() == 1 && chunks[0].first == 0 && chunks[0].end == units) {
         const std::vector<ActivationBuffer> b =
             decoder_buffers(q.config, q.dtype, q.groups.lora, q.sample_positions, q.sample_rows);
         double cache = 0, work = 0;
@@ -140,8 +147,9 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
         m.add("sample after training: KV cache", C::activations, cache);
         m.add("sample after training: workspace", C::workspace, work);
     }
-    if (kind == StrategyKind::pp && rank > 0)  // parallel/pp.h: the stage's input per micro-batch in flight
-        m.add("pipeline stage inputs", C::activations, slots * rows * hidden * t);
+    if (kind == StrategyKind::pp)  // parallel/pp.h: each chunk's input per micro-batch in flight (not stage 0's)
+        m.add("pipeline stage inputs", C::activations,
+              double(chunks.size() - (rank == 0 ? 1 : 0)) * slots * rows * hidden * t);
 
     // The optimizer (optim/optimizer.cuh AdamWState): the owned range of each held unit.
     // (ZeRO shards over its shard group: consecutive ranks, this rank's place in it.)
@@ -175,14 +183,15 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     // loss sums (grown to the accumulation on the first step, the old array freed after the new
     // one exists), the loss all-reduce's terms and their sums, the counts, the step's figures and
     // each unit's update flag; pinned staging for the uploads and read-backs.
-    const double losses = slots + (q.accumulation > slots ? q.accumulation : 0);
+    const double losses = buffer_slots + (q.accumulation > buffer_slots ? q.accumulation : 0);
     const double step_sums = 2.0 * kLossAllReduceDoubles * sizeof(double);
     const double update_flags = double(units) * sizeof(unsigned long long);
     m.add("batch and loss buffers", C::workspace,
-          3 * rows * slots * sizeof(int) + losses * a + slots * sizeof(int) + step_sums + 2 * sizeof(long long) +
+          3 * rows * buffer_slots * sizeof(int) + losses * a + buffer_slots * sizeof(int) + step_sums +
+              2 * sizeof(long long) +
               sizeof(StepFigures) + update_flags);
     m.add("upload staging (pinned)", C::pinned_host,
-          2.0 * slots * 3 * rows * sizeof(int) + sizeof(StepFigures) + 2 * sizeof(long long) + step_sums +
+          2.0 * buffer_slots * 3 * rows * sizeof(int) + sizeof(StepFigures) + 2 * sizeof(long long) + step_sums +
               update_flags);
     // A step's micro-batches as the loader gives them (inputs, targets, positions), pageable.
     m.add("a step's micro-batches", C::pinned_host, 3.0 * q.accumulation * rows * sizeof(int));
@@ -190,10 +199,13 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     RankMemory r;
     r.rank = rank;
     r.lines = std::move(m.lines);
-    if (sp.info->stages)
-        r.role = "stage " + std::to_string(rank) + ": units " + std::to_string(first) + "-" + std::to_string(end - 1);
-    else
+    if (sp.info->stages) {
+        r.role = "stage " + std::to_string(rank) + ": units";
+        for (const StageUnits& c : chunks)
+            r.role += (&c == &chunks.front() ? " " : ", ") + std::to_string(c.first) + "-" + std::to_string(c.end - 1);
+    } else {
         r.role = q.ranks == 1 ? "the rank" : "every rank";
+    }
     return r;
 }
 

@@ -109,7 +109,7 @@ class Strategy {
     }
     // Whether this rank holds every parameter whole (it can sample, for one).
     virtual bool holds_whole_model() const {
-        return model_.first_unit() == 0 && model_.end_unit() == model_.num_units();
+        return model_.runs_every_unit();
     }
 
     // The slice of group g of unit u this rank owns (default: the trainable group).

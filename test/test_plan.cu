@@ -37,8 +37,9 @@ TEST_CASE("each strategy plans the model it needs", "[plan]") {
         CHECK(p.data_rank == 2);
         CHECK(p.placement.shards == 4);
         CHECK(p.placement.slots == 1);
-        CHECK(p.placement.stage.first == 0);
-        CHECK(p.placement.stage.end == -1);
+        REQUIRE(p.placement.chunks.size() == 1);
+        CHECK(p.placement.chunks[0].first == 0);
+        CHECK(p.placement.chunks[0].end == -1);
         const bool bound = std::string(name) == "zero2" || std::string(name) == "zero3";
         CHECK((p.placement.gradients == pv::Gradients::bound) == bound);
         CHECK((p.placement.parameters == pv::Parameters::bound) == (std::string(name) == "zero3"));
@@ -58,8 +59,23 @@ TEST_CASE("each strategy plans the model it needs", "[plan]") {
         CHECK(p.placement.slots == 2);
         CHECK(pv::plan_strategy(one_f_one_b, c, 8, r, 3).placement.slots == 3 - r);
         CHECK(p.stage_bounds == bounds);
-        CHECK(p.placement.stage.first == bounds[size_t(r)]);
-        CHECK(p.placement.stage.end == bounds[size_t(r) + 1]);
+        REQUIRE(p.placement.chunks.size() == 1);
+        CHECK(p.placement.chunks[0].first == bounds[size_t(r)]);
+        CHECK(p.placement.chunks[0].end == bounds[size_t(r) + 1]);
+    }
+    // Interleaved over 2 ranks, 2 chunks each: 4 stages, rank r running stages r and r + 2.
+    pv::StrategyOptions interleaved = options("pp");
+    interleaved.pipeline = pv::PipelineScheduleKind::interleaved, interleaved.chunks = 2, interleaved.micro_per_step = 4;
+    const std::vector<int> four = pv::balance_stages(pv::unit_costs(c, 8, pv::StageBalance::flops), 4);
+    for (int r = 0; r < 2; ++r) {
+        const pv::StrategyPlan p = pv::plan_strategy(interleaved, c, 8, r, 2);
+        CHECK(p.stage_bounds == four);
+        REQUIRE(p.placement.chunks.size() == 2);
+        for (int k = 0; k < 2; ++k) {
+            CHECK(p.placement.chunks[size_t(k)].first == four[size_t(r + 2 * k)]);
+            CHECK(p.placement.chunks[size_t(k)].end == four[size_t(r + 2 * k + 1)]);
+        }
+        CHECK(p.placement.slots == p.schedule.slots[size_t(r)]);
     }
     CHECK(pv::data_ranks_of(options("pp"), 4) == 1);
     CHECK(pv::data_ranks_of(options("zero1"), 4) == 4);

@@ -110,7 +110,7 @@ TEST_CASE("a stage of the model holds its units only, with the whole model's val
     pv::Llama<double> whole(c, pv::whole_model(2, 8, 5));
     auto stage = [](int first, int end) {
         pv::ModelOptions o = pv::whole_model(2, 8, 5);
-        o.placement.stage = pv::StageUnits{first, end};
+        o.placement.chunks = {pv::StageUnits{first, end}};
         return o;
     };
     const pv::MemoryStats before = pv::memory_stats();

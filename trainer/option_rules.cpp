@@ -48,6 +48,7 @@ const std::map<std::string, NumberRule>& number_rules() {
         {"beta2",                  real(0, 1, false, true)},
         {"eps",                    real(0, kHuge, true)},
         {"in_flight",              at_least(0)},
+        {"pipeline_chunks",        at_least(0)},
         {"shard_group",            at_least(0)},
         {"checkpoint_activations", at_least(-1)},  // and not 1: checked below
         {"eval_interval",          at_least(0)},
@@ -115,7 +116,7 @@ std::vector<std::string> option_choices(const std::string& key) {
     }
     if (key == "interconnect") return {"fast", "slow"};
     if (key == "balance") return {"flops", "params"};
-    if (key == "pipeline_schedule") return {"gpipe", "1f1b"};
+    if (key == "pipeline_schedule") return {"gpipe", "1f1b", "interleaved"};
     if (key == "offload") return {"none", "optimizer", "params"};
     if (key == "quantize") return {"", "nf4"};
     return {};

@@ -29,7 +29,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, in
                                                 schedule_steps, final_lr_fraction,
                                                 clip, skip_nonfinite, weight_decay, decay_norm_weights, beta1, beta2,
                                                 eps, dtype, stochastic_rounding, fp32_grad_accumulation, seed, parallel,
-                                                interconnect, in_flight, pipeline_schedule, balance, shard_group, freeze, eval_interval,
+                                                interconnect, in_flight, pipeline_schedule, pipeline_chunks, balance, shard_group, freeze, eval_interval,
                                                 eval_batches, out_dir, checkpoint_interval, resume, stop_after, prompt,
                                                 sample_tokens, temperature, top_p, document_mask, lora_rank, lora_alpha,
                                                 rslora, lora_targets, lora_dropout, adapter, quantize, double_quant,
@@ -132,7 +132,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& train_flag_
                           "fp32-grad-accumulation", "seed"}},
         {"LoRA/QLoRA", {"lora-rank", "lora-alpha", "rslora", "lora-targets", "lora-dropout", "quantize",
                         "double-quant", "adapter"}},
-        {"Parallel", {"parallel", "interconnect", "gpu-memory", "pipeline-schedule", "in-flight", "balance", "shard-group", "offload",
+        {"Parallel", {"parallel", "interconnect", "gpu-memory", "pipeline-schedule", "pipeline-chunks", "in-flight", "balance", "shard-group", "offload",
                       "collective-timeout"}},
         {"Checkpoints", {"checkpoint-interval", "resume", "allow-inexact-resume", "stop-after", "keep-checkpoints",
                          "overwrite-later", "extend-schedule", "keep-schedule"}},
@@ -295,9 +295,13 @@ void add_train_flags(CLI::App& app, TrainOptions& o, std::string* run_file = nul
            "(gpipe: every micro-batch of the step; 1f1b: p - r on stage r)");
     app.add_option("--pipeline-schedule", o.pipeline_schedule,
                    "pp: the pipeline schedule: 1f1b (warm-up forwards, then one forward and one backward in turn; "
-                   "stage r holds at most p - r micro-batches) or gpipe (all forwards, then all backwards); the "
-                   "same gradients either way")
+                   "stage r holds at most p - r micro-batches), gpipe (all forwards, then all backwards) or "
+                   "interleaved (1f1b over --pipeline-chunks model chunks per rank: a smaller bubble, more "
+                   "transfers); the same gradients under each")
         ->check(choice_check(option_choices("pipeline_schedule")));
+    app.add_option("--pipeline-chunks", o.pipeline_chunks,
+                   "pp with --pipeline-schedule interleaved: model chunks per rank (Megatron's virtual stages; "
+                   "rank r runs stages r, r + p, ...). 0: 2");
     app.add_option("--checkpoint-activations", o.checkpoint_activations,
                    "Activation checkpointing: a transformer block keeps only its output during the forward and "
                    "recomputes its activations just before its backward (one more forward of the recomputed "
@@ -913,6 +917,10 @@ StrategyOptions strategy_options(const TrainOptions& o) {
     StrategyOptions s;
     s.name = o.parallel;
     s.pipeline = parse_pipeline_schedule(o.pipeline_schedule);
+    if (o.pipeline_chunks != 0 && s.pipeline != PipelineScheduleKind::interleaved)
+        throw std::invalid_argument("--pipeline-chunks " + std::to_string(o.pipeline_chunks) +
+                                    " is for --pipeline-schedule interleaved: drop it, or choose that schedule");
+    s.chunks = s.pipeline == PipelineScheduleKind::interleaved ? (o.pipeline_chunks > 0 ? o.pipeline_chunks : 2) : 1;
     s.in_flight = o.in_flight;
     s.micro_per_step = o.micro_batch > 0 && o.batch % o.micro_batch == 0 ? std::max(1, o.batch / o.micro_batch) : 1;
     s.balance = o.balance;

@@ -83,7 +83,8 @@ struct TrainOptions {
     std::string parallel = "auto";      // auto, single, ddp, zero1, zero2, zero3 or mp (parallel/)
     std::string interconnect = "fast";  // auto's hint: "slow" puts mp before the ZeRO stages
     int in_flight = 0;                  // pp: most micro-batches in flight per stage (0: the schedule's own)
-    std::string pipeline_schedule = "1f1b";  // pp: gpipe or 1f1b (parallel/schedule.h)
+    std::string pipeline_schedule = "1f1b";  // pp: gpipe, 1f1b or interleaved (parallel/schedule.h)
+    int pipeline_chunks = 0;                 // pp, interleaved: model chunks per rank (0: 2)
     std::string balance = "flops";      // pp: balance the stages by flops or params
     int shard_group = 0;                // zero1-3: shard within groups of this many ranks (0: all; HSDP)
     std::string offload = "none";       // none, optimizer or params (parallel/plan.h Offload)

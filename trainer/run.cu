@@ -352,7 +352,7 @@ class TrainingRun {
             for (int i = 0; i < c.num_layers; ++i) recomputed += ckpt.recomputes(i);
             const auto bytes = [&](const ActivationCheckpointing& a) {
                 return mib(activation_arenas(c, o_.micro_batch, o_.seq_len, dtype_of<T>(), model_->lora(),
-                                             plan_.placement.slots, a, plan_.placement.stage)
+                                             plan_.placement.slots, a, plan_.placement.chunks)
                                .total());
             };
             std::printf(

@@ -139,7 +139,11 @@ struct Options {
     int shard_group = 0;                        // zero1-3: --shard-group (0: the whole world)
     int steps = kSteps;
     pv::Offload offload = pv::Offload::none;  // --offload
+    int chunks = 1;  // mp: model chunks per rank (> 1: the interleaved schedule, over a model of p·V blocks)
 };
+
+// The blocks of the model a run of `o` trains on `ranks` ranks: two, or a stage per chunk.
+int layers_of(const Options& o, int ranks) { return o.chunks > 1 ? ranks * o.chunks : 2; }
 
 // LoRA on most modules with dropout: rank 3 (so adapter groups need padding), k_proj and
 // gate_proj left out (a fused linear with some parts adapted).
@@ -167,7 +171,7 @@ int pipeline_slots(const Options& o, int p, int r) {
 // rank, all of the batch). Data-parallel ranks take slice r of the batch; mp stages all of it.
 template <class T, class G = T>
 RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Options opt = {}) {
-    const pv::LlamaConfig config = awkward_model(world_ranks, opt.tied);
+    const pv::LlamaConfig config = awkward_model(world_ranks, opt.tied, layers_of(opt, world_ranks));
     const int ranks = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
     const bool mp = strategy == "mp";
     const int data_ranks = mp ? 1 : ranks, data_rank = mp ? 0 : rank;
@@ -178,6 +182,7 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
         pv::StrategyOptions so;
         so.name = strategy, so.in_flight = mp ? opt.microbatches : 0, so.fp32_grad_accumulation = !std::is_same_v<G, T>;
         so.pipeline = opt.pipeline, so.micro_per_step = opt.accumulation * (mp ? world_ranks : 1);
+        so.chunks = mp ? opt.chunks : 1;
         so.shard_group = opt.shard_group;
         so.offload = opt.offload;
         const pv::StrategyPlan plan = pv::plan_strategy(so, config, kSeq, rank, ranks);
@@ -558,6 +563,33 @@ TEST_CASE("mp runs 1F1B: warm-up, one forward one backward, cool-down; the singl
     Options qlora_single = lora_options();
     qlora_single.nf4 = true;
     check_close(train<double>("mp", &world.comm(), p, qlora), reference<double>(world, qlora_single));
+}
+
+// Interleaved 1F1B (parallel/schedule.h): each rank runs two chunks of a model of 2p blocks (stages
+// r and r + p), and trains what single trains on that model — untied bit for bit, tied within
+// 1e-10 (fp64), with LoRA (dropout on), QLoRA and activation checkpointing — and each rank holds
+// only its chunks' units.
+TEST_CASE("mp runs interleaved 1F1B over two chunks per rank: the single run's weights, untied bit for bit",
+          "[parallel][mp][parity][interleaved]") {
+    pv::World world(nullptr, nullptr);
+    const int p = world.size();
+    Options o, untied{kAccumulation, 0, false};
+    o.microbatches = 0, o.chunks = untied.chunks = 2;
+    o.pipeline = untied.pipeline = pv::PipelineScheduleKind::interleaved;
+    const RunResult single = reference<double>(world, o), single_untied = reference<double>(world, untied);
+    const RunResult interleaved = train<double>("mp", &world.comm(), p, o);
+    REQUIRE(interleaved.stages.size() == size_t(2 * p + 1));
+    check_close(interleaved, single);
+    check_identical(train<double>("mp", &world.comm(), p, untied), single_untied);
+    Options lora = lora_options(), qlora = lora_options();
+    qlora.nf4 = true;
+    for (Options* x : {&lora, &qlora})
+        x->microbatches = 0, x->chunks = 2, x->pipeline = pv::PipelineScheduleKind::interleaved;
+    check_close(train<double>("mp", &world.comm(), p, lora), reference<double>(world, lora));
+    check_close(train<double>("mp", &world.comm(), p, qlora), reference<double>(world, qlora));
+    Options checkpointed = o;
+    checkpointed.checkpointing = {true, 2};
+    check_identical(train<double>("mp", &world.comm(), p, checkpointed), interleaved);
 }
 
 namespace parallel_test {

@@ -39,6 +39,7 @@ struct Case {
     pv::Offload offload = pv::Offload::none;
     pv::ActivationCheckpointing checkpointing{};  // --checkpoint-activations
     pv::PipelineScheduleKind pipeline = pv::PipelineScheduleKind::gpipe;  // mp
+    int chunks = 1;  // mp, interleaved: chunks per rank (a model of ranks·chunks blocks)
 };
 
 // Micro-steps of the step: mp runs the accumulation times its in-flight count (4 with the schedule's own).
@@ -83,6 +84,7 @@ Measured run_step(const Case& c, const pv::LlamaConfig& config, pv::Comm* comm) 
         pv::StrategyOptions so;
         so.name = c.strategy, so.in_flight = c.strategy == "mp" ? c.microbatches : 0, so.fp32_grad_accumulation = !std::is_same_v<G, T>;
         so.offload = c.offload, so.pipeline = c.pipeline, so.micro_per_step = micro_steps(c);
+        so.chunks = c.chunks;
         const pv::StrategyPlan plan = pv::plan_strategy(so, config, kSeq, rank, ranks);
         const pv::GroupOptions groups = groups_of(c.variant);
         pv::ModelOptions mo;
@@ -110,10 +112,11 @@ Measured run_step(const Case& c, const pv::LlamaConfig& config, pv::Comm* comm) 
 template <class T, class G>
 double check_case(const Case& c, pv::Comm* comm, const char* dtype) {
     const int ranks = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
-    const pv::LlamaConfig config = pv::test::awkward_model(ranks, c.tied);
+    const pv::LlamaConfig config = pv::test::awkward_model(ranks, c.tied, c.chunks > 1 ? ranks * c.chunks : 2);
     pv::PlanRequest q;
     q.config = config, q.dtype = pv::dtype_of<T>(), q.groups = groups_of(c.variant);
     q.strategy.name = c.strategy, q.strategy.in_flight = c.strategy == "mp" ? c.microbatches : 0, q.strategy.pipeline = c.pipeline;
+    q.strategy.chunks = c.chunks;
     q.strategy.fp32_grad_accumulation = !std::is_same_v<G, T>;
     q.strategy.offload = c.offload;
     q.checkpointing = c.checkpointing;
@@ -180,6 +183,11 @@ TEST_CASE("the memory planner equals the measured peaks of a real step", "[plann
     check_case<float, float>({"mp", "full", true, 0, pv::Offload::none, {}, f1b1}, comm, "fp32");
     check_case<__nv_bfloat16, __nv_bfloat16>({"mp", "qlora", false, 0, pv::Offload::none, {}, f1b1}, comm, "bf16");
     check_case<double, double>({"mp", "lora", true, 0, pv::Offload::none, {true, 2}, f1b1}, comm, "fp64");
+    // Interleaved: two chunks per rank, each with its own slots and received inputs.
+    const auto interleaved = pv::PipelineScheduleKind::interleaved;
+    check_case<float, float>({"mp", "full", true, 0, pv::Offload::none, {}, interleaved, 2}, comm, "fp32");
+    check_case<__nv_bfloat16, __nv_bfloat16>({"mp", "qlora", false, 0, pv::Offload::none, {true, 2}, interleaved, 2},
+                                             comm, "bf16");
     // CPU offload: the optimizer state as host lines, none of it on the device, the staging.
     using O = pv::Offload;
     check_case<__nv_bfloat16, __nv_bfloat16>({"single", "full", true, 1, O::optimizer}, nullptr, "bf16");
