@@ -70,7 +70,7 @@ std::vector<ActivationBuffer> recompute_arena_layout(const LlamaConfig& c, int b
 // What a model allocates in the activations category, computed without a model (the memory
 // planner's figure; the Llama constructor allocates exactly these): per unit, one slot's arena
 // (0 for a unit outside the stage), `slots` of them, and the recompute arena (0 when no block of
-// the stage recomputes). Model parallelism's received inputs (parallel/mp.h) are not the model's.
+// the stage recomputes). Model parallelism's received inputs (parallel/pp.h) are not the model's.
 struct ActivationArenas {
     std::vector<size_t> slot_bytes;  // per unit of the model
     int slots = 1;
