@@ -488,7 +488,7 @@ FUZZ_CXXFLAGS := -std=c++20 -O1 $(DEBUG_INFO) -fno-omit-frame-pointer $(FUZZ_SAN
 FUZZ_GXX_OBJS := $(FUZZ_BUILD)/trainer/options.o $(FUZZ_BUILD)/model/bnb_tables.o
 # The readers and what they call (a missing one is a link error naming its symbol).
 FUZZ_LIB_SOURCES := $(addprefix data/,bpe.cpp chat.cpp examples.cpp jinja_eval.cpp jinja_parse.cpp pretokenize.cpp shard.cpp token_decoders.cpp \
-                      tokenizer.cpp tokenizer_json.cpp utf8.cpp) $(addprefix io/,checksum.cpp durable_file.cpp input_file.cpp progress.cpp) \
+                      tokenizer.cpp tokenizer_json.cpp utf8.cpp) $(addprefix io/,checksum.cpp durable_file.cpp input_file.cpp json_reader.cpp progress.cpp) \
                     $(addprefix model/,bnb_checkpoint.cpp checkpoint.cpp checkpoint_files.cpp config.cpp config_json.cpp dtype_conversion.cpp flops.cpp \
                       hf_checkpoint.cpp llama2c.cpp lora.cpp nf4_layout.cpp parameters.cpp peft_config.cpp safetensors.cpp) \
                     trainer/state.cpp trainer/option_rules.cpp parallel/plan.cpp parallel/stages.cpp

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -61,7 +62,11 @@ Options parse(int argc, char** argv) {
             usage(("unknown option " + a).c_str());
     }
     if (o.prompt < 1 || o.tokens < 2) usage("--prompt must be at least 1 and --tokens at least 2");
-    if (o.dtype != "bf16" && o.dtype != "fp32" && o.dtype != "fp64") usage("--dtype must be bf16, fp32 or fp64");
+    try {
+        (void)pv::parse_dtype(o.dtype);
+    } catch (const std::invalid_argument& e) {
+        usage(e.what());
+    }
     return o;
 }
 
@@ -142,11 +147,6 @@ int main(int argc, char** argv) {
                      c.name.c_str(), c.max_seq_len);
         return 2;
     }
-    if (o.dtype == "bf16")
-        run<__nv_bfloat16>(c, o);
-    else if (o.dtype == "fp32")
-        run<float>(c, o);
-    else
-        run<double>(c, o);
+    pv::with_dtype(o.dtype, [&](auto tag) { run<typename decltype(tag)::type>(c, o); });
     return 0;
 }

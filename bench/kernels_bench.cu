@@ -28,11 +28,13 @@
 #include "kernels/rope.cuh"
 #include "kernels/swiglu.cuh"
 #include "model/config.h"
+#include "model/dtype.h"
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -82,7 +84,11 @@ Options parse(int argc, char** argv) {
             usage(("unknown option " + a).c_str());
     }
     if (o.batch < 1 || o.seq < 1 || o.repeat < 1) usage("--batch, --seq and --repeat must be positive");
-    if (o.dtype != "bf16" && o.dtype != "fp32" && o.dtype != "fp64") usage("--dtype must be bf16, fp32 or fp64");
+    try {
+        (void)pv::parse_dtype(o.dtype);
+    } catch (const std::invalid_argument& e) {
+        usage(e.what());
+    }
     return o;
 }
 
@@ -430,11 +436,6 @@ int main(int argc, char** argv) {
         usage(e.what());
     }
     if (o.seq > config->max_seq_len) usage("--seq exceeds the model's max_seq_len");
-    if (o.dtype == "bf16")
-        run<__nv_bfloat16>(*config, o);
-    else if (o.dtype == "fp32")
-        run<float>(*config, o);
-    else
-        run<double>(*config, o);
+    pv::with_dtype(o.dtype, [&](auto tag) { run<typename decltype(tag)::type>(*config, o); });
     return 0;
 }

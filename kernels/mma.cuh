@@ -23,13 +23,6 @@ __host__ __device__ inline uint32_t pack_bf16x2(float lo, float hi) {
     std::memcpy(&bits, &v, sizeof bits);
     return bits;
 }
-// The same with fp16 (round to nearest even).
-__host__ __device__ inline uint32_t pack_f16x2(float lo, float hi) {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    uint32_t bits;
-    std::memcpy(&bits, &v, sizeof bits);
-    return bits;
-}
 // The two bf16 values of a register as floats (exact): the low half first.
 __host__ __device__ inline float bf16x2_low(uint32_t bits) {
     const uint32_t f = bits << 16;

@@ -4,6 +4,7 @@
 
 #include "io/input_file.h"
 #include "io/durable_file.h"
+#include "io/json_reader.h"
 #include "model/checkpoint_files.h"
 
 #include <cerrno>
@@ -29,59 +30,32 @@ constexpr int kDefaultMaxPositionEmbeddings = 2048;
 constexpr double kDefaultRmsNormEps = 1e-6;
 constexpr double kDefaultRopeTheta = 10000.0;
 
-// A value as it appears in the file, shortened so one bad key cannot flood the message.
-std::string shown(const json& v) {
-    std::string s = v.dump();
-    if (s.size() > 80) s = s.substr(0, 77) + "...";
-    return s;
-}
+// What a config.json that is not JSON should do.
+const char* const kNotJsonFix = "is this a Hugging Face config.json? Re-download or re-export it";
 
-// "a string", "an array", ...: the JSON type of a value, for type errors.
-std::string type_of(const json& v) {
-    if (v.is_number_float()) return "a non-integer number";
-    if (v.is_number()) return "an integer";
-    const std::string t = v.type_name();
-    return (t == "array" || t == "object" ? "an " : "a ") + t;
-}
-
-// Reads the keys of one config.json object. Every error names the origin, the key, the value and
-// the fix; `name` arguments are the key as a user would search for it ("rope_scaling.factor").
-class Reader {
+// Reads the keys of one config.json object (io/json_reader.h). Every error names the origin, the
+// key, the value and the fix; `name` arguments are the key as a user would search for it
+// ("rope_scaling.factor").
+class Reader : public JsonReader {
   public:
-    Reader(const json& root, const std::string& origin) : root_(root), origin_(origin) {}
-
-    [[noreturn]] void fail(const std::string& what) const {
-        throw std::runtime_error("config.json '" + origin_ + "': " + what);
-    }
-
-    [[noreturn]] void wrong_type(const std::string& name, const json& v, const std::string& expected,
-                                 const std::string& fix) const {
-        fail(name + " = " + shown(v) + " is " + type_of(v) + ", expected " + expected + ": " + fix);
-    }
-
-    // The value of `key` in `obj`, or nullptr when the key is absent.
-    static const json* find(const json& obj, const std::string& key) {
-        const auto it = obj.find(key);
-        return it == obj.end() ? nullptr : &*it;
-    }
-    const json* find(const std::string& key) const { return find(root_, key); }
+    Reader(const json& root, const std::string& origin) : JsonReader(root, "config.json", origin) {}
 
     int as_int(const json& v, const std::string& name) const {
         if (v.is_number_unsigned()) {
             if (v.get<uint64_t>() > static_cast<uint64_t>(INT_MAX))
-                fail(name + " = " + shown(v) + " is too large: at most " + std::to_string(INT_MAX) +
+                fail(name + " = " + json_shown(v) + " is too large: at most " + std::to_string(INT_MAX) +
                      " is supported (is the value corrupt?)");
             return static_cast<int>(v.get<uint64_t>());
         }
         if (v.is_number_integer()) {
             const int64_t i = v.get<int64_t>();
             if (i < INT_MIN || i > INT_MAX)
-                fail(name + " = " + shown(v) +
+                fail(name + " = " + json_shown(v) +
                      " is out of range: it must fit in a 32-bit integer (is the value corrupt?)");
             return static_cast<int>(i);
         }
         if (v.is_number_float())
-            fail(name + " = " + shown(v) +
+            fail(name + " = " + json_shown(v) +
                  " is not a whole number: it is a count, so write it as an integer "
                  "without a decimal point (e.g. 2048)");
         wrong_type(name, v, "an integer", "write it as a JSON number without quotes (e.g. 2048)");
@@ -157,8 +131,8 @@ class Reader {
                 "has neither model_type nor architectures, so nothing says it describes a Llama model: "
                 "add \"model_type\": \"llama\" if it does");
         std::string what;
-        if (has_type) what = "model_type = " + shown(*type);
-        if (has_arch) what += (what.empty() ? "" : ", ") + std::string("architectures = ") + shown(*arch);
+        if (has_type) what = "model_type = " + json_shown(*type);
+        if (has_arch) what += (what.empty() ? "" : ", ") + std::string("architectures = ") + json_shown(*arch);
         fail(what +
              ": this is not a Llama model, and polevault reads only LlamaForCausalLM configs "
              "(model_type \"llama\"); choose a Llama-architecture checkpoint");
@@ -176,7 +150,7 @@ class Reader {
         const json* type = find(obj, type_key);
         if (type == nullptr) type = find(obj, type_key = "type");  // the key before transformers 4.43
         if (type == nullptr)
-            fail(name + " = " + shown(obj) +
+            fail(name + " = " + json_shown(obj) +
                  " has no rope_type: set rope_type to \"llama3\" (with factor, "
                  "low_freq_factor, high_freq_factor and original_max_position_embeddings), or set " +
                  name + " to null for plain RoPE");
@@ -215,10 +189,6 @@ class Reader {
                  name + " to null for no scaling");
         return s;
     }
-
-  private:
-    const json& root_;
-    const std::string& origin_;
 };
 
 bool same_scaling(const RopeScaling& a, const RopeScaling& b) {
@@ -269,18 +239,8 @@ std::string hf_config_json(const LlamaConfig& c, const std::string& torch_dtype)
 }
 
 LlamaConfig parse_hf_config(const std::string& json_text, const std::string& origin) {
-    json root;
-    try {
-        root = json::parse(json_text);
-    } catch (const json::exception& e) {
-        throw std::runtime_error("config.json '" + origin + "': not valid JSON (" + e.what() +
-                                 "); is this a Hugging Face config.json? Re-download or re-export it");
-    }
+    const json root = parse_json_object(json_text, "config.json", origin, kNotJsonFix);
     const Reader r(root, origin);
-    if (!root.is_object())
-        r.fail("the file is " + type_of(root) +
-               ", but a config.json is a JSON object {...} of keys; is this the "
-               "right file?");
     r.check_architecture();
 
     LlamaConfig c;
@@ -309,7 +269,7 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& ori
         // transformers 5's form; its rope_theta wins over the top-level key, as there.
         const RopeScaling from_parameters = r.rope(*parameters, "rope_parameters", &c.rope_theta);
         if (has_scaling && !same_scaling(from_parameters, c.rope_scaling))
-            r.fail("rope_scaling = " + shown(*scaling) + " and rope_parameters = " + shown(*parameters) +
+            r.fail("rope_scaling = " + json_shown(*scaling) + " and rope_parameters = " + json_shown(*parameters) +
                    " disagree: transformers 5 reads only rope_parameters; remove rope_scaling or make the two agree");
         c.rope_scaling = from_parameters;
     }
@@ -361,30 +321,22 @@ namespace {
 
 // The JSON object in the file at `path`; `kind` names the file in errors.
 json read_json_object(const std::string& path, const std::string& kind) {
-    auto fail = [&](const std::string& what) -> void { throw std::runtime_error(kind + " '" + path + "': " + what); };
     verify_recorded_file(path);  // a checkpoint's, as read_hf_config
     const std::string text = read_input_file(path, kind, kMaxJsonFileBytes, "check the path");
-    json j;
-    try {
-        j = json::parse(text);
-    } catch (const json::exception& e) {
-        fail(std::string("not valid JSON (") + e.what() + ")");
-    }
-    if (!j.is_object()) fail("is not a JSON object");
-    return j;
+    return parse_json_object(text, kind, path, "is this a Hugging Face " + kind + "? Re-download or re-export it");
 }
 
 }  // namespace
 
 std::string read_hf_torch_dtype(const std::string& path) {
     const json j = read_json_object(path, "config.json");
+    const JsonReader r(j, "config.json", path);
     for (const char* key : {"torch_dtype", "dtype"}) {
-        const auto it = j.find(key);
-        if (it == j.end() || it->is_null()) continue;
-        if (!it->is_string())
-            throw std::runtime_error("config.json '" + path + "': " + key + " = " + shown(*it) +
-                                     " is not a string (write e.g. \"bfloat16\")");
-        return it->get<std::string>();
+        const json* v = r.find(key);
+        if (v == nullptr || v->is_null()) continue;
+        if (!v->is_string())
+            r.fail(std::string(key) + " = " + json_shown(*v) + " is not a string (write e.g. \"bfloat16\")");
+        return v->get<std::string>();
     }
     return "";
 }
@@ -406,15 +358,14 @@ void write_generation_config(const std::string& path, const GenerationConfig& g)
 GenerationConfig read_generation_config(const std::string& path, int vocab_size) {
     const std::string kind = std::filesystem::path(path).filename().string();  // also a config.json's ids
     const json j = read_json_object(path, kind);
+    const JsonReader r(j, kind, path);
     auto id = [&](const json& v, const std::string& key) {
         if (!v.is_number_integer() || v.get<long long>() < 0 || v.get<long long>() > INT_MAX)
-            throw std::runtime_error(kind + " '" + path + "': " + key + " = " + shown(v) +
-                                     " is not a token id (a non-negative integer)");
+            r.fail(key + " = " + json_shown(v) + " is not a token id (a non-negative integer)");
         if (vocab_size > 0 && v.get<long long>() >= vocab_size)
-            throw std::runtime_error(kind + " '" + path + "': " + key + " = " + shown(v) +
-                                     " is not a token of this model, whose ids are 0 to " +
-                                     std::to_string(vocab_size - 1) + " (config.json vocab_size " +
-                                     std::to_string(vocab_size) + "); correct the id or remove the key");
+            r.fail(key + " = " + json_shown(v) + " is not a token of this model, whose ids are 0 to " +
+                   std::to_string(vocab_size - 1) + " (config.json vocab_size " + std::to_string(vocab_size) +
+                   "); correct the id or remove the key");
         return v.get<int>();
     };
     GenerationConfig g;

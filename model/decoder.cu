@@ -8,6 +8,7 @@
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
 #include "kernels/swiglu.cuh"
+#include "model/dtype.h"
 
 #include <stdexcept>
 #include <string>
@@ -48,10 +49,9 @@ std::vector<ActivationBuffer> decoder_buffers(const LlamaConfig& c, DType dtype,
     const size_t t = dtype_size(dtype), a = dtype == DType::fp64 ? 8 : 4;
     const long long cache = (long long)c.num_layers * max_positions * c.kv_width();
     const int H = c.num_heads, Hkv = c.num_kv_heads, hd = c.head_dim_resolved();
-    const size_t scratch =
-        dtype == DType::fp64   ? attention_decode_scratch_bound<double>(max_rows, max_positions, H, Hkv, hd)
-        : dtype == DType::fp32 ? attention_decode_scratch_bound<float>(max_rows, max_positions, H, Hkv, hd)
-                               : attention_decode_scratch_bound<__nv_bfloat16>(max_rows, max_positions, H, Hkv, hd);
+    const size_t scratch = with_dtype(dtype, [&](auto tag) {
+        return attention_decode_scratch_bound<typename decltype(tag)::type>(max_rows, max_positions, H, Hkv, hd);
+    });
     return {{"cache_k", cache, t},
             {"cache_v", cache, t},
             {"x", R * C, t},

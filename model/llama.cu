@@ -71,13 +71,11 @@ std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& c, int b
     const size_t t = dtype_size(dtype);
     const long long lora_max_a_rows = pv::lora_max_a_rows(c, lora);
     // The scratch sizes depend on the storage type only through its accumulator.
-    const size_t norm_scratch = dtype == DType::fp64   ? rmsnorm_backward_scratch_bytes<double>(N, int(C))
-                                : dtype == DType::fp32 ? rmsnorm_backward_scratch_bytes<float>(N, int(C))
-                                                       : rmsnorm_backward_scratch_bytes<__nv_bfloat16>(N, int(C));
-    const size_t attention_scratch =
-        dtype == DType::fp64   ? attention_backward_scratch_bytes<double>(batch, seq_len, c.num_heads)
-        : dtype == DType::fp32 ? attention_backward_scratch_bytes<float>(batch, seq_len, c.num_heads)
-                               : attention_backward_scratch_bytes<__nv_bfloat16>(batch, seq_len, c.num_heads);
+    const size_t norm_scratch = with_dtype(
+        dtype, [&](auto tag) { return rmsnorm_backward_scratch_bytes<typename decltype(tag)::type>(N, int(C)); });
+    const size_t attention_scratch = with_dtype(dtype, [&](auto tag) {
+        return attention_backward_scratch_bytes<typename decltype(tag)::type>(batch, seq_len, c.num_heads);
+    });
     return {{"proj", N * C, t},
             {"dh", N * C, t},
             {"dact", N * F, t},

@@ -28,6 +28,7 @@
 #include "platform/device_memory.h"
 #include "model/activations.h"
 #include "model/config.h"
+#include "model/dtype.h"
 #include "model/lora.h"
 #include "model/nf4_layout.h"
 #include "model/parameters.h"
@@ -43,17 +44,6 @@ namespace pv {
 
 // Token id that the cross-entropy skips (Hugging Face's convention).
 inline constexpr int kIgnoreIndex = -100;
-
-// The DType of a compute/storage type.
-template <class T>
-constexpr DType dtype_of() {
-    if constexpr (std::is_same_v<T, double>)
-        return DType::fp64;
-    else if constexpr (std::is_same_v<T, float>)
-        return DType::fp32;
-    else
-        return DType::bf16;
-}
 
 // The most rows of any adapter's A (its u = x·Aᵀ has that many columns): the adapters' scratch per row.
 long long lora_max_a_rows(const LlamaConfig& c, const LoraConfig& lora);

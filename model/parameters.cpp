@@ -26,6 +26,12 @@ const char* dtype_name(DType t) {
     return "?";
 }
 
+DType parse_dtype(const std::string& name) {
+    for (DType t : {DType::bf16, DType::fp32, DType::fp64})
+        if (name == dtype_name(t)) return t;
+    throw std::invalid_argument("dtype '" + name + "' is not a storage type polevault has: choose bf16, fp32 or fp64");
+}
+
 const TensorSlot& GroupLayout::find(const std::string& name) const {
     for (const TensorSlot& t : tensors)
         if (t.spec.name == name) return t;

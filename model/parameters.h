@@ -32,9 +32,14 @@
 
 namespace pv {
 
+// The storage types (DESIGN.md §4), named bf16, fp32 and fp64 (dtype_name; --dtype's values).
+// model/dtype.h turns a DType into its element type (with_dtype).
 enum class DType { bf16, fp32, fp64 };
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
+// The DType named `name` (dtype_name's inverse). Throws std::invalid_argument naming the value and
+// the three choices for any other name.
+DType parse_dtype(const std::string& name);
 
 // How a tensor is initialised: N(0, 0.02²) for matrices, 1 for RMSNorm weights; a LoRA A is
 // U(−1/√cols, 1/√cols) (PEFT's kaiming-uniform), a LoRA B zero (model/lora.h).

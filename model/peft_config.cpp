@@ -3,6 +3,7 @@
 
 #include "io/input_file.h"
 #include "io/durable_file.h"
+#include "io/json_reader.h"
 
 #include <algorithm>
 #include <cctype>
@@ -80,20 +81,6 @@ bool is_off(const json& v) {
     return v.is_null() || (v.is_boolean() && !v.get<bool>()) || ((v.is_array() || v.is_object()) && v.empty());
 }
 
-// A value as it appears in the file, shortened so one bad key cannot flood the message.
-std::string shown(const json& v) {
-    std::string s = v.dump();
-    if (s.size() > 80) s = s.substr(0, 77) + "...";
-    return s;
-}
-
-std::string type_of(const json& v) {
-    if (v.is_number_float()) return "a non-integer number";
-    if (v.is_number()) return "an integer";
-    const std::string t = v.type_name();
-    return (t == "array" || t == "object" ? "an " : "a ") + t;
-}
-
 std::string seven_modules() {
     std::string all;
     for (const std::string& n : lora_module_names()) all += (all.empty() ? "" : ", ") + n;
@@ -107,20 +94,15 @@ std::string module_path(const std::string& name) {
     return (attention ? "self_attn." : "mlp.") + name;
 }
 
-class Reader {
+// Reads the keys of one adapter_config.json object (io/json_reader.h); a value of the wrong type
+// is a file PEFT did not write.
+class Reader : public JsonReader {
   public:
-    Reader(const json& root, const std::string& origin) : root_(root), origin_(origin) {}
+    Reader(const json& root, const std::string& origin) : JsonReader(root, "adapter_config.json", origin) {}
 
-    [[noreturn]] void fail(const std::string& what) const {
-        throw std::runtime_error("adapter_config.json '" + origin_ + "': " + what);
-    }
     [[noreturn]] void wrong_type(const std::string& key, const json& v, const std::string& expected) const {
-        fail(key + " = " + shown(v) + " is " + type_of(v) + ", expected " + expected +
-             ": is this a file PEFT wrote? Save the adapter again with PEFT's save_pretrained");
-    }
-    const json* find(const std::string& key) const {
-        const auto it = root_.find(key);
-        return it == root_.end() ? nullptr : &*it;
+        JsonReader::wrong_type(key, v, expected,
+                               "is this a file PEFT wrote? Save the adapter again with PEFT's save_pretrained");
     }
     double number(const std::string& key, double fallback) const {
         const json* v = find(key);
@@ -150,7 +132,7 @@ class Reader {
                                   ? v->get<unsigned long long>() >= 1 && v->get<unsigned long long>() <= INT_MAX
                                   : v->get<long long>() >= 1 && v->get<long long>() <= INT_MAX;
         if (!in_range)
-            fail("r = " + shown(*v) + " is not a rank: an adapter's rank is a whole number from 1 up (to " +
+            fail("r = " + json_shown(*v) + " is not a rank: an adapter's rank is a whole number from 1 up (to " +
                  std::to_string(INT_MAX) + ")");
         return v->get<int>();
     }
@@ -162,7 +144,7 @@ class Reader {
             std::string s = v->get<std::string>();
             std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return char(std::tolower(c)); });
             if (s == "all-linear") return lora_module_names();
-            fail("target_modules = " + shown(*v) +
+            fail("target_modules = " + json_shown(*v) +
                  " is a regular expression (PEFT matches it against whole module names), which polevault does not "
                  "evaluate: write the modules it selects as a list of names from " +
                  seven_modules() + ", e.g. [\"q_proj\", \"v_proj\"]");
@@ -199,7 +181,7 @@ class Reader {
         if (init == "gaussian" || init == "orthogonal" || init == "eva") return;
         for (const char* rewrites : {"pissa", "olora", "corda", "lora_ga", "loftq"})
             if (init.rfind(rewrites, 0) == 0)
-                fail("init_lora_weights = " + shown(*v) +
+                fail("init_lora_weights = " + json_shown(*v) +
                      " also rewrote the base model's weights (W − s·B₀A₀), so the "
                      "adapter belongs to a base that is no longer the one it names: convert it to a plain LoRA "
                      "with PEFT (save_pretrained(..., path_initial_model_for_weight_conversion=...)) and use that");
@@ -207,14 +189,14 @@ class Reader {
             fail(
                 "init_lora_weights = \"mica\" trains A alone with B frozen, where polevault trains both: merge the "
                 "adapter into its base with PEFT (merge_and_unload) and start a new adapter on that");
-        fail("init_lora_weights = " + shown(*v) +
+        fail("init_lora_weights = " + json_shown(*v) +
              " is an initialisation polevault does not know, so it cannot tell whether it changed the base: "
              "convert the adapter to a plain LoRA with PEFT");
     }
 
     // Every key that is not plain LoRA must hold its "off" value.
     void check_off_keys() const {
-        for (auto it = root_.begin(); it != root_.end(); ++it) {
+        for (auto it = root().begin(); it != root().end(); ++it) {
             const std::string& key = it.key();
             static const char* handled[] = {
                 "peft_type",  "task_type",      "r",    "lora_alpha",        "lora_dropout",
@@ -230,20 +212,16 @@ class Reader {
             const auto& off = off_keys();
             const auto known = std::find_if(off.begin(), off.end(), [&](const OffKey& k) { return key == k.key; });
             if (known != off.end())
-                fail(key + " = " + shown(it.value()) + " asks for " + known->what +
+                fail(key + " = " + json_shown(it.value()) + " asks for " + known->what +
                      ", which polevault's plain LoRA (one rank and one scale, the same modules in every layer) "
                      "cannot represent: merge the adapter into its base with PEFT (merge_and_unload) and start a new "
                      "adapter on the merged model, or train it again with " +
                      key + " = " + known->off.dump());
-            fail(key + " = " + shown(it.value()) +
+            fail(key + " = " + json_shown(it.value()) +
                  " is a setting polevault does not know (from a newer PEFT?), and not an 'off' value (null, false, "
                  "[] or {}), so the adapter may be something else than plain LoRA: save it without the feature");
         }
     }
-
-  private:
-    const json& root_;
-    const std::string& origin_;
 };
 
 }  // namespace
@@ -286,23 +264,15 @@ void write_peft_adapter_config(const std::string& path, const LoraConfig& lora,
 }
 
 PeftAdapterConfig parse_peft_adapter_config(const std::string& json_text, const std::string& origin) {
-    json root;
-    try {
-        root = json::parse(json_text);
-    } catch (const json::exception& e) {
-        throw std::runtime_error("adapter_config.json '" + origin + "': not valid JSON (" + e.what() +
-                                 "); save the adapter again with PEFT's save_pretrained");
-    }
+    const json root = parse_json_object(json_text, "adapter_config.json", origin,
+                                        "save the adapter again with PEFT's save_pretrained");
     const Reader r(root, origin);
-    if (!root.is_object())
-        r.fail("the file is " + type_of(root) +
-               ", where adapter_config.json is a JSON object {...}; is this the "
-               "right file?");
 
     const json* type = r.find("peft_type");
     if (type == nullptr) r.fail("has no peft_type, which every PEFT adapter config has: is this the right file?");
     if (*type != "LORA")
-        r.fail("peft_type = " + shown(*type) + " is not a LoRA adapter (\"LORA\"), the only kind polevault trains");
+        r.fail("peft_type = " + json_shown(*type) +
+               " is not a LoRA adapter (\"LORA\"), the only kind polevault trains");
     const std::string task = r.string("task_type", "CAUSAL_LM");
     if (task != "CAUSAL_LM")
         r.fail("task_type = \"" + task +
@@ -321,10 +291,11 @@ PeftAdapterConfig parse_peft_adapter_config(const std::string& json_text, const 
     l.rank = r.rank();
     l.alpha = r.number("lora_alpha", 8);
     if (!(std::isfinite(l.alpha) && l.alpha > 0))
-        r.fail("lora_alpha = " + shown(*r.find("lora_alpha")) + " must be a positive number (the scale is alpha / r)");
+        r.fail("lora_alpha = " + json_shown(*r.find("lora_alpha")) +
+               " must be a positive number (the scale is alpha / r)");
     l.dropout = r.number("lora_dropout", 0);
     if (!(l.dropout >= 0 && l.dropout < 1))
-        r.fail("lora_dropout = " + shown(*r.find("lora_dropout")) + " must be in [0, 1)");
+        r.fail("lora_dropout = " + json_shown(*r.find("lora_dropout")) + " must be in [0, 1)");
     l.rslora = r.boolean("use_rslora", false);
     l.targets = r.targets();
     out.base_model_name_or_path = r.string("base_model_name_or_path", "");

@@ -7,7 +7,7 @@
 // passes the loss scale 1 / (global count of counted tokens) (DESIGN.md §4).
 //
 // The loops run a contiguous range of units [first, end): the whole model, or one pipeline stage
-// (parallel/mp.h), whose first unit reads its input from `stage_input` (the residual stream
+// (parallel/pp.h), whose first unit reads its input from `stage_input` (the residual stream
 // received from the previous stage) and whose last unit's output gradient arrives in `grad_out`.
 //
 // A micro-batch reaches the units as a DeviceBatch: its per-row device arrays, each handed to the

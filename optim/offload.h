@@ -61,8 +61,8 @@ class OffloadedAdamW {
         long long largest = 0;
         for (int u = 0; u < state.num_units(); ++u) largest = std::max(largest, state.end(u) - state.begin(u));
         largest_ = largest;
-        bytes_ = offload_staging_bytes(largest, params_on_host ? 0 : sizeof(T), sizeof(G));
-        staging_ = static_cast<uint8_t*>(pinned_host_alloc(bytes_));
+        staging_ = static_cast<uint8_t*>(
+            pinned_host_alloc(offload_staging_bytes(largest, params_on_host ? 0 : sizeof(T), sizeof(G))));
         CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
         for (cudaEvent_t* e : {&start_, &done_, &arrived_[0], &arrived_[1]})
             CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
@@ -130,8 +130,6 @@ class OffloadedAdamW {
         return applied;
     }
 
-    size_t staging_bytes() const { return bytes_; }
-
   private:
     // No unit to update: the scale still says whether the step was applied.
     void wait_scale(const std::function<void(cudaEvent_t)>& wait, bool* applied) {
@@ -154,7 +152,6 @@ class OffloadedAdamW {
     ThreadPool pool_;
     bool params_on_host_ = false;
     long long largest_ = 0;
-    size_t bytes_ = 0;
     uint8_t* staging_ = nullptr;
     cudaStream_t copy_ = nullptr;
     cudaEvent_t start_ = nullptr, done_ = nullptr, arrived_[2] = {};

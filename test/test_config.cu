@@ -1,6 +1,8 @@
 // LlamaConfig: presets validate, parameter counts match the published model sizes, every
-// validation error names its field and value, unknown presets are rejected with the known list.
+// validation error names its field and value, unknown presets are rejected with the known list;
+// storage type names (--dtype) parse to the DType and the element type with_dtype dispatches to.
 #include "model/config.h"
+#include "model/dtype.h"
 #include "test/check.h"
 
 #include <cmath>
@@ -348,5 +350,28 @@ TEST_CASE("unknown preset names are rejected with the list of known ones", "[con
             CHECK(what.find("'" + std::string(bad) + "'") != std::string::npos);
             for (const auto& n : pv::preset_names()) CHECK(what.find(n) != std::string::npos);
         }
+    }
+}
+
+TEST_CASE("storage type names parse to their DType and element type; others name the value and the choices",
+          "[config]") {
+    for (pv::DType t : {pv::DType::bf16, pv::DType::fp32, pv::DType::fp64}) {
+        INFO(pv::dtype_name(t));
+        CHECK(pv::parse_dtype(pv::dtype_name(t)) == t);
+        CHECK(pv::with_dtype(t, [](auto tag) { return sizeof(typename decltype(tag)::type); }) == pv::dtype_size(t));
+        CHECK(pv::with_dtype(pv::dtype_name(t),
+                             [](auto tag) { return pv::dtype_of<typename decltype(tag)::type>(); }) == t);
+    }
+    for (const char* bad : {"fp16", "", "BF16", "float32", "bf16 "}) {
+        INFO("name '" << bad << "'");
+        try {
+            (void)pv::parse_dtype(bad);
+            FAIL("accepted");
+        } catch (const std::invalid_argument& e) {
+            const std::string what = e.what();
+            CHECK(what.find("'" + std::string(bad) + "'") != std::string::npos);
+            CHECK(what.find("bf16, fp32 or fp64") != std::string::npos);
+        }
+        CHECK_THROWS_AS(pv::with_dtype(bad, [](auto) { return 0; }), std::invalid_argument);
     }
 }

@@ -141,7 +141,7 @@ ModelOptions inference_model(const ModelDir& m, int batch, int seq_len) {
 }
 
 void check_model_fits(const ModelDir& m, const std::string& dtype) {
-    const DType t = dtype == "fp64" ? DType::fp64 : dtype == "fp32" ? DType::fp32 : DType::bf16;
+    const DType t = parse_dtype(dtype);
     const GroupOptions groups{{}, m.lora, m.nf4, m.double_quant};
     double bytes = 0;
     for (const std::vector<GroupLayout>& unit : model_layouts(m.config, t, 1, groups))

@@ -21,10 +21,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::optional<DType> dtype_of_name(const std::string& name) {
-    if (name == "bf16" || name == "BF16") return DType::bf16;
-    if (name == "fp32" || name == "F32") return DType::fp32;
-    if (name == "fp64" || name == "F64") return DType::fp64;
+// The storage type whose safetensors dtype is `stored` ("BF16", "F32", "F64"), if there is one.
+std::optional<DType> dtype_of_safetensors(const std::string& stored) {
+    for (DType t : {DType::bf16, DType::fp32, DType::fp64})
+        if (stored == safetensors_dtype(t)) return t;
     return std::nullopt;
 }
 
@@ -32,23 +32,23 @@ std::optional<DType> dtype_of_name(const std::string& name) {
 // already) converted to --dtype, and adapter_config.json.
 void export_peft(const ExportOptions& o, const ModelDir& m) {
     HfCheckpoint source = HfCheckpoint::open_file(m.path + "/adapter_model.safetensors");
-    const std::optional<DType> dtype = dtype_of_name(o.dtype.empty() ? m.dtype : o.dtype);
+    const DType dtype = parse_dtype(o.dtype.empty() ? m.dtype : o.dtype);
     std::vector<SafeTensorInfo> tensors;
     for (const SafeTensorInfo* t : source.tensors()) {
         SafeTensorInfo out = *t;
-        out.dtype = safetensors_dtype(*dtype);
+        out.dtype = safetensors_dtype(dtype);
         tensors.push_back(out);
     }
     const std::string tmp = begin_new_model_dir(o.peft_out);
     uint64_t overflows = 0;
     try {
-        const size_t element = dtype_size(*dtype);
+        const size_t element = dtype_size(dtype);
         std::vector<uint8_t> piece;
         write_safetensors_streamed(tmp + "/adapter_model.safetensors", tensors, {{"format", "pt"}},
                                    [&](size_t i, const ByteSink& sink) {
                                        const uint64_t numel = source.find(tensors[i].name)->numel();
                                        piece.resize(size_t(numel) * element);
-                                       overflows += source.read(tensors[i].name, 0, numel, *dtype, piece.data());
+                                       overflows += source.read(tensors[i].name, 0, numel, dtype, piece.data());
                                        sink(piece.data(), piece.size());
                                    });
         write_peft_adapter_config(tmp + "/adapter_config.json", m.lora, m.base_dir);
@@ -59,7 +59,7 @@ void export_peft(const ExportOptions& o, const ModelDir& m) {
     }
     commit_checkpoint_dir(o.peft_out);
     std::printf("exported %s's LoRA adapters (rank %d, %zu tensors, %s) -> %s as a PEFT adapter of %s\n",
-                m.path.c_str(), m.lora.rank, tensors.size(), dtype_name(*dtype), o.peft_out.c_str(),
+                m.path.c_str(), m.lora.rank, tensors.size(), dtype_name(dtype), o.peft_out.c_str(),
                 m.base_dir.empty() ? "a base initialised from the seed" : m.base_dir.c_str());
 }
 
@@ -118,7 +118,7 @@ void export_model(const ExportOptions& o) {
     const std::vector<std::string> skipped = check_group_tensors(source, layouts, ExtraTensors::hugging_face);
 
     // The output dtype: --dtype, else the one every weight is stored in.
-    std::optional<DType> dtype = o.dtype.empty() ? std::nullopt : dtype_of_name(o.dtype);
+    std::optional<DType> dtype = o.dtype.empty() ? std::nullopt : std::optional(parse_dtype(o.dtype));
     if (!dtype) {
         std::string stored;
         for (const SafeTensorInfo& t : group_tensor_infos(layouts, DType::fp32)) {
@@ -128,7 +128,7 @@ void export_model(const ExportOptions& o) {
                                          ", " + d + "): pass --dtype bf16, fp32 or fp64");
             stored = d;
         }
-        dtype = dtype_of_name(stored);
+        dtype = dtype_of_safetensors(stored);
         if (!dtype)
             throw std::runtime_error("export: '" + src + "' stores its weights as " + stored +
                                      ", which polevault does not write: pass --dtype bf16, fp32 or fp64");

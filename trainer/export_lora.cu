@@ -130,10 +130,7 @@ void merged_as(const ExportOptions& o, const ModelDir& m) {
 }  // namespace
 
 void export_merged(const ExportOptions& o, const ModelDir& m) {
-    const std::string dtype = export_dtype(o, m);
-    if (dtype == "bf16") return merged_as<__nv_bfloat16>(o, m);
-    if (dtype == "fp32") return merged_as<float>(o, m);
-    return merged_as<double>(o, m);
+    with_dtype(export_dtype(o, m), [&](auto tag) { merged_as<typename decltype(tag)::type>(o, m); });
 }
 
 }  // namespace pv

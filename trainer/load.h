@@ -45,15 +45,6 @@
 
 namespace pv {
 
-// Every group of every unit (the layouts of model.safetensors), in unit then group order.
-template <class T>
-std::vector<GroupLayout> all_groups(const Llama<T>& model) {
-    std::vector<GroupLayout> out;
-    for (int u = 0; u < model.num_units(); ++u)
-        for (int g = 0; g < model.num_groups(u); ++g) out.push_back(model.group(u, g));
-    return out;
-}
-
 // Which groups a file holds: every group (a model), the base's (LoRA: the frozen groups, which
 // the base model's files hold; without LoRA every group is the base), or the trainable ones
 // (LoRA's adapter file, the optimizer files).

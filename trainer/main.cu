@@ -113,7 +113,7 @@ void resolve_micro_batch(TrainOptions& o, int ranks) {
 PlanRequest plan_request(const TrainOptions& o, const LlamaConfig& config, int ranks) {
     PlanRequest q;
     q.config = config;
-    q.dtype = o.dtype == "fp64" ? DType::fp64 : o.dtype == "fp32" ? DType::fp32 : DType::bf16;
+    q.dtype = parse_dtype(o.dtype);
     q.groups = GroupOptions{resolve_freeze(config, split_patterns(o.freeze)).names, lora_config(o), o.quantize == "nf4",
                             o.double_quant};
     q.strategy = strategy_options(o);
@@ -247,13 +247,14 @@ int train_command(const TrainOptions& requested_flags, const OptionSources& sour
     if (o.epochs == 0) (void)lr_config_of(o);  // the schedule's checks, before anything is written
     if (world.rank() == 0 && !lock) lock.emplace(o.out_dir);  // creates the directory
     const RunSources from{resume_dir, init_dir, sources};
-    if (o.dtype == "bf16") {
-        if (o.fp32_grad_accumulation)
-            return run_training<__nv_bfloat16, float>(o, requested, std::move(data), config, from, world);
-        return run_training<__nv_bfloat16, __nv_bfloat16>(o, requested, std::move(data), config, from, world);
-    }
-    if (o.dtype == "fp32") return run_training<float, float>(o, requested, std::move(data), config, from, world);
-    return run_training<double, double>(o, requested, std::move(data), config, from, world);
+    return with_dtype(o.dtype, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+            if (o.fp32_grad_accumulation)
+                return run_training<T, float>(o, requested, std::move(data), config, from, world);
+        }
+        return run_training<T, T>(o, requested, std::move(data), config, from, world);
+    });
 }
 
 // --init-from takes the model from its directory: nothing else may say what the model is.
@@ -284,14 +285,6 @@ int convert_command(const ConvertOptions& o) {
 // The dtype a command runs in: --dtype, else the model directory's own.
 std::string run_dtype(const std::string& requested, const ModelDir& m) {
     return requested.empty() ? m.dtype : requested;
-}
-
-// Calls f.template operator()<T>() with T the storage type named by dtype.
-template <class F>
-int with_dtype(const std::string& dtype, F&& f) {
-    if (dtype == "bf16") return f.template operator()<__nv_bfloat16>();
-    if (dtype == "fp32") return f.template operator()<float>();
-    return f.template operator()<double>();
 }
 
 std::string ids_json(const std::vector<int>& ids) {
@@ -406,7 +399,7 @@ int sample_command(const SampleOptions& o) {
     check_model_fits(m, dtype);
     std::fprintf(stderr, "sampling from %s (%s, %s)\n", m.path.c_str(),
                  m.checkpoint ? ("step " + std::to_string(m.step)).c_str() : "Hugging Face model", dtype.c_str());
-    return with_dtype(dtype, [&]<class T>() { return sample_with<T>(o, m); });
+    return with_dtype(dtype, [&](auto tag) { return sample_with<typename decltype(tag)::type>(o, m); });
 }
 
 template <class T>
@@ -467,8 +460,9 @@ int eval_command(const EvalOptions& o) {
                                     (o.max_windows < 0 ? " (the run's validation windows; --max-windows 0 for all)" : ""))
                                        .c_str()
                                  : "every window");
-    return with_dtype(dtype, [&]<class T>() {
-        return eval_with<T>(m, std::move(shards), seq_len, batch, max_windows, document_mask);
+    return with_dtype(dtype, [&](auto tag) {
+        return eval_with<typename decltype(tag)::type>(m, std::move(shards), seq_len, batch, max_windows,
+                                                       document_mask);
     });
 }
 
