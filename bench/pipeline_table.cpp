@@ -46,7 +46,7 @@ struct Row {
 
 int main() {
     const LlamaConfig config = preset("llama-2-70b");
-    const int p = 16, micro = 64, seq = 4096, batch = 1, chunks = 2;
+    const int p = 16, micro = 64, seq = 4096, batch = 1;
     {
         PlanRequest q;
         q.config = config, q.dtype = DType::bf16, q.ranks = p, q.micro_batch = batch, q.seq_len = seq;

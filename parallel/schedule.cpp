@@ -325,7 +325,8 @@ ScheduleFacts simulate_pipeline_schedule(const PipelineSchedule& s, bool group_t
 
 std::string describe_pipeline_schedule(const PipelineSchedule& s) {
     std::string out = std::string(pipeline_schedule_name(s.kind)) + " over " + std::to_string(s.micro) +
-                      " micro-batches, activation slots per stage";
+                      " micro-batches" + (s.chunks > 1 ? ", " + std::to_string(s.chunks) + " chunks per rank" : "") +
+                      ", activation slots per " + (s.chunks > 1 ? "chunk on each rank" : "stage");
     for (int k : s.slots) out += " " + std::to_string(k);
     char bubble[96];
     std::snprintf(bubble, sizeof bubble, ", bubble %.1f%% (simulated, backward = 2 forwards)",

@@ -67,7 +67,7 @@ struct PipelineSchedule {
 
 // The table of `kind` for `ranks` pipeline ranks, `micro` micro-batches per step, `chunks` per
 // rank (interleaved: ≥ 2, and micro a multiple of ranks; else 1) and at most `in_flight`
-// micro-batches in flight per rank and chunk (0: the schedule's own: gpipe M, 1f1b p − r).
+// (micro-batch, chunk) pairs in flight per rank (0: the schedule's own: gpipe M, 1f1b p − r).
 // Throws std::invalid_argument naming what cannot be scheduled and the fix.
 PipelineSchedule make_pipeline_schedule(PipelineScheduleKind kind, int ranks, int micro, int chunks = 1,
                                         int in_flight = 0);

@@ -426,6 +426,9 @@ TEST_CASE("train: bad input fails with a message naming the problem and the fix"
     REQUIRE(renamed.output.find("--microbatches 2: the micro-batches in flight per pipeline stage are now --in-flight 2") !=
             std::string::npos);
     REQUIRE(!fs::exists(dir.file("renamed")));
+    const Run chunks = run_train("--parallel pp --pipeline-chunks 3 --out-dir " + dir.file("chunks"));
+    REQUIRE(chunks.status != 0);
+    REQUIRE(chunks.output.find("--pipeline-chunks 3 is for --pipeline-schedule interleaved") != std::string::npos);
     // Resuming: a directory without checkpoints, a change that would break the run, a finished
     // run, a damaged checkpoint.
     fs::create_directories(dir.path / "empty");
@@ -640,11 +643,12 @@ std::map<long long, double> metric_losses(const fs::path& p) {
 // DESIGN.md §3: checkpoints hold whole, unpadded tensors, so a run saved by any strategy at N ranks
 // resumes with any strategy at M ranks and continues the same training (fp64: to 1e-10 of a run
 // that never stopped, on one rank). The pipelines run the default model's 6 units over 4 ranks
-// with 4 micro-batches in flight; hybrid zero3 shards within 2 groups of 2 ranks (its checkpoint
+// with 4 micro-batches in flight, and over 2 ranks as 4 interleaved stages resumed under GPipe
+// and the reverse; hybrid zero3 shards within 2 groups of 2 ranks (its checkpoint
 // gathered within rank 0's group) and resumes on one rank, and the reverse.
 TEST_CASE(
-    "train: a checkpoint saved by zero3 at 4 ranks resumes with ddp at 2, and the reverse; mp, zero2 and hybrid "
-    "zero3 too",
+    "train: a checkpoint saved by zero3 at 4 ranks resumes with ddp at 2, and the reverse; pp (1F1B, GPipe, "
+    "interleaved), zero2 and hybrid zero3 too",
     "[train][mpi]") {
     TempDir dir("train_reshard");
     const std::string train = (build_dir() / "train").string();

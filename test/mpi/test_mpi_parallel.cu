@@ -240,7 +240,7 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
                     CUDA_CHECK(cudaStreamSynchronize(s->shard_comm()->stream()));
                     params = whole->get();
                 } else if (mp && padded > 0) {
-                    const int owner = pv::unit_stages(r.stages)[size_t(u)];
+                    const int owner = pv::unit_stages(r.stages)[size_t(u)] % ranks;  // stage s runs on rank s mod p
                     whole = std::make_unique<pv::DeviceBuffer<T>>(size_t(padded), pv::MemoryCategory::workspace);
                     if (rank == owner)
                         CUDA_CHECK(cudaMemcpy(whole->get(), params, whole->bytes(), cudaMemcpyDeviceToDevice));
