@@ -3,6 +3,7 @@
 
 #include "parallel/world.h"
 
+#include <atomic>
 #include <chrono>
 #include <stdexcept>
 #include <string>
@@ -164,17 +165,14 @@ void Comm::record(CollectiveKind kind, size_t count, ncclDataType_t dtype, int p
         case CollectiveKind::send: wire = bytes; break;
         case CollectiveKind::recv: wire = 0; break;
     }
-    log_.push_back(CollectiveRecord{kind, count, dtype, size_, name_, wire, peer});
+    ++totals_.calls[size_t(kind)];
+    totals_.wire_bytes += wire;
+    if (keep_records_) log_.push_back(CollectiveRecord{kind, count, dtype, size_, name_, wire, peer});
     if (kind != CollectiveKind::send && kind != CollectiveKind::recv) ++collectives_;
 }
 
-Comm::Totals Comm::totals() const {
-    Totals t;
-    for (const CollectiveRecord& r : log_) {
-        ++t.calls[size_t(r.kind)];
-        t.wire_bytes += r.wire_bytes;
-    }
-    return t;
-}
+std::atomic<bool> Comm::keep_records_{false};
+
+void Comm::keep_records(bool on) { keep_records_ = on; }
 
 }  // namespace pv

@@ -33,6 +33,7 @@
 #include <nccl.h>
 
 #include <array>
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -156,14 +157,17 @@ class Comm {
         return tracker_ ? tracker_->arrived_unfinished() : std::nullopt;
     }
 
-    // The record since construction or the last clear.
+    // The record since construction or the last clear: every call's CollectiveRecord only while
+    // keep_records(true) is in force (the tests that read it), so a long `train` run holds no
+    // per-call memory; the totals always.
+    static void keep_records(bool on);
     const std::vector<CollectiveRecord>& log() const { return log_; }
-    void clear_log() { log_.clear(); }
     struct Totals {
         std::array<long long, kCollectiveKinds> calls{};
         double wire_bytes = 0;
     };
-    Totals totals() const;
+    Totals totals() const { return totals_; }
+    void clear_log() { log_.clear(), totals_ = Totals{}; }
     // Collectives (all-reduce, reduce-scatter, all-gather, broadcast; not send/recv, which differ
     // between a pipeline's stages) issued since construction, whatever clear_log did: the
     // trainer's per-step check that every rank runs the same ones (trainer/step_checks.h).
@@ -191,6 +195,8 @@ class Comm {
     bool grouped_ = false;  // between begin_group and end_group
     cudaEvent_t from_ = nullptr, to_ = nullptr;
     std::vector<CollectiveRecord> log_;
+    Totals totals_;
+    static std::atomic<bool> keep_records_;
     long long collectives_ = 0;
     std::unique_ptr<CollectiveTracker> tracker_;  // with more than one rank
 };

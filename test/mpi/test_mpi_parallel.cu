@@ -171,6 +171,7 @@ int pipeline_slots(const Options& o, int p, int r) {
 // rank, all of the batch). Data-parallel ranks take slice r of the batch; mp stages all of it.
 template <class T, class G = T>
 RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Options opt = {}) {
+    pv::Comm::keep_records(true);  // the per-call records this suite reads
     const pv::LlamaConfig config = awkward_model(world_ranks, opt.tied, layers_of(opt, world_ranks));
     const int ranks = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
     const bool mp = strategy == "mp";
