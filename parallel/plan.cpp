@@ -134,6 +134,15 @@ StrategyPlan plan_strategy(const StrategyOptions& o, const LlamaConfig& config, 
     p.placement.parameters = p.info->binds_parameters ? Parameters::bound : Parameters::owned;
     if (p.info->stages) {
         // p·V stages (V chunks per rank: the interleaved schedule); rank r runs stages r, r + p, …
+        const int units = config.num_layers + 2;
+        if (o.chunks > 1 && ranks * o.chunks > units)
+            throw std::invalid_argument("the interleaved schedule over " + std::to_string(ranks) + " ranks with " +
+                                        std::to_string(o.chunks) + " chunks each needs " +
+                                        std::to_string(ranks * o.chunks) + " stages, and the model has " +
+                                        std::to_string(units) + " units (the embedding, " +
+                                        std::to_string(config.num_layers) + " blocks, the head): give at most " +
+                                        std::to_string(std::max(units / ranks, 1)) + " --pipeline-chunks" +
+                                        (units / ranks < 2 ? ", or choose --pipeline-schedule 1f1b" : ""));
         p.stage_bounds = balance_stages(unit_costs(config, seq_len, parse_stage_balance(o.balance)), ranks * o.chunks);
         p.placement.chunks.clear();
         for (int s = rank; s < ranks * o.chunks; s += ranks)

@@ -95,6 +95,12 @@ TEST_CASE("strategy options that cannot run are refused with the fix", "[plan]")
                   " reduces gradients in the storage type: drop --fp32-grad-accumulation (or use ddp or zero1)");
     for (const char* name : {"single", "ddp", "zero1", "pp"})
         CHECK_NOTHROW(pv::check_strategy(options(name, 0, true), 1));
+    // The interleaved schedule needs a stage per chunk: test-tied has 5 units, so 2 ranks take 2 chunks, not 3.
+    pv::StrategyOptions three = options("pp");
+    three.pipeline = pv::PipelineScheduleKind::interleaved, three.chunks = 3, three.micro_per_step = 4;
+    CHECK(error_of<std::invalid_argument>([&] { pv::plan_strategy(three, pv::preset("test-tied"), 8, 0, 2); }) ==
+          "the interleaved schedule over 2 ranks with 3 chunks each needs 6 stages, and the model has 5 units (the "
+          "embedding, 3 blocks, the head): give at most 2 --pipeline-chunks");
     // mp needs at least as many units as ranks.
     CHECK_THROWS_AS(pv::plan_strategy(options("pp"), pv::preset("test-tied"), 8, 0, 9), std::invalid_argument);
 }
