@@ -169,7 +169,7 @@ endif
 # Product code shared by every program: CUDA C++ (.cu, through the flavour's compiler) and plain
 # host C++ (.cpp: data pipeline, tokenizer, file formats; always g++).
 PRODUCT_OBJS := $(patsubst %.cu,$(BUILD)/%.o,$(wildcard platform/device_memory.cu model/*.cu optim/*.cu parallel/*.cu)) \
-                $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard data/*.cpp io/*.cpp model/*.cpp optim/*.cpp parallel/*.cpp))
+                $(patsubst %.cpp,$(BUILD)/%.o,$(wildcard data/*.cpp formats/*.cpp io/*.cpp model/*.cpp optim/*.cpp parallel/*.cpp))
 CORE_OBJS := $(PRODUCT_OBJS) $(PLATFORM_OBJS)
 # Tests and benchmarks link the product code from an archive, so each binary holds only the objects
 # it uses (smaller binaries, quicker links). Nothing in product code registers itself from a static
@@ -180,7 +180,7 @@ CORE_OBJS := $(PRODUCT_OBJS) $(PLATFORM_OBJS)
 PRODUCT_LIB := $(BUILD)/libpolevault.a
 # What test-tsan's suites call (the NF4 fixtures are safetensors files); the kernels themselves are
 # templates their own translation units instantiate, under ThreadSanitizer.
-TSAN_PRODUCT_OBJS := $(addprefix $(BUILD)/,io/checksum.o io/durable_file.o io/input_file.o io/progress.o model/safetensors.o)
+TSAN_PRODUCT_OBJS := $(addprefix $(BUILD)/,io/checksum.o io/durable_file.o io/input_file.o io/progress.o formats/safetensors.o)
 CORE_LIBS := $(PRODUCT_LIB) $(PLATFORM_OBJS)
 
 # Suites are .cu when they launch kernels or use the platform, .cpp when they are plain host C++
@@ -293,7 +293,7 @@ $(BUILD)/test/test_run_file: $(BUILD)/test/test_run_file.o $(OPTION_OBJS) $(TEST
 
 # The built-in corpus of `train`: the project's own README, docs/*.md and headers, concatenated in a fixed
 # order and embedded with .incbin (pv_corpus_begin .. pv_corpus_end).
-CORPUS_FILES := README.md $(sort $(wildcard docs/*.md)) $(sort $(wildcard kernels/*.cuh platform/*.h model/*.h host/*.h parallel/*.h data/*.h io/*.h optim/*.h trainer/*.h))
+CORPUS_FILES := README.md $(sort $(wildcard docs/*.md)) $(sort $(wildcard kernels/*.cuh platform/*.h model/*.h formats/*.h host/*.h parallel/*.h data/*.h io/*.h optim/*.h trainer/*.h))
 $(BUILD)/corpus.txt: $(CORPUS_FILES)
 	@mkdir -p $(dir $@)
 	cat $^ > $@
@@ -338,7 +338,7 @@ $(BUILD)/host/fiber_switch.o: host/fiber_switch.S
 # against 17 s), and they run once per file or per run. The tokenizer's (data/tokenizer*.cpp) stay
 # at -O1: its suites load 128k-entry vocabularies and encode whole corpora.
 JSON_PRODUCT_OBJS := $(patsubst %.cpp,$(BUILD)/%.o,$(filter-out data/tokenizer%,\
-  $(shell grep -l nlohmann data/*.cpp io/*.cpp model/*.cpp optim/*.cpp parallel/*.cpp trainer/*.cpp)))
+  $(shell grep -l nlohmann data/*.cpp formats/*.cpp io/*.cpp model/*.cpp optim/*.cpp parallel/*.cpp trainer/*.cpp)))
 # The Jinja parser too (its evaluator includes nlohmann for tojson): chat templates are parsed once
 # per prepare, and test_jinja's long loop is left out of the ASan build ([heavy]).
 JSON_PRODUCT_OBJS += $(BUILD)/data/jinja_parse.o
@@ -489,9 +489,10 @@ FUZZ_GXX_OBJS := $(FUZZ_BUILD)/trainer/options.o $(FUZZ_BUILD)/model/bnb_tables.
 # The readers and what they call (a missing one is a link error naming its symbol).
 FUZZ_LIB_SOURCES := $(addprefix data/,bpe.cpp chat.cpp examples.cpp jinja_eval.cpp jinja_parse.cpp pretokenize.cpp shard.cpp token_decoders.cpp \
                       tokenizer.cpp tokenizer_json.cpp utf8.cpp) $(addprefix io/,checksum.cpp durable_file.cpp input_file.cpp json_reader.cpp progress.cpp) \
-                    $(addprefix model/,bnb_checkpoint.cpp checkpoint.cpp checkpoint_files.cpp config.cpp config_json.cpp dtype_conversion.cpp flops.cpp \
-                      hf_checkpoint.cpp llama2c.cpp lora.cpp nf4_layout.cpp parameters.cpp peft_config.cpp safetensors.cpp) \
-                    trainer/state.cpp trainer/option_rules.cpp parallel/plan.cpp parallel/stages.cpp
+                    $(addprefix formats/,bnb_checkpoint.cpp config_json.cpp dtype_conversion.cpp hf_checkpoint.cpp llama2c.cpp peft_config.cpp \
+                      safetensors.cpp) \
+                    $(addprefix model/,checkpoint.cpp checkpoint_files.cpp config.cpp flops.cpp lora.cpp nf4_layout.cpp parameters.cpp) \
+                    trainer/state.cpp trainer/option_rules.cpp parallel/plan.cpp parallel/schedule.cpp parallel/stages.cpp
 FUZZ_LIB_OBJS := $(patsubst %.cpp,$(FUZZ_BUILD)/%.o,$(FUZZ_LIB_SOURCES)) $(FUZZ_GXX_OBJS)
 FUZZ_BINS := $(patsubst fuzz/%.cpp,$(FUZZ_BUILD)/%,$(wildcard fuzz/fuzz_*.cpp))
 

@@ -1,11 +1,11 @@
-// Fuzz target: bitsandbytes 4-bit tensors in a model.safetensors (model/bnb_checkpoint.h). For
+// Fuzz target: bitsandbytes 4-bit tensors in a model.safetensors (formats/bnb_checkpoint.h). For
 // every quantised linear in the file (a tensor named W.quant_state.bitsandbytes__nf4), its shape
 // is taken from its own quant_state when that holds two positive dimensions (the loader takes it
 // from config.json: the check compares the two), the linear is checked as a run with and one
 // without double quantisation would check it, and an accepted one has its fields read into a
 // slot as the loader reads them, in small pieces.
+#include "formats/bnb_checkpoint.h"
 #include "fuzz/fuzz_target.h"
-#include "model/bnb_checkpoint.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,4 +1,4 @@
-// Fuzz target: a Hugging Face config.json (model/config_json.h): parse_hf_config on the text, and
+// Fuzz target: a Hugging Face config.json (formats/config_json.h): parse_hf_config on the text, and
 // the readers of the same file's other keys (torch_dtype; the token ids, which
 // read_generation_config reads from a config.json as transformers falls back to). An accepted
 // config must survive the round trip an export makes: written back (hf_config_json), it reads
@@ -6,8 +6,8 @@
 // same bytes as a checkpoint's config.json and generation_config.json, re-signed
 // (write_signed_scratch), through the readers a model directory is opened with: the checksum
 // verification, read_model_dir_config and the ids checked against a vocabulary.
+#include "formats/config_json.h"
 #include "fuzz/fuzz_target.h"
-#include "model/config_json.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     pv::fuzz::begin_input(size);

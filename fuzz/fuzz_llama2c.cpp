@@ -1,7 +1,7 @@
-// Fuzz target: llama2.c checkpoints (model/llama2c.h): the header checked against the file, and an
+// Fuzz target: llama2.c checkpoints (formats/llama2c.h): the header checked against the file, and an
 // accepted file converted to a Hugging Face directory as `train convert --from llama2c` does.
+#include "formats/llama2c.h"
 #include "fuzz/fuzz_target.h"
-#include "model/llama2c.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     pv::fuzz::begin_input(size);

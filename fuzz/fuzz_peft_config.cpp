@@ -1,9 +1,9 @@
-// Fuzz target: PEFT's adapter_config.json (model/peft_config.h), parsed from its text. An accepted
+// Fuzz target: PEFT's adapter_config.json (formats/peft_config.h), parsed from its text. An accepted
 // file must also survive the round trip an export makes: its LoRA configuration written back
 // (peft_adapter_config_json) reads again, and writing that gives the same text — an exception or
 // a difference there aborts (a finding).
+#include "formats/peft_config.h"
 #include "fuzz/fuzz_target.h"
-#include "model/peft_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     pv::fuzz::begin_input(size);

@@ -1,14 +1,14 @@
-// Fuzz target: safetensors files (model/safetensors.h), as a model directory's model.safetensors.
+// Fuzz target: safetensors files (formats/safetensors.h), as a model directory's model.safetensors.
 // The input is the whole file: the header is read and checked by SafeTensorsReader, then every
 // tensor's bytes are read through it, and every float tensor is converted to fp32 through
 // HfCheckpoint (the path weights take into a model): as a checkpoint's file, re-signed
 // (write_signed_scratch) so that the checksum verification every checkpoint load starts with lets
 // it through to the directory reader.
+#include "formats/dtype_conversion.h"
+#include "formats/hf_checkpoint.h"
+#include "formats/safetensors.h"
 #include "fuzz/fuzz_target.h"
 #include "model/checkpoint_files.h"
-#include "model/dtype_conversion.h"
-#include "model/hf_checkpoint.h"
-#include "model/safetensors.h"
 
 #include <vector>
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the generated seeds of the fuzz corpus (fuzz/corpus/<reader>/gen_*): small valid files
 of each binary format, built from the formats' layouts (the top-of-file comments of data/shard.h,
-model/llama2c.h, model/safetensors.h, model/bnb_checkpoint.h), so each target starts from inputs
+formats/llama2c.h, formats/safetensors.h, formats/bnb_checkpoint.h), so each target starts from inputs
 its reader accepts. The other seeds are copies of test/data files or files polevault wrote
 (fuzz/README.md says which). Deterministic: running it again gives the same bytes.
 
@@ -51,7 +51,7 @@ put("shard", "wide_v2.pvtokens",
 put("shard", "text_v1.pvtokens", shard(300, 299, [rng.randrange(300) for _ in range(30)] + [299]))
 put("shard", "empty_v2.pvtokens", shard(512, 0, [], []))
 
-# ---- llama2.c checkpoints (model/llama2c.h) ----------------------------------------------------
+# ---- llama2.c checkpoints (formats/llama2c.h) ----------------------------------------------------
 
 
 def llama2c(dim, hidden, layers, heads, kv, vocab, seq):
@@ -67,7 +67,7 @@ def llama2c(dim, hidden, layers, heads, kv, vocab, seq):
 put("llama2c", "shared.bin", llama2c(8, 16, 1, 2, 1, 16, 4))
 put("llama2c", "separate_classifier.bin", llama2c(8, 12, 2, 2, 2, -12, 2))
 
-# ---- safetensors (model/safetensors.h) ---------------------------------------------------------
+# ---- safetensors (formats/safetensors.h) ---------------------------------------------------------
 SIZES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "U8": 1, "BOOL": 1, "I8": 1}
 
 
@@ -101,7 +101,7 @@ put("safetensors", "dtypes.safetensors", safetensors(
      tensor("mask", "BOOL", [5]), tensor("empty", "F32", [0, 3])], {"format": "pt"}))
 put("safetensors", "empty.safetensors", safetensors([]))
 
-# ---- bitsandbytes NF4 linears (model/bnb_checkpoint.h) -----------------------------------------
+# ---- bitsandbytes NF4 linears (formats/bnb_checkpoint.h) -----------------------------------------
 # NF4's levels and the dynamic map, bit for bit as bitsandbytes writes them: read from the
 # checkpoint transformers saved for the tests.
 with open(os.path.join(ROOT, "test", "data", "bnb", "nf4_dq", "model.safetensors"), "rb") as f:

@@ -3,7 +3,7 @@
 // reader words the same way. Each error is a std::runtime_error "<kind> '<origin>': <what>", where
 // <what> names the key, its value as it appears in the file (json_shown) and, for a value of the
 // wrong JSON type, both types and the fix. The rules of each file (which keys, which values) stay
-// with its reader (model/config_json.cpp, model/peft_config.cpp), which builds on JsonReader.
+// with its reader (formats/config_json.cpp, formats/peft_config.cpp), which builds on JsonReader.
 // Host code only (g++); no CUDA headers.
 #pragma once
 

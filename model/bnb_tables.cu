@@ -1,6 +1,6 @@
-// kernels/nf4.cuh's tables for host code that cannot include a CUDA header (model/bnb_checkpoint.h).
+// kernels/nf4.cuh's tables for host code that cannot include a CUDA header (formats/bnb_checkpoint.h).
+#include "formats/bnb_checkpoint.h"
 #include "kernels/nf4.cuh"
-#include "model/bnb_checkpoint.h"
 
 namespace pv {
 

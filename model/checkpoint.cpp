@@ -2,11 +2,11 @@
 // model/checkpoint.h.
 #include "model/checkpoint.h"
 
+#include "formats/bnb_checkpoint.h"
+#include "formats/dtype_conversion.h"
+#include "formats/safetensors.h"
 #include "io/durable_file.h"
 #include "io/progress.h"
-#include "model/bnb_checkpoint.h"
-#include "model/dtype_conversion.h"
-#include "model/safetensors.h"
 
 #include <sys/statvfs.h>
 

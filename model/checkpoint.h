@@ -23,8 +23,8 @@
 // fused tensor is split by its parts' row ranges (layers.N.w_qkv -> model.layers.N.self_attn.
 // q_proj.weight, k_proj, v_proj), and a run saved at N ranks resumes at M ranks under any
 // strategy, or is loaded by Hugging Face. The reader takes any safetensors file with these names,
-// a downloaded HF model included (one file or sharded: model/hf_checkpoint.h), and converts
-// dtypes on the way in (file BF16, F16, F32, F64 -> bf16, fp32, fp64: model/dtype_conversion.h).
+// a downloaded HF model included (one file or sharded: formats/hf_checkpoint.h), and converts
+// dtypes on the way in (file BF16, F16, F32, F64 -> bf16, fp32, fp64: formats/dtype_conversion.h).
 //
 // Reading is checked, then ranged. check_group_tensors compares a checkpoint's headers with the
 // layouts of the whole model — every HF tensor a part needs is there, with the shape config.json
@@ -45,9 +45,9 @@
 // Host code only (g++); no CUDA headers.
 #pragma once
 
-#include "model/hf_checkpoint.h"
+#include "formats/hf_checkpoint.h"
+#include "formats/safetensors.h"
 #include "model/parameters.h"
-#include "model/safetensors.h"
 
 #include <cstdint>
 #include <functional>
@@ -87,7 +87,7 @@ enum class ExtraTensors {
 
 // Checks the checkpoint against the layouts as described above. Returns the names of the tensors
 // skipped (ExtraTensors::ignore / hugging_face). An NF4 group's parts may also be bitsandbytes
-// 4-bit linears (model/bnb_checkpoint.h: their companion tensors then belong to them, and every
+// 4-bit linears (formats/bnb_checkpoint.h: their companion tensors then belong to them, and every
 // field is checked against the slot); such a linear read into any other group is refused, naming
 // the flags that read it (--quantize nf4). Throws std::runtime_error naming the checkpoint,
 // the tensor and the fix: a missing tensor, a shape that contradicts the layouts (config.json), a

@@ -1,10 +1,10 @@
 // Checking a checkpoint's files before loading (model/checkpoint_files.h).
 #include "model/checkpoint_files.h"
 
+#include "formats/config_json.h"
 #include "io/checksum.h"
 #include "io/input_file.h"
 #include "io/progress.h"
-#include "model/config_json.h"
 
 #include <nlohmann/json.hpp>
 

@@ -6,8 +6,8 @@
 // each tensor's file.
 #pragma once
 
-#include "model/config_json.h"
-#include "model/safetensors.h"
+#include "formats/config_json.h"
+#include "formats/safetensors.h"
 
 #include <catch2/catch.hpp>
 

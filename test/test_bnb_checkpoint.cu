@@ -1,11 +1,11 @@
-// Pre-quantised bitsandbytes 4-bit checkpoints read into QLoRA's NF4 base (model/bnb_checkpoint.h,
+// Pre-quantised bitsandbytes 4-bit checkpoints read into QLoRA's NF4 base (formats/bnb_checkpoint.h,
 // trainer/load.h). The fixtures in test/data/bnb/ were written by transformers 5.23 and
 // bitsandbytes 0.50.2 themselves (test/interop/make_bnb_checkpoint_fixtures.py): a tiny bf16 Llama
 // (dense/) and the 4-bit checkpoints save_pretrained wrote after loading it with double
 // quantisation (nf4_dq/) and without (nf4/). The expected slot bytes are built here from the files
-// as model/safetensors.h's plain reader returns them, not through the loader under test.
-#include "model/bnb_checkpoint.h"
-#include "model/config_json.h"
+// as formats/safetensors.h's plain reader returns them, not through the loader under test.
+#include "formats/bnb_checkpoint.h"
+#include "formats/config_json.h"
 #include "model/llama.h"
 #include "model/unit_loop.h"
 #include "test/check.h"

@@ -10,10 +10,10 @@
 #include "test/temp_dir.h"
 #include "model/checkpoint.h"
 
+#include "formats/config_json.h"
+#include "formats/safetensors.h"
 #include "io/durable_file.h"
 #include "model/checkpoint_files.h"
-#include "model/config_json.h"
-#include "model/safetensors.h"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>

@@ -11,7 +11,7 @@
 // the reader keeps 0 when the file has no head_dim).
 #include "test/error_of.h"
 #include "test/temp_dir.h"
-#include "model/config_json.h"
+#include "formats/config_json.h"
 
 #include <catch2/catch.hpp>
 

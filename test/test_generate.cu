@@ -12,8 +12,8 @@
 // The model is tiny (2 layers, GQA 6/2, untied, 48 positions), trained for two steps on random
 // tokens without a tokenizer, so every run takes a fraction of a second.
 #include "data/shard.h"
+#include "formats/config_json.h"
 #include "model/checkpoint.h"
-#include "model/config_json.h"
 #include "model/llama.h"
 #include "model/sampling.h"
 #include "model/unit_loop.h"

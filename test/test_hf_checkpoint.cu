@@ -1,4 +1,4 @@
-// Hugging Face model directories in (model/hf_checkpoint.h, trainer/load.h), as --init-from and
+// Hugging Face model directories in (formats/hf_checkpoint.h, trainer/load.h), as --init-from and
 // `train sample` read them.
 //
 // The directories are written by hand (test/hf_model_dir.h), from Hugging Face's naming and
@@ -10,11 +10,11 @@
 // even in bf16. Every refusal is checked with its message, and a refused load leaves the model
 // as it was (never a partial load). Conversion exactness over all 65536 F16 patterns, overflow
 // counts, and ranged reads across the reader's chunk boundary.
-#include "model/config_json.h"
-#include "model/dtype_conversion.h"
-#include "model/hf_checkpoint.h"
+#include "formats/config_json.h"
+#include "formats/dtype_conversion.h"
+#include "formats/hf_checkpoint.h"
+#include "formats/safetensors.h"
 #include "model/llama.h"
-#include "model/safetensors.h"
 #include "test/error_of.h"
 #include "test/hf_model_dir.h"
 #include "test/temp_dir.h"

@@ -1,4 +1,4 @@
-// llama2.c checkpoints -> Hugging Face directories (model/llama2c.h).
+// llama2.c checkpoints -> Hugging Face directories (formats/llama2c.h).
 //
 // The oracle for the q/k permutation is the reference model itself, not the permutation: the
 // llama2.c weights are read here straight from the .bin (independently of the converter) and fed
@@ -8,10 +8,10 @@
 // The real stories260K (dim 64, 5 layers, 8 heads, 4 KV heads, tied) and a small untied model
 // written here (a separate classifier) both go through it; a malformed file is refused with the
 // reason, and nothing is left behind.
-#include "model/config_json.h"
+#include "formats/config_json.h"
+#include "formats/llama2c.h"
+#include "formats/safetensors.h"
 #include "model/llama.h"
-#include "model/llama2c.h"
-#include "model/safetensors.h"
 #include "model/unit_loop.h"
 #include "test/check.h"
 #include "test/error_of.h"

@@ -10,8 +10,8 @@
 // bitsandbytes' dequantize_4bit output bit for bit. Then random inputs of awkward sizes in bf16,
 // fp32 and fp64 against test/reference/nf4_reference.h, the round-trip error bound, all-zero
 // blocks, and descriptors that cannot work. Every output buffer is poisoned before its kernel.
+#include "formats/safetensors.h"
 #include "kernels/nf4.cuh"
-#include "model/safetensors.h"
 #include "test/check.h"
 #include "test/reference/nf4_reference.h"
 

@@ -1,4 +1,4 @@
-// PEFT's adapter_config.json (model/peft_config.h). The fixtures in test/data/peft/ were written by
+// PEFT's adapter_config.json (formats/peft_config.h). The fixtures in test/data/peft/ were written by
 // PEFT itself (test/interop/make_peft_config_fixtures.py, which lists the settings each was made
 // with; the expected values below are those settings, typed out again):
 //   - PEFT's files read as the settings PEFT was given, and polevault's file for the same settings
@@ -12,7 +12,7 @@
 //   - write_peft_adapter_config and read_peft_adapter_config through a file and a directory.
 #include "test/error_of.h"
 #include "test/temp_dir.h"
-#include "model/peft_config.h"
+#include "formats/peft_config.h"
 
 #include <catch2/catch.hpp>
 

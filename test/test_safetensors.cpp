@@ -2,7 +2,7 @@
 // matches the specification byte for byte; every way a file can be broken is rejected with a
 // message naming the file and the problem; writes are atomic and leave no .tmp behind.
 #include "test/temp_dir.h"
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 
 #include <catch2/catch.hpp>
 

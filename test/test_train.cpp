@@ -9,7 +9,7 @@
 
 #include "data/shard.h"
 #include "data/tokenizer.h"
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 #include "test/temp_dir.h"
 #include "test/train_runner.h"
 

@@ -1,10 +1,10 @@
 // Checkpoints of a training run (see trainer/checkpoint.h).
 #include "trainer/checkpoint.h"
 
+#include "formats/config_json.h"
+#include "formats/dtype_conversion.h"
+#include "formats/peft_config.h"
 #include "model/checkpoint.h"
-#include "model/config_json.h"
-#include "model/dtype_conversion.h"
-#include "model/peft_config.h"
 #include "model/checkpoint_files.h"
 #include "parallel/collective_watch.h"
 #include "parallel/planner.h"

@@ -1,14 +1,14 @@
 // Model directories for Hugging Face and `train export` (trainer/export.h).
 #include "trainer/export.h"
 
+#include "formats/config_json.h"
+#include "formats/dtype_conversion.h"
+#include "formats/hf_checkpoint.h"
+#include "formats/peft_config.h"
 #include "io/durable_file.h"
 #include "io/progress.h"
 #include "model/checkpoint.h"
 #include "model/checkpoint_files.h"
-#include "model/config_json.h"
-#include "model/dtype_conversion.h"
-#include "model/hf_checkpoint.h"
-#include "model/peft_config.h"
 #include "trainer/model_dir.h"
 
 #include <cstdio>

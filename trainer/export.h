@@ -4,14 +4,14 @@
 //
 //   HF_DIR/model.safetensors        every weight under its Hugging Face name, one file, in the
 //                                   checkpoint's dtype or --dtype's (bf16, fp32, fp64; rounding to
-//                                   nearest even, overflows counted: model/dtype_conversion.h)
+//                                   nearest even, overflows counted: formats/dtype_conversion.h)
 //   HF_DIR/config.json              the model's config with torch_dtype set to the file's dtype
 //   HF_DIR/tokenizer.json           with tokenizer_config.json and special_tokens_map.json when the
 //                                   source has them, copied as they are
 //   HF_DIR/generation_config.json   the source's, else the tokenizer's BOS/EOS ids
 //
 // The weights are read tensor by tensor in bounded pieces and written as they come
-// (model/safetensors.h write_safetensors_streamed): exporting never holds a whole model in
+// (formats/safetensors.h write_safetensors_streamed): exporting never holds a whole model in
 // memory. The directory is built as HF_DIR.tmp and renamed into place; HF_DIR must be new or
 // empty.
 #pragma once

@@ -9,11 +9,11 @@
 // GEMM per module): the whole model must fit on one device. With --quantized the merged block
 // linears (those --quantize nf4 quantises) are quantised on the device, each HF module on its own
 // as bitsandbytes' Linear4bit, and written in bitsandbytes' layout with a quantization_config
-// (model/bnb_checkpoint.h), so transformers' from_pretrained loads a 4-bit model.
-#include "model/bnb_checkpoint.h"
+// (formats/bnb_checkpoint.h), so transformers' from_pretrained loads a 4-bit model.
+#include "formats/bnb_checkpoint.h"
+#include "formats/config_json.h"
+#include "formats/dtype_conversion.h"
 #include "model/checkpoint.h"
-#include "model/config_json.h"
-#include "model/dtype_conversion.h"
 #include "model/llama.h"
 #include "model/nf4_slot.cuh"
 #include "trainer/checkpoint.h"
@@ -46,7 +46,7 @@ std::set<std::string> nf4_tensor_names(const ModelDir& m) {
 
 // The parts of one merged tensor (`dense`, device) as output tensors: each part's rows as they
 // are, or, for a tensor in `quantize`, quantised on the device part by part as bitsandbytes
-// quantises each Linear4bit (model/nf4_slot.cuh) and written in its layout (model/bnb_checkpoint.h).
+// quantises each Linear4bit (model/nf4_slot.cuh) and written in its layout (formats/bnb_checkpoint.h).
 template <class T>
 void add_tensor(const TensorSpec& spec, const T* dense, bool quantize, bool double_quant, std::vector<TensorBytes>& out) {
     const std::string dtype = torch_dtype_name(dtype_of<T>());

@@ -16,18 +16,18 @@
 // model on one machine read 1/8 of it each (ZeRO-3) in a few megabytes of host memory each.
 // Padding and alignment gaps are zeroed on the device first. An NF4 group (QLoRA's base) is filled
 // tensor by tensor: quantised on the device from dense weights, or, from a checkpoint bitsandbytes
-// quantised, its fields copied as they are (model/bnb_checkpoint.h), each rank reading only the
+// quantised, its fields copied as they are (formats/bnb_checkpoint.h), each rank reading only the
 // bytes of its own range.
 //
 // Header-only (templates over the storage type), so the multi-rank tests load exactly as `train`
 // does.
 #pragma once
 
+#include "formats/bnb_checkpoint.h"
+#include "formats/hf_checkpoint.h"
 #include "io/progress.h"
-#include "model/bnb_checkpoint.h"
 #include "model/checkpoint.h"
 #include "model/group_parts.h"
-#include "model/hf_checkpoint.h"
 #include "model/llama.h"
 #include "model/nf4_slot.cuh"
 #include "optim/optimizer.cuh"
@@ -110,7 +110,7 @@ struct LoadStats {
     }
 };
 
-// An NF4 tensor pre-quantised by bitsandbytes (model/bnb_checkpoint.h): the bytes [lo, hi) of its
+// An NF4 tensor pre-quantised by bitsandbytes (formats/bnb_checkpoint.h): the bytes [lo, hi) of its
 // slot (byte offsets from the slot's start) copied from its parts' fields as they are, to `dst`
 // (the device address of the slot's byte 0), in pieces of kGroupReadPieceBytes: a ZeRO-3 rank
 // reads only the fields, and the parts of fields, of its own slice.

@@ -3,10 +3,10 @@
 
 #include "trainer/options.h"
 
+#include "formats/config_json.h"
 #include "io/input_file.h"
 #include "model/checkpoint.h"
 #include "model/checkpoint_files.h"
-#include "model/config_json.h"
 #include "trainer/state.h"
 
 #include <filesystem>

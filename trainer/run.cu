@@ -5,6 +5,7 @@
 #include "trainer/run.h"
 
 #include "data/loader.h"
+#include "formats/config_json.h"
 #include "io/durable_file.h"
 #include "kernels/glue.cuh"
 #include "model/flops.h"
@@ -20,7 +21,6 @@
 #include "trainer/metrics_json.h"
 #include "trainer/out_dir.h"
 #include "trainer/signals.h"
-#include "model/config_json.h"
 #include "trainer/rank_agreement.h"
 #include "trainer/state.h"
 #include "trainer/trainer.h"

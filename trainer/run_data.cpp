@@ -2,8 +2,8 @@
 #include "trainer/run_data.h"
 
 #include "data/prepare.h"
+#include "formats/config_json.h"
 #include "io/checksum.h"
-#include "model/config_json.h"
 #include "model/checkpoint_files.h"
 #include "trainer/state.h"
 

@@ -1,5 +1,5 @@
 """Writes test/data/peft/*.json: adapter_config.json files as PEFT itself writes them, which
-test/test_peft_config.cpp reads (model/peft_config.h) and compares polevault's own files with.
+test/test_peft_config.cpp reads (formats/peft_config.h) and compares polevault's own files with.
 
     test/interop/run.sh build/interop-venv --co -q     # once, to create the pinned environment
     PYTHONPATH=test/interop build/interop-venv/bin/python test/interop/make_peft_config_fixtures.py

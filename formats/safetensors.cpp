@@ -1,5 +1,5 @@
-// safetensors writer and reader; the format is described in model/safetensors.h.
-#include "model/safetensors.h"
+// safetensors writer and reader; the format is described in formats/safetensors.h.
+#include "formats/safetensors.h"
 
 #include "io/input_file.h"
 #include "io/durable_file.h"

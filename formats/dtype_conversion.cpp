@@ -1,7 +1,7 @@
-// Floating-point dtype conversion (model/dtype_conversion.h).
-#include "model/dtype_conversion.h"
+// Floating-point dtype conversion (formats/dtype_conversion.h).
+#include "formats/dtype_conversion.h"
 
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 
 #include <bit>
 #include <cmath>

@@ -1,8 +1,8 @@
-// bitsandbytes 4-bit linears in Hugging Face checkpoints (model/bnb_checkpoint.h).
-#include "model/bnb_checkpoint.h"
+// bitsandbytes 4-bit linears in Hugging Face checkpoints (formats/bnb_checkpoint.h).
+#include "formats/bnb_checkpoint.h"
 
+#include "formats/config_json.h"
 #include "io/durable_file.h"
-#include "model/config_json.h"
 
 #include <nlohmann/json.hpp>
 

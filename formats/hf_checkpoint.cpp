@@ -1,8 +1,8 @@
-// Hugging Face model directories and ranged tensor reads (model/hf_checkpoint.h).
-#include "model/hf_checkpoint.h"
+// Hugging Face model directories and ranged tensor reads (formats/hf_checkpoint.h).
+#include "formats/hf_checkpoint.h"
 
+#include "formats/dtype_conversion.h"
 #include "io/input_file.h"
-#include "model/dtype_conversion.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -1,13 +1,13 @@
 // The tensors of a Hugging Face model directory (or of one safetensors file), found by name and
 // read by element range, converted to a storage type on the way in. Host code only.
 //
-// A Hugging Face model directory holds config.json (model/config_json.h) and its weights as
+// A Hugging Face model directory holds config.json (formats/config_json.h) and its weights as
 //   model.safetensors                              one file, or
 //   model.safetensors.index.json                   {"metadata": {"total_size": N, ...},
 //   model-00001-of-0000N.safetensors, ...           "weight_map": {"<tensor>": "<file>", ...}}
 // sharded, the index naming the file of every tensor (how save_pretrained splits large models).
 // Like transformers' from_pretrained we take model.safetensors when it exists, else the index.
-// Every file is opened and its header read and checked (model/safetensors.h) when the directory
+// Every file is opened and its header read and checked (formats/safetensors.h) when the directory
 // is opened; no tensor data is read until asked for. A sharded directory must be consistent: the
 // index a JSON object whose weight_map maps names to files inside the directory, each named
 // tensor present in its file, and no file holding a tensor the index does not list (a stale or
@@ -17,15 +17,15 @@
 //
 // Reading: read(name, first, count, to, dst) converts elements [first, first + count) of the
 // row-major tensor (element i of a [rows, cols] tensor is (i / cols, i % cols)) from the file's
-// dtype (BF16, F16, F32, F64) to `to` (model/dtype_conversion.h), reading only those bytes, with
+// dtype (BF16, F16, F32, F64) to `to` (formats/dtype_conversion.h), reading only those bytes, with
 // pread, in pieces of at most kReadChunkBytes so that host memory holds one piece at a time
 // whatever the tensor's size. It returns how many finite values overflowed the target type.
 // bytes_read() counts every byte read from the files: each file's header (8 + N bytes, read on
 // opening) and the ranges read since — the figure a rank reports after loading.
 #pragma once
 
+#include "formats/safetensors.h"
 #include "model/parameters.h"
-#include "model/safetensors.h"
 
 #include <cstdint>
 #include <map>

@@ -1,11 +1,11 @@
-// llama2.c checkpoint -> Hugging Face directory (model/llama2c.h).
-#include "model/llama2c.h"
+// llama2.c checkpoint -> Hugging Face directory (formats/llama2c.h).
+#include "formats/llama2c.h"
 
+#include "formats/config_json.h"
+#include "formats/hf_checkpoint.h"
+#include "formats/safetensors.h"
 #include "io/input_file.h"
 #include "model/checkpoint.h"
-#include "model/config_json.h"
-#include "model/hf_checkpoint.h"
-#include "model/safetensors.h"
 
 #include <cerrno>
 #include <cstring>
@@ -54,7 +54,7 @@ uint64_t times(uint64_t a, uint64_t b, const std::string& path) {
     return a * b;
 }
 
-// Where each array starts, in floats after the header (model/llama2c.h lists them in file order).
+// Where each array starts, in floats after the header (formats/llama2c.h lists them in file order).
 struct Offsets {
     uint64_t embedding, rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3, rms_final, wcls, end;
 };

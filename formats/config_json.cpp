@@ -1,6 +1,6 @@
 // Hugging Face config.json reading and writing for LlamaConfig; the format and the rules are in
-// model/config_json.h.
-#include "model/config_json.h"
+// formats/config_json.h.
+#include "formats/config_json.h"
 
 #include "io/input_file.h"
 #include "io/durable_file.h"

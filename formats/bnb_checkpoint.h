@@ -31,10 +31,10 @@
 // refused too: dequantising it would silently give up the memory it promises.
 #pragma once
 
+#include "formats/hf_checkpoint.h"
+#include "formats/safetensors.h"
 #include "model/config.h"
-#include "model/hf_checkpoint.h"
 #include "model/nf4_layout.h"
-#include "model/safetensors.h"
 
 #include <functional>
 #include <string>
@@ -90,7 +90,7 @@ std::vector<TensorBytes> bnb_part_tensors(const std::string& weight, long long r
                                           const Nf4PartFields& f, const uint8_t* slot, const std::string& dtype,
                                           bool double_quant);
 
-// Writes config.json (model/config_json.h's) with the quantization_config transformers reads for such
+// Writes config.json (formats/config_json.h's) with the quantization_config transformers reads for such
 // a checkpoint (bnb_4bit_compute_dtype = torch_dtype).
 void write_bnb_hf_config(const std::string& path, const LlamaConfig& c, const std::string& torch_dtype,
                          bool double_quant);

@@ -1,5 +1,5 @@
-// PEFT's adapter_config.json, written and read; the format and the rules are in model/peft_config.h.
-#include "model/peft_config.h"
+// PEFT's adapter_config.json, written and read; the format and the rules are in formats/peft_config.h.
+#include "formats/peft_config.h"
 
 #include "io/input_file.h"
 #include "io/durable_file.h"
@@ -59,7 +59,7 @@ const std::vector<OffKey>& off_keys() {
     return keys;
 }
 
-// Keys that change nothing polevault does (model/peft_config.h says why), with the value PEFT
+// Keys that change nothing polevault does (formats/peft_config.h says why), with the value PEFT
 // writes; runtime_config is never written (PEFT drops it on saving).
 struct IgnoredKey {
     const char* key;

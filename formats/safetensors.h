@@ -31,7 +31,7 @@
 // read_safetensors reads a whole file into memory through it (tests, small files); its tensors come
 // back in buffer order, which for our own files is the written order. Tensor bytes are kept as
 // they are on disk (little-endian, the host's order on every platform we run on); interpreting
-// them is the caller's job (model/dtype_conversion.h).
+// them is the caller's job (formats/dtype_conversion.h).
 // Host code only; the JSON library stays in safetensors.cpp so that this header compiles anywhere.
 #pragma once
 
