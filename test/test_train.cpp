@@ -663,7 +663,7 @@ TEST_CASE(
              {{2, "ddp"}, {4, "zero3"}},
              {{4, "pp --in-flight 4"}, {2, "zero2"}},
              {{2, "zero2"}, {4, "pp --in-flight 4"}},
-             {{2, "pp --pipeline-schedule interleaved --micro-batch 2"}, {2, "pp --pipeline-schedule gpipe"}},
+             {{2, "pp --pipeline-schedule interleaved --pipeline-chunks 2 --micro-batch 2"}, {2, "pp --pipeline-schedule gpipe"}},
              {{2, "pp --pipeline-schedule gpipe --micro-batch 2"}, {2, "pp --pipeline-schedule interleaved"}},
              {{4, "zero3 --shard-group 2"}, {1, "single"}},
              {{1, "single"}, {4, "zero3 --shard-group 2"}}}) {

@@ -712,6 +712,9 @@ int main_checked(int argc, char** argv) {
         apply_accumulation(c.train, world.size(), &c.train_sources);
         // Leaving a pipeline for another strategy drops its micro-batches in flight (unless given again).
         if (c.train.parallel != "pp" && c.train.in_flight == saved.in_flight) c.train.in_flight = 0;
+        // Leaving the interleaved schedule drops its chunks (unless given again).
+        if (c.train.pipeline_schedule != "interleaved" && c.train.pipeline_chunks == saved.pipeline_chunks)
+            c.train.pipeline_chunks = 0;
         // Leaving ZeRO drops its shard group (unless given again): the checkpoint is whole either way.
         if (c.train.parallel != "auto" && !strategy_info(c.train.parallel).shard_groups &&
             c.train.shard_group == saved.shard_group)
