@@ -492,7 +492,7 @@ FUZZ_LIB_SOURCES := $(addprefix data/,bpe.cpp chat.cpp examples.cpp jinja_eval.c
                     $(addprefix formats/,bnb_checkpoint.cpp config_json.cpp dtype_conversion.cpp hf_checkpoint.cpp llama2c.cpp peft_config.cpp \
                       safetensors.cpp) \
                     $(addprefix model/,checkpoint.cpp checkpoint_files.cpp config.cpp flops.cpp lora.cpp nf4_layout.cpp parameters.cpp) \
-                    trainer/state.cpp trainer/option_rules.cpp parallel/plan.cpp parallel/schedule.cpp parallel/stages.cpp
+                    trainer/state.cpp trainer/option_rules.cpp parallel/mesh_shape.cpp parallel/plan.cpp parallel/schedule.cpp parallel/stages.cpp
 FUZZ_LIB_OBJS := $(patsubst %.cpp,$(FUZZ_BUILD)/%.o,$(FUZZ_LIB_SOURCES)) $(FUZZ_GXX_OBJS)
 FUZZ_BINS := $(patsubst fuzz/%.cpp,$(FUZZ_BUILD)/%,$(wildcard fuzz/fuzz_*.cpp))
 

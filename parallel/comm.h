@@ -84,7 +84,7 @@ class Comm {
     Comm(ncclComm_t comm, std::string name);
     // Wraps `comm` on another Comm's stream (which must outlive this one): collectives of several
     // communicators on one stream run in issue order, the order NCCL requires of communicators
-    // that share ranks (hybrid sharding's, parallel/shard_groups.h), and one fence orders all of them.
+    // that share ranks (hybrid sharding's, parallel/mesh.h), and one fence orders all of them.
     Comm(ncclComm_t comm, std::string name, const Comm& same_stream_as);
     ~Comm();
     Comm(const Comm&) = delete;

@@ -11,7 +11,7 @@
 // loss all-reduce's kLossAllReduceDoubles (the loss, the per-step checks' terms, the stop votes) and one squared
 // norm per unit (8 bytes each).
 //
-// Hybrid sharding (shard groups of K ranks, R = N/K replicas; parallel/shard_groups.h) counts
+// Hybrid sharding (shard groups of K ranks, R = N/K replicas; parallel/mesh.h) counts
 // three communicators apart. Ψ and Ψall are then padded for K shards.
 //   world        the count and the loss all-reduce: 2·(N−1)/N·(8 + 8·kLossAllReduceDoubles)
 //   shard group  the ZeRO formulas above with K for N, the scalars being the norms alone (8 per unit)

@@ -30,15 +30,16 @@ namespace pv {
 template <class T, class G>
 class DDP : public Strategy<T, G> {
   public:
-    DDP(Llama<T>& model, Comm& comm) : Strategy<T, G>(model, &comm) {}
-    const char* name() const override { return "ddp"; }
+    // Over the mesh's data axes (a group of one — pp's stages — reduces nothing).
+    explicit DDP(Llama<T>& model, std::unique_ptr<Mesh> mesh) : Strategy<T, G>(model, std::move(mesh)) {}
     bool sharded_optimizer() const override { return false; }
-    void finish_gradients() override {}  // each bucket is waited for at its norm
 
   protected:
+    void finish_reduction() override {}  // each bucket is waited for at its norm
     void after_unit_backward(int u, bool last) override {
-        if (!last || this->model_.trainable(u).padded == 0) return;  // nothing of the unit trains
-        Comm& c = *this->comm_;
+        Comm* data = this->data_comm();
+        if (!data || !last || this->model_.trainable(u).padded == 0) return;  // nothing of the unit trains
+        Comm& c = *data;
         c.fence_from(this->model_.stream());
         G* g = this->grads(u);
         c.all_reduce(g, g, size_t(this->model_.trainable(u).padded));

@@ -10,7 +10,7 @@
 //                unit's trainable group and a tied embedding's own
 //   zero3        parameters sharded too: Ψall/N·t, plus gather buffers (two of the largest unit's
 //                groups together, a tied embedding's own) in communication buffers
-// With hybrid sharding (shard groups of K ranks, parallel/shard_groups.h) ZeRO's N is K: the
+// With hybrid sharding (shard groups of K ranks, parallel/mesh.h) ZeRO's N is K: the
 // groups are padded for K shards and every sharded figure is 1/K; the buffers are unchanged.
 // The multi-rank tests check the measured peaks per category against these exactly (test/mpi/
 // test_mpi_parallel.cu), and docs/lora-qlora.md's table is printed from it (bench/model_state_table.cpp).

@@ -49,11 +49,23 @@ const StrategyInfo& strategy_info(const std::string& given) {
 
 std::string canonical_strategy_name(const std::string& name) { return name == "mp" ? "pp" : name; }
 
-int data_ranks_of(const StrategyOptions& o, int ranks) { return strategy_info(o.name).splits_batch ? ranks : 1; }
+bool has_pipeline(const StrategyOptions& o) { return strategy_info(o.name).stages || o.pipeline_stages > 1; }
 
-int shards_of(const StrategyOptions& o, int ranks) {
-    return strategy_info(o.name).shard_groups && o.shard_group > 0 ? o.shard_group : data_ranks_of(o, ranks);
+MeshShape mesh_of(const StrategyOptions& o, int ranks) {
+    const StrategyInfo& s = strategy_info(o.name);
+    check_strategy(o, ranks);
+    MeshShape m;
+    if (s.one_rank) return m;
+    m.pipeline = s.stages ? ranks : std::max(1, o.pipeline_stages);
+    const int dp = ranks / m.pipeline;
+    m.shard = s.shard_groups && o.shard_group > 0 ? o.shard_group : dp;
+    m.replicate = dp / m.shard;
+    return m;
 }
+
+int data_ranks_of(const StrategyOptions& o, int ranks) { return mesh_of(o, ranks).data(); }
+
+int shards_of(const StrategyOptions& o, int ranks) { return mesh_of(o, ranks).shard; }
 
 const char* offload_name(Offload o) {
     return o == Offload::params ? "params" : o == Offload::optimizer ? "optimizer" : "none";
@@ -67,10 +79,38 @@ Offload parse_offload(const std::string& name) {
 
 void check_strategy(const StrategyOptions& o, int ranks) {
     const StrategyInfo& s = strategy_info(o.name);
-    if (o.in_flight > 0 && !s.stages)
+    const bool pipeline = has_pipeline(o);
+    if (o.pipeline_stages != 0) {
+        const std::string p = "--pipeline-stages " + std::to_string(o.pipeline_stages);
+        if (o.pipeline_stages < 0)
+            throw std::invalid_argument(p + ": give the pipeline's stages, 1 or more (0: pp's one per rank, else none)");
+        if (s.stages && o.pipeline_stages != ranks)
+            throw std::invalid_argument(p + " with --parallel pp, which runs one stage on each of the " +
+                                        std::to_string(ranks) +
+                                        " ranks: drop it, or replicate each stage over data-parallel ranks with "
+                                        "--parallel ddp or zero1 and " + p);
+        if (o.pipeline_stages > ranks)
+            throw std::invalid_argument(p + " needs at least " + std::to_string(o.pipeline_stages) + " ranks and mpirun started " +
+                                        std::to_string(ranks) + ": give at most " + std::to_string(ranks) +
+                                        ", or start more ranks");
+        if (ranks % o.pipeline_stages != 0)
+            throw std::invalid_argument(p + " does not divide the " + std::to_string(ranks) +
+                                        " ranks into equal data-parallel groups per stage: give a divisor of " +
+                                        std::to_string(ranks) + ", or start a multiple of " +
+                                        std::to_string(o.pipeline_stages) + " ranks");
+        if (!s.stages && o.pipeline_stages > 1 && o.pipeline_stages == ranks)
+            throw std::invalid_argument(p + " on " + std::to_string(ranks) + " ranks leaves one rank per stage, nothing for --parallel " +
+                                        s.name + " to replicate: choose --parallel pp (a pipeline alone), or fewer stages");
+        if (o.pipeline_stages > 1 && (s.kind == StrategyKind::zero2 || s.kind == StrategyKind::zero3))
+            throw std::invalid_argument(p + " with --parallel " + s.name +
+                                        ": a pipeline's stages are replicated under ddp or zero1 (zero2 and zero3, "
+                                        "whose gradients or parameters live per unit in rotating buffers, do not "
+                                        "follow a pipeline's order yet); choose --parallel ddp or zero1");
+    }
+    if (o.in_flight > 0 && !pipeline)
         throw std::invalid_argument("--in-flight " + std::to_string(o.in_flight) +
-                                    " is for --parallel pp (the "
-                                    "pipeline's micro-batches in flight); drop it, or choose --parallel pp");
+                                    " is for a pipeline (its micro-batches in flight): drop it, or choose --parallel pp "
+                                    "or --pipeline-stages");
     if (o.in_flight < 0)
         throw std::invalid_argument("--in-flight " + std::to_string(o.in_flight) +
                                     ": give the micro-batches in flight per stage, or 0 for the schedule's own");
@@ -89,11 +129,11 @@ void check_strategy(const StrategyOptions& o, int ranks) {
                                     " reduces gradients in the storage type: drop "
                                     "--fp32-grad-accumulation (or use ddp or zero1)");
     // Offloading needs an optimizer that updates whole owned ranges between steps: not a pipeline's
-    // stages (GPipe), and parameters live in host memory only as zero3's slices.
-    if (o.offload != Offload::none && s.stages)
+    // stages, and parameters live in host memory only as zero3's slices.
+    if (o.offload != Offload::none && pipeline)
         throw std::invalid_argument("--offload " + std::string(offload_name(o.offload)) +
-                                    " is not supported with --parallel pp: choose single, ddp, zero1, zero2 or "
-                                    "zero3, or drop --offload");
+                                    " is not supported with a pipeline (--parallel pp or --pipeline-stages): choose "
+                                    "single, ddp, zero1, zero2 or zero3 without stages, or drop --offload");
     if (o.offload == Offload::params && s.kind != StrategyKind::zero3)
         throw std::invalid_argument("--offload params keeps zero3's parameter slices in host memory; --parallel " +
                                     std::string(s.name) +
@@ -101,6 +141,10 @@ void check_strategy(const StrategyOptions& o, int ranks) {
                                     "--offload optimizer");
     if (o.shard_group != 0) {
         const std::string k = "--shard-group " + std::to_string(o.shard_group);
+        const int stages = std::max(1, o.pipeline_stages);
+        const std::string per_stage = stages > 1 ? " data-parallel ranks of each of the " + std::to_string(stages) +
+                                                       " pipeline stages" : "";
+        ranks /= stages;  // the ranks sharding one stage
         if (!s.shard_groups)
             throw std::invalid_argument(k +
                                         " is for --parallel zero1, zero2 or zero3 (sharding within groups of "
@@ -111,44 +155,45 @@ void check_strategy(const StrategyOptions& o, int ranks) {
                                         std::to_string(ranks) + " (0: the whole world)");
         if (o.shard_group > ranks)
             throw std::invalid_argument(k + " is larger than the " + std::to_string(ranks) +
-                                        " rank(s) mpirun started: give at most " + std::to_string(ranks) +
-                                        " (0: the whole world), or start more ranks");
+                                        (per_stage.empty() ? " rank(s) mpirun started" : per_stage) + ": give at most " +
+                                        std::to_string(ranks) + " (0: the whole world), or start more ranks");
         if (ranks % o.shard_group != 0)
             throw std::invalid_argument(k + " does not divide the " + std::to_string(ranks) +
-                                        " ranks into whole groups: give a divisor of " + std::to_string(ranks) +
+                                        (per_stage.empty() ? " ranks" : per_stage) +
+                                        " into whole groups: give a divisor of " + std::to_string(ranks) +
                                         " (0: the whole world), or start a multiple of " +
                                         std::to_string(o.shard_group) + " ranks");
     }
 }
 
 StrategyPlan plan_strategy(const StrategyOptions& o, const LlamaConfig& config, int seq_len, int rank, int ranks) {
-    check_strategy(o, ranks);
     StrategyPlan p;
     p.info = &strategy_info(o.name);
     p.options = o;
     p.rank = rank, p.ranks = ranks;
-    p.data_ranks = p.info->splits_batch ? ranks : 1;
-    p.data_rank = p.info->splits_batch ? rank : 0;
-    p.placement.shards = shards_of(o, ranks);
+    p.mesh = mesh_of(o, ranks);  // checks the options
+    p.data_ranks = p.mesh.data();
+    p.data_rank = mesh_data_rank(p.mesh, rank);
+    p.placement.shards = p.mesh.shard;
     p.placement.gradients = p.info->binds_gradients ? Gradients::bound : Gradients::owned;
     p.placement.parameters = p.info->binds_parameters ? Parameters::bound : Parameters::owned;
-    if (p.info->stages) {
-        // p·V stages (V chunks per rank: the interleaved schedule); rank r runs stages r, r + p, …
-        const int units = config.num_layers + 2;
-        if (o.chunks > 1 && ranks * o.chunks > units)
-            throw std::invalid_argument("the interleaved schedule over " + std::to_string(ranks) + " ranks with " +
+    if (p.pipelined()) {
+        // P·V stages (V chunks per stage rank: the interleaved schedule); pipeline rank r runs stages r, r + P, …
+        const int stages = p.mesh.pipeline, units = config.num_layers + 2, r = mesh_coords(p.mesh, rank).pipeline;
+        if (o.chunks > 1 && stages * o.chunks > units)
+            throw std::invalid_argument("the interleaved schedule over " + std::to_string(stages) + " stages with " +
                                         std::to_string(o.chunks) + " chunks each needs " +
-                                        std::to_string(ranks * o.chunks) + " stages, and the model has " +
+                                        std::to_string(stages * o.chunks) + " stages, and the model has " +
                                         std::to_string(units) + " units (the embedding, " +
                                         std::to_string(config.num_layers) + " blocks, the head): give at most " +
-                                        std::to_string(std::max(units / ranks, 1)) + " --pipeline-chunks" +
-                                        (units / ranks < 2 ? ", or choose --pipeline-schedule 1f1b" : ""));
-        p.stage_bounds = balance_stages(unit_costs(config, seq_len, parse_stage_balance(o.balance)), ranks * o.chunks);
+                                        std::to_string(std::max(units / stages, 1)) + " --pipeline-chunks" +
+                                        (units / stages < 2 ? ", or choose --pipeline-schedule 1f1b" : ""));
+        p.stage_bounds = balance_stages(unit_costs(config, seq_len, parse_stage_balance(o.balance)), stages * o.chunks);
         p.placement.chunks.clear();
-        for (int s = rank; s < ranks * o.chunks; s += ranks)
+        for (int s = r; s < stages * o.chunks; s += stages)
             p.placement.chunks.push_back(StageUnits{p.stage_bounds[size_t(s)], p.stage_bounds[size_t(s) + 1]});
-        p.schedule = pipeline_schedule_of(o, ranks);
-        p.placement.slots = p.schedule.slots[size_t(rank)];
+        p.schedule = pipeline_schedule_of(o, stages);
+        p.placement.slots = p.schedule.slots[size_t(r)];
     }
     return p;
 }

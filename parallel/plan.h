@@ -9,6 +9,7 @@
 
 #include "model/config.h"
 #include "model/placement.h"
+#include "parallel/mesh.h"
 #include "parallel/schedule.h"
 
 #include <string>
@@ -27,9 +28,9 @@ struct StrategyInfo {
     bool splits_batch;       // data parallel: rank r takes slice r of each global batch
     bool binds_gradients;    // keeps a few full-size gradient buffers and binds them (Gradients::bound)
     bool binds_parameters;   // keeps parameter slices and binds gathered copies (Parameters::bound)
-    bool stages;             // each rank holds a contiguous stage of the units (model parallel)
+    bool stages;             // a pipeline over every rank, nothing data parallel (pp)
     bool fp32_accumulation;  // supports --fp32-grad-accumulation
-    bool shard_groups;       // shards over groups of ranks (--shard-group, parallel/shard_groups.h)
+    bool shard_groups;       // shards over groups of ranks (--shard-group, parallel/mesh.h)
 };
 
 // Every strategy, in the order --help lists them.
@@ -50,13 +51,17 @@ Offload parse_offload(const std::string& name);
 
 struct StrategyOptions {
     std::string name = "single";
+    // The pipeline's stages (the mesh's pipeline axis; parallel/pp.h): pp runs one per rank; ddp and
+    // zero1-3 replicate each of these stages over ranks / stages data-parallel ranks. 0: pp's every
+    // rank, else no pipeline.
+    int pipeline_stages = 0;
     PipelineScheduleKind pipeline = PipelineScheduleKind::one_f_one_b;  // pp: the schedule (parallel/schedule.h)
     int in_flight = 0;       // pp: at most this many micro-batches in flight per stage (0: the schedule's own)
-    int micro_per_step = 1;  // pp: micro-batches per optimizer step (every stage runs them all)
+    int micro_per_step = 1;  // pipeline: micro-batches per optimizer step on each data-parallel rank
     int chunks = 1;          // pp: model chunks per rank (the interleaved schedule's V; else 1)
     std::string balance = "flops";  // pp: how the stages are balanced (parallel/stages.h)
     bool fp32_grad_accumulation = false;
-    int shard_group = 0;  // zero1-3: shard over groups of this many consecutive ranks (0: the whole world)
+    int shard_group = 0;  // zero1-3: shard over groups of this many consecutive ranks (0: every data-parallel rank)
     Offload offload = Offload::none;
 };
 
@@ -64,29 +69,38 @@ struct StrategyOptions {
 // `ranks` ranks. Cheap: no model needed.
 void check_strategy(const StrategyOptions& o, int ranks);
 
+// The mesh of options `o` on `ranks` ranks (parallel/mesh.h): the pipeline's stages outermost,
+// then hybrid sharding's replicas, then the shards. Throws std::invalid_argument (check_strategy's).
+MeshShape mesh_of(const StrategyOptions& o, int ranks);
+// Whether the options run a pipeline (pp, or a data-parallel strategy over --pipeline-stages > 1).
+bool has_pipeline(const StrategyOptions& o);
+
 // A strategy decided for this rank: its geometry and how the model must be built.
 struct StrategyPlan {
     const StrategyInfo* info = nullptr;
     StrategyOptions options;
     int rank = 0, ranks = 1;            // the world
+    MeshShape mesh;                     // the world's layout (parallel/mesh.h)
     int data_rank = 0, data_ranks = 1;  // the batch is split over data_ranks (1: every rank sees it all)
-    std::vector<int> stage_bounds;      // stages: unit boundaries of every stage (p·V of them; rank r runs r, r + p, …)
-    PipelineSchedule schedule;          // stages: the pipeline's table, checked by the simulator
+    std::vector<int> stage_bounds;      // pipeline: unit boundaries of every stage (p·V of them; stage rank r runs r, r + p, …)
+    PipelineSchedule schedule;          // pipeline: the table, checked by the simulator
     Placement placement;
+    bool pipelined() const { return mesh.pipeline > 1 || info->stages; }
 };
 
 // Checks the options and plans the strategy for rank `rank` of `ranks` with this model.
 StrategyPlan plan_strategy(const StrategyOptions& o, const LlamaConfig& config, int seq_len, int rank, int ranks);
 
-// The pipeline table of options `o` (a strategy with stages) on `ranks` ranks, checked by the
+// The pipeline table of options `o` (with a pipeline) on `ranks` ranks, checked by the
 // simulator; throws std::invalid_argument naming what cannot be scheduled.
 PipelineSchedule pipeline_schedule_of(const StrategyOptions& o, int ranks);
 
-// The data-parallel ranks of a strategy on `ranks` ranks (before a model exists).
+// The data-parallel ranks of a strategy on `ranks` ranks (before a model exists): the mesh's data axes.
 int data_ranks_of(const StrategyOptions& o, int ranks);
 
-// The ranks the model's groups are split over (Placement::shards): a ZeRO strategy's shard group
-// (the data-parallel ranks unless --shard-group says fewer), else the data-parallel ranks.
+// The ranks the model's groups are split over (Placement::shards): the mesh's shard axis — a ZeRO
+// strategy's shard group (the data-parallel ranks unless --shard-group says fewer), else the
+// data-parallel ranks.
 int shards_of(const StrategyOptions& o, int ranks);
 
 // ZeRO-3's gather buffers (parallel/zero3.h), in elements: two of the largest unit's groups

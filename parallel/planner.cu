@@ -147,9 +147,10 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
         m.add("sample after training: KV cache", C::activations, cache);
         m.add("sample after training: workspace", C::workspace, work);
     }
-    if (kind == StrategyKind::pp)  // parallel/pp.h: each chunk's input per micro-batch in flight (not stage 0's)
+    const int stage = mesh_coords(sp.mesh, rank).pipeline;
+    if (sp.pipelined())  // parallel/pp.h: each chunk's input per micro-batch in flight (not stage 0's)
         m.add("pipeline stage inputs", C::activations,
-              double(chunks.size() - (rank == 0 ? 1 : 0)) * slots * rows * hidden * t);
+              double(chunks.size() - (stage == 0 ? 1 : 0)) * slots * rows * hidden * t);
 
     // The optimizer (optim/optimizer.cuh AdamWState): the owned range of each held unit.
     // (ZeRO shards over its shard group: consecutive ranks, this rank's place in it.)
@@ -199,8 +200,12 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     RankMemory r;
     r.rank = rank;
     r.lines = std::move(m.lines);
-    if (sp.info->stages) {
-        r.role = "stage " + std::to_string(rank) + ": units";
+    if (sp.pipelined()) {
+        const int per_stage = sp.mesh.ranks() / sp.mesh.pipeline;
+        r.role = "stage " + std::to_string(stage) +
+                 (per_stage > 1 ? " (ranks " + std::to_string(rank) + "-" + std::to_string(rank + per_stage - 1) + ")"
+                                : "") +
+                 ": units";
         for (const StageUnits& c : chunks)
             r.role += (&c == &chunks.front() ? " " : ", ") + std::to_string(c.first) + "-" + std::to_string(c.end - 1);
     } else {
@@ -239,9 +244,9 @@ MemoryPlan plan_memory(const PlanRequest& q) {
         throw std::invalid_argument("plan_memory: micro-batch, seq-len, ranks and accumulation must be >= 1");
     MemoryPlan p;
     p.request = q;
-    // Data-parallel ranks are alike (equal slices); a pipeline's stages differ.
-    const int distinct = strategy_info(q.strategy.name).stages ? q.ranks : 1;
-    for (int r = 0; r < distinct; ++r) p.ranks.push_back(plan_rank(q, r));
+    // Data-parallel ranks are alike (equal slices); a pipeline's stages differ: each stage's first rank.
+    const MeshShape mesh = mesh_of(q.strategy, q.ranks);
+    for (int s = 0; s < mesh.pipeline; ++s) p.ranks.push_back(plan_rank(q, s * (q.ranks / mesh.pipeline)));
     return p;
 }
 

@@ -9,10 +9,11 @@ namespace pv {
 template <class T, class G>
 class Single : public Strategy<T, G> {
   public:
-    explicit Single(Llama<T>& model) : Strategy<T, G>(model, nullptr) {}
-    const char* name() const override { return "single"; }
+    explicit Single(Llama<T>& model) : Strategy<T, G>(model, std::make_unique<Mesh>(nullptr, MeshShape{}, std::vector<MeshAxes>{})) {}
     bool sharded_optimizer() const override { return false; }
-    void finish_gradients() override {}
+
+  protected:
+    void finish_reduction() override {}
 };
 
 }  // namespace pv

@@ -22,20 +22,26 @@
 // (r+1)·len), len = padded/N): ZeRO keeps optimizer state only there; DDP keeps all of it, but
 // every strategy forms the global gradient norm the same way — per unit, each rank the squares
 // of its slice; those summed over ranks in rank order; then the units added in unit order — so
-// DDP and ZeRO clip by bit-identical scales. Hybrid sharding (parallel/shard_groups.h) shards
+// DDP and ZeRO clip by bit-identical scales. Hybrid sharding (parallel/mesh.h) shards
 // over a group of K ranks instead: rank r owns slice r mod K of K, and the norm's sum runs over
 // its group alone — every group holds the same reduced slices, so each sums the same terms in the
-// same order and every rank clips by the same scale. Model parallelism (mp.h) splits the units instead of
-// the data: a rank holds its stage's units whole (its data-parallel world is one rank) and counts
-// them in the norm, the other ranks zeros, so a pipeline's norm has one rank's bits.
+// same order and every rank clips by the same scale. A pipeline (pp.h) splits the units instead:
+// a rank counts only its stage's units in the norm, the other stages zeros, and the sum runs over
+// the shard and pipeline axes of the mesh (parallel/mesh.h), so a pipeline of one data-parallel
+// rank per stage has one rank's bits per unit.
+//
+// Communicators. Every strategy talks over the mesh's groups: the data axes split the batch (the
+// token count), the shard axis shards (ZeRO's collectives; DDP's slices of the norm), the
+// replicate axis holds hybrid sharding's replicas, the pipeline axis carries the stages' transfers.
 #pragma once
 
 #include "kernels/glue.cuh"
 #include "model/llama.h"
-#include "parallel/comm.h"
-#include "parallel/schedule.h"
-#include "parallel/shard_groups.h"
 #include "model/unit_loop.h"
+#include "parallel/comm.h"
+#include "parallel/mesh.h"
+#include "parallel/pp.h"
+#include "parallel/schedule.h"
 
 #include <algorithm>
 #include <functional>
@@ -48,10 +54,10 @@ namespace pv {
 template <class T, class G>
 class Strategy {
   public:
-    // comm: null for the single strategy. `groups`: hybrid sharding's communicators (null: the
-    // shards span the data-parallel ranks). The model's groups must split into shards() shards.
-    Strategy(Llama<T>& model, Comm* comm, std::unique_ptr<ShardGroups> groups = nullptr)
-        : model_(model), comm_(comm), groups_(std::move(groups)) {
+    // The mesh of the world's ranks (a world of one for the single strategy); the model's groups
+    // must split into shards() shards.
+    Strategy(Llama<T>& model, std::unique_ptr<Mesh> mesh)
+        : model_(model), mesh_(std::move(mesh)), comm_(mesh_->world()) {
         static_assert(std::is_same_v<G, T> || std::is_same_v<G, float>, "gradients are T or float");
         if constexpr (!std::is_same_v<G, T>)
             for (int u = 0; u < model.num_units(); ++u)
@@ -75,33 +81,42 @@ class Strategy {
     Strategy(const Strategy&) = delete;
     Strategy& operator=(const Strategy&) = delete;
 
-    virtual const char* name() const = 0;
+    // The name the run was asked for (--parallel), set by make_strategy.
+    const char* name() const { return name_; }
     Llama<T>& model() { return model_; }
+    const Mesh& mesh() const { return *mesh_; }
+    // The world's communicator (null: one rank).
     Comm* comm() { return comm_; }
-    // The communicator the batch is split over (null: this rank sees the whole batch), and this
-    // rank's place in it. Every communicator the strategy uses, for counting.
-    virtual Comm* data_comm() { return comm_; }
+    // The communicator the batch is split over — the mesh's data axes (null: this rank sees the
+    // whole batch) — and this rank's place in it. Every communicator the strategy uses, for counting.
+    Comm* data_comm() { return mesh_->comm(kDataAxes); }
     int data_rank() { return data_comm() ? data_comm()->rank() : 0; }
     int data_ranks() { return data_comm() ? data_comm()->size() : 1; }
-    virtual std::vector<Comm*> comms() {
-        if (groups_) return {comm_, &groups_->shard(), &groups_->replica()};
-        return comm_ ? std::vector<Comm*>{comm_} : std::vector<Comm*>{};
-    }
-    // The ranks the groups are sharded over — the data-parallel ranks, or a shard group — and
-    // this rank's shard; the communicator of those ranks (the world's without groups; null with
-    // one data-parallel rank), and the one of the ranks holding the same shard (hybrid only).
-    Comm* shard_comm() { return groups_ ? &groups_->shard() : data_comm(); }
-    Comm* replica_comm() { return groups_ ? &groups_->replica() : nullptr; }
+    std::vector<Comm*> comms() { return mesh_->comms(); }
+    // The ranks the groups are sharded over — the mesh's shard axis: the data-parallel ranks, or
+    // a shard group — and this rank's shard; the communicator of those ranks (null with one), and
+    // the one of the ranks holding the same shard (hybrid sharding's replicas; null without).
+    Comm* shard_comm() { return mesh_->comm(MeshAxes(MeshAxis::shard) | kOwnComm); }
+    Comm* replica_comm() { return mesh_->comm(MeshAxes(MeshAxis::replicate) | kOwnComm); }
     int shards() { return shard_comm() ? shard_comm()->size() : 1; }
     int shard_rank() { return shard_comm() ? shard_comm()->rank() : 0; }
-    // Micro-batches in flight at once (activation slots): 1, or the pipeline's (mp.h).
-    virtual int slots() const { return 1; }
+    // The stages' communicator (null without a pipeline).
+    Comm* pipeline_comm() { return pipeline_ ? &pipeline_->comm() : nullptr; }
+    // Micro-batches in flight at once (activation slots): 1, or the pipeline's (pp.h).
+    int slots() const { return pipeline_ ? pipeline_->slots() : 1; }
+
+    // Applied once by make_strategy, before any step: the run's name, and the pipeline (null: none).
+    void apply(const char* name, std::unique_ptr<Pipeline<T>> pipeline) {
+        name_ = name;
+        pipeline_ = std::move(pipeline);
+    }
 
     // One optimizer step's `micro` micro-batches on this rank, in the order of its schedule
     // (parallel/schedule.h): `run(entry, last)` runs one forward or backward (`last`: the last
     // backward of the step on this rank's units). Without a pipeline each forward is followed by
     // its backward in slot 0; a pipeline runs its table's row and adds the transfers between entries.
-    virtual void run_micro_steps(int micro, const std::function<void(const PipeStep&, bool)>& run) {
+    void run_micro_steps(int micro, const std::function<void(const PipeStep&, bool)>& run) {
+        if (pipeline_) return pipeline_->run_micro_steps(micro, run);
         for (int m = 0; m < micro; ++m) {
             run(PipeStep{false, m, 0, 0}, false);
             run(PipeStep{true, m, 0, 0}, m + 1 == micro);
@@ -116,9 +131,10 @@ class Strategy {
     long long slice_len(int u, int g = 0) { return model_.group(u, g).padded / shards(); }
     long long slice_begin(int u, int g = 0) { return slice_len(u, g) * shard_rank(); }
     // The range the optimizer of this rank updates: everything, or the slice (ZeRO); nothing of
-    // a unit the rank does not hold (mp.h).
+    // a unit the rank does not hold (a pipeline, pp.h).
     virtual bool sharded_optimizer() const = 0;
     long long owned_begin(int u) { return sharded_optimizer() ? slice_begin(u) : 0; }
+    long long owned_len(int u) { return sharded_optimizer() ? slice_len(u) : model_.trainable(u).padded; }
 
     // The start of an optimizer step: gradients to zero.
     virtual void begin_step() {
@@ -129,21 +145,35 @@ class Strategy {
 
     // One micro-step's forward of the micro-batch `batch` (its device arrays, model/unit_loop.h):
     // loss sum and count of this micro-batch into the device scalars.
-    virtual void forward(int slot, const DeviceBatch& batch, acc_t<T>* loss_sum, int* count) {
-        single_forward(model_, slot, batch, loss_sum, count, [&](int u) { before_unit_forward(u); });
+    void forward(int slot, const DeviceBatch& batch, acc_t<T>* loss_sum, int* count) {
+        auto before = [&](int u) { before_unit_forward(u); };
+        if (pipeline_) return pipeline_->forward(slot, batch, loss_sum, count, before);
+        single_forward(model_, slot, batch, loss_sum, count, before);
     }
 
     // One micro-step's backward; `last` marks the last micro-step of the optimizer step.
-    virtual void backward(int slot, const DeviceBatch& batch, double loss_scale, bool last) {
+    void backward(int slot, const DeviceBatch& batch, double loss_scale, bool last) {
         if (!grad32_.empty()) model_.zero_grads();  // each micro-step's T gradients, then added up
-        single_backward(
-            model_, slot, batch, loss_scale, [&](int u) { before_unit_backward(u); },
-            [&](int u) { unit_backward_done(u, last); });
+        auto before = [&](int u) { before_unit_backward(u); };
+        auto done = [&](int u) { unit_backward_done(u, last); };
+        if (pipeline_) return pipeline_->backward(slot, batch, loss_scale, before, done);
+        single_backward(model_, slot, batch, loss_scale, before, done);
     }
 
     // After the last micro-step: the owned range's gradients are complete and reduced, on the
-    // compute stream's timeline.
-    virtual void finish_gradients() = 0;
+    // compute stream's timeline — the policy's reduction, then a pipeline's tied-embedding sum
+    // (pp.h) over the reduced owned range of the first and last stages.
+    void finish_gradients() {
+        finish_reduction();
+        Comm* ends = pipeline_ ? mesh_->pipeline_ends() : nullptr;
+        if (ends && model_.holds(0) && model_.trainable(0).padded > 0) {  // (a frozen embedding has no gradient)
+            // (after the data-parallel reduction of both partial gradients: one stream runs every collective)
+            ends->fence_from(model_.stream());
+            G* g = const_cast<G*>(owned_grads(0));
+            ends->all_reduce(g, g, size_t(owned_len(0)));
+            ends->fence_to(model_.stream());
+        }
+    }
 
     // Unit u's full gradient buffer (where it has one), and the reduced gradient of this rank's
     // slice and of the range its optimizer owns (element owned_begin).
@@ -184,9 +214,9 @@ class Strategy {
         c->fence_to(model_.stream());
         return per_unit + units;
     }
-    // The ranks unit_norms_sq sums over: the shard group with hybrid sharding, else every rank (a
-    // pipeline's stages too); null with one rank.
-    Comm* norm_comm() { return groups_ ? &groups_->shard() : comm_; }
+    // The ranks unit_norms_sq sums over: the mesh's shard and pipeline axes (hybrid sharding's
+    // replicas hold the same slices); null with one rank.
+    Comm* norm_comm() { return pipeline_ ? mesh_->comm(MeshAxis::shard | MeshAxis::pipeline) : shard_comm(); }
     // Whether this rank's slice of unit u counts in the norm (each element once over the ranks).
     bool counts_in_norm(int u) const { return in_norm(u); }
 
@@ -237,53 +267,60 @@ class Strategy {
     virtual long long local_len(int u, int g) { return model_.holds(u) ? model_.group(u, g).padded : 0; }
 
     // The whole `padded` elements of a field of unit u on rank 0 (empty elsewhere), from the `len`
-    // elements at `local` each rank keeps: one rank holding the unit whole sends it (model
-    // parallelism), slices are all-gathered (ZeRO; with hybrid sharding within the writer's shard
-    // group only, the other groups holding copies), a whole local copy is read. Collective over
-    // the strategy's ranks; counted like every collective.
+    // elements at `local` each rank keeps: within the stage holding the unit (every rank without
+    // a pipeline) slices are all-gathered over the shard group of the writer's replica (ZeRO;
+    // hybrid sharding's other replicas hold copies) or a whole local copy is read; then, when
+    // another stage holds the unit, its first data-parallel rank sends it to the writer over the
+    // pipeline. Collective over the strategy's ranks; counted like every collective.
     template <class X>
     std::vector<uint8_t> whole_on_writer(int u, const X* local, long long len, long long padded) {
         settle_parameters();
         const bool writer = !comm_ || comm_->rank() == 0;
-        const int owner = unit_owner(u);
-        if (owner > 0) {  // one rank holds it whole and sends it to the writer
-            if (comm_->rank() == owner) {
-                comm_->fence_from(model_.stream());
-                comm_->send(local, size_t(padded), 0);
-                comm_->synchronize();
-                return {};
-            }
+        Comm* pipe = pipeline_comm();
+        const int owner = pipe ? pipeline_->owner(u) : 0;  // the pipeline rank holding the unit
+        if (pipe && pipe->rank() != owner) {  // another stage's unit: the writer receives it
             if (!writer) return {};
             DeviceBuffer<X> whole(size_t(padded), MemoryCategory::comm_buffers);
-            comm_->recv(whole.get(), size_t(padded), owner);
-            comm_->synchronize();
+            pipe->recv(whole.get(), size_t(padded), owner);
+            pipe->synchronize();
             return download_bytes(whole.get(), padded);
         }
-        if (len == padded || owner == 0) return writer ? download_bytes(local, padded) : std::vector<uint8_t>{};
-        Comm* shards = shard_comm();
-        if (!shards || padded != len * shards->size())
-            throw std::logic_error("checkpoint: unit " + std::to_string(u) + " is sharded but " + name() +
-                                   " has no communicator of its shards to gather it");
-        if (groups_ && groups_->replica().rank() != 0) return {};  // not the writer's group
-        DeviceBuffer<X> whole(size_t(padded), MemoryCategory::comm_buffers);
-        shards->fence_from(model_.stream());
-        shards->all_gather(local, whole.get(), size_t(len));
-        shards->synchronize();
-        return writer ? download_bytes(whole.get(), padded) : std::vector<uint8_t>{};
+        DeviceBuffer<X> gathered;
+        const X* whole = local;
+        if (len != padded) {
+            Comm* shards = shard_comm();
+            if (!shards || padded != len * shards->size())
+                throw std::logic_error("checkpoint: unit " + std::to_string(u) + " is sharded but " + name() +
+                                       " has no communicator of its shards to gather it");
+            if (replica_comm() && replica_comm()->rank() != 0) return {};  // not the writer's replica
+            gathered = DeviceBuffer<X>(size_t(padded), MemoryCategory::comm_buffers);
+            shards->fence_from(model_.stream());
+            shards->all_gather(local, gathered.get(), size_t(len));
+            shards->synchronize();
+            whole = gathered.get();
+        }
+        if (pipe && owner != 0) {  // this stage's first data-parallel rank sends it to the writer
+            if (data_rank() != 0) return {};
+            pipe->fence_from(model_.stream());
+            pipe->send(whole, size_t(padded), 0);
+            pipe->synchronize();
+            return {};
+        }
+        return writer ? download_bytes(whole, padded) : std::vector<uint8_t>{};
     }
 
   protected:
-    // The rank that holds unit u whole while the others hold none of it (model parallelism), else
-    // −1 (every rank keeps its own range).
-    virtual int unit_owner(int /*u*/) const { return -1; }
+    // The policy's part of finish_gradients.
+    virtual void finish_reduction() = 0;
     template <class X>
     static std::vector<uint8_t> download_bytes(const X* p, long long n) {
         std::vector<uint8_t> bytes(size_t(n) * sizeof(X));
         if (n > 0) CUDA_CHECK(cudaMemcpy(bytes.data(), p, bytes.size(), cudaMemcpyDeviceToHost));
         return bytes;
     }
-    // Whether this rank's squares of unit u count in the global norm (each element once).
-    virtual bool in_norm(int /*u*/) const { return true; }
+    // Whether this rank's squares of unit u count in the global norm (each element once): a
+    // pipeline's tied copy counts on the first stage only.
+    bool in_norm(int u) const { return !pipeline_ || model_.runs(u); }
     // After unit u's backward: the fp32 accumulation, then the strategy's hook.
     void unit_backward_done(int u, bool last) {
         accumulate32(u);
@@ -313,8 +350,10 @@ class Strategy {
     virtual void after_unit_backward(int /*u*/, bool /*last*/) {}
 
     Llama<T>& model_;
-    Comm* comm_;
-    std::unique_ptr<ShardGroups> groups_;
+    std::unique_ptr<Mesh> mesh_;
+    Comm* comm_;  // the world's
+    const char* name_ = "";
+    std::unique_ptr<Pipeline<T>> pipeline_;
     std::vector<DeviceBuffer<float>> grad32_;
     DeviceBuffer<uint8_t> norm_scratch_;
     DeviceBuffer<double> unit_norms_;

@@ -20,7 +20,7 @@
 // and the update of an element does not depend on who makes it, so ZeRO-1 and DDP end
 // bit-identical.
 //
-// Hybrid sharding (--shard-group K, parallel/shard_groups.h): the slices are 1/K, the reduce-
+// Hybrid sharding (--shard-group K: the mesh's shard axis of K, replicate axis of N/K; parallel/mesh.h): the slices are 1/K, the reduce-
 // scatter and the all-gather run within the rank's group of K, and between them the group-reduced
 // slice is all-reduced over the N/K ranks holding the same slice (the replica communicator),
 // in place: (K−1)/K·Ψ twice within the group and 2·(N/K−1)/(N/K)·Ψ/K across groups per step.
@@ -34,9 +34,7 @@ namespace pv {
 template <class T, class G>
 class Zero1 : public Strategy<T, G> {
   public:
-    Zero1(Llama<T>& model, Comm& comm, std::unique_ptr<ShardGroups> groups = nullptr)
-        : Strategy<T, G>(model, &comm, std::move(groups)) {}
-    const char* name() const override { return "zero1"; }
+    Zero1(Llama<T>& model, std::unique_ptr<Mesh> mesh) : Strategy<T, G>(model, std::move(mesh)) {}
     bool sharded_optimizer() const override { return true; }
 
     Zero1(const Zero1&) = delete;
@@ -45,13 +43,11 @@ class Zero1 : public Strategy<T, G> {
         for (cudaEvent_t e : gathered_) cudaEventDestroy(e);
     }
 
-    void finish_gradients() override {}  // each unit's reduce-scatter is waited for at its norm
-
     void after_update() override {
         Comm& c = *this->shard_comm();
         c.fence_from(this->model_.stream());  // every unit's update
         for (int u = 0; u < this->model_.num_units(); ++u) {
-            if (this->slice_len(u) == 0) continue;
+            if (this->slice_len(u) == 0 || !this->model_.holds(u)) continue;  // nothing to train, or another stage's
             T* p = this->model_.params(u);
             c.all_gather(p + this->slice_begin(u), p, size_t(this->slice_len(u)));
             CUDA_CHECK(cudaEventRecord(gathered(u), c.stream()));
@@ -65,6 +61,7 @@ class Zero1 : public Strategy<T, G> {
     }
 
   protected:
+    void finish_reduction() override {}  // each unit's reduce-scatter is waited for at its norm
     void before_unit_forward(int u) override {
         if (gather_pending_.empty() || !gather_pending_[size_t(u)]) return;
         CUDA_CHECK(cudaStreamWaitEvent(this->model_.stream(), gathered_[size_t(u)], 0));

@@ -37,8 +37,7 @@ template <class T, class G>
 class Zero2 : public Zero1<T, G> {
   public:
     // The model must have been built with Gradients::bound.
-    Zero2(Llama<T>& model, Comm& comm, std::unique_ptr<ShardGroups> groups = nullptr)
-        : Zero1<T, G>(model, comm, std::move(groups)) {
+    Zero2(Llama<T>& model, std::unique_ptr<Mesh> mesh) : Zero1<T, G>(model, std::move(mesh)) {
         if constexpr (!std::is_same_v<G, T>) {
             throw std::invalid_argument("zero2 reduces gradients in the storage type: drop --fp32-grad-accumulation");
         } else {
@@ -48,7 +47,7 @@ class Zero2 : public Zero1<T, G> {
             if (tied()) embedding_ = DeviceBuffer<T>(size_t(model.trainable(0).padded), MemoryCategory::gradients);
             for (cudaEvent_t& e : free_) {
                 CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-                CUDA_CHECK(cudaEventRecord(e, comm.stream()));
+                CUDA_CHECK(cudaEventRecord(e, this->shard_comm()->stream()));
             }
         }
     }
@@ -56,16 +55,14 @@ class Zero2 : public Zero1<T, G> {
         for (cudaEvent_t e : free_) cudaEventDestroy(e);
     }
 
-    const char* name() const override { return "zero2"; }
-
     void begin_step() override {
         for (auto& s : slices_) CUDA_CHECK(cudaMemsetAsync(s.get(), 0, s.bytes(), this->model_.stream()));
     }
-    void finish_gradients() override { this->shard_comm()->fence_to(this->model_.stream()); }
     const G* slice_grads(int u) override { return slices_[size_t(u)].get(); }
     const G* owned_grads(int u) override { return slices_[size_t(u)].get(); }
 
   protected:
+    void finish_reduction() override { this->shard_comm()->fence_to(this->model_.stream()); }
     bool tied() const { return this->model_.config().tie_embeddings; }
     int last() const { return this->model_.num_units() - 1; }
     // The size of a rotating buffer: the largest unit that is not a tied embedding (which has its own).

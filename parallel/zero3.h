@@ -55,9 +55,8 @@ class Zero3 : public Zero2<T, G> {
     // The model must have been built with Gradients::bound and Parameters::bound; `seed` is its
     // initialisation seed.
     // offload_params: the slices in pinned host memory (header comment).
-    Zero3(Llama<T>& model, Comm& comm, uint64_t seed, std::unique_ptr<ShardGroups> groups = nullptr,
-          bool offload_params = false)
-        : Zero2<T, G>(model, comm, std::move(groups)), offload_(offload_params) {
+    Zero3(Llama<T>& model, std::unique_ptr<Mesh> mesh, uint64_t seed, bool offload_params = false)
+        : Zero2<T, G>(model, std::move(mesh)), offload_(offload_params) {
         std::vector<long long> elements;
         for (int u = 0; u < model.num_units(); ++u) elements.push_back(unit_elements(u));
         for (long long n : zero3_gather_buffers(elements, this->tied())) {
@@ -96,7 +95,6 @@ class Zero3 : public Zero2<T, G> {
     }
     bool holds_whole_model() const override { return false; }  // slices only
 
-    const char* name() const override { return "zero3"; }
     T* owned_params(int u) override { return local_params(u, 0); }
     bool params_on_host() const override { return offload_; }
     void after_update() override {}  // the optimizer updated the slices themselves

@@ -86,8 +86,8 @@ TEST_CASE("strategy options that cannot run are refused with the fix", "[plan]")
     CHECK(error_of<std::invalid_argument>([] { pv::check_strategy(options("single"), 2); }) ==
           "--parallel single runs on one rank but mpirun started 2: choose --parallel ddp, zero1, zero2, zero3 or pp");
     CHECK(error_of<std::invalid_argument>([] { pv::check_strategy(options("ddp", 4), 2); }) ==
-          "--in-flight 4 is for --parallel pp (the pipeline's micro-batches in flight); drop it, or choose "
-          "--parallel pp");
+          "--in-flight 4 is for a pipeline (its micro-batches in flight): drop it, or choose --parallel pp or "
+          "--pipeline-stages");
     for (const char* name : {"zero2", "zero3"})
         CHECK(error_of<std::invalid_argument>([&] { pv::check_strategy(options(name, 0, true), 2); }) ==
               "--parallel " + std::string(name) +
@@ -98,7 +98,7 @@ TEST_CASE("strategy options that cannot run are refused with the fix", "[plan]")
     pv::StrategyOptions three = options("pp");
     three.pipeline = pv::PipelineScheduleKind::interleaved, three.chunks = 3, three.micro_per_step = 4;
     CHECK(error_of<std::invalid_argument>([&] { pv::plan_strategy(three, pv::preset("test-tied"), 8, 0, 2); }) ==
-          "the interleaved schedule over 2 ranks with 3 chunks each needs 6 stages, and the model has 5 units (the "
+          "the interleaved schedule over 2 stages with 3 chunks each needs 6 stages, and the model has 5 units (the "
           "embedding, 3 blocks, the head): give at most 2 --pipeline-chunks");
     // mp needs at least as many units as ranks.
     CHECK_THROWS_AS(pv::plan_strategy(options("pp"), pv::preset("test-tied"), 8, 0, 9), std::invalid_argument);

@@ -420,7 +420,7 @@ TEST_CASE("train: bad input fails with a message naming the problem and the fix"
     // Pipelines: micro-batches in flight only with mp.
     const Run in_flight = run_train("--in-flight 2 --out-dir " + dir.file("inflight"));
     REQUIRE(in_flight.status != 0);
-    REQUIRE(in_flight.output.find("--in-flight 2 is for --parallel pp") != std::string::npos);
+    REQUIRE(in_flight.output.find("--in-flight 2 is for a pipeline") != std::string::npos);
     const Run renamed = run_train("--parallel mp --microbatches 2 --out-dir " + dir.file("renamed"));
     REQUIRE(renamed.status != 0);
     REQUIRE(renamed.output.find("--microbatches 2: the micro-batches in flight per pipeline stage are now --in-flight 2") !=
@@ -645,10 +645,12 @@ std::map<long long, double> metric_losses(const fs::path& p) {
 // that never stopped, on one rank). The pipelines run the default model's 6 units over 4 ranks
 // with 4 micro-batches in flight, and over 2 ranks as 4 interleaved stages resumed under GPipe
 // and the reverse; hybrid zero3 shards within 2 groups of 2 ranks (its checkpoint
-// gathered within rank 0's group) and resumes on one rank, and the reverse.
+// gathered within rank 0's group) and resumes on one rank, and the reverse; two pipeline stages,
+// each under zero1 over 2 ranks, resume on one rank and as zero3 over 4, and one rank's checkpoint
+// resumes as them.
 TEST_CASE(
     "train: a checkpoint saved by zero3 at 4 ranks resumes with ddp at 2, and the reverse; pp (1F1B, GPipe, "
-    "interleaved), zero2 and hybrid zero3 too",
+    "interleaved), zero2, hybrid zero3 and pp 2 x zero1 2 too",
     "[train][mpi]") {
     TempDir dir("train_reshard");
     const std::string train = (build_dir() / "train").string();
@@ -666,7 +668,10 @@ TEST_CASE(
              {{2, "pp --pipeline-schedule interleaved --pipeline-chunks 2 --micro-batch 2"}, {2, "pp --pipeline-schedule gpipe"}},
              {{2, "pp --pipeline-schedule gpipe --micro-batch 2"}, {2, "pp --pipeline-schedule interleaved"}},
              {{4, "zero3 --shard-group 2"}, {1, "single"}},
-             {{1, "single"}, {4, "zero3 --shard-group 2"}}}) {
+             {{1, "single"}, {4, "zero3 --shard-group 2"}},
+             {{4, "zero1 --pipeline-stages 2 --micro-batch 2"}, {1, "single"}},
+             {{1, "single --micro-batch 2"}, {4, "zero1 --pipeline-stages 2"}},
+             {{4, "zero1 --pipeline-stages 2 --micro-batch 1"}, {4, "zero3"}}}) {
         std::string name = first.second + "x" + std::to_string(first.first);
         std::replace(name.begin(), name.end(), ' ', '_');
         const std::string out = dir.file(name);

@@ -88,7 +88,7 @@ void apply_adapter_config(TrainOptions& o) {
 // The automatic micro-batch (0): the largest divisor of batch / data ranks up to 8; then the
 // geometry's checks.
 void resolve_micro_batch(TrainOptions& o, int ranks) {
-    const int data_ranks = data_ranks_of(strategy_options(o), ranks);  // pp: every stage sees the whole batch
+    const int data_ranks = data_ranks_of(strategy_options(o, ranks), ranks);  // pp: every stage sees the whole batch
     if (o.micro_batch > 0 && o.batch % (o.micro_batch * data_ranks) != 0)
         throw std::invalid_argument(
             "--batch " + std::to_string(o.batch) + " is not a whole number of micro-batches on each rank: --batch = "
@@ -116,7 +116,7 @@ PlanRequest plan_request(const TrainOptions& o, const LlamaConfig& config, int r
     q.dtype = parse_dtype(o.dtype);
     q.groups = GroupOptions{resolve_freeze(config, split_patterns(o.freeze)).names, lora_config(o), o.quantize == "nf4",
                             o.double_quant};
-    q.strategy = strategy_options(o);
+    q.strategy = strategy_options(o, ranks);
     q.ranks = ranks;
     q.micro_batch = o.micro_batch, q.seq_len = o.seq_len;
     q.checkpointing = activation_checkpointing(o);
@@ -199,7 +199,7 @@ int train_command(const TrainOptions& requested_flags, const OptionSources& sour
         throw std::invalid_argument("--shard-group " + std::to_string(o.shard_group) +
                                     " shards a ZeRO stage: choose it with --parallel zero1, zero2 or zero3");
     if (automatic) guess_auto_strategy(o, world.size());
-    check_strategy(strategy_options(o), world.size());
+    check_strategy(strategy_options(o, world.size()), world.size());
     resolve_micro_batch(o, world.size());
     if (o.fp32_grad_accumulation && o.dtype != "bf16")
         throw std::invalid_argument("--fp32-grad-accumulation is for --dtype bf16 (" + o.dtype +
@@ -503,7 +503,7 @@ int plan_command(const TrainOptions& given, const PlanOptions& p) {
     const GpuMemory gpu = parse_gpu_memory(o.gpu_memory.empty() ? "h100-80" : o.gpu_memory);
     const std::string requested_strategy = o.parallel;
     if (o.parallel == "auto") guess_auto_strategy(o, p.ranks);
-    check_strategy(strategy_options(o), p.ranks);
+    check_strategy(strategy_options(o, p.ranks), p.ranks);
     resolve_micro_batch(o, p.ranks);
     StrategyChoice choice;
     if (requested_strategy == "auto") choice = choose_auto_strategy(o, flags.micro_batch, config, p.ranks, gpu);
@@ -517,8 +517,10 @@ int plan_command(const TrainOptions& given, const PlanOptions& p) {
         std::printf("--parallel auto: %s (%s)\n", o.parallel.c_str(), choice.reason.c_str());
     const MemoryPlan plan = plan_memory(q);
     std::printf("%s", format_plan(plan, &gpu).c_str());
-    if (strategy_info(o.parallel).stages) {
-        const PipelineSchedule schedule = pipeline_schedule_of(q.strategy, p.ranks);
+    if (p.ranks > 1) std::printf("mesh: %s\n%s", describe_mesh(mesh_of(q.strategy, p.ranks)).c_str(),
+                                 draw_mesh(mesh_of(q.strategy, p.ranks)).c_str());
+    if (has_pipeline(q.strategy)) {
+        const PipelineSchedule schedule = pipeline_schedule_of(q.strategy, mesh_of(q.strategy, p.ranks).pipeline);
         std::printf("pipeline: %s\n", describe_pipeline_schedule(schedule).c_str());
         if (p.show_schedule) std::printf("%s", draw_pipeline_schedule(schedule).c_str());
     } else if (p.show_schedule) {
@@ -547,7 +549,8 @@ int plan_command(const TrainOptions& given, const PlanOptions& p) {
         for (const StrategyInfo& s : strategy_registry()) {
             PlanRequest alt = q;
             alt.strategy.name = s.name;
-            if (!s.stages) alt.strategy.in_flight = 0;
+            if (!s.stages) alt.strategy.in_flight = 0, alt.strategy.pipeline_stages = 0;
+            if (s.stages) alt.strategy.pipeline_stages = 0;
             if (!s.fp32_accumulation) alt.strategy.fp32_grad_accumulation = false;
             try {
                 const MemoryPlan a = plan_memory(alt);
@@ -710,8 +713,15 @@ int main_checked(int argc, char** argv) {
         const TrainOptions& saved = saved_state.options;
         c = parse_command(argc, argv, saved, OptionSource::checkpoint);
         apply_accumulation(c.train, world.size(), &c.train_sources);
+        // Another strategy or world size drops the checkpoint's pipeline stages (unless given again):
+        // the checkpoint is whole either way.
+        if (c.train.pipeline_stages == saved.pipeline_stages && saved.pipeline_stages > 0 &&
+            (c.train.parallel != saved.parallel || world.size() % saved.pipeline_stages != 0 ||
+             world.size() == saved.pipeline_stages))
+            c.train.pipeline_stages = 0;
         // Leaving a pipeline for another strategy drops its micro-batches in flight (unless given again).
-        if (c.train.parallel != "pp" && c.train.in_flight == saved.in_flight) c.train.in_flight = 0;
+        if (c.train.parallel != "pp" && c.train.pipeline_stages <= 1 && c.train.in_flight == saved.in_flight)
+            c.train.in_flight = 0;
         // Leaving the interleaved schedule drops its chunks (unless given again).
         if (c.train.pipeline_schedule != "interleaved" && c.train.pipeline_chunks == saved.pipeline_chunks)
             c.train.pipeline_chunks = 0;

@@ -47,6 +47,7 @@ const std::map<std::string, NumberRule>& number_rules() {
         {"beta1",                  real(0, 1, false, true)},  // 1 would divide by 1 - beta^t = 0
         {"beta2",                  real(0, 1, false, true)},
         {"eps",                    real(0, kHuge, true)},
+        {"pipeline_stages",        at_least(0)},
         {"in_flight",              at_least(0)},
         {"pipeline_chunks",        at_least(0)},
         {"shard_group",            at_least(0)},

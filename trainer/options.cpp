@@ -29,7 +29,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, in
                                                 schedule_steps, final_lr_fraction,
                                                 clip, skip_nonfinite, weight_decay, decay_norm_weights, beta1, beta2,
                                                 eps, dtype, stochastic_rounding, fp32_grad_accumulation, seed, parallel,
-                                                interconnect, in_flight, pipeline_schedule, pipeline_chunks, balance, shard_group, freeze, eval_interval,
+                                                interconnect, pipeline_stages, in_flight, pipeline_schedule, pipeline_chunks, balance, shard_group, freeze, eval_interval,
                                                 eval_batches, out_dir, checkpoint_interval, resume, stop_after, prompt,
                                                 sample_tokens, temperature, top_p, document_mask, lora_rank, lora_alpha,
                                                 rslora, lora_targets, lora_dropout, adapter, quantize, double_quant,
@@ -132,7 +132,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& train_flag_
                           "fp32-grad-accumulation", "seed"}},
         {"LoRA/QLoRA", {"lora-rank", "lora-alpha", "rslora", "lora-targets", "lora-dropout", "quantize",
                         "double-quant", "adapter"}},
-        {"Parallel", {"parallel", "interconnect", "gpu-memory", "pipeline-schedule", "pipeline-chunks", "in-flight", "balance", "shard-group", "offload",
+        {"Parallel", {"parallel", "interconnect", "gpu-memory", "pipeline-stages", "pipeline-schedule", "pipeline-chunks", "in-flight", "balance", "shard-group", "offload",
                       "collective-timeout"}},
         {"Checkpoints", {"checkpoint-interval", "resume", "allow-inexact-resume", "stop-after", "keep-checkpoints",
                          "overwrite-later", "extend-schedule", "keep-schedule"}},
@@ -288,9 +288,14 @@ void add_train_flags(CLI::App& app, TrainOptions& o, std::string* run_file = nul
                    "adapter_model.safetensors) on the base given by --init-from; its rank, alpha, rsLoRA and "
                    "targets become the run's")
         ->check(directory_or_empty);
+    app.add_option("--pipeline-stages", o.pipeline_stages,
+                   "ddp/zero1: cut the model into this many pipeline stages (outermost on the mesh: stage s is "
+                   "ranks s*N/P .. (s+1)*N/P - 1) and replicate each over its N/P ranks, whose gradients the strategy "
+                   "reduces as it would without stages; must divide the ranks. 0: --parallel pp's one stage per "
+                   "rank, no pipeline otherwise");
     app.add_option(
            "--in-flight", o.in_flight,
-           "pp: at most this many micro-batches in flight per stage (gpipe: groups of that many forwards, "
+           "pipeline: at most this many micro-batches in flight per stage (gpipe: groups of that many forwards, "
            "then their backwards, 1 = naive model parallel; 1f1b: a shorter warm-up). 0: the schedule's own "
            "(gpipe: every micro-batch of the step; 1f1b: p - r on stage r)");
     app.add_option("--pipeline-schedule", o.pipeline_schedule,
@@ -913,20 +918,22 @@ LoraConfig lora_config(const TrainOptions& o) {
     return l;
 }
 
-StrategyOptions strategy_options(const TrainOptions& o) {
+StrategyOptions strategy_options(const TrainOptions& o, int ranks) {
     StrategyOptions s;
     s.name = o.parallel;
+    s.pipeline_stages = o.pipeline_stages;
     s.pipeline = parse_pipeline_schedule(o.pipeline_schedule);
     if (o.pipeline_chunks != 0 && s.pipeline != PipelineScheduleKind::interleaved)
         throw std::invalid_argument("--pipeline-chunks " + std::to_string(o.pipeline_chunks) +
                                     " is for --pipeline-schedule interleaved: drop it, or choose that schedule");
     s.chunks = s.pipeline == PipelineScheduleKind::interleaved ? (o.pipeline_chunks > 0 ? o.pipeline_chunks : 2) : 1;
     s.in_flight = o.in_flight;
-    s.micro_per_step = o.micro_batch > 0 && o.batch % o.micro_batch == 0 ? std::max(1, o.batch / o.micro_batch) : 1;
     s.balance = o.balance;
     s.fp32_grad_accumulation = o.fp32_grad_accumulation;
     s.shard_group = o.shard_group;
     s.offload = parse_offload(o.offload);
+    const int per_step = o.micro_batch * (o.parallel == "auto" ? 1 : data_ranks_of(s, ranks));
+    s.micro_per_step = per_step > 0 && o.batch % per_step == 0 ? std::max(1, o.batch / per_step) : 1;
     return s;
 }
 

@@ -82,7 +82,8 @@ struct TrainOptions {
     uint64_t seed = 1337;
     std::string parallel = "auto";      // auto, single, ddp, zero1, zero2, zero3 or mp (parallel/)
     std::string interconnect = "fast";  // auto's hint: "slow" puts mp before the ZeRO stages
-    int in_flight = 0;                  // pp: most micro-batches in flight per stage (0: the schedule's own)
+    int pipeline_stages = 0;            // the pipeline's stages, each replicated over ranks / stages (0: pp's one per rank, else none)
+    int in_flight = 0;                  // pipeline: most micro-batches in flight per stage (0: the schedule's own)
     std::string pipeline_schedule = "1f1b";  // pp: gpipe, 1f1b or interleaved (parallel/schedule.h)
     int pipeline_chunks = 0;                 // pp, interleaved: model chunks per rank (0: 2)
     std::string balance = "flops";      // pp: balance the stages by flops or params
@@ -229,7 +230,8 @@ TrainOptions train_options_from_json(const std::string& json);
 // The LoRA options among them, checked (std::invalid_argument naming the flag).
 LoraConfig lora_config(const TrainOptions& o);
 // The strategy options among them (parallel/plan.h).
-StrategyOptions strategy_options(const TrainOptions& o);
+// `ranks`: the world, which sets a pipeline's micro-batches per step (--batch over the data-parallel ranks).
+StrategyOptions strategy_options(const TrainOptions& o, int ranks);
 // The activation checkpointing among them, checked (std::invalid_argument naming the flag).
 ActivationCheckpointing activation_checkpointing(const TrainOptions& o);
 

@@ -171,7 +171,7 @@ class TrainingRun {
           init_dir_(from.init_dir),
           option_sources_(from.options),
           world_(world),
-          plan_(plan_strategy(strategy_options(o), config, o.seq_len, world.rank(), world.size())),
+          plan_(plan_strategy(strategy_options(o, world.size()), config, o.seq_len, world.rank(), world.size())),
           accumulation_(accumulation_for(o.batch, o.micro_batch, plan_.data_ranks)),
           geometry_{o.batch, o.micro_batch, accumulation_, plan_.data_ranks},
           lr_(lr_config_of(o)),
@@ -369,9 +369,13 @@ class TrainingRun {
                 "checkpoint (twice Open MPI's odls_base_sigkill_timeout, %d s)%s\n",
                 2 * t, t, t < 30 ? "; lengthen it with mpirun --mca odls_base_sigkill_timeout 60" : "");
         }
-        if (plan_.info->stages) {
+        if (world_.size() > 1) {
+            std::printf("mesh: %s\n", describe_mesh(plan_.mesh).c_str());
+            if (!strategy_->mesh().warning().empty()) std::printf("warning: %s\n", strategy_->mesh().warning().c_str());
+        }
+        if (plan_.pipelined()) {
             const std::vector<int>& stages = plan_.stage_bounds;
-            std::printf("pipeline: %d stages (balanced by %s):", world_.size(), o_.balance.c_str());
+            std::printf("pipeline: %d stages (balanced by %s):", plan_.mesh.pipeline, o_.balance.c_str());
             for (size_t s = 0; s + 1 < stages.size(); ++s) std::printf(" [units %d-%d]", stages[s], stages[s + 1] - 1);
             std::printf("; %s\n", describe_pipeline_schedule(plan_.schedule).c_str());
         }

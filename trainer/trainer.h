@@ -148,12 +148,13 @@ class Trainer {
         return opt;
     }
 
-    // This micro-batch's loss sum, forward only (evaluation): on every rank, also in a pipeline.
+    // This micro-batch's loss sum, forward only (evaluation): on every rank of its pipeline (a
+    // pipeline's last stage has it).
     double forward_loss(const DataLoader::MicroBatch& b) {
         forward_slot(0, b, -1, losses_.get());
         const double local = read_loss(losses_.get());
-        return s_.data_comm() == s_.comm() ? local
-                                           : sum_over_ranks(local, sums_.get());  // a pipeline's last stage has it
+        Comm* pipe = s_.pipeline_comm();
+        return pipe ? sum_over_ranks(local, sums_.get(), pipe) : local;
     }
 
     // Steps whose loss or gradient norm is not finite are passed over, up to n of them in the life

@@ -140,6 +140,7 @@ struct Options {
     int steps = kSteps;
     pv::Offload offload = pv::Offload::none;  // --offload
     int chunks = 1;  // mp: model chunks per rank (> 1: the interleaved schedule, over a model of p·V blocks)
+    int stages = 0;  // ddp, zero1: --pipeline-stages (each stage replicated over ranks / stages)
 };
 
 // The blocks of the model a run of `o` trains on `ranks` ranks: two, or a stage per chunk.
@@ -174,20 +175,23 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
     pv::Comm::keep_records(true);  // the per-call records this suite reads
     const pv::LlamaConfig config = awkward_model(world_ranks, opt.tied, layers_of(opt, world_ranks));
     const int ranks = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
-    const bool mp = strategy == "mp";
-    const int data_ranks = mp ? 1 : ranks, data_rank = mp ? 0 : rank;
+    const bool mp = strategy == "mp", piped = mp || opt.stages > 1;  // a pipeline (alone, or under ddp/zero1)
+    const int stages = mp ? ranks : std::max(1, opt.stages), data_ranks = mp ? 1 : ranks / stages;
+    int data_rank = 0;
     const pv::MemoryStats before = pv::memory_stats();
     pv::reset_memory_peaks();
     RunResult r;
     {
         pv::StrategyOptions so;
-        so.name = strategy, so.in_flight = mp ? opt.microbatches : 0, so.fp32_grad_accumulation = !std::is_same_v<G, T>;
-        so.pipeline = opt.pipeline, so.micro_per_step = opt.accumulation * (mp ? world_ranks : 1);
-        so.chunks = mp ? opt.chunks : 1;
+        so.name = strategy, so.in_flight = piped ? opt.microbatches : 0, so.fp32_grad_accumulation = !std::is_same_v<G, T>;
+        so.pipeline = opt.pipeline, so.micro_per_step = opt.accumulation * (piped ? world_ranks / data_ranks : 1);
+        so.chunks = piped ? opt.chunks : 1;
+        so.pipeline_stages = mp ? 0 : opt.stages;
         so.shard_group = opt.shard_group;
         so.offload = opt.offload;
         const pv::StrategyPlan plan = pv::plan_strategy(so, config, kSeq, rank, ranks);
         r.stages = plan.stage_bounds;
+        data_rank = plan.data_rank;
         pv::ModelOptions mo;
         mo.batch = kMicro, mo.seq_len = kSeq, mo.seed = 42, mo.frozen = opt.frozen, mo.placement = plan.placement;
         mo.lora = opt.lora;
@@ -240,8 +244,9 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
                     s->shard_comm()->all_gather(slice, whole->get(), size_t(s->local_len(u, g)));
                     CUDA_CHECK(cudaStreamSynchronize(s->shard_comm()->stream()));
                     params = whole->get();
-                } else if (mp && padded > 0) {
-                    const int owner = pv::unit_stages(r.stages)[size_t(u)] % ranks;  // stage s runs on rank s mod p
+                } else if (piped && padded > 0) {
+                    // Stage s runs on pipeline rank s mod p, whose first data-parallel rank is world rank (s mod p)·dp.
+                    const int owner = pv::unit_stages(r.stages)[size_t(u)] % stages * data_ranks;
                     whole = std::make_unique<pv::DeviceBuffer<T>>(size_t(padded), pv::MemoryCategory::workspace);
                     if (rank == owner)
                         CUDA_CHECK(cudaMemcpy(whole->get(), params, whole->bytes(), cudaMemcpyDeviceToDevice));
@@ -591,6 +596,46 @@ TEST_CASE("mp runs interleaved 1F1B over two chunks per rank: the single run's w
     Options checkpointed = o;
     checkpointed.checkpointing = {true, 2};
     check_identical(train<double>("mp", &world.comm(), p, checkpointed), interleaved);
+}
+
+// Pipeline × data parallelism (parallel/mesh.h): two stages, each replicated over N/2 ranks under
+// ddp, zero1 and hybrid zero1 (shard groups of one, N/2 replicas). fp64: every run trains what
+// single trains within 1e-10 — the tied embedding's two copies summed after each replica's
+// data-parallel reduction, the count over the data axes, the norm over shard and pipeline — and
+// zero1 is bit-identical to ddp, as without a pipeline. Each stage's replicas talk over their own
+// group, the stages over the pipeline's. On 2 ranks two stages leave one rank per stage: refused.
+TEST_CASE("pipeline x data parallelism: two stages under ddp, zero1 and hybrid zero1 train what single trains",
+          "[parallel][mp][mesh][parity]") {
+    pv::World world(nullptr, nullptr);
+    const int n = world.size();
+    Options o{kAccumulation, 0};
+    o.stages = 2, o.pipeline = pv::PipelineScheduleKind::one_f_one_b;
+    if (n % 4 != 0) {
+        pv::StrategyOptions so;
+        so.name = "ddp", so.pipeline_stages = n;
+        CHECK_THROWS_WITH(pv::check_strategy(so, n), Catch::Contains("one rank per stage") &&
+                                                          Catch::Contains("choose --parallel pp"));
+        return;
+    }
+    const RunResult single = reference<double>(world);
+    const RunResult ddp = train<double>("ddp", &world.comm(), n, o);
+    check_close(ddp, single);
+    check_identical(train<double>("zero1", &world.comm(), n, o), ddp);
+    Options hybrid = o;
+    hybrid.shard_group = 1;
+    check_close(train<double>("zero1", &world.comm(), n, hybrid), single);
+    // The communicators: the world (count and loss), each stage's replicas, the pipeline, and the
+    // tied embedding's pair on the first and last stage.
+    const auto& by = ddp.per_comm.front();
+    CHECK(by.count("world") == 1);
+    CHECK(by.count("shard") == 1);
+    CHECK(by.count("pipeline") == 1);
+    CHECK(by.count("tied-embedding") == 1);
+    const pv::Comm::Totals& pipe = by.at("pipeline");
+    const double micro = kAccumulation * 2;  // each replica's micro-batches: accumulation × stages
+    CHECK(pipe.calls[size_t(pv::CollectiveKind::send)] == micro);  // one activation or gradient each way
+    CHECK(pipe.calls[size_t(pv::CollectiveKind::recv)] == micro);
+    CHECK(by.at("shard").calls[size_t(pv::CollectiveKind::all_reduce)] > 0);
 }
 
 namespace parallel_test {
@@ -1228,7 +1273,7 @@ TEST_CASE("a node with fewer GPUs than ranks is refused, naming the fix", "[para
 
 namespace parallel_test {
 
-// Hybrid sharding (parallel/shard_groups.h) with shard groups of K = N/2 ranks: at N = 4 two
+// Hybrid sharding (parallel/mesh.h) with shard groups of K = N/2 ranks: at N = 4 two
 // groups of two (ranks 0-1 and 2-3), at N = 2 groups of one (ZeRO's code, DDP's replication).
 // fp64: parity with single for zero1-3. Per step the world carries only the token count and the
 // loss, the shard group ZeRO's collectives over K ranks (and the norms), the replicas one

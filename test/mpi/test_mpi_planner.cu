@@ -40,11 +40,14 @@ struct Case {
     pv::ActivationCheckpointing checkpointing{};  // --checkpoint-activations
     pv::PipelineScheduleKind pipeline = pv::PipelineScheduleKind::gpipe;  // mp
     int chunks = 1;  // mp, interleaved: chunks per rank (a model of ranks·chunks blocks)
+    int stages = 0;  // ddp, zero1: --pipeline-stages
 };
 
-// Micro-steps of the step: mp runs the accumulation times its in-flight count (4 with the schedule's own).
+bool piped(const Case& c) { return c.strategy == "mp" || c.stages > 1; }
+
+// Micro-steps of the step: a pipeline runs the accumulation times its in-flight count (4 with the schedule's own).
 int micro_steps(const Case& c) {
-    return kAccumulation * (c.strategy == "mp" ? (c.microbatches > 0 ? c.microbatches : 2) : 1);
+    return kAccumulation * (piped(c) ? (c.microbatches > 0 ? c.microbatches : 2) : 1);
 }
 
 pv::GroupOptions groups_of(const std::string& variant) {
@@ -82,9 +85,9 @@ Measured run_step(const Case& c, const pv::LlamaConfig& config, pv::Comm* comm) 
     pv::reset_memory_peaks();
     {
         pv::StrategyOptions so;
-        so.name = c.strategy, so.in_flight = c.strategy == "mp" ? c.microbatches : 0, so.fp32_grad_accumulation = !std::is_same_v<G, T>;
+        so.name = c.strategy, so.in_flight = piped(c) ? c.microbatches : 0, so.fp32_grad_accumulation = !std::is_same_v<G, T>;
         so.offload = c.offload, so.pipeline = c.pipeline, so.micro_per_step = micro_steps(c);
-        so.chunks = c.chunks;
+        so.chunks = c.chunks, so.pipeline_stages = c.stages;
         const pv::StrategyPlan plan = pv::plan_strategy(so, config, kSeq, rank, ranks);
         const pv::GroupOptions groups = groups_of(c.variant);
         pv::ModelOptions mo;
@@ -115,17 +118,19 @@ double check_case(const Case& c, pv::Comm* comm, const char* dtype) {
     const pv::LlamaConfig config = pv::test::awkward_model(ranks, c.tied, c.chunks > 1 ? ranks * c.chunks : 2);
     pv::PlanRequest q;
     q.config = config, q.dtype = pv::dtype_of<T>(), q.groups = groups_of(c.variant);
-    q.strategy.name = c.strategy, q.strategy.in_flight = c.strategy == "mp" ? c.microbatches : 0, q.strategy.pipeline = c.pipeline;
-    q.strategy.chunks = c.chunks;
+    q.strategy.name = c.strategy, q.strategy.in_flight = piped(c) ? c.microbatches : 0, q.strategy.pipeline = c.pipeline;
+    q.strategy.chunks = c.chunks, q.strategy.pipeline_stages = c.stages;
     q.strategy.fp32_grad_accumulation = !std::is_same_v<G, T>;
     q.strategy.offload = c.offload;
     q.checkpointing = c.checkpointing;
     q.ranks = ranks, q.micro_batch = kMicro, q.seq_len = kSeq;
     q.accumulation = micro_steps(c);
     const pv::MemoryPlan plan = pv::plan_memory(q);
-    const pv::RankMemory& mine = plan.ranks.at(plan.ranks.size() == 1 ? 0 : size_t(rank));
+    // One plan per pipeline stage (one without a pipeline): this rank's stage's.
+    const pv::RankMemory& mine = plan.ranks.at(size_t(pv::mesh_coords(pv::mesh_of(q.strategy, ranks), rank).pipeline));
     const Measured m = run_step<T, G>(c, config, comm);
-    INFO(c.strategy << " on " << ranks << " rank(s), rank " << rank << ", " << dtype << ", offload "
+    INFO(c.strategy << (c.stages > 1 ? " over " + std::to_string(c.stages) + " stages" : "") << " on " << ranks
+                    << " rank(s), rank " << rank << ", " << dtype << ", offload "
                     << pv::offload_name(c.offload) << (std::is_same_v<G, T> ? "" : " fp32 accumulation") << ", "
                     << c.variant << (c.tied ? ", tied" : "")
                     << (c.checkpointing.enabled ? ", checkpointing every " + std::to_string(c.checkpointing.keep_every)
@@ -204,4 +209,10 @@ TEST_CASE("the memory planner equals the measured peaks of a real step", "[plann
     check_case<__nv_bfloat16, __nv_bfloat16>({"zero3", "qlora", false, 1, O::none, every}, comm, "bf16");
     check_case<float, float>({"mp", "full", true, 2, O::none, every}, comm, "fp32");
     check_case<__nv_bfloat16, __nv_bfloat16>({"zero1", "full", true, 1, O::optimizer, every}, comm, "bf16");
+    // Pipeline × data parallelism (4 ranks and more): two 1F1B stages, each replicated under ddp or zero1.
+    if (world.size() % 4 == 0) {
+        check_case<__nv_bfloat16, __nv_bfloat16>({"zero1", "full", true, 0, O::none, {}, f1b1, 1, 2}, comm, "bf16");
+        check_case<double, double>({"ddp", "lora", true, 0, O::none, half, f1b1, 1, 2}, comm, "fp64");
+        check_case<__nv_bfloat16, float>({"zero1", "frozen", false, 0, O::none, {}, f1b1, 1, 2}, comm, "bf16");
+    }
 }
