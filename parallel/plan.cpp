@@ -88,7 +88,7 @@ void check_strategy(const StrategyOptions& o, int ranks) {
             throw std::invalid_argument(p + " with --parallel pp, which runs one stage on each of the " +
                                         std::to_string(ranks) +
                                         " ranks: drop it, or replicate each stage over data-parallel ranks with "
-                                        "--parallel ddp or zero1 and " + p);
+                                        "--parallel ddp, zero1, zero2 or zero3 and " + p);
         if (o.pipeline_stages > ranks)
             throw std::invalid_argument(p + " needs at least " + std::to_string(o.pipeline_stages) + " ranks and mpirun started " +
                                         std::to_string(ranks) + ": give at most " + std::to_string(ranks) +
@@ -101,11 +101,6 @@ void check_strategy(const StrategyOptions& o, int ranks) {
         if (!s.stages && o.pipeline_stages > 1 && o.pipeline_stages == ranks)
             throw std::invalid_argument(p + " on " + std::to_string(ranks) + " ranks leaves one rank per stage, nothing for --parallel " +
                                         s.name + " to replicate: choose --parallel pp (a pipeline alone), or fewer stages");
-        if (o.pipeline_stages > 1 && (s.kind == StrategyKind::zero2 || s.kind == StrategyKind::zero3))
-            throw std::invalid_argument(p + " with --parallel " + s.name +
-                                        ": a pipeline's stages are replicated under ddp or zero1 (zero2 and zero3, "
-                                        "whose gradients or parameters live per unit in rotating buffers, do not "
-                                        "follow a pipeline's order yet); choose --parallel ddp or zero1");
     }
     if (o.in_flight > 0 && !pipeline)
         throw std::invalid_argument("--in-flight " + std::to_string(o.in_flight) +

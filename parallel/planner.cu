@@ -115,23 +115,25 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     }
     m.add("norm scratch", C::workspace,
           double(sum_of_squares_scratch_bytes<float>(largest_trainable)) + 2.0 * units * sizeof(double));
-    if (zero2) {  // parallel/zero2.h: each unit's slice, two rotating unit gradients, a tied embedding's own
+    if (zero2) {  // parallel/zero2.h: each held unit's slice, two rotating unit gradients, a tied embedding's own
         long long largest_rotating = 0;
-        for (int u = tied ? 1 : 0; u < units; ++u) largest_rotating = std::max(largest_rotating, trainable(u).padded);
+        for (int u = tied ? 1 : 0; u < units; ++u)
+            if (runs_here(u)) largest_rotating = std::max(largest_rotating, trainable(u).padded);
         for (int u = 0; u < units; ++u)
-            m.add("gradient slices", C::gradients, double(trainable(u).padded) / shards * t);
+            if (held(u)) m.add("gradient slices", C::gradients, double(trainable(u).padded) / shards * t);
         m.add("rotating gradient buffers", C::gradients,
-              (2 * double(largest_rotating) + (tied ? double(trainable(0).padded) : 0)) * t);
+              (2 * double(largest_rotating) + (tied && held(0) ? double(trainable(0).padded) : 0)) * t);
     }
     if (zero3) {  // parallel/zero3.h: every group's slice, two gather buffers, a tied embedding's own
         // (--offload params: the slices in pinned host memory, each gather buffer's slice staged on the device)
         const bool host = q.strategy.offload == Offload::params;
         for (int u = 0; u < units; ++u)
             for (const GroupLayout& g : layouts[size_t(u)])
-                m.add(group_line(g.kind, lora) + std::string(host ? " (slice, host)" : " (slice)"),
-                      host ? C::pinned_host : C::parameters, double(g.padded) / shards * t);
+                if (held(u))
+                    m.add(group_line(g.kind, lora) + std::string(host ? " (slice, host)" : " (slice)"),
+                          host ? C::pinned_host : C::parameters, double(g.padded) / shards * t);
         std::vector<long long> elements;
-        for (int u = 0; u < units; ++u) elements.push_back((long long)unit_elements(u));
+        for (int u = 0; u < units; ++u) elements.push_back(held(u) ? (long long)unit_elements(u) : 0);
         double gathered = 0;
         for (long long n : zero3_gather_buffers(elements, tied)) gathered += double(n);
         m.add("gathered parameters", C::comm_buffers, gathered * t);

@@ -5,7 +5,7 @@
 // pipeline reads the same micro-batches; stage 0 embeds the tokens, the last stage computes the loss.
 //
 // A pipeline is not a strategy of its own: it is applied to one (Strategy::apply_pipeline), whose
-// data-parallel policy — DDP's all-reduces, ZeRO-1's reduce-scatters, or nothing at all for
+// data-parallel policy — DDP's all-reduces, ZeRO's reduce-scatters and gathers, or nothing at all for
 // --parallel pp — runs over the ranks of the same stage (the mesh's data axes) in the unit hooks
 // this class calls, exactly as without a pipeline. The gradient norm's sum runs over the shard
 // and pipeline axes; the token count over the data axes; the loss, which only last stages have,

@@ -312,6 +312,14 @@ class Strategy {
   protected:
     // The policy's part of finish_gradients.
     virtual void finish_reduction() = 0;
+    // Whether a pipeline runs this rank's units (a chunk at a time, its forwards and backwards
+    // interleaved with other micro-batches'), and the chunk of this rank's units holding unit u.
+    bool pipelined() const { return pipeline_ != nullptr; }
+    StageUnits chunk_of(int u) const {
+        for (const StageUnits& c : model_.chunks())
+            if (u >= c.first && u < c.end) return c;
+        throw std::logic_error("Strategy: unit " + std::to_string(u) + " is in none of this rank's chunks");
+    }
     template <class X>
     static std::vector<uint8_t> download_bytes(const X* p, long long n) {
         std::vector<uint8_t> bytes(size_t(n) * sizeof(X));

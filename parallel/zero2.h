@@ -41,10 +41,11 @@ class Zero2 : public Zero1<T, G> {
         if constexpr (!std::is_same_v<G, T>) {
             throw std::invalid_argument("zero2 reduces gradients in the storage type: drop --fp32-grad-accumulation");
         } else {
-            for (int u = 0; u < model.num_units(); ++u)
-                slices_.emplace_back(size_t(this->slice_len(u)), MemoryCategory::gradients);
+            for (int u = 0; u < model.num_units(); ++u)  // (a pipeline's other stages' units: none)
+                slices_.emplace_back(size_t(model.holds(u) ? this->slice_len(u) : 0), MemoryCategory::gradients);
             for (int b = 0; b < 2; ++b) rotating_.emplace_back(size_t(largest_rotating()), MemoryCategory::gradients);
-            if (tied()) embedding_ = DeviceBuffer<T>(size_t(model.trainable(0).padded), MemoryCategory::gradients);
+            if (tied() && model.holds(0))
+                embedding_ = DeviceBuffer<T>(size_t(model.trainable(0).padded), MemoryCategory::gradients);
             for (cudaEvent_t& e : free_) {
                 CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
                 CUDA_CHECK(cudaEventRecord(e, this->shard_comm()->stream()));
@@ -65,10 +66,12 @@ class Zero2 : public Zero1<T, G> {
     void finish_reduction() override { this->shard_comm()->fence_to(this->model_.stream()); }
     bool tied() const { return this->model_.config().tie_embeddings; }
     int last() const { return this->model_.num_units() - 1; }
-    // The size of a rotating buffer: the largest unit that is not a tied embedding (which has its own).
+    // The size of a rotating buffer: the largest unit this rank runs that is not a tied embedding
+    // (which has its own).
     long long largest_rotating() const {
         long long largest = 0;
-        for (int u = tied() ? 1 : 0; u <= last(); ++u) largest = std::max(largest, this->model_.trainable(u).padded);
+        for (int u = tied() ? 1 : 0; u <= last(); ++u)
+            if (this->model_.runs(u)) largest = std::max(largest, this->model_.trainable(u).padded);
         return largest;
     }
     // Which buffer unit u's gradient is in: 2 = the embedding's own, else a rotating one.
@@ -83,9 +86,11 @@ class Zero2 : public Zero1<T, G> {
         this->model_.bind_grads(u, buffer(b));
     }
 
+    // The head writes the embedding's gradient first (on a pipeline's last stage, into its copy);
+    // a first stage without the head binds it at the embedding's own backward.
     void before_unit_backward(int u) override {
-        if (u == last() && tied()) bind(0);  // the head writes the embedding's gradient first
-        if (u > 0 || !tied()) bind(u);
+        if (u == last() && tied()) bind(0);
+        if (u > 0 || !tied() || !this->model_.runs(last())) bind(u);
     }
 
     void after_unit_backward(int u, bool last) override {

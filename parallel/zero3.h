@@ -57,15 +57,15 @@ class Zero3 : public Zero2<T, G> {
     // offload_params: the slices in pinned host memory (header comment).
     Zero3(Llama<T>& model, std::unique_ptr<Mesh> mesh, uint64_t seed, bool offload_params = false)
         : Zero2<T, G>(model, std::move(mesh)), offload_(offload_params) {
-        std::vector<long long> elements;
-        for (int u = 0; u < model.num_units(); ++u) elements.push_back(unit_elements(u));
+        std::vector<long long> elements;  // the units this rank holds (a pipeline's stage)
+        for (int u = 0; u < model.num_units(); ++u) elements.push_back(model.holds(u) ? unit_elements(u) : 0);
         for (long long n : zero3_gather_buffers(elements, this->tied())) {
             gathered_.emplace_back(size_t(n), MemoryCategory::comm_buffers);
             if (offload_) staging_.emplace_back(size_t(n / this->shards()), MemoryCategory::comm_buffers);
         }
         slices_.resize(size_t(model.num_units()));
         for (int u = 0; u < model.num_units(); ++u)
-            for (int g = 0; g < model.num_groups(u); ++g) {
+            for (int g = 0; g < model.num_groups(u) && model.holds(u); ++g) {
                 const long long begin = this->slice_begin(u, g), len = this->slice_len(u, g);
                 if (!offload_) {
                     slices_[size_t(u)].emplace_back(size_t(len), MemoryCategory::parameters);
@@ -98,9 +98,12 @@ class Zero3 : public Zero2<T, G> {
     T* owned_params(int u) override { return local_params(u, 0); }
     bool params_on_host() const override { return offload_; }
     void after_update() override {}  // the optimizer updated the slices themselves
-    T* local_params(int u, int g) override { return offload_ ? host_.at({u, g}) : slices_[size_t(u)][size_t(g)].get(); }
+    T* local_params(int u, int g) override {
+        if (!this->model_.holds(u)) return nullptr;  // another stage's
+        return offload_ ? host_.at({u, g}) : slices_[size_t(u)][size_t(g)].get();
+    }
     long long local_begin(int u, int g) override { return this->slice_begin(u, g); }
-    long long local_len(int u, int g) override { return this->slice_len(u, g); }
+    long long local_len(int u, int g) override { return this->model_.holds(u) ? this->slice_len(u, g) : 0; }
 
   protected:
     int gather_buffer(int u) const { return u == 0 && this->tied() ? 2 : u % 2; }
@@ -142,16 +145,28 @@ class Zero3 : public Zero2<T, G> {
         }
     }
 
+    // Within a chunk (the whole model without a pipeline): its first unit gathered, each next one
+    // prefetched. On a pipeline's last stage the head reads the tied embedding's copy: gathered
+    // into the embedding's buffer before the head's forward, and bound until its backward.
     void before_unit_forward(int u) override {
-        if (u == 0) gather(0);
-        if (u + 1 < this->model_.num_units()) gather(u + 1);  // prefetch: overlaps unit u
+        const StageUnits chunk = this->chunk_of(u);
+        if (u == chunk.first) gather(u);
+        if (u == this->last() && this->tied() && !this->model_.runs(0)) gather(0), use(0);
+        if (u + 1 < chunk.end) gather(u + 1);  // prefetch: overlaps unit u
         use(u);
     }
 
+    // Without a pipeline the head's parameters are still bound from its forward, which came just
+    // before; in a pipeline other micro-batches' forwards came between, so a chunk's first
+    // backward gathers its unit again. Then each unit prefetches the one below (the embedding's
+    // backward reads no parameters).
     void before_unit_backward(int u) override {
-        Zero2<T, G>::before_unit_backward(u);     // the gradient buffer
-        if (u - 1 >= 1) gather(u - 1);            // prefetch (the embedding needs no parameters)
-        if (u != this->last() && u >= 1) use(u);  // the head's are still bound from its forward
+        Zero2<T, G>::before_unit_backward(u);  // the gradient buffer
+        const StageUnits chunk = this->chunk_of(u);
+        const bool again = this->pipelined() && u == chunk.end - 1 && u >= 1;
+        if (again) gather(u);
+        if (u - 1 >= std::max(1, chunk.first)) gather(u - 1);
+        if (u >= 1 && (again || u != this->last())) use(u);
     }
 
   private:

@@ -101,8 +101,11 @@ TEST_CASE("the options make the mesh: pipeline stages outermost, shard groups wi
     o.pipeline_stages = 4;
     CHECK(pv::mesh_of(o, 8) == pv::MeshShape{4, 1, 2, 1});
     CHECK(pv::has_pipeline(o));
-    o.name = "zero3", o.pipeline_stages = 2;
-    CHECK(error_of<std::invalid_argument>([&] { pv::mesh_of(o, 8); }).find("choose --parallel ddp or zero1") != std::string::npos);
+    o.name = "zero3", o.pipeline_stages = 2, o.shard_group = 2;
+    CHECK(pv::mesh_of(o, 8) == pv::MeshShape{2, 2, 2, 1});
+    o.shard_group = 0, o.pipeline_stages = 8;
+    CHECK(error_of<std::invalid_argument>([&] { pv::mesh_of(o, 8); }).find("leaves one rank per stage") !=
+          std::string::npos);
     o.name = "ddp", o.pipeline_stages = 0, o.in_flight = 2;
     CHECK(error_of<std::invalid_argument>([&] { pv::mesh_of(o, 8); }).find("is for a pipeline") != std::string::npos);
 }

@@ -646,11 +646,11 @@ std::map<long long, double> metric_losses(const fs::path& p) {
 // with 4 micro-batches in flight, and over 2 ranks as 4 interleaved stages resumed under GPipe
 // and the reverse; hybrid zero3 shards within 2 groups of 2 ranks (its checkpoint
 // gathered within rank 0's group) and resumes on one rank, and the reverse; two pipeline stages,
-// each under zero1 over 2 ranks, resume on one rank and as zero3 over 4, and one rank's checkpoint
-// resumes as them.
+// each under zero1 over 2 ranks, resume on one rank and as zero3 over 4, and the reverse; two
+// stages under hybrid zero3 (2 replicas of 1 shard) resume on one rank.
 TEST_CASE(
     "train: a checkpoint saved by zero3 at 4 ranks resumes with ddp at 2, and the reverse; pp (1F1B, GPipe, "
-    "interleaved), zero2, hybrid zero3 and pp 2 x zero1 2 too",
+    "interleaved), zero2, hybrid zero3, pp 2 x zero1 2 and pp 2 x hybrid zero3 too",
     "[train][mpi]") {
     TempDir dir("train_reshard");
     const std::string train = (build_dir() / "train").string();
@@ -671,7 +671,9 @@ TEST_CASE(
              {{1, "single"}, {4, "zero3 --shard-group 2"}},
              {{4, "zero1 --pipeline-stages 2 --micro-batch 2"}, {1, "single"}},
              {{1, "single --micro-batch 2"}, {4, "zero1 --pipeline-stages 2"}},
-             {{4, "zero1 --pipeline-stages 2 --micro-batch 1"}, {4, "zero3"}}}) {
+             {{4, "zero1 --pipeline-stages 2 --micro-batch 1"}, {4, "zero3"}},
+             {{4, "zero3 --micro-batch 1"}, {4, "zero1 --pipeline-stages 2"}},
+             {{4, "zero3 --pipeline-stages 2 --shard-group 1"}, {1, "single"}}}) {
         std::string name = first.second + "x" + std::to_string(first.first);
         std::replace(name.begin(), name.end(), ' ', '_');
         const std::string out = dir.file(name);

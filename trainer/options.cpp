@@ -289,7 +289,7 @@ void add_train_flags(CLI::App& app, TrainOptions& o, std::string* run_file = nul
                    "targets become the run's")
         ->check(directory_or_empty);
     app.add_option("--pipeline-stages", o.pipeline_stages,
-                   "ddp/zero1: cut the model into this many pipeline stages (outermost on the mesh: stage s is "
+                   "ddp/zero1-3: cut the model into this many pipeline stages (outermost on the mesh: stage s is "
                    "ranks s*N/P .. (s+1)*N/P - 1) and replicate each over its N/P ranks, whose gradients the strategy "
                    "reduces as it would without stages; must divide the ranks. 0: --parallel pp's one stage per "
                    "rank, no pipeline otherwise");

@@ -228,30 +228,33 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
         for (int u = 0; u < model.num_units(); ++u)
             for (int g = 0; g < model.num_groups(u); ++g) {
                 if (model.group(u, g).kind == pv::GroupKind::nf4) continue;  // packed codes, not values
-                // ZeRO-3 holds slices: gather the group whole first; mp: the stage holding it broadcasts it.
+                // ZeRO-3 holds slices: gather the group whole first (within the stage holding it);
+                // a pipeline: that stage's first data-parallel rank broadcasts it.
                 const long long padded = model.group(u, g).padded;
                 std::unique_ptr<pv::DeviceBuffer<T>> whole;
                 const T* params = model.group_params(u, g);
-                if (strategy == "zero3" && padded > 0) {  // over its shard group (the world without groups)
+                const bool sharded = strategy == "zero3";
+                if ((sharded || piped) && padded > 0) {
                     whole = std::make_unique<pv::DeviceBuffer<T>>(size_t(padded), pv::MemoryCategory::workspace);
-                    const T* slice = s->local_params(u, g);
-                    pv::DeviceBuffer<T> staged;  // --offload params: the slice is host memory
-                    if (s->params_on_host()) {
-                        staged = pv::DeviceBuffer<T>(size_t(s->local_len(u, g)), pv::MemoryCategory::workspace);
-                        CUDA_CHECK(cudaMemcpy(staged.get(), slice, staged.bytes(), cudaMemcpyHostToDevice));
-                        slice = staged.get();
-                    }
-                    s->shard_comm()->all_gather(slice, whole->get(), size_t(s->local_len(u, g)));
-                    CUDA_CHECK(cudaStreamSynchronize(s->shard_comm()->stream()));
-                    params = whole->get();
-                } else if (piped && padded > 0) {
-                    // Stage s runs on pipeline rank s mod p, whose first data-parallel rank is world rank (s mod p)·dp.
-                    const int owner = pv::unit_stages(r.stages)[size_t(u)] % stages * data_ranks;
-                    whole = std::make_unique<pv::DeviceBuffer<T>>(size_t(padded), pv::MemoryCategory::workspace);
-                    if (rank == owner)
+                    if (sharded && model.holds(u)) {  // over its shard group (the world without groups)
+                        const T* slice = s->local_params(u, g);
+                        pv::DeviceBuffer<T> staged;  // --offload params: the slice is host memory
+                        if (s->params_on_host()) {
+                            staged = pv::DeviceBuffer<T>(size_t(s->local_len(u, g)), pv::MemoryCategory::workspace);
+                            CUDA_CHECK(cudaMemcpy(staged.get(), slice, staged.bytes(), cudaMemcpyHostToDevice));
+                            slice = staged.get();
+                        }
+                        s->shard_comm()->all_gather(slice, whole->get(), size_t(s->local_len(u, g)));
+                        CUDA_CHECK(cudaStreamSynchronize(s->shard_comm()->stream()));
+                    } else if (model.holds(u)) {
                         CUDA_CHECK(cudaMemcpy(whole->get(), params, whole->bytes(), cudaMemcpyDeviceToDevice));
-                    comm->broadcast(whole->get(), whole->get(), whole->size(), owner);
-                    CUDA_CHECK(cudaStreamSynchronize(comm->stream()));
+                    }
+                    if (piped) {
+                        // Stage s runs on pipeline rank s mod p, whose first data-parallel rank is world rank (s mod p)·dp.
+                        const int owner = pv::unit_stages(r.stages)[size_t(u)] % stages * data_ranks;
+                        comm->broadcast(whole->get(), whole->get(), whole->size(), owner);
+                        CUDA_CHECK(cudaStreamSynchronize(comm->stream()));
+                    }
                     params = whole->get();
                 }
                 for (const pv::TensorSlot& t : model.group(u, g).tensors)
@@ -599,12 +602,13 @@ TEST_CASE("mp runs interleaved 1F1B over two chunks per rank: the single run's w
 }
 
 // Pipeline × data parallelism (parallel/mesh.h): two stages, each replicated over N/2 ranks under
-// ddp, zero1 and hybrid zero1 (shard groups of one, N/2 replicas). fp64: every run trains what
-// single trains within 1e-10 — the tied embedding's two copies summed after each replica's
-// data-parallel reduction, the count over the data axes, the norm over shard and pipeline — and
-// zero1 is bit-identical to ddp, as without a pipeline. Each stage's replicas talk over their own
+// ddp, zero1, zero2, zero3 and hybrid zero1 and zero3 (shard groups of one, N/2 replicas). fp64:
+// every run trains what single trains within 1e-10 — the tied embedding's two copies summed after
+// each replica's data-parallel reduction, the count over the data axes, the norm over shard and
+// pipeline — and zero1 is bit-identical to ddp, as without a pipeline; an untied model too, and
+// LoRA under zero3. Each stage's replicas talk over their own
 // group, the stages over the pipeline's. On 2 ranks two stages leave one rank per stage: refused.
-TEST_CASE("pipeline x data parallelism: two stages under ddp, zero1 and hybrid zero1 train what single trains",
+TEST_CASE("pipeline x data parallelism: two stages under ddp, zero1-3 and hybrid zero1/zero3 train what single trains",
           "[parallel][mp][mesh][parity]") {
     pv::World world(nullptr, nullptr);
     const int n = world.size();
@@ -621,9 +625,24 @@ TEST_CASE("pipeline x data parallelism: two stages under ddp, zero1 and hybrid z
     const RunResult ddp = train<double>("ddp", &world.comm(), n, o);
     check_close(ddp, single);
     check_identical(train<double>("zero1", &world.comm(), n, o), ddp);
+    for (const char* name : {"zero2", "zero3"}) {
+        INFO(name);
+        check_close(train<double>(name, &world.comm(), n, o), single);
+    }
     Options hybrid = o;
     hybrid.shard_group = 1;
-    check_close(train<double>("zero1", &world.comm(), n, hybrid), single);
+    for (const char* name : {"zero1", "zero3"}) {
+        INFO("hybrid " << name);
+        check_close(train<double>(name, &world.comm(), n, hybrid), single);
+    }
+    Options untied{kAccumulation, 0, false};
+    untied.stages = 2, untied.pipeline = o.pipeline;
+    const RunResult single_untied = reference<double>(world, Options{kAccumulation, 1, false});
+    check_close(train<double>("zero3", &world.comm(), n, untied), single_untied);
+    check_close(train<double>("ddp", &world.comm(), n, untied), single_untied);
+    Options lora = lora_options();
+    lora.stages = 2, lora.pipeline = o.pipeline, lora.microbatches = 0;
+    check_close(train<double>("zero3", &world.comm(), n, lora), reference<double>(world, lora_options()));
     // The communicators: the world (count and loss), each stage's replicas, the pipeline, and the
     // tied embedding's pair on the first and last stage.
     const auto& by = ddp.per_comm.front();

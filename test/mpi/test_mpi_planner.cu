@@ -214,5 +214,8 @@ TEST_CASE("the memory planner equals the measured peaks of a real step", "[plann
         check_case<__nv_bfloat16, __nv_bfloat16>({"zero1", "full", true, 0, O::none, {}, f1b1, 1, 2}, comm, "bf16");
         check_case<double, double>({"ddp", "lora", true, 0, O::none, half, f1b1, 1, 2}, comm, "fp64");
         check_case<__nv_bfloat16, float>({"zero1", "frozen", false, 0, O::none, {}, f1b1, 1, 2}, comm, "bf16");
+        check_case<__nv_bfloat16, __nv_bfloat16>({"zero2", "full", true, 0, O::none, {}, f1b1, 1, 2}, comm, "bf16");
+        check_case<double, double>({"zero3", "full", true, 0, O::none, {}, f1b1, 1, 2}, comm, "fp64");
+        check_case<__nv_bfloat16, __nv_bfloat16>({"zero3", "qlora", false, 0, O::none, half, f1b1, 1, 2}, comm, "bf16");
     }
 }
