@@ -25,7 +25,7 @@
 // Memory (pinned host, offload_staging_bytes): 2 × largest owned range × (sizeof(G) + sizeof(T))
 // plus the scale; on the device nothing (the state's device bytes drop to 0). With --offload params
 // (zero3's slices in pinned host memory) the CPU updates the slices in place: no parameter staging
-// and no parameter copies (the next gather uploads them, parallel/zero3.h).
+// and no parameter copies (the next gather uploads them, parallel/parameters_sharded.h).
 #pragma once
 
 #include "optim/adamw_cpu.h"

@@ -10,21 +10,23 @@ namespace pv {
 
 namespace {
 
-// kind, name, help; one_rank, splits_batch, binds_gradients, binds_parameters, stages, fp32_accumulation,
-// shard_groups
+// kind, name, help; one_rank, stages; the parts {parameters, gradients, optimizer}.
+using P = ParameterPlacement;
+using Gr = GradientReduction;
+using O = OptimizerPlacement;
 const std::vector<StrategyInfo> kStrategies = {
-    {StrategyKind::single, "single", "one rank", true, true, false, false, false, true, false},
-    {StrategyKind::ddp, "ddp", "replicas, gradients all-reduced in per-unit buckets", false, true, false, false, false,
-     true, false},
-    {StrategyKind::zero1, "zero1", "optimizer state sharded, gradients reduce-scattered", false, true, false, false,
-     false, true, true},
+    {StrategyKind::single, "single", "one rank", true, false, {P::replicated, Gr::all_reduce, O::replicated}},
+    {StrategyKind::ddp, "ddp", "replicas, gradients all-reduced in per-unit buckets", false, false,
+     {P::replicated, Gr::all_reduce, O::replicated}},
+    {StrategyKind::zero1, "zero1", "optimizer state sharded, gradients reduce-scattered", false, false,
+     {P::replicated, Gr::reduce_scatter, O::sharded}},
     {StrategyKind::zero2, "zero2", "gradients sharded too, reduce-scattered unit by unit during the backward", false,
-     true, true, false, false, false, true},
-    {StrategyKind::zero3, "zero3", "parameters sharded too, each unit all-gathered just before it runs", false, true,
-     true, true, false, false, true},
+     false, {P::replicated, Gr::rotating, O::sharded}},
+    {StrategyKind::zero3, "zero3", "parameters sharded too, each unit all-gathered just before it runs", false, false,
+     {P::sharded, Gr::rotating, O::sharded}},
     {StrategyKind::pp, "pp",
      "pipeline parallel: each rank runs a contiguous stage of the layers, the residual stream sent between stages", false,
-     false, false, false, true, true, false},
+     true, {P::replicated, Gr::all_reduce, O::replicated}},
 };
 
 }  // namespace
@@ -49,6 +51,16 @@ const StrategyInfo& strategy_info(const std::string& given) {
 
 std::string canonical_strategy_name(const std::string& name) { return name == "mp" ? "pp" : name; }
 
+StrategyOptions with_strategy(StrategyOptions o, const std::string& name) {
+    const StrategyInfo& s = strategy_info(name);
+    o.name = s.name;
+    if (s.one_rank || s.stages) o.pipeline_stages = 0;
+    if (!has_pipeline(o)) o.in_flight = 0;
+    if (!s.policy.fp32_accumulation()) o.fp32_grad_accumulation = false;
+    if (!s.policy.shards()) o.shard_group = 0;
+    return o;
+}
+
 bool has_pipeline(const StrategyOptions& o) { return strategy_info(o.name).stages || o.pipeline_stages > 1; }
 
 MeshShape mesh_of(const StrategyOptions& o, int ranks) {
@@ -58,7 +70,7 @@ MeshShape mesh_of(const StrategyOptions& o, int ranks) {
     if (s.one_rank) return m;
     m.pipeline = s.stages ? ranks : std::max(1, o.pipeline_stages);
     const int dp = ranks / m.pipeline;
-    m.shard = s.shard_groups && o.shard_group > 0 ? o.shard_group : dp;
+    m.shard = s.policy.shards() && o.shard_group > 0 ? o.shard_group : dp;
     m.replicate = dp / m.shard;
     return m;
 }
@@ -119,7 +131,7 @@ void check_strategy(const StrategyOptions& o, int ranks) {
         throw std::invalid_argument("--parallel " + std::string(s.name) + " runs on one rank but mpirun started " +
                                     std::to_string(ranks) + ": choose --parallel " + others);
     }
-    if (o.fp32_grad_accumulation && !s.fp32_accumulation)
+    if (o.fp32_grad_accumulation && !s.policy.fp32_accumulation())
         throw std::invalid_argument("--parallel " + std::string(s.name) +
                                     " reduces gradients in the storage type: drop "
                                     "--fp32-grad-accumulation (or use ddp or zero1)");
@@ -140,7 +152,7 @@ void check_strategy(const StrategyOptions& o, int ranks) {
         const std::string per_stage = stages > 1 ? " data-parallel ranks of each of the " + std::to_string(stages) +
                                                        " pipeline stages" : "";
         ranks /= stages;  // the ranks sharding one stage
-        if (!s.shard_groups)
+        if (!s.policy.shards())
             throw std::invalid_argument(k +
                                         " is for --parallel zero1, zero2 or zero3 (sharding within groups of "
                                         "ranks); drop it, or choose one of them instead of --parallel " +
@@ -170,8 +182,8 @@ StrategyPlan plan_strategy(const StrategyOptions& o, const LlamaConfig& config, 
     p.data_ranks = p.mesh.data();
     p.data_rank = mesh_data_rank(p.mesh, rank);
     p.placement.shards = p.mesh.shard;
-    p.placement.gradients = p.info->binds_gradients ? Gradients::bound : Gradients::owned;
-    p.placement.parameters = p.info->binds_parameters ? Parameters::bound : Parameters::owned;
+    p.placement.gradients = p.info->policy.binds_gradients() ? Gradients::bound : Gradients::owned;
+    p.placement.parameters = p.info->policy.binds_parameters() ? Parameters::bound : Parameters::owned;
     if (p.pipelined()) {
         // P·V stages (V chunks per stage rank: the interleaved schedule); pipeline rank r runs stages r, r + P, …
         const int stages = p.mesh.pipeline, units = config.num_layers + 2, r = mesh_coords(p.mesh, rank).pipeline;

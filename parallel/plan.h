@@ -3,13 +3,15 @@
 // (model/placement.h: shards, stage, activation slots, which buffers are bound from outside).
 // parallel/strategies.h constructs them; `train` and the tests use only these two. Host code only.
 //
-// Adding a strategy: its class in its own file (a Strategy<T, G> subclass, parallel/strategy.h),
-// one row in the registry (plan.cpp) saying what it needs, and one line in make_strategy.
+// Adding a data-parallel strategy: one row in the registry (plan.cpp) combining the parts of
+// parallel/policy.h; a new part: its class in its own file beside the others (parallel/
+// gradients_*.h, parameters_*.h), its costs in policy.cpp, and its case in make_strategy.
 #pragma once
 
 #include "model/config.h"
 #include "model/placement.h"
 #include "parallel/mesh.h"
+#include "parallel/policy.h"
 #include "parallel/schedule.h"
 
 #include <string>
@@ -24,13 +26,9 @@ struct StrategyInfo {
     StrategyKind kind;
     const char* name;
     const char* help;
-    bool one_rank;           // runs on exactly one rank
-    bool splits_batch;       // data parallel: rank r takes slice r of each global batch
-    bool binds_gradients;    // keeps a few full-size gradient buffers and binds them (Gradients::bound)
-    bool binds_parameters;   // keeps parameter slices and binds gathered copies (Parameters::bound)
-    bool stages;             // a pipeline over every rank, nothing data parallel (pp)
-    bool fp32_accumulation;  // supports --fp32-grad-accumulation
-    bool shard_groups;       // shards over groups of ranks (--shard-group, parallel/mesh.h)
+    bool one_rank;      // runs on exactly one rank
+    bool stages;        // a pipeline over every rank, nothing data parallel (pp)
+    DataPolicy policy;  // its parts (parallel/policy.h): parameters, gradients, optimizer state
 };
 
 // Every strategy, in the order --help lists them.
@@ -64,6 +62,11 @@ struct StrategyOptions {
     int shard_group = 0;  // zero1-3: shard over groups of this many consecutive ranks (0: every data-parallel rank)
     Offload offload = Offload::none;
 };
+
+// Options `o` carried over to the strategy `name`: what that strategy cannot take (--in-flight
+// without a pipeline, fp32 accumulation under rotating gradients, a shard group without shards,
+// pipeline stages under single or pp) dropped. For the planner's what-ifs.
+StrategyOptions with_strategy(StrategyOptions o, const std::string& name);
 
 // Throws std::invalid_argument naming the problem and the fix when the options cannot run on
 // `ranks` ranks. Cheap: no model needed.
@@ -103,7 +106,7 @@ int data_ranks_of(const StrategyOptions& o, int ranks);
 // data-parallel ranks.
 int shards_of(const StrategyOptions& o, int ranks);
 
-// ZeRO-3's gather buffers (parallel/zero3.h), in elements: two of the largest unit's groups
+// ZeRO-3's gather buffers (parallel/parameters_sharded.h), in elements: two of the largest unit's groups
 // together (the tied embedding excluded), then, with tied embeddings, the embedding's own.
 // unit_elements[u]: unit u's groups' padded sizes summed. With --offload params each buffer has a
 // device staging buffer of its slice (these sizes divided by the shards): the host slice is copied

@@ -74,8 +74,8 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
         for (const GroupLayout& g : layouts[size_t(u)]) n += double(g.padded);
         return n;
     };
-    const StrategyKind kind = sp.info->kind;
-    const bool zero2 = kind == StrategyKind::zero2 || kind == StrategyKind::zero3, zero3 = kind == StrategyKind::zero3;
+    const DataPolicy& policy = sp.info->policy;  // its parts (parallel/policy.h)
+    const bool rotating = policy.rotating_gradients(), sharded_params = policy.sharded_parameters();
     const double shards = place.shards;
     Lines m;
 
@@ -115,7 +115,7 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     }
     m.add("norm scratch", C::workspace,
           double(sum_of_squares_scratch_bytes<float>(largest_trainable)) + 2.0 * units * sizeof(double));
-    if (zero2) {  // parallel/zero2.h: each held unit's slice, two rotating unit gradients, a tied embedding's own
+    if (rotating) {  // parallel/gradients_rotating.h: each held unit's slice, two rotating unit gradients, a tied embedding's own
         long long largest_rotating = 0;
         for (int u = tied ? 1 : 0; u < units; ++u)
             if (runs_here(u)) largest_rotating = std::max(largest_rotating, trainable(u).padded);
@@ -124,7 +124,7 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
         m.add("rotating gradient buffers", C::gradients,
               (2 * double(largest_rotating) + (tied && held(0) ? double(trainable(0).padded) : 0)) * t);
     }
-    if (zero3) {  // parallel/zero3.h: every group's slice, two gather buffers, a tied embedding's own
+    if (sharded_params) {  // parallel/parameters_sharded.h: every group's slice, two gather buffers, a tied embedding's own
         // (--offload params: the slices in pinned host memory, each gather buffer's slice staged on the device)
         const bool host = q.strategy.offload == Offload::params;
         for (int u = 0; u < units; ++u)
@@ -141,7 +141,7 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     }
     // The sample after the last step (trainer/run.cu finish), on a rank that holds the whole model:
     // a Decoder beside everything the run still holds (decoder_buffers).
-    if (q.sample_rows > 0 && !zero3 && chunks.size() == 1 && chunks[0].first == 0 && chunks[0].end == units) {
+    if (q.sample_rows > 0 && !sharded_params && chunks.size() == 1 && chunks[0].first == 0 && chunks[0].end == units) {
         const std::vector<ActivationBuffer> b =
             decoder_buffers(q.config, q.dtype, q.groups.lora, q.sample_positions, q.sample_rows);
         double cache = 0, work = 0;
@@ -156,7 +156,7 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
 
     // The optimizer (optim/optimizer.cuh AdamWState): the owned range of each held unit.
     // (ZeRO shards over its shard group: consecutive ranks, this rank's place in it.)
-    const int opt_shards = sp.info->kind == StrategyKind::zero1 || zero2 ? place.shards : 1;
+    const int opt_shards = policy.sharded_optimizer() ? place.shards : 1;
     const int opt_shard = opt_shards > 1 ? sp.data_rank % opt_shards : 0;
     // Offloaded (--offload, optim/offload.h): the same fields in pinned host memory, no device
     // table, and the CPU update's pinned staging (offload_staging_bytes).
@@ -405,8 +405,7 @@ int largest_micro_batch(PlanRequest q, double budget, int limit) {
 }
 
 int smallest_world(PlanRequest q, const std::string& strategy, double budget) {
-    q.strategy.name = strategy;
-    if (strategy != "pp") q.strategy.in_flight = 0;
+    q.strategy = with_strategy(q.strategy, strategy);
     bool runs = false;  // the strategy accepted the request at some world size
     for (int n : {1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096}) {
         if (strategy_info(strategy).one_rank && n > 1) break;
@@ -429,16 +428,22 @@ StrategyChoice choose_strategy(const PlanRequest& request, double budget, bool s
         c.considered.push_back(plan_memory(q));
         return c;
     }
-    std::vector<std::string> order = {"ddp", "zero1", "zero2", "zero3", "pp"};
-    if (slow_interconnect) order = {"ddp", "pp", "zero1", "zero2", "zero3"};
+    // Every multi-rank strategy in the registry's order (least memory saved first); with a slow
+    // interconnect the pipeline right after ddp.
+    std::vector<std::string> order;
+    for (const StrategyInfo& s : strategy_registry()) {
+        if (s.one_rank) continue;
+        if (slow_interconnect && s.stages && !order.empty())
+            order.insert(order.begin() + 1, s.name);
+        else
+            order.push_back(s.name);
+    }
     const std::string budget_text = format_bytes(budget);
     std::string rejected;
     double least = 0;
     for (const std::string& s : order) {
         PlanRequest q = request;
-        q.strategy.name = s;
-        if (s != "pp") q.strategy.in_flight = 0;
-        if (s == "zero2" || s == "zero3") q.strategy.fp32_grad_accumulation = false;
+        q.strategy = with_strategy(q.strategy, s);
         MemoryPlan plan;
         try {
             plan = plan_memory(q);
@@ -496,37 +501,36 @@ std::vector<std::string> changes_that_fit(const PlanRequest& request, double bud
         if (fits(q, budget)) line("--checkpoint-activations", q);
     }
     if (request.ranks > 1)
-        for (const std::string s : {"zero1", "zero2", "zero3", "pp"}) {
-            if (s == request.strategy.name) continue;
+        for (const StrategyInfo& info : strategy_registry()) {  // those that save memory on these ranks
+            const std::string s = info.name;
+            if (info.one_rank || !(info.policy.shards() || info.stages) || s == request.strategy.name) continue;
             PlanRequest q = request;
-            q.strategy.name = s;
-            if (s != "pp") q.strategy.in_flight = 0;
-            if (s == "zero2" || s == "zero3") q.strategy.fp32_grad_accumulation = false;
+            q.strategy = with_strategy(q.strategy, s);
             if (fits(q, budget)) {
                 line("--parallel " + s, q);
                 break;
             }
         }
-    if (request.strategy.offload == Offload::none && request.strategy.name != "pp") {
+    if (request.strategy.offload == Offload::none && !has_pipeline(request.strategy)) {
         // The optimizer state to the host, then (zero3) the parameter slices too.
         PlanRequest q = request;
         q.strategy.offload = Offload::optimizer;
         std::string change = "--offload optimizer";
         if (fits_with_activation_savers(q, change)) {
             line(change, q);
-        } else if (request.strategy.name == "zero3" && !request.groups.nf4) {
+        } else if (strategy_info(request.strategy.name).policy.sharded_parameters() && !request.groups.nf4) {
             q = request;
             q.strategy.offload = Offload::params;
             change = "--offload params";
             if (fits_with_activation_savers(q, change)) line(change, q);
         }
     }
-    for (const std::string s : {"zero3", "pp"}) {
+    for (const StrategyInfo& info : strategy_registry()) {  // those whose per-rank memory shrinks with more ranks
+        const std::string s = info.name;
+        if (!info.policy.sharded_parameters() && !info.stages) continue;
         if (const int n = smallest_world(request, s, budget); n > request.ranks) {
             PlanRequest q = request;
-            q.strategy.name = s, q.ranks = n;
-            if (s != "pp") q.strategy.in_flight = 0;
-            if (s == "zero3") q.strategy.fp32_grad_accumulation = false;
+            q.strategy = with_strategy(q.strategy, s), q.ranks = n;
             line("--parallel " + s + " on " + std::to_string(n) + " ranks", q);
             break;
         }

@@ -3,14 +3,15 @@
 #pragma once
 
 #include "model/llama.h"
-#include "parallel/ddp.h"
+#include "parallel/gradients_all_reduce.h"
+#include "parallel/gradients_reduce_scatter.h"
+#include "parallel/gradients_rotating.h"
 #include "parallel/mesh.h"
+#include "parallel/parameters_replicated.h"
+#include "parallel/parameters_sharded.h"
 #include "parallel/plan.h"
 #include "parallel/pp.h"
-#include "parallel/single.h"
-#include "parallel/zero1.h"
-#include "parallel/zero2.h"
-#include "parallel/zero3.h"
+#include "parallel/strategy.h"
 
 #include <memory>
 #include <stdexcept>
@@ -26,39 +27,40 @@ namespace pv {
 inline std::vector<MeshAxes> strategy_mesh_axes(const StrategyPlan& plan) {
     std::vector<MeshAxes> out = {kDataAxes, axes(MeshAxis::shard), axes(MeshAxis::replicate), axes(MeshAxis::pipeline),
                                  MeshAxis::shard | MeshAxis::pipeline};
-    if (plan.info->shard_groups && plan.mesh.replicate > 1)
+    if (plan.info->policy.shards() && plan.mesh.replicate > 1)
         out.insert(out.end(), {MeshAxes(MeshAxis::shard) | kOwnComm, MeshAxes(MeshAxis::replicate) | kOwnComm});
     return out;
 }
 
 // The strategy of `plan` over `model` (built with plan.placement) on `comm` (null for one rank),
-// the world communicator: the mesh of plan.mesh is split off it (collective over `comm`), and a
-// pipeline, if the plan has one, applied to the data-parallel policy of its stages.
+// the world communicator: the mesh of plan.mesh split off it (collective over `comm`), the parts
+// its registry row names (parallel/policy.h), and a pipeline, if the plan has one, applied to it.
 template <class T, class G>
 std::unique_ptr<Strategy<T, G>> make_strategy(const StrategyPlan& plan, Llama<T>& model, Comm* comm, uint64_t seed) {
     if (!plan.info->one_rank && !comm)
         throw std::invalid_argument(std::string(plan.info->name) + " needs a communicator of its ranks");
-    auto mesh = [&]() {
-        return std::make_unique<Mesh>(comm, plan.mesh, strategy_mesh_axes(plan),
-                                      plan.pipelined() && model.config().tie_embeddings);
-    };
-    std::unique_ptr<Strategy<T, G>> s;
-    switch (plan.info->kind) {
-        case StrategyKind::single: s = std::make_unique<Single<T, G>>(model); break;
-        case StrategyKind::ddp:
-        case StrategyKind::pp: s = std::make_unique<DDP<T, G>>(model, mesh()); break;  // pp: data axes of one
-        case StrategyKind::zero1: s = std::make_unique<Zero1<T, G>>(model, mesh()); break;
-        case StrategyKind::zero2: s = std::make_unique<Zero2<T, G>>(model, mesh()); break;
-        case StrategyKind::zero3:
-            s = std::make_unique<Zero3<T, G>>(model, mesh(), seed, plan.options.offload == Offload::params);
-            break;
+    const DataPolicy& policy = plan.info->policy;
+    auto mesh = plan.info->one_rank
+                    ? std::make_unique<Mesh>(nullptr, MeshShape{}, std::vector<MeshAxes>{})
+                    : std::make_unique<Mesh>(comm, plan.mesh, strategy_mesh_axes(plan),
+                                             plan.pipelined() && model.config().tie_embeddings);
+    auto s = std::make_unique<Strategy<T, G>>(model, std::move(mesh), policy);
+    std::unique_ptr<GradientPart<T, G>> gradients;
+    switch (policy.gradients) {
+        case GradientReduction::all_reduce: gradients = std::make_unique<AllReduceGradients<T, G>>(*s); break;
+        case GradientReduction::reduce_scatter: gradients = std::make_unique<ReduceScatterGradients<T, G>>(*s); break;
+        case GradientReduction::rotating: gradients = std::make_unique<RotatingGradients<T, G>>(*s); break;
     }
-    if (!s) throw std::logic_error("make_strategy: unknown strategy");
+    std::unique_ptr<ParameterPart<T, G>> parameters;
+    if (policy.sharded_parameters())
+        parameters = std::make_unique<ShardedParameters<T, G>>(*s, seed, plan.options.offload == Offload::params);
+    else
+        parameters = std::make_unique<ReplicatedParameters<T, G>>(*s, policy.sharded_optimizer());
     std::unique_ptr<Pipeline<T>> pipeline;
     if (plan.pipelined())
         pipeline = std::make_unique<Pipeline<T>>(model, *s->mesh().comm(axes(MeshAxis::pipeline)), plan.schedule,
                                                  plan.stage_bounds);
-    s->apply(plan.info->name, std::move(pipeline));
+    s->apply(plan.info->name, std::move(gradients), std::move(parameters), std::move(pipeline));
     return s;
 }
 

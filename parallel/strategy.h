@@ -1,10 +1,13 @@
-// What every strategy shares (DESIGN.md §2): the loop over units, and the hooks where a strategy
-// adds communication. A strategy is applied to a model that knows nothing about it.
+// A strategy (DESIGN.md §2): the loop over units, and the hooks where its parts add
+// communication. A strategy is applied to a model that knows nothing about it; it is one class,
+// whose gradient and parameter parts (parallel/data_parts.h, chosen by the registry row's
+// parallel/policy.h DataPolicy) make it ddp, zero1, zero2 or zero3, and to which a pipeline
+// (parallel/pp.h) may be applied.
 //
 // One micro-step runs forward over the units (embedding, blocks, head) and backward in reverse,
 // the residual stream's gradient passed between the model's two buffers. After each unit's
-// backward the strategy's `after_unit_backward` runs: DDP starts that unit's gradient all-reduce
-// there (a bucket), overlapping the backward of the units below.
+// backward the gradient part's `after_unit_backward` runs: DDP's starts that unit's gradient
+// all-reduce there (a bucket), overlapping the backward of the units below.
 //
 // Streams. Communication runs on the Comm's stream, ordered with the compute stream by events:
 // a collective waits for the compute work before it (fence_from), and the compute stream waits
@@ -39,7 +42,9 @@
 #include "model/llama.h"
 #include "model/unit_loop.h"
 #include "parallel/comm.h"
+#include "parallel/data_parts.h"
 #include "parallel/mesh.h"
+#include "parallel/policy.h"
 #include "parallel/pp.h"
 #include "parallel/schedule.h"
 
@@ -55,9 +60,9 @@ template <class T, class G>
 class Strategy {
   public:
     // The mesh of the world's ranks (a world of one for the single strategy); the model's groups
-    // must split into shards() shards.
-    Strategy(Llama<T>& model, std::unique_ptr<Mesh> mesh)
-        : model_(model), mesh_(std::move(mesh)), comm_(mesh_->world()) {
+    // must split into shards() shards. The parts come with apply, before anything runs.
+    Strategy(Llama<T>& model, std::unique_ptr<Mesh> mesh, const DataPolicy& policy)
+        : model_(model), mesh_(std::move(mesh)), comm_(mesh_->world()), policy_(policy) {
         static_assert(std::is_same_v<G, T> || std::is_same_v<G, float>, "gradients are T or float");
         if constexpr (!std::is_same_v<G, T>)
             for (int u = 0; u < model.num_units(); ++u)
@@ -75,7 +80,8 @@ class Strategy {
             reduce_pending_.assign(reduced_.size(), false);
         }
     }
-    virtual ~Strategy() {
+    ~Strategy() {
+        parameters_.reset(), gradients_.reset();  // before the events and communicators they use
         for (cudaEvent_t e : reduced_) cudaEventDestroy(e);
     }
     Strategy(const Strategy&) = delete;
@@ -105,9 +111,12 @@ class Strategy {
     // Micro-batches in flight at once (activation slots): 1, or the pipeline's (pp.h).
     int slots() const { return pipeline_ ? pipeline_->slots() : 1; }
 
-    // Applied once by make_strategy, before any step: the run's name, and the pipeline (null: none).
-    void apply(const char* name, std::unique_ptr<Pipeline<T>> pipeline) {
+    // Applied once by make_strategy, before any step: the run's name, its parts (parallel/
+    // data_parts.h) and the pipeline (null: none).
+    void apply(const char* name, std::unique_ptr<GradientPart<T, G>> gradients,
+               std::unique_ptr<ParameterPart<T, G>> parameters, std::unique_ptr<Pipeline<T>> pipeline) {
         name_ = name;
+        gradients_ = std::move(gradients), parameters_ = std::move(parameters);
         pipeline_ = std::move(pipeline);
     }
 
@@ -123,21 +132,21 @@ class Strategy {
         }
     }
     // Whether this rank holds every parameter whole (it can sample, for one).
-    virtual bool holds_whole_model() const {
-        return model_.runs_every_unit();
-    }
+    bool holds_whole_model() const { return parameters_->whole() && model_.runs_every_unit(); }
 
     // The slice of group g of unit u this rank owns (default: the trainable group).
     long long slice_len(int u, int g = 0) { return model_.group(u, g).padded / shards(); }
     long long slice_begin(int u, int g = 0) { return slice_len(u, g) * shard_rank(); }
     // The range the optimizer of this rank updates: everything, or the slice (ZeRO); nothing of
     // a unit the rank does not hold (a pipeline, pp.h).
-    virtual bool sharded_optimizer() const = 0;
+    bool sharded_optimizer() const { return policy_.sharded_optimizer(); }
     long long owned_begin(int u) { return sharded_optimizer() ? slice_begin(u) : 0; }
     long long owned_len(int u) { return sharded_optimizer() ? slice_len(u) : model_.trainable(u).padded; }
 
     // The start of an optimizer step: gradients to zero.
-    virtual void begin_step() {
+    void begin_step() { gradients_->begin_step(); }
+    // The full-size gradients (and their fp32 accumulators) to zero: for a part that keeps them.
+    void zero_full_gradients() {
         model_.zero_grads();
         for (auto& g : grad32_)
             if (g.bytes() > 0) CUDA_CHECK(cudaMemsetAsync(g.get(), 0, g.bytes(), model_.stream()));
@@ -164,7 +173,7 @@ class Strategy {
     // compute stream's timeline — the policy's reduction, then a pipeline's tied-embedding sum
     // (pp.h) over the reduced owned range of the first and last stages.
     void finish_gradients() {
-        finish_reduction();
+        gradients_->finish();
         Comm* ends = pipeline_ ? mesh_->pipeline_ends() : nullptr;
         if (ends && model_.holds(0) && model_.trainable(0).padded > 0) {  // (a frozen embedding has no gradient)
             // (after the data-parallel reduction of both partial gradients: one stream runs every collective)
@@ -183,13 +192,13 @@ class Strategy {
         else
             return grad32_[size_t(u)].get();
     }
-    virtual const G* slice_grads(int u) { return grads(u) + slice_begin(u); }
+    const G* slice_grads(int u) { return gradients_->slice_grads(u); }
     // The parameters of the owned range, which the optimizer updates (ZeRO-3: the rank's slice).
-    virtual T* owned_params(int u) { return model_.params(u) + owned_begin(u); }
+    T* owned_params(int u) { return parameters_->owned_params(u); }
     // Whether owned_params and local_params are pinned host memory (zero3 with --offload params),
     // not device memory: the optimizer, the checkpoints and the loads then copy them as host bytes.
-    virtual bool params_on_host() const { return false; }
-    virtual const G* owned_grads(int u) { return grads(u) + owned_begin(u); }
+    bool params_on_host() const { return parameters_->on_host(); }
+    const G* owned_grads(int u) { return gradients_->owned_grads(u); }
 
     // The squared global gradient norm's terms (header comment), queued on the compute stream:
     // per unit, this rank's squares of its slice (zero for a unit not counted here), that vector
@@ -251,20 +260,20 @@ class Strategy {
 
     // After the optimizer has updated the owned ranges: every rank sees every new parameter — on
     // the compute stream's timeline (a strategy may leave its parameter collectives running
-    // beside the next step's forward, which waits for each unit's own; parallel/zero1.h).
-    virtual void after_update() {}
+    // beside the next step's forward, which waits for each unit's own; parallel/parameters_replicated.h).
+    void after_update() { parameters_->after_update(); }
     // Makes the host wait for any parameter collective still running (after_update's), so that
     // parameters can be read outside the compute stream: checkpoints (whole_on_writer calls it),
     // sampling, a test's downloads.
-    virtual void settle_parameters() {}
+    void settle_parameters() { parameters_->settle(); }
 
     // Checkpoints (train/checkpoint.*) ask the strategy where this rank keeps each group, and to
     // bring a whole padded group to the writing rank 0. The parameters of group g of unit u this
     // rank keeps: elements [local_begin, local_begin + local_len) of the padded group (the whole
     // group, a ZeRO-3 slice, or nothing for a unit another stage holds).
-    virtual T* local_params(int u, int g) { return model_.group_params(u, g); }
-    virtual long long local_begin(int /*u*/, int /*g*/) { return 0; }
-    virtual long long local_len(int u, int g) { return model_.holds(u) ? model_.group(u, g).padded : 0; }
+    T* local_params(int u, int g) { return parameters_->local_params(u, g); }
+    long long local_begin(int u, int g) { return parameters_->local_begin(u, g); }
+    long long local_len(int u, int g) { return parameters_->local_len(u, g); }
 
     // The whole `padded` elements of a field of unit u on rank 0 (empty elsewhere), from the `len`
     // elements at `local` each rank keeps: within the stage holding the unit (every rank without
@@ -309,17 +318,25 @@ class Strategy {
         return writer ? download_bytes(whole, padded) : std::vector<uint8_t>{};
     }
 
-  protected:
-    // The policy's part of finish_gradients.
-    virtual void finish_reduction() = 0;
-    // Whether a pipeline runs this rank's units (a chunk at a time, its forwards and backwards
-    // interleaved with other micro-batches'), and the chunk of this rank's units holding unit u.
+    // For the parts (data_parts.h). Whether a pipeline runs this rank's units (a chunk at a time,
+    // its forwards and backwards interleaved with other micro-batches'), and the chunk of this
+    // rank's units holding unit u.
     bool pipelined() const { return pipeline_ != nullptr; }
     StageUnits chunk_of(int u) const {
         for (const StageUnits& c : model_.chunks())
             if (u >= c.first && u < c.end) return c;
         throw std::logic_error("Strategy: unit " + std::to_string(u) + " is in none of this rank's chunks");
     }
+    // Unit u's gradient collective has just been queued on the comm stream: the first reader of
+    // the reduced gradient on the compute stream, the norm of unit u (unit_norms_sq), waits for it
+    // and for nothing else, so the norms of the units reduced earlier run while the last buckets
+    // (the tied embedding's, the largest and always the last) are still on the wire.
+    void reduced_on_comm(int u) {
+        CUDA_CHECK(cudaEventRecord(reduced_[size_t(u)], comm_->stream()));
+        reduce_pending_[size_t(u)] = true;
+    }
+
+  private:
     template <class X>
     static std::vector<uint8_t> download_bytes(const X* p, long long n) {
         std::vector<uint8_t> bytes(size_t(n) * sizeof(X));
@@ -329,10 +346,10 @@ class Strategy {
     // Whether this rank's squares of unit u count in the global norm (each element once): a
     // pipeline's tied copy counts on the first stage only.
     bool in_norm(int u) const { return !pipeline_ || model_.runs(u); }
-    // After unit u's backward: the fp32 accumulation, then the strategy's hook.
+    // After unit u's backward: the fp32 accumulation, then the gradient part's hook.
     void unit_backward_done(int u, bool last) {
         accumulate32(u);
-        after_unit_backward(u, last);
+        gradients_->after_unit_backward(u, last);
     }
     // With fp32 gradient accumulation: unit u's micro-step gradient added into its float buffer.
     void accumulate32(int u) {
@@ -340,28 +357,26 @@ class Strategy {
             if (model_.grads(u))
                 accumulate(grad32_[size_t(u)].get(), model_.grads(u), model_.trainable(u).padded, model_.stream());
     }
-    virtual void before_unit_forward(int /*u*/) {}
-    // Unit u's gradient collective has just been queued on the comm stream: the first reader of
-    // the reduced gradient on the compute stream, the norm of unit u (unit_norms_sq), waits for it
-    // and for nothing else, so the norms of the units reduced earlier run while the last buckets
-    // (the tied embedding's, the largest and always the last) are still on the wire.
-    void reduced_on_comm(int u) {
-        CUDA_CHECK(cudaEventRecord(reduced_[size_t(u)], comm_->stream()));
-        reduce_pending_[size_t(u)] = true;
-    }
+    void before_unit_forward(int u) { parameters_->before_unit_forward(u); }
     void wait_reduced(int u) {
         if (reduce_pending_.empty() || !reduce_pending_[size_t(u)]) return;
         CUDA_CHECK(cudaStreamWaitEvent(model_.stream(), reduced_[size_t(u)], 0));
         reduce_pending_[size_t(u)] = false;
     }
-    virtual void before_unit_backward(int /*u*/) {}
-    virtual void after_unit_backward(int /*u*/, bool /*last*/) {}
+    // The gradient buffer first (rotating gradients), then the parameters (sharded ones).
+    void before_unit_backward(int u) {
+        gradients_->before_unit_backward(u);
+        parameters_->before_unit_backward(u);
+    }
 
     Llama<T>& model_;
     std::unique_ptr<Mesh> mesh_;
     Comm* comm_;  // the world's
+    DataPolicy policy_;
     const char* name_ = "";
     std::unique_ptr<Pipeline<T>> pipeline_;
+    std::unique_ptr<GradientPart<T, G>> gradients_;
+    std::unique_ptr<ParameterPart<T, G>> parameters_;
     std::vector<DeviceBuffer<float>> grad32_;
     DeviceBuffer<uint8_t> norm_scratch_;
     DeviceBuffer<double> unit_norms_;

@@ -179,7 +179,7 @@ StrategyChoice choose_auto_strategy(TrainOptions& o, int requested_micro_batch, 
     if (choice.strategy != o.parallel) {
         o.parallel = choice.strategy;
         o.micro_batch = requested_micro_batch;
-        if (o.fp32_grad_accumulation && !strategy_info(o.parallel).fp32_accumulation) o.fp32_grad_accumulation = false;
+        if (o.fp32_grad_accumulation && !strategy_info(o.parallel).policy.fp32_accumulation()) o.fp32_grad_accumulation = false;
         resolve_micro_batch(o, ranks);
     }
     return choice;
@@ -548,10 +548,7 @@ int plan_command(const TrainOptions& given, const PlanOptions& p) {
         std::printf("\nevery strategy on %d rank(s):\n", p.ranks);
         for (const StrategyInfo& s : strategy_registry()) {
             PlanRequest alt = q;
-            alt.strategy.name = s.name;
-            if (!s.stages) alt.strategy.in_flight = 0, alt.strategy.pipeline_stages = 0;
-            if (s.stages) alt.strategy.pipeline_stages = 0;
-            if (!s.fp32_accumulation) alt.strategy.fp32_grad_accumulation = false;
+            alt.strategy = with_strategy(q.strategy, s.name);
             try {
                 const MemoryPlan a = plan_memory(alt);
                 std::printf("  %-6s %12s per rank (largest rank)  %s\n", s.name, format_bytes(a.peak()).c_str(),
@@ -726,7 +723,7 @@ int main_checked(int argc, char** argv) {
         if (c.train.pipeline_schedule != "interleaved" && c.train.pipeline_chunks == saved.pipeline_chunks)
             c.train.pipeline_chunks = 0;
         // Leaving ZeRO drops its shard group (unless given again): the checkpoint is whole either way.
-        if (c.train.parallel != "auto" && !strategy_info(c.train.parallel).shard_groups &&
+        if (c.train.parallel != "auto" && !strategy_info(c.train.parallel).policy.shards() &&
             c.train.shard_group == saved.shard_group)
             c.train.shard_group = 0;
         check_schedule_change(saved, saved_state.step, c.train);

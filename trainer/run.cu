@@ -550,7 +550,7 @@ class TrainingRun {
     // ", sharded within groups of K ranks, N/K replicas" under hybrid sharding, else nothing.
     std::string hybrid_label() const {
         const int k = plan_.placement.shards;
-        if (!plan_.info->shard_groups || k == plan_.data_ranks) return "";
+        if (!plan_.info->policy.shards() || k == plan_.data_ranks) return "";
         return ", sharded within groups of " + std::to_string(k) + " rank(s), " + std::to_string(plan_.data_ranks / k) +
                " replicas";
     }

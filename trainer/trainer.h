@@ -4,7 +4,7 @@
 //   1. The step's counted target tokens are known before any backward: this rank counts its
 //      own, an all-reduce of one integer gives the global count C (a step with C = 0 is an
 //      error). The first forwards are queued before the host waits for that count, so the
-//      device (and a ZeRO all-gather of the previous update, parallel/zero1.h) is never idle
+//      device (and a ZeRO all-gather of the previous update, parallel/parameters_replicated.h) is never idle
 //      while it travels.
 //   2. Each micro-step: forward (its loss sum kept), backward with loss scale 1/C, so that the
 //      gradients summed over micro-steps and ranks are those of the global mean loss; the
