@@ -51,7 +51,7 @@ int main() {
         PlanRequest q;
         q.config = config, q.dtype = DType::bf16, q.ranks = p, q.micro_batch = batch, q.seq_len = seq;
         q.accumulation = micro;
-        q.strategy.name = "pp", q.strategy.micro_per_step = micro;
+        q.strategy.kind = pv::StrategyKind::pp, q.strategy.micro_per_step = micro;
         q.checkpointing = ActivationCheckpointing{true, 0};  // every block recomputed: 70B needs it
         // Time per micro-batch of the whole model and of the optimizer update.
         StepShape one{config, batch, seq, 1, 2, 1}, two{config, batch, seq, 2, 2, 1};

@@ -16,7 +16,7 @@ StepWire step_wire(const LlamaConfig& config, DType dtype, const GroupOptions& g
         throw std::invalid_argument("step_wire_bytes: no communication model for strategy '" + strategy +
                                     "' (a pipeline sends activations, not parameters)");
     StrategyOptions options;
-    options.name = strategy, options.shard_group = shard_group;
+    options.kind = info.kind, options.shard_group = shard_group;
     check_strategy(options, ranks);
     const int k = shards_of(options, ranks);
     const ModelSizes m = model_sizes(model_layouts(config, dtype, k, groups), config.tie_embeddings);

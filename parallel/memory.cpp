@@ -11,9 +11,9 @@ namespace pv {
 
 ModelStateMemory model_state_memory(const LlamaConfig& config, DType dtype, const GroupOptions& groups,
                                     const std::string& strategy, int ranks, int shard_group) {
-    StrategyOptions options;
-    options.name = strategy, options.shard_group = shard_group;
     const StrategyInfo& info = strategy_info(strategy);
+    StrategyOptions options;
+    options.kind = info.kind, options.shard_group = shard_group;
     if (info.stages)
         throw std::invalid_argument("model_state_memory: " + strategy +
                                     " holds a stage's units per rank: ask the planner (parallel/planner.h)");

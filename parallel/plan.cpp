@@ -49,11 +49,17 @@ const StrategyInfo& strategy_info(const std::string& given) {
     throw std::invalid_argument("unknown strategy '" + name + "': choose one of " + names);
 }
 
+const StrategyInfo& strategy_info(StrategyKind kind) {
+    for (const StrategyInfo& s : kStrategies)
+        if (s.kind == kind) return s;
+    throw std::logic_error("strategy_info: a kind with no registry row");
+}
+
 std::string canonical_strategy_name(const std::string& name) { return name == "mp" ? "pp" : name; }
 
-StrategyOptions with_strategy(StrategyOptions o, const std::string& name) {
-    const StrategyInfo& s = strategy_info(name);
-    o.name = s.name;
+StrategyOptions with_strategy(StrategyOptions o, StrategyKind kind) {
+    const StrategyInfo& s = strategy_info(kind);
+    o.kind = kind;
     if (s.one_rank || s.stages) o.pipeline_stages = 0;
     if (!has_pipeline(o)) o.in_flight = 0;
     if (!s.policy.fp32_accumulation()) o.fp32_grad_accumulation = false;
@@ -61,10 +67,10 @@ StrategyOptions with_strategy(StrategyOptions o, const std::string& name) {
     return o;
 }
 
-bool has_pipeline(const StrategyOptions& o) { return strategy_info(o.name).stages || o.pipeline_stages > 1; }
+bool has_pipeline(const StrategyOptions& o) { return strategy_info(o.kind).stages || o.pipeline_stages > 1; }
 
 MeshShape mesh_of(const StrategyOptions& o, int ranks) {
-    const StrategyInfo& s = strategy_info(o.name);
+    const StrategyInfo& s = strategy_info(o.kind);
     check_strategy(o, ranks);
     MeshShape m;
     if (s.one_rank) return m;
@@ -90,7 +96,7 @@ Offload parse_offload(const std::string& name) {
 }
 
 void check_strategy(const StrategyOptions& o, int ranks) {
-    const StrategyInfo& s = strategy_info(o.name);
+    const StrategyInfo& s = strategy_info(o.kind);
     const bool pipeline = has_pipeline(o);
     if (o.pipeline_stages != 0) {
         const std::string p = "--pipeline-stages " + std::to_string(o.pipeline_stages);
@@ -175,7 +181,7 @@ void check_strategy(const StrategyOptions& o, int ranks) {
 
 StrategyPlan plan_strategy(const StrategyOptions& o, const LlamaConfig& config, int seq_len, int rank, int ranks) {
     StrategyPlan p;
-    p.info = &strategy_info(o.name);
+    p.info = &strategy_info(o.kind);
     p.options = o;
     p.rank = rank, p.ranks = ranks;
     p.mesh = mesh_of(o, ranks);  // checks the options
@@ -195,7 +201,7 @@ StrategyPlan plan_strategy(const StrategyOptions& o, const LlamaConfig& config, 
                                         std::to_string(config.num_layers) + " blocks, the head): give at most " +
                                         std::to_string(std::max(units / stages, 1)) + " --pipeline-chunks" +
                                         (units / stages < 2 ? ", or choose --pipeline-schedule 1f1b" : ""));
-        p.stage_bounds = balance_stages(unit_costs(config, seq_len, parse_stage_balance(o.balance)), stages * o.chunks);
+        p.stage_bounds = balance_stages(unit_costs(config, seq_len, o.balance), stages * o.chunks);
         p.placement.chunks.clear();
         for (int s = r; s < stages * o.chunks; s += stages)
             p.placement.chunks.push_back(StageUnits{p.stage_bounds[size_t(s)], p.stage_bounds[size_t(s) + 1]});

@@ -13,6 +13,7 @@
 #include "parallel/mesh.h"
 #include "parallel/policy.h"
 #include "parallel/schedule.h"
+#include "parallel/stages.h"
 
 #include <string>
 #include <vector>
@@ -36,6 +37,9 @@ const std::vector<StrategyInfo>& strategy_registry();
 std::vector<std::string> strategy_names();
 // Throws std::invalid_argument listing the names when `name` is none of them (or an old name).
 const StrategyInfo& strategy_info(const std::string& name);
+const StrategyInfo& strategy_info(StrategyKind kind);
+// The kind of a strategy's name (strategy_info's checks).
+inline StrategyKind strategy_kind(const std::string& name) { return strategy_info(name).kind; }
 // A strategy's current name: "mp" (model parallel, the pipeline's name before 1F1B) is "pp".
 std::string canonical_strategy_name(const std::string& name);
 
@@ -47,8 +51,9 @@ const char* offload_name(Offload o);
 // "none", "optimizer" or "params"; throws std::invalid_argument naming them otherwise.
 Offload parse_offload(const std::string& name);
 
+// A run's parallel options, parsed (the flags' strings are TrainOptions').
 struct StrategyOptions {
-    std::string name = "single";
+    StrategyKind kind = StrategyKind::single;
     // The pipeline's stages (the mesh's pipeline axis; parallel/pp.h): pp runs one per rank; ddp and
     // zero1-3 replicate each of these stages over ranks / stages data-parallel ranks. 0: pp's every
     // rank, else no pipeline.
@@ -57,7 +62,7 @@ struct StrategyOptions {
     int in_flight = 0;       // pp: at most this many micro-batches in flight per stage (0: the schedule's own)
     int micro_per_step = 1;  // pipeline: micro-batches per optimizer step on each data-parallel rank
     int chunks = 1;          // pp: model chunks per rank (the interleaved schedule's V; else 1)
-    std::string balance = "flops";  // pp: how the stages are balanced (parallel/stages.h)
+    StageBalance balance = StageBalance::flops;  // pipeline: how the stages are balanced (parallel/stages.h)
     bool fp32_grad_accumulation = false;
     int shard_group = 0;  // zero1-3: shard over groups of this many consecutive ranks (0: every data-parallel rank)
     Offload offload = Offload::none;
@@ -66,7 +71,7 @@ struct StrategyOptions {
 // Options `o` carried over to the strategy `name`: what that strategy cannot take (--in-flight
 // without a pipeline, fp32 accumulation under rotating gradients, a shard group without shards,
 // pipeline stages under single or pp) dropped. For the planner's what-ifs.
-StrategyOptions with_strategy(StrategyOptions o, const std::string& name);
+StrategyOptions with_strategy(StrategyOptions o, StrategyKind kind);
 
 // Throws std::invalid_argument naming the problem and the fix when the options cannot run on
 // `ranks` ranks. Cheap: no model needed.

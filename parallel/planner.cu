@@ -405,7 +405,7 @@ int largest_micro_batch(PlanRequest q, double budget, int limit) {
 }
 
 int smallest_world(PlanRequest q, const std::string& strategy, double budget) {
-    q.strategy = with_strategy(q.strategy, strategy);
+    q.strategy = with_strategy(q.strategy, strategy_kind(strategy));
     bool runs = false;  // the strategy accepted the request at some world size
     for (int n : {1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096}) {
         if (strategy_info(strategy).one_rank && n > 1) break;
@@ -424,7 +424,7 @@ StrategyChoice choose_strategy(const PlanRequest& request, double budget, bool s
         c.strategy = "single";
         c.reason = "one rank";
         PlanRequest q = request;
-        q.strategy.name = "single";
+        q.strategy.kind = StrategyKind::single;
         c.considered.push_back(plan_memory(q));
         return c;
     }
@@ -443,7 +443,7 @@ StrategyChoice choose_strategy(const PlanRequest& request, double budget, bool s
     double least = 0;
     for (const std::string& s : order) {
         PlanRequest q = request;
-        q.strategy = with_strategy(q.strategy, s);
+        q.strategy = with_strategy(q.strategy, strategy_kind(s));
         MemoryPlan plan;
         try {
             plan = plan_memory(q);
@@ -503,9 +503,9 @@ std::vector<std::string> changes_that_fit(const PlanRequest& request, double bud
     if (request.ranks > 1)
         for (const StrategyInfo& info : strategy_registry()) {  // those that save memory on these ranks
             const std::string s = info.name;
-            if (info.one_rank || !(info.policy.shards() || info.stages) || s == request.strategy.name) continue;
+            if (info.one_rank || !(info.policy.shards() || info.stages) || info.kind == request.strategy.kind) continue;
             PlanRequest q = request;
-            q.strategy = with_strategy(q.strategy, s);
+            q.strategy = with_strategy(q.strategy, strategy_kind(s));
             if (fits(q, budget)) {
                 line("--parallel " + s, q);
                 break;
@@ -518,7 +518,7 @@ std::vector<std::string> changes_that_fit(const PlanRequest& request, double bud
         std::string change = "--offload optimizer";
         if (fits_with_activation_savers(q, change)) {
             line(change, q);
-        } else if (strategy_info(request.strategy.name).policy.sharded_parameters() && !request.groups.nf4) {
+        } else if (strategy_info(request.strategy.kind).policy.sharded_parameters() && !request.groups.nf4) {
             q = request;
             q.strategy.offload = Offload::params;
             change = "--offload params";
@@ -530,7 +530,7 @@ std::vector<std::string> changes_that_fit(const PlanRequest& request, double bud
         if (!info.policy.sharded_parameters() && !info.stages) continue;
         if (const int n = smallest_world(request, s, budget); n > request.ranks) {
             PlanRequest q = request;
-            q.strategy = with_strategy(q.strategy, s), q.ranks = n;
+            q.strategy = with_strategy(q.strategy, strategy_kind(s)), q.ranks = n;
             line("--parallel " + s + " on " + std::to_string(n) + " ranks", q);
             break;
         }

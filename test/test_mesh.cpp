@@ -80,7 +80,7 @@ TEST_CASE("axes meant to stay inside a node are checked against the nodes", "[me
 
 TEST_CASE("the options make the mesh: pipeline stages outermost, shard groups within each stage", "[mesh][plan]") {
     pv::StrategyOptions o;
-    o.name = "zero1", o.pipeline_stages = 2;
+    o.kind = pv::StrategyKind::zero1, o.pipeline_stages = 2;
     CHECK(pv::mesh_of(o, 8) == pv::MeshShape{2, 1, 4, 1});
     o.shard_group = 2;
     CHECK(pv::mesh_of(o, 8) == pv::MeshShape{2, 2, 2, 1});
@@ -89,23 +89,23 @@ TEST_CASE("the options make the mesh: pipeline stages outermost, shard groups wi
     o.shard_group = 3;
     CHECK(error_of<std::invalid_argument>([&] { pv::mesh_of(o, 8); }).find("does not divide the 4 data-parallel ranks of each of the 2") !=
           std::string::npos);
-    o.shard_group = 0, o.name = "pp", o.pipeline_stages = 0;
+    o.shard_group = 0, o.kind = pv::StrategyKind::pp, o.pipeline_stages = 0;
     CHECK(pv::mesh_of(o, 4) == pv::MeshShape{4, 1, 1, 1});  // pp: one stage per rank
     o.pipeline_stages = 4;
     CHECK(pv::mesh_of(o, 4) == pv::MeshShape{4, 1, 1, 1});
     o.pipeline_stages = 2;
     CHECK(error_of<std::invalid_argument>([&] { pv::mesh_of(o, 8); })
               .find("--parallel pp, which runs one stage on each of the 8") != std::string::npos);
-    o.name = "ddp", o.pipeline_stages = 3;
+    o.kind = pv::StrategyKind::ddp, o.pipeline_stages = 3;
     CHECK(error_of<std::invalid_argument>([&] { pv::mesh_of(o, 8); }).find("does not divide the 8 ranks") != std::string::npos);
     o.pipeline_stages = 4;
     CHECK(pv::mesh_of(o, 8) == pv::MeshShape{4, 1, 2, 1});
     CHECK(pv::has_pipeline(o));
-    o.name = "zero3", o.pipeline_stages = 2, o.shard_group = 2;
+    o.kind = pv::StrategyKind::zero3, o.pipeline_stages = 2, o.shard_group = 2;
     CHECK(pv::mesh_of(o, 8) == pv::MeshShape{2, 2, 2, 1});
     o.shard_group = 0, o.pipeline_stages = 8;
     CHECK(error_of<std::invalid_argument>([&] { pv::mesh_of(o, 8); }).find("leaves one rank per stage") !=
           std::string::npos);
-    o.name = "ddp", o.pipeline_stages = 0, o.in_flight = 2;
+    o.kind = pv::StrategyKind::ddp, o.pipeline_stages = 0, o.in_flight = 2;
     CHECK(error_of<std::invalid_argument>([&] { pv::mesh_of(o, 8); }).find("is for a pipeline") != std::string::npos);
 }

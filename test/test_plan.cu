@@ -17,7 +17,7 @@ namespace {
 
 pv::StrategyOptions options(const std::string& name, int in_flight = 0, bool fp32 = false) {
     pv::StrategyOptions o;
-    o.name = name, o.in_flight = in_flight, o.fp32_grad_accumulation = fp32;
+    o.kind = pv::strategy_kind(name), o.in_flight = in_flight, o.fp32_grad_accumulation = fp32;
     return o;
 }
 
@@ -160,7 +160,7 @@ TEST_CASE("the planner's GPU names, --parallel auto and the changes it proposes"
     const double budget = pv::parse_gpu_memory("h100-80").usable();
     auto peak = [&](const std::string& s) {
         pv::PlanRequest r = q;
-        r.strategy.name = s;
+        r.strategy.kind = pv::strategy_kind(s);
         return pv::plan_memory(r).peak();
     };
     // 7B full fine-tuning: ddp's replicas do not fit an H100, zero1's sharded optimizer does.
@@ -177,7 +177,7 @@ TEST_CASE("the planner's GPU names, --parallel auto and the changes it proposes"
     one.ranks = 1;
     CHECK(pv::choose_strategy(one, budget, false).strategy == "single");
     // One rank of a 7B full fine-tune does not fit; LoRA does, and a smaller micro-batch is proposed first.
-    one.strategy.name = "single", one.micro_batch = 4;
+    one.strategy.kind = pv::StrategyKind::single, one.micro_batch = 4;
     REQUIRE(pv::plan_memory(one).peak() > budget);
     const auto changes = pv::changes_that_fit(one, budget);
     REQUIRE(!changes.empty());

@@ -6,9 +6,11 @@
 
 #include "test/temp_dir.h"
 #include "test/train_runner.h"
+#include "trainer/option_rules.h"
 #include "trainer/options.h"
 #include "trainer/run_file.h"
 
+#include <algorithm>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -316,4 +318,61 @@ TEST_CASE("integer flags: overflow, a negative count and other bases are refused
     // A run file's values go through the same flags.
     TempDir dir("integer_flags");
     CHECK(refusal({"--run", write(dir, "run.yaml", "seed: -1\n")}).find("--seed: -1: must be") != std::string::npos);
+}
+
+// The rules between options (trainer/option_rules.h): the defaults break none at 1 and 4 ranks;
+// each case below breaks one rule, which refuses it with a message naming both flags and the
+// fix, and every rule of the table has a case (a new row needs one here).
+TEST_CASE("the rules between options: one table, each row refusing its case by name", "[options]") {
+    for (int ranks : {1, 4}) {
+        pv::TrainOptions o;
+        o.parallel = ranks == 1 ? "single" : "ddp";
+        CHECK_NOTHROW(pv::check_option_rules(o, ranks));
+    }
+    struct Case {
+        const char* rule;  // the row's flags
+        void (*set)(pv::TrainOptions&);
+        int ranks;
+        std::vector<const char*> says;
+    };
+    const std::vector<Case> cases = {
+        {"--parallel auto, --shard-group", [](pv::TrainOptions& o) { o.shard_group = 2; }, 4,
+         {"--shard-group 2", "--parallel zero1"}},
+        {"--fp32-grad-accumulation, --dtype", [](pv::TrainOptions& o) { o.fp32_grad_accumulation = true, o.dtype = "fp32"; },
+         1, {"--fp32-grad-accumulation", "--dtype bf16", "drop the flag"}},
+        {"--stochastic-rounding, --dtype", [](pv::TrainOptions& o) { o.stochastic_rounding = true, o.dtype = "fp64"; },
+         1, {"--stochastic-rounding", "--dtype bf16"}},
+        {"--freeze, --lora-rank", [](pv::TrainOptions& o) { o.freeze = "lm_head.weight", o.lora_rank = 8; }, 1,
+         {"--freeze lm_head.weight", "--lora-rank 8", "drop --freeze"}},
+        {"--quantize, --lora-rank", [](pv::TrainOptions& o) { o.quantize = "nf4"; }, 1,
+         {"--quantize nf4", "add --lora-rank"}},
+        {"--quantize, --offload",
+         [](pv::TrainOptions& o) { o.quantize = "nf4", o.lora_rank = 8, o.offload = "params", o.parallel = "zero3"; },
+         2, {"--offload params", "--quantize nf4", "--offload optimizer"}},
+        {"--pipeline-chunks, --pipeline-schedule", [](pv::TrainOptions& o) { o.pipeline_chunks = 3; }, 1,
+         {"--pipeline-chunks 3", "--pipeline-schedule interleaved"}},
+        {"--parallel and its flags, the ranks",
+         [](pv::TrainOptions& o) { o.parallel = "zero1", o.pipeline_stages = 3; }, 4,
+         {"--pipeline-stages 3", "does not divide the 4 ranks"}},
+    };
+    std::vector<std::string> covered;
+    for (const Case& c : cases) {
+        INFO(c.rule);
+        pv::TrainOptions o;
+        o.parallel = "auto";
+        c.set(o);
+        std::string message;
+        try {
+            pv::check_option_rules(o, c.ranks);
+        } catch (const std::invalid_argument& e) {
+            message = e.what();
+        }
+        for (const char* s : c.says) CHECK(message.find(s) != std::string::npos);
+        // The row that refuses it is the one named (the others pass these options).
+        for (const pv::OptionRule& r : pv::option_rules())
+            CHECK(r.problem(o, c.ranks).empty() == (std::string(r.flags) != c.rule));
+        covered.push_back(c.rule);
+    }
+    for (const pv::OptionRule& r : pv::option_rules())
+        CHECK(std::find(covered.begin(), covered.end(), std::string(r.flags)) != covered.end());
 }

@@ -43,6 +43,7 @@
 #include "trainer/export.h"
 #include "trainer/generate.h"
 #include "trainer/model_dir.h"
+#include "trainer/option_rules.h"
 #include "trainer/options.h"
 #include "trainer/out_dir.h"
 #include "trainer/run.h"
@@ -194,29 +195,11 @@ int train_command(const TrainOptions& requested_flags, const OptionSources& sour
     const std::string init_dir = resume_dir.empty() ? o.init_from : "";
     // --parallel auto decides from the plan, which needs the model; until then the geometry is
     // checked as a data-parallel run's.
+    check_option_rules(o, world.size());  // every rule between options (trainer/option_rules.h)
     const bool automatic = o.parallel == "auto";
-    if (automatic && o.shard_group != 0)
-        throw std::invalid_argument("--shard-group " + std::to_string(o.shard_group) +
-                                    " shards a ZeRO stage: choose it with --parallel zero1, zero2 or zero3");
     if (automatic) guess_auto_strategy(o, world.size());
     check_strategy(strategy_options(o, world.size()), world.size());
     resolve_micro_batch(o, world.size());
-    if (o.fp32_grad_accumulation && o.dtype != "bf16")
-        throw std::invalid_argument("--fp32-grad-accumulation is for --dtype bf16 (" + o.dtype +
-                                    " gradients already accumulate in their own type); drop the flag");
-    if (o.stochastic_rounding && o.dtype != "bf16")
-        throw std::invalid_argument("--stochastic-rounding is for --dtype bf16 (" + o.dtype +
-                                    " parameters are their own master and are never rounded); drop the flag");
-    if (lora_config(o).enabled() && !o.freeze.empty())
-        throw std::invalid_argument("--freeze " + o.freeze + " with --lora-rank " + std::to_string(o.lora_rank) +
-                                    ": LoRA freezes the whole base already and trains only the adapters; drop "
-                                    "--freeze (or --lora-rank for full fine-tuning with frozen tensors)");
-    if (o.quantize == "nf4" && o.lora_rank == 0)
-        throw std::invalid_argument("--quantize nf4 stores the frozen base of a LoRA run (QLoRA): add --lora-rank");
-    if (o.quantize == "nf4" && o.offload == "params")
-        throw std::invalid_argument(
-            "--offload params with --quantize nf4: the NF4 base is quantised and loaded on the "
-            "device; use --offload optimizer");
     if (o.seq_len == 0 && init_dir.empty())
         throw std::invalid_argument("--seq-len 0 (the window from the data) goes with --init-from; give a --seq-len");
     if (o.lr > 0.1)  // in range (a test may want the update to overflow) but never a working rate
@@ -502,6 +485,7 @@ int plan_command(const TrainOptions& given, const PlanOptions& p) {
                                     std::to_string(config.max_seq_len) + ": use a shorter sequence");
     const GpuMemory gpu = parse_gpu_memory(o.gpu_memory.empty() ? "h100-80" : o.gpu_memory);
     const std::string requested_strategy = o.parallel;
+    check_option_rules(o, p.ranks);
     if (o.parallel == "auto") guess_auto_strategy(o, p.ranks);
     check_strategy(strategy_options(o, p.ranks), p.ranks);
     resolve_micro_batch(o, p.ranks);
@@ -548,7 +532,7 @@ int plan_command(const TrainOptions& given, const PlanOptions& p) {
         std::printf("\nevery strategy on %d rank(s):\n", p.ranks);
         for (const StrategyInfo& s : strategy_registry()) {
             PlanRequest alt = q;
-            alt.strategy = with_strategy(q.strategy, s.name);
+            alt.strategy = with_strategy(q.strategy, s.kind);
             try {
                 const MemoryPlan a = plan_memory(alt);
                 std::printf("  %-6s %12s per rank (largest rank)  %s\n", s.name, format_bytes(a.peak()).c_str(),

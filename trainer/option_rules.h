@@ -5,8 +5,11 @@
 // range), each enumerated one its choices. Options are checked by their JSON form (the same keys
 // trainer_state.json holds), so one loop covers every field; the flag of key `final_lr_fraction`
 // is `--final-lr-fraction`. A problem reads "--eps 0: must be > 0 (AdamW epsilon)": the flag, the
-// value as given, and what is allowed. Cross-option rules that need the data or the world size
-// (batch divisibility, a strategy's flags) stay where that is known (trainer/main.cu).
+// value as given, and what is allowed. Rules between options are one table too (option_rules):
+// each row names its flags and says what is wrong with them together; the parallel layer's row
+// runs the strategy's own checks on the world size (parallel/plan.h check_strategy). Rules that
+// need the data or a checkpoint (batch divisibility, --seq-len 0 without a model) stay where that
+// is known (trainer/main.cu).
 // Host C++ only.
 #pragma once
 
@@ -42,6 +45,17 @@ std::vector<std::string> option_choices(const std::string& key);
 
 // "--final-lr-fraction" for "final_lr_fraction".
 std::string flag_of(const std::string& key);
+
+// The rules between options: the flags a rule relates, and its problem for options `o` on
+// `ranks` ranks (empty when they agree).
+struct OptionRule {
+    const char* flags;
+    std::string (*problem)(const TrainOptions& o, int ranks);
+};
+const std::vector<OptionRule>& option_rules();
+// Throws std::invalid_argument with the first rule's problem (the options as given: --parallel
+// auto is resolved later, and its strategy checked then).
+void check_option_rules(const TrainOptions& o, int ranks);
 
 // Every problem of the options, each naming the flag; empty when they are all valid.
 std::vector<std::string> train_option_problems(const TrainOptions& o);

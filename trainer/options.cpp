@@ -920,19 +920,16 @@ LoraConfig lora_config(const TrainOptions& o) {
 
 StrategyOptions strategy_options(const TrainOptions& o, int ranks) {
     StrategyOptions s;
-    s.name = o.parallel;
+    s.kind = strategy_kind(o.parallel);
     s.pipeline_stages = o.pipeline_stages;
     s.pipeline = parse_pipeline_schedule(o.pipeline_schedule);
-    if (o.pipeline_chunks != 0 && s.pipeline != PipelineScheduleKind::interleaved)
-        throw std::invalid_argument("--pipeline-chunks " + std::to_string(o.pipeline_chunks) +
-                                    " is for --pipeline-schedule interleaved: drop it, or choose that schedule");
     s.chunks = s.pipeline == PipelineScheduleKind::interleaved ? (o.pipeline_chunks > 0 ? o.pipeline_chunks : 2) : 1;
     s.in_flight = o.in_flight;
-    s.balance = o.balance;
+    s.balance = parse_stage_balance(o.balance);
     s.fp32_grad_accumulation = o.fp32_grad_accumulation;
     s.shard_group = o.shard_group;
     s.offload = parse_offload(o.offload);
-    const int per_step = o.micro_batch * (o.parallel == "auto" ? 1 : data_ranks_of(s, ranks));
+    const int per_step = o.micro_batch * data_ranks_of(s, ranks);
     s.micro_per_step = per_step > 0 && o.batch % per_step == 0 ? std::max(1, o.batch / per_step) : 1;
     return s;
 }

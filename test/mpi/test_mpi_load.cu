@@ -90,7 +90,7 @@ template <class T>
 uint64_t check_strategy_load(pv::World& world, const std::string& strategy, const pv::LlamaConfig& c,
                              const SharedModelDir& dir, const std::set<std::string>& frozen = {}) {
     pv::StrategyOptions so;
-    so.name = strategy;
+    so.kind = pv::strategy_kind(strategy);
     const pv::StrategyPlan plan = pv::plan_strategy(so, c, 8, world.rank(), world.size());
     pv::ModelOptions mo;
     mo.batch = 1, mo.seq_len = 8, mo.seed = 42, mo.frozen = frozen, mo.placement = plan.placement;

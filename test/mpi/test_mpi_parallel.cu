@@ -183,7 +183,7 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
     RunResult r;
     {
         pv::StrategyOptions so;
-        so.name = strategy, so.in_flight = piped ? opt.microbatches : 0, so.fp32_grad_accumulation = !std::is_same_v<G, T>;
+        so.kind = pv::strategy_kind(strategy), so.in_flight = piped ? opt.microbatches : 0, so.fp32_grad_accumulation = !std::is_same_v<G, T>;
         so.pipeline = opt.pipeline, so.micro_per_step = opt.accumulation * (piped ? world_ranks / data_ranks : 1);
         so.chunks = piped ? opt.chunks : 1;
         so.pipeline_stages = mp ? 0 : opt.stages;
@@ -616,7 +616,7 @@ TEST_CASE("pipeline x data parallelism: two stages under ddp, zero1-3 and hybrid
     o.stages = 2, o.pipeline = pv::PipelineScheduleKind::one_f_one_b;
     if (n % 4 != 0) {
         pv::StrategyOptions so;
-        so.name = "ddp", so.pipeline_stages = n;
+        so.kind = pv::StrategyKind::ddp, so.pipeline_stages = n;
         CHECK_THROWS_WITH(pv::check_strategy(so, n), Catch::Contains("one rank per stage") &&
                                                           Catch::Contains("choose --parallel pp"));
         return;
@@ -1152,7 +1152,7 @@ void check_refused_step(const std::string& strategy, pv::Comm* comm, int world_r
     const pv::LlamaConfig config = awkward_model(world_ranks, true);
     const int ranks = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
     pv::StrategyOptions so;
-    so.name = strategy;
+    so.kind = pv::strategy_kind(strategy);
     so.offload = offload;
     const pv::StrategyPlan plan = pv::plan_strategy(so, config, kSeq, rank, ranks);
     pv::ModelOptions mo;

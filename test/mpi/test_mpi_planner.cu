@@ -85,7 +85,7 @@ Measured run_step(const Case& c, const pv::LlamaConfig& config, pv::Comm* comm) 
     pv::reset_memory_peaks();
     {
         pv::StrategyOptions so;
-        so.name = c.strategy, so.in_flight = piped(c) ? c.microbatches : 0, so.fp32_grad_accumulation = !std::is_same_v<G, T>;
+        so.kind = pv::strategy_kind(c.strategy), so.in_flight = piped(c) ? c.microbatches : 0, so.fp32_grad_accumulation = !std::is_same_v<G, T>;
         so.offload = c.offload, so.pipeline = c.pipeline, so.micro_per_step = micro_steps(c);
         so.chunks = c.chunks, so.pipeline_stages = c.stages;
         const pv::StrategyPlan plan = pv::plan_strategy(so, config, kSeq, rank, ranks);
@@ -118,7 +118,7 @@ double check_case(const Case& c, pv::Comm* comm, const char* dtype) {
     const pv::LlamaConfig config = pv::test::awkward_model(ranks, c.tied, c.chunks > 1 ? ranks * c.chunks : 2);
     pv::PlanRequest q;
     q.config = config, q.dtype = pv::dtype_of<T>(), q.groups = groups_of(c.variant);
-    q.strategy.name = c.strategy, q.strategy.in_flight = piped(c) ? c.microbatches : 0, q.strategy.pipeline = c.pipeline;
+    q.strategy.kind = pv::strategy_kind(c.strategy), q.strategy.in_flight = piped(c) ? c.microbatches : 0, q.strategy.pipeline = c.pipeline;
     q.strategy.chunks = c.chunks, q.strategy.pipeline_stages = c.stages;
     q.strategy.fp32_grad_accumulation = !std::is_same_v<G, T>;
     q.strategy.offload = c.offload;
