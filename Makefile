@@ -287,7 +287,7 @@ FORCE:
 
 # test_run_file checks the train program's own option parsing in process: it links the trainer's
 # option objects (plain C++) besides the product code.
-OPTION_OBJS := $(addprefix $(BUILD)/trainer/,options.o option_rules.o run_file.o version.o)
+OPTION_OBJS := $(addprefix $(BUILD)/trainer/,options.o option_rules.o option_table.o run_file.o version.o)
 $(BUILD)/test/test_run_file: $(BUILD)/test/test_run_file.o $(OPTION_OBJS) $(TEST_SUPPORT) $(CORE_LIBS)
 	$(LINK) -o $@ $^ $(BACKEND_LIBS) $(TRAIN_LIBS)
 

@@ -1,6 +1,5 @@
-// The mesh's shape: coordinates, groups, the printed layout and the node checks (see mesh.h; plain C++,
-// apart from mesh.cu's communicators, so that the option checks and the planner need no NCCL).
-#include "parallel/mesh.h"
+// The mesh's shape: coordinates, groups, the printed layout and the node checks (mesh_shape.h).
+#include "parallel/mesh_shape.h"
 
 #include <algorithm>
 #include <stdexcept>

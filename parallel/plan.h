@@ -10,7 +10,7 @@
 
 #include "model/config.h"
 #include "model/placement.h"
-#include "parallel/mesh.h"
+#include "parallel/mesh_shape.h"
 #include "parallel/policy.h"
 #include "parallel/schedule.h"
 #include "parallel/stages.h"
