@@ -211,23 +211,27 @@ RD := random+deferred
 under = $(foreach l,$(2),$(l)@$(1))
 HOST_SCHEDULES_OF = $(strip \
   $(if $(filter $(1),$(BUILD)/test/test_model mpi:2:$(BUILD)/test/mpi/test_mpi_parallel),in-order $(RD)) \
-  $(if $(filter $(1),$(BUILD)/test/test_train),$(RD)) \
-  $(if $(filter $(1),$(BUILD)/test/test_failures $(BUILD)/test/test_learning),in-order) \
+  $(if $(filter $(BUILD)/test/test_train%,$(1)),$(RD)) \
+  $(if $(filter $(BUILD)/test/test_failures% $(BUILD)/test/test_learning,$(1)),in-order) \
   $(if $(filter mpi:4:%,$(1)),$(RD)))
 runs_of = $(or $(call under,$(1),$(2)),$(1))
 MPI_TEST_RANKS := $(if $(filter asan,$(FLAVOUR)),2,2 4)
 MPI_TEST_SPECS := $(foreach n,$(MPI_TEST_RANKS),$(addprefix mpi:$(n):,$(MPI_TEST_BINS)))
 ONE_RANK_BINS := $(if $(filter asan,$(FLAVOUR)),$(filter-out $(BUILD)/test/test_learning,$(TEST_BINS)),$(TEST_BINS))
 # The runner runs TEST_JOBS suites at once (default: one per core), the slowest first, except
-# those whose assertions involve time, which run alone (--alone): the whole `train` programs meeting
-# signals and stalled ranks (test_failures; test_train, whose stall cases are [mpi], which the
-# asan flavour leaves out), the stall watchdog (test_collective_watch) and the multi-rank jobs,
-# which run under MPI_TEST_TIMEOUT.
+# what involves time, which runs alone (--alone): the stall watchdog (test_collective_watch), the
+# multi-rank jobs (under MPI_TEST_TIMEOUT), and the [timed] cases of the whole-`train` suites
+# (test_failures, test_train: signals, stalled ranks, a second writer, a failure that must end every
+# rank within a bound), whose other cases share the pool (run_tests.sh's PATH~[timed]). The asan
+# flavour leaves test_train's [timed] cases out ([mpi]), so runs it whole in the pool.
 TEST_JOBS ?= $(shell nproc)
-TIMED_BINS := $(addprefix $(BUILD)/test/,test_failures test_collective_watch $(if $(filter asan,$(FLAVOUR)),,test_train))
-SLOWEST_BINS := $(addprefix $(BUILD)/test/,test_train test_attention test_model test_learning test_lora)
+TIMED_BINS := $(BUILD)/test/test_collective_watch
+SPLIT_BINS := $(addprefix $(BUILD)/test/,test_failures $(if $(filter asan,$(FLAVOUR)),,test_train))
+SLOWEST_BINS := $(addprefix $(BUILD)/test/,test_train test_attention test_model test_failures test_learning test_lora)
 PARALLEL_BINS := $(filter-out $(TIMED_BINS),$(foreach b,$(SLOWEST_BINS),$(filter $(b),$(ONE_RANK_BINS))) $(filter-out $(SLOWEST_BINS),$(ONE_RANK_BINS)))
-ORDERED_SPECS := $(PARALLEL_BINS) --alone $(filter $(TIMED_BINS),$(ONE_RANK_BINS)) $(MPI_TEST_SPECS)
+PARALLEL_BINS := $(foreach b,$(PARALLEL_BINS),$(b)$(if $(filter $(b),$(SPLIT_BINS)),~[timed]))
+ORDERED_SPECS := $(PARALLEL_BINS) --alone $(filter $(TIMED_BINS),$(ONE_RANK_BINS)) $(addsuffix [timed],$(SPLIT_BINS)) \
+                 $(MPI_TEST_SPECS)
 ifeq ($(FULL)$(FLAVOUR),host)
   TEST_RUNS := $(foreach b,$(ORDERED_SPECS),$(if $(filter --alone,$(b)),$(b),$(call runs_of,$(b),$(call HOST_SCHEDULES_OF,$(b)))))
 else ifeq ($(FULL)$(FLAVOUR),asan)
@@ -349,11 +353,17 @@ KERNEL_FREE_SUITES := $(shell for f in test/*.cu test/mpi/*.cu; do \
 # compile at -O0 in every flavour: the code they run is the product's, compiled as the flavour
 # compiles it, and Catch2's assertions at -O2 cost 2-3x the compile time (test_failures.cpp: 50 s
 # against 123 s on a busy 2-core machine) for no speed the suites show.
-$(filter-out $(CATCH_MAINS),$(patsubst test/%.cpp,$(BUILD)/test/%.o,$(wildcard test/*.cpp))): HOST_CXXFLAGS += -O0
+# In the sanitizer flavours they compile exactly as in the host flavour, uninstrumented, so the
+# compiler cache serves the host flavour's objects (CI builds that one first): what they drive is
+# the product's objects and the `train` program, instrumented, and a suite's own code is drivers and
+# expectations (instrumenting it cost the ASan build 156 s of compile time on this machine).
+PLAIN_SUITE_OBJS := $(filter-out $(CATCH_MAINS),$(patsubst test/%.cpp,$(BUILD)/test/%.o,$(wildcard test/*.cpp)))
+$(PLAIN_SUITE_OBJS): HOST_CXXFLAGS += -O0
 ifneq ($(SANITIZE),)
 $(patsubst test/%.cu,$(BUILD)/test/%.o,$(KERNEL_FREE_SUITES)): CU += -O0
 $(JSON_PRODUCT_OBJS): HOST_CXXFLAGS += -O0
 $(CATCH_MAINS): HOST_CXXFLAGS := $(call cxxflags,$(PLAIN_OPT))
+$(PLAIN_SUITE_OBJS): HOST_CXXFLAGS := $(call cxxflags,$(PLAIN_OPT)) -O0
 endif
 
 # Catch2's main, the child-process helper, the train program's host parts and the host-only
@@ -431,7 +441,7 @@ TSAN_TESTS := $(addprefix $(BUILD)/test/,test_rmsnorm test_attention test_cross_
 TSAN_OPTIONS_ := TSAN_OPTIONS='halt_on_error=0 exitcode=66 history_size=4'
 
 test: $(TEST_BINS) $(MPI_TEST_BINS) $(TRAFFIC_TEST) $(BUILD)/train
-	@test/run_tests.sh --jobs $(TEST_JOBS) --filter '$(TEST_FILTER)$(if $(FULL),$(comma)[full])' $(SCHEDULES) $(TEST_RUNS)
+	@test/run_tests.sh --jobs $(TEST_JOBS) --filter '$(TEST_FILTER)$(if $(FULL),$(comma)[full])' $(SCHEDULES) $(foreach r,$(TEST_RUNS),'$(r)')
 
 # The full cross-product: every suite under every schedule and rank count, plus the hidden [full]
 # cases (make test-asan FULL=1 and make test-tsan FULL=1 are the same for those flavours).

@@ -15,6 +15,10 @@
 # A binary written `LABEL@PATH` runs only under the schedule labelled LABEL (a suite whose cost
 # is whole programs, where one schedule is what a budget affords).
 #
+# A binary written `PATH[TAG]` or `PATH~[TAG]` runs only the test cases with (or without) that tag,
+# on top of --filter: a suite whose few time-sensitive cases run --alone while the rest share the
+# pool (Catch2 tags; a path holds no `[`).
+#
 # A binary written `mpi:N:PATH` is a multi-rank suite (test/catch_mpi_main.cpp): it runs as
 # `mpirun -np N` on this machine (oversubscribed, allowed as root, ranks yielding when idle), each
 # rank with one host worker and one OpenBLAS thread and the schedule's variables, under a timeout
@@ -70,15 +74,26 @@ run_one() {
     ranks=${BASH_REMATCH[1]}
     bin=${BASH_REMATCH[2]}
   fi
+  local cases="$filter"
+  if [[ "$bin" =~ ^([^[~]+)(~?\[.+)$ ]]; then
+    # The tag joins every alternative of the filter (Catch2: `,` is or, juxtaposition is and).
+    bin=${BASH_REMATCH[1]}
+    local tag=${BASH_REMATCH[2]} alternatives=() alternative
+    IFS=',' read -r -a alternatives <<< "$filter"
+    cases=""
+    for alternative in "${alternatives[@]}"; do cases+="${cases:+,}$alternative$tag"; done
+    [[ -z "$cases" ]] && cases="$tag"
+  fi
   label="${schedule%%:*}"
   vars="${schedule#*:}"
   local env_args=()
   [[ -n "$vars" ]] && IFS=',' read -r -a env_args <<< "$vars"
   name=$(basename "$bin")
+  [[ -n "${tag:-}" ]] && name="$name $tag"
   [[ $ranks -gt 0 ]] && name="$name -np $ranks"
   [[ -n "$label" ]] && name="$name [$label]"
   local args=()
-  [[ -n "$filter" ]] && args+=("$filter")
+  [[ -n "$cases" ]] && args+=("$cases")
   local launcher=()
   local limit="$timeout_s"
   if [[ $ranks -gt 0 ]]; then
@@ -111,7 +126,7 @@ run_one() {
       echo "---- $name (exit $rc) ----"
       echo "$output"
       echo "---- $name: $passed passed, $failed failed (${seconds}s); reproduce with:"
-      echo "     ${env_args[*]} ${launcher[*]} $bin '${filter}'"
+      echo "     ${env_args[*]} ${launcher[*]} $bin '${cases}'"
     else
       echo "$name: $passed passed (${seconds}s)"
     fi

@@ -209,7 +209,7 @@ TEST_CASE("train under mpirun: a corrupted checkpoint file found by the rank tha
 TEST_CASE(
     "train under mpirun: a stop signal on one rank stops every rank after one step with a checkpoint; resumed, "
     "the bytes of an unbroken run",
-    "[train][mpi][signals]") {
+    "[train][mpi][signals][timed]") {
     TempDir dir("train_signal_mpi");
     const std::string train = (build_dir() / "train").string();
     const std::string run = train +
@@ -273,7 +273,7 @@ TEST_CASE("train: a stop signal while loading exits by the signal and writes not
 // A second signal (real ones, sent with kill once step 2's checkpoint is written: SIGINT and
 // SIGTERM) ends the run at once with 128 + its number, long before its 40 steps, and says that the
 // step in flight has no checkpoint; the earlier checkpoint is complete.
-TEST_CASE("train: a second stop signal exits at once, non-zero, leaving the earlier checkpoint", "[train][signals]") {
+TEST_CASE("train: a second stop signal exits at once, non-zero, leaving the earlier checkpoint", "[train][signals][timed]") {
     TempDir dir("train_signal_twice");
     const std::string log = dir.file("log"), out = dir.file("out");
     const Run r = run_train_command(
@@ -423,7 +423,7 @@ TEST_CASE("train: a new run into a directory that holds a run is refused; --over
 // a new run or a resume — is refused naming the first's pid; the first, stopped by SIGTERM, still
 // writes its checkpoint and exits 0.
 TEST_CASE("train: a second writer into a directory a run is writing is refused naming the first",
-          "[train][out_dir][heavy]") {
+          "[train][out_dir][heavy][timed]") {
     TempDir dir("train_second_writer");
     const fs::path out = dir.path / "out";
     const std::string train = (build_dir() / "train").string();
@@ -457,7 +457,7 @@ TEST_CASE("train: a second writer into a directory a run is writing is refused n
 // SIGCONT as the stop request (trainer/signals.h), so the step in flight ends with a complete
 // checkpoint, every rank agreeing, well before the SIGKILL. mpirun itself waits out both timeouts.
 TEST_CASE("train under mpirun: Ctrl-C on mpirun, or SIGTERM to every rank, ends the run after the step in flight",
-          "[train][mpi][signals]") {
+          "[train][mpi][signals][timed]") {
     TempDir dir("train_mpirun_interrupt");
     const fs::path out = dir.path / "out";
     const std::string metrics = (out / "metrics.jsonl").string();
@@ -564,7 +564,7 @@ TEST_CASE("train: a checkpoint that cannot be written leaves the previous one in
 TEST_CASE(
     "train under mpirun: a stalled rank ends every rank within --collective-timeout, naming it and the "
     "collective; a slow rank does not",
-    "[train][mpi]") {
+    "[train][mpi][timed]") {
     TempDir dir("train_mpi_stall");
     // Three steps (the pauses come before step 2's or 3's first collective), no evaluation: short jobs.
     const std::string run = (build_dir() / "train").string() +

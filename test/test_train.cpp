@@ -570,7 +570,7 @@ TEST_CASE("train under mpirun: zero1, zero2, zero3 and ddp train identically, an
     REQUIRE(single.output.find("choose --parallel ddp, zero1, zero2, zero3 or pp") != std::string::npos);
 }
 
-TEST_CASE("train under mpirun: a failure on one rank ends every rank within 60 s with its message", "[train][mpi]") {
+TEST_CASE("train under mpirun: a failure on one rank ends every rank within 60 s with its message", "[train][mpi][timed]") {
     TempDir dir("train_mpi_fail");
     const std::string train = (build_dir() / "train").string();
     // Rank 1 is given a data file that does not exist; rank 0 goes ahead and would wait forever in
@@ -593,7 +593,7 @@ TEST_CASE("train under mpirun: a failure on one rank ends every rank within 60 s
 // peer would leave it) is found by the polling wait, which aborts the communicator and ends the
 // job with the rank and the communicator named, instead of leaving rank 0 waiting forever.
 TEST_CASE("train under mpirun: an asynchronous NCCL error ends the job with a message naming the rank",
-          "[train][mpi]") {
+          "[train][mpi][timed]") {
     TempDir dir("train_mpi_async");
     const std::string run = (build_dir() / "train").string() + " " + kTiny + " --sample-tokens 0 ";
     for (const char* strategy : {"ddp", "zero1"}) {
@@ -642,54 +642,60 @@ std::map<long long, double> metric_losses(const fs::path& p) {
 
 // DESIGN.md §3: checkpoints hold whole, unpadded tensors, so a run saved by any strategy at N ranks
 // resumes with any strategy at M ranks and continues the same training (fp64: to 1e-10 of a run
-// that never stopped, on one rank). The pipelines run the default model's 6 units over 4 ranks
-// with 4 micro-batches in flight, and over 2 ranks as 4 interleaved stages resumed under GPipe
-// and the reverse; hybrid zero3 shards within 2 groups of 2 ranks (its checkpoint
-// gathered within rank 0's group) and resumes on one rank, and the reverse; two pipeline stages,
-// each under zero1 over 2 ranks, resume on one rank and as zero3 over 4, and the reverse; two
-// stages under hybrid zero3 (2 replicas of 1 shard) resume on one rank.
+// that never stopped, on one rank). Each chain stops and resumes its 8 steps under each
+// strategy in turn, so one chain checks both directions of a change: zero3 at 4 ranks and ddp at 2;
+// the pipeline over 4 ranks (the default model's 6 units, 4 micro-batches in flight) and zero2 at
+// 2; 4 interleaved stages over 2 ranks and GPipe; hybrid zero3 (2 groups of 2 ranks, its
+// checkpoint gathered within rank 0's group), one rank, and two stages under hybrid zero3 (2
+// replicas of 1 shard); two stages each under zero1 over 2 ranks, one rank, and zero3 over 4.
 TEST_CASE(
     "train: a checkpoint saved by zero3 at 4 ranks resumes with ddp at 2, and the reverse; pp (1F1B, GPipe, "
     "interleaved), zero2, hybrid zero3, pp 2 x zero1 2 and pp 2 x hybrid zero3 too",
     "[train][mpi]") {
     TempDir dir("train_reshard");
     const std::string train = (build_dir() / "train").string();
-    const std::string run =
-        " --dtype fp64 --steps 8 --batch 8 --seq-len 16 --vocab 300 --warmup 2 --lr 3e-3 "
-        "--eval-interval 0 --sample-tokens 0 ";
+    constexpr int kSteps = 8;
+    const std::string run = " --dtype fp64 --steps " + std::to_string(kSteps) +
+                            " --batch 8 --seq-len 16 --vocab 300 --warmup 2 --lr 3e-3 --eval-interval 0 "
+                            "--sample-tokens 0 ";
     REQUIRE(run_train(run + "--out-dir " + dir.file("straight")).status == 0);
     const auto straight = metric_losses(fs::path(dir.file("straight")) / "metrics.jsonl");
-    REQUIRE(straight.size() == 8);
-    for (const auto& [first, second] : std::vector<std::pair<std::pair<int, std::string>, std::pair<int, std::string>>>{
-             {{4, "zero3"}, {2, "ddp"}},
-             {{2, "ddp"}, {4, "zero3"}},
-             {{4, "pp --in-flight 4"}, {2, "zero2"}},
-             {{2, "zero2"}, {4, "pp --in-flight 4"}},
-             {{2, "pp --pipeline-schedule interleaved --pipeline-chunks 2 --micro-batch 2"}, {2, "pp --pipeline-schedule gpipe"}},
-             {{2, "pp --pipeline-schedule gpipe --micro-batch 2"}, {2, "pp --pipeline-schedule interleaved"}},
-             {{4, "zero3 --shard-group 2"}, {1, "single"}},
-             {{1, "single"}, {4, "zero3 --shard-group 2"}},
-             {{4, "zero1 --pipeline-stages 2 --micro-batch 2"}, {1, "single"}},
-             {{1, "single --micro-batch 2"}, {4, "zero1 --pipeline-stages 2"}},
-             {{4, "zero1 --pipeline-stages 2 --micro-batch 1"}, {4, "zero3"}},
-             {{4, "zero3 --micro-batch 1"}, {4, "zero1 --pipeline-stages 2"}},
-             {{4, "zero3 --pipeline-stages 2 --shard-group 1"}, {1, "single"}}}) {
-        std::string name = first.second + "x" + std::to_string(first.first);
+    REQUIRE(straight.size() == size_t(kSteps));
+    using Segment = std::pair<int, std::string>;  // ranks, --parallel and its flags
+    for (const std::vector<Segment>& chain : std::vector<std::vector<Segment>>{
+             {{4, "zero3"}, {2, "ddp"}, {4, "zero3"}},
+             {{4, "pp --in-flight 4"}, {2, "zero2"}, {4, "pp --in-flight 4"}},
+             {{2, "pp --pipeline-schedule interleaved --pipeline-chunks 2 --micro-batch 2"},
+              {2, "pp --pipeline-schedule gpipe"},
+              {2, "pp --pipeline-schedule interleaved"}},
+             {{4, "zero3 --shard-group 2"}, {1, "single"}, {4, "zero3 --pipeline-stages 2 --shard-group 1"}},
+             {{4, "zero1 --pipeline-stages 2 --micro-batch 2"},
+              {1, "single"},
+              {4, "zero1 --pipeline-stages 2"},
+              {4, "zero3"},
+              {4, "zero1 --pipeline-stages 2"}}}) {
+        std::string name = chain.front().second + "x" + std::to_string(chain.front().first);
         std::replace(name.begin(), name.end(), ' ', '_');
         const std::string out = dir.file(name);
-        const Run a =
-            run_mpi(first.first, train + run + "--parallel " + first.second + " --stop-after 4 --out-dir " + out);
-        INFO(a.output);
-        REQUIRE(a.status == 0);
-        const Run b = run_mpi(second.first, train + " --resume " + out + " --parallel " + second.second);
-        INFO(b.output);
-        REQUIRE(b.status == 0);
-        REQUIRE(b.output.find("resumed from") != std::string::npos);
+        std::string path;  // the chain so far, for the messages
+        int done = 0;      // steps run so far
+        for (size_t i = 0; i < chain.size(); ++i) {
+            const auto& [ranks, parallel] = chain[i];
+            path += (i ? " -> " : "") + parallel + " x" + std::to_string(ranks);
+            const int end = int((kSteps * (i + 1) + chain.size() / 2) / chain.size());  // this segment's last step
+            const std::string stop = end < kSteps ? " --stop-after " + std::to_string(end - done) : "";
+            const Run r = run_mpi(ranks, train + (i ? " --resume " + out + " --parallel " + parallel
+                                                    : run + "--parallel " + parallel + " --out-dir " + out) +
+                                             stop);
+            INFO(path << "\n" << r.output);
+            REQUIRE(r.status == 0);
+            if (i) REQUIRE(r.output.find("resumed from") != std::string::npos);
+            done = end;
+        }
         const auto resumed = metric_losses(fs::path(out) / "metrics.jsonl");
-        REQUIRE(resumed.size() == 8);
+        REQUIRE(resumed.size() == size_t(kSteps));
         for (const auto& [step, loss] : straight) {
-            INFO(first.second << " x" << first.first << " -> " << second.second << " x" << second.first << ", step "
-                              << step);
+            INFO(path << ", step " << step);
             CHECK(std::abs(resumed.at(step) - loss) <= 1e-10 * std::abs(loss));
         }
     }

@@ -576,8 +576,8 @@ TEST_CASE("mp runs 1F1B: warm-up, one forward one backward, cool-down; the singl
 
 // Interleaved 1F1B (parallel/schedule.h): each rank runs two chunks of a model of 2p blocks (stages
 // r and r + p), and trains what single trains on that model — untied bit for bit, tied within
-// 1e-10 (fp64), with LoRA (dropout on), QLoRA and activation checkpointing — and each rank holds
-// only its chunks' units.
+// 1e-10 (fp64), with LoRA (dropout on) and QLoRA (at 2 ranks: 4 run the same chunk code on a model
+// twice the size) and activation checkpointing — and each rank holds only its chunks' units.
 TEST_CASE("mp runs interleaved 1F1B over two chunks per rank: the single run's weights, untied bit for bit",
           "[parallel][mp][parity][interleaved]") {
     pv::World world(nullptr, nullptr);
@@ -590,12 +590,14 @@ TEST_CASE("mp runs interleaved 1F1B over two chunks per rank: the single run's w
     REQUIRE(interleaved.stages.size() == size_t(2 * p + 1));
     check_close(interleaved, single);
     check_identical(train<double>("mp", &world.comm(), p, untied), single_untied);
-    Options lora = lora_options(), qlora = lora_options();
-    qlora.nf4 = true;
-    for (Options* x : {&lora, &qlora})
-        x->microbatches = 0, x->chunks = 2, x->pipeline = pv::PipelineScheduleKind::interleaved;
-    check_close(train<double>("mp", &world.comm(), p, lora), reference<double>(world, lora));
-    check_close(train<double>("mp", &world.comm(), p, qlora), reference<double>(world, qlora));
+    if (p == 2) {
+        Options lora = lora_options(), qlora = lora_options();
+        qlora.nf4 = true;
+        for (Options* x : {&lora, &qlora})
+            x->microbatches = 0, x->chunks = 2, x->pipeline = pv::PipelineScheduleKind::interleaved;
+        check_close(train<double>("mp", &world.comm(), p, lora), reference<double>(world, lora));
+        check_close(train<double>("mp", &world.comm(), p, qlora), reference<double>(world, qlora));
+    }
     Options checkpointed = o;
     checkpointed.checkpointing = {true, 2};
     check_identical(train<double>("mp", &world.comm(), p, checkpointed), interleaved);
