@@ -51,6 +51,17 @@ RooflineEfficiency roofline_efficiency(Roofline r) {
     throw std::logic_error("roofline_efficiency: unknown roofline");
 }
 
+Device rtx_6000_ada() {
+    Device d;
+    d.name = "RTX 6000 Ada Generation (48 GB GDDR6)";
+    d.hbm_bytes_per_s = 960e9;
+    d.tensor_bf16_flops = 364.2e12;
+    d.cuda_core_fp32_flops = 91.1e12;
+    d.link_bytes_per_s = 32e9;
+    d.link = "PCIe 4.0 x16: 32 GB/s each way, no NVLink";
+    return d;
+}
+
 double predicted_seconds(const KernelCost& k, const Device& d) {
     const RooflineEfficiency e = roofline_efficiency(k.roofline);
     const bool tensor = k.roofline == Roofline::cublas_gemm || k.roofline == Roofline::attention_mma;
@@ -319,6 +330,39 @@ void append(std::vector<KernelCost>& out, std::vector<KernelCost> ks, double cou
 
 }  // namespace
 
+namespace {
+
+// A projection a LoRA adapter may target: its module name, input and output widths.
+struct Projection {
+    const char* module;
+    long long in, out;
+};
+
+std::vector<Projection> projections(const LlamaConfig& c) {
+    const long long C = c.hidden_size, F = c.ffn_size, q = c.q_width(), kv = c.kv_width();
+    return {{"q_proj", C, q},  {"k_proj", C, kv},  {"v_proj", C, kv},   {"o_proj", q, C},
+            {"gate_proj", C, F}, {"up_proj", C, F}, {"down_proj", F, C}};
+}
+
+// One adapter's GEMMs on N rows (kernels/lora.cuh): forward u = x·Aᵀ, y += s·u·Bᵀ; backward
+// du = s·dy·B, dB += s·dyᵀ·u, dA += duᵀ·x, dx += du·A.
+std::vector<KernelCost> adapter_forward(long long N, const Projection& p, int r, int t) {
+    const std::string m = p.module;
+    std::vector<KernelCost> k = cost::gemm(N, r, p.in, t, false, m + " adapter: u = x·Aᵀ");
+    append(k, cost::gemm(N, p.out, r, t, true, m + " adapter: y += s·u·Bᵀ"));
+    return k;
+}
+std::vector<KernelCost> adapter_backward(long long N, const Projection& p, int r, int t) {
+    const std::string m = p.module;
+    std::vector<KernelCost> k = cost::gemm(N, r, p.out, t, false, m + " adapter backward: du");
+    append(k, cost::gemm(p.out, r, N, t, true, m + " adapter backward: dB"));
+    append(k, cost::gemm(r, p.in, N, t, true, m + " adapter backward: dA"));
+    append(k, cost::gemm(N, p.in, r, t, true, m + " adapter backward: dx"));
+    return k;
+}
+
+}  // namespace
+
 std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     const LlamaConfig& c = s.config;
     const int t = s.t, a = 4, C = c.hidden_size, F = c.ffn_size, V = c.vocab_size, hd = c.head_dim_resolved();
@@ -327,6 +371,23 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     const double micro = s.accumulation, layers = double(L) * micro;
     const long long distinct = std::min<long long>(std::min<long long>(N, 4096), V);  // per chunk, at most
     const bool now = set == KernelSet::now;
+    const bool lora = s.lora.enabled(), full = !lora;  // full: the base weights train
+    if (lora && !now) throw std::invalid_argument("step_kernels: LoRA is priced with today's kernels only");
+    // The targeted projections, and the adapters' GEMMs of each direction.
+    std::vector<Projection> targeted;
+    for (const Projection& p : projections(c))
+        if (lora && std::count(s.lora.targets.begin(), s.lora.targets.end(), p.module)) targeted.push_back(p);
+    const auto adapters = [&](bool forward) {
+        std::vector<KernelCost> k;
+        for (const Projection& p : targeted)
+            append(k, forward ? adapter_forward(N, p, s.lora.rank, t) : adapter_backward(N, p, s.lora.rank, t));
+        return k;
+    };
+    // The base's weight gradient GEMMs, only when it trains.
+    const auto weight_gradient = [&](std::vector<KernelCost>& k, long long rows, long long cols, const char* op,
+                                     double count) {
+        if (full) append(k, cost::gemm(rows, cols, N, t, true, op), count);
+    };
     std::vector<KernelCost> k;
     append(k, cost::count_targets(N), micro);
     // Forward.
@@ -345,24 +406,25 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     append(k, cost::swiglu_forward(N, F, t), layers);
     append(k, cost::gemm(N, C, F, t, false, "down projection"), layers);
     append(k, cost::add(N * C, t), layers);
+    append(k, adapters(true), layers);
     append(k, cost::rmsnorm_forward(N, C, t, a), micro);
     append(k, cost::gemm(N, V, C, t, false, "lm_head"), micro);
     append(k, cost::cross_entropy_forward(N, V, t, a), micro);
     // Backward.
     append(k, now ? cost::cross_entropy_backward(N, V, t, a) : cost::before::cross_entropy_backward(N, V, t), micro);
     append(k, cost::gemm(N, C, V, t, false, "lm_head backward: dX"), micro);
-    append(k, cost::gemm(V, C, N, t, true, "lm_head backward: dW"), micro);
+    weight_gradient(k, V, C, "lm_head backward: dW", micro);
     if (!now) append(k, cost::memset(double(N) * C * t, "head: residual gradient zeroed"), micro);
-    append(k, cost::rmsnorm_backward(N, C, t, a, true), micro);
+    append(k, cost::rmsnorm_backward(N, C, t, a, full), micro);
     if (!now) append(k, cost::memcpy(double(N) * C * t, "residual gradient copy"), layers);
     append(k, cost::gemm(N, F, C, t, false, "down backward: dX"), layers);
-    append(k, cost::gemm(C, F, N, t, true, "down backward: dW"), layers);
+    weight_gradient(k, C, F, "down backward: dW", layers);
     append(k, cost::swiglu_backward(N, F, t), layers);
     append(k, cost::gemm(N, C, 2LL * F, t, false, "gate, up backward: dX"), layers);
-    append(k, cost::gemm(2LL * F, C, N, t, true, "gate, up backward: dW"), layers);
-    append(k, cost::rmsnorm_backward(N, C, t, a, true), layers);
+    weight_gradient(k, 2LL * F, C, "gate, up backward: dW", layers);
+    append(k, cost::rmsnorm_backward(N, C, t, a, full), layers);
     append(k, cost::gemm(N, c.q_width(), C, t, false, "output backward: dX"), layers);
-    append(k, cost::gemm(C, c.q_width(), N, t, true, "output backward: dW"), layers);
+    weight_gradient(k, C, c.q_width(), "output backward: dW", layers);
     if (now) {
         append(k, cost::attention_backward(s.batch, s.seq_len, H, Hkv, hd, t, a, false), layers);
     } else {  // the same D kernel, then the CUDA-core kernels
@@ -372,15 +434,24 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     append(k, cost::rope(N, H, hd, t, a, false, s.seq_len), layers);
     append(k, cost::rope(N, Hkv, hd, t, a, false, s.seq_len), layers);
     append(k, cost::gemm(N, C, c.qkv_width(), t, false, "q, k, v backward: dX"), layers);
-    append(k, cost::gemm(c.qkv_width(), C, N, t, true, "q, k, v backward: dW"), layers);
-    append(k, cost::rmsnorm_backward(N, C, t, a, true), layers);
-    append(k, cost::embedding_backward(N, C, distinct, t), micro);
+    weight_gradient(k, c.qkv_width(), C, "q, k, v backward: dW", layers);
+    append(k, cost::rmsnorm_backward(N, C, t, a, full), layers);
+    append(k, adapters(false), layers);
+    if (full) append(k, cost::embedding_backward(N, C, distinct, t), micro);
     // The optimizer step: gradients zeroed, the norm, the update.
+    const double z = s.optimizer_shards;  // each rank's share of the norm and the update
+    if (lora) {  // each block's adapters are its unit's trainable tensors; nothing else trains
+        double block_params = 0;
+        for (const Projection& p : targeted) block_params += double(s.lora.rank) * double(p.in + p.out);
+        append(k, cost::memset(L * block_params * t, "gradients zeroed"), 1);
+        append(k, cost::sum_of_squares((long long)(block_params / z), t, true), L);
+        append(k, cost::adamw((long long)(block_params / z), t, t, a, 2 * int(targeted.size())), L);
+        return k;
+    }
     const double block_params = double(c.qkv_width()) * C + double(C) * c.q_width() + 3.0 * C * F + 2.0 * C;
     const double embedding = double(V) * C, head = (c.tie_embeddings ? 0 : double(V) * C) + C;
     const double params = embedding + L * block_params + head;
     const int head_tensors = c.tie_embeddings ? 1 : 2;
-    const double z = s.optimizer_shards;  // each rank's share of the norm and the update
     append(k, cost::memset(params * t, "gradients zeroed"), 1);
     append(k, cost::sum_of_squares((long long)(block_params / z), t, true), L);
     append(k, cost::sum_of_squares((long long)(embedding / z), t, true), 1);

@@ -20,6 +20,7 @@
 #pragma once
 
 #include "model/config.h"
+#include "model/lora.h"
 
 #include <string>
 #include <vector>
@@ -45,13 +46,28 @@ struct KernelCost {
     double bytes() const { return read_bytes + written_bytes; }
 };
 
-// The H100 SXM5 figures the model uses.
+// A GPU's figures the model uses; the default is the H100 SXM5. The roofline efficiencies
+// (step_cost.cpp) are the H100's for every device: a prediction for another GPU assumes cuBLAS and
+// our kernels reach the same fraction of its peaks.
 struct Device {
     const char* name = "H100 SXM5 (80 GB HBM3)";
     double hbm_bytes_per_s = 3.35e12;       // datasheet
     double tensor_bf16_flops = 989.4e12;    // dense bf16, model/flops.h
     double cuda_core_fp32_flops = 66.9e12;  // datasheet: 132 SMs · 128 FP32 lanes · 2 · 1.98 GHz
+    // The link between two GPUs, one direction, as published (what a collective reaches of it is
+    // the user's assumption, stated where it is used): NVLink 4, 900 GB/s both ways (datasheet).
+    double link_bytes_per_s = 450e9;
+    const char* link = "NVLink 4: 450 GB/s each way";
 };
+// The RTX 6000 Ada Generation (48 GB GDDR6, PCIe 4.0 x16, no NVLink), from NVIDIA's datasheet
+// ("NVIDIA RTX 6000 Ada Generation", 2022) and the Ada whitepaper ("NVIDIA Ada GPU Architecture",
+// 2023, appendix table of the RTX 6000 Ada):
+//   tensor bf16, dense, FP32 accumulate  364.2 TFLOPS (whitepaper; the datasheet's 1,457 TFLOPS is
+//                                        FP8 with sparsity, 4x that: 142 SMs · 1024 FLOP/clk · 2.505 GHz)
+//   fp32 CUDA cores                      91.1 TFLOPS (datasheet: 18,176 cores · 2 · 2.505 GHz)
+//   memory                               960 GB/s (datasheet)
+//   link                                 PCIe 4.0 x16: 32 GB/s each way (64 GB/s both, datasheet)
+Device rtx_6000_ada();
 
 // Predicted seconds of one kernel launch (count ignored), and the efficiencies behind it.
 double predicted_seconds(const KernelCost& k, const Device& d = {});
@@ -103,15 +119,20 @@ std::vector<KernelCost> cross_entropy_backward(long long N, int V, int t);
 }  // namespace before
 }  // namespace cost
 
-// The shape of one training step of one rank: full fine-tuning, micro-batch `batch` × `seq_len`,
-// `accumulation` micro-steps per optimizer step, storage bytes t (bf16: 2); under ZeRO each rank
-// forms the norm of and updates 1/optimizer_shards of the parameters.
+// The shape of one training step of one rank: micro-batch `batch` × `seq_len`, `accumulation`
+// micro-steps per optimizer step, storage bytes t (bf16: 2); under ZeRO each rank forms the norm
+// of and updates 1/optimizer_shards of the parameters. Full fine-tuning, or with `lora` enabled
+// LoRA: the base frozen (no weight gradients: every dW GEMM, the embedding's backward and the
+// norms' weight gradients drop out), each targeted projection's adapter adding its six small GEMMs
+// (model/lora.h), the optimizer over the adapters alone. LoRA's dropout is not priced (its
+// elementwise passes over each targeted input: price with dropout 0).
 struct StepShape {
     LlamaConfig config;
     int batch = 1, seq_len = 2048, accumulation = 1;
     int t = 2;
     int optimizer_shards =
         1;  // ranks the optimizer state is split over (ZeRO: its shard group, by default the world; else 1)
+    LoraConfig lora{};  // rank 0: full fine-tuning
 };
 
 // Which kernels: those of the issue-15 code (now), or those it replaced (before), for the

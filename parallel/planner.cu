@@ -258,7 +258,7 @@ namespace {
 const std::vector<std::pair<std::string, double>> kGpus = {
     {"h100-80", 80.0 * (1ull << 30)}, {"a100-80", 80.0 * (1ull << 30)}, {"a100-40", 40.0 * (1ull << 30)},
     {"l4-24", 24.0 * (1ull << 30)},   {"rtx4090-24", 24.0 * (1ull << 30)}, {"rtx3090-24", 24.0 * (1ull << 30)},
-    {"t4-16", 16.0 * (1ull << 30)},
+    {"t4-16", 16.0 * (1ull << 30)},   {"rtx6000ada-48", 48.0 * (1ull << 30)},
 };
 // clang-format on
 

@@ -80,7 +80,7 @@ struct GpuMemory {
     double bytes = 0;  // the device's memory
     double usable() const { return bytes * (1 - kSlackFraction) - kReservedBytes; }
 };
-// "h100-80", "a100-80", "a100-40", "l4-24", "rtx4090-24", "rtx3090-24", "t4-16", or bytes with an
+// "h100-80", "a100-80", "a100-40", "l4-24", "rtx4090-24", "rtx3090-24", "t4-16", "rtx6000ada-48", or bytes with an
 // optional unit ("80GB", "24GiB", "16e9"); throws std::invalid_argument listing the names.
 GpuMemory parse_gpu_memory(const std::string& text);
 std::vector<std::string> gpu_names();

@@ -1,0 +1,129 @@
+// The performance model's LoRA step (model/step_cost.h) against counts made by hand: the GEMM
+// FLOPs of a step, the kernels that drop out when the base is frozen, and the optimizer's
+// elements; and the RTX 6000 Ada's figures against the peak model/flops.h derives for its SMs.
+#include "model/step_cost.h"
+
+#include "model/config.h"
+#include "model/flops.h"
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <string>
+
+namespace step_cost_test {
+
+// The same small GQA config as test_flops: hidden 8, q width 2·6 = 12, kv width 6, ffn 12, two
+// blocks, vocabulary 10.
+pv::LlamaConfig hand_built() {
+    pv::LlamaConfig c;
+    c.name = "hand";
+    c.vocab_size = 10;
+    c.hidden_size = 8;
+    c.num_layers = 2;
+    c.num_heads = 2;
+    c.num_kv_heads = 1;
+    c.head_dim = 6;
+    c.ffn_size = 12;
+    c.max_seq_len = 16;
+    c.tie_embeddings = true;
+    return c;
+}
+
+struct Sums {
+    double gemm_flops = 0;
+    double adamw_launches = 0;
+    bool weight_gradients = false, embedding_backward = false, norm_weight_gradients = false;
+};
+
+Sums sums(const pv::StepShape& s) {
+    Sums out;
+    for (const pv::KernelCost& k : pv::step_kernels(s, pv::KernelSet::now)) {
+        if (k.kernel == "gemm") out.gemm_flops += k.flops * k.count;
+        if (k.op.find("dW") != std::string::npos) out.weight_gradients = true;
+        if (k.op.find("embedding backward") != std::string::npos) out.embedding_backward = true;
+        if (k.kernel == "rmsnorm_dweight_kernel") out.norm_weight_gradients = true;
+        if (k.op.find("AdamW") != std::string::npos || k.kernel.find("adamw") != std::string::npos)
+            out.adamw_launches += k.count;
+    }
+    return out;
+}
+
+}  // namespace step_cost_test
+
+using namespace step_cost_test;
+
+// Per token, each base weight costs 2 FLOPs forward, 2 for its input gradient and, when it trains,
+// 2 for its weight gradient; an adapter of rank r on a linear of `in` inputs and `out` outputs
+// costs 2·r·(in + out) forward and 4·r·(in + out) backward (du, dB, dA, dx).
+TEST_CASE("step cost: LoRA's GEMMs are the frozen base's forward and input gradients plus the adapters'",
+          "[step_cost]") {
+    const pv::LlamaConfig c = hand_built();
+    // The matmul weights: per block Wq 8×12, Wk 8×6, Wv 8×6, Wo 12×8, Wgate, Wup 8×12, Wdown 12×8;
+    // the head 10×8.
+    const double block = 96 + 48 + 48 + 96 + 96 + 96 + 96, head = 80, weights = 2 * block + head;
+    pv::StepShape full;
+    full.config = c, full.batch = 3, full.seq_len = 5, full.accumulation = 2, full.t = 2;
+    const double tokens = 3.0 * 5 * 2;
+    const Sums f = sums(full);
+    CHECK(f.gemm_flops == Approx(6 * weights * tokens).epsilon(1e-12));
+    CHECK(f.weight_gradients);
+    CHECK(f.embedding_backward);
+    CHECK(f.norm_weight_gradients);
+
+    pv::StepShape lora = full;
+    lora.lora.rank = 4;
+    lora.lora.targets = {"q_proj", "v_proj", "down_proj"};
+    // q: 8 in, 12 out; v: 8 in, 6 out; down: 12 in, 8 out.
+    const double adapter_dims = (8 + 12) + (8 + 6) + (12 + 8);
+    const Sums l = sums(lora);
+    CHECK(l.gemm_flops == Approx(4 * weights * tokens + 6 * 4 * adapter_dims * 2 * tokens).epsilon(1e-12));
+    CHECK_FALSE(l.weight_gradients);
+    CHECK_FALSE(l.embedding_backward);
+    CHECK_FALSE(l.norm_weight_gradients);
+    // One AdamW launch per block, over its adapters alone: r·(in + out) per targeted linear.
+    CHECK(l.adamw_launches == 2);
+    // Each launch is over that block's 4·54 = 216 adapter elements (cost::adamw's bytes for them).
+    const pv::KernelCost expected = pv::cost::adamw(4 * 54, 2, 2, 4, 6).front();
+    for (const pv::KernelCost& k : pv::step_kernels(lora, pv::KernelSet::now))
+        if (k.op.find("AdamW") != std::string::npos || k.kernel.find("adamw") != std::string::npos) {
+            CHECK(k.read_bytes == expected.read_bytes);
+            CHECK(k.written_bytes == expected.written_bytes);
+        }
+    // Every target: the seven linears, each with its widths.
+    lora.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    const double all_dims = (8 + 12) + (8 + 6) + (8 + 6) + (12 + 8) + (8 + 12) + (8 + 12) + (12 + 8);
+    CHECK(sums(lora).gemm_flops == Approx(4 * weights * tokens + 6 * 4 * all_dims * 2 * tokens).epsilon(1e-12));
+    // LoRA is priced with today's kernels only.
+    CHECK_THROWS_AS(pv::step_kernels(lora, pv::KernelSet::before), std::invalid_argument);
+}
+
+// A LoRA step is the full step less the weight gradients: at a real shape its predicted time is
+// between two thirds and all of the full step's (the GEMMs are most of it; the adapters add little).
+TEST_CASE("step cost: a LoRA step of TinyLlama takes about two thirds of its full fine-tuning step", "[step_cost]") {
+    pv::StepShape full;
+    full.config = pv::preset("tinyllama-1.1b"), full.batch = 4, full.seq_len = 1024;
+    pv::StepShape lora = full;
+    lora.lora.rank = 8;
+    const double f = pv::predict_step(full, pv::KernelSet::now).seconds;
+    const double l = pv::predict_step(lora, pv::KernelSet::now).seconds;
+    CHECK(l > 0.6 * f);
+    CHECK(l < 0.8 * f);
+}
+
+// The RTX 6000 Ada's dense bf16 peak is what model/flops.h derives for compute capability 8.9
+// from its 142 SMs at its 2505 MHz boost clock (NVIDIA's datasheet).
+TEST_CASE("step cost: the RTX 6000 Ada's figures", "[step_cost]") {
+    const pv::Device d = pv::rtx_6000_ada();
+    CHECK(d.tensor_bf16_flops == Approx(pv::dense_bf16_peak_flops(8, 9, 142, 2505000)).epsilon(1e-3));
+    CHECK(d.cuda_core_fp32_flops == Approx(18176.0 * 2 * 2.505e9).epsilon(1e-3));
+    CHECK(d.hbm_bytes_per_s == 960e9);
+    CHECK(d.link_bytes_per_s == 32e9);
+    // The same step is slower than on an H100 SXM by between the ratio of their memory
+    // bandwidths and that of their tensor peaks (each kernel is bound by one or the other).
+    pv::StepShape s;
+    s.config = pv::preset("tinyllama-1.1b"), s.batch = 4, s.seq_len = 1024, s.lora.rank = 8;
+    const double ratio = pv::predict_step(s, pv::KernelSet::now, d).seconds / pv::predict_step(s, pv::KernelSet::now).seconds;
+    CHECK(ratio >= 989.4 / 364.2 * 0.999);
+    CHECK(ratio <= 3350.0 / 960.0 * 1.001);
+}
