@@ -197,8 +197,10 @@ int train_command(const TrainOptions& requested_flags, const OptionSources& sour
     // checked as a data-parallel run's.
     check_option_rules(o, world.size());  // every rule between options (trainer/option_rules.h)
     const bool automatic = o.parallel == "auto";
-    if (automatic) guess_auto_strategy(o, world.size());
-    check_strategy(strategy_options(o, world.size()), world.size());
+    if (automatic) {  // the rules table checked a named strategy; auto's choice is checked here
+        guess_auto_strategy(o, world.size());
+        check_strategy(strategy_options(o, world.size()), world.size());
+    }
     resolve_micro_batch(o, world.size());
     if (o.seq_len == 0 && init_dir.empty())
         throw std::invalid_argument("--seq-len 0 (the window from the data) goes with --init-from; give a --seq-len");
@@ -486,8 +488,10 @@ int plan_command(const TrainOptions& given, const PlanOptions& p) {
     const GpuMemory gpu = parse_gpu_memory(o.gpu_memory.empty() ? "h100-80" : o.gpu_memory);
     const std::string requested_strategy = o.parallel;
     check_option_rules(o, p.ranks);
-    if (o.parallel == "auto") guess_auto_strategy(o, p.ranks);
-    check_strategy(strategy_options(o, p.ranks), p.ranks);
+    if (o.parallel == "auto") {  // as in train_command: the rules table checked a named strategy
+        guess_auto_strategy(o, p.ranks);
+        check_strategy(strategy_options(o, p.ranks), p.ranks);
+    }
     resolve_micro_batch(o, p.ranks);
     StrategyChoice choice;
     if (requested_strategy == "auto") choice = choose_auto_strategy(o, flags.micro_batch, config, p.ranks, gpu);
