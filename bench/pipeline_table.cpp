@@ -25,7 +25,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -59,12 +58,7 @@ int main() {
         const double per_micro = t2 - t1, update = t1 - per_micro;
         const std::vector<double> costs = unit_costs(config, seq, StageBalance::flops);
         const std::vector<int> bounds = balance_stages(costs, p);
-        const double total = std::accumulate(costs.begin(), costs.end(), 0.0);
-        double slowest = 0;
-        for (int s = 0; s < p; ++s)
-            slowest = std::max(slowest, std::accumulate(costs.begin() + bounds[size_t(s)],
-                                                        costs.begin() + bounds[size_t(s) + 1], 0.0));
-        const double stage_micro = per_micro * slowest / total;
+        const double stage_micro = per_micro * slowest_stage_share(costs, bounds);
         const double transfer = double(batch) * seq * config.hidden_size * 2 / kInfinibandBytesPerS;
         std::printf("## %s, full fine-tuning, bf16, %d stages, micro-batch %d x %d, %d micro-batches per step, every "
                     "block recomputed (activation checkpointing)\n\n",

@@ -38,7 +38,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -126,12 +125,7 @@ Prediction pipeline(const Setup& s, const char* name, PipelineScheduleKind kind,
     const MicroCost mc = micro_cost(t);
     const std::vector<double> costs = unit_costs(s.config, kSeq, StageBalance::flops);
     const std::vector<int> bounds = balance_stages(costs, kGpus);
-    const double total = std::accumulate(costs.begin(), costs.end(), 0.0);
-    double slowest = 0;
-    for (int r = 0; r < kGpus; ++r)
-        slowest = std::max(slowest, std::accumulate(costs.begin() + bounds[size_t(r)],
-                                                    costs.begin() + bounds[size_t(r) + 1], 0.0));
-    const double stage = mc.micro * slowest / total;
+    const double stage = mc.micro * slowest_stage_share(costs, bounds);
     const double transfer = double(micro_batch) * kSeq * s.config.hidden_size * 2 / s.link;
     const ScheduleFacts f =
         simulate_pipeline_schedule(pipeline_schedule_of(o, kGpus), true, PipeTimes{stage / 2, stage / 2, transfer});

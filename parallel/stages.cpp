@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
 #include <stdexcept>
 
 namespace pv {
@@ -63,6 +64,14 @@ std::vector<int> unit_stages(const std::vector<int>& bounds) {
     for (size_t s = 0; s + 1 < bounds.size(); ++s)
         for (int u = bounds[s]; u < bounds[s + 1]; ++u) out.push_back(int(s));
     return out;
+}
+
+double slowest_stage_share(const std::vector<double>& costs, const std::vector<int>& bounds) {
+    const double total = std::accumulate(costs.begin(), costs.end(), 0.0);
+    double slowest = 0;
+    for (size_t s = 0; s + 1 < bounds.size(); ++s)
+        slowest = std::max(slowest, std::accumulate(costs.begin() + bounds[s], costs.begin() + bounds[s + 1], 0.0));
+    return slowest / total;
 }
 
 }  // namespace pv

@@ -31,4 +31,8 @@ std::vector<int> balance_stages(const std::vector<double>& costs, int stages);
 // Per unit, the stage that holds it, from the boundaries balance_stages returns.
 std::vector<int> unit_stages(const std::vector<int>& bounds);
 
+// The slowest stage's share of the total cost under those boundaries: the fraction of a
+// micro-batch's time its stage takes (the performance model's pipelines, bench/).
+double slowest_stage_share(const std::vector<double>& costs, const std::vector<int>& bounds);
+
 }  // namespace pv

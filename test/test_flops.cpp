@@ -4,6 +4,7 @@
 // unknown architectures, and every rejection.
 #include "model/flops.h"
 #include "model/config.h"
+#include "test/hand_built_config.h"
 
 #include <catch2/catch.hpp>
 
@@ -14,21 +15,7 @@
 
 namespace flops_test {
 
-// A small GQA config with head_dim set explicitly (q = 2·6 = 12 ≠ hidden 8, kv = 1·6 = 6).
-inline pv::LlamaConfig hand_built(bool tied) {
-    pv::LlamaConfig c;
-    c.name = tied ? "hand-tied" : "hand";
-    c.vocab_size = 10;
-    c.hidden_size = 8;
-    c.num_layers = 2;
-    c.num_heads = 2;
-    c.num_kv_heads = 1;
-    c.head_dim = 6;
-    c.ffn_size = 12;
-    c.max_seq_len = 16;
-    c.tie_embeddings = tied;
-    return c;
-}
+using pv_test::hand_built;
 
 // |actual / expected − 1| ≤ tolerance.
 inline bool within(double actual, double expected, double tolerance) {

@@ -69,6 +69,11 @@ TEST_CASE("balance_stages: a worked example, the extremes, and too many stages",
     REQUIRE(pv::balance_stages({0, 10, 10, 10, 5}, 5) == std::vector<int>{0, 1, 2, 3, 4, 5});
     REQUIRE_THROWS_WITH(pv::balance_stages({1, 2, 3}, 4), Catch::Contains("run on at most 3 ranks"));
     REQUIRE_THROWS_AS(pv::balance_stages({1, 2, 3}, 0), std::invalid_argument);
+    // The slowest stage's share: 20 of the 35 (the cut above), all of it on one stage, 10 of 35
+    // on five.
+    CHECK(pv::slowest_stage_share({0, 10, 10, 10, 5}, {0, 3, 5}) == Approx(20.0 / 35));
+    CHECK(pv::slowest_stage_share({0, 10, 10, 10, 5}, {0, 5}) == 1.0);
+    CHECK(pv::slowest_stage_share({0, 10, 10, 10, 5}, {0, 1, 2, 3, 4, 5}) == Approx(10.0 / 35));
 }
 
 TEST_CASE("balance_stages finds a cut as good as the best of all cuts", "[stages]") {

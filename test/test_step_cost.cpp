@@ -5,30 +5,13 @@
 
 #include "model/config.h"
 #include "model/flops.h"
+#include "test/hand_built_config.h"
 
 #include <catch2/catch.hpp>
 
-#include <cmath>
 #include <string>
 
 namespace step_cost_test {
-
-// The same small GQA config as test_flops: hidden 8, q width 2·6 = 12, kv width 6, ffn 12, two
-// blocks, vocabulary 10.
-pv::LlamaConfig hand_built() {
-    pv::LlamaConfig c;
-    c.name = "hand";
-    c.vocab_size = 10;
-    c.hidden_size = 8;
-    c.num_layers = 2;
-    c.num_heads = 2;
-    c.num_kv_heads = 1;
-    c.head_dim = 6;
-    c.ffn_size = 12;
-    c.max_seq_len = 16;
-    c.tie_embeddings = true;
-    return c;
-}
 
 struct Sums {
     double gemm_flops = 0;
@@ -58,7 +41,7 @@ using namespace step_cost_test;
 // costs 2·r·(in + out) forward and 4·r·(in + out) backward (du, dB, dA, dx).
 TEST_CASE("step cost: LoRA's GEMMs are the frozen base's forward and input gradients plus the adapters'",
           "[step_cost]") {
-    const pv::LlamaConfig c = hand_built();
+    const pv::LlamaConfig c = pv_test::hand_built(true);
     // The matmul weights: per block Wq 8×12, Wk 8×6, Wv 8×6, Wo 12×8, Wgate, Wup 8×12, Wdown 12×8;
     // the head 10×8.
     const double block = 96 + 48 + 48 + 96 + 96 + 96 + 96, head = 80, weights = 2 * block + head;
