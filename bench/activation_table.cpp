@@ -30,11 +30,11 @@ int main() {
     for (const char* name : models) {
         const LlamaConfig& c = preset(name);
         for (int micro = 1; micro <= 4; ++micro) {
-            const double plain = double(activation_arenas(c, micro, kSeq, DType::bf16, {}, 1, {}).total());
+            const double plain = double(activation_arenas(c, micro, kSeq, DType::bf16, {}, {}).total());
             std::printf("| %s | %d × %d | %.2f GiB |", name, micro, kSeq, plain / GiB);
             for (const Policy& p : policies) {
                 const double ckpt =
-                    double(activation_arenas(c, micro, kSeq, DType::bf16, {}, 1, p.checkpointing).total());
+                    double(activation_arenas(c, micro, kSeq, DType::bf16, {}, p.checkpointing).total());
                 std::printf(" %.2f GiB (−%.0f%%) |", ckpt / GiB, 100.0 * (1.0 - ckpt / plain));
             }
             std::printf("\n");

@@ -11,8 +11,9 @@
 # The runs: the default run (250 steps, every default) on a fixed data directory prepared from
 # TEXT (default ../shared/data/tinyshakespeare.txt), so edits to the README, docs/ and headers (the
 # built-in corpus) do not move it; fp64 and bf16 runs of 4 steps under every strategy at 1, 2 and
-# 4 ranks (pp also under GPipe with 2 in flight, 1F1B over 8 micro-batches and interleaved at 2 ranks, bf16 also with stochastic rounding and fp32 gradient
-# accumulation); and resumes across strategies and world sizes (zero3@4 -> ddp@2, pp@4 -> zero2@2,
+# 4 ranks (pp also under GPipe with 2 in flight, 1F1B over 8 micro-batches and interleaved at 2
+# ranks; two 1F1B stages each replicated over 2 ranks under zero1 and under zero3 with a shard
+# group of 1; bf16 also with stochastic rounding and fp32 gradient accumulation); and resumes across strategies and world sizes (zero3@4 -> ddp@2, pp@4 -> zero2@2,
 # ddp@2 -> single@1). BITEXACT_QUICK=1 leaves out the default run (3-4 minutes of the ~6).
 # Timings (tokens/s, ms) are not compared; device bytes are listed separately and only reported.
 set -euo pipefail
@@ -56,6 +57,8 @@ record() {
         run "pp4-gpipe-$dtype" 4 "${short[@]}" --dtype "$dtype" --parallel pp --pipeline-schedule gpipe --in-flight 2 --micro-batch 2
         run "pp4-1f1b-$dtype" 4 "${short[@]}" --dtype "$dtype" --parallel pp --micro-batch 1
         run "pp2-interleaved-$dtype" 2 "${short[@]}" --dtype "$dtype" --parallel pp --pipeline-schedule interleaved --micro-batch 2
+        run "pp2-zero1-$dtype" 4 "${short[@]}" --dtype "$dtype" --parallel zero1 --pipeline-stages 2 --micro-batch 2
+        run "pp2-hybrid-zero3-$dtype" 4 "${short[@]}" --dtype "$dtype" --parallel zero3 --pipeline-stages 2 --shard-group 1 --micro-batch 2
         # Resumes across strategies and world sizes: stop at step 2, continue elsewhere.
         run "resume-zero3-ddp-$dtype" 4 "${short[@]}" --dtype "$dtype" --parallel zero3 --stop-after 2
         run "resume-zero3-ddp-$dtype" 2 --resume "runs/resume-zero3-ddp-$dtype" --parallel ddp

@@ -6,14 +6,13 @@
 // Memory: the planner (parallel/planner.h, equal to the measured peaks in test_mpi_planner) for
 // every schedule.
 //
-// Time: the performance model (model/step_cost.h) prices one micro-batch of the whole model (the
-// step with two micro-batches less the step with one) and the optimizer update; the slowest stage
-// takes its share of the training FLOPs (parallel/stages.h), forward 1/3 and backward 2/3; the
-// residual stream crosses a stage boundary in bytes / link bandwidth (NVLink inside a node, the
-// node's InfiniBand between, the slower taken for every boundary). The simulator (parallel/
-// schedule.h) runs the table with those durations; the step adds the stage's optimizer update.
-// The recompute of activation checkpointing is left out (the performance model does not price it
-// yet), so the steps are short by about a forward per micro-batch. Predictions, not measurements.
+// Time: the performance model (model/step_cost.h, predict_phases) prices one micro-batch's forward
+// and backward of the whole model (the backward with the recompute of activation checkpointing)
+// and the optimizer update; the slowest stage takes its share of the training FLOPs of each
+// (parallel/stages.h); the residual stream crosses a stage boundary in bytes / link bandwidth
+// (NVLink inside a node, the node's InfiniBand between, the slower taken for every boundary). The
+// simulator (parallel/schedule.h) runs the table with those durations; the step adds the stage's
+// optimizer update. Predictions, not measurements.
 //
 //   build/<flavour>/bench/pipeline_table
 #include "model/config.h"
@@ -52,22 +51,24 @@ int main() {
         q.accumulation = micro;
         q.strategy.kind = pv::StrategyKind::pp, q.strategy.micro_per_step = micro;
         q.checkpointing = ActivationCheckpointing{true, 0};  // every block recomputed: 70B needs it
-        // Time per micro-batch of the whole model and of the optimizer update.
-        StepShape one{config, batch, seq, 1, 2, 1}, two{config, batch, seq, 2, 2, 1};
-        const double t1 = predict_step(one, KernelSet::now).seconds, t2 = predict_step(two, KernelSet::now).seconds;
-        const double per_micro = t2 - t1, update = t1 - per_micro;
+        // Time per micro-batch of the whole model, forward and backward (with the recompute), and of
+        // the optimizer update.
+        StepShape one{config, batch, seq, 1, 2, 1};
+        one.checkpointing = q.checkpointing;
+        const PhaseSeconds phases = predict_phases(one, KernelSet::now);
+        const double update = phases.update;
         const std::vector<double> costs = unit_costs(config, seq, StageBalance::flops);
         const std::vector<int> bounds = balance_stages(costs, p);
-        const double stage_micro = per_micro * slowest_stage_share(costs, bounds);
+        const double share = slowest_stage_share(costs, bounds);
+        const double stage_forward = phases.forward * share, stage_backward = phases.backward * share;
         const double transfer = double(batch) * seq * config.hidden_size * 2 / kInfinibandBytesPerS;
         std::printf("## %s, full fine-tuning, bf16, %d stages, micro-batch %d x %d, %d micro-batches per step, every "
                     "block recomputed (activation checkpointing)\n\n",
                     config.name.c_str(), p, batch, seq, micro);
-        std::printf("One micro-batch through the slowest stage: %.1f ms (forward %.1f, backward %.1f); a transfer "
-                    "%.2f ms; the stage's optimizer update %.1f ms. The recompute of activation checkpointing is not priced (the "
-                    "performance model has no recompute yet: about one forward more per micro-batch).\n\n",
-                    stage_micro * 1e3, stage_micro / 3 * 1e3, stage_micro * 2 / 3 * 1e3, transfer * 1e3,
-                    update / p * 1e3);
+        std::printf("One micro-batch through the slowest stage: %.1f ms (forward %.1f, backward %.1f with the "
+                    "recompute); a transfer %.2f ms; the stage's optimizer update %.1f ms.\n\n",
+                    (stage_forward + stage_backward) * 1e3, stage_forward * 1e3, stage_backward * 1e3,
+                    transfer * 1e3, update / p * 1e3);
         std::vector<Row> rows;
         for (auto [name, kind, in_flight, chunks] : {std::tuple<const char*, PipelineScheduleKind, int, int>{
                                                          "GPipe (all in flight)", PipelineScheduleKind::gpipe, 0, 1},
@@ -88,7 +89,7 @@ int main() {
                     parse_gpu_memory("h100-80").usable() / GiB);
         for (const Row& row : rows) {
             const double v = row.schedule.chunks;
-            PipeTimes times{stage_micro / 3 / v, stage_micro * 2 / 3 / v, transfer};
+            PipeTimes times{stage_forward / v, stage_backward / v, transfer};
             const ScheduleFacts f = simulate_pipeline_schedule(row.schedule, true, times);
             const double step = f.makespan + update / p;
             std::printf("| %s | %d / %d | %.1f GiB | %.1f GiB, %s | %.1f%% | %.2f s | %.0f |\n", row.name.c_str(),

@@ -18,9 +18,6 @@
 //   - a collective or a send between two of these GPUs reaches 0.7 of PCIe 4.0 x16's 32 GB/s each
 //     way, 22.4 GB/s (NCCL's all-reduce over PCIe 4.0 without NVLink is commonly reported at
 //     20-24 GB/s of bus bandwidth; not measured by us);
-//   - a LoRA backward costs as much as its forward (the input gradient's GEMMs; no weight
-//     gradient of the base), so a pipeline stage's forward and backward take half a micro-batch's
-//     time each;
 //   - communication overlaps computation as polevault schedules it: ddp's all-reduce during the
 //     backward, zero3's gathers one unit ahead (parallel/parameters_sharded.h), so a step takes the
 //     longer of its compute and its wire time; a pipeline's transfers do not overlap.
@@ -65,24 +62,16 @@ struct Setup {
     double link;  // bytes per second a transfer or a ring step reaches
 };
 
-// One micro-batch of the whole model on one GPU and the optimizer's update (every adapter), from
-// the performance model: the step with two micro-batches less the step with one. Activation
-// checkpointing adds its recomputed forward at the GEMMs' roofline.
-struct MicroCost {
-    double micro = 0, update = 0;
-};
-MicroCost micro_cost(const Setup& s) {
+// One micro-batch of the whole model on one GPU, forward and backward (with activation
+// checkpointing, the recompute in the backward), and the optimizer's update (every adapter): the
+// performance model's step of one micro-batch by phase.
+PhaseSeconds micro_cost(const Setup& s) {
     StepShape one;
     one.config = s.config, one.batch = s.micro_batch, one.seq_len = kSeq, one.accumulation = 1, one.lora = s.groups.lora;
-    StepShape two = one;
-    two.accumulation = 2;
-    const double t1 = predict_step(one, KernelSet::now, s.device).seconds;
-    const double t2 = predict_step(two, KernelSet::now, s.device).seconds;
-    MicroCost c{t2 - t1, 2 * t1 - t2};
-    const double recompute = recompute_flops_per_token(s.config, kSeq, s.checkpointing) * s.micro_batch * kSeq;
-    c.micro += recompute / (s.device.tensor_bf16_flops * roofline_efficiency(Roofline::cublas_gemm).e_unit);
-    return c;
+    one.checkpointing = s.checkpointing;
+    return predict_phases(one, KernelSet::now, s.device);
 }
+double micro_seconds(const PhaseSeconds& p) { return p.forward + p.backward; }
 
 PlanRequest plan_request(const Setup& s, StrategyOptions strategy) {
     PlanRequest q;
@@ -122,13 +111,12 @@ Prediction pipeline(const Setup& s, const char* name, PipelineScheduleKind kind,
     StrategyOptions o;
     o.kind = StrategyKind::pp, o.pipeline = kind, o.in_flight = in_flight, o.micro_per_step = t.accumulation;
     const bool recompute = checkpoint_if_needed(t, o);
-    const MicroCost mc = micro_cost(t);
+    const PhaseSeconds mc = micro_cost(t);
     const std::vector<double> costs = unit_costs(s.config, kSeq, StageBalance::flops);
-    const std::vector<int> bounds = balance_stages(costs, kGpus);
-    const double stage = mc.micro * slowest_stage_share(costs, bounds);
+    const double share = slowest_stage_share(costs, balance_stages(costs, kGpus));
     const double transfer = double(micro_batch) * kSeq * s.config.hidden_size * 2 / s.link;
-    const ScheduleFacts f =
-        simulate_pipeline_schedule(pipeline_schedule_of(o, kGpus), true, PipeTimes{stage / 2, stage / 2, transfer});
+    const ScheduleFacts f = simulate_pipeline_schedule(pipeline_schedule_of(o, kGpus), true,
+                                                       PipeTimes{mc.forward * share, mc.backward * share, transfer});
     const double steps = double(kRows) / (micro_batch * t.accumulation);
     char note[160];
     std::snprintf(note, sizeof note, "%d micro-batches of %d per step, bubble %.0f%%%s", t.accumulation, micro_batch,
@@ -142,10 +130,10 @@ Prediction data_parallel(Setup s, StrategyKind kind) {
     StrategyOptions o;
     o.kind = kind;
     const bool recompute = checkpoint_if_needed(s, o);
-    const MicroCost c = micro_cost(s);
+    const PhaseSeconds c = micro_cost(s);
     const std::string name = kind == StrategyKind::ddp ? "ddp" : "zero3";
     const double wire = step_wire_bytes(s.config, DType::bf16, s.groups, name, kGpus, s.accumulation) / s.link;
-    const double compute = s.accumulation * c.micro + c.update / (kind == StrategyKind::ddp ? 1 : kGpus);
+    const double compute = s.accumulation * micro_seconds(c) + c.update / (kind == StrategyKind::ddp ? 1 : kGpus);
     const double steps = double(kRows) / (s.micro_batch * s.accumulation * kGpus);
     char note[160];
     std::snprintf(note, sizeof note, "per step: compute %.2f s, wire %.2f s%s", compute, wire,
@@ -170,15 +158,15 @@ void table(const GuideRun& g, int rank) {
     s.micro_batch = g.micro_batch, s.accumulation = g.accumulation;
     s.link = s.device.link_bytes_per_s * kRingEfficiency;
     const GpuMemory gpu = parse_gpu_memory("rtx6000ada-48");
-    const MicroCost c = micro_cost(s);
+    const PhaseSeconds c = micro_cost(s);
     std::printf("## %s, LoRA rank %d, bf16, %d rows of %d tokens, micro-batch %d, accumulation %d\n\n", g.model, rank,
                 kRows, kSeq, g.micro_batch, g.accumulation);
     std::printf("One micro-batch of the whole model on one GPU: %.3f s (%.3f s with every block recomputed); the "
                 "update: %.1f ms. A run whose largest GPU does not fit recomputes activations.\n\n",
-                c.micro, [&] {
+                micro_seconds(c), [&] {
                     Setup r = s;
                     r.checkpointing = ActivationCheckpointing{true, 0};
-                    return micro_cost(r).micro;
+                    return micro_seconds(micro_cost(r));
                 }(),
                 c.update * 1e3);
     std::vector<Prediction> rows;

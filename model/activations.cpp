@@ -70,15 +70,16 @@ std::vector<ActivationBuffer> recompute_arena_layout(const LlamaConfig& c, int b
 }
 
 ActivationArenas activation_arenas(const LlamaConfig& c, int batch, int seq_len, DType dtype, const LoraConfig& lora,
-                                   int slots, const ActivationCheckpointing& checkpointing,
+                                   const ActivationCheckpointing& checkpointing,
                                    const std::vector<StageUnits>& chunks) {
     const int units = c.num_layers + 2;
     ActivationArenas out;
-    out.slots = slots;
     out.slot_bytes.assign(size_t(units), 0);
+    out.slots.assign(size_t(units), 0);
     for (const StageUnits& stage : chunks)
     for (int u = stage.first; u < (stage.end < 0 ? units : stage.end); ++u) {
         out.slot_bytes[size_t(u)] = arena_bytes(slot_arena_layout(c, u, batch, seq_len, dtype, lora, checkpointing));
+        out.slots[size_t(u)] = stage.slots;
         if (u >= 1 && u <= c.num_layers && checkpointing.recomputes(u - 1))
             out.recompute_bytes = arena_bytes(recompute_arena_layout(c, batch, seq_len, dtype, lora));
     }

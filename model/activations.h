@@ -69,25 +69,26 @@ std::vector<ActivationBuffer> recompute_arena_layout(const LlamaConfig& c, int b
 
 // What a model allocates in the activations category, computed without a model (the memory
 // planner's figure; the Llama constructor allocates exactly these): per unit, one slot's arena
-// (0 for a unit outside the chunks held), `slots` of them, and the recompute arena (0 when no
-// block held recomputes). A pipeline's received inputs (parallel/pp.h) are not the model's.
+// and the slots of the chunk holding it (0 and 0 for a unit outside the chunks held), and the
+// recompute arena (0 when no block held recomputes). A pipeline's received inputs
+// (parallel/pp.h) are not the model's.
 struct ActivationArenas {
     std::vector<size_t> slot_bytes;  // per unit of the model
-    int slots = 1;
+    std::vector<int> slots;          // per unit of the model
     size_t recompute_bytes = 0;
     size_t total() const {
         size_t sum = recompute_bytes;
-        for (size_t b : slot_bytes) sum += b * size_t(slots);
+        for (size_t u = 0; u < slot_bytes.size(); ++u) sum += slot_bytes[u] * size_t(slots[u]);
         return sum;
     }
 };
 ActivationArenas activation_arenas(const LlamaConfig& c, int batch, int seq_len, DType dtype, const LoraConfig& lora,
-                                   int slots, const ActivationCheckpointing& checkpointing,
+                                   const ActivationCheckpointing& checkpointing,
                                    const std::vector<StageUnits>& chunks = {StageUnits{}});
 inline ActivationArenas activation_arenas(const LlamaConfig& c, int batch, int seq_len, DType dtype,
-                                          const LoraConfig& lora, int slots,
-                                          const ActivationCheckpointing& checkpointing, StageUnits stage) {
-    return activation_arenas(c, batch, seq_len, dtype, lora, slots, checkpointing, std::vector<StageUnits>{stage});
+                                          const LoraConfig& lora, const ActivationCheckpointing& checkpointing,
+                                          StageUnits stage) {
+    return activation_arenas(c, batch, seq_len, dtype, lora, checkpointing, std::vector<StageUnits>{stage});
 }
 
 }  // namespace pv

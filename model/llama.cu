@@ -115,9 +115,9 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
       stream_(o.stream) {
     validate_or_throw(config_);
     const Placement& place = o.placement;
-    if (o.batch < 1 || o.seq_len < 1 || place.slots < 1)
-        throw std::invalid_argument("Llama: batch, seq_len and slots must be >= 1 (got " + std::to_string(o.batch) +
-                                    ", " + std::to_string(o.seq_len) + ", " + std::to_string(place.slots) + ")");
+    if (o.batch < 1 || o.seq_len < 1)
+        throw std::invalid_argument("Llama: batch and seq_len must be >= 1 (got " + std::to_string(o.batch) + ", " +
+                                    std::to_string(o.seq_len) + ")");
     if (o.seq_len > config_.max_seq_len)
         throw std::invalid_argument("Llama: seq_len = " + std::to_string(o.seq_len) +
                                     " exceeds the model's max_seq_len = " + std::to_string(config_.max_seq_len) +
@@ -125,12 +125,16 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
     std::vector<UnitSpec> specs = model_units(config_, o.lora);
     const int all = int(specs.size());
     for (const StageUnits& c : place.chunks) {
-        const StageUnits resolved{c.first, c.end < 0 ? all : c.end};
+        const StageUnits resolved{c.first, c.end < 0 ? all : c.end, c.slots};
         if (resolved.first < (chunks_.empty() ? 0 : chunks_.back().end) || resolved.first >= resolved.end ||
             resolved.end > all)
             throw std::invalid_argument("Llama: stage units [" + std::to_string(c.first) + ", " +
                                         std::to_string(c.end) + ") are not a non-empty range of the model's " +
                                         std::to_string(all) + " units after the chunks before it");
+        if (c.slots < 1)
+            throw std::invalid_argument("Llama: stage units [" + std::to_string(c.first) + ", " +
+                                        std::to_string(c.end) + ") need at least one activation slot (got " +
+                                        std::to_string(c.slots) + ")");
         chunks_.push_back(resolved);
     }
     if (chunks_.empty()) throw std::invalid_argument("Llama: a model holds at least one chunk of units");
@@ -142,8 +146,7 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
     CUBLAS_CHECK(cublasCreate(&cublas_));
     const DType dt = dtype_of<T>();
     // The arenas, from the function the memory planner calls.
-    const ActivationArenas arenas = activation_arenas(config_, o.batch, o.seq_len, dt, lora_, place.slots,
-                                                      o.checkpointing, chunks_);
+    const ActivationArenas arenas = activation_arenas(config_, o.batch, o.seq_len, dt, lora_, o.checkpointing, chunks_);
     if (arenas.recompute_bytes > 0)
         recompute_arena_ = device_alloc(arenas.recompute_bytes, MemoryCategory::activations);
     for (UnitSpec& spec : specs) {
@@ -180,7 +183,7 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
         unit.arena_layout = slot_arena_layout(config_, u, o.batch, o.seq_len, dt, lora_, o.checkpointing);
         unit.recomputes = unit.spec.kind == UnitKind::block && o.checkpointing.recomputes(u - 1);
         if (!runs_here) continue;  // the tied embedding's copy on the head's stage
-        for (int s = 0; s < place.slots; ++s)
+        for (int s = 0; s < arenas.slots[size_t(u)]; ++s)
             unit.arenas.push_back(device_alloc(arenas.slot_bytes[size_t(u)], MemoryCategory::activations));
         resolve_activations(u);
     }

@@ -137,7 +137,7 @@ inline ModelOptions whole_model(int batch, int seq_len, uint64_t seed, Gradients
     ModelOptions o;
     o.batch = batch, o.seq_len = seq_len, o.seed = seed;
     o.placement.gradients = gradients;
-    o.placement.slots = slots;
+    o.placement.chunks.front().slots = slots;
     return o;
 }
 

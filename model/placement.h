@@ -14,23 +14,25 @@ namespace pv {
 enum class Gradients { none, owned, bound };
 enum class Parameters { owned, bound };
 
-// A run of units a model holds: [first, end) (end −1: to the last unit). A pipeline gives each
-// rank one contiguous stage, or with the interleaved schedule several (its chunks, in unit order);
-// the model then allocates parameters, gradients and activation arenas for those units only. A
-// rank with the head of a model with tied embeddings also holds the embedding's parameters and
-// gradients (the head multiplies by wte), but no arena for it.
+// A run of units a model holds: [first, end) (end −1: to the last unit), with `slots` activation
+// arenas per unit (micro-batches whose forward has run and backward has not). A pipeline gives each
+// rank one contiguous stage, or with the interleaved schedule several (its chunks, in unit order,
+// each with its own slots: parallel/schedule.h); the model then allocates parameters, gradients
+// and activation arenas for those units only. A rank with the head of a model with tied embeddings
+// also holds the embedding's parameters and gradients (the head multiplies by wte), but no arena
+// for it.
 struct StageUnits {
     int first = 0;
     int end = -1;
+    int slots = 1;
 };
 
 // How a strategy needs the model built (parallel/strategies.h decides it): groups splittable
-// into `shards`, the units held, activation slots (micro-batches in flight), and which buffers
-// are bound from outside.
+// into `shards`, the units held and their activation slots, and which buffers are bound from
+// outside.
 struct Placement {
     int shards = 1;
-    std::vector<StageUnits> chunks = {StageUnits{}};  // the units held: every one by default
-    int slots = 1;  // per chunk
+    std::vector<StageUnits> chunks = std::vector<StageUnits>(1);  // the units held: every one by default
     Gradients gradients = Gradients::owned;
     Parameters parameters = Parameters::owned;
 };

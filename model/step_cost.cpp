@@ -373,49 +373,59 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     const bool now = set == KernelSet::now;
     const bool lora = s.lora.enabled(), full = !lora;  // full: the base weights train
     if (lora && !now) throw std::invalid_argument("step_kernels: LoRA is priced with today's kernels only");
-    // The targeted projections, and the adapters' GEMMs of each direction.
+    // The targeted projections.
     std::vector<Projection> targeted;
     for (const Projection& p : projections(c))
         if (lora && std::count(s.lora.targets.begin(), s.lora.targets.end(), p.module)) targeted.push_back(p);
-    const auto adapters = [&](bool forward) {
-        std::vector<KernelCost> k;
-        for (const Projection& p : targeted)
-            append(k, forward ? adapter_forward(N, p, s.lora.rank, t) : adapter_backward(N, p, s.lora.rank, t));
-        return k;
-    };
     // The base's weight gradient GEMMs, only when it trains.
     const auto weight_gradient = [&](std::vector<KernelCost>& k, long long rows, long long cols, const char* op,
                                      double count) {
         if (full) append(k, cost::gemm(rows, cols, N, t, true, op), count);
     };
+    // A block's forward, `count` times; a recompute (activation checkpointing) stops before the
+    // down projection, whose output and the residual add's the block keeps.
+    const auto block_forward = [&](std::vector<KernelCost>& k, double count, bool recompute) {
+        std::vector<KernelCost> f;
+        append(f, cost::rmsnorm_forward(N, C, t, a));
+        append(f, cost::gemm(N, c.qkv_width(), C, t, false, "q, k, v projection"));
+        append(f, cost::rope(N, H, hd, t, a, false, s.seq_len));
+        append(f, cost::rope(N, Hkv, hd, t, a, false, s.seq_len));
+        append(f, now ? cost::attention_forward(s.batch, s.seq_len, H, Hkv, hd, t, a, false)
+                      : cost::attention_forward_cuda_cores(s.batch, s.seq_len, H, Hkv, hd, t, a, false));
+        append(f, cost::gemm(N, C, c.q_width(), t, false, "output projection"));
+        append(f, cost::residual_rmsnorm_forward(N, C, t, a));
+        append(f, cost::gemm(N, 2LL * F, C, t, false, "gate, up projection"));
+        append(f, cost::swiglu_forward(N, F, t));
+        if (!recompute) {
+            append(f, cost::gemm(N, C, F, t, false, "down projection"));
+            append(f, cost::add(N * C, t));
+        }
+        for (const Projection& p : targeted)
+            if (!recompute || std::string(p.module) != "down_proj") append(f, adapter_forward(N, p, s.lora.rank, t));
+        for (KernelCost& x : f) {
+            if (recompute) x.op = "recompute: " + x.op;
+            k.push_back(x);
+            k.back().count = count;
+        }
+    };
+    int recomputed = 0;
+    for (int i = 0; i < L; ++i) recomputed += s.checkpointing.recomputes(i);
     std::vector<KernelCost> k;
     append(k, cost::count_targets(N), micro);
     // Forward.
     append(k, cost::embedding_forward(N, C, distinct, t), micro);
-    append(k, cost::rmsnorm_forward(N, C, t, a), layers);
-    append(k, cost::gemm(N, c.qkv_width(), C, t, false, "q, k, v projection"), layers);
-    append(k, cost::rope(N, H, hd, t, a, false, s.seq_len), layers);
-    append(k, cost::rope(N, Hkv, hd, t, a, false, s.seq_len), layers);
-    append(k,
-           now ? cost::attention_forward(s.batch, s.seq_len, H, Hkv, hd, t, a, false)
-               : cost::attention_forward_cuda_cores(s.batch, s.seq_len, H, Hkv, hd, t, a, false),
-           layers);
-    append(k, cost::gemm(N, C, c.q_width(), t, false, "output projection"), layers);
-    append(k, cost::residual_rmsnorm_forward(N, C, t, a), layers);
-    append(k, cost::gemm(N, 2LL * F, C, t, false, "gate, up projection"), layers);
-    append(k, cost::swiglu_forward(N, F, t), layers);
-    append(k, cost::gemm(N, C, F, t, false, "down projection"), layers);
-    append(k, cost::add(N * C, t), layers);
-    append(k, adapters(true), layers);
+    block_forward(k, layers, false);
     append(k, cost::rmsnorm_forward(N, C, t, a), micro);
     append(k, cost::gemm(N, V, C, t, false, "lm_head"), micro);
     append(k, cost::cross_entropy_forward(N, V, t, a), micro);
+    const size_t backward_from = k.size();
     // Backward.
     append(k, now ? cost::cross_entropy_backward(N, V, t, a) : cost::before::cross_entropy_backward(N, V, t), micro);
     append(k, cost::gemm(N, C, V, t, false, "lm_head backward: dX"), micro);
     weight_gradient(k, V, C, "lm_head backward: dW", micro);
     if (!now) append(k, cost::memset(double(N) * C * t, "head: residual gradient zeroed"), micro);
     append(k, cost::rmsnorm_backward(N, C, t, a, full), micro);
+    if (recomputed > 0) block_forward(k, double(recomputed) * micro, true);
     if (!now) append(k, cost::memcpy(double(N) * C * t, "residual gradient copy"), layers);
     append(k, cost::gemm(N, F, C, t, false, "down backward: dX"), layers);
     weight_gradient(k, C, F, "down backward: dW", layers);
@@ -436,8 +446,13 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     append(k, cost::gemm(N, C, c.qkv_width(), t, false, "q, k, v backward: dX"), layers);
     weight_gradient(k, c.qkv_width(), C, "q, k, v backward: dW", layers);
     append(k, cost::rmsnorm_backward(N, C, t, a, full), layers);
-    append(k, adapters(false), layers);
+    for (const Projection& p : targeted) append(k, adapter_backward(N, p, s.lora.rank, t), layers);
     if (full) append(k, cost::embedding_backward(N, C, distinct, t), micro);
+    for (size_t i = backward_from; i < k.size(); ++i) k[i].phase = StepPhase::backward;
+    const size_t update_from = k.size();
+    const auto updates = [&] {  // what follows is the optimizer step's
+        for (size_t i = update_from; i < k.size(); ++i) k[i].phase = StepPhase::update;
+    };
     // The optimizer step: gradients zeroed, the norm, the update.
     const double z = s.optimizer_shards;  // each rank's share of the norm and the update
     if (lora) {  // each block's adapters are its unit's trainable tensors; nothing else trains
@@ -446,6 +461,7 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
         append(k, cost::memset(L * block_params * t, "gradients zeroed"), 1);
         append(k, cost::sum_of_squares((long long)(block_params / z), t, true), L);
         append(k, cost::adamw((long long)(block_params / z), t, t, a, 2 * int(targeted.size())), L);
+        updates();
         return k;
     }
     const double block_params = double(c.qkv_width()) * C + double(C) * c.q_width() + 3.0 * C * F + 2.0 * C;
@@ -470,7 +486,16 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
         for (KernelCost& x : k)
             if (x.roofline == Roofline::memory_vector && x.kernel != "memset" && x.kernel != "memcpy")
                 x.roofline = Roofline::memory_scalar;
+    updates();
     return k;
+}
+
+PhaseSeconds predict_phases(const StepShape& s, KernelSet set, const Device& d) {
+    PhaseSeconds p;
+    for (const KernelCost& k : step_kernels(s, set))
+        (k.phase == StepPhase::forward ? p.forward : k.phase == StepPhase::backward ? p.backward : p.update) +=
+            predicted_seconds(k, d) * k.count;
+    return p;
 }
 
 StepPrediction predict_step(const StepShape& s, KernelSet set, const Device& d) {

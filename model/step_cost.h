@@ -19,6 +19,7 @@
 // communication of its strategy. Host code only.
 #pragma once
 
+#include "model/activations.h"
 #include "model/config.h"
 #include "model/lora.h"
 
@@ -37,12 +38,17 @@ enum class Roofline {
 };
 const char* roofline_name(Roofline r);
 
+// Where in a step a kernel runs: the micro-batches' forwards, their backwards (with any
+// recompute of activation checkpointing), or the optimizer step after them.
+enum class StepPhase { forward, backward, update };
+
 struct KernelCost {
     std::string kernel;  // the kernel function's name as the host meter reports it, or memset/memcpy/gemm
     std::string op;      // what it does in the step
     double read_bytes = 0, written_bytes = 0, flops = 0;
     Roofline roofline = Roofline::memory_scalar;
     double count = 1;  // launches of it per step with these figures
+    StepPhase phase = StepPhase::forward;  // set by step_kernels
     double bytes() const { return read_bytes + written_bytes; }
 };
 
@@ -133,6 +139,9 @@ struct StepShape {
     int optimizer_shards =
         1;  // ranks the optimizer state is split over (ZeRO: its shard group, by default the world; else 1)
     LoraConfig lora{};  // rank 0: full fine-tuning
+    // Each recomputing block runs its forward again before its backward, less the down projection
+    // and the residual add (their output is what the block keeps): model/activations.h.
+    ActivationCheckpointing checkpointing{};
 };
 
 // Which kernels: those of the issue-15 code (now), or those it replaced (before), for the
@@ -148,5 +157,13 @@ struct StepPrediction {
     double mfu = 0;          // model_flops / (seconds · peak)
 };
 StepPrediction predict_step(const StepShape& s, KernelSet set, const Device& d = {});
+
+// The same seconds by phase (forward + backward + update = predict_step's): what a pipeline
+// schedule's simulator takes for a stage's forward and backward (bench/pipeline_table.cpp,
+// bench/trelis_table.cpp), per micro-batch when s.accumulation is 1.
+struct PhaseSeconds {
+    double forward = 0, backward = 0, update = 0;
+};
+PhaseSeconds predict_phases(const StepShape& s, KernelSet set, const Device& d = {});
 
 }  // namespace pv

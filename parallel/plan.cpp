@@ -202,11 +202,11 @@ StrategyPlan plan_strategy(const StrategyOptions& o, const LlamaConfig& config, 
                                         std::to_string(std::max(units / stages, 1)) + " --pipeline-chunks" +
                                         (units / stages < 2 ? ", or choose --pipeline-schedule 1f1b" : ""));
         p.stage_bounds = balance_stages(unit_costs(config, seq_len, o.balance), stages * o.chunks);
-        p.placement.chunks.clear();
-        for (int s = r; s < stages * o.chunks; s += stages)
-            p.placement.chunks.push_back(StageUnits{p.stage_bounds[size_t(s)], p.stage_bounds[size_t(s) + 1]});
         p.schedule = pipeline_schedule_of(o, stages);
-        p.placement.slots = p.schedule.slots[size_t(r)];
+        p.placement.chunks.clear();
+        for (int c = 0, s = r; s < stages * o.chunks; ++c, s += stages)
+            p.placement.chunks.push_back(StageUnits{p.stage_bounds[size_t(s)], p.stage_bounds[size_t(s) + 1],
+                                                    p.schedule.slots[size_t(r)][size_t(c)]});
     }
     return p;
 }

@@ -58,7 +58,6 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     const bool tied = q.config.tie_embeddings, lora = q.groups.lora.enabled();
     const double t = double(dtype_size(q.dtype)), a = q.dtype == DType::fp64 ? 8 : 4;
     const double rows = double(q.micro_batch) * q.seq_len, hidden = q.config.hidden_size;
-    const int slots = place.slots;
     const std::vector<UnitSpec> specs = model_units(q.config, q.groups.lora);
     auto runs_here = [&](int u) {
         for (const StageUnits& c : chunks)
@@ -67,7 +66,8 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     };
     auto held = [&](int u) { return runs_here(u) || (u == 0 && tied && chunks.back().end == units); };
     // The trainer's batch buffers: one per activation slot of every chunk.
-    const int buffer_slots = slots * int(chunks.size());
+    int buffer_slots = 0;
+    for (const StageUnits& c : chunks) buffer_slots += c.slots;
     auto trainable = [&](int u) { return layouts[size_t(u)].front(); };
     auto unit_elements = [&](int u) {
         double n = 0;
@@ -92,12 +92,12 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     }
     // The activations: each unit's arena per slot (a recomputed block's output alone) and the
     // recompute arena, as the model allocates them (activation_arenas).
-    const ActivationArenas arenas = activation_arenas(q.config, q.micro_batch, q.seq_len, q.dtype, q.groups.lora, slots,
+    const ActivationArenas arenas = activation_arenas(q.config, q.micro_batch, q.seq_len, q.dtype, q.groups.lora,
                                                       q.checkpointing, chunks);
     for (int u = 0; u < units; ++u)
         if (runs_here(u)) m.add(
             specs[size_t(u)].kind == UnitKind::head ? "logits and loss (head)" : "activations (saved for the backward)",
-            C::activations, double(slots) * double(arenas.slot_bytes[size_t(u)]));
+            C::activations, double(arenas.slots[size_t(u)]) * double(arenas.slot_bytes[size_t(u)]));
     m.add("recompute arena (checkpointing)", C::activations, double(arenas.recompute_bytes));
     m.add("workspace (one unit's transients)", C::workspace,
           double(arena_bytes(
@@ -149,10 +149,12 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
         m.add("sample after training: KV cache", C::activations, cache);
         m.add("sample after training: workspace", C::workspace, work);
     }
-    const int stage = mesh_coords(sp.mesh, rank).pipeline;
-    if (sp.pipelined())  // parallel/pp.h: each chunk's input per micro-batch in flight (not stage 0's)
-        m.add("pipeline stage inputs", C::activations,
-              double(chunks.size() - (stage == 0 ? 1 : 0)) * slots * rows * hidden * t);
+    if (sp.pipelined()) {  // parallel/pp.h: each chunk's input per micro-batch in flight (not stage 0's)
+        double inputs = 0;
+        for (size_t c = 0; c < chunks.size(); ++c)
+            if (chunks[c].first > 0) inputs += chunks[c].slots;
+        m.add("pipeline stage inputs", C::activations, inputs * rows * hidden * t);
+    }
 
     // The optimizer (optim/optimizer.cuh AdamWState): the owned range of each held unit.
     // (ZeRO shards over its shard group: consecutive ranks, this rank's place in it.)
@@ -203,7 +205,7 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     r.rank = rank;
     r.lines = std::move(m.lines);
     if (sp.pipelined()) {
-        const int per_stage = sp.mesh.ranks() / sp.mesh.pipeline;
+        const int per_stage = sp.mesh.ranks() / sp.mesh.pipeline, stage = mesh_coords(sp.mesh, rank).pipeline;
         r.role = "stage " + std::to_string(stage) +
                  (per_stage > 1 ? " (ranks " + std::to_string(rank) + "-" + std::to_string(rank + per_stage - 1) + ")"
                                 : "") +

@@ -19,9 +19,11 @@
 // run on the communication stream behind event fences; the compute stream waits for a send
 // before it can overwrite what is being sent.
 //
-// Slots. The table's slot is per chunk; the trainer's batch buffers and this class's `slot`
-// argument number them over the chunks: buffer chunk·S + slot (S: the slots per chunk, slots()
-// = V·S), so two chunks never share a micro-batch's token buffers.
+// Slots. The table's slot is per chunk, and each chunk has its own count (the interleaved
+// schedule's first chunk holds more micro-batches than its last); the trainer's batch buffers and
+// this class's `slot` argument number them over the chunks: chunk c's slot k is buffer
+// S_0 + … + S_(c−1) + k (S_c: chunk c's slots; slots() = their sum), so two chunks never share a
+// micro-batch's token buffers.
 //
 // Schedule (parallel/schedule.h). A step runs this rank's row of the pipeline's table: GPipe
 // (K forwards, then their K backwards; K = 1 is naive model parallelism, one stage busy at a
@@ -49,6 +51,7 @@
 #include "parallel/schedule.h"
 #include "parallel/stages.h"
 
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -73,27 +76,38 @@ class Pipeline {
         bool same = expected.size() == model.chunks().size() && int(expected.size()) == schedule.chunks &&
                     schedule.ranks == p;
         for (size_t c = 0; same && c < expected.size(); ++c)
-            same = expected[c].first == model.chunks()[c].first && expected[c].end == model.chunks()[c].end;
+            same = expected[c].first == model.chunks()[c].first && expected[c].end == model.chunks()[c].end &&
+                   model.chunks()[c].slots >= slots_[c];
         if (!same)
             throw std::logic_error("Pipeline: pipeline rank " + std::to_string(r) +
-                                   "'s model does not hold its stages of the pipeline in rank order");
+                                   "'s model does not hold its stages of the pipeline in rank order, each with the "
+                                   "schedule's activation slots");
+        first_buffer_.push_back(0);
+        for (int k : slots_) first_buffer_.push_back(first_buffer_.back() + k);
         for (int stage : unit_stages(bounds)) owner_.push_back(stage % p);
         const long long rows = model.rows(), hidden = model.config().hidden_size;
         inputs_.resize(size_t(schedule.chunks));
         for (int c = 0; c < schedule.chunks; ++c)
             if (schedule.stage_of(r, c) > 0)
-                for (int s = 0; s < slots_; ++s) inputs_[size_t(c)].emplace_back(size_t(rows * hidden), MemoryCategory::activations);
+                for (int s = 0; s < slots_[size_t(c)]; ++s)
+                    inputs_[size_t(c)].emplace_back(size_t(rows * hidden), MemoryCategory::activations);
     }
 
     Comm& comm() { return pipe_; }
-    int slots() const { return slots_ * schedule_.chunks; }  // the trainer's buffers (header)
+    int slots() const { return first_buffer_.back(); }  // the trainer's buffers (header)
     // The pipeline rank holding unit u (the first stage's for the tied embedding).
     int owner(int u) const { return owner_[size_t(u)]; }
 
     void run_micro_steps(int micro, const std::function<void(const PipeStep&, bool)>& run) {
         if (micro != schedule_.micro) {  // another count (a test hook's extra micro-batch): within the slots
-            schedule_ = make_pipeline_schedule(schedule_.kind, schedule_.ranks, micro, schedule_.chunks, slots_);
-            simulate_pipeline_schedule(schedule_);
+            PipelineSchedule other = make_pipeline_schedule(schedule_.kind, schedule_.ranks, micro, schedule_.chunks,
+                                                            *std::max_element(slots_.begin(), slots_.end()));
+            simulate_pipeline_schedule(other);
+            for (int c = 0; c < schedule_.chunks; ++c)
+                if (other.slots[size_t(pipe_.rank())][size_t(c)] > slots_[size_t(c)])
+                    throw std::logic_error("Pipeline: " + std::to_string(micro) +
+                                           " micro-batches need more activation slots than the model holds");
+            schedule_ = std::move(other);
         }
         const std::vector<PipeStep>& row = schedule_.steps[size_t(pipe_.rank())];
         std::vector<size_t> last(size_t(schedule_.chunks), row.size());  // per chunk, its last backward
@@ -113,15 +127,20 @@ class Pipeline {
     // Scheduled: one chunk's forward (the buffer names it). Evaluation: every chunk in turn, each
     // receiving its input and sending its output inline.
     void forward(int slot, const DeviceBatch& batch, acc_t<T>* loss_sum, int* count, const UnitHook& before_unit) {
-        if (scheduled_) return forward_chunk(slot / slots_, slot % slots_, batch, loss_sum, count, before_unit);
-        for (int c = 0; c < schedule_.chunks; ++c) forward_chunk(c, slot % slots_, batch, loss_sum, count, before_unit);
+        if (scheduled_) {
+            const int c = chunk_of(slot);
+            return forward_chunk(c, slot - first_buffer_[size_t(c)], batch, loss_sum, count, before_unit);
+        }
+        for (int c = 0; c < schedule_.chunks; ++c)
+            forward_chunk(c, slot % slots_[size_t(c)], batch, loss_sum, count, before_unit);
     }
 
     // One chunk's backward; `unit_done(u)` after each unit's, and after the head's on a last stage
     // holding the tied embedding's copy, `unit_done(0)` too (the head's part of wte is complete).
     void backward(int slot, const DeviceBatch& batch, double loss_scale, const UnitHook& before_unit,
                   const UnitHook& unit_done) {
-        const int chunk = slot / slots_, s = slot % slots_, stage = schedule_.stage_of(pipe_.rank(), chunk);
+        const int chunk = chunk_of(slot), s = slot - first_buffer_[size_t(chunk)];
+        const int stage = schedule_.stage_of(pipe_.rank(), chunk);
         const StageUnits units = model_.chunks()[size_t(chunk)];
         T* grad_out = stage + 1 < schedule_.stages() ? received_grad_ : nullptr;  // received by the exchange before it
         const T* input = stage > 0 ? inputs_[size_t(chunk)][size_t(s)].get() : nullptr;
@@ -136,7 +155,10 @@ class Pipeline {
 
   private:
     size_t rows_hidden() const { return size_t(model_.rows() * model_.config().hidden_size); }
-    int buffer(int chunk, int slot) const { return chunk * slots_ + slot; }
+    int buffer(int chunk, int slot) const { return first_buffer_[size_t(chunk)] + slot; }
+    int chunk_of(int buffer) const {
+        return int(std::upper_bound(first_buffer_.begin(), first_buffer_.end(), buffer) - first_buffer_.begin()) - 1;
+    }
     int previous_rank(int stage) const { return (stage - 1) % schedule_.ranks; }
     int next_rank(int stage) const { return (stage + 1) % schedule_.ranks; }
 
@@ -204,7 +226,8 @@ class Pipeline {
     Llama<T>& model_;
     Comm& pipe_;
     PipelineSchedule schedule_;
-    int slots_;                         // activation slots per chunk
+    std::vector<int> slots_;            // per chunk: its activation slots
+    std::vector<int> first_buffer_;     // per chunk: its first buffer; then the total
     bool scheduled_ = false;            // inside run_micro_steps: the transfers are exchange's
     T* sent_grad_ = nullptr;            // the last backward's input gradient, to send
     T* received_grad_ = nullptr;        // where the next backward's output gradient was received

@@ -16,9 +16,9 @@ std::string step_name(const PipeStep& e, bool chunks) {
 }
 
 // Assigns each forward the lowest slot of its (rank, chunk) that is free, freed by its backward;
-// records the slots each rank needs. The table's order must already be valid for this.
+// records the slots each (rank, chunk) needs. The table's order must already be valid for this.
 void assign_slots(PipelineSchedule& s) {
-    s.slots.assign(size_t(s.ranks), 0);
+    s.slots.assign(size_t(s.ranks), std::vector<int>(size_t(s.chunks), 0));
     for (int r = 0; r < s.ranks; ++r) {
         std::vector<std::vector<int>> held(size_t(s.chunks));  // per chunk: slot -> micro (−1 free)
         std::map<std::pair<int, int>, int> slot_of;
@@ -35,12 +35,18 @@ void assign_slots(PipelineSchedule& s) {
                 e.slot = it == slot_of.end() ? 0 : it->second;
                 if (it != slot_of.end()) h[size_t(e.slot)] = -1;
             }
-            s.slots[size_t(r)] = std::max(s.slots[size_t(r)], int(h.size()));
         }
+        for (int c = 0; c < s.chunks; ++c) s.slots[size_t(r)][size_t(c)] = int(held[size_t(c)].size());
     }
 }
 
 }  // namespace
+
+int PipelineSchedule::rank_slots(int rank) const {
+    int sum = 0;
+    for (int k : slots.at(size_t(rank))) sum += k;
+    return sum;
+}
 
 const char* pipeline_schedule_name(PipelineScheduleKind k) {
     switch (k) {
@@ -156,6 +162,9 @@ ScheduleFacts simulate_pipeline_schedule(const PipelineSchedule& s, bool group_t
     const int p = s.ranks;
     if (int(s.steps.size()) != p || int(s.slots.size()) != p)
         throw std::logic_error("pipeline schedule: a table needs one row and one slot count per rank");
+    for (const std::vector<int>& k : s.slots)
+        if (int(k.size()) != s.chunks)
+            throw std::logic_error("pipeline schedule: a table needs one slot count per chunk of each rank");
     // Each rank's actions: compute entries and groups of transfers (indices into ops).
     struct Op {
         int rank;
@@ -240,15 +249,17 @@ ScheduleFacts simulate_pipeline_schedule(const PipelineSchedule& s, bool group_t
     std::vector<std::map<std::pair<int, int>, int>> done(static_cast<size_t>(p));
     std::vector<std::map<std::pair<int, int>, int>> slot_holder(static_cast<size_t>(p));
     std::vector<int> in_flight(static_cast<size_t>(p), 0);
+    std::vector<std::vector<int>> chunk_held(size_t(p), std::vector<int>(size_t(s.chunks), 0));
+    f.chunk_peak = chunk_held;
     for (int r = 0; r < p; ++r) f.start[size_t(r)].assign(s.steps[size_t(r)].size(), 0);
     auto run_entry = [&](int r, const PipeStep& e, size_t i) {
         const std::string at = "pipeline schedule: rank " + std::to_string(r) + " entry " + std::to_string(i) + " (" +
                                step_name(e, s.chunks > 1) + ")";
         if (e.chunk < 0 || e.chunk >= s.chunks || e.micro < 0 || e.micro >= s.micro)
             throw std::logic_error(at + ": no such micro-batch or chunk");
-        if (e.slot < 0 || e.slot >= s.slots[size_t(r)])
+        if (e.slot < 0 || e.slot >= s.slots[size_t(r)][size_t(e.chunk)])
             throw std::logic_error(at + ": slot " + std::to_string(e.slot) + " of " +
-                                   std::to_string(s.slots[size_t(r)]));
+                                   std::to_string(s.slots[size_t(r)][size_t(e.chunk)]));
         int& state = done[size_t(r)][{e.micro, e.chunk}];
         auto holder = slot_holder[size_t(r)].find({e.chunk, e.slot});
         if (!e.backward) {
@@ -257,12 +268,14 @@ ScheduleFacts simulate_pipeline_schedule(const PipelineSchedule& s, bool group_t
                 throw std::logic_error(at + ": its slot still holds micro-batch " + std::to_string(holder->second));
             slot_holder[size_t(r)][{e.chunk, e.slot}] = e.micro;
             f.peak_in_flight[size_t(r)] = std::max(f.peak_in_flight[size_t(r)], ++in_flight[size_t(r)]);
+            int& held = chunk_held[size_t(r)][size_t(e.chunk)];
+            f.chunk_peak[size_t(r)][size_t(e.chunk)] = std::max(f.chunk_peak[size_t(r)][size_t(e.chunk)], ++held);
         } else {
             if (state != 1) throw std::logic_error(at + (state == 0 ? ": before its forward" : ": a second backward"));
             if (holder == slot_holder[size_t(r)].end() || holder->second != e.micro)
                 throw std::logic_error(at + ": its activations are not in slot " + std::to_string(e.slot));
             slot_holder[size_t(r)].erase(holder);
-            --in_flight[size_t(r)];
+            --in_flight[size_t(r)], --chunk_held[size_t(r)][size_t(e.chunk)];
         }
         state = e.backward ? 2 : 1;
         f.start[size_t(r)][i] = clock[size_t(r)];
@@ -326,8 +339,11 @@ ScheduleFacts simulate_pipeline_schedule(const PipelineSchedule& s, bool group_t
 std::string describe_pipeline_schedule(const PipelineSchedule& s) {
     std::string out = std::string(pipeline_schedule_name(s.kind)) + " over " + std::to_string(s.micro) +
                       " micro-batches" + (s.chunks > 1 ? ", " + std::to_string(s.chunks) + " chunks per rank" : "") +
-                      ", activation slots per " + (s.chunks > 1 ? "chunk on each rank" : "stage");
-    for (int k : s.slots) out += " " + std::to_string(k);
+                      ", activation slots per " + (s.chunks > 1 ? "rank (chunk 0+1+…)" : "stage");
+    for (const std::vector<int>& rank : s.slots) {
+        out += " ";
+        for (size_t c = 0; c < rank.size(); ++c) out += (c ? "+" : "") + std::to_string(rank[c]);
+    }
     char bubble[96];
     std::snprintf(bubble, sizeof bubble, ", bubble %.1f%% (simulated, backward = 2 forwards)",
                   100 * simulate_pipeline_schedule(s).bubble);

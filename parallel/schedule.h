@@ -60,9 +60,12 @@ struct PipelineSchedule {
     PipelineScheduleKind kind = PipelineScheduleKind::gpipe;
     int ranks = 1, chunks = 1, micro = 1;
     std::vector<std::vector<PipeStep>> steps;  // per rank, in execution order
-    std::vector<int> slots;                    // per rank: activation slots (per chunk) its steps use
+    // Per rank, per chunk: the activation slots its steps use (each chunk its own peak: in the
+    // interleaved schedule a rank's first chunk holds more micro-batches than its last).
+    std::vector<std::vector<int>> slots;
     int stage_of(int rank, int chunk) const { return chunk * ranks + rank; }
     int stages() const { return ranks * chunks; }
+    int rank_slots(int rank) const;  // the sum over the rank's chunks
 };
 
 // The table of `kind` for `ranks` pipeline ranks, `micro` micro-batches per step, `chunks` per
@@ -99,6 +102,7 @@ struct ScheduleFacts {
     double makespan = 0;                 // start of the first forward to the end of the last backward
     double bubble = 0;                   // idle fraction of rank-time: 1 − Σ busy / (ranks · makespan)
     std::vector<int> peak_in_flight;     // per rank: most (micro, chunk) forwards whose backward is pending
+    std::vector<std::vector<int>> chunk_peak;  // per rank, per chunk: the same, counting that chunk's only
     std::vector<long long> sends, recvs;  // per rank
     std::vector<std::vector<double>> start;  // per rank, per entry: when it starts
 };
@@ -113,7 +117,7 @@ ScheduleFacts simulate_pipeline_schedule(const PipelineSchedule& s, bool group_t
                                          const PipeTimes& times = {});
 
 // One line: "1f1b over 8 micro-batches, activation slots per stage 4 3 2 1, bubble 27.3%
-// (simulated, backward = 2 forwards)".
+// (simulated, backward = 2 forwards)"; with chunks each rank's as "4+2" (chunk 0, chunk 1).
 std::string describe_pipeline_schedule(const PipelineSchedule& s);
 
 // The timeline as text, one line per rank, one column per time unit: "F3" forward of micro-batch

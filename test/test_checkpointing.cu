@@ -18,6 +18,7 @@ using namespace pv::test;
 namespace checkpointing_test {
 
 constexpr int kB = 2, kT = 8;
+const pv::StageUnits kWholeTwoSlots{0, -1, 2};  // every unit, two micro-batches in flight
 
 struct Result {
     std::vector<std::vector<unsigned char>> loss_bits;  // per slot: the loss sum's bytes
@@ -36,7 +37,7 @@ std::vector<unsigned char> bytes_of(const T* device, size_t n) {
 // gradients accumulated; random tokens, some targets ignored, the LoRA dropout keyed by step 3.
 template <class T>
 Result run(const pv::LlamaConfig& c, pv::ModelOptions o, const pv::ActivationCheckpointing& checkpointing) {
-    o.batch = kB, o.seq_len = kT, o.seed = 11, o.placement.slots = 2, o.checkpointing = checkpointing;
+    o.batch = kB, o.seq_len = kT, o.seed = 11, o.placement.chunks = {kWholeTwoSlots}, o.checkpointing = checkpointing;
     const size_t before = pv::memory_stats().current[size_t(pv::MemoryCategory::activations)];
     pv::reset_memory_peaks();
     Result r;
@@ -143,10 +144,11 @@ TEST_CASE("checkpointing holds the activations activation_arenas predicts: kept 
         const size_t keep2 = 2 * (embedding + head + 2 * out + block) + (block - out_aligned);
         INFO("LoRA " << o.lora.enabled() << ": plain " << plain << ", every block " << every << ", keep every 2 "
                      << keep2);
-        CHECK(pv::activation_arenas(c, kB, kT, dt, o.lora, 2, {}).total() == plain);
-        CHECK(pv::activation_arenas(c, kB, kT, dt, o.lora, 2, every_block()).total() == every);
-        CHECK(pv::activation_arenas(c, kB, kT, dt, o.lora, 2, keep_every(2)).total() == keep2);
-        CHECK(pv::activation_arenas(c, kB, kT, dt, o.lora, 2, keep_every(1)).total() == plain);  // keeps all
+        CHECK(pv::activation_arenas(c, kB, kT, dt, o.lora, {}, kWholeTwoSlots).total() == plain);
+        CHECK(pv::activation_arenas(c, kB, kT, dt, o.lora, every_block(), kWholeTwoSlots).total() == every);
+        CHECK(pv::activation_arenas(c, kB, kT, dt, o.lora, keep_every(2), kWholeTwoSlots).total() == keep2);
+        CHECK(pv::activation_arenas(c, kB, kT, dt, o.lora, keep_every(1), kWholeTwoSlots).total() ==
+              plain);  // keeps all
         CHECK(run<float>(c, o, {}).activations == plain);
         CHECK(run<float>(c, o, every_block()).activations == every);
         CHECK(run<float>(c, o, keep_every(2)).activations == keep2);
@@ -158,7 +160,7 @@ TEST_CASE("a stage allocates arenas for its own units only, the recompute arena 
           "[model][checkpointing][memory]") {
     const pv::LlamaConfig& c = pv::preset("test-tied");  // units: embedding, blocks 0-2 (units 1-3), head
     const pv::DType dt = pv::DType::bf16;
-    const pv::ActivationArenas a = pv::activation_arenas(c, kB, kT, dt, {}, 3, keep_every(2), pv::StageUnits{2, 3});
+    const pv::ActivationArenas a = pv::activation_arenas(c, kB, kT, dt, {}, keep_every(2), pv::StageUnits{2, 3, 3});
     REQUIRE(a.slot_bytes.size() == 5);
     CHECK(a.slot_bytes[0] == 0);
     CHECK(a.slot_bytes[1] == 0);
@@ -166,7 +168,7 @@ TEST_CASE("a stage allocates arenas for its own units only, the recompute arena 
     CHECK(a.slot_bytes[3] == 0);
     CHECK(a.recompute_bytes == 0);  // block 1 keeps its arena: nothing to recompute on this stage
     CHECK(a.total() == 3 * a.slot_bytes[2]);
-    const pv::ActivationArenas b = pv::activation_arenas(c, kB, kT, dt, {}, 3, keep_every(2), pv::StageUnits{3, -1});
+    const pv::ActivationArenas b = pv::activation_arenas(c, kB, kT, dt, {}, keep_every(2), pv::StageUnits{3, -1, 3});
     CHECK(b.slot_bytes[3] == size_t(kB) * kT * size_t(c.hidden_size) * 2);  // block 2's output (a multiple of 256)
     CHECK(b.recompute_bytes > 0);
 }

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 using pv::PipelineScheduleKind;
 using pv::test::error_of;
@@ -30,9 +31,9 @@ TEST_CASE("GPipe and 1F1B tables run, with the bubble (p-1)/(M+p-1) and their ac
             CHECK(g.makespan == f.makespan);
             for (int r = 0; r < p; ++r) {
                 INFO("rank " << r);
-                CHECK(gpipe.slots[size_t(r)] == m);
+                CHECK(gpipe.slots[size_t(r)] == std::vector<int>{m});
                 CHECK(g.peak_in_flight[size_t(r)] == m);
-                CHECK(f1b1.slots[size_t(r)] == std::min(p - r, m));
+                CHECK(f1b1.slots[size_t(r)] == std::vector<int>{std::min(p - r, m)});
                 CHECK(f.peak_in_flight[size_t(r)] == std::min(p - r, m));
                 // Each micro-batch's output sent on (not by the last stage), its gradient sent back (not by the first).
                 const long long sends = (r + 1 < p ? m : 0) + (r > 0 ? m : 0);
@@ -76,6 +77,11 @@ TEST_CASE("interleaved 1F1B: the bubble (p-1)/(V*M+p-1), V chunks per rank", "[s
                 for (int r = 0; r < p; ++r) {  // V times the transfers of 1F1B, less the ends of the pipeline
                     const long long sends = (r + 1 < p ? m : 0) + (r > 0 ? m : 0) + 2LL * m * (v - 1);
                     CHECK(f.sends[size_t(r)] == sends);
+                    // Each chunk's slots are what the simulator counts in flight in that chunk, and
+                    // the first chunk holds the most (its forwards run furthest ahead).
+                    CHECK(s.slots[size_t(r)] == f.chunk_peak[size_t(r)]);
+                    CHECK(std::is_sorted(s.slots[size_t(r)].rbegin(), s.slots[size_t(r)].rend()));
+                    CHECK(s.rank_slots(r) >= f.peak_in_flight[size_t(r)]);
                 }
             }
     CHECK(error_of<std::invalid_argument>(
@@ -85,6 +91,22 @@ TEST_CASE("interleaved 1F1B: the bubble (p-1)/(V*M+p-1), V chunks per rank", "[s
     CHECK_THROWS_AS(pv::make_pipeline_schedule(PipelineScheduleKind::one_f_one_b, 2, 4, 2), std::invalid_argument);
     CHECK(error_of<std::invalid_argument>([] { pv::parse_pipeline_schedule("zb"); }) ==
           "unknown pipeline schedule 'zb': choose gpipe, 1f1b or interleaved");
+}
+
+TEST_CASE("interleaved 1F1B holds each chunk's own peak of micro-batches, worked by hand", "[schedule]") {
+    // p = 2, V = 2, M = 4. Rank 0 warms up with (p − 1)·2 + (V − 1)·p = 4 forwards: F0.0 F1.0 F0.1
+    // F1.1; then pairs F2.0 B0.1, F3.0 B1.1, F2.1 B0.0, F3.1 B1.0; then B2.1 B3.1 B2.0 B3.0. Chunk 0
+    // holds micro-batches 0–3 before its first backward (4 slots); chunk 1 holds 0 and 1, frees both,
+    // then holds 2 and 3 (2 slots). Rank 1 warms up with 2: F0.0 F1.0; then F0.1 B0.1, F1.1 B1.1,
+    // F2.0 B0.0, F3.0 B1.0, F2.1 B2.1, F3.1 B3.1; then B2.0 B3.0. Chunk 0 holds 0, 1, 2 before B0.0
+    // frees one (3 slots); chunk 1 one at a time (1 slot).
+    const auto s = pv::make_pipeline_schedule(PipelineScheduleKind::interleaved, 2, 4, 2);
+    CHECK(s.slots == std::vector<std::vector<int>>{{4, 2}, {3, 1}});
+    CHECK(s.rank_slots(0) == 6);
+    CHECK(s.rank_slots(1) == 4);
+    CHECK(pv::describe_pipeline_schedule(s) ==
+          "interleaved over 4 micro-batches, 2 chunks per rank, activation slots per rank (chunk 0+1+…) 4+2 3+1, "
+          "bubble 11.1% (simulated, backward = 2 forwards)");
 }
 
 TEST_CASE("1F1B's neighbours each wait in a send unless the send and the next receive are one group",

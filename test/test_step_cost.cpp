@@ -1,6 +1,6 @@
 // The performance model's LoRA step (model/step_cost.h) against counts made by hand: the GEMM
 // FLOPs of a step, the kernels that drop out when the base is frozen, and the optimizer's
-// elements; and the RTX 6000 Ada's figures against the peak model/flops.h derives for its SMs.
+// elements; the recompute of activation checkpointing; and the RTX 6000 Ada's figures against the peak model/flops.h derives for its SMs.
 #include "model/step_cost.h"
 
 #include "model/config.h"
@@ -79,6 +79,50 @@ TEST_CASE("step cost: LoRA's GEMMs are the frozen base's forward and input gradi
     CHECK(sums(lora).gemm_flops == Approx(4 * weights * tokens + 6 * 4 * all_dims * 2 * tokens).epsilon(1e-12));
     // LoRA is priced with today's kernels only.
     CHECK_THROWS_AS(pv::step_kernels(lora, pv::KernelSet::before), std::invalid_argument);
+}
+
+// Activation checkpointing: each recomputing block's forward again, less the down projection (and
+// its adapter): per token 2 FLOPs per weight of Wq, Wk, Wv, Wo, Wgate and Wup, and 2·r·(in + out)
+// per other adapter. keep_every 2 over two blocks recomputes block 0 only.
+TEST_CASE("step cost: activation checkpointing adds the recomputing blocks' forward but the down projection",
+          "[step_cost]") {
+    pv::StepShape plain;
+    plain.config = pv_test::hand_built(true), plain.batch = 3, plain.seq_len = 5, plain.accumulation = 2;
+    const double tokens = 3.0 * 5 * 2, recomputed_weights = 96 + 48 + 48 + 96 + 96 + 96;
+    auto recompute_gemm_flops = [](const pv::StepShape& s) {
+        double sum = 0;
+        for (const pv::KernelCost& k : pv::step_kernels(s, pv::KernelSet::now))
+            if (k.kernel == "gemm" && k.op.rfind("recompute: ", 0) == 0) sum += k.flops * k.count;
+        return sum;
+    };
+    CHECK(recompute_gemm_flops(plain) == 0);
+    pv::StepShape every = plain, half = plain;
+    every.checkpointing = pv::ActivationCheckpointing{true, 0};
+    half.checkpointing = pv::ActivationCheckpointing{true, 2};
+    CHECK(recompute_gemm_flops(every) == Approx(2 * recomputed_weights * tokens * 2).epsilon(1e-12));
+    CHECK(recompute_gemm_flops(half) == Approx(2 * recomputed_weights * tokens).epsilon(1e-12));
+    CHECK(sums(every).gemm_flops - sums(plain).gemm_flops == Approx(recompute_gemm_flops(every)).epsilon(1e-12));
+    CHECK(pv::predict_step(every, pv::KernelSet::now).seconds > pv::predict_step(plain, pv::KernelSet::now).seconds);
+    // By phase: the recompute is in the backward; the forward and the update are unchanged.
+    const pv::PhaseSeconds a = pv::predict_phases(plain, pv::KernelSet::now);
+    const pv::PhaseSeconds b = pv::predict_phases(every, pv::KernelSet::now);
+    CHECK(a.forward + a.backward + a.update ==
+          Approx(pv::predict_step(plain, pv::KernelSet::now).seconds).epsilon(1e-12));
+    CHECK(b.forward + b.backward + b.update ==
+          Approx(pv::predict_step(every, pv::KernelSet::now).seconds).epsilon(1e-12));
+    CHECK(b.forward == a.forward);
+    CHECK(b.update == a.update);
+    CHECK(b.backward > a.backward);
+    CHECK(a.forward > 0);
+    CHECK(a.update > 0);
+    // Model FLOPs (MFU's numerator) leave the recompute out.
+    CHECK(pv::predict_step(every, pv::KernelSet::now).model_flops ==
+          pv::predict_step(plain, pv::KernelSet::now).model_flops);
+    pv::StepShape lora = every;
+    lora.lora.rank = 4;
+    lora.lora.targets = {"q_proj", "v_proj", "down_proj"};  // q: 8 in, 12 out; v: 8 in, 6 out
+    CHECK(recompute_gemm_flops(lora) ==
+          Approx((2 * recomputed_weights + 2 * 4 * ((8 + 12) + (8 + 6))) * tokens * 2).epsilon(1e-12));
 }
 
 // A LoRA step is the full step less the weight gradients: at a real shape its predicted time is

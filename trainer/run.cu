@@ -351,8 +351,8 @@ class TrainingRun {
             int recomputed = 0;
             for (int i = 0; i < c.num_layers; ++i) recomputed += ckpt.recomputes(i);
             const auto bytes = [&](const ActivationCheckpointing& a) {
-                return mib(activation_arenas(c, o_.micro_batch, o_.seq_len, dtype_of<T>(), model_->lora(),
-                                             plan_.placement.slots, a, plan_.placement.chunks)
+                return mib(activation_arenas(c, o_.micro_batch, o_.seq_len, dtype_of<T>(), model_->lora(), a,
+                                             plan_.placement.chunks)
                                .total());
             };
             std::printf(

@@ -1047,13 +1047,13 @@ void check_checkpointing(pv::World& world, const std::string& strategy, Options 
     const bool mp = strategy == "mp";
     const int rank = comm ? comm->rank() : 0;
     const pv::LlamaConfig config = awkward_model(world.size(), opt.tied);
-    const pv::StageUnits stage =
-        mp ? pv::StageUnits{ckpt.stages[size_t(rank)], ckpt.stages[size_t(rank) + 1]} : pv::StageUnits{};
     const int slots = mp ? pipeline_slots(opt, world.size(), rank) : 1;
+    const pv::StageUnits stage =
+        mp ? pv::StageUnits{ckpt.stages[size_t(rank)], ckpt.stages[size_t(rank) + 1], slots} : pv::StageUnits{};
     const double received = mp && rank > 0 ? double(slots) * kMicro * kSeq * config.hidden_size * sizeof(T) : 0;
     const auto arenas = [&](const pv::ActivationCheckpointing& c) {
         return double(
-            pv::activation_arenas(config, kMicro, kSeq, pv::dtype_of<T>(), opt.lora, slots, c, stage).total());
+            pv::activation_arenas(config, kMicro, kSeq, pv::dtype_of<T>(), opt.lora, c, stage).total());
     };
     using C = pv::MemoryCategory;
     CHECK(plain.peak[size_t(C::activations)] == arenas({}) + received);

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 
 #include "data/loader.h"
+#include "model/activations.h"
 #include "model/llama.h"
 #include "optim/optimizer.cuh"
 #include "parallel/planner.h"
@@ -140,6 +141,27 @@ double check_case(const Case& c, pv::Comm* comm, const char* dtype) {
     for (C k : {C::parameters, C::gradients, C::optimizer_state, C::comm_buffers, C::activations}) {
         INFO(pv::category_name(k));
         CHECK(m.peak[size_t(k)] == mine.category(k));
+    }
+    // A pipeline's activations from the schedule's simulator, not from the slots the planner and
+    // the model share: each chunk holds as many micro-batches as the simulator counts in flight in
+    // it at most (1F1B: min(p − r, M) on stage r; interleaved: each chunk its own), each one the
+    // arenas of the chunk's units and, past stage 0, the stream it received.
+    if (piped(c) && !c.checkpointing.enabled) {
+        pv::StrategyOptions so = q.strategy;
+        so.micro_per_step = q.accumulation;
+        const pv::StrategyPlan sp = pv::plan_strategy(so, config, kSeq, rank, ranks);
+        const pv::ScheduleFacts facts = pv::simulate_pipeline_schedule(sp.schedule);
+        const int r = pv::mesh_coords(sp.mesh, rank).pipeline;
+        double expected = 0;
+        for (size_t k = 0; k < sp.placement.chunks.size(); ++k) {
+            const pv::StageUnits& units = sp.placement.chunks[k];
+            double one = units.first > 0 ? double(kMicro) * kSeq * config.hidden_size * sizeof(T) : 0;
+            for (int u = units.first; u < units.end; ++u)
+                one += double(pv::arena_bytes(
+                    pv::slot_arena_layout(config, u, kMicro, kSeq, pv::dtype_of<T>(), q.groups.lora, {})));
+            expected += facts.chunk_peak[size_t(r)][k] * one;
+        }
+        CHECK(m.peak[size_t(C::activations)] == expected);
     }
     // Host memory: every pinned line; "a step's micro-batches" is the loader's pageable vectors,
     // which the platform does not count.
