@@ -65,41 +65,56 @@ __host__ __device__ inline double philox_uniform(uint64_t seed, RandomPurpose pu
     return double(philox_draw(seed, purpose, tensor, element, step).v[0]) * (1.0 / 4294967296.0);
 }
 
-// x[i] = std · N(0, 1) keyed by (seed, init, tensor, first_element + i), rounded to T.
+// Which element of the whole tensor the i-th value written is: e = first + i counts along a block
+// of `cols` columns, row first_row + e / cols and column col_begin + e % cols of a tensor
+// whole_cols wide. A run of whole rows (cols = whole_cols, col_begin = 0, first_row = 0) is
+// first + i itself: a ZeRO shard passes its offset; a tensor-parallel slice (model/
+// tensor_parallel.h) passes its block, and gets the values the whole tensor has there.
+struct WholeIndex {
+    long long first = 0, cols = 1, whole_cols = 1, col_begin = 0, first_row = 0;
+    __host__ __device__ long long operator()(long long i) const {
+        const long long e = first + i;
+        return (first_row + e / cols) * whole_cols + col_begin + e % cols;
+    }
+};
+
+// x[i] = std · N(0, 1) keyed by (seed, init, tensor, where(i)), rounded to T.
 template <class T>
 __global__ void init_normal_kernel(T* x, long long n, double std_dev, uint64_t seed, uint32_t tensor,
-                                   long long first_element) {
+                                   WholeIndex where) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] = T(std_dev * philox_normal(seed, RandomPurpose::init, tensor, uint64_t(first_element + i)));
+    if (i < n) x[i] = T(std_dev * philox_normal(seed, RandomPurpose::init, tensor, uint64_t(where(i))));
 }
 
-// Fills x[0, n) with normal values for elements [first_element, first_element + n) of `tensor`:
-// a shard initialises its slice by passing its offset, and gets the values the whole tensor has.
+// Fills x[0, n) with the normal values of `tensor`'s elements where(0), …, where(n − 1).
+template <class T>
+void init_normal(T* x, long long n, double std_dev, uint64_t seed, uint32_t tensor, WholeIndex where,
+                 cudaStream_t stream) {
+    if (n == 0) return;
+    launch(init_normal_kernel<T>, dim3(ceil_div(n, 256)), dim3(256), 0, stream, x, n, std_dev, seed, tensor, where);
+    CUDA_CHECK_LAUNCH();
+}
+// Elements [first_element, first_element + n) of the whole tensor.
 template <class T>
 void init_normal(T* x, long long n, double std_dev, uint64_t seed, uint32_t tensor, long long first_element,
                  cudaStream_t stream) {
-    if (n == 0) return;
-    launch(init_normal_kernel<T>, dim3(ceil_div(n, 256)), dim3(256), 0, stream, x, n, std_dev, seed, tensor,
-           first_element);
-    CUDA_CHECK_LAUNCH();
+    init_normal(x, n, std_dev, seed, tensor, WholeIndex{first_element}, stream);
 }
 
-// x[i] = U(−bound, bound) keyed by (seed, init, tensor, first_element + i), rounded to T.
+// x[i] = U(−bound, bound) keyed by (seed, init, tensor, where(i)), rounded to T.
 template <class T>
 __global__ void init_uniform_kernel(T* x, long long n, double bound, uint64_t seed, uint32_t tensor,
-                                    long long first_element) {
+                                    WholeIndex where) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n)
-        x[i] = T(bound * (2.0 * philox_uniform(seed, RandomPurpose::init, tensor, uint64_t(first_element + i)) - 1.0));
+    if (i < n) x[i] = T(bound * (2.0 * philox_uniform(seed, RandomPurpose::init, tensor, uint64_t(where(i))) - 1.0));
 }
 
 // init_normal's uniform twin (LoRA's A): the same values whatever slice is asked for.
 template <class T>
-void init_uniform(T* x, long long n, double bound, uint64_t seed, uint32_t tensor, long long first_element,
+void init_uniform(T* x, long long n, double bound, uint64_t seed, uint32_t tensor, WholeIndex where,
                   cudaStream_t stream) {
     if (n == 0) return;
-    launch(init_uniform_kernel<T>, dim3(ceil_div(n, 256)), dim3(256), 0, stream, x, n, bound, seed, tensor,
-           first_element);
+    launch(init_uniform_kernel<T>, dim3(ceil_div(n, 256)), dim3(256), 0, stream, x, n, bound, seed, tensor, where);
     CUDA_CHECK_LAUNCH();
 }
 

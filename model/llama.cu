@@ -329,6 +329,31 @@ T* Llama<T>::tensor(const std::string& name) {
     throw std::invalid_argument("no tensor named '" + name + "'");
 }
 
+namespace {
+
+// The initial values (Init::normal or uniform_fan_in) of local elements [first, first + n) of t,
+// each keyed by its index in the whole tensor, so a ZeRO shard and a tensor-parallel slice get the
+// values the whole tensor has there; the uniform bound is the whole tensor's fan-in.
+template <class T>
+void init_values(T* dst, const TensorSpec& t, long long first, long long n, uint64_t seed, cudaStream_t stream) {
+    const long long whole_cols = t.slice.whole() ? t.cols : t.slice.cols;
+    const auto fill = [&](T* out, long long count, WholeIndex where) {
+        if (t.init == Init::normal)
+            init_normal(out, count, 0.02, seed, t.id, where, stream);
+        else  // PEFT's kaiming_uniform(a = √5): bound 1/√fan_in
+            init_uniform(out, count, 1.0 / std::sqrt(double(whole_cols)), seed, t.id, where, stream);
+    };
+    if (t.slice.whole()) return fill(dst, n, WholeIndex{first});
+    for (const RowRun& r : t.slice.runs) {
+        const long long lo = std::max(first, r.local * t.cols), hi = std::min(first + n, (r.local + r.rows) * t.cols);
+        if (lo < hi)
+            fill(dst + (lo - first), hi - lo,
+                 WholeIndex{lo - r.local * t.cols, t.cols, t.slice.cols, t.slice.col_begin, r.whole});
+    }
+}
+
+}  // namespace
+
 template <class T>
 void Llama<T>::init_params(int u, int g, T* dst, long long begin, long long end, uint64_t seed) const {
     const GroupLayout& layout = units_.at(size_t(u)).groups.at(size_t(g));
@@ -347,7 +372,7 @@ void Llama<T>::init_params(int u, int g, T* dst, long long begin, long long end,
             if (lo >= hi) continue;
             DeviceBuffer<T> values(size_t(t.spec.numel()), MemoryCategory::workspace),
                 slot(size_t(len), MemoryCategory::workspace);
-            init_normal(values.get(), t.spec.numel(), 0.02, seed, t.spec.id, 0, stream_);
+            init_values(values.get(), t.spec, 0, t.spec.numel(), seed, stream_);
             nf4_quantize_slot(t.spec, layout.double_quant, values.get(), slot.get(), stream_);
             CUDA_CHECK(cudaMemcpyAsync(dst + (lo - begin), slot.get() + (lo - t.offset), size_t(hi - lo) * sizeof(T),
                                        cudaMemcpyDeviceToDevice, stream_));
@@ -361,11 +386,8 @@ void Llama<T>::init_params(int u, int g, T* dst, long long begin, long long end,
         switch (t.spec.init) {
             case Init::ones: fill(dst + (lo - begin), from_acc<T>(acc_t<T>(1)), hi - lo, stream_); break;
             case Init::normal:
-                init_normal(dst + (lo - begin), hi - lo, 0.02, seed, t.spec.id, lo - t.offset, stream_);
-                break;
-            case Init::uniform_fan_in:  // PEFT's kaiming_uniform(a = √5): bound 1/√fan_in
-                init_uniform(dst + (lo - begin), hi - lo, 1.0 / std::sqrt(double(t.spec.cols)), seed, t.spec.id,
-                             lo - t.offset, stream_);
+            case Init::uniform_fan_in:
+                init_values(dst + (lo - begin), t.spec, lo - t.offset, hi - lo, seed, stream_);
                 break;
             case Init::zeros: break;  // the memset above
         }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 
 namespace pv {
 
@@ -77,6 +78,15 @@ std::vector<GroupLayout> layout_unit(const UnitSpec& unit, DType dtype, int shar
     if (!fixed.empty()) groups.push_back(layout_group(GroupKind::frozen, dtype, fixed, shards));
     if (!nf4.empty()) groups.push_back(layout_group(GroupKind::nf4, dtype, nf4, shards, double_quant));
     return groups;
+}
+
+long long TensorSpec::whole_index(long long i) const {
+    if (slice.whole()) return i;
+    const long long row = i / cols, col = i % cols;
+    for (const RowRun& r : slice.runs)
+        if (row >= r.local && row < r.local + r.rows)
+            return (r.whole + row - r.local) * slice.cols + slice.col_begin + col;
+    throw std::logic_error("tensor '" + name + "': local row " + std::to_string(row) + " is in none of its slice's runs");
 }
 
 namespace {

@@ -45,10 +45,27 @@ DType parse_dtype(const std::string& name);
 // U(−1/√cols, 1/√cols) (PEFT's kaiming-uniform), a LoRA B zero (model/lora.h).
 enum class Init { normal, ones, uniform_fan_in, zeros };
 
-// A Hugging Face tensor inside a (possibly fused) polevault tensor: rows [row_begin, +rows).
+// A Hugging Face tensor inside a (possibly fused) polevault tensor: rows [row_begin, +rows), which
+// are the Hugging Face tensor's rows [hf_row_begin, +rows) (not 0 for a tensor-parallel slice).
 struct TensorPart {
     std::string hf_name;
     long long row_begin = 0, rows = 0;
+    long long hf_row_begin = 0;
+};
+
+// Local rows [local, local + rows) of a slice are the whole tensor's rows [whole, whole + rows).
+struct RowRun {
+    long long local = 0, whole = 0, rows = 0;
+};
+
+// Where a tensor-parallel rank's block of a tensor sits in the whole tensor (model/tensor_parallel.h):
+// its rows (runs, in local order) and the columns [col_begin, col_begin + the spec's cols) of a
+// whole tensor of rows × cols. rows = 0: the tensor is whole.
+struct TensorSlice {
+    long long rows = 0, cols = 0;
+    long long col_begin = 0;
+    std::vector<RowRun> runs{};
+    bool whole() const { return rows == 0; }
 };
 
 struct TensorSpec {
@@ -58,7 +75,10 @@ struct TensorSpec {
     bool decay = true;              // AdamW's weight decay applies (matrices); false for RMSNorm weights
     std::vector<TensorPart> parts;  // the HF tensors it holds (one part covering it all if unfused)
     uint32_t id = 0;                // model-wide tensor id: keys its random initialisation and rounding (philox.cuh)
+    TensorSlice slice{};            // a tensor-parallel block of the whole tensor (default: the whole)
     long long numel() const { return rows * cols; }
+    // The index in the whole tensor of local element i (row-major): what keys its initialisation.
+    long long whole_index(long long i) const;
 };
 
 // A tensor placed in a group.

@@ -54,6 +54,28 @@ TEST_CASE("init_normal: device values equal the host function, independent of sh
     REQUIRE(equal == 0);
 }
 
+// A tensor-parallel slice's block — rows [2, 5) and columns [3, 7) of a 7 × 10 tensor — gets the
+// whole tensor's values there, from the block's start or from inside it (a shard of the slice).
+TEST_CASE("init_normal and init_uniform of a block of rows and columns equal the whole tensor there", "[philox]") {
+    const uint64_t seed = 99;
+    const uint32_t tensor = 4;
+    DeviceArray<double> whole{70}, block{12}, tail{7}, uniform_whole{70}, uniform_block{12};
+    pv::init_normal(whole.get(), 70, 0.02, seed, tensor, 0, nullptr);
+    pv::init_normal(block.get(), 12, 0.02, seed, tensor, pv::WholeIndex{0, 4, 10, 3, 2}, nullptr);
+    pv::init_normal(tail.get(), 7, 0.02, seed, tensor, pv::WholeIndex{5, 4, 10, 3, 2}, nullptr);  // from (1, 1)
+    pv::init_uniform(uniform_whole.get(), 70, 0.5, seed, tensor, pv::WholeIndex{}, nullptr);
+    pv::init_uniform(uniform_block.get(), 12, 0.5, seed, tensor, pv::WholeIndex{0, 4, 10, 3, 2}, nullptr);
+    const auto w = whole.download(), b = block.download(), t = tail.download();
+    const auto uw = uniform_whole.download(), ub = uniform_block.download();
+    for (int r = 0; r < 3; ++r)
+        for (int c = 0; c < 4; ++c) {
+            INFO("block row " << r << ", column " << c);
+            CHECK(b[size_t(r * 4 + c)] == w[size_t((2 + r) * 10 + 3 + c)]);
+            CHECK(ub[size_t(r * 4 + c)] == uw[size_t((2 + r) * 10 + 3 + c)]);
+            if (r * 4 + c >= 5) CHECK(t[size_t(r * 4 + c - 5)] == b[size_t(r * 4 + c)]);
+        }
+}
+
 TEST_CASE("init_normal looks like N(0, std^2) in every storage type", "[philox]") {
     const long long n = 200000;
     DeviceArray<float> f{size_t(n)};

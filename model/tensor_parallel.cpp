@@ -1,0 +1,126 @@
+// Tensor parallelism's slices of the block tensors (model/tensor_parallel.h).
+#include "model/tensor_parallel.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace pv {
+
+namespace {
+
+// The problem with T, or "" when T splits the model.
+std::string tensor_parallel_problem(const LlamaConfig& c, int t) {
+    const int hq = c.num_heads, hkv = c.num_kv_heads;
+    if (t < 1) return "must be at least 1";
+    if (hq % t != 0) return "does not divide the " + std::to_string(hq) + " query heads";
+    if (c.ffn_size % t != 0) return "does not divide the ffn size " + std::to_string(c.ffn_size);
+    const int per_rank = hq / t, group = hq / hkv;
+    if (hkv % t != 0 && group % per_rank != 0)
+        return "divides neither the " + std::to_string(hkv) + " key/value heads nor leaves each rank's " +
+               std::to_string(per_rank) + " query heads within one key/value head's group of " +
+               std::to_string(group);
+    return "";
+}
+
+// The rows of a whole tensor's part a slice keeps: Hugging Face rows [begin, begin + count).
+struct Keep {
+    long long begin = 0, count = 0;
+};
+
+// The slice of `whole` made of, for each of its parts, the rows keep(part) of it (the parts'
+// order kept), all its columns.
+template <class KeepOf>
+TensorSpec slice_rows(const TensorSpec& whole, KeepOf keep_of) {
+    TensorSpec s = whole;
+    s.slice = TensorSlice{whole.rows, whole.cols, 0, {}};
+    s.parts.clear();
+    long long local = 0;
+    for (const TensorPart& p : whole.parts) {
+        const Keep k = keep_of(p);
+        if (k.begin < 0 || k.begin + k.count > p.rows)
+            throw std::logic_error("tensor parallelism: a slice outside part " + p.hf_name + " of " + whole.name);
+        s.parts.push_back(TensorPart{p.hf_name, local, k.count, p.hf_row_begin + k.begin});
+        s.slice.runs.push_back(RowRun{local, p.row_begin + k.begin, k.count});
+        local += k.count;
+    }
+    s.rows = local;
+    return s;
+}
+
+// The slice of `whole` made of its columns [begin, begin + count), all its rows.
+TensorSpec slice_columns(const TensorSpec& whole, long long begin, long long count) {
+    TensorSpec s = whole;
+    s.slice = TensorSlice{whole.rows, whole.cols, begin, {RowRun{0, 0, whole.rows}}};
+    s.cols = count;
+    return s;
+}
+
+bool names_module(const TensorPart& p, const char* module) {
+    return p.hf_name.find(std::string(".") + module + ".") != std::string::npos;
+}
+
+}  // namespace
+
+bool tensor_parallel_fits(const LlamaConfig& c, int size) { return tensor_parallel_problem(c, size).empty(); }
+
+void check_tensor_parallel(const LlamaConfig& c, int size) {
+    const std::string problem = tensor_parallel_problem(c, size);
+    if (problem.empty()) return;
+    std::string fits;
+    for (int t = 1; t <= c.num_heads; ++t)
+        if (tensor_parallel_fits(c, t)) fits += (fits.empty() ? "" : ", ") + std::to_string(t);
+    throw std::invalid_argument("tensor parallelism over " + std::to_string(size) + " ranks: " + std::to_string(size) +
+                                " " + problem + " of " + (c.name.empty() ? "the model" : c.name) +
+                                "; --tp can be " + fits);
+}
+
+bool kv_heads_replicated(const LlamaConfig& c, int size) { return c.num_kv_heads % size != 0; }
+
+HeadSlice tensor_parallel_heads(const LlamaConfig& c, TensorParallel tp) {
+    check_tensor_parallel(c, tp.size);
+    if (tp.rank < 0 || tp.rank >= tp.size)
+        throw std::invalid_argument("tensor parallelism: rank " + std::to_string(tp.rank) + " of a group of " +
+                                    std::to_string(tp.size));
+    HeadSlice h;
+    h.q_count = c.num_heads / tp.size;
+    h.q_first = tp.rank * h.q_count;
+    if (!kv_heads_replicated(c, tp.size)) {
+        h.kv_count = c.num_kv_heads / tp.size;
+        h.kv_first = tp.rank * h.kv_count;
+    } else {  // this rank's query heads all read one kv head (check_tensor_parallel)
+        h.kv_count = 1;
+        h.kv_first = h.q_first / (c.num_heads / c.num_kv_heads);
+    }
+    return h;
+}
+
+std::vector<UnitSpec> tensor_parallel_units(const LlamaConfig& c, const LoraConfig& lora, TensorParallel tp) {
+    std::vector<UnitSpec> units = model_units(c, lora);
+    if (tp.size == 1) return units;
+    const HeadSlice h = tensor_parallel_heads(c, tp);
+    const long long hd = c.head_dim_resolved(), f = c.ffn_size / tp.size, f_first = tp.rank * f;
+    // The Hugging Face rows a column-parallel weight (or its LoRA B) keeps of each module.
+    const auto keep = [&](const TensorPart& p) {
+        if (names_module(p, "q_proj")) return Keep{h.q_first * hd, h.q_count * hd};
+        if (names_module(p, "k_proj") || names_module(p, "v_proj")) return Keep{h.kv_first * hd, h.kv_count * hd};
+        if (names_module(p, "gate_proj") || names_module(p, "up_proj")) return Keep{f_first, f};
+        throw std::logic_error("tensor parallelism: no rule for " + p.hf_name);
+    };
+    for (UnitSpec& u : units) {
+        if (u.kind != UnitKind::block) continue;
+        const std::string n = "layers." + std::to_string(u.layer) + ".";
+        for (TensorSpec& t : u.tensors) {
+            if (t.name == n + "w_qkv" || t.name == n + "w_gate_up" || t.name == n + lora_b_name(kLoraQkv) ||
+                t.name == n + lora_b_name(kLoraGateUp))
+                t = slice_rows(t, keep);  // column-parallel: rows (a B: its output rows)
+            else if (t.name == n + "w_o" || t.name == n + lora_a_name(kLoraO))
+                t = slice_columns(t, h.q_first * hd, h.q_count * hd);  // row-parallel: the heads' columns
+            else if (t.name == n + "w_down" || t.name == n + lora_a_name(kLoraDown))
+                t = slice_columns(t, f_first, f);
+            // Otherwise replicated: the norms, a column-parallel adapter's A, a row-parallel one's B.
+        }
+    }
+    return units;
+}
+
+}  // namespace pv

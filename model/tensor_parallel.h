@@ -1,0 +1,60 @@
+// Tensor parallelism's split of a block's tensors (Megatron-LM, Shoeybi et al. 2019): what each of
+// the T ranks of a tensor-parallel group holds of every whole tensor. Host code only.
+//
+// Attention is split by heads: W_qkv column-parallel (rank r computes its Hq/T query heads and the
+// key/value heads they read), W_o row-parallel (its input columns are those heads' outputs); the
+// MLP by the ffn dimension: W_gate and W_up column-parallel (rows [r·F/T, (r+1)·F/T) of each),
+// W_down row-parallel (the same columns). In y = x·W_qkvᵀ the columns of y are the rows of W_qkv,
+// so a column-parallel linear holds a block of ROWS of the weight, a row-parallel one a block of
+// COLUMNS; the norms are replicated. A column-parallel linear's input is replicated (its input
+// gradient is summed over the group in the backward), a row-parallel linear's output is a partial
+// sum (summed over the group in the forward): the two all-reduces per sub-layer of the paper.
+//
+// Grouped-query attention: when T divides the key/value heads, rank r holds kv heads
+// [r·Hkv/T, (r+1)·Hkv/T). When it does not but each rank's query heads read one kv head (Hq/T
+// divides the group size Hq/Hkv), that kv head is replicated on the T/Hkv ranks that read it, as
+// Megatron does; its gradient is then the sum of theirs. Other T are refused, naming the T that
+// work.
+//
+// LoRA (model/lora.h): a column-parallel base's adapter keeps A whole (replicated: its gradient is
+// summed over the group) and splits B by output rows like the base; a row-parallel base's adapter
+// splits A by input columns like the base and keeps B whole.
+//
+// A slice keeps the whole tensor's name and id: TensorSpec::slice says where its block sits in
+// the whole tensor (initialisation keys each element by its index in the whole tensor, so every T
+// initialises the same model), and its parts name the Hugging Face rows they hold (hf_row_begin),
+// so checkpoints keep whole Hugging Face tensors.
+#pragma once
+
+#include "model/config.h"
+#include "model/lora.h"
+#include "model/parameters.h"
+
+#include <vector>
+
+namespace pv {
+
+struct TensorParallel {
+    int size = 1;  // T: the ranks of the tensor-parallel group
+    int rank = 0;  // this rank's place in it
+};
+
+// The attention heads a rank holds: query heads [q_first, q_first + q_count), kv heads
+// [kv_first, kv_first + kv_count).
+struct HeadSlice {
+    int q_first = 0, q_count = 0, kv_first = 0, kv_count = 0;
+};
+
+// Throws std::invalid_argument naming why `size` cannot split `c` and the sizes that can.
+void check_tensor_parallel(const LlamaConfig& c, int size);
+// Whether T splits c's heads and ffn (check_tensor_parallel's test, without the message).
+bool tensor_parallel_fits(const LlamaConfig& c, int size);
+HeadSlice tensor_parallel_heads(const LlamaConfig& c, TensorParallel tp);
+// Whether the kv heads are replicated across the group (T does not divide Hkv).
+bool kv_heads_replicated(const LlamaConfig& c, int size);
+
+// model_units(c, lora) with every block tensor replaced by rank tp.rank's slice of it (the
+// embedding and the head whole). tp.size = 1: model_units itself.
+std::vector<UnitSpec> tensor_parallel_units(const LlamaConfig& c, const LoraConfig& lora, TensorParallel tp);
+
+}  // namespace pv

@@ -1,0 +1,126 @@
+// Tensor parallelism's slices of the block tensors (model/tensor_parallel.h): the sizes that split
+// a model and the refusals naming the rest; the heads each rank holds, worked by hand; and, for
+// every size that fits, the T ranks' slices of each tensor tile the whole tensor — each element
+// exactly once, a replicated kv head or tensor on every rank that holds it — with their Hugging
+// Face parts naming the rows they hold.
+#include <catch2/catch.hpp>
+
+#include "model/tensor_parallel.h"
+#include "test/error_of.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace tensor_parallel_test {
+
+// 12 query heads of 4, 4 kv heads (groups of 3), ffn 24: T = 1, 2, 4 and 12 fit; 3 and 6 leave a
+// rank's query heads across two groups; 5 divides nothing.
+pv::LlamaConfig gqa() {
+    pv::LlamaConfig c;
+    c.name = "gqa-test";
+    c.vocab_size = 16, c.hidden_size = 8, c.num_layers = 2, c.num_heads = 12, c.num_kv_heads = 4, c.head_dim = 4;
+    c.ffn_size = 24, c.max_seq_len = 8;
+    return c;
+}
+
+const pv::TensorSpec& find(const std::vector<pv::UnitSpec>& units, const std::string& name) {
+    for (const pv::UnitSpec& u : units)
+        for (const pv::TensorSpec& t : u.tensors)
+            if (t.name == name) return t;
+    FAIL("no tensor " << name);
+    throw;
+}
+
+}  // namespace tensor_parallel_test
+
+using namespace tensor_parallel_test;
+using pv::test::error_of;
+
+TEST_CASE("tensor parallelism: the sizes that split a model, and the refusals", "[tensor_parallel]") {
+    const pv::LlamaConfig c = gqa();
+    for (int t : {1, 2, 4, 12}) CHECK(pv::tensor_parallel_fits(c, t));
+    for (int t : {3, 5, 6, 8, 24}) CHECK_FALSE(pv::tensor_parallel_fits(c, t));
+    CHECK(error_of<std::invalid_argument>([&] { pv::check_tensor_parallel(c, 5); }) ==
+          "tensor parallelism over 5 ranks: 5 does not divide the 12 query heads of gqa-test; --tp can be 1, 2, 4, "
+          "12");
+    CHECK(error_of<std::invalid_argument>([&] { pv::check_tensor_parallel(c, 6); }) ==
+          "tensor parallelism over 6 ranks: 6 divides neither the 4 key/value heads nor leaves each rank's 2 query "
+          "heads within one key/value head's group of 3 of gqa-test; --tp can be 1, 2, 4, 12");
+    pv::LlamaConfig odd_ffn = c;
+    odd_ffn.ffn_size = 26;
+    CHECK(error_of<std::invalid_argument>([&] { pv::check_tensor_parallel(odd_ffn, 4); }) ==
+          "tensor parallelism over 4 ranks: 4 does not divide the ffn size 26 of gqa-test; --tp can be 1, 2");  // 26 = 2·13
+}
+
+TEST_CASE("tensor parallelism: each rank's heads, by hand", "[tensor_parallel]") {
+    const pv::LlamaConfig c = gqa();
+    // T = 2: 6 query heads and 2 kv heads each.
+    const pv::HeadSlice a = pv::tensor_parallel_heads(c, {2, 1});
+    CHECK((a.q_first == 6 && a.q_count == 6 && a.kv_first == 2 && a.kv_count == 2));
+    CHECK_FALSE(pv::kv_heads_replicated(c, 2));
+    // T = 12: query head 7 alone, reading kv head 7 / 3 = 2, which ranks 6, 7 and 8 all hold.
+    const pv::HeadSlice b = pv::tensor_parallel_heads(c, {12, 7});
+    CHECK((b.q_first == 7 && b.q_count == 1 && b.kv_first == 2 && b.kv_count == 1));
+    CHECK(pv::kv_heads_replicated(c, 12));
+    CHECK_THROWS_AS(pv::tensor_parallel_heads(c, {2, 2}), std::invalid_argument);
+}
+
+TEST_CASE("tensor parallelism: the ranks' slices tile every whole tensor, LoRA's too", "[tensor_parallel]") {
+    const pv::LlamaConfig c = gqa();
+    pv::LoraConfig lora;
+    lora.rank = 2, lora.alpha = 4;
+    lora.targets = {"q_proj", "v_proj", "o_proj", "up_proj", "down_proj"};
+    const std::vector<pv::UnitSpec> whole = pv::model_units(c, lora);
+    for (int t : {1, 2, 4, 12}) {
+        // Per whole tensor: how many ranks hold each element.
+        std::map<std::string, std::vector<int>> held;
+        for (int r = 0; r < t; ++r) {
+            const std::vector<pv::UnitSpec> mine = pv::tensor_parallel_units(c, lora, {t, r});
+            REQUIRE(mine.size() == whole.size());
+            for (const pv::UnitSpec& u : mine)
+                for (const pv::TensorSpec& s : u.tensors) {
+                    INFO("T = " << t << ", rank " << r << ", " << s.name);
+                    const pv::TensorSpec& w = find(whole, s.name);
+                    CHECK(s.id == w.id);
+                    std::vector<int>& count = held[s.name];
+                    count.resize(size_t(w.numel()));
+                    for (long long i = 0; i < s.numel(); ++i) ++count[size_t(s.whole_index(i))];
+                    // Each part's rows are the Hugging Face tensor's rows the whole tensor has there.
+                    for (const pv::TensorPart& p : s.parts) {
+                        const pv::TensorPart* wp = nullptr;
+                        for (const pv::TensorPart& x : w.parts)
+                            if (x.hf_name == p.hf_name) wp = &x;
+                        REQUIRE(wp != nullptr);
+                        CHECK(p.hf_row_begin >= 0);
+                        CHECK(p.hf_row_begin + p.rows <= wp->rows);
+                        CHECK(s.whole_index(p.row_begin * s.cols) ==
+                              (wp->row_begin + p.hf_row_begin) * w.cols + s.slice.col_begin);
+                    }
+                }
+        }
+        const int kv_copies = pv::kv_heads_replicated(c, t) ? t / c.num_kv_heads : 1;
+        for (const auto& [name, count] : held) {
+            INFO("T = " << t << ", " << name);
+            const pv::TensorSpec& w = find(whole, name);
+            const bool norm = name.find("norm") != std::string::npos;
+            const bool replicated = t > 1 && (norm || name == "wte" || name == "lm_head" ||
+                                              name.find("lora_a_qkv") != std::string::npos ||
+                                              name.find("lora_a_gate_up") != std::string::npos ||
+                                              name.find("lora_b_o") != std::string::npos ||
+                                              name.find("lora_b_down") != std::string::npos);
+            for (long long i = 0; i < w.numel(); ++i) {
+                int expected = replicated ? t : 1;
+                // A kv head's rows of w_qkv (and of the qkv adapter's B) on each rank that reads it.
+                const long long row = i / w.cols, q = c.q_width();
+                if (kv_copies > 1 && name.find("w_qkv") != std::string::npos && row >= q) expected = kv_copies;
+                if (kv_copies > 1 && name.find("lora_b_qkv") != std::string::npos && row >= q) expected = kv_copies;
+                if (count[size_t(i)] != expected) {
+                    INFO("element " << i);
+                    CHECK(count[size_t(i)] == expected);
+                    break;
+                }
+            }
+        }
+    }
+}
