@@ -501,7 +501,8 @@ FUZZ_LIB_SOURCES := $(addprefix data/,bpe.cpp chat.cpp examples.cpp jinja_eval.c
                       tokenizer.cpp tokenizer_json.cpp utf8.cpp) $(addprefix io/,checksum.cpp durable_file.cpp input_file.cpp json_reader.cpp progress.cpp) \
                     $(addprefix formats/,bnb_checkpoint.cpp config_json.cpp dtype_conversion.cpp hf_checkpoint.cpp llama2c.cpp peft_config.cpp \
                       safetensors.cpp) \
-                    $(addprefix model/,checkpoint.cpp checkpoint_files.cpp config.cpp flops.cpp lora.cpp nf4_layout.cpp parameters.cpp) \
+                    $(addprefix model/,checkpoint.cpp checkpoint_files.cpp config.cpp flops.cpp lora.cpp nf4_layout.cpp parameters.cpp \
+                      tensor_parallel.cpp) \
                     trainer/state.cpp trainer/option_rules.cpp parallel/mesh_shape.cpp parallel/plan.cpp parallel/schedule.cpp parallel/stages.cpp
 FUZZ_LIB_OBJS := $(patsubst %.cpp,$(FUZZ_BUILD)/%.o,$(FUZZ_LIB_SOURCES)) $(FUZZ_GXX_OBJS)
 FUZZ_BINS := $(patsubst fuzz/%.cpp,$(FUZZ_BUILD)/%,$(wildcard fuzz/fuzz_*.cpp))

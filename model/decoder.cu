@@ -26,9 +26,9 @@ int checked_max_positions(const Llama<T>& model, int max_positions, int max_rows
     if (max_rows < 1 || max_rows > max_positions)
         throw std::invalid_argument("Decoder: max_rows = " + std::to_string(max_rows) + " must be in [1, " +
                                     std::to_string(max_positions) + "] (max_positions)");
-    if (!model.runs_every_unit())
-        throw std::invalid_argument("Decoder: the model runs only some units here (a pipeline stage); decoding "
-                                    "needs the whole model on one rank");
+    if (!model.runs_every_unit() || model.tensor_parallel().size > 1)
+        throw std::invalid_argument("Decoder: the model holds only part of itself here (a pipeline stage or a "
+                                    "tensor-parallel slice); decoding needs the whole model on one rank");
     bool complete = model.embedding_weights() && model.head_weights().final_norm && model.head_weights().lm_head;
     for (int u = 1; u + 1 < model.num_units(); ++u) {
         const BlockParams<const T*>& w = model.block_weights(u);

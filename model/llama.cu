@@ -12,6 +12,7 @@
 #include "kernels/rope.cuh"
 #include "kernels/swiglu.cuh"
 #include "model/nf4_slot.cuh"
+#include "model/tensor_parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -105,6 +106,9 @@ template DeviceBuffer<double> rope_table_buffer<double>(const LlamaConfig&, int,
 template <class T>
 Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
     : config_(config),
+      shape_(tensor_parallel_shape(config, o.placement.tensor)),
+      tensor_(o.placement.tensor),
+      tensor_reduce_(o.tensor_reduce),
       lora_(o.lora),
       seed_(o.seed),
       nf4_(o.nf4),
@@ -122,7 +126,17 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
         throw std::invalid_argument("Llama: seq_len = " + std::to_string(o.seq_len) +
                                     " exceeds the model's max_seq_len = " + std::to_string(config_.max_seq_len) +
                                     "; use a shorter sequence");
-    std::vector<UnitSpec> specs = model_units(config_, o.lora);
+    if (tensor_.size > 1) {  // tensor parallelism (model/tensor_parallel.h), as far as it goes in this build
+        const std::string tp = "tensor parallelism over " + std::to_string(tensor_.size) + " ranks";
+        if (!tensor_reduce_) throw std::invalid_argument("Llama: " + tp + " needs ModelOptions::tensor_reduce");
+        if (o.lora.enabled() || o.nf4)
+            throw std::invalid_argument("Llama: " + tp + " does not take LoRA or NF4 adapters in this build");
+        if (kv_heads_replicated(config_, tensor_.size))
+            throw std::invalid_argument("Llama: " + tp + " needs " + std::to_string(tensor_.size) + " to divide the " +
+                                        std::to_string(config_.num_kv_heads) +
+                                        " key/value heads in this build (replicated kv heads are not summed yet)");
+    }
+    std::vector<UnitSpec> specs = tensor_parallel_units(config_, o.lora, tensor_);
     const int all = int(specs.size());
     for (const StageUnits& c : place.chunks) {
         const StageUnits resolved{c.first, c.end < 0 ? all : c.end, c.slots};
@@ -139,14 +153,15 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
     }
     if (chunks_.empty()) throw std::invalid_argument("Llama: a model holds at least one chunk of units");
     if (const auto problems = validate(lora_); !problems.empty()) throw std::invalid_argument(problems.front());
-    const auto shapes = lora_linears(config_, lora_);
+    const auto shapes = lora_linears(shape_, lora_);
     for (int k = 0; k < kLoraLinears; ++k) lora_shapes_[k] = lora_shape(shapes[size_t(k)], lora_);
     const std::vector<std::vector<GroupLayout>> layouts =
-        model_layouts(config_, dtype_of<T>(), place.shards, GroupOptions{o.frozen, o.lora, o.nf4, o.double_quant});
+        model_layouts(config_, dtype_of<T>(), place.shards,
+                      GroupOptions{o.frozen, o.lora, o.nf4, o.double_quant, tensor_});
     CUBLAS_CHECK(cublasCreate(&cublas_));
     const DType dt = dtype_of<T>();
     // The arenas, from the function the memory planner calls.
-    const ActivationArenas arenas = activation_arenas(config_, o.batch, o.seq_len, dt, lora_, o.checkpointing, chunks_);
+    const ActivationArenas arenas = activation_arenas(shape_, o.batch, o.seq_len, dt, lora_, o.checkpointing, chunks_);
     if (arenas.recompute_bytes > 0)
         recompute_arena_ = device_alloc(arenas.recompute_bytes, MemoryCategory::activations);
     for (UnitSpec& spec : specs) {
@@ -180,7 +195,7 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
             unit.grads = static_cast<T*>(device_alloc(trainable(u).bytes(), MemoryCategory::gradients));
             CUDA_CHECK(cudaMemsetAsync(unit.grads, 0, trainable(u).bytes(), stream_));
         }
-        unit.arena_layout = slot_arena_layout(config_, u, o.batch, o.seq_len, dt, lora_, o.checkpointing);
+        unit.arena_layout = slot_arena_layout(shape_, u, o.batch, o.seq_len, dt, lora_, o.checkpointing);
         unit.recomputes = unit.spec.kind == UnitKind::block && o.checkpointing.recomputes(u - 1);
         if (!runs_here) continue;  // the tied embedding's copy on the head's stage
         for (int s = 0; s < arenas.slots[size_t(u)]; ++s)
@@ -193,7 +208,7 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
     // The workspace: transient buffers of one unit at a time, for forward and backward.
     const long long N = rows(), C = config_.hidden_size;
     const std::vector<ActivationBuffer> workspace_layout =
-        model_workspace_layout(config_, o.batch, o.seq_len, dt, lora_, nf4_);
+        model_workspace_layout(shape_, o.batch, o.seq_len, dt, lora_, nf4_);
     const std::vector<size_t> at = arena_offsets(workspace_layout);
     workspace_ = device_alloc(arena_bytes(workspace_layout), MemoryCategory::workspace);
     char* w = static_cast<char*>(workspace_);
@@ -271,7 +286,7 @@ void Llama<T>::resolve_activations(int u) {
     const std::vector<size_t> at = arena_offsets(unit.arena_layout);
     // A recomputing block's buffers other than its output are the recompute arena's.
     const std::vector<size_t> shared_at =
-        unit.recomputes ? arena_offsets(recompute_arena_layout(config_, batch_, seq_len_, dtype_of<T>(), lora_)) : at;
+        unit.recomputes ? arena_offsets(recompute_arena_layout(shape_, batch_, seq_len_, dtype_of<T>(), lora_)) : at;
     for (void* arena : unit.arenas) {
         char* a = static_cast<char*>(arena);
         char* r = unit.recomputes ? static_cast<char*>(recompute_arena_) : a;
@@ -452,7 +467,7 @@ void Llama<T>::backward_unit(int u, int slot, const UnitIO<T>& io) {
 
 template <class T>
 void Llama<T>::forward_block(int u, int slot, const UnitIO<T>& io, bool recompute) {
-    const LlamaConfig& c = config_;
+    const LlamaConfig& c = shape_;
     const long long N = rows();
     const int C = c.hidden_size, F = c.ffn_size, hd = c.head_dim_resolved();
     const BlockParams<const T*>& w = units_[size_t(u)].block_w;
@@ -467,6 +482,7 @@ void Llama<T>::forward_block(int u, int slot, const UnitIO<T>& io, bool recomput
                  stream_);
     attention_forward(a.qkv, io.positions, a.att, a.lse, batch_, seq_len_, c.num_heads, c.num_kv_heads, hd, stream_);
     linear(u, kLoraO, a.att, work_.proj, N, a.lora_u[kLoraO], drop, cublas_);
+    reduce_over_tensor_group(work_.proj, N * C);  // row-parallel: each rank's heads' share
     residual_rmsnorm_forward(x, work_.proj, a.x2, w.mlp_norm, a.h2, a.rstd2, N, C, c.rms_norm_eps, stream_);
     linear(u, kLoraGateUp, a.h2, a.gate_up, N, a.lora_u[kLoraGateUp], drop, cublas_);
     swiglu_forward(a.gate_up, a.act, N, F, stream_);
@@ -480,13 +496,14 @@ void Llama<T>::forward_block(int u, int slot, const UnitIO<T>& io, bool recomput
         return;
     }
     linear(u, kLoraDown, a.act, work_.proj, N, a.lora_u[kLoraDown], drop, cublas_);
+    reduce_over_tensor_group(work_.proj, N * C);  // row-parallel: each rank's ffn columns' share
     add(a.x2, work_.proj, io.residual_out, N * C, stream_);
 }
 
 // The gradients of frozen tensors are null in `d`: their dW is skipped, dX still flows.
 template <class T>
 void Llama<T>::backward_block(int u, int slot, const UnitIO<T>& io) {
-    const LlamaConfig& c = config_;
+    const LlamaConfig& c = shape_;
     const long long N = rows();
     const int C = c.hidden_size, F = c.ffn_size, hd = c.head_dim_resolved();
     const BlockParams<const T*>& w = units_[size_t(u)].block_w;
@@ -503,6 +520,7 @@ void Llama<T>::backward_block(int u, int slot, const UnitIO<T>& io) {
     linear_backward(u, kLoraDown, dy, a.act, ws.dact, a, drop);
     swiglu_backward(a.gate_up, ws.dact, ws.dgate_up, N, F, stream_);
     linear_backward(u, kLoraGateUp, ws.dgate_up, a.h2, ws.dh, a, drop);
+    reduce_over_tensor_group(ws.dh, N * C);  // column-parallel: the input gradient's shares
     rmsnorm_backward(a.x2, w.mlp_norm, a.rstd2, ws.dh, dy, dx, d.mlp_norm, ws.norm_scratch, N, C, stream_);
     // Attention: x2 = x + att·W_oᵀ. dx now holds dL/dx2.
     linear_backward(u, kLoraO, dx, a.att, ws.datt, a, drop);
@@ -512,6 +530,7 @@ void Llama<T>::backward_block(int u, int slot, const UnitIO<T>& io) {
     rope_backward(ws.dqkv + c.q_width(), rope_table(), io.positions, N, seq_len_, c.num_kv_heads, hd, c.qkv_width(),
                   stream_);
     linear_backward(u, kLoraQkv, ws.dqkv, a.h1, ws.dh, a, drop);
+    reduce_over_tensor_group(ws.dh, N * C);
     rmsnorm_backward(x, w.attn_norm, a.rstd1, ws.dh, dx, dx, d.attn_norm, ws.norm_scratch, N, C, stream_);
 }
 

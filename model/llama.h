@@ -34,6 +34,7 @@
 #include "model/parameters.h"
 #include "model/placement.h"
 
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -128,6 +129,12 @@ struct ModelOptions {
     Placement placement;
     cudaStream_t stream = nullptr;
     ActivationCheckpointing checkpointing;  // off by default
+    // With placement.tensor.size > 1: sums `count` elements of the compute type at `data` over the
+    // tensor-parallel group, in place, in order on the model's stream (parallel/ provides it). The
+    // model calls it where Megatron's conjugate operators sit: after each row-parallel linear in the
+    // forward (W_o, W_down: partial sums) and after each column-parallel linear's input gradient in
+    // the backward (W_qkv, W_gate_up).
+    std::function<void(void* data, long long count)> tensor_reduce;
 };
 
 // A whole model on one rank with `slots` activation slots: for training (owned gradients) or
@@ -154,7 +161,8 @@ class Llama {
     Llama(const Llama&) = delete;
     Llama& operator=(const Llama&) = delete;
 
-    const LlamaConfig& config() const { return config_; }
+    const LlamaConfig& config() const { return config_; }  // the whole model's, whatever this rank holds
+    const TensorParallel& tensor_parallel() const { return tensor_; }
     int batch() const { return batch_; }
     int seq_len() const { return seq_len_; }
     long long rows() const { return (long long)batch_ * seq_len_; }
@@ -285,7 +293,13 @@ class Llama {
                          const LoraDropout& dropout);
     void backward_head(int slot, const UnitIO<T>& io);
 
-    LlamaConfig config_;
+    LlamaConfig config_;  // the whole model's (names, ids, checkpoints)
+    LlamaConfig shape_;   // what this rank computes: its tensor-parallel slice's heads and ffn
+    TensorParallel tensor_;
+    std::function<void(void*, long long)> tensor_reduce_;
+    void reduce_over_tensor_group(T* data, long long count) {
+        if (tensor_.size > 1) tensor_reduce_(data, count);
+    }
     LoraConfig lora_;
     uint64_t seed_ = 0;  // keys the adapters' dropout
     bool nf4_ = false;

@@ -2,6 +2,7 @@
 #include "model/parameters.h"
 
 #include "model/nf4_layout.h"
+#include "model/tensor_parallel.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -86,7 +87,8 @@ long long TensorSpec::whole_index(long long i) const {
     for (const RowRun& r : slice.runs)
         if (row >= r.local && row < r.local + r.rows)
             return (r.whole + row - r.local) * slice.cols + slice.col_begin + col;
-    throw std::logic_error("tensor '" + name + "': local row " + std::to_string(row) + " is in none of its slice's runs");
+    throw std::logic_error("tensor '" + name + "': local row " + std::to_string(row) +
+                           " is in none of its slice's runs");
 }
 
 namespace {
@@ -146,7 +148,7 @@ std::vector<std::vector<GroupLayout>> model_layouts(const LlamaConfig& config, D
                 quantized.insert("layers." + std::to_string(l) + "." + t);
     }
     std::vector<std::vector<GroupLayout>> out;
-    for (const UnitSpec& unit : model_units(config, o.lora))
+    for (const UnitSpec& unit : tensor_parallel_units(config, o.lora, o.tensor))
         out.push_back(layout_unit(unit, dtype, shards, frozen, quantized, o.double_quant));
     return out;
 }

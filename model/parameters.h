@@ -24,6 +24,7 @@
 
 #include "model/config.h"
 #include "model/lora.h"
+#include "model/placement.h"
 
 #include <cstdint>
 #include <set>
@@ -153,6 +154,7 @@ struct GroupOptions {
     LoraConfig lora;
     bool nf4 = false;
     bool double_quant = true;
+    TensorParallel tensor{};  // this rank's slice of the block tensors (model/tensor_parallel.h)
 };
 
 // Every unit's groups (model_units order, with LoRA's adapters) for storage type `dtype` and

@@ -27,11 +27,19 @@ struct StageUnits {
     int slots = 1;
 };
 
+// This rank's place in its tensor-parallel group (model/tensor_parallel.h): it holds slice `rank`
+// of `size` of every block tensor.
+struct TensorParallel {
+    int size = 1;
+    int rank = 0;
+};
+
 // How a strategy needs the model built (parallel/strategies.h decides it): groups splittable
-// into `shards`, the units held and their activation slots, and which buffers are bound from
-// outside.
+// into `shards`, the units held and their activation slots, its tensor-parallel slice, and which
+// buffers are bound from outside.
 struct Placement {
     int shards = 1;
+    TensorParallel tensor{};
     std::vector<StageUnits> chunks = std::vector<StageUnits>(1);  // the units held: every one by default
     Gradients gradients = Gradients::owned;
     Parameters parameters = Parameters::owned;

@@ -94,6 +94,15 @@ HeadSlice tensor_parallel_heads(const LlamaConfig& c, TensorParallel tp) {
     return h;
 }
 
+LlamaConfig tensor_parallel_shape(const LlamaConfig& c, TensorParallel tp) {
+    LlamaConfig s = c;
+    s.head_dim = c.head_dim_resolved();
+    if (tp.size == 1) return s;
+    const HeadSlice h = tensor_parallel_heads(c, tp);
+    s.num_heads = h.q_count, s.num_kv_heads = h.kv_count, s.ffn_size = c.ffn_size / tp.size;
+    return s;
+}
+
 std::vector<UnitSpec> tensor_parallel_units(const LlamaConfig& c, const LoraConfig& lora, TensorParallel tp) {
     std::vector<UnitSpec> units = model_units(c, lora);
     if (tp.size == 1) return units;

@@ -29,15 +29,11 @@
 #include "model/config.h"
 #include "model/lora.h"
 #include "model/parameters.h"
+#include "model/placement.h"
 
 #include <vector>
 
 namespace pv {
-
-struct TensorParallel {
-    int size = 1;  // T: the ranks of the tensor-parallel group
-    int rank = 0;  // this rank's place in it
-};
 
 // The attention heads a rank holds: query heads [q_first, q_first + q_count), kv heads
 // [kv_first, kv_first + kv_count).
@@ -56,5 +52,10 @@ bool kv_heads_replicated(const LlamaConfig& c, int size);
 // model_units(c, lora) with every block tensor replaced by rank tp.rank's slice of it (the
 // embedding and the head whole). tp.size = 1: model_units itself.
 std::vector<UnitSpec> tensor_parallel_units(const LlamaConfig& c, const LoraConfig& lora, TensorParallel tp);
+
+// The shape one rank computes with: c with its query heads, kv heads and ffn size (head_dim set
+// explicitly, since hidden_size / num_heads no longer gives it). Activation and workspace layouts
+// and the kernels' dimensions follow from it; tensor names, ids and checkpoints from c.
+LlamaConfig tensor_parallel_shape(const LlamaConfig& c, TensorParallel tp);
 
 }  // namespace pv
