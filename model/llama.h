@@ -134,7 +134,7 @@ struct ModelOptions {
     // model calls it where Megatron's conjugate operators sit: after each row-parallel linear in the
     // forward (W_o, W_down: partial sums) and after each column-parallel linear's input gradient in
     // the backward (W_qkv, W_gate_up).
-    std::function<void(void* data, long long count)> tensor_reduce;
+    std::function<void(void* data, long long count)> tensor_reduce{};
 };
 
 // A whole model on one rank with `slots` activation slots: for training (owned gradients) or
