@@ -168,6 +168,8 @@ struct CrossEntropyBackwardOp {
     T* dlogits;
     int V, ignore_index;
     acc_t<T> scale;
+    int first = 0;    // the logits' first column in the whole vocabulary (vocabulary-parallel: the rank's)
+    int whole_V = 0;  // the whole vocabulary
     template <int W>
     struct In {
         Vec<T, W> x;
@@ -186,11 +188,11 @@ struct CrossEntropyBackwardOp {
             for (int e = 0; e < W; ++e) d.v[e] = from_acc<T>(A(0));
         } else {
             const CrossEntropyStats<A> st = row_stats[n];
-            const A bad = (t < 0 || t >= V) ? A(NAN) : A(0);  // a bad target poisons its whole row
+            const A bad = (t < 0 || t >= whole_V) ? A(NAN) : A(0);  // a bad target poisons its whole row
             const A norm = scale / st.sum;
             for (int e = 0; e < W; ++e) {
                 const A p = acc_exp(to_acc(in.x.v[e]) - st.max);
-                d.v[e] = from_acc<T>(p * norm - (j0 + e == t ? scale : A(0)) + bad);
+                d.v[e] = from_acc<T>(p * norm - (first + j0 + e == t ? scale : A(0)) + bad);
             }
         }
         store_vec<W>(dlogits + i, d);
@@ -200,6 +202,17 @@ struct CrossEntropyBackwardOp {
 // Threads per row: a multiple of 32 giving each thread about 16 logits or more (the N rows in flight
 // keep the GPU busy), at most 1024 (from V = 16384 on; Llama 3's 128256 gives 126 each).
 inline int cross_entropy_block_size(int V) { return V >= 16384 ? 1024 : 32 * ceil_div(V, 16 * 32); }
+
+// *loss_sum = Σ row_loss and *count = the counted rows, in a fixed order. A warp per 32 rows, at
+// most 8 (the sum is a few microseconds at any N); N < 2^31 (grid size).
+template <class T>
+void cross_entropy_sum(const acc_t<T>* row_loss, const int* targets, acc_t<T>* loss_sum, int* count, long long N,
+                       int ignore_index, cudaStream_t stream) {
+    const int sum_block = N >= 256 ? 256 : 32 * ceil_div(N > 0 ? N : 1, 32);
+    launch(cross_entropy_sum_kernel<T>, dim3(1), dim3(sum_block), 0, stream, row_loss, targets, loss_sum, count, N,
+           ignore_index);
+    CUDA_CHECK_LAUNCH();
+}
 
 // row_loss[N] (0 for ignored rows), *loss_sum = Σ row_loss (fixed order), *count = the number of
 // counted rows; loss_sum and count are single device values. row_stats[N] (may be null: a forward
@@ -219,11 +232,94 @@ void cross_entropy_forward(const T* logits, const int* targets, acc_t<T>* row_lo
         else
             go(cross_entropy_forward_kernel<T, 1>);
     }
-    // A warp per 32 rows, at most 8 (the sum is a few microseconds at any N); N < 2^31 (grid size).
-    const int sum_block = N >= 256 ? 256 : 32 * ceil_div(N > 0 ? N : 1, 32);
-    launch(cross_entropy_sum_kernel<T>, dim3(1), dim3(sum_block), 0, stream, row_loss, targets, loss_sum, count, N,
-           ignore_index);
-    CUDA_CHECK_LAUNCH();
+    cross_entropy_sum<T>(row_loss, targets, loss_sum, count, N, ignore_index, stream);
+}
+
+// Vocabulary-parallel cross-entropy (Megatron-LM's, for a tensor-parallel lm_head): a rank holds
+// columns [first, first + V) of the whole [N][whole_V] logits, and the full rows never meet. Each
+// rank computes its columns' partial (max, Σ exp(x − max)) and the target's logit when the target
+// is among its columns (0 otherwise); the group all-gathers the partials ([ranks][N], rank order:
+// 3 values a row, not V); every rank merges them in rank order — the same bits everywhere — into
+// the row's statistics and loss (loss = max + log Σ − x_t), and its backward is the ordinary one
+// on its columns with the merged statistics (first, whole_V). The caller does the all-gather.
+template <class A>
+struct CrossEntropyPartial {
+    CrossEntropyStats<A> stats;
+    A target;  // the target's logit if this rank holds its column, else 0
+};
+
+template <class T, int W>
+__global__ void cross_entropy_partial_kernel(const T* logits, const int* targets,
+                                             CrossEntropyPartial<acc_t<T>>* partials, int V, int first) {
+    using A = acc_t<T>;
+    __shared__ CrossEntropyStats<A> scratch[32];
+    const long long row = blockIdx.x;
+    const T* x = logits + row * V;
+    const int t = targets[row] - first;
+    const CrossEntropyStats<A> st = cross_entropy_row_stats<W>(x, V, &scratch[0]);
+    if (threadIdx.x == 0) partials[row] = {st, t >= 0 && t < V ? to_acc(x[t]) : A(0)};
+}
+
+// One thread per row: the ranks' partials merged in rank order into row_stats and row_loss (0 for
+// an ignored row, NaN for a target outside [0, whole_V)).
+template <class A>
+__global__ void cross_entropy_merge_kernel(const CrossEntropyPartial<A>* partials, int ranks, const int* targets,
+                                           CrossEntropyStats<A>* row_stats, A* row_loss, long long N, int whole_V,
+                                           int ignore_index) {
+    const long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= N) return;
+    CrossEntropyStats<A> st = partials[row].stats;
+    A target = partials[row].target;
+    for (int r = 1; r < ranks; ++r) {
+        st = cross_entropy_merge(st, partials[r * N + row].stats);
+        target += partials[r * N + row].target;  // one rank's logit, zeros from the others: exact
+    }
+    const int t = targets[row];
+    row_stats[row] = st;
+    row_loss[row] = t == ignore_index ? A(0) : (t < 0 || t >= whole_V) ? A(NAN) : st.max + acc_log(st.sum) - target;
+}
+
+// Step 1 on each rank: partials[N] of its V columns starting at column `first`.
+template <class T>
+void cross_entropy_partials(const T* logits, const int* targets, CrossEntropyPartial<acc_t<T>>* partials, long long N,
+                            int V, int first, cudaStream_t stream) {
+    if (N == 0) return;
+    auto go = [&](auto kernel) {
+        launch(kernel, dim3(unsigned(N)), dim3(cross_entropy_block_size(V)), 0, stream, logits, targets, partials, V,
+               first);
+        CUDA_CHECK_LAUNCH();
+    };
+    if (V % kVec<T> == 0 && vec_aligned({logits}))
+        go(cross_entropy_partial_kernel<T, kVec<T>>);
+    else
+        go(cross_entropy_partial_kernel<T, 1>);
+}
+
+// Step 3, after the all-gather: `partials` holds every rank's [N], rank after rank. Writes
+// row_stats (for cross_entropy_backward with this rank's first and whole_V), row_loss, and the
+// loss sum and count as cross_entropy_forward does.
+template <class T>
+void cross_entropy_merge_partials(const CrossEntropyPartial<acc_t<T>>* partials, int ranks, const int* targets,
+                                  CrossEntropyStats<acc_t<T>>* row_stats, acc_t<T>* row_loss, acc_t<T>* loss_sum,
+                                  int* count, long long N, int whole_V, int ignore_index, cudaStream_t stream) {
+    if (N > 0) {
+        launch(cross_entropy_merge_kernel<acc_t<T>>, dim3(unsigned(ceil_div(N, 256))), dim3(256), 0, stream, partials,
+               ranks, targets, row_stats, row_loss, N, whole_V, ignore_index);
+        CUDA_CHECK_LAUNCH();
+    }
+    cross_entropy_sum<T>(row_loss, targets, loss_sum, count, N, ignore_index, stream);
+}
+
+// The backward on a rank's V columns starting at `first` of a whole_V vocabulary, with the merged
+// statistics: cross_entropy_backward's formula, the one-hot at the target's column if it is here.
+template <class T>
+void cross_entropy_backward_columns(const T* logits, const int* targets, const CrossEntropyStats<acc_t<T>>* row_stats,
+                                    T* dlogits, long long N, int V, int first, int whole_V, int ignore_index,
+                                    double scale, cudaStream_t stream) {
+    const bool vector = V % kVec<T> == 0 && vec_aligned({logits, dlogits});
+    launch_elementwise(CrossEntropyBackwardOp<T>{logits, targets, row_stats, dlogits, V, ignore_index,
+                                                 acc_t<T>(scale), first, whole_V},
+                       N * V, vector, stream);
 }
 
 // dlogits[N][V] = (softmax(logits) − onehot(target))·scale for counted rows, 0 for ignored rows;
@@ -232,9 +328,7 @@ void cross_entropy_forward(const T* logits, const int* targets, acc_t<T>* row_lo
 template <class T>
 void cross_entropy_backward(const T* logits, const int* targets, const CrossEntropyStats<acc_t<T>>* row_stats,
                             T* dlogits, long long N, int V, int ignore_index, double scale, cudaStream_t stream) {
-    const bool vector = V % kVec<T> == 0 && vec_aligned({logits, dlogits});
-    launch_elementwise(CrossEntropyBackwardOp<T>{logits, targets, row_stats, dlogits, V, ignore_index, acc_t<T>(scale)},
-                       N * V, vector, stream);
+    cross_entropy_backward_columns(logits, targets, row_stats, dlogits, N, V, 0, V, ignore_index, scale, stream);
 }
 
 }  // namespace pv
