@@ -109,6 +109,16 @@ int main(int argc, char** argv) {
     const double budget = 72 * GiB;  // 80 GB less the CUDA context, workspace and the allocator's slack
     StepShape one{preset("llama-3.2-1b"), 4, 2048, 1, 2};
     print_step("The issue's reference", one, "single", 1, kernels);
+    {  // the pair measured in docs/speed.md: two micro-batches a step, without and with every block recomputed
+        StepShape plain = one, recomputed = one;
+        plain.accumulation = recomputed.accumulation = 2;
+        recomputed.checkpointing = ActivationCheckpointing{true, 0};
+        const double a = predict_step(plain, KernelSet::now).seconds;
+        const double b = predict_step(recomputed, KernelSet::now).seconds;
+        std::printf("\nTwo micro-batches a step: %.1f ms; with every block recomputed (--checkpoint-activations) "
+                    "%.1f ms, %+.1f%%.\n",
+                    a * 1e3, b * 1e3, 100 * (b / a - 1));
+    }
     StepShape fill = one;
     fill.batch = filling_batch(one.config, "single", 1, 2048, budget);
     print_step("Micro-batch filling 72 GiB", fill, "single", 1, kernels);

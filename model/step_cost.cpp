@@ -332,24 +332,27 @@ void append(std::vector<KernelCost>& out, std::vector<KernelCost> ks, double cou
 
 namespace {
 
-// A projection a LoRA adapter may target: its module name, input and output widths.
+// A targeted module's adapter (model/lora.h lora_linears): its linear, module, input and output widths.
 struct Projection {
-    const char* module;
+    int linear;
+    std::string module;
     long long in, out;
 };
 
-std::vector<Projection> projections(const LlamaConfig& c) {
-    const long long C = c.hidden_size, F = c.ffn_size, q = c.q_width(), kv = c.kv_width();
-    return {{"q_proj", C, q},  {"k_proj", C, kv},  {"v_proj", C, kv},   {"o_proj", q, C},
-            {"gate_proj", C, F}, {"up_proj", C, F}, {"down_proj", F, C}};
+std::vector<Projection> targeted_projections(const LlamaConfig& c, const LoraConfig& lora) {
+    std::vector<Projection> out;
+    const std::vector<LoraLinearShape> shapes = lora_linears(c, lora);
+    for (int k = 0; k < kLoraLinears; ++k)
+        for (const LoraPart& p : shapes[size_t(k)].parts) out.push_back({k, p.module, shapes[size_t(k)].in, p.rows});
+    return out;
 }
 
-// One adapter's GEMMs on N rows (kernels/lora.cuh): forward u = x·Aᵀ, y += s·u·Bᵀ; backward
-// du = s·dy·B, dB += s·dyᵀ·u, dA += duᵀ·x, dx += du·A.
-std::vector<KernelCost> adapter_forward(long long N, const Projection& p, int r, int t) {
+// One adapter's GEMMs on N rows (kernels/lora.cuh): forward u = x·Aᵀ, y += s·u·Bᵀ (u alone when
+// only_u); backward du = s·dy·B, dB += s·dyᵀ·u, dA += duᵀ·x, dx += du·A.
+std::vector<KernelCost> adapter_forward(long long N, const Projection& p, int r, int t, bool only_u = false) {
     const std::string m = p.module;
     std::vector<KernelCost> k = cost::gemm(N, r, p.in, t, false, m + " adapter: u = x·Aᵀ");
-    append(k, cost::gemm(N, p.out, r, t, true, m + " adapter: y += s·u·Bᵀ"));
+    if (!only_u) append(k, cost::gemm(N, p.out, r, t, true, m + " adapter: y += s·u·Bᵀ"));
     return k;
 }
 std::vector<KernelCost> adapter_backward(long long N, const Projection& p, int r, int t) {
@@ -373,17 +376,15 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     const bool now = set == KernelSet::now;
     const bool lora = s.lora.enabled(), full = !lora;  // full: the base weights train
     if (lora && !now) throw std::invalid_argument("step_kernels: LoRA is priced with today's kernels only");
-    // The targeted projections.
-    std::vector<Projection> targeted;
-    for (const Projection& p : projections(c))
-        if (lora && std::count(s.lora.targets.begin(), s.lora.targets.end(), p.module)) targeted.push_back(p);
+    const std::vector<Projection> targeted = targeted_projections(c, s.lora);
     // The base's weight gradient GEMMs, only when it trains.
     const auto weight_gradient = [&](std::vector<KernelCost>& k, long long rows, long long cols, const char* op,
                                      double count) {
         if (full) append(k, cost::gemm(rows, cols, N, t, true, op), count);
     };
     // A block's forward, `count` times; a recompute (activation checkpointing) stops before the
-    // down projection, whose output and the residual add's the block keeps.
+    // down projection, whose output and the residual add's the block keeps, and of the down
+    // adapter computes u alone, which its backward reads (model/llama.cu forward_block).
     const auto block_forward = [&](std::vector<KernelCost>& k, double count, bool recompute) {
         std::vector<KernelCost> f;
         append(f, cost::rmsnorm_forward(N, C, t, a));
@@ -401,12 +402,10 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
             append(f, cost::add(N * C, t));
         }
         for (const Projection& p : targeted)
-            if (!recompute || std::string(p.module) != "down_proj") append(f, adapter_forward(N, p, s.lora.rank, t));
-        for (KernelCost& x : f) {
-            if (recompute) x.op = "recompute: " + x.op;
-            k.push_back(x);
-            k.back().count = count;
-        }
+            append(f, adapter_forward(N, p, s.lora.rank, t, recompute && p.linear == kLoraDown));
+        if (recompute)
+            for (KernelCost& x : f) x.op = "recompute: " + x.op;
+        append(k, std::move(f), count);
     };
     int recomputed = 0;
     for (int i = 0; i < L; ++i) recomputed += s.checkpointing.recomputes(i);

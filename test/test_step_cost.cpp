@@ -1,6 +1,7 @@
 // The performance model's LoRA step (model/step_cost.h) against counts made by hand: the GEMM
 // FLOPs of a step, the kernels that drop out when the base is frozen, and the optimizer's
-// elements; the recompute of activation checkpointing; and the RTX 6000 Ada's figures against the peak model/flops.h derives for its SMs.
+// elements; the recompute of activation checkpointing; and the RTX 6000 Ada's figures against the
+// peak model/flops.h derives for its SMs.
 #include "model/step_cost.h"
 
 #include "model/config.h"
@@ -81,9 +82,10 @@ TEST_CASE("step cost: LoRA's GEMMs are the frozen base's forward and input gradi
     CHECK_THROWS_AS(pv::step_kernels(lora, pv::KernelSet::before), std::invalid_argument);
 }
 
-// Activation checkpointing: each recomputing block's forward again, less the down projection (and
-// its adapter): per token 2 FLOPs per weight of Wq, Wk, Wv, Wo, Wgate and Wup, and 2·r·(in + out)
-// per other adapter. keep_every 2 over two blocks recomputes block 0 only.
+// Activation checkpointing: each recomputing block's forward again, less the down projection (of
+// its adapter only u = x·Aᵀ, which the backward reads): per token 2 FLOPs per weight of Wq, Wk, Wv,
+// Wo, Wgate and Wup, 2·r·(in + out) per other adapter. keep_every 2 over two blocks recomputes
+// block 0 only.
 TEST_CASE("step cost: activation checkpointing adds the recomputing blocks' forward but the down projection",
           "[step_cost]") {
     pv::StepShape plain;
@@ -120,9 +122,10 @@ TEST_CASE("step cost: activation checkpointing adds the recomputing blocks' forw
           pv::predict_step(plain, pv::KernelSet::now).model_flops);
     pv::StepShape lora = every;
     lora.lora.rank = 4;
-    lora.lora.targets = {"q_proj", "v_proj", "down_proj"};  // q: 8 in, 12 out; v: 8 in, 6 out
+    // q: 8 in, 12 out; v: 8 in, 6 out, both whole; down (12 in): its u = x·Aᵀ alone, 2·r·12.
+    lora.lora.targets = {"q_proj", "v_proj", "down_proj"};
     CHECK(recompute_gemm_flops(lora) ==
-          Approx((2 * recomputed_weights + 2 * 4 * ((8 + 12) + (8 + 6))) * tokens * 2).epsilon(1e-12));
+          Approx((2 * recomputed_weights + 2 * 4 * ((8 + 12) + (8 + 6)) + 2 * 4 * 12) * tokens * 2).epsilon(1e-12));
 }
 
 // A LoRA step is the full step less the weight gradients: at a real shape its predicted time is
