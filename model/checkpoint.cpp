@@ -28,9 +28,10 @@ namespace fs = std::filesystem;
 // ---- names, shapes, layouts ---------------------------------------------------------------
 
 // The HF shape of a part: [rows, cols], or [rows] for a vector.
-std::vector<int64_t> hf_shape(const TensorPart& part, long long cols) {
-    if (cols == 1) return {part.rows};
-    return {part.rows, cols};
+// The Hugging Face tensor's shape: the whole one, also for a tensor-parallel slice of it.
+std::vector<int64_t> hf_shape(const TensorPart& part, const TensorSpec& spec) {
+    if (spec.whole_cols() == 1) return {part.whole_rows()};
+    return {part.whole_rows(), spec.whole_cols()};
 }
 
 std::string shape_string(const std::vector<int64_t>& shape) {
@@ -89,7 +90,7 @@ std::vector<SafeTensorInfo> group_tensor_infos(const std::vector<GroupLayout>& l
     for (const GroupLayout& layout : layouts)
         for (const TensorSlot& slot : layout.tensors)
             for (const TensorPart& part : slot.spec.parts)
-                out.push_back({part.hf_name, safetensors_dtype(dtype), hf_shape(part, slot.spec.cols), 0, 0});
+                out.push_back({part.hf_name, safetensors_dtype(dtype), hf_shape(part, slot.spec), 0, 0});
     return out;
 }
 
@@ -109,6 +110,9 @@ void write_group_tensors(const std::string& path, const std::vector<GroupLayout>
                                         " elements = " + std::to_string(need) +
                                         " bytes (were the groups built for another shard count or dtype?)");
         check_layout(where, u, layouts[u]);
+        for (const TensorSlot& slot : layouts[u].tensors)
+            if (!slot.spec.slice.whole())  // a file holds whole tensors: join the slices first (model/tensor_parallel.h)
+                throw std::logic_error(where + ": '" + slot.spec.name + "' is a tensor-parallel slice");
     }
 
     // Each part's rows straight from its group: nothing is copied but what the file gets.
@@ -161,7 +165,7 @@ std::vector<std::string> check_group_tensors(const HfCheckpoint& source, const s
                     for (const std::string& c : bnb_companions(part.hf_name, layout.double_quant)) used.insert(c);
                     continue;
                 }
-                const std::vector<int64_t> expected = hf_shape(part, slot.spec.cols);
+                const std::vector<int64_t> expected = hf_shape(part, slot.spec);
                 if (t->shape != expected)
                     file_error(origin, "tensor '" + part.hf_name + "' has shape " + shape_string(t->shape) +
                                            ", expected " + shape_string(expected) + " (" + different + ")");
@@ -215,16 +219,24 @@ uint64_t read_group_ranges(HfCheckpoint& source, const std::vector<GroupLayout>&
                                         " of " + std::to_string(layouts[k].padded) + " elements");
         for (const TensorSlot& slot : layouts[k].tensors)
             for (const TensorPart& part : slot.spec.parts) {
-                // The part's elements in the group, intersected with the range.
-                const long long first = slot.offset + part.row_begin * slot.spec.cols;
+                // The part's elements in the group, intersected with the range. They are the
+                // Hugging Face tensor's rows from hf_row_begin, each of them whole or (a
+                // tensor-parallel slice of columns) its columns from col_begin: one run of the
+                // file per piece, or per row of a column slice.
+                const long long cols = slot.spec.cols, hf_cols = slot.spec.whole_cols();
+                const long long col_begin = slot.spec.slice.whole() ? 0 : slot.spec.slice.col_begin;
+                const long long first = slot.offset + part.row_begin * cols;
                 const long long lo = std::max(first, r.begin);
-                const long long hi = std::min(first + part.rows * slot.spec.cols, r.begin + r.len);
-                for (long long at = lo; at < hi; at += piece) {
-                    const long long n = std::min(piece, hi - at);
+                const long long hi = std::min(first + part.rows * cols, r.begin + r.len);
+                for (long long at = lo; at < hi;) {
+                    const long long row = (at - first) / cols, col = (at - first) % cols;
+                    const long long n = std::min(piece, cols == hf_cols ? hi - at : std::min(cols - col, hi - at));
+                    const long long in_file = (part.hf_row_begin + row) * hf_cols + col_begin + col;
                     buffer.resize(static_cast<size_t>(n) * element);
-                    overflows += source.read(part.hf_name, static_cast<uint64_t>(at - first), static_cast<uint64_t>(n),
+                    overflows += source.read(part.hf_name, static_cast<uint64_t>(in_file), static_cast<uint64_t>(n),
                                              dtype, buffer.data());
                     sink(k, at - r.begin, buffer.data(), n);
+                    at += n;
                 }
             }
     }

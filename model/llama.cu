@@ -128,7 +128,6 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
                                     "; use a shorter sequence");
     if (tensor_.size > 1) {  // tensor parallelism (model/tensor_parallel.h), as far as it goes in this build
         const std::string tp = "tensor parallelism over " + std::to_string(tensor_.size) + " ranks";
-        if (!tensor_reduce_) throw std::invalid_argument("Llama: " + tp + " needs ModelOptions::tensor_reduce");
         if (o.lora.enabled() || o.nf4)
             throw std::invalid_argument("Llama: " + tp + " does not take LoRA or NF4 adapters in this build");
         if (kv_heads_replicated(config_, tensor_.size))
@@ -155,9 +154,9 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
     if (const auto problems = validate(lora_); !problems.empty()) throw std::invalid_argument(problems.front());
     const auto shapes = lora_linears(shape_, lora_);
     for (int k = 0; k < kLoraLinears; ++k) lora_shapes_[k] = lora_shape(shapes[size_t(k)], lora_);
+    group_options_ = GroupOptions{o.frozen, o.lora, o.nf4, o.double_quant, tensor_};
     const std::vector<std::vector<GroupLayout>> layouts =
-        model_layouts(config_, dtype_of<T>(), place.shards,
-                      GroupOptions{o.frozen, o.lora, o.nf4, o.double_quant, tensor_});
+        model_layouts(config_, dtype_of<T>(), place.shards, group_options_);
     CUBLAS_CHECK(cublasCreate(&cublas_));
     const DType dt = dtype_of<T>();
     // The arenas, from the function the memory planner calls.
@@ -328,8 +327,15 @@ long long Llama<T>::tensor_elements(GroupKind kind) const {
     for (const Unit& u : units_)
         for (const GroupLayout& g : u.groups)
             if (g.kind == kind || (kind == GroupKind::frozen && g.kind == GroupKind::nf4))
-                for (const TensorSlot& t : g.tensors) n += t.spec.numel();
+                for (const TensorSlot& t : g.tensors) n += t.spec.whole_numel();
     return n;
+}
+
+template <class T>
+std::vector<std::vector<GroupLayout>> Llama<T>::tensor_rank_layouts(int r) const {
+    GroupOptions o = group_options_;
+    o.tensor = r < 0 ? TensorParallel{} : TensorParallel{tensor_.size, r};
+    return model_layouts(config_, dtype_of<T>(), units_.front().groups.front().shards, o);
 }
 
 template <class T>

@@ -37,6 +37,7 @@
 #include <functional>
 #include <memory>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -130,7 +131,8 @@ struct ModelOptions {
     cudaStream_t stream = nullptr;
     ActivationCheckpointing checkpointing;  // off by default
     // With placement.tensor.size > 1: sums `count` elements of the compute type at `data` over the
-    // tensor-parallel group, in place, in order on the model's stream (parallel/ provides it). The
+    // tensor-parallel group, in place, in order on the model's stream (parallel/ provides it, here
+    // or later through bind_tensor_reduce, before the first forward). The
     // model calls it where Megatron's conjugate operators sit: after each row-parallel linear in the
     // forward (W_o, W_down: partial sums) and after each column-parallel linear's input gradient in
     // the backward (W_qkv, W_gate_up).
@@ -199,8 +201,19 @@ class Llama {
     const GroupLayout& trainable(int u) const { return group(u, 0); }
     T* params(int u) { return group_params(u, 0); }
     T* grads(int u) { return units_[size_t(u)].grads; }
-    // Elements in tensors of trainable and of frozen groups, each tensor once (a tied wte once).
+    // Elements in tensors of trainable and of frozen groups, each tensor once (a tied wte once), of
+    // the whole model (a tensor-parallel slice counts as its whole tensor).
     long long tensor_elements(GroupKind kind) const;
+    // Every unit's groups as tensor-parallel rank r of this model's group holds them, and as one
+    // rank holds the whole model (whole tensors, padded for the same shards): how a checkpoint
+    // joins the slices into whole tensors (model/tensor_parallel.h join_tensor_slices).
+    std::vector<std::vector<GroupLayout>> tensor_rank_layouts(int r) const;
+    std::vector<std::vector<GroupLayout>> whole_layouts() const { return tensor_rank_layouts(-1); }
+    // Tensor parallelism's seam, bound by the strategy (parallel/strategies.h) when
+    // ModelOptions::tensor_reduce was not given: the same contract.
+    void bind_tensor_reduce(std::function<void(void* data, long long count)> reduce) {
+        tensor_reduce_ = std::move(reduce);
+    }
     // Sets every gradient (padding included) to zero: the start of an optimizer step. Units
     // without a buffer (bound gradients not bound now) are skipped.
     void zero_grads();
@@ -298,8 +311,13 @@ class Llama {
     TensorParallel tensor_;
     std::function<void(void*, long long)> tensor_reduce_;
     void reduce_over_tensor_group(T* data, long long count) {
-        if (tensor_.size > 1) tensor_reduce_(data, count);
+        if (tensor_.size == 1) return;
+        if (!tensor_reduce_)
+            throw std::logic_error("Llama: tensor parallelism over " + std::to_string(tensor_.size) +
+                                   " ranks with no tensor_reduce bound");
+        tensor_reduce_(data, count);
     }
+    GroupOptions group_options_;  // as constructed (tensor: this rank's)
     LoraConfig lora_;
     uint64_t seed_ = 0;  // keys the adapters' dropout
     bool nf4_ = false;

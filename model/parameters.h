@@ -47,11 +47,14 @@ DType parse_dtype(const std::string& name);
 enum class Init { normal, ones, uniform_fan_in, zeros };
 
 // A Hugging Face tensor inside a (possibly fused) polevault tensor: rows [row_begin, +rows), which
-// are the Hugging Face tensor's rows [hf_row_begin, +rows) (not 0 for a tensor-parallel slice).
+// are the Hugging Face tensor's rows [hf_row_begin, +rows) (not 0 for a tensor-parallel slice) of
+// its hf_rows (0: rows, the part is all of it).
 struct TensorPart {
     std::string hf_name;
     long long row_begin = 0, rows = 0;
     long long hf_row_begin = 0;
+    long long hf_rows = 0;
+    long long whole_rows() const { return hf_rows > 0 ? hf_rows : rows; }
 };
 
 // Local rows [local, local + rows) of a slice are the whole tensor's rows [whole, whole + rows).
@@ -80,6 +83,9 @@ struct TensorSpec {
     long long numel() const { return rows * cols; }
     // The index in the whole tensor of local element i (row-major): what keys its initialisation.
     long long whole_index(long long i) const;
+    // The columns and elements of the whole tensor (the columns of each Hugging Face tensor of its parts).
+    long long whole_cols() const { return slice.whole() ? cols : slice.cols; }
+    long long whole_numel() const { return slice.whole() ? numel() : slice.rows * slice.cols; }
 };
 
 // A tensor placed in a group.

@@ -1,6 +1,7 @@
 // Tensor parallelism's slices of the block tensors (model/tensor_parallel.h).
 #include "model/tensor_parallel.h"
 
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -39,7 +40,7 @@ TensorSpec slice_rows(const TensorSpec& whole, KeepOf keep_of) {
         const Keep k = keep_of(p);
         if (k.begin < 0 || k.begin + k.count > p.rows)
             throw std::logic_error("tensor parallelism: a slice outside part " + p.hf_name + " of " + whole.name);
-        s.parts.push_back(TensorPart{p.hf_name, local, k.count, p.hf_row_begin + k.begin});
+        s.parts.push_back(TensorPart{p.hf_name, local, k.count, p.hf_row_begin + k.begin, p.whole_rows()});
         s.slice.runs.push_back(RowRun{local, p.row_begin + k.begin, k.count});
         local += k.count;
     }
@@ -130,6 +131,34 @@ std::vector<UnitSpec> tensor_parallel_units(const LlamaConfig& c, const LoraConf
         }
     }
     return units;
+}
+
+std::vector<uint8_t> join_tensor_slices(const GroupLayout& whole, const std::vector<GroupLayout>& slices,
+                                        const std::vector<const uint8_t*>& slice_bytes, size_t element) {
+    if (slices.size() != slice_bytes.size() || slices.empty())
+        throw std::invalid_argument("join_tensor_slices: " + std::to_string(slices.size()) + " layouts for " +
+                                    std::to_string(slice_bytes.size()) + " slices");
+    std::vector<uint8_t> out(size_t(whole.padded) * element, 0);
+    long long written = 0;  // elements of whole tensors, each counted once
+    for (size_t r = 0; r < slices.size(); ++r)
+        for (const TensorSlot& t : slices[r].tensors) {
+            if (t.spec.slice.whole() && r != 0) continue;  // a copy of rank 0's
+            const TensorSlot& w = whole.find(t.spec.name);
+            if (t.spec.whole_numel() != w.spec.numel() || t.spec.whole_cols() != w.spec.cols)
+                throw std::invalid_argument("join_tensor_slices: '" + t.spec.name + "' is a slice of another shape");
+            // A row of the slice is a run of one row of the whole tensor (its columns from col_begin).
+            const size_t row_bytes = size_t(t.spec.cols) * element;
+            for (long long row = 0; row < t.spec.rows; ++row)
+                std::memcpy(out.data() + size_t(w.offset + t.spec.whole_index(row * t.spec.cols)) * element,
+                            slice_bytes[r] + size_t(t.offset + row * t.spec.cols) * element, row_bytes);
+            written += t.spec.numel();
+        }
+    long long expected = 0;
+    for (const TensorSlot& w : whole.tensors) expected += w.spec.numel();
+    if (written != expected)
+        throw std::invalid_argument("join_tensor_slices: the slices hold " + std::to_string(written) + " of the " +
+                                    std::to_string(expected) + " elements of the whole tensors");
+    return out;
 }
 
 }  // namespace pv

@@ -31,6 +31,8 @@
 #include "model/parameters.h"
 #include "model/placement.h"
 
+#include <cstddef>
+#include <cstdint>
 #include <vector>
 
 namespace pv {
@@ -52,6 +54,17 @@ bool kv_heads_replicated(const LlamaConfig& c, int size);
 // model_units(c, lora) with every block tensor replaced by rank tp.rank's slice of it (the
 // embedding and the head whole). tp.size = 1: model_units itself.
 std::vector<UnitSpec> tensor_parallel_units(const LlamaConfig& c, const LoraConfig& lora, TensorParallel tp);
+
+// The bytes of a group of whole tensors (layout `whole`) from the T ranks' slices of it: rank r's
+// group (layout slices[r]) at slice_bytes[r], in values of `element` bytes (the parameters' type or
+// the optimizer's). Each slice's rows go where its TensorSpec::slice places them in the whole
+// tensor; a tensor every rank holds whole (an RMSNorm weight) is taken from rank 0. Padding and
+// alignment gaps are zero. Throws std::invalid_argument when the slices leave an element of a
+// whole tensor unwritten or name a tensor the whole layout lacks. Checkpoints keep whole tensors
+// this way (parallel/strategy.h whole_on_writer); loading reads each slice from the whole tensors
+// directly (model/checkpoint.h read_group_ranges).
+std::vector<uint8_t> join_tensor_slices(const GroupLayout& whole, const std::vector<GroupLayout>& slices,
+                                        const std::vector<const uint8_t*>& slice_bytes, size_t element);
 
 // The shape one rank computes with: c with its query heads, kv heads and ffn size (head_dim set
 // explicitly, since hidden_size / num_heads no longer gives it). Activation and workspace layouts

@@ -1,6 +1,7 @@
 // The strategy registry, checks and placement (parallel/plan.h).
 #include "parallel/plan.h"
 
+#include "model/tensor_parallel.h"
 #include "parallel/stages.h"
 
 #include <algorithm>
@@ -64,6 +65,7 @@ StrategyOptions with_strategy(StrategyOptions o, StrategyKind kind) {
     if (!has_pipeline(o)) o.in_flight = 0;
     if (!s.policy.fp32_accumulation()) o.fp32_grad_accumulation = false;
     if (!s.policy.shards()) o.shard_group = 0;
+    if (s.one_rank) o.tensor = 1;
     return o;
 }
 
@@ -74,8 +76,9 @@ MeshShape mesh_of(const StrategyOptions& o, int ranks) {
     check_strategy(o, ranks);
     MeshShape m;
     if (s.one_rank) return m;
-    m.pipeline = s.stages ? ranks : std::max(1, o.pipeline_stages);
-    const int dp = ranks / m.pipeline;
+    m.tensor = o.tensor;
+    m.pipeline = s.stages ? ranks / m.tensor : std::max(1, o.pipeline_stages);
+    const int dp = ranks / (m.pipeline * m.tensor);
     m.shard = s.policy.shards() && o.shard_group > 0 ? o.shard_group : dp;
     m.replicate = dp / m.shard;
     return m;
@@ -98,6 +101,33 @@ Offload parse_offload(const std::string& name) {
 void check_strategy(const StrategyOptions& o, int ranks) {
     const StrategyInfo& s = strategy_info(o.kind);
     const bool pipeline = has_pipeline(o);
+    if (o.tensor != 1) {
+        const std::string t = "--tp " + std::to_string(o.tensor);
+        if (o.tensor < 1)
+            throw std::invalid_argument(t + ": give the ranks of a tensor-parallel group, 1 or more (1: none)");
+        if (ranks % o.tensor != 0)
+            throw std::invalid_argument(t + " does not divide the " + std::to_string(ranks) +
+                                        " ranks mpirun started into whole tensor-parallel groups: give a divisor of " +
+                                        std::to_string(ranks) + ", or start a multiple of " +
+                                        std::to_string(o.tensor) + " ranks");
+        if (s.one_rank)
+            throw std::invalid_argument(t + " needs a strategy over several ranks: choose --parallel ddp (or zero1, "
+                                            "zero2, zero3) with it; at " + std::to_string(ranks) + " ranks that is " +
+                                        std::to_string(ranks / o.tensor) + " data-parallel group(s) of " +
+                                        std::to_string(o.tensor));
+        if (pipeline)
+            throw std::invalid_argument(t + " with a pipeline (--parallel pp or --pipeline-stages) is not built yet: "
+                                            "drop one of them");
+        if (o.offload != Offload::none)
+            throw std::invalid_argument(t + " with --offload " + std::string(offload_name(o.offload)) +
+                                        " is not built yet: drop one of them");
+        ranks /= o.tensor;  // what the data-parallel and pipeline checks below divide: each tensor position's ranks
+        if (s.policy.shards() && ranks == 1)
+            throw std::invalid_argument(t + " on " + std::to_string(o.tensor) +
+                                        " ranks leaves one data-parallel rank, nothing for --parallel " + s.name +
+                                        " to shard: choose --parallel ddp, or start a multiple of " +
+                                        std::to_string(o.tensor) + " ranks");
+    }
     if (o.pipeline_stages != 0) {
         const std::string p = "--pipeline-stages " + std::to_string(o.pipeline_stages);
         if (o.pipeline_stages < 0)
@@ -155,8 +185,11 @@ void check_strategy(const StrategyOptions& o, int ranks) {
     if (o.shard_group != 0) {
         const std::string k = "--shard-group " + std::to_string(o.shard_group);
         const int stages = std::max(1, o.pipeline_stages);
-        const std::string per_stage = stages > 1 ? " data-parallel ranks of each of the " + std::to_string(stages) +
-                                                       " pipeline stages" : "";
+        const std::string per_stage = stages > 1   ? " data-parallel ranks of each of the " + std::to_string(stages) +
+                                                         " pipeline stages"
+                                      : o.tensor > 1 ? " data-parallel ranks (the ranks over --tp " +
+                                                         std::to_string(o.tensor) + ")"
+                                                     : "";
         ranks /= stages;  // the ranks sharding one stage
         if (!s.policy.shards())
             throw std::invalid_argument(k +
@@ -188,6 +221,8 @@ StrategyPlan plan_strategy(const StrategyOptions& o, const LlamaConfig& config, 
     p.data_ranks = p.mesh.data();
     p.data_rank = mesh_data_rank(p.mesh, rank);
     p.placement.shards = p.mesh.shard;
+    p.placement.tensor = {p.mesh.tensor, mesh_coords(p.mesh, rank).tensor};
+    if (p.mesh.tensor > 1) check_tensor_parallel(config, p.mesh.tensor);
     p.placement.gradients = p.info->policy.binds_gradients() ? Gradients::bound : Gradients::owned;
     p.placement.parameters = p.info->policy.binds_parameters() ? Parameters::bound : Parameters::owned;
     if (p.pipelined()) {

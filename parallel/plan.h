@@ -66,6 +66,9 @@ struct StrategyOptions {
     bool fp32_grad_accumulation = false;
     int shard_group = 0;  // zero1-3: shard over groups of this many consecutive ranks (0: every data-parallel rank)
     Offload offload = Offload::none;
+    // --tp: the ranks of a tensor-parallel group (the mesh's innermost axis; model/tensor_parallel.h),
+    // each holding 1/tensor of every block matrix and computing on the same micro-batch.
+    int tensor = 1;
 };
 
 // Options `o` carried over to the strategy `name`: what that strategy cannot take (--in-flight
@@ -78,7 +81,8 @@ StrategyOptions with_strategy(StrategyOptions o, StrategyKind kind);
 void check_strategy(const StrategyOptions& o, int ranks);
 
 // The mesh of options `o` on `ranks` ranks (parallel/mesh.h): the pipeline's stages outermost,
-// then hybrid sharding's replicas, then the shards. Throws std::invalid_argument (check_strategy's).
+// then hybrid sharding's replicas, then the shards, then the tensor-parallel groups (--tp).
+// Throws std::invalid_argument (check_strategy's).
 MeshShape mesh_of(const StrategyOptions& o, int ranks);
 // Whether the options run a pipeline (pp, or a data-parallel strategy over --pipeline-stages > 1).
 bool has_pipeline(const StrategyOptions& o);
@@ -96,7 +100,8 @@ struct StrategyPlan {
     bool pipelined() const { return mesh.pipeline > 1 || info->stages; }
 };
 
-// Checks the options and plans the strategy for rank `rank` of `ranks` with this model.
+// Checks the options and plans the strategy for rank `rank` of `ranks` with this model (with --tp,
+// that it splits the model: check_tensor_parallel).
 StrategyPlan plan_strategy(const StrategyOptions& o, const LlamaConfig& config, int seq_len, int rank, int ranks);
 
 // The pipeline table of options `o` (with a pipeline) on `ranks` ranks, checked by the

@@ -7,6 +7,7 @@
 #include "kernels/rope.cuh"
 #include "model/decoder.h"
 #include "model/llama.h"
+#include "model/tensor_parallel.h"
 #include "optim/clip.cuh"
 #include "optim/offload.h"
 #include "optim/optimizer.cuh"
@@ -51,7 +52,10 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     so.micro_per_step = q.accumulation;  // a pipeline's slots depend on them (parallel/schedule.h)
     const StrategyPlan sp = plan_strategy(so, q.config, q.seq_len, rank, q.ranks);
     const Placement& place = sp.placement;
-    const auto layouts = model_layouts(q.config, q.dtype, place.shards, q.groups);
+    GroupOptions groups = q.groups;
+    groups.tensor = place.tensor;  // a tensor-parallel rank's slices (model/tensor_parallel.h)
+    const auto layouts = model_layouts(q.config, q.dtype, place.shards, groups);
+    const LlamaConfig shape = tensor_parallel_shape(q.config, place.tensor);  // what the rank computes with
     const int units = int(layouts.size());
     std::vector<StageUnits> chunks = place.chunks;  // ends resolved
     for (StageUnits& c : chunks) c.end = c.end < 0 ? units : c.end;
@@ -92,7 +96,7 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     }
     // The activations: each unit's arena per slot (a recomputed block's output alone) and the
     // recompute arena, as the model allocates them (activation_arenas).
-    const ActivationArenas arenas = activation_arenas(q.config, q.micro_batch, q.seq_len, q.dtype, q.groups.lora,
+    const ActivationArenas arenas = activation_arenas(shape, q.micro_batch, q.seq_len, q.dtype, q.groups.lora,
                                                       q.checkpointing, chunks);
     for (int u = 0; u < units; ++u)
         if (runs_here(u)) m.add(
@@ -101,7 +105,7 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     m.add("recompute arena (checkpointing)", C::activations, double(arenas.recompute_bytes));
     m.add("workspace (one unit's transients)", C::workspace,
           double(arena_bytes(
-              model_workspace_layout(q.config, q.micro_batch, q.seq_len, q.dtype, q.groups.lora, q.groups.nf4))) +
+              model_workspace_layout(shape, q.micro_batch, q.seq_len, q.dtype, q.groups.lora, q.groups.nf4))) +
               2 * rows * hidden * t);  // + the residual stream's two gradient buffers
     m.add("RoPE table", C::workspace, double(rope_inverse_frequencies(q.config).size()) * 2 * q.seq_len * a);
 
@@ -141,7 +145,8 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     }
     // The sample after the last step (trainer/run.cu finish), on a rank that holds the whole model:
     // a Decoder beside everything the run still holds (decoder_buffers).
-    if (q.sample_rows > 0 && !sharded_params && chunks.size() == 1 && chunks[0].first == 0 && chunks[0].end == units) {
+    if (q.sample_rows > 0 && !sharded_params && place.tensor.size == 1 && chunks.size() == 1 && chunks[0].first == 0 &&
+        chunks[0].end == units) {
         const std::vector<ActivationBuffer> b =
             decoder_buffers(q.config, q.dtype, q.groups.lora, q.sample_positions, q.sample_rows);
         double cache = 0, work = 0;

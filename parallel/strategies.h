@@ -12,6 +12,7 @@
 #include "parallel/plan.h"
 #include "parallel/pp.h"
 #include "parallel/strategy.h"
+#include "parallel/tensor_parallel.h"
 
 #include <memory>
 #include <stdexcept>
@@ -20,13 +21,19 @@
 namespace pv {
 
 // The communicators a strategy may ask its mesh for (parallel/strategy.h): the data axes (the
-// token count; DDP), the shard and replicate axes (ZeRO, hybrid sharding), the pipeline, and the
-// gradient norm's shard and pipeline axes.
+// token count; DDP), the shard and replicate axes (ZeRO, hybrid sharding), the pipeline, the
+// tensor axis (the model's tensor-parallel sums), and the gradient norm's shard and pipeline or
+// tensor axes.
 // Hybrid sharding's shard and replica groups get communicators of their own whatever their size
 // (ZeRO issues its collectives on them even over one rank).
 inline std::vector<MeshAxes> strategy_mesh_axes(const StrategyPlan& plan) {
-    std::vector<MeshAxes> out = {kDataAxes, axes(MeshAxis::shard), axes(MeshAxis::replicate), axes(MeshAxis::pipeline),
-                                 MeshAxis::shard | MeshAxis::pipeline};
+    std::vector<MeshAxes> out = {kDataAxes,
+                                 axes(MeshAxis::shard),
+                                 axes(MeshAxis::replicate),
+                                 axes(MeshAxis::pipeline),
+                                 MeshAxis::shard | MeshAxis::pipeline,
+                                 axes(MeshAxis::tensor),
+                                 MeshAxis::shard | MeshAxis::tensor};
     if (plan.info->policy.shards() && plan.mesh.replicate > 1)
         out.insert(out.end(), {MeshAxes(MeshAxis::shard) | kOwnComm, MeshAxes(MeshAxis::replicate) | kOwnComm});
     return out;
@@ -61,6 +68,7 @@ std::unique_ptr<Strategy<T, G>> make_strategy(const StrategyPlan& plan, Llama<T>
         pipeline = std::make_unique<Pipeline<T>>(model, *s->mesh().comm(axes(MeshAxis::pipeline)), plan.schedule,
                                                  plan.stage_bounds);
     s->apply(plan.info->name, std::move(gradients), std::move(parameters), std::move(pipeline));
+    if (Comm* t = s->tensor_comm()) model.bind_tensor_reduce(tensor_group_sum<T>(*t, model.stream()));
     return s;
 }
 

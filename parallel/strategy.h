@@ -28,14 +28,18 @@
 // DDP and ZeRO clip by bit-identical scales. Hybrid sharding (parallel/mesh.h) shards
 // over a group of K ranks instead: rank r owns slice r mod K of K, and the norm's sum runs over
 // its group alone — every group holds the same reduced slices, so each sums the same terms in the
-// same order and every rank clips by the same scale. A pipeline (pp.h) splits the units instead:
+// same order and every rank clips by the same scale. Tensor parallelism (--tp, parallel/
+// tensor_parallel.h) adds the tensor axis to that sum: each rank of a tensor-parallel group holds
+// its own slices of the block matrices, which all count, and copies of the rest (norms, embedding,
+// head, with equal gradients), which count on the group's first rank only. A pipeline (pp.h) splits the units instead:
 // a rank counts only its stage's units in the norm, the other stages zeros, and the sum runs over
 // the shard and pipeline axes of the mesh (parallel/mesh.h), so a pipeline of one data-parallel
 // rank per stage has one rank's bits per unit.
 //
 // Communicators. Every strategy talks over the mesh's groups: the data axes split the batch (the
 // token count), the shard axis shards (ZeRO's collectives; DDP's slices of the norm), the
-// replicate axis holds hybrid sharding's replicas, the pipeline axis carries the stages' transfers.
+// replicate axis holds hybrid sharding's replicas, the pipeline axis carries the stages' transfers,
+// the tensor axis the model's tensor-parallel sums (bound by make_strategy).
 #pragma once
 
 #include "kernels/glue.cuh"
@@ -47,6 +51,7 @@
 #include "parallel/policy.h"
 #include "parallel/pp.h"
 #include "parallel/schedule.h"
+#include "model/tensor_parallel.h"
 
 #include <algorithm>
 #include <functional>
@@ -74,6 +79,16 @@ class Strategy {
         for (int u = 0; u < model.num_units(); ++u) largest = std::max(largest, model.trainable(u).padded);
         norm_scratch_ = DeviceBuffer<uint8_t>(sum_of_squares_scratch_bytes<G>(largest), MemoryCategory::workspace);
         unit_norms_ = DeviceBuffer<double>(2 * size_t(model.num_units()), MemoryCategory::workspace);
+        // The ranges of each unit's trainable group this rank's squares count in the norm (header).
+        const bool copies_counted_elsewhere = mesh_->coords().tensor > 0;
+        for (int u = 0; u < model.num_units(); ++u) {
+            std::vector<std::pair<long long, long long>> ranges;
+            if (!copies_counted_elsewhere) ranges.push_back({0, model.trainable(u).padded});
+            else
+                for (const TensorSlot& t : model.trainable(u).tensors)
+                    if (!t.spec.slice.whole()) ranges.push_back({t.offset, t.offset + t.spec.numel()});
+            norm_ranges_.push_back(std::move(ranges));
+        }
         if (comm_) {
             reduced_.resize(size_t(model.num_units()));
             for (cudaEvent_t& e : reduced_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -108,6 +123,11 @@ class Strategy {
     int shard_rank() { return shard_comm() ? shard_comm()->rank() : 0; }
     // The stages' communicator (null without a pipeline).
     Comm* pipeline_comm() { return pipeline_ ? &pipeline_->comm() : nullptr; }
+    // The tensor-parallel group's communicator (null without --tp), and whether this rank's loss
+    // counts in the step's sum over the world: a tensor-parallel group computes one loss, counted
+    // on its first rank.
+    Comm* tensor_comm() { return mesh_->comm(axes(MeshAxis::tensor)); }
+    bool counts_loss() const { return mesh_->coords().tensor == 0; }
     // Micro-batches in flight at once (activation slots): 1, or the pipeline's (pp.h).
     int slots() const { return pipeline_ ? pipeline_->slots() : 1; }
 
@@ -132,7 +152,9 @@ class Strategy {
         }
     }
     // Whether this rank holds every parameter whole (it can sample, for one).
-    bool holds_whole_model() const { return parameters_->whole() && model_.runs_every_unit(); }
+    bool holds_whole_model() const {
+        return parameters_->whole() && model_.runs_every_unit() && model_.tensor_parallel().size == 1;
+    }
 
     // The slice of group g of unit u this rank owns (default: the trainable group).
     long long slice_len(int u, int g = 0) { return model_.group(u, g).padded / shards(); }
@@ -212,9 +234,7 @@ class Strategy {
         CUDA_CHECK(cudaMemsetAsync(per_unit, 0, size_t(units) * sizeof(double), model_.stream()));
         for (int u = 0; u < units; ++u) {  // with one rank the slice is the group
             wait_reduced(u);
-            if (in_norm(u) && slice_len(u) > 0)
-                sum_of_squares_launch(slice_grads(u), slice_len(u), per_unit + u, norm_scratch_.get(), false,
-                                      model_.stream());
+            if (in_norm(u)) add_squares(u, 0, model_.trainable(u).padded, per_unit + u);
         }
         Comm* c = norm_comm();
         if (!c) return per_unit;
@@ -223,9 +243,12 @@ class Strategy {
         c->fence_to(model_.stream());
         return per_unit + units;
     }
-    // The ranks unit_norms_sq sums over: the mesh's shard and pipeline axes (hybrid sharding's
-    // replicas hold the same slices); null with one rank.
-    Comm* norm_comm() { return pipeline_ ? mesh_->comm(MeshAxis::shard | MeshAxis::pipeline) : shard_comm(); }
+    // The ranks unit_norms_sq sums over: the mesh's shard, pipeline and tensor axes (hybrid
+    // sharding's replicas hold the same slices); null with one rank.
+    Comm* norm_comm() {
+        if (pipeline_) return mesh_->comm(MeshAxis::shard | MeshAxis::pipeline);
+        return mesh_->shape().tensor > 1 ? mesh_->comm(MeshAxis::shard | MeshAxis::tensor) : shard_comm();
+    }
     // Whether this rank's slice of unit u counts in the norm (each element once over the ranks).
     bool counts_in_norm(int u) const { return in_norm(u); }
 
@@ -239,13 +262,7 @@ class Strategy {
         if (n == 0) return out;
         DeviceBuffer<double> sums(2 * n, MemoryCategory::workspace);  // [n] this rank's, [n] reduced
         CUDA_CHECK(cudaMemsetAsync(sums.get(), 0, n * sizeof(double), model_.stream()));
-        const long long lo = slice_begin(u), hi = lo + slice_len(u);
-        for (size_t k = 0; k < n && in_norm(u); ++k) {
-            const long long b = std::max(ranges[k].first, lo), e = std::min(ranges[k].second, hi);
-            if (b < e)
-                sum_of_squares_launch(slice_grads(u) + (b - lo), e - b, sums.get() + k, norm_scratch_.get(), false,
-                                      model_.stream());
-        }
+        for (size_t k = 0; k < n && in_norm(u); ++k) add_squares(u, ranges[k].first, ranges[k].second, sums.get() + k);
         const double* result = sums.get();
         if (Comm* c = norm_comm()) {
             c->fence_from(model_.stream());
@@ -275,14 +292,17 @@ class Strategy {
     long long local_begin(int u, int g) { return parameters_->local_begin(u, g); }
     long long local_len(int u, int g) { return parameters_->local_len(u, g); }
 
-    // The whole `padded` elements of a field of unit u on rank 0 (empty elsewhere), from the `len`
-    // elements at `local` each rank keeps: within the stage holding the unit (every rank without
-    // a pipeline) slices are all-gathered over the shard group of the writer's replica (ZeRO;
-    // hybrid sharding's other replicas hold copies) or a whole local copy is read; then, when
+    // The whole `padded` elements of a field of group g of unit u on rank 0 (empty elsewhere), from
+    // the `len` elements at `local` each rank keeps: within the stage holding the unit (every rank
+    // without a pipeline) slices are all-gathered over the shard group of the writer's replica
+    // (ZeRO; hybrid sharding's other replicas hold copies) or a whole local copy is read; then, when
     // another stage holds the unit, its first data-parallel rank sends it to the writer over the
-    // pipeline. Collective over the strategy's ranks; counted like every collective.
+    // pipeline. Under tensor parallelism the writer's tensor-parallel group gathers its ranks'
+    // slices and the writer joins them: the result is then the group in the model's
+    // whole_layouts(), whole tensors. Collective over the strategy's ranks; counted like every
+    // collective.
     template <class X>
-    std::vector<uint8_t> whole_on_writer(int u, const X* local, long long len, long long padded) {
+    std::vector<uint8_t> whole_on_writer(int u, int g, const X* local, long long len, long long padded) {
         settle_parameters();
         const bool writer = !comm_ || comm_->rank() == 0;
         Comm* pipe = pipeline_comm();
@@ -307,6 +327,22 @@ class Strategy {
             shards->all_gather(local, gathered.get(), size_t(len));
             shards->synchronize();
             whole = gathered.get();
+        }
+        if (Comm* t = tensor_comm()) {  // (no pipeline: check_strategy)
+            if (data_rank() != 0) return {};  // the writer's tensor-parallel group alone
+            DeviceBuffer<X> all(size_t(padded) * size_t(t->size()), MemoryCategory::comm_buffers);
+            t->fence_from(model_.stream());
+            t->all_gather(whole, all.get(), size_t(padded));
+            t->synchronize();
+            if (!writer) return {};
+            const std::vector<uint8_t> bytes = download_bytes(all.get(), padded * t->size());
+            std::vector<GroupLayout> slices;
+            std::vector<const uint8_t*> at;
+            for (int r = 0; r < t->size(); ++r) {
+                slices.push_back(model_.tensor_rank_layouts(r)[size_t(u)][size_t(g)]);
+                at.push_back(bytes.data() + size_t(r) * size_t(padded) * sizeof(X));
+            }
+            return join_tensor_slices(model_.whole_layouts()[size_t(u)][size_t(g)], slices, at, sizeof(X));
         }
         if (pipe && owner != 0) {  // this stage's first data-parallel rank sends it to the writer
             if (data_rank() != 0) return {};
@@ -346,6 +382,17 @@ class Strategy {
     // Whether this rank's squares of unit u count in the global norm (each element once): a
     // pipeline's tied copy counts on the first stage only.
     bool in_norm(int u) const { return !pipeline_ || model_.runs(u); }
+    // Adds to *out, on the compute stream, the squares of the reduced gradient of unit u's elements
+    // [begin, end) within this rank's slice and the ranges it counts in the norm (norm_ranges_).
+    void add_squares(int u, long long begin, long long end, double* out) {
+        const long long lo = slice_begin(u), hi = lo + slice_len(u);
+        for (const auto& [first, last] : norm_ranges_[size_t(u)]) {
+            const long long b = std::max({first, begin, lo}), e = std::min({last, end, hi});
+            if (b < e)
+                sum_of_squares_launch(slice_grads(u) + (b - lo), e - b, out, norm_scratch_.get(), true,
+                                      model_.stream());
+        }
+    }
     // After unit u's backward: the fp32 accumulation, then the gradient part's hook.
     void unit_backward_done(int u, bool last) {
         accumulate32(u);
@@ -380,6 +427,7 @@ class Strategy {
     std::vector<DeviceBuffer<float>> grad32_;
     DeviceBuffer<uint8_t> norm_scratch_;
     DeviceBuffer<double> unit_norms_;
+    std::vector<std::vector<std::pair<long long, long long>>> norm_ranges_;  // per unit: [begin, end) counted here
     std::vector<cudaEvent_t> reduced_;  // per unit, with a communicator: its gradient collective done
     std::vector<bool> reduce_pending_;  // recorded and not yet waited for by the compute stream
 };

@@ -149,6 +149,52 @@ TEST_CASE("hybrid sharding plans K shards over N data-parallel ranks; shard grou
     CHECK_THROWS_AS(pv::plan_strategy(hybrid("zero3", 3), c, 8, 0, 4), std::invalid_argument);
 }
 
+// --tp T: the mesh's innermost axis; the batch splits over the data-parallel ranks of each
+// tensor position, the groups over its shards.
+TEST_CASE("tensor parallelism plans T consecutive ranks per group; what cannot run is refused", "[plan][tensor]") {
+    const pv::LlamaConfig& c = pv::preset("test-tied");  // 6 query heads, 2 key/value heads, ffn 40
+    for (const char* name : {"ddp", "zero1", "zero3"}) {
+        INFO(name);
+        pv::StrategyOptions o = options(name);
+        o.tensor = 2;
+        const pv::StrategyPlan p = pv::plan_strategy(o, c, 8, 3, 4);  // rank 3 of 4: shard 1, tensor 1
+        CHECK(p.mesh == pv::MeshShape{1, 1, 2, 2});
+        CHECK(p.data_ranks == 2);
+        CHECK(p.data_rank == 1);
+        CHECK(p.placement.shards == 2);
+        CHECK(p.placement.tensor.size == 2);
+        CHECK(p.placement.tensor.rank == 1);
+        CHECK(pv::data_ranks_of(o, 4) == 2);
+    }
+    auto refusal = [&](const std::string& name, int tensor, int ranks, void (*more)(pv::StrategyOptions&)) {
+        pv::StrategyOptions o = options(name);
+        o.tensor = tensor;
+        more(o);
+        return error_of<std::invalid_argument>([&] { pv::plan_strategy(o, c, 8, 0, ranks); });
+    };
+    auto none = [](pv::StrategyOptions&) {};
+    CHECK(refusal("ddp", 3, 4, none) ==
+          "--tp 3 does not divide the 4 ranks mpirun started into whole tensor-parallel groups: give a divisor of 4, "
+          "or start a multiple of 3 ranks");
+    CHECK(refusal("ddp", 0, 4, none) == "--tp 0: give the ranks of a tensor-parallel group, 1 or more (1: none)");
+    CHECK(refusal("single", 2, 2, none) ==
+          "--tp 2 needs a strategy over several ranks: choose --parallel ddp (or zero1, zero2, zero3) with it; at 2 "
+          "ranks that is 1 data-parallel group(s) of 2");
+    CHECK(refusal("pp", 2, 4, none) ==
+          "--tp 2 with a pipeline (--parallel pp or --pipeline-stages) is not built yet: drop one of them");
+    CHECK(refusal("zero3", 2, 2, none) ==
+          "--tp 2 on 2 ranks leaves one data-parallel rank, nothing for --parallel zero3 to shard: choose --parallel "
+          "ddp, or start a multiple of 2 ranks");
+    CHECK(refusal("zero1", 2, 4, [](pv::StrategyOptions& o) { o.offload = pv::Offload::optimizer; }) ==
+          "--tp 2 with --offload optimizer is not built yet: drop one of them");
+    CHECK(refusal("zero1", 2, 4, [](pv::StrategyOptions& o) { o.shard_group = 4; }) ==
+          "--shard-group 4 is larger than the 2 data-parallel ranks (the ranks over --tp 2): give at most 2 (0: the "
+          "whole world), or start more ranks");
+    // The model's heads and ffn must split (model/tensor_parallel.h check_tensor_parallel).
+    CHECK(refusal("ddp", 3, 3, none) ==
+          "tensor parallelism over 3 ranks: 3 does not divide the ffn size 40 of test-tied; --tp can be 1, 2");
+}
+
 // The planner's decisions (parallel/planner.h): names, the auto rule, the changes that fit.
 TEST_CASE("the planner's GPU names, --parallel auto and the changes it proposes", "[plan][planner]") {
     CHECK(pv::parse_gpu_memory("h100-80").bytes == 80.0 * (1ull << 30));

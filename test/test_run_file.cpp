@@ -351,6 +351,8 @@ TEST_CASE("the rules between options: one table, each row refusing its case by n
          2, {"--offload params", "--quantize nf4", "--offload optimizer"}},
         {"--pipeline-chunks, --pipeline-schedule", [](pv::TrainOptions& o) { o.pipeline_chunks = 3; }, 1,
          {"--pipeline-chunks 3", "--pipeline-schedule interleaved"}},
+        {"--tp, --lora-rank", [](pv::TrainOptions& o) { o.tp = 2, o.lora_rank = 8; }, 2,
+         {"--tp 2 with --lora-rank 8", "not built yet", "drop --tp"}},
         {"--parallel and its flags, the ranks",
          [](pv::TrainOptions& o) { o.parallel = "zero1", o.pipeline_stages = 3; }, 4,
          {"--pipeline-stages 3", "does not divide the 4 ranks"}},

@@ -2,12 +2,17 @@
 // a model and the refusals naming the rest; the heads each rank holds, worked by hand; and, for
 // every size that fits, the T ranks' slices of each tensor tile the whole tensor — each element
 // exactly once, a replicated kv head or tensor on every rank that holds it — with their Hugging
-// Face parts naming the rows they hold.
+// Face parts naming the rows they hold. Checkpoints of slices: the ranks' groups join into the
+// whole tensors' groups (join_tensor_slices), and each rank's slice reads back out of a file of
+// whole tensors (read_group_ranges: rows from a part's hf_row_begin, a column slice row by row).
 #include <catch2/catch.hpp>
 
+#include "model/checkpoint.h"
 #include "model/tensor_parallel.h"
 #include "test/error_of.h"
+#include "test/temp_dir.h"
 
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -122,5 +127,87 @@ TEST_CASE("tensor parallelism: the ranks' slices tile every whole tensor, LoRA's
                 }
             }
         }
+    }
+}
+
+namespace tensor_parallel_test {
+
+// A value for element e of the whole tensor with id `id`: distinct across tensors and elements,
+// exact in fp64.
+double value_of(uint32_t id, long long e) { return double(id) * 1e6 + double(e) + 0.25; }
+
+// Group g of unit u filled as the layout places its tensors: each element's value keyed by its
+// index in the whole tensor (so a slice and its whole tensor agree there); gaps and padding zero.
+std::vector<uint8_t> filled(const pv::GroupLayout& l) {
+    std::vector<double> v(size_t(l.padded), 0.0);
+    for (const pv::TensorSlot& t : l.tensors)
+        for (long long i = 0; i < t.spec.numel(); ++i) v[size_t(t.offset + i)] = value_of(t.spec.id, t.spec.whole_index(i));
+    std::vector<uint8_t> bytes(v.size() * sizeof(double));
+    std::memcpy(bytes.data(), v.data(), bytes.size());
+    return bytes;
+}
+
+}  // namespace tensor_parallel_test
+
+TEST_CASE("tensor parallelism: slices join into whole tensors, and read back out of a file of them",
+          "[tensor_parallel][checkpoint]") {
+    pv::test::TempDir dir("tp_join");
+    for (bool tied : {true, false}) {
+        pv::LlamaConfig c = gqa();
+        c.tie_embeddings = tied;
+        const auto whole = pv::model_layouts(c, pv::DType::fp64, 2, {});
+        pv::HostGroups file{pv::DType::fp64, {}};
+        std::vector<pv::GroupLayout> whole_groups;
+        for (const auto& unit : whole) whole_groups.push_back(unit.front()), file.units.push_back(filled(unit.front()));
+        const std::string path = dir.file(tied ? "tied.safetensors" : "untied.safetensors");
+        pv::write_group_tensors(path, whole_groups, file);
+        for (int t : {2, 4}) {
+            std::vector<std::vector<std::vector<pv::GroupLayout>>> ranks;
+            for (int r = 0; r < t; ++r) ranks.push_back(pv::model_layouts(c, pv::DType::fp64, 2, {{}, {}, false, true, {t, r}}));
+            for (size_t u = 0; u < whole.size(); ++u) {
+                INFO("T = " << t << (tied ? ", tied" : ", untied") << ", unit " << u);
+                std::vector<pv::GroupLayout> slices;
+                std::vector<std::vector<uint8_t>> bytes;
+                std::vector<const uint8_t*> at;
+                for (int r = 0; r < t; ++r) slices.push_back(ranks[size_t(r)][u].front()), bytes.push_back(filled(slices.back()));
+                for (const auto& b : bytes) at.push_back(b.data());
+                CHECK(pv::join_tensor_slices(whole[u].front(), slices, at, sizeof(double)) == file.units[u]);
+                // A rank short: an element of a whole block tensor unwritten.
+                if (u >= 1 && u <= size_t(c.num_layers)) {  // a block
+                    slices.pop_back(), at.pop_back();
+                    CHECK_THROWS_WITH(pv::join_tensor_slices(whole[u].front(), slices, at, sizeof(double)),
+                                      Catch::Contains("the slices hold"));
+                }
+            }
+            // Each rank's slices, read from the whole tensors' file: the whole groups, and a
+            // ZeRO-like range in the middle of each (a column slice's rows cut across).
+            for (int r = 0; r < t; ++r) {
+                std::vector<pv::GroupLayout> mine;
+                for (const auto& unit : ranks[size_t(r)]) mine.push_back(unit.front());
+                const pv::HostGroups read = pv::read_group_tensors(path, mine, pv::DType::fp64);
+                pv::HfCheckpoint source = pv::HfCheckpoint::open_file(path);
+                std::vector<pv::ElementRange> middle;
+                for (const pv::GroupLayout& l : mine) middle.push_back({l.padded / 2 - 7, l.padded / 2});
+                std::vector<std::vector<uint8_t>> part(mine.size());
+                for (size_t u = 0; u < mine.size(); ++u) part[u].assign(size_t(middle[u].len) * sizeof(double), 0);
+                pv::read_group_ranges(source, mine, middle, pv::DType::fp64,
+                                      [&](size_t k, long long at, const uint8_t* data, long long n) {
+                                          std::memcpy(part[k].data() + at * 8, data, size_t(n) * 8);
+                                      });
+                for (size_t u = 0; u < mine.size(); ++u) {
+                    INFO("T = " << t << ", rank " << r << ", unit " << u);
+                    const std::vector<uint8_t> expected = filled(mine[u]);
+                    CHECK(read.units[u] == expected);
+                    CHECK(std::equal(part[u].begin(), part[u].end(), expected.begin() + middle[u].begin * 8));
+                }
+            }
+        }
+        // A file holds whole tensors: a slice's layout is refused.
+        std::vector<pv::GroupLayout> sliced;
+        pv::HostGroups data{pv::DType::fp64, {}};
+        for (const auto& unit : pv::model_layouts(c, pv::DType::fp64, 1, {{}, {}, false, true, {2, 0}}))
+            sliced.push_back(unit.front()), data.units.push_back(filled(unit.front()));
+        CHECK_THROWS_WITH(pv::write_group_tensors(dir.file("slice.safetensors"), sliced, data),
+                          Catch::Contains("is a tensor-parallel slice"));
     }
 }

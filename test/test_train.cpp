@@ -638,6 +638,27 @@ std::map<long long, double> metric_losses(const fs::path& p) {
     return out;
 }
 
+// Checks that every F64 tensor of the safetensors file `got` is within `rel` of the same tensor
+// of `want`, norm-wise (‖got − want‖ ≤ rel·‖want‖), and that both hold the same tensors.
+void check_f64_tensors_close(const fs::path& got, const fs::path& want, double rel) {
+    std::map<std::string, pv::SafeTensor> a, b;
+    for (pv::SafeTensor& t : pv::read_safetensors(got.string()).tensors) a[t.name] = std::move(t);
+    for (pv::SafeTensor& t : pv::read_safetensors(want.string()).tensors) b[t.name] = std::move(t);
+    REQUIRE(a.size() == b.size());
+    for (const auto& [name, w] : b) {
+        INFO(got << ": " << name);
+        REQUIRE(a.count(name));
+        const pv::SafeTensor& g = a.at(name);
+        REQUIRE(g.dtype == "F64");
+        REQUIRE(g.shape == w.shape);
+        std::vector<double> x(g.data.size() / 8), y(w.data.size() / 8);
+        std::memcpy(x.data(), g.data.data(), g.data.size()), std::memcpy(y.data(), w.data.data(), w.data.size());
+        double diff = 0, norm = 0;
+        for (size_t i = 0; i < y.size(); ++i) diff += (x[i] - y[i]) * (x[i] - y[i]), norm += y[i] * y[i];
+        CHECK(std::sqrt(diff) <= rel * std::sqrt(norm));
+    }
+}
+
 }  // namespace train_test
 
 // DESIGN.md §3: checkpoints hold whole, unpadded tensors, so a run saved by any strategy at N ranks
@@ -647,10 +668,13 @@ std::map<long long, double> metric_losses(const fs::path& p) {
 // the pipeline over 4 ranks (the default model's 6 units, 4 micro-batches in flight) and zero2 at
 // 2; 4 interleaved stages over 2 ranks and GPipe; hybrid zero3 (2 groups of 2 ranks, its
 // checkpoint gathered within rank 0's group), one rank, and two stages under hybrid zero3 (2
-// replicas of 1 shard); two stages each under zero1 over 2 ranks, one rank, and zero3 over 4.
+// replicas of 1 shard); two stages each under zero1 over 2 ranks, one rank, and zero3 over 4;
+// tensor parallelism (--tp 2) alone at 2 ranks, one rank, --tp 2 under zero3 over 2 data-parallel
+// ranks and under zero1 (the checkpoint's --tp kept at 4 ranks). The final weights too are those
+// of the run that never stopped.
 TEST_CASE(
     "train: a checkpoint saved by zero3 at 4 ranks resumes with ddp at 2, and the reverse; pp (1F1B, GPipe, "
-    "interleaved), zero2, hybrid zero3, pp 2 x zero1 2 and pp 2 x hybrid zero3 too",
+    "interleaved), zero2, hybrid zero3, pp 2 x zero1 2, pp 2 x hybrid zero3 and tp 2 x dp 1-2 too",
     "[train][mpi]") {
     TempDir dir("train_reshard");
     const std::string train = (build_dir() / "train").string();
@@ -673,7 +697,8 @@ TEST_CASE(
               {1, "single"},
               {4, "zero1 --pipeline-stages 2"},
               {4, "zero3"},
-              {4, "zero1 --pipeline-stages 2"}}}) {
+              {4, "zero1 --pipeline-stages 2"}},
+             {{2, "ddp --tp 2"}, {1, "single"}, {4, "zero3 --tp 2"}, {4, "zero1"}}}) {
         std::string name = chain.front().second + "x" + std::to_string(chain.front().first);
         std::replace(name.begin(), name.end(), ' ', '_');
         const std::string out = dir.file(name);
@@ -698,6 +723,10 @@ TEST_CASE(
             INFO(path << ", step " << step);
             CHECK(std::abs(resumed.at(step) - loss) <= 1e-10 * std::abs(loss));
         }
+        INFO(path);
+        const std::string last = "step_" + std::to_string(kSteps);
+        for (const char* f : {"model.safetensors", "adam_m.safetensors", "adam_v.safetensors"})
+            check_f64_tensors_close(fs::path(out) / last / f, fs::path(dir.file("straight")) / last / f, 1e-10);
     }
 }
 

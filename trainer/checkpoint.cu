@@ -33,7 +33,7 @@ void save_checkpoint(const std::string& dir, Strategy<T, G>& strategy, const Ada
     // What this rank keeps in host memory (offloaded parameters or optimizer state) goes through
     // a device copy of its range, so the strategy gathers it exactly as device memory: the same
     // bytes either way.
-    auto whole = [&](int u, const auto* local, long long len, bool on_host, long long padded) {
+    auto whole = [&](int u, int g, const auto* local, long long len, bool on_host, long long padded) {
         using X = std::remove_cv_t<std::remove_pointer_t<decltype(local)>>;
         DeviceBuffer<X> staged;
         if (on_host && len > 0) {
@@ -41,19 +41,19 @@ void save_checkpoint(const std::string& dir, Strategy<T, G>& strategy, const Ada
             CUDA_CHECK(cudaMemcpy(staged.get(), local, staged.bytes(), cudaMemcpyHostToDevice));
             local = staged.get();
         }
-        return strategy.whole_on_writer(u, local, len, padded);
+        return strategy.whole_on_writer(u, g, local, len, padded);
     };
     HostGroups params{dtype_of<T>(), {}};
     for (int u = 0; u < model.num_units(); ++u)
         for (int g = 0; g < model.num_groups(u); ++g)
             if (in_set(model, g, saved))
-                params.units.push_back(whole(u, static_cast<const T*>(strategy.local_params(u, g)),
+                params.units.push_back(whole(u, g, static_cast<const T*>(strategy.local_params(u, g)),
                                              strategy.local_len(u, g), strategy.params_on_host(),
                                              model.group(u, g).padded));
     auto gather = [&](Field f) {
         HostGroups h{dtype_of<A>(), {}};
         for (int u = 0; u < model.num_units(); ++u)
-            h.units.push_back(whole(u, static_cast<const A*>(optimizer.data(u, f)),
+            h.units.push_back(whole(u, 0, static_cast<const A*>(optimizer.data(u, f)),
                                     optimizer.end(u) - optimizer.begin(u), optimizer.on_host(),
                                     model.trainable(u).padded));
         return h;
@@ -73,9 +73,10 @@ void save_checkpoint(const std::string& dir, Strategy<T, G>& strategy, const Ada
     write_checkpoint_dir(dir, bytes, [&](const std::string& tmp) {
         WriteRecorder written;  // each file's size and checksum, computed as it is written
         const std::map<std::string, std::string> metadata{{"format", "pt"}};
-        write_group_tensors(tmp + "/" + weights_file(model), groups_of(model, saved), params, metadata);
+        // (whole tensors: a tensor-parallel rank's slices were joined on the way, whole_on_writer)
+        write_group_tensors(tmp + "/" + weights_file(model), groups_of(model, saved, kWholeTensors), params, metadata);
         for (const auto& [file, groups] : fields)
-            write_group_tensors(tmp + "/" + file, trainable_groups(model), groups, metadata);
+            write_group_tensors(tmp + "/" + file, trainable_groups(model, kWholeTensors), groups, metadata);
         write_hf_config(tmp + "/config.json", model.config(), torch_dtype_name(dtype_of<T>()));
         if (model.lora().enabled())  // with adapter_model.safetensors: a PEFT adapter directory as it is
             write_peft_adapter_config(tmp + "/adapter_config.json", model.lora(), state.options.init_from);

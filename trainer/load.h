@@ -60,22 +60,26 @@ bool in_set(const Llama<T>& model, int g, GroupSet set) {
     return false;
 }
 
+// Which layouts groups_of gives: this rank's (a tensor-parallel rank's hold slices of the block
+// matrices), or the whole tensors' (the model's whole_layouts(): what checkpoint files hold).
+inline constexpr bool kWholeTensors = true;
+
 // The layouts of the groups in `set`, in unit then group order.
 template <class T>
-std::vector<GroupLayout> groups_of(const Llama<T>& model, GroupSet set) {
+std::vector<GroupLayout> groups_of(const Llama<T>& model, GroupSet set, bool whole_tensors = false) {
+    const std::vector<std::vector<GroupLayout>> whole =
+        whole_tensors ? model.whole_layouts() : std::vector<std::vector<GroupLayout>>{};
     std::vector<GroupLayout> out;
     for (int u = 0; u < model.num_units(); ++u)
         for (int g = 0; g < model.num_groups(u); ++g)
-            if (in_set(model, g, set)) out.push_back(model.group(u, g));
+            if (in_set(model, g, set)) out.push_back(whole_tensors ? whole[size_t(u)][size_t(g)] : model.group(u, g));
     return out;
 }
 
 // Every unit's trainable group (the layouts of the optimizer files).
 template <class T>
-std::vector<GroupLayout> trainable_groups(const Llama<T>& model) {
-    std::vector<GroupLayout> out;
-    for (int u = 0; u < model.num_units(); ++u) out.push_back(model.trainable(u));
-    return out;
+std::vector<GroupLayout> trainable_groups(const Llama<T>& model, bool whole_tensors = false) {
+    return groups_of(model, GroupSet::trainable, whole_tensors);
 }
 
 // The file of a checkpoint's weights: model.safetensors, or a LoRA run's adapters in PEFT's file.

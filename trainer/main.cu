@@ -710,6 +710,10 @@ int main_checked(int argc, char** argv) {
         // Leaving the interleaved schedule drops its chunks (unless given again).
         if (c.train.pipeline_schedule != "interleaved" && c.train.pipeline_chunks == saved.pipeline_chunks)
             c.train.pipeline_chunks = 0;
+        // Another world size that --tp does not divide drops the checkpoint's tensor
+        // parallelism (unless given again): the checkpoint holds whole tensors either way.
+        if (c.train.tp == saved.tp && saved.tp > 1 && world.size() % saved.tp != 0)
+            c.train.tp = 1;
         // Leaving ZeRO drops its shard group (unless given again): the checkpoint is whole either way.
         if (c.train.parallel != "auto" && !strategy_info(c.train.parallel).policy.shards() &&
             c.train.shard_group == saved.shard_group)

@@ -51,6 +51,7 @@ const std::map<std::string, NumberRule>& number_rules() {
         {"in_flight",              at_least(0)},
         {"pipeline_chunks",        at_least(0)},
         {"shard_group",            at_least(0)},
+        {"tp",                     at_least(1)},
         {"checkpoint_activations", at_least(-1)},  // and not 1: checked below
         {"eval_interval",          at_least(0)},
         {"eval_batches",           at_least(1)},

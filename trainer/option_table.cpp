@@ -55,6 +55,13 @@ const std::vector<OptionRule>& option_rules() {
              return "--pipeline-chunks " + std::to_string(o.pipeline_chunks) +
                     " is for --pipeline-schedule interleaved: drop it, or choose that schedule";
          }},
+        {"--tp, --lora-rank",
+         [](const TrainOptions& o, int) -> std::string {
+             if (o.tp == 1 || o.lora_rank == 0) return "";
+             return "--tp " + std::to_string(o.tp) + " with --lora-rank " + std::to_string(o.lora_rank) +
+                    ": LoRA and QLoRA under tensor parallelism are not built yet; drop --tp (ddp or zero1-3 alone "
+                    "train LoRA on many ranks) or --lora-rank";
+         }},
         // The parallel layer's rules (parallel/plan.h check_strategy): a strategy's flags against
         // each other and against the world size.
         {"--parallel and its flags, the ranks",

@@ -29,7 +29,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, in
                                                 schedule_steps, final_lr_fraction,
                                                 clip, skip_nonfinite, weight_decay, decay_norm_weights, beta1, beta2,
                                                 eps, dtype, stochastic_rounding, fp32_grad_accumulation, seed, parallel,
-                                                interconnect, pipeline_stages, in_flight, pipeline_schedule, pipeline_chunks, balance, shard_group, freeze, eval_interval,
+                                                interconnect, pipeline_stages, in_flight, pipeline_schedule, pipeline_chunks, balance, shard_group, tp, freeze, eval_interval,
                                                 eval_batches, out_dir, checkpoint_interval, resume, stop_after, prompt,
                                                 sample_tokens, temperature, top_p, document_mask, lora_rank, lora_alpha,
                                                 rslora, lora_targets, lora_dropout, adapter, quantize, double_quant,
@@ -132,7 +132,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& train_flag_
                           "fp32-grad-accumulation", "seed"}},
         {"LoRA/QLoRA", {"lora-rank", "lora-alpha", "rslora", "lora-targets", "lora-dropout", "quantize",
                         "double-quant", "adapter"}},
-        {"Parallel", {"parallel", "interconnect", "gpu-memory", "pipeline-stages", "pipeline-schedule", "pipeline-chunks", "in-flight", "balance", "shard-group", "offload",
+        {"Parallel", {"parallel", "interconnect", "gpu-memory", "pipeline-stages", "pipeline-schedule", "pipeline-chunks", "in-flight", "balance", "shard-group", "tp", "offload",
                       "collective-timeout"}},
         {"Checkpoints", {"checkpoint-interval", "resume", "allow-inexact-resume", "stop-after", "keep-checkpoints",
                          "overwrite-later", "extend-schedule", "keep-schedule"}},
@@ -336,6 +336,12 @@ void add_train_flags(CLI::App& app, TrainOptions& o, std::string* run_file = nul
                    "groups (hybrid sharding, FSDP's HSDP): gradients reduce-scattered within a group then all-reduced "
                    "across groups, parameters gathered within the group only. Must divide the rank count; 0: the "
                    "whole world (plain ZeRO), 1: replication (DDP's traffic, ZeRO's code)");
+    app.add_option("--tp", o.tp,
+                   "Tensor parallelism (Megatron): groups of this many consecutive ranks split every block's "
+                   "matrices (attention by heads, the MLP by its ffn rows and columns) and compute each micro-batch "
+                   "together, two all-reduces per block forward and two backward; the data-parallel strategy "
+                   "(ddp, zero1-3) runs over the groups. Must divide the rank count, the query heads, the "
+                   "key/value heads and the ffn size; 1: none");
     app.add_option("--offload", o.offload,
                    "CPU offload (ZeRO-Offload): optimizer keeps the fp32 master and Adam m and v of this rank's "
                    "owned range in pinned host memory and runs AdamW on the CPU (single, ddp, zero1-3); params also "
@@ -929,6 +935,7 @@ StrategyOptions strategy_options(const TrainOptions& o, int ranks) {
     s.fp32_grad_accumulation = o.fp32_grad_accumulation;
     s.shard_group = o.shard_group;
     s.offload = parse_offload(o.offload);
+    s.tensor = o.tp;
     const int per_step = o.micro_batch * data_ranks_of(s, ranks);
     s.micro_per_step = per_step > 0 && o.batch % per_step == 0 ? std::max(1, o.batch / per_step) : 1;
     return s;

@@ -529,9 +529,10 @@ class TrainingRun {
         }
         if (!strategy_->holds_whole_model()) {  // one rank alone has not got the parameters
             std::printf(
-                "\nsample: %s keeps only part of the parameters on each rank; sample from the checkpoint with: "
+                "\nsample: %s%s keeps only part of the parameters on each rank; sample from the checkpoint with: "
                 "train sample %s\n",
-                strategy_->name(), checkpoint_path(o_.out_dir, end_step_).c_str());
+                strategy_->name(), plan_.mesh.tensor > 1 ? (" with --tp " + std::to_string(plan_.mesh.tensor)).c_str() : "",
+                checkpoint_path(o_.out_dir, end_step_).c_str());
         } else if (writer() && !tokenizer_) {
             std::printf("\nno sample: the data has no tokenizer.json, so there is no text to print; sample token ids "
                         "with: train sample %s --prompt-ids ID,... --print-ids\n",

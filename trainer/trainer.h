@@ -206,6 +206,8 @@ class Trainer {
         s_.finish_gradients();
         if (inject_.fires(t, s_.comm() ? s_.comm()->rank() : 0)) inject_nonfinite_gradient(s_, inject_.tensor);
         sum_losses(losses_.get(), int(micro.size()), sums_.get() + kLossSum, stream);  // in micro-batch order
+        if (!s_.counts_loss())  // a tensor-parallel group computes one loss: its first rank counts it
+            CUDA_CHECK(cudaMemsetAsync(sums_.get() + kLossSum, 0, sizeof(double), stream));
         const double* loss_sum = sums_.get() + kLossSum;
         Comm* c = s_.comm();
         if (c) {  // over the ranks, in rank order, with the checks' terms (trainer/step_checks.h)

@@ -42,6 +42,7 @@ struct Case {
     pv::PipelineScheduleKind pipeline = pv::PipelineScheduleKind::gpipe;  // mp
     int chunks = 1;  // mp, interleaved: chunks per rank (a model of ranks·chunks blocks)
     int stages = 0;  // ddp, zero1: --pipeline-stages
+    int tensor = 1;  // --tp
 };
 
 bool piped(const Case& c) { return c.strategy == "mp" || c.stages > 1; }
@@ -88,7 +89,7 @@ Measured run_step(const Case& c, const pv::LlamaConfig& config, pv::Comm* comm) 
         pv::StrategyOptions so;
         so.kind = pv::strategy_kind(c.strategy), so.in_flight = piped(c) ? c.microbatches : 0, so.fp32_grad_accumulation = !std::is_same_v<G, T>;
         so.offload = c.offload, so.pipeline = c.pipeline, so.micro_per_step = micro_steps(c);
-        so.chunks = c.chunks, so.pipeline_stages = c.stages;
+        so.chunks = c.chunks, so.pipeline_stages = c.stages, so.tensor = c.tensor;
         const pv::StrategyPlan plan = pv::plan_strategy(so, config, kSeq, rank, ranks);
         const pv::GroupOptions groups = groups_of(c.variant);
         pv::ModelOptions mo;
@@ -116,11 +117,12 @@ Measured run_step(const Case& c, const pv::LlamaConfig& config, pv::Comm* comm) 
 template <class T, class G>
 double check_case(const Case& c, pv::Comm* comm, const char* dtype) {
     const int ranks = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
-    const pv::LlamaConfig config = pv::test::awkward_model(ranks, c.tied, c.chunks > 1 ? ranks * c.chunks : 2);
+    pv::LlamaConfig config = pv::test::awkward_model(ranks, c.tied, c.chunks > 1 ? ranks * c.chunks : 2);
+    if (c.tensor > 1) config.num_heads = 4, config.num_kv_heads = 2, config.ffn_size = 34;  // split by 2: 17 each
     pv::PlanRequest q;
     q.config = config, q.dtype = pv::dtype_of<T>(), q.groups = groups_of(c.variant);
     q.strategy.kind = pv::strategy_kind(c.strategy), q.strategy.in_flight = piped(c) ? c.microbatches : 0, q.strategy.pipeline = c.pipeline;
-    q.strategy.chunks = c.chunks, q.strategy.pipeline_stages = c.stages;
+    q.strategy.chunks = c.chunks, q.strategy.pipeline_stages = c.stages, q.strategy.tensor = c.tensor;
     q.strategy.fp32_grad_accumulation = !std::is_same_v<G, T>;
     q.strategy.offload = c.offload;
     q.checkpointing = c.checkpointing;
@@ -130,7 +132,8 @@ double check_case(const Case& c, pv::Comm* comm, const char* dtype) {
     // One plan per pipeline stage (one without a pipeline): this rank's stage's.
     const pv::RankMemory& mine = plan.ranks.at(size_t(pv::mesh_coords(pv::mesh_of(q.strategy, ranks), rank).pipeline));
     const Measured m = run_step<T, G>(c, config, comm);
-    INFO(c.strategy << (c.stages > 1 ? " over " + std::to_string(c.stages) + " stages" : "") << " on " << ranks
+    INFO(c.strategy << (c.stages > 1 ? " over " + std::to_string(c.stages) + " stages" : "")
+                    << (c.tensor > 1 ? " with --tp " + std::to_string(c.tensor) : "") << " on " << ranks
                     << " rank(s), rank " << rank << ", " << dtype << ", offload "
                     << pv::offload_name(c.offload) << (std::is_same_v<G, T> ? "" : " fp32 accumulation") << ", "
                     << c.variant << (c.tied ? ", tied" : "")
@@ -174,9 +177,10 @@ double check_case(const Case& c, pv::Comm* comm, const char* dtype) {
     CHECK(std::abs(error) <= 0.02);
     if (world_rank == 0)
         std::printf(
-            "planner: %-6s %d rank(s) %-5s %-6s %-17s plan %9.0f B, measured %9.0f B (%+.2f%%); workspace "
+            "planner: %-10s %d rank(s) %-5s %-6s %-17s plan %9.0f B, measured %9.0f B (%+.2f%%); workspace "
             "plan %.0f, measured %.0f\n",
-            c.strategy.c_str(), ranks, dtype, c.variant.c_str(),
+            (c.strategy + (c.tensor > 1 ? " tp " + std::to_string(c.tensor) : "")).c_str(), ranks, dtype,
+            c.variant.c_str(),
             c.checkpointing.enabled               ? "checkpointing"
             : c.offload == pv::Offload::params    ? "offload params"
             : c.offload == pv::Offload::optimizer ? "offload optimizer"
@@ -231,6 +235,15 @@ TEST_CASE("the memory planner equals the measured peaks of a real step", "[plann
     check_case<__nv_bfloat16, __nv_bfloat16>({"zero3", "qlora", false, 1, O::none, every}, comm, "bf16");
     check_case<float, float>({"mp", "full", true, 2, O::none, every}, comm, "fp32");
     check_case<__nv_bfloat16, __nv_bfloat16>({"zero1", "full", true, 1, O::optimizer, every}, comm, "bf16");
+    // Tensor parallelism over 2 ranks: each rank's slices, activations and workspace (its heads and
+    // ffn share); at 4 ranks 2 data-parallel ranks of it.
+    check_case<double, double>({"ddp", "full", false, 1, O::none, {}, f1b1, 1, 0, 2}, comm, "fp64");
+    check_case<__nv_bfloat16, __nv_bfloat16>({"ddp", "frozen", true, 1, O::none, every, f1b1, 1, 0, 2}, comm, "bf16");
+    if (world.size() % 4 == 0) {  // ZeRO needs more than one data-parallel rank to shard over
+        check_case<__nv_bfloat16, __nv_bfloat16>({"zero3", "full", true, 1, O::none, every, f1b1, 1, 0, 2}, comm,
+                                                 "bf16");
+        check_case<__nv_bfloat16, float>({"zero1", "frozen", false, 1, O::none, {}, f1b1, 1, 0, 2}, comm, "bf16");
+    }
     // Pipeline × data parallelism (4 ranks and more): two 1F1B stages, each replicated under ddp or zero1.
     if (world.size() % 4 == 0) {
         check_case<__nv_bfloat16, __nv_bfloat16>({"zero1", "full", true, 0, O::none, {}, f1b1, 1, 2}, comm, "bf16");

@@ -1,0 +1,27 @@
+// Tensor parallelism's collective (Megatron-LM): the model holds its slice of every block matrix
+// and calls its seam (model/llama.h ModelOptions::tensor_reduce) where the conjugate operators sit
+// — after each row-parallel linear in the forward, after each column-parallel linear's input
+// gradient in the backward; this is what the seam does: an in-place all-reduce over the tensor
+// axis of the mesh (parallel/mesh.h), ordered with the model's stream. The strategy binds it
+// (parallel/strategies.h); the model never sees a communicator.
+#pragma once
+
+#include "parallel/comm.h"
+
+#include <functional>
+
+namespace pv {
+
+// Sums `count` elements of T at `data` over `group`'s ranks, in place, on the model's `stream`'s
+// timeline (the collective on the group's stream, fenced both ways).
+template <class T>
+std::function<void(void*, long long)> tensor_group_sum(Comm& group, cudaStream_t stream) {
+    return [&group, stream](void* data, long long count) {
+        T* x = static_cast<T*>(data);
+        group.fence_from(stream);
+        group.all_reduce(x, x, size_t(count));
+        group.fence_to(stream);
+    };
+}
+
+}  // namespace pv
