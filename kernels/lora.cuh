@@ -14,7 +14,9 @@
 // Dropout (PEFT's nn.Dropout on the adapter's input): element (n, i) is kept with probability
 // 1 − p and scaled by 1/(1 − p), by a Philox draw keyed by (seed, dropout, tensor, (first_row + n)·in
 // + i, step) — the token's global row, not its place in this rank's micro-batch, so every strategy
-// and world size draws the same mask.
+// and world size draws the same mask. A tensor-parallel rank's input of a row-parallel linear is
+// columns [col_begin, col_begin + in) of the whole input's key_in: its element (n, i) is keyed as
+// the whole input's (n, col_begin + i), so every tensor-parallel layout draws the same mask too.
 #pragma once
 
 #include "kernels/common.cuh"
@@ -43,12 +45,15 @@ struct LoraDropout {
     uint64_t seed = 0;
     uint32_t step = 0;
     long long first_row = 0;  // the global row (sample · seq_len) of the micro-batch's first token
+    int key_in = 0;           // the whole input's columns (0: the input is whole)
+    int col_begin = 0;        // where this input's columns start in the whole input
     bool on() const { return p > 0; }
 };
 
 __host__ __device__ inline bool lora_keep(const LoraDropout& d, uint32_t tensor, long long row, int col, int in) {
-    return philox_uniform(d.seed, RandomPurpose::dropout, tensor, uint64_t((d.first_row + row) * in + col), d.step) >=
-           d.p;
+    const long long cols = d.key_in > 0 ? d.key_in : in;
+    return philox_uniform(d.seed, RandomPurpose::dropout, tensor, uint64_t((d.first_row + row) * cols + d.col_begin + col),
+                          d.step) >= d.p;
 }
 
 // out[n][i] = x[n][i]·keep/(1 − p)   (accumulate: out += instead of =), as an elementwise

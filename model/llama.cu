@@ -37,6 +37,7 @@ enum WorkBuffer {
     kAttentionScratch,
     kLoraDu,
     kLoraDropped,
+    kLoraGroupGrad,
     kDequantized,
     kEmbeddingScratch
 };
@@ -67,7 +68,7 @@ long long lora_max_a_rows(const LlamaConfig& c, const LoraConfig& lora) {
 }
 
 std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& c, int batch, int seq_len, DType dtype,
-                                                     const LoraConfig& lora, bool nf4) {
+                                                     const LoraConfig& lora, bool nf4, int tensor) {
     const long long N = (long long)batch * seq_len, C = c.hidden_size, F = c.ffn_size;
     const size_t t = dtype_size(dtype);
     const long long lora_max_a_rows = pv::lora_max_a_rows(c, lora);
@@ -87,6 +88,9 @@ std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& c, int b
             {"attention_scratch", (long long)attention_scratch, 1},
             {"lora_du", N * lora_max_a_rows, t},
             {"lora_dropped", lora.dropout > 0 ? N * std::max<long long>({C, F, c.q_width()}) : 0, t},
+            // Under tensor parallelism the largest adapter matrix every rank holds whole: a
+            // column-parallel linear's A [P·r][C] (a row-parallel one's B, [C][r], is smaller).
+            {"lora_group_grad", tensor > 1 ? lora_max_a_rows * C : 0, t},
             {"dequantized",
              nf4 ? std::max<long long>({(long long)c.qkv_width() * C, (long long)c.q_width() * C, 2 * F * C}) : 0, t},
             {"embedding_scratch", (long long)embedding_backward_scratch_bytes(N), 1}};
@@ -128,8 +132,7 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
                                     "; use a shorter sequence");
     if (tensor_.size > 1) {  // tensor parallelism (model/tensor_parallel.h), as far as it goes in this build
         const std::string tp = "tensor parallelism over " + std::to_string(tensor_.size) + " ranks";
-        if (o.lora.enabled() || o.nf4)
-            throw std::invalid_argument("Llama: " + tp + " does not take LoRA or NF4 adapters in this build");
+        if (o.nf4) throw std::invalid_argument("Llama: " + tp + " does not take an NF4 base (QLoRA) in this build");
         if (kv_heads_replicated(config_, tensor_.size))
             throw std::invalid_argument("Llama: " + tp + " needs " + std::to_string(tensor_.size) + " to divide the " +
                                         std::to_string(config_.num_kv_heads) +
@@ -207,7 +210,7 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
     // The workspace: transient buffers of one unit at a time, for forward and backward.
     const long long N = rows(), C = config_.hidden_size;
     const std::vector<ActivationBuffer> workspace_layout =
-        model_workspace_layout(shape_, o.batch, o.seq_len, dt, lora_, nf4_);
+        model_workspace_layout(shape_, o.batch, o.seq_len, dt, lora_, nf4_, tensor_.size);
     const std::vector<size_t> at = arena_offsets(workspace_layout);
     workspace_ = device_alloc(arena_bytes(workspace_layout), MemoryCategory::workspace);
     char* w = static_cast<char*>(workspace_);
@@ -221,6 +224,7 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
                       w + at[kAttentionScratch],
                       reinterpret_cast<T*>(w + at[kLoraDu]),
                       reinterpret_cast<T*>(w + at[kLoraDropped]),
+                      reinterpret_cast<T*>(w + at[kLoraGroupGrad]),
                       reinterpret_cast<T*>(w + at[kDequantized]),
                       w + at[kEmbeddingScratch]};
     for (T*& d : dresidual_) d = static_cast<T*>(device_alloc(size_t(N * C) * sizeof(T), MemoryCategory::workspace));
@@ -497,8 +501,8 @@ void Llama<T>::forward_block(int u, int slot, const UnitIO<T>& io, bool recomput
         // (and whoever read it) is left alone. Saves the down GEMM: F·C of the block's (qkv + q +
         // 3F)·C matmul weights, 28% of them in Llama-3.2-1B.
         if (const LoraShape& s = lora_shapes_[kLoraDown]; s.parts > 0)
-            lora_project_input(cublas_, a.act, w.lora[kLoraDown].a, a.lora_u[kLoraDown], work_.lora_dropped, N, s, drop,
-                               units_[size_t(u)].lora_ids[kLoraDown], stream_);
+            lora_project_input(cublas_, a.act, w.lora[kLoraDown].a, a.lora_u[kLoraDown], work_.lora_dropped, N, s,
+                               dropout_for(kLoraDown, drop), units_[size_t(u)].lora_ids[kLoraDown], stream_);
         return;
     }
     linear(u, kLoraDown, a.act, work_.proj, N, a.lora_u[kLoraDown], drop, cublas_);
@@ -562,13 +566,22 @@ void Llama<T>::linear(int u, int k, const T* x, T* y, long long n, T* u_save, co
     matmul_forward(handle, x, dense_weight(u, k), y, n, s.in, s.out, stream_);
     if (s.parts > 0)
         lora_forward(handle, x, unit.block_w.lora[k].a, unit.block_w.lora[k].b, y, u_save, work_.lora_dropped, n, s,
-                     dropout, unit.lora_ids[k], stream_);
+                     dropout_for(k, dropout), unit.lora_ids[k], stream_);
 }
 
 template <class T>
 LoraDropout Llama<T>::dropout_of(const UnitIO<T>& io) const {
     if (io.step < 0 || lora_.dropout == 0) return {};
     return LoraDropout{lora_.dropout, seed_, uint32_t(io.step), io.first_row};
+}
+
+template <class T>
+LoraDropout Llama<T>::dropout_for(int k, LoraDropout d) const {
+    if (!d.on() || tensor_.size == 1 || (k != kLoraO && k != kLoraDown)) return d;
+    const int whole_in = k == kLoraO ? config_.q_width() : config_.ffn_size;
+    const int in = lora_shapes_[k].in;  // this rank's columns of it: [rank·in, (rank + 1)·in)
+    d.key_in = whole_in, d.col_begin = tensor_.rank * in;
+    return d;
 }
 
 template <class T>
@@ -583,10 +596,28 @@ void Llama<T>::linear_backward(int u, int k, const T* dy, const T* x, T* dx, con
     const LoraShape& s = lora_shapes_[k];
     matmul_backward(cublas_, dy, x, dense_weight(u, k), dx, base_weight(unit.block_g, k), rows(), s.in, s.out, false,
                     stream_);
-    if (s.parts > 0)
-        lora_backward(cublas_, dy, x, unit.block_w.lora[k].a, unit.block_w.lora[k].b, a.lora_u[k], dx,
-                      unit.block_g.lora[k].a, unit.block_g.lora[k].b, work_.lora_du, work_.lora_dropped, rows(), s,
-                      dropout, unit.lora_ids[k], stream_);
+    if (s.parts == 0) return;
+    T* da = unit.block_g.lora[k].a;
+    T* db = unit.block_g.lora[k].b;
+    // Tensor parallelism (model/tensor_parallel.h): the adapter matrix every rank of the group holds
+    // whole — a column-parallel linear's A (its du is each rank's output rows' share), a
+    // row-parallel one's B (its u is each rank's input columns' share) — gets a share of its
+    // gradient on each rank. This micro-batch's gradient is computed into scratch, summed over the
+    // group, then added, so whatever the gradient buffer held before stays counted once.
+    const bool column = k == kLoraQkv || k == kLoraGateUp;
+    T* whole_grad = tensor_.size > 1 ? (column ? da : db) : nullptr;
+    long long count = 0;
+    if (whole_grad) {
+        count = column ? (long long)s.a_rows() * s.in : (long long)s.out * s.rank;  // (a row-parallel B: one part)
+        CUDA_CHECK(cudaMemsetAsync(work_.lora_group_grad, 0, size_t(count) * sizeof(T), stream_));
+        (column ? da : db) = work_.lora_group_grad;
+    }
+    lora_backward(cublas_, dy, x, unit.block_w.lora[k].a, unit.block_w.lora[k].b, a.lora_u[k], dx, da, db,
+                  work_.lora_du, work_.lora_dropped, rows(), s, dropout_for(k, dropout), unit.lora_ids[k], stream_);
+    if (whole_grad) {
+        reduce_over_tensor_group(work_.lora_group_grad, count);
+        accumulate(whole_grad, static_cast<const T*>(work_.lora_group_grad), count, stream_);
+    }
 }
 
 template <class T>

@@ -52,8 +52,10 @@ long long lora_max_a_rows(const LlamaConfig& c, const LoraConfig& lora);
 
 // The workspace the model allocates once for whichever unit is running: the forward's and the
 // backward's transient buffers (arena_bytes of this layout). The memory planner uses this too.
+// `c` is the shape the rank computes with (model/tensor_parallel.h tensor_parallel_shape), `tensor`
+// the size of its tensor-parallel group.
 std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& c, int batch, int seq_len, DType dtype,
-                                                     const LoraConfig& lora, bool nf4);
+                                                     const LoraConfig& lora, bool nf4, int tensor = 1);
 
 // Typed views of a unit's tensors and activations, resolved once when buffers are allocated or
 // bound (never looked up by name in a step). P is `const T*` for weights, `T*` for gradients
@@ -286,6 +288,7 @@ class Llama {
         void* attention_scratch = nullptr;
         T* lora_du = nullptr;               // [N][largest P·r]
         T* lora_dropped = nullptr;          // [N][largest in], with dropout only
+        T* lora_group_grad = nullptr;       // tensor parallelism: a replicated adapter matrix's gradient share
         T* dequantized = nullptr;           // NF4: the largest linear weight, dequantised before its GEMM
         void* embedding_scratch = nullptr;  // the embedding backward's sorted positions
     };
@@ -298,6 +301,9 @@ class Llama {
     void backward_block(int u, int slot, const UnitIO<T>& io);
     void forward_head(int slot, const UnitIO<T>& io);
     LoraDropout dropout_of(const UnitIO<T>& io) const;
+    // `d` for linear k: under tensor parallelism a row-parallel linear's input is a block of the
+    // whole input's columns, and its mask is keyed by the whole input's element index.
+    LoraDropout dropout_for(int k, LoraDropout d) const;
     // Linear k of block u: y = x·Wᵀ and the adapter on top (u_save: its u; dropout as given).
     void linear(int u, int k, const T* x, T* y, long long n, T* u_save, const LoraDropout& dropout,
                 cublasHandle_t handle) const;

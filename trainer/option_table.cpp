@@ -55,12 +55,12 @@ const std::vector<OptionRule>& option_rules() {
              return "--pipeline-chunks " + std::to_string(o.pipeline_chunks) +
                     " is for --pipeline-schedule interleaved: drop it, or choose that schedule";
          }},
-        {"--tp, --lora-rank",
+        {"--tp, --quantize",
          [](const TrainOptions& o, int) -> std::string {
-             if (o.tp == 1 || o.lora_rank == 0) return "";
-             return "--tp " + std::to_string(o.tp) + " with --lora-rank " + std::to_string(o.lora_rank) +
-                    ": LoRA and QLoRA under tensor parallelism are not built yet; drop --tp (ddp or zero1-3 alone "
-                    "train LoRA on many ranks) or --lora-rank";
+             if (o.tp == 1 || o.quantize != "nf4") return "";
+             return "--tp " + std::to_string(o.tp) +
+                    " with --quantize nf4: QLoRA under tensor parallelism is not built yet; drop --tp (ddp or "
+                    "zero1-3 alone train QLoRA on many ranks; LoRA on a dense base takes --tp) or --quantize";
          }},
         // The parallel layer's rules (parallel/plan.h check_strategy): a strategy's flags against
         // each other and against the world size.

@@ -239,10 +239,12 @@ TEST_CASE("the memory planner equals the measured peaks of a real step", "[plann
     // ffn share); at 4 ranks 2 data-parallel ranks of it.
     check_case<double, double>({"ddp", "full", false, 1, O::none, {}, f1b1, 1, 0, 2}, comm, "fp64");
     check_case<__nv_bfloat16, __nv_bfloat16>({"ddp", "frozen", true, 1, O::none, every, f1b1, 1, 0, 2}, comm, "bf16");
+    check_case<float, float>({"ddp", "lora", true, 1, O::none, half, f1b1, 1, 0, 2}, comm, "fp32");
     if (world.size() % 4 == 0) {  // ZeRO needs more than one data-parallel rank to shard over
         check_case<__nv_bfloat16, __nv_bfloat16>({"zero3", "full", true, 1, O::none, every, f1b1, 1, 0, 2}, comm,
                                                  "bf16");
         check_case<__nv_bfloat16, float>({"zero1", "frozen", false, 1, O::none, {}, f1b1, 1, 0, 2}, comm, "bf16");
+        check_case<double, double>({"zero3", "lora", false, 1, O::none, {}, f1b1, 1, 0, 2}, comm, "fp64");
     }
     // Pipeline × data parallelism (4 ranks and more): two 1F1B stages, each replicated under ddp or zero1.
     if (world.size() % 4 == 0) {

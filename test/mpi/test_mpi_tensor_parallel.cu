@@ -5,10 +5,14 @@
 // tokens, ignored targets) the loss equals the whole model's within 1e-12 relative, and every
 // gradient — a slice's against the whole gradient's elements, the replicated embedding, norms and
 // head against theirs — within 1e-10 relative to the gradient's largest element. Multi-head and
-// grouped-query attention, tied and untied embeddings, with and without activation checkpointing.
+// grouped-query attention, tied and untied embeddings, with and without activation checkpointing;
+// LoRA on every linear with dropout (the adapters' B set to values keyed by their whole index, so
+// that A's gradient is not zero: a replicated A or B's gradient shares summed over the group, each
+// row-parallel input's mask keyed as the whole input's), alone and with checkpointing.
 #include <catch2/catch.hpp>
 
 #include "model/llama.h"
+#include "model/lora.h"
 #include "model/tensor_parallel.h"
 #include "model/unit_loop.h"
 #include "parallel/world.h"
@@ -43,11 +47,26 @@ struct Run {
     std::vector<pv::GroupLayout> layouts;            // per unit: the trainable group's layout
 };
 
+// The adapters' B (zero at initialisation) set to a value of each element's index in the whole
+// tensor, the same whatever slice of it a rank holds.
+void set_lora_b(pv::Llama<double>& m) {
+    for (int u = 0; u < m.num_units(); ++u)
+        for (const pv::TensorSlot& t : m.trainable(u).tensors) {
+            if (t.spec.name.find("lora_b") == std::string::npos) continue;
+            std::vector<double> v(size_t(t.spec.numel()));
+            for (long long i = 0; i < t.spec.numel(); ++i)
+                v[size_t(i)] = 0.05 * std::sin(0.37 * double(t.spec.whole_index(i)) + double(t.spec.id));
+            CUDA_CHECK(cudaMemcpy(m.params(u) + t.offset, v.data(), v.size() * sizeof(double), cudaMemcpyHostToDevice));
+        }
+}
+
 // Two micro-batches forward, then backward, gradients accumulated; tensor-parallel when comm is
 // given (T = its size), the whole model otherwise.
-Run run(const pv::LlamaConfig& c, pv::Comm* comm, const pv::ActivationCheckpointing& checkpointing) {
+Run run(const pv::LlamaConfig& c, pv::Comm* comm, const pv::ActivationCheckpointing& checkpointing,
+        const pv::LoraConfig& lora) {
     pv::ModelOptions o = pv::whole_model(kBatch, kSeq, 17, pv::Gradients::owned, 2);
     o.checkpointing = checkpointing;
+    o.lora = lora;
     cudaStream_t stream = nullptr;
     if (comm) {
         o.placement.tensor = {comm->size(), comm->rank()};
@@ -58,6 +77,7 @@ Run run(const pv::LlamaConfig& c, pv::Comm* comm, const pv::ActivationCheckpoint
         };
     }
     pv::Llama<double> m(c, o);
+    if (lora.enabled()) set_lora_b(m);
     std::mt19937_64 rng(23);  // the same batches on every rank
     std::vector<std::unique_ptr<DeviceArray<int>>> arrays;
     std::vector<pv::DeviceBatch> batches;
@@ -93,11 +113,13 @@ Run run(const pv::LlamaConfig& c, pv::Comm* comm, const pv::ActivationCheckpoint
     return r;
 }
 
-void check_against_whole(const pv::LlamaConfig& c, pv::Comm& comm, const pv::ActivationCheckpointing& ckpt) {
-    const Run whole = run(c, nullptr, ckpt);
-    const Run mine = run(c, &comm, ckpt);
+void check_against_whole(const pv::LlamaConfig& c, pv::Comm& comm, const pv::ActivationCheckpointing& ckpt,
+                         const pv::LoraConfig& lora = {}) {
+    const Run whole = run(c, nullptr, ckpt, lora);
+    const Run mine = run(c, &comm, ckpt, lora);
     INFO("T = " << comm.size() << ", rank " << comm.rank() << ", kv heads " << c.num_kv_heads
-                << (c.tie_embeddings ? ", tied" : ", untied") << (ckpt.enabled ? ", checkpointing" : ""));
+                << (c.tie_embeddings ? ", tied" : ", untied") << (ckpt.enabled ? ", checkpointing" : "")
+                << (lora.enabled() ? ", LoRA with dropout" : ""));
     CHECK(std::abs(mine.loss - whole.loss) <= 1e-12 * std::abs(whole.loss));
     REQUIRE(mine.layouts.size() == whole.layouts.size());
     for (size_t u = 0; u < whole.layouts.size(); ++u)
@@ -131,6 +153,14 @@ TEST_CASE("tensor parallelism over the job's ranks trains what one rank trains",
     check_against_whole(model(4, false), comm, pv::ActivationCheckpointing{true, 0});
 }
 
+TEST_CASE("LoRA under tensor parallelism trains what it trains on one rank, dropout included", "[tensor_parallel][lora]") {
+    pv::World world(nullptr, nullptr);
+    pv::LoraConfig lora;
+    lora.rank = 3, lora.alpha = 6, lora.dropout = 0.25;  // every linear: q, k, v, o, gate, up, down
+    check_against_whole(model(4, true), world.comm(), {}, lora);
+    check_against_whole(model(8, false), world.comm(), pv::ActivationCheckpointing{true, 0}, lora);
+}
+
 TEST_CASE("tensor parallelism refuses what this build does not split", "[tensor_parallel]") {
     pv::ModelOptions o = pv::whole_model(kBatch, kSeq, 17);
     pv::LlamaConfig c = model(4, true);
@@ -144,6 +174,6 @@ TEST_CASE("tensor parallelism refuses what this build does not split", "[tensor_
     CHECK_THROWS_WITH((pv::Llama<double>(c, o)),
                       Catch::Contains("3 does not divide the 8 query heads of tp-test; --tp can be 1, 2, 4, 8"));
     o.placement.tensor = {2, 0};
-    o.lora.rank = 2, o.lora.alpha = 4, o.lora.targets = {"q_proj"};
-    CHECK_THROWS_WITH((pv::Llama<double>(c, o)), Catch::Contains("does not take LoRA"));
+    o.lora.rank = 2, o.lora.alpha = 4, o.lora.targets = {"q_proj"}, o.nf4 = true;
+    CHECK_THROWS_WITH((pv::Llama<double>(c, o)), Catch::Contains("does not take an NF4 base (QLoRA)"));
 }
