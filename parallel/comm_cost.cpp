@@ -34,6 +34,26 @@ StepWire step_wire(const LlamaConfig& config, DType dtype, const GroupOptions& g
     return {2 * (n - 1) / n * count_and_loss, sharded, 2 * (replicas - 1) / replicas * m.psi / k * t};
 }
 
+TensorWire tensor_parallel_wire(const LlamaConfig& config, DType dtype, const LoraConfig& lora, int tensor,
+                                long long rows, int micro_steps, int recomputed) {
+    if (tensor <= 1) return {};
+    const double t = double(dtype_size(dtype)), ring = 2.0 * (tensor - 1) / tensor, activation = double(rows) * config.hidden_size;
+    const double blocks = config.num_layers, micro = micro_steps;
+    TensorWire w;
+    w.all_reduces = (long long)(micro * (4 * blocks + recomputed));
+    double elements = micro * (4 * blocks + recomputed) * activation;
+    const std::vector<LoraLinearShape> linears = lora_linears(config, lora);
+    for (int k = 0; k < kLoraLinears; ++k) {
+        const LoraLinearShape& s = linears[size_t(k)];
+        if (s.parts.empty()) continue;
+        const bool column = k == kLoraQkv || k == kLoraGateUp;  // the whole matrix: A (column-parallel) or B
+        w.all_reduces += (long long)(micro * blocks);
+        elements += micro * blocks * (column ? double(s.a_rows(lora.rank)) * s.in : double(s.b_rows()) * lora.rank);
+    }
+    w.bytes = ring * elements * t;
+    return w;
+}
+
 double step_wire_bytes(const LlamaConfig& config, DType dtype, const GroupOptions& groups, const std::string& strategy,
                        int ranks, int accumulation, int shard_group) {
     return step_wire(config, dtype, groups, strategy, ranks, accumulation, shard_group).total();

@@ -20,6 +20,7 @@
 #pragma once
 
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/parameters.h"
 
 #include <string>
@@ -46,5 +47,20 @@ StepWire step_wire(const LlamaConfig& config, DType dtype, const GroupOptions& g
 // Their total.
 double step_wire_bytes(const LlamaConfig& config, DType dtype, const GroupOptions& groups, const std::string& strategy,
                        int ranks, int accumulation, int shard_group = 0);
+
+// Tensor parallelism's all-reduces (--tp T; model/llama.h's seam, parallel/tensor_parallel.h) over
+// one rank's tensor-parallel group in `micro_steps` micro-batches of `rows` tokens, `recomputed`
+// blocks of which the backward recomputes (activation checkpointing). Per block and micro-batch:
+// two of rows·hidden elements in the forward (after W_o and W_down) and two in the backward (the
+// input gradients of W_qkv and W_gate_up), one more when the block is recomputed (after W_o: the
+// recompute skips the down projection); with LoRA, one per adapted linear of the adapter matrix
+// every rank holds whole (a column-parallel base's A, P·r × hidden; a row-parallel one's B,
+// hidden × r). Bytes by the ring: 2·(T−1)/T of each. Zero for T = 1.
+struct TensorWire {
+    long long all_reduces = 0;
+    double bytes = 0;
+};
+TensorWire tensor_parallel_wire(const LlamaConfig& config, DType dtype, const LoraConfig& lora, int tensor,
+                                long long rows, int micro_steps, int recomputed);
 
 }  // namespace pv

@@ -533,6 +533,24 @@ std::vector<std::string> changes_that_fit(const PlanRequest& request, double bud
             if (fits_with_activation_savers(q, change)) line(change, q);
         }
     }
+    // Tensor parallelism over these ranks (parallel/plan.h StrategyOptions::tensor): the smallest
+    // --tp, up to a node's 8 GPUs, that splits the model and fits (under ddp when it takes every
+    // rank: nothing is left for ZeRO to shard).
+    if (request.ranks > 1 && request.strategy.tensor == 1 && !request.groups.nf4 && !has_pipeline(request.strategy) &&
+        request.strategy.offload == Offload::none && !strategy_info(request.strategy.kind).stages)
+        for (int t = 2; t <= std::min(8, request.ranks); t *= 2) {
+            if (request.ranks % t != 0 || !tensor_parallel_fits(request.config, t) ||
+                kv_heads_replicated(request.config, t))
+                continue;
+            PlanRequest q = request;
+            q.strategy.tensor = t;
+            const bool whole_world = t == request.ranks && strategy_info(q.strategy.kind).kind != StrategyKind::ddp;
+            if (whole_world) q.strategy = with_strategy(q.strategy, StrategyKind::ddp);
+            if (fits(q, budget)) {
+                line("--tp " + std::to_string(t) + (whole_world ? " --parallel ddp" : ""), q);
+                break;
+            }
+        }
     for (const StrategyInfo& info : strategy_registry()) {  // those whose per-rank memory shrinks with more ranks
         const std::string s = info.name;
         if (!info.policy.sharded_parameters() && !info.stages) continue;
@@ -551,8 +569,8 @@ std::vector<std::string> changes_that_fit(const PlanRequest& request, double bud
         q = request;
         q.groups.lora.rank = 16, q.groups.lora.alpha = 32, q.groups.frozen.clear(), q.groups.nf4 = true;
         change = "QLoRA: --lora-rank 16 --quantize nf4";
-        if (q.dtype == DType::bf16 && fits_with_activation_savers(q, change)) line(change, q);
-    } else if (!request.groups.nf4 && request.dtype == DType::bf16) {
+        if (q.dtype == DType::bf16 && q.strategy.tensor == 1 && fits_with_activation_savers(q, change)) line(change, q);
+    } else if (!request.groups.nf4 && request.dtype == DType::bf16 && request.strategy.tensor == 1) {  // (not under --tp yet)
         PlanRequest q = request;
         q.groups.nf4 = true;
         std::string change = "QLoRA: --quantize nf4";

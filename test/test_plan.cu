@@ -248,4 +248,15 @@ TEST_CASE("the planner's GPU names, --parallel auto and the changes it proposes"
     // mp refuses offload at every world size: -1, not "none fits".
     CHECK(pv::smallest_world(tight, "pp", budget) == -1);
     CHECK(pv::smallest_world(tight, "zero3", budget) == 2);
+    // ddp of 7B at 8 ranks does not fit; tensor parallelism over pairs does, and is proposed with
+    // the figure its plan gives (32 heads and ffn 11008 split by 2).
+    pv::PlanRequest ddp = q;
+    ddp.strategy.kind = pv::StrategyKind::ddp;
+    REQUIRE(pv::plan_memory(ddp).peak() > budget);
+    pv::PlanRequest tp2 = ddp;
+    tp2.strategy.tensor = 2;
+    REQUIRE(pv::plan_memory(tp2).peak() <= budget);
+    const auto tp = pv::changes_that_fit(ddp, budget);
+    CHECK(std::find(tp.begin(), tp.end(), "--tp 2 (" + pv::format_bytes(pv::plan_memory(tp2).peak()) + " per rank)") !=
+          tp.end());
 }

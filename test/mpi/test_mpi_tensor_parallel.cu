@@ -15,6 +15,7 @@
 #include "model/lora.h"
 #include "model/tensor_parallel.h"
 #include "model/unit_loop.h"
+#include "parallel/comm_cost.h"
 #include "parallel/world.h"
 #include "test/check.h"
 
@@ -43,6 +44,7 @@ pv::LlamaConfig model(int kv_heads, bool tied) {
 
 struct Run {
     double loss = 0;
+    pv::Comm::Totals wire;  // the tensor-parallel group's collectives
     std::vector<std::vector<double>> params, grads;  // per unit: the trainable group
     std::vector<pv::GroupLayout> layouts;            // per unit: the trainable group's layout
 };
@@ -94,11 +96,14 @@ Run run(const pv::LlamaConfig& c, pv::Comm* comm, const pv::ActivationCheckpoint
     }
     DeviceArray<double> loss(2);
     DeviceArray<int> count(2);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    if (comm) comm->clear_log();
     m.zero_grads();
     for (int s = 0; s < 2; ++s) pv::single_forward(m, s, batches[size_t(s)], loss.get() + s, count.get() + s);
     for (int s = 0; s < 2; ++s) pv::single_backward(m, s, batches[size_t(s)], 1.0 / 20);
     CUDA_CHECK(cudaDeviceSynchronize());
     Run r;
+    if (comm) r.wire = comm->totals();
     const std::vector<double> l = loss.download();
     r.loss = l[0] + l[1];
     for (int u = 0; u < m.num_units(); ++u) {
@@ -120,6 +125,27 @@ void check_against_whole(const pv::LlamaConfig& c, pv::Comm& comm, const pv::Act
     INFO("T = " << comm.size() << ", rank " << comm.rank() << ", kv heads " << c.num_kv_heads
                 << (c.tie_embeddings ? ", tied" : ", untied") << (ckpt.enabled ? ", checkpointing" : "")
                 << (lora.enabled() ? ", LoRA with dropout" : ""));
+    // The group's collectives: all-reduces only, as many and as large as the communication model
+    // says (parallel/comm_cost.h), and as counted here by hand — per block and micro-batch 2 + 2 of
+    // rows·hidden, 1 more recomputed, and one per adapter (A of q/k/v and gate/up fused: P·r × C;
+    // B of o and down: C × r).
+    using K = pv::CollectiveKind;
+    const long long rows = kBatch * kSeq, L = c.num_layers, C = c.hidden_size, micro = 2;
+    int recomputed = 0;
+    for (int b = 0; b < L; ++b) recomputed += ckpt.recomputes(b);
+    long long calls = micro * (4 * L + recomputed), elements = calls * rows * C;
+    if (lora.enabled()) {
+        const long long r = lora.rank;
+        calls += micro * L * 4;
+        elements += micro * L * (3 * r * C + C * r + 2 * r * C + C * r);
+    }
+    for (size_t k = 0; k < mine.wire.calls.size(); ++k)
+        CHECK(mine.wire.calls[k] == (k == size_t(K::all_reduce) ? calls : 0));
+    const double ring = 2.0 * (comm.size() - 1) / comm.size();
+    CHECK(mine.wire.wire_bytes == Approx(ring * double(elements) * 8).epsilon(1e-12));
+    const pv::TensorWire model = pv::tensor_parallel_wire(c, pv::DType::fp64, lora, comm.size(), rows, 2, recomputed);
+    CHECK(model.all_reduces == calls);
+    CHECK(model.bytes == Approx(mine.wire.wire_bytes).epsilon(1e-12));
     CHECK(std::abs(mine.loss - whole.loss) <= 1e-12 * std::abs(whole.loss));
     REQUIRE(mine.layouts.size() == whole.layouts.size());
     for (size_t u = 0; u < whole.layouts.size(); ++u)
