@@ -52,8 +52,8 @@ struct LoraDropout {
 
 __host__ __device__ inline bool lora_keep(const LoraDropout& d, uint32_t tensor, long long row, int col, int in) {
     const long long cols = d.key_in > 0 ? d.key_in : in;
-    return philox_uniform(d.seed, RandomPurpose::dropout, tensor, uint64_t((d.first_row + row) * cols + d.col_begin + col),
-                          d.step) >= d.p;
+    return philox_uniform(d.seed, RandomPurpose::dropout, tensor,
+                          uint64_t((d.first_row + row) * cols + d.col_begin + col), d.step) >= d.p;
 }
 
 // out[n][i] = x[n][i]·keep/(1 − p)   (accumulate: out += instead of =), as an elementwise

@@ -110,8 +110,9 @@ void write_group_tensors(const std::string& path, const std::vector<GroupLayout>
                                         " elements = " + std::to_string(need) +
                                         " bytes (were the groups built for another shard count or dtype?)");
         check_layout(where, u, layouts[u]);
+        // A file holds whole tensors: a tensor-parallel rank's slices are joined first (model/tensor_parallel.h).
         for (const TensorSlot& slot : layouts[u].tensors)
-            if (!slot.spec.slice.whole())  // a file holds whole tensors: join the slices first (model/tensor_parallel.h)
+            if (!slot.spec.slice.whole())
                 throw std::logic_error(where + ": '" + slot.spec.name + "' is a tensor-parallel slice");
     }
 

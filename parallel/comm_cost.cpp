@@ -37,7 +37,8 @@ StepWire step_wire(const LlamaConfig& config, DType dtype, const GroupOptions& g
 TensorWire tensor_parallel_wire(const LlamaConfig& config, DType dtype, const LoraConfig& lora, int tensor,
                                 long long rows, int micro_steps, int recomputed) {
     if (tensor <= 1) return {};
-    const double t = double(dtype_size(dtype)), ring = 2.0 * (tensor - 1) / tensor, activation = double(rows) * config.hidden_size;
+    const double t = double(dtype_size(dtype)), ring = 2.0 * (tensor - 1) / tensor;
+    const double activation = double(rows) * config.hidden_size;
     const double blocks = config.num_layers, micro = micro_steps;
     TensorWire w;
     w.all_reduces = (long long)(micro * (4 * blocks + recomputed));

@@ -31,10 +31,10 @@
 // same order and every rank clips by the same scale. Tensor parallelism (--tp, parallel/
 // tensor_parallel.h) adds the tensor axis to that sum: each rank of a tensor-parallel group holds
 // its own slices of the block matrices, which all count, and copies of the rest (norms, embedding,
-// head, with equal gradients), which count on the group's first rank only. A pipeline (pp.h) splits the units instead:
-// a rank counts only its stage's units in the norm, the other stages zeros, and the sum runs over
-// the shard and pipeline axes of the mesh (parallel/mesh.h), so a pipeline of one data-parallel
-// rank per stage has one rank's bits per unit.
+// head, with equal gradients), which count on the group's first rank only. A pipeline (pp.h)
+// splits the units instead: a rank counts only its stage's units in the norm, the other stages
+// zeros, and the sum runs over the shard and pipeline axes of the mesh (parallel/mesh.h), so a
+// pipeline of one data-parallel rank per stage has one rank's bits per unit.
 //
 // Communicators. Every strategy talks over the mesh's groups: the data axes split the batch (the
 // token count), the shard axis shards (ZeRO's collectives; DDP's slices of the norm), the
@@ -44,6 +44,7 @@
 
 #include "kernels/glue.cuh"
 #include "model/llama.h"
+#include "model/tensor_parallel.h"
 #include "model/unit_loop.h"
 #include "parallel/comm.h"
 #include "parallel/data_parts.h"
@@ -51,7 +52,6 @@
 #include "parallel/policy.h"
 #include "parallel/pp.h"
 #include "parallel/schedule.h"
-#include "model/tensor_parallel.h"
 
 #include <algorithm>
 #include <functional>
@@ -83,7 +83,8 @@ class Strategy {
         const bool copies_counted_elsewhere = mesh_->coords().tensor > 0;
         for (int u = 0; u < model.num_units(); ++u) {
             std::vector<std::pair<long long, long long>> ranges;
-            if (!copies_counted_elsewhere) ranges.push_back({0, model.trainable(u).padded});
+            if (!copies_counted_elsewhere)
+                ranges.push_back({0, model.trainable(u).padded});
             else
                 for (const TensorSlot& t : model.trainable(u).tensors)
                     if (!t.spec.slice.whole()) ranges.push_back({t.offset, t.offset + t.spec.numel()});

@@ -179,7 +179,8 @@ TEST_CASE("tensor parallelism over the job's ranks trains what one rank trains",
     check_against_whole(model(4, false), comm, pv::ActivationCheckpointing{true, 0});
 }
 
-TEST_CASE("LoRA under tensor parallelism trains what it trains on one rank, dropout included", "[tensor_parallel][lora]") {
+TEST_CASE("LoRA under tensor parallelism trains what it trains on one rank, dropout included",
+          "[tensor_parallel][lora]") {
     pv::World world(nullptr, nullptr);
     pv::LoraConfig lora;
     lora.rank = 3, lora.alpha = 6, lora.dropout = 0.25;  // every linear: q, k, v, o, gate, up, down
