@@ -125,8 +125,8 @@ void check_strategy(const StrategyOptions& o, int ranks) {
         if (s.policy.shards() && ranks == 1)
             throw std::invalid_argument(t + " on " + std::to_string(o.tensor) +
                                         " ranks leaves one data-parallel rank, nothing for --parallel " + s.name +
-                                        " to shard: choose --parallel ddp, or start a multiple of " +
-                                        std::to_string(o.tensor) + " ranks");
+                                        " to shard: choose --parallel ddp, or start " + std::to_string(2 * o.tensor) +
+                                        " ranks or more (a multiple of " + std::to_string(o.tensor) + ")");
     }
     if (o.pipeline_stages != 0) {
         const std::string p = "--pipeline-stages " + std::to_string(o.pipeline_stages);

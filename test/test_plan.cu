@@ -184,7 +184,7 @@ TEST_CASE("tensor parallelism plans T consecutive ranks per group; what cannot r
           "--tp 2 with a pipeline (--parallel pp or --pipeline-stages) is not built yet: drop one of them");
     CHECK(refusal("zero3", 2, 2, none) ==
           "--tp 2 on 2 ranks leaves one data-parallel rank, nothing for --parallel zero3 to shard: choose --parallel "
-          "ddp, or start a multiple of 2 ranks");
+          "ddp, or start 4 ranks or more (a multiple of 2)");
     CHECK(refusal("zero1", 2, 4, [](pv::StrategyOptions& o) { o.offload = pv::Offload::optimizer; }) ==
           "--tp 2 with --offload optimizer is not built yet: drop one of them");
     CHECK(refusal("zero1", 2, 4, [](pv::StrategyOptions& o) { o.shard_group = 4; }) ==
