@@ -577,7 +577,7 @@ LoraDropout Llama<T>::dropout_of(const UnitIO<T>& io) const {
 
 template <class T>
 LoraDropout Llama<T>::dropout_for(int k, LoraDropout d) const {
-    if (!d.on() || tensor_.size == 1 || (k != kLoraO && k != kLoraDown)) return d;
+    if (!d.on() || tensor_.size == 1 || column_parallel(k)) return d;
     const int whole_in = k == kLoraO ? config_.q_width() : config_.ffn_size;
     const int in = lora_shapes_[k].in;  // this rank's columns of it: [rank·in, (rank + 1)·in)
     d.key_in = whole_in, d.col_begin = tensor_.rank * in;
@@ -604,7 +604,7 @@ void Llama<T>::linear_backward(int u, int k, const T* dy, const T* x, T* dx, con
     // row-parallel one's B (its u is each rank's input columns' share) — gets a share of its
     // gradient on each rank. This micro-batch's gradient is computed into scratch, summed over the
     // group, then added, so whatever the gradient buffer held before stays counted once.
-    const bool column = k == kLoraQkv || k == kLoraGateUp;
+    const bool column = column_parallel(k);
     T* whole_grad = tensor_.size > 1 ? (column ? da : db) : nullptr;
     long long count = 0;
     if (whole_grad) {

@@ -43,6 +43,10 @@ struct HeadSlice {
     int q_first = 0, q_count = 0, kv_first = 0, kv_count = 0;
 };
 
+// Whether block linear k (model/lora.h LoraLinear) is column-parallel (W_qkv, W_gate_up: rows
+// split, input whole) rather than row-parallel (W_o, W_down: columns split, output a partial sum).
+inline bool column_parallel(int linear) { return linear == kLoraQkv || linear == kLoraGateUp; }
+
 // Throws std::invalid_argument naming why `size` cannot split `c` and the sizes that can.
 void check_tensor_parallel(const LlamaConfig& c, int size);
 // Whether T splits c's heads and ffn (check_tensor_parallel's test, without the message).

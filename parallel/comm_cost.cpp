@@ -1,6 +1,7 @@
 // Per-step communication per strategy (parallel/comm_cost.h).
 #include "parallel/comm_cost.h"
 
+#include "model/tensor_parallel.h"
 #include "parallel/plan.h"
 #include "parallel/policy.h"
 
@@ -47,7 +48,7 @@ TensorWire tensor_parallel_wire(const LlamaConfig& config, DType dtype, const Lo
     for (int k = 0; k < kLoraLinears; ++k) {
         const LoraLinearShape& s = linears[size_t(k)];
         if (s.parts.empty()) continue;
-        const bool column = k == kLoraQkv || k == kLoraGateUp;  // the whole matrix: A (column-parallel) or B
+        const bool column = column_parallel(k);  // the whole matrix: A (column-parallel) or B
         w.all_reduces += (long long)(micro * blocks);
         elements += micro * blocks * (column ? double(s.a_rows(lora.rank)) * s.in : double(s.b_rows()) * lora.rank);
     }

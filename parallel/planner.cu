@@ -544,7 +544,7 @@ std::vector<std::string> changes_that_fit(const PlanRequest& request, double bud
                 continue;
             PlanRequest q = request;
             q.strategy.tensor = t;
-            const bool whole_world = t == request.ranks && strategy_info(q.strategy.kind).kind != StrategyKind::ddp;
+            const bool whole_world = t == request.ranks && q.strategy.kind != StrategyKind::ddp;
             if (whole_world) q.strategy = with_strategy(q.strategy, StrategyKind::ddp);
             if (fits(q, budget)) {
                 line("--tp " + std::to_string(t) + (whole_world ? " --parallel ddp" : ""), q);

@@ -16,6 +16,7 @@
 #include "model/tensor_parallel.h"
 #include "model/unit_loop.h"
 #include "parallel/comm_cost.h"
+#include "parallel/tensor_parallel.h"
 #include "parallel/world.h"
 #include "test/check.h"
 
@@ -72,11 +73,7 @@ Run run(const pv::LlamaConfig& c, pv::Comm* comm, const pv::ActivationCheckpoint
     cudaStream_t stream = nullptr;
     if (comm) {
         o.placement.tensor = {comm->size(), comm->rank()};
-        o.tensor_reduce = [comm, stream](void* data, long long n) {
-            comm->fence_from(stream);
-            comm->all_reduce(static_cast<const double*>(data), static_cast<double*>(data), size_t(n));
-            comm->fence_to(stream);
-        };
+        o.tensor_reduce = pv::tensor_group_sum<double>(*comm, stream);
     }
     pv::Llama<double> m(c, o);
     if (lora.enabled()) set_lora_b(m);
