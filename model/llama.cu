@@ -38,6 +38,8 @@ enum WorkBuffer {
     kLoraDu,
     kLoraDropped,
     kLoraGroupGrad,
+    kKvGroupGrad,
+    kLoraBShare,
     kDequantized,
     kEmbeddingScratch
 };
@@ -67,9 +69,11 @@ long long lora_max_a_rows(const LlamaConfig& c, const LoraConfig& lora) {
     return rows;
 }
 
-std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& c, int batch, int seq_len, DType dtype,
-                                                     const LoraConfig& lora, bool nf4, int tensor) {
+std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& whole, int batch, int seq_len, DType dtype,
+                                                     const LoraConfig& lora, bool nf4, TensorParallel tensor) {
+    const LlamaConfig c = tensor_parallel_shape(whole, tensor);
     const long long N = (long long)batch * seq_len, C = c.hidden_size, F = c.ffn_size;
+    const long long kv_rows = replicated_kv_rows(whole, tensor.size);
     const size_t t = dtype_size(dtype);
     const long long lora_max_a_rows = pv::lora_max_a_rows(c, lora);
     // The scratch sizes depend on the storage type only through its accumulator.
@@ -90,7 +94,11 @@ std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& c, int b
             {"lora_dropped", lora.dropout > 0 ? N * std::max<long long>({C, F, c.q_width()}) : 0, t},
             // Under tensor parallelism the largest adapter matrix every rank holds whole: a
             // column-parallel linear's A [P·r][C] (a row-parallel one's B, [C][r], is smaller).
-            {"lora_group_grad", tensor > 1 ? lora_max_a_rows * C : 0, t},
+            {"lora_group_grad", tensor.size > 1 ? lora_max_a_rows * C : 0, t},
+            // Replicated kv heads: the whole model's kv rows of W_qkv's gradient (or of its
+            // adapter's B, r wide), and the B gradient's share of this micro-batch (its rows).
+            {"kv_group_grad", kv_rows * std::max<long long>(C, lora.rank), t},
+            {"lora_b_share", kv_rows > 0 && lora.rank > 0 ? (long long)c.qkv_width() * lora.rank : 0, t},
             {"dequantized",
              nf4 ? std::max<long long>({(long long)c.qkv_width() * C, (long long)c.q_width() * C, 2 * F * C}) : 0, t},
             {"embedding_scratch", (long long)embedding_backward_scratch_bytes(N), 1}};
@@ -130,13 +138,10 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
         throw std::invalid_argument("Llama: seq_len = " + std::to_string(o.seq_len) +
                                     " exceeds the model's max_seq_len = " + std::to_string(config_.max_seq_len) +
                                     "; use a shorter sequence");
+    kv_rows_ = replicated_kv_rows(config_, tensor_.size);
     if (tensor_.size > 1) {  // tensor parallelism (model/tensor_parallel.h), as far as it goes in this build
         const std::string tp = "tensor parallelism over " + std::to_string(tensor_.size) + " ranks";
         if (o.nf4) throw std::invalid_argument("Llama: " + tp + " does not take an NF4 base (QLoRA) in this build");
-        if (kv_heads_replicated(config_, tensor_.size))
-            throw std::invalid_argument("Llama: " + tp + " needs " + std::to_string(tensor_.size) + " to divide the " +
-                                        std::to_string(config_.num_kv_heads) +
-                                        " key/value heads in this build (replicated kv heads are not summed yet)");
     }
     std::vector<UnitSpec> specs = tensor_parallel_units(config_, o.lora, tensor_);
     const int all = int(specs.size());
@@ -210,7 +215,7 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
     // The workspace: transient buffers of one unit at a time, for forward and backward.
     const long long N = rows(), C = config_.hidden_size;
     const std::vector<ActivationBuffer> workspace_layout =
-        model_workspace_layout(shape_, o.batch, o.seq_len, dt, lora_, nf4_, tensor_.size);
+        model_workspace_layout(config_, o.batch, o.seq_len, dt, lora_, nf4_, tensor_);
     const std::vector<size_t> at = arena_offsets(workspace_layout);
     workspace_ = device_alloc(arena_bytes(workspace_layout), MemoryCategory::workspace);
     char* w = static_cast<char*>(workspace_);
@@ -225,6 +230,8 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
                       reinterpret_cast<T*>(w + at[kLoraDu]),
                       reinterpret_cast<T*>(w + at[kLoraDropped]),
                       reinterpret_cast<T*>(w + at[kLoraGroupGrad]),
+                      reinterpret_cast<T*>(w + at[kKvGroupGrad]),
+                      reinterpret_cast<T*>(w + at[kLoraBShare]),
                       reinterpret_cast<T*>(w + at[kDequantized]),
                       w + at[kEmbeddingScratch]};
     for (T*& d : dresidual_) d = static_cast<T*>(device_alloc(size_t(N * C) * sizeof(T), MemoryCategory::workspace));
@@ -594,11 +601,35 @@ void Llama<T>::linear_backward(int u, int k, const T* dy, const T* x, T* dx, con
                                const LoraDropout& dropout) {
     const Unit& unit = units_[size_t(u)];
     const LoraShape& s = lora_shapes_[k];
-    matmul_backward(cublas_, dy, x, dense_weight(u, k), dx, base_weight(unit.block_g, k), rows(), s.in, s.out, false,
+    // Replicated kv heads (model/tensor_parallel.h): the ranks reading one kv head each hold a share
+    // of the gradient of its rows of W_qkv (and of its adapter's B); this micro-batch's share is
+    // summed over the group before it is added (sum_replicated_kv).
+    const bool kv_sum = k == kLoraQkv && kv_rows_ > 0;
+    T* dw = base_weight(unit.block_g, k);
+    matmul_backward(cublas_, dy, x, dense_weight(u, k), dx, kv_sum ? nullptr : dw, rows(), s.in, s.out, false,
                     stream_);
+    const int q_rows = shape_.q_width(), hd = shape_.head_dim_resolved();
+    if (kv_sum && dw) {  // dW += dyᵀ·x: the query rows at once, the key and value rows through the sum
+        gemm_dyt_x(cublas_, dy, s.out, x, s.in, dw, s.in, rows(), s.in, q_rows, 1.0, 1.0, stream_);
+        CUDA_CHECK(cudaMemsetAsync(work_.kv_group_grad, 0, size_t(kv_rows_ * s.in) * sizeof(T), stream_));
+        for (int j = 0; j < 2; ++j)
+            gemm_dyt_x(cublas_, dy + q_rows + j * hd, s.out, x, s.in, kv_share(j, s.in), s.in, rows(), s.in, hd, 1.0,
+                       0.0, stream_);
+        sum_replicated_kv(s.in);
+        for (int j = 0; j < 2; ++j)
+            accumulate(dw + (long long)(q_rows + j * hd) * s.in, static_cast<const T*>(kv_share(j, s.in)),
+                       (long long)hd * s.in, stream_);
+    }
     if (s.parts == 0) return;
     T* da = unit.block_g.lora[k].a;
     T* db = unit.block_g.lora[k].b;
+    bool adapts_kv = false;  // W_qkv's adapter has a key or value part
+    for (int p = 0; p < s.parts; ++p) adapts_kv |= s.part[p].out_begin >= q_rows;
+    T* const db_kv_sum = kv_sum && adapts_kv ? db : nullptr;  // B's rows: through lora_b_share
+    if (db_kv_sum) {
+        CUDA_CHECK(cudaMemsetAsync(work_.lora_b_share, 0, size_t(s.out) * s.rank * sizeof(T), stream_));
+        db = work_.lora_b_share;
+    }
     // Tensor parallelism (model/tensor_parallel.h): the adapter matrix every rank of the group holds
     // whole — a column-parallel linear's A (its du is each rank's output rows' share), a
     // row-parallel one's B (its u is each rank's input columns' share) — gets a share of its
@@ -618,6 +649,32 @@ void Llama<T>::linear_backward(int u, int k, const T* dy, const T* x, T* dx, con
         reduce_over_tensor_group(work_.lora_group_grad, count);
         accumulate(whole_grad, static_cast<const T*>(work_.lora_group_grad), count, stream_);
     }
+    if (db_kv_sum) {  // a query part's rows at once; a key or value part's through the sum
+        const size_t r = size_t(s.rank);
+        CUDA_CHECK(cudaMemsetAsync(work_.kv_group_grad, 0, size_t(kv_rows_) * r * sizeof(T), stream_));
+        for (int p = 0; p < s.parts; ++p)
+            if (s.part[p].out_begin >= q_rows)
+                CUDA_CHECK(cudaMemcpyAsync(kv_share((s.part[p].out_begin - q_rows) / hd, s.rank),
+                                           work_.lora_b_share + s.part[p].b_begin * r, size_t(s.part[p].rows) * r *
+                                           sizeof(T), cudaMemcpyDeviceToDevice, stream_));
+        sum_replicated_kv(s.rank);
+        for (int p = 0; p < s.parts; ++p) {
+            const T* share = s.part[p].out_begin < q_rows ? work_.lora_b_share + s.part[p].b_begin * r
+                                                            : kv_share((s.part[p].out_begin - q_rows) / hd, s.rank);
+            accumulate(db_kv_sum + s.part[p].b_begin * r, share, (long long)s.part[p].rows * s.rank, stream_);
+        }
+    }
+}
+
+template <class T>
+T* Llama<T>::kv_share(int j, int width) const {
+    const HeadSlice h = tensor_parallel_heads(config_, tensor_);
+    return work_.kv_group_grad + ((long long)j * config_.num_kv_heads + h.kv_first) * shape_.head_dim_resolved() * width;
+}
+
+template <class T>
+void Llama<T>::sum_replicated_kv(int width) {
+    reduce_over_tensor_group(work_.kv_group_grad, kv_rows_ * width);
 }
 
 template <class T>

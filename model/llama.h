@@ -52,10 +52,10 @@ long long lora_max_a_rows(const LlamaConfig& c, const LoraConfig& lora);
 
 // The workspace the model allocates once for whichever unit is running: the forward's and the
 // backward's transient buffers (arena_bytes of this layout). The memory planner uses this too.
-// `c` is the shape the rank computes with (model/tensor_parallel.h tensor_parallel_shape), `tensor`
-// the size of its tensor-parallel group.
-std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& c, int batch, int seq_len, DType dtype,
-                                                     const LoraConfig& lora, bool nf4, int tensor = 1);
+// `whole` is the whole model; a rank of a tensor-parallel group computes with its shape
+// (model/tensor_parallel.h tensor_parallel_shape).
+std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& whole, int batch, int seq_len, DType dtype,
+                                                     const LoraConfig& lora, bool nf4, TensorParallel tensor = {});
 
 // Typed views of a unit's tensors and activations, resolved once when buffers are allocated or
 // bound (never looked up by name in a step). P is `const T*` for weights, `T*` for gradients
@@ -289,6 +289,8 @@ class Llama {
         T* lora_du = nullptr;               // [N][largest P·r]
         T* lora_dropped = nullptr;          // [N][largest in], with dropout only
         T* lora_group_grad = nullptr;       // tensor parallelism: a replicated adapter matrix's gradient share
+        T* kv_group_grad = nullptr;         // replicated kv heads: their gradient rows, summed over the group
+        T* lora_b_share = nullptr;          // replicated kv heads: W_qkv's adapter B's gradient share
         T* dequantized = nullptr;           // NF4: the largest linear weight, dequantised before its GEMM
         void* embedding_scratch = nullptr;  // the embedding backward's sorted positions
     };
@@ -316,6 +318,11 @@ class Llama {
     LlamaConfig shape_;   // what this rank computes: its tensor-parallel slice's heads and ffn
     TensorParallel tensor_;
     std::function<void(void*, long long)> tensor_reduce_;
+    // Replicated kv heads: where part j (0: keys, 1: values) of this rank's kv head sits in the
+    // whole-model buffer kv_group_grad, rows `width` wide; the sum of that buffer over the group.
+    T* kv_share(int j, int width) const;
+    void sum_replicated_kv(int width);
+    long long kv_rows_ = 0;  // replicated_kv_rows (model/tensor_parallel.h): 0 unless the kv heads are replicated
     void reduce_over_tensor_group(T* data, long long count) {
         if (tensor_.size == 1) return;
         if (!tensor_reduce_)

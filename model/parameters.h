@@ -58,8 +58,12 @@ struct TensorPart {
 };
 
 // Local rows [local, local + rows) of a slice are the whole tensor's rows [whole, whole + rows).
+// copy: another rank of the group holds the same rows and is the one that counts them (a replicated
+// key/value head on a rank after the first that reads it): the gradient norm and a checkpoint's join
+// take them from that rank.
 struct RowRun {
     long long local = 0, whole = 0, rows = 0;
+    bool copy = false;
 };
 
 // Where a tensor-parallel rank's block of a tensor sits in the whole tensor (model/tensor_parallel.h):

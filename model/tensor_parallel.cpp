@@ -26,6 +26,7 @@ std::string tensor_parallel_problem(const LlamaConfig& c, int t) {
 // The rows of a whole tensor's part a slice keeps: Hugging Face rows [begin, begin + count).
 struct Keep {
     long long begin = 0, count = 0;
+    bool copy = false;  // RowRun::copy
 };
 
 // The slice of `whole` made of, for each of its parts, the rows keep(part) of it (the parts'
@@ -41,7 +42,7 @@ TensorSpec slice_rows(const TensorSpec& whole, KeepOf keep_of) {
         if (k.begin < 0 || k.begin + k.count > p.rows)
             throw std::logic_error("tensor parallelism: a slice outside part " + p.hf_name + " of " + whole.name);
         s.parts.push_back(TensorPart{p.hf_name, local, k.count, p.hf_row_begin + k.begin, p.whole_rows()});
-        s.slice.runs.push_back(RowRun{local, p.row_begin + k.begin, k.count});
+        s.slice.runs.push_back(RowRun{local, p.row_begin + k.begin, k.count, k.copy});
         local += k.count;
     }
     s.rows = local;
@@ -77,6 +78,10 @@ void check_tensor_parallel(const LlamaConfig& c, int size) {
 
 bool kv_heads_replicated(const LlamaConfig& c, int size) { return c.num_kv_heads % size != 0; }
 
+long long replicated_kv_rows(const LlamaConfig& c, int size) {
+    return kv_heads_replicated(c, size) ? 2LL * c.num_kv_heads * c.head_dim_resolved() : 0;
+}
+
 HeadSlice tensor_parallel_heads(const LlamaConfig& c, TensorParallel tp) {
     check_tensor_parallel(c, tp.size);
     if (tp.rank < 0 || tp.rank >= tp.size)
@@ -89,8 +94,10 @@ HeadSlice tensor_parallel_heads(const LlamaConfig& c, TensorParallel tp) {
         h.kv_count = c.num_kv_heads / tp.size;
         h.kv_first = tp.rank * h.kv_count;
     } else {  // this rank's query heads all read one kv head (check_tensor_parallel)
+        const int group = c.num_heads / c.num_kv_heads;
         h.kv_count = 1;
-        h.kv_first = h.q_first / (c.num_heads / c.num_kv_heads);
+        h.kv_first = h.q_first / group;
+        h.kv_copy = h.q_first % group != 0;  // the head's first reader holds it at its first query head
     }
     return h;
 }
@@ -112,7 +119,8 @@ std::vector<UnitSpec> tensor_parallel_units(const LlamaConfig& c, const LoraConf
     // The Hugging Face rows a column-parallel weight (or its LoRA B) keeps of each module.
     const auto keep = [&](const TensorPart& p) {
         if (names_module(p, "q_proj")) return Keep{h.q_first * hd, h.q_count * hd};
-        if (names_module(p, "k_proj") || names_module(p, "v_proj")) return Keep{h.kv_first * hd, h.kv_count * hd};
+        if (names_module(p, "k_proj") || names_module(p, "v_proj"))
+            return Keep{h.kv_first * hd, h.kv_count * hd, h.kv_copy};
         if (names_module(p, "gate_proj") || names_module(p, "up_proj")) return Keep{f_first, f};
         throw std::logic_error("tensor parallelism: no rule for " + p.hf_name);
     };
@@ -133,6 +141,23 @@ std::vector<UnitSpec> tensor_parallel_units(const LlamaConfig& c, const LoraConf
     return units;
 }
 
+std::vector<std::pair<long long, long long>> counted_ranges(const GroupLayout& g, int rank) {
+    if (rank == 0) return {{0, g.padded}};
+    std::vector<std::pair<long long, long long>> ranges;
+    const auto add = [&](long long begin, long long end) {
+        if (!ranges.empty() && ranges.back().second == begin)
+            ranges.back().second = end;
+        else
+            ranges.push_back({begin, end});
+    };
+    for (const TensorSlot& t : g.tensors) {
+        if (t.spec.slice.whole()) continue;  // rank 0's
+        for (const RowRun& run : t.spec.slice.runs)
+            if (!run.copy) add(t.offset + run.local * t.spec.cols, t.offset + (run.local + run.rows) * t.spec.cols);
+    }
+    return ranges;
+}
+
 std::vector<uint8_t> join_tensor_slices(const GroupLayout& whole, const std::vector<GroupLayout>& slices,
                                         const std::vector<const uint8_t*>& slice_bytes, size_t element) {
     if (slices.size() != slice_bytes.size() || slices.empty())
@@ -146,12 +171,17 @@ std::vector<uint8_t> join_tensor_slices(const GroupLayout& whole, const std::vec
             const TensorSlot& w = whole.find(t.spec.name);
             if (t.spec.whole_numel() != w.spec.numel() || t.spec.whole_cols() != w.spec.cols)
                 throw std::invalid_argument("join_tensor_slices: '" + t.spec.name + "' is a slice of another shape");
-            // A row of the slice is a run of one row of the whole tensor (its columns from col_begin).
+            // A row of the slice is a run of one row of the whole tensor (its columns from col_begin);
+            // a copy's rows come from the rank that counts them.
             const size_t row_bytes = size_t(t.spec.cols) * element;
-            for (long long row = 0; row < t.spec.rows; ++row)
-                std::memcpy(out.data() + size_t(w.offset + t.spec.whole_index(row * t.spec.cols)) * element,
-                            slice_bytes[r] + size_t(t.offset + row * t.spec.cols) * element, row_bytes);
-            written += t.spec.numel();
+            const std::vector<RowRun> all{RowRun{0, 0, t.spec.rows}};
+            for (const RowRun& run : t.spec.slice.whole() ? all : t.spec.slice.runs) {
+                if (run.copy) continue;
+                for (long long row = run.local; row < run.local + run.rows; ++row)
+                    std::memcpy(out.data() + size_t(w.offset + t.spec.whole_index(row * t.spec.cols)) * element,
+                                slice_bytes[r] + size_t(t.offset + row * t.spec.cols) * element, row_bytes);
+                written += run.rows * t.spec.cols;
+            }
         }
     long long expected = 0;
     for (const TensorSlot& w : whole.tensors) expected += w.spec.numel();

@@ -33,14 +33,18 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace pv {
 
 // The attention heads a rank holds: query heads [q_first, q_first + q_count), kv heads
 // [kv_first, kv_first + kv_count).
+// kv_copy: the kv heads are replicated and a rank before this one holds them too (its rows of
+// them are RowRun::copy).
 struct HeadSlice {
     int q_first = 0, q_count = 0, kv_first = 0, kv_count = 0;
+    bool kv_copy = false;
 };
 
 // Whether block linear k (model/lora.h LoraLinear) is column-parallel (W_qkv, W_gate_up: rows
@@ -54,10 +58,21 @@ bool tensor_parallel_fits(const LlamaConfig& c, int size);
 HeadSlice tensor_parallel_heads(const LlamaConfig& c, TensorParallel tp);
 // Whether the kv heads are replicated across the group (T does not divide Hkv).
 bool kv_heads_replicated(const LlamaConfig& c, int size);
+// The whole model's key and value rows of W_qkv (2·Hkv·head_dim) when T replicates the kv heads,
+// else 0: the rows of the buffer in which a replicated head's weight gradient is summed over the
+// group (each rank adds its share at its head's rows, zeros elsewhere).
+long long replicated_kv_rows(const LlamaConfig& c, int size);
 
 // model_units(c, lora) with every block tensor replaced by rank tp.rank's slice of it (the
 // embedding and the head whole). tp.size = 1: model_units itself.
 std::vector<UnitSpec> tensor_parallel_units(const LlamaConfig& c, const LoraConfig& lora, TensorParallel tp);
+
+// The element ranges [begin, end) of group g (a rank's slices) that tensor rank `rank` counts in
+// a sum over the group's elements that takes each whole element once, such as the gradient norm:
+// the whole group on rank 0; on the others their slices without their copies (RowRun::copy), the
+// whole tensors being rank 0's. Adjacent ranges are merged. Padding and alignment gaps are zero in
+// a gradient, so rank 0's range spans them.
+std::vector<std::pair<long long, long long>> counted_ranges(const GroupLayout& g, int rank);
 
 // The bytes of a group of whole tensors (layout `whole`) from the T ranks' slices of it: rank r's
 // group (layout slices[r]) at slice_bytes[r], in values of `element` bytes (the parameters' type or

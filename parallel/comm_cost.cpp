@@ -5,6 +5,7 @@
 #include "parallel/plan.h"
 #include "parallel/policy.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace pv {
@@ -36,7 +37,7 @@ StepWire step_wire(const LlamaConfig& config, DType dtype, const GroupOptions& g
 }
 
 TensorWire tensor_parallel_wire(const LlamaConfig& config, DType dtype, const LoraConfig& lora, int tensor,
-                                long long rows, int micro_steps, int recomputed) {
+                                long long rows, int micro_steps, int recomputed, int trained_qkv) {
     if (tensor <= 1) return {};
     const double t = double(dtype_size(dtype)), ring = 2.0 * (tensor - 1) / tensor;
     const double activation = double(rows) * config.hidden_size;
@@ -51,6 +52,16 @@ TensorWire tensor_parallel_wire(const LlamaConfig& config, DType dtype, const Lo
         const bool column = column_parallel(k);  // the whole matrix: A (column-parallel) or B
         w.all_reduces += (long long)(micro * blocks);
         elements += micro * blocks * (column ? double(s.a_rows(lora.rank)) * s.in : double(s.b_rows()) * lora.rank);
+    }
+    const double kv_rows = double(replicated_kv_rows(config, tensor));
+    if (kv_rows > 0) {  // the replicated kv heads' weight gradient rows (and their adapter's B)
+        w.all_reduces += (long long)(micro * trained_qkv);
+        elements += micro * trained_qkv * kv_rows * config.hidden_size;
+        const std::vector<LoraPart>& parts = linears[size_t(kLoraQkv)].parts;
+        if (std::any_of(parts.begin(), parts.end(), [&](const LoraPart& p) { return p.out_begin >= config.q_width(); })) {
+            w.all_reduces += (long long)(micro * blocks);
+            elements += micro * blocks * kv_rows * lora.rank;
+        }
     }
     w.bytes = ring * elements * t;
     return w;

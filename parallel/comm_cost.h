@@ -55,12 +55,15 @@ double step_wire_bytes(const LlamaConfig& config, DType dtype, const GroupOption
 // input gradients of W_qkv and W_gate_up), one more when the block is recomputed (after W_o: the
 // recompute skips the down projection); with LoRA, one per adapted linear of the adapter matrix
 // every rank holds whole (a column-parallel base's A, P·r × hidden; a row-parallel one's B,
-// hidden × r). Bytes by the ring: 2·(T−1)/T of each. Zero for T = 1.
+// hidden × r). When T replicates the kv heads (model/tensor_parallel.h), one more per block and
+// micro-batch of the whole model's kv rows (replicated_kv_rows) × hidden for each of the
+// `trained_qkv` blocks whose W_qkv trains, and × r for W_qkv's adapter when it adapts k or v.
+// Bytes by the ring: 2·(T−1)/T of each. Zero for T = 1.
 struct TensorWire {
     long long all_reduces = 0;
     double bytes = 0;
 };
 TensorWire tensor_parallel_wire(const LlamaConfig& config, DType dtype, const LoraConfig& lora, int tensor,
-                                long long rows, int micro_steps, int recomputed);
+                                long long rows, int micro_steps, int recomputed, int trained_qkv);
 
 }  // namespace pv

@@ -105,8 +105,8 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     m.add("recompute arena (checkpointing)", C::activations, double(arenas.recompute_bytes));
     m.add("workspace (one unit's transients)", C::workspace,
           double(arena_bytes(
-              model_workspace_layout(shape, q.micro_batch, q.seq_len, q.dtype, q.groups.lora, q.groups.nf4,
-                                     place.tensor.size))) +
+              model_workspace_layout(q.config, q.micro_batch, q.seq_len, q.dtype, q.groups.lora, q.groups.nf4,
+                                     place.tensor))) +
               2 * rows * hidden * t);  // + the residual stream's two gradient buffers
     m.add("RoPE table", C::workspace, double(rope_inverse_frequencies(q.config).size()) * 2 * q.seq_len * a);
 

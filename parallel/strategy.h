@@ -80,16 +80,8 @@ class Strategy {
         norm_scratch_ = DeviceBuffer<uint8_t>(sum_of_squares_scratch_bytes<G>(largest), MemoryCategory::workspace);
         unit_norms_ = DeviceBuffer<double>(2 * size_t(model.num_units()), MemoryCategory::workspace);
         // The ranges of each unit's trainable group this rank's squares count in the norm (header).
-        const bool copies_counted_elsewhere = mesh_->coords().tensor > 0;
-        for (int u = 0; u < model.num_units(); ++u) {
-            std::vector<std::pair<long long, long long>> ranges;
-            if (!copies_counted_elsewhere)
-                ranges.push_back({0, model.trainable(u).padded});
-            else
-                for (const TensorSlot& t : model.trainable(u).tensors)
-                    if (!t.spec.slice.whole()) ranges.push_back({t.offset, t.offset + t.spec.numel()});
-            norm_ranges_.push_back(std::move(ranges));
-        }
+        for (int u = 0; u < model.num_units(); ++u)
+            norm_ranges_.push_back(counted_ranges(model.trainable(u), mesh_->coords().tensor));
         if (comm_) {
             reduced_.resize(size_t(model.num_units()));
             for (cudaEvent_t& e : reduced_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));

@@ -12,6 +12,7 @@
 #include "test/error_of.h"
 #include "test/temp_dir.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <string>
@@ -161,7 +162,7 @@ TEST_CASE("tensor parallelism: slices join into whole tensors, and read back out
         for (const auto& unit : whole) whole_groups.push_back(unit.front()), file.units.push_back(filled(unit.front()));
         const std::string path = dir.file(tied ? "tied.safetensors" : "untied.safetensors");
         pv::write_group_tensors(path, whole_groups, file);
-        for (int t : {2, 4}) {
+        for (int t : {2, 4, 12}) {  // 12: each kv head on three ranks
             std::vector<std::vector<std::vector<pv::GroupLayout>>> ranks;
             for (int r = 0; r < t; ++r) ranks.push_back(pv::model_layouts(c, pv::DType::fp64, 2, {{}, {}, false, true, {t, r}}));
             for (size_t u = 0; u < whole.size(); ++u) {
@@ -172,6 +173,18 @@ TEST_CASE("tensor parallelism: slices join into whole tensors, and read back out
                 for (int r = 0; r < t; ++r) slices.push_back(ranks[size_t(r)][u].front()), bytes.push_back(filled(slices.back()));
                 for (const auto& b : bytes) at.push_back(b.data());
                 CHECK(pv::join_tensor_slices(whole[u].front(), slices, at, sizeof(double)) == file.units[u]);
+                // The ranges the ranks count (the gradient norm's) take each whole element once.
+                std::map<std::string, std::vector<int>> counted;
+                for (const pv::TensorSlot& w : whole[u].front().tensors) counted[w.spec.name].resize(size_t(w.spec.numel()));
+                for (int r = 0; r < t; ++r)
+                    for (const auto& [begin, end] : pv::counted_ranges(slices[size_t(r)], r))
+                        for (const pv::TensorSlot& s : slices[size_t(r)].tensors)
+                            for (long long i = std::max(begin, s.offset); i < std::min(end, s.offset + s.spec.numel()); ++i)
+                                ++counted[s.spec.name][size_t(s.spec.whole_index(i - s.offset))];
+                for (const auto& [name, count] : counted) {
+                    INFO(name);
+                    CHECK(std::all_of(count.begin(), count.end(), [](int n) { return n == 1; }));
+                }
                 // A rank short: an element of a whole block tensor unwritten.
                 if (u >= 1 && u <= size_t(c.num_layers)) {  // a block
                     slices.pop_back(), at.pop_back();

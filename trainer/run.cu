@@ -11,6 +11,7 @@
 #include "model/flops.h"
 #include "model/freeze.h"
 #include "model/llama.h"
+#include "model/tensor_parallel.h"
 #include "optim/optimizer.cuh"
 #include "optim/schedule.h"
 #include "parallel/strategies.h"
@@ -372,6 +373,12 @@ class TrainingRun {
         if (world_.size() > 1) {
             std::printf("mesh: %s\n", describe_mesh(plan_.mesh).c_str());
             if (!strategy_->mesh().warning().empty()) std::printf("warning: %s\n", strategy_->mesh().warning().c_str());
+            const int t = plan_.mesh.tensor, kv = config_.num_kv_heads;
+            if (t > 1 && kv_heads_replicated(config_, t))
+                std::printf("tensor parallelism: --tp %d does not split the %d key/value heads, so each is replicated on "
+                            "the %d ranks whose query heads read it (Megatron's rule); their gradients are summed over "
+                            "the group\n",
+                            t, kv, t / kv);  // T/Hkv: model/tensor_parallel.h
         }
         if (plan_.pipelined()) {
             const std::vector<int>& stages = plan_.stage_bounds;

@@ -43,6 +43,7 @@ struct Case {
     int chunks = 1;  // mp, interleaved: chunks per rank (a model of ranks·chunks blocks)
     int stages = 0;  // ddp, zero1: --pipeline-stages
     int tensor = 1;  // --tp
+    int kv_heads = 2;  // of 4 query heads under --tp: 1 is replicated on both ranks of a group of 2
 };
 
 bool piped(const Case& c) { return c.strategy == "mp" || c.stages > 1; }
@@ -118,7 +119,7 @@ template <class T, class G>
 double check_case(const Case& c, pv::Comm* comm, const char* dtype) {
     const int ranks = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
     pv::LlamaConfig config = pv::test::awkward_model(ranks, c.tied, c.chunks > 1 ? ranks * c.chunks : 2);
-    if (c.tensor > 1) config.num_heads = 4, config.num_kv_heads = 2, config.ffn_size = 34;  // split by 2: 17 each
+    if (c.tensor > 1) config.num_heads = 4, config.num_kv_heads = c.kv_heads, config.ffn_size = 34;  // 17 each of 2
     pv::PlanRequest q;
     q.config = config, q.dtype = pv::dtype_of<T>(), q.groups = groups_of(c.variant);
     q.strategy.kind = pv::strategy_kind(c.strategy), q.strategy.in_flight = piped(c) ? c.microbatches : 0, q.strategy.pipeline = c.pipeline;
@@ -240,11 +241,13 @@ TEST_CASE("the memory planner equals the measured peaks of a real step", "[plann
     check_case<double, double>({"ddp", "full", false, 1, O::none, {}, f1b1, 1, 0, 2}, comm, "fp64");
     check_case<__nv_bfloat16, __nv_bfloat16>({"ddp", "frozen", true, 1, O::none, every, f1b1, 1, 0, 2}, comm, "bf16");
     check_case<float, float>({"ddp", "lora", true, 1, O::none, half, f1b1, 1, 0, 2}, comm, "fp32");
+    check_case<double, double>({"ddp", "lora", false, 1, O::none, {}, f1b1, 1, 0, 2, 1}, comm, "fp64");  // kv replicated
     if (world.size() % 4 == 0) {  // ZeRO needs more than one data-parallel rank to shard over
         check_case<__nv_bfloat16, __nv_bfloat16>({"zero3", "full", true, 1, O::none, every, f1b1, 1, 0, 2}, comm,
                                                  "bf16");
         check_case<__nv_bfloat16, float>({"zero1", "frozen", false, 1, O::none, {}, f1b1, 1, 0, 2}, comm, "bf16");
         check_case<double, double>({"zero3", "lora", false, 1, O::none, {}, f1b1, 1, 0, 2}, comm, "fp64");
+        check_case<float, float>({"zero2", "full", true, 1, O::none, {}, f1b1, 1, 0, 2, 1}, comm, "fp32");
     }
     // Pipeline × data parallelism (4 ranks and more): two 1F1B stages, each replicated under ddp or zero1.
     if (world.size() % 4 == 0) {

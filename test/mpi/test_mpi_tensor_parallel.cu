@@ -8,7 +8,8 @@
 // grouped-query attention, tied and untied embeddings, with and without activation checkpointing;
 // LoRA on every linear with dropout (the adapters' B set to values keyed by their whole index, so
 // that A's gradient is not zero: a replicated A or B's gradient shares summed over the group, each
-// row-parallel input's mask keyed as the whole input's), alone and with checkpointing.
+// row-parallel input's mask keyed as the whole input's), alone and with checkpointing. Replicated
+// key/value heads (T above or not dividing them): their rows' gradient shares summed over the group.
 #include <catch2/catch.hpp>
 
 #include "model/llama.h"
@@ -136,11 +137,19 @@ void check_against_whole(const pv::LlamaConfig& c, pv::Comm& comm, const pv::Act
         calls += micro * L * 4;
         elements += micro * L * (3 * r * C + C * r + 2 * r * C + C * r);
     }
+    // Replicated kv heads: each block's whole kv rows (2·Hkv·head_dim) of W_qkv's gradient, r wide
+    // for its adapter's B (the base frozen).
+    if (c.num_kv_heads % comm.size() != 0) {
+        const long long kv_rows = 2LL * c.num_kv_heads * c.head_dim;
+        calls += micro * L;
+        elements += micro * L * kv_rows * (lora.enabled() ? lora.rank : C);
+    }
     for (size_t k = 0; k < mine.wire.calls.size(); ++k)
         CHECK(mine.wire.calls[k] == (k == size_t(K::all_reduce) ? calls : 0));
     const double ring = 2.0 * (comm.size() - 1) / comm.size();
     CHECK(mine.wire.wire_bytes == Approx(ring * double(elements) * 8).epsilon(1e-12));
-    const pv::TensorWire model = pv::tensor_parallel_wire(c, pv::DType::fp64, lora, comm.size(), rows, 2, recomputed);
+    const pv::TensorWire model = pv::tensor_parallel_wire(c, pv::DType::fp64, lora, comm.size(), rows, 2, recomputed,
+                                                          lora.enabled() ? 0 : int(L));
     CHECK(model.all_reduces == calls);
     CHECK(model.bytes == Approx(mine.wire.wire_bytes).epsilon(1e-12));
     CHECK(std::abs(mine.loss - whole.loss) <= 1e-12 * std::abs(whole.loss));
@@ -174,6 +183,9 @@ TEST_CASE("tensor parallelism over the job's ranks trains what one rank trains",
     for (int kv : {8, 4})
         for (bool tied : {true, false}) check_against_whole(model(kv, tied), comm, {});
     check_against_whole(model(4, false), comm, pv::ActivationCheckpointing{true, 0});
+    // Replicated kv heads: one (multi-query) on every rank; at 4 ranks two, each on two ranks.
+    check_against_whole(model(1, true), comm, {});
+    check_against_whole(model(2, false), comm, pv::ActivationCheckpointing{true, 0});
 }
 
 TEST_CASE("LoRA under tensor parallelism trains what it trains on one rank, dropout included",
@@ -183,17 +195,14 @@ TEST_CASE("LoRA under tensor parallelism trains what it trains on one rank, drop
     lora.rank = 3, lora.alpha = 6, lora.dropout = 0.25;  // every linear: q, k, v, o, gate, up, down
     check_against_whole(model(4, true), world.comm(), {}, lora);
     check_against_whole(model(8, false), world.comm(), pv::ActivationCheckpointing{true, 0}, lora);
+    check_against_whole(model(1, false), world.comm(), {}, lora);  // a replicated kv head's B
 }
 
 TEST_CASE("tensor parallelism refuses what this build does not split", "[tensor_parallel]") {
     pv::ModelOptions o = pv::whole_model(kBatch, kSeq, 17);
     pv::LlamaConfig c = model(4, true);
     c.ffn_size = 32;  // 8 ranks split it (4 each)
-    o.placement.tensor = {8, 0};
     o.tensor_reduce = [](void*, long long) {};
-    // 8 ranks over 4 kv heads: each kv head on two ranks, whose gradients would need summing.
-    CHECK_THROWS_WITH((pv::Llama<double>(c, o)),
-                      Catch::Contains("needs 8 to divide the 4 key/value heads in this build"));
     o.placement.tensor = {3, 0};
     CHECK_THROWS_WITH((pv::Llama<double>(c, o)),
                       Catch::Contains("3 does not divide the 8 query heads of tp-test; --tp can be 1, 2, 4, 8"));
