@@ -11,6 +11,7 @@
 #include "parallel/comm_cost.h"
 #include "parallel/memory.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -132,5 +133,26 @@ int main(int argc, char** argv) {
     big.batch = filling_batch(big.config, "zero3", 8, 2048, budget);
     big.optimizer_shards = 8;
     print_step("Full fine-tuning of 8B needs sharding", big, "zero3", 8, kernels);
+    {  // one rank of a tensor-parallel group: its slices' kernels, and the group's all-reduces over NVLink
+        StepShape tp{preset("llama-3.1-8b"), 1, 4096, 8, 2};
+        tp.checkpointing = ActivationCheckpointing{true, 0};
+        std::printf("\n## Tensor parallelism (--tp T): %s, 8 micro-batches of 1 x 4096, every block recomputed, "
+                    "one rank of the group\n\nThe group's all-reduces over NVLink 450 GB/s (parallel/comm_cost.h "
+                    "tensor_parallel_wire); the data-parallel gradient all-reduce over 8/T ranks comes on top.\n\n"
+                    "| T | compute (ms) | all-reduces per step | GB sent per rank | NVLink (ms) | step (ms), overlapped - "
+                    "serial | MFU |\n|---:|---:|---:|---:|---:|---:|---:|\n",
+                    tp.config.name.c_str());
+        for (int t : {1, 2, 4, 8}) {
+            tp.tensor = t;
+            const StepPrediction p = predict_step(tp, KernelSet::now);
+            const TensorWire w = tensor_parallel_wire(tp.config, DType::bf16, {}, t, 4096, tp.accumulation,
+                                                      tp.config.num_layers, tp.config.num_layers);
+            const double comm = w.bytes / kNvlinkBytesPerS, serial = p.seconds + comm;
+            const double overlapped = std::max(p.seconds, comm), peak = Device{}.tensor_bf16_flops;
+            std::printf("| %d | %.1f | %lld | %.2f | %.1f | %.1f - %.1f | %.1f-%.1f%% |\n", t, p.seconds * 1e3,
+                        w.all_reduces, w.bytes / 1e9, comm * 1e3, overlapped * 1e3, serial * 1e3,
+                        100 * p.model_flops / (serial * peak), 100 * p.model_flops / (overlapped * peak));
+        }
+    }
     return 0;
 }

@@ -2,6 +2,7 @@
 #include "model/step_cost.h"
 
 #include "model/flops.h"
+#include "model/tensor_parallel.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -139,8 +140,8 @@ std::vector<KernelCost> rope(long long N, int heads, int hd, int t, int a, bool 
 }
 
 // elementwise_kernel: a and b read, out written.
-std::vector<KernelCost> add(long long n, int t) {
-    return {kernel("elementwise_kernel", "residual add", 2.0 * double(n) * t, double(n) * t, double(n), kVector)};
+std::vector<KernelCost> add(long long n, int t, const std::string& op) {
+    return {kernel("elementwise_kernel", op, 2.0 * double(n) * t, double(n) * t, double(n), kVector)};
 }
 
 namespace {
@@ -366,8 +367,11 @@ std::vector<KernelCost> adapter_backward(long long N, const Projection& p, int r
 
 }  // namespace
 
+// Tensor parallelism's gradient sums: a share added to the gradient after the group's sum.
+const char* const kShareAdded = "tensor parallelism: gradient share added";
+
 std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
-    const LlamaConfig& c = s.config;
+    const LlamaConfig c = tensor_parallel_shape(s.config, {s.tensor, 0});  // every rank's shape is rank 0's
     const int t = s.t, a = 4, C = c.hidden_size, F = c.ffn_size, V = c.vocab_size, hd = c.head_dim_resolved();
     const int H = c.num_heads, Hkv = c.num_kv_heads, L = c.num_layers;
     const long long N = (long long)s.batch * s.seq_len;
@@ -443,9 +447,41 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     append(k, cost::rope(N, H, hd, t, a, false, s.seq_len), layers);
     append(k, cost::rope(N, Hkv, hd, t, a, false, s.seq_len), layers);
     append(k, cost::gemm(N, C, c.qkv_width(), t, false, "q, k, v backward: dX"), layers);
-    weight_gradient(k, c.qkv_width(), C, "q, k, v backward: dW", layers);
+    const long long kv_rows = replicated_kv_rows(s.config, s.tensor);  // > 0: the kv heads replicated
+    if (kv_rows == 0) {
+        weight_gradient(k, c.qkv_width(), C, "q, k, v backward: dW", layers);
+    } else if (full) {  // the query rows at once; the key and value rows into the buffer that is summed
+        weight_gradient(k, c.q_width(), C, "q backward: dW", layers);
+        append(k, cost::memset(double(kv_rows) * C * t, "replicated kv heads: weight gradient share zeroed"), layers);
+        append(k, cost::gemm(hd, C, N, t, false, "k, v backward: dW share"), 2 * layers);
+        append(k, cost::add((long long)hd * C, t, kShareAdded), 2 * layers);
+    }
     append(k, cost::rmsnorm_backward(N, C, t, a, full), layers);
     for (const Projection& p : targeted) append(k, adapter_backward(N, p, s.lora.rank, t), layers);
+    if (s.tensor > 1) {  // the gradient sums over the group (model/llama.cu linear_backward), zeroed then added
+        const std::vector<LoraLinearShape> shapes = lora_linears(c, s.lora);
+        for (int j = 0; j < kLoraLinears; ++j) {
+            const LoraLinearShape& a = shapes[size_t(j)];
+            if (a.parts.empty()) continue;
+            const double whole = column_parallel(j) ? double(a.a_rows(s.lora.rank)) * a.in : double(a.b_rows()) * s.lora.rank;
+            append(k, cost::memset(whole * t, "tensor parallelism: adapter gradient share zeroed"), layers);
+            append(k, cost::add((long long)whole, t, kShareAdded), layers);
+        }
+        // Replicated kv heads with W_qkv's adapter on k or v: B's gradient into a share, its kv
+        // parts copied into the buffer that is summed, every part added back.
+        const LoraLinearShape& qkv = shapes[size_t(kLoraQkv)];
+        double kv_b_rows = 0;
+        for (const LoraPart& p : qkv.parts) kv_b_rows += p.out_begin >= c.q_width() ? p.rows : 0;
+        if (kv_rows > 0 && kv_b_rows > 0) {
+            const double r = s.lora.rank;
+            append(k, cost::memset(double(c.qkv_width()) * r * t, "replicated kv heads: B gradient share zeroed"),
+                   layers);
+            append(k, cost::memset(double(kv_rows) * r * t, "replicated kv heads: B gradient sum zeroed"), layers);
+            append(k, cost::memcpy(kv_b_rows * r * t, "replicated kv heads: B gradient share copied"), layers);
+            for (const LoraPart& p : qkv.parts)
+                append(k, cost::add((long long)p.rows * s.lora.rank, t, kShareAdded), layers);
+        }
+    }
     if (full) append(k, cost::embedding_backward(N, C, distinct, t), micro);
     for (size_t i = backward_from; i < k.size(); ++i) k[i].phase = StepPhase::backward;
     const size_t update_from = k.size();
@@ -500,7 +536,8 @@ PhaseSeconds predict_phases(const StepShape& s, KernelSet set, const Device& d) 
 StepPrediction predict_step(const StepShape& s, KernelSet set, const Device& d) {
     StepPrediction p;
     for (const KernelCost& k : step_kernels(s, set)) p.seconds += predicted_seconds(k, d) * k.count;
-    p.model_flops = training_flops_per_token(s.config, s.seq_len) * double(s.batch) * s.seq_len * s.accumulation;
+    p.model_flops =
+        training_flops_per_token(s.config, s.seq_len) * double(s.batch) * s.seq_len * s.accumulation / s.tensor;
     p.mfu = p.model_flops / (p.seconds * d.tensor_bf16_flops);
     return p;
 }

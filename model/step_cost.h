@@ -93,7 +93,7 @@ std::vector<KernelCost> swiglu_forward(long long N, int F, int t);
 std::vector<KernelCost> swiglu_backward(long long N, int F, int t);
 // table_rows: the distinct positions of the N rows (the RoPE table's rows read).
 std::vector<KernelCost> rope(long long N, int heads, int hd, int t, int a, bool positions, long long table_rows);
-std::vector<KernelCost> add(long long n, int t);
+std::vector<KernelCost> add(long long n, int t, const std::string& op = "residual add");
 // bf16 at head dims 64 and 128: the tensor-core forward.
 std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions);
 // The CUDA-core forward.
@@ -142,6 +142,13 @@ struct StepShape {
     // Each recomputing block runs its forward again before its backward, less the down projection
     // and the residual add (their output is what the block keeps): model/activations.h.
     ActivationCheckpointing checkpointing{};
+    // --tp: one rank of a tensor-parallel group of this size, whose blocks compute at its shape
+    // (model/tensor_parallel.h tensor_parallel_shape: its heads and ffn share) and whose adapters
+    // and optimizer step are its slices', the embedding and head whole; plus each micro-batch's
+    // gradient sums of LoRA's whole matrices and of replicated kv heads (a zeroing and an
+    // accumulate per sum). The group's all-reduces are communication (parallel/comm_cost.h
+    // tensor_parallel_wire), not priced here; model_flops is the rank's 1/T of the step's.
+    int tensor = 1;
 };
 
 // Which kernels: those of the issue-15 code (now), or those it replaced (before), for the

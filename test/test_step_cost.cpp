@@ -82,6 +82,42 @@ TEST_CASE("step cost: LoRA's GEMMs are the frozen base's forward and input gradi
     CHECK_THROWS_AS(pv::step_kernels(lora, pv::KernelSet::before), std::invalid_argument);
 }
 
+// Tensor parallelism over 2 ranks of the hand-built model (2 query heads, 1 kv head: each rank one
+// query head and the kv head replicated): a rank's GEMMs are its slices' — per block Wq 6×8, Wk
+// 6×8 and Wv 6×8 (the whole kv head), Wo 8×6, Wgate, Wup 6×8, Wdown 8×6 — and the whole head's;
+// the replicated kv head's weight gradient share is zeroed, and its k and v rows added after the
+// sum; LoRA's adapters are the slices' (q: 8 in, 6 out; v: 8 in, 6 out; down: 6 in, 8 out), each
+// whole matrix's gradient share zeroed and added; the rank's model FLOPs are half the step's.
+TEST_CASE("step cost: a tensor-parallel rank computes its slices, the head whole", "[step_cost][tensor_parallel]") {
+    pv::StepShape one;
+    one.config = pv_test::hand_built(true), one.batch = 3, one.seq_len = 5, one.accumulation = 2, one.t = 2;
+    pv::StepShape two = one;
+    two.tensor = 2;
+    const double tokens = 3.0 * 5 * 2, slice = 7 * 48, head = 80;
+    CHECK(sums(two).gemm_flops == Approx(6 * (2 * slice + head) * tokens).epsilon(1e-12));
+    double zeroed = 0, kv_added = 0, update = 0;
+    for (const pv::KernelCost& k : pv::step_kernels(two, pv::KernelSet::now)) {
+        if (k.op == "replicated kv heads: weight gradient share zeroed") zeroed += k.written_bytes * k.count;
+        if (k.op == "tensor parallelism: gradient share added") kv_added += k.written_bytes * k.count;
+        if (k.kernel.find("adamw") != std::string::npos) update += k.count;
+    }
+    CHECK(zeroed == 2 * 2 * (2 * 6) * 8 * 2);  // per block and micro-batch the whole model's 12 kv rows × 8, bf16
+    CHECK(kv_added == 2 * (6 * 8) * 2 * 2 * 2);  // its k and v rows (6 × 8 each), per block and micro-batch
+    CHECK(update == 2 + 2);  // one AdamW per unit: the blocks, the embedding, the head (its final norm)
+    const pv::StepPrediction p1 = pv::predict_step(one, pv::KernelSet::now), p2 = pv::predict_step(two, pv::KernelSet::now);
+    CHECK(p2.model_flops == Approx(p1.model_flops / 2).epsilon(1e-12));
+
+    two.lora.rank = 4;
+    two.lora.targets = {"q_proj", "v_proj", "down_proj"};
+    const double adapter_dims = (8 + 6) + (8 + 6) + (6 + 8);
+    CHECK(sums(two).gemm_flops == Approx(4 * (2 * slice + head) * tokens + 6 * 4 * adapter_dims * 2 * tokens).epsilon(1e-12));
+    // Each micro-batch and block: the whole A of q/v (2·4 × 8) and B of down (8 × 4) zeroed, bf16.
+    double shares = 0;
+    for (const pv::KernelCost& k : pv::step_kernels(two, pv::KernelSet::now))
+        if (k.op == "tensor parallelism: adapter gradient share zeroed") shares += k.written_bytes * k.count;
+    CHECK(shares == (2 * 4 * 8 + 8 * 4) * 2 * 2 * 2);
+}
+
 // Activation checkpointing: each recomputing block's forward again, less the down projection (of
 // its adapter only u = x·Aᵀ, which the backward reads): per token 2 FLOPs per weight of Wq, Wk, Wv,
 // Wo, Wgate and Wup, 2·r·(in + out) per other adapter. keep_every 2 over two blocks recomputes
