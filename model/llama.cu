@@ -139,6 +139,8 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
                                     " exceeds the model's max_seq_len = " + std::to_string(config_.max_seq_len) +
                                     "; use a shorter sequence");
     kv_rows_ = replicated_kv_rows(config_, tensor_.size);
+    kv_adapter_sum_ = kv_rows_ > 0 && adapter_kv_rows(shape_, o.lora) > 0;
+    if (kv_rows_ > 0) heads_ = tensor_parallel_heads(config_, tensor_);
     if (tensor_.size > 1) {  // tensor parallelism (model/tensor_parallel.h), as far as it goes in this build
         const std::string tp = "tensor parallelism over " + std::to_string(tensor_.size) + " ranks";
         if (o.nf4) throw std::invalid_argument("Llama: " + tp + " does not take an NF4 base (QLoRA) in this build");
@@ -623,9 +625,7 @@ void Llama<T>::linear_backward(int u, int k, const T* dy, const T* x, T* dx, con
     if (s.parts == 0) return;
     T* da = unit.block_g.lora[k].a;
     T* db = unit.block_g.lora[k].b;
-    bool adapts_kv = false;  // W_qkv's adapter has a key or value part
-    for (int p = 0; p < s.parts; ++p) adapts_kv |= s.part[p].out_begin >= q_rows;
-    T* const db_kv_sum = kv_sum && adapts_kv ? db : nullptr;  // B's rows: through lora_b_share
+    T* const db_kv_sum = kv_sum && kv_adapter_sum_ ? db : nullptr;  // B's rows: through lora_b_share
     if (db_kv_sum) {
         CUDA_CHECK(cudaMemsetAsync(work_.lora_b_share, 0, size_t(s.out) * s.rank * sizeof(T), stream_));
         db = work_.lora_b_share;
@@ -668,8 +668,8 @@ void Llama<T>::linear_backward(int u, int k, const T* dy, const T* x, T* dx, con
 
 template <class T>
 T* Llama<T>::kv_share(int j, int width) const {
-    const HeadSlice h = tensor_parallel_heads(config_, tensor_);
-    return work_.kv_group_grad + ((long long)j * config_.num_kv_heads + h.kv_first) * shape_.head_dim_resolved() * width;
+    return work_.kv_group_grad +
+           ((long long)j * config_.num_kv_heads + heads_.kv_first) * shape_.head_dim_resolved() * width;
 }
 
 template <class T>

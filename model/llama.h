@@ -33,6 +33,7 @@
 #include "model/nf4_layout.h"
 #include "model/parameters.h"
 #include "model/placement.h"
+#include "model/tensor_parallel.h"
 
 #include <functional>
 #include <memory>
@@ -323,6 +324,8 @@ class Llama {
     T* kv_share(int j, int width) const;
     void sum_replicated_kv(int width);
     long long kv_rows_ = 0;  // replicated_kv_rows (model/tensor_parallel.h): 0 unless the kv heads are replicated
+    bool kv_adapter_sum_ = false;  // and W_qkv's adapter adapts k or v (adapter_kv_rows), whose B rows are summed
+    HeadSlice heads_{};            // this rank's heads, when they are replicated
     void reduce_over_tensor_group(T* data, long long count) {
         if (tensor_.size == 1) return;
         if (!tensor_reduce_)

@@ -470,8 +470,7 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
         // Replicated kv heads with W_qkv's adapter on k or v: B's gradient into a share, its kv
         // parts copied into the buffer that is summed, every part added back.
         const LoraLinearShape& qkv = shapes[size_t(kLoraQkv)];
-        double kv_b_rows = 0;
-        for (const LoraPart& p : qkv.parts) kv_b_rows += p.out_begin >= c.q_width() ? p.rows : 0;
+        const double kv_b_rows = double(adapter_kv_rows(c, s.lora));
         if (kv_rows > 0 && kv_b_rows > 0) {
             const double r = s.lora.rank;
             append(k, cost::memset(double(c.qkv_width()) * r * t, "replicated kv heads: B gradient share zeroed"),

@@ -141,6 +141,14 @@ std::vector<UnitSpec> tensor_parallel_units(const LlamaConfig& c, const LoraConf
     return units;
 }
 
+long long adapter_kv_rows(const LlamaConfig& c, const LoraConfig& lora) {
+    const std::vector<LoraLinearShape> linears = lora_linears(c, lora);  // empty without LoRA
+    long long rows = 0;
+    if (!linears.empty())
+        for (const LoraPart& p : linears[size_t(kLoraQkv)].parts) rows += p.out_begin >= c.q_width() ? p.rows : 0;
+    return rows;
+}
+
 std::vector<std::pair<long long, long long>> counted_ranges(const GroupLayout& g, int rank) {
     if (rank == 0) return {{0, g.padded}};
     std::vector<std::pair<long long, long long>> ranges;

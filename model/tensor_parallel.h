@@ -62,6 +62,9 @@ bool kv_heads_replicated(const LlamaConfig& c, int size);
 // else 0: the rows of the buffer in which a replicated head's weight gradient is summed over the
 // group (each rank adds its share at its head's rows, zeros elsewhere).
 long long replicated_kv_rows(const LlamaConfig& c, int size);
+// The rows of W_qkv's adapter B (lora_linears(c, lora)[kLoraQkv]) that adapt k or v, whose
+// gradient is summed over the group when the kv heads are replicated; 0 when it adapts q alone.
+long long adapter_kv_rows(const LlamaConfig& c, const LoraConfig& lora);
 
 // model_units(c, lora) with every block tensor replaced by rank tp.rank's slice of it (the
 // embedding and the head whole). tp.size = 1: model_units itself.

@@ -5,7 +5,6 @@
 #include "parallel/plan.h"
 #include "parallel/policy.h"
 
-#include <algorithm>
 #include <stdexcept>
 
 namespace pv {
@@ -57,8 +56,7 @@ TensorWire tensor_parallel_wire(const LlamaConfig& config, DType dtype, const Lo
     if (kv_rows > 0) {  // the replicated kv heads' weight gradient rows (and their adapter's B)
         w.all_reduces += (long long)(micro * trained_qkv);
         elements += micro * trained_qkv * kv_rows * config.hidden_size;
-        const std::vector<LoraPart>& parts = linears[size_t(kLoraQkv)].parts;
-        if (std::any_of(parts.begin(), parts.end(), [&](const LoraPart& p) { return p.out_begin >= config.q_width(); })) {
+        if (adapter_kv_rows(config, lora) > 0) {
             w.all_reduces += (long long)(micro * blocks);
             elements += micro * blocks * kv_rows * lora.rank;
         }

@@ -375,10 +375,10 @@ class TrainingRun {
             if (!strategy_->mesh().warning().empty()) std::printf("warning: %s\n", strategy_->mesh().warning().c_str());
             const int t = plan_.mesh.tensor, kv = config_.num_kv_heads;
             if (t > 1 && kv_heads_replicated(config_, t))
-                std::printf("tensor parallelism: --tp %d does not split the %d key/value heads, so each is replicated on "
-                            "the %d ranks whose query heads read it (Megatron's rule); their gradients are summed over "
-                            "the group\n",
-                            t, kv, t / kv);  // T/Hkv: model/tensor_parallel.h
+                std::printf("tensor parallelism: --tp %d does not split the %d key/value head%s, so each is replicated "
+                            "on the %d ranks whose query heads read it (Megatron's rule); their gradients are summed "
+                            "over the group\n",
+                            t, kv, kv == 1 ? "" : "s", t / kv);  // T/Hkv: model/tensor_parallel.h
         }
         if (plan_.pipelined()) {
             const std::vector<int>& stages = plan_.stage_bounds;
