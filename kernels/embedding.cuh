@@ -34,6 +34,12 @@
 //   eight warps at C = 2048 in bf16, where the old kernel launched 32 blocks).
 //   Bytes: reads N tokens and N·C dout elements, reads and writes dwte once per (token, channel)
 //   of each chunk, and 4·(2·chunk + 2) bytes of scratch per chunk written and read.
+//
+// A slice of the vocabulary (tensor parallelism's vocabulary-parallel embedding, model/
+// tensor_parallel.h): the table holds the token rows [first, first + V) of a whole_V vocabulary.
+// The forward writes a token's row when it is among them, zeros when it is another good token (the
+// group's sum then holds every row once, exactly) and NaN for a bad one on every rank; the
+// backward adds to the rows held and skips the other tokens. first = 0, whole_V = V: the whole.
 #pragma once
 
 #include "kernels/common.cuh"
@@ -54,6 +60,7 @@ struct EmbeddingForwardOp {
     const T* wte;
     T* out;
     int C, V;
+    int first, whole_V;  // the table's token rows [first, first + V) of the whole vocabulary
     template <int W>
     struct In {
         Vec<T, W> row;
@@ -61,11 +68,12 @@ struct EmbeddingForwardOp {
     template <int W, class I>
     __device__ In<W> load(I i) const {
         const I n = i / C, c = i - n * C;
-        const int token = tokens[n];
-        if (token >= 0 && token < V) return {load_vec<W>(wte + (long long)token * C + c)};
-        In<W> bad;
-        for (int k = 0; k < W; ++k) bad.row.v[k] = from_acc<T>(acc_t<T>(NAN));
-        return bad;
+        const int token = tokens[n], local = token - first;
+        if (local >= 0 && local < V) return {load_vec<W>(wte + (long long)local * C + c)};
+        In<W> other;
+        const bool good = token >= 0 && token < whole_V;  // another rank's row, or a bad token
+        for (int k = 0; k < W; ++k) other.row.v[k] = from_acc<T>(good ? acc_t<T>(0) : acc_t<T>(NAN));
+        return other;
     }
     template <int W, class I>
     __device__ void store(I i, const In<W>& in) const {
@@ -98,7 +106,8 @@ __host__ __device__ inline EmbeddingChunkOrder embedding_chunk_order(void* scrat
 
 // Sort: block k sorts chunk k's keys in shared memory and writes its order and runs to scratch.
 // Dynamic shared memory: keys[chunk] (8 bytes each).
-__global__ inline void embedding_sort_kernel(const int* tokens, long long N, int V, int chunk, void* scratch) {
+__global__ inline void embedding_sort_kernel(const int* tokens, long long N, int V, int first, int chunk,
+                                             void* scratch) {
     PV_DYNAMIC_SHARED(unsigned long long, keys);
     __shared__ int warp_totals[32];
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, warps = blockDim.x / 32;
@@ -106,7 +115,7 @@ __global__ inline void embedding_sort_kernel(const int* tokens, long long N, int
     const long long count = N - start < chunk ? N - start : chunk;
     const EmbeddingChunkOrder out = embedding_chunk_order(scratch, chunk, blockIdx.x);
     for (int i = tid; i < chunk; i += blockDim.x) {
-        const int token = i < count ? tokens[start + i] : -1;
+        const int token = i < count ? tokens[start + i] - first : -1;  // the table's row
         keys[i] = (token >= 0 && token < V) ? ((unsigned long long)token << 32) | unsigned(i) : kEmbeddingBadKey;
     }
     __syncthreads();
@@ -162,8 +171,8 @@ __global__ inline void embedding_sort_kernel(const int* tokens, long long N, int
 // ascending order in acc_t<T> for its W channels and adds the sum to dwte once. One warp per run
 // and one lane per channel: no two threads write the same element within the launch.
 template <class T, int W>
-__global__ void embedding_sum_kernel(const int* tokens, const T* dout, T* dwte, long long start, int C, int chunk,
-                                     long long k, const void* scratch) {
+__global__ void embedding_sum_kernel(const int* tokens, const T* dout, T* dwte, long long start, int C, int first,
+                                     int chunk, long long k, const void* scratch) {
     using A = acc_t<T>;
     const EmbeddingChunkOrder in = embedding_chunk_order(const_cast<void*>(scratch), chunk, k);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
@@ -177,18 +186,26 @@ __global__ void embedding_sum_kernel(const int* tokens, const T* dout, T* dwte, 
             const Vec<T, W> d = load_vec<W>(dout + (start + in.order[i]) * C + c);
             for (int e = 0; e < W; ++e) sum[e] += to_acc(d.v[e]);
         }
-        T* row = dwte + (long long)tokens[start + in.order[begin]] * C + c;
+        T* row = dwte + (long long)(tokens[start + in.order[begin]] - first) * C + c;
         Vec<T, W> w = load_vec<W>(row);
         for (int e = 0; e < W; ++e) w.v[e] = from_acc<T>(to_acc(w.v[e]) + sum[e]);
         store_vec<W>(row, w);
     }
 }
 
+// out[N][C] = wte[tokens[n] − first] for the tokens in [first, first + V), 0 for the other tokens
+// of [0, whole_V), NaN for the rest.
+template <class T>
+void embedding_forward_rows(const int* tokens, const T* wte, T* out, long long N, int C, int V, int first,
+                            int whole_V, cudaStream_t stream) {
+    const bool vector = C % kVec<T> == 0 && vec_aligned({wte, out});
+    launch_elementwise(EmbeddingForwardOp<T>{tokens, wte, out, C, V, first, whole_V}, N * C, vector, stream);
+}
+
 // out[N][C] = wte[tokens[n]]; rows whose token is outside [0, V) are NaN.
 template <class T>
 void embedding_forward(const int* tokens, const T* wte, T* out, long long N, int C, int V, cudaStream_t stream) {
-    const bool vector = C % kVec<T> == 0 && vec_aligned({wte, out});
-    launch_elementwise(EmbeddingForwardOp<T>{tokens, wte, out, C, V}, N * C, vector, stream);
+    embedding_forward_rows(tokens, wte, out, N, C, V, 0, V, stream);
 }
 
 // The positions sorted together, for N positions: the smallest power of two holding them, up
@@ -205,11 +222,12 @@ inline size_t embedding_backward_scratch_bytes(long long N) {
     return size_t((N + chunk - 1) / chunk) * size_t(2 * chunk + 2) * sizeof(int);
 }
 
-// dwte[V][C] += the sum of dout's rows per token (accumulates; bad tokens skipped; deterministic).
-// `scratch` holds embedding_backward_scratch_bytes(N) bytes.
+// dwte[V][C] (the token rows [first, first + V)) += the sum of dout's rows per token among them
+// (accumulates; other tokens skipped; deterministic). `scratch` holds
+// embedding_backward_scratch_bytes(N) bytes.
 template <class T>
-void embedding_backward(const int* tokens, const T* dout, T* dwte, long long N, int C, int V, void* scratch,
-                        cudaStream_t stream) {
+void embedding_backward_rows(const int* tokens, const T* dout, T* dwte, long long N, int C, int V, int first,
+                             void* scratch, cudaStream_t stream) {
     if (N * C == 0) return;
     const int chunk = embedding_backward_chunk(N);
     const long long chunks = (N + chunk - 1) / chunk;
@@ -218,7 +236,7 @@ void embedding_backward(const int* tokens, const T* dout, T* dwte, long long N, 
     if (smem + 32 * sizeof(int) > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(embedding_sort_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     launch(embedding_sort_kernel, dim3(unsigned(chunks)), dim3(kEmbeddingBackwardThreads), smem, stream, tokens, N, V,
-           chunk, scratch);
+           first, chunk, scratch);
     CUDA_CHECK_LAUNCH();
 
     auto sum = [&](auto kernel, int width) {
@@ -231,7 +249,7 @@ void embedding_backward(const int* tokens, const T* dout, T* dwte, long long N, 
             const long long by_fill = ceil_div(kEmbeddingBackwardTargetBlocks, slices);
             const int groups = int(by_runs < by_fill ? by_runs : by_fill);
             launch(kernel, dim3(slices, groups), dim3(kEmbeddingBackwardThreads), 0, stream, tokens, dout, dwte,
-                   k * chunk, C, chunk, k, static_cast<const void*>(scratch));
+                   k * chunk, C, first, chunk, k, static_cast<const void*>(scratch));
             CUDA_CHECK_LAUNCH();
         }
     };
@@ -239,6 +257,14 @@ void embedding_backward(const int* tokens, const T* dout, T* dwte, long long N, 
         sum(embedding_sum_kernel<T, kVec<T>>, kVec<T>);
     else
         sum(embedding_sum_kernel<T, 1>, 1);
+}
+
+// dwte[V][C] += the sum of dout's rows per token (accumulates; bad tokens skipped; deterministic).
+// `scratch` holds embedding_backward_scratch_bytes(N) bytes.
+template <class T>
+void embedding_backward(const int* tokens, const T* dout, T* dwte, long long N, int C, int V, void* scratch,
+                        cudaStream_t stream) {
+    embedding_backward_rows(tokens, dout, dwte, N, C, V, 0, scratch, stream);
 }
 
 }  // namespace pv

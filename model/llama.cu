@@ -41,7 +41,8 @@ enum WorkBuffer {
     kKvGroupGrad,
     kLoraBShare,
     kDequantized,
-    kEmbeddingScratch
+    kEmbeddingScratch,
+    kVocabPartials
 };
 
 // The block tensor (BlockTensor) of linear k (LoraLinear).
@@ -101,7 +102,11 @@ std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& whole, i
             {"lora_b_share", kv_rows > 0 && lora.rank > 0 ? (long long)c.qkv_width() * lora.rank : 0, t},
             {"dequantized",
              nf4 ? std::max<long long>({(long long)c.qkv_width() * C, (long long)c.q_width() * C, 2 * F * C}) : 0, t},
-            {"embedding_scratch", (long long)embedding_backward_scratch_bytes(N), 1}};
+            {"embedding_scratch", (long long)embedding_backward_scratch_bytes(N), 1},
+            // The vocabulary-parallel cross-entropy: this rank's partials [N], then the group's [T][N]
+            // (3 accumulator values a row).
+            {"vocab_partials", tensor.size > 1 ? (tensor.size + 1) * N : 0,
+             size_t(3 * (dtype == DType::fp64 ? 8 : 4))}};
 }
 
 template <class A>
@@ -121,6 +126,7 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
       shape_(tensor_parallel_shape(config, o.placement.tensor)),
       tensor_(o.placement.tensor),
       tensor_reduce_(o.tensor_reduce),
+      tensor_gather_(o.tensor_gather),
       lora_(o.lora),
       seed_(o.seed),
       nf4_(o.nf4),
@@ -141,6 +147,7 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
     kv_rows_ = replicated_kv_rows(config_, tensor_.size);
     kv_adapter_sum_ = kv_rows_ > 0 && adapter_kv_rows(shape_, o.lora) > 0;
     if (kv_rows_ > 0) heads_ = tensor_parallel_heads(config_, tensor_);
+    vocab_ = tensor_parallel_vocab(config_, tensor_);
     if (tensor_.size > 1) {  // tensor parallelism (model/tensor_parallel.h), as far as it goes in this build
         const std::string tp = "tensor parallelism over " + std::to_string(tensor_.size) + " ranks";
         if (o.nf4) throw std::invalid_argument("Llama: " + tp + " does not take an NF4 base (QLoRA) in this build");
@@ -235,7 +242,8 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
                       reinterpret_cast<T*>(w + at[kKvGroupGrad]),
                       reinterpret_cast<T*>(w + at[kLoraBShare]),
                       reinterpret_cast<T*>(w + at[kDequantized]),
-                      w + at[kEmbeddingScratch]};
+                      w + at[kEmbeddingScratch],
+                      w + at[kVocabPartials]};
     for (T*& d : dresidual_) d = static_cast<T*>(device_alloc(size_t(N * C) * sizeof(T), MemoryCategory::workspace));
 }
 
@@ -455,8 +463,12 @@ void Llama<T>::forward_unit(int u, int slot, const UnitIO<T>& io) {
     if (!runs(u)) throw std::logic_error("forward_unit: unit " + std::to_string(u) + " is not in this model's stage");
     switch (unit_kind(u)) {
         case UnitKind::embedding:
-            embedding_forward(io.tokens, units_[size_t(u)].weights[0], io.residual_out, rows(), config_.hidden_size,
-                              config_.vocab_size, stream_);
+            // Vocabulary-parallel (model/tensor_parallel.h): this rank's rows, zeros for the other
+            // tokens, summed over the group (one nonzero term per element: exact).
+            embedding_forward_rows(io.tokens, units_[size_t(u)].weights[0], io.residual_out, rows(),
+                                   config_.hidden_size, shape_.vocab_size, int(vocab_.first), config_.vocab_size,
+                                   stream_);
+            reduce_over_tensor_group(io.residual_out, rows() * config_.hidden_size);
             break;
         case UnitKind::block: forward_block(u, slot, io); break;
         case UnitKind::head: forward_head(slot, io); break;
@@ -471,8 +483,8 @@ void Llama<T>::backward_unit(int u, int slot, const UnitIO<T>& io) {
             // With tied embeddings the head has already added its part to this same gradient. A
             // frozen embedding has no gradient and nothing below it to pass one to.
             if (T* dwte = units_[size_t(u)].weight_grads[0])
-                embedding_backward(io.tokens, io.dresidual_out, dwte, rows(), config_.hidden_size, config_.vocab_size,
-                                   work_.embedding_scratch, stream_);
+                embedding_backward_rows(io.tokens, io.dresidual_out, dwte, rows(), config_.hidden_size,
+                                        shape_.vocab_size, int(vocab_.first), work_.embedding_scratch, stream_);
             break;
         case UnitKind::block:
             // The same parameters (bound now as in the forward), input and dropout keys as the
@@ -725,11 +737,24 @@ void Llama<T>::forward_head(int slot, const UnitIO<T>& io) {
     const Unit& unit = units_.back();
     const long long N = rows();
     const HeadActivations<T>& a = unit.head_acts[size_t(slot)];
+    const int V = shape_.vocab_size;  // this rank's columns of the logits (all of them for T = 1)
     rmsnorm_forward(io.residual_in, unit.head_w.final_norm, a.h, a.rstd, N, c.hidden_size, c.rms_norm_eps, stream_);
-    matmul_forward(cublas_, a.h, unit.head_w.lm_head, a.logits, N, c.hidden_size, c.vocab_size, stream_);
-    if (io.targets)
-        cross_entropy_forward(a.logits, io.targets, a.row_loss, a.row_stats, io.loss_sum, io.count, N, c.vocab_size,
-                              kIgnoreIndex, stream_);
+    matmul_forward(cublas_, a.h, unit.head_w.lm_head, a.logits, N, c.hidden_size, V, stream_);
+    if (!io.targets) return;
+    if (tensor_.size == 1) {
+        cross_entropy_forward(a.logits, io.targets, a.row_loss, a.row_stats, io.loss_sum, io.count, N, V, kIgnoreIndex,
+                              stream_);
+        return;
+    }
+    // Vocabulary-parallel: each rank's columns' (max, Σ exp, target logit) per row, gathered over the
+    // group and merged in rank order: every rank gets the same loss and row statistics.
+    using Partial = CrossEntropyPartial<acc_t<T>>;
+    Partial* const mine = static_cast<Partial*>(work_.vocab_partials);
+    Partial* const all = mine + N;
+    cross_entropy_partials(a.logits, io.targets, mine, N, V, int(vocab_.first), stream_);
+    gather_over_tensor_group(mine, all, N * (long long)(sizeof(Partial) / sizeof(acc_t<T>)));
+    cross_entropy_merge_partials<T>(all, tensor_.size, io.targets, a.row_stats, a.row_loss, io.loss_sum, io.count, N,
+                                    c.vocab_size, kIgnoreIndex, stream_);
 }
 
 template <class T>
@@ -740,10 +765,12 @@ void Llama<T>::backward_head(int slot, const UnitIO<T>& io) {
     const HeadActivations<T>& a = unit.head_acts[size_t(slot)];
     // In place: the logits become their gradient (saves a second N x V buffer); the softmax
     // statistics are the forward's.
-    cross_entropy_backward(a.logits, io.targets, a.row_stats, a.logits, N, c.vocab_size, kIgnoreIndex, io.loss_scale,
-                           stream_);
-    matmul_backward(cublas_, a.logits, a.h, unit.head_w.lm_head, work_.dh, unit.head_g.lm_head, N, c.hidden_size,
-                    c.vocab_size, false, stream_);
+    const int V = shape_.vocab_size;
+    cross_entropy_backward_columns(a.logits, io.targets, a.row_stats, a.logits, N, V, int(vocab_.first),
+                                   c.vocab_size, kIgnoreIndex, io.loss_scale, stream_);
+    matmul_backward(cublas_, a.logits, a.h, unit.head_w.lm_head, work_.dh, unit.head_g.lm_head, N, c.hidden_size, V,
+                    false, stream_);
+    reduce_over_tensor_group(work_.dh, N * c.hidden_size);  // vocabulary-parallel: each rank's columns' share
     // Nothing flows past the final norm: dresidual_in is the norm's share alone.
     rmsnorm_backward(io.residual_in, unit.head_w.final_norm, a.rstd, work_.dh, static_cast<const T*>(nullptr),
                      io.dresidual_in, unit.head_g.final_norm, work_.norm_scratch, N, c.hidden_size, stream_);

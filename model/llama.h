@@ -140,6 +140,11 @@ struct ModelOptions {
     // forward (W_o, W_down: partial sums) and after each column-parallel linear's input gradient in
     // the backward (W_qkv, W_gate_up).
     std::function<void(void* data, long long count)> tensor_reduce{};
+    // With placement.tensor.size > 1: gathers `count` elements of the accumulator type (acc_t<T>)
+    // from each rank of the group into recv[size·count], in rank order, on the model's stream
+    // (bound like tensor_reduce, or through bind_tensor_gather). The vocabulary-parallel head calls
+    // it once per forward: each rank's rows' cross-entropy partials (3 values a row).
+    std::function<void(const void* send, void* recv, long long count)> tensor_gather{};
 };
 
 // A whole model on one rank with `slots` activation slots: for training (owned gradients) or
@@ -191,7 +196,8 @@ class Llama {
     // The residual-stream output buffer of unit u in `slot` (embedding and blocks), where the
     // single driver reads the next unit's input from.
     T* unit_output(int u, int slot);
-    // The head's logits [N][V] of the last forward in `slot` (overwritten by its backward).
+    // The head's logits [N][V] of the last forward in `slot` (overwritten by its backward); under
+    // tensor parallelism this rank's columns of them (its vocabulary rows, model/tensor_parallel.h).
     const T* logits(int slot) const;
     // Two [N][C] gradient buffers for the residual stream, used alternately by a driver.
     T* residual_grad(int which) { return dresidual_[which]; }
@@ -216,6 +222,9 @@ class Llama {
     // ModelOptions::tensor_reduce was not given: the same contract.
     void bind_tensor_reduce(std::function<void(void* data, long long count)> reduce) {
         tensor_reduce_ = std::move(reduce);
+    }
+    void bind_tensor_gather(std::function<void(const void* send, void* recv, long long count)> gather) {
+        tensor_gather_ = std::move(gather);
     }
     // Sets every gradient (padding included) to zero: the start of an optimizer step. Units
     // without a buffer (bound gradients not bound now) are skipped.
@@ -294,6 +303,7 @@ class Llama {
         T* lora_b_share = nullptr;          // replicated kv heads: W_qkv's adapter B's gradient share
         T* dequantized = nullptr;           // NF4: the largest linear weight, dequantised before its GEMM
         void* embedding_scratch = nullptr;  // the embedding backward's sorted positions
+        void* vocab_partials = nullptr;     // tensor parallelism: the cross-entropy's partials, the rank's, the group's
     };
     // The dense weight of block u's linear k: its parameters, or (NF4) dequantised into the workspace.
     const T* dense_weight(int u, int k) const;
@@ -316,9 +326,11 @@ class Llama {
     void backward_head(int slot, const UnitIO<T>& io);
 
     LlamaConfig config_;  // the whole model's (names, ids, checkpoints)
-    LlamaConfig shape_;   // what this rank computes: its tensor-parallel slice's heads and ffn
+    LlamaConfig shape_;   // what this rank computes: its tensor-parallel slice's heads, ffn and vocabulary
     TensorParallel tensor_;
     std::function<void(void*, long long)> tensor_reduce_;
+    std::function<void(const void*, void*, long long)> tensor_gather_;
+    VocabSlice vocab_{};  // the token rows of the embedding and head this rank holds
     // Replicated kv heads: where part j (0: keys, 1: values) of this rank's kv head sits in the
     // whole-model buffer kv_group_grad, rows `width` wide; the sum of that buffer over the group.
     T* kv_share(int j, int width) const;
@@ -332,6 +344,12 @@ class Llama {
             throw std::logic_error("Llama: tensor parallelism over " + std::to_string(tensor_.size) +
                                    " ranks with no tensor_reduce bound");
         tensor_reduce_(data, count);
+    }
+    void gather_over_tensor_group(const void* send, void* recv, long long count) {
+        if (!tensor_gather_)
+            throw std::logic_error("Llama: tensor parallelism over " + std::to_string(tensor_.size) +
+                                   " ranks with no tensor_gather bound");
+        tensor_gather_(send, recv, count);
     }
     GroupOptions group_options_;  // as constructed (tensor: this rank's)
     LoraConfig lora_;

@@ -235,6 +235,19 @@ std::vector<KernelCost> cross_entropy_forward(long long N, int V, int t, int a) 
             kernel("cross_entropy_sum_kernel", "cross-entropy sum", double(N) * (a + 4), double(a) + 4, double(N),
                    kScalar)};
 }
+// Vocabulary-parallel over `ranks` (a rank's V columns): cross_entropy_partial_kernel reads them
+// and the targets and writes a partial (max, sum, target logit) per row; after the all-gather,
+// cross_entropy_merge_kernel reads the ranks' partials and the targets and writes a loss and a
+// (max, sum) pair per row; then the sum kernel.
+std::vector<KernelCost> cross_entropy_vocabulary_parallel(long long N, int V, int ranks, int t, int a) {
+    const double nv = double(N) * V;
+    return {kernel("cross_entropy_partial_kernel", "cross-entropy: partials", nv * t + double(N) * 4,
+                   double(N) * 3 * a, 4 * nv, kVector),
+            kernel("cross_entropy_merge_kernel", "cross-entropy: merge", double(N) * (3.0 * a * ranks + 4),
+                   double(N) * 3 * a, 6.0 * N * ranks, kScalar),
+            kernel("cross_entropy_sum_kernel", "cross-entropy sum", double(N) * (a + 4), double(a) + 4, double(N),
+                   kScalar)};
+}
 // The backward (elementwise_kernel): logits, targets and the rows' (max, sum) read, the gradient
 // written in place.
 std::vector<KernelCost> cross_entropy_backward(long long N, int V, int t, int a) {
@@ -420,7 +433,9 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     block_forward(k, layers, false);
     append(k, cost::rmsnorm_forward(N, C, t, a), micro);
     append(k, cost::gemm(N, V, C, t, false, "lm_head"), micro);
-    append(k, cost::cross_entropy_forward(N, V, t, a), micro);
+    append(k, s.tensor > 1 ? cost::cross_entropy_vocabulary_parallel(N, V, s.tensor, t, a)
+                           : cost::cross_entropy_forward(N, V, t, a),
+           micro);
     const size_t backward_from = k.size();
     // Backward.
     append(k, now ? cost::cross_entropy_backward(N, V, t, a) : cost::before::cross_entropy_backward(N, V, t), micro);

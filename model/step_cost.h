@@ -105,6 +105,7 @@ std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd,
 std::vector<KernelCost> attention_backward_cuda_cores(int B, int T, int H, int Hkv, int hd, int t, int a,
                                                       bool positions);
 std::vector<KernelCost> cross_entropy_forward(long long N, int V, int t, int a);
+std::vector<KernelCost> cross_entropy_vocabulary_parallel(long long N, int V, int ranks, int t, int a);
 std::vector<KernelCost> cross_entropy_backward(long long N, int V, int t, int a);
 // distinct: the number of distinct valid tokens among the N.
 std::vector<KernelCost> embedding_forward(long long N, int C, long long distinct, int t);
@@ -142,9 +143,10 @@ struct StepShape {
     // Each recomputing block runs its forward again before its backward, less the down projection
     // and the residual add (their output is what the block keeps): model/activations.h.
     ActivationCheckpointing checkpointing{};
-    // --tp: one rank of a tensor-parallel group of this size, whose blocks compute at its shape
-    // (model/tensor_parallel.h tensor_parallel_shape: its heads and ffn share) and whose adapters
-    // and optimizer step are its slices', the embedding and head whole; plus each micro-batch's
+    // --tp: one rank of a tensor-parallel group of this size, which computes at its shape
+    // (model/tensor_parallel.h tensor_parallel_shape: its heads, ffn and vocabulary rows; rank 0's,
+    // the most rows) and whose adapters and optimizer step are its slices'; the cross-entropy
+    // vocabulary-parallel (partials, merge); plus each micro-batch's
     // gradient sums of LoRA's whole matrices and of replicated kv heads (a zeroing and an
     // accumulate per sum). The group's all-reduces are communication (parallel/comm_cost.h
     // tensor_parallel_wire), not priced here; model_flops is the rank's 1/T of the step's.

@@ -1,6 +1,7 @@
 // Tensor parallelism's slices of the block tensors (model/tensor_parallel.h).
 #include "model/tensor_parallel.h"
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -20,6 +21,10 @@ std::string tensor_parallel_problem(const LlamaConfig& c, int t) {
         return "divides neither the " + std::to_string(hkv) + " key/value heads nor leaves each rank's " +
                std::to_string(per_rank) + " query heads within one key/value head's group of " +
                std::to_string(group);
+    const long long v = c.vocab_size, rows = (v + t - 1) / t;
+    if ((t - 1) * rows >= v)
+        return "leaves the last rank none of the vocabulary's " + std::to_string(v) + " rows (" +
+               std::to_string(rows) + " a rank)";
     return "";
 }
 
@@ -102,12 +107,20 @@ HeadSlice tensor_parallel_heads(const LlamaConfig& c, TensorParallel tp) {
     return h;
 }
 
+VocabSlice tensor_parallel_vocab(const LlamaConfig& c, TensorParallel tp) {
+    if (tp.size == 1) return {0, c.vocab_size};
+    tensor_parallel_heads(c, tp);  // checks T and the rank
+    const long long rows = (c.vocab_size + tp.size - 1) / tp.size, first = tp.rank * rows;
+    return {first, std::min<long long>(c.vocab_size, first + rows) - first};
+}
+
 LlamaConfig tensor_parallel_shape(const LlamaConfig& c, TensorParallel tp) {
     LlamaConfig s = c;
     s.head_dim = c.head_dim_resolved();
     if (tp.size == 1) return s;
     const HeadSlice h = tensor_parallel_heads(c, tp);
     s.num_heads = h.q_count, s.num_kv_heads = h.kv_count, s.ffn_size = c.ffn_size / tp.size;
+    s.vocab_size = int(tensor_parallel_vocab(c, tp).count);
     return s;
 }
 
@@ -124,8 +137,14 @@ std::vector<UnitSpec> tensor_parallel_units(const LlamaConfig& c, const LoraConf
         if (names_module(p, "gate_proj") || names_module(p, "up_proj")) return Keep{f_first, f};
         throw std::logic_error("tensor parallelism: no rule for " + p.hf_name);
     };
+    const VocabSlice vocab = tensor_parallel_vocab(c, tp);
+    const auto token_rows = [&](const TensorPart&) { return Keep{vocab.first, vocab.count}; };
     for (UnitSpec& u : units) {
-        if (u.kind != UnitKind::block) continue;
+        if (u.kind != UnitKind::block) {  // the embedding and the head: their token rows
+            for (TensorSpec& t : u.tensors)
+                if (t.name == "wte" || t.name == "lm_head") t = slice_rows(t, token_rows);
+            continue;
+        }
         const std::string n = "layers." + std::to_string(u.layer) + ".";
         for (TensorSpec& t : u.tensors) {
             if (t.name == n + "w_qkv" || t.name == n + "w_gate_up" || t.name == n + lora_b_name(kLoraQkv) ||

@@ -16,6 +16,14 @@
 // Megatron does; its gradient is then the sum of theirs. Other T are refused, naming the T that
 // work.
 //
+// The vocabulary (Megatron's vocabulary-parallel embedding and head): rank r holds the token rows
+// [r·P, min(V, (r+1)·P)) of the embedding and of an untied lm_head, P = ⌈V/T⌉ (the vocabulary
+// padded to a multiple of T). The padding rows are stored nowhere: the last rank holds fewer rows,
+// so they never reach the logits, the loss or a checkpoint. A T that would leave a rank no rows is
+// refused. The embedding looks up the tokens in its rows (zeros for the others) and the group sums
+// the rows; the head computes its columns of the logits and the vocabulary-parallel cross-entropy
+// (kernels/cross_entropy.cuh) merges the ranks' row statistics: the whole logits never meet.
+//
 // LoRA (model/lora.h): a column-parallel base's adapter keeps A whole (replicated: its gradient is
 // summed over the group) and splits B by output rows like the base; a row-parallel base's adapter
 // splits A by input columns like the base and keeps B whole.
@@ -47,6 +55,11 @@ struct HeadSlice {
     bool kv_copy = false;
 };
 
+// The token rows [first, first + count) of the embedding and the head a rank holds.
+struct VocabSlice {
+    long long first = 0, count = 0;
+};
+
 // Whether block linear k (model/lora.h LoraLinear) is column-parallel (W_qkv, W_gate_up: rows
 // split, input whole) rather than row-parallel (W_o, W_down: columns split, output a partial sum).
 inline bool column_parallel(int linear) { return linear == kLoraQkv || linear == kLoraGateUp; }
@@ -56,6 +69,7 @@ void check_tensor_parallel(const LlamaConfig& c, int size);
 // Whether T splits c's heads and ffn (check_tensor_parallel's test, without the message).
 bool tensor_parallel_fits(const LlamaConfig& c, int size);
 HeadSlice tensor_parallel_heads(const LlamaConfig& c, TensorParallel tp);
+VocabSlice tensor_parallel_vocab(const LlamaConfig& c, TensorParallel tp);
 // Whether the kv heads are replicated across the group (T does not divide Hkv).
 bool kv_heads_replicated(const LlamaConfig& c, int size);
 // The whole model's key and value rows of W_qkv (2·Hkv·head_dim) when T replicates the kv heads,
@@ -66,8 +80,8 @@ long long replicated_kv_rows(const LlamaConfig& c, int size);
 // gradient is summed over the group when the kv heads are replicated; 0 when it adapts q alone.
 long long adapter_kv_rows(const LlamaConfig& c, const LoraConfig& lora);
 
-// model_units(c, lora) with every block tensor replaced by rank tp.rank's slice of it (the
-// embedding and the head whole). tp.size = 1: model_units itself.
+// model_units(c, lora) with every block tensor, the embedding and an untied lm_head replaced by
+// rank tp.rank's slice of it (the norms whole). tp.size = 1: model_units itself.
 std::vector<UnitSpec> tensor_parallel_units(const LlamaConfig& c, const LoraConfig& lora, TensorParallel tp);
 
 // The element ranges [begin, end) of group g (a rank's slices) that tensor rank `rank` counts in
@@ -88,8 +102,8 @@ std::vector<std::pair<long long, long long>> counted_ranges(const GroupLayout& g
 std::vector<uint8_t> join_tensor_slices(const GroupLayout& whole, const std::vector<GroupLayout>& slices,
                                         const std::vector<const uint8_t*>& slice_bytes, size_t element);
 
-// The shape one rank computes with: c with its query heads, kv heads and ffn size (head_dim set
-// explicitly, since hidden_size / num_heads no longer gives it). Activation and workspace layouts
+// The shape one rank computes with: c with its query heads, kv heads, ffn size and vocabulary rows
+// (head_dim set explicitly, since hidden_size / num_heads no longer gives it). Activation and workspace layouts
 // and the kernels' dimensions follow from it; tensor names, ids and checkpoints from c.
 LlamaConfig tensor_parallel_shape(const LlamaConfig& c, TensorParallel tp);
 

@@ -36,7 +36,8 @@ StepWire step_wire(const LlamaConfig& config, DType dtype, const GroupOptions& g
 }
 
 TensorWire tensor_parallel_wire(const LlamaConfig& config, DType dtype, const LoraConfig& lora, int tensor,
-                                long long rows, int micro_steps, int recomputed, int trained_qkv) {
+                                long long rows, int micro_steps, int recomputed, int trained_qkv, bool embedding,
+                                bool head) {
     if (tensor <= 1) return {};
     const double t = double(dtype_size(dtype)), ring = 2.0 * (tensor - 1) / tensor;
     const double activation = double(rows) * config.hidden_size;
@@ -61,7 +62,14 @@ TensorWire tensor_parallel_wire(const LlamaConfig& config, DType dtype, const Lo
             elements += micro * blocks * kv_rows * lora.rank;
         }
     }
+    const int vocab = int(embedding) + int(head);  // the embedding's rows, the head's input gradient
+    w.all_reduces += (long long)(micro * vocab);
+    elements += micro * vocab * activation;
     w.bytes = ring * elements * t;
+    if (head) {  // the cross-entropy's partials
+        w.all_gathers = micro_steps;
+        w.bytes += micro * (tensor - 1) * double(rows) * 3 * (dtype == DType::fp64 ? 8 : 4);
+    }
     return w;
 }
 

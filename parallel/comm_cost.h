@@ -58,12 +58,18 @@ double step_wire_bytes(const LlamaConfig& config, DType dtype, const GroupOption
 // hidden × r). When T replicates the kv heads (model/tensor_parallel.h), one more per block and
 // micro-batch of the whole model's kv rows (replicated_kv_rows) × hidden for each of the
 // `trained_qkv` blocks whose W_qkv trains, and × r for W_qkv's adapter when it adapts k or v.
-// Bytes by the ring: 2·(T−1)/T of each. Zero for T = 1.
+// The vocabulary-parallel embedding and head (model/tensor_parallel.h), when this rank's stage
+// holds them: one all-reduce of rows·hidden after the embedding's lookup; the head's input gradient
+// one more, and one all-gather of each rank's cross-entropy partials (3 accumulator values a row:
+// 8 bytes each in fp64, 4 otherwise). Bytes by the ring: 2·(T−1)/T of an all-reduce, (T−1)× an
+// all-gather's send. Zero for T = 1.
 struct TensorWire {
     long long all_reduces = 0;
+    long long all_gathers = 0;
     double bytes = 0;
 };
 TensorWire tensor_parallel_wire(const LlamaConfig& config, DType dtype, const LoraConfig& lora, int tensor,
-                                long long rows, int micro_steps, int recomputed, int trained_qkv);
+                                long long rows, int micro_steps, int recomputed, int trained_qkv, bool embedding,
+                                bool head);
 
 }  // namespace pv

@@ -47,6 +47,8 @@ const char* group_line(GroupKind k, bool lora) {
     return "parameters";
 }
 
+}  // namespace
+
 RankMemory plan_rank(const PlanRequest& q, int rank) {
     StrategyOptions so = q.strategy;
     so.micro_per_step = q.accumulation;  // a pipeline's slots depend on them (parallel/schedule.h)
@@ -224,8 +226,6 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     return r;
 }
 
-}  // namespace
-
 double RankMemory::category(MemoryCategory c) const {
     double s = 0;
     for (const MemoryLine& l : lines)
@@ -254,7 +254,9 @@ MemoryPlan plan_memory(const PlanRequest& q) {
         throw std::invalid_argument("plan_memory: micro-batch, seq-len, ranks and accumulation must be >= 1");
     MemoryPlan p;
     p.request = q;
-    // Data-parallel ranks are alike (equal slices); a pipeline's stages differ: each stage's first rank.
+    // Data-parallel ranks are alike (equal slices); a pipeline's stages differ: each stage's first
+    // rank. Of a tensor-parallel group the first holds the most (model/tensor_parallel.h: the last
+    // may hold fewer vocabulary rows), so its plan bounds the others'.
     const MeshShape mesh = mesh_of(q.strategy, q.ranks);
     for (int s = 0; s < mesh.pipeline; ++s) p.ranks.push_back(plan_rank(q, s * (q.ranks / mesh.pipeline)));
     return p;

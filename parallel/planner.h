@@ -66,6 +66,9 @@ struct MemoryPlan {
 
 // Throws std::invalid_argument when the strategy cannot run on request.ranks ranks.
 MemoryPlan plan_memory(const PlanRequest& request);
+// One rank's plan: its stage's units and its tensor-parallel slices (plan_memory plans each
+// stage's first rank, which holds the most of its tensor group).
+RankMemory plan_rank(const PlanRequest& request, int rank);
 
 // A GPU's memory and what polevault may use of it.
 // What a process holds on the device besides polevault's own allocations: the CUDA context,

@@ -68,7 +68,10 @@ std::unique_ptr<Strategy<T, G>> make_strategy(const StrategyPlan& plan, Llama<T>
         pipeline = std::make_unique<Pipeline<T>>(model, *s->mesh().comm(axes(MeshAxis::pipeline)), plan.schedule,
                                                  plan.stage_bounds);
     s->apply(plan.info->name, std::move(gradients), std::move(parameters), std::move(pipeline));
-    if (Comm* t = s->tensor_comm()) model.bind_tensor_reduce(tensor_group_sum<T>(*t, model.stream()));
+    if (Comm* t = s->tensor_comm()) {
+        model.bind_tensor_reduce(tensor_group_sum<T>(*t, model.stream()));
+        model.bind_tensor_gather(tensor_group_gather<acc_t<T>>(*t, model.stream()));
+    }
     return s;
 }
 

@@ -1,8 +1,10 @@
 // Tensor parallelism's collective (Megatron-LM): the model holds its slice of every block matrix
 // and calls its seam (model/llama.h ModelOptions::tensor_reduce) where the conjugate operators sit
 // — after each row-parallel linear in the forward, after each column-parallel linear's input
-// gradient in the backward; this is what the seam does: an in-place all-reduce over the tensor
-// axis of the mesh (parallel/mesh.h), ordered with the model's stream. The strategy binds it
+// gradient in the backward, after the vocabulary-parallel embedding and the head's input gradient;
+// this is what the seam does: an in-place all-reduce over the tensor axis of the mesh
+// (parallel/mesh.h), ordered with the model's stream. Its second seam (tensor_gather) gathers the
+// vocabulary-parallel cross-entropy's partials. The strategy binds it
 // (parallel/strategies.h); the model never sees a communicator.
 #pragma once
 
@@ -20,6 +22,17 @@ std::function<void(void*, long long)> tensor_group_sum(Comm& group, cudaStream_t
         T* x = static_cast<T*>(data);
         group.fence_from(stream);
         group.all_reduce(x, x, size_t(count));
+        group.fence_to(stream);
+    };
+}
+
+// Gathers `count` elements of T from each of `group`'s ranks into recv[size·count], rank after
+// rank, on the model's `stream`'s timeline.
+template <class T>
+std::function<void(const void*, void*, long long)> tensor_group_gather(Comm& group, cudaStream_t stream) {
+    return [&group, stream](const void* send, void* recv, long long count) {
+        group.fence_from(stream);
+        group.all_gather(static_cast<const T*>(send), static_cast<T*>(recv), size_t(count));
         group.fence_to(stream);
     };
 }

@@ -1,6 +1,7 @@
 // Token embedding kernels against the fp64 reference (bf16, fp32, fp64), including tokens outside
 // the vocabulary; the backward's accumulation, its bit-exact summation order over several chunks,
-// and a central-difference check of the backward in fp64.
+// a central-difference check of the backward in fp64, and the vocabulary-parallel slices (a table
+// of some of the token rows) against the whole table.
 #include "kernels/embedding.cuh"
 #include "test/check.h"
 #include "test/gradcheck.h"
@@ -145,6 +146,56 @@ void check_deterministic(uint64_t seed, int C) {
     }
 }
 
+// Tensor parallelism's vocabulary-parallel embedding (model/tensor_parallel.h): T ranks holding
+// the token rows [r·P, min(V, (r+1)·P)), P = ⌈V/T⌉ (the last rank fewer). Each rank's forward into
+// poisoned memory, summed over the ranks, is the whole table's forward bit for bit (one rank's row
+// and zeros; NaN for a bad token on every rank); each rank's backward is the whole backward's rows
+// bit for bit, and leaves its other rows alone.
+template <class T>
+void check_vocabulary_slices(long long N, int C, int V, int ranks, uint64_t seed) {
+    const size_t NC = size_t(N) * C;
+    const auto tokens = random_tokens(size_t(N), V, seed, true);
+    const auto wte = random_vector<T>(size_t(V) * C, seed + 1);
+    const auto dout = random_vector<T>(NC, seed + 2);
+    const auto dwte0 = random_vector<T>(size_t(V) * C, seed + 3);
+    DeviceArray<int> d_tokens(tokens);
+    DeviceArray<T> d_wte(wte), d_dout(dout), d_out(NC), d_dwte(dwte0);
+    pv::embedding_forward(d_tokens.get(), d_wte.get(), d_out.get(), N, C, V, nullptr);
+    const auto whole_out = d_out.download();
+    backward(d_tokens.get(), d_dout.get(), d_dwte.get(), N, C, V);
+    const auto whole_dwte = d_dwte.download();
+
+    const int rows = (V + ranks - 1) / ranks;
+    std::vector<pv::acc_t<T>> sum(NC, pv::acc_t<T>(0));
+    for (int r = 0; r < ranks; ++r) {
+        const int first = r * rows, count = std::min(V, first + rows) - first;
+        INFO("N " << N << " C " << C << " V " << V << ": rank " << r << " of " << ranks << ", rows " << first
+                  << " + " << count);
+        REQUIRE(count > 0);
+        const std::vector<T> mine(wte.begin() + ptrdiff_t(first) * C, wte.begin() + ptrdiff_t(first + count) * C);
+        const std::vector<T> mine0(dwte0.begin() + ptrdiff_t(first) * C,
+                                   dwte0.begin() + ptrdiff_t(first + count) * C);
+        DeviceArray<T> d_mine(mine), d_part(NC), d_dmine(mine0);
+        d_part.upload(random_vector<T>(NC, seed + 4 + uint64_t(r)));  // poison: every element must be written
+        pv::embedding_forward_rows(d_tokens.get(), d_mine.get(), d_part.get(), N, C, count, first, V, nullptr);
+        const auto part = d_part.download();
+        for (size_t i = 0; i < NC; ++i) sum[i] += pv::to_acc(part[i]);
+        DeviceArray<unsigned char> scratch(pv::embedding_backward_scratch_bytes(N));
+        pv::embedding_backward_rows(d_tokens.get(), d_dout.get(), d_dmine.get(), N, C, count, first, scratch.get(),
+                                    nullptr);
+        const auto dmine = d_dmine.download();
+        REQUIRE(std::memcmp(dmine.data(), whole_dwte.data() + size_t(first) * C, dmine.size() * sizeof(T)) == 0);
+    }
+    size_t off = 0;
+    for (size_t i = 0; i < NC; ++i) {
+        const T got = pv::from_acc<T>(sum[i]);
+        const bool nan = std::isnan(double(pv::to_acc(whole_out[i])));
+        off += nan ? !std::isnan(double(sum[i])) : std::memcmp(&got, &whole_out[i], sizeof(T)) != 0;
+    }
+    INFO("N " << N << " C " << C << " V " << V << " over " << ranks << " ranks");
+    REQUIRE(off == 0);
+}
+
 // Shapes (N, C, V): one of each, sizes that divide no block, a large vocabulary, widths that are
 // multiples of every vector width (64, 200 in fp32/fp64, 520: the 16-byte paths, 520 in more than
 // one channel slice). test-tsan looks
@@ -195,4 +246,15 @@ TEST_CASE("embedding backward equals central differences of its forward (fp64)",
     const std::string err = compare(grad, numeric, kGradTolerance);
     INFO(err);
     REQUIRE(err.empty());
+}
+
+TEST_CASE("vocabulary-parallel embedding slices sum to the whole table's lookup and split its gradient",
+          "[kernels][embedding][tensor_parallel]") {
+    // (N, C, V, T): V a multiple of T, not one (the last rank fewer rows), vectors and scalars.
+    using Split = std::tuple<long long, int, int, int>;
+    for (auto [N, C, V, T] : {Split{33, 64, 40, 4}, Split{70, 67, 37, 4}, Split{9, 8, 10, 3}, Split{130, 24, 7, 2}}) {
+        check_vocabulary_slices<double>(N, C, V, T, 80);
+        check_vocabulary_slices<float>(N, C, V, T, 90);
+        check_vocabulary_slices<__nv_bfloat16>(N, C, V, T, 100);
+    }
 }

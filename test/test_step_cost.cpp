@@ -84,19 +84,23 @@ TEST_CASE("step cost: LoRA's GEMMs are the frozen base's forward and input gradi
 
 // Tensor parallelism over 2 ranks of the hand-built model (2 query heads, 1 kv head: each rank one
 // query head and the kv head replicated): a rank's GEMMs are its slices' — per block Wq 6×8, Wk
-// 6×8 and Wv 6×8 (the whole kv head), Wo 8×6, Wgate, Wup 6×8, Wdown 8×6 — and the whole head's;
+// 6×8 and Wv 6×8 (the whole kv head), Wo 8×6, Wgate, Wup 6×8, Wdown 8×6 — and the head's 5 of
+// the 10 token rows × 8 (the vocabulary-parallel head, its cross-entropy partials then merged);
 // the replicated kv head's weight gradient share is zeroed, and its k and v rows added after the
 // sum; LoRA's adapters are the slices' (q: 8 in, 6 out; v: 8 in, 6 out; down: 6 in, 8 out), each
 // whole matrix's gradient share zeroed and added; the rank's model FLOPs are half the step's.
-TEST_CASE("step cost: a tensor-parallel rank computes its slices, the head whole", "[step_cost][tensor_parallel]") {
+TEST_CASE("step cost: a tensor-parallel rank computes its slices, the head's too", "[step_cost][tensor_parallel]") {
     pv::StepShape one;
     one.config = pv_test::hand_built(true), one.batch = 3, one.seq_len = 5, one.accumulation = 2, one.t = 2;
     pv::StepShape two = one;
     two.tensor = 2;
-    const double tokens = 3.0 * 5 * 2, slice = 7 * 48, head = 80;
+    const double tokens = 3.0 * 5 * 2, slice = 7 * 48, head = 40;
     CHECK(sums(two).gemm_flops == Approx(6 * (2 * slice + head) * tokens).epsilon(1e-12));
-    double zeroed = 0, kv_added = 0, update = 0;
+    double zeroed = 0, kv_added = 0, update = 0, merges = 0, logits_read = 0;
     for (const pv::KernelCost& k : pv::step_kernels(two, pv::KernelSet::now)) {
+        if (k.kernel == "cross_entropy_merge_kernel") merges += k.count;
+        if (k.kernel == "cross_entropy_partial_kernel") logits_read += k.read_bytes * k.count;
+        CHECK(k.kernel != "cross_entropy_forward_kernel");
         if (k.op == "replicated kv heads: weight gradient share zeroed") zeroed += k.written_bytes * k.count;
         if (k.op == "tensor parallelism: gradient share added") kv_added += k.written_bytes * k.count;
         if (k.kernel.find("adamw") != std::string::npos) update += k.count;
@@ -104,6 +108,8 @@ TEST_CASE("step cost: a tensor-parallel rank computes its slices, the head whole
     CHECK(zeroed == 2 * 2 * (2 * 6) * 8 * 2);  // per block and micro-batch the whole model's 12 kv rows × 8, bf16
     CHECK(kv_added == 2 * (6 * 8) * 2 * 2 * 2);  // its k and v rows (6 × 8 each), per block and micro-batch
     CHECK(update == 2 + 2);  // one AdamW per unit: the blocks, the embedding, the head (its final norm)
+    CHECK(merges == 2);      // one per micro-batch
+    CHECK(logits_read == 2 * (15 * 5 * 2 + 15 * 4));  // its 15 rows × 5 columns of bf16 logits and the targets
     const pv::StepPrediction p1 = pv::predict_step(one, pv::KernelSet::now), p2 = pv::predict_step(two, pv::KernelSet::now);
     CHECK(p2.model_flops == Approx(p1.model_flops / 2).epsilon(1e-12));
 

@@ -1,5 +1,6 @@
-// Tensor parallelism's slices of the block tensors (model/tensor_parallel.h): the sizes that split
-// a model and the refusals naming the rest; the heads each rank holds, worked by hand; and, for
+// Tensor parallelism's slices of the block tensors, the embedding and the head (model/
+// tensor_parallel.h): the sizes that split a model and the refusals naming the rest; the heads and
+// vocabulary rows each rank holds, worked by hand; and, for
 // every size that fits, the T ranks' slices of each tensor tile the whole tensor — each element
 // exactly once, a replicated kv head or tensor on every rank that holds it — with their Hugging
 // Face parts naming the rows they hold. Checkpoints of slices: the ranks' groups join into the
@@ -16,16 +17,18 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace tensor_parallel_test {
 
 // 12 query heads of 4, 4 kv heads (groups of 3), ffn 24: T = 1, 2, 4 and 12 fit; 3 and 6 leave a
-// rank's query heads across two groups; 5 divides nothing.
+// rank's query heads across two groups; 5 divides nothing. A vocabulary of 23 that no T > 1
+// divides: the last rank holds fewer rows (12 + 11, 6·3 + 5, 2·11 + 1).
 pv::LlamaConfig gqa() {
     pv::LlamaConfig c;
     c.name = "gqa-test";
-    c.vocab_size = 16, c.hidden_size = 8, c.num_layers = 2, c.num_heads = 12, c.num_kv_heads = 4, c.head_dim = 4;
+    c.vocab_size = 23, c.hidden_size = 8, c.num_layers = 2, c.num_heads = 12, c.num_kv_heads = 4, c.head_dim = 4;
     c.ffn_size = 24, c.max_seq_len = 8;
     return c;
 }
@@ -57,6 +60,30 @@ TEST_CASE("tensor parallelism: the sizes that split a model, and the refusals", 
     odd_ffn.ffn_size = 26;
     CHECK(error_of<std::invalid_argument>([&] { pv::check_tensor_parallel(odd_ffn, 4); }) ==
           "tensor parallelism over 4 ranks: 4 does not divide the ffn size 26 of gqa-test; --tp can be 1, 2");  // 26 = 2·13
+    // 12 ranks of ⌈21/12⌉ = 2 rows leave the last none (22 ≥ 21).
+    pv::LlamaConfig small_vocab = c;
+    small_vocab.vocab_size = 21;
+    CHECK(error_of<std::invalid_argument>([&] { pv::check_tensor_parallel(small_vocab, 12); }) ==
+          "tensor parallelism over 12 ranks: 12 leaves the last rank none of the vocabulary's 21 rows (2 a rank) of "
+          "gqa-test; --tp can be 1, 2, 4");
+}
+
+TEST_CASE("tensor parallelism: each rank's vocabulary rows, by hand", "[tensor_parallel]") {
+    const pv::LlamaConfig c = gqa();  // 23 tokens
+    const auto rows = [&](int t, int r) {
+        const pv::VocabSlice v = pv::tensor_parallel_vocab(c, {t, r});
+        return std::pair<long long, long long>{v.first, v.count};
+    };
+    CHECK(rows(1, 0) == std::pair<long long, long long>{0, 23});
+    CHECK(rows(2, 0) == std::pair<long long, long long>{0, 12});
+    CHECK(rows(2, 1) == std::pair<long long, long long>{12, 11});
+    CHECK(rows(4, 2) == std::pair<long long, long long>{12, 6});
+    CHECK(rows(4, 3) == std::pair<long long, long long>{18, 5});
+    CHECK(rows(12, 11) == std::pair<long long, long long>{22, 1});
+    CHECK(pv::tensor_parallel_shape(c, {4, 3}).vocab_size == 5);
+    // The embedding's slice names the Hugging Face rows it holds.
+    const pv::TensorSpec& wte = find(pv::tensor_parallel_units(c, {}, {4, 3}), "wte");
+    CHECK((wte.rows == 5 && wte.cols == 8 && wte.parts.size() == 1 && wte.parts[0].hf_row_begin == 18));
 }
 
 TEST_CASE("tensor parallelism: each rank's heads, by hand", "[tensor_parallel]") {
@@ -110,7 +137,7 @@ TEST_CASE("tensor parallelism: the ranks' slices tile every whole tensor, LoRA's
             INFO("T = " << t << ", " << name);
             const pv::TensorSpec& w = find(whole, name);
             const bool norm = name.find("norm") != std::string::npos;
-            const bool replicated = t > 1 && (norm || name == "wte" || name == "lm_head" ||
+            const bool replicated = t > 1 && (norm ||
                                               name.find("lora_a_qkv") != std::string::npos ||
                                               name.find("lora_a_gate_up") != std::string::npos ||
                                               name.find("lora_b_o") != std::string::npos ||
@@ -185,8 +212,8 @@ TEST_CASE("tensor parallelism: slices join into whole tensors, and read back out
                     INFO(name);
                     CHECK(std::all_of(count.begin(), count.end(), [](int n) { return n == 1; }));
                 }
-                // A rank short: an element of a whole block tensor unwritten.
-                if (u >= 1 && u <= size_t(c.num_layers)) {  // a block
+                // A rank short: an element of a whole block tensor, or of the embedding, unwritten.
+                if (u <= size_t(c.num_layers)) {  // the embedding or a block
                     slices.pop_back(), at.pop_back();
                     CHECK_THROWS_WITH(pv::join_tensor_slices(whole[u].front(), slices, at, sizeof(double)),
                                       Catch::Contains("the slices hold"));

@@ -338,10 +338,12 @@ void add_train_flags(CLI::App& app, TrainOptions& o, std::string* run_file = nul
                    "whole world (plain ZeRO), 1: replication (DDP's traffic, ZeRO's code)");
     app.add_option("--tp", o.tp,
                    "Tensor parallelism (Megatron): groups of this many consecutive ranks split every block's "
-                   "matrices (attention by heads, the MLP by its ffn rows and columns) and compute each micro-batch "
-                   "together, two all-reduces per block forward and two backward; the data-parallel strategy "
-                   "(ddp, zero1-3) runs over the groups. Must divide the rank count, the query heads, the "
-                   "key/value heads and the ffn size; 1: none");
+                   "matrices (attention by heads, the MLP by its ffn rows and columns) and the embedding and head "
+                   "by vocabulary rows, and compute each micro-batch together: two all-reduces per block forward "
+                   "and two backward, the vocabulary-parallel cross-entropy gathering 3 values a token; the "
+                   "data-parallel strategy (ddp, zero1-3) runs over the groups. Must divide the rank count, the "
+                   "query heads and the ffn size, and divide the key/value heads or keep each rank's query heads "
+                   "within one of them (which is then replicated); 1: none");
     app.add_option("--offload", o.offload,
                    "CPU offload (ZeRO-Offload): optimizer keeps the fp32 master and Adam m and v of this rank's "
                    "owned range in pinned host memory and runs AdamW on the CPU (single, ddp, zero1-3); params also "

@@ -379,6 +379,16 @@ class TrainingRun {
                             "on the %d ranks whose query heads read it (Megatron's rule); their gradients are summed "
                             "over the group\n",
                             t, kv, kv == 1 ? "" : "s", t / kv);  // T/Hkv: model/tensor_parallel.h
+            if (t > 1) {
+                const VocabSlice first = tensor_parallel_vocab(config_, {t, 0});
+                const VocabSlice last = tensor_parallel_vocab(config_, {t, t - 1});
+                std::printf("tensor parallelism: the embedding and the head split by vocabulary rows, %lld a rank",
+                            first.count);
+                if (last.count != first.count)
+                    std::printf(" (the last %lld: the %d tokens padded to %lld, padding rows stored nowhere)",
+                                last.count, config_.vocab_size, first.count * t);
+                std::printf("\n");
+            }
         }
         if (plan_.pipelined()) {
             const std::vector<int>& stages = plan_.stage_bounds;

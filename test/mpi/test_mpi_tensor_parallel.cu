@@ -75,6 +75,7 @@ Run run(const pv::LlamaConfig& c, pv::Comm* comm, const pv::ActivationCheckpoint
     if (comm) {
         o.placement.tensor = {comm->size(), comm->rank()};
         o.tensor_reduce = pv::tensor_group_sum<double>(*comm, stream);
+        o.tensor_gather = pv::tensor_group_gather<double>(*comm, stream);
     }
     pv::Llama<double> m(c, o);
     if (lora.enabled()) set_lora_b(m);
@@ -123,15 +124,17 @@ void check_against_whole(const pv::LlamaConfig& c, pv::Comm& comm, const pv::Act
     INFO("T = " << comm.size() << ", rank " << comm.rank() << ", kv heads " << c.num_kv_heads
                 << (c.tie_embeddings ? ", tied" : ", untied") << (ckpt.enabled ? ", checkpointing" : "")
                 << (lora.enabled() ? ", LoRA with dropout" : ""));
-    // The group's collectives: all-reduces only, as many and as large as the communication model
-    // says (parallel/comm_cost.h), and as counted here by hand — per block and micro-batch 2 + 2 of
+    // The group's collectives, as many and as large as the communication model says (parallel/
+    // comm_cost.h), and as counted here by hand — all-reduces per block and micro-batch 2 + 2 of
     // rows·hidden, 1 more recomputed, and one per adapter (A of q/k/v and gate/up fused: P·r × C;
-    // B of o and down: C × r).
+    // B of o and down: C × r); per micro-batch the vocabulary-parallel embedding's rows and the
+    // head's input gradient (rows·hidden each), and one all-gather of the cross-entropy's partials
+    // (3 doubles a row from each rank).
     using K = pv::CollectiveKind;
     const long long rows = kBatch * kSeq, L = c.num_layers, C = c.hidden_size, micro = 2;
     int recomputed = 0;
     for (int b = 0; b < L; ++b) recomputed += ckpt.recomputes(b);
-    long long calls = micro * (4 * L + recomputed), elements = calls * rows * C;
+    long long calls = micro * (4 * L + recomputed + 2), elements = calls * rows * C;
     if (lora.enabled()) {
         const long long r = lora.rank;
         calls += micro * L * 4;
@@ -145,12 +148,14 @@ void check_against_whole(const pv::LlamaConfig& c, pv::Comm& comm, const pv::Act
         elements += micro * L * kv_rows * (lora.enabled() ? lora.rank : C);
     }
     for (size_t k = 0; k < mine.wire.calls.size(); ++k)
-        CHECK(mine.wire.calls[k] == (k == size_t(K::all_reduce) ? calls : 0));
+        CHECK(mine.wire.calls[k] == (k == size_t(K::all_reduce) ? calls : k == size_t(K::all_gather) ? micro : 0));
     const double ring = 2.0 * (comm.size() - 1) / comm.size();
-    CHECK(mine.wire.wire_bytes == Approx(ring * double(elements) * 8).epsilon(1e-12));
+    const double gathered = double(micro) * (comm.size() - 1) * double(rows) * 3 * 8;
+    CHECK(mine.wire.wire_bytes == Approx(ring * double(elements) * 8 + gathered).epsilon(1e-12));
     const pv::TensorWire model = pv::tensor_parallel_wire(c, pv::DType::fp64, lora, comm.size(), rows, 2, recomputed,
-                                                          lora.enabled() ? 0 : int(L));
+                                                          lora.enabled() ? 0 : int(L), true, true);
     CHECK(model.all_reduces == calls);
+    CHECK(model.all_gathers == micro);
     CHECK(model.bytes == Approx(mine.wire.wire_bytes).epsilon(1e-12));
     CHECK(std::abs(mine.loss - whole.loss) <= 1e-12 * std::abs(whole.loss));
     REQUIRE(mine.layouts.size() == whole.layouts.size());
