@@ -138,8 +138,9 @@ int main(int argc, char** argv) {
         tp.checkpointing = ActivationCheckpointing{true, 0};
         std::printf("\n## Tensor parallelism (--tp T): %s, 8 micro-batches of 1 x 4096, every block recomputed, "
                     "one rank of the group\n\nThe group's all-reduces over NVLink 450 GB/s (parallel/comm_cost.h "
-                    "tensor_parallel_wire); the data-parallel gradient all-reduce over 8/T ranks comes on top.\n\n"
-                    "| T | compute (ms) | all-reduces per step | GB sent per rank | NVLink (ms) | step (ms), overlapped - "
+                    "tensor_parallel_wire: the blocks' and the vocabulary-parallel embedding's and head's); the "
+                    "data-parallel gradient all-reduce over 8/T ranks comes on top.\n\n"
+                    "| T | compute (ms) | all-reduces + all-gathers per step | GB sent per rank | NVLink (ms) | step (ms), overlapped - "
                     "serial | MFU |\n|---:|---:|---:|---:|---:|---:|---:|\n",
                     tp.config.name.c_str());
         for (int t : {1, 2, 4, 8}) {
@@ -149,8 +150,8 @@ int main(int argc, char** argv) {
                                                       tp.config.num_layers, tp.config.num_layers, true, true);
             const double comm = w.bytes / kNvlinkBytesPerS, serial = p.seconds + comm;
             const double overlapped = std::max(p.seconds, comm), peak = Device{}.tensor_bf16_flops;
-            std::printf("| %d | %.1f | %lld | %.2f | %.1f | %.1f - %.1f | %.1f-%.1f%% |\n", t, p.seconds * 1e3,
-                        w.all_reduces, w.bytes / 1e9, comm * 1e3, overlapped * 1e3, serial * 1e3,
+            std::printf("| %d | %.1f | %lld + %lld | %.2f | %.1f | %.1f - %.1f | %.1f-%.1f%% |\n", t, p.seconds * 1e3,
+                        w.all_reduces, w.all_gathers, w.bytes / 1e9, comm * 1e3, overlapped * 1e3, serial * 1e3,
                         100 * p.model_flops / (serial * peak), 100 * p.model_flops / (overlapped * peak));
         }
     }

@@ -249,6 +249,19 @@ const RankMemory& MemoryPlan::largest() const {
     return ranks.at(best);
 }
 
+TensorWire plan_tensor_wire(const PlanRequest& q) {
+    const int blocks = q.config.num_layers;
+    int recomputed = 0, trained_qkv = 0;
+    for (int b = 0; b < blocks; ++b) {
+        recomputed += q.checkpointing.recomputes(b);
+        trained_qkv += !q.groups.lora.enabled() && !q.groups.frozen.count("layers." + std::to_string(b) + ".w_qkv");
+    }
+    // No pipeline under --tp (parallel/plan.h): every rank's stage holds the embedding and the head.
+    return tensor_parallel_wire(q.config, q.dtype, q.groups.lora, q.strategy.tensor,
+                                (long long)q.micro_batch * q.seq_len, q.accumulation, recomputed, trained_qkv, true,
+                                true);
+}
+
 MemoryPlan plan_memory(const PlanRequest& q) {
     if (q.micro_batch < 1 || q.seq_len < 1 || q.ranks < 1 || q.accumulation < 1)
         throw std::invalid_argument("plan_memory: micro-batch, seq-len, ranks and accumulation must be >= 1");

@@ -19,6 +19,7 @@
 #include "model/config.h"
 #include "model/llama.h"
 #include "model/parameters.h"
+#include "parallel/comm_cost.h"
 #include "parallel/plan.h"
 #include "platform/device_memory.h"
 
@@ -66,6 +67,12 @@ struct MemoryPlan {
 
 // Throws std::invalid_argument when the strategy cannot run on request.ranks ranks.
 MemoryPlan plan_memory(const PlanRequest& request);
+// The collectives of each tensor-parallel group per optimizer step (parallel/comm_cost.h
+// tensor_parallel_wire) for this request: its micro-steps of micro_batch × seq_len tokens, the
+// blocks activation checkpointing recomputes, and the blocks whose W_qkv trains (full fine-tuning,
+// not frozen by --freeze). Zero without --tp.
+TensorWire plan_tensor_wire(const PlanRequest& request);
+
 // One rank's plan: its stage's units and its tensor-parallel slices (plan_memory plans each
 // stage's first rank, which holds the most of its tensor group).
 RankMemory plan_rank(const PlanRequest& request, int rank);

@@ -195,6 +195,40 @@ TEST_CASE("tensor parallelism plans T consecutive ranks per group; what cannot r
           "tensor parallelism over 3 ranks: 3 does not divide the ffn size 40 of test-tied; --tp can be 1, 2");
 }
 
+// What `train plan` prints of a tensor group's traffic (plan_tensor_wire), counted here by hand
+// from the request: per micro-step 4 all-reduces of rows·hidden per block, one more per
+// recomputed block, two for the vocabulary-parallel embedding and head, one of the whole model's
+// kv rows × hidden per block whose W_qkv trains (one kv head, replicated over the pair), and one
+// all-gather of 3 fp32 values a row from each rank.
+TEST_CASE("the plan counts a tensor group's collectives from the request: checkpointing, --freeze",
+          "[plan][tensor]") {
+    pv::PlanRequest q;
+    q.config = pv::preset("test-tied");
+    q.config.num_kv_heads = 1;  // replicated over --tp 2
+    q.dtype = pv::DType::bf16;
+    q.strategy = options("ddp");
+    q.strategy.tensor = 2;
+    q.ranks = 4, q.micro_batch = 2, q.seq_len = 8, q.accumulation = 3;
+    q.checkpointing = pv::ActivationCheckpointing{true, 2};  // blocks 0, 2, ... recompute
+    q.groups.frozen = {"layers.0.w_qkv"};
+    const long long L = q.config.num_layers, C = q.config.hidden_size, rows = 16, micro = 3;
+    const long long hd = q.config.head_dim_resolved(), kv_rows = 2 * hd;
+    long long recomputed = 0;
+    for (long long b = 0; b < L; ++b) recomputed += b % 2 == 0;
+    REQUIRE(L >= 2);
+    const pv::TensorWire w = pv::plan_tensor_wire(q);
+    CHECK(w.all_reduces == micro * (4 * L + recomputed + 2) + micro * (L - 1));
+    CHECK(w.all_gathers == micro);
+    const double elements = double(micro * (4 * L + recomputed + 2) * rows * C + micro * (L - 1) * kv_rows * C);
+    CHECK(w.bytes == Approx(1.0 * elements * 2 + double(micro) * 1 * rows * 3 * 4).epsilon(1e-12));
+    // With LoRA the base trains nowhere: no kv weight-gradient sums (the adapters' are counted
+    // by test_mpi_tensor_parallel).
+    q.groups.lora.rank = 2, q.groups.lora.alpha = 4, q.groups.lora.targets = {"o_proj"};
+    CHECK(pv::plan_tensor_wire(q).all_reduces == micro * (4 * L + recomputed + 2) + micro * L);  // B of o
+    q.strategy.tensor = 1;
+    CHECK(pv::plan_tensor_wire(q).all_reduces == 0);
+}
+
 // The planner's decisions (parallel/planner.h): names, the auto rule, the changes that fit.
 TEST_CASE("the planner's GPU names, --parallel auto and the changes it proposes", "[plan][planner]") {
     CHECK(pv::parse_gpu_memory("h100-80").bytes == 80.0 * (1ull << 30));
