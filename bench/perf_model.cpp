@@ -147,7 +147,8 @@ int main(int argc, char** argv) {
             tp.tensor = t;
             const StepPrediction p = predict_step(tp, KernelSet::now);
             const TensorWire w = tensor_parallel_wire(tp.config, DType::bf16, {}, t, 4096, tp.accumulation,
-                                                      tp.config.num_layers, tp.config.num_layers, true, true);
+                                                      tp.config.num_layers, tp.config.num_layers,
+                                                      tp.config.num_layers, true, true);
             const double comm = w.bytes / kNvlinkBytesPerS, serial = p.seconds + comm;
             const double overlapped = std::max(p.seconds, comm), peak = Device{}.tensor_bf16_flops;
             std::printf("| %d | %.1f | %lld + %lld | %.2f | %.1f | %.1f - %.1f | %.1f-%.1f%% |\n", t, p.seconds * 1e3,

@@ -36,12 +36,12 @@ StepWire step_wire(const LlamaConfig& config, DType dtype, const GroupOptions& g
 }
 
 TensorWire tensor_parallel_wire(const LlamaConfig& config, DType dtype, const LoraConfig& lora, int tensor,
-                                long long rows, int micro_steps, int recomputed, int trained_qkv, bool embedding,
-                                bool head) {
+                                long long rows, int micro_steps, int blocks_held, int recomputed, int trained_qkv,
+                                bool embedding, bool head) {
     if (tensor <= 1) return {};
     const double t = double(dtype_size(dtype)), ring = 2.0 * (tensor - 1) / tensor;
     const double activation = double(rows) * config.hidden_size;
-    const double blocks = config.num_layers, micro = micro_steps;
+    const double blocks = blocks_held, micro = micro_steps;
     TensorWire w;
     w.all_reduces = (long long)(micro * (4 * blocks + recomputed));
     double elements = micro * (4 * blocks + recomputed) * activation;

@@ -49,8 +49,9 @@ double step_wire_bytes(const LlamaConfig& config, DType dtype, const GroupOption
                        int ranks, int accumulation, int shard_group = 0);
 
 // Tensor parallelism's all-reduces (--tp T; model/llama.h's seam, parallel/tensor_parallel.h) over
-// one rank's tensor-parallel group in `micro_steps` micro-batches of `rows` tokens, `recomputed`
-// blocks of which the backward recomputes (activation checkpointing). Per block and micro-batch:
+// one rank's tensor-parallel group in `micro_steps` micro-batches of `rows` tokens through the
+// `blocks` blocks its stage holds (all of them without a pipeline), `recomputed` of which the
+// backward recomputes (activation checkpointing). Per block and micro-batch:
 // two of rows·hidden elements in the forward (after W_o and W_down) and two in the backward (the
 // input gradients of W_qkv and W_gate_up), one more when the block is recomputed (after W_o: the
 // recompute skips the down projection); with LoRA, one per adapted linear of the adapter matrix
@@ -69,7 +70,7 @@ struct TensorWire {
     double bytes = 0;
 };
 TensorWire tensor_parallel_wire(const LlamaConfig& config, DType dtype, const LoraConfig& lora, int tensor,
-                                long long rows, int micro_steps, int recomputed, int trained_qkv, bool embedding,
-                                bool head);
+                                long long rows, int micro_steps, int blocks, int recomputed, int trained_qkv,
+                                bool embedding, bool head);
 
 }  // namespace pv

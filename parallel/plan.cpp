@@ -115,9 +115,6 @@ void check_strategy(const StrategyOptions& o, int ranks) {
                                             "zero2, zero3) with it; at " + std::to_string(ranks) + " ranks that is " +
                                         std::to_string(ranks / o.tensor) + " data-parallel group(s) of " +
                                         std::to_string(o.tensor));
-        if (pipeline)
-            throw std::invalid_argument(t + " with a pipeline (--parallel pp or --pipeline-stages) is not built yet: "
-                                            "drop one of them");
         if (o.offload != Offload::none)
             throw std::invalid_argument(t + " with --offload " + std::string(offload_name(o.offload)) +
                                         " is not built yet: drop one of them");

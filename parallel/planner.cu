@@ -249,17 +249,27 @@ const RankMemory& MemoryPlan::largest() const {
     return ranks.at(best);
 }
 
-TensorWire plan_tensor_wire(const PlanRequest& q) {
-    const int blocks = q.config.num_layers;
-    int recomputed = 0, trained_qkv = 0;
-    for (int b = 0; b < blocks; ++b) {
-        recomputed += q.checkpointing.recomputes(b);
-        trained_qkv += !q.groups.lora.enabled() && !q.groups.frozen.count("layers." + std::to_string(b) + ".w_qkv");
-    }
-    // No pipeline under --tp (parallel/plan.h): every rank's stage holds the embedding and the head.
+TensorWire plan_tensor_wire(const PlanRequest& q, int rank) {
+    StrategyOptions so = q.strategy;
+    so.micro_per_step = q.accumulation;
+    const StrategyPlan sp = plan_strategy(so, q.config, q.seq_len, rank, q.ranks);
+    const int units = q.config.num_layers + 2;  // the embedding, the blocks, the head
+    int blocks = 0, recomputed = 0, trained_qkv = 0;
+    bool embedding = false, head = false;
+    for (const StageUnits& c : sp.placement.chunks)
+        for (int u = c.first; u < (c.end < 0 ? units : c.end); ++u) {
+            if (u == 0 || u == units - 1) {
+                (u == 0 ? embedding : head) = true;
+                continue;
+            }
+            const int b = u - 1;
+            ++blocks;
+            recomputed += q.checkpointing.recomputes(b);
+            trained_qkv += !q.groups.lora.enabled() && !q.groups.frozen.count("layers." + std::to_string(b) + ".w_qkv");
+        }
     return tensor_parallel_wire(q.config, q.dtype, q.groups.lora, q.strategy.tensor,
-                                (long long)q.micro_batch * q.seq_len, q.accumulation, recomputed, trained_qkv, true,
-                                true);
+                                (long long)q.micro_batch * q.seq_len, q.accumulation, blocks, recomputed, trained_qkv,
+                                embedding, head);
 }
 
 MemoryPlan plan_memory(const PlanRequest& q) {

@@ -67,11 +67,12 @@ struct MemoryPlan {
 
 // Throws std::invalid_argument when the strategy cannot run on request.ranks ranks.
 MemoryPlan plan_memory(const PlanRequest& request);
-// The collectives of each tensor-parallel group per optimizer step (parallel/comm_cost.h
-// tensor_parallel_wire) for this request: its micro-steps of micro_batch × seq_len tokens, the
-// blocks activation checkpointing recomputes, and the blocks whose W_qkv trains (full fine-tuning,
-// not frozen by --freeze). Zero without --tp.
-TensorWire plan_tensor_wire(const PlanRequest& request);
+// The collectives of `rank`'s tensor-parallel group per optimizer step (parallel/comm_cost.h
+// tensor_parallel_wire) for this request: its micro-steps of micro_batch × seq_len tokens through
+// the units of its pipeline stage (every unit without one), the blocks activation checkpointing
+// recomputes, and the blocks whose W_qkv trains (full fine-tuning, not frozen by --freeze). Zero
+// without --tp.
+TensorWire plan_tensor_wire(const PlanRequest& request, int rank);
 
 // One rank's plan: its stage's units and its tensor-parallel slices (plan_memory plans each
 // stage's first rank, which holds the most of its tensor group).

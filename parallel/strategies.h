@@ -22,7 +22,7 @@ namespace pv {
 
 // The communicators a strategy may ask its mesh for (parallel/strategy.h): the data axes (the
 // token count; DDP), the shard and replicate axes (ZeRO, hybrid sharding), the pipeline, the
-// tensor axis (the model's tensor-parallel sums), and the gradient norm's shard and pipeline or
+// tensor axis (the model's tensor-parallel sums), and the gradient norm's shard, pipeline and
 // tensor axes.
 // Hybrid sharding's shard and replica groups get communicators of their own whatever their size
 // (ZeRO issues its collectives on them even over one rank).
@@ -33,7 +33,8 @@ inline std::vector<MeshAxes> strategy_mesh_axes(const StrategyPlan& plan) {
                                  axes(MeshAxis::pipeline),
                                  MeshAxis::shard | MeshAxis::pipeline,
                                  axes(MeshAxis::tensor),
-                                 MeshAxis::shard | MeshAxis::tensor};
+                                 MeshAxis::shard | MeshAxis::tensor,
+                                 MeshAxis::shard | MeshAxis::pipeline | MeshAxis::tensor};
     if (plan.info->policy.shards() && plan.mesh.replicate > 1)
         out.insert(out.end(), {MeshAxes(MeshAxis::shard) | kOwnComm, MeshAxes(MeshAxis::replicate) | kOwnComm});
     return out;

@@ -239,8 +239,11 @@ class Strategy {
     // The ranks unit_norms_sq sums over: the mesh's shard, pipeline and tensor axes (hybrid
     // sharding's replicas hold the same slices); null with one rank.
     Comm* norm_comm() {
-        if (pipeline_) return mesh_->comm(MeshAxis::shard | MeshAxis::pipeline);
-        return mesh_->shape().tensor > 1 ? mesh_->comm(MeshAxis::shard | MeshAxis::tensor) : shard_comm();
+        const bool tensor = mesh_->shape().tensor > 1;
+        if (pipeline_)
+            return mesh_->comm(tensor ? MeshAxis::shard | MeshAxis::pipeline | MeshAxis::tensor
+                                      : MeshAxis::shard | MeshAxis::pipeline);
+        return tensor ? mesh_->comm(MeshAxis::shard | MeshAxis::tensor) : shard_comm();
     }
     // Whether this rank's slice of unit u counts in the norm (each element once over the ranks).
     bool counts_in_norm(int u) const { return in_norm(u); }
@@ -300,12 +303,14 @@ class Strategy {
         const bool writer = !comm_ || comm_->rank() == 0;
         Comm* pipe = pipeline_comm();
         const int owner = pipe ? pipeline_->owner(u) : 0;  // the pipeline rank holding the unit
+        // Under tensor parallelism what travels is the joined group: the whole layout's elements.
+        const long long joined = tensor_comm() ? model_.whole_layouts()[size_t(u)][size_t(g)].padded : padded;
         if (pipe && pipe->rank() != owner) {  // another stage's unit: the writer receives it
             if (!writer) return {};
-            DeviceBuffer<X> whole(size_t(padded), MemoryCategory::comm_buffers);
-            pipe->recv(whole.get(), size_t(padded), owner);
+            DeviceBuffer<X> whole(size_t(joined), MemoryCategory::comm_buffers);
+            pipe->recv(whole.get(), size_t(joined), owner);
             pipe->synchronize();
-            return download_bytes(whole.get(), padded);
+            return download_bytes(whole.get(), joined);
         }
         DeviceBuffer<X> gathered;
         const X* whole = local;
@@ -321,21 +326,41 @@ class Strategy {
             shards->synchronize();
             whole = gathered.get();
         }
-        if (Comm* t = tensor_comm()) {  // (no pipeline: check_strategy)
-            if (data_rank() != 0) return {};  // the writer's tensor-parallel group alone
-            DeviceBuffer<X> all(size_t(padded) * size_t(t->size()), MemoryCategory::comm_buffers);
+        if (Comm* t = tensor_comm()) {
+            if (data_rank() != 0) return {};  // the writer's tensor-parallel group (its stage's) alone
+            // The group's first rank holds the most (model/tensor_parallel.h: the last may hold
+            // fewer vocabulary rows): each rank's slice travels in a block of that size.
+            const long long most = model_.tensor_rank_layouts(0)[size_t(u)][size_t(g)].padded;
+            DeviceBuffer<X> mine;
+            if (padded < most) {
+                mine = DeviceBuffer<X>(size_t(most), MemoryCategory::comm_buffers);
+                CUDA_CHECK(cudaMemsetAsync(mine.get(), 0, size_t(most) * sizeof(X), model_.stream()));
+                CUDA_CHECK(cudaMemcpyAsync(mine.get(), whole, size_t(padded) * sizeof(X), cudaMemcpyDeviceToDevice,
+                                           model_.stream()));
+                whole = mine.get();
+            }
+            DeviceBuffer<X> all(size_t(most) * size_t(t->size()), MemoryCategory::comm_buffers);
             t->fence_from(model_.stream());
-            t->all_gather(whole, all.get(), size_t(padded));
+            t->all_gather(whole, all.get(), size_t(most));
             t->synchronize();
-            if (!writer) return {};
-            const std::vector<uint8_t> bytes = download_bytes(all.get(), padded * t->size());
+            const bool sends = pipe && owner != 0 && t->rank() == 0;  // another stage's joiner
+            if (!writer && !sends) return {};
+            const std::vector<uint8_t> bytes = download_bytes(all.get(), most * t->size());
             std::vector<GroupLayout> slices;
             std::vector<const uint8_t*> at;
             for (int r = 0; r < t->size(); ++r) {
                 slices.push_back(model_.tensor_rank_layouts(r)[size_t(u)][size_t(g)]);
-                at.push_back(bytes.data() + size_t(r) * size_t(padded) * sizeof(X));
+                at.push_back(bytes.data() + size_t(r) * size_t(most) * sizeof(X));
             }
-            return join_tensor_slices(model_.whole_layouts()[size_t(u)][size_t(g)], slices, at, sizeof(X));
+            std::vector<uint8_t> joined_bytes =
+                join_tensor_slices(model_.whole_layouts()[size_t(u)][size_t(g)], slices, at, sizeof(X));
+            if (!pipe || owner == 0) return joined_bytes;
+            // Another stage's group: its first rank sends the joined group to the writer.
+            DeviceBuffer<X> out(size_t(joined), MemoryCategory::comm_buffers);
+            CUDA_CHECK(cudaMemcpy(out.get(), joined_bytes.data(), joined_bytes.size(), cudaMemcpyHostToDevice));
+            pipe->send(out.get(), size_t(joined), 0);
+            pipe->synchronize();
+            return {};
         }
         if (pipe && owner != 0) {  // this stage's first data-parallel rank sends it to the writer
             if (data_rank() != 0) return {};

@@ -166,6 +166,19 @@ TEST_CASE("tensor parallelism plans T consecutive ranks per group; what cannot r
         CHECK(p.placement.tensor.rank == 1);
         CHECK(pv::data_ranks_of(o, 4) == 2);
     }
+    // With a pipeline: pp's stages are the tensor positions' ranks; --pipeline-stages under zero1
+    // takes the data-parallel ranks from what is left (8 ranks: 2 stages × 2 data × 2 tensor).
+    {
+        pv::StrategyOptions o = options("pp");
+        o.tensor = 2;
+        const pv::StrategyPlan p = pv::plan_strategy(o, c, 8, 3, 4);  // stage 1, tensor 1
+        CHECK(p.mesh == pv::MeshShape{2, 1, 1, 2});
+        CHECK(p.placement.tensor.rank == 1);
+        CHECK(p.placement.chunks.front().first > 0);  // the second stage's units
+        pv::StrategyOptions z = options("zero1");
+        z.tensor = 2, z.pipeline_stages = 2;
+        CHECK(pv::plan_strategy(z, c, 8, 5, 8).mesh == pv::MeshShape{2, 1, 2, 2});
+    }
     auto refusal = [&](const std::string& name, int tensor, int ranks, void (*more)(pv::StrategyOptions&)) {
         pv::StrategyOptions o = options(name);
         o.tensor = tensor;
@@ -180,8 +193,6 @@ TEST_CASE("tensor parallelism plans T consecutive ranks per group; what cannot r
     CHECK(refusal("single", 2, 2, none) ==
           "--tp 2 needs a strategy over several ranks: choose --parallel ddp (or zero1, zero2, zero3) with it; at 2 "
           "ranks that is 1 data-parallel group(s) of 2");
-    CHECK(refusal("pp", 2, 4, none) ==
-          "--tp 2 with a pipeline (--parallel pp or --pipeline-stages) is not built yet: drop one of them");
     CHECK(refusal("zero3", 2, 2, none) ==
           "--tp 2 on 2 ranks leaves one data-parallel rank, nothing for --parallel zero3 to shard: choose --parallel "
           "ddp, or start 4 ranks or more (a multiple of 2)");
@@ -216,7 +227,7 @@ TEST_CASE("the plan counts a tensor group's collectives from the request: checkp
     long long recomputed = 0;
     for (long long b = 0; b < L; ++b) recomputed += b % 2 == 0;
     REQUIRE(L >= 2);
-    const pv::TensorWire w = pv::plan_tensor_wire(q);
+    const pv::TensorWire w = pv::plan_tensor_wire(q, 0);
     CHECK(w.all_reduces == micro * (4 * L + recomputed + 2) + micro * (L - 1));
     CHECK(w.all_gathers == micro);
     const double elements = double(micro * (4 * L + recomputed + 2) * rows * C + micro * (L - 1) * kv_rows * C);
@@ -224,9 +235,24 @@ TEST_CASE("the plan counts a tensor group's collectives from the request: checkp
     // With LoRA the base trains nowhere: no kv weight-gradient sums (the adapters' are counted
     // by test_mpi_tensor_parallel).
     q.groups.lora.rank = 2, q.groups.lora.alpha = 4, q.groups.lora.targets = {"o_proj"};
-    CHECK(pv::plan_tensor_wire(q).all_reduces == micro * (4 * L + recomputed + 2) + micro * L);  // B of o
+    CHECK(pv::plan_tensor_wire(q, 0).all_reduces == micro * (4 * L + recomputed + 2) + micro * L);  // B of o
+    // Over a pipeline of 2 stages (pp at 4 ranks): each stage's blocks, the embedding's all-reduce
+    // on the first, the head's all-reduce and all-gather on the last.
+    q.strategy = options("pp");
+    q.strategy.tensor = 2;
+    const pv::StrategyPlan first = pv::plan_strategy(q.strategy, q.config, q.seq_len, 0, 4);
+    const long long first_blocks = first.placement.chunks.front().end - 1;  // units [0, end): the embedding first
+    REQUIRE((first_blocks >= 1 && first_blocks < L));
+    long long recomputed_first = 0;
+    for (long long b = 0; b < first_blocks; ++b) recomputed_first += b % 2 == 0;
+    const pv::TensorWire w0 = pv::plan_tensor_wire(q, 0), w1 = pv::plan_tensor_wire(q, 2);
+    CHECK(w0.all_reduces == micro * (4 * first_blocks + recomputed_first + 1) + micro * first_blocks);
+    CHECK(w0.all_gathers == 0);
+    CHECK(w1.all_reduces ==
+          micro * (4 * (L - first_blocks) + (recomputed - recomputed_first) + 1) + micro * (L - first_blocks));
+    CHECK(w1.all_gathers == micro);
     q.strategy.tensor = 1;
-    CHECK(pv::plan_tensor_wire(q).all_reduces == 0);
+    CHECK(pv::plan_tensor_wire(q, 0).all_reduces == 0);
 }
 
 // The planner's decisions (parallel/planner.h): names, the auto rule, the changes that fit.

@@ -507,11 +507,15 @@ int plan_command(const TrainOptions& given, const PlanOptions& p) {
     std::printf("%s", format_plan(plan, &gpu).c_str());
     if (p.ranks > 1) std::printf("mesh: %s\n%s", describe_mesh(mesh_of(q.strategy, p.ranks)).c_str(),
                                  draw_mesh(mesh_of(q.strategy, p.ranks)).c_str());
-    if (q.strategy.tensor > 1) {
-        const TensorWire w = plan_tensor_wire(q);
-        std::printf("tensor parallelism: per step %lld all-reduces and %lld all-gathers within each group of %d ranks, "
-                    "%.2f GB sent per rank (parallel/comm_cost.h)\n",
-                    w.all_reduces, w.all_gathers, q.strategy.tensor, w.bytes / 1e9);
+    if (q.strategy.tensor > 1) {  // per pipeline stage (one without a pipeline): its first rank's group
+        const int stages = mesh_of(q.strategy, p.ranks).pipeline;
+        for (int s = 0; s < stages; ++s) {
+            const TensorWire w = plan_tensor_wire(q, s * (p.ranks / stages));
+            std::printf("tensor parallelism%s: per step %lld all-reduces and %lld all-gathers within each group of %d "
+                        "ranks, %.2f GB sent per rank (parallel/comm_cost.h)\n",
+                        stages > 1 ? (" (stage " + std::to_string(s) + ")").c_str() : "", w.all_reduces,
+                        w.all_gathers, q.strategy.tensor, w.bytes / 1e9);
+        }
     }
     if (has_pipeline(q.strategy)) {
         const PipelineSchedule schedule = pipeline_schedule_of(q.strategy, mesh_of(q.strategy, p.ranks).pipeline);

@@ -153,20 +153,22 @@ double check_case(const Case& c, pv::Comm* comm, const char* dtype) {
     // A pipeline's activations from the schedule's simulator, not from the slots the planner and
     // the model share: each chunk holds as many micro-batches as the simulator counts in flight in
     // it at most (1F1B: min(p − r, M) on stage r; interleaved: each chunk its own), each one the
-    // arenas of the chunk's units and, past stage 0, the stream it received.
+    // arenas of the chunk's units (at its tensor-parallel shape) and, past stage 0, the stream it
+    // received.
     if (piped(c) && !c.checkpointing.enabled) {
         pv::StrategyOptions so = q.strategy;
         so.micro_per_step = q.accumulation;
         const pv::StrategyPlan sp = pv::plan_strategy(so, config, kSeq, rank, ranks);
         const pv::ScheduleFacts facts = pv::simulate_pipeline_schedule(sp.schedule);
         const int r = pv::mesh_coords(sp.mesh, rank).pipeline;
+        const pv::LlamaConfig shape = pv::tensor_parallel_shape(config, sp.placement.tensor);  // its slices'
         double expected = 0;
         for (size_t k = 0; k < sp.placement.chunks.size(); ++k) {
             const pv::StageUnits& units = sp.placement.chunks[k];
             double one = units.first > 0 ? double(kMicro) * kSeq * config.hidden_size * sizeof(T) : 0;
             for (int u = units.first; u < units.end; ++u)
                 one += double(pv::arena_bytes(
-                    pv::slot_arena_layout(config, u, kMicro, kSeq, pv::dtype_of<T>(), q.groups.lora, {})));
+                    pv::slot_arena_layout(shape, u, kMicro, kSeq, pv::dtype_of<T>(), q.groups.lora, {})));
             expected += facts.chunk_peak[size_t(r)][k] * one;
         }
         CHECK(m.peak[size_t(C::activations)] == expected);
@@ -252,6 +254,12 @@ TEST_CASE("the memory planner equals the measured peaks of a real step", "[plann
         check_case<__nv_bfloat16, float>({"zero1", "frozen", false, 1, O::none, {}, f1b1, 1, 0, 2}, comm, "bf16");
         check_case<double, double>({"zero3", "lora", false, 1, O::none, {}, f1b1, 1, 0, 2}, comm, "fp64");
         check_case<float, float>({"zero2", "full", true, 1, O::none, {}, f1b1, 1, 0, 2, 1}, comm, "fp32");
+    }
+    // Tensor × pipeline parallelism at 4 ranks: two 1F1B stages, each a tensor-parallel pair (the
+    // last stage's tied embedding copy a vocabulary slice too).
+    if (world.size() % 4 == 0) {
+        check_case<double, double>({"mp", "full", false, 2, O::none, {}, f1b1, 1, 0, 2}, comm, "fp64");
+        check_case<__nv_bfloat16, __nv_bfloat16>({"mp", "lora", true, 2, O::none, half, f1b1, 1, 0, 2}, comm, "bf16");
     }
     // Pipeline × data parallelism (4 ranks and more): two 1F1B stages, each replicated under ddp or zero1.
     if (world.size() % 4 == 0) {

@@ -152,8 +152,8 @@ void check_against_whole(const pv::LlamaConfig& c, pv::Comm& comm, const pv::Act
     const double ring = 2.0 * (comm.size() - 1) / comm.size();
     const double gathered = double(micro) * (comm.size() - 1) * double(rows) * 3 * 8;
     CHECK(mine.wire.wire_bytes == Approx(ring * double(elements) * 8 + gathered).epsilon(1e-12));
-    const pv::TensorWire model = pv::tensor_parallel_wire(c, pv::DType::fp64, lora, comm.size(), rows, 2, recomputed,
-                                                          lora.enabled() ? 0 : int(L), true, true);
+    const pv::TensorWire model = pv::tensor_parallel_wire(c, pv::DType::fp64, lora, comm.size(), rows, 2, int(L),
+                                                          recomputed, lora.enabled() ? 0 : int(L), true, true);
     CHECK(model.all_reduces == calls);
     CHECK(model.all_gathers == micro);
     CHECK(model.bytes == Approx(mine.wire.wire_bytes).epsilon(1e-12));
