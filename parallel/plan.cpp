@@ -115,9 +115,6 @@ void check_strategy(const StrategyOptions& o, int ranks) {
                                             "zero2, zero3) with it; at " + std::to_string(ranks) + " ranks that is " +
                                         std::to_string(ranks / o.tensor) + " data-parallel group(s) of " +
                                         std::to_string(o.tensor));
-        if (o.offload != Offload::none)
-            throw std::invalid_argument(t + " with --offload " + std::string(offload_name(o.offload)) +
-                                        " is not built yet: drop one of them");
         ranks /= o.tensor;  // what the data-parallel and pipeline checks below divide: each tensor position's ranks
         if (s.policy.shards() && ranks == 1)
             throw std::invalid_argument(t + " on " + std::to_string(o.tensor) +

@@ -196,8 +196,11 @@ TEST_CASE("tensor parallelism plans T consecutive ranks per group; what cannot r
     CHECK(refusal("zero3", 2, 2, none) ==
           "--tp 2 on 2 ranks leaves one data-parallel rank, nothing for --parallel zero3 to shard: choose --parallel "
           "ddp, or start 4 ranks or more (a multiple of 2)");
-    CHECK(refusal("zero1", 2, 4, [](pv::StrategyOptions& o) { o.offload = pv::Offload::optimizer; }) ==
-          "--tp 2 with --offload optimizer is not built yet: drop one of them");
+    {  // CPU offload of the slices plans like any other
+        pv::StrategyOptions o = options("zero3");
+        o.tensor = 2, o.offload = pv::Offload::params;
+        CHECK(pv::plan_strategy(o, c, 8, 3, 4).placement.tensor.rank == 1);
+    }
     CHECK(refusal("zero1", 2, 4, [](pv::StrategyOptions& o) { o.shard_group = 4; }) ==
           "--shard-group 4 is larger than the 2 data-parallel ranks (the ranks over --tp 2): give at most 2 (0: the "
           "whole world), or start more ranks");

@@ -254,6 +254,10 @@ TEST_CASE("the memory planner equals the measured peaks of a real step", "[plann
         check_case<__nv_bfloat16, float>({"zero1", "frozen", false, 1, O::none, {}, f1b1, 1, 0, 2}, comm, "bf16");
         check_case<double, double>({"zero3", "lora", false, 1, O::none, {}, f1b1, 1, 0, 2}, comm, "fp64");
         check_case<float, float>({"zero2", "full", true, 1, O::none, {}, f1b1, 1, 0, 2, 1}, comm, "fp32");
+        // CPU offload of the slices: the optimizer under zero1, zero3's parameters too.
+        check_case<__nv_bfloat16, __nv_bfloat16>({"zero1", "full", false, 1, O::optimizer, {}, f1b1, 1, 0, 2}, comm,
+                                                 "bf16");
+        check_case<double, double>({"zero3", "frozen", true, 1, O::params, {}, f1b1, 1, 0, 2}, comm, "fp64");
     }
     // Tensor × pipeline parallelism at 4 ranks: two 1F1B stages, each a tensor-parallel pair (the
     // last stage's tied embedding copy a vocabulary slice too).
