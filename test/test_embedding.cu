@@ -251,8 +251,12 @@ TEST_CASE("embedding backward equals central differences of its forward (fp64)",
 TEST_CASE("vocabulary-parallel embedding slices sum to the whole table's lookup and split its gradient",
           "[kernels][embedding][tensor_parallel]") {
     // (N, C, V, T): V a multiple of T, not one (the last rank fewer rows), vectors and scalars.
+    // Under TSan the smallest alone (DESIGN.md §5: tiny shapes there).
     using Split = std::tuple<long long, int, int, int>;
-    for (auto [N, C, V, T] : {Split{33, 64, 40, 4}, Split{70, 67, 37, 4}, Split{9, 8, 10, 3}, Split{130, 24, 7, 2}}) {
+    const std::vector<Split> splits = pv::kThreadSanitizer ? std::vector<Split>{{9, 8, 10, 3}}
+                                                            : std::vector<Split>{{33, 64, 40, 4}, {70, 67, 37, 4},
+                                                                                 {9, 8, 10, 3}, {130, 24, 7, 2}};
+    for (auto [N, C, V, T] : splits) {
         check_vocabulary_slices<double>(N, C, V, T, 80);
         check_vocabulary_slices<float>(N, C, V, T, 90);
         check_vocabulary_slices<__nv_bfloat16>(N, C, V, T, 100);
