@@ -138,10 +138,12 @@ int main(int argc, char** argv) {
         tp.checkpointing = ActivationCheckpointing{true, 0};
         std::printf("\n## Tensor parallelism (--tp T): %s, 8 micro-batches of 1 x 4096, every block recomputed, "
                     "one rank of the group\n\nThe group's all-reduces over NVLink 450 GB/s (parallel/comm_cost.h "
-                    "tensor_parallel_wire: the blocks' and the vocabulary-parallel embedding's and head's); the "
-                    "data-parallel gradient all-reduce over 8/T ranks comes on top.\n\n"
-                    "| T | compute (ms) | all-reduces + all-gathers per step | GB sent per rank | NVLink (ms) | step (ms), overlapped - "
-                    "serial | MFU |\n|---:|---:|---:|---:|---:|---:|---:|\n",
+                    "tensor_parallel_wire: the blocks' and the vocabulary-parallel embedding's and head's), and "
+                    "ddp's gradient all-reduce of the rank's slices over its 8/T data-parallel ranks, also over "
+                    "NVLink (step_wire_bytes of the slices' groups).\n\n"
+                    "| T | compute (ms) | all-reduces + all-gathers per step | GB sent per rank | NVLink (ms) | "
+                    "ddp over 8/T: GB, ms | step (ms), overlapped - serial | MFU |\n"
+                    "|---:|---:|---:|---:|---:|---:|---:|---:|\n",
                     tp.config.name.c_str());
         for (int t : {1, 2, 4, 8}) {
             tp.tensor = t;
@@ -149,10 +151,15 @@ int main(int argc, char** argv) {
             const TensorWire w = tensor_parallel_wire(tp.config, DType::bf16, {}, t, 4096, tp.accumulation,
                                                       tp.config.num_layers, tp.config.num_layers,
                                                       tp.config.num_layers, true, true);
-            const double comm = w.bytes / kNvlinkBytesPerS, serial = p.seconds + comm;
+            GroupOptions slices;
+            slices.tensor = {t, 0};  // the rank's slices (rank 0's: the most vocabulary rows)
+            const double dp_bytes = t < 8 ? step_wire_bytes(tp.config, DType::bf16, slices, "ddp", 8 / t, 1) : 0;
+            const double tensor_comm = w.bytes / kNvlinkBytesPerS, dp_comm = dp_bytes / kNvlinkBytesPerS;
+            const double comm = tensor_comm + dp_comm, serial = p.seconds + comm;
             const double overlapped = std::max(p.seconds, comm), peak = Device{}.tensor_bf16_flops;
-            std::printf("| %d | %.1f | %lld + %lld | %.2f | %.1f | %.1f - %.1f | %.1f-%.1f%% |\n", t, p.seconds * 1e3,
-                        w.all_reduces, w.all_gathers, w.bytes / 1e9, comm * 1e3, overlapped * 1e3, serial * 1e3,
+            std::printf("| %d | %.1f | %lld + %lld | %.2f | %.1f | %.2f, %.1f | %.1f - %.1f | %.1f-%.1f%% |\n", t,
+                        p.seconds * 1e3, w.all_reduces, w.all_gathers, w.bytes / 1e9, tensor_comm * 1e3,
+                        dp_bytes / 1e9, dp_comm * 1e3, overlapped * 1e3, serial * 1e3,
                         100 * p.model_flops / (serial * peak), 100 * p.model_flops / (overlapped * peak));
         }
     }
