@@ -511,6 +511,22 @@ TEST_CASE("train plan: the default run's plan is its measured peak; what cannot 
     CHECK(sharded.output.find("fits on h100-80") != std::string::npos);
     for (const char* strategy : {"ddp", "zero1", "zero2", "zero3", "pp"})
         CHECK(sharded.output.find(std::string("  ") + strategy + " ") != std::string::npos);
+    // --search: the five fastest layouts of 4 ranks, the strategy given kept, and the flags of the
+    // fastest, which plan as a run that fits.
+    const std::string tiny = "plan --preset test-tiny --seq-len 32 --batch 8 --ranks 4 --sample-tokens 0";
+    const Run search = run_train(tiny + " --parallel zero1 --search");
+    INFO(search.output);
+    REQUIRE(search.status == 0);
+    CHECK(search.output.find("layouts of test-tiny on 4 GPU(s) sized") != std::string::npos);
+    CHECK(search.output.find("| 5 | ") != std::string::npos);
+    CHECK(search.output.find("| 6 | ") == std::string::npos);
+    const size_t run_it = search.output.find("run it with: --parallel zero1 ");
+    REQUIRE(run_it != std::string::npos);
+    const std::string chosen = search.output.substr(run_it + 13, search.output.find('\n', run_it) - run_it - 13);
+    const Run chosen_plan = run_train(tiny + " " + chosen);
+    INFO(chosen_plan.output);
+    CHECK(chosen_plan.status == 0);
+    CHECK(chosen_plan.output.find(", zero1 on 4 rank(s)") != std::string::npos);
     // train refuses what its plan says cannot fit, with the table and a way out, before allocating.
     const Run big = run_train("--preset llama-2-70b --gpu-memory rtx4090-24 --out-dir " + dir.file("big"));
     INFO(big.output);

@@ -34,6 +34,7 @@
 #include "data/prepare.h"
 #include "model/llama.h"
 #include "parallel/plan.h"
+#include "parallel/layout_search.h"
 #include "parallel/planner.h"
 #include "model/freeze.h"
 #include "parallel/world.h"
@@ -461,6 +462,29 @@ LlamaConfig plan_config(const TrainOptions& o) {
     return default_model(o.vocab, o.seq_len);
 }
 
+// `train plan --search`: every layout of --ranks GPUs, the five fastest that fit. What the user
+// gave as a flag stays fixed: --tp above 1, --pipeline-stages, a named --parallel, a
+// --micro-batch, --checkpoint-activations, an --offload.
+void print_layout_search(const TrainOptions& o, const TrainOptions& flags, const LlamaConfig& config,
+                         const PlanOptions& p, const GpuMemory& gpu) {
+    SearchRequest r;
+    r.run = plan_request(o, config, p.ranks);
+    r.world = p.ranks, r.batch = o.batch, r.budget = gpu.usable();
+    r.link.gpus_per_node = p.gpus_per_node;
+    r.link.intra_node = p.intra_node_gbs * 1e9, r.link.inter_node = p.inter_node_gbs * 1e9;
+    r.tp = o.tp > 1 ? o.tp : 0;
+    r.pipeline_stages = o.pipeline_stages;
+    r.micro_batch = flags.micro_batch;
+    r.strategy = flags.parallel == "auto" ? "" : canonical_strategy_name(flags.parallel);
+    r.checkpointing_fixed = o.checkpoint_activations >= 0;
+    r.offload = o.offload == "none" ? "" : o.offload;
+    const SearchResult result = search_layouts(r);
+    std::printf("\n%s", format_search(r, result).c_str());
+    if (!result.fitting.empty())
+        std::printf("fastest: %s\nrun it with: %s\n", describe_choice(result).c_str(),
+                    result.fitting.front().flags().c_str());
+}
+
 // `train plan`: the memory per rank by category, the verdict, what fits.
 int plan_command(const TrainOptions& given, const PlanOptions& p) {
     TrainOptions flags = given;
@@ -556,6 +580,7 @@ int plan_command(const TrainOptions& given, const PlanOptions& p) {
             }
         }
     }
+    if (p.search) print_layout_search(o, flags, config, p, gpu);
     if (fits) return 0;
     // Exit status 1: scripts and schedulers see that this run cannot start as given.
     std::printf("\ndoes not fit: this run needs %s per rank, %s usable on %s; %s\n", format_bytes(plan.peak()).c_str(),

@@ -667,6 +667,22 @@ Parsed parse_once(const std::vector<std::string>& args, const TrainOptions& base
                    "micro-batch 3, B3 its backward, taking two columns; '.' idle)");
     plan->add_flag("--compare", c.plan.compare, "Every strategy side by side, and the one --parallel auto takes")
         ->group("Plan");
+    plan->add_flag("--search", c.plan.search,
+                   "Every layout of --ranks GPUs (tensor-parallel size, pipeline stages, ZeRO stage and shard group, "
+                   "micro-batch, activation checkpointing, offload; those given as flags stay fixed), sized by the "
+                   "planner and timed by the performance model: the five fastest that fit")
+        ->group("Plan");
+    plan->add_option("--gpus-per-node", c.plan.gpus_per_node, "--search: GPUs per node (a tensor-parallel group stays in one)")
+        ->check(number_check(whole_number(1, 1024)))
+        ->group("Plan");
+    plan->add_option("--intra-node-gbs", c.plan.intra_node_gbs,
+                     "--search: GB/s a collective or a send reaches between two GPUs of a node (NVLink 4: 450 at 0.7)")
+        ->check(number_check(real_number(0.001, 1e6)))
+        ->group("Plan");
+    plan->add_option("--inter-node-gbs", c.plan.inter_node_gbs,
+                     "--search: GB/s between nodes, per GPU (one 400 Gb/s adapter per GPU: 50 at 0.7)")
+        ->check(number_check(real_number(0.001, 1e6)))
+        ->group("Plan");
     CLI::App* sample = app.add_subcommand(
         "sample", "Generate text from a checkpoint or a Hugging Face model directory, with a KV cache");
     sample->option_defaults()->always_capture_default();

@@ -129,6 +129,10 @@ struct PlanOptions {
     int ranks = 1;         // the world size to plan for (instead of mpirun's)
     bool compare = false;  // every strategy side by side
     bool show_schedule = false;  // pp: the pipeline schedule's timeline (parallel/schedule.h)
+    bool search = false;         // every layout, the five fastest that fit (parallel/layout_search.h)
+    // The machines the search assumes (parallel/layout_search.h Interconnect's defaults).
+    int gpus_per_node = 8;
+    double intra_node_gbs = 315, inter_node_gbs = 35;
 };
 
 struct SampleOptions {

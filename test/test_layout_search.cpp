@@ -1,0 +1,187 @@
+// The layout search (parallel/layout_search.h): what it enumerates, that each layout's memory is
+// the planner's for the layout its flags name, that its step adds up from the performance model's
+// pieces as the header says, that the fixed choices stay fixed and that the ranking is by the step.
+#include "parallel/layout_search.h"
+
+#include "model/config.h"
+#include "model/tensor_parallel.h"
+#include "parallel/comm_cost.h"
+#include "parallel/plan.h"
+#include "test/error_of.h"
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <stdexcept>
+#include <set>
+#include <tuple>
+
+using pv::test::error_of;
+
+namespace {
+
+constexpr double kUnbounded = 1e18;
+
+pv::SearchRequest tiny_request(int world, int batch) {
+    pv::SearchRequest r;
+    r.run.config = pv::preset("test-tiny");  // 6 heads, 2 kv heads, ffn 40: tp 1 or 2
+    r.run.dtype = pv::DType::bf16;
+    r.run.seq_len = 32;
+    r.world = world, r.batch = batch, r.budget = kUnbounded;
+    return r;
+}
+
+// The plan of a layout rebuilt from what it says it is (not from the search's request).
+pv::PlanRequest request_of(const pv::SearchRequest& r, const pv::LayoutPrediction& p) {
+    pv::PlanRequest q = r.run;
+    q.strategy = pv::StrategyOptions{};
+    q.strategy.kind = pv::strategy_kind(p.strategy);
+    q.strategy.tensor = p.tp;
+    q.strategy.pipeline_stages = p.pp > 1 && p.strategy != "pp" ? p.pp : 0;
+    q.strategy.shard_group = p.options.shard_group;
+    q.strategy.offload = p.options.offload;
+    q.strategy.micro_per_step = p.accumulation;
+    q.ranks = r.world, q.micro_batch = p.micro_batch, q.accumulation = p.accumulation;
+    q.checkpointing = p.checkpointing;
+    return q;
+}
+
+}  // namespace
+
+TEST_CASE("the search enumerates every mesh of the world, each layout sized by the planner", "[layout_search]") {
+    const pv::SearchRequest r = tiny_request(4, 8);
+    const pv::SearchResult all = pv::search_layouts(r);
+    REQUIRE(all.fitting.size() == size_t(all.considered));  // an unbounded budget: everything fits
+    std::set<std::tuple<int, int, int>> meshes;
+    for (const pv::LayoutPrediction& p : all.fitting) {
+        INFO(p.describe());
+        meshes.insert({p.tp, p.pp, p.dp});
+        CHECK(p.tp * p.pp * p.dp == 4);
+        CHECK(p.micro_batch * p.accumulation * p.dp == 8);  // every layout trains the same 8 rows a step
+        CHECK(p.memory == pv::plan_memory(request_of(r, p)).peak());
+        CHECK(p.seconds > 0);
+        CHECK(p.seconds >= p.compute);
+        CHECK(p.tokens_per_s == Approx(8.0 * 32 / p.seconds));
+        if (p.tp == 1) CHECK(p.tensor_comm == 0);
+        else CHECK(p.tensor_comm > 0);
+        if (p.dp == 1) CHECK(p.data_comm == 0);
+        else CHECK(p.data_comm > 0);
+        if (p.options.offload == pv::Offload::none) CHECK(p.offload == 0);
+        else CHECK(p.offload > 0);
+        if (p.pp > 1) CHECK(p.bubble > 0);
+        else CHECK(p.bubble == 0);
+    }
+    // tp 4 does not split 6 heads; the rest of the divisors of 4 (pipelines of up to 4 stages over
+    // the 2 blocks, the embedding and the head).
+    const std::set<std::tuple<int, int, int>> expected{{1, 1, 4}, {1, 2, 2}, {1, 4, 1}, {2, 1, 2}, {2, 2, 1}};
+    CHECK(meshes == expected);
+    // Fastest first.
+    for (size_t i = 1; i < all.fitting.size(); ++i) CHECK(all.fitting[i - 1].seconds <= all.fitting[i].seconds);
+    // Every data-parallel strategy, both checkpointings, and offload, where they can run.
+    std::set<std::string> strategies;
+    bool recomputed = false, offloaded_params = false;
+    for (const pv::LayoutPrediction& p : all.fitting) {
+        strategies.insert(p.strategy);
+        recomputed |= p.checkpointing.enabled;
+        offloaded_params |= p.options.offload == pv::Offload::params;
+        if (p.options.offload == pv::Offload::params) CHECK(p.strategy == "zero3");
+    }
+    CHECK(strategies == std::set<std::string>{"ddp", "zero1", "zero2", "zero3", "pp"});
+    CHECK(recomputed);
+    CHECK(offloaded_params);
+}
+
+TEST_CASE("the search keeps what fits in the budget and names the least memory when nothing does",
+          "[layout_search]") {
+    pv::SearchRequest r = tiny_request(4, 8);
+    const pv::SearchResult all = pv::search_layouts(r);
+    std::vector<double> memory;
+    for (const pv::LayoutPrediction& p : all.fitting) memory.push_back(p.memory);
+    std::sort(memory.begin(), memory.end());
+    r.budget = memory[memory.size() / 2];
+    const pv::SearchResult half = pv::search_layouts(r);
+    CHECK(half.considered == all.considered);
+    CHECK(half.fitting.size() == size_t(std::count_if(memory.begin(), memory.end(),
+                                                       [&](double m) { return m <= r.budget; })));
+    for (const pv::LayoutPrediction& p : half.fitting) CHECK(p.memory <= r.budget);
+    CHECK(half.least_memory.memory > r.budget);
+    r.budget = memory.front() / 2;
+    const pv::SearchResult none = pv::search_layouts(r);
+    CHECK(none.fitting.empty());
+    CHECK(none.least_memory.memory == memory.front());
+    CHECK(pv::format_search(r, none).find("none fits: the least memory") != std::string::npos);
+    CHECK(pv::describe_choice(none) == "no layout fits");
+}
+
+TEST_CASE("a data-parallel layout's step adds up from the performance model and the wire bytes",
+          "[layout_search]") {
+    // ddp on 2 ranks of different nodes (1 GPU per node): the all-reduce at the inter-node rate,
+    // hidden behind the backward as far as it lasts.
+    pv::SearchRequest r = tiny_request(2, 4);
+    r.link.gpus_per_node = 1, r.link.intra_node = 1e12, r.link.inter_node = 2e6;
+    r.strategy = "ddp", r.micro_batch = 1, r.offload = "none";
+    const pv::SearchResult result = pv::search_layouts(r);
+    REQUIRE(result.fitting.size() == 2);  // checkpointing off and on; tp 2 would cross the nodes
+    for (const pv::LayoutPrediction& p : result.fitting) {
+        INFO(p.describe());
+        CHECK(p.tp == 1);
+        pv::StepShape s;
+        s.config = r.run.config, s.batch = 1, s.seq_len = 32, s.accumulation = 1, s.t = 2;
+        s.checkpointing = p.checkpointing;
+        const pv::PhaseSeconds phases = pv::predict_phases(s, pv::KernelSet::now);
+        const double compute = 2 * (phases.forward + phases.backward);
+        const double wire = pv::step_wire_bytes(r.run.config, pv::DType::bf16, {}, "ddp", 2, 2) / 2e6;
+        CHECK(p.accumulation == 2);
+        CHECK(p.compute == Approx(compute + phases.update).epsilon(1e-12));
+        CHECK(p.data_comm == Approx(wire).epsilon(1e-12));
+        CHECK(p.seconds == Approx(compute + phases.update + std::max(0.0, wire - 2 * phases.backward)).epsilon(1e-12));
+        CHECK(p.flags() == std::string("--parallel ddp --micro-batch 1") +
+                               (p.checkpointing.enabled ? " --checkpoint-activations" : ""));
+    }
+    // The same ranks in one node: the intra-node rate, and tp 2 joins.
+    r.link.gpus_per_node = 2;
+    const pv::SearchResult node = pv::search_layouts(r);
+    bool tp2 = false;
+    for (const pv::LayoutPrediction& p : node.fitting) {
+        tp2 |= p.tp == 2;
+        if (p.tp == 1) CHECK(p.data_comm == Approx(pv::step_wire_bytes(r.run.config, pv::DType::bf16, {}, "ddp", 2, 2) / 1e12));
+    }
+    CHECK(tp2);
+}
+
+TEST_CASE("a tensor-parallel layout pays its group's collectives at the intra-node rate", "[layout_search]") {
+    pv::SearchRequest r = tiny_request(2, 2);
+    r.tp = 2, r.micro_batch = 1, r.offload = "none", r.link.intra_node = 1e6;
+    r.checkpointing_fixed = true;  // off, as r.run has it
+    const pv::SearchResult result = pv::search_layouts(r);
+    REQUIRE(result.fitting.size() == 1);  // ddp over one data-parallel rank
+    const pv::LayoutPrediction& p = result.fitting.front();
+    CHECK(p.strategy == "ddp");
+    CHECK(p.flags() == "--parallel ddp --tp 2 --micro-batch 1");
+    const pv::PlanRequest q = request_of(r, p);
+    CHECK(p.tensor_comm == Approx(pv::plan_tensor_wire(q, 0).bytes / 1e6).epsilon(1e-12));
+    pv::StepShape s;
+    s.config = r.run.config, s.batch = 1, s.seq_len = 32, s.accumulation = 1, s.t = 2, s.tensor = 2;
+    const pv::PhaseSeconds phases = pv::predict_phases(s, pv::KernelSet::now);
+    CHECK(p.seconds == Approx(2 * (phases.forward + phases.backward) + p.tensor_comm + phases.update).epsilon(1e-12));
+}
+
+TEST_CASE("the search keeps the choices given and refuses what cannot run", "[layout_search]") {
+    pv::SearchRequest r = tiny_request(4, 8);
+    r.strategy = "zero1", r.pipeline_stages = 2, r.micro_batch = 2;
+    const pv::SearchResult fixed = pv::search_layouts(r);
+    REQUIRE(!fixed.fitting.empty());
+    for (const pv::LayoutPrediction& p : fixed.fitting) {
+        CHECK(p.strategy == "zero1");
+        CHECK(p.pp == 2);
+        CHECK(p.micro_batch == 2);
+        CHECK(p.flags().find("--pipeline-stages 2") != std::string::npos);
+    }
+    pv::SearchRequest odd = tiny_request(4, 3);  // 3 rows split over 4 data-parallel ranks: none
+    odd.tp = 1, odd.pipeline_stages = 1;
+    CHECK(error_of<std::invalid_argument>([&] { pv::search_layouts(odd); }).find("no layout of test-tiny runs on 4 rank(s)") !=
+          std::string::npos);
+    pv::SearchRequest nodes = tiny_request(4, 8);
+    nodes.link.gpus_per_node = 0;
+    CHECK(error_of<std::invalid_argument>([&] { pv::search_layouts(nodes); }) == "--gpus-per-node 0: give 1 or more");
+}
