@@ -29,8 +29,9 @@ std::string gbs(double bytes_per_s) {
     return b;
 }
 
-// The bytes a rank of stage `stage` holds of the groups of kind `trainable` (or of every group),
-// and the model's: the stage's share of the data-parallel traffic and of the optimizer.
+// What a rank of stage `stage` (every unit without bounds) holds: its trainable elements, the
+// model's, and the bytes of all its groups' shards. The stage's share of the data-parallel traffic
+// and of the optimizer, and what zero3's offloaded slices copy up.
 struct StageElements {
     double stage_trainable = 0, all_trainable = 0, stage_bytes = 0;
 };
@@ -76,12 +77,7 @@ void price(const SearchRequest& r, const PlanRequest& q, LayoutPrediction& p) {
     if (p.pp > 1) {
         const std::vector<double> costs = unit_costs(q.config, q.seq_len, q.strategy.balance);
         bounds = balance_stages(costs, p.pp);
-        double worst = -1;
-        for (int s = 0; s < p.pp; ++s) {
-            double c = 0;
-            for (int u = bounds[size_t(s)]; u < bounds[size_t(s) + 1]; ++u) c += costs[size_t(u)];
-            if (c > worst) worst = c, slow = s;
-        }
+        slow = slowest_stage(costs, bounds);
         share = slowest_stage_share(costs, bounds);
     }
     const int stage_first_rank = slow * (r.world / p.pp);

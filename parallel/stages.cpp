@@ -66,12 +66,20 @@ std::vector<int> unit_stages(const std::vector<int>& bounds) {
     return out;
 }
 
+int slowest_stage(const std::vector<double>& costs, const std::vector<int>& bounds) {
+    int slowest = 0;
+    double most = -1;
+    for (size_t s = 0; s + 1 < bounds.size(); ++s) {
+        const double c = std::accumulate(costs.begin() + bounds[s], costs.begin() + bounds[s + 1], 0.0);
+        if (c > most) most = c, slowest = int(s);
+    }
+    return slowest;
+}
+
 double slowest_stage_share(const std::vector<double>& costs, const std::vector<int>& bounds) {
-    const double total = std::accumulate(costs.begin(), costs.end(), 0.0);
-    double slowest = 0;
-    for (size_t s = 0; s + 1 < bounds.size(); ++s)
-        slowest = std::max(slowest, std::accumulate(costs.begin() + bounds[s], costs.begin() + bounds[s + 1], 0.0));
-    return slowest / total;
+    const int s = slowest_stage(costs, bounds);
+    return std::accumulate(costs.begin() + bounds[size_t(s)], costs.begin() + bounds[size_t(s) + 1], 0.0) /
+           std::accumulate(costs.begin(), costs.end(), 0.0);
 }
 
 }  // namespace pv

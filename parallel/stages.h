@@ -31,6 +31,9 @@ std::vector<int> balance_stages(const std::vector<double>& costs, int stages);
 // Per unit, the stage that holds it, from the boundaries balance_stages returns.
 std::vector<int> unit_stages(const std::vector<int>& bounds);
 
+// The stage of the highest cost under those boundaries (the first of equals).
+int slowest_stage(const std::vector<double>& costs, const std::vector<int>& bounds);
+
 // The slowest stage's share of the total cost under those boundaries: the fraction of a
 // micro-batch's time its stage takes (the performance model's pipelines, bench/).
 double slowest_stage_share(const std::vector<double>& costs, const std::vector<int>& bounds);

@@ -74,6 +74,9 @@ TEST_CASE("balance_stages: a worked example, the extremes, and too many stages",
     CHECK(pv::slowest_stage_share({0, 10, 10, 10, 5}, {0, 3, 5}) == Approx(20.0 / 35));
     CHECK(pv::slowest_stage_share({0, 10, 10, 10, 5}, {0, 5}) == 1.0);
     CHECK(pv::slowest_stage_share({0, 10, 10, 10, 5}, {0, 1, 2, 3, 4, 5}) == Approx(10.0 / 35));
+    CHECK(pv::slowest_stage({0, 10, 10, 10, 5}, {0, 3, 5}) == 0);   // 20 against 15
+    CHECK(pv::slowest_stage({0, 5, 10, 10, 10}, {0, 2, 5}) == 1);   // 5 against 30
+    CHECK(pv::slowest_stage({0, 10, 10, 10, 5}, {0, 1, 2, 3, 4, 5}) == 1);  // the first of the equal 10s
 }
 
 TEST_CASE("balance_stages finds a cut as good as the best of all cuts", "[stages]") {
