@@ -296,9 +296,9 @@ $(BUILD)/trainer/version.o: HOST_CXXFLAGS += -DPOLEVAULT_VERSION='"$(POLEVAULT_V
 .PHONY: FORCE
 FORCE:
 
-# test_run_file checks the train program's own option parsing in process: it links the trainer's
-# option objects (plain C++) besides the product code.
-OPTION_OBJS := $(addprefix $(BUILD)/trainer/,options.o option_rules.o option_table.o run_file.o version.o)
+# test_run_file checks the train program's own option parsing and --parallel auto's search
+# request in process: it links the trainer's option objects (plain C++) besides the product code.
+OPTION_OBJS := $(addprefix $(BUILD)/trainer/,options.o option_rules.o option_table.o run_file.o version.o auto_layout.o)
 $(BUILD)/test/test_run_file: $(BUILD)/test/test_run_file.o $(OPTION_OBJS) $(TEST_SUPPORT) $(CORE_LIBS)
 	$(LINK) -o $@ $^ $(BACKEND_LIBS) $(TRAIN_LIBS)
 

@@ -23,6 +23,16 @@ std::vector<int> divisors(int n) {
     return d;
 }
 
+// "1.63 s", "412 ms", "10.7 µs": a predicted time at a glance, whatever the model's size.
+std::string seconds_text(double s) {
+    if (s == 0) return "0";
+    char b[32];
+    if (s >= 1) std::snprintf(b, sizeof b, "%.3g s", s);
+    else if (s >= 1e-3) std::snprintf(b, sizeof b, "%.3g ms", s * 1e3);
+    else std::snprintf(b, sizeof b, "%.3g µs", s * 1e6);
+    return b;
+}
+
 std::string gbs(double bytes_per_s) {
     char b[32];
     std::snprintf(b, sizeof b, "%.0f GB/s", bytes_per_s / 1e9);
@@ -82,7 +92,7 @@ void price(const SearchRequest& r, const PlanRequest& q, LayoutPrediction& p) {
     }
     const int stage_first_rank = slow * (r.world / p.pp);
     const TensorWire tw = plan_tensor_wire(q, stage_first_rank);
-    p.tensor_comm = tw.bytes / link.intra_node;
+    p.tensor_comm = tw.bytes / link.intra_node + double(tw.all_reduces + tw.all_gathers) * link.latency;
     const StageElements e = stage_elements(q, shards, bounds, slow);
     const double param_share = e.all_trainable > 0 ? e.stage_trainable / e.all_trainable : 0;
 
@@ -92,7 +102,8 @@ void price(const SearchRequest& r, const PlanRequest& q, LayoutPrediction& p) {
         const double tp_micro = p.tensor_comm / p.accumulation;  // half in the forward, half in the backward
         const bool crosses = r.world > gpn;
         const double transfer = double(p.micro_batch) * q.seq_len * q.config.hidden_size * one.t /
-                                (crosses ? link.inter_node : link.intra_node);
+                                    (crosses ? link.inter_node : link.intra_node) +
+                                link.latency;
         const PipeTimes times{phases.forward * share + tp_micro / 2, phases.backward * share + tp_micro / 2, transfer};
         const ScheduleFacts f = simulate_pipeline_schedule(pipeline_schedule_of(q.strategy, p.pp), true, times);
         p.bubble = f.bubble;
@@ -136,8 +147,11 @@ void price(const SearchRequest& r, const PlanRequest& q, LayoutPrediction& p) {
 }  // namespace
 
 std::string describe_interconnect(const Interconnect& link) {
+    char latency[32];
+    std::snprintf(latency, sizeof latency, "%.0f µs", link.latency * 1e6);
     return std::to_string(link.gpus_per_node) + " GPUs per node; collectives and sends reach " +
-           gbs(link.intra_node) + " inside a node, " + gbs(link.inter_node) + " between nodes; PCIe " +
+           gbs(link.intra_node) + " inside a node, " + gbs(link.inter_node) + " between nodes, " + latency +
+           " each; PCIe " +
            gbs(link.pcie) + "; the offloaded update " + gbs(link.host_memory) + " of host memory per node";
 }
 
@@ -190,9 +204,13 @@ SearchResult search_layouts(const SearchRequest& r) {
                 if (!r.strategy.empty() && canonical_strategy_name(r.strategy) != name) continue;
                 const StrategyInfo& info = strategy_info(name);
                 std::vector<int> shard_groups{0};
-                if (info.policy.shards())  // hybrid: shards within a node, replicas across
+                if (r.shard_group >= 0) {
+                    if (r.shard_group > 0 && !info.policy.shards()) continue;  // a shard group is ZeRO's
+                    shard_groups = {r.shard_group};
+                } else if (info.policy.shards()) {  // hybrid: shards within a node, replicas across
                     for (int k : divisors(dp))
                         if (k > 1 && k < dp && tp * k == gpn) shard_groups.push_back(k);
+                }
                 std::vector<Offload> offloads{Offload::none};
                 if (r.offload.empty()) {
                     if (info.policy.shards() || name == "ddp" || name == "single") offloads.push_back(Offload::optimizer);
@@ -213,9 +231,6 @@ SearchResult search_layouts(const SearchRequest& r) {
                                 q.strategy = with_strategy(r.run.strategy, info.kind);
                                 q.strategy.tensor = tp;
                                 q.strategy.pipeline_stages = pp > 1 && name != "pp" ? pp : 0;
-                                q.strategy.pipeline = PipelineScheduleKind::one_f_one_b;
-                                q.strategy.chunks = 1;
-                                q.strategy.in_flight = 0;
                                 q.strategy.shard_group = shard_group;
                                 q.strategy.offload = offload;
                                 q.strategy.micro_per_step = accumulation;
@@ -228,15 +243,22 @@ SearchResult search_layouts(const SearchRequest& r) {
                                 p.tp = tp, p.pp = pp, p.dp = dp;
                                 p.micro_batch = m, p.accumulation = accumulation;
                                 p.checkpointing = ck;
+                                double host = 0;
                                 try {
                                     check_strategy(q.strategy, r.world);
-                                    p.memory = plan_memory(q).peak();
+                                    if (r.refuses) {
+                                        const std::string problem = r.refuses(p);
+                                        if (!problem.empty()) throw std::invalid_argument(problem);
+                                    }
+                                    const MemoryPlan plan = plan_memory(q);
+                                    p.memory = plan.peak();
+                                    host = plan.largest().host_total();
                                 } catch (const std::invalid_argument& e) {
                                     last_problem = e.what();
-                                    continue;  // a combination the strategies refuse
+                                    continue;  // a combination the strategies or the caller refuse
                                 }
                                 ++out.considered;
-                                if (p.memory > r.budget) {
+                                if (p.memory > r.budget || (r.host_budget > 0 && host > r.host_budget)) {
                                     if (least < 0 || p.memory < least) least = p.memory, out.least_memory = p;
                                     continue;
                                 }
@@ -275,13 +297,15 @@ std::string format_search(const SearchRequest& r, const SearchResult& result, in
                       result.least_memory.memory / GiB, result.least_memory.describe().c_str());
         return s + line;
     }
-    s += "| # | layout | memory per GPU | step (s) | tokens/s | MFU | compute (s) | tensor comm (s) | data comm (s) | "
-         "offload (s) | bubble |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    s += "| # | layout | memory per GPU | step | tokens/s | MFU | compute | tensor comm | data comm | "
+         "offload | bubble |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for (int i = 0; i < rows && i < int(result.fitting.size()); ++i) {
         const LayoutPrediction& p = result.fitting[size_t(i)];
-        std::snprintf(line, sizeof line, "| %d | %s | %s | %.4g | %.4g | %.1f%% | %.4g | %.4g | %.4g | %.4g | %.0f%% |\n",
-                      i + 1, p.describe().c_str(), format_bytes(p.memory).c_str(), p.seconds, p.tokens_per_s,
-                      100 * p.mfu, p.compute, p.tensor_comm, p.data_comm, p.offload, 100 * p.bubble);
+        std::snprintf(line, sizeof line, "| %d | %s | %s | %s | %.4g | %.1f%% | %s | %s | %s | %s | %.0f%% |\n", i + 1,
+                      p.describe().c_str(), format_bytes(p.memory).c_str(), seconds_text(p.seconds).c_str(),
+                      p.tokens_per_s, 100 * p.mfu, seconds_text(p.compute).c_str(),
+                      seconds_text(p.tensor_comm).c_str(), seconds_text(p.data_comm).c_str(),
+                      seconds_text(p.offload).c_str(), 100 * p.bubble);
         s += line;
     }
     return s;
@@ -291,10 +315,11 @@ std::string describe_choice(const SearchResult& result) {
     if (result.fitting.empty()) return "no layout fits";
     const LayoutPrediction& best = result.fitting.front();
     char line[512];
-    std::snprintf(line, sizeof line, "%s: the fastest of the %zu layouts that fit (predicted %.4g s a step, %.0f tokens/s, "
-                  "%.1f%% MFU, %s per GPU)",
-                  best.describe().c_str(), result.fitting.size(), best.seconds, best.tokens_per_s, 100 * best.mfu,
-                  format_bytes(best.memory).c_str());
+    std::snprintf(line, sizeof line,
+                  "%s: the fastest of the %zu layouts that fit (predicted %s a step, %.4g tokens/s, %.1f%% MFU, %s "
+                  "per GPU)",
+                  best.describe().c_str(), result.fitting.size(), seconds_text(best.seconds).c_str(),
+                  best.tokens_per_s, 100 * best.mfu, format_bytes(best.memory).c_str());
     std::string s = line;
     if (result.fitting.size() > 1) {
         std::snprintf(line, sizeof line, ", %.2fx the next (%s)", result.fitting[1].seconds / best.seconds,

@@ -10,8 +10,8 @@
 //   compute   the micro-steps' forwards and backwards at the rank's tensor-parallel shape (without
 //             a pipeline: accumulation × one micro-batch; with one: the simulated 1F1B makespan of
 //             the slowest stage's share), the tensor group's all-reduces and all-gathers at the
-//             intra-node rate (they sit between the GEMMs: never overlapped), the update of the
-//             rank's share of the optimizer state;
+//             intra-node rate plus a latency each (they sit between the GEMMs: never overlapped),
+//             the update of the rank's share of the optimizer state;
 //   data      the data-parallel strategy's bytes of the rank's slices (step_wire), each
 //             communicator at the rate of the link its ring crosses, hidden behind the compute as
 //             polevault schedules it (the gradients' collectives behind the backward, ZeRO-3's
@@ -19,13 +19,15 @@
 //   offload   the CPU update (28 bytes per owned element through the host's memory, shared by the
 //             node's ranks) and the PCIe copies (the gradient down and the parameter up; zero3's
 //             offloaded slices up for each gather), not overlapped.
-// What is not modelled: kernel launch gaps, NCCL's latency for small messages, the interleaved
-// schedule (the search runs 1F1B), and frozen tensors' savings in the kernels.
+// The pipeline runs the run's schedule (1F1B unless the run names another); each of its sends
+// pays the latency too. What is not modelled: kernel launch gaps, the data-parallel collectives'
+// latency (hidden behind the backward with their bytes), and frozen tensors' savings in the kernels.
 #pragma once
 
 #include "model/step_cost.h"
 #include "parallel/planner.h"
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -46,17 +48,23 @@ struct Interconnect {
     // A node's host memory bandwidth for the offloaded CPU update, shared by its ranks: 17 GB/s,
     // measured for one rank on a 16-core H100 host (docs/memory.md, offload).
     double host_memory = 17e9;
+    // The time of a collective or a send of a few bytes: an assumption of 10 µs, the order
+    // nccl-tests report for small all-reduces inside an NVLink node. It is what makes a small
+    // model's thousands of tensor-parallel all-reduces cost what they do.
+    double latency = 10e-6;
 };
 // "intra 315 GB/s, inter 35 GB/s, 8 GPUs per node" (the figures a table states).
 std::string describe_interconnect(const Interconnect& link);
 
 struct SearchRequest {
-    // The model, dtype, groups (LoRA, QLoRA, frozen), sequence length and sample of the run; its
-    // strategy, micro-batch, accumulation and checkpointing are what the search chooses.
+    // The model, dtype, groups (LoRA, QLoRA, frozen), sequence length, sample and pipeline
+    // schedule of the run; its strategy, micro-batch, accumulation and checkpointing are what the
+    // search chooses.
     PlanRequest run;
     int world = 1;
     int batch = 1;  // rows per optimizer step over the whole world (--batch)
     double budget = 0;  // usable device bytes per GPU (GpuMemory::usable)
+    double host_budget = 0;  // host bytes a rank may use (0: not checked)
     Interconnect link;
     Device device;
     // Choices the user fixed (0 or empty: searched): --tp, --pipeline-stages, --micro-batch,
@@ -65,6 +73,10 @@ struct SearchRequest {
     std::string strategy;  // "" or one of ddp, zero1, zero2, zero3, pp, single
     bool checkpointing_fixed = false;  // the run's checkpointing as given (run.checkpointing), else off and on tried
     std::string offload;               // "" searched, else none / optimizer / params
+    int shard_group = -1;              // -1 searched, else --shard-group (0: shard over every data-parallel rank)
+    // The caller's own rules (the trainer's option table): why a layout cannot run, "" when it can.
+    // A refused layout is not sized.
+    std::function<std::string(const struct LayoutPrediction&)> refuses;
 };
 
 // One layout and what it is predicted to cost.

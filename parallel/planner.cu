@@ -451,56 +451,6 @@ int smallest_world(PlanRequest q, const std::string& strategy, double budget) {
     return runs ? 0 : -1;
 }
 
-StrategyChoice choose_strategy(const PlanRequest& request, double budget, bool slow_interconnect) {
-    StrategyChoice c;
-    if (request.ranks == 1) {
-        c.strategy = "single";
-        c.reason = "one rank";
-        PlanRequest q = request;
-        q.strategy.kind = StrategyKind::single;
-        c.considered.push_back(plan_memory(q));
-        return c;
-    }
-    // Every multi-rank strategy in the registry's order (least memory saved first); with a slow
-    // interconnect the pipeline right after ddp.
-    std::vector<std::string> order;
-    for (const StrategyInfo& s : strategy_registry()) {
-        if (s.one_rank) continue;
-        if (slow_interconnect && s.stages && !order.empty())
-            order.insert(order.begin() + 1, s.name);
-        else
-            order.push_back(s.name);
-    }
-    const std::string budget_text = format_bytes(budget);
-    std::string rejected;
-    double least = 0;
-    for (const std::string& s : order) {
-        PlanRequest q = request;
-        q.strategy = with_strategy(q.strategy, strategy_kind(s));
-        MemoryPlan plan;
-        try {
-            plan = plan_memory(q);
-        } catch (const std::invalid_argument&) {
-            continue;
-        }
-        c.considered.push_back(plan);
-        const double peak = plan.peak();
-        if (c.strategy.empty() && peak <= budget) {
-            c.strategy = s;
-            c.reason = s + " needs " + format_bytes(peak) + " per rank of the " + budget_text + " available" +
-                       (rejected.empty() ? "" : " (" + rejected + ")");
-        }
-        if (!c.strategy.empty()) continue;
-        rejected += (rejected.empty() ? "" : ", ") + s + " " + format_bytes(peak);
-        if (least == 0 || peak < least) least = peak, c.reason = s;
-    }
-    if (c.strategy.empty()) {
-        c.strategy = c.reason;  // the least memory: the run will be refused with the changes that fit
-        c.reason = "nothing fits in " + budget_text + " per rank (" + rejected + "); " + c.strategy + " needs least";
-    }
-    return c;
-}
-
 std::vector<std::string> changes_that_fit(const PlanRequest& request, double budget) {
     std::vector<std::string> out;
     auto line = [&](const std::string& change, const PlanRequest& q) {

@@ -113,17 +113,6 @@ int largest_micro_batch(PlanRequest request, double budget, int limit = 1 << 16)
 // −1: the strategy refuses these options at every size (mp with --offload, say).
 int smallest_world(PlanRequest request, const std::string& strategy, double budget);
 
-// --parallel auto: the strategy every multi-GPU guide picks, from the plan. One rank: single.
-// Otherwise ddp if the replicas fit; else the cheapest ZeRO stage that fits (zero1, zero2,
-// zero3); else mp. With a slow interconnect, mp comes before the ZeRO stages (it sends only the
-// residual stream between stages). Nothing fitting, the least memory of them.
-struct StrategyChoice {
-    std::string strategy;
-    std::string reason;                  // one line: why
-    std::vector<MemoryPlan> considered;  // the plans compared, in the order tried
-};
-StrategyChoice choose_strategy(const PlanRequest& request, double budget, bool slow_interconnect);
-
 // When a plan does not fit: the cheapest changes that would, one per line ("--micro-batch 2
 // (61.2 GiB per rank)"), tried in this order: a smaller micro-batch, activation checkpointing, a
 // ZeRO stage on these ranks, CPU offload, more ranks, LoRA, QLoRA. Offload, LoRA and QLoRA

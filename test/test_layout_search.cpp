@@ -4,6 +4,7 @@
 #include "parallel/layout_search.h"
 
 #include "model/config.h"
+#include "model/flops.h"
 #include "model/tensor_parallel.h"
 #include "parallel/comm_cost.h"
 #include "parallel/plan.h"
@@ -60,8 +61,9 @@ TEST_CASE("the search enumerates every mesh of the world, each layout sized by t
         CHECK(p.micro_batch * p.accumulation * p.dp == 8);  // every layout trains the same 8 rows a step
         CHECK(p.memory == pv::plan_memory(request_of(r, p)).peak());
         CHECK(p.seconds > 0);
-        CHECK(p.seconds >= p.compute);
         CHECK(p.tokens_per_s == Approx(8.0 * 32 / p.seconds));
+        CHECK(p.mfu == Approx(pv::training_flops_per_token(r.run.config, 32) * 8 * 32 /
+                              (p.seconds * 4 * pv::Device{}.tensor_bf16_flops)));
         if (p.tp == 1) CHECK(p.tensor_comm == 0);
         else CHECK(p.tensor_comm > 0);
         if (p.dp == 1) CHECK(p.data_comm == 0);
@@ -159,7 +161,9 @@ TEST_CASE("a tensor-parallel layout pays its group's collectives at the intra-no
     CHECK(p.strategy == "ddp");
     CHECK(p.flags() == "--parallel ddp --tp 2 --micro-batch 1");
     const pv::PlanRequest q = request_of(r, p);
-    CHECK(p.tensor_comm == Approx(pv::plan_tensor_wire(q, 0).bytes / 1e6).epsilon(1e-12));
+    const pv::TensorWire wire = pv::plan_tensor_wire(q, 0);
+    CHECK(p.tensor_comm ==
+          Approx(wire.bytes / 1e6 + double(wire.all_reduces + wire.all_gathers) * r.link.latency).epsilon(1e-12));
     pv::StepShape s;
     s.config = r.run.config, s.batch = 1, s.seq_len = 32, s.accumulation = 1, s.t = 2, s.tensor = 2;
     const pv::PhaseSeconds phases = pv::predict_phases(s, pv::KernelSet::now);
@@ -184,4 +188,60 @@ TEST_CASE("the search keeps the choices given and refuses what cannot run", "[la
     pv::SearchRequest nodes = tiny_request(4, 8);
     nodes.link.gpus_per_node = 0;
     CHECK(error_of<std::invalid_argument>([&] { pv::search_layouts(nodes); }) == "--gpus-per-node 0: give 1 or more");
+}
+
+TEST_CASE("the search asks the caller's rules, checks host memory, keeps a shard group and the run's schedule",
+          "[layout_search]") {
+    pv::SearchRequest r = tiny_request(4, 8);
+    const pv::SearchResult all = pv::search_layouts(r);
+    // The caller refuses every tensor-parallel layout: none is sized, and the rest are as before.
+    r.refuses = [](const pv::LayoutPrediction& p) { return p.tp > 1 ? std::string("no tp here") : std::string(); };
+    const pv::SearchResult no_tp = pv::search_layouts(r);
+    const long with_tp = std::count_if(all.fitting.begin(), all.fitting.end(),
+                                       [](const pv::LayoutPrediction& p) { return p.tp > 1; });
+    REQUIRE(with_tp > 0);
+    CHECK(no_tp.considered == all.considered - int(with_tp));
+    for (const pv::LayoutPrediction& p : no_tp.fitting) CHECK(p.tp == 1);
+    r.refuses = [](const pv::LayoutPrediction&) { return std::string("nothing runs"); };
+    CHECK(error_of<std::invalid_argument>([&] { pv::search_layouts(r); }).find(": nothing runs") != std::string::npos);
+    r.refuses = nullptr;
+    // Host memory: a budget below what offload's pinned state needs drops the offloaded layouts.
+    double least_offload_host = -1;
+    for (const pv::LayoutPrediction& p : all.fitting) {
+        const double host = pv::plan_memory(request_of(r, p)).largest().host_total();
+        if (p.options.offload != pv::Offload::none && (least_offload_host < 0 || host < least_offload_host))
+            least_offload_host = host;
+    }
+    REQUIRE(least_offload_host > 0);
+    r.host_budget = least_offload_host / 2;
+    for (const pv::LayoutPrediction& p : pv::search_layouts(r).fitting) {
+        INFO(p.describe());
+        CHECK(pv::plan_memory(request_of(r, p)).largest().host_total() <= r.host_budget);
+        CHECK(p.options.offload == pv::Offload::none);
+    }
+    r.host_budget = 0;
+    // A shard group given stays: only ZeRO, over data-parallel ranks in groups of 2.
+    r.shard_group = 2;
+    const pv::SearchResult grouped = pv::search_layouts(r);
+    REQUIRE(!grouped.fitting.empty());
+    for (const pv::LayoutPrediction& p : grouped.fitting) {
+        INFO(p.describe());
+        CHECK(p.options.shard_group == 2);
+        CHECK(p.dp % 2 == 0);
+        CHECK(pv::strategy_info(p.strategy).policy.shards());
+        CHECK(p.flags().find("--shard-group 2") != std::string::npos);
+    }
+    r.shard_group = -1;
+    // The run's pipeline schedule: GPipe holds every micro-batch in flight, so its layouts never
+    // need less memory than 1F1B's, and its bubble is its own.
+    r.pipeline_stages = 2, r.strategy = "ddp", r.micro_batch = 1, r.offload = "none";
+    const pv::SearchResult one_f_one_b = pv::search_layouts(r);
+    r.run.strategy.pipeline = pv::PipelineScheduleKind::gpipe;
+    const pv::SearchResult gpipe = pv::search_layouts(r);
+    REQUIRE(gpipe.fitting.size() == one_f_one_b.fitting.size());
+    for (const pv::LayoutPrediction& p : gpipe.fitting) CHECK(p.options.pipeline == pv::PipelineScheduleKind::gpipe);
+    double most_gpipe = 0, most_1f1b = 0;
+    for (const pv::LayoutPrediction& p : gpipe.fitting) most_gpipe = std::max(most_gpipe, p.memory);
+    for (const pv::LayoutPrediction& p : one_f_one_b.fitting) most_1f1b = std::max(most_1f1b, p.memory);
+    CHECK(most_gpipe > most_1f1b);
 }

@@ -277,16 +277,11 @@ TEST_CASE("the planner's GPU names, --parallel auto and the changes it proposes"
     // 7B full fine-tuning: ddp's replicas do not fit an H100, zero1's sharded optimizer does.
     REQUIRE(peak("ddp") > budget);
     REQUIRE(peak("zero1") <= budget);
-    const pv::StrategyChoice c = pv::choose_strategy(q, budget, false);
-    CHECK(c.strategy == "zero1");
-    CHECK(c.reason.find("ddp") != std::string::npos);
-    // ZeRO shrinks memory stage by stage; the slow interconnect prefers mp once ddp is out.
+    // ZeRO shrinks memory stage by stage.
     CHECK(peak("zero3") < peak("zero2"));
     CHECK(peak("zero2") < peak("zero1"));
-    CHECK(pv::choose_strategy(q, budget, true).strategy == "pp");
     pv::PlanRequest one = q;
     one.ranks = 1;
-    CHECK(pv::choose_strategy(one, budget, false).strategy == "single");
     // One rank of a 7B full fine-tune does not fit; LoRA does, and a smaller micro-batch is proposed first.
     one.strategy.kind = pv::StrategyKind::single, one.micro_batch = 4;
     REQUIRE(pv::plan_memory(one).peak() > budget);

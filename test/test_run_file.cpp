@@ -6,6 +6,8 @@
 
 #include "test/temp_dir.h"
 #include "test/train_runner.h"
+#include "model/config.h"
+#include "trainer/auto_layout.h"
 #include "trainer/option_rules.h"
 #include "trainer/options.h"
 #include "trainer/run_file.h"
@@ -377,4 +379,88 @@ TEST_CASE("the rules between options: one table, each row refusing its case by n
     }
     for (const pv::OptionRule& r : pv::option_rules())
         CHECK(std::find(covered.begin(), covered.end(), std::string(r.flags)) != covered.end());
+}
+
+// --parallel auto's search (trainer/auto_layout.h): the flags given stay fixed, defaults are
+// searched, each layout passes the option table, and the layout chosen is written back whole.
+TEST_CASE("--parallel auto: what the user gave stays fixed, every layout passes the option table", "[options][auto]") {
+    pv::PlanRequest run;
+    run.config = pv::preset("test-tiny");
+    run.seq_len = 32;
+    const pv::Command given = pv::parse_arguments({"--batch", "8", "--tp", "2", "--micro-batch", "2",
+                                                   "--no-checkpoint-activations", "--offload", "none"});
+    const pv::Interconnect link = pv::interconnect_of(given.train, 0);
+    pv::SearchRequest r =
+        pv::layout_search_request(given.train, given.train, given.train_sources, run, 4, link, 1e18, 0);
+    CHECK(r.tp == 2);
+    CHECK(r.micro_batch == 2);
+    CHECK(r.checkpointing_fixed);
+    CHECK(r.offload == "none");
+    CHECK(r.strategy.empty());
+    CHECK(r.shard_group == -1);
+    for (const pv::LayoutPrediction& p : pv::search_layouts(r).fitting) {
+        INFO(p.describe());
+        CHECK(p.tp == 2);
+        CHECK(p.micro_batch == 2);
+        CHECK(!p.checkpointing.enabled);
+        CHECK(p.options.offload == pv::Offload::none);
+    }
+    const pv::Command defaults = pv::parse_arguments({"--batch", "8"});
+    r = pv::layout_search_request(defaults.train, defaults.train, defaults.train_sources, run, 4, link, 1e18, 0);
+    CHECK(r.tp == 0);
+    CHECK(r.micro_batch == 0);
+    CHECK(!r.checkpointing_fixed);
+    CHECK(r.offload.empty());
+    // The option table's rules: QLoRA is refused under --tp, so the search never offers it.
+    const pv::Command qlora = pv::parse_arguments({"--batch", "8", "--lora-rank", "8", "--quantize", "nf4"});
+    r = pv::layout_search_request(qlora.train, qlora.train, qlora.train_sources, run, 4, link, 1e18, 0);
+    pv::LayoutPrediction p;
+    p.strategy = "zero1", p.tp = 2, p.dp = 2, p.micro_batch = 2, p.accumulation = 2;
+    CHECK(r.refuses(p).find("--tp 2 with --quantize nf4") != std::string::npos);
+    p.tp = 1, p.dp = 4, p.accumulation = 1;
+    CHECK(r.refuses(p).empty());
+    // The layout written back: every flag of it.
+    pv::TrainOptions o = defaults.train;
+    p = {};
+    p.strategy = "zero3", p.tp = 2, p.pp = 2, p.dp = 1, p.micro_batch = 1, p.accumulation = 8;
+    p.options.shard_group = 0, p.options.offload = pv::Offload::params;
+    p.checkpointing = pv::ActivationCheckpointing{true, 0};
+    pv::apply_layout(o, p, defaults.train_sources);
+    CHECK(o.parallel == "zero3");
+    CHECK(o.tp == 2);
+    CHECK(o.pipeline_stages == 2);
+    CHECK(o.micro_batch == 1);
+    CHECK(o.checkpoint_activations == 0);
+    CHECK(o.offload == "params");
+    p.strategy = "pp", p.checkpointing = {};
+    pv::apply_layout(o, p, defaults.train_sources);
+    CHECK(o.pipeline_stages == 0);  // pp's stages are its ranks
+    CHECK(o.checkpoint_activations == -1);
+    const pv::Command every_third = pv::parse_arguments({"--checkpoint-activations=3"});
+    o = every_third.train;
+    p.checkpointing = pv::ActivationCheckpointing{true, 0};
+    pv::apply_layout(o, p, every_third.train_sources);
+    CHECK(o.checkpoint_activations == 3);  // one block in 3 keeps its activations, as given
+    // fp32 gradient accumulation: a default gives way to a strategy that reduces in bf16; the
+    // user's flag stays, and the option table refuses such a layout.
+    o = defaults.train;
+    o.fp32_grad_accumulation = true;
+    p.strategy = "zero2";
+    pv::apply_layout(o, p, defaults.train_sources);
+    CHECK(!o.fp32_grad_accumulation);
+    const pv::Command fp32 = pv::parse_arguments({"--batch", "8", "--fp32-grad-accumulation"});
+    o = fp32.train;
+    pv::apply_layout(o, p, fp32.train_sources);
+    CHECK(o.fp32_grad_accumulation);
+    // The machines: the world's ranks per node unless given; --interconnect slow is Ethernet.
+    CHECK(pv::interconnect_of(defaults.train, 4).gpus_per_node == 4);
+    CHECK(pv::interconnect_of(defaults.train, 0).gpus_per_node == 8);
+    CHECK(pv::interconnect_of(defaults.train, 0).inter_node == pv::Interconnect{}.inter_node);
+    const pv::Command slow = pv::parse_arguments({"--interconnect", "slow", "--gpus-per-node", "2"});
+    CHECK(pv::interconnect_of(slow.train, 4).gpus_per_node == 2);
+    CHECK(pv::interconnect_of(slow.train, 4).inter_node == Approx(12.5e9 * 0.7));
+    const pv::Command rates = pv::parse_arguments({"--interconnect", "slow", "--inter-node-gbs", "20",
+                                                   "--intra-node-gbs", "100"});
+    CHECK(pv::interconnect_of(rates.train, 4).inter_node == Approx(20e9));
+    CHECK(pv::interconnect_of(rates.train, 4).intra_node == Approx(100e9));
 }

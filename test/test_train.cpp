@@ -527,6 +527,14 @@ TEST_CASE("train plan: the default run's plan is its measured peak; what cannot 
     INFO(chosen_plan.output);
     CHECK(chosen_plan.status == 0);
     CHECK(chosen_plan.output.find(", zero1 on 4 rank(s)") != std::string::npos);
+    // --parallel auto when no layout fits: it says so, plans the one of least memory, and exits 1
+    // with what would fit.
+    const Run none = run_train("plan --preset llama-2-70b --seq-len 1024 --batch 2 --ranks 2 --gpu-memory rtx4090-24");
+    INFO(none.output);
+    CHECK(none.status == 1);
+    CHECK(none.output.find("--parallel auto: none of the ") != std::string::npos);
+    CHECK(none.output.find(" layouts sized fits; the least memory: ") != std::string::npos);
+    CHECK(none.output.find("does not fit: this run needs ") != std::string::npos);
     // train refuses what its plan says cannot fit, with the table and a way out, before allocating.
     const Run big = run_train("--preset llama-2-70b --gpu-memory rtx4090-24 --out-dir " + dir.file("big"));
     INFO(big.output);
@@ -542,14 +550,38 @@ TEST_CASE("train plan: the default run's plan is its measured peak; what cannot 
     CHECK(batch.output.find("of host memory per rank") != std::string::npos);
 }
 
-TEST_CASE("train under mpirun without --parallel: auto chooses ddp for a model that fits, and trains", "[train][mpi]") {
+TEST_CASE("train under mpirun without --parallel: auto runs the layout train plan --search ranks fastest, as its "
+          "flags would",
+          "[train][mpi]") {
     TempDir dir("train_auto");
-    const Run r =
-        run_mpi(2, (build_dir() / "train").string() + " " + kTiny + " --sample-tokens 0 --out-dir " + dir.file("auto"));
+    const std::string args = kTiny + " --sample-tokens 0";
+    const Run plan = run_train("plan " + args + " --ranks 2 --search");
+    INFO(plan.output);
+    REQUIRE(plan.status == 0);
+    auto line_after = [](const std::string& text, const std::string& start) {
+        const size_t at = text.find(start);
+        REQUIRE(at != std::string::npos);
+        const size_t from = at + start.size();
+        return text.substr(from, text.find('\n', from) - from);
+    };
+    const std::string fastest = line_after(plan.output, "\nfastest: ");
+    const std::string flags = line_after(plan.output, "\nrun it with: ");
+    CHECK(fastest.find(", micro-batch 2 × ") != std::string::npos);  // kTiny's --micro-batch 2 stays
+    const std::string train = (build_dir() / "train").string() + " " + args;
+    const Run r = run_mpi(2, train + " --out-dir " + dir.file("auto"));
     INFO(r.output);
     REQUIRE(r.status == 0);
-    CHECK(r.output.find("parallel: auto chose ddp on 2 ranks") != std::string::npos);
-    CHECK(losses(r.output).size() == 6);
+    CHECK(r.output.find("parallel: auto on 2 ranks: " + fastest + "; by hand: " + flags + "\n") != std::string::npos);
+    const std::string strategy = flags.substr(11, flags.find(' ', 11) - 11);  // "--parallel NAME ..."
+    CHECK(r.output.find(", strategy " + strategy) != std::string::npos);
+    REQUIRE(losses(r.output).size() == 6);
+    // The flags it printed train the same run (kTiny gives the micro-batch already).
+    const std::string by_hand_flags = std::regex_replace(flags, std::regex(" --micro-batch [0-9]+"), "");
+    const Run by_hand = run_mpi(2, train + " " + by_hand_flags + " --out-dir " + dir.file("by_hand"));
+    INFO(by_hand.output);
+    REQUIRE(by_hand.status == 0);
+    CHECK(by_hand.output.find("parallel: auto") == std::string::npos);
+    CHECK(losses(by_hand.output) == losses(r.output));
 }
 
 TEST_CASE("train under mpirun: zero1, zero2, zero3 and ddp train identically, and rank 0 alone reports",

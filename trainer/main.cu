@@ -35,10 +35,12 @@
 #include "model/llama.h"
 #include "parallel/plan.h"
 #include "parallel/layout_search.h"
+#include "parallel/mesh.h"
 #include "parallel/planner.h"
 #include "model/freeze.h"
 #include "parallel/world.h"
 #include "model/decoder.h"
+#include "trainer/auto_layout.h"
 #include "trainer/checkpoint.h"
 #include "trainer/evaluate.h"
 #include "trainer/export.h"
@@ -172,19 +174,41 @@ void guess_auto_strategy(TrainOptions& o, int ranks) {
     o.parallel = ranks == 1 ? "single" : parse_offload(o.offload) == Offload::params ? "zero3" : "ddp";
 }
 
-// --parallel auto, once the model is known: the plan's choice (choose_strategy), with the
-// micro-batch resolved again for it from the one asked for (0: automatic).
-StrategyChoice choose_auto_strategy(TrainOptions& o, int requested_micro_batch, const LlamaConfig& config, int ranks,
-                                    const GpuMemory& gpu) {
-    const StrategyChoice choice =
-        choose_strategy(plan_request(o, config, ranks), gpu.usable(), o.interconnect == "slow");
-    if (choice.strategy != o.parallel) {
-        o.parallel = choice.strategy;
-        o.micro_batch = requested_micro_batch;
-        if (o.fp32_grad_accumulation && !strategy_info(o.parallel).policy.fp32_accumulation()) o.fp32_grad_accumulation = false;
-        resolve_micro_batch(o, ranks);
+// The fewest ranks mpirun put on one node: the GPUs per node --parallel auto's search assumes.
+int fewest_ranks_per_node() {
+    const std::vector<int> nodes = node_of_each_rank();
+    std::vector<int> count(nodes.size(), 0);
+    for (int n : nodes) ++count[size_t(n)];
+    int fewest = 0;
+    for (int c : count)
+        if (c > 0 && (fewest == 0 || c < fewest)) fewest = c;
+    return fewest;
+}
+
+// --parallel auto, once the model is known: the layout search's fastest layout that fits
+// (trainer/auto_layout.h) written into o, and the line saying what it chose and why. Nothing
+// fitting: the layout of least memory, which check_plan_fits then refuses with what would fit.
+// `host_memory`: the host bytes a rank may use (0: not checked, a plan for other machines).
+std::string choose_auto_layout(TrainOptions& o, const TrainOptions& flags, const OptionSources& sources,
+                               const LlamaConfig& config, int ranks, int ranks_per_node, const GpuMemory& gpu,
+                               double host_memory) {
+    const SearchRequest r = layout_search_request(o, flags, sources, plan_request(o, config, ranks), ranks,
+                                                  interconnect_of(o, ranks_per_node), gpu.usable(), host_memory);
+    const SearchResult result = search_layouts(r);
+    std::string line;
+    if (!result.fitting.empty()) {
+        apply_layout(o, result.fitting.front(), sources);
+        line = describe_choice(result) + "; by hand: " + result.fitting.front().flags();
+    } else {
+        line = "none of the " + std::to_string(result.considered) + " layouts sized fits";
+        if (!result.least_memory.strategy.empty()) {
+            apply_layout(o, result.least_memory, sources);
+            line += "; the least memory: " + result.least_memory.describe() + ", " +
+                    format_bytes(result.least_memory.memory) + " per GPU";
+        }
     }
-    return choice;
+    resolve_micro_batch(o, ranks);
+    return line;
 }
 
 int train_command(const TrainOptions& requested_flags, const OptionSources& sources, const std::string& resume_dir,
@@ -225,9 +249,10 @@ int train_command(const TrainOptions& requested_flags, const OptionSources& sour
     // The memory plan, before anything is allocated (parallel/planner.h).
     const GpuMemory gpu = memory_budget(o, world.size());
     if (automatic && world.size() > 1) {
-        const StrategyChoice choice = choose_auto_strategy(o, requested.micro_batch, config, world.size(), gpu);
-        std::printf("parallel: auto chose %s on %d ranks: %s\n", o.parallel.c_str(), world.size(),
-                    choice.reason.c_str());
+        const std::string choice =
+            choose_auto_layout(o, requested, sources, config, world.size(), fewest_ranks_per_node(), gpu,
+                               host_budget(world.size()));
+        std::printf("parallel: auto on %d ranks: %s\n", world.size(), choice.c_str());
     }
     check_plan_fits(plan_request(o, config, world.size()), gpu);
     if (o.epochs == 0) (void)lr_config_of(o);  // the schedule's checks, before anything is written
@@ -462,22 +487,12 @@ LlamaConfig plan_config(const TrainOptions& o) {
     return default_model(o.vocab, o.seq_len);
 }
 
-// `train plan --search`: every layout of --ranks GPUs, the five fastest that fit. What the user
-// gave as a flag stays fixed: --tp above 1, --pipeline-stages, a named --parallel, a
-// --micro-batch, --checkpoint-activations, an --offload.
-void print_layout_search(const TrainOptions& o, const TrainOptions& flags, const LlamaConfig& config,
-                         const PlanOptions& p, const GpuMemory& gpu) {
-    SearchRequest r;
-    r.run = plan_request(o, config, p.ranks);
-    r.world = p.ranks, r.batch = o.batch, r.budget = gpu.usable();
-    r.link.gpus_per_node = p.gpus_per_node;
-    r.link.intra_node = p.intra_node_gbs * 1e9, r.link.inter_node = p.inter_node_gbs * 1e9;
-    r.tp = o.tp > 1 ? o.tp : 0;
-    r.pipeline_stages = o.pipeline_stages;
-    r.micro_batch = flags.micro_batch;
-    r.strategy = flags.parallel == "auto" ? "" : canonical_strategy_name(flags.parallel);
-    r.checkpointing_fixed = o.checkpoint_activations >= 0;
-    r.offload = o.offload == "none" ? "" : o.offload;
+// `train plan --search`: every layout of --ranks GPUs, the five fastest that fit, what stays
+// fixed as --parallel auto keeps it (trainer/auto_layout.h).
+void print_layout_search(const TrainOptions& o, const TrainOptions& flags, const OptionSources& sources,
+                         const LlamaConfig& config, int ranks, const GpuMemory& gpu) {
+    const SearchRequest r = layout_search_request(o, flags, sources, plan_request(o, config, ranks), ranks,
+                                                  interconnect_of(o, 0), gpu.usable(), 0);
     const SearchResult result = search_layouts(r);
     std::printf("\n%s", format_search(r, result).c_str());
     if (!result.fitting.empty())
@@ -486,7 +501,7 @@ void print_layout_search(const TrainOptions& o, const TrainOptions& flags, const
 }
 
 // `train plan`: the memory per rank by category, the verdict, what fits.
-int plan_command(const TrainOptions& given, const PlanOptions& p) {
+int plan_command(const TrainOptions& given, const OptionSources& sources, const PlanOptions& p) {
     TrainOptions flags = given;
     apply_accumulation(flags, p.ranks);  // --accumulation: the global batch at --ranks
     TrainOptions o = flags;
@@ -517,8 +532,9 @@ int plan_command(const TrainOptions& given, const PlanOptions& p) {
         check_strategy(strategy_options(o, p.ranks), p.ranks);
     }
     resolve_micro_batch(o, p.ranks);
-    StrategyChoice choice;
-    if (requested_strategy == "auto") choice = choose_auto_strategy(o, flags.micro_batch, config, p.ranks, gpu);
+    std::string choice = "one rank";
+    if (requested_strategy == "auto" && p.ranks > 1)
+        choice = choose_auto_layout(o, flags, sources, config, p.ranks, 0, gpu, 0);  // another machine's host
     const PlanRequest q = plan_request(o, config, p.ranks);
     std::printf(
         "plan: model %s (%lld parameters), %s, %s on %d rank(s), micro-batch %d x %d tokens, %d micro-step(s) "
@@ -526,7 +542,7 @@ int plan_command(const TrainOptions& given, const PlanOptions& p) {
         config.name.c_str(), parameter_count(config), o.dtype.c_str(), o.parallel.c_str(), p.ranks, o.micro_batch,
         o.seq_len, q.accumulation, q.groups.lora.enabled() ? (q.groups.nf4 ? ", QLoRA" : ", LoRA") : "");
     if (requested_strategy == "auto")
-        std::printf("--parallel auto: %s (%s)\n", o.parallel.c_str(), choice.reason.c_str());
+        std::printf("--parallel auto: %s\n", choice.c_str());
     const MemoryPlan plan = plan_memory(q);
     std::printf("%s", format_plan(plan, &gpu).c_str());
     if (p.ranks > 1) std::printf("mesh: %s\n%s", describe_mesh(mesh_of(q.strategy, p.ranks)).c_str(),
@@ -580,7 +596,7 @@ int plan_command(const TrainOptions& given, const PlanOptions& p) {
             }
         }
     }
-    if (p.search) print_layout_search(o, flags, config, p, gpu);
+    if (p.search) print_layout_search(o, flags, sources, config, p.ranks, gpu);
     if (fits) return 0;
     // Exit status 1: scripts and schedulers see that this run cannot start as given.
     std::printf("\ndoes not fit: this run needs %s per rank, %s usable on %s; %s\n", format_bytes(plan.peak()).c_str(),
@@ -705,7 +721,7 @@ int main_checked(int argc, char** argv) {
     }
     if (!fine_tuning.empty() && c.kind == Command::Kind::plan) std::printf("%s\n", fine_tuning.c_str());
     if (c.kind == Command::Kind::plan) print_notes(c);
-    if (c.kind == Command::Kind::plan) return plan_command(c.train, c.plan);
+    if (c.kind == Command::Kind::plan) return plan_command(c.train, c.train_sources, c.plan);
     if (c.kind == Command::Kind::sample) return sample_command(c.sample);
     if (c.kind == Command::Kind::eval) return eval_command(c.eval);
     if (c.kind == Command::Kind::prepare) return prepare_command(c.prepare);

@@ -24,16 +24,32 @@
 
 namespace pv {
 
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(TrainOptions, preset, config, init_from, data, val_data, vocab, steps,
-                                                batch, micro_batch, accumulation, seq_len, lr, schedule, warmup, warmup_ratio, epochs,
-                                                schedule_steps, final_lr_fraction,
-                                                clip, skip_nonfinite, weight_decay, decay_norm_weights, beta1, beta2,
-                                                eps, dtype, stochastic_rounding, fp32_grad_accumulation, seed, parallel,
-                                                interconnect, pipeline_stages, in_flight, pipeline_schedule, pipeline_chunks, balance, shard_group, tp, freeze, eval_interval,
-                                                eval_batches, out_dir, checkpoint_interval, resume, stop_after, prompt,
-                                                sample_tokens, temperature, top_p, document_mask, lora_rank, lora_alpha,
-                                                rslora, lora_targets, lora_dropout, adapter, quantize, double_quant,
-                                                checkpoint_activations, offload, keep_checkpoints)
+// Every training option as JSON (trainer_state.json, the run file's keys), each key its field's
+// name, a key missing (an older checkpoint) read as the default. Written out rather than with
+// nlohmann's NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT, which takes at most 63 fields.
+#define PV_TRAIN_OPTION_FIELDS(X) \
+    X(preset) X(config) X(init_from) X(data) X(val_data) X(vocab) X(steps) X(batch) X(micro_batch) X(accumulation) \
+    X(seq_len) X(lr) X(schedule) X(warmup) X(warmup_ratio) X(epochs) X(schedule_steps) X(final_lr_fraction) X(clip) \
+    X(skip_nonfinite) X(weight_decay) X(decay_norm_weights) X(beta1) X(beta2) X(eps) X(dtype) X(stochastic_rounding) \
+    X(fp32_grad_accumulation) X(seed) X(parallel) X(interconnect) X(gpus_per_node) X(intra_node_gbs) \
+    X(inter_node_gbs) X(pipeline_stages) X(in_flight) X(pipeline_schedule) X(pipeline_chunks) X(balance) \
+    X(shard_group) X(tp) X(freeze) X(eval_interval) X(eval_batches) X(out_dir) X(checkpoint_interval) X(resume) \
+    X(stop_after) X(prompt) X(sample_tokens) X(temperature) X(top_p) X(document_mask) X(lora_rank) X(lora_alpha) \
+    X(rslora) X(lora_targets) X(lora_dropout) X(adapter) X(quantize) X(double_quant) X(checkpoint_activations) \
+    X(offload) X(keep_checkpoints)
+
+void to_json(nlohmann::json& j, const TrainOptions& o) {
+#define PV_OPTION_TO_JSON(field) j[#field] = o.field;
+    PV_TRAIN_OPTION_FIELDS(PV_OPTION_TO_JSON)
+#undef PV_OPTION_TO_JSON
+}
+
+void from_json(const nlohmann::json& j, TrainOptions& o) {
+    const TrainOptions defaults;
+#define PV_OPTION_FROM_JSON(field) o.field = j.value(#field, defaults.field);
+    PV_TRAIN_OPTION_FIELDS(PV_OPTION_FROM_JSON)
+#undef PV_OPTION_FROM_JSON
+}
 
 namespace {
 
@@ -132,7 +148,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& train_flag_
                           "fp32-grad-accumulation", "seed"}},
         {"LoRA/QLoRA", {"lora-rank", "lora-alpha", "rslora", "lora-targets", "lora-dropout", "quantize",
                         "double-quant", "adapter"}},
-        {"Parallel", {"parallel", "interconnect", "gpu-memory", "pipeline-stages", "pipeline-schedule", "pipeline-chunks", "in-flight", "balance", "shard-group", "tp", "offload",
+        {"Parallel", {"parallel", "interconnect", "gpus-per-node", "intra-node-gbs", "inter-node-gbs", "gpu-memory", "pipeline-stages", "pipeline-schedule", "pipeline-chunks", "in-flight", "balance", "shard-group", "tp", "offload",
                       "collective-timeout"}},
         {"Checkpoints", {"checkpoint-interval", "resume", "allow-inexact-resume", "stop-after", "keep-checkpoints",
                          "overwrite-later", "extend-schedule", "keep-schedule"}},
@@ -253,9 +269,20 @@ void add_train_flags(CLI::App& app, TrainOptions& o, std::string* run_file = nul
            "")
         ->group("");
     app.add_option("--interconnect", o.interconnect,
-                   "For --parallel auto: slow (Ethernet between nodes) prefers pp, which sends only the residual "
-                   "stream, to the ZeRO stages")
+                   "For --parallel auto's layout search: between nodes, fast (one 400 Gb/s InfiniBand adapter per "
+                   "GPU, 35 GB/s) or slow (100 Gb/s Ethernet, 8.75 GB/s)")
         ->check(choice_check(option_choices("interconnect")));
+    app.add_option("--gpus-per-node", o.gpus_per_node,
+                   "For --parallel auto's layout search: GPUs per node, a tensor-parallel group staying in one (0: "
+                   "the fewest ranks mpirun put on a node; train plan: 8)")
+        ->check(number_check(whole_number(0, 1024)));
+    app.add_option("--intra-node-gbs", o.intra_node_gbs,
+                   "For --parallel auto's layout search: GB/s a collective or a send reaches between two GPUs of a "
+                   "node (0: NVLink 4, 450 at 0.7 = 315)")
+        ->check(number_check(real_number(0, 1e6)));
+    app.add_option("--inter-node-gbs", o.inter_node_gbs,
+                   "For --parallel auto's layout search: GB/s per GPU between nodes (0: --interconnect's figure)")
+        ->check(number_check(real_number(0, 1e6)));
     std::string gpus;
     for (const std::string& g : gpu_names()) gpus += (gpus.empty() ? "" : ", ") + g;
     app.add_option("--gpu-memory", o.gpu_memory,
@@ -665,23 +692,12 @@ Parsed parse_once(const std::vector<std::string>& args, const TrainOptions& base
     plan->add_flag("--show-schedule", c.plan.show_schedule,
                    "--parallel pp: draw the pipeline schedule's timeline, one line per stage (F3: the forward of "
                    "micro-batch 3, B3 its backward, taking two columns; '.' idle)");
-    plan->add_flag("--compare", c.plan.compare, "Every strategy side by side, and the one --parallel auto takes")
+    plan->add_flag("--compare", c.plan.compare, "Every strategy side by side")
         ->group("Plan");
     plan->add_flag("--search", c.plan.search,
                    "Every layout of --ranks GPUs (tensor-parallel size, pipeline stages, ZeRO stage and shard group, "
                    "micro-batch, activation checkpointing, offload; those given as flags stay fixed), sized by the "
                    "planner and timed by the performance model: the five fastest that fit")
-        ->group("Plan");
-    plan->add_option("--gpus-per-node", c.plan.gpus_per_node, "--search: GPUs per node (a tensor-parallel group stays in one)")
-        ->check(number_check(whole_number(1, 1024)))
-        ->group("Plan");
-    plan->add_option("--intra-node-gbs", c.plan.intra_node_gbs,
-                     "--search: GB/s a collective or a send reaches between two GPUs of a node (NVLink 4: 450 at 0.7)")
-        ->check(number_check(real_number(0.001, 1e6)))
-        ->group("Plan");
-    plan->add_option("--inter-node-gbs", c.plan.inter_node_gbs,
-                     "--search: GB/s between nodes, per GPU (one 400 Gb/s adapter per GPU: 50 at 0.7)")
-        ->check(number_check(real_number(0.001, 1e6)))
         ->group("Plan");
     CLI::App* sample = app.add_subcommand(
         "sample", "Generate text from a checkpoint or a Hugging Face model directory, with a KV cache");

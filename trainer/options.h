@@ -81,7 +81,12 @@ struct TrainOptions {
     bool fp32_grad_accumulation = false;
     uint64_t seed = 1337;
     std::string parallel = "auto";      // auto, single, ddp, zero1, zero2, zero3 or mp (parallel/)
-    std::string interconnect = "fast";  // auto's hint: "slow" puts mp before the ZeRO stages
+    // The machines --parallel auto's layout search assumes (trainer/auto_layout.h; 0: its figures):
+    // "slow" is 100 Gb/s Ethernet between nodes instead of InfiniBand.
+    std::string interconnect = "fast";
+    int gpus_per_node = 0;       // 0: the fewest ranks mpirun put on one node (a plan: 8)
+    double intra_node_gbs = 0;   // GB/s between two GPUs of a node (0: NVLink 4, 450 at 0.7)
+    double inter_node_gbs = 0;   // GB/s per GPU between nodes (0: --interconnect's: 35 fast, 8.75 slow)
     int pipeline_stages = 0;            // the pipeline's stages, each replicated over ranks / stages (0: pp's one per rank, else none)
     int in_flight = 0;                  // pipeline: most micro-batches in flight per stage (0: the schedule's own)
     std::string pipeline_schedule = "1f1b";  // pp: gpipe, 1f1b or interleaved (parallel/schedule.h)
@@ -130,9 +135,6 @@ struct PlanOptions {
     bool compare = false;  // every strategy side by side
     bool show_schedule = false;  // pp: the pipeline schedule's timeline (parallel/schedule.h)
     bool search = false;         // every layout, the five fastest that fit (parallel/layout_search.h)
-    // The machines the search assumes (parallel/layout_search.h Interconnect's defaults).
-    int gpus_per_node = 8;
-    double intra_node_gbs = 315, inter_node_gbs = 35;
 };
 
 struct SampleOptions {
