@@ -34,7 +34,8 @@
 namespace pv {
 
 // The machines, as the search assumes them (each figure what a ring step or a send reaches, not
-// the datasheet's peak; --gpus-per-node, --intra-node-gbs, --inter-node-gbs override them).
+// the datasheet's peak; --gpus-per-node, --intra-node-gbs, --inter-node-gbs, --pcie-gbs and
+// --host-memory-gbs override them: trainer/auto_layout.h).
 struct Interconnect {
     int gpus_per_node = 8;
     // NVLink 4 inside a DGX/HGX H100: 450 GB/s each way (datasheet) at 0.7, what NCCL's rings are

@@ -460,7 +460,12 @@ TEST_CASE("--parallel auto: what the user gave stays fixed, every layout passes 
     CHECK(pv::interconnect_of(slow.train, 4).gpus_per_node == 2);
     CHECK(pv::interconnect_of(slow.train, 4).inter_node == Approx(12.5e9 * 0.7));
     const pv::Command rates = pv::parse_arguments({"--interconnect", "slow", "--inter-node-gbs", "20",
-                                                   "--intra-node-gbs", "100"});
+                                                   "--intra-node-gbs", "100", "--pcie-gbs", "25",
+                                                   "--host-memory-gbs", "40"});
     CHECK(pv::interconnect_of(rates.train, 4).inter_node == Approx(20e9));
     CHECK(pv::interconnect_of(rates.train, 4).intra_node == Approx(100e9));
+    CHECK(pv::interconnect_of(rates.train, 4).pcie == Approx(25e9));
+    CHECK(pv::interconnect_of(rates.train, 4).host_memory == Approx(40e9));
+    CHECK(pv::interconnect_of(defaults.train, 4).pcie == pv::Interconnect{}.pcie);
+    CHECK(pv::interconnect_of(defaults.train, 4).host_memory == pv::Interconnect{}.host_memory);
 }

@@ -15,8 +15,9 @@
 namespace pv {
 
 // The machines the search assumes: --gpus-per-node (0: `ranks_per_node`, the fewest ranks mpirun
-// put on one node, or 8 for a plan), --intra-node-gbs and --inter-node-gbs (0: Interconnect's
-// figures; --interconnect slow: 100 Gb/s Ethernet between nodes, 12.5 GB/s at 0.7).
+// put on one node, or 8 for a plan), --intra-node-gbs, --inter-node-gbs, --pcie-gbs and
+// --host-memory-gbs (0: Interconnect's figures; --interconnect slow: 100 Gb/s Ethernet between
+// nodes, 12.5 GB/s at 0.7).
 Interconnect interconnect_of(const TrainOptions& o, int ranks_per_node);
 
 // The search for a run of `ranks`: `run` the plan of the resolved options `o` (the model, groups,

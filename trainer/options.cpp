@@ -32,7 +32,7 @@ namespace pv {
     X(seq_len) X(lr) X(schedule) X(warmup) X(warmup_ratio) X(epochs) X(schedule_steps) X(final_lr_fraction) X(clip) \
     X(skip_nonfinite) X(weight_decay) X(decay_norm_weights) X(beta1) X(beta2) X(eps) X(dtype) X(stochastic_rounding) \
     X(fp32_grad_accumulation) X(seed) X(parallel) X(interconnect) X(gpus_per_node) X(intra_node_gbs) \
-    X(inter_node_gbs) X(pipeline_stages) X(in_flight) X(pipeline_schedule) X(pipeline_chunks) X(balance) \
+    X(inter_node_gbs) X(pcie_gbs) X(host_memory_gbs) X(pipeline_stages) X(in_flight) X(pipeline_schedule) X(pipeline_chunks) X(balance) \
     X(shard_group) X(tp) X(freeze) X(eval_interval) X(eval_batches) X(out_dir) X(checkpoint_interval) X(resume) \
     X(stop_after) X(prompt) X(sample_tokens) X(temperature) X(top_p) X(document_mask) X(lora_rank) X(lora_alpha) \
     X(rslora) X(lora_targets) X(lora_dropout) X(adapter) X(quantize) X(double_quant) X(checkpoint_activations) \
@@ -148,7 +148,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& train_flag_
                           "fp32-grad-accumulation", "seed"}},
         {"LoRA/QLoRA", {"lora-rank", "lora-alpha", "rslora", "lora-targets", "lora-dropout", "quantize",
                         "double-quant", "adapter"}},
-        {"Parallel", {"parallel", "interconnect", "gpus-per-node", "intra-node-gbs", "inter-node-gbs", "gpu-memory", "pipeline-stages", "pipeline-schedule", "pipeline-chunks", "in-flight", "balance", "shard-group", "tp", "offload",
+        {"Parallel", {"parallel", "interconnect", "gpus-per-node", "intra-node-gbs", "inter-node-gbs", "pcie-gbs", "host-memory-gbs", "gpu-memory", "pipeline-stages", "pipeline-schedule", "pipeline-chunks", "in-flight", "balance", "shard-group", "tp", "offload",
                       "collective-timeout"}},
         {"Checkpoints", {"checkpoint-interval", "resume", "allow-inexact-resume", "stop-after", "keep-checkpoints",
                          "overwrite-later", "extend-schedule", "keep-schedule"}},
@@ -282,6 +282,14 @@ void add_train_flags(CLI::App& app, TrainOptions& o, std::string* run_file = nul
         ->check(number_check(real_number(0, 1e6)));
     app.add_option("--inter-node-gbs", o.inter_node_gbs,
                    "For --parallel auto's layout search: GB/s per GPU between nodes (0: --interconnect's figure)")
+        ->check(number_check(real_number(0, 1e6)));
+    app.add_option("--pcie-gbs", o.pcie_gbs,
+                   "For --parallel auto's layout search: GB/s between a GPU and its host, for offload's copies (0: "
+                   "PCIe 5.0 x16, 64 at 0.7)")
+        ->check(number_check(real_number(0, 1e6)));
+    app.add_option("--host-memory-gbs", o.host_memory_gbs,
+                   "For --parallel auto's layout search: GB/s of a node's host memory for the offloaded update, "
+                   "shared by its ranks (0: 17, measured on a 16-core H100 host)")
         ->check(number_check(real_number(0, 1e6)));
     std::string gpus;
     for (const std::string& g : gpu_names()) gpus += (gpus.empty() ? "" : ", ") + g;

@@ -87,6 +87,8 @@ struct TrainOptions {
     int gpus_per_node = 0;       // 0: the fewest ranks mpirun put on one node (a plan: 8)
     double intra_node_gbs = 0;   // GB/s between two GPUs of a node (0: NVLink 4, 450 at 0.7)
     double inter_node_gbs = 0;   // GB/s per GPU between nodes (0: --interconnect's: 35 fast, 8.75 slow)
+    double pcie_gbs = 0;         // GB/s between a GPU and its host, for offload's copies (0: PCIe 5 x16, 64 at 0.7)
+    double host_memory_gbs = 0;  // GB/s of a node's host memory for the offloaded update (0: 17, measured)
     int pipeline_stages = 0;            // the pipeline's stages, each replicated over ranks / stages (0: pp's one per rank, else none)
     int in_flight = 0;                  // pipeline: most micro-batches in flight per stage (0: the schedule's own)
     std::string pipeline_schedule = "1f1b";  // pp: gpipe, 1f1b or interleaved (parallel/schedule.h)
