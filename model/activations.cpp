@@ -11,21 +11,22 @@ size_t aligned(size_t at) { return (at + 255) / 256 * 256; }
 }  // namespace
 
 std::vector<ActivationBuffer> activation_layout(const LlamaConfig& c, UnitKind kind, int batch, int seq_len,
-                                                DType dtype, const LoraConfig& lora) {
+                                                DType dtype, const LoraConfig& lora, int sequence_shards) {
     const long long N = (long long)batch * seq_len, C = c.hidden_size;
+    const long long R = N / sequence_shards;  // the residual stream's rows (model/placement.h)
     const size_t t = dtype_size(dtype), a = acc_size(dtype);
     switch (kind) {
-        case UnitKind::embedding: return {{"out", N * C, t}};
+        case UnitKind::embedding: return {{"out", R * C, t}};
         case UnitKind::block: {
-            std::vector<ActivationBuffer> buffers = {{"out", N * C, t},
+            std::vector<ActivationBuffer> buffers = {{"out", R * C, t},
                                                      {"h1", N * C, t},
-                                                     {"rstd1", N, a},
+                                                     {"rstd1", R, a},
                                                      {"qkv", N * c.qkv_width(), t},
                                                      {"att", N * c.q_width(), t},
                                                      {"lse", (long long)batch * c.num_heads * seq_len, a},
-                                                     {"x2", N * C, t},
+                                                     {"x2", R * C, t},
                                                      {"h2", N * C, t},
-                                                     {"rstd2", N, a},
+                                                     {"rstd2", R, a},
                                                      {"gate_up", N * 2LL * c.ffn_size, t},
                                                      {"act", N * c.ffn_size, t}};
             const auto shapes = lora_linears(c, lora);
@@ -35,7 +36,7 @@ std::vector<ActivationBuffer> activation_layout(const LlamaConfig& c, UnitKind k
         }
         case UnitKind::head:
             return {{"h", N * C, t},
-                    {"rstd", N, a},
+                    {"rstd", R, a},
                     {"logits", N * c.vocab_size, t},
                     {"row_loss", N, a},
                     {"row_stats", N, 2 * a}};
@@ -55,33 +56,35 @@ size_t arena_bytes(const std::vector<ActivationBuffer>& buffers) {
 }
 
 std::vector<ActivationBuffer> slot_arena_layout(const LlamaConfig& c, int u, int batch, int seq_len, DType dtype,
-                                                const LoraConfig& lora, const ActivationCheckpointing& checkpointing) {
+                                                const LoraConfig& lora, const ActivationCheckpointing& checkpointing,
+                                                int sequence_shards) {
     const UnitKind kind = u == 0 ? UnitKind::embedding : u <= c.num_layers ? UnitKind::block : UnitKind::head;
-    std::vector<ActivationBuffer> layout = activation_layout(c, kind, batch, seq_len, dtype, lora);
+    std::vector<ActivationBuffer> layout = activation_layout(c, kind, batch, seq_len, dtype, lora, sequence_shards);
     if (kind == UnitKind::block && checkpointing.recomputes(u - 1)) layout.resize(1);  // "out", the first buffer
     return layout;
 }
 
 std::vector<ActivationBuffer> recompute_arena_layout(const LlamaConfig& c, int batch, int seq_len, DType dtype,
-                                                     const LoraConfig& lora) {
-    std::vector<ActivationBuffer> layout = activation_layout(c, UnitKind::block, batch, seq_len, dtype, lora);
+                                                     const LoraConfig& lora, int sequence_shards) {
+    std::vector<ActivationBuffer> layout =
+        activation_layout(c, UnitKind::block, batch, seq_len, dtype, lora, sequence_shards);
     layout[0].elements = 0;  // "out", kept in the block's own arena; the buffers keep their indices
     return layout;
 }
 
 ActivationArenas activation_arenas(const LlamaConfig& c, int batch, int seq_len, DType dtype, const LoraConfig& lora,
                                    const ActivationCheckpointing& checkpointing,
-                                   const std::vector<StageUnits>& chunks) {
+                                   const std::vector<StageUnits>& chunks, int sequence_shards) {
     const int units = c.num_layers + 2;
     ActivationArenas out;
     out.slot_bytes.assign(size_t(units), 0);
     out.slots.assign(size_t(units), 0);
     for (const StageUnits& stage : chunks)
     for (int u = stage.first; u < (stage.end < 0 ? units : stage.end); ++u) {
-        out.slot_bytes[size_t(u)] = arena_bytes(slot_arena_layout(c, u, batch, seq_len, dtype, lora, checkpointing));
+        out.slot_bytes[size_t(u)] = arena_bytes(slot_arena_layout(c, u, batch, seq_len, dtype, lora, checkpointing, sequence_shards));
         out.slots[size_t(u)] = stage.slots;
         if (u >= 1 && u <= c.num_layers && checkpointing.recomputes(u - 1))
-            out.recompute_bytes = arena_bytes(recompute_arena_layout(c, batch, seq_len, dtype, lora));
+            out.recompute_bytes = arena_bytes(recompute_arena_layout(c, batch, seq_len, dtype, lora, sequence_shards));
     }
     return out;
 }

@@ -38,9 +38,12 @@ struct ActivationBuffer {
 // The activations one unit keeps for its backward, for a micro-batch of batch x seq_len tokens in
 // storage type `dtype` (statistics in its accumulator type), in the order of model/llama.h's typed
 // views (the output first, for the embedding and a block); with LoRA a block also keeps each
-// adapter's u = drop(x)·Aᵀ. The memory planner uses this too.
+// adapter's u = drop(x)·Aᵀ. The memory planner uses this too. sequence_shards > 1 (sequence
+// parallelism, model/placement.h TensorParallel): the residual stream's buffers and the norms'
+// statistics hold N / sequence_shards rows (out, rstd1, x2, rstd2; the head's rstd); the norms'
+// outputs (h1, h2, the head's h) are kept gathered, N rows, for the weight gradients.
 std::vector<ActivationBuffer> activation_layout(const LlamaConfig& c, UnitKind kind, int batch, int seq_len,
-                                                DType dtype, const LoraConfig& lora = {});
+                                                DType dtype, const LoraConfig& lora = {}, int sequence_shards = 1);
 
 // Bytes of one activation arena holding `buffers` (each buffer 256-byte aligned): what a unit's
 // slot allocates in the activations category.
@@ -62,10 +65,11 @@ struct ActivationCheckpointing {
 // The arena of one slot of unit u (model_units order): activation_layout, or for a block that
 // recomputes, its output alone.
 std::vector<ActivationBuffer> slot_arena_layout(const LlamaConfig& c, int u, int batch, int seq_len, DType dtype,
-                                                const LoraConfig& lora, const ActivationCheckpointing& checkpointing);
+                                                const LoraConfig& lora, const ActivationCheckpointing& checkpointing,
+                                                int sequence_shards = 1);
 // The recompute arena: a block's activation_layout without the output (the recompute writes none).
 std::vector<ActivationBuffer> recompute_arena_layout(const LlamaConfig& c, int batch, int seq_len, DType dtype,
-                                                     const LoraConfig& lora);
+                                                     const LoraConfig& lora, int sequence_shards = 1);
 
 // What a model allocates in the activations category, computed without a model (the memory
 // planner's figure; the Llama constructor allocates exactly these): per unit, one slot's arena
@@ -84,11 +88,12 @@ struct ActivationArenas {
 };
 ActivationArenas activation_arenas(const LlamaConfig& c, int batch, int seq_len, DType dtype, const LoraConfig& lora,
                                    const ActivationCheckpointing& checkpointing,
-                                   const std::vector<StageUnits>& chunks = {StageUnits{}});
+                                   const std::vector<StageUnits>& chunks = {StageUnits{}}, int sequence_shards = 1);
 inline ActivationArenas activation_arenas(const LlamaConfig& c, int batch, int seq_len, DType dtype,
                                           const LoraConfig& lora, const ActivationCheckpointing& checkpointing,
-                                          StageUnits stage) {
-    return activation_arenas(c, batch, seq_len, dtype, lora, checkpointing, std::vector<StageUnits>{stage});
+                                          StageUnits stage, int sequence_shards = 1) {
+    return activation_arenas(c, batch, seq_len, dtype, lora, checkpointing, std::vector<StageUnits>{stage},
+                             sequence_shards);
 }
 
 }  // namespace pv

@@ -42,7 +42,10 @@ enum WorkBuffer {
     kLoraBShare,
     kDequantized,
     kEmbeddingScratch,
-    kVocabPartials
+    kVocabPartials,
+    kRowsSummed,
+    kRowsNormed,
+    kNormGradShare
 };
 
 // The block tensor (BlockTensor) of linear k (LoraLinear).
@@ -74,12 +77,13 @@ std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& whole, i
                                                      const LoraConfig& lora, bool nf4, TensorParallel tensor) {
     const LlamaConfig c = tensor_parallel_shape(whole, tensor);
     const long long N = (long long)batch * seq_len, C = c.hidden_size, F = c.ffn_size;
+    const long long R = tensor.stream_rows(N);  // the residual stream's rows
     const long long kv_rows = replicated_kv_rows(whole, tensor.size);
     const size_t t = dtype_size(dtype);
     const long long lora_max_a_rows = pv::lora_max_a_rows(c, lora);
     // The scratch sizes depend on the storage type only through its accumulator.
     const size_t norm_scratch = with_dtype(
-        dtype, [&](auto tag) { return rmsnorm_backward_scratch_bytes<typename decltype(tag)::type>(N, int(C)); });
+        dtype, [&](auto tag) { return rmsnorm_backward_scratch_bytes<typename decltype(tag)::type>(R, int(C)); });
     const size_t attention_scratch = with_dtype(dtype, [&](auto tag) {
         return attention_backward_scratch_bytes<typename decltype(tag)::type>(batch, seq_len, c.num_heads);
     });
@@ -106,7 +110,10 @@ std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& whole, i
             // The vocabulary-parallel cross-entropy: this rank's partials [N], then the group's [T][N]
             // (3 accumulator values a row).
             {"vocab_partials", tensor.size > 1 ? (tensor.size + 1) * N : 0,
-             size_t(3 * (dtype == DType::fp64 ? 8 : 4))}};
+             size_t(3 * (dtype == DType::fp64 ? 8 : 4))},
+            {"rows_summed", tensor.sequence ? R * C : 0, t},
+            {"rows_normed", tensor.sequence ? R * C : 0, t},
+            {"norm_grad_share", tensor.sequence ? C : 0, t}};
 }
 
 template <class A>
@@ -127,6 +134,8 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
       tensor_(o.placement.tensor),
       tensor_reduce_(o.tensor_reduce),
       tensor_gather_(o.tensor_gather),
+      tensor_all_gather_(o.tensor_all_gather),
+      tensor_reduce_scatter_(o.tensor_reduce_scatter),
       lora_(o.lora),
       seed_(o.seed),
       nf4_(o.nf4),
@@ -152,6 +161,15 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
         const std::string tp = "tensor parallelism over " + std::to_string(tensor_.size) + " ranks";
         if (o.nf4) throw std::invalid_argument("Llama: " + tp + " does not take an NF4 base (QLoRA) in this build");
     }
+    if (tensor_.sequence && tensor_.size == 1)
+        throw std::invalid_argument("Llama: sequence parallelism splits the rows over a tensor-parallel group; "
+                                    "it needs --tp 2 or more");
+    if (tensor_.sequence && rows() % tensor_.size != 0)
+        throw std::invalid_argument("Llama: sequence parallelism over " + std::to_string(tensor_.size) +
+                                    " ranks splits a micro-batch's " + std::to_string(rows()) +
+                                    " rows (micro-batch x sequence length), which " + std::to_string(tensor_.size) +
+                                    " does not divide: give a micro-batch or sequence length that makes it a "
+                                    "multiple of " + std::to_string(tensor_.size));
     std::vector<UnitSpec> specs = tensor_parallel_units(config_, o.lora, tensor_);
     const int all = int(specs.size());
     for (const StageUnits& c : place.chunks) {
@@ -177,7 +195,9 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
     CUBLAS_CHECK(cublasCreate(&cublas_));
     const DType dt = dtype_of<T>();
     // The arenas, from the function the memory planner calls.
-    const ActivationArenas arenas = activation_arenas(shape_, o.batch, o.seq_len, dt, lora_, o.checkpointing, chunks_);
+    const int sequence_shards = tensor_.sequence ? tensor_.size : 1;
+    const ActivationArenas arenas =
+        activation_arenas(shape_, o.batch, o.seq_len, dt, lora_, o.checkpointing, chunks_, sequence_shards);
     if (arenas.recompute_bytes > 0)
         recompute_arena_ = device_alloc(arenas.recompute_bytes, MemoryCategory::activations);
     for (UnitSpec& spec : specs) {
@@ -211,7 +231,7 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
             unit.grads = static_cast<T*>(device_alloc(trainable(u).bytes(), MemoryCategory::gradients));
             CUDA_CHECK(cudaMemsetAsync(unit.grads, 0, trainable(u).bytes(), stream_));
         }
-        unit.arena_layout = slot_arena_layout(shape_, u, o.batch, o.seq_len, dt, lora_, o.checkpointing);
+        unit.arena_layout = slot_arena_layout(shape_, u, o.batch, o.seq_len, dt, lora_, o.checkpointing, sequence_shards);
         unit.recomputes = unit.spec.kind == UnitKind::block && o.checkpointing.recomputes(u - 1);
         if (!runs_here) continue;  // the tied embedding's copy on the head's stage
         for (int s = 0; s < arenas.slots[size_t(u)]; ++s)
@@ -222,7 +242,7 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
     rope_table_ = rope_table_buffer<acc_t<T>>(config_, seq_len_, stream_);
 
     // The workspace: transient buffers of one unit at a time, for forward and backward.
-    const long long N = rows(), C = config_.hidden_size;
+    const long long R = stream_rows(), C = config_.hidden_size;
     const std::vector<ActivationBuffer> workspace_layout =
         model_workspace_layout(config_, o.batch, o.seq_len, dt, lora_, nf4_, tensor_);
     const std::vector<size_t> at = arena_offsets(workspace_layout);
@@ -243,8 +263,11 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
                       reinterpret_cast<T*>(w + at[kLoraBShare]),
                       reinterpret_cast<T*>(w + at[kDequantized]),
                       w + at[kEmbeddingScratch],
-                      w + at[kVocabPartials]};
-    for (T*& d : dresidual_) d = static_cast<T*>(device_alloc(size_t(N * C) * sizeof(T), MemoryCategory::workspace));
+                      w + at[kVocabPartials],
+                      reinterpret_cast<T*>(w + at[kRowsSummed]),
+                      reinterpret_cast<T*>(w + at[kRowsNormed]),
+                      reinterpret_cast<T*>(w + at[kNormGradShare])};
+    for (T*& d : dresidual_) d = static_cast<T*>(device_alloc(size_t(R * C) * sizeof(T), MemoryCategory::workspace));
 }
 
 template <class T>
@@ -306,7 +329,9 @@ void Llama<T>::resolve_activations(int u) {
     const std::vector<size_t> at = arena_offsets(unit.arena_layout);
     // A recomputing block's buffers other than its output are the recompute arena's.
     const std::vector<size_t> shared_at =
-        unit.recomputes ? arena_offsets(recompute_arena_layout(shape_, batch_, seq_len_, dtype_of<T>(), lora_)) : at;
+        unit.recomputes ? arena_offsets(recompute_arena_layout(shape_, batch_, seq_len_, dtype_of<T>(), lora_,
+                                                               tensor_.sequence ? tensor_.size : 1))
+                        : at;
     for (void* arena : unit.arenas) {
         char* a = static_cast<char*>(arena);
         char* r = unit.recomputes ? static_cast<char*>(recompute_arena_) : a;
@@ -463,13 +488,16 @@ void Llama<T>::forward_unit(int u, int slot, const UnitIO<T>& io) {
     if (!runs(u)) throw std::logic_error("forward_unit: unit " + std::to_string(u) + " is not in this model's stage");
     switch (unit_kind(u)) {
         case UnitKind::embedding:
+        {
             // Vocabulary-parallel (model/tensor_parallel.h): this rank's rows, zeros for the other
-            // tokens, summed over the group (one nonzero term per element: exact).
-            embedding_forward_rows(io.tokens, units_[size_t(u)].weights[0], io.residual_out, rows(),
-                                   config_.hidden_size, shape_.vocab_size, int(vocab_.first), config_.vocab_size,
-                                   stream_);
-            reduce_over_tensor_group(io.residual_out, rows() * config_.hidden_size);
+            // tokens, summed over the group (one nonzero term per element: exact) — into this
+            // rank's rows of the stream under sequence parallelism.
+            T* whole = tensor_.sequence ? work_.proj : io.residual_out;
+            embedding_forward_rows(io.tokens, units_[size_t(u)].weights[0], whole, rows(), config_.hidden_size,
+                                   shape_.vocab_size, int(vocab_.first), config_.vocab_size, stream_);
+            sum_rows(whole, io.residual_out);
             break;
+        }
         case UnitKind::block: forward_block(u, slot, io); break;
         case UnitKind::head: forward_head(slot, io); break;
     }
@@ -483,8 +511,9 @@ void Llama<T>::backward_unit(int u, int slot, const UnitIO<T>& io) {
             // With tied embeddings the head has already added its part to this same gradient. A
             // frozen embedding has no gradient and nothing below it to pass one to.
             if (T* dwte = units_[size_t(u)].weight_grads[0])
-                embedding_backward_rows(io.tokens, io.dresidual_out, dwte, rows(), config_.hidden_size,
-                                        shape_.vocab_size, int(vocab_.first), work_.embedding_scratch, stream_);
+                embedding_backward_rows(io.tokens, whole_rows(io.dresidual_out, work_.proj), dwte, rows(),
+                                        config_.hidden_size, shape_.vocab_size, int(vocab_.first),
+                                        work_.embedding_scratch, stream_);
             break;
         case UnitKind::block:
             // The same parameters (bound now as in the forward), input and dropout keys as the
@@ -499,22 +528,27 @@ void Llama<T>::backward_unit(int u, int slot, const UnitIO<T>& io) {
 template <class T>
 void Llama<T>::forward_block(int u, int slot, const UnitIO<T>& io, bool recompute) {
     const LlamaConfig& c = shape_;
-    const long long N = rows();
+    const long long N = rows(), R = stream_rows();  // the linears' and attention's rows, the stream's
     const int C = c.hidden_size, F = c.ffn_size, hd = c.head_dim_resolved();
     const BlockParams<const T*>& w = units_[size_t(u)].block_w;
     const BlockActivations<T>& a = units_[size_t(u)].block_acts[size_t(slot)];
     const T* x = io.residual_in;
+    // The norms' outputs: this rank's rows, gathered (saved whole) before the column-parallel linears.
+    T* const h1_rows = tensor_.sequence ? work_.rows_normed : a.h1;
+    T* const h2_rows = tensor_.sequence ? work_.rows_normed : a.h2;
 
     const LoraDropout drop = dropout_of(io);
-    rmsnorm_forward(x, w.attn_norm, a.h1, a.rstd1, N, C, c.rms_norm_eps, stream_);
+    rmsnorm_forward(x, w.attn_norm, h1_rows, a.rstd1, R, C, c.rms_norm_eps, stream_);
+    whole_rows(h1_rows, a.h1);
     linear(u, kLoraQkv, a.h1, a.qkv, N, a.lora_u[kLoraQkv], drop, cublas_);
     rope_forward(a.qkv, rope_table(), io.positions, N, seq_len_, c.num_heads, hd, c.qkv_width(), stream_);
     rope_forward(a.qkv + c.q_width(), rope_table(), io.positions, N, seq_len_, c.num_kv_heads, hd, c.qkv_width(),
                  stream_);
     attention_forward(a.qkv, io.positions, a.att, a.lse, batch_, seq_len_, c.num_heads, c.num_kv_heads, hd, stream_);
     linear(u, kLoraO, a.att, work_.proj, N, a.lora_u[kLoraO], drop, cublas_);
-    reduce_over_tensor_group(work_.proj, N * C);  // row-parallel: each rank's heads' share
-    residual_rmsnorm_forward(x, work_.proj, a.x2, w.mlp_norm, a.h2, a.rstd2, N, C, c.rms_norm_eps, stream_);
+    const T* att_out = sum_rows(work_.proj);  // row-parallel: each rank's heads' share
+    residual_rmsnorm_forward(x, att_out, a.x2, w.mlp_norm, h2_rows, a.rstd2, R, C, c.rms_norm_eps, stream_);
+    whole_rows(h2_rows, a.h2);
     linear(u, kLoraGateUp, a.h2, a.gate_up, N, a.lora_u[kLoraGateUp], drop, cublas_);
     swiglu_forward(a.gate_up, a.act, N, F, stream_);
     if (recompute) {
@@ -527,15 +561,14 @@ void Llama<T>::forward_block(int u, int slot, const UnitIO<T>& io, bool recomput
         return;
     }
     linear(u, kLoraDown, a.act, work_.proj, N, a.lora_u[kLoraDown], drop, cublas_);
-    reduce_over_tensor_group(work_.proj, N * C);  // row-parallel: each rank's ffn columns' share
-    add(a.x2, work_.proj, io.residual_out, N * C, stream_);
+    add(a.x2, sum_rows(work_.proj), io.residual_out, R * C, stream_);  // row-parallel: each rank's ffn columns' share
 }
 
 // The gradients of frozen tensors are null in `d`: their dW is skipped, dX still flows.
 template <class T>
 void Llama<T>::backward_block(int u, int slot, const UnitIO<T>& io) {
     const LlamaConfig& c = shape_;
-    const long long N = rows();
+    const long long N = rows(), R = stream_rows();
     const int C = c.hidden_size, F = c.ffn_size, hd = c.head_dim_resolved();
     const BlockParams<const T*>& w = units_[size_t(u)].block_w;
     const BlockParams<T*>& d = units_[size_t(u)].block_g;
@@ -547,22 +580,65 @@ void Llama<T>::backward_block(int u, int slot, const UnitIO<T>& io) {
     const LoraDropout drop = dropout_of(io);
 
     // MLP: out = x2 + act·W_downᵀ. The residual passes dy through to x2: the MLP norm's backward
-    // writes dx = dy + its share, dL/dx2 (dx becomes the block input's gradient at the end).
-    linear_backward(u, kLoraDown, dy, a.act, ws.dact, a, drop);
+    // writes dx = dy + its share, dL/dx2 (dx becomes the block input's gradient at the end). Under
+    // sequence parallelism dy and dx are this rank's rows, gathered (into the forward's proj) for
+    // the row-parallel linears' backward.
+    linear_backward(u, kLoraDown, whole_rows(dy, ws.proj), a.act, ws.dact, a, drop);
     swiglu_backward(a.gate_up, ws.dact, ws.dgate_up, N, F, stream_);
     linear_backward(u, kLoraGateUp, ws.dgate_up, a.h2, ws.dh, a, drop);
-    reduce_over_tensor_group(ws.dh, N * C);  // column-parallel: the input gradient's shares
-    rmsnorm_backward(a.x2, w.mlp_norm, a.rstd2, ws.dh, dy, dx, d.mlp_norm, ws.norm_scratch, N, C, stream_);
+    const T* dh2 = sum_rows(ws.dh);  // column-parallel: the input gradient's shares
+    rmsnorm_backward(a.x2, w.mlp_norm, a.rstd2, dh2, dy, dx, norm_grad_into(d.mlp_norm), ws.norm_scratch, R, C,
+                     stream_);
+    add_norm_grad(d.mlp_norm);
     // Attention: x2 = x + att·W_oᵀ. dx now holds dL/dx2.
-    linear_backward(u, kLoraO, dx, a.att, ws.datt, a, drop);
+    linear_backward(u, kLoraO, whole_rows(dx, ws.proj), a.att, ws.datt, a, drop);
     attention_backward(a.qkv, io.positions, a.att, ws.datt, a.lse, ws.dqkv, ws.attention_scratch, batch_, seq_len_,
                        c.num_heads, c.num_kv_heads, hd, stream_);
     rope_backward(ws.dqkv, rope_table(), io.positions, N, seq_len_, c.num_heads, hd, c.qkv_width(), stream_);
     rope_backward(ws.dqkv + c.q_width(), rope_table(), io.positions, N, seq_len_, c.num_kv_heads, hd, c.qkv_width(),
                   stream_);
     linear_backward(u, kLoraQkv, ws.dqkv, a.h1, ws.dh, a, drop);
-    reduce_over_tensor_group(ws.dh, N * C);
-    rmsnorm_backward(x, w.attn_norm, a.rstd1, ws.dh, dx, dx, d.attn_norm, ws.norm_scratch, N, C, stream_);
+    const T* dh1 = sum_rows(ws.dh);
+    rmsnorm_backward(x, w.attn_norm, a.rstd1, dh1, dx, dx, norm_grad_into(d.attn_norm), ws.norm_scratch, R, C,
+                     stream_);
+    add_norm_grad(d.attn_norm);
+}
+
+template <class T>
+T* Llama<T>::sum_rows(T* whole, T* rows) {
+    const long long count = this->rows() * config_.hidden_size;
+    if (!tensor_.sequence) {
+        if (rows && rows != whole) throw std::logic_error("sum_rows: without sequence parallelism the sum is in place");
+        reduce_over_tensor_group(whole, count);
+        return whole;
+    }
+    if (!tensor_reduce_scatter_)
+        throw std::logic_error("Llama: sequence parallelism with no tensor_reduce_scatter bound");
+    T* out = rows ? rows : work_.rows_summed;
+    tensor_reduce_scatter_(whole, out, count / tensor_.size);
+    return out;
+}
+
+template <class T>
+const T* Llama<T>::whole_rows(const T* rows, T* whole) {
+    if (!tensor_.sequence) return rows;
+    if (!tensor_all_gather_) throw std::logic_error("Llama: sequence parallelism with no tensor_all_gather bound");
+    tensor_all_gather_(rows, whole, stream_rows() * config_.hidden_size);
+    return whole;
+}
+
+template <class T>
+T* Llama<T>::norm_grad_into(T* dweight) {
+    if (!dweight || !tensor_.sequence) return dweight;
+    CUDA_CHECK(cudaMemsetAsync(work_.norm_grad_share, 0, size_t(config_.hidden_size) * sizeof(T), stream_));
+    return work_.norm_grad_share;
+}
+
+template <class T>
+void Llama<T>::add_norm_grad(T* dweight) {
+    if (!dweight || !tensor_.sequence) return;
+    reduce_over_tensor_group(work_.norm_grad_share, config_.hidden_size);
+    accumulate(dweight, static_cast<const T*>(work_.norm_grad_share), config_.hidden_size, stream_);
 }
 
 namespace {
@@ -738,7 +814,10 @@ void Llama<T>::forward_head(int slot, const UnitIO<T>& io) {
     const long long N = rows();
     const HeadActivations<T>& a = unit.head_acts[size_t(slot)];
     const int V = shape_.vocab_size;  // this rank's columns of the logits (all of them for T = 1)
-    rmsnorm_forward(io.residual_in, unit.head_w.final_norm, a.h, a.rstd, N, c.hidden_size, c.rms_norm_eps, stream_);
+    T* const h_rows = tensor_.sequence ? work_.rows_normed : a.h;  // gathered under sequence parallelism
+    rmsnorm_forward(io.residual_in, unit.head_w.final_norm, h_rows, a.rstd, stream_rows(), c.hidden_size,
+                    c.rms_norm_eps, stream_);
+    whole_rows(h_rows, a.h);
     matmul_forward(cublas_, a.h, unit.head_w.lm_head, a.logits, N, c.hidden_size, V, stream_);
     if (!io.targets) return;
     if (tensor_.size == 1) {
@@ -770,10 +849,12 @@ void Llama<T>::backward_head(int slot, const UnitIO<T>& io) {
                                    c.vocab_size, kIgnoreIndex, io.loss_scale, stream_);
     matmul_backward(cublas_, a.logits, a.h, unit.head_w.lm_head, work_.dh, unit.head_g.lm_head, N, c.hidden_size, V,
                     false, stream_);
-    reduce_over_tensor_group(work_.dh, N * c.hidden_size);  // vocabulary-parallel: each rank's columns' share
+    const T* dh = sum_rows(work_.dh);  // vocabulary-parallel: each rank's columns' share
     // Nothing flows past the final norm: dresidual_in is the norm's share alone.
-    rmsnorm_backward(io.residual_in, unit.head_w.final_norm, a.rstd, work_.dh, static_cast<const T*>(nullptr),
-                     io.dresidual_in, unit.head_g.final_norm, work_.norm_scratch, N, c.hidden_size, stream_);
+    rmsnorm_backward(io.residual_in, unit.head_w.final_norm, a.rstd, dh, static_cast<const T*>(nullptr),
+                     io.dresidual_in, norm_grad_into(unit.head_g.final_norm), work_.norm_scratch, stream_rows(),
+                     c.hidden_size, stream_);
+    add_norm_grad(unit.head_g.final_norm);
 }
 
 template class Llama<__nv_bfloat16>;

@@ -145,6 +145,14 @@ struct ModelOptions {
     // (bound like tensor_reduce, or through bind_tensor_gather). The vocabulary-parallel head calls
     // it once per forward: each rank's rows' cross-entropy partials (3 values a row).
     std::function<void(const void* send, void* recv, long long count)> tensor_gather{};
+    // With placement.tensor.sequence (sequence parallelism, model/placement.h): over the group, in
+    // order on the model's stream, in the compute type T — gathers `count` elements from each rank
+    // into recv[size·count] in rank order (the rows before a column-parallel linear), and sums
+    // recv_count·size elements at `send` over the group, leaving rank r the sum's elements
+    // [r·recv_count, (r + 1)·recv_count) in recv (the rows after a row-parallel linear). Bound like
+    // tensor_reduce, or through bind_tensor_sequence.
+    std::function<void(const void* send, void* recv, long long count)> tensor_all_gather{};
+    std::function<void(const void* send, void* recv, long long recv_count)> tensor_reduce_scatter{};
 };
 
 // A whole model on one rank with `slots` activation slots: for training (owned gradients) or
@@ -176,6 +184,9 @@ class Llama {
     int batch() const { return batch_; }
     int seq_len() const { return seq_len_; }
     long long rows() const { return (long long)batch_ * seq_len_; }
+    // The residual stream's rows here: a unit's residual_in and residual_out, their gradients, a
+    // pipeline's sends (rows() / T under sequence parallelism: this rank's rows of the micro-batch).
+    long long stream_rows() const { return tensor_.stream_rows(rows()); }
     int num_units() const { return int(units_.size()); }
     UnitKind unit_kind(int u) const { return units_[size_t(u)].spec.kind; }
     // The chunks of units that run here (one stage, or an interleaved pipeline's several; ends
@@ -225,6 +236,11 @@ class Llama {
     }
     void bind_tensor_gather(std::function<void(const void* send, void* recv, long long count)> gather) {
         tensor_gather_ = std::move(gather);
+    }
+    void bind_tensor_sequence(std::function<void(const void* send, void* recv, long long count)> all_gather,
+                              std::function<void(const void* send, void* recv, long long recv_count)> reduce_scatter) {
+        tensor_all_gather_ = std::move(all_gather);
+        tensor_reduce_scatter_ = std::move(reduce_scatter);
     }
     // Sets every gradient (padding included) to zero: the start of an optimizer step. Units
     // without a buffer (bound gradients not bound now) are skipped.
@@ -304,6 +320,11 @@ class Llama {
         T* dequantized = nullptr;           // NF4: the largest linear weight, dequantised before its GEMM
         void* embedding_scratch = nullptr;  // the embedding backward's sorted positions
         void* vocab_partials = nullptr;     // tensor parallelism: the cross-entropy's partials, the rank's, the group's
+        // Sequence parallelism: this rank's rows of a reduce-scatter's sum and of a norm's output
+        // before its gather ([N/T][C] each), and a norm weight's gradient share ([C]).
+        T* rows_summed = nullptr;
+        T* rows_normed = nullptr;
+        T* norm_grad_share = nullptr;
     };
     // The dense weight of block u's linear k: its parameters, or (NF4) dequantised into the workspace.
     const T* dense_weight(int u, int k) const;
@@ -351,6 +372,23 @@ class Llama {
                                    " ranks with no tensor_gather bound");
         tensor_gather_(send, recv, count);
     }
+    // The conjugate operators at the tensor-parallel regions' borders on [N][C] activations, one
+    // code path with or without sequence parallelism. sum_rows: after a row-parallel linear (or a
+    // column-parallel one's input gradient), `whole` holding this rank's partial sums — without
+    // sequence parallelism all-reduced in place (returns whole), with it reduce-scattered into
+    // `rows` (default work_.rows_summed; returns rows). whole_rows: before a column-parallel linear
+    // (or a row-parallel one's output gradient) — returns `rows` itself without sequence
+    // parallelism (it is whole), with it rows gathered into `whole`. No collective for T = 1.
+    T* sum_rows(T* whole, T* rows = nullptr);
+    const T* whole_rows(const T* rows, T* whole);
+    // A replicated RMSNorm weight's gradient under sequence parallelism is a sum over the group's
+    // rows: norm_grad_into gives the backward the buffer to add this rank's rows' share into (the
+    // gradient itself without sequence parallelism, null when frozen), add_norm_grad sums the share
+    // over the group and adds it to the gradient.
+    T* norm_grad_into(T* dweight);
+    void add_norm_grad(T* dweight);
+    std::function<void(const void*, void*, long long)> tensor_all_gather_;
+    std::function<void(const void*, void*, long long)> tensor_reduce_scatter_;
     GroupOptions group_options_;  // as constructed (tensor: this rank's)
     LoraConfig lora_;
     uint64_t seed_ = 0;  // keys the adapters' dropout

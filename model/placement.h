@@ -29,9 +29,16 @@ struct StageUnits {
 
 // This rank's place in its tensor-parallel group (model/tensor_parallel.h): it holds slice `rank`
 // of `size` of every block tensor.
+// sequence: sequence parallelism (Megatron-LM, Korthikanti et al. 2022) — between the
+// tensor-parallel regions the residual stream, the norms and the residual adds hold the rank's rows
+// [rank·N/size, (rank + 1)·N/size) of the micro-batch's N, gathered before each column-parallel
+// linear and reduce-scattered after each row-parallel one.
 struct TensorParallel {
     int size = 1;
     int rank = 0;
+    bool sequence = false;
+    // The residual stream's rows on this rank, of a micro-batch's `rows`.
+    long long stream_rows(long long rows) const { return sequence ? rows / size : rows; }
 };
 
 // How a strategy needs the model built (parallel/strategies.h decides it): groups splittable

@@ -37,7 +37,7 @@ StepWire step_wire(const LlamaConfig& config, DType dtype, const GroupOptions& g
 
 TensorWire tensor_parallel_wire(const LlamaConfig& config, DType dtype, const LoraConfig& lora, int tensor,
                                 long long rows, int micro_steps, int blocks_held, int recomputed, int trained_qkv,
-                                bool embedding, bool head) {
+                                bool embedding, bool head, const TensorSequence& sequence) {
     if (tensor <= 1) return {};
     const double t = double(dtype_size(dtype)), ring = 2.0 * (tensor - 1) / tensor;
     const double activation = double(rows) * config.hidden_size;
@@ -65,9 +65,20 @@ TensorWire tensor_parallel_wire(const LlamaConfig& config, DType dtype, const Lo
     const int vocab = int(embedding) + int(head);  // the embedding's rows, the head's input gradient
     w.all_reduces += (long long)(micro * vocab);
     elements += micro * vocab * activation;
-    w.bytes = ring * elements * t;
+    if (sequence.on) {  // the activations' all-reduces become reduce-scatters, plus the gathers
+        const double summed = 4 * blocks + recomputed + vocab;
+        const double gathered = 4 * blocks + 2 * recomputed + int(head) + int(embedding && sequence.embedding_trains);
+        w.all_reduces -= (long long)(micro * summed);
+        elements -= micro * summed * activation;
+        w.reduce_scatters = (long long)(micro * summed);
+        w.all_gathers = (long long)(micro * gathered);
+        w.bytes = micro * (summed + gathered) * (tensor - 1) / tensor * activation * t;
+        w.all_reduces += (long long)(micro * sequence.trained_norms);  // the norms' weight gradients
+        elements += micro * sequence.trained_norms * config.hidden_size;
+    }
+    w.bytes += ring * elements * t;
     if (head) {  // the cross-entropy's partials
-        w.all_gathers = micro_steps;
+        w.all_gathers += micro_steps;
         w.bytes += micro * (tensor - 1) * double(rows) * 3 * (dtype == DType::fp64 ? 8 : 4);
     }
     return w;

@@ -64,13 +64,30 @@ double step_wire_bytes(const LlamaConfig& config, DType dtype, const GroupOption
 // one more, and one all-gather of each rank's cross-entropy partials (3 accumulator values a row:
 // 8 bytes each in fp64, 4 otherwise). Bytes by the ring: 2·(T−1)/T of an all-reduce, (T−1)× an
 // all-gather's send. Zero for T = 1.
+//
+// Sequence parallelism (`sequence.on`, --sequence-parallel; model/llama.h sum_rows, whole_rows):
+// each of those all-reduces of rows·hidden becomes a reduce-scatter (this rank's rows/T of the
+// sum), and before each column-parallel linear in the forward (h1, h2: 2 per block, 2 more when
+// recomputed) and each row-parallel linear's backward (their output gradients: 2 per block) the
+// rows are all-gathered — as many bytes each as a reduce-scatter, (T−1)/T of rows·hidden, so a
+// block moves what the all-reduces moved. The head all-gathers its normed input in the forward,
+// the embedding its output gradient in the backward when it trains (`sequence.embedding_trains`),
+// and each RMSNorm weight that trains (`sequence.trained_norms` of those held: two per block, the
+// head's one) is all-reduced once per micro-batch, hidden elements: its gradient from this rank's
+// rows is a share.
 struct TensorWire {
     long long all_reduces = 0;
     long long all_gathers = 0;
+    long long reduce_scatters = 0;
     double bytes = 0;
+};
+struct TensorSequence {
+    bool on = false;
+    int trained_norms = 0;
+    bool embedding_trains = false;
 };
 TensorWire tensor_parallel_wire(const LlamaConfig& config, DType dtype, const LoraConfig& lora, int tensor,
                                 long long rows, int micro_steps, int blocks, int recomputed, int trained_qkv,
-                                bool embedding, bool head);
+                                bool embedding, bool head, const TensorSequence& sequence = {});
 
 }  // namespace pv

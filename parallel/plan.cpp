@@ -65,7 +65,7 @@ StrategyOptions with_strategy(StrategyOptions o, StrategyKind kind) {
     if (!has_pipeline(o)) o.in_flight = 0;
     if (!s.policy.fp32_accumulation()) o.fp32_grad_accumulation = false;
     if (!s.policy.shards()) o.shard_group = 0;
-    if (s.one_rank) o.tensor = 1;
+    if (s.one_rank) o.tensor = 1, o.sequence_parallel = false;
     return o;
 }
 
@@ -101,6 +101,9 @@ Offload parse_offload(const std::string& name) {
 void check_strategy(const StrategyOptions& o, int ranks) {
     const StrategyInfo& s = strategy_info(o.kind);
     const bool pipeline = has_pipeline(o);
+    if (o.sequence_parallel && o.tensor <= 1)
+        throw std::invalid_argument("--sequence-parallel splits the rows over a tensor-parallel group: give --tp 2 or "
+                                    "more, or leave it out");
     if (o.tensor != 1) {
         const std::string t = "--tp " + std::to_string(o.tensor);
         if (o.tensor < 1)
@@ -215,7 +218,7 @@ StrategyPlan plan_strategy(const StrategyOptions& o, const LlamaConfig& config, 
     p.data_ranks = p.mesh.data();
     p.data_rank = mesh_data_rank(p.mesh, rank);
     p.placement.shards = p.mesh.shard;
-    p.placement.tensor = {p.mesh.tensor, mesh_coords(p.mesh, rank).tensor};
+    p.placement.tensor = {p.mesh.tensor, mesh_coords(p.mesh, rank).tensor, o.sequence_parallel};
     if (p.mesh.tensor > 1) check_tensor_parallel(config, p.mesh.tensor);
     p.placement.gradients = p.info->policy.binds_gradients() ? Gradients::bound : Gradients::owned;
     p.placement.parameters = p.info->policy.binds_parameters() ? Parameters::bound : Parameters::owned;

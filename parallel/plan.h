@@ -69,6 +69,9 @@ struct StrategyOptions {
     // --tp: the ranks of a tensor-parallel group (the mesh's innermost axis; model/tensor_parallel.h),
     // each holding 1/tensor of every block matrix and computing on the same micro-batch.
     int tensor = 1;
+    // --sequence-parallel: the residual stream between the tensor-parallel regions split by rows
+    // over the group (model/placement.h TensorParallel::sequence); needs tensor > 1.
+    bool sequence_parallel = false;
 };
 
 // Options `o` carried over to the strategy `name`: what that strategy cannot take (--in-flight

@@ -64,6 +64,7 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     const bool tied = q.config.tie_embeddings, lora = q.groups.lora.enabled();
     const double t = double(dtype_size(q.dtype)), a = q.dtype == DType::fp64 ? 8 : 4;
     const double rows = double(q.micro_batch) * q.seq_len, hidden = q.config.hidden_size;
+    const double stream_rows = double(place.tensor.stream_rows((long long)rows));  // the residual stream's
     const std::vector<UnitSpec> specs = model_units(q.config, q.groups.lora);
     auto runs_here = [&](int u) {
         for (const StageUnits& c : chunks)
@@ -99,7 +100,8 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
     // The activations: each unit's arena per slot (a recomputed block's output alone) and the
     // recompute arena, as the model allocates them (activation_arenas).
     const ActivationArenas arenas = activation_arenas(shape, q.micro_batch, q.seq_len, q.dtype, q.groups.lora,
-                                                      q.checkpointing, chunks);
+                                                      q.checkpointing, chunks,
+                                                      place.tensor.sequence ? place.tensor.size : 1);
     for (int u = 0; u < units; ++u)
         if (runs_here(u)) m.add(
             specs[size_t(u)].kind == UnitKind::head ? "logits and loss (head)" : "activations (saved for the backward)",
@@ -109,7 +111,7 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
           double(arena_bytes(
               model_workspace_layout(q.config, q.micro_batch, q.seq_len, q.dtype, q.groups.lora, q.groups.nf4,
                                      place.tensor))) +
-              2 * rows * hidden * t);  // + the residual stream's two gradient buffers
+              2 * stream_rows * hidden * t);  // + the residual stream's two gradient buffers
     m.add("RoPE table", C::workspace, double(rope_inverse_frequencies(q.config).size()) * 2 * q.seq_len * a);
 
     // The strategy (parallel/strategy.h and its subclass).
@@ -161,7 +163,7 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
         double inputs = 0;
         for (size_t c = 0; c < chunks.size(); ++c)
             if (chunks[c].first > 0) inputs += chunks[c].slots;
-        m.add("pipeline stage inputs", C::activations, inputs * rows * hidden * t);
+        m.add("pipeline stage inputs", C::activations, inputs * stream_rows * hidden * t);
     }
 
     // The optimizer (optim/optimizer.cuh AdamWState): the owned range of each held unit.
@@ -256,25 +258,34 @@ TensorWire plan_tensor_wire(const PlanRequest& q, int rank) {
     const int units = q.config.num_layers + 2;  // the embedding, the blocks, the head
     int blocks = 0, recomputed = 0, trained_qkv = 0;
     bool embedding = false, head = false;
+    TensorSequence sequence{q.strategy.sequence_parallel && q.strategy.tensor > 1};
+    const bool lora = q.groups.lora.enabled();
+    auto trains = [&](const std::string& name) { return !lora && !q.groups.frozen.count(name); };
     for (const StageUnits& c : sp.placement.chunks)
         for (int u = c.first; u < (c.end < 0 ? units : c.end); ++u) {
             if (u == 0 || u == units - 1) {
                 (u == 0 ? embedding : head) = true;
+                if (u == 0) sequence.embedding_trains = trains("wte");
+                else sequence.trained_norms += trains("final_norm");
                 continue;
             }
-            const int b = u - 1;
+            const std::string b = "layers." + std::to_string(u - 1) + ".";
             ++blocks;
-            recomputed += q.checkpointing.recomputes(b);
-            trained_qkv += !q.groups.lora.enabled() && !q.groups.frozen.count("layers." + std::to_string(b) + ".w_qkv");
+            recomputed += q.checkpointing.recomputes(u - 1);
+            trained_qkv += trains(b + "w_qkv");
+            sequence.trained_norms += trains(b + "attn_norm") + trains(b + "mlp_norm");
         }
     return tensor_parallel_wire(q.config, q.dtype, q.groups.lora, q.strategy.tensor,
                                 (long long)q.micro_batch * q.seq_len, q.accumulation, blocks, recomputed, trained_qkv,
-                                embedding, head);
+                                embedding, head, sequence);
 }
 
 MemoryPlan plan_memory(const PlanRequest& q) {
     if (q.micro_batch < 1 || q.seq_len < 1 || q.ranks < 1 || q.accumulation < 1)
         throw std::invalid_argument("plan_memory: micro-batch, seq-len, ranks and accumulation must be >= 1");
+    if (q.strategy.sequence_parallel && q.strategy.tensor > 1 && (long long)q.micro_batch * q.seq_len % q.strategy.tensor)
+        throw std::invalid_argument("plan_memory: sequence parallelism over " + std::to_string(q.strategy.tensor) +
+                                    " ranks needs a micro-batch's tokens (micro-batch x seq-len) divisible by it");
     MemoryPlan p;
     p.request = q;
     // Data-parallel ranks are alike (equal slices); a pipeline's stages differ: each stage's first

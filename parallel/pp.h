@@ -85,7 +85,7 @@ class Pipeline {
         first_buffer_.push_back(0);
         for (int k : slots_) first_buffer_.push_back(first_buffer_.back() + k);
         for (int stage : unit_stages(bounds)) owner_.push_back(stage % p);
-        const long long rows = model.rows(), hidden = model.config().hidden_size;
+        const long long rows = model.stream_rows(), hidden = model.config().hidden_size;  // this rank's rows
         inputs_.resize(size_t(schedule.chunks));
         for (int c = 0; c < schedule.chunks; ++c)
             if (schedule.stage_of(r, c) > 0)
@@ -154,7 +154,7 @@ class Pipeline {
     }
 
   private:
-    size_t rows_hidden() const { return size_t(model_.rows() * model_.config().hidden_size); }
+    size_t rows_hidden() const { return size_t(model_.stream_rows() * model_.config().hidden_size); }
     int buffer(int chunk, int slot) const { return first_buffer_[size_t(chunk)] + slot; }
     int chunk_of(int buffer) const {
         return int(std::upper_bound(first_buffer_.begin(), first_buffer_.end(), buffer) - first_buffer_.begin()) - 1;

@@ -72,6 +72,9 @@ std::unique_ptr<Strategy<T, G>> make_strategy(const StrategyPlan& plan, Llama<T>
     if (Comm* t = s->tensor_comm()) {
         model.bind_tensor_reduce(tensor_group_sum<T>(*t, model.stream()));
         model.bind_tensor_gather(tensor_group_gather<acc_t<T>>(*t, model.stream()));
+        if (plan.placement.tensor.sequence)
+            model.bind_tensor_sequence(tensor_group_gather<T>(*t, model.stream()),
+                                       tensor_group_reduce_scatter<T>(*t, model.stream()));
     }
     return s;
 }

@@ -4,7 +4,9 @@
 // gradient in the backward, after the vocabulary-parallel embedding and the head's input gradient;
 // this is what the seam does: an in-place all-reduce over the tensor axis of the mesh
 // (parallel/mesh.h), ordered with the model's stream. Its second seam (tensor_gather) gathers the
-// vocabulary-parallel cross-entropy's partials. The strategy binds it
+// vocabulary-parallel cross-entropy's partials. Under sequence parallelism the model's rows
+// between the regions are gathered (tensor_group_gather of T) before a column-parallel linear and
+// reduce-scattered (tensor_group_reduce_scatter) after a row-parallel one. The strategy binds them
 // (parallel/strategies.h); the model never sees a communicator.
 #pragma once
 
@@ -33,6 +35,17 @@ std::function<void(const void*, void*, long long)> tensor_group_gather(Comm& gro
     return [&group, stream](const void* send, void* recv, long long count) {
         group.fence_from(stream);
         group.all_gather(static_cast<const T*>(send), static_cast<T*>(recv), size_t(count));
+        group.fence_to(stream);
+    };
+}
+
+// Sums recv_count·size elements of T at `send` over `group`'s ranks, leaving rank r elements
+// [r·recv_count, (r + 1)·recv_count) of the sum in recv, on the model's `stream`'s timeline.
+template <class T>
+std::function<void(const void*, void*, long long)> tensor_group_reduce_scatter(Comm& group, cudaStream_t stream) {
+    return [&group, stream](const void* send, void* recv, long long recv_count) {
+        group.fence_from(stream);
+        group.reduce_scatter(static_cast<const T*>(send), static_cast<T*>(recv), size_t(recv_count));
         group.fence_to(stream);
     };
 }

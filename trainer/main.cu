@@ -551,10 +551,11 @@ int plan_command(const TrainOptions& given, const OptionSources& sources, const 
         const int stages = mesh_of(q.strategy, p.ranks).pipeline;
         for (int s = 0; s < stages; ++s) {
             const TensorWire w = plan_tensor_wire(q, s * (p.ranks / stages));
-            std::printf("tensor parallelism%s: per step %lld all-reduces and %lld all-gathers within each group of %d "
-                        "ranks, %.2f GB sent per rank (parallel/comm_cost.h)\n",
+            std::printf("tensor parallelism%s%s: per step %lld all-reduces, %lld all-gathers and %lld "
+                        "reduce-scatters within each group of %d ranks, %.2f GB sent per rank (parallel/comm_cost.h)\n",
+                        q.strategy.sequence_parallel ? " with sequence parallelism" : "",
                         stages > 1 ? (" (stage " + std::to_string(s) + ")").c_str() : "", w.all_reduces,
-                        w.all_gathers, q.strategy.tensor, w.bytes / 1e9);
+                        w.all_gathers, w.reduce_scatters, q.strategy.tensor, w.bytes / 1e9);
         }
     }
     if (has_pipeline(q.strategy)) {

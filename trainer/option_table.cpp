@@ -62,6 +62,16 @@ const std::vector<OptionRule>& option_rules() {
                     " with --quantize nf4: QLoRA under tensor parallelism is not built yet; drop --tp (ddp or "
                     "zero1-3 alone train QLoRA on many ranks; LoRA on a dense base takes --tp) or --quantize";
          }},
+        {"--sequence-parallel, --tp, --micro-batch, --seq-len",
+         [](const TrainOptions& o, int) -> std::string {
+             const long long rows = (long long)o.micro_batch * o.seq_len;
+             if (!o.sequence_parallel || o.tp <= 1 || rows % o.tp == 0) return "";
+             return "--sequence-parallel over --tp " + std::to_string(o.tp) + " splits a micro-batch's " +
+                    std::to_string(rows) + " tokens (--micro-batch " + std::to_string(o.micro_batch) +
+                    " x --seq-len " + std::to_string(o.seq_len) + ") by rows, which " + std::to_string(o.tp) +
+                    " does not divide: give a micro-batch or sequence length that makes a multiple of " +
+                    std::to_string(o.tp);
+         }},
         // The parallel layer's rules (parallel/plan.h check_strategy): a strategy's flags against
         // each other and against the world size.
         {"--parallel and its flags, the ranks",

@@ -33,7 +33,7 @@ namespace pv {
     X(skip_nonfinite) X(weight_decay) X(decay_norm_weights) X(beta1) X(beta2) X(eps) X(dtype) X(stochastic_rounding) \
     X(fp32_grad_accumulation) X(seed) X(parallel) X(interconnect) X(gpus_per_node) X(intra_node_gbs) \
     X(inter_node_gbs) X(pcie_gbs) X(host_memory_gbs) X(pipeline_stages) X(in_flight) X(pipeline_schedule) X(pipeline_chunks) X(balance) \
-    X(shard_group) X(tp) X(freeze) X(eval_interval) X(eval_batches) X(out_dir) X(checkpoint_interval) X(resume) \
+    X(shard_group) X(tp) X(sequence_parallel) X(freeze) X(eval_interval) X(eval_batches) X(out_dir) X(checkpoint_interval) X(resume) \
     X(stop_after) X(prompt) X(sample_tokens) X(temperature) X(top_p) X(document_mask) X(lora_rank) X(lora_alpha) \
     X(rslora) X(lora_targets) X(lora_dropout) X(adapter) X(quantize) X(double_quant) X(checkpoint_activations) \
     X(offload) X(keep_checkpoints)
@@ -148,7 +148,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& train_flag_
                           "fp32-grad-accumulation", "seed"}},
         {"LoRA/QLoRA", {"lora-rank", "lora-alpha", "rslora", "lora-targets", "lora-dropout", "quantize",
                         "double-quant", "adapter"}},
-        {"Parallel", {"parallel", "interconnect", "gpus-per-node", "intra-node-gbs", "inter-node-gbs", "pcie-gbs", "host-memory-gbs", "gpu-memory", "pipeline-stages", "pipeline-schedule", "pipeline-chunks", "in-flight", "balance", "shard-group", "tp", "offload",
+        {"Parallel", {"parallel", "interconnect", "gpus-per-node", "intra-node-gbs", "inter-node-gbs", "pcie-gbs", "host-memory-gbs", "gpu-memory", "pipeline-stages", "pipeline-schedule", "pipeline-chunks", "in-flight", "balance", "shard-group", "tp", "sequence-parallel", "offload",
                       "collective-timeout"}},
         {"Checkpoints", {"checkpoint-interval", "resume", "allow-inexact-resume", "stop-after", "keep-checkpoints",
                          "overwrite-later", "extend-schedule", "keep-schedule"}},
@@ -379,6 +379,12 @@ void add_train_flags(CLI::App& app, TrainOptions& o, std::string* run_file = nul
                    "data-parallel strategy (ddp, zero1-3) runs over the groups. Must divide the rank count, the "
                    "query heads and the ffn size, and divide the key/value heads or keep each rank's query heads "
                    "within one of them (which is then replicated); 1: none");
+    app.add_flag("--sequence-parallel", o.sequence_parallel,
+                 "With --tp: sequence parallelism (Megatron) - between the tensor-parallel regions the residual "
+                 "stream, the RMSNorms and the residual adds hold 1/tp of a micro-batch's rows on each rank: the "
+                 "norms' outputs all-gathered before the column-parallel linears, the row-parallel linears' "
+                 "outputs reduce-scattered (the all-reduces' bytes), activation memory outside the GEMMs divided "
+                 "by tp. The micro-batch's tokens (micro-batch x sequence length) must divide by tp");
     app.add_option("--offload", o.offload,
                    "CPU offload (ZeRO-Offload): optimizer keeps the fp32 master and Adam m and v of this rank's "
                    "owned range in pinned host memory and runs AdamW on the CPU (single, ddp, zero1-3); params also "
@@ -978,6 +984,7 @@ StrategyOptions strategy_options(const TrainOptions& o, int ranks) {
     s.shard_group = o.shard_group;
     s.offload = parse_offload(o.offload);
     s.tensor = o.tp;
+    s.sequence_parallel = o.sequence_parallel;
     const int per_step = o.micro_batch * data_ranks_of(s, ranks);
     s.micro_per_step = per_step > 0 && o.batch % per_step == 0 ? std::max(1, o.batch / per_step) : 1;
     return s;

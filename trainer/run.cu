@@ -352,8 +352,9 @@ class TrainingRun {
             int recomputed = 0;
             for (int i = 0; i < c.num_layers; ++i) recomputed += ckpt.recomputes(i);
             const auto bytes = [&](const ActivationCheckpointing& a) {
-                return mib(activation_arenas(c, o_.micro_batch, o_.seq_len, dtype_of<T>(), model_->lora(), a,
-                                             plan_.placement.chunks)
+                const TensorParallel& tp = plan_.placement.tensor;  // this rank's slice and rows
+                return mib(activation_arenas(tensor_parallel_shape(c, tp), o_.micro_batch, o_.seq_len, dtype_of<T>(),
+                                             model_->lora(), a, plan_.placement.chunks, tp.sequence ? tp.size : 1)
                                .total());
             };
             std::printf(
@@ -389,6 +390,11 @@ class TrainingRun {
                                 last.count, config_.vocab_size, first.count * t);
                 std::printf("\n");
             }
+            if (plan_.placement.tensor.sequence)
+                std::printf("sequence parallelism: the residual stream, the norms and the residual adds hold %lld of "
+                            "a micro-batch's %lld rows a rank, gathered before the column-parallel linears and "
+                            "reduce-scattered after the row-parallel ones\n",
+                            model_->stream_rows(), model_->rows());
         }
         if (plan_.pipelined()) {
             const std::vector<int>& stages = plan_.stage_bounds;

@@ -10,6 +10,9 @@
 // that A's gradient is not zero: a replicated A or B's gradient shares summed over the group, each
 // row-parallel input's mask keyed as the whole input's), alone and with checkpointing. Replicated
 // key/value heads (T above or not dividing them): their rows' gradient shares summed over the group.
+// Sequence parallelism (the residual stream's rows split over the group, gathered and
+// reduce-scattered at the regions' borders, the norms' weight gradients summed): the same checks,
+// with and without checkpointing, LoRA and replicated kv heads.
 #include <catch2/catch.hpp>
 
 #include "model/llama.h"
@@ -33,6 +36,7 @@ namespace tensor_parallel_mpi_test {
 using pv::test::DeviceArray;
 
 constexpr int kBatch = 2, kSeq = 7;
+constexpr int kSeqSequence = 6;  // sequence parallelism: 12 rows, which 2 and 4 ranks split
 
 // Sizes that split over 2 and 4 ranks but line up with nothing else: head_dim 6 with hidden 20
 // (so q width 6·heads ≠ hidden), ffn 28 (7 per rank at 4), a vocabulary of 37.
@@ -67,15 +71,18 @@ void set_lora_b(pv::Llama<double>& m) {
 // Two micro-batches forward, then backward, gradients accumulated; tensor-parallel when comm is
 // given (T = its size), the whole model otherwise.
 Run run(const pv::LlamaConfig& c, pv::Comm* comm, const pv::ActivationCheckpointing& checkpointing,
-        const pv::LoraConfig& lora) {
-    pv::ModelOptions o = pv::whole_model(kBatch, kSeq, 17, pv::Gradients::owned, 2);
+        const pv::LoraConfig& lora, bool sequence) {
+    const int seq = sequence ? kSeqSequence : kSeq;
+    pv::ModelOptions o = pv::whole_model(kBatch, seq, 17, pv::Gradients::owned, 2);
     o.checkpointing = checkpointing;
     o.lora = lora;
     cudaStream_t stream = nullptr;
     if (comm) {
-        o.placement.tensor = {comm->size(), comm->rank()};
+        o.placement.tensor = {comm->size(), comm->rank(), sequence};
         o.tensor_reduce = pv::tensor_group_sum<double>(*comm, stream);
         o.tensor_gather = pv::tensor_group_gather<double>(*comm, stream);
+        o.tensor_all_gather = pv::tensor_group_gather<double>(*comm, stream);
+        o.tensor_reduce_scatter = pv::tensor_group_reduce_scatter<double>(*comm, stream);
     }
     pv::Llama<double> m(c, o);
     if (lora.enabled()) set_lora_b(m);
@@ -83,15 +90,15 @@ Run run(const pv::LlamaConfig& c, pv::Comm* comm, const pv::ActivationCheckpoint
     std::vector<std::unique_ptr<DeviceArray<int>>> arrays;
     std::vector<pv::DeviceBatch> batches;
     for (int s = 0; s < 2; ++s) {
-        std::vector<int> tokens(kBatch * kSeq), targets(kBatch * kSeq);
-        for (int i = 0; i < kBatch * kSeq; ++i) {
+        std::vector<int> tokens(kBatch * seq), targets(kBatch * seq);
+        for (int i = 0; i < kBatch * seq; ++i) {
             tokens[size_t(i)] = int(rng() % uint64_t(c.vocab_size));
             targets[size_t(i)] = rng() % 5 == 0 ? pv::kIgnoreIndex : int(rng() % uint64_t(c.vocab_size));
         }
         arrays.push_back(std::make_unique<DeviceArray<int>>(tokens));
         arrays.push_back(std::make_unique<DeviceArray<int>>(targets));
         batches.push_back(pv::DeviceBatch{arrays[arrays.size() - 2]->get(), arrays.back()->get(), nullptr,
-                                          (long long)s * kBatch * kSeq, 1});
+                                          (long long)s * kBatch * seq, 1});
     }
     DeviceArray<double> loss(2);
     DeviceArray<int> count(2);
@@ -118,23 +125,35 @@ Run run(const pv::LlamaConfig& c, pv::Comm* comm, const pv::ActivationCheckpoint
 }
 
 void check_against_whole(const pv::LlamaConfig& c, pv::Comm& comm, const pv::ActivationCheckpointing& ckpt,
-                         const pv::LoraConfig& lora = {}) {
-    const Run whole = run(c, nullptr, ckpt, lora);
-    const Run mine = run(c, &comm, ckpt, lora);
+                         const pv::LoraConfig& lora = {}, bool sequence = false) {
+    const Run whole = run(c, nullptr, ckpt, lora, sequence);
+    const Run mine = run(c, &comm, ckpt, lora, sequence);
     INFO("T = " << comm.size() << ", rank " << comm.rank() << ", kv heads " << c.num_kv_heads
                 << (c.tie_embeddings ? ", tied" : ", untied") << (ckpt.enabled ? ", checkpointing" : "")
-                << (lora.enabled() ? ", LoRA with dropout" : ""));
+                << (lora.enabled() ? ", LoRA with dropout" : "") << (sequence ? ", sequence parallelism" : ""));
     // The group's collectives, as many and as large as the communication model says (parallel/
     // comm_cost.h), and as counted here by hand — all-reduces per block and micro-batch 2 + 2 of
     // rows·hidden, 1 more recomputed, and one per adapter (A of q/k/v and gate/up fused: P·r × C;
     // B of o and down: C × r); per micro-batch the vocabulary-parallel embedding's rows and the
     // head's input gradient (rows·hidden each), and one all-gather of the cross-entropy's partials
     // (3 doubles a row from each rank).
+    //
+    // Sequence parallelism instead: each of those all-reduces of rows·hidden is a reduce-scatter,
+    // and per micro-batch the rows are all-gathered 4 times a block (h1, h2 forward; the output
+    // gradients of W_down and W_o backward), 2 more when recomputed (h1, h2), once for the head's
+    // input and once for the embedding's gradient when it trains; each norm weight that trains (2
+    // a block and the head's: none under LoRA) all-reduces its gradient share, hidden elements.
     using K = pv::CollectiveKind;
-    const long long rows = kBatch * kSeq, L = c.num_layers, C = c.hidden_size, micro = 2;
+    const long long rows = kBatch * (sequence ? kSeqSequence : kSeq), L = c.num_layers, C = c.hidden_size, micro = 2;
     int recomputed = 0;
     for (int b = 0; b < L; ++b) recomputed += ckpt.recomputes(b);
     long long calls = micro * (4 * L + recomputed + 2), elements = calls * rows * C;
+    long long scattered = 0, gathered_rows = 0;  // sequence parallelism: reduce-scatters, row gathers
+    if (sequence) {
+        scattered = calls, calls = 0, elements = 0;
+        gathered_rows = micro * (4 * L + 2 * recomputed + 1 + (lora.enabled() ? 0 : 1));
+        if (!lora.enabled()) calls += micro * (2 * L + 1), elements += micro * (2 * L + 1) * C;
+    }
     if (lora.enabled()) {
         const long long r = lora.rank;
         calls += micro * L * 4;
@@ -148,14 +167,21 @@ void check_against_whole(const pv::LlamaConfig& c, pv::Comm& comm, const pv::Act
         elements += micro * L * kv_rows * (lora.enabled() ? lora.rank : C);
     }
     for (size_t k = 0; k < mine.wire.calls.size(); ++k)
-        CHECK(mine.wire.calls[k] == (k == size_t(K::all_reduce) ? calls : k == size_t(K::all_gather) ? micro : 0));
-    const double ring = 2.0 * (comm.size() - 1) / comm.size();
-    const double gathered = double(micro) * (comm.size() - 1) * double(rows) * 3 * 8;
-    CHECK(mine.wire.wire_bytes == Approx(ring * double(elements) * 8 + gathered).epsilon(1e-12));
+        CHECK(mine.wire.calls[k] == (k == size_t(K::all_reduce)       ? calls
+                                     : k == size_t(K::all_gather)     ? micro + gathered_rows
+                                     : k == size_t(K::reduce_scatter) ? scattered
+                                                                      : 0));
+    const double T = comm.size(), ring = 2.0 * (T - 1) / T;
+    const double gathered = double(micro) * (T - 1) * double(rows) * 3 * 8;
+    const double sequence_bytes = double(scattered + gathered_rows) * (T - 1) * double(rows / comm.size()) * C * 8;
+    CHECK(mine.wire.wire_bytes == Approx(ring * double(elements) * 8 + gathered + sequence_bytes).epsilon(1e-12));
+    const pv::TensorSequence model_sequence{sequence, lora.enabled() ? 0 : int(2 * L + 1), !lora.enabled()};
     const pv::TensorWire model = pv::tensor_parallel_wire(c, pv::DType::fp64, lora, comm.size(), rows, 2, int(L),
-                                                          recomputed, lora.enabled() ? 0 : int(L), true, true);
+                                                          recomputed, lora.enabled() ? 0 : int(L), true, true,
+                                                          model_sequence);
     CHECK(model.all_reduces == calls);
-    CHECK(model.all_gathers == micro);
+    CHECK(model.all_gathers == micro + gathered_rows);
+    CHECK(model.reduce_scatters == scattered);
     CHECK(model.bytes == Approx(mine.wire.wire_bytes).epsilon(1e-12));
     CHECK(std::abs(mine.loss - whole.loss) <= 1e-12 * std::abs(whole.loss));
     REQUIRE(mine.layouts.size() == whole.layouts.size());
@@ -201,6 +227,26 @@ TEST_CASE("LoRA under tensor parallelism trains what it trains on one rank, drop
     check_against_whole(model(4, true), world.comm(), {}, lora);
     check_against_whole(model(8, false), world.comm(), pv::ActivationCheckpointing{true, 0}, lora);
     check_against_whole(model(1, false), world.comm(), {}, lora);  // a replicated kv head's B
+}
+
+TEST_CASE("sequence parallelism under tensor parallelism trains what one rank trains", "[tensor_parallel]") {
+    pv::World world(nullptr, nullptr);
+    pv::Comm& comm = world.comm();
+    check_against_whole(model(4, true), comm, {}, {}, true);
+    check_against_whole(model(8, false), comm, pv::ActivationCheckpointing{true, 0}, {}, true);
+    check_against_whole(model(1, false), comm, {}, {}, true);  // replicated kv heads
+    pv::LoraConfig lora;
+    lora.rank = 3, lora.alpha = 6, lora.dropout = 0.25;
+    check_against_whole(model(4, false), comm, pv::ActivationCheckpointing{true, 0}, lora, true);
+}
+
+TEST_CASE("sequence parallelism refuses rows the group does not split", "[tensor_parallel]") {
+    pv::ModelOptions o = pv::whole_model(kBatch, kSeq, 17);  // 14 rows
+    o.placement.tensor = {4, 0, true};
+    CHECK_THROWS_WITH((pv::Llama<double>(model(4, true), o)),
+                      Catch::Contains("splits a micro-batch's 14 rows") && Catch::Contains("multiple of 4"));
+    o.placement.tensor = {1, 0, true};
+    CHECK_THROWS_WITH((pv::Llama<double>(model(4, true), o)), Catch::Contains("it needs --tp 2 or more"));
 }
 
 TEST_CASE("tensor parallelism refuses what this build does not split", "[tensor_parallel]") {
