@@ -388,6 +388,8 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     const int t = s.t, a = 4, C = c.hidden_size, F = c.ffn_size, V = c.vocab_size, hd = c.head_dim_resolved();
     const int H = c.num_heads, Hkv = c.num_kv_heads, L = c.num_layers;
     const long long N = (long long)s.batch * s.seq_len;
+    // The norms' and residual adds' rows: this rank's N/T under sequence parallelism.
+    const long long R = s.sequence && s.tensor > 1 ? N / s.tensor : N;
     const double micro = s.accumulation, layers = double(L) * micro;
     const long long distinct = std::min<long long>(std::min<long long>(N, 4096), V);  // per chunk, at most
     const bool now = set == KernelSet::now;
@@ -404,19 +406,19 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     // adapter computes u alone, which its backward reads (model/llama.cu forward_block).
     const auto block_forward = [&](std::vector<KernelCost>& k, double count, bool recompute) {
         std::vector<KernelCost> f;
-        append(f, cost::rmsnorm_forward(N, C, t, a));
+        append(f, cost::rmsnorm_forward(R, C, t, a));
         append(f, cost::gemm(N, c.qkv_width(), C, t, false, "q, k, v projection"));
         append(f, cost::rope(N, H, hd, t, a, false, s.seq_len));
         append(f, cost::rope(N, Hkv, hd, t, a, false, s.seq_len));
         append(f, now ? cost::attention_forward(s.batch, s.seq_len, H, Hkv, hd, t, a, false)
                       : cost::attention_forward_cuda_cores(s.batch, s.seq_len, H, Hkv, hd, t, a, false));
         append(f, cost::gemm(N, C, c.q_width(), t, false, "output projection"));
-        append(f, cost::residual_rmsnorm_forward(N, C, t, a));
+        append(f, cost::residual_rmsnorm_forward(R, C, t, a));
         append(f, cost::gemm(N, 2LL * F, C, t, false, "gate, up projection"));
         append(f, cost::swiglu_forward(N, F, t));
         if (!recompute) {
             append(f, cost::gemm(N, C, F, t, false, "down projection"));
-            append(f, cost::add(N * C, t));
+            append(f, cost::add(R * C, t));
         }
         for (const Projection& p : targeted)
             append(f, adapter_forward(N, p, s.lora.rank, t, recompute && p.linear == kLoraDown));
@@ -431,7 +433,7 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     // Forward.
     append(k, cost::embedding_forward(N, C, distinct, t), micro);
     block_forward(k, layers, false);
-    append(k, cost::rmsnorm_forward(N, C, t, a), micro);
+    append(k, cost::rmsnorm_forward(R, C, t, a), micro);
     append(k, cost::gemm(N, V, C, t, false, "lm_head"), micro);
     append(k, s.tensor > 1 ? cost::cross_entropy_vocabulary_parallel(N, V, s.tensor, t, a)
                            : cost::cross_entropy_forward(N, V, t, a),
@@ -442,7 +444,7 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     append(k, cost::gemm(N, C, V, t, false, "lm_head backward: dX"), micro);
     weight_gradient(k, V, C, "lm_head backward: dW", micro);
     if (!now) append(k, cost::memset(double(N) * C * t, "head: residual gradient zeroed"), micro);
-    append(k, cost::rmsnorm_backward(N, C, t, a, full), micro);
+    append(k, cost::rmsnorm_backward(R, C, t, a, full), micro);
     if (recomputed > 0) block_forward(k, double(recomputed) * micro, true);
     if (!now) append(k, cost::memcpy(double(N) * C * t, "residual gradient copy"), layers);
     append(k, cost::gemm(N, F, C, t, false, "down backward: dX"), layers);
@@ -450,7 +452,7 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     append(k, cost::swiglu_backward(N, F, t), layers);
     append(k, cost::gemm(N, C, 2LL * F, t, false, "gate, up backward: dX"), layers);
     weight_gradient(k, 2LL * F, C, "gate, up backward: dW", layers);
-    append(k, cost::rmsnorm_backward(N, C, t, a, full), layers);
+    append(k, cost::rmsnorm_backward(R, C, t, a, full), layers);
     append(k, cost::gemm(N, c.q_width(), C, t, false, "output backward: dX"), layers);
     weight_gradient(k, C, c.q_width(), "output backward: dW", layers);
     if (now) {
@@ -471,7 +473,7 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
         append(k, cost::gemm(hd, C, N, t, false, "k, v backward: dW share"), 2 * layers);
         append(k, cost::add((long long)hd * C, t, kShareAdded), 2 * layers);
     }
-    append(k, cost::rmsnorm_backward(N, C, t, a, full), layers);
+    append(k, cost::rmsnorm_backward(R, C, t, a, full), layers);
     for (const Projection& p : targeted) append(k, adapter_backward(N, p, s.lora.rank, t), layers);
     if (s.tensor > 1) {  // the gradient sums over the group (model/llama.cu linear_backward), zeroed then added
         const std::vector<LoraLinearShape> shapes = lora_linears(c, s.lora);
@@ -495,6 +497,10 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
             for (const LoraPart& p : qkv.parts)
                 append(k, cost::add((long long)p.rows * s.lora.rank, t, kShareAdded), layers);
         }
+    }
+    if (full && R < N) {  // sequence parallelism: each norm weight's gradient share, zeroed then added
+        append(k, cost::memset(double(C) * t, "sequence parallelism: norm gradient share zeroed"), 2 * layers + micro);
+        append(k, cost::add(C, t, kShareAdded), 2 * layers + micro);
     }
     if (full) append(k, cost::embedding_backward(N, C, distinct, t), micro);
     for (size_t i = backward_from; i < k.size(); ++i) k[i].phase = StepPhase::backward;

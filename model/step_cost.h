@@ -151,6 +151,9 @@ struct StepShape {
     // accumulate per sum). The group's all-reduces are communication (parallel/comm_cost.h
     // tensor_parallel_wire), not priced here; model_flops is the rank's 1/T of the step's.
     int tensor = 1;
+    // --sequence-parallel (with tensor > 1): the norms and the residual adds on the rank's N/T rows,
+    // and each trained norm weight's gradient share zeroed and added (its sum is communication).
+    bool sequence = false;
 };
 
 // Which kernels: those of the issue-15 code (now), or those it replaced (before), for the

@@ -75,6 +75,7 @@ void price(const SearchRequest& r, const PlanRequest& q, LayoutPrediction& p) {
     one.lora = q.groups.lora;
     one.checkpointing = q.checkpointing;
     one.tensor = p.tp;
+    one.sequence = q.strategy.sequence_parallel;
     const StrategyInfo& info = strategy_info(q.strategy.kind);
     const int shards = info.policy.shards() ? shards_of(q.strategy, r.world) : 1;
     one.optimizer_shards = shards;
@@ -92,7 +93,8 @@ void price(const SearchRequest& r, const PlanRequest& q, LayoutPrediction& p) {
     }
     const int stage_first_rank = slow * (r.world / p.pp);
     const TensorWire tw = plan_tensor_wire(q, stage_first_rank);
-    p.tensor_comm = tw.bytes / link.intra_node + double(tw.all_reduces + tw.all_gathers) * link.latency;
+    p.tensor_comm =
+        tw.bytes / link.intra_node + double(tw.all_reduces + tw.all_gathers + tw.reduce_scatters) * link.latency;
     const StageElements e = stage_elements(q, shards, bounds, slow);
     const double param_share = e.all_trainable > 0 ? e.stage_trainable / e.all_trainable : 0;
 
@@ -101,7 +103,8 @@ void price(const SearchRequest& r, const PlanRequest& q, LayoutPrediction& p) {
     if (p.pp > 1) {
         const double tp_micro = p.tensor_comm / p.accumulation;  // half in the forward, half in the backward
         const bool crosses = r.world > gpn;
-        const double transfer = double(p.micro_batch) * q.seq_len * q.config.hidden_size * one.t /
+        const double rows = double(p.micro_batch) * q.seq_len / (q.strategy.sequence_parallel ? p.tp : 1);
+        const double transfer = rows * q.config.hidden_size * one.t /
                                     (crosses ? link.inter_node : link.intra_node) +
                                 link.latency;
         const PipeTimes times{phases.forward * share + tp_micro / 2, phases.backward * share + tp_micro / 2, transfer};
@@ -156,8 +159,8 @@ std::string describe_interconnect(const Interconnect& link) {
 }
 
 std::string LayoutPrediction::describe() const {
-    std::string s = "tp " + std::to_string(tp) + " · pp " + std::to_string(pp) + " · dp " + std::to_string(dp) +
-                    " " + strategy;
+    std::string s = "tp " + std::to_string(tp) + (options.sequence_parallel ? " (SP)" : "") + " · pp " +
+                    std::to_string(pp) + " · dp " + std::to_string(dp) + " " + strategy;
     if (options.shard_group > 0) s += " (shard groups of " + std::to_string(options.shard_group) + ")";
     s += ", micro-batch " + std::to_string(micro_batch) + " × " + std::to_string(accumulation);
     if (checkpointing.enabled) s += ", recomputed";
@@ -168,6 +171,7 @@ std::string LayoutPrediction::describe() const {
 std::string LayoutPrediction::flags() const {
     std::string s = "--parallel " + strategy;
     if (tp > 1) s += " --tp " + std::to_string(tp);
+    if (options.sequence_parallel) s += " --sequence-parallel";
     if (pp > 1 && strategy != "pp") s += " --pipeline-stages " + std::to_string(pp);
     if (options.shard_group > 0) s += " --shard-group " + std::to_string(options.shard_group);
     s += " --micro-batch " + std::to_string(micro_batch);
@@ -226,10 +230,15 @@ SearchResult search_layouts(const SearchRequest& r) {
                             std::vector<ActivationCheckpointing> checkpointings{r.run.checkpointing};
                             if (!r.checkpointing_fixed)
                                 checkpointings = {ActivationCheckpointing{false, 0}, ActivationCheckpointing{true, 0}};
-                            for (const ActivationCheckpointing& ck : checkpointings) {
+                            std::vector<bool> sequences{false};
+                            if (tp > 1 && r.sequence_parallel != 0) sequences.push_back(true);
+                            if (r.sequence_parallel == 1) sequences.erase(sequences.begin());
+                            for (const ActivationCheckpointing& ck : checkpointings)
+                            for (bool sequence : sequences) {
                                 PlanRequest q = r.run;
                                 q.strategy = with_strategy(r.run.strategy, info.kind);
                                 q.strategy.tensor = tp;
+                                q.strategy.sequence_parallel = sequence;
                                 q.strategy.pipeline_stages = pp > 1 && name != "pp" ? pp : 0;
                                 q.strategy.shard_group = shard_group;
                                 q.strategy.offload = offload;

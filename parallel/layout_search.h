@@ -1,6 +1,7 @@
 // The layout search (`train plan --search`, `--parallel auto`): every way to lay a run out on
-// the world — tensor-parallel size, pipeline stages, data-parallel ranks and their ZeRO stage and
-// shard group, micro-batch, activation checkpointing, CPU offload — sized by the memory planner
+// the world — tensor-parallel size and sequence parallelism, pipeline stages, data-parallel ranks
+// and their ZeRO stage and shard group, micro-batch, activation checkpointing, CPU offload — sized
+// by the memory planner
 // (parallel/planner.h, exactly what the run would allocate) and timed by the performance model
 // (model/step_cost.h for the kernels, parallel/comm_cost.h for the bytes, the pipeline
 // simulator for the bubble), fastest first. DeepSpeed's autotuner runs trials to find this;
@@ -75,6 +76,7 @@ struct SearchRequest {
     bool checkpointing_fixed = false;  // the run's checkpointing as given (run.checkpointing), else off and on tried
     std::string offload;               // "" searched, else none / optimizer / params
     int shard_group = -1;              // -1 searched, else --shard-group (0: shard over every data-parallel rank)
+    int sequence_parallel = -1;        // -1 searched (off and on where tp > 1), else 0 or 1 (--sequence-parallel)
     // The caller's own rules (the trainer's option table): why a layout cannot run, "" when it can.
     // A refused layout is not sized.
     std::function<std::string(const struct LayoutPrediction&)> refuses;
@@ -91,9 +93,9 @@ struct LayoutPrediction {
     // Seconds per optimizer step: the step, and its parts (see the header comment).
     double seconds = 0, compute = 0, tensor_comm = 0, data_comm = 0, offload = 0, bubble = 0;
     double tokens_per_s = 0, mfu = 0;
-    // "tp 2 · pp 1 · dp 4 zero1, micro-batch 2 × 4": the layout in words.
+    // "tp 2 (SP) · pp 1 · dp 4 zero1, micro-batch 2 × 4": the layout in words (SP: sequence-parallel).
     std::string describe() const;
-    // The flags that run it: "--parallel zero1 --tp 2 --micro-batch 2 --checkpoint-activations".
+    // The flags that run it: "--parallel zero1 --tp 2 --sequence-parallel --micro-batch 2 --checkpoint-activations".
     std::string flags() const;
 };
 

@@ -717,16 +717,17 @@ void check_f64_tensors_close(const fs::path& got, const fs::path& want, double r
 // 2; 4 interleaved stages over 2 ranks and GPipe; hybrid zero3 (2 groups of 2 ranks, its
 // checkpoint gathered within rank 0's group), one rank, and two stages under hybrid zero3 (2
 // replicas of 1 shard); two stages each under zero1 over 2 ranks, one rank, and zero3 over 4;
-// tensor parallelism (--tp 2) alone at 2 ranks, one rank, --tp 2 over a pipeline of 2 stages (1F1B),
+// tensor parallelism (--tp 2) with sequence parallelism at 2 ranks, one rank (which drops both),
+// --tp 2 with sequence parallelism over a pipeline of 2 stages (1F1B),
 // two stages under zero1 over 2 ranks (pp 2 x dp 2; --tp 1 said, since a resume keeps a --tp that
-// divides the ranks), all three at 8 ranks (tp 2 x pp 2 x zero3 2),
-// --tp 2 under zero3 over 2 data-parallel ranks, with its parameters offloaded, and under zero1
+// divides the ranks), all three at 8 ranks with sequence parallelism (tp 2 x pp 2 x zero3 2),
+// --tp 2 under zero3 over 2 data-parallel ranks without it, with its parameters offloaded, and under zero1
 // with its optimizer offloaded (the checkpoint's --tp kept at 4 ranks). The vocabulary of 301 splits unevenly under --tp 2 (151 + 150 rows). The final weights
 // too are those of the run that never stopped.
 TEST_CASE(
     "train: a checkpoint saved by zero3 at 4 ranks resumes with ddp at 2, and the reverse; pp (1F1B, GPipe, "
     "interleaved), zero2, hybrid zero3, pp 2 x zero1 2, pp 2 x hybrid zero3, tp 2 x dp 1-2, tp 2 x pp 2 and "
-    "tp 2 x pp 2 x dp 2 and tp 2 with offload too",
+    "tp 2 x pp 2 x dp 2 (sequence-parallel) and tp 2 with offload too",
     "[train][mpi]") {
     TempDir dir("train_reshard");
     const std::string train = (build_dir() / "train").string();
@@ -750,12 +751,12 @@ TEST_CASE(
               {4, "zero1 --pipeline-stages 2"},
               {4, "zero3"},
               {4, "zero1 --pipeline-stages 2"}},
-             {{2, "ddp --tp 2"},
+             {{2, "ddp --tp 2 --sequence-parallel"},
               {1, "single"},
-              {4, "pp --tp 2"},
+              {4, "pp --tp 2 --sequence-parallel"},
               {4, "zero1 --pipeline-stages 2 --tp 1"},
-              {8, "zero3 --pipeline-stages 2 --tp 2"},
-              {4, "zero3 --tp 2"},
+              {8, "zero3 --pipeline-stages 2 --tp 2 --sequence-parallel"},
+              {4, "zero3 --tp 2 --sequence-parallel=false"},
               {4, "zero3 --tp 2 --offload params"},
               {4, "zero1 --offload optimizer"}}}) {
         std::string name = chain.front().second + "x" + std::to_string(chain.front().first);

@@ -43,6 +43,7 @@ SearchRequest layout_search_request(const TrainOptions& o, const TrainOptions& f
     r.checkpointing_fixed = flags.checkpoint_activations >= 0 || given(sources, "checkpoint_activations");
     r.offload = flags.offload != "none" || given(sources, "offload") ? flags.offload : "";
     r.shard_group = flags.shard_group > 0 || given(sources, "shard_group") ? flags.shard_group : -1;
+    r.sequence_parallel = flags.sequence_parallel ? 1 : -1;  // a flag: given on, else searched
     // Each layout as the run would take it, through every rule of the option table.
     r.refuses = [o, sources, ranks](const LayoutPrediction& p) -> std::string {
         TrainOptions t = o;
@@ -60,6 +61,7 @@ SearchRequest layout_search_request(const TrainOptions& o, const TrainOptions& f
 void apply_layout(TrainOptions& o, const LayoutPrediction& p, const OptionSources& sources) {
     o.parallel = p.strategy;
     o.tp = p.tp;
+    o.sequence_parallel = p.options.sequence_parallel;
     o.pipeline_stages = p.pp > 1 && p.strategy != "pp" ? p.pp : 0;
     o.shard_group = p.options.shard_group;
     o.micro_batch = p.micro_batch;

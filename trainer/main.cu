@@ -766,6 +766,9 @@ int main_checked(int argc, char** argv) {
         // parallelism (unless given again): the checkpoint holds whole tensors either way.
         if (c.train.tp == saved.tp && saved.tp > 1 && world.size() % saved.tp != 0)
             c.train.tp = 1;
+        // No tensor parallelism drops the checkpoint's sequence parallelism (unless given again).
+        if (c.train.tp <= 1 && c.train.sequence_parallel && c.train_sources.of("sequence_parallel") == OptionSource::checkpoint)
+            c.train.sequence_parallel = false;
         // Leaving ZeRO drops its shard group (unless given again): the checkpoint is whole either way.
         if (c.train.parallel != "auto" && !strategy_info(c.train.parallel).policy.shards() &&
             c.train.shard_group == saved.shard_group)
