@@ -44,6 +44,7 @@ struct Case {
     int stages = 0;  // ddp, zero1: --pipeline-stages
     int tensor = 1;  // --tp
     int kv_heads = 2;  // of 4 query heads under --tp: 1 is replicated on both ranks of a group of 2
+    bool sequence = false;  // --sequence-parallel (with --tp)
 };
 
 bool piped(const Case& c) { return c.strategy == "mp" || c.stages > 1; }
@@ -90,7 +91,7 @@ Measured run_step(const Case& c, const pv::LlamaConfig& config, pv::Comm* comm) 
         pv::StrategyOptions so;
         so.kind = pv::strategy_kind(c.strategy), so.in_flight = piped(c) ? c.microbatches : 0, so.fp32_grad_accumulation = !std::is_same_v<G, T>;
         so.offload = c.offload, so.pipeline = c.pipeline, so.micro_per_step = micro_steps(c);
-        so.chunks = c.chunks, so.pipeline_stages = c.stages, so.tensor = c.tensor;
+        so.chunks = c.chunks, so.pipeline_stages = c.stages, so.tensor = c.tensor, so.sequence_parallel = c.sequence;
         const pv::StrategyPlan plan = pv::plan_strategy(so, config, kSeq, rank, ranks);
         const pv::GroupOptions groups = groups_of(c.variant);
         pv::ModelOptions mo;
@@ -124,6 +125,7 @@ double check_case(const Case& c, pv::Comm* comm, const char* dtype) {
     q.config = config, q.dtype = pv::dtype_of<T>(), q.groups = groups_of(c.variant);
     q.strategy.kind = pv::strategy_kind(c.strategy), q.strategy.in_flight = piped(c) ? c.microbatches : 0, q.strategy.pipeline = c.pipeline;
     q.strategy.chunks = c.chunks, q.strategy.pipeline_stages = c.stages, q.strategy.tensor = c.tensor;
+    q.strategy.sequence_parallel = c.sequence;
     q.strategy.fp32_grad_accumulation = !std::is_same_v<G, T>;
     q.strategy.offload = c.offload;
     q.checkpointing = c.checkpointing;
@@ -137,7 +139,8 @@ double check_case(const Case& c, pv::Comm* comm, const char* dtype) {
     const pv::RankMemory mine = pv::plan_rank(q, rank);
     const Measured m = run_step<T, G>(c, config, comm);
     INFO(c.strategy << (c.stages > 1 ? " over " + std::to_string(c.stages) + " stages" : "")
-                    << (c.tensor > 1 ? " with --tp " + std::to_string(c.tensor) : "") << " on " << ranks
+                    << (c.tensor > 1 ? " with --tp " + std::to_string(c.tensor) : "")
+                    << (c.sequence ? " --sequence-parallel" : "") << " on " << ranks
                     << " rank(s), rank " << rank << ", " << dtype << ", offload "
                     << pv::offload_name(c.offload) << (std::is_same_v<G, T> ? "" : " fp32 accumulation") << ", "
                     << c.variant << (c.tied ? ", tied" : "")
@@ -154,7 +157,7 @@ double check_case(const Case& c, pv::Comm* comm, const char* dtype) {
     // the model share: each chunk holds as many micro-batches as the simulator counts in flight in
     // it at most (1F1B: min(p − r, M) on stage r; interleaved: each chunk its own), each one the
     // arenas of the chunk's units (at its tensor-parallel shape) and, past stage 0, the stream it
-    // received.
+    // received (this rank's rows of it under sequence parallelism).
     if (piped(c) && !c.checkpointing.enabled) {
         pv::StrategyOptions so = q.strategy;
         so.micro_per_step = q.accumulation;
@@ -162,13 +165,14 @@ double check_case(const Case& c, pv::Comm* comm, const char* dtype) {
         const pv::ScheduleFacts facts = pv::simulate_pipeline_schedule(sp.schedule);
         const int r = pv::mesh_coords(sp.mesh, rank).pipeline;
         const pv::LlamaConfig shape = pv::tensor_parallel_shape(config, sp.placement.tensor);  // its slices'
+        const int rows_split = c.sequence ? c.tensor : 1;
         double expected = 0;
         for (size_t k = 0; k < sp.placement.chunks.size(); ++k) {
             const pv::StageUnits& units = sp.placement.chunks[k];
-            double one = units.first > 0 ? double(kMicro) * kSeq * config.hidden_size * sizeof(T) : 0;
+            double one = units.first > 0 ? double(kMicro) * kSeq / rows_split * config.hidden_size * sizeof(T) : 0;
             for (int u = units.first; u < units.end; ++u)
-                one += double(pv::arena_bytes(
-                    pv::slot_arena_layout(shape, u, kMicro, kSeq, pv::dtype_of<T>(), q.groups.lora, {})));
+                one += double(pv::arena_bytes(pv::slot_arena_layout(shape, u, kMicro, kSeq, pv::dtype_of<T>(),
+                                                                    q.groups.lora, {}, rows_split)));
             expected += facts.chunk_peak[size_t(r)][k] * one;
         }
         CHECK(m.peak[size_t(C::activations)] == expected);
@@ -186,7 +190,8 @@ double check_case(const Case& c, pv::Comm* comm, const char* dtype) {
         std::printf(
             "planner: %-10s %d rank(s) %-5s %-6s %-17s plan %9.0f B, measured %9.0f B (%+.2f%%); workspace "
             "plan %.0f, measured %.0f\n",
-            (c.strategy + (c.tensor > 1 ? " tp " + std::to_string(c.tensor) : "")).c_str(), ranks, dtype,
+            (c.strategy + (c.tensor > 1 ? " tp " + std::to_string(c.tensor) : "") + (c.sequence ? " sp" : "")).c_str(),
+            ranks, dtype,
             c.variant.c_str(),
             c.checkpointing.enabled               ? "checkpointing"
             : c.offload == pv::Offload::params    ? "offload params"
@@ -248,6 +253,10 @@ TEST_CASE("the memory planner equals the measured peaks of a real step", "[plann
     check_case<__nv_bfloat16, __nv_bfloat16>({"ddp", "frozen", true, 1, O::none, every, f1b1, 1, 0, 2}, comm, "bf16");
     check_case<float, float>({"ddp", "lora", true, 1, O::none, half, f1b1, 1, 0, 2}, comm, "fp32");
     check_case<double, double>({"ddp", "lora", false, 1, O::none, {}, f1b1, 1, 0, 2, 1}, comm, "fp64");  // kv replicated
+    // Sequence parallelism: the residual stream, its gradients and the norms' statistics at N/T rows.
+    check_case<__nv_bfloat16, __nv_bfloat16>({"ddp", "full", true, 1, O::none, {}, f1b1, 1, 0, 2, 2, true}, comm,
+                                             "bf16");
+    check_case<double, double>({"ddp", "lora", false, 1, O::none, half, f1b1, 1, 0, 2, 1, true}, comm, "fp64");
     if (world.size() % 4 == 0) {  // ZeRO needs more than one data-parallel rank to shard over
         check_case<__nv_bfloat16, __nv_bfloat16>({"zero3", "full", true, 1, O::none, every, f1b1, 1, 0, 2}, comm,
                                                  "bf16");
@@ -264,6 +273,7 @@ TEST_CASE("the memory planner equals the measured peaks of a real step", "[plann
     if (world.size() % 4 == 0) {
         check_case<double, double>({"mp", "full", false, 2, O::none, {}, f1b1, 1, 0, 2}, comm, "fp64");
         check_case<__nv_bfloat16, __nv_bfloat16>({"mp", "lora", true, 2, O::none, half, f1b1, 1, 0, 2}, comm, "bf16");
+        check_case<float, float>({"mp", "full", false, 2, O::none, {}, f1b1, 1, 0, 2, 2, true}, comm, "fp32");
     }
     // Pipeline × data parallelism (4 ranks and more): two 1F1B stages, each replicated under ddp or zero1.
     if (world.size() % 4 == 0) {
