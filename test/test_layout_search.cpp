@@ -38,6 +38,7 @@ pv::PlanRequest request_of(const pv::SearchRequest& r, const pv::LayoutPredictio
     q.strategy = pv::StrategyOptions{};
     q.strategy.kind = pv::strategy_kind(p.strategy);
     q.strategy.tensor = p.tp;
+    q.strategy.sequence_parallel = p.flags().find("--sequence-parallel") != std::string::npos;
     q.strategy.pipeline_stages = p.pp > 1 && p.strategy != "pp" ? p.pp : 0;
     q.strategy.shard_group = p.options.shard_group;
     q.strategy.offload = p.options.offload;
@@ -155,6 +156,7 @@ TEST_CASE("a tensor-parallel layout pays its group's collectives at the intra-no
     pv::SearchRequest r = tiny_request(2, 2);
     r.tp = 2, r.micro_batch = 1, r.offload = "none", r.link.intra_node = 1e6;
     r.checkpointing_fixed = true;  // off, as r.run has it
+    r.sequence_parallel = 0;
     const pv::SearchResult result = pv::search_layouts(r);
     REQUIRE(result.fitting.size() == 1);  // ddp over one data-parallel rank
     const pv::LayoutPrediction& p = result.fitting.front();
@@ -168,6 +170,44 @@ TEST_CASE("a tensor-parallel layout pays its group's collectives at the intra-no
     s.config = r.run.config, s.batch = 1, s.seq_len = 32, s.accumulation = 1, s.t = 2, s.tensor = 2;
     const pv::PhaseSeconds phases = pv::predict_phases(s, pv::KernelSet::now);
     CHECK(p.seconds == Approx(2 * (phases.forward + phases.backward) + p.tensor_comm + phases.update).epsilon(1e-12));
+}
+
+// Sequence parallelism under tp 2: searched, the same layout with it and without; with it the
+// planner's smaller activations, the group's reduce-scatters paying the latency like the others,
+// the kernels' norms at half the rows; given, only it.
+TEST_CASE("the search tries sequence parallelism under tensor parallelism", "[layout_search]") {
+    pv::SearchRequest r = tiny_request(2, 2);
+    r.tp = 2, r.micro_batch = 1, r.offload = "none", r.link.intra_node = 1e6;
+    r.checkpointing_fixed = true;
+    const pv::SearchResult result = pv::search_layouts(r);
+    REQUIRE(result.fitting.size() == 2);
+    const pv::LayoutPrediction* sp = nullptr;
+    const pv::LayoutPrediction* plain = nullptr;
+    for (const pv::LayoutPrediction& p : result.fitting)
+        (p.flags().find("--sequence-parallel") != std::string::npos ? sp : plain) = &p;
+    REQUIRE(sp);
+    REQUIRE(plain);
+    CHECK(sp->flags() == "--parallel ddp --tp 2 --sequence-parallel --micro-batch 1");
+    CHECK(sp->describe().find("tp 2 (SP)") == 0);
+    CHECK(sp->memory == pv::plan_memory(request_of(r, *sp)).peak());
+    CHECK(sp->memory < plain->memory);
+    const pv::TensorWire wire = pv::plan_tensor_wire(request_of(r, *sp), 0);
+    REQUIRE(wire.reduce_scatters > 0);
+    CHECK(sp->tensor_comm ==
+          Approx(wire.bytes / 1e6 + double(wire.all_reduces + wire.all_gathers + wire.reduce_scatters) *
+                                        r.link.latency)
+              .epsilon(1e-12));
+    pv::StepShape s;
+    s.config = r.run.config, s.batch = 1, s.seq_len = 32, s.accumulation = 1, s.t = 2, s.tensor = 2, s.sequence = true;
+    const pv::PhaseSeconds phases = pv::predict_phases(s, pv::KernelSet::now);
+    CHECK(sp->seconds == Approx(2 * (phases.forward + phases.backward) + sp->tensor_comm + phases.update).epsilon(1e-12));
+    s.sequence = false;
+    const pv::PhaseSeconds without = pv::predict_phases(s, pv::KernelSet::now);
+    CHECK(phases.forward < without.forward);  // the norms and the residual adds on half the rows
+    r.sequence_parallel = 1;
+    const pv::SearchResult given = pv::search_layouts(r);
+    REQUIRE(given.fitting.size() == 1);
+    CHECK(given.fitting.front().flags() == sp->flags());
 }
 
 TEST_CASE("the search keeps the choices given and refuses what cannot run", "[layout_search]") {

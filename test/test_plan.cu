@@ -204,6 +204,15 @@ TEST_CASE("tensor parallelism plans T consecutive ranks per group; what cannot r
     CHECK(refusal("zero1", 2, 4, [](pv::StrategyOptions& o) { o.shard_group = 4; }) ==
           "--shard-group 4 is larger than the 2 data-parallel ranks (the ranks over --tp 2): give at most 2 (0: the "
           "whole world), or start more ranks");
+    // Sequence parallelism rides on a tensor group, and reaches the model's placement.
+    CHECK(refusal("ddp", 1, 2, [](pv::StrategyOptions& o) { o.sequence_parallel = true; }) ==
+          "--sequence-parallel splits the rows over a tensor-parallel group: give --tp 2 or more, or leave it out");
+    {
+        pv::StrategyOptions o = options("ddp");
+        o.tensor = 2, o.sequence_parallel = true;
+        CHECK(pv::plan_strategy(o, c, 8, 1, 2).placement.tensor.sequence);
+        CHECK_FALSE(pv::plan_strategy(options("ddp"), c, 8, 1, 2).placement.tensor.sequence);
+    }
     // The model's heads and ffn must split (model/tensor_parallel.h check_tensor_parallel).
     CHECK(refusal("ddp", 3, 3, none) ==
           "tensor parallelism over 3 ranks: 3 does not divide the ffn size 40 of test-tied; --tp can be 1, 2");
@@ -256,6 +265,44 @@ TEST_CASE("the plan counts a tensor group's collectives from the request: checkp
     CHECK(w1.all_gathers == micro);
     q.strategy.tensor = 1;
     CHECK(pv::plan_tensor_wire(q, 0).all_reduces == 0);
+}
+
+// Sequence parallelism's collectives from the request, counted here by hand: per micro-step and
+// block 4 reduce-scatters and 4 all-gathers of rows·hidden (2 more gathers and a scatter when
+// recomputed), the embedding's scatter and (trained) gather, the head's gather and scatter, the
+// cross-entropy's gather, and one all-reduce of hidden elements per trained norm weight (--freeze
+// takes layers.1.mlp_norm and wte out: one norm and the embedding's gather fewer).
+TEST_CASE("the plan counts sequence parallelism's collectives from the request: checkpointing, --freeze",
+          "[plan][tensor]") {
+    pv::PlanRequest q;
+    q.config = pv::preset("test-tied");
+    q.dtype = pv::DType::bf16;
+    q.strategy = options("ddp");
+    q.strategy.tensor = 2, q.strategy.sequence_parallel = true;
+    q.ranks = 4, q.micro_batch = 2, q.seq_len = 8, q.accumulation = 3;
+    q.checkpointing = pv::ActivationCheckpointing{true, 2};  // blocks 0, 2, ... recompute
+    const long long L = q.config.num_layers, C = q.config.hidden_size, rows = 16, micro = 3;
+    REQUIRE(L >= 2);
+    long long recomputed = 0;
+    for (long long b = 0; b < L; ++b) recomputed += b % 2 == 0;
+    const auto check = [&](long long norms, long long embedding_gather) {
+        const pv::TensorWire w = pv::plan_tensor_wire(q, 0);
+        const long long scatters = micro * (4 * L + recomputed + 2);
+        const long long gathers = micro * (4 * L + 2 * recomputed + 1 + embedding_gather);
+        CHECK(w.reduce_scatters == scatters);
+        CHECK(w.all_gathers == gathers + micro);  // + the cross-entropy's partials
+        CHECK(w.all_reduces == micro * norms);
+        // bf16: (T − 1) of this rank's rows/2 for a gather or a scatter, 2·(T−1)/T of a norm.
+        const double bytes = double(scatters + gathers) * (rows / 2) * C * 2 + double(micro * norms) * C * 2 +
+                             double(micro) * rows * 3 * 4;
+        CHECK(w.bytes == Approx(bytes).epsilon(1e-12));
+    };
+    check(2 * L + 1, 1);
+    q.groups.frozen = {"layers.1.mlp_norm", "wte"};
+    check(2 * L, 0);
+    // A micro-batch's rows that the group does not split: refused, the fix named.
+    q.micro_batch = 1, q.seq_len = 7;
+    CHECK_THROWS_WITH(pv::plan_memory(q), Catch::Contains("micro-batch x seq-len) divisible by it"));
 }
 
 // The planner's decisions (parallel/planner.h): names, the auto rule, the changes that fit.
