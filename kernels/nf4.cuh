@@ -80,6 +80,8 @@
 //   in shared memory (threads index them by their codes); absmax' is formed once per chunk. The
 //   values are bit for bit those of the one-byte-per-thread kernel. Bytes: reads n/2 code bytes
 //   and n/64 absmax fields (fp32, or a byte plus the nested fields), writes n values of T.
+//   A tensor-parallel slice (Nf4BlockMap) dequantises the same way, its codes and absmaxes its
+//   own, the nested scales indexed by its blocks' numbers in the whole tensor.
 // The tables live twice, from one definition: kNf4Levels, kNf4Thresholds, kNf4DynamicMap for
 // host code (exports write them as a checkpoint's quant_map and nested_quant_map), and
 // __constant__ copies for the kernels. make_nf4_fixtures.py --cpp-tables prints them.
@@ -185,6 +187,18 @@ constexpr long long nf4_stored_bytes(long long n, bool double_quant) {
     return nf4_code_bytes(n) + fields;
 }
 
+// A tensor-parallel slice of a quantised tensor (model/nf4_layout.h): its codes and absmaxes are
+// those of the whole tensor's blocks it covers, but double quantisation's nested scales and offset
+// belong to the whole tensor, whose block numbers index them. Local block j is whole block
+// first + (j / run)·stride + j % run: one run for a block of rows (stride unused), one run per row
+// for a block of columns. run = 0: the tensor is whole (block j is block j).
+struct Nf4BlockMap {
+    long long first = 0, run = 0, stride = 0;
+    __host__ __device__ long long whole_block(long long j) const {
+        return run == 0 ? j : first + (j / run) * stride + j % run;
+    }
+};
+
 // Where the fields of one quantised tensor live (device pointers). Plain: codes and absmax.
 // Double quantisation: codes, absmax_codes, nested_absmax and offset (absmax unused).
 struct Nf4Tensor {
@@ -195,6 +209,7 @@ struct Nf4Tensor {
     float* offset = nullptr;          // 1
     long long n = 0;
     bool double_quant = false;
+    Nf4BlockMap blocks{};  // a slice's blocks in the whole tensor (nested_absmax is the whole tensor's)
 };
 
 struct Nf4ConstTensor {
@@ -205,6 +220,7 @@ struct Nf4ConstTensor {
     const float* offset = nullptr;
     long long n = 0;
     bool double_quant = false;
+    Nf4BlockMap blocks{};
 
     Nf4ConstTensor() = default;
     Nf4ConstTensor(const Nf4Tensor& t)  // implicit: a read-only view of the same fields
@@ -214,7 +230,8 @@ struct Nf4ConstTensor {
           nested_absmax(t.nested_absmax),
           offset(t.offset),
           n(t.n),
-          double_quant(t.double_quant) {}
+          double_quant(t.double_quant),
+          blocks(t.blocks) {}
 };
 
 // ---- the two searches -----------------------------------------------------------------------------
@@ -348,6 +365,9 @@ template <class T>
 void nf4_quantize(const T* x, long long n, const Nf4Tensor& out, void* scratch, cudaStream_t stream) {
     nf4_check(out, n, "nf4_quantize");
     if (n == 0) return;
+    if (out.blocks.run != 0)  // a slice's statistics span the whole tensor (model/nf4_slot.cuh)
+        throw std::invalid_argument("nf4_quantize: the Nf4Tensor is a slice of a larger tensor; quantise the whole "
+                                    "tensor and take the slice's fields (nf4_slice_fields)");
     if (out.double_quant && !scratch)
         throw std::invalid_argument(
             "nf4_quantize: double quantisation needs nf4_quantize_scratch_bytes(n, true) "
@@ -387,7 +407,8 @@ __global__ void nf4_dequantize_kernel(Nf4ConstTensor in, T* out) {
         const long long byte = c * B;
         const long long block = byte / (kNf4BlockSize / 2);  // the same block for all B bytes
         const float absmax = in.double_quant ? __fadd_rn(__fmul_rn(kNf4DynamicMapDevice[in.absmax_codes[block]],
-                                                                   in.nested_absmax[block / kNf4NestedBlockSize]),
+                                                                   in.nested_absmax[in.blocks.whole_block(block) /
+                                                                                    kNf4NestedBlockSize]),
                                                          *in.offset)
                                              : in.absmax[block];
         const Vec<uint8_t, B> codes = load_vec<B>(in.codes + byte);

@@ -161,7 +161,7 @@ std::vector<std::string> check_group_tensors(const HfCheckpoint& source, const s
                                            std::to_string(source.tensors().size()) + " tensors: " + different + ")");
                 if (is_bnb_quantized(source, part.hf_name)) {
                     if (layout.kind != GroupKind::nf4) refuse_bnb_into_dense(source, part.hf_name, quantizes);
-                    check_bnb_tensor(source, part.hf_name, part.rows, slot.spec.cols, layout.double_quant);
+                    check_bnb_tensor(source, part.hf_name, part.whole_rows(), slot.spec.whole_cols(), layout.double_quant);
                     used.insert(part.hf_name);
                     for (const std::string& c : bnb_companions(part.hf_name, layout.double_quant)) used.insert(c);
                     continue;

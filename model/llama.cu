@@ -157,10 +157,6 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
     kv_adapter_sum_ = kv_rows_ > 0 && adapter_kv_rows(shape_, o.lora) > 0;
     if (kv_rows_ > 0) heads_ = tensor_parallel_heads(config_, tensor_);
     vocab_ = tensor_parallel_vocab(config_, tensor_);
-    if (tensor_.size > 1) {  // tensor parallelism (model/tensor_parallel.h), as far as it goes in this build
-        const std::string tp = "tensor parallelism over " + std::to_string(tensor_.size) + " ranks";
-        if (o.nf4) throw std::invalid_argument("Llama: " + tp + " does not take an NF4 base (QLoRA) in this build");
-    }
     if (tensor_.sequence && tensor_.size == 1)
         throw std::invalid_argument("Llama: sequence parallelism splits the rows over a tensor-parallel group; "
                                     "it needs --tp 2 or more");
@@ -432,15 +428,17 @@ void Llama<T>::init_params(int u, int g, T* dst, long long begin, long long end,
     CUDA_CHECK(cudaMemsetAsync(dst, 0, size_t(end - begin) * sizeof(T), stream_));  // padding stays zero
     if (layout.kind == GroupKind::nf4) {
         // Each slot overlapping the range: the whole tensor's initial values quantised (its
-        // statistics span the tensor), then the overlap copied.
+        // statistics span the tensor; a tensor-parallel slice then takes its blocks' fields), then
+        // the overlap copied.
         for (const TensorSlot& t : layout.tensors) {
             const long long len = slot_elements(t.spec, layout.kind, layout.dtype, layout.double_quant);
             const long long lo = std::max(begin, t.offset), hi = std::min(end, t.offset + len);
             if (lo >= hi) continue;
-            DeviceBuffer<T> values(size_t(t.spec.numel()), MemoryCategory::workspace),
+            const TensorSpec whole = t.spec.whole_tensor();
+            DeviceBuffer<T> values(size_t(whole.numel()), MemoryCategory::workspace),
                 slot(size_t(len), MemoryCategory::workspace);
-            init_values(values.get(), t.spec, 0, t.spec.numel(), seed, stream_);
-            nf4_quantize_slot(t.spec, layout.double_quant, values.get(), slot.get(), stream_);
+            init_values(values.get(), whole, 0, whole.numel(), seed, stream_);
+            nf4_quantize_slice_slot(t.spec, layout.double_quant, values.get(), slot.get(), stream_);
             CUDA_CHECK(cudaMemcpyAsync(dst + (lo - begin), slot.get() + (lo - t.offset), size_t(hi - lo) * sizeof(T),
                                        cudaMemcpyDeviceToDevice, stream_));
             CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -803,7 +801,7 @@ long long Llama<T>::nf4_tensor_elements() const {
     for (const Unit& u : units_)
         for (const GroupLayout& g : u.groups)
             if (g.kind == GroupKind::nf4)
-                for (const TensorSlot& t : g.tensors) n += t.spec.numel();
+                for (const TensorSlot& t : g.tensors) n += t.spec.whole_numel();  // the model's, as tensor_elements
     return n;
 }
 

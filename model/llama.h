@@ -273,7 +273,8 @@ class Llama {
     // merged model's weight (`train export --merged`).
     void merged_tensor(int u, int i, T* out);
     bool quantized() const { return nf4_; }
-    // Elements of tensors in NF4 groups (counted among the frozen ones too).
+    // Elements of the whole tensors in NF4 groups (counted among the frozen ones too), as
+    // tensor_elements counts them: the model's, not this tensor-parallel rank's slices.
     long long nf4_tensor_elements() const;
     const LoraConfig& lora() const { return lora_; }
 

@@ -18,6 +18,7 @@ inline Nf4Tensor nf4_part(void* slot, const Nf4PartFields& f, bool double_quant)
     t.codes = b + f.codes;
     t.n = f.n;
     t.double_quant = double_quant;
+    t.blocks = Nf4BlockMap{f.block_first, f.block_run, f.block_stride};
     if (double_quant) {
         t.absmax_codes = b + f.absmax;
         t.nested_absmax = reinterpret_cast<float*>(b + f.nested);
@@ -45,6 +46,24 @@ void nf4_quantize_slot(const TensorSpec& spec, bool double_quant, const T* value
     for (const Nf4PartFields& f : fields)
         nf4_quantize(values + f.row_begin * spec.cols, f.n, nf4_part(slot, f, double_quant), scratch.get(), stream);
     CUDA_CHECK(cudaStreamSynchronize(stream));  // the scratch is freed on return
+}
+
+// `whole_values` [rows][cols] of spec.whole_tensor() (device) -> the slot of `spec` (device), which
+// may be a tensor-parallel slice: the whole tensor quantised on the device (each module's
+// statistics span the module), then the slice's fields cut out on the host (nf4_slice_fields).
+// A load-time step: allocates, and returns with the slot written.
+template <class T>
+void nf4_quantize_slice_slot(const TensorSpec& spec, bool double_quant, const T* whole_values, void* slot,
+                             cudaStream_t stream) {
+    if (spec.slice.whole()) return nf4_quantize_slot(spec, double_quant, whole_values, slot, stream);
+    const TensorSpec whole = spec.whole_tensor();
+    const size_t whole_bytes = size_t(nf4_slot_bytes(whole, double_quant)), bytes = size_t(nf4_slot_bytes(spec, double_quant));
+    DeviceBuffer<uint8_t> whole_slot(whole_bytes, MemoryCategory::workspace);
+    nf4_quantize_slot(whole, double_quant, whole_values, whole_slot.get(), stream);
+    std::vector<uint8_t> host_whole(whole_bytes), host_slice(bytes, 0);
+    CUDA_CHECK(cudaMemcpy(host_whole.data(), whole_slot.get(), whole_bytes, cudaMemcpyDeviceToHost));
+    nf4_slice_fields(whole, spec, double_quant, host_whole.data(), host_slice.data());
+    CUDA_CHECK(cudaMemcpy(slot, host_slice.data(), bytes, cudaMemcpyHostToDevice));
 }
 
 // The slot -> the whole tensor's dequantised values [rows][cols] (device).

@@ -91,6 +91,18 @@ long long TensorSpec::whole_index(long long i) const {
                            " is in none of its slice's runs");
 }
 
+TensorSpec TensorSpec::whole_tensor() const {
+    if (slice.whole()) return *this;
+    TensorSpec w = *this;
+    w.rows = slice.rows, w.cols = slice.cols, w.slice = {};
+    for (TensorPart& p : w.parts) {
+        // The whole tensor's row of the part's first local row, less the Hugging Face rows before it.
+        const long long whole_row = whole_index(p.row_begin * cols) / slice.cols;
+        p = TensorPart{p.hf_name, whole_row - p.hf_row_begin, p.whole_rows()};
+    }
+    return w;
+}
+
 namespace {
 
 // A matrix (decayed, N(0, 0.02²)) made of HF row ranges, a whole matrix, an RMSNorm weight.
@@ -146,6 +158,7 @@ std::vector<std::vector<GroupLayout>> model_layouts(const LlamaConfig& config, D
         for (int l = 0; l < config.num_layers; ++l)
             for (const char* t : {"w_qkv", "w_o", "w_gate_up", "w_down"})
                 quantized.insert("layers." + std::to_string(l) + "." + t);
+        check_nf4_tensor_parallel(config, o.lora, o.tensor.size);
     }
     std::vector<std::vector<GroupLayout>> out;
     for (const UnitSpec& unit : tensor_parallel_units(config, o.lora, o.tensor))

@@ -90,6 +90,9 @@ struct TensorSpec {
     // The columns and elements of the whole tensor (the columns of each Hugging Face tensor of its parts).
     long long whole_cols() const { return slice.whole() ? cols : slice.cols; }
     long long whole_numel() const { return slice.whole() ? numel() : slice.rows * slice.cols; }
+    // The whole tensor a slice is cut from: its shape, its parts whole (each Hugging Face tensor
+    // at its rows of the fused whole). A whole tensor returns itself.
+    TensorSpec whole_tensor() const;
 };
 
 // A tensor placed in a group.

@@ -1,6 +1,8 @@
 // Tensor parallelism's slices of the block tensors (model/tensor_parallel.h).
 #include "model/tensor_parallel.h"
 
+#include "model/nf4_layout.h"
+
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
@@ -79,6 +81,43 @@ void check_tensor_parallel(const LlamaConfig& c, int size) {
     throw std::invalid_argument("tensor parallelism over " + std::to_string(size) + " ranks: " + std::to_string(size) +
                                 " " + problem + " of " + (c.name.empty() ? "the model" : c.name) +
                                 "; --tp can be " + fits);
+}
+
+namespace {
+
+// Why an NF4 base cannot be split over t ranks ("" when it can): the first slice that cuts a block.
+std::string nf4_split_problem(const LlamaConfig& c, const LoraConfig& lora, int t) {
+    if (!tensor_parallel_fits(c, t)) return "tensor parallelism over " + std::to_string(t) + " ranks does not fit";
+    const std::string block = "layers.0.";
+    for (int r = 0; r < t; ++r) {  // every block is split alike: the first one's linears (model_layouts' NF4 ones)
+        const std::vector<UnitSpec> units = tensor_parallel_units(c, lora, TensorParallel{t, r});
+        for (const TensorSpec& s : units.at(1).tensors)
+            for (const char* linear : {"w_qkv", "w_o", "w_gate_up", "w_down"})
+                if (s.name == block + linear) try {
+                        nf4_part_fields(s, true);
+                    } catch (const std::invalid_argument& e) {
+                        return e.what();
+                    }
+    }
+    return "";
+}
+
+}  // namespace
+
+bool nf4_tensor_parallel_fits(const LlamaConfig& c, const LoraConfig& lora, int size) {
+    return size == 1 || nf4_split_problem(c, lora, size).empty();
+}
+
+void check_nf4_tensor_parallel(const LlamaConfig& c, const LoraConfig& lora, int size) {
+    if (size == 1) return;
+    const std::string problem = nf4_split_problem(c, lora, size);
+    if (problem.empty()) return;
+    std::string fits;
+    for (int t = 1; t <= c.num_heads; ++t)
+        if (nf4_tensor_parallel_fits(c, lora, t)) fits += (fits.empty() ? "" : ", ") + std::to_string(t);
+    throw std::invalid_argument(problem + ": QLoRA (--quantize nf4) over " + std::to_string(size) +
+                                " tensor-parallel ranks cannot split " + (c.name.empty() ? "the model" : c.name) +
+                                "; --tp can be " + fits + " with --quantize nf4 (or train LoRA on a dense base)");
 }
 
 bool kv_heads_replicated(const LlamaConfig& c, int size) { return c.num_kv_heads % size != 0; }

@@ -84,6 +84,13 @@ long long adapter_kv_rows(const LlamaConfig& c, const LoraConfig& lora);
 // rank tp.rank's slice of it (the norms whole). tp.size = 1: model_units itself.
 std::vector<UnitSpec> tensor_parallel_units(const LlamaConfig& c, const LoraConfig& lora, TensorParallel tp);
 
+// QLoRA under tensor parallelism: each rank's slice of an NF4 block linear must hold whole 64-element
+// quantisation blocks of its Hugging Face modules (model/nf4_layout.h). Throws std::invalid_argument
+// naming the tensor a split over `size` ranks would cut and the sizes that split every one.
+void check_nf4_tensor_parallel(const LlamaConfig& c, const LoraConfig& lora, int size);
+// Whether an NF4 base splits over `size` ranks (check_nf4_tensor_parallel's test, without the message).
+bool nf4_tensor_parallel_fits(const LlamaConfig& c, const LoraConfig& lora, int size);
+
 // The element ranges [begin, end) of group g (a rank's slices) that tensor rank `rank` counts in
 // a sum over the group's elements that takes each whole element once, such as the gradient norm:
 // the whole group on rank 0; on the others their slices without their copies (RowRun::copy), the

@@ -195,6 +195,8 @@ SearchResult search_layouts(const SearchRequest& r) {
         if (r.tp > 0 && tp != r.tp) continue;
         // A tensor group on one node: the innermost axis, tp consecutive ranks within a node's gpn.
         if (tp > 1 && (gpn % tp != 0 || !tensor_parallel_fits(c, tp))) continue;
+        // QLoRA: a slice of a block linear holds whole NF4 blocks of its module, or the tp is not tried.
+        if (tp > 1 && r.run.groups.nf4 && !nf4_tensor_parallel_fits(c, r.run.groups.lora, tp)) continue;
         for (int pp : divisors(r.world / tp)) {
             if (r.pipeline_stages > 0 && pp != r.pipeline_stages) continue;
             if (pp > c.num_layers + 2) continue;  // a stage per unit at most

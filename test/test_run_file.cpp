@@ -353,8 +353,6 @@ TEST_CASE("the rules between options: one table, each row refusing its case by n
          2, {"--offload params", "--quantize nf4", "--offload optimizer"}},
         {"--pipeline-chunks, --pipeline-schedule", [](pv::TrainOptions& o) { o.pipeline_chunks = 3; }, 1,
          {"--pipeline-chunks 3", "--pipeline-schedule interleaved"}},
-        {"--tp, --quantize", [](pv::TrainOptions& o) { o.tp = 2, o.lora_rank = 8, o.quantize = "nf4"; }, 2,
-         {"--tp 2 with --quantize nf4", "not built yet", "drop --tp"}},
         {"--sequence-parallel, --tp, --micro-batch, --seq-len",
          [](pv::TrainOptions& o) { o.parallel = "ddp", o.tp = 4, o.sequence_parallel = true, o.micro_batch = 1, o.seq_len = 18; },
          4, {"--sequence-parallel over --tp 4", "18 tokens (--micro-batch 1 x --seq-len 18)", "multiple of 4"}},
@@ -414,14 +412,27 @@ TEST_CASE("--parallel auto: what the user gave stays fixed, every layout passes 
     CHECK(r.micro_batch == 0);
     CHECK(!r.checkpointing_fixed);
     CHECK(r.offload.empty());
-    // The option table's rules: QLoRA is refused under --tp, so the search never offers it.
-    const pv::Command qlora = pv::parse_arguments({"--batch", "8", "--lora-rank", "8", "--quantize", "nf4"});
-    r = pv::layout_search_request(qlora.train, qlora.train, qlora.train_sources, run, 4, link, 1e18, 0);
+    // The option table's rules: sequence parallelism over 2 ranks needs an even number of rows a
+    // micro-batch, so the search never offers it at 1 x 15.
+    const pv::Command sp = pv::parse_arguments({"--batch", "8", "--sequence-parallel", "--seq-len", "15"});
+    r = pv::layout_search_request(sp.train, sp.train, sp.train_sources, run, 4, link, 1e18, 0);
     pv::LayoutPrediction p;
-    p.strategy = "zero1", p.tp = 2, p.dp = 2, p.micro_batch = 2, p.accumulation = 2;
-    CHECK(r.refuses(p).find("--tp 2 with --quantize nf4") != std::string::npos);
-    p.tp = 1, p.dp = 4, p.accumulation = 1;
+    p.strategy = "zero1", p.tp = 2, p.dp = 2, p.micro_batch = 1, p.accumulation = 4;
+    p.options.sequence_parallel = true;
+    CHECK(r.refuses(p).find("--sequence-parallel over --tp 2") != std::string::npos);
+    p.micro_batch = 2, p.accumulation = 2;
     CHECK(r.refuses(p).empty());
+    // QLoRA on test-tiny: W_o's 48 columns split 24 a rank would cut NF4's 64-element blocks, so the
+    // search tries no tp but 1 (the dense base takes tp 2).
+    pv::PlanRequest qlora_run = run;
+    qlora_run.groups.lora.rank = 8, qlora_run.groups.lora.alpha = 16, qlora_run.groups.nf4 = true;
+    r = pv::layout_search_request(defaults.train, defaults.train, defaults.train_sources, qlora_run, 4, link, 1e18, 0);
+    const pv::SearchResult searched = pv::search_layouts(r);
+    REQUIRE(!searched.fitting.empty());
+    for (const pv::LayoutPrediction& q : searched.fitting) CHECK(q.tp == 1);
+    r = pv::layout_search_request(defaults.train, defaults.train, defaults.train_sources, run, 4, link, 1e18, 0);
+    const pv::SearchResult dense = pv::search_layouts(r);
+    CHECK(std::any_of(dense.fitting.begin(), dense.fitting.end(), [](const pv::LayoutPrediction& q) { return q.tp == 2; }));
     // The layout written back: every flag of it.
     pv::TrainOptions o = defaults.train;
     p = {};

@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include "model/checkpoint.h"
+#include "model/nf4_layout.h"
 #include "model/tensor_parallel.h"
 #include "test/error_of.h"
 #include "test/temp_dir.h"
@@ -119,6 +120,15 @@ TEST_CASE("tensor parallelism: the ranks' slices tile every whole tensor, LoRA's
                     std::vector<int>& count = held[s.name];
                     count.resize(size_t(w.numel()));
                     for (long long i = 0; i < s.numel(); ++i) ++count[size_t(s.whole_index(i))];
+                    // The whole tensor a slice names is the whole model's (what NF4 quantises whole).
+                    const pv::TensorSpec back = s.whole_tensor();
+                    CHECK((back.name == w.name && back.rows == w.rows && back.cols == w.cols && back.id == w.id &&
+                           back.slice.whole()));
+                    REQUIRE(back.parts.size() == w.parts.size());
+                    for (size_t k = 0; k < w.parts.size(); ++k)
+                        CHECK((back.parts[k].hf_name == w.parts[k].hf_name &&
+                               back.parts[k].row_begin == w.parts[k].row_begin && back.parts[k].rows == w.parts[k].rows &&
+                               back.parts[k].hf_row_begin == 0 && back.parts[k].whole_rows() == w.parts[k].rows));
                     // Each part's rows are the Hugging Face tensor's rows the whole tensor has there.
                     for (const pv::TensorPart& p : s.parts) {
                         const pv::TensorPart* wp = nullptr;
@@ -250,4 +260,94 @@ TEST_CASE("tensor parallelism: slices join into whole tensors, and read back out
         CHECK_THROWS_WITH(pv::write_group_tensors(dir.file("slice.safetensors"), sliced, data),
                           Catch::Contains("is a tensor-parallel slice"));
     }
+}
+
+namespace tensor_parallel_test {
+
+// QLoRA's sizes (test_mpi_tensor_parallel's): hidden 128, 8 query heads of 32 (W_o 256 columns), 4 kv
+// heads, ffn 512; every block linear spans several nested blocks of 256 absmaxes.
+pv::LlamaConfig qlora() {
+    pv::LlamaConfig c;
+    c.name = "qlora-test";
+    c.vocab_size = 37, c.hidden_size = 128, c.num_layers = 1, c.num_heads = 8, c.num_kv_heads = 4;
+    c.head_dim = 32, c.ffn_size = 512, c.max_seq_len = 16;
+    return c;
+}
+
+// Element e's 4-bit code in packed codes (the first element in the high nibble).
+int nibble(const uint8_t* codes, long long e) { return e % 2 == 0 ? codes[e / 2] >> 4 : codes[e / 2] & 15; }
+
+}  // namespace tensor_parallel_test
+
+// A slice's NF4 fields are its modules' fields at its elements: every code is the whole module's
+// code of the element the slice holds there (TensorSpec::whole_index, which knows nothing of NF4),
+// every absmax (or absmax code) the one of the whole block holding its 64 elements, the nested
+// scales and offset the module's. The whole slot is a byte pattern, so a code or absmax taken from
+// the wrong place shows.
+TEST_CASE("tensor parallelism: QLoRA's NF4 slices hold their modules' blocks, or are refused naming the T that works",
+          "[tensor_parallel][nf4]") {
+    const pv::LlamaConfig c = qlora();
+    pv::LoraConfig lora;
+    lora.rank = 2, lora.alpha = 4;
+    const std::vector<pv::UnitSpec> whole = pv::model_units(c, lora);
+    for (bool dq : {true, false})
+        for (int t : {1, 2, 4}) {
+            CHECK_NOTHROW(pv::check_nf4_tensor_parallel(c, lora, t));
+            for (int r = 0; r < t; ++r) {
+                const std::vector<pv::UnitSpec> units = pv::tensor_parallel_units(c, lora, {t, r});
+                for (const pv::TensorSpec& s : units.at(1).tensors) {
+                    if (s.name.find("lora") != std::string::npos || s.name.find("norm") != std::string::npos) continue;
+                    INFO("T = " << t << ", rank " << r << ", " << s.name << (dq ? ", double quantisation" : ""));
+                    const pv::TensorSpec& w = find(whole, s.name);
+                    std::vector<uint8_t> from(size_t(pv::nf4_slot_bytes(w, dq))), to(size_t(pv::nf4_slot_bytes(s, dq)), 0);
+                    for (size_t i = 0; i < from.size(); ++i) from[i] = uint8_t((i * 2654435761u) >> 13);
+                    pv::nf4_slice_fields(w, s, dq, from.data(), to.data());
+                    const auto wf = pv::nf4_part_fields(w, dq), sf = pv::nf4_part_fields(s, dq);
+                    REQUIRE(wf.size() == sf.size());
+                    const long long absmax_bytes = dq ? 1 : 4;
+                    for (size_t p = 0; p < sf.size(); ++p) {
+                        // Local element i of part p is element e of the whole module.
+                        const long long module_begin = w.parts[p].row_begin * w.cols;
+                        const auto element = [&](long long i) {
+                            return s.whole_index(s.parts[p].row_begin * s.cols + i) - module_begin;
+                        };
+                        long long bad = -1;
+                        for (long long i = 0; i < sf[p].n && bad < 0; ++i)
+                            if (nibble(to.data() + sf[p].codes, i) != nibble(from.data() + wf[p].codes, element(i))) bad = i;
+                        CHECK(bad == -1);
+                        for (long long j = 0; j * 64 < sf[p].n && bad < 0; ++j) {
+                            const long long b = element(64 * j) / 64;
+                            if (std::memcmp(to.data() + sf[p].absmax + j * absmax_bytes,
+                                            from.data() + wf[p].absmax + b * absmax_bytes, size_t(absmax_bytes)) != 0)
+                                bad = j;
+                        }
+                        CHECK(bad == -1);
+                        if (!dq) continue;
+                        CHECK(sf[p].nested_blocks == wf[p].nested_blocks);
+                        CHECK(std::memcmp(to.data() + sf[p].nested, from.data() + wf[p].nested,
+                                          size_t(4 * sf[p].nested_blocks)) == 0);
+                        CHECK(std::memcmp(to.data() + sf[p].offset, from.data() + wf[p].offset, 4) == 0);
+                    }
+                }
+            }
+        }
+    // down_proj spans 1,024 blocks, 4 nested blocks: a row-parallel slice's blocks read several.
+    CHECK(pv::nf4_part_fields(find(whole, "layers.0.w_down"), true).at(0).nested_blocks == 4);
+
+    // hidden 64, 4 heads of 32 (W_o 128 columns), ffn 256: 2 ranks hold 64 columns of o_proj and 128
+    // of down_proj; 4 would hold 32 of o_proj, half a block a row.
+    pv::LlamaConfig small = c;
+    small.name = "qlora-split-test", small.hidden_size = 64, small.num_heads = 4, small.num_kv_heads = 2,
+    small.ffn_size = 256;
+    CHECK_NOTHROW(pv::check_nf4_tensor_parallel(small, lora, 2));
+    const std::string refused = error_of<std::invalid_argument>([&] { pv::check_nf4_tensor_parallel(small, lora, 4); });
+    CHECK_THAT(refused, Catch::Contains("layers.0.w_o's slice of model.layers.0.self_attn.o_proj.weight (columns [0, "
+                                        "32) of 128) would cut the module's 64-element quantisation blocks") &&
+                            Catch::Contains("QLoRA (--quantize nf4) over 4 tensor-parallel ranks cannot split "
+                                            "qlora-split-test; --tp can be 1, 2 with --quantize nf4"));
+    // The layouts the model and the planner build refuse it the same way.
+    pv::GroupOptions g;
+    g.lora = lora, g.nf4 = true, g.tensor = {4, 1};
+    CHECK_THAT(error_of<std::invalid_argument>([&] { pv::model_layouts(small, pv::DType::bf16, 1, g); }),
+               Catch::Equals(refused));
 }

@@ -1567,14 +1567,23 @@ TEST_CASE("train QLoRA end to end: stories260K base in NF4 under zero3, adapters
 }
 
 // LoRA and QLoRA checkpoints move between strategies and world sizes like any other: a zero3 run at
-// 2 ranks stopped at step 3 resumes with ddp at 2, mp at 2 and single at 1, and every continuation
-// computes the losses of a single-rank run that never stopped (fp64: 1e-10).
+// 2 ranks stopped at step 3 resumes with ddp at 2, mp at 2, single at 1, tp 2 at 2 and tp 2 x zero3 2
+// at 4 (QLoRA: each rank holding its slice of every module's NF4 blocks), a QLoRA run stopped
+// under tp 2 resumes as zero3 at 2, and every continuation computes the losses of a single-rank run
+// that never stopped (fp64: 1e-10).
 TEST_CASE("train LoRA and QLoRA checkpoints resume across strategies and world sizes", "[train][lora][mpi]") {
     TempDir dir("train_lora_resume");
     const std::string train = (build_dir() / "train").string();
-    for (const char* variant : {"--lora-rank 4 --lora-dropout 0.1 ", "--lora-rank 4 --quantize nf4 "}) {
+    // QLoRA under --tp 2 needs slices of whole NF4 blocks: hidden 64, 4 heads of 32 (o_proj's 128
+    // columns, 64 a rank), ffn 256 (down_proj's, 128 a rank).
+    std::ofstream(dir.file("qlora.json"))
+        << R"({"model_type": "llama", "vocab_size": 300, "hidden_size": 64, "intermediate_size": 256,
+               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+               "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "tie_word_embeddings": false})";
+    const std::string qlora = "--lora-rank 4 --lora-dropout 0.1 --quantize nf4 --config " + dir.file("qlora.json") + " ";
+    for (const std::string& variant : {std::string("--lora-rank 4 --lora-dropout 0.1 "), qlora}) {
         INFO(variant);
-        const std::string name = std::string(variant).find("nf4") != std::string::npos ? "q" : "l";
+        const std::string name = variant.find("nf4") != std::string::npos ? "q" : "l";
         const std::string run = std::string(
                                     " --dtype fp64 --steps 6 --batch 4 --seq-len 16 --vocab 300 --warmup 2 "
                                     "--lr 3e-3 --eval-interval 0 --sample-tokens 0 ") +
@@ -1584,19 +1593,31 @@ TEST_CASE("train LoRA and QLoRA checkpoints resume across strategies and world s
         REQUIRE(s.status == 0);
         const auto straight = metric_losses(fs::path(dir.file(name + "straight")) / "metrics.jsonl");
         REQUIRE(straight.size() == 6);
-        const fs::path first = dir.file(name + "zero3");
-        const Run a = run_mpi(2, train + run + "--parallel zero3 --stop-after 3 --out-dir " + first.string());
-        INFO(a.output);
-        REQUIRE(a.status == 0);
-        REQUIRE(fs::exists(first / "step_3" / "adapter_model.safetensors"));
-        std::vector<std::pair<int, std::string>> resumes = {{2, "ddp"}, {2, "mp"}, {1, "single"}};
-        if (name == "l") resumes.push_back({2, "ddp --tp 2"});  // LoRA under tensor parallelism (not QLoRA yet)
-        for (const auto& [ranks, strategy] : resumes) {
-            INFO("zero3 x2 -> " << strategy << " x" << ranks);
-            std::string folder = name + strategy;
+        // Stopped at step 3 under zero3 x2, resumed as each of the others; under QLoRA also the other
+        // way, stopped under tp 2 and resumed as zero3 x2.
+        struct Resume {
+            std::string first, then;
+            int ranks;
+        };
+        std::vector<Resume> resumes = {{"zero3", "ddp", 2}, {"zero3", "mp", 2}, {"zero3", "single", 1},
+                                       {"zero3", "ddp --tp 2", 2}, {"zero3", "zero3 --tp 2", 4}};
+        if (name == "q") resumes.push_back({"ddp --tp 2", "zero3 --tp 1", 2});
+        for (const std::string& start : {std::string("zero3"), std::string("ddp --tp 2")}) {
+            if (std::none_of(resumes.begin(), resumes.end(), [&](const Resume& x) { return x.first == start; })) continue;
+            std::string folder = name + "first_" + start;
+            std::replace(folder.begin(), folder.end(), ' ', '_');
+            const Run a = run_mpi(2, train + run + "--parallel " + start + " --stop-after 3 --out-dir " + dir.file(folder));
+            INFO(a.output);
+            REQUIRE(a.status == 0);
+            REQUIRE(fs::exists(fs::path(dir.file(folder)) / "step_3" / "adapter_model.safetensors"));
+        }
+        for (const auto& [start, strategy, ranks] : resumes) {
+            INFO(start << " x2 -> " << strategy << " x" << ranks);
+            std::string first = name + "first_" + start, folder = name + start + "_to_" + strategy;
+            std::replace(first.begin(), first.end(), ' ', '_');
             std::replace(folder.begin(), folder.end(), ' ', '_');
             const fs::path out = dir.file(folder);
-            fs::copy(first, out, fs::copy_options::recursive);
+            fs::copy(dir.file(first), out, fs::copy_options::recursive);
             const std::string resume =
                 train + " --resume " + out.string() + " --parallel " + strategy + " --out-dir " + out.string();
             const Run b = ranks > 1 ? run_mpi(ranks, resume) : run_train_command(resume);

@@ -117,19 +117,32 @@ struct LoadStats {
 // An NF4 tensor pre-quantised by bitsandbytes (formats/bnb_checkpoint.h): the bytes [lo, hi) of its
 // slot (byte offsets from the slot's start) copied from its parts' fields as they are, to `dst`
 // (the device address of the slot's byte 0), in pieces of kGroupReadPieceBytes: a ZeRO-3 rank
-// reads only the fields, and the parts of fields, of its own slice.
+// reads only the fields, and the parts of fields, of its own slice. A tensor-parallel slice reads
+// its modules' fields whole into host memory (one tensor at a time) and takes its blocks' fields
+// (nf4_slice_fields).
 inline void load_bnb_slot(HfCheckpoint& source, const GroupLayout& layout, const TensorSlot& t, long long lo,
                           long long hi, uint8_t* dst) {
-    const std::vector<Nf4PartFields> fields = nf4_part_fields(t.spec, layout.double_quant);
+    const TensorSpec whole = t.spec.whole_tensor();
+    const std::vector<Nf4PartFields> fields = nf4_part_fields(whole, layout.double_quant);
+    const bool sliced = !t.spec.slice.whole();
+    std::vector<uint8_t> whole_slot(sliced ? size_t(nf4_slot_bytes(whole, layout.double_quant)) : 0);
+    const long long from = sliced ? 0 : lo, to = sliced ? (long long)whole_slot.size() : hi;
     for (size_t p = 0; p < fields.size(); ++p) {
-        if (fields[p].end <= lo || fields[p].codes >= hi) continue;
-        const TensorPart& part = t.spec.parts[p];
-        const BnbTensor b = check_bnb_tensor(source, part.hf_name, part.rows, t.spec.cols, layout.double_quant);
-        read_bnb_fields(source, b, fields[p], lo, hi, kGroupReadPieceBytes,
+        if (fields[p].end <= from || fields[p].codes >= to) continue;
+        const TensorPart& part = whole.parts[p];
+        const BnbTensor b = check_bnb_tensor(source, part.hf_name, part.rows, whole.cols, layout.double_quant);
+        read_bnb_fields(source, b, fields[p], from, to, kGroupReadPieceBytes,
                         [&](long long at, const uint8_t* data, size_t n) {
-                            CUDA_CHECK(cudaMemcpy(dst + at, data, n, cudaMemcpyHostToDevice));
+                            if (sliced)
+                                std::memcpy(whole_slot.data() + at, data, n);
+                            else
+                                CUDA_CHECK(cudaMemcpy(dst + at, data, n, cudaMemcpyHostToDevice));
                         });
     }
+    if (!sliced) return;
+    std::vector<uint8_t> slot(size_t(nf4_slot_bytes(t.spec, layout.double_quant)), 0);
+    nf4_slice_fields(whole, t.spec, layout.double_quant, whole_slot.data(), slot.data());
+    CUDA_CHECK(cudaMemcpy(dst + lo, slot.data() + lo, size_t(hi - lo), cudaMemcpyHostToDevice));
 }
 
 // An NF4 group's range (model/nf4_layout.h), tensor by tensor. A tensor bitsandbytes quantised is
@@ -149,15 +162,16 @@ uint64_t load_nf4_range(HfCheckpoint& source, const GroupLayout& layout, const D
                           reinterpret_cast<uint8_t*>(range.dst) + (t.offset - range.begin) * x);
             continue;
         }
-        const std::vector<GroupLayout> dense = {layout_group(GroupKind::frozen, dtype_of<X>(), {t.spec}, 1)};
-        DeviceBuffer<X> values(size_t(t.spec.numel()), MemoryCategory::workspace),
+        const TensorSpec whole = t.spec.whole_tensor();  // a tensor-parallel slice: quantised whole, then cut
+        const std::vector<GroupLayout> dense = {layout_group(GroupKind::frozen, dtype_of<X>(), {whole}, 1)};
+        DeviceBuffer<X> values(size_t(whole.numel()), MemoryCategory::workspace),
             slot(size_t(len), MemoryCategory::workspace);
         overflows += read_group_ranges(
-            source, dense, {{0, t.spec.numel()}}, dtype_of<X>(),
+            source, dense, {{0, whole.numel()}}, dtype_of<X>(),
             [&](size_t, long long at, const uint8_t* data, long long n) {
                 CUDA_CHECK(cudaMemcpy(values.get() + at, data, size_t(n) * sizeof(X), cudaMemcpyHostToDevice));
             });
-        nf4_quantize_slot(t.spec, layout.double_quant, values.get(), slot.get(), nullptr);
+        nf4_quantize_slice_slot(t.spec, layout.double_quant, values.get(), slot.get(), nullptr);
         CUDA_CHECK(cudaMemcpy(range.dst + (lo - range.begin), slot.get() + (lo - t.offset), size_t(hi - lo) * sizeof(X),
                               cudaMemcpyDeviceToDevice));
     }

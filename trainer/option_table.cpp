@@ -55,13 +55,6 @@ const std::vector<OptionRule>& option_rules() {
              return "--pipeline-chunks " + std::to_string(o.pipeline_chunks) +
                     " is for --pipeline-schedule interleaved: drop it, or choose that schedule";
          }},
-        {"--tp, --quantize",
-         [](const TrainOptions& o, int) -> std::string {
-             if (o.tp == 1 || o.quantize != "nf4") return "";
-             return "--tp " + std::to_string(o.tp) +
-                    " with --quantize nf4: QLoRA under tensor parallelism is not built yet; drop --tp (ddp or "
-                    "zero1-3 alone train QLoRA on many ranks; LoRA on a dense base takes --tp) or --quantize";
-         }},
         {"--sequence-parallel, --tp, --micro-batch, --seq-len",
          [](const TrainOptions& o, int) -> std::string {
              const long long rows = (long long)o.micro_batch * o.seq_len;

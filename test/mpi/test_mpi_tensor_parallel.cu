@@ -12,7 +12,9 @@
 // key/value heads (T above or not dividing them): their rows' gradient shares summed over the group.
 // Sequence parallelism (the residual stream's rows split over the group, gathered and
 // reduce-scattered at the regions' borders, the norms' weight gradients summed): the same checks,
-// with and without checkpointing, LoRA and replicated kv heads.
+// with and without checkpointing, LoRA and replicated kv heads. QLoRA: the same checks on an NF4
+// base whose modules each rank holds whole blocks of (the loss proves the dequantised slices are the
+// whole modules' values there).
 #include <catch2/catch.hpp>
 
 #include "model/llama.h"
@@ -48,6 +50,18 @@ pv::LlamaConfig model(int kv_heads, bool tied) {
     return c;
 }
 
+// QLoRA: every slice must hold whole 64-element NF4 blocks of its module (model/nf4_layout.h), so
+// the widths are multiples of 64 at 2 and 4 ranks: hidden 128, q width 8·32 = 256 (W_o's columns,
+// 64 a rank at 4), ffn 512 (W_down's columns, 128 a rank at 4). The modules span several nested
+// blocks of 256 absmaxes (W_down 1,024 blocks, W_o 512), so a row-parallel slice's blocks index
+// scales that are not its own.
+pv::LlamaConfig qlora_model(int kv_heads) {
+    pv::LlamaConfig c = model(kv_heads, false);
+    c.name = "tp-qlora-test";
+    c.hidden_size = 128, c.head_dim = 32, c.ffn_size = 512;
+    return c;
+}
+
 struct Run {
     double loss = 0;
     pv::Comm::Totals wire;  // the tensor-parallel group's collectives
@@ -71,11 +85,12 @@ void set_lora_b(pv::Llama<double>& m) {
 // Two micro-batches forward, then backward, gradients accumulated; tensor-parallel when comm is
 // given (T = its size), the whole model otherwise.
 Run run(const pv::LlamaConfig& c, pv::Comm* comm, const pv::ActivationCheckpointing& checkpointing,
-        const pv::LoraConfig& lora, bool sequence) {
+        const pv::LoraConfig& lora, bool sequence, bool nf4) {
     const int seq = sequence ? kSeqSequence : kSeq;
     pv::ModelOptions o = pv::whole_model(kBatch, seq, 17, pv::Gradients::owned, 2);
     o.checkpointing = checkpointing;
     o.lora = lora;
+    o.nf4 = nf4, o.double_quant = true;
     cudaStream_t stream = nullptr;
     if (comm) {
         o.placement.tensor = {comm->size(), comm->rank(), sequence};
@@ -125,12 +140,13 @@ Run run(const pv::LlamaConfig& c, pv::Comm* comm, const pv::ActivationCheckpoint
 }
 
 void check_against_whole(const pv::LlamaConfig& c, pv::Comm& comm, const pv::ActivationCheckpointing& ckpt,
-                         const pv::LoraConfig& lora = {}, bool sequence = false) {
-    const Run whole = run(c, nullptr, ckpt, lora, sequence);
-    const Run mine = run(c, &comm, ckpt, lora, sequence);
+                         const pv::LoraConfig& lora = {}, bool sequence = false, bool nf4 = false) {
+    const Run whole = run(c, nullptr, ckpt, lora, sequence, nf4);
+    const Run mine = run(c, &comm, ckpt, lora, sequence, nf4);
     INFO("T = " << comm.size() << ", rank " << comm.rank() << ", kv heads " << c.num_kv_heads
                 << (c.tie_embeddings ? ", tied" : ", untied") << (ckpt.enabled ? ", checkpointing" : "")
-                << (lora.enabled() ? ", LoRA with dropout" : "") << (sequence ? ", sequence parallelism" : ""));
+                << (lora.enabled() ? ", LoRA with dropout" : "") << (nf4 ? " on an NF4 base (QLoRA)" : "")
+                << (sequence ? ", sequence parallelism" : ""));
     // The group's collectives, as many and as large as the communication model says (parallel/
     // comm_cost.h), and as counted here by hand — all-reduces per block and micro-batch 2 + 2 of
     // rows·hidden, 1 more recomputed, and one per adapter (A of q/k/v and gate/up fused: P·r × C;
@@ -229,6 +245,16 @@ TEST_CASE("LoRA under tensor parallelism trains what it trains on one rank, drop
     check_against_whole(model(1, false), world.comm(), {}, lora);  // a replicated kv head's B
 }
 
+TEST_CASE("QLoRA under tensor parallelism trains what it trains on one rank: each module's NF4 blocks split",
+          "[tensor_parallel][lora][nf4]") {
+    pv::World world(nullptr, nullptr);
+    pv::LoraConfig lora;
+    lora.rank = 2, lora.alpha = 4, lora.dropout = 0.25;
+    check_against_whole(qlora_model(4), world.comm(), {}, lora, false, true);
+    // A replicated kv head at 4 ranks (two, each on two ranks), with checkpointing and sequence parallelism.
+    check_against_whole(qlora_model(2), world.comm(), pv::ActivationCheckpointing{true, 0}, lora, true, true);
+}
+
 TEST_CASE("sequence parallelism under tensor parallelism trains what one rank trains", "[tensor_parallel]") {
     pv::World world(nullptr, nullptr);
     pv::Comm& comm = world.comm();
@@ -257,7 +283,13 @@ TEST_CASE("tensor parallelism refuses what this build does not split", "[tensor_
     o.placement.tensor = {3, 0};
     CHECK_THROWS_WITH((pv::Llama<double>(c, o)),
                       Catch::Contains("3 does not divide the 8 query heads of tp-test; --tp can be 1, 2, 4, 8"));
+    // QLoRA: q_proj's 48 rows of 20 split 24 a rank at 2, 480 elements, cutting NF4's blocks of 64
+    // (4 and 8 ranks: 240 and 120).
     o.placement.tensor = {2, 0};
     o.lora.rank = 2, o.lora.alpha = 4, o.lora.targets = {"q_proj"}, o.nf4 = true;
-    CHECK_THROWS_WITH((pv::Llama<double>(c, o)), Catch::Contains("does not take an NF4 base (QLoRA)"));
+    CHECK_THROWS_WITH((pv::Llama<double>(c, o)),
+                      Catch::Contains("layers.0.w_qkv's slice of model.layers.0.self_attn.q_proj.weight (rows "
+                                      "[0, 24) of 48, 20 columns each) would cut the module's 64-element "
+                                      "quantisation blocks") &&
+                          Catch::Contains("--tp can be 1 with --quantize nf4"));
 }
