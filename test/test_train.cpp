@@ -1631,6 +1631,25 @@ TEST_CASE("train LoRA and QLoRA checkpoints resume across strategies and world s
             }
         }
     }
+    // A pre-quantised base (bitsandbytes' 4-bit layout: the QLoRA run's merged export) loads under
+    // tp 2 as each rank's slice of its modules' fields: QLoRA from it computes one rank's losses.
+    const Run exported = run_train("export " + dir.file("qfirst_zero3") + " --merged " + dir.file("qbnb") + " --quantized --dtype fp32");
+    INFO(exported.output);
+    REQUIRE(exported.status == 0);
+    const std::string from = " --init-from " + dir.file("qbnb") +
+                             " --lora-rank 4 --quantize nf4 --dtype fp64 --steps 3 --batch 4 --seq-len 16 --warmup 0 "
+                             "--lr 3e-3 --eval-interval 0 --sample-tokens 0 --out-dir ";
+    const Run one = run_train(from + dir.file("qbnb_one"));
+    INFO(one.output);
+    REQUIRE(one.status == 0);
+    const Run tp = run_mpi(2, train + from + dir.file("qbnb_tp") + " --parallel ddp --tp 2");
+    INFO(tp.output);
+    REQUIRE(tp.status == 0);
+    const auto want = metric_losses(fs::path(dir.file("qbnb_one")) / "metrics.jsonl");
+    const auto got = metric_losses(fs::path(dir.file("qbnb_tp")) / "metrics.jsonl");
+    REQUIRE(want.size() == 3);
+    REQUIRE(got.size() == 3);
+    for (const auto& [step, loss] : want) CHECK(std::abs(got.at(step) - loss) <= 1e-10 * std::abs(loss));
 }
 
 // The README's fine-tuning quickstart, its block taken from README.md and run as written
