@@ -121,6 +121,8 @@ double check_case(const Case& c, pv::Comm* comm, const char* dtype) {
     const int ranks = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
     pv::LlamaConfig config = pv::test::awkward_model(ranks, c.tied, c.chunks > 1 ? ranks * c.chunks : 2);
     if (c.tensor > 1) config.num_heads = 4, config.num_kv_heads = c.kv_heads, config.ffn_size = 34;  // 17 each of 2
+    // QLoRA under --tp 2: slices of whole NF4 blocks (o_proj 128 columns, 64 a rank; down_proj 256, 128).
+    if (c.tensor > 1 && c.variant == "qlora") config.hidden_size = 64, config.head_dim = 32, config.ffn_size = 256;
     pv::PlanRequest q;
     q.config = config, q.dtype = pv::dtype_of<T>(), q.groups = groups_of(c.variant);
     q.strategy.kind = pv::strategy_kind(c.strategy), q.strategy.in_flight = piped(c) ? c.microbatches : 0, q.strategy.pipeline = c.pipeline;
@@ -253,6 +255,8 @@ TEST_CASE("the memory planner equals the measured peaks of a real step", "[plann
     check_case<__nv_bfloat16, __nv_bfloat16>({"ddp", "frozen", true, 1, O::none, every, f1b1, 1, 0, 2}, comm, "bf16");
     check_case<float, float>({"ddp", "lora", true, 1, O::none, half, f1b1, 1, 0, 2}, comm, "fp32");
     check_case<double, double>({"ddp", "lora", false, 1, O::none, {}, f1b1, 1, 0, 2, 1}, comm, "fp64");  // kv replicated
+    // QLoRA: each rank's NF4 slots (its blocks' codes and absmaxes, its modules' nested scales whole).
+    check_case<__nv_bfloat16, __nv_bfloat16>({"ddp", "qlora", false, 1, O::none, every, f1b1, 1, 0, 2}, comm, "bf16");
     // Sequence parallelism: the residual stream, its gradients and the norms' statistics at N/T rows.
     check_case<__nv_bfloat16, __nv_bfloat16>({"ddp", "full", true, 1, O::none, {}, f1b1, 1, 0, 2, 2, true}, comm,
                                              "bf16");
