@@ -3,16 +3,20 @@
 // bitsandbytes 0.50.2 themselves (test/interop/make_bnb_checkpoint_fixtures.py): a tiny bf16 Llama
 // (dense/) and the 4-bit checkpoints save_pretrained wrote after loading it with double
 // quantisation (nf4_dq/) and without (nf4/). The expected slot bytes are built here from the files
-// as formats/safetensors.h's plain reader returns them, not through the loader under test.
+// as formats/safetensors.h's plain reader returns them, not through the loader under test. Last,
+// tensor parallelism's NF4 slices: each rank's slot, quantised whole and cut, dequantises to the
+// whole module's values at its elements (the kernel's block map).
 #include "formats/bnb_checkpoint.h"
 #include "formats/config_json.h"
 #include "model/llama.h"
+#include "model/tensor_parallel.h"
 #include "model/unit_loop.h"
 #include "test/check.h"
 #include "test/error_of.h"
 #include "test/temp_dir.h"
 #include "trainer/load.h"
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -131,6 +135,15 @@ void set_state(std::vector<pv::SafeTensor>& tensors, const std::string& weight, 
     text.replace(at, from.size(), to);
     s.data.assign(text.begin(), text.end());
     s.shape = {int64_t(text.size())};
+}
+
+// Random weights of n elements, each block of 64 scaled by 2^-6..2^6 (so the absmaxes, and the
+// nested scales over them, differ block to block).
+std::vector<float> scaled_values(long long n, uint64_t seed) {
+    std::vector<float> v = random_vector<float>(size_t(n), seed, -1.0, 1.0);
+    const std::vector<double> scales = random_vector<double>(size_t((n + 63) / 64), seed + 1, -6.0, 6.0);
+    for (long long i = 0; i < n; ++i) v[size_t(i)] = float(double(v[size_t(i)]) * std::exp2(std::round(scales[size_t(i / 64)])));
+    return v;
 }
 
 const std::string kQ = "model.layers.0.self_attn.q_proj.weight";
@@ -323,4 +336,63 @@ TEST_CASE("bitsandbytes checkpoints that the run cannot hold as they are are ref
         // Nothing was half-loaded: the checks come before any read, so the fixture still loads.
         load_base(m, kDir + "nf4_dq");
     }
+}
+
+// Tensor parallelism's slices (model/nf4_layout.h, Nf4BlockMap): each rank's slot of a block
+// linear, made by quantising the whole tensor and cutting out the slice's fields, dequantises to
+// exactly the whole tensor's dequantised values at the elements the slice holds (bits compared),
+// for blocks of rows (W_qkv, W_gate_up) and of columns (W_o, W_down, whose blocks index nested
+// scales spread over the whole module: 4 nested blocks for W_down), with and without double
+// quantisation, at 2 and 4 ranks. Random weights with block scales 2^-6..2^6; outputs poisoned.
+TEST_CASE("nf4: a tensor-parallel slice dequantises to the whole tensor's values at its elements", "[bnb][nf4]") {
+    pv::LlamaConfig c;
+    c.name = "qlora-test";
+    c.vocab_size = 37, c.hidden_size = 128, c.num_layers = 1, c.num_heads = 8, c.num_kv_heads = 4;
+    c.head_dim = 32, c.ffn_size = 512, c.max_seq_len = 16;
+    pv::LoraConfig lora;
+    lora.rank = 2, lora.alpha = 4;
+    const pv::UnitSpec whole_block = pv::model_units(c, lora).at(1);
+    for (bool dq : {true, false})
+        for (const pv::TensorSpec& w : whole_block.tensors) {
+            if (w.name.find("lora") != std::string::npos || w.name.find("norm") != std::string::npos) continue;
+            const std::vector<float> values = scaled_values(w.numel(), 40 + w.id);
+            const DeviceArray<float> x(values);
+            DeviceArray<uint8_t> whole_slot(size_t(pv::nf4_slot_bytes(w, dq)));
+            pv::nf4_quantize_slot(w, dq, x.get(), whole_slot.get(), nullptr);
+            DeviceArray<float> whole_out(size_t(w.numel()));
+            pv::nf4_dequantize_slot(pv::nf4_part_fields(w, dq), dq, w.cols, whole_slot.get(), whole_out.get(), nullptr);
+            const std::vector<float> want = whole_out.download();
+            for (int t : {2, 4})
+                for (int r = 0; r < t; ++r) {
+                    INFO(w.name << ", T = " << t << ", rank " << r << (dq ? ", double quantisation" : ""));
+                    pv::TensorSpec s;
+                    const std::vector<pv::UnitSpec> units = pv::tensor_parallel_units(c, lora, {t, r});
+                    for (const pv::TensorSpec& x : units.at(1).tensors)
+                        if (x.name == w.name) s = x;
+                    REQUIRE(!s.slice.whole());
+                    DeviceArray<uint8_t> slot(size_t(pv::nf4_slot_bytes(s, dq)));
+                    pv::nf4_quantize_slice_slot(s, dq, x.get(), slot.get(), nullptr);
+                    DeviceArray<float> out(size_t(s.numel()));
+                    pv::nf4_dequantize_slot(pv::nf4_part_fields(s, dq), dq, s.cols, slot.get(), out.get(), nullptr);
+                    const std::vector<float> got = out.download();
+                    long long bad = -1;
+                    for (long long i = 0; i < s.numel() && bad < 0; ++i)
+                        if (std::memcmp(&got[size_t(i)], &want[size_t(s.whole_index(i))], sizeof(float)) != 0) bad = i;
+                    CHECK(bad == -1);
+                }
+        }
+    // Rank 1 of 2 holds down_proj's columns [256, 512) of 512: per row 4 blocks from block 4 of 8.
+    pv::TensorSpec down;
+    const std::vector<pv::UnitSpec> units = pv::tensor_parallel_units(c, lora, {2, 1});
+    for (const pv::TensorSpec& x : units.at(1).tensors)
+        if (x.name == "layers.0.w_down") down = x;
+    DeviceArray<uint8_t> slot(size_t(pv::nf4_slot_bytes(down, true)));
+    const pv::Nf4Tensor view = pv::nf4_part(slot.get(), pv::nf4_part_fields(down, true).at(0), true);
+    CHECK((view.blocks.first == 4 && view.blocks.run == 4 && view.blocks.stride == 8));
+    CHECK(view.blocks.whole_block(5) == 8 + 4 + 1);
+    // A slice is never quantised on its own: its statistics are the whole module's.
+    const DeviceArray<float> x(scaled_values(down.numel(), 7));
+    DeviceArray<uint8_t> scratch(pv::nf4_quantize_scratch_bytes(down.numel(), true));
+    CHECK_THROWS_WITH(pv::nf4_quantize(x.get(), down.numel(), view, scratch.get(), nullptr),
+                      Catch::Contains("is a slice of a larger tensor; quantise the whole tensor"));
 }
