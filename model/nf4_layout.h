@@ -37,6 +37,10 @@ namespace pv {
 
 inline constexpr long long kNf4FieldAlignment = 256;  // bytes
 
+// The block linears --quantize nf4 stores in NF4 (bitsandbytes' Linear4bit layers), by the
+// polevault name after "layers.<l>.".
+inline constexpr const char* kNf4Linears[] = {"w_qkv", "w_o", "w_gate_up", "w_down"};
+
 // One part's fields: byte offsets from the start of its tensor's slot, and its element count.
 // A slice's part (kernels/nf4.cuh Nf4BlockMap): local block j is block
 // block_first + (j / block_run)·block_stride + j % block_run of the whole module; block_run = 0
@@ -55,7 +59,7 @@ struct Nf4PartFields {
 std::vector<Nf4PartFields> nf4_part_fields(const TensorSpec& spec, bool double_quant);
 
 // The slot of `slice` (nf4_slot_bytes(slice) bytes at `out`, zeroed by the caller) from the slot
-// of the whole tensor it is a slice of (`whole`, whole_tensor_spec(slice), at `whole_slot`): each
+// of the whole tensor it is a slice of (`whole`, slice.whole_tensor(), at `whole_slot`): each
 // part's codes and absmaxes of the blocks the slice covers, its nested scales and offset whole.
 void nf4_slice_fields(const TensorSpec& whole, const TensorSpec& slice, bool double_quant, const uint8_t* whole_slot,
                       uint8_t* out);

@@ -156,7 +156,7 @@ std::vector<std::vector<GroupLayout>> model_layouts(const LlamaConfig& config, D
             throw std::invalid_argument(
                 "NF4 quantisation stores a frozen base: it needs LoRA adapters to train (--lora-rank)");
         for (int l = 0; l < config.num_layers; ++l)
-            for (const char* t : {"w_qkv", "w_o", "w_gate_up", "w_down"})
+            for (const char* t : kNf4Linears)
                 quantized.insert("layers." + std::to_string(l) + "." + t);
         check_nf4_tensor_parallel(config, o.lora, o.tensor.size);
     }

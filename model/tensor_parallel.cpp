@@ -89,10 +89,10 @@ namespace {
 std::string nf4_split_problem(const LlamaConfig& c, const LoraConfig& lora, int t) {
     if (!tensor_parallel_fits(c, t)) return "tensor parallelism over " + std::to_string(t) + " ranks does not fit";
     const std::string block = "layers.0.";
-    for (int r = 0; r < t; ++r) {  // every block is split alike: the first one's linears (model_layouts' NF4 ones)
+    for (int r = 0; r < t; ++r) {  // every block is split alike: the first one's NF4 linears
         const std::vector<UnitSpec> units = tensor_parallel_units(c, lora, TensorParallel{t, r});
         for (const TensorSpec& s : units.at(1).tensors)
-            for (const char* linear : {"w_qkv", "w_o", "w_gate_up", "w_down"})
+            for (const char* linear : kNf4Linears)
                 if (s.name == block + linear) try {
                         nf4_part_fields(s, true);
                     } catch (const std::invalid_argument& e) {
