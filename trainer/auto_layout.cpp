@@ -21,11 +21,9 @@ bool given(const OptionSources& sources, const char* key) {
 Interconnect interconnect_of(const TrainOptions& o, int ranks_per_node) {
     Interconnect link;
     link.gpus_per_node = o.gpus_per_node > 0 ? o.gpus_per_node : ranks_per_node > 0 ? ranks_per_node : 8;
-    if (o.intra_node_gbs > 0) link.intra_node = o.intra_node_gbs * 1e9;
     if (o.interconnect == "slow") link.inter_node = 12.5e9 * 0.7;  // 100 Gb/s Ethernet at 0.7
-    if (o.inter_node_gbs > 0) link.inter_node = o.inter_node_gbs * 1e9;
-    if (o.pcie_gbs > 0) link.pcie = o.pcie_gbs * 1e9;
-    if (o.host_memory_gbs > 0) link.host_memory = o.host_memory_gbs * 1e9;
+    for (const LinkRateFlag& f : kLinkRateFlags)  // after --interconnect: a stated rate overrides it
+        if (o.*f.option > 0) link.*f.rate = o.*f.option * 1e9;
     return link;
 }
 

@@ -6,6 +6,7 @@
 
 #include "data/chat.h"
 #include "parallel/planner.h"
+#include "trainer/auto_layout.h"
 #include "trainer/option_rules.h"
 #include "trainer/run_file.h"
 
@@ -276,21 +277,9 @@ void add_train_flags(CLI::App& app, TrainOptions& o, std::string* run_file = nul
                    "For --parallel auto's layout search: GPUs per node, a tensor-parallel group staying in one (0: "
                    "the fewest ranks mpirun put on a node; train plan: 8)")
         ->check(number_check(whole_number(0, 1024)));
-    app.add_option("--intra-node-gbs", o.intra_node_gbs,
-                   "For --parallel auto's layout search: GB/s a collective or a send reaches between two GPUs of a "
-                   "node (0: NVLink 4, 450 at 0.7 = 315)")
-        ->check(number_check(real_number(0, 1e6)));
-    app.add_option("--inter-node-gbs", o.inter_node_gbs,
-                   "For --parallel auto's layout search: GB/s per GPU between nodes (0: --interconnect's figure)")
-        ->check(number_check(real_number(0, 1e6)));
-    app.add_option("--pcie-gbs", o.pcie_gbs,
-                   "For --parallel auto's layout search: GB/s between a GPU and its host, for offload's copies (0: "
-                   "PCIe 5.0 x16, 64 at 0.7)")
-        ->check(number_check(real_number(0, 1e6)));
-    app.add_option("--host-memory-gbs", o.host_memory_gbs,
-                   "For --parallel auto's layout search: GB/s of a node's host memory for the offloaded update, "
-                   "shared by its ranks (0: 17, measured on a 16-core H100 host)")
-        ->check(number_check(real_number(0, 1e6)));
+    for (const LinkRateFlag& f : kLinkRateFlags)
+        app.add_option(f.flag, o.*f.option, std::string("For --parallel auto's layout search: ") + f.help)
+            ->check(number_check(real_number(0, 1e6)));
     std::string gpus;
     for (const std::string& g : gpu_names()) gpus += (gpus.empty() ? "" : ", ") + g;
     app.add_option("--gpu-memory", o.gpu_memory,
