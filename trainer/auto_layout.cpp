@@ -22,8 +22,7 @@ Interconnect interconnect_of(const TrainOptions& o, int ranks_per_node) {
     Interconnect link;
     link.gpus_per_node = o.gpus_per_node > 0 ? o.gpus_per_node : ranks_per_node > 0 ? ranks_per_node : 8;
     if (o.interconnect == "slow") link.inter_node = 12.5e9 * 0.7;  // 100 Gb/s Ethernet at 0.7
-    for (const LinkRateFlag& f : kLinkRateFlags)  // after --interconnect: a stated rate overrides it
-        if (o.*f.option > 0) link.*f.rate = o.*f.option * 1e9;
+    apply_link_rate_flags(o, link);  // after --interconnect: a stated rate overrides it
     return link;
 }
 

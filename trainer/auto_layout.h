@@ -20,27 +20,6 @@ namespace pv {
 // nodes, 12.5 GB/s at 0.7).
 Interconnect interconnect_of(const TrainOptions& o, int ranks_per_node);
 
-// The rates of the search's Interconnect a flag can state, in GB/s (0 keeps the figure above): one
-// row per flag, which trainer/options.cpp registers and interconnect_of applies. In this header,
-// not in auto_layout.cpp, because the fuzz build links options.o without the search.
-struct LinkRateFlag {
-    const char* flag;
-    double TrainOptions::*option;
-    double Interconnect::*rate;  // bytes/s
-    const char* help;
-};
-inline constexpr LinkRateFlag kLinkRateFlags[] = {
-    {"--intra-node-gbs", &TrainOptions::intra_node_gbs, &Interconnect::intra_node,
-     "GB/s a collective or a send reaches between two GPUs of a node (0: NVLink 4, 450 at 0.7 = 315)"},
-    {"--inter-node-gbs", &TrainOptions::inter_node_gbs, &Interconnect::inter_node,
-     "GB/s per GPU between nodes (0: --interconnect's figure)"},
-    {"--pcie-gbs", &TrainOptions::pcie_gbs, &Interconnect::pcie,
-     "GB/s between a GPU and its host, for offload's copies (0: PCIe 5.0 x16, 64 at 0.7)"},
-    {"--host-memory-gbs", &TrainOptions::host_memory_gbs, &Interconnect::host_memory,
-     "GB/s of a node's host memory for the offloaded update, shared by its ranks (0: 17, measured on a "
-     "16-core H100 host)"},
-};
-
 // The search for a run of `ranks`: `run` the plan of the resolved options `o` (the model, groups,
 // sequence length, sample, schedule), `flags` and `sources` what the user gave (what stays fixed).
 SearchRequest layout_search_request(const TrainOptions& o, const TrainOptions& flags, const OptionSources& sources,

@@ -6,7 +6,7 @@
 
 #include "data/chat.h"
 #include "parallel/planner.h"
-#include "trainer/auto_layout.h"
+#include "parallel/layout_search.h"
 #include "trainer/option_rules.h"
 #include "trainer/run_file.h"
 
@@ -24,6 +24,37 @@
 #include <stdexcept>
 
 namespace pv {
+
+namespace {
+
+// The rates of the layout search's Interconnect a flag can state, in GB/s (0 keeps its figure):
+// one row per flag, registered below and applied by apply_link_rate_flags. Here, not in a header
+// that nvcc's translation units include: nvcc's front end writes a pointer-to-member declaration
+// back with parentheses that g++ then warns about.
+struct LinkRateFlag {
+    const char* flag;
+    double TrainOptions::*option;
+    double Interconnect::*rate;  // bytes/s
+    const char* help;
+};
+constexpr LinkRateFlag kLinkRateFlags[] = {
+    {"--intra-node-gbs", &TrainOptions::intra_node_gbs, &Interconnect::intra_node,
+     "GB/s a collective or a send reaches between two GPUs of a node (0: NVLink 4, 450 at 0.7 = 315)"},
+    {"--inter-node-gbs", &TrainOptions::inter_node_gbs, &Interconnect::inter_node,
+     "GB/s per GPU between nodes (0: --interconnect's figure)"},
+    {"--pcie-gbs", &TrainOptions::pcie_gbs, &Interconnect::pcie,
+     "GB/s between a GPU and its host, for offload's copies (0: PCIe 5.0 x16, 64 at 0.7)"},
+    {"--host-memory-gbs", &TrainOptions::host_memory_gbs, &Interconnect::host_memory,
+     "GB/s of a node's host memory for the offloaded update, shared by its ranks (0: 17, measured on a "
+     "16-core H100 host)"},
+};
+
+}  // namespace
+
+void apply_link_rate_flags(const TrainOptions& o, Interconnect& link) {
+    for (const LinkRateFlag& f : kLinkRateFlags)
+        if (o.*f.option > 0) link.*f.rate = o.*f.option * 1e9;
+}
 
 // Every training option as JSON (trainer_state.json, the run file's keys), each key its field's
 // name, a key missing (an older checkpoint) read as the default. Written out rather than with

@@ -32,6 +32,8 @@
 
 namespace pv {
 
+struct Interconnect;  // parallel/layout_search.h
+
 struct TrainOptions {
     // Model and data.
     std::string preset;     // a model preset; empty: the built-in default model sized to the tokenizer
@@ -244,6 +246,9 @@ LoraConfig lora_config(const TrainOptions& o);
 StrategyOptions strategy_options(const TrainOptions& o, int ranks);
 // The activation checkpointing among them, checked (std::invalid_argument naming the flag).
 ActivationCheckpointing activation_checkpointing(const TrainOptions& o);
+// The link rates among them (--intra-node-gbs, --inter-node-gbs, --pcie-gbs, --host-memory-gbs;
+// 0 keeps the figure) written into the layout search's machine.
+void apply_link_rate_flags(const TrainOptions& o, Interconnect& link);
 
 // "--flag: old -> new" for every option that differs, for reporting overrides on resume.
 std::vector<std::string> train_options_diff(const TrainOptions& before, const TrainOptions& after);
