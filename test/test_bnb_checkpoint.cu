@@ -13,6 +13,7 @@
 #include "model/unit_loop.h"
 #include "test/check.h"
 #include "test/error_of.h"
+#include "test/nf4_values.h"
 #include "test/temp_dir.h"
 #include "trainer/load.h"
 
@@ -135,15 +136,6 @@ void set_state(std::vector<pv::SafeTensor>& tensors, const std::string& weight, 
     text.replace(at, from.size(), to);
     s.data.assign(text.begin(), text.end());
     s.shape = {int64_t(text.size())};
-}
-
-// Random weights of n elements, each block of 64 scaled by 2^-6..2^6 (so the absmaxes, and the
-// nested scales over them, differ block to block).
-std::vector<float> scaled_values(long long n, uint64_t seed) {
-    std::vector<float> v = random_vector<float>(size_t(n), seed, -1.0, 1.0);
-    const std::vector<double> scales = random_vector<double>(size_t((n + 63) / 64), seed + 1, -6.0, 6.0);
-    for (long long i = 0; i < n; ++i) v[size_t(i)] = float(double(v[size_t(i)]) * std::exp2(std::round(scales[size_t(i / 64)])));
-    return v;
 }
 
 const std::string kQ = "model.layers.0.self_attn.q_proj.weight";
@@ -343,7 +335,7 @@ TEST_CASE("bitsandbytes checkpoints that the run cannot hold as they are are ref
 // exactly the whole tensor's dequantised values at the elements the slice holds (bits compared),
 // for blocks of rows (W_qkv, W_gate_up) and of columns (W_o, W_down, whose blocks index nested
 // scales spread over the whole module: 4 nested blocks for W_down), with and without double
-// quantisation, at 2 and 4 ranks. Random weights with block scales 2^-6..2^6; outputs poisoned.
+// quantisation, at 2 and 4 ranks. Random weights with block scales 2^-6..2^6 and a zero block (test/nf4_values.h); outputs poisoned.
 TEST_CASE("nf4: a tensor-parallel slice dequantises to the whole tensor's values at its elements", "[bnb][nf4]") {
     pv::LlamaConfig c;
     c.name = "qlora-test";
@@ -355,7 +347,7 @@ TEST_CASE("nf4: a tensor-parallel slice dequantises to the whole tensor's values
     for (bool dq : {true, false})
         for (const pv::TensorSpec& w : whole_block.tensors) {
             if (w.name.find("lora") != std::string::npos || w.name.find("norm") != std::string::npos) continue;
-            const std::vector<float> values = scaled_values(w.numel(), 40 + w.id);
+            const std::vector<float> values = nf4_awkward_values<float>(w.numel(), 40 + w.id);
             const DeviceArray<float> x(values);
             DeviceArray<uint8_t> whole_slot(size_t(pv::nf4_slot_bytes(w, dq)));
             pv::nf4_quantize_slot(w, dq, x.get(), whole_slot.get(), nullptr);
@@ -391,7 +383,7 @@ TEST_CASE("nf4: a tensor-parallel slice dequantises to the whole tensor's values
     CHECK((view.blocks.first == 4 && view.blocks.run == 4 && view.blocks.stride == 8));
     CHECK(view.blocks.whole_block(5) == 8 + 4 + 1);
     // A slice is never quantised on its own: its statistics are the whole module's.
-    const DeviceArray<float> x(scaled_values(down.numel(), 7));
+    const DeviceArray<float> x(nf4_awkward_values<float>(down.numel(), 7));
     DeviceArray<uint8_t> scratch(pv::nf4_quantize_scratch_bytes(down.numel(), true));
     CHECK_THROWS_WITH(pv::nf4_quantize(x.get(), down.numel(), view, scratch.get(), nullptr),
                       Catch::Contains("is a slice of a larger tensor; quantise the whole tensor"));

@@ -13,6 +13,7 @@
 #include "formats/safetensors.h"
 #include "kernels/nf4.cuh"
 #include "test/check.h"
+#include "test/nf4_values.h"
 #include "test/reference/nf4_reference.h"
 
 #include <algorithm>
@@ -356,21 +357,9 @@ void check_fixture(const pv::SafeTensorsFile& f) {
     }
 }
 
-// Random values of awkward sizes: each block at its own scale, some blocks all zero.
-template <class T>
-std::vector<T> awkward_values(long long n, uint64_t seed) {
-    auto v = random_vector<T>(size_t(n), seed, -1.0, 1.0);
-    const auto scales = random_vector<double>(size_t(pv::nf4_blocks(n)), seed + 1, -6.0, 6.0);
-    for (long long i = 0; i < n; ++i)
-        v[size_t(i)] = T(as_double(v[size_t(i)]) * std::exp2(std::round(scales[size_t(i / 64)])));
-    if (n > 200)
-        for (long long i = 128; i < 192; ++i) v[size_t(i)] = T(0.0);  // block 2
-    return v;
-}
-
 template <class T>
 void check_against_oracle(long long n, uint64_t seed) {
-    const auto input = awkward_values<T>(n, seed);
+    const auto input = nf4_awkward_values<T>(n, seed);
     std::vector<float> x(input.size());
     std::transform(input.begin(), input.end(), x.begin(), to_float<T>);
     const DeviceArray<T> d_x(input);

@@ -5,8 +5,8 @@
 #include "trainer/options.h"
 
 #include "data/chat.h"
-#include "parallel/planner.h"
 #include "parallel/layout_search.h"
+#include "parallel/planner.h"
 #include "trainer/option_rules.h"
 #include "trainer/run_file.h"
 
