@@ -230,25 +230,34 @@ MPI_TEST_BINS := $(patsubst test/mpi/%.cu,$(BUILD)/test/mpi/%,$(wildcard test/mp
 # schedule repeats assertions already made; `make test-full` (FULL=1) runs every suite under every
 # schedule, and the multi-rank suites at 2 and 4 ranks under each (docs/testing.md, "Which schedules
 # each suite meets" lists it).
-#   host   test_model, test_mpi_parallel at 2 ranks and test_train: random+deferred (the order
+#   host   test_model and test_train: random+deferred (the order
 #          that finds the most: threads and blocks shuffled, streams deferred item by item);
 #          test_failures and test_learning (the program's behaviour on bad input, signals, full
 #          disks; a model must learn): in-order; every multi-rank suite at 4 ranks:
-#          random+deferred.
+#          random+deferred; the plain C++ suites that start no `train` program (file formats,
+#          tokenizers, options, the planner's arithmetic: SCHEDULE_FREE_BINS) once, in-order: they
+#          launch no kernel and create no stream, so a schedule changes nothing they run.
 #   asan   every suite under random+deferred, the schedule that exposes lifetime bugs (a buffer
 #          freed or reused before a stream has run the work that reads it); multi-rank suites at
 #          2 ranks; test_learning (all [learning]) not at all.
 #   cuda   every suite once (a GPU has no schedules).
 RD := random+deferred
 under = $(foreach l,$(2),$(l)@$(1))
+SCHEDULE_FREE_BINS := $(patsubst test/%.cpp,$(BUILD)/test/%,$(shell grep -LE 'train_runner\.h|build_dir\(\)' test/test_*.cpp))
 HOST_SCHEDULES_OF = $(strip \
-  $(if $(filter $(1),$(BUILD)/test/test_model mpi:2:$(BUILD)/test/mpi/test_mpi_parallel),$(RD)) \
+  $(if $(filter $(1),$(BUILD)/test/test_model),$(RD)) \
+  $(if $(filter $(1),$(SCHEDULE_FREE_BINS)),in-order) \
   $(if $(filter $(BUILD)/test/test_train%,$(1)),$(RD)) \
   $(if $(filter $(BUILD)/test/test_failures% $(BUILD)/test/test_learning,$(1)),in-order) \
   $(if $(filter mpi:4:%,$(1)),$(RD)))
 runs_of = $(or $(call under,$(1),$(2)),$(1))
 MPI_TEST_RANKS := $(if $(filter asan,$(FLAVOUR)),2,2 4)
 MPI_TEST_SPECS := $(foreach n,$(MPI_TEST_RANKS),$(addprefix mpi:$(n):,$(MPI_TEST_BINS)))
+# test_mpi_parallel at 2 ranks is make test-asan's (every case, under random+deferred, as here,
+# with the sanitizers); make test runs it at 4 ranks, and test-full at 2 as well.
+ifeq ($(FULL)$(FLAVOUR),host)
+  MPI_TEST_SPECS := $(filter-out mpi:2:$(BUILD)/test/mpi/test_mpi_parallel,$(MPI_TEST_SPECS))
+endif
 ONE_RANK_BINS := $(if $(filter asan,$(FLAVOUR)),$(filter-out $(BUILD)/test/test_learning,$(TEST_BINS)),$(TEST_BINS))
 # The runner runs TEST_JOBS suites at once (default: one per core), the slowest first, except
 # what involves time, which runs alone (--alone): the stall watchdog (test_collective_watch), the
@@ -446,8 +455,11 @@ $(PRODUCT_LIB): $(if $(filter tsan,$(FLAVOUR)),$(TSAN_PRODUCT_OBJS),$(PRODUCT_OB
 # binary under mpirun (the strategies themselves run under ASan in test/mpi/) and the [heavy]
 # cases: the whole-model gradient check (numerics: the same forward and backward run under ASan in
 # the other test_model cases), the tokenizer goldens on all of tinyshakespeare (the same code
-# runs under ASan on its slices) and test_train's same-seed determinism (three plain runs: the
-# tiny run's code path, which runs under ASan). Hidden tests ([.], the planted bugs' child runs)
+# runs under ASan on its slices), test_train's same-seed determinism (three plain runs: the
+# tiny run's code path, which runs under ASan) and its `train plan` case (the planner's figures
+# against the device's accounting, and its search: that code runs under ASan in test_plan,
+# test_layout_search and test_mpi_planner, and the default model's training in every train run
+# there). Hidden tests ([.], the planted bugs' child runs)
 # are excluded explicitly: Catch2 v2 runs hidden tests under a filter made only of exclusions.
 ifeq ($(BACKEND),cuda)
   TEST_FILTER := ~[.]~[host-only]~[asan]~[tsan]
