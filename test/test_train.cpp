@@ -712,9 +712,9 @@ void check_f64_tensors_close(const fs::path& got, const fs::path& want, double r
 // DESIGN.md §3: checkpoints hold whole, unpadded tensors, so a run saved by any strategy at N ranks
 // resumes with any strategy at M ranks and continues the same training (fp64: to 1e-10 of a run
 // that never stopped, on one rank). Each chain stops and resumes its 8 steps under each
-// strategy in turn, and each strategy loads a checkpoint another saved and saves one another loads
-// (or the final weights), somewhere in the chains: zero3 at 4 ranks, ddp at 2, the pipeline over 4
-// ranks (the default model's 6 units, 4 micro-batches in flight) and zero2 at 2; 4 interleaved stages over 2 ranks and GPipe; hybrid zero3 (2 groups of 2 ranks, its
+// strategy in turn (every segment after the first loads what the one before it saved): zero3 at 4
+// ranks, ddp at 2, the pipeline over 4 ranks (the default model's 6 units, 4 micro-batches in
+// flight) and zero2 at 2; 4 interleaved stages over 2 ranks and GPipe; hybrid zero3 (2 groups of 2 ranks, its
 // checkpoint gathered within rank 0's group), one rank, and two stages under hybrid zero3 (2
 // replicas of 1 shard); two stages each under zero1 over 2 ranks, one rank, and zero3 over 4;
 // tensor parallelism (--tp 2) with sequence parallelism at 2 ranks, one rank (which drops both),
