@@ -83,6 +83,11 @@ std::recursive_mutex streams_mutex;
 CUstream_st legacy_stream;      // the NULL stream (and cudaStreamLegacy)
 CUstream_st per_thread_stream;  // cudaStreamPerThread: one shared stand-in, blocking
 std::set<cudaStream_t> live_streams;
+// The live streams in creation order: what the executor and the implicit-synchronisation rules
+// iterate. Iterating live_streams (ordered by address) would make the executor's choices depend
+// on where the heap put each stream, which can change from run to run (the allocations Open MPI
+// makes while messages arrive move it), so a seed would not name one interleaving.
+std::vector<cudaStream_t> streams_in_creation_order;
 std::set<cudaEvent_t> live_events;
 Rng executor_rng(mix_seed(schedule().seed, 0x5354524541ull));  // "STREA"
 
@@ -135,7 +140,7 @@ void run_until(Done done) {
         candidates.clear();
         for (CUstream_st* s : {&legacy_stream, &per_thread_stream})
             if (ready(*s)) candidates.push_back(s);
-        for (cudaStream_t s : live_streams)
+        for (cudaStream_t s : streams_in_creation_order)
             if (ready(*s)) candidates.push_back(s);
         if (candidates.empty()) {
             std::fprintf(stderr, "polevault host: deferred streams cannot make progress (internal error)\n");
@@ -152,7 +157,7 @@ bool stream_idle(const CUstream_st& s) { return s.queue.empty(); }
 
 bool all_idle() {
     if (!legacy_stream.queue.empty() || !per_thread_stream.queue.empty()) return false;
-    for (cudaStream_t s : live_streams)
+    for (cudaStream_t s : streams_in_creation_order)
         if (!s->queue.empty()) return false;
     return true;
 }
@@ -165,7 +170,7 @@ Item enqueue(CUstream_st* s, std::function<void()> work, std::vector<Item> deps 
     if (s == &legacy_stream) {
         // The legacy stream waits for all earlier work of blocking streams ...
         if (pending(per_thread_stream.last)) item->deps.push_back(per_thread_stream.last);
-        for (cudaStream_t o : live_streams)
+        for (cudaStream_t o : streams_in_creation_order)
             if (o->blocking() && pending(o->last)) item->deps.push_back(o->last);
     } else if (s->blocking() && pending(legacy_stream.last)) {
         // ... and blocking streams wait for earlier work of the legacy stream.
@@ -232,6 +237,7 @@ extern "C" cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsign
     *stream = new CUstream_st{flags, priority, {}, nullptr};
     std::lock_guard lock(streams_mutex);
     live_streams.insert(*stream);
+    streams_in_creation_order.push_back(*stream);
     return cudaSuccess;
 }
 // An H100's range: 0 (the default, least) to −5 (greatest); lower numbers run first. The host
@@ -258,6 +264,8 @@ extern "C" cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     // CUDA lets queued work finish after the handle is gone; running it now keeps that promise.
     if (deferred_mode()) run_until([&] { return stream_idle(*stream); });
     live_streams.erase(stream);
+    streams_in_creation_order.erase(
+        std::find(streams_in_creation_order.begin(), streams_in_creation_order.end(), stream));
     delete stream;
     return cudaSuccess;
 }

@@ -174,5 +174,17 @@ if [[ ${#runs[@]} -gt 1 ]]; then
   echo "slowest runs (of ${#runs[@]}, ${total_s}s in all, up to $jobs at once):"
   cat "$results"/*.count | cut -d' ' -f3- | sort -t$'\t' -k1,1nr | head -n 10 | awk -F'\t' '{printf "  %5ds  %s\n", $1, $2}'
 fi
+# The failures once more, briefly, just above the closing line: a log read from its end (a CI
+# page that keeps only the tail) still names the failed assertion, not only the failed binary.
+if (( total_failed > 0 )); then
+  echo "failures (each failed run's first failed assertions; its whole output is above):"
+  for f in "$results"/*.count; do
+    [[ -f $f ]] || continue
+    read -r _ fl _ name < "$f"
+    (( fl > 0 )) || continue
+    echo "  == $name"
+    grep -a -E -A8 'FAILED:|TIMED OUT|^rank [0-9]+: |aborting the MPI job' "${f%.count}.out" | head -n 60 | sed 's/^/     /'
+  done
+fi
 echo "$total_passed passed, $total_failed failed"
 [[ $total_failed -eq 0 ]]
