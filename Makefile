@@ -506,9 +506,8 @@ test-full:
 	@$(MAKE) --no-print-directory FULL=1 test
 comma := ,
 
-# (A 2-rank suite under ASan takes up to two minutes on two busy cores: its timeout is longer.)
 test-asan:
-	@MPI_TEST_TIMEOUT=$${MPI_TEST_TIMEOUT:-300} $(MAKE) --no-print-directory SANITIZE=address test
+	@$(MAKE) --no-print-directory SANITIZE=address test
 
 test-tsan:
 	@$(MAKE) --no-print-directory SANITIZE=thread tsan-suite
