@@ -1,7 +1,7 @@
 // The parallel strategies against one rank (DESIGN.md §5 "Parity", "Counting"), in-process under
-// `mpirun -np 2` and `-np 4`: every rank runs the strategy on the world communicator and, beside
-// it, the single-rank reference on a communicator of its own (split off the world), on the same
-// global batches. The model is the awkward case: GQA (3 query heads per KV head), tied
+// `mpirun -np 2` and `-np 4`: every rank runs the strategy on the world communicator, and rank 0
+// the single-rank reference, on the same global batches, which it sends every rank
+// (train_single_once). The model is the awkward case: GQA (3 query heads per KV head), tied
 // embeddings, odd sizes (hidden 33, attention width 3 × 10, ffn 35) and vocab 4N + 1 so no group divides by
 // the world size without padding, accumulation 2, and ignored targets spread unevenly over ranks
 // (some ranks' micro-batches are mostly ignored). Model parallelism (mp) runs the whole global
@@ -22,7 +22,10 @@
 #include "parallel/world.h"
 #include "test/mpi/awkward_model.h"
 
+#include <mpi.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <array>
@@ -31,6 +34,7 @@
 #include <set>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -169,9 +173,10 @@ int pipeline_slots(const Options& o, int p, int r) {
 
 // Trains kSteps steps of the global batch (kMicro × accumulation × world_ranks sequences) with
 // `strategy` ("single", "ddp", "zero1", "zero2", "zero3", "mp") on `comm` (null: single on one
-// rank, all of the batch). Data-parallel ranks take slice r of the batch; mp stages all of it.
+// rank, all of the batch) on this rank. Data-parallel ranks take slice r of the batch; mp stages
+// all of it.
 template <class T, class G = T>
-RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Options opt = {}) {
+RunResult train_here(const std::string& strategy, pv::Comm* comm, int world_ranks, Options opt) {
     pv::Comm::keep_records(true);  // the per-call records this suite reads
     const pv::LlamaConfig config = awkward_model(world_ranks, opt.tied, layers_of(opt, world_ranks));
     const int ranks = comm ? comm->size() : 1, rank = comm ? comm->rank() : 0;
@@ -275,6 +280,97 @@ RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Op
             r.peak[size_t(c)] = double(after.peak[size_t(c)]) - double(before.current[size_t(c)]);
     }
     return r;
+}
+
+// A RunResult of a single-rank run (no collectives: no per-step records, schedule or logs) as
+// bytes, and back.
+class Packer {
+  public:
+    template <class X>
+    void put(const X& x) {
+        static_assert(std::is_trivially_copyable_v<X>);
+        const auto* p = reinterpret_cast<const char*>(&x);
+        bytes.insert(bytes.end(), p, p + sizeof(X));
+    }
+    template <class X>
+    void put(const std::vector<X>& v) {
+        put(v.size());
+        for (const X& x : v) put(x);
+    }
+    void put(const std::string& text) { put(std::vector<char>(text.begin(), text.end())); }
+    template <class X>
+    void get(X& x) {
+        static_assert(std::is_trivially_copyable_v<X>);
+        std::memcpy(&x, bytes.data() + at, sizeof(X));
+        at += sizeof(X);
+    }
+    template <class X>
+    void get(std::vector<X>& v) {
+        size_t n = 0;
+        get(n);
+        v.resize(n);
+        for (X& x : v) get(x);
+    }
+    void get(std::string& text) {
+        std::vector<char> chars;
+        get(chars);
+        text.assign(chars.begin(), chars.end());
+    }
+    std::vector<char> bytes;
+    size_t at = 0;
+};
+
+// The single-rank run, made once: world rank 0 trains and broadcasts what it got. Every rank would
+// compute the same bits (the same batches, seeds and code), and the reference is all of the batch
+// on one rank: most of a test case's work at 4 ranks, where each strategy's rank has a quarter.
+template <class T, class G>
+RunResult train_single_once(int world_ranks, const Options& opt) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    RunResult r;
+    Packer p;
+    if (rank == 0) {
+        r = train_here<T, G>("single", nullptr, world_ranks, opt);
+        REQUIRE((r.per_step.empty() && r.per_comm.empty() && r.logs.empty() && r.schedule.empty()));
+        p.put(r.losses), p.put(r.stages), p.put(r.psi), p.put(r.psi_frozen), p.put(r.padded);
+        p.put(r.unit_padded), p.put(r.nonempty), p.put(r.units), p.put(r.peak), p.put(r.tensors.size());
+        for (const auto& [name, values] : r.tensors) p.put(name), p.put(values);
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());  // no NCCL work queued while the host blocks in MPI (host/nccl.cpp)
+    // The other ranks wait while rank 0 trains: asleep between polls, so that the cores are rank
+    // 0's (MPI_Bcast would spin, and at 4 ranks on 2 cores three spinning ranks slow it down).
+    auto broadcast = [](void* data, size_t bytes) {
+        MPI_Request request;
+        MPI_Ibcast(data, int(bytes), MPI_BYTE, 0, MPI_COMM_WORLD, &request);
+        for (int done = 0;;) {
+            MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+            if (done) return;
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+    };
+    size_t n = p.bytes.size();
+    broadcast(&n, sizeof n);
+    p.bytes.resize(n);
+    broadcast(p.bytes.data(), n);
+    if (rank == 0) return r;
+    p.get(r.losses), p.get(r.stages), p.get(r.psi), p.get(r.psi_frozen), p.get(r.padded);
+    p.get(r.unit_padded), p.get(r.nonempty), p.get(r.units), p.get(r.peak);
+    size_t tensors = 0;
+    p.get(tensors);
+    for (size_t i = 0; i < tensors; ++i) {
+        std::string name;
+        p.get(name);
+        p.get(r.tensors[name]);
+    }
+    REQUIRE(p.at == n);
+    return r;
+}
+
+// train_here, with the single-rank run made once for every rank (train_single_once).
+template <class T, class G = T>
+RunResult train(const std::string& strategy, pv::Comm* comm, int world_ranks, Options opt = {}) {
+    if (!comm && strategy == "single") return train_single_once<T, G>(world_ranks, opt);
+    return train_here<T, G>(strategy, comm, world_ranks, opt);
 }
 
 double relative_norm_error(const std::vector<double>& x, const std::vector<double>& ref) {
