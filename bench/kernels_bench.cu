@@ -361,6 +361,16 @@ void run(const pv::LlamaConfig& c, const Options& o) {
               time_it(R, [&] { pv::matmul_backward(handle, dgate_up, x, wgu, dx, dwgu, N, C, 2 * F, false, nullptr); }),
               (2.0 * N * C + 4.0 * F * C + 2.0 * N * F) * t, 2.0 * 2.0 * N * C * 2.0 * F, on_gpu);
 
+    // The gradient norm's squares over one weight gradient (gate_up's, 2F x C), as the optimizer
+    // step forms them for every tensor: the partials kernel and the one-block sum (kernels/glue.cuh).
+    const long long ngu = 2LL * F * C;
+    void* sumsq_scratch = alloc(pv::sum_of_squares_scratch_bytes<T>(ngu));
+    auto* sumsq = static_cast<double*>(alloc(sizeof(double)));
+    const double partials = double(pv::sum_of_squares_scratch_bytes<T>(ngu) / sizeof(double));
+    report<T>("gradient norm (gate_up)",
+              time_it(R, [&] { pv::sum_of_squares(dwgu, ngu, sumsq, sumsq_scratch, nullptr); }),
+              double(ngu) * t + 2.0 * partials * 8 + 8, 2.0 * double(ngu), on_gpu);
+
     // Head: logits and the fused softmax + cross-entropy.
     T* logits = random_buffer<T>(N * V, 18);
     A* row_loss = static_cast<A*>(alloc(size_t(N) * sizeof(A)));
@@ -409,6 +419,8 @@ void run(const pv::LlamaConfig& c, const Options& o) {
                                                 dgate_up,
                                                 wgu,
                                                 dwgu,
+                                                sumsq_scratch,
+                                                sumsq,
                                                 logits,
                                                 row_loss,
                                                 row_stats,

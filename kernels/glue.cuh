@@ -25,9 +25,14 @@
 //   sum_of_squares   *out = Σ x[i]²   (squared gradient norms for clipping)
 //   sum_of_squares_accumulate   *out += Σ x[i]²   (the same sum, added to *out)
 //     Two launches on one stream. The partition of the elements is a function of n only (never of
-//     the device's SM count or the host's worker count): P = min(ceil(n / kSumSqMinPerBlock),
-//     kSumSqMaxBlocks) blocks of kSumSqBlock threads, thread t of block b taking the elements
-//     i ≡ b·kSumSqBlock + t (mod P·kSumSqBlock) in increasing order. Each thread accumulates x² in
+//     the device's SM count, the host's worker count or the pointer's alignment): the elements
+//     form groups of V = kVec<T> (16 bytes: 8 bf16, 4 float, 2 double), group k being elements
+//     [kV, kV + V), the last one short when V does not divide n; P = min(ceil(n /
+//     kSumSqMinPerBlock), kSumSqMaxBlocks) blocks of kSumSqBlock threads, thread t of block b taking
+//     the groups k ≡ b·kSumSqBlock + t (mod P·kSumSqBlock) in increasing order, each group's
+//     elements in increasing order. When x is 16-byte aligned a thread reads a group with one
+//     16-byte load (kUnroll of them in flight); otherwise element by element, adding the same
+//     squares in the same order, so both paths give the same bits. Each thread accumulates x² in
 //     acc_t<T>; a block_sum (fixed butterfly, then warps in order) gives the block's partial in
 //     acc_t<T>, stored as a double in `scratch[b]`. One block then sums the P partials in double:
 //     thread t adds partials t, t + kSumSqBlock, ... in index order, then a block_sum. Every
@@ -191,17 +196,42 @@ inline int sum_of_squares_blocks(long long n) {
     return int(blocks < kSumSqMaxBlocks ? blocks : kSumSqMaxBlocks);
 }
 
-// partials[b] = the sum of x² over block b's share, in acc_t<T>, then widened to double.
-template <class T>
+// partials[b] = the sum of x² over block b's groups (see the header comment), in acc_t<T>, then
+// widened to double. Vector: x is 16-byte aligned, so a whole group is one 16-byte load.
+template <class T, bool Vector>
 __global__ void sum_of_squares_partials_kernel(const T* x, long long n, double* partials) {
     using A = acc_t<T>;
+    constexpr int V = kVec<T>;
     __shared__ A scratch[32];
+    const long long whole = n / V;  // whole groups; group `whole` is the short one (n mod V elements)
     const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     A s = 0;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        const A v = to_acc(x[i]);
-        s += v * v;
+    for (long long k = first; k < whole; k += kUnroll * stride) {
+        Vec<T, V> in[kUnroll] = {};  // (initialised only to quiet g++: every one read is loaded)
+        for (int u = 0; u < kUnroll; ++u) {
+            if (k + u * stride >= whole) break;
+            const T* group = x + (k + u * stride) * V;
+            if constexpr (Vector) {
+                in[u] = load_vec<V>(group);
+            } else {
+                for (int e = 0; e < V; ++e) in[u].v[e] = group[e];
+            }
+        }
+        for (int u = 0; u < kUnroll; ++u) {
+            if (k + u * stride >= whole) break;
+            for (int e = 0; e < V; ++e) {
+                const A v = to_acc(in[u].v[e]);
+                s += v * v;
+            }
+        }
     }
+    // The short group, last in the order of the thread whose groups it continues.
+    if (whole * V < n && whole >= first && (whole - first) % stride == 0)
+        for (long long i = whole * V; i < n; ++i) {
+            const A v = to_acc(x[i]);
+            s += v * v;
+        }
     s = block_sum(s, scratch);
     if (threadIdx.x == 0) partials[blockIdx.x] = double(s);
 }
@@ -268,7 +298,9 @@ void sum_of_squares_launch(const T* x, long long n, double* out, void* scratch, 
     const int blocks = n > 0 ? sum_of_squares_blocks(n) : 0;
     double* partials = static_cast<double*>(scratch);
     if (blocks > 0) {
-        launch(sum_of_squares_partials_kernel<T>, dim3(blocks), dim3(kSumSqBlock), 0, stream, x, n, partials);
+        auto* partials_kernel = vec_aligned({x}) ? sum_of_squares_partials_kernel<T, true>
+                                                 : sum_of_squares_partials_kernel<T, false>;
+        launch(partials_kernel, dim3(blocks), dim3(kSumSqBlock), 0, stream, x, n, partials);
         CUDA_CHECK_LAUNCH();
     }
     launch(sum_of_squares_final_kernel, dim3(1), dim3(kSumSqBlock), 0, stream, partials, blocks, out, accumulate);

@@ -286,11 +286,12 @@ std::vector<KernelCost> count_targets(long long N) {
     return {kernel("count_targets_kernel", "count targets", double(N) * 4, 4, double(N), kScalar)};
 }
 
-// sum_of_squares_partials_kernel: x read, one double per block (P = min(ceil(n / 2048), 1024));
+// sum_of_squares_partials_kernel: x read (16-byte loads), one double per block (P = min(ceil(n /
+// 2048), 1024));
 // sum_of_squares_final_kernel: the partials read (and *out when accumulating), *out written.
 std::vector<KernelCost> sum_of_squares(long long n, int g, bool accumulate) {
     const double p = double(std::min<long long>((n + 2047) / 2048, 1024));
-    return {kernel("sum_of_squares_partials_kernel", "gradient norm", double(n) * g, p * 8, 2.0 * double(n), kScalar),
+    return {kernel("sum_of_squares_partials_kernel", "gradient norm", double(n) * g, p * 8, 2.0 * double(n), kVector),
             kernel("sum_of_squares_final_kernel", "gradient norm: sum", p * 8 + (accumulate ? 8 : 0), 8, p, kScalar)};
 }
 

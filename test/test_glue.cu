@@ -179,15 +179,31 @@ inline int count_on_device(const std::vector<int>& targets, int ignore_index) {
     return d_count.download()[0];
 }
 
-// Σ x² on the device, as one double.
+// Σ x² on the device, as one double. With `offset`, x starts that many elements into its
+// allocation (one element in: never 16-byte aligned, so the kernel reads it element by element).
 template <class T>
-double sum_of_squares_on_device(const std::vector<T>& x) {
+double sum_of_squares_on_device(const std::vector<T>& x, size_t offset = 0) {
     const long long n = (long long)x.size();
-    DeviceArray<T> d_x(x.empty() ? std::vector<T>{T(1)} : x);
+    std::vector<T> placed(offset, T(3));  // values before x, which the sum must not include
+    placed.insert(placed.end(), x.begin(), x.end());
+    if (placed.empty()) placed.push_back(T(1));
+    DeviceArray<T> d_x(placed);
     DeviceArray<unsigned char> scratch(pv::sum_of_squares_scratch_bytes<T>(n));
     DeviceArray<double> d_out(1);
-    pv::sum_of_squares(d_x.get(), n, d_out.get(), scratch.get(), nullptr);
+    pv::sum_of_squares(d_x.get() + offset, n, d_out.get(), scratch.get(), nullptr);
     return d_out.download()[0];
+}
+
+// The 16-byte loads of an aligned x and the element reads of an unaligned one add the same
+// squares in the same order: the same bits, for every length (whole groups of 16 bytes and a
+// short last group), and both within the fp64 reference's tolerance.
+template <class T>
+void check_sum_of_squares_alignment(long long n, uint64_t seed) {
+    const auto x = random_vector<T>(size_t(n), seed);
+    const double aligned = sum_of_squares_on_device(x), unaligned = sum_of_squares_on_device(x, 1);
+    INFO(type_name<T>() << " n " << n);
+    REQUIRE(bits_of(unaligned) == bits_of(aligned));
+    REQUIRE(compare({unaligned}, {pv::reference::sum_of_squares(to_double(x))}, tolerance<T>()).empty());
 }
 
 template <class T>
@@ -299,6 +315,16 @@ TEST_CASE("sum_of_squares matches the fp64 reference, with the same bits every r
     // One scratch size serves every length up to the largest (the partition is capped).
     CHECK(pv::sum_of_squares_scratch_bytes<float>(1) == sizeof(double));
     CHECK(pv::sum_of_squares_scratch_bytes<float>(1LL << 40) == pv::sum_of_squares_scratch_bytes<float>(1LL << 30));
+}
+
+TEST_CASE("sum_of_squares gives the same bits whether or not x is 16-byte aligned", "[kernels][glue]") {
+    // Around the group widths (2, 4, 8 elements), a partial block, and more groups than the grid
+    // has threads (1024 blocks of 256: 2^18 groups), so that threads take several groups.
+    for (long long n : {1LL, 3LL, 7LL, 8LL, 9LL, 17LL, 4099LL, 2500003LL}) {
+        check_sum_of_squares_alignment<double>(n, 80 + uint64_t(n));
+        check_sum_of_squares_alignment<float>(n, 81 + uint64_t(n));
+        check_sum_of_squares_alignment<__nv_bfloat16>(n, 82 + uint64_t(n));
+    }
 }
 
 TEST_CASE("sum_of_squares_accumulate adds the sums of many tensors in call order", "[kernels][glue]") {
