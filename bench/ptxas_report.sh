@@ -5,7 +5,9 @@
 #   __launch_bounds__ needs more registers than its block can have (registers x threads > 65536);
 # - a bf16 tensor-core kernel (TENSOR_CORE_KERNELS) has no HMMA instruction, or a bf16
 #   bandwidth-bound kernel (VECTOR_KERNELS) has no 128-bit global load (LDG.E.128): the SASS, read
-#   with cuobjdump -sass, shows whether the code does what the performance model assumes.
+#   with cuobjdump -sass, shows whether the code does what the performance model assumes;
+# - the tensor-core attention kernels' tile loops cannot be counted (bench/attention_sass.py, which
+#   prints each one's instructions per warp and tile by class, per HMMA, and its issue ceiling).
 # cuobjdump is not in the toolkit image: it is installed from PyPI (nvidia-cuda-cuobjdump, pinned)
 # into build/sass-tools on first use; set CUOBJDUMP to use another.
 #
@@ -45,11 +47,12 @@ if [[ -z "${CUOBJDUMP:-}" ]]; then
   export PATH="$(dirname "$(find "$tools" -name nvdisasm -type f | head -1)"):$PATH"
 fi
 # Per function: HMMA instructions and 128-bit global loads.
-"$CUOBJDUMP" -sass "$work/k.o" | awk '
+"$CUOBJDUMP" -sass "$work/k.o" > "$work/k.sass"
+awk '
   /Function : / { fn = $NF; hmma[fn] += 0; ldg[fn] += 0 }
   /HMMA/ { hmma[fn]++ }
   /LDG\.E\.128/ { ldg[fn]++ }
-  END { for (f in hmma) print f, hmma[f], ldg[f] }' > "$work/sass"
+  END { for (f in hmma) print f, hmma[f], ldg[f] }' "$work/k.sass" > "$work/sass"
 
 # Launch bounds from the PTX: ".entry NAME(" ... ".maxntid X, Y, Z".
 awk '/^\.(visible )?\.entry/ { name = $NF; sub(/\(.*/, "", name) }
@@ -104,12 +107,18 @@ while read -r mangled regs smem spill bound hmma ldg; do
   printf "%-6s %5s %8s %6s %7s %9s %10s %5s %8s  %s%s\n" "$dtype" "$regs" "$smem" "$spill" "${bound/#0/-}" "$warps" "$blocks" "$hmma" "$ldg" "$name" "$verdict"
 done < "$work/table"
 # Every pattern in the two lists must match a bf16 instantiation (a renamed kernel must not pass
-# unchecked).
+# unchecked). The names are demangled into a file first: `c++filt | grep -q` under pipefail fails
+# whenever grep's early exit cuts c++filt's output short (SIGPIPE), a match reported as none.
+awk '{print $1}' "$work/table" | c++filt > "$work/names"
 for pattern in $TENSOR_CORE_KERNELS $VECTOR_KERNELS; do
-  if ! awk '{print $1}' "$work/table" | c++filt | grep -E -q "${pattern//\~/ }"; then
+  if ! grep -E -q "${pattern//\~/ }" "$work/names"; then
     echo "ptxas-report: no kernel matches '$pattern'"; failures=$((failures + 1))
   fi
 done
+# The attention kernels' tile loops by instruction class, instructions per HMMA and the issue
+# ceiling (bench/attention_sass.py; it fails on an inner loop whose trip count it cannot know).
+echo
+python3 bench/attention_sass.py "$work/k.sass" || failures=$((failures + 1))
 if [[ $failures -gt 0 ]]; then
   echo "ptxas-report: $failures problem(s)"; exit 1
 fi

@@ -107,14 +107,7 @@ constexpr size_t attention_mma_dq_smem_bytes() {
 template <int HD>
 __device__ inline void attention_mma_load_tile(__nv_bfloat16* dst, const __nv_bfloat16* src, long long stride, int row0,
                                                int limit) {
-    constexpr int pieces = HD / 8;  // 16-byte pieces per row
-    for (int idx = int(threadIdx.x); idx < kAttentionMmaTile * pieces; idx += kAttentionMmaThreads) {
-        const int r = idx / pieces, c = idx % pieces, row = row0 + r;
-        const bool inside = row < limit;
-        // A row past the end copies nothing; its source address is row 0's, a valid one anyway.
-        cp_async_16_zfill(dst + r * attention_mma_ld<HD>() + c * 8, src + (inside ? row : 0) * stride + c * 8,
-                          inside ? 16 : 0);
-    }
+    cp_async_rows<HD, kAttentionMmaTile, attention_mma_ld<HD>(), kAttentionMmaThreads>(dst, src, stride, row0, limit);
 }
 
 // The shared-memory row of this lane's ldmatrix_x4 address for a 16×16 block at (row0, col0) of a
@@ -236,7 +229,8 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
         const int h = kvh * group + s / q_tiles, q0 = (q_first + s % q_tiles) * Bt, buf = s % 2;
         attention_mma_load_tile<HD>(Qs + buf * Bt * LD, rows + (long long)h * HD, stride, q0, T_len);
         attention_mma_load_tile<HD>(dOs + buf * Bt * LD, drows + (long long)h * HD, dstride, q0, T_len);
-        for (int r = int(threadIdx.x); r < Bt; r += kAttentionMmaThreads) {
+        static_assert(Bt <= kAttentionMmaThreads, "one statistics row per thread at most");
+        if (const int r = int(threadIdx.x); r < Bt) {
             const int i = q0 + r;
             const long long at = ((long long)b * H + h) * T_len + i;
             lse_s[buf * Bt + r] = i < T_len ? lse[at] : 0.0f;

@@ -87,13 +87,7 @@ struct MmaAttentionForwardConfig {
 template <int HD, int ROWS>
 __device__ inline void mma_attention_load_tile(__nv_bfloat16* dst, const __nv_bfloat16* src, long long stride, int row0,
                                                int T_len) {
-    constexpr int chunks = HD / 8;  // 16-byte pieces per row
-    constexpr int ld = MmaAttentionForwardConfig<HD>::kLd;
-    for (int idx = int(threadIdx.x); idx < ROWS * chunks; idx += kMmaAttentionThreads) {
-        const int r = idx / chunks, c = idx % chunks, row = row0 + r;
-        const bool inside = row < T_len;
-        cp_async_16_zfill(dst + r * ld + c * 8, src + (long long)(inside ? row : 0) * stride + c * 8, inside ? 16 : 0);
-    }
+    cp_async_rows<HD, ROWS, MmaAttentionForwardConfig<HD>::kLd, kMmaAttentionThreads>(dst, src, stride, row0, T_len);
 }
 
 // The max and sum over the 4 lanes holding one row (adjacent lanes): every lane gets the same bits.

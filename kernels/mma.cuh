@@ -60,4 +60,22 @@ __device__ inline void accumulators_to_a_bf16_split(const float (&left)[4], cons
     accumulators_to_a_bf16(left_lo, right_lo, lo);
 }
 
+// Rows [row0, row0 + ROWS) of a bf16 matrix (`stride` elements between rows, HD wide from `src`,
+// 16-byte aligned) into shared dst[ROWS][LD] with cp.async, rows at or past `limit` zero-filled
+// (their source is never read: row 0's address stands in). The block's THREADS threads take the
+// ROWS·HD/8 16-byte pieces in turn, thread t the pieces t, t + THREADS, ... — the same number each,
+// so the trip count is a constant and the loop unrolls: no loop counter, branch or bound test in
+// the SASS, the divisions by the row's piece count are by a constant. Not committed here.
+template <int HD, int ROWS, int LD, int THREADS>
+__device__ inline void cp_async_rows(__nv_bfloat16* dst, const __nv_bfloat16* src, long long stride, int row0,
+                                     int limit) {
+    constexpr int pieces = HD / 8;  // 16-byte pieces per row
+    static_assert(HD % 8 == 0 && ROWS * pieces % THREADS == 0, "every thread copies the same number of pieces");
+    for (int k = 0; k < ROWS * pieces / THREADS; ++k) {
+        const int idx = int(threadIdx.x) + k * THREADS, r = idx / pieces, c = idx % pieces, row = row0 + r;
+        const bool inside = row < limit;
+        cp_async_16_zfill(dst + r * LD + c * 8, src + (long long)(inside ? row : 0) * stride + c * 8, inside ? 16 : 0);
+    }
+}
+
 }  // namespace pv

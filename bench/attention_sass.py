@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""What the tensor-core attention kernels' tile loops are made of, read from their SASS.
+
+  bench/attention_sass.py SASS_FILE     (the text of `cuobjdump -sass` of an sm_90 object)
+
+For every instantiation of attention_mma_forward_kernel, attention_mma_dkv_kernel and
+attention_mma_dq_kernel in the file, it finds the tile loop (the loop whose backward branch
+encloses the kernel's HMMA instructions: one 64-key tile per trip in the forward, one 64 x 64
+tile pair in the backward kernels), counts the instructions one warp issues per trip by class,
+and prints them with instructions per HMMA and the issue ceiling: the speed at which the four
+schedulers of every SM, issuing one instruction per clock each, would run out of issue slots
+(H100 SXM: 132 SMs at 1.98 GHz), in the useful FLOPs kernels_bench counts (4 * hd per causal
+score pair forward, 2.5 times that backward, the dK/dV and dQ kernels together).
+
+Loops inside the tile loop must be known: the backward kernels' loop over the tile's four
+chunks of 16 query rows (`for (c0 = 0; c0 < Bt; c0 += 16)` in kernels/attention_mma_backward.cuh)
+runs INNER_TRIPS times per tile; any other inner loop (a copy loop the compiler did not unroll,
+say) is an error naming its addresses, since its trip count would be a guess.
+"""
+import re
+import sys
+from collections import Counter, OrderedDict
+
+SMS, CLOCK_HZ, ISSUE_PER_CLOCK = 132, 1.98e9, 4  # H100 SXM: SMs, boost clock, schedulers per SM
+WARP_ROWS, TILE = 16, 64  # rows of the 64-row tile each of the 4 warps owns; keys (queries) per tile
+INNER_TRIPS = {"dkv": TILE // 16, "dq": TILE // 16}
+
+# Instruction classes, by the opcode's first component (HMMA.16816.F32.BF16 -> HMMA).
+CLASSES = OrderedDict([
+    ("HMMA", {"HMMA"}),
+    ("LDSM", {"LDSM"}),
+    ("LDGSTS", {"LDGSTS"}),
+    ("ld/st", {"LDS", "STS", "LDG", "STG", "LD", "ST", "LDL", "STL", "RED", "ATOM", "ATOMS"}),
+    ("fp32", {"FFMA", "FMUL", "FADD", "FMNMX", "FSETP", "FSEL", "FCHK", "FSWZADD"}),
+    ("MUFU", {"MUFU"}),
+    ("int", {"IMAD", "IADD3", "IADD", "LEA", "SHF", "LOP3", "ISETP", "IMNMX", "VIADD", "VIMNMX", "SEL", "IABS",
+             "POPC", "FLO", "BREV", "PRMT", "I2I", "IDP", "LOP", "SGXT", "BMSK", "ISCADD"}),
+    ("convert", {"F2F", "F2FP", "I2F", "F2I", "F2IP", "I2FP"}),
+    ("move", {"MOV", "S2R", "CS2R", "S2UR", "SHFL", "R2UR", "P2R", "R2P", "PLOP3", "VOTE", "VOTEU"}),
+    ("branch", {"BRA", "BSSY", "BSYNC", "EXIT", "CALL", "RET", "JMP", "BREAK", "WARPSYNC"}),
+    ("barrier", {"BAR", "DEPBAR", "LDGDEPBAR", "MEMBAR", "ERRBAR"}),
+])
+
+
+def instruction_class(opcode):
+    base = opcode.split(".")[0]
+    for name, members in CLASSES.items():
+        if base in members:
+            return name
+    if base.startswith("U"):  # the uniform datapath (UMOV, UIADD3, ULDC, ...): integer work
+        return "int"
+    return "other"
+
+
+def parse(text):
+    """{mangled function name: [(address, opcode, text)]} in address order."""
+    functions, current = OrderedDict(), None
+    line_re = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+    for line in text.splitlines():
+        m = re.search(r"Function : (\S+)", line)
+        if m:
+            current = functions.setdefault(m.group(1), [])
+            continue
+        m = line_re.search(line)
+        if m and current is not None:
+            words = m.group(2).split()
+            if words and words[0].startswith("@"):  # a predicate guard: @P0, @!PT
+                words = words[1:]
+            if words:
+                current.append((int(m.group(1), 16), words[0], m.group(2)))
+    return functions
+
+
+def loops(code):
+    """[(first, last)] address ranges closed by a backward branch."""
+    found = []
+    for address, opcode, text in code:
+        if opcode.split(".")[0] == "BRA":
+            m = re.search(r"0x([0-9a-f]+)", text)
+            if m and int(m.group(1), 16) <= address:
+                found.append((int(m.group(1), 16), address))
+    return found
+
+
+def within(code, first, last):
+    return [i for i in code if first <= i[0] <= last]
+
+
+def tile_loop_counts(name, code, inner_trips):
+    """Instructions per class one warp issues per trip of the tile loop, inner loops expanded."""
+    hmma_total = sum(1 for i in code if i[1].startswith("HMMA"))
+    enclosing = [l for l in loops(code) if sum(1 for i in within(code, *l) if i[1].startswith("HMMA")) == hmma_total]
+    if hmma_total == 0 or not enclosing:
+        raise SystemExit(f"attention_sass: {name}: no loop encloses the kernel's {hmma_total} HMMA instructions")
+    tile = max(enclosing, key=lambda l: l[1] - l[0])  # the outermost
+    inner = [l for l in loops(code) if tile[0] <= l[0] and l[1] <= tile[1] and l != tile]
+    counts = Counter(instruction_class(i[1]) for i in within(code, *tile))
+    for first, last in inner:
+        body = within(code, first, last)
+        if not any(i[1].startswith("HMMA") for i in body) or inner_trips is None:
+            raise SystemExit(f"attention_sass: {name}: an inner loop at 0x{first:x}-0x{last:x} ({len(body)} "
+                             f"instructions) whose trip count this script does not know: update INNER_TRIPS from "
+                             f"the kernel's source, or unroll the loop")
+        for i in body:  # counted once above; the other trips
+            counts[instruction_class(i[1])] += inner_trips - 1
+    if len(inner) > 1:
+        raise SystemExit(f"attention_sass: {name}: {len(inner)} inner loops; this script expects at most one")
+    return counts
+
+
+def demangled_kind(name):
+    """('forward' | 'dkv' | 'dq', head dim) of a mangled attention kernel name, or None."""
+    m = re.match(r"_ZN2pv(?:\d+)attention_mma_(forward|dkv|dq)_kernelILi(\d+)EE", name)
+    return (m.group(1), int(m.group(2))) if m else None
+
+
+def main():
+    if len(sys.argv) != 2:
+        raise SystemExit(__doc__)
+    functions = parse(open(sys.argv[1]).read())
+    table = {}
+    for name, code in functions.items():
+        kind = demangled_kind(name)
+        if kind:
+            table[kind] = tile_loop_counts(name, code, INNER_TRIPS.get(kind[0]))
+    if not table:
+        raise SystemExit("attention_sass: no attention_mma kernel in " + sys.argv[1])
+    slots = SMS * ISSUE_PER_CLOCK * CLOCK_HZ  # warp instructions per second, the whole GPU
+    columns = list(CLASSES) + ["other"]
+    print("Tensor-core attention, per warp and tile-loop trip (sm_90 SASS; the forward: 16 query rows x 64 keys; "
+          "dK/dV: 16 keys x 64 queries; dQ: 16 queries x 64 keys):")
+    print(f"{'kernel':<9} {'hd':>4} {'instr':>6} {'instr/HMMA':>10}  " + " ".join(f"{c:>7}" for c in columns)
+          + "  issue ceiling")
+    for hd in sorted({hd for _, hd in table}):
+        for kind in ("forward", "dkv", "dq"):
+            if (kind, hd) not in table:
+                continue
+            c = table[(kind, hd)]
+            total = sum(c.values())
+            useful = WARP_ROWS * TILE * (4 if kind == "forward" else 10) * hd  # FLOPs of the warp's share
+            ceiling = ""
+            if kind == "forward":
+                ceiling = f"{slots * useful / total / 1e12:6.0f} TF/s"
+            elif kind == "dq" and ("dkv", hd) in table:  # the backward: both kernels per tile pair
+                both = total + sum(table[("dkv", hd)].values())
+                ceiling = f"{slots * useful / both / 1e12:6.0f} TF/s (dK/dV + dQ)"
+            print(f"{kind:<9} {hd:>4} {total:>6} {total / c['HMMA']:>10.2f}  "
+                  + " ".join(f"{c[col]:>7}" for col in columns) + "  " + ceiling)
+
+
+if __name__ == "__main__":
+    main()
