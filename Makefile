@@ -14,7 +14,10 @@
 #   make fuzz             a libFuzzer target per file reader, each run FUZZ_SECONDS (default 10)
 #   make fuzz-long        the same targets to 10^6 executions each (whoever touches a reader runs it)
 #   make bench            build and run the benchmarks
-#   make ptxas-report     registers, shared memory and spills of every kernel for sm_90
+#   make ptxas-report     registers, shared memory and spills of every kernel for sm_90, and the
+#                         attention kernels' tile loops by instruction class
+#   make attention-sass   rewrite model/attention_sass.h (the performance model's attention
+#                         instruction counts) from the kernels' SASS; make sass-check compares
 #   make format           clang-format (.clang-format) over every C++/CUDA source
 #   make clean
 #
@@ -287,7 +290,7 @@ TEST_RUNS := $(if $(TRAFFIC_TEST),in-order@$(TRAFFIC_TEST)) $(TEST_RUNS)
 BENCH_BINS := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu)) \
               $(patsubst bench/%.cpp,$(BUILD)/bench/%,$(wildcard bench/*.cpp))
 
-.PHONY: all tests benches everything test test-full test-asan test-tsan tsan-suite test-interop bench ptxas-report format clean
+.PHONY: all tests benches everything test test-full test-asan test-tsan tsan-suite test-interop bench ptxas-report attention-sass sass-check format clean
 .SECONDARY:
 .DEFAULT_GOAL := all
 
@@ -528,6 +531,22 @@ test-interop:
 
 ptxas-report:
 	@bench/ptxas_report.sh
+
+# The tensor-core attention kernels' tile loops, instructions per warp and trip, which the
+# performance model turns into time (model/attention_sass.h, written by bench/attention_sass.py):
+# attention-sass rewrites the file from the kernels' SASS; sass-check (CI's CUDA step) runs
+# ptxas-report's checks and fails when the file no longer matches the kernels, so a kernel change
+# cannot leave the model's figures behind.
+attention-sass:
+	@bench/ptxas_report.sh --attention-header model/attention_sass.h
+sass-check:
+	@mkdir -p build
+	@bench/ptxas_report.sh --attention-header build/attention_sass.h > build/ptxas-report.txt || \
+	  { cat build/ptxas-report.txt; echo "sass-check: ptxas-report failed (above)"; exit 1; }
+	@cmp -s build/attention_sass.h model/attention_sass.h || { diff model/attention_sass.h build/attention_sass.h; \
+	  echo "sass-check: the attention kernels' SASS no longer gives model/attention_sass.h's figures:" \
+	       "run make attention-sass and commit the file"; exit 1; }
+	@echo "sass-check: model/attention_sass.h matches the attention kernels' SASS"
 
 bench: $(BENCH_BINS) $(BUILD)/train
 	@for b in $(BENCH_BINS); do echo "== $$b"; POLEVAULT_HOST_WORKERS=1 OPENBLAS_NUM_THREADS=1 $$b || exit 1; done

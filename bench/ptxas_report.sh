@@ -16,13 +16,22 @@
 # resident blocks: min(by threads, by registers, by shared memory (static, plus 1 KiB reserved per
 # block), 32). Dynamic shared memory is chosen at launch and not counted here.
 #
-#   bench/ptxas_report.sh [SOURCE.cu]     (default: bench/kernels_bench.cu, which instantiates
-#                                          every kernel of the model for bf16, fp32 and fp64)
+#   bench/ptxas_report.sh [--attention-header OUT.h] [SOURCE.cu]
+#     SOURCE.cu: default bench/kernels_bench.cu, which instantiates every kernel of the model for
+#                bf16, fp32 and fp64 (the attention kernels at every head dim they dispatch to)
+#     --attention-header: write the attention tile loops' counts as model/attention_sass.h's table
+#                (make attention-sass writes that file; make sass-check compares)
+# The compiles go through ccache when it is installed (their ptxas output is cached with them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+attention_header=()
+if [[ "${1:-}" == "--attention-header" ]]; then
+  attention_header=(--header "$(realpath -m "${2:?--attention-header needs a file}")"); shift 2
+fi
 source_file="${1:-bench/kernels_bench.cu}"
 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
-NVCC="$CUDA_HOME/bin/nvcc"
+NVCC=("$CUDA_HOME/bin/nvcc")
+if command -v ccache > /dev/null; then NVCC=(env CCACHE_NOHASHDIR=true ccache "${NVCC[@]}"); fi
 # Kernels whose bf16 instantiations must use tensor cores, and those that must load 16 bytes at
 # once: extended regular expressions matched against the demangled name, '~' standing for a space
 # (each must match at least one bf16 instantiation). The vector kernels are the 16-byte instantiations (W = 8 for bf16) of
@@ -32,16 +41,20 @@ VECTOR_KERNELS="${VECTOR_KERNELS:-elementwise_kernel<pv::Swiglu.*,~8, elementwis
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 flags=(-x cu -std=c++20 -O2 -I. -isystem "$CUDA_HOME/include")
-"$NVCC" "${flags[@]}" -gencode arch=compute_90,code=sm_90 -Xptxas -v -c "$source_file" -o "$work/k.o" 2> "$work/ptxas.log"
-"$NVCC" "${flags[@]}" -arch=compute_90 -ptx "$source_file" -o "$work/k.ptx"
+"${NVCC[@]}" "${flags[@]}" -gencode arch=compute_90,code=sm_90 -Xptxas -v -c "$source_file" -o "$work/k.o" 2> "$work/ptxas.log"
+"${NVCC[@]}" "${flags[@]}" -arch=compute_90 -ptx "$source_file" -o "$work/k.ptx"
 
-# cuobjdump (and the nvdisasm it runs): from $CUOBJDUMP, or pinned wheels in build/sass-tools.
+# cuobjdump (and the nvdisasm it runs): from $CUOBJDUMP, or pinned wheels in a virtual environment
+# in build/sass-tools (Debian's python3 has no pip of its own; python3-venv gives the environment one).
 if [[ -z "${CUOBJDUMP:-}" ]]; then
   tools=build/sass-tools
   CUOBJDUMP=$(find "$tools" -name cuobjdump -type f 2>/dev/null | head -1 || true)
   if [[ -z "$CUOBJDUMP" || -z "$(find "$tools" -name nvdisasm -type f 2>/dev/null)" ]]; then
-    python3 -m pip install --quiet --no-deps --target "$tools" nvidia-cuda-cuobjdump==13.2.86 \
-      nvidia-cuda-nvdisasm==13.2.86 2>&1 | grep -v "WARNING: Running pip as the 'root' user" >&2 || true
+    rm -rf "$tools"
+    python3 -m venv "$tools" ||
+      { echo "ptxas-report: python3 -m venv failed: install Python 3 with its venv module (Debian: python3-venv)"; exit 1; }
+    "$tools/bin/pip" install --quiet --disable-pip-version-check --no-input --no-deps nvidia-cuda-cuobjdump==13.2.86 \
+      nvidia-cuda-nvdisasm==13.2.86
     CUOBJDUMP=$(find "$tools" -name cuobjdump -type f | head -1)
   fi
   export PATH="$(dirname "$(find "$tools" -name nvdisasm -type f | head -1)"):$PATH"
@@ -118,7 +131,7 @@ done
 # The attention kernels' tile loops by instruction class, instructions per HMMA and the issue
 # ceiling (bench/attention_sass.py; it fails on an inner loop whose trip count it cannot know).
 echo
-python3 bench/attention_sass.py "$work/k.sass" || failures=$((failures + 1))
+python3 bench/attention_sass.py "$work/k.sass" "${attention_header[@]}" || failures=$((failures + 1))
 if [[ $failures -gt 0 ]]; then
   echo "ptxas-report: $failures problem(s)"; exit 1
 fi

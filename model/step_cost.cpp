@@ -1,6 +1,7 @@
 // The performance model's formulas and the steps they add up to (model/step_cost.h).
 #include "model/step_cost.h"
 
+#include "model/attention_sass.h"
 #include "model/flops.h"
 #include "model/tensor_parallel.h"
 
@@ -29,12 +30,11 @@ RooflineEfficiency roofline_efficiency(Roofline r) {
             // (NVIDIA's published cuBLAS 12 H100 figures; the issue's range): 0.7 of 989.4.
             return {0.9, 0.7, "cuBLAS bf16 GEMM on H100 SXM: 600-800 TF/s (NVIDIA cuBLAS performance figures)"};
         case Roofline::attention_mma:
-            // FlashAttention-2 (mma.sync, the structure of our kernels) reaches 160-330 TF/s on an
-            // H100 across head dims and lengths, forward and backward (Shah et al. 2024,
-            // FlashAttention-3, figures 5-7, FA2 baselines; FA2 does not use wgmma or TMA). We
-            // take 0.25 of the peak, about 250 TF/s: the middle of that range, for kernels that
-            // have not been tuned on the device.
-            return {0.9, 0.25, "FA2 on H100: 160-330 TF/s (FlashAttention-3 paper, FA2 baselines); 0.25 of peak"};
+            // The tensor cores' dense peak is only a bound here (e_unit 1: never reached): these
+            // kernels are bound by instruction issue, which predicted_seconds prices from their
+            // SASS (attention_issue_efficiency). The 0.25 of the peak assumed before (FA2's
+            // 160-330 TF/s) was wrong by 2x: the kernels ran at 114 and 93 TF/s.
+            return {0.9, 1.0, "bound by instruction issue: SASS counts (model/attention_sass.h), calibrated"};
         case Roofline::attention_cuda_core:
             // Read from the sm_90 SASS (shared/notes/gpu-review.md): two 16-bit shared loads and two
             // conversions per FMA bound the kernels by the shared-memory pipe at about 16 FMA per
@@ -58,6 +58,8 @@ Device rtx_6000_ada() {
     d.hbm_bytes_per_s = 960e9;
     d.tensor_bf16_flops = 364.2e12;
     d.cuda_core_fp32_flops = 91.1e12;
+    d.sms = 142;
+    d.clock_hz = 2.505e9;
     d.link_bytes_per_s = 32e9;
     d.link = "PCIe 4.0 x16: 32 GB/s each way, no NVLink";
     return d;
@@ -67,7 +69,20 @@ double predicted_seconds(const KernelCost& k, const Device& d) {
     const RooflineEfficiency e = roofline_efficiency(k.roofline);
     const bool tensor = k.roofline == Roofline::cublas_gemm || k.roofline == Roofline::attention_mma;
     const double peak = tensor ? d.tensor_bf16_flops : d.cuda_core_fp32_flops;
-    return std::max(k.bytes() / (d.hbm_bytes_per_s * e.e_mem), k.flops / (peak * e.e_unit));
+    const double roofline = std::max(k.bytes() / (d.hbm_bytes_per_s * e.e_mem), k.flops / (peak * e.e_unit));
+    return k.warp_instructions > 0 ? std::max(roofline, issue_seconds(k.warp_instructions, k.issue_efficiency, d))
+                                   : roofline;
+}
+
+int attention_tile_instructions(const std::string& kernel, int hd) {
+    for (const AttentionTileSass& a : kAttentionTileSass)
+        if (kernel == a.kernel && hd == a.head_dim) return a.instructions;
+    return 0;
+}
+
+double issue_seconds(double warp_instructions, double efficiency, const Device& d) {
+    constexpr double kIssuePerClock = 4;  // four schedulers per SM, one warp instruction per clock each
+    return warp_instructions / (double(d.sms) * kIssuePerClock * d.clock_hz * efficiency);
 }
 
 namespace cost {
@@ -156,6 +171,23 @@ double causal_tile_pairs(int T, int own, int other) {
     }
     return pairs;
 }
+// 64×64 tile pairs the tensor-core kernels walk per (batch, head): n(n+1)/2, n = ceil(T / 64).
+double attention_tile_pairs(int T) {
+    const double n = double((T + 63) / 64);
+    return n * (n + 1) / 2;
+}
+// The instructions all warps of a tensor-core attention kernel issue at this shape: its 4 warps
+// per block each run the tile loop once per tile pair, at the kernel's instructions per trip.
+double attention_warp_instructions(const char* kernel, int B, int T, int H, int hd, int per_trip) {
+    if (per_trip <= 0)
+        throw std::invalid_argument(std::string("step cost: no tensor-core attention ") + kernel + " kernel at head dim " +
+                                    std::to_string(hd) + " in model/attention_sass.h");
+    constexpr double kWarps = 4;  // kMmaAttentionWarps, kAttentionMmaThreads / 32
+    return kWarps * attention_tile_pairs(T) * double(B) * H * per_trip;
+}
+double attention_warp_instructions(const char* kernel, int B, int T, int H, int hd) {
+    return attention_warp_instructions(kernel, B, T, H, hd, attention_tile_instructions(kernel, hd));
+}
 }  // namespace
 
 // attention_forward_kernel (CUDA cores, 32×32 tiles at hd 64/128 in bf16: fp32, fp64 and the
@@ -174,12 +206,15 @@ std::vector<KernelCost> attention_forward_cuda_cores(int B, int T, int H, int Hk
 // bytes; every warp computes whole 64-key tiles up to its query tile's diagonal, rows past T
 // included: n(n+1)/2 tile pairs of 64×64 per (batch, head), n = ceil(T/64); per pair S = Q·Kᵀ and
 // P·V with P as a bf16 hi + lo pair: 3 products, 6·hd FLOPs.
+// Issue: each of a block's 4 warps runs the tile loop once per such pair, at
+// attention_tile_instructions("forward", hd) instructions a trip (prologue and epilogue not counted).
 std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions) {
     KernelCost k = attention_forward_cuda_cores(B, T, H, Hkv, hd, t, a, positions).front();
-    const double n = double((T + 63) / 64);
     k.kernel = "attention_mma_forward_kernel";
-    k.flops = 6.0 * hd * (n * (n + 1) / 2 * 64.0 * 64.0) * B * H;
+    k.flops = 6.0 * hd * (attention_tile_pairs(T) * 64.0 * 64.0) * B * H;
     k.roofline = Roofline::attention_mma;
+    k.warp_instructions = attention_warp_instructions("forward", B, T, H, hd);
+    k.issue_efficiency = attention_issue_efficiency().forward;
     return {k};
 }
 
@@ -207,7 +242,7 @@ KernelCost attention_dot(double rows, int H, int hd, int t, int a) {
 // diagonal, where the warps skip the 6 of 16 chunks of 16×16 above it.
 double mma_backward_pairs(int T) {
     const double n = double((T + 63) / 64);
-    return (n * (n + 1) / 2 - n * 6.0 / 16.0) * 64.0 * 64.0;
+    return (attention_tile_pairs(T) - n * 6.0 / 16.0) * 64.0 * 64.0;
 }
 }  // namespace
 
@@ -218,11 +253,18 @@ double mma_backward_pairs(int T) {
 std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions) {
     const double rows = double(B) * T, qo = rows * H * hd * t, kv = rows * Hkv * hd * t, stats = rows * H * a;
     const double pos = positions ? rows * 4 : 0, pairs = mma_backward_pairs(T) * B * H;
-    return {attention_dot(rows, H, hd, t, a),
-            kernel("attention_mma_dkv_kernel", "attention backward: dK, dV", 2 * qo + 2 * kv + 2 * stats + pos, 2 * kv,
-                   12.0 * hd * pairs, Roofline::attention_mma),
-            kernel("attention_mma_dq_kernel", "attention backward: dQ", 2 * qo + 2 * kv + 2 * stats + pos, qo,
-                   8.0 * hd * pairs, Roofline::attention_mma)};
+    std::vector<KernelCost> k = {
+        attention_dot(rows, H, hd, t, a),
+        kernel("attention_mma_dkv_kernel", "attention backward: dK, dV", 2 * qo + 2 * kv + 2 * stats + pos, 2 * kv,
+               12.0 * hd * pairs, Roofline::attention_mma),
+        kernel("attention_mma_dq_kernel", "attention backward: dQ", 2 * qo + 2 * kv + 2 * stats + pos, qo,
+               8.0 * hd * pairs, Roofline::attention_mma)};
+    // Issue: every tile pair up to the diagonal, 4 warps each (the chunks above the diagonal that
+    // the warps skip are counted: n·6/16 of n(n+1)/2 pairs' inner-loop trips, 2% at T = 2048).
+    k[1].warp_instructions = attention_warp_instructions("dkv", B, T, H, hd);
+    k[2].warp_instructions = attention_warp_instructions("dq", B, T, H, hd);
+    k[1].issue_efficiency = k[2].issue_efficiency = attention_issue_efficiency().backward;
+    return k;
 }
 
 // cross_entropy_forward_kernel: the logits and the targets read, one loss and one (max, sum) pair
@@ -334,6 +376,34 @@ std::vector<KernelCost> cross_entropy_backward(long long N, int V, int t) {
 
 }  // namespace cost
 
+// The one measurement of the tensor-core attention kernels (docs/speed.md, "Measured on one
+// H100"): `kernels_bench --shape llama-3.2-1b --batch 4 --seq 2048` on an H100 80GB HBM3 (B 4,
+// T 2048, 32 heads, hd 64), 114 TF/s forward and 93 TF/s backward in kernels_bench's FLOPs (4·hd
+// per causal score pair forward, 2.5 times that backward, whose time includes the D kernel). The
+// kernels it ran (b7243bf's, unchanged to 1a887b9) issued per warp and tile-loop trip 1225
+// (forward), 2138 (dK/dV) and 1458 (dQ) instructions: bench/attention_sass.py's count of
+// 1a887b9's SASS (nvcc 13, -O3 device code), its inner loops expanded as they ran at hd 64 — the
+// backward's four 16-row chunks 4 times, each tile copy loop once (a thread's four 16-byte pieces
+// were one trip of its four-way unrolled body), the dK/dV statistics loops once. (Those copy and
+// statistics loops are gone; the script refuses loops whose trip count it cannot know.)
+IssueEfficiency attention_issue_efficiency() {
+    constexpr int B = 4, T = 2048, H = 32, hd = 64;
+    constexpr double kForwardFlopsPerS = 114e12, kBackwardFlopsPerS = 93e12;
+    constexpr int kForward = 1225, kDkv = 2138, kDq = 1458;
+    static const IssueEfficiency e = [] {
+        const double flops = 4.0 * hd * (double(T) * (T + 1) / 2) * B * H;
+        const double forward = issue_seconds(cost::attention_warp_instructions("forward", B, T, H, hd, kForward), 1.0);
+        const double backward = issue_seconds(cost::attention_warp_instructions("dkv", B, T, H, hd, kDkv), 1.0) +
+                                issue_seconds(cost::attention_warp_instructions("dq", B, T, H, hd, kDq), 1.0);
+        const double d_kernel = predicted_seconds(cost::attention_dot(double(B) * T, H, hd, 2, 4));
+        return IssueEfficiency{forward / (flops / kForwardFlopsPerS),
+                               backward / (2.5 * flops / kBackwardFlopsPerS - d_kernel),
+                               "calibrated on the kernels' measured 114 / 93 TF/s (H100, llama-3.2-1b 4 x 2048) "
+                               "and their SASS then"};
+    }();
+    return e;
+}
+
 namespace {
 
 void append(std::vector<KernelCost>& out, std::vector<KernelCost> ks, double count = 1) {
@@ -405,14 +475,18 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     // A block's forward, `count` times; a recompute (activation checkpointing) stops before the
     // down projection, whose output and the residual add's the block keeps, and of the down
     // adapter computes u alone, which its backward reads (model/llama.cu forward_block).
+    // Attention on tensor cores where this code has the kernel (bf16, and a head dim the SASS
+    // table lists: the dispatch's own instantiations, kernels/attention.cuh), else on CUDA cores.
+    const bool mma_forward = now && t == 2 && attention_tile_instructions("forward", hd) > 0;
+    const bool mma_backward = now && t == 2 && attention_tile_instructions("dkv", hd) > 0;
     const auto block_forward = [&](std::vector<KernelCost>& k, double count, bool recompute) {
         std::vector<KernelCost> f;
         append(f, cost::rmsnorm_forward(R, C, t, a));
         append(f, cost::gemm(N, c.qkv_width(), C, t, false, "q, k, v projection"));
         append(f, cost::rope(N, H, hd, t, a, false, s.seq_len));
         append(f, cost::rope(N, Hkv, hd, t, a, false, s.seq_len));
-        append(f, now ? cost::attention_forward(s.batch, s.seq_len, H, Hkv, hd, t, a, false)
-                      : cost::attention_forward_cuda_cores(s.batch, s.seq_len, H, Hkv, hd, t, a, false));
+        append(f, mma_forward ? cost::attention_forward(s.batch, s.seq_len, H, Hkv, hd, t, a, false)
+                              : cost::attention_forward_cuda_cores(s.batch, s.seq_len, H, Hkv, hd, t, a, false));
         append(f, cost::gemm(N, C, c.q_width(), t, false, "output projection"));
         append(f, cost::residual_rmsnorm_forward(R, C, t, a));
         append(f, cost::gemm(N, 2LL * F, C, t, false, "gate, up projection"));
@@ -456,10 +530,10 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     append(k, cost::rmsnorm_backward(R, C, t, a, full), layers);
     append(k, cost::gemm(N, c.q_width(), C, t, false, "output backward: dX"), layers);
     weight_gradient(k, C, c.q_width(), "output backward: dW", layers);
-    if (now) {
+    if (mma_backward) {
         append(k, cost::attention_backward(s.batch, s.seq_len, H, Hkv, hd, t, a, false), layers);
     } else {  // the same D kernel, then the CUDA-core kernels
-        append(k, {cost::attention_backward(s.batch, s.seq_len, H, Hkv, hd, t, a, false).front()}, layers);
+        append(k, {cost::attention_dot(double(s.batch) * s.seq_len, H, hd, t, a)}, layers);
         append(k, cost::attention_backward_cuda_cores(s.batch, s.seq_len, H, Hkv, hd, t, a, false), layers);
     }
     append(k, cost::rope(N, H, hd, t, a, false, s.seq_len), layers);

@@ -14,7 +14,12 @@
 // bandwidth-bound kernels they are an order of magnitude, irrelevant to their time.
 //
 // Time. A kernel runs on a roofline: max(bytes / (HBM bandwidth · e_mem), FLOPs / (peak of its
-// unit · e_unit)), with efficiencies stated and sourced in step_cost.cpp (kRooflines). A step is
+// unit · e_unit)), with efficiencies stated and sourced in step_cost.cpp (kRooflines). The
+// tensor-core attention kernels are bound by instruction issue instead: their time is also at
+// least the instructions all their warps issue (model/attention_sass.h, read from the kernels'
+// own SASS) over the GPU's issue rate (four schedulers per SM, one instruction per clock each)
+// times an issue efficiency calibrated once on their measured speed (attention_issue_efficiency),
+// so a change that removes instructions moves the prediction without a GPU. A step is
 // the sum of its kernels (one stream: no overlap assumed between kernels) plus the exposed
 // communication of its strategy. Host code only.
 #pragma once
@@ -47,6 +52,9 @@ struct KernelCost {
     std::string op;      // what it does in the step
     double read_bytes = 0, written_bytes = 0, flops = 0;
     Roofline roofline = Roofline::memory_scalar;
+    // Issue-bound kernels (the tensor-core attention): the instructions all warps of the launch
+    // issue, and the fraction of the issue rate they reach (0: not priced by issue).
+    double warp_instructions = 0, issue_efficiency = 0;
     double count = 1;  // launches of it per step with these figures
     StepPhase phase = StepPhase::forward;  // set by step_kernels
     double bytes() const { return read_bytes + written_bytes; }
@@ -60,6 +68,8 @@ struct Device {
     double hbm_bytes_per_s = 3.35e12;       // datasheet
     double tensor_bf16_flops = 989.4e12;    // dense bf16, model/flops.h
     double cuda_core_fp32_flops = 66.9e12;  // datasheet: 132 SMs · 128 FP32 lanes · 2 · 1.98 GHz
+    int sms = 132;                          // datasheet
+    double clock_hz = 1.98e9;               // boost clock (the clock an H100 reports under load)
     // The link between two GPUs, one direction, as published (what a collective reaches of it is
     // the user's assumption, stated where it is used): NVLink 4, 900 GB/s both ways (datasheet).
     double link_bytes_per_s = 450e9;
@@ -72,6 +82,9 @@ struct Device {
 //                                        FP8 with sparsity, 4x that: 142 SMs · 1024 FLOP/clk · 2.505 GHz)
 //   fp32 CUDA cores                      91.1 TFLOPS (datasheet: 18,176 cores · 2 · 2.505 GHz)
 //   memory                               960 GB/s (datasheet)
+//   SMs, clock                           142 at 2505 MHz boost (datasheet); the issue-bound
+//                                        attention kernels are priced with sm_90's instruction
+//                                        counts and the H100's issue efficiency
 //   link                                 PCIe 4.0 x16: 32 GB/s each way (64 GB/s both, datasheet)
 Device rtx_6000_ada();
 
@@ -82,6 +95,21 @@ struct RooflineEfficiency {
     const char* source;
 };
 RooflineEfficiency roofline_efficiency(Roofline r);
+
+// The tensor-core attention kernels' issue-rate model. Instructions one warp issues per trip of a
+// kernel's tile loop ("forward", "dkv", "dq") at head dim hd, from model/attention_sass.h; 0 where
+// the kernel has no such instantiation (that head dim runs on the CUDA-core kernels).
+int attention_tile_instructions(const std::string& kernel, int hd);
+// Seconds to issue `warp_instructions` at `efficiency` of the device's issue rate.
+double issue_seconds(double warp_instructions, double efficiency, const Device& d = {});
+// The fraction of the issue rate the kernels reach, forward and backward (dK/dV and dQ), from
+// their one measurement: the seconds their instructions of then would take at the full issue rate
+// over the seconds they took (step_cost.cpp states the measurement and the counts).
+struct IssueEfficiency {
+    double forward, backward;
+    const char* source;
+};
+IssueEfficiency attention_issue_efficiency();
 
 // Per-kernel formulas, one per launch, counted from the kernels' loops. t: the storage type's
 // bytes, a: its accumulator's (acc_t<T>). N rows of C channels; see each kernel header.

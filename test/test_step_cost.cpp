@@ -1,8 +1,11 @@
 // The performance model's LoRA step (model/step_cost.h) against counts made by hand: the GEMM
 // FLOPs of a step, the kernels that drop out when the base is frozen, and the optimizer's
-// elements; the recompute of activation checkpointing; and the RTX 6000 Ada's figures against the
-// peak model/flops.h derives for its SMs.
+// elements; the recompute of activation checkpointing; the RTX 6000 Ada's figures against the
+// peak model/flops.h derives for its SMs; and the tensor-core attention's issue-rate model against
+// the kernels' structure and their one measurement.
 #include "model/step_cost.h"
+
+#include "model/attention_sass.h"
 
 #include "model/config.h"
 #include "model/flops.h"
@@ -191,11 +194,111 @@ TEST_CASE("step cost: the RTX 6000 Ada's figures", "[step_cost]") {
     CHECK(d.cuda_core_fp32_flops == Approx(18176.0 * 2 * 2.505e9).epsilon(1e-3));
     CHECK(d.hbm_bytes_per_s == 960e9);
     CHECK(d.link_bytes_per_s == 32e9);
-    // The same step is slower than on an H100 SXM by between the ratio of their memory
-    // bandwidths and that of their tensor peaks (each kernel is bound by one or the other).
+    CHECK(d.sms == 142);
+    CHECK(d.clock_hz == 2.505e9);
+    // The same step's kernels are slower than on an H100 SXM by between the ratio of their memory
+    // bandwidths and that of their tensor peaks (each is bound by one or the other), except the
+    // tensor-core attention kernels, bound by instruction issue, which the Ada's 142 SMs at
+    // 2.505 GHz issue faster than the H100's 132 at 1.98 (where its tensor peak does not bind).
     pv::StepShape s;
     s.config = pv::preset("tinyllama-1.1b"), s.batch = 4, s.seq_len = 1024, s.lora.rank = 8;
-    const double ratio = pv::predict_step(s, pv::KernelSet::now, d).seconds / pv::predict_step(s, pv::KernelSet::now).seconds;
-    CHECK(ratio >= 989.4 / 364.2 * 0.999);
-    CHECK(ratio <= 3350.0 / 960.0 * 1.001);
+    double ada = 0, h100 = 0;
+    int issue_bound = 0;
+    for (const pv::KernelCost& k : pv::step_kernels(s, pv::KernelSet::now)) {
+        const double on_ada = pv::predicted_seconds(k, d), on_h100 = pv::predicted_seconds(k);
+        if (k.warp_instructions > 0) {
+            ++issue_bound;
+            const double issue_ratio = (132 * 1.98) / (142 * 2.505);
+            CHECK(on_ada / on_h100 >= issue_ratio * 0.999);
+            CHECK(on_ada / on_h100 <= 3350.0 / 960.0 * 1.001);
+        } else {
+            ada += on_ada * k.count, h100 += on_h100 * k.count;
+        }
+    }
+    CHECK(issue_bound == 3);  // the forward, dK/dV and dQ kernels (each counted for the 22 layers)
+    CHECK(ada / h100 >= 989.4 / 364.2 * 0.999);
+    CHECK(ada / h100 <= 3350.0 / 960.0 * 1.001);
+}
+
+// The SASS table (model/attention_sass.h, from bench/attention_sass.py) against the kernels'
+// structure, counted from their source: per warp and tile-loop trip the forward does S = Q·Kᵀ
+// (16 rows × 64 keys × hd: 8 n-tiles × hd/16 k-steps of m16n8k16) and P·V with P as hi + lo
+// (2 × hd/8 n-tiles × 4 k-steps): 1.5·hd HMMA; dK/dV over its tile's four 16-row chunks S, dP,
+// and dV, dK with P and dS as hi + lo: 3·hd; dQ S, dP and dQ with dS as hi + lo: 2·hd. And every
+// head dim the dispatch sends to tensor cores is listed: the forward at 64 and 128, the backward
+// at the multiples of 16 from 32 to 128 (kernels/attention.cuh, attention_mma_backward.cuh).
+TEST_CASE("step cost: the attention SASS table covers the dispatch's head dims, with the kernels' HMMA counts",
+          "[step_cost]") {
+    int rows = 0;
+    for (const pv::AttentionTileSass& a : pv::kAttentionTileSass) {
+        INFO(a.kernel << " hd " << a.head_dim);
+        const std::string k = a.kernel;
+        const double hmma_per_hd = k == "forward" ? 1.5 : k == "dkv" ? 3.0 : 2.0;
+        CHECK(a.hmma == hmma_per_hd * a.head_dim);
+        CHECK(a.instructions > a.hmma);
+        ++rows;
+    }
+    CHECK(rows == 2 + 2 * 7);
+    for (int hd : {64, 128}) CHECK(pv::attention_tile_instructions("forward", hd) > 0);
+    for (int hd = 32; hd <= 128; hd += 16) {
+        CHECK(pv::attention_tile_instructions("dkv", hd) > 0);
+        CHECK(pv::attention_tile_instructions("dq", hd) > 0);
+    }
+    CHECK(pv::attention_tile_instructions("forward", 96) == 0);  // runs on CUDA cores
+    CHECK(pv::attention_tile_instructions("dkv", 16) == 0);
+}
+
+// The issue efficiencies are what makes the kernels measured then take their measured time: the
+// instructions they issued (4 warps per block, each running its tile loop once per 64×64 tile pair
+// up to the diagonal: n(n+1)/2 per batch and head, n = T/64) at that efficiency of the H100's
+// issue rate reproduce 114 TF/s forward and 93 TF/s backward at llama-3.2-1b, 4 × 2048 (the
+// backward's time includes the D kernel's predicted time).
+TEST_CASE("step cost: the attention issue efficiencies reproduce the measurement they come from", "[step_cost]") {
+    const pv::IssueEfficiency e = pv::attention_issue_efficiency();
+    const double B = 4, T = 2048, H = 32, hd = 64, n = T / 64, trips = 4 * n * (n + 1) / 2 * B * H;
+    const double flops = 4 * hd * (T * (T + 1) / 2) * B * H;  // kernels_bench's forward FLOPs
+    CHECK(flops / pv::issue_seconds(trips * 1225, e.forward) == Approx(114e12).epsilon(1e-12));
+    const pv::KernelCost d = pv::cost::attention_backward(4, 2048, 32, 8, 64, 2, 4, false).front();
+    REQUIRE(d.kernel == "attention_backward_dot_kernel");
+    const double backward = pv::issue_seconds(trips * (2138 + 1458), e.backward) + pv::predicted_seconds(d);
+    CHECK(2.5 * flops / backward == Approx(93e12).epsilon(1e-12));
+    // The H100's 132 SMs at 1.98 GHz issue 4 instructions per SM per clock.
+    CHECK(pv::issue_seconds(132 * 4 * 1.98e9, 1.0) == Approx(1.0).epsilon(1e-15));
+    // The kernels then reached about half of the issue rate, forward and backward alike.
+    CHECK(e.forward > 0.4);
+    CHECK(e.forward < 0.65);
+    CHECK(e.backward > 0.4);
+    CHECK(e.backward < 0.65);
+}
+
+// Today's kernels are priced by their own instructions: the forward's time at the 1B shape is its
+// table entry's instructions over the issue rate (issue, not bytes or the tensor peak, binds), so
+// fewer instructions per trip predict proportionally less time.
+TEST_CASE("step cost: a tensor-core attention kernel's time follows its SASS instructions", "[step_cost]") {
+    const pv::IssueEfficiency e = pv::attention_issue_efficiency();
+    const double n = 2048 / 64, trips = 4 * n * (n + 1) / 2 * 4 * 32;
+    const pv::KernelCost f = pv::cost::attention_forward(4, 2048, 32, 8, 64, 2, 4, false).front();
+    const int per_trip = pv::attention_tile_instructions("forward", 64);
+    CHECK(f.warp_instructions == trips * per_trip);
+    CHECK(f.issue_efficiency == e.forward);
+    CHECK(pv::predicted_seconds(f) == Approx(pv::issue_seconds(trips * per_trip, e.forward)).epsilon(1e-12));
+    pv::KernelCost fewer = f;
+    fewer.warp_instructions /= 2;
+    CHECK(pv::predicted_seconds(fewer) == Approx(pv::predicted_seconds(f) / 2).epsilon(1e-12));
+    const auto b = pv::cost::attention_backward(4, 2048, 32, 8, 64, 2, 4, false);
+    REQUIRE(b.size() == 3);
+    CHECK(b[1].warp_instructions == trips * pv::attention_tile_instructions("dkv", 64));
+    CHECK(b[2].warp_instructions == trips * pv::attention_tile_instructions("dq", 64));
+    CHECK(b[1].issue_efficiency == e.backward);
+    // A head dim without a tensor-core kernel is refused by name, and a step at one is priced on
+    // the CUDA-core kernels.
+    CHECK_THROWS_WITH(pv::cost::attention_forward(1, 64, 2, 2, 96, 2, 4, false),
+                      Catch::Contains("no tensor-core attention forward kernel at head dim 96"));
+    pv::StepShape s;
+    s.config = pv_test::hand_built(true), s.batch = 1, s.seq_len = 64;
+    for (const pv::KernelCost& k : pv::step_kernels(s, pv::KernelSet::now))
+        if (k.kernel.find("attention") != std::string::npos && k.kernel != "attention_backward_dot_kernel")
+            CHECK((k.roofline == pv::Roofline::attention_mma) ==
+                  (pv::attention_tile_instructions(k.kernel.find("forward") != std::string::npos ? "forward" : "dkv",
+                                                   s.config.head_dim_resolved()) > 0));
 }
