@@ -131,6 +131,9 @@ done
 # The attention kernels' tile loops by instruction class, instructions per HMMA and the issue
 # ceiling (bench/attention_sass.py; it fails on an inner loop whose trip count it cannot know).
 echo
+if [[ ${#attention_header[@]} -gt 0 ]]; then
+  attention_header+=(--compiler "$("$CUDA_HOME/bin/nvcc" --version | tail -n 1)")
+fi
 python3 bench/attention_sass.py "$work/k.sass" "${attention_header[@]}" || failures=$((failures + 1))
 if [[ $failures -gt 0 ]]; then
   echo "ptxas-report: $failures problem(s)"; exit 1
