@@ -117,14 +117,17 @@ void run(const pv::LlamaConfig& c, const Options& o) {
     pv::DeviceBuffer<int> tokens(size_t(total), pv::MemoryCategory::workspace);
     std::vector<int> seq = prompt, window(size_t(total), 0), recomputed;
     std::vector<T> row(size_t(c.vocab_size));
+    pv::DeviceBuffer<T> window_logits(size_t(total) * row.size(), pv::MemoryCategory::workspace);  // the window's [N][V]
     std::vector<double> scores(row.size());
     t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < o.tokens; ++i) {
         std::copy(seq.begin(), seq.end(), window.begin());
         CUDA_CHECK(cudaMemcpy(tokens.get(), window.data(), window.size() * sizeof(int), cudaMemcpyHostToDevice));
         pv::single_forward<T>(model, 0, pv::DeviceBatch{tokens.get()}, nullptr, nullptr);
-        CUDA_CHECK(cudaMemcpy(row.data(), model.logits(0) + (seq.size() - 1) * row.size(), row.size() * sizeof(T),
-                              cudaMemcpyDeviceToHost));
+        model.logits(0, window_logits.get());
+        CUDA_CHECK(cudaMemcpyAsync(row.data(), window_logits.get() + (seq.size() - 1) * row.size(), row.size() * sizeof(T),
+                                   cudaMemcpyDeviceToHost, model.stream()));
+        CUDA_CHECK(cudaStreamSynchronize(model.stream()));
         for (size_t k = 0; k < row.size(); ++k) scores[k] = double(pv::to_acc(row[k]));
         recomputed.push_back(pv::sample_token(scores, 0.0, 1.0, 0.0));
         seq.push_back(recomputed.back());

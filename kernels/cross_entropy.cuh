@@ -28,12 +28,21 @@
 // - Backward: an elementwise pass over N·V in 16-byte vectors (kernels/vec.cuh): each chunk is
 //   read, turned into its gradient with the row's saved (max, sum) and written back by the same
 //   thread, so dlogits may alias logits (in place, as llm.c does, saving an N·V buffer).
+// - Loss and gradient in one pass (cross_entropy_loss_and_gradient, the fused linear
+//   cross-entropy's step: model/llama.cu's head computes its logits a chunk of rows at a time and
+//   never holds all N·V): one block per row computes the row's (max, sum) as the forward does, its
+//   loss from them, and then, in place, the gradient as the backward does — the same bits as the
+//   forward kernel followed by the backward (the same statistics, the same formula per element),
+//   with the row read twice (the second time from L2: a row is at most 256 KB, and the rows in
+//   flight about fill an H100's 50 MB) and written once. It needs the loss scale up front, so the
+//   head runs it in its backward, where the scale is known.
 // Bits: the scalar paths (V not a multiple of the vector width) add the logits in the order of
 // the kernels these replaced and give the same loss and gradient bit for bit; the vector paths
 // change each thread's order of additions, so the float loss can differ in the last bits (the
 // gradient formula per element, given the row's statistics, is unchanged).
 // Bytes: forward reads N·V logits and N targets, writes N losses and N stats (2·acc); backward
-// reads N·V logits, N targets and N stats, writes N·V.
+// reads N·V logits, N targets and N stats, writes N·V; the one-pass kernel reads N·V logits (twice,
+// once from L2) and N targets, writes N·V, N losses and N stats.
 // V may be anything from 1 to the 128256 of Llama 3 (odd sizes included).
 #pragma once
 
@@ -154,6 +163,28 @@ __global__ void cross_entropy_sum_kernel(const acc_t<T>* row_loss, const int* ta
     }
 }
 
+// The gradient of W consecutive logits x of one row, whose first is column j of the whole
+// vocabulary: scale·exp(x − max)/sum − [column == t]·scale, all NaN for a target outside
+// [0, whole_V) (a bad target poisons its whole row), all 0 for an ignored row (st unread). The one
+// formula of the backward and of the one-pass kernel, so the two give the same bits.
+template <class T, int W>
+__device__ inline Vec<T, W> cross_entropy_gradient(const Vec<T, W>& x, CrossEntropyStats<acc_t<T>> st, int j, int t,
+                                                   int ignore_index, int whole_V, acc_t<T> scale) {
+    using A = acc_t<T>;
+    Vec<T, W> d;
+    if (t == ignore_index) {
+        for (int e = 0; e < W; ++e) d.v[e] = from_acc<T>(A(0));
+        return d;
+    }
+    const A bad = (t < 0 || t >= whole_V) ? A(NAN) : A(0);
+    const A norm = scale / st.sum;
+    for (int e = 0; e < W; ++e) {
+        const A p = acc_exp(to_acc(x.v[e]) - st.max);
+        d.v[e] = from_acc<T>(p * norm - (j + e == t ? scale : A(0)) + bad);
+    }
+    return d;
+}
+
 // The backward as an elementwise operation (kernels/vec.cuh) over the N·V logits, with the rows'
 // statistics from the forward: element i is row n = i / V, column j = i % V, and
 // dlogits = scale·exp(x − max)/sum − [j == t]·scale (NaN for a bad target, 0 for an ignored row).
@@ -180,28 +211,41 @@ struct CrossEntropyBackwardOp {
     }
     template <int W, class I>
     __device__ void store(I i, const In<W>& in) const {
-        using A = acc_t<T>;
         const I n = i / V;
         const int j0 = int(i - n * V), t = targets[n];
-        Vec<T, W> d;
-        if (t == ignore_index) {
-            for (int e = 0; e < W; ++e) d.v[e] = from_acc<T>(A(0));
-        } else {
-            const CrossEntropyStats<A> st = row_stats[n];
-            const A bad = (t < 0 || t >= whole_V) ? A(NAN) : A(0);  // a bad target poisons its whole row
-            const A norm = scale / st.sum;
-            for (int e = 0; e < W; ++e) {
-                const A p = acc_exp(to_acc(in.x.v[e]) - st.max);
-                d.v[e] = from_acc<T>(p * norm - (first + j0 + e == t ? scale : A(0)) + bad);
-            }
-        }
-        store_vec<W>(dlogits + i, d);
+        store_vec<W>(dlogits + i,
+                     cross_entropy_gradient(in.x, t == ignore_index ? CrossEntropyStats<acc_t<T>>{} : row_stats[n],
+                                            first + j0, t, ignore_index, whole_V, scale));
     }
 };
 
 // Threads per row: a multiple of 32 giving each thread about 16 logits or more (the N rows in flight
 // keep the GPU busy), at most 1024 (from V = 16384 on; Llama 3's 128256 gives 126 each).
 inline int cross_entropy_block_size(int V) { return V >= 16384 ? 1024 : 32 * ceil_div(V, 16 * 32); }
+
+// One block per row, in place: the row's (max, sum) and loss as cross_entropy_forward_kernel computes
+// them (row_loss, row_stats), then the row's gradient as CrossEntropyBackwardOp computes it, over
+// the logits. Every thread reads the target's logit before the barrier that precedes the writes.
+template <class T, int W>
+__global__ void cross_entropy_loss_and_gradient_kernel(T* logits, const int* targets, acc_t<T>* row_loss,
+                                                       CrossEntropyStats<acc_t<T>>* row_stats, int V, int ignore_index,
+                                                       acc_t<T> scale) {
+    using A = acc_t<T>;
+    __shared__ CrossEntropyStats<A> scratch[32];
+    const long long row = blockIdx.x;
+    T* x = logits + row * V;
+    const int t = targets[row];
+    const CrossEntropyStats<A> st = cross_entropy_row_stats<W>(x, V, &scratch[0]);
+    const bool counted = t != ignore_index, bad = t < 0 || t >= V;
+    const A target = counted && !bad ? to_acc(x[t]) : A(0);
+    __syncthreads();  // the target's logit is read everywhere before any thread overwrites it
+    if (threadIdx.x == 0) {
+        row_loss[row] = !counted ? A(0) : bad ? A(NAN) : st.max + acc_log(st.sum) - target;
+        row_stats[row] = st;
+    }
+    for (int j = threadIdx.x; j < V / W; j += blockDim.x)
+        store_vec<W>(x + j * W, cross_entropy_gradient(load_vec<W>(x + j * W), st, j * W, t, ignore_index, V, scale));
+}
 
 // *loss_sum = Σ row_loss and *count = the counted rows, in a fixed order. A warp per 32 rows, at
 // most 8 (the sum is a few microseconds at any N); N < 2^31 (grid size).
@@ -214,6 +258,23 @@ void cross_entropy_sum(const acc_t<T>* row_loss, const int* targets, acc_t<T>* l
     CUDA_CHECK_LAUNCH();
 }
 
+// The rows' part of cross_entropy_forward alone: row_loss[N] and row_stats[N] (may be null), no
+// sum — a caller computing the logits a chunk of rows at a time sums all N once at the end.
+template <class T>
+void cross_entropy_rows(const T* logits, const int* targets, acc_t<T>* row_loss, CrossEntropyStats<acc_t<T>>* row_stats,
+                        long long N, int V, int ignore_index, cudaStream_t stream) {
+    if (N == 0) return;
+    auto go = [&](auto kernel) {
+        launch(kernel, dim3(unsigned(N)), dim3(cross_entropy_block_size(V)), 0, stream, logits, targets, row_loss,
+               row_stats, V, ignore_index);
+        CUDA_CHECK_LAUNCH();
+    };
+    if (V % kVec<T> == 0 && vec_aligned({logits}))
+        go(cross_entropy_forward_kernel<T, kVec<T>>);
+    else
+        go(cross_entropy_forward_kernel<T, 1>);
+}
+
 // row_loss[N] (0 for ignored rows), *loss_sum = Σ row_loss (fixed order), *count = the number of
 // counted rows; loss_sum and count are single device values. row_stats[N] (may be null: a forward
 // with no backward to follow) receives each row's (max, sum) for cross_entropy_backward.
@@ -221,18 +282,28 @@ template <class T>
 void cross_entropy_forward(const T* logits, const int* targets, acc_t<T>* row_loss,
                            CrossEntropyStats<acc_t<T>>* row_stats, acc_t<T>* loss_sum, int* count, long long N, int V,
                            int ignore_index, cudaStream_t stream) {
-    if (N > 0) {
-        auto go = [&](auto kernel) {
-            launch(kernel, dim3(unsigned(N)), dim3(cross_entropy_block_size(V)), 0, stream, logits, targets, row_loss,
-                   row_stats, V, ignore_index);
-            CUDA_CHECK_LAUNCH();
-        };
-        if (V % kVec<T> == 0 && vec_aligned({logits}))
-            go(cross_entropy_forward_kernel<T, kVec<T>>);
-        else
-            go(cross_entropy_forward_kernel<T, 1>);
-    }
+    cross_entropy_rows(logits, targets, row_loss, row_stats, N, V, ignore_index, stream);
     cross_entropy_sum<T>(row_loss, targets, loss_sum, count, N, ignore_index, stream);
+}
+
+// The loss and the gradient in one pass over [N][V] logits (the whole vocabulary), in place:
+// row_loss[N] and row_stats[N] as cross_entropy_rows writes them, and the logits overwritten by
+// dlogits as cross_entropy_backward writes them with `scale`, bit for bit. No sum: the caller
+// sums the rows (cross_entropy_sum) once all of them are done.
+template <class T>
+void cross_entropy_loss_and_gradient(T* logits, const int* targets, acc_t<T>* row_loss,
+                                     CrossEntropyStats<acc_t<T>>* row_stats, long long N, int V, int ignore_index,
+                                     double scale, cudaStream_t stream) {
+    if (N == 0) return;
+    auto go = [&](auto kernel) {
+        launch(kernel, dim3(unsigned(N)), dim3(cross_entropy_block_size(V)), 0, stream, logits, targets, row_loss,
+               row_stats, V, ignore_index, acc_t<T>(scale));
+        CUDA_CHECK_LAUNCH();
+    };
+    if (V % kVec<T> == 0 && vec_aligned({logits}))
+        go(cross_entropy_loss_and_gradient_kernel<T, kVec<T>>);
+    else
+        go(cross_entropy_loss_and_gradient_kernel<T, 1>);
 }
 
 // Vocabulary-parallel cross-entropy (Megatron-LM's, for a tensor-parallel lm_head): a rank holds
@@ -295,6 +366,18 @@ void cross_entropy_partials(const T* logits, const int* targets, CrossEntropyPar
         go(cross_entropy_partial_kernel<T, 1>);
 }
 
+// The rows' part of cross_entropy_merge_partials alone (row_stats, row_loss; no sum): for a caller
+// that merges a chunk of rows at a time and sums all of them once at the end.
+template <class T>
+void cross_entropy_merge_rows(const CrossEntropyPartial<acc_t<T>>* partials, int ranks, const int* targets,
+                              CrossEntropyStats<acc_t<T>>* row_stats, acc_t<T>* row_loss, long long N, int whole_V,
+                              int ignore_index, cudaStream_t stream) {
+    if (N == 0) return;
+    launch(cross_entropy_merge_kernel<acc_t<T>>, dim3(unsigned(ceil_div(N, 256))), dim3(256), 0, stream, partials,
+           ranks, targets, row_stats, row_loss, N, whole_V, ignore_index);
+    CUDA_CHECK_LAUNCH();
+}
+
 // Step 3, after the all-gather: `partials` holds every rank's [N], rank after rank. Writes
 // row_stats (for cross_entropy_backward with this rank's first and whole_V), row_loss, and the
 // loss sum and count as cross_entropy_forward does.
@@ -302,11 +385,7 @@ template <class T>
 void cross_entropy_merge_partials(const CrossEntropyPartial<acc_t<T>>* partials, int ranks, const int* targets,
                                   CrossEntropyStats<acc_t<T>>* row_stats, acc_t<T>* row_loss, acc_t<T>* loss_sum,
                                   int* count, long long N, int whole_V, int ignore_index, cudaStream_t stream) {
-    if (N > 0) {
-        launch(cross_entropy_merge_kernel<acc_t<T>>, dim3(unsigned(ceil_div(N, 256))), dim3(256), 0, stream, partials,
-               ranks, targets, row_stats, row_loss, N, whole_V, ignore_index);
-        CUDA_CHECK_LAUNCH();
-    }
+    cross_entropy_merge_rows<T>(partials, ranks, targets, row_stats, row_loss, N, whole_V, ignore_index, stream);
     cross_entropy_sum<T>(row_loss, targets, loss_sum, count, N, ignore_index, stream);
 }
 

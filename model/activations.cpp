@@ -1,6 +1,8 @@
 // Activation arenas: the layouts every unit's slot and the recompute arena hold (model/activations.h).
 #include "model/activations.h"
 
+#include <algorithm>
+
 namespace pv {
 
 namespace {
@@ -9,6 +11,19 @@ size_t acc_size(DType t) { return t == DType::fp64 ? 8 : 4; }
 size_t aligned(size_t at) { return (at + 255) / 256 * 256; }
 
 }  // namespace
+
+long long head_chunk_rows(long long rows, long long columns, DType dtype, long long requested) {
+    if (rows <= 0 || columns <= 0) return 0;
+    if (requested > 0) return std::min(requested, rows);
+    const long long most = std::max<long long>(1, kHeadChunkBytes / (columns * (long long)dtype_size(dtype)));
+    const long long chunks = (rows + most - 1) / most;
+    return (rows + chunks - 1) / chunks;  // equal chunks: the last no longer than the others
+}
+
+long long head_chunks(long long rows, long long columns, DType dtype, long long requested) {
+    const long long each = head_chunk_rows(rows, columns, dtype, requested);
+    return each > 0 ? (rows + each - 1) / each : 0;
+}
 
 std::vector<ActivationBuffer> activation_layout(const LlamaConfig& c, UnitKind kind, int batch, int seq_len,
                                                 DType dtype, const LoraConfig& lora, int sequence_shards) {
@@ -34,10 +49,9 @@ std::vector<ActivationBuffer> activation_layout(const LlamaConfig& c, UnitKind k
                 buffers.push_back({"lora_u_" + lora_a_name(k).substr(7), N * shapes[size_t(k)].a_rows(lora.rank), t});
             return buffers;
         }
-        case UnitKind::head:
+        case UnitKind::head:  // the logits are the workspace's, a chunk of rows at a time
             return {{"h", N * C, t},
                     {"rstd", R, a},
-                    {"logits", N * c.vocab_size, t},
                     {"row_loss", N, a},
                     {"row_stats", N, 2 * a}};
     }

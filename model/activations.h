@@ -45,6 +45,17 @@ struct ActivationBuffer {
 std::vector<ActivationBuffer> activation_layout(const LlamaConfig& c, UnitKind kind, int batch, int seq_len,
                                                 DType dtype, const LoraConfig& lora = {}, int sequence_shards = 1);
 
+// The head's logits are computed this many rows at a time (model/llama.h, the fused linear
+// cross-entropy; the workspace's "logits" buffer holds one chunk, rows × columns of the dtype):
+// `requested` when positive (at most rows), else the fewest equal chunks of at most
+// kHeadChunkBytes — all the rows at once when they fit, e.g. Llama 2's 32000 columns at 4 × 2048 in
+// bf16 (500 MiB); Llama 3's 128256 at 4 × 2048: 4 chunks of 2048 rows (501 MiB each, where the
+// whole logits took 2.0 GiB in every activation slot).
+inline constexpr long long kHeadChunkBytes = 512LL << 20;
+long long head_chunk_rows(long long rows, long long columns, DType dtype, long long requested = 0);
+// How many chunks of head_chunk_rows cover `rows`.
+long long head_chunks(long long rows, long long columns, DType dtype, long long requested = 0);
+
 // Bytes of one activation arena holding `buffers` (each buffer 256-byte aligned): what a unit's
 // slot allocates in the activations category.
 size_t arena_bytes(const std::vector<ActivationBuffer>& buffers);

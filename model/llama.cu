@@ -25,7 +25,7 @@ namespace {
 // The arena buffers of each unit kind, in the order of activation_layout (model/activations.cpp)
 // and the typed views.
 enum BlockBuffer { kOut, kH1, kRstd1, kQkv, kAtt, kLse, kX2, kH2, kRstd2, kGateUp, kAct };
-enum HeadBuffer { kHeadH, kHeadRstd, kHeadLogits, kHeadRowLoss, kHeadRowStats };
+enum HeadBuffer { kHeadH, kHeadRstd, kHeadRowLoss, kHeadRowStats };
 enum WorkBuffer {
     kProj,
     kDh,
@@ -45,7 +45,8 @@ enum WorkBuffer {
     kVocabPartials,
     kRowsSummed,
     kRowsNormed,
-    kNormGradShare
+    kNormGradShare,
+    kLogits
 };
 
 // The block tensor (BlockTensor) of linear k (LoraLinear).
@@ -64,6 +65,14 @@ LoraShape lora_shape(const LoraLinearShape& s, const LoraConfig& lora) {
     return out;
 }
 
+// The rows of a chunk of the head's logits (model/activations.h head_chunk_rows), the same on every
+// rank of a tensor-parallel group — each gathers its partials once per chunk — so taken at the
+// most columns a rank holds (rank 0's), not this rank's.
+long long head_chunk_of(const LlamaConfig& whole, long long rows, DType dtype, TensorParallel tensor,
+                        long long requested) {
+    return head_chunk_rows(rows, tensor_parallel_shape(whole, {tensor.size, 0}).vocab_size, dtype, requested);
+}
+
 }  // namespace
 
 long long lora_max_a_rows(const LlamaConfig& c, const LoraConfig& lora) {
@@ -74,7 +83,8 @@ long long lora_max_a_rows(const LlamaConfig& c, const LoraConfig& lora) {
 }
 
 std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& whole, int batch, int seq_len, DType dtype,
-                                                     const LoraConfig& lora, bool nf4, TensorParallel tensor) {
+                                                     const LoraConfig& lora, bool nf4, TensorParallel tensor,
+                                                     long long head_chunk) {
     const LlamaConfig c = tensor_parallel_shape(whole, tensor);
     const long long N = (long long)batch * seq_len, C = c.hidden_size, F = c.ffn_size;
     const long long R = tensor.stream_rows(N);  // the residual stream's rows
@@ -113,7 +123,9 @@ std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& whole, i
              size_t(3 * (dtype == DType::fp64 ? 8 : 4))},
             {"rows_summed", tensor.sequence ? R * C : 0, t},
             {"rows_normed", tensor.sequence ? R * C : 0, t},
-            {"norm_grad_share", tensor.sequence ? C : 0, t}};
+            {"norm_grad_share", tensor.sequence ? C : 0, t},
+            // The head's logits, one chunk of rows at a time (the fused linear cross-entropy).
+            {"logits", head_chunk_of(whole, N, dtype, tensor, head_chunk) * c.vocab_size, t}};
 }
 
 template <class A>
@@ -240,7 +252,7 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
     // The workspace: transient buffers of one unit at a time, for forward and backward.
     const long long R = stream_rows(), C = config_.hidden_size;
     const std::vector<ActivationBuffer> workspace_layout =
-        model_workspace_layout(config_, o.batch, o.seq_len, dt, lora_, nf4_, tensor_);
+        model_workspace_layout(config_, o.batch, o.seq_len, dt, lora_, nf4_, tensor_, o.head_chunk_rows);
     const std::vector<size_t> at = arena_offsets(workspace_layout);
     workspace_ = device_alloc(arena_bytes(workspace_layout), MemoryCategory::workspace);
     char* w = static_cast<char*>(workspace_);
@@ -262,7 +274,10 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
                       w + at[kVocabPartials],
                       reinterpret_cast<T*>(w + at[kRowsSummed]),
                       reinterpret_cast<T*>(w + at[kRowsNormed]),
-                      reinterpret_cast<T*>(w + at[kNormGradShare])};
+                      reinterpret_cast<T*>(w + at[kNormGradShare]),
+                      reinterpret_cast<T*>(w + at[kLogits])};
+    head_chunk_ = head_chunk_of(config_, rows(), dt, tensor_, o.head_chunk_rows);
+    deferred_loss_.assign(size_t(std::max(1, arenas.slots.back())), DeferredLoss{});
     for (T*& d : dresidual_) d = static_cast<T*>(device_alloc(size_t(R * C) * sizeof(T), MemoryCategory::workspace));
 }
 
@@ -345,7 +360,7 @@ void Llama<T>::resolve_activations(int u) {
             }
             case UnitKind::head:
                 unit.head_acts.push_back(
-                    {t(kHeadH), acc(kHeadRstd), t(kHeadLogits), acc(kHeadRowLoss),
+                    {t(kHeadH), acc(kHeadRstd), acc(kHeadRowLoss),
                      reinterpret_cast<CrossEntropyStats<acc_t<T>>*>(a + at[size_t(kHeadRowStats)])});
                 break;
         }
@@ -359,8 +374,11 @@ T* Llama<T>::unit_output(int u, int slot) {
 }
 
 template <class T>
-const T* Llama<T>::logits(int slot) const {
-    return units_.back().head_acts.at(size_t(slot)).logits;
+void Llama<T>::logits(int slot, T* out) const {
+    const Unit& head = units_.back();
+    if (!runs(num_units() - 1)) throw std::logic_error("logits: the head does not run here");
+    matmul_forward(cublas_, head.head_acts.at(size_t(slot)).h, head.head_w.lm_head, out, rows(), config_.hidden_size,
+                   shape_.vocab_size, stream_);
 }
 
 template <class T>
@@ -811,42 +829,80 @@ void Llama<T>::forward_head(int slot, const UnitIO<T>& io) {
     const Unit& unit = units_.back();
     const long long N = rows();
     const HeadActivations<T>& a = unit.head_acts[size_t(slot)];
-    const int V = shape_.vocab_size;  // this rank's columns of the logits (all of them for T = 1)
     T* const h_rows = tensor_.sequence ? work_.rows_normed : a.h;  // gathered under sequence parallelism
     rmsnorm_forward(io.residual_in, unit.head_w.final_norm, h_rows, a.rstd, stream_rows(), c.hidden_size,
                     c.rms_norm_eps, stream_);
     whole_rows(h_rows, a.h);
-    matmul_forward(cublas_, a.h, unit.head_w.lm_head, a.logits, N, c.hidden_size, V, stream_);
+    deferred_loss_.at(size_t(slot)) = {};
     if (!io.targets) return;
-    if (tensor_.size == 1) {
-        cross_entropy_forward(a.logits, io.targets, a.row_loss, a.row_stats, io.loss_sum, io.count, N, V, kIgnoreIndex,
-                              stream_);
+    if (io.loss_in_backward) {  // the backward computes the logits, the loss and its gradient at once
+        deferred_loss_[size_t(slot)] = {io.loss_sum, io.count};
         return;
     }
-    // Vocabulary-parallel: each rank's columns' (max, Σ exp, target logit) per row, gathered over the
-    // group and merged in rank order: every rank gets the same loss and row statistics.
+    // The loss alone, a chunk of logits at a time: each chunk's rows' statistics (tensor-parallel:
+    // this rank's columns' partials, gathered once over the group and merged in rank order, so
+    // every rank gets the same loss and statistics), then one sum over all N rows.
     using Partial = CrossEntropyPartial<acc_t<T>>;
     Partial* const mine = static_cast<Partial*>(work_.vocab_partials);
-    Partial* const all = mine + N;
-    cross_entropy_partials(a.logits, io.targets, mine, N, V, int(vocab_.first), stream_);
-    gather_over_tensor_group(mine, all, N * (long long)(sizeof(Partial) / sizeof(acc_t<T>)));
-    cross_entropy_merge_partials<T>(all, tensor_.size, io.targets, a.row_stats, a.row_loss, io.loss_sum, io.count, N,
-                                    c.vocab_size, kIgnoreIndex, stream_);
+    for (long long r = 0; r < N; r += head_chunk_) {
+        const long long n = std::min(head_chunk_, N - r);
+        head_chunk_logits(a, r, n);
+        if (tensor_.size == 1)
+            cross_entropy_rows(work_.logits, io.targets + r, a.row_loss + r, a.row_stats + r, n, shape_.vocab_size,
+                               kIgnoreIndex, stream_);
+        else
+            cross_entropy_partials(work_.logits, io.targets + r, mine + r, n, shape_.vocab_size, int(vocab_.first),
+                                   stream_);
+    }
+    if (tensor_.size > 1) {
+        gather_over_tensor_group(mine, mine + N, N * (long long)(sizeof(Partial) / sizeof(acc_t<T>)));
+        cross_entropy_merge_rows<T>(mine + N, tensor_.size, io.targets, a.row_stats, a.row_loss, N, c.vocab_size,
+                                    kIgnoreIndex, stream_);
+    }
+    cross_entropy_sum<T>(a.row_loss, io.targets, io.loss_sum, io.count, N, kIgnoreIndex, stream_);
+}
+
+template <class T>
+void Llama<T>::head_chunk_logits(const HeadActivations<T>& a, long long first_row, long long n) {
+    matmul_forward(cublas_, a.h + first_row * config_.hidden_size, units_.back().head_w.lm_head, work_.logits, n,
+                   config_.hidden_size, shape_.vocab_size, stream_);
 }
 
 template <class T>
 void Llama<T>::backward_head(int slot, const UnitIO<T>& io) {
     const LlamaConfig& c = config_;
     const Unit& unit = units_.back();
-    const long long N = rows();
+    const long long N = rows(), C = c.hidden_size;
     const HeadActivations<T>& a = unit.head_acts[size_t(slot)];
-    // In place: the logits become their gradient (saves a second N x V buffer); the softmax
-    // statistics are the forward's.
-    const int V = shape_.vocab_size;
-    cross_entropy_backward_columns(a.logits, io.targets, a.row_stats, a.logits, N, V, int(vocab_.first),
-                                   c.vocab_size, kIgnoreIndex, io.loss_scale, stream_);
-    matmul_backward(cublas_, a.logits, a.h, unit.head_w.lm_head, work_.dh, unit.head_g.lm_head, N, c.hidden_size, V,
-                    false, stream_);
+    const DeferredLoss loss = deferred_loss_.at(size_t(slot));
+    deferred_loss_[size_t(slot)] = {};
+    const int V = shape_.vocab_size;  // this rank's columns of the logits (all of them for T = 1)
+    using Partial = CrossEntropyPartial<acc_t<T>>;
+    Partial* const mine = static_cast<Partial*>(work_.vocab_partials);
+    // Per chunk of rows: its logits, which become their gradient in place (the softmax statistics
+    // the forward's, or computed here with the loss when the forward left the loss to this pass),
+    // then the chunk's input gradient rows and its share of the weight gradient.
+    for (long long r = 0; r < N; r += head_chunk_) {
+        const long long n = std::min(head_chunk_, N - r);
+        const int* targets = io.targets + r;
+        head_chunk_logits(a, r, n);
+        if (loss.loss_sum && tensor_.size == 1) {
+            cross_entropy_loss_and_gradient(work_.logits, targets, a.row_loss + r, a.row_stats + r, n, V, kIgnoreIndex,
+                                            io.loss_scale, stream_);
+        } else {
+            if (loss.loss_sum) {  // vocabulary-parallel: the chunk's rows' statistics over the group first
+                cross_entropy_partials(work_.logits, targets, mine, n, V, int(vocab_.first), stream_);
+                gather_over_tensor_group(mine, mine + n, n * (long long)(sizeof(Partial) / sizeof(acc_t<T>)));
+                cross_entropy_merge_rows<T>(mine + n, tensor_.size, targets, a.row_stats + r, a.row_loss + r, n,
+                                            c.vocab_size, kIgnoreIndex, stream_);
+            }
+            cross_entropy_backward_columns(work_.logits, targets, a.row_stats + r, work_.logits, n, V,
+                                           int(vocab_.first), c.vocab_size, kIgnoreIndex, io.loss_scale, stream_);
+        }
+        matmul_backward(cublas_, work_.logits, a.h + r * C, unit.head_w.lm_head, work_.dh + r * C,
+                        unit.head_g.lm_head, n, c.hidden_size, V, false, stream_);
+    }
+    if (loss.loss_sum) cross_entropy_sum<T>(a.row_loss, io.targets, loss.loss_sum, loss.count, N, kIgnoreIndex, stream_);
     const T* dh = sum_rows(work_.dh);  // vocabulary-parallel: each rank's columns' share
     // Nothing flows past the final norm: dresidual_in is the norm's share alone.
     rmsnorm_backward(io.residual_in, unit.head_w.final_norm, a.rstd, dh, static_cast<const T*>(nullptr),

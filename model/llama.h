@@ -19,6 +19,12 @@
 //   gu = h2·W_guᵀ, s = SwiGLU(gu)      (gu, s saved)
 //   out = x2 + s·W_downᵀ
 // The head: hN = RMSNorm(x)·w_final, logits = hN·W_lmᵀ (W_lm = wte when tied), loss = Σ CE.
+// The fused linear cross-entropy: the logits exist a chunk of rows at a time (head_chunk_rows),
+// never all N·V of them. When the loss is wanted in the backward (UnitIO::loss_in_backward, the
+// trainer's steps) the forward stops at hN, and the backward computes per chunk the logits, the
+// loss and their gradient in one pass, then the chunk's dX and dW GEMMs: the three GEMMs of an
+// unchunked head. Otherwise the forward computes the loss per chunk and the backward computes
+// each chunk's logits again (one more GEMM) before its gradient.
 #pragma once
 
 #include "kernels/common.cuh"
@@ -56,7 +62,8 @@ long long lora_max_a_rows(const LlamaConfig& c, const LoraConfig& lora);
 // `whole` is the whole model; a rank of a tensor-parallel group computes with its shape
 // (model/tensor_parallel.h tensor_parallel_shape).
 std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& whole, int batch, int seq_len, DType dtype,
-                                                     const LoraConfig& lora, bool nf4, TensorParallel tensor = {});
+                                                     const LoraConfig& lora, bool nf4, TensorParallel tensor = {},
+                                                     long long head_chunk = 0);
 
 // Typed views of a unit's tensors and activations, resolved once when buffers are allocated or
 // bound (never looked up by name in a step). P is `const T*` for weights, `T*` for gradients
@@ -94,7 +101,6 @@ template <class T>
 struct HeadActivations {
     T* h = nullptr;
     acc_t<T>* rstd = nullptr;
-    T* logits = nullptr;
     acc_t<T>* row_loss = nullptr;
     CrossEntropyStats<acc_t<T>>* row_stats = nullptr;  // each row's softmax (max, sum), for the backward
 };
@@ -111,6 +117,9 @@ struct UnitIO {
     T* residual_out = nullptr;       // embedding, block: the residual stream out, [N][C]
     acc_t<T>* loss_sum = nullptr;    // head forward: Σ cross-entropy over counted tokens (device)
     int* count = nullptr;            // head forward: number of counted tokens (device)
+    // Head forward: loss_sum and count are written by this slot's next backward, which computes the
+    // loss with its gradient (one pass over each chunk of logits); false: by the forward.
+    bool loss_in_backward = false;
     // Backward:
     const T* dresidual_out = nullptr;  // embedding, block: gradient of residual_out
     T* dresidual_in = nullptr;         // block, head: gradient of residual_in (written)
@@ -133,6 +142,7 @@ struct ModelOptions {
     Placement placement;
     cudaStream_t stream = nullptr;
     ActivationCheckpointing checkpointing;  // off by default
+    long long head_chunk_rows = 0;          // the head's logits this many rows at a time; 0: head_chunk_rows' choice
     // With placement.tensor.size > 1: sums `count` elements of the compute type at `data` over the
     // tensor-parallel group, in place, in order on the model's stream (parallel/ provides it, here
     // or later through bind_tensor_reduce, before the first forward). The
@@ -207,9 +217,12 @@ class Llama {
     // The residual-stream output buffer of unit u in `slot` (embedding and blocks), where the
     // single driver reads the next unit's input from.
     T* unit_output(int u, int slot);
-    // The head's logits [N][V] of the last forward in `slot` (overwritten by its backward); under
+    // The head's logits [N][V] of the last forward in `slot` into `out` (device, N·V elements),
+    // computed from the normed rows the forward keeps (the head never holds them whole); under
     // tensor parallelism this rank's columns of them (its vocabulary rows, model/tensor_parallel.h).
-    const T* logits(int slot) const;
+    void logits(int slot, T* out) const;
+    // The rows of one chunk of the head's logits (head_chunk_rows).
+    long long head_chunk() const { return head_chunk_; }
     // Two [N][C] gradient buffers for the residual stream, used alternately by a driver.
     T* residual_grad(int which) { return dresidual_[which]; }
 
@@ -321,6 +334,7 @@ class Llama {
         T* dequantized = nullptr;           // NF4: the largest linear weight, dequantised before its GEMM
         void* embedding_scratch = nullptr;  // the embedding backward's sorted positions
         void* vocab_partials = nullptr;     // tensor parallelism: the cross-entropy's partials, the rank's, the group's
+        T* logits = nullptr;                // the head's logits, one chunk of rows: [head_chunk_][V]
         // Sequence parallelism: this rank's rows of a reduce-scatter's sum and of a norm's output
         // before its gather ([N/T][C] each), and a norm weight's gradient share ([C]).
         T* rows_summed = nullptr;
@@ -346,6 +360,8 @@ class Llama {
     void linear_backward(int u, int k, const T* dy, const T* x, T* dx, const BlockActivations<T>& a,
                          const LoraDropout& dropout);
     void backward_head(int slot, const UnitIO<T>& io);
+    // Rows [first_row, first_row + n) of the head's logits into work_.logits (n ≤ head_chunk_).
+    void head_chunk_logits(const HeadActivations<T>& a, long long first_row, long long n);
 
     LlamaConfig config_;  // the whole model's (names, ids, checkpoints)
     LlamaConfig shape_;   // what this rank computes: its tensor-parallel slice's heads, ffn and vocabulary
@@ -408,6 +424,13 @@ class Llama {
     void* workspace_ = nullptr;
     Workspace work_;
     void* recompute_arena_ = nullptr;  // the recomputed blocks' activations (null: none recomputes)
+    long long head_chunk_ = 1;         // rows of the head's logits at a time
+    // Per slot: where the next backward writes the loss the forward left to it (null: none).
+    struct DeferredLoss {
+        acc_t<T>* loss_sum = nullptr;
+        int* count = nullptr;
+    };
+    std::vector<DeferredLoss> deferred_loss_;
 };
 
 }  // namespace pv

@@ -272,23 +272,40 @@ std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd,
 // written.
 std::vector<KernelCost> cross_entropy_forward(long long N, int V, int t, int a) {
     const double nv = double(N) * V;
-    return {kernel("cross_entropy_forward_kernel", "cross-entropy", nv * t + double(N) * 4, double(N) * 3 * a, 4 * nv,
-                   kVector),
-            kernel("cross_entropy_sum_kernel", "cross-entropy sum", double(N) * (a + 4), double(a) + 4, double(N),
+    std::vector<KernelCost> k = {kernel("cross_entropy_forward_kernel", "cross-entropy", nv * t + double(N) * 4,
+                                        double(N) * 3 * a, 4 * nv, kVector)};
+    k.push_back(cross_entropy_sum(N, a).front());
+    return k;
+}
+std::vector<KernelCost> cross_entropy_sum(long long N, int a) {
+    return {kernel("cross_entropy_sum_kernel", "cross-entropy sum", double(N) * (a + 4), double(a) + 4, double(N),
                    kScalar)};
+}
+// cross_entropy_loss_and_gradient_kernel: the logits and targets read, the gradient written over
+// the logits, a loss and a (max, sum) pair per row; the forward's and the backward's arithmetic.
+// A block reads its row twice (the statistics, then the gradient), the second time from L2: a row
+// is at most 256 KB (128256 bf16) and the rows in flight (a block each, 1-2 per SM: 132-264 on an
+// H100, 33-66 MB at that width) about fill its 50 MB, so the DRAM bytes are counted once.
+std::vector<KernelCost> cross_entropy_loss_and_gradient(long long N, int V, int t, int a) {
+    const double nv = double(N) * V;
+    return {kernel("cross_entropy_loss_and_gradient_kernel", "cross-entropy: loss and gradient",
+                   nv * t + double(N) * 4, nv * t + double(N) * 3 * a, 9 * nv, kVector)};
 }
 // Vocabulary-parallel over `ranks` (a rank's V columns): cross_entropy_partial_kernel reads them
 // and the targets and writes a partial (max, sum, target logit) per row; after the all-gather,
 // cross_entropy_merge_kernel reads the ranks' partials and the targets and writes a loss and a
 // (max, sum) pair per row; then the sum kernel.
 std::vector<KernelCost> cross_entropy_vocabulary_parallel(long long N, int V, int ranks, int t, int a) {
+    std::vector<KernelCost> k = cross_entropy_vocabulary_parallel_rows(N, V, ranks, t, a);
+    k.push_back(cross_entropy_sum(N, a).front());
+    return k;
+}
+std::vector<KernelCost> cross_entropy_vocabulary_parallel_rows(long long N, int V, int ranks, int t, int a) {
     const double nv = double(N) * V;
     return {kernel("cross_entropy_partial_kernel", "cross-entropy: partials", nv * t + double(N) * 4,
                    double(N) * 3 * a, 4 * nv, kVector),
             kernel("cross_entropy_merge_kernel", "cross-entropy: merge", double(N) * (3.0 * a * ranks + 4),
-                   double(N) * 3 * a, 6.0 * N * ranks, kScalar),
-            kernel("cross_entropy_sum_kernel", "cross-entropy sum", double(N) * (a + 4), double(a) + 4, double(N),
-                   kScalar)};
+                   double(N) * 3 * a, 6.0 * N * ranks, kScalar)};
 }
 // The backward (elementwise_kernel): logits, targets and the rows' (max, sum) read, the gradient
 // written in place.
@@ -509,15 +526,37 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     append(k, cost::embedding_forward(N, C, distinct, t), micro);
     block_forward(k, layers, false);
     append(k, cost::rmsnorm_forward(R, C, t, a), micro);
-    append(k, cost::gemm(N, V, C, t, false, "lm_head"), micro);
-    append(k, s.tensor > 1 ? cost::cross_entropy_vocabulary_parallel(N, V, s.tensor, t, a)
-                           : cost::cross_entropy_forward(N, V, t, a),
-           micro);
+    if (!now) {
+        append(k, cost::gemm(N, V, C, t, false, "lm_head"), micro);
+        append(k, cost::cross_entropy_forward(N, V, t, a), micro);
+    }
     const size_t backward_from = k.size();
     // Backward.
-    append(k, now ? cost::cross_entropy_backward(N, V, t, a) : cost::before::cross_entropy_backward(N, V, t), micro);
-    append(k, cost::gemm(N, C, V, t, false, "lm_head backward: dX"), micro);
-    weight_gradient(k, V, C, "lm_head backward: dW", micro);
+    if (now) {  // the fused linear cross-entropy (model/llama.h): the loss computed with its gradient
+        const long long chunk = head_chunk_rows(N, V, t == 2 ? DType::bf16 : t == 4 ? DType::fp32 : DType::fp64);
+        const long long chunks = (N + chunk - 1) / chunk, last = N - (chunks - 1) * chunk;
+        const auto per_chunk = [&](auto&& kernels) {  // every chunk but the last, then the last
+            if (chunks > 1) append(k, kernels(chunk), micro * double(chunks - 1));
+            append(k, kernels(last), micro);
+        };
+        per_chunk([&](long long n) {
+            std::vector<KernelCost> h = cost::gemm(n, V, C, t, false, "lm_head (a chunk of rows)");
+            if (s.tensor > 1) {
+                append(h, cost::cross_entropy_vocabulary_parallel_rows(n, V, s.tensor, t, a));
+                append(h, cost::cross_entropy_backward(n, V, t, a));
+            } else {
+                append(h, cost::cross_entropy_loss_and_gradient(n, V, t, a));
+            }
+            append(h, cost::gemm(n, C, V, t, false, "lm_head backward: dX"));
+            if (full) append(h, cost::gemm(V, C, n, t, true, "lm_head backward: dW"));
+            return h;
+        });
+        append(k, cost::cross_entropy_sum(N, a), micro);
+    } else {
+        append(k, cost::before::cross_entropy_backward(N, V, t), micro);
+        append(k, cost::gemm(N, C, V, t, false, "lm_head backward: dX"), micro);
+        weight_gradient(k, V, C, "lm_head backward: dW", micro);
+    }
     if (!now) append(k, cost::memset(double(N) * C * t, "head: residual gradient zeroed"), micro);
     append(k, cost::rmsnorm_backward(R, C, t, a, full), micro);
     if (recomputed > 0) block_forward(k, double(recomputed) * micro, true);

@@ -135,6 +135,12 @@ std::vector<KernelCost> attention_backward_cuda_cores(int B, int T, int H, int H
 std::vector<KernelCost> cross_entropy_forward(long long N, int V, int t, int a);
 std::vector<KernelCost> cross_entropy_vocabulary_parallel(long long N, int V, int ranks, int t, int a);
 std::vector<KernelCost> cross_entropy_backward(long long N, int V, int t, int a);
+// The fused linear cross-entropy's one pass over a chunk of N rows (loss and gradient, no sum), and
+// the sum of all the rows' losses after the last chunk.
+std::vector<KernelCost> cross_entropy_loss_and_gradient(long long N, int V, int t, int a);
+std::vector<KernelCost> cross_entropy_sum(long long N, int a);
+// The vocabulary-parallel rows of a chunk: partials and merge (no sum).
+std::vector<KernelCost> cross_entropy_vocabulary_parallel_rows(long long N, int V, int ranks, int t, int a);
 // distinct: the number of distinct valid tokens among the N.
 std::vector<KernelCost> embedding_forward(long long N, int C, long long distinct, int t);
 std::vector<KernelCost> embedding_backward(long long N, int C, long long distinct, int t);

@@ -26,6 +26,9 @@ struct DeviceBatch {
     const int* positions = nullptr;  // each row's position within its document; null: row % seq_len
     long long first_row = 0;         // the global row (global sample index · seq_len) of row 0
     long long step = -1;             // the training step (keys LoRA's dropout); −1: evaluation, no dropout
+    // The head's loss written by the backward, with the gradient (the trainer's steps: one pass over
+    // the logits); false: by the forward, for a caller that reads it before any backward.
+    bool loss_in_backward = false;
 };
 
 // A unit call's buffers with the batch's arrays filled in (the other fields at their defaults).
@@ -37,6 +40,7 @@ UnitIO<T> batch_io(const DeviceBatch& batch) {
     io.positions = batch.positions;
     io.first_row = batch.first_row;
     io.step = batch.step;
+    io.loss_in_backward = batch.loss_in_backward;
     return io;
 }
 

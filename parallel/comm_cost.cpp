@@ -1,6 +1,7 @@
 // Per-step communication per strategy (parallel/comm_cost.h).
 #include "parallel/comm_cost.h"
 
+#include "model/activations.h"
 #include "model/tensor_parallel.h"
 #include "parallel/plan.h"
 #include "parallel/policy.h"
@@ -37,7 +38,7 @@ StepWire step_wire(const LlamaConfig& config, DType dtype, const GroupOptions& g
 
 TensorWire tensor_parallel_wire(const LlamaConfig& config, DType dtype, const LoraConfig& lora, int tensor,
                                 long long rows, int micro_steps, int blocks_held, int recomputed, int trained_qkv,
-                                bool embedding, bool head, const TensorSequence& sequence) {
+                                bool embedding, bool head, const TensorSequence& sequence, long long head_chunk) {
     if (tensor <= 1) return {};
     const double t = double(dtype_size(dtype)), ring = 2.0 * (tensor - 1) / tensor;
     const double activation = double(rows) * config.hidden_size;
@@ -77,8 +78,9 @@ TensorWire tensor_parallel_wire(const LlamaConfig& config, DType dtype, const Lo
         elements += micro * sequence.trained_norms * config.hidden_size;
     }
     w.bytes += ring * elements * t;
-    if (head) {  // the cross-entropy's partials
-        w.all_gathers += micro_steps;
+    if (head) {  // the cross-entropy's partials, a chunk of rows at a time
+        const int columns = tensor_parallel_shape(config, {tensor, 0}).vocab_size;  // rank 0's, the most
+        w.all_gathers += micro_steps * head_chunks(rows, columns, dtype, head_chunk);
         w.bytes += micro * (tensor - 1) * double(rows) * 3 * (dtype == DType::fp64 ? 8 : 4);
     }
     return w;

@@ -61,8 +61,10 @@ double step_wire_bytes(const LlamaConfig& config, DType dtype, const GroupOption
 // `trained_qkv` blocks whose W_qkv trains, and × r for W_qkv's adapter when it adapts k or v.
 // The vocabulary-parallel embedding and head (model/tensor_parallel.h), when this rank's stage
 // holds them: one all-reduce of rows·hidden after the embedding's lookup; the head's input gradient
-// one more, and one all-gather of each rank's cross-entropy partials (3 accumulator values a row:
-// 8 bytes each in fp64, 4 otherwise). Bytes by the ring: 2·(T−1)/T of an all-reduce, (T−1)× an
+// one more, and all-gathers of each rank's cross-entropy partials (3 accumulator values a row:
+// 8 bytes each in fp64, 4 otherwise): one per chunk of the head's logits, as a training step's
+// backward computes the loss a chunk of rows at a time (model/activations.h head_chunks;
+// `head_chunk`: the rows of a chunk as ModelOptions::head_chunk_rows requests them, 0 the default). Bytes by the ring: 2·(T−1)/T of an all-reduce, (T−1)× an
 // all-gather's send. Zero for T = 1.
 //
 // Sequence parallelism (`sequence.on`, --sequence-parallel; model/llama.h sum_rows, whole_rows):
@@ -88,6 +90,7 @@ struct TensorSequence {
 };
 TensorWire tensor_parallel_wire(const LlamaConfig& config, DType dtype, const LoraConfig& lora, int tensor,
                                 long long rows, int micro_steps, int blocks, int recomputed, int trained_qkv,
-                                bool embedding, bool head, const TensorSequence& sequence = {});
+                                bool embedding, bool head, const TensorSequence& sequence = {},
+                                long long head_chunk = 0);
 
 }  // namespace pv

@@ -104,7 +104,7 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
                                                       place.tensor.sequence ? place.tensor.size : 1);
     for (int u = 0; u < units; ++u)
         if (runs_here(u)) m.add(
-            specs[size_t(u)].kind == UnitKind::head ? "logits and loss (head)" : "activations (saved for the backward)",
+            specs[size_t(u)].kind == UnitKind::head ? "head: normed rows, row losses and statistics" : "activations (saved for the backward)",
             C::activations, double(arenas.slots[size_t(u)]) * double(arenas.slot_bytes[size_t(u)]));
     m.add("recompute arena (checkpointing)", C::activations, double(arenas.recompute_bytes));
     m.add("workspace (one unit's transients)", C::workspace,

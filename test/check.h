@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,17 @@ class DeviceArray {
     T* ptr_ = nullptr;
     size_t n_;
 };
+
+// The head's logits [rows][vocab] of a whole model's last forward in `slot`, on the host: the model
+// computes them from its saved normed rows (it never holds them whole) into a poisoned buffer.
+template <class Model>
+auto download_logits(const Model& m, int slot) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(m.embedding_weights())>>;
+    DeviceArray<T> out(size_t(m.rows()) * size_t(m.config().vocab_size));
+    m.logits(slot, out.get());
+    CUDA_CHECK(cudaStreamSynchronize(m.stream()));
+    return out.download();
+}
 
 // DESIGN.md §5: |x - ref| <= rtol*|ref| + atol*rms(ref), elementwise, with rtol = atol = tol.
 // Returns an empty string when every element passes, else a description of the worst one.

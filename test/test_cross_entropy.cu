@@ -1,6 +1,8 @@
 // Fused softmax + cross-entropy against the fp64 reference (bf16, fp32, fp64), with ignored rows,
 // logits large enough that a naive exp overflows, bad targets, the in-place backward, a
-// central-difference check of the backward in fp64 and the bitwise determinism of loss_sum.
+// central-difference check of the backward in fp64 and the bitwise determinism of loss_sum. The
+// one-pass loss and gradient (the fused linear cross-entropy's) on each of those inputs gives the
+// bits of the forward followed by the backward: row losses, row statistics and gradient.
 //
 // The vocabulary-parallel cross-entropy (cross_entropy_partials, cross_entropy_merge_partials,
 // cross_entropy_backward_columns) with its ranks played in one process: the [N][V] logits cut into
@@ -80,6 +82,33 @@ void run_backward(const T* logits, const int* targets, T* dlogits, long long N, 
     pv::cross_entropy_backward(logits, targets, stats.get(), dlogits, N, V, kIgnore, scale, nullptr);
 }
 
+// The one-pass kernel, in place on a copy of the logits, into poisoned row losses and statistics,
+// with the sum after it as the head runs it: each of its outputs the same bits as the forward's
+// and the backward's on the same logits (which the callers hold against the fp64 reference).
+template <class T>
+void check_one_pass(const std::vector<T>& logits, const std::vector<int>& targets, long long N, int V, double scale) {
+    using A = pv::acc_t<T>;
+    DeviceArray<T> d_logits(logits), d_fused(logits);
+    DeviceArray<int> d_targets(targets);
+    DeviceArray<A> row_loss{size_t(N)}, loss_sum{1}, fused_loss{size_t(N)}, fused_sum{1};
+    DeviceArray<int> count{1}, fused_count{1};
+    DeviceArray<pv::CrossEntropyStats<A>> stats{size_t(N)}, fused_stats{size_t(N)};
+    pv::cross_entropy_forward(d_logits.get(), d_targets.get(), row_loss.get(), stats.get(), loss_sum.get(), count.get(),
+                              N, V, kIgnore, nullptr);
+    pv::cross_entropy_backward(d_logits.get(), d_targets.get(), stats.get(), d_logits.get(), N, V, kIgnore, scale,
+                               nullptr);
+    pv::cross_entropy_loss_and_gradient(d_fused.get(), d_targets.get(), fused_loss.get(), fused_stats.get(), N, V,
+                                        kIgnore, scale, nullptr);
+    pv::cross_entropy_sum<T>(fused_loss.get(), d_targets.get(), fused_sum.get(), fused_count.get(), N, kIgnore,
+                             nullptr);
+    INFO("one pass, N " << N << " V " << V);
+    REQUIRE(bitwise_equal(fused_loss.download(), row_loss.download()));
+    REQUIRE(bitwise_equal(fused_sum.download(), loss_sum.download()));
+    REQUIRE(fused_count.download() == count.download());
+    REQUIRE(bitwise_equal(fused_stats.download(), stats.download()));
+    REQUIRE(bitwise_equal(d_fused.download(), d_logits.download()));
+}
+
 // Inputs rounded to T, so the reference sees exactly what the kernel sees. Checks the forward, the
 // backward out of place, and that the backward in place (dlogits == logits) gives the same bits.
 template <class T>
@@ -108,6 +137,7 @@ void check_against_reference(long long N, int V, Ignore ignore, uint64_t seed, d
     REQUIRE(f.count == ref.count);
     REQUIRE(e3.empty());
     REQUIRE(bitwise_equal(d_inplace.download(), dlogits));
+    check_one_pass(logits, targets, N, V, scale);
 }
 
 }  // namespace cross_entropy_test
@@ -178,6 +208,7 @@ TEST_CASE("cross-entropy marks out-of-range targets with NaN", "[kernels][cross_
         REQUIRE(std::isnan(d[size_t(2 * V + j)]));
         REQUIRE(d[size_t(3 * V + j)] == 0.0f);
     }
+    check_one_pass(logits, targets, N, V, 1.0 / 3);  // NaN where the two passes put NaN (memcmp: the same bits)
 }
 
 // L = loss_sum · scale with scale = 1 / count, the step loss of DESIGN.md §4.

@@ -149,7 +149,8 @@ std::vector<int> greedy_by_recomputation(const std::string& checkpoint, std::vec
         window.resize(size_t(total), 0);
         tokens.upload(window);
         pv::single_forward<T>(*m, 0, pv::DeviceBatch{tokens.get()}, nullptr, nullptr);
-        CUDA_CHECK(cudaMemcpy(row.data(), m->logits(0) + (seq.size() - 1) * V, V * sizeof(T), cudaMemcpyDeviceToHost));
+        const std::vector<T> all = download_logits(*m, 0);
+        std::copy(all.begin() + long((seq.size() - 1) * V), all.begin() + long(seq.size() * V), row.begin());
         const int next = pv::sample_token(to_double(row), 0.0, 1.0, 0.0);
         out.push_back(next);
         seq.push_back(next);

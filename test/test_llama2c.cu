@@ -122,8 +122,7 @@ void check_forward(const fs::path& bin, const fs::path& dir) {
     pv::test::DeviceArray<int> count(1);
     pv::single_forward(model, 0, pv::DeviceBatch{d_tokens.get(), d_targets.get()}, loss.get(), count.get());
     CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<double> logits(size_t(B * T) * size_t(c.vocab_size));
-    CUDA_CHECK(cudaMemcpy(logits.data(), model.logits(0), logits.size() * sizeof(double), cudaMemcpyDeviceToHost));
+    const std::vector<double> logits = pv::test::download_logits(model, 0);
 
     const pv::reference::Tensors weights = reference_tensors(b);
     const auto ref = pv::reference::llama_forward_backward(c, weights, tokens, targets, B, T, 1.0, false, nullptr,

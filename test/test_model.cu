@@ -52,11 +52,13 @@ Batch make_batch(const pv::LlamaConfig& c, int B, int T, uint64_t seed) {
     return b;
 }
 
-// Runs forward and backward with the single driver; returns (loss sum, count).
+// Runs forward and backward with the single driver; returns (loss sum, count), read after the
+// backward (which writes them when loss_in_backward).
 template <class T>
-std::pair<double, int> run_step(pv::Llama<T>& m, const Batch& b, bool backward = true) {
+std::pair<double, int> run_step(pv::Llama<T>& m, const Batch& b, bool backward = true, bool loss_in_backward = false) {
     DeviceArray<int> tokens(b.tokens), targets(b.targets), positions(b.positions.empty() ? b.tokens : b.positions);
-    const pv::DeviceBatch batch{tokens.get(), targets.get(), b.positions.empty() ? nullptr : positions.get()};
+    const pv::DeviceBatch batch{tokens.get(), targets.get(), b.positions.empty() ? nullptr : positions.get(), 0, -1,
+                                loss_in_backward};
     DeviceArray<pv::acc_t<T>> loss_sum(1);
     DeviceArray<int> count(1);
     int expected_count = 0;
@@ -91,6 +93,13 @@ pv::ModelOptions options(int B, int Tn, uint64_t seed, const std::set<std::strin
     return o;
 }
 
+// How the head runs: its logits `chunk` rows at a time (0: the default, all rows for these
+// models), its loss computed in the forward or with the gradient in the backward.
+struct HeadRun {
+    long long chunk = 0;
+    bool loss_in_backward = false;
+};
+
 // A frozen set that exercises every case: the (tied) embedding, a norm, a fused matrix and a
 // block's whole MLP, so gradients must flow through frozen tensors to trainable ones below.
 const std::set<std::string> kSomeFrozen = {
@@ -99,17 +108,21 @@ const std::set<std::string> kSomeFrozen = {
 // `documents`: the lengths of packed documents (each sequence cut the same way); empty: causal.
 template <class T>
 void compare_with_reference(const std::string& preset, int B, int Tn, double loss_tol, double grad_tol,
-                            const std::set<std::string>& frozen = {}, const std::vector<int>& documents = {}) {
+                            const std::set<std::string>& frozen = {}, const std::vector<int>& documents = {},
+                            HeadRun head = {}) {
     const pv::LlamaConfig& c = pv::preset(preset);
-    pv::Llama<T> m(c, options(B, Tn, 77, frozen));
+    pv::ModelOptions o = options(B, Tn, 77, frozen);
+    o.head_chunk_rows = head.chunk;
+    pv::Llama<T> m(c, o);
     Batch b = make_batch(c, B, Tn, 5);
     if (!documents.empty()) b.positions = document_positions(documents, B, Tn);
-    const auto [loss, count] = run_step(m, b);
+    const auto [loss, count] = run_step(m, b, true, head.loss_in_backward);
     const auto params = download_params(m);
     const auto ref =
         pv::reference::llama_forward_backward(c, params, b.tokens, b.targets, size_t(B), size_t(Tn), 1.0 / count, true,
                                               b.positions.empty() ? nullptr : &b.positions);
-    INFO(preset << " B " << B << " T " << Tn << " loss " << loss << " reference " << ref.loss_sum);
+    INFO(preset << " B " << B << " T " << Tn << " loss " << loss << " reference " << ref.loss_sum << ", head chunks of "
+                << m.head_chunk() << " rows, loss in the " << (head.loss_in_backward ? "backward" : "forward"));
     REQUIRE(count == ref.count);
     REQUIRE(std::fabs(loss - ref.loss_sum) <= loss_tol * std::fabs(ref.loss_sum));
     const auto grads = download_params(m, true);
@@ -126,6 +139,46 @@ void compare_with_reference(const std::string& preset, int B, int Tn, double los
 }  // namespace model_test
 
 using namespace model_test;
+
+// The fused linear cross-entropy: the logits a chunk of rows at a time (chunks that do not divide
+// the rows, one row, all of them), the loss in the forward or in the backward with the gradient.
+TEST_CASE("the head's logits a chunk of rows at a time, its loss in either pass, match the fp64 reference",
+          "[model][head]") {
+    for (long long chunk : {1LL, 4LL, 14LL})
+        for (bool in_backward : {false, true}) {
+            const HeadRun head{chunk, in_backward};
+            compare_with_reference<double>("test-tiny", 2, 7, 1e-12, 1e-10, {}, {}, head);   // untied
+            compare_with_reference<double>("test-tied", 1, 13, 1e-12, 1e-10, {}, {}, head);  // tied
+            compare_with_reference<double>("test-tied", 1, 13, 1e-12, 1e-10, kSomeFrozen, {}, head);
+        }
+    compare_with_reference<float>("test-tiny", 2, 7, 1e-5, 1e-3, {}, {}, {5, true});
+}
+
+// The same chunks give the same bits whichever pass computes the loss: the forward's rows and the
+// backward's one pass share the statistics and the gradient formula (kernels/cross_entropy.cuh).
+TEST_CASE("the loss computed in the backward is the forward's bit for bit, and so are the gradients",
+          "[model][head]") {
+    const pv::LlamaConfig& c = pv::preset("test-tied");
+    const Batch b = make_batch(c, 2, 13, 8);
+    for (long long chunk : {5LL, 0LL}) {
+        pv::ModelOptions o = options(2, 13, 91);
+        o.head_chunk_rows = chunk;
+        pv::Llama<float> forward(c, o), backward(c, o);
+        const auto [loss_f, count_f] = run_step(forward, b, true, false);
+        const auto [loss_b, count_b] = run_step(backward, b, true, true);
+        INFO("head chunks of " << forward.head_chunk() << " rows");
+        REQUIRE(count_f == count_b);
+        REQUIRE(std::memcmp(&loss_f, &loss_b, sizeof loss_f) == 0);
+        for (int u = 0; u < forward.num_units(); ++u) {
+            const size_t n = size_t(forward.trainable(u).padded);
+            std::vector<float> gf(n), gb(n);
+            CUDA_CHECK(cudaMemcpy(gf.data(), forward.grads(u), n * sizeof(float), cudaMemcpyDeviceToHost));
+            CUDA_CHECK(cudaMemcpy(gb.data(), backward.grads(u), n * sizeof(float), cudaMemcpyDeviceToHost));
+            INFO("unit " << u);
+            REQUIRE(std::memcmp(gf.data(), gb.data(), n * sizeof(float)) == 0);
+        }
+    }
+}
 
 TEST_CASE("model forward and backward match the fp64 reference model (fp64)", "[model]") {
     compare_with_reference<double>("test-tiny", 2, 7, 1e-12, 1e-10);   // GQA 6/2, untied, 2 layers
@@ -150,8 +203,7 @@ TEST_CASE("a packed document gets the logits it gets alone (fp64)", "[model][doc
     Batch b = make_batch(c, 1, Tn, 12);
     b.positions = document_positions(lengths, 1, Tn);
     run_step(packed, b, false);
-    std::vector<double> logits(size_t(Tn * V));
-    CUDA_CHECK(cudaMemcpy(logits.data(), packed.logits(0), logits.size() * sizeof(double), cudaMemcpyDeviceToHost));
+    const std::vector<double> logits = download_logits(packed, 0);
     int start = 0;
     for (int len : lengths) {
         pv::Llama<double> alone(c, pv::whole_model(1, len, 31, pv::Gradients::none));  // the same weights
@@ -161,8 +213,7 @@ TEST_CASE("a packed document gets the logits it gets alone (fp64)", "[model][doc
                         std::vector<int>(b.targets.begin() + start, b.targets.begin() + start + len),
                         {}};
         run_step(alone, one, false);
-        std::vector<double> want(size_t(len * V));
-        CUDA_CHECK(cudaMemcpy(want.data(), alone.logits(0), want.size() * sizeof(double), cudaMemcpyDeviceToHost));
+        const std::vector<double> want = download_logits(alone, 0);
         const std::vector<double> got(logits.begin() + start * V, logits.begin() + (start + len) * V);
         const std::string err = compare(got, want, 1e-12);
         INFO("document at " << start << " of " << len << " tokens: " << err);
@@ -195,13 +246,19 @@ TEST_CASE("model forward and backward in fp32 and bf16 stay close to the fp64 re
     compare_with_reference<float>("test-tiny", 2, 7, 1e-5, 1e-3);
     // bf16: the loss within 1e-2 (DESIGN.md §5); gradients are not compared element-wise.
     const pv::LlamaConfig& c = pv::preset("test-tied");
-    pv::Llama<__nv_bfloat16> m(c, options(2, 9, 77));
-    const Batch b = make_batch(c, 2, 9, 6);
-    const auto [loss, count] = run_step(m, b, false);
-    const auto ref =
-        pv::reference::llama_forward_backward(c, download_params(m), b.tokens, b.targets, 2, 9, 1.0, false);
-    REQUIRE(count == ref.count);
-    REQUIRE(std::fabs(loss / count - ref.loss_sum / ref.count) <= 1e-2 * ref.loss_sum / ref.count);
+    // Also with the head's logits 5 rows at a time and the loss computed in the backward.
+    for (const HeadRun head : {HeadRun{}, HeadRun{5, true}}) {
+        pv::ModelOptions o = options(2, 9, 77);
+        o.head_chunk_rows = head.chunk;
+        pv::Llama<__nv_bfloat16> m(c, o);
+        const Batch b = make_batch(c, 2, 9, 6);
+        const auto [loss, count] = run_step(m, b, head.loss_in_backward, head.loss_in_backward);
+        const auto ref =
+            pv::reference::llama_forward_backward(c, download_params(m), b.tokens, b.targets, 2, 9, 1.0, false);
+        INFO("head chunks of " << m.head_chunk() << " rows");
+        REQUIRE(count == ref.count);
+        REQUIRE(std::fabs(loss / count - ref.loss_sum / ref.count) <= 1e-2 * ref.loss_sum / ref.count);
+    }
 }
 
 TEST_CASE("whole-model gradient check (fp64): random directions and sampled coordinates", "[model][gradcheck][heavy]") {
@@ -257,8 +314,7 @@ TEST_CASE("forward-only evaluation gives next-token logits equal to the referenc
     const Batch b = make_batch(c, B, Tn, 10);
     DeviceArray<int> tokens(b.tokens);
     pv::single_forward<double>(m, 1, pv::DeviceBatch{tokens.get()}, nullptr, nullptr);  // slot 1, no targets
-    std::vector<double> logits(size_t(B * Tn) * size_t(c.vocab_size));
-    CUDA_CHECK(cudaMemcpy(logits.data(), m.logits(1), logits.size() * sizeof(double), cudaMemcpyDeviceToHost));
+    const std::vector<double> logits = download_logits(m, 1);
     const auto ref =
         pv::reference::llama_forward_backward(c, download_params(m), b.tokens, b.targets, B, Tn, 1.0, false);
     const std::string err = compare(logits, ref.logits, 1e-12);

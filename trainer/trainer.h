@@ -327,10 +327,12 @@ class Trainer {
     int* positions(size_t slot) { return positions_.get() + slot * size_t(rows_); }
     // Slot k's device arrays of micro-batch b (uploaded by forward_slot); positions only when b
     // has them (document masking), else null: plain causal attention. `step`: the training step
-    // (keys the adapters' dropout with the batch's global rows), −1 for evaluation.
+    // (keys the adapters' dropout with the batch's global rows), −1 for evaluation. A training
+    // step reads its losses after its backwards, so the head computes each loss in its backward,
+    // with the gradient, in one pass over the logits (model/llama.h).
     DeviceBatch device_batch(size_t k, const DataLoader::MicroBatch& b, long long step) {
         return {tokens(k), targets(k), b.positions.empty() ? nullptr : positions(k),
-                b.first_sample * s_.model().seq_len(), step};
+                b.first_sample * s_.model().seq_len(), step, step >= 0};
     }
     // Uploads the micro-batch into its slot and runs its forward; the loss sum stays on the device
     // (zero on ranks without the head).

@@ -83,11 +83,13 @@ void set_lora_b(pv::Llama<double>& m) {
 }
 
 // Two micro-batches forward, then backward, gradients accumulated; tensor-parallel when comm is
-// given (T = its size), the whole model otherwise.
+// given (T = its size), the whole model otherwise. head_chunk > 0: the head's logits that many rows
+// at a time, the loss computed in the backward (as the trainer runs it).
 Run run(const pv::LlamaConfig& c, pv::Comm* comm, const pv::ActivationCheckpointing& checkpointing,
-        const pv::LoraConfig& lora, bool sequence, bool nf4) {
+        const pv::LoraConfig& lora, bool sequence, bool nf4, long long head_chunk) {
     const int seq = sequence ? kSeqSequence : kSeq;
     pv::ModelOptions o = pv::whole_model(kBatch, seq, 17, pv::Gradients::owned, 2);
+    o.head_chunk_rows = head_chunk;
     o.checkpointing = checkpointing;
     o.lora = lora;
     o.nf4 = nf4, o.double_quant = true;
@@ -113,7 +115,7 @@ Run run(const pv::LlamaConfig& c, pv::Comm* comm, const pv::ActivationCheckpoint
         arrays.push_back(std::make_unique<DeviceArray<int>>(tokens));
         arrays.push_back(std::make_unique<DeviceArray<int>>(targets));
         batches.push_back(pv::DeviceBatch{arrays[arrays.size() - 2]->get(), arrays.back()->get(), nullptr,
-                                          (long long)s * kBatch * seq, 1});
+                                          (long long)s * kBatch * seq, 1, head_chunk > 0});
     }
     DeviceArray<double> loss(2);
     DeviceArray<int> count(2);
@@ -140,19 +142,21 @@ Run run(const pv::LlamaConfig& c, pv::Comm* comm, const pv::ActivationCheckpoint
 }
 
 void check_against_whole(const pv::LlamaConfig& c, pv::Comm& comm, const pv::ActivationCheckpointing& ckpt,
-                         const pv::LoraConfig& lora = {}, bool sequence = false, bool nf4 = false) {
-    const Run whole = run(c, nullptr, ckpt, lora, sequence, nf4);
-    const Run mine = run(c, &comm, ckpt, lora, sequence, nf4);
+                         const pv::LoraConfig& lora = {}, bool sequence = false, bool nf4 = false,
+                         long long head_chunk = 0) {
+    const Run whole = run(c, nullptr, ckpt, lora, sequence, nf4, 0);
+    const Run mine = run(c, &comm, ckpt, lora, sequence, nf4, head_chunk);
     INFO("T = " << comm.size() << ", rank " << comm.rank() << ", kv heads " << c.num_kv_heads
                 << (c.tie_embeddings ? ", tied" : ", untied") << (ckpt.enabled ? ", checkpointing" : "")
                 << (lora.enabled() ? ", LoRA with dropout" : "") << (nf4 ? " on an NF4 base (QLoRA)" : "")
-                << (sequence ? ", sequence parallelism" : ""));
+                << (sequence ? ", sequence parallelism" : "")
+                << (head_chunk > 0 ? ", the head's logits " + std::to_string(head_chunk) + " rows at a time" : ""));
     // The group's collectives, as many and as large as the communication model says (parallel/
     // comm_cost.h), and as counted here by hand — all-reduces per block and micro-batch 2 + 2 of
     // rows·hidden, 1 more recomputed, and one per adapter (A of q/k/v and gate/up fused: P·r × C;
     // B of o and down: C × r); per micro-batch the vocabulary-parallel embedding's rows and the
-    // head's input gradient (rows·hidden each), and one all-gather of the cross-entropy's partials
-    // (3 doubles a row from each rank).
+    // head's input gradient (rows·hidden each), and all-gathers of the cross-entropy's partials (3
+    // doubles a row from each rank): one, or with the loss in the backward one per chunk of rows.
     //
     // Sequence parallelism instead: each of those all-reduces of rows·hidden is a reduce-scatter,
     // and per micro-batch the rows are all-gathered 4 times a block (h1, h2 forward; the output
@@ -161,6 +165,7 @@ void check_against_whole(const pv::LlamaConfig& c, pv::Comm& comm, const pv::Act
     // a block and the head's: none under LoRA) all-reduces its gradient share, hidden elements.
     using K = pv::CollectiveKind;
     const long long rows = kBatch * (sequence ? kSeqSequence : kSeq), L = c.num_layers, C = c.hidden_size, micro = 2;
+    const long long head_gathers = micro * (head_chunk > 0 ? (rows + head_chunk - 1) / head_chunk : 1);
     int recomputed = 0;
     for (int b = 0; b < L; ++b) recomputed += ckpt.recomputes(b);
     long long calls = micro * (4 * L + recomputed + 2), elements = calls * rows * C;
@@ -184,7 +189,7 @@ void check_against_whole(const pv::LlamaConfig& c, pv::Comm& comm, const pv::Act
     }
     for (size_t k = 0; k < mine.wire.calls.size(); ++k)
         CHECK(mine.wire.calls[k] == (k == size_t(K::all_reduce)       ? calls
-                                     : k == size_t(K::all_gather)     ? micro + gathered_rows
+                                     : k == size_t(K::all_gather)     ? head_gathers + gathered_rows
                                      : k == size_t(K::reduce_scatter) ? scattered
                                                                       : 0));
     const double T = comm.size(), ring = 2.0 * (T - 1) / T;
@@ -194,9 +199,9 @@ void check_against_whole(const pv::LlamaConfig& c, pv::Comm& comm, const pv::Act
     const pv::TensorSequence model_sequence{sequence, lora.enabled() ? 0 : int(2 * L + 1), !lora.enabled()};
     const pv::TensorWire model = pv::tensor_parallel_wire(c, pv::DType::fp64, lora, comm.size(), rows, 2, int(L),
                                                           recomputed, lora.enabled() ? 0 : int(L), true, true,
-                                                          model_sequence);
+                                                          model_sequence, head_chunk);
     CHECK(model.all_reduces == calls);
-    CHECK(model.all_gathers == micro + gathered_rows);
+    CHECK(model.all_gathers == head_gathers + gathered_rows);
     CHECK(model.reduce_scatters == scattered);
     CHECK(model.bytes == Approx(mine.wire.wire_bytes).epsilon(1e-12));
     CHECK(std::abs(mine.loss - whole.loss) <= 1e-12 * std::abs(whole.loss));
@@ -233,6 +238,17 @@ TEST_CASE("tensor parallelism over the job's ranks trains what one rank trains",
     // Replicated kv heads: one (multi-query) on every rank; at 4 ranks two, each on two ranks.
     check_against_whole(model(1, true), comm, {});
     check_against_whole(model(2, false), comm, pv::ActivationCheckpointing{true, 0});
+}
+
+// The fused linear cross-entropy under tensor parallelism: each chunk's partials gathered and merged
+// in the backward, the loss with the gradient; the whole model computes its loss in the forward.
+TEST_CASE("the head's logits a chunk of rows at a time under tensor parallelism: the loss in the backward",
+          "[tensor_parallel][head]") {
+    pv::World world(nullptr, nullptr);
+    pv::Comm& comm = world.comm();
+    check_against_whole(model(4, true), comm, {}, {}, false, false, 5);  // 14 rows: 5, 5, 4
+    check_against_whole(model(8, false), comm, pv::ActivationCheckpointing{true, 0}, {}, false, false, 1);
+    check_against_whole(model(4, false), comm, {}, {}, true, false, 5);  // sequence parallelism: 12 rows
 }
 
 TEST_CASE("LoRA under tensor parallelism trains what it trains on one rank, dropout included",

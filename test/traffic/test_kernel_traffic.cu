@@ -174,6 +174,13 @@ TEST_CASE("cross-entropy, embedding, the norm and AdamW move the bytes the model
             pv::cross_entropy_backward(logits.get(), d_targets.get(), row_stats, logits.get(), N, vocab, -100, 0.01,
                                        nullptr);
         });
+        std::vector<KernelCost> one_pass = pv::cost::cross_entropy_loss_and_gradient(N, vocab, t, a);
+        for (const KernelCost& k : pv::cost::cross_entropy_sum(N, a)) one_pass.push_back(k);
+        check_traffic(one_pass, [&] {
+            pv::cross_entropy_loss_and_gradient(logits.get(), d_targets.get(), row_loss.get(), row_stats, N, vocab,
+                                                -100, 0.01, nullptr);
+            pv::cross_entropy_sum<bf16>(row_loss.get(), d_targets.get(), loss.get(), count.get(), N, -100, nullptr);
+        });
     }
     check_traffic(pv::cost::count_targets(N),
                   [&] { pv::count_targets(d_targets.get(), N, -100, count.get(), nullptr); });
