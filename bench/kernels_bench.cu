@@ -394,6 +394,15 @@ void run(const pv::LlamaConfig& c, const Options& o) {
                                                      nullptr);
                       }),
               2.0 * double(N) * V * t + N * 4.0 + 2.0 * N * a, 4.0 * N * V, on_gpu);
+    // The fused linear cross-entropy's pass (the head runs it on a chunk of rows; here on all N):
+    // the row read twice, the second time from L2, so its DRAM bytes are one read and one write.
+    report<T>("cross-entropy loss and gradient (one pass)",
+              time_it(R,
+                      [&] {
+                          pv::cross_entropy_loss_and_gradient(logits, tokens, row_loss, row_stats, N, V, -100,
+                                                              1.0 / double(N), nullptr);
+                      }),
+              2.0 * double(N) * V * t + N * 4.0 + 3.0 * N * a, 7.0 * N * V, on_gpu);
 
     for (void* p : std::initializer_list<void*>{tokens,
                                                 wte,

@@ -334,12 +334,12 @@ class Llama {
         T* dequantized = nullptr;           // NF4: the largest linear weight, dequantised before its GEMM
         void* embedding_scratch = nullptr;  // the embedding backward's sorted positions
         void* vocab_partials = nullptr;     // tensor parallelism: the cross-entropy's partials, the rank's, the group's
-        T* logits = nullptr;                // the head's logits, one chunk of rows: [head_chunk_][V]
         // Sequence parallelism: this rank's rows of a reduce-scatter's sum and of a norm's output
         // before its gather ([N/T][C] each), and a norm weight's gradient share ([C]).
         T* rows_summed = nullptr;
         T* rows_normed = nullptr;
         T* norm_grad_share = nullptr;
+        T* logits = nullptr;  // the head's logits, one chunk of rows: [head_chunk_][V]
     };
     // The dense weight of block u's linear k: its parameters, or (NF4) dequantised into the workspace.
     const T* dense_weight(int u, int k) const;
