@@ -66,11 +66,20 @@ std::vector<size_t> arena_offsets(const std::vector<ActivationBuffer>& buffers);
 // (0-based, counting every block of the model, whatever the stage) keeps its whole arena when
 // i % N == N − 1 — one block in N, the last of each group of N, so with N dividing num_layers the
 // last block, whose backward follows its forward at once, keeps its own (N = 1 keeps every block:
-// no checkpointing).
+// no checkpointing). first_blocks >= 0 instead: blocks [0, first_blocks) recompute and the others
+// keep theirs — what `--checkpoint-activations auto` chooses, the fewest blocks that make the plan
+// fit (parallel/planner.h fewest_recomputing_blocks); any choice of which blocks saves the same
+// memory on one rank, and the first ones are those a pipeline's first stage, which holds the most
+// micro-batches, keeps longest.
 struct ActivationCheckpointing {
     bool enabled = false;
     int keep_every = 0;
-    bool recomputes(int block) const { return enabled && !(keep_every > 0 && block % keep_every == keep_every - 1); }
+    int first_blocks = -1;
+    bool recomputes(int block) const {
+        if (!enabled) return false;
+        if (first_blocks >= 0) return block < first_blocks;
+        return !(keep_every > 0 && block % keep_every == keep_every - 1);
+    }
 };
 
 // The arena of one slot of unit u (model_units order): activation_layout, or for a block that

@@ -163,7 +163,10 @@ std::string LayoutPrediction::describe() const {
                     std::to_string(pp) + " · dp " + std::to_string(dp) + " " + strategy;
     if (options.shard_group > 0) s += " (shard groups of " + std::to_string(options.shard_group) + ")";
     s += ", micro-batch " + std::to_string(micro_batch) + " × " + std::to_string(accumulation);
-    if (checkpointing.enabled) s += ", recomputed";
+    if (checkpointing.enabled && checkpointing.first_blocks >= 0)
+        s += ", " + std::to_string(checkpointing.first_blocks) + " blocks recomputed";
+    else if (checkpointing.enabled)
+        s += ", recomputed";
     if (options.offload != Offload::none) s += std::string(", offload ") + offload_name(options.offload);
     return s;
 }
@@ -175,7 +178,7 @@ std::string LayoutPrediction::flags() const {
     if (pp > 1 && strategy != "pp") s += " --pipeline-stages " + std::to_string(pp);
     if (options.shard_group > 0) s += " --shard-group " + std::to_string(options.shard_group);
     s += " --micro-batch " + std::to_string(micro_batch);
-    if (checkpointing.enabled) s += " --checkpoint-activations";
+    if (checkpointing.enabled) s += checkpointing.first_blocks >= 0 ? " --checkpoint-activations auto" : " --checkpoint-activations";
     if (options.offload != Offload::none) s += std::string(" --offload ") + offload_name(options.offload);
     return s;
 }
@@ -229,9 +232,11 @@ SearchResult search_layouts(const SearchRequest& r) {
                         for (int m : divisors(r.batch / dp)) {
                             if (r.micro_batch > 0 && m != r.micro_batch) continue;
                             const int accumulation = r.batch / dp / m;
+                            // Not fixed: off, then the fewest blocks recomputed that fit (the planner's
+                            // --checkpoint-activations auto), marked here by first_blocks = -2.
                             std::vector<ActivationCheckpointing> checkpointings{r.run.checkpointing};
                             if (!r.checkpointing_fixed)
-                                checkpointings = {ActivationCheckpointing{false, 0}, ActivationCheckpointing{true, 0}};
+                                checkpointings = {ActivationCheckpointing{false, 0}, ActivationCheckpointing{true, 0, -2}};
                             std::vector<bool> sequences{false};
                             if (tp > 1 && r.sequence_parallel != 0) sequences.push_back(true);
                             if (r.sequence_parallel == 1) sequences.erase(sequences.begin());
@@ -257,6 +262,10 @@ SearchResult search_layouts(const SearchRequest& r) {
                                 double host = 0;
                                 try {
                                     check_strategy(q.strategy, r.world);
+                                    if (ck.first_blocks == -2) {  // the fewest that fit; none: the "off" layout
+                                        q.checkpointing = p.checkpointing = fewest_recomputing_blocks(q, r.budget);
+                                        if (!q.checkpointing.enabled) continue;
+                                    }
                                     if (r.refuses) {
                                         const std::string problem = r.refuses(p);
                                         if (!problem.empty()) throw std::invalid_argument(problem);

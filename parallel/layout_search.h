@@ -73,7 +73,7 @@ struct SearchRequest {
     // the strategy, --checkpoint-activations, --offload.
     int tp = 0, pipeline_stages = 0, micro_batch = 0;
     std::string strategy;  // "" or one of ddp, zero1, zero2, zero3, pp, single
-    bool checkpointing_fixed = false;  // the run's checkpointing as given (run.checkpointing), else off and on tried
+    bool checkpointing_fixed = false;  // the run's checkpointing as given (run.checkpointing), else off and the fewest blocks that fit tried
     std::string offload;               // "" searched, else none / optimizer / params
     int shard_group = -1;              // -1 searched, else --shard-group (0: shard over every data-parallel rank)
     int sequence_parallel = -1;        // -1 searched (off and on where tp > 1), else 0 or 1 (--sequence-parallel)

@@ -462,6 +462,22 @@ int smallest_world(PlanRequest q, const std::string& strategy, double budget) {
     return runs ? 0 : -1;
 }
 
+ActivationCheckpointing fewest_recomputing_blocks(PlanRequest q, double budget) {
+    const int blocks = q.config.num_layers;
+    const auto fits_with = [&](int k) {
+        q.checkpointing = ActivationCheckpointing{k > 0, 0, k};
+        return plan_memory(q).peak() <= budget;
+    };
+    if (fits_with(0)) return ActivationCheckpointing{false, 0, 0};
+    if (!fits_with(blocks)) return ActivationCheckpointing{true, 0, blocks};
+    int lo = 0, hi = blocks;  // lo does not fit, hi does
+    while (hi - lo > 1) {
+        const int mid = lo + (hi - lo) / 2;
+        (fits_with(mid) ? hi : lo) = mid;
+    }
+    return ActivationCheckpointing{true, 0, hi};
+}
+
 std::vector<std::string> changes_that_fit(const PlanRequest& request, double budget) {
     std::vector<std::string> out;
     auto line = [&](const std::string& change, const PlanRequest& q) {

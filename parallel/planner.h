@@ -121,4 +121,12 @@ int smallest_world(PlanRequest request, const std::string& strategy, double budg
 // when nothing tried fits.
 std::vector<std::string> changes_that_fit(const PlanRequest& request, double budget);
 
+// `--checkpoint-activations auto`: the fewest blocks whose recompute makes the request's plan fit
+// `budget` per rank (request.checkpointing ignored): off when it fits without (first_blocks 0),
+// else the first K blocks of the model (ActivationCheckpointing::first_blocks), K the smallest that
+// fits — memory never grows with K (a block that recomputes frees its slots' activations and the
+// stage gains at most the one recompute arena), so a bisection finds it; when even every block
+// does not fit, every block (the plan then says what else would fit).
+ActivationCheckpointing fewest_recomputing_blocks(PlanRequest request, double budget);
+
 }  // namespace pv

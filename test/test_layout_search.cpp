@@ -80,7 +80,8 @@ TEST_CASE("the search enumerates every mesh of the world, each layout sized by t
     CHECK(meshes == expected);
     // Fastest first.
     for (size_t i = 1; i < all.fitting.size(); ++i) CHECK(all.fitting[i - 1].seconds <= all.fitting[i].seconds);
-    // Every data-parallel strategy, both checkpointings, and offload, where they can run.
+    // Every data-parallel strategy and offload, where they can run; with room for every layout none
+    // recomputes (the fewest blocks that fit is none).
     std::set<std::string> strategies;
     bool recomputed = false, offloaded_params = false;
     for (const pv::LayoutPrediction& p : all.fitting) {
@@ -90,7 +91,7 @@ TEST_CASE("the search enumerates every mesh of the world, each layout sized by t
         if (p.options.offload == pv::Offload::params) CHECK(p.strategy == "zero3");
     }
     CHECK(strategies == std::set<std::string>{"ddp", "zero1", "zero2", "zero3", "pp"});
-    CHECK(recomputed);
+    CHECK_FALSE(recomputed);
     CHECK(offloaded_params);
 }
 
@@ -103,15 +104,32 @@ TEST_CASE("the search keeps what fits in the budget and names the least memory w
     std::sort(memory.begin(), memory.end());
     r.budget = memory[memory.size() / 2];
     const pv::SearchResult half = pv::search_layouts(r);
-    CHECK(half.considered == all.considered);
-    CHECK(half.fitting.size() == size_t(std::count_if(memory.begin(), memory.end(),
-                                                       [&](double m) { return m <= r.budget; })));
-    for (const pv::LayoutPrediction& p : half.fitting) CHECK(p.memory <= r.budget);
+    // Each layout without checkpointing that fits, and each that does not once again with the fewest
+    // blocks recomputed that make it fit: K blocks fit, K - 1 do not (--checkpoint-activations auto).
+    const size_t plain = size_t(std::count_if(memory.begin(), memory.end(), [&](double m) { return m <= r.budget; }));
+    size_t recomputing = 0;
+    for (const pv::LayoutPrediction& p : half.fitting) {
+        INFO(p.describe());
+        CHECK(p.memory <= r.budget);
+        if (!p.checkpointing.enabled) continue;
+        ++recomputing;
+        const int k = p.checkpointing.first_blocks;
+        REQUIRE(k >= 1);
+        CHECK(p.flags().find("--checkpoint-activations auto") != std::string::npos);
+        pv::PlanRequest fewer = request_of(r, p);
+        fewer.checkpointing = pv::ActivationCheckpointing{k > 1, 0, k - 1};
+        CHECK(pv::plan_memory(fewer).peak() > r.budget);
+    }
+    CHECK(recomputing > 0);
+    CHECK(half.fitting.size() == plain + recomputing);
+    CHECK(half.considered >= all.considered);
     CHECK(half.least_memory.memory > r.budget);
     r.budget = memory.front() / 2;
     const pv::SearchResult none = pv::search_layouts(r);
     CHECK(none.fitting.empty());
-    CHECK(none.least_memory.memory == memory.front());
+    // The least memory: a layout with every block recomputed, below the least without.
+    CHECK(none.least_memory.checkpointing.enabled);
+    CHECK(none.least_memory.memory < memory.front());
     CHECK(pv::format_search(r, none).find("none fits: the least memory") != std::string::npos);
     CHECK(pv::describe_choice(none) == "no layout fits");
 }
@@ -123,8 +141,15 @@ TEST_CASE("a data-parallel layout's step adds up from the performance model and 
     pv::SearchRequest r = tiny_request(2, 4);
     r.link.gpus_per_node = 1, r.link.intra_node = 1e12, r.link.inter_node = 2e6;
     r.strategy = "ddp", r.micro_batch = 1, r.offload = "none";
-    const pv::SearchResult result = pv::search_layouts(r);
-    REQUIRE(result.fitting.size() == 2);  // checkpointing off and on; tp 2 would cross the nodes
+    pv::SearchResult result = pv::search_layouts(r);
+    REQUIRE(result.fitting.size() == 1);  // off (nothing to recompute with room for all); tp 2 would cross the nodes
+    // And with the first block recomputing, as auto would give it: its recompute priced.
+    pv::SearchRequest recompute = r;
+    recompute.checkpointing_fixed = true, recompute.run.checkpointing = pv::ActivationCheckpointing{true, 0, 1};
+    const pv::SearchResult recomputed = pv::search_layouts(recompute);
+    REQUIRE(recomputed.fitting.size() == 1);
+    REQUIRE(recomputed.fitting.front().compute > result.fitting.front().compute);
+    result.fitting.push_back(recomputed.fitting.front());
     for (const pv::LayoutPrediction& p : result.fitting) {
         INFO(p.describe());
         CHECK(p.tp == 1);
@@ -139,7 +164,7 @@ TEST_CASE("a data-parallel layout's step adds up from the performance model and 
         CHECK(p.data_comm == Approx(wire).epsilon(1e-12));
         CHECK(p.seconds == Approx(compute + phases.update + std::max(0.0, wire - 2 * phases.backward)).epsilon(1e-12));
         CHECK(p.flags() == std::string("--parallel ddp --micro-batch 1") +
-                               (p.checkpointing.enabled ? " --checkpoint-activations" : ""));
+                               (p.checkpointing.enabled ? " --checkpoint-activations auto" : ""));
     }
     // The same ranks in one node: the intra-node rate, and tp 2 joins.
     r.link.gpus_per_node = 2;

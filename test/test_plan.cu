@@ -306,6 +306,50 @@ TEST_CASE("the plan counts sequence parallelism's collectives from the request: 
 }
 
 // The planner's decisions (parallel/planner.h): names, the auto rule, the changes that fit.
+// --checkpoint-activations auto: the fewest blocks (the first ones) whose recompute makes the plan
+// fit, each budget set from the plan of a known count so the answer is known without the function.
+TEST_CASE("auto checkpointing recomputes the fewest blocks that fit", "[plan][planner][checkpointing]") {
+    pv::PlanRequest q;
+    q.config = pv::preset("llama-3.2-1b");  // 16 blocks
+    q.micro_batch = 4, q.seq_len = 2048;
+    const auto peak_with = [&](int k) {
+        pv::PlanRequest r = q;
+        r.checkpointing = pv::ActivationCheckpointing{k > 0, 0, k};
+        return pv::plan_memory(r).peak();
+    };
+    // Memory never grows with the blocks recomputed; from the second on each saves some (the first
+    // frees its one slot's activations and adds the recompute arena: the same bytes).
+    std::vector<double> peaks;
+    for (int k = 0; k <= 16; ++k) peaks.push_back(peak_with(k));
+    CHECK(peaks[1] == peaks[0]);
+    for (int k = 2; k <= 16; ++k) REQUIRE(peaks[size_t(k)] < peaks[size_t(k) - 1]);
+    // The first blocks: first_blocks counts them.
+    const pv::ActivationCheckpointing five{true, 0, 5};
+    for (int b = 0; b < 16; ++b) CHECK(five.recomputes(b) == (b < 5));
+    for (int k : {2, 5, 11, 16}) {
+        for (double budget : {peaks[size_t(k)], peaks[size_t(k) - 1] - 1}) {
+            int fewest = 0;  // by a scan, not a bisection
+            while (peaks[size_t(fewest)] > budget) ++fewest;
+            INFO(k << " blocks, budget " << budget << ": the fewest " << fewest);
+            const pv::ActivationCheckpointing got = pv::fewest_recomputing_blocks(q, budget);
+            CHECK(got.enabled);
+            CHECK(got.first_blocks == fewest);
+            CHECK(fewest == k);
+        }
+    }
+    const pv::ActivationCheckpointing none = pv::fewest_recomputing_blocks(q, peak_with(0));
+    CHECK_FALSE(none.enabled);
+    CHECK(none.first_blocks == 0);
+    const pv::ActivationCheckpointing all = pv::fewest_recomputing_blocks(q, peak_with(16) / 2);  // nothing fits
+    CHECK(all.enabled);
+    CHECK(all.first_blocks == 16);
+    // The issue's case: Llama-3.1-8B QLoRA r 16 at 4 x 2048 fits an H100 without recomputing.
+    pv::PlanRequest qlora = q;
+    qlora.config = pv::preset("llama-3.1-8b");
+    qlora.groups.lora.rank = 16, qlora.groups.lora.alpha = 32, qlora.groups.nf4 = true;
+    CHECK_FALSE(pv::fewest_recomputing_blocks(qlora, pv::parse_gpu_memory("h100-80").usable()).enabled);
+}
+
 TEST_CASE("the planner's GPU names, --parallel auto and the changes it proposes", "[plan][planner]") {
     CHECK(pv::parse_gpu_memory("h100-80").bytes == 80.0 * (1ull << 30));
     CHECK(pv::parse_gpu_memory("24GiB").bytes == 24.0 * (1ull << 30));

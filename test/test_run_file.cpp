@@ -87,6 +87,12 @@ TEST_CASE("run file: flags by either spelling, lists, booleans and numbers typed
     // Booleans for --checkpoint-activations: true is the bare flag, false turns it off.
     const std::string on = write(dir, "on.yaml", "checkpoint_activations: true\n");
     CHECK(pv::parse_arguments({"--run", on}).train.checkpoint_activations == 0);
+    // auto, from a run file and back out of the resolved run.yaml.
+    const std::string automatic = write(dir, "auto.yaml", "checkpoint_activations: auto\n");
+    const pv::Command a = pv::parse_arguments({"--run", automatic});
+    CHECK(a.train.checkpoint_activations == pv::kCheckpointActivationsAuto);
+    CHECK(pv::resolved_run_yaml(a.train, a.train_sources, nullptr).find("\ncheckpoint_activations: auto ") !=
+          std::string::npos);
     const std::string off = write(dir, "off.yaml", "checkpoint_activations: false\n");
     CHECK(pv::parse_arguments({"--run", off, "--checkpoint-activations"}).train.checkpoint_activations == 0);
     // `train plan` takes --run too; an empty file sets nothing.
@@ -455,6 +461,28 @@ TEST_CASE("--parallel auto: what the user gave stays fixed, every layout passes 
     p.checkpointing = pv::ActivationCheckpointing{true, 0};
     pv::apply_layout(o, p, every_third.train_sources);
     CHECK(o.checkpoint_activations == 3);  // one block in 3 keeps its activations, as given
+    // The search's fewest blocks: auto, resolved to them; auto with nothing recomputed: none.
+    o = defaults.train;
+    p.checkpointing = pv::ActivationCheckpointing{true, 0, 5};
+    pv::apply_layout(o, p, defaults.train_sources);
+    CHECK(o.checkpoint_activations == pv::kCheckpointActivationsAuto);
+    CHECK(o.checkpoint_blocks == 5);
+    CHECK(pv::activation_checkpointing(o).recomputes(4));
+    CHECK_FALSE(pv::activation_checkpointing(o).recomputes(5));
+    const pv::Command automatic = pv::parse_arguments({"--checkpoint-activations", "auto"});
+    o = automatic.train;
+    CHECK(o.checkpoint_activations == pv::kCheckpointActivationsAuto);
+    CHECK_FALSE(pv::activation_checkpointing(o).enabled);  // unresolved: planned without, then resolved
+    p.checkpointing = {};
+    pv::apply_layout(o, p, automatic.train_sources);
+    CHECK(o.checkpoint_activations == pv::kCheckpointActivationsAuto);
+    CHECK(o.checkpoint_blocks == 0);
+    CHECK(pv::parse_arguments({"--checkpoint-activations=auto"}).train.checkpoint_activations ==
+          pv::kCheckpointActivationsAuto);
+    CHECK(pv::parse_arguments({"--checkpoint-activations=010"}).train.checkpoint_activations == 10);  // not octal
+    CHECK(refusal({"--checkpoint-activations=automatic"}).find("or auto (the fewest blocks that fit)") !=
+          std::string::npos);
+    CHECK(refusal({"--checkpoint-activations=-2"}).find("or auto (the fewest blocks that fit)") != std::string::npos);
     // fp32 gradient accumulation: a default gives way to a strategy that reduces in bf16; the
     // user's flag stays, and the option table refuses such a layout.
     o = defaults.train;

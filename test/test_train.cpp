@@ -131,7 +131,7 @@ TEST_CASE("train --checkpoint-activations: identical metrics, kept on resume, ch
     REQUIRE(losses(every.output) == losses(a.output));
     const Run one = run_train(kTiny + " --checkpoint-activations=1 --out-dir " + ckpt + "_one");
     REQUIRE(one.status != 0);
-    REQUIRE(one.output.find("give no value (every block recomputes) or N >= 2") != std::string::npos);
+    REQUIRE(one.output.find("give no value (every block recomputes), N >= 2") != std::string::npos);
 }
 
 // DESIGN.md §3: a checkpoint holds everything the run depends on, so stopping and resuming changes
@@ -511,6 +511,23 @@ TEST_CASE("train plan: the default run's plan is its measured peak; what cannot 
     CHECK(sharded.output.find("fits on h100-80") != std::string::npos);
     for (const char* strategy : {"ddp", "zero1", "zero2", "zero3", "pp"})
         CHECK(sharded.output.find(std::string("  ") + strategy + " ") != std::string::npos);
+    // --checkpoint-activations auto: the fewest blocks that fit (test_plan holds the count against a
+    // scan of the plans), said in a line; none when the plan fits without.
+    const std::string one_b = "plan --preset llama-3.2-1b --micro-batch 4 --batch 8 --seq-len 2048 --sample-tokens 0 "
+                              "--checkpoint-activations auto --gpu-memory ";
+    const Run roomy = run_train(one_b + "h100-80");
+    INFO(roomy.output);
+    CHECK(roomy.status == 0);
+    CHECK(roomy.output.find("activation checkpointing: auto: no block recomputes (the plan fits the ") !=
+          std::string::npos);
+    CHECK(roomy.output.find("recompute arena (checkpointing)") == std::string::npos);  // none: no line
+    const Run tight = run_train(one_b + "24GiB");
+    INFO(tight.output);
+    CHECK(tight.status == 0);
+    CHECK(tight.output.find("activation checkpointing: auto: the first ") != std::string::npos);
+    CHECK(tight.output.find(" of 16 blocks recompute, the fewest with which the plan fits the ") != std::string::npos);
+    CHECK(tight.output.find("recompute arena (checkpointing)") != std::string::npos);
+    CHECK(tight.output.find("fits on the GPU (24.00 GiB") != std::string::npos);
     // --search: the five fastest layouts of 4 ranks, the strategy given kept, and the flags of the
     // fastest, which plan as a run that fits.
     const std::string tiny = "plan --preset test-tiny --seq-len 32 --batch 8 --ranks 4 --sample-tokens 0";

@@ -37,7 +37,9 @@ SearchRequest layout_search_request(const TrainOptions& o, const TrainOptions& f
     r.pipeline_stages = flags.pipeline_stages;
     r.micro_batch = flags.micro_batch;
     r.strategy = flags.parallel == "auto" ? "" : canonical_strategy_name(flags.parallel);
-    r.checkpointing_fixed = flags.checkpoint_activations >= 0 || given(sources, "checkpoint_activations");
+    // auto is searched as the default is: off, or the fewest blocks that fit.
+    r.checkpointing_fixed = flags.checkpoint_activations != kCheckpointActivationsAuto &&
+                            (flags.checkpoint_activations >= 0 || given(sources, "checkpoint_activations"));
     r.offload = flags.offload != "none" || given(sources, "offload") ? flags.offload : "";
     r.shard_group = flags.shard_group > 0 || given(sources, "shard_group") ? flags.shard_group : -1;
     r.sequence_parallel = flags.sequence_parallel ? 1 : -1;  // a flag: given on, else searched
@@ -62,8 +64,14 @@ void apply_layout(TrainOptions& o, const LayoutPrediction& p, const OptionSource
     o.pipeline_stages = p.pp > 1 && p.strategy != "pp" ? p.pp : 0;
     o.shard_group = p.options.shard_group;
     o.micro_batch = p.micro_batch;
-    if (p.checkpointing.enabled != (o.checkpoint_activations >= 0))  // a given N (one block in N) stays
+    if (p.checkpointing.first_blocks > 0) {  // the search's fewest blocks: what auto resolves to
+        o.checkpoint_activations = kCheckpointActivationsAuto;
+        o.checkpoint_blocks = p.checkpointing.first_blocks;
+    } else if (!p.checkpointing.enabled && o.checkpoint_activations == kCheckpointActivationsAuto) {
+        o.checkpoint_blocks = 0;  // auto, and it fits without
+    } else if (p.checkpointing.enabled != (o.checkpoint_activations >= 0)) {  // a given N (one block in N) stays
         o.checkpoint_activations = p.checkpointing.enabled ? 0 : -1;
+    }
     o.offload = offload_name(p.options.offload);
     if (o.fp32_grad_accumulation && !strategy_info(p.strategy).policy.fp32_accumulation() &&
         !given(sources, "fp32_grad_accumulation"))

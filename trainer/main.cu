@@ -168,6 +168,27 @@ void check_plan_fits(const PlanRequest& q, const GpuMemory& gpu) {
                                     (q.strategy.offload != Offload::none ? ", or drop --offload" : ""));
 }
 
+// --checkpoint-activations auto, once the layout is known: the fewest blocks whose recompute makes
+// the plan fit `gpu` (parallel/planner.h fewest_recomputing_blocks), into o.checkpoint_blocks, and
+// the line saying so. Empty for any other setting, or when --parallel auto's search chose already.
+std::string resolve_auto_checkpointing(TrainOptions& o, const LlamaConfig& config, int ranks, const GpuMemory& gpu) {
+    if (o.checkpoint_activations != kCheckpointActivationsAuto) return "";
+    const int blocks = config.num_layers;
+    if (o.checkpoint_blocks < 0) {
+        o.checkpoint_blocks = 0;  // the plan without any, which the search starts from
+        o.checkpoint_blocks = std::max(fewest_recomputing_blocks(plan_request(o, config, ranks), gpu.usable()).first_blocks, 0);
+    }
+    const int k = o.checkpoint_blocks;
+    const std::string budget =
+        "the " + format_bytes(gpu.usable()) + " a rank may use" + (gpu.name.empty() ? "" : " on " + gpu.name);
+    const std::string head = "activation checkpointing: auto: ";
+    if (k == 0) return head + "no block recomputes (the plan fits " + budget + " without)";
+    if (k == blocks && plan_memory(plan_request(o, config, ranks)).peak() > gpu.usable())
+        return head + "every block recomputes, and the plan still does not fit " + budget;
+    return head + "the first " + std::to_string(k) + " of " + std::to_string(blocks) +
+           " blocks recompute, the fewest with which the plan fits " + budget;
+}
+
 // --parallel auto, before the model is known: a data-parallel guess for the option and geometry
 // checks (single on one rank; zero3 when --offload params needs its slices; else ddp).
 void guess_auto_strategy(TrainOptions& o, int ranks) {
@@ -254,6 +275,8 @@ int train_command(const TrainOptions& requested_flags, const OptionSources& sour
                                host_budget(world.size()));
         std::printf("parallel: auto on %d ranks: %s\n", world.size(), choice.c_str());
     }
+    if (const std::string line = resolve_auto_checkpointing(o, config, world.size(), gpu); !line.empty())
+        std::printf("%s\n", line.c_str());
     check_plan_fits(plan_request(o, config, world.size()), gpu);
     if (o.epochs == 0) (void)lr_config_of(o);  // the schedule's checks, before anything is written
     if (world.rank() == 0 && !lock) lock.emplace(o.out_dir);  // creates the directory
@@ -535,6 +558,7 @@ int plan_command(const TrainOptions& given, const OptionSources& sources, const 
     std::string choice = "one rank";
     if (requested_strategy == "auto" && p.ranks > 1)
         choice = choose_auto_layout(o, flags, sources, config, p.ranks, 0, gpu, 0);  // another machine's host
+    const std::string auto_checkpointing = resolve_auto_checkpointing(o, config, p.ranks, gpu);
     const PlanRequest q = plan_request(o, config, p.ranks);
     std::printf(
         "plan: model %s (%lld parameters), %s, %s on %d rank(s), micro-batch %d x %d tokens, %d micro-step(s) "
@@ -543,6 +567,7 @@ int plan_command(const TrainOptions& given, const OptionSources& sources, const 
         o.seq_len, q.accumulation, q.groups.lora.enabled() ? (q.groups.nf4 ? ", QLoRA" : ", LoRA") : "");
     if (requested_strategy == "auto")
         std::printf("--parallel auto: %s\n", choice.c_str());
+    if (!auto_checkpointing.empty()) std::printf("%s\n", auto_checkpointing.c_str());
     const MemoryPlan plan = plan_memory(q);
     std::printf("%s", format_plan(plan, &gpu).c_str());
     if (p.ranks > 1) std::printf("mesh: %s\n%s", describe_mesh(mesh_of(q.strategy, p.ranks)).c_str(),

@@ -52,7 +52,7 @@ const std::map<std::string, NumberRule>& number_rules() {
         {"pipeline_chunks",        at_least(0)},
         {"shard_group",            at_least(0)},
         {"tp",                     at_least(1)},
-        {"checkpoint_activations", at_least(-1)},  // and not 1: checked below
+        {"checkpoint_activations", at_least(-2)},  // -2: auto; and not 1: checked below
         {"eval_interval",          at_least(0)},
         {"eval_batches",           at_least(1)},
         {"checkpoint_interval",    at_least(0, kLong)},
@@ -153,7 +153,8 @@ std::vector<std::string> train_option_problems(const nlohmann::json& j) {
     }
     if (j.contains("checkpoint_activations") && j.at("checkpoint_activations") == 1)
         say("checkpoint_activations", j.at("checkpoint_activations"),
-            "give -1 (off), 0 (every block recomputes) or N >= 2 (one block in N keeps its activations)");
+            "give -1 (off), 0 (every block recomputes), N >= 2 (one block in N keeps its activations) or -2 (auto: the "
+            "fewest blocks that fit)");
     for (const char* key : {"dtype", "schedule", "parallel", "interconnect", "balance", "pipeline_schedule", "offload", "quantize"}) {
         if (!j.contains(key)) continue;
         const nlohmann::json& v = j.at(key);

@@ -367,17 +367,23 @@ void add_train_flags(CLI::App& app, TrainOptions& o, std::string* run_file = nul
                    "recomputes its activations just before its backward (one more forward of the recomputed "
                    "blocks; the gradients are bitwise the same). Alone: every block recomputes. =N (N >= 2): one "
                    "block in N keeps its activations (0-based block i when i % N == N - 1), the others recompute. "
-                   "Default: off")
+                   "=auto: the fewest blocks (the first ones) that make the memory plan fit --gpu-memory (none "
+                   "when it fits without), chosen again on resume. Default: off")
         ->expected(0, 1)
         ->default_str("0")
-        ->option_text("[=N]")
-        ->check([](const std::string& value) -> std::string {
-            try {
-                const int n = std::stoi(value);
-                if (n == 0 || n >= 2) return "";
-            } catch (const std::exception&) {}
-            return "--checkpoint-activations=" + value +
-                   ": give no value (every block recomputes) or N >= 2 (one block in N keeps its activations)";
+        ->option_text("[=N|auto]")
+        ->type_name("N|auto")  // not INT: check_integer_texts would refuse "auto"; this reads N itself
+        // One transform that checks and converts (CLI11 runs transforms before checks): auto is
+        // kCheckpointActivationsAuto, N its canonical decimal text (CLI11 reads 010 as octal).
+        ->transform([](const std::string& value) -> std::string {
+            if (value == "auto") return std::to_string(kCheckpointActivationsAuto);
+            int n = 0;
+            const auto r = std::from_chars(value.data(), value.data() + value.size(), n);
+            if (r.ec == std::errc() && r.ptr == value.data() + value.size() && (n == 0 || n >= 2))
+                return std::to_string(n);
+            throw CLI::ValidationError("--checkpoint-activations=" + value +
+                                       ": give no value (every block recomputes), N >= 2 (one block in N keeps its "
+                                       "activations) or auto (the fewest blocks that fit)");
         });
     app.add_flag_callback(
            "--no-checkpoint-activations", [&o] { o.checkpoint_activations = -1; },
@@ -1011,10 +1017,12 @@ StrategyOptions strategy_options(const TrainOptions& o, int ranks) {
 }
 
 ActivationCheckpointing activation_checkpointing(const TrainOptions& o) {
+    if (o.checkpoint_activations == kCheckpointActivationsAuto)
+        return ActivationCheckpointing{o.checkpoint_blocks > 0, 0, std::max(o.checkpoint_blocks, 0)};
     if (o.checkpoint_activations < -1 || o.checkpoint_activations == 1)
         throw std::invalid_argument("--checkpoint-activations=" + std::to_string(o.checkpoint_activations) +
                                     ": give no value (every block recomputes), N >= 2 (one block in N keeps its "
-                                    "activations), or --no-checkpoint-activations");
+                                    "activations), auto (the fewest blocks that fit), or --no-checkpoint-activations");
     return ActivationCheckpointing{o.checkpoint_activations >= 0, std::max(o.checkpoint_activations, 0)};
 }
 

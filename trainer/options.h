@@ -102,8 +102,11 @@ struct TrainOptions {
     std::string offload = "none";       // none, optimizer or params (parallel/plan.h Offload)
     // Activation checkpointing (model/llama.h ActivationCheckpointing): −1 off; 0 every block
     // recomputes its forward before its backward (the bare flag); N >= 2 one block in N keeps its
-    // activations (block i when i % N == N − 1), the others recompute.
+    // activations (block i when i % N == N − 1), the others recompute; kCheckpointActivationsAuto
+    // (`auto`, −2 in a checkpoint's options): the fewest blocks the plan needs to fit, resolved
+    // into checkpoint_blocks once the layout is known (resolve_auto_checkpointing, trainer/main.cu).
     int checkpoint_activations = -1;
+    int checkpoint_blocks = -1;  // auto's choice: the first N blocks recompute (−1: unresolved). Not saved
     // Evaluation, output, checkpoints.
     int eval_interval = 50;
     int eval_batches = 4;
@@ -244,7 +247,10 @@ LoraConfig lora_config(const TrainOptions& o);
 // The strategy options among them (parallel/plan.h).
 // `ranks`: the world, which sets a pipeline's micro-batches per step (--batch over the data-parallel ranks).
 StrategyOptions strategy_options(const TrainOptions& o, int ranks);
-// The activation checkpointing among them, checked (std::invalid_argument naming the flag).
+// --checkpoint-activations auto, as TrainOptions::checkpoint_activations holds it.
+inline constexpr int kCheckpointActivationsAuto = -2;
+// The activation checkpointing among them, checked (std::invalid_argument naming the flag); `auto`
+// as resolved (checkpoint_blocks), off while it is not yet.
 ActivationCheckpointing activation_checkpointing(const TrainOptions& o);
 // The link rates among them (--intra-node-gbs, --inter-node-gbs, --pcie-gbs, --host-memory-gbs;
 // 0 keeps the figure) written into the layout search's machine.

@@ -256,8 +256,8 @@ class Translator {
                 else fail(kn, key + ": expected true or a number");
                 return e;
             }
-            if (!v.IsScalar() || !is_integer_text(v.Scalar()))
-                fail(kn, key + ": expected true, false or a whole number, got " + describe(v));
+            if (!v.IsScalar() || !(is_integer_text(v.Scalar()) || v.Scalar() == "auto"))
+                fail(kn, key + ": expected true, false, auto or a whole number, got " + describe(v));
             if (v.Scalar() == "-1" && flag("no-" + f.name))
                 e.args = {"--no-" + f.name};
             else
@@ -403,7 +403,7 @@ nlohmann::json all_options(const TrainOptions& o) {
 std::string yaml_value(const std::string& key, const nlohmann::json& v) {
     if (key == "checkpoint_activations" && v.is_number_integer()) {
         const long long n = v.get<long long>();
-        return n < 0 ? "false" : n == 0 ? "true" : std::to_string(n);
+        return n == kCheckpointActivationsAuto ? "auto" : n < 0 ? "false" : n == 0 ? "true" : std::to_string(n);
     }
     return v.dump();  // JSON scalars are YAML: "text" in double quotes with JSON's escapes, numbers exact
 }
