@@ -8,7 +8,7 @@
       --compiler: the compiler that made the SASS, recorded in the header (the counts are its)
 
 For every instantiation of attention_mma_forward_kernel, attention_mma_dkv_kernel and
-attention_mma_dq_kernel in the file, it finds the tile loop (the loop whose backward branch
+attention_mma_dq_kernel in the file with P and dS in one bf16 (the default), it finds the tile loop (the loop whose backward branch
 encloses the kernel's HMMA instructions: one 64-key tile per trip in the forward, one 64 x 64
 tile pair in the backward kernels), counts the instructions one warp issues per trip by class,
 and prints them with instructions per HMMA and the issue ceiling: the speed at which the four
@@ -113,8 +113,10 @@ def tile_loop_counts(name, code, inner_trips):
 
 
 def demangled_kind(name):
-    """('forward' | 'dkv' | 'dq', head dim) of a mangled attention kernel name, or None."""
-    m = re.match(r"_ZN2pv(?:\d+)attention_mma_(forward|dkv|dq)_kernelILi(\d+)EE", name)
+    """('forward' | 'dkv' | 'dq', head dim) of a mangled attention kernel name, or None: the
+    instantiations with P and dS in one bf16 (HiLo false, Lb0), which training runs and the model
+    prices; the hi + lo ones (HiLo true) are the decoder parity tests' option."""
+    m = re.match(r"_ZN2pv(?:\d+)attention_mma_(forward|dkv|dq)_kernelILi(\d+)ELb0EE", name)
     return (m.group(1), int(m.group(2))) if m else None
 
 

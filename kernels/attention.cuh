@@ -522,19 +522,15 @@ void attention_forward_launch(const T* qkv, const int* positions, T* out, acc_t<
 
 // out[B][T][H·hd] and lse[B][H][T] from qkv[B][T][(H + 2·Hkv)·hd]. positions: [B][T] device ints,
 // each row's position within its document (document masking, header comment), or null for plain
-// causal attention.
+// causal attention. hi_lo: on tensor cores (bf16), P enters P·V as hi + lo bf16 pairs instead of
+// one bf16 (kernels/attention_mma_forward.cuh); the CUDA-core kernels keep P in the accumulator type.
 template <class T>
 void attention_forward(const T* qkv, const int* positions, T* out, acc_t<T>* lse, int B, int T_len, int H, int Hkv,
-                       int hd, cudaStream_t stream) {
+                       int hd, cudaStream_t stream, bool hi_lo = false) {
     attention_check_shape(B, T_len, H, Hkv, hd);
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-        if (attention_mma_forward_supported(qkv, out, hd)) {  // tensor cores (attention_mma_forward.cuh)
-            if (hd == 64)
-                attention_mma_forward_launch<64>(qkv, positions, out, lse, B, T_len, H, Hkv, stream);
-            else
-                attention_mma_forward_launch<128>(qkv, positions, out, lse, B, T_len, H, Hkv, stream);
-            return;
-        }
+        if (attention_mma_forward_supported(qkv, out, hd))  // tensor cores (attention_mma_forward.cuh)
+            return attention_mma_forward(qkv, positions, out, lse, B, T_len, H, Hkv, hd, hi_lo, stream);
     }
     if (hd == 64)
         attention_forward_launch<T, 64>(qkv, positions, out, lse, B, T_len, H, Hkv, hd, stream);
@@ -590,16 +586,17 @@ void attention_backward_cuda_cores(const T* qkv, const int* positions, const T* 
 
 // dqkv (layout of qkv, every element overwritten) from the forward's qkv, positions (the same as
 // the forward's, or null), out and lse and the gradient dout[B][T][H·hd]. `scratch` holds
-// attention_backward_scratch_bytes<T>(B, T_len, H).
+// attention_backward_scratch_bytes<T>(B, T_len, H). hi_lo: on tensor cores, P and dS as hi + lo.
 template <class T>
 void attention_backward(const T* qkv, const int* positions, const T* out, const T* dout, const acc_t<T>* lse, T* dqkv,
-                        void* scratch, int B, int T_len, int H, int Hkv, int hd, cudaStream_t stream) {
+                        void* scratch, int B, int T_len, int H, int Hkv, int hd, cudaStream_t stream,
+                        bool hi_lo = false) {
     attention_check_shape(B, T_len, H, Hkv, hd);
     acc_t<T>* D = static_cast<acc_t<T>*>(scratch);
     attention_backward_dot(out, dout, D, B, T_len, H, hd, stream);
     if constexpr (std::is_same_v<T, __nv_bfloat16>)
         if (attention_mma_backward_applies(qkv, dout, dqkv, hd))
-            return attention_mma_backward(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
+            return attention_mma_backward(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, hi_lo, stream);
     attention_backward_cuda_cores(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
 }
 

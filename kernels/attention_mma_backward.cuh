@@ -23,13 +23,15 @@
 //                                dV += Pᵀ·dO, dK += dSᵀ·Q (B = dO, Q via ldmatrix.trans)
 //   dQ,   warp rows = queries:   S = Q·Kᵀ, dP = dO·Vᵀ    (A = Q, dO in registers; B = K, V rows)
 //                                dQ += dS·K              (B = K via ldmatrix.trans)
-// Precision. P and dS enter their products as bf16 pairs hi + lo (hi = bf16(x), lo = bf16(x − hi):
-// about 16 significant bits), at two MMAs each. With hi alone (FlashAttention-2's choice) the
-// rounding of the large P of a row's first keys, up to 2^-9 of terms near 1, does not cancel when
-// the sum does: on the suite's bf16 shapes (T = 130, 200) single elements of dV and dQ then miss
-// the fp64 reference by 2.1% of its rms, past DESIGN.md's bf16 tolerance (2e-2); with the split they
-// match the CUDA-core kernels' errors (the rounding of the outputs). So the tensor-core work is 10
-// matmul-equivalents (S, dP, 2×dV, 2×dK; S, dP, 2×dQ); the hi parts alone would be 7.
+// Precision. P and dS enter their products rounded to one bf16 each (FlashAttention-2's choice,
+// HiLo false, the default): the tensor-core work is 7 matmul-equivalents (S, dP, dV, dK; S, dP,
+// dQ). The rounding of the large P of a row's first keys, up to 2^-9 of terms near 1, does not
+// cancel when the sum does: single elements of dV and dQ can miss the fp64 reference by a few
+// percent of its rms, as plain attention done the standard way (P and dS rounded to bf16 before
+// their products, fp32 accumulation) does — test_attention holds these kernels within 1.25× of
+// that reference's error against fp64. HiLo true enters them as hi + lo bf16 pairs (hi = bf16(x),
+// lo = bf16(x − hi): about 16 significant bits, the CUDA-core kernels' error) at two MMAs each:
+// 10 matmul-equivalents.
 //
 // The streamed tiles are double-buffered: cp.async copies the next tile (16-byte pieces; rows at or
 // past T are zero-filled, never read) while the warps compute on the current one; the per-row
@@ -52,7 +54,8 @@
 //   dQ, grid (H, B, n), 128 threads: reads its Q and dO tiles, lse and D of its rows once; then for
 //     each key tile from the block's smallest lo to the diagonal the K and V tiles. Writes dQ once.
 // Causal, no documents: n(n+1)/2 tile pairs per (b, h), each costing 12·64²·hd tensor FLOPs in
-// dK/dV (S, dP, and dV, dK twice: the split) and 8·64²·hd in dQ; on the diagonal tile the warps
+// dK/dV (S, dP, dV, dK; 12·64²·hd with HiLo: dV and dK twice) and 6·64²·hd in dQ (8 with HiLo); on
+// the diagonal tile the warps
 // skip the 6 of 16 chunks above it. Useful work (what a FLOP count of attention credits): 5 products.
 //
 // Shared memory per block (bytes; above 48 KiB the launcher opts in, cudaFuncSetAttribute):
@@ -71,6 +74,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 
 namespace pv {
 
@@ -127,39 +131,20 @@ __device__ inline const __nv_bfloat16* attention_mma_cols_then_rows(const __nv_b
     return tile + (row0 + (lane & 7) + 8 * (lane >> 4)) * attention_mma_ld<HD>() + col0 + 8 * ((lane >> 3) & 1);
 }
 
-// A 16×16 operand held as two bf16 A fragments, hi + lo: two m16n8 C fragments side by side
-// (columns 0–7 and 8–15) rounded to bf16 (hi), and what that rounding left out, rounded again
-// (lo). hi + lo carries about 16 significant bits where hi alone carries 8; see the header comment
-// for why P and dS need them.
-struct AttentionMmaSplit {
-    uint32_t hi[4], lo[4];
-};
-__device__ inline AttentionMmaSplit attention_mma_split(const float (&c)[2][4]) {
-    AttentionMmaSplit s;
-    accumulators_to_a_bf16(c[0], c[1], s.hi);
-    float rest[2][4];
-    for (int n = 0; n < 2; ++n)
-        for (int x = 0; x < 4; ++x) {
-            const uint32_t pair = s.hi[2 * n + x / 2];
-            rest[n][x] = c[n][x] - (x % 2 == 0 ? bf16x2_low(pair) : bf16x2_high(pair));
-        }
-    accumulators_to_a_bf16(rest[0], rest[1], s.lo);
-    return s;
-}
-
-// acc[n-tile] += (hi + lo)·B over one 16-row chunk of a k-major tile [k][HD + 8]: the B fragments
-// of n-tiles 2p and 2p+1 (columns 16p..16p+15) come from one ldmatrix_x4_trans.
-template <int HD>
-__device__ inline void attention_mma_accumulate(float (&acc)[HD / 8][4], const AttentionMmaSplit& a,
+// acc[n-tile] += A·B, A the 16×16 operand of two m16n8 C fragments side by side (columns 0–7 and
+// 8–15: P or dS, kernels/mma.cuh accumulators_as_a), over one 16-row chunk of a k-major tile
+// [k][HD + 8]: the B fragments of n-tiles 2p and 2p+1 (columns 16p..16p+15) come from one
+// ldmatrix_x4_trans.
+template <int HD, bool HiLo>
+__device__ inline void attention_mma_accumulate(float (&acc)[HD / 8][4], const float (&c)[2][4],
                                                 const __nv_bfloat16* tile, int k0) {
+    const AccumulatorsAsA<HiLo> a = accumulators_as_a<HiLo>(c[0], c[1]);
     for (int p = 0; p < HD / 16; ++p) {
         uint32_t b[4];
         ldmatrix_x4_trans(b, attention_mma_rows_then_cols<HD>(tile, k0, 16 * p));
         const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-        mma_m16n8k16_bf16(acc[2 * p], a.lo, b0, acc[2 * p]);
-        mma_m16n8k16_bf16(acc[2 * p + 1], a.lo, b1, acc[2 * p + 1]);
-        mma_m16n8k16_bf16(acc[2 * p], a.hi, b0, acc[2 * p]);
-        mma_m16n8k16_bf16(acc[2 * p + 1], a.hi, b1, acc[2 * p + 1]);
+        mma_accumulators_as_a(acc[2 * p], a, b0);
+        mma_accumulators_as_a(acc[2 * p + 1], a, b1);
     }
 }
 
@@ -195,7 +180,7 @@ __device__ inline void attention_mma_store_rows(__nv_bfloat16* dst, long long st
 
 // Block (KV head, batch, key tile), 4 warps; warp w owns key rows k0 + 16w .. + 15. Shared: K, V,
 // Q[2], dO[2] [64][HD + 8] (bf16), then lse[2][64], D[2][64] (float), lo[2][64] (int).
-template <int HD>
+template <int HD, bool HiLo>
 __global__ void __launch_bounds__(kAttentionMmaThreads)
     attention_mma_dkv_kernel(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
                              const float* lse, const float* D, __nv_bfloat16* dqkv, int T_len, int H, int Hkv) {
@@ -305,8 +290,8 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
                     st[nt][x] = p;
                     dpt[nt][x] = in[nt][x] ? p * (dpt[nt][x] - D_b[r]) : 0.0f;
                 }
-            attention_mma_accumulate<HD>(dv, attention_mma_split(st), dO, c0);  // dV += Pᵀ·dO
-            attention_mma_accumulate<HD>(dk, attention_mma_split(dpt), Q, c0);  // dK += dSᵀ·Q
+            attention_mma_accumulate<HD, HiLo>(dv, st, dO, c0);  // dV += Pᵀ·dO
+            attention_mma_accumulate<HD, HiLo>(dk, dpt, Q, c0);  // dK += dSᵀ·Q
         }
         __syncthreads();  // every warp is done with this buffer before step s + 2's copies land in it
     }
@@ -321,7 +306,7 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
 // Block (query head, batch, query tile), 4 warps; warp w owns query rows q0 + 16w .. + 15, their Q
 // and dO fragments in registers. Shared: K[2], V[2] [64][HD + 8] (bf16), then 4 ints (a warp's
 // smallest lo).
-template <int HD>
+template <int HD, bool HiLo>
 __global__ void __launch_bounds__(kAttentionMmaThreads)
     attention_mma_dq_kernel(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout, const float* lse,
                             const float* D, __nv_bfloat16* dqkv, int T_len, int H, int Hkv) {
@@ -417,7 +402,7 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
                     const float p = in[nt][x] ? expf(scale * s[nt][x] - lse_r[half]) : 0.0f;
                     dp[nt][x] = in[nt][x] ? p * (dp[nt][x] - D_r[half]) : 0.0f;
                 }
-            attention_mma_accumulate<HD>(dq, attention_mma_split(dp), K, c0);  // dQ += dS·K
+            attention_mma_accumulate<HD, HiLo>(dq, dp, K, c0);  // dQ += dS·K
         }
         __syncthreads();  // every warp is done with this buffer before the tile after next lands in it
     }
@@ -436,44 +421,54 @@ inline bool attention_mma_backward_applies(const void* qkv, const void* dout, co
 }
 
 // dqkv from qkv, positions (or null), dout, the forward's lse and D (the scratch the dot kernel
-// filled): the dK/dV kernel, then the dQ kernel, at head dim HD.
-template <int HD>
+// filled): the dK/dV kernel, then the dQ kernel, at head dim HD, P and dS as hi + lo when HiLo.
+template <int HD, bool HiLo>
 void attention_mma_backward_launch(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
                                    const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H,
                                    int Hkv, cudaStream_t stream) {
     const int tiles = ceil_div(T_len, kAttentionMmaTile);
     constexpr size_t dkv_smem = attention_mma_dkv_smem_bytes<HD>(), dq_smem = attention_mma_dq_smem_bytes<HD>();
     if (dkv_smem > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(attention_mma_dkv_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(dkv_smem)));
+        CUDA_CHECK(cudaFuncSetAttribute(attention_mma_dkv_kernel<HD, HiLo>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(dkv_smem)));
     if (dq_smem > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(attention_mma_dq_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_CHECK(cudaFuncSetAttribute(attention_mma_dq_kernel<HD, HiLo>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         int(dq_smem)));
-    launch(attention_mma_dkv_kernel<HD>, dim3(Hkv, B, tiles), dim3(kAttentionMmaThreads), dkv_smem, stream, qkv,
+    launch(attention_mma_dkv_kernel<HD, HiLo>, dim3(Hkv, B, tiles), dim3(kAttentionMmaThreads), dkv_smem, stream, qkv,
            positions, dout, lse, D, dqkv, T_len, H, Hkv);
     CUDA_CHECK_LAUNCH();
-    launch(attention_mma_dq_kernel<HD>, dim3(H, B, tiles), dim3(kAttentionMmaThreads), dq_smem, stream, qkv, positions,
-           dout, lse, D, dqkv, T_len, H, Hkv);
+    launch(attention_mma_dq_kernel<HD, HiLo>, dim3(H, B, tiles), dim3(kAttentionMmaThreads), dq_smem, stream, qkv,
+           positions, dout, lse, D, dqkv, T_len, H, Hkv);
     CUDA_CHECK_LAUNCH();
 }
 
-// The same at a run-time head dim (attention_mma_backward_supports(hd)).
-inline void attention_mma_backward(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
-                                   const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H,
-                                   int Hkv, int hd, cudaStream_t stream) {
+template <bool HiLo>
+void attention_mma_backward_at(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
+                               const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H, int Hkv,
+                               int hd, cudaStream_t stream) {
+    auto go = [&](auto hd_tag) {
+        attention_mma_backward_launch<decltype(hd_tag)::value, HiLo>(qkv, positions, dout, lse, D, dqkv, B, T_len, H,
+                                                                     Hkv, stream);
+    };
     switch (hd) {
-        case 32: return attention_mma_backward_launch<32>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, stream);
-        case 48: return attention_mma_backward_launch<48>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, stream);
-        case 64: return attention_mma_backward_launch<64>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, stream);
-        case 80: return attention_mma_backward_launch<80>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, stream);
-        case 96: return attention_mma_backward_launch<96>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, stream);
-        case 112:
-            return attention_mma_backward_launch<112>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, stream);
-        case 128:
-            return attention_mma_backward_launch<128>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, stream);
+        case 32: return go(std::integral_constant<int, 32>{});
+        case 48: return go(std::integral_constant<int, 48>{});
+        case 64: return go(std::integral_constant<int, 64>{});
+        case 80: return go(std::integral_constant<int, 80>{});
+        case 96: return go(std::integral_constant<int, 96>{});
+        case 112: return go(std::integral_constant<int, 112>{});
+        case 128: return go(std::integral_constant<int, 128>{});
     }
     std::fprintf(stderr, "polevault: attention_mma_backward: head dim %d is not a multiple of 16 in [32, 128]\n", hd);
     std::abort();
+}
+
+// The same at a run-time head dim (attention_mma_backward_supports(hd)) and choice of precision.
+inline void attention_mma_backward(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
+                                   const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H,
+                                   int Hkv, int hd, bool hi_lo, cudaStream_t stream) {
+    if (hi_lo) return attention_mma_backward_at<true>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
+    attention_mma_backward_at<false>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
 }
 
 }  // namespace pv

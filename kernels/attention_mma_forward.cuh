@@ -21,17 +21,17 @@
 //   online softmax on the accumulators  each lane holds rows g and g+8 (g = lane/4), columns 2t,
 //                                      2t+1 of each n-tile: a row's max and sum over its 4 lanes by
 //                                      two xor shuffles; masked scores are −∞ and contribute 0
-//   O (16×hd) += P · V                 P split into bf16 hi + lo straight from the S accumulators
-//                                      into A fragments (no shared memory), two mma per V fragment;
-//                                      V by ldmatrix.x4.trans
-// l is summed per lane (its own columns) and over the row's 4 lanes once at the end.
+//   O (16×hd) += P · V                 P rounded to bf16 straight from the S accumulators into A
+//                                      fragments (no shared memory), one mma per V fragment; V by
+//                                      ldmatrix.x4.trans
+// l is summed per lane (its own columns, unrounded) and over the row's 4 lanes once at the end.
 //
-// Why P = hi + lo. Rounding P to one bf16 (FlashAttention-2's choice) adds a 2^-9 relative error
-// per probability: the output stays within the fp64 reference's bf16 tolerance (RMS error about
-// 17% above the CUDA-core kernel's), but the KV-cache decoder (fp32 P) and a full forward then
-// disagree by more than the bf16 tolerance on a few logits of test_decoder's random models. With
-// hi + lo, P keeps ~16 bits and the error equals the CUDA-core kernel's; the cost is one more
-// mma per P·V mma (1.5× the forward's tensor-core work).
+// P in one bf16 (FlashAttention-2's choice, HiLo false, the default) adds a 2^-9 relative error per
+// probability — the error of plain attention done the standard way (bf16 inputs, fp32
+// accumulation, P rounded to bf16 before P·V), which test_attention holds this kernel to (within
+// 1.25× of that reference's error against fp64). HiLo true enters P as hi + lo bf16 pairs (~16
+// bits, at two mma per P·V mma: 1.5× the tensor-core work): the KV-cache decoder keeps P in fp32,
+// and its parity tests against a full forward (test_decoder) need the forward that close.
 //
 // Masks and skipping. Key tiles run from the one holding the block's smallest lo to the one
 // holding its last row (causal tile skipping; with documents, tiles left of every row's window
@@ -48,16 +48,17 @@
 // Shared memory (bf16 rows padded to hd + 8 elements, 16 bytes, so the 8 rows an ldmatrix reads
 // fall in distinct banks): K [2][64][hd+8], V [2][64][hd+8] (Q staged in V[1]), lo [64] ints:
 //   hd 64:  37,120 bytes (under the default 48 KiB)     hd 128: 69,888 bytes (opt-in above 48 KiB)
-// 128 threads per block; ptxas (sm_80, sm_90): 164 and 186 registers at hd 64, 243 and 238 at
-// hd 128, no local memory. So two blocks per SM at hd 128 on sm_80 (164 KiB) and on sm_90 (where
-// registers are the limit).
+// 128 threads per block; ptxas (sm_90, nvcc 13.0; make ptxas-report): 178 registers at hd 64, 254
+// at hd 128, no local memory (the rows' windows are read from shared memory in the tile loop, not
+// held: with P in one bf16 ptxas otherwise spilled at hd 128). So two blocks per SM at hd 128, where
+// registers are the limit.
 //
 // Global memory per launch (nq = ceil(T/64) query tiles; key tiles per query tile kt_q ≤ q + 1):
 //   reads  Q: B·H·T·hd·2 bytes once; K and V: Σ_q kt_q · 64·hd·2 bytes each per (b, h), rows past
 //          T not read; positions (if given): 64 ints per block
 //   writes out B·T·H·hd·2 bytes, lse B·H·T·4 bytes (each element once; no atomics: deterministic)
-// FLOPs per (warp, key tile) computed: 2·16·64·hd for S and 2·2·16·64·hd for P·V (hi and lo)
-// executed on tensor cores, i.e. 1.5× the 4·16·64·hd of the matmul-equivalent count.
+// FLOPs per (warp, key tile) computed: 2·16·64·hd for S and 2·16·64·hd for P·V on tensor cores,
+// the 4·16·64·hd of the matmul-equivalent count (HiLo: P·V twice, 1.5× that).
 #pragma once
 
 #include "kernels/attention_window.cuh"
@@ -100,8 +101,8 @@ __device__ inline float mma_row_sum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-// Grid: ceil(T/64)·H·B blocks (1-D, heaviest query tiles first), 128 threads.
-template <int HD>
+// Grid: ceil(T/64)·H·B blocks (1-D, heaviest query tiles first), 128 threads. HiLo: P as hi + lo.
+template <int HD, bool HiLo>
 __global__ void __launch_bounds__(kMmaAttentionThreads)
     attention_mma_forward_kernel(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse,
                                  int T_len, int H, int Hkv, int B) {
@@ -134,9 +135,9 @@ __global__ void __launch_bounds__(kMmaAttentionThreads)
     for (int r = 1; r < Br; ++r) block_lo = min(block_lo, lo_s[r]);
     for (int r = 1; r < 16; ++r) warp_lo = min(warp_lo, lo_s[16 * warp + r]);
     const int warp_hi = min(q0 + 16 * warp + 15, T_len - 1);  // the warp's last key (rows past T: T − 1)
-    // This lane's two rows (g and g + 8 of the warp's 16): the last and first key each sees.
-    const int i_eff[2] = {min(q0 + 16 * warp + g, T_len - 1), min(q0 + 16 * warp + g + 8, T_len - 1)};
-    const int lo[2] = {lo_s[16 * warp + g], lo_s[16 * warp + g + 8]};
+    // This lane's two rows (g and g + 8 of the warp's 16) see keys lo_s[row] .. i_eff(half); read in
+    // the tile loop, not held: at hd 128 the loop needs every register.
+    const auto i_eff = [&](int half) { return min(q0 + 16 * warp + g + 8 * half, T_len - 1); };
 
     const int first = block_lo / Bc, last = (min(q0 + Br, T_len) - 1) / Bc;
     mma_attention_load_tile<HD, Bc>(Ks, k, stride, first * Bc, T_len);
@@ -187,7 +188,7 @@ __global__ void __launch_bounds__(kMmaAttentionThreads)
                     for (int e = 0; e < 2; ++e) {
                         const int j = k0 + 8 * n + 2 * t4 + e;
                         float& x = s[n][2 * half + e];
-                        x = lo[half] <= j && j <= i_eff[half] ? x * scale_log2 : -INFINITY;
+                        x = lo_s[16 * warp + g + 8 * half] <= j && j <= i_eff(half) ? x * scale_log2 : -INFINITY;
                         tile_max = fmaxf(tile_max, x);
                     }
                 // Until a row's first key, m_new = −∞ and alpha = 0 (l and o are still 0) rather
@@ -205,19 +206,16 @@ __global__ void __launch_bounds__(kMmaAttentionThreads)
                 m[half] = m_new;
                 for (int n = 0; n < NT; ++n) o[n][2 * half] *= alpha, o[n][2 * half + 1] *= alpha;
             }
-            // O += P·V: k-chunk c is keys 16c .. 16c + 15 (S tiles 2c and 2c + 1); P = hi + lo.
+            // O += P·V: k-chunk c is keys 16c .. 16c + 15 (S tiles 2c and 2c + 1).
             for (int c = 0; c < Bc / 16; ++c) {
-                uint32_t p_hi[4], p_lo[4];
-                accumulators_to_a_bf16_split(s[2 * c], s[2 * c + 1], p_hi, p_lo);
+                const AccumulatorsAsA<HiLo> p = accumulators_as_a<HiLo>(s[2 * c], s[2 * c + 1]);
                 for (int n = 0; n < NT; n += 2) {  // matrices: keys 16c + 0..7, 8..15 × dims 8n + 0..15
                     uint32_t vb[4];
                     ldmatrix_x4_trans(vb,
                                       Vt + (16 * c + lane % 8 + 8 * ((lane / 8) % 2)) * ld + 8 * n + 8 * (lane / 16));
                     const uint32_t b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
-                    mma_m16n8k16_bf16(o[n], p_hi, b0, o[n]);
-                    mma_m16n8k16_bf16(o[n], p_lo, b0, o[n]);
-                    mma_m16n8k16_bf16(o[n + 1], p_hi, b1, o[n + 1]);
-                    mma_m16n8k16_bf16(o[n + 1], p_lo, b1, o[n + 1]);
+                    mma_accumulators_as_a(o[n], p, b0);
+                    mma_accumulators_as_a(o[n + 1], p, b1);
                 }
             }
         }
@@ -243,22 +241,31 @@ inline bool attention_mma_forward_supported(const void* qkv, const void* out, in
            reinterpret_cast<uintptr_t>(out) % 4 == 0;
 }
 
-template <int HD>
+template <int HD, bool HiLo>
 void attention_mma_forward_launch(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse, int B,
                                   int T_len, int H, int Hkv, cudaStream_t stream) {
     constexpr size_t smem = MmaAttentionForwardConfig<HD>::kSmemBytes;
-    if constexpr (smem > 48 * 1024) {  // once per process: the opt-in above the default limit
+    if constexpr (smem > 48 * 1024) {  // once per process and instantiation: the opt-in above the default limit
         static const bool opted_in = [] {
-            CUDA_CHECK(cudaFuncSetAttribute(attention_mma_forward_kernel<HD>,
+            CUDA_CHECK(cudaFuncSetAttribute(attention_mma_forward_kernel<HD, HiLo>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
             return true;
         }();
         (void)opted_in;
     }
     const long long blocks = (long long)ceil_div(T_len, kMmaAttentionBr) * H * B;
-    launch(attention_mma_forward_kernel<HD>, dim3(unsigned(blocks)), dim3(kMmaAttentionThreads), smem, stream, qkv,
-           positions, out, lse, T_len, H, Hkv, B);
+    launch(attention_mma_forward_kernel<HD, HiLo>, dim3(unsigned(blocks)), dim3(kMmaAttentionThreads), smem, stream,
+           qkv, positions, out, lse, T_len, H, Hkv, B);
     CUDA_CHECK_LAUNCH();
+}
+
+// The launch at a run-time head dim (64 or 128) and choice of P's precision.
+inline void attention_mma_forward(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse,
+                                  int B, int T_len, int H, int Hkv, int hd, bool hi_lo, cudaStream_t stream) {
+    if (hd == 64 && !hi_lo) return attention_mma_forward_launch<64, false>(qkv, positions, out, lse, B, T_len, H, Hkv, stream);
+    if (hd == 64) return attention_mma_forward_launch<64, true>(qkv, positions, out, lse, B, T_len, H, Hkv, stream);
+    if (!hi_lo) return attention_mma_forward_launch<128, false>(qkv, positions, out, lse, B, T_len, H, Hkv, stream);
+    attention_mma_forward_launch<128, true>(qkv, positions, out, lse, B, T_len, H, Hkv, stream);
 }
 
 }  // namespace pv

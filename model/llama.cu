@@ -151,6 +151,7 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
       lora_(o.lora),
       seed_(o.seed),
       nf4_(o.nf4),
+      attention_hi_lo_(o.attention_hi_lo),
       batch_(o.batch),
       seq_len_(o.seq_len),
       gradients_(o.placement.gradients),
@@ -560,7 +561,8 @@ void Llama<T>::forward_block(int u, int slot, const UnitIO<T>& io, bool recomput
     rope_forward(a.qkv, rope_table(), io.positions, N, seq_len_, c.num_heads, hd, c.qkv_width(), stream_);
     rope_forward(a.qkv + c.q_width(), rope_table(), io.positions, N, seq_len_, c.num_kv_heads, hd, c.qkv_width(),
                  stream_);
-    attention_forward(a.qkv, io.positions, a.att, a.lse, batch_, seq_len_, c.num_heads, c.num_kv_heads, hd, stream_);
+    attention_forward(a.qkv, io.positions, a.att, a.lse, batch_, seq_len_, c.num_heads, c.num_kv_heads, hd, stream_,
+                      attention_hi_lo_);
     linear(u, kLoraO, a.att, work_.proj, N, a.lora_u[kLoraO], drop, cublas_);
     const T* att_out = sum_rows(work_.proj);  // row-parallel: each rank's heads' share
     residual_rmsnorm_forward(x, att_out, a.x2, w.mlp_norm, h2_rows, a.rstd2, R, C, c.rms_norm_eps, stream_);
@@ -609,7 +611,7 @@ void Llama<T>::backward_block(int u, int slot, const UnitIO<T>& io) {
     // Attention: x2 = x + att·W_oᵀ. dx now holds dL/dx2.
     linear_backward(u, kLoraO, whole_rows(dx, ws.proj), a.att, ws.datt, a, drop);
     attention_backward(a.qkv, io.positions, a.att, ws.datt, a.lse, ws.dqkv, ws.attention_scratch, batch_, seq_len_,
-                       c.num_heads, c.num_kv_heads, hd, stream_);
+                       c.num_heads, c.num_kv_heads, hd, stream_, attention_hi_lo_);
     rope_backward(ws.dqkv, rope_table(), io.positions, N, seq_len_, c.num_heads, hd, c.qkv_width(), stream_);
     rope_backward(ws.dqkv + c.q_width(), rope_table(), io.positions, N, seq_len_, c.num_kv_heads, hd, c.qkv_width(),
                   stream_);

@@ -205,13 +205,14 @@ std::vector<KernelCost> attention_forward_cuda_cores(int B, int T, int H, int Hk
 // attention_mma_forward_kernel (bf16, hd 64 and 128: kernels/attention_mma_forward.cuh): the same
 // bytes; every warp computes whole 64-key tiles up to its query tile's diagonal, rows past T
 // included: n(n+1)/2 tile pairs of 64×64 per (batch, head), n = ceil(T/64); per pair S = Q·Kᵀ and
-// P·V with P as a bf16 hi + lo pair: 3 products, 6·hd FLOPs.
+// P·V with P in one bf16 (the default; hi + lo, an option for the decoder's tests, is not priced):
+// 2 products, 4·hd FLOPs.
 // Issue: each of a block's 4 warps runs the tile loop once per such pair, at
 // attention_tile_instructions("forward", hd) instructions a trip (prologue and epilogue not counted).
 std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions) {
     KernelCost k = attention_forward_cuda_cores(B, T, H, Hkv, hd, t, a, positions).front();
     k.kernel = "attention_mma_forward_kernel";
-    k.flops = 6.0 * hd * (attention_tile_pairs(T) * 64.0 * 64.0) * B * H;
+    k.flops = 4.0 * hd * (attention_tile_pairs(T) * 64.0 * 64.0) * B * H;
     k.roofline = Roofline::attention_mma;
     k.warp_instructions = attention_warp_instructions("forward", B, T, H, hd);
     k.issue_efficiency = attention_issue_efficiency().forward;
@@ -248,17 +249,17 @@ double mma_backward_pairs(int T) {
 
 // attention_backward for bf16 at a head dim that is a multiple of 16 from 32 to 128 (attention_mma_backward.cuh):
 // the D kernel, then attention_mma_dkv_kernel (q, k, v, dout, lse and D read, dk and dv written;
-// per score pair S, dP, and dV, dK as hi + lo pairs: 12·hd FLOPs) and attention_mma_dq_kernel (the
-// same reads, dq written; S, dP, dQ as hi + lo: 8·hd).
+// per score pair S, dP, dV and dK, P and dS in one bf16: 8·hd FLOPs) and attention_mma_dq_kernel
+// (the same reads, dq written; S, dP, dQ: 6·hd).
 std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions) {
     const double rows = double(B) * T, qo = rows * H * hd * t, kv = rows * Hkv * hd * t, stats = rows * H * a;
     const double pos = positions ? rows * 4 : 0, pairs = mma_backward_pairs(T) * B * H;
     std::vector<KernelCost> k = {
         attention_dot(rows, H, hd, t, a),
         kernel("attention_mma_dkv_kernel", "attention backward: dK, dV", 2 * qo + 2 * kv + 2 * stats + pos, 2 * kv,
-               12.0 * hd * pairs, Roofline::attention_mma),
+               8.0 * hd * pairs, Roofline::attention_mma),
         kernel("attention_mma_dq_kernel", "attention backward: dQ", 2 * qo + 2 * kv + 2 * stats + pos, qo,
-               8.0 * hd * pairs, Roofline::attention_mma)};
+               6.0 * hd * pairs, Roofline::attention_mma)};
     // Issue: every tile pair up to the diagonal, 4 warps each (the chunks above the diagonal that
     // the warps skip are counted: n·6/16 of n(n+1)/2 pairs' inner-loop trips, 2% at T = 2048).
     k[1].warp_instructions = attention_warp_instructions("dkv", B, T, H, hd);
