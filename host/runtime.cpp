@@ -36,6 +36,7 @@ enum class AllocKind { device, pinned_host };
 struct Allocation {
     size_t bytes;
     AllocKind kind;
+    bool registered = false;  // pinned by cudaHostRegister: the caller's memory, not freed here
 };
 
 std::mutex registry_mutex;
@@ -94,7 +95,8 @@ cudaError_t release(void* ptr, AllocKind kind) {
     {
         std::lock_guard lock(registry_mutex);
         auto it = allocations.find(static_cast<const char*>(ptr));
-        if (it == allocations.end() || it->second.kind != kind) return set_last_error(cudaErrorInvalidValue);
+        if (it == allocations.end() || it->second.kind != kind || it->second.registered)
+            return set_last_error(cudaErrorInvalidValue);  // a registered range is cudaHostUnregister's
     }
     // As on the device, freeing waits for work that may still use it. That work runs while the
     // allocation is still registered: a kernel deferred until now must see it as device memory
@@ -334,6 +336,44 @@ extern "C" cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned flags) {
     const unsigned known = cudaHostAllocPortable | cudaHostAllocMapped | cudaHostAllocWriteCombined;
     if (flags & ~known) return set_last_error(cudaErrorInvalidValue);
     return allocate(ptr, bytes, AllocKind::pinned_host);
+}
+
+// cudaHostRegister: the range [ptr, ptr + size) of the caller's memory counts as page-locked (copies
+// from and to it are asynchronous, as from cudaMallocHost's) until cudaHostUnregister. A range
+// overlapping any allocation or registration is refused, as CUDA refuses one registered twice.
+extern "C" cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int flags) {
+    if (!ptr || size == 0 || (flags & ~unsigned(cudaHostRegisterPortable))) return set_last_error(cudaErrorInvalidValue);
+    const char* p = static_cast<const char*>(ptr);
+    std::lock_guard lock(registry_mutex);
+    auto after = allocations.lower_bound(p);
+    if (after != allocations.end() && after->first < p + size)
+        return set_last_error(cudaErrorHostMemoryAlreadyRegistered);
+    if (after != allocations.begin()) {
+        const auto before = std::prev(after);
+        if (before->first + before->second.bytes > p) return set_last_error(cudaErrorHostMemoryAlreadyRegistered);
+    }
+    allocations[p] = {size, AllocKind::pinned_host, true};
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaHostUnregister(void* ptr) {
+    {
+        std::lock_guard lock(registry_mutex);
+        auto it = allocations.find(static_cast<const char*>(ptr));
+        if (it == allocations.end() || !it->second.registered)
+            return set_last_error(cudaErrorHostMemoryNotRegistered);
+    }
+    cudaDeviceSynchronize();  // work still using the range runs while it is registered (as release does)
+    std::lock_guard lock(registry_mutex);
+    allocations.erase(static_cast<const char*>(ptr));
+    return cudaSuccess;
+}
+
+// The host backend's device is no PCI device: there is no bus id to give.
+extern "C" cudaError_t cudaDeviceGetPCIBusId(char* pciBusId, int len, int device) {
+    if (!pciBusId || len <= 0 || device != 0) return set_last_error(cudaErrorInvalidValue);
+    pciBusId[0] = '\0';
+    return set_last_error(cudaErrorNotSupported);
 }
 
 namespace {

@@ -29,6 +29,7 @@
 #pragma once
 
 #include "optim/adamw_cpu.h"
+#include "optim/host_placement.h"
 #include "optim/optimizer.cuh"
 #include "optim/thread_pool.h"
 #include "platform/device_memory.h"
@@ -52,11 +53,12 @@ class OffloadedAdamW {
     using A = acc_t<T>;
     static constexpr bool kHasMaster = std::is_same_v<T, __nv_bfloat16>;
 
-    // `state` must be on the host; threads: the CPU update's (cpu_threads_per_rank());
-    // params_on_host: the owned parameters are pinned host memory too (--offload params), updated
-    // in place, with no parameter staging or copies.
-    OffloadedAdamW(AdamWState<T>& state, int threads, bool params_on_host = false)
-        : state_(state), pool_(threads), params_on_host_(params_on_host) {
+    // `state` must be on the host; pool: the CPU update's threads (offload_pool(): bound to the
+    // GPU's memory node where it is known, optim/host_placement.h); params_on_host: the owned
+    // parameters are pinned host memory too (--offload params), updated in place, with no
+    // parameter staging or copies.
+    OffloadedAdamW(AdamWState<T>& state, ThreadPool& pool, bool params_on_host = false)
+        : state_(state), pool_(pool), params_on_host_(params_on_host) {
         if (!state.on_host()) throw std::logic_error("OffloadedAdamW: the optimizer state is on the device");
         long long largest = 0;
         for (int u = 0; u < state.num_units(); ++u) largest = std::max(largest, state.end(u) - state.begin(u));
@@ -104,6 +106,7 @@ class OffloadedAdamW {
         };
         fetch(0), fetch(1);
         bool applied = true;
+        ScopedAffinity beside_pool(pool_.cpus());  // this thread updates beside the pool, on its CPUs
         AdamWStep h;
         h.lr = lr;
         h.beta1 = s.beta1, h.beta2 = s.beta2, h.eps = s.eps;
@@ -149,7 +152,7 @@ class OffloadedAdamW {
     }
 
     AdamWState<T>& state_;
-    ThreadPool pool_;
+    ThreadPool& pool_;
     bool params_on_host_ = false;
     long long largest_ = 0;
     uint8_t* staging_ = nullptr;

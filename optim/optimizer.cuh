@@ -29,6 +29,7 @@
 #include "platform/device_memory.h"
 #include "model/parameters.h"
 #include "optim/adamw.cuh"
+#include "optim/host_placement.h"
 
 #include <algorithm>
 #include <cstring>
@@ -194,9 +195,9 @@ class AdamWState {
             if (zero) CUDA_CHECK(cudaMemset(p, 0, bytes));
             return p;
         }
-        A* p = static_cast<A*>(pinned_host_alloc(bytes));
-        if (zero) std::memset(static_cast<void*>(p), 0, bytes);
-        return p;
+        // On the host: first written (zeros) by the offload pool, on the GPU's memory node where
+        // it is known (optim/host_placement.h), before it is pinned.
+        return static_cast<A*>(host_alloc_first_touched(bytes, offload_pool()));
     }
     size_t range_bytes(int u) const { return size_t(end(u) - begin(u)) * sizeof(A); }
     A* field(int u, Field f) const {

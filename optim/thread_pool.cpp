@@ -5,10 +5,49 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include <pthread.h>
+#include <sched.h>
+
 namespace pv {
 
-ThreadPool::ThreadPool(int threads) {
-    for (int k = 1; k < threads; ++k) workers_.emplace_back([this] { work(); });
+bool bind_current_thread(const std::vector<int>& cpus) {
+    if (cpus.empty()) return false;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int c : cpus)
+        if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &set);
+    return pthread_setaffinity_np(pthread_self(), sizeof set, &set) == 0;
+}
+
+std::vector<int> current_thread_cpus() {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    std::vector<int> out;
+    if (pthread_getaffinity_np(pthread_self(), sizeof set, &set) != 0) return out;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &set)) out.push_back(c);
+    return out;
+}
+
+ScopedAffinity::ScopedAffinity(const std::vector<int>& cpus) {
+    if (cpus.empty()) return;
+    previous_ = current_thread_cpus();
+    ok_ = changed_ = bind_current_thread(cpus);
+}
+
+ScopedAffinity::~ScopedAffinity() {
+    if (changed_) bind_current_thread(previous_);
+}
+
+ThreadPool::ThreadPool(int threads, std::vector<int> cpus) : cpus_(std::move(cpus)) {
+    for (int k = 1; k < threads; ++k)
+        workers_.emplace_back([this] {
+            if (bind_current_thread(cpus_)) ++bound_workers_;
+            ++started_;
+            work();
+        });
+    // Every worker has tried its binding before the pool is used (bound() is then final).
+    while (started_.load() < int(workers_.size())) std::this_thread::yield();
 }
 
 ThreadPool::~ThreadPool() {

@@ -42,6 +42,7 @@
 // allocated for it. NF4 groups are refused (their quantisation and loading run on the device).
 #pragma once
 
+#include "optim/host_placement.h"
 #include "parallel/data_parts.h"
 #include "parallel/plan.h"
 #include "parallel/strategy.h"
@@ -80,7 +81,8 @@ class ShardedParameters : public ParameterPart<T, G> {
                     throw std::invalid_argument(
                         "--offload params with NF4 groups (QLoRA): the NF4 base is "
                         "quantised on the device; use --offload optimizer");
-                T* host = static_cast<T*>(pinned_host_alloc(size_t(len) * sizeof(T)));
+                // The CPU update writes them in place: placed as the optimizer state is.
+                T* host = static_cast<T*>(host_alloc_first_touched(size_t(len) * sizeof(T), offload_pool()));
                 host_slices_.push_back(host);
                 slices_[size_t(u)].emplace_back();
                 host_[{u, g}] = host;

@@ -8,17 +8,27 @@
 #include <mutex>
 #include <unordered_map>
 
+#include <sys/mman.h>
+
 namespace pv {
 namespace {
 
+// How a live pointer was allocated, for memory_free.
+enum class Origin { device, pinned, registered };
+
 struct Ledger {
+    struct Entry {
+        size_t bytes;
+        MemoryCategory category;
+        Origin origin;
+    };
     std::mutex mutex;
-    std::unordered_map<void*, std::pair<size_t, MemoryCategory>> live;
+    std::unordered_map<void*, Entry> live;
     MemoryStats stats;
 
-    void add(void* p, size_t bytes, MemoryCategory c) {
+    void add(void* p, size_t bytes, MemoryCategory c, Origin origin) {
         std::lock_guard lock(mutex);
-        live[p] = {bytes, c};
+        live[p] = {bytes, c, origin};
         const int i = int(c);
         stats.current[i] += bytes;
         stats.peak[i] = std::max(stats.peak[i], stats.current[i]);
@@ -27,19 +37,19 @@ struct Ledger {
             stats.device_peak = std::max(stats.device_peak, stats.device_current);
         }
     }
-    // Returns the category the pointer was charged to.
-    MemoryCategory remove(void* p) {
+    // Returns how the pointer was allocated.
+    Entry remove(void* p) {
         std::lock_guard lock(mutex);
         auto it = live.find(p);
         if (it == live.end()) {
             std::fprintf(stderr, "polevault: memory_free(%p): not a pointer from device_alloc/pinned_host_alloc\n", p);
             std::abort();
         }
-        const auto [bytes, c] = it->second;
+        const Entry e = it->second;
         live.erase(it);
-        stats.current[int(c)] -= bytes;
-        if (c != MemoryCategory::pinned_host) stats.device_current -= bytes;
-        return c;
+        stats.current[int(e.category)] -= e.bytes;
+        if (e.category != MemoryCategory::pinned_host) stats.device_current -= e.bytes;
+        return e;
     }
 };
 
@@ -74,7 +84,7 @@ void* device_alloc(size_t bytes, MemoryCategory category) {
                      category_name(category), cudaGetErrorString(e), format_memory_stats(s).c_str());
         std::abort();
     }
-    ledger().add(p, bytes, category);
+    ledger().add(p, bytes, category, Origin::device);
     return p;
 }
 
@@ -82,16 +92,34 @@ void* pinned_host_alloc(size_t bytes) {
     if (bytes == 0) return nullptr;
     void* p = nullptr;
     CUDA_CHECK(cudaMallocHost(&p, bytes));
-    ledger().add(p, bytes, MemoryCategory::pinned_host);
+    ledger().add(p, bytes, MemoryCategory::pinned_host, Origin::pinned);
+    return p;
+}
+
+void* pinned_host_alloc_touched(size_t bytes, const std::function<void(void*, size_t)>& first_touch) {
+    if (bytes == 0) return nullptr;
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        std::fprintf(stderr, "polevault: cannot reserve %zu bytes of host memory for pinned host state\n", bytes);
+        std::abort();
+    }
+    first_touch(p, bytes);
+    CUDA_CHECK(cudaHostRegister(p, bytes, cudaHostRegisterDefault));
+    ledger().add(p, bytes, MemoryCategory::pinned_host, Origin::registered);
     return p;
 }
 
 void memory_free(void* ptr) {
     if (!ptr) return;
-    if (ledger().remove(ptr) == MemoryCategory::pinned_host) {
-        CUDA_CHECK(cudaFreeHost(ptr));
-    } else {
-        CUDA_CHECK(cudaFree(ptr));
+    const Ledger::Entry e = ledger().remove(ptr);
+    switch (e.origin) {
+        case Origin::device: CUDA_CHECK(cudaFree(ptr)); break;
+        case Origin::pinned: CUDA_CHECK(cudaFreeHost(ptr)); break;
+        case Origin::registered:
+            cudaDeviceSynchronize();  // no copy may still read or write the range (cudaFreeHost waits too)
+            CUDA_CHECK(cudaHostUnregister(ptr));
+            munmap(ptr, e.bytes);
+            break;
     }
 }
 

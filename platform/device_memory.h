@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstddef>
+#include <functional>
 #include <string>
 
 namespace pv {
@@ -27,7 +28,12 @@ const char* category_name(MemoryCategory c);
 void* device_alloc(size_t bytes, MemoryCategory category);
 // Page-locked host memory (cudaMallocHost), charged to MemoryCategory::pinned_host.
 void* pinned_host_alloc(size_t bytes);
-// Frees what device_alloc or pinned_host_alloc returned (nullptr is a no-op).
+// The same, its pages placed by `first_touch` before they are pinned: the range is reserved
+// untouched (mmap), first_touch(p, bytes) must write every page of it (Linux allocates a page on
+// the memory node of the thread that first touches it: optim/host_placement.h), then
+// cudaHostRegister pins the pages where they are.
+void* pinned_host_alloc_touched(size_t bytes, const std::function<void(void*, size_t)>& first_touch);
+// Frees what device_alloc, pinned_host_alloc or pinned_host_alloc_touched returned (nullptr is a no-op).
 void memory_free(void* ptr);
 
 struct MemoryStats {

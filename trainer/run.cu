@@ -240,6 +240,7 @@ class TrainingRun {
             }
         }
         optimizer_ = Trainer<T, G>::make_optimizer(*strategy_, parse_offload(o.offload) != Offload::none);
+        if (parse_offload(o.offload) != Offload::none) std::printf("%s\n", describe_offload_pool().c_str());
         trainer_ = std::make_unique<Trainer<T, G>>(*strategy_, *optimizer_);
         trainer_->set_skip_nonfinite(o.skip_nonfinite);
     }

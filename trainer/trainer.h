@@ -102,7 +102,7 @@ class Trainer {
         if (Comm* c = strategy.comm()) collectives_ = c->collectives();
         if (optimizer.on_host())
             offloaded_ =
-                std::make_unique<OffloadedAdamW<T, G>>(optimizer, cpu_threads_per_rank(), strategy.params_on_host());
+                std::make_unique<OffloadedAdamW<T, G>>(optimizer, offload_pool(), strategy.params_on_host());
         else if (strategy.params_on_host())
             throw std::invalid_argument(
                 "parameters in host memory need the optimizer state there too (--offload "
