@@ -51,9 +51,12 @@ int main() {
     const LlamaConfig& c = preset("llama-3.2-1b");
     const double block = double(arena_bytes(activation_layout(c, UnitKind::block, 1, kSeq, DType::bf16)));
     const double head = double(arena_bytes(activation_layout(c, UnitKind::head, 1, kSeq, DType::bf16)));
+    const long long chunk = head_chunk_rows(kSeq, c.vocab_size, DType::bf16);
     std::printf(
         "\nllama-3.2-1b, micro-batch 1 x %d, bf16: one block's arena %.1f MiB, its output %.1f MiB, the head's "
-        "arena %.1f MiB (logits %d x %d)\n",
-        kSeq, block / (1 << 20), double(kSeq) * c.hidden_size * 2 / (1 << 20), head / (1 << 20), kSeq, c.vocab_size);
+        "arena %.1f MiB (its normed rows and row statistics; its logits, %lld rows x %d at a time, %.1f MiB, are the "
+        "workspace's)\n",
+        kSeq, block / (1 << 20), double(kSeq) * c.hidden_size * 2 / (1 << 20), head / (1 << 20), chunk, c.vocab_size,
+        double(chunk) * c.vocab_size * 2 / (1 << 20));
     return 0;
 }
