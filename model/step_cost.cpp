@@ -295,12 +295,7 @@ std::vector<KernelCost> cross_entropy_loss_and_gradient(long long N, int V, int 
 // Vocabulary-parallel over `ranks` (a rank's V columns): cross_entropy_partial_kernel reads them
 // and the targets and writes a partial (max, sum, target logit) per row; after the all-gather,
 // cross_entropy_merge_kernel reads the ranks' partials and the targets and writes a loss and a
-// (max, sum) pair per row; then the sum kernel.
-std::vector<KernelCost> cross_entropy_vocabulary_parallel(long long N, int V, int ranks, int t, int a) {
-    std::vector<KernelCost> k = cross_entropy_vocabulary_parallel_rows(N, V, ranks, t, a);
-    k.push_back(cross_entropy_sum(N, a).front());
-    return k;
-}
+// (max, sum) pair per row (the sum kernel after the last chunk is cross_entropy_sum).
 std::vector<KernelCost> cross_entropy_vocabulary_parallel_rows(long long N, int V, int ranks, int t, int a) {
     const double nv = double(N) * V;
     return {kernel("cross_entropy_partial_kernel", "cross-entropy: partials", nv * t + double(N) * 4,

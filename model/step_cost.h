@@ -133,7 +133,6 @@ std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd,
 std::vector<KernelCost> attention_backward_cuda_cores(int B, int T, int H, int Hkv, int hd, int t, int a,
                                                       bool positions);
 std::vector<KernelCost> cross_entropy_forward(long long N, int V, int t, int a);
-std::vector<KernelCost> cross_entropy_vocabulary_parallel(long long N, int V, int ranks, int t, int a);
 std::vector<KernelCost> cross_entropy_backward(long long N, int V, int t, int a);
 // The fused linear cross-entropy's one pass over a chunk of N rows (loss and gradient, no sum), and
 // the sum of all the rows' losses after the last chunk.
