@@ -213,8 +213,10 @@ CORE_OBJS := $(PRODUCT_OBJS) $(PLATFORM_OBJS)
 # that list is a link error naming its symbol.
 PRODUCT_LIB := $(BUILD)/libpolevault.a
 # What test-tsan's suites call (the NF4 fixtures are safetensors files); the kernels themselves are
-# templates their own translation units instantiate, under ThreadSanitizer.
-TSAN_PRODUCT_OBJS := $(addprefix $(BUILD)/,io/checksum.o io/durable_file.o io/input_file.o io/progress.o formats/safetensors.o)
+# templates their own translation units instantiate, under ThreadSanitizer, except attention's,
+# compiled once in model/attention_kernels.o (kernels/attention_instances.h), also under it.
+TSAN_PRODUCT_OBJS := $(addprefix $(BUILD)/,io/checksum.o io/durable_file.o io/input_file.o io/progress.o formats/safetensors.o \
+                       model/attention_kernels.o)
 CORE_LIBS := $(PRODUCT_LIB) $(PLATFORM_OBJS)
 
 # Suites are .cu when they launch kernels or use the platform, .cpp when they are plain host C++

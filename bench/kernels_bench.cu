@@ -15,7 +15,7 @@
 // "Bytes" is the minimum traffic: every input read once and every output written once (the
 // model's real traffic can only be higher); "FLOPs" counts multiply-adds as two.
 #include "bench/timing.h"
-#include "kernels/attention.cuh"
+#include "kernels/attention_instances.h"
 #include "kernels/attention_decode.cuh"
 #include "kernels/cross_entropy.cuh"
 #include "platform/device_memory.h"

@@ -16,9 +16,10 @@
 # resident blocks: min(by threads, by registers, by shared memory (static, plus 1 KiB reserved per
 # block), 32). Dynamic shared memory is chosen at launch and not counted here.
 #
-#   bench/ptxas_report.sh [--attention-header OUT.h] [SOURCE.cu]
+#   bench/ptxas_report.sh [--attention-header OUT.h] [SOURCE.cu ...]
 #     SOURCE.cu: default bench/kernels_bench.cu, which instantiates every kernel of the model for
-#                bf16, fp32 and fp64 (the attention kernels at every head dim they dispatch to)
+#                bf16, fp32 and fp64, and model/attention_kernels.cu, where the attention kernels
+#                are compiled once (every head dim they dispatch to; kernels/attention_instances.h)
 #     --attention-header: write the attention tile loops' counts as model/attention_sass.h's table
 #                (make attention-sass writes that file; make sass-check compares)
 # The compiles go through ccache when it is installed (their ptxas output is cached with them).
@@ -28,7 +29,8 @@ attention_header=()
 if [[ "${1:-}" == "--attention-header" ]]; then
   attention_header=(--header "$(realpath -m "${2:?--attention-header needs a file}")"); shift 2
 fi
-source_file="${1:-bench/kernels_bench.cu}"
+sources=("$@")
+[[ ${#sources[@]} -gt 0 ]] || sources=(bench/kernels_bench.cu model/attention_kernels.cu)
 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 NVCC=("$CUDA_HOME/bin/nvcc")
 if command -v ccache > /dev/null; then NVCC=(env CCACHE_NOHASHDIR=true ccache "${NVCC[@]}"); fi
@@ -41,8 +43,14 @@ VECTOR_KERNELS="${VECTOR_KERNELS:-elementwise_kernel<pv::Swiglu.*,~8, elementwis
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 flags=(-x cu -std=c++20 -O2 -I. -isystem "$CUDA_HOME/include")
-"${NVCC[@]}" "${flags[@]}" -gencode arch=compute_90,code=sm_90 -Xptxas -v -c "$source_file" -o "$work/k.o" 2> "$work/ptxas.log"
-"${NVCC[@]}" "${flags[@]}" -arch=compute_90 -ptx "$source_file" -o "$work/k.ptx"
+# Each source's object, ptxas log and PTX; the reports below read them together.
+: > "$work/ptxas.log"; : > "$work/k.ptx"
+for i in "${!sources[@]}"; do
+  "${NVCC[@]}" "${flags[@]}" -gencode arch=compute_90,code=sm_90 -Xptxas -v -c "${sources[$i]}" -o "$work/k$i.o" \
+    2>> "$work/ptxas.log"
+  "${NVCC[@]}" "${flags[@]}" -arch=compute_90 -ptx "${sources[$i]}" -o "$work/k$i.ptx"
+  cat "$work/k$i.ptx" >> "$work/k.ptx"
+done
 
 # cuobjdump (and the nvdisasm it runs): from $CUOBJDUMP, or pinned wheels in a virtual environment
 # in build/sass-tools (Debian's python3 has no pip of its own; python3-venv gives the environment one).
@@ -60,7 +68,7 @@ if [[ -z "${CUOBJDUMP:-}" ]]; then
   export PATH="$(dirname "$(find "$tools" -name nvdisasm -type f | head -1)"):$PATH"
 fi
 # Per function: HMMA instructions and 128-bit global loads.
-"$CUOBJDUMP" -sass "$work/k.o" > "$work/k.sass"
+for i in "${!sources[@]}"; do "$CUOBJDUMP" -sass "$work/k$i.o"; done > "$work/k.sass"
 awk '
   /Function : / { fn = $NF; hmma[fn] += 0; ldg[fn] += 0 }
   /HMMA/ { hmma[fn]++ }

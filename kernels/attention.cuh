@@ -586,17 +586,16 @@ void attention_backward_cuda_cores(const T* qkv, const int* positions, const T* 
 
 // dqkv (layout of qkv, every element overwritten) from the forward's qkv, positions (the same as
 // the forward's, or null), out and lse and the gradient dout[B][T][H·hd]. `scratch` holds
-// attention_backward_scratch_bytes<T>(B, T_len, H). hi_lo: on tensor cores, P and dS as hi + lo.
+// attention_backward_scratch_bytes<T>(B, T_len, H).
 template <class T>
 void attention_backward(const T* qkv, const int* positions, const T* out, const T* dout, const acc_t<T>* lse, T* dqkv,
-                        void* scratch, int B, int T_len, int H, int Hkv, int hd, cudaStream_t stream,
-                        bool hi_lo = false) {
+                        void* scratch, int B, int T_len, int H, int Hkv, int hd, cudaStream_t stream) {
     attention_check_shape(B, T_len, H, Hkv, hd);
     acc_t<T>* D = static_cast<acc_t<T>*>(scratch);
     attention_backward_dot(out, dout, D, B, T_len, H, hd, stream);
     if constexpr (std::is_same_v<T, __nv_bfloat16>)
         if (attention_mma_backward_applies(qkv, dout, dqkv, hd))
-            return attention_mma_backward(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, hi_lo, stream);
+            return attention_mma_backward(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
     attention_backward_cuda_cores(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
 }
 

@@ -23,15 +23,14 @@
 //                                dV += Pᵀ·dO, dK += dSᵀ·Q (B = dO, Q via ldmatrix.trans)
 //   dQ,   warp rows = queries:   S = Q·Kᵀ, dP = dO·Vᵀ    (A = Q, dO in registers; B = K, V rows)
 //                                dQ += dS·K              (B = K via ldmatrix.trans)
-// Precision. P and dS enter their products rounded to one bf16 each (FlashAttention-2's choice,
-// HiLo false, the default): the tensor-core work is 7 matmul-equivalents (S, dP, dV, dK; S, dP,
-// dQ). The rounding of the large P of a row's first keys, up to 2^-9 of terms near 1, does not
+// Precision. P and dS enter their products rounded to one bf16 each (FlashAttention-2's choice):
+// the tensor-core work is 7 matmul-equivalents (S, dP, dV, dK; S, dP, dQ). The rounding of the large P of a row's first keys, up to 2^-9 of terms near 1, does not
 // cancel when the sum does: single elements of dV and dQ can miss the fp64 reference by a few
 // percent of its rms, as plain attention done the standard way (P and dS rounded to bf16 before
 // their products, fp32 accumulation) does — test_attention holds these kernels within 1.25× of
-// that reference's error against fp64. HiLo true enters them as hi + lo bf16 pairs (hi = bf16(x),
-// lo = bf16(x − hi): about 16 significant bits, the CUDA-core kernels' error) at two MMAs each:
-// 10 matmul-equivalents.
+// that reference's error against fp64. (The forward keeps P as hi + lo pairs as an option, for
+// the KV-cache decoder's parity; the backward has no such option: nothing needs it, and every
+// translation unit that dispatches attention would compile the backward twice.)
 //
 // The streamed tiles are double-buffered: cp.async copies the next tile (16-byte pieces; rows at or
 // past T are zero-filled, never read) while the warps compute on the current one; the per-row
@@ -54,9 +53,7 @@
 //   dQ, grid (H, B, n), 128 threads: reads its Q and dO tiles, lse and D of its rows once; then for
 //     each key tile from the block's smallest lo to the diagonal the K and V tiles. Writes dQ once.
 // Causal, no documents: n(n+1)/2 tile pairs per (b, h), each costing 12·64²·hd tensor FLOPs in
-// dK/dV (S, dP, dV, dK; 12·64²·hd with HiLo: dV and dK twice) and 6·64²·hd in dQ (8 with HiLo); on
-// the diagonal tile the warps
-// skip the 6 of 16 chunks above it. Useful work (what a FLOP count of attention credits): 5 products.
+// dK/dV (S, dP, dV, dK) and 6·64²·hd in dQ; on the diagonal tile the warps skip the 6 of 16 chunks above it. Useful work (what a FLOP count of attention credits): 5 products.
 //
 // Shared memory per block (bytes; above 48 KiB the launcher opts in, cudaFuncSetAttribute):
 //   kernel   hd 64     hd 128    contents
@@ -135,10 +132,10 @@ __device__ inline const __nv_bfloat16* attention_mma_cols_then_rows(const __nv_b
 // 8–15: P or dS, kernels/mma.cuh accumulators_as_a), over one 16-row chunk of a k-major tile
 // [k][HD + 8]: the B fragments of n-tiles 2p and 2p+1 (columns 16p..16p+15) come from one
 // ldmatrix_x4_trans.
-template <int HD, bool HiLo>
+template <int HD>
 __device__ inline void attention_mma_accumulate(float (&acc)[HD / 8][4], const float (&c)[2][4],
                                                 const __nv_bfloat16* tile, int k0) {
-    const AccumulatorsAsA<HiLo> a = accumulators_as_a<HiLo>(c[0], c[1]);
+    const AccumulatorsAsA<false> a = accumulators_as_a<false>(c[0], c[1]);
     for (int p = 0; p < HD / 16; ++p) {
         uint32_t b[4];
         ldmatrix_x4_trans(b, attention_mma_rows_then_cols<HD>(tile, k0, 16 * p));
@@ -180,7 +177,7 @@ __device__ inline void attention_mma_store_rows(__nv_bfloat16* dst, long long st
 
 // Block (KV head, batch, key tile), 4 warps; warp w owns key rows k0 + 16w .. + 15. Shared: K, V,
 // Q[2], dO[2] [64][HD + 8] (bf16), then lse[2][64], D[2][64] (float), lo[2][64] (int).
-template <int HD, bool HiLo>
+template <int HD>
 __global__ void __launch_bounds__(kAttentionMmaThreads)
     attention_mma_dkv_kernel(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
                              const float* lse, const float* D, __nv_bfloat16* dqkv, int T_len, int H, int Hkv) {
@@ -290,8 +287,8 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
                     st[nt][x] = p;
                     dpt[nt][x] = in[nt][x] ? p * (dpt[nt][x] - D_b[r]) : 0.0f;
                 }
-            attention_mma_accumulate<HD, HiLo>(dv, st, dO, c0);  // dV += Pᵀ·dO
-            attention_mma_accumulate<HD, HiLo>(dk, dpt, Q, c0);  // dK += dSᵀ·Q
+            attention_mma_accumulate<HD>(dv, st, dO, c0);  // dV += Pᵀ·dO
+            attention_mma_accumulate<HD>(dk, dpt, Q, c0);  // dK += dSᵀ·Q
         }
         __syncthreads();  // every warp is done with this buffer before step s + 2's copies land in it
     }
@@ -306,7 +303,7 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
 // Block (query head, batch, query tile), 4 warps; warp w owns query rows q0 + 16w .. + 15, their Q
 // and dO fragments in registers. Shared: K[2], V[2] [64][HD + 8] (bf16), then 4 ints (a warp's
 // smallest lo).
-template <int HD, bool HiLo>
+template <int HD>
 __global__ void __launch_bounds__(kAttentionMmaThreads)
     attention_mma_dq_kernel(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout, const float* lse,
                             const float* D, __nv_bfloat16* dqkv, int T_len, int H, int Hkv) {
@@ -402,7 +399,7 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
                     const float p = in[nt][x] ? expf(scale * s[nt][x] - lse_r[half]) : 0.0f;
                     dp[nt][x] = in[nt][x] ? p * (dp[nt][x] - D_r[half]) : 0.0f;
                 }
-            attention_mma_accumulate<HD, HiLo>(dq, dp, K, c0);  // dQ += dS·K
+            attention_mma_accumulate<HD>(dq, dp, K, c0);  // dQ += dS·K
         }
         __syncthreads();  // every warp is done with this buffer before the tile after next lands in it
     }
@@ -421,34 +418,34 @@ inline bool attention_mma_backward_applies(const void* qkv, const void* dout, co
 }
 
 // dqkv from qkv, positions (or null), dout, the forward's lse and D (the scratch the dot kernel
-// filled): the dK/dV kernel, then the dQ kernel, at head dim HD, P and dS as hi + lo when HiLo.
-template <int HD, bool HiLo>
+// filled): the dK/dV kernel, then the dQ kernel, at head dim HD.
+template <int HD>
 void attention_mma_backward_launch(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
                                    const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H,
                                    int Hkv, cudaStream_t stream) {
     const int tiles = ceil_div(T_len, kAttentionMmaTile);
     constexpr size_t dkv_smem = attention_mma_dkv_smem_bytes<HD>(), dq_smem = attention_mma_dq_smem_bytes<HD>();
     if (dkv_smem > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(attention_mma_dkv_kernel<HD, HiLo>,
+        CUDA_CHECK(cudaFuncSetAttribute(attention_mma_dkv_kernel<HD>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(dkv_smem)));
     if (dq_smem > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(attention_mma_dq_kernel<HD, HiLo>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_CHECK(cudaFuncSetAttribute(attention_mma_dq_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         int(dq_smem)));
-    launch(attention_mma_dkv_kernel<HD, HiLo>, dim3(Hkv, B, tiles), dim3(kAttentionMmaThreads), dkv_smem, stream, qkv,
+    launch(attention_mma_dkv_kernel<HD>, dim3(Hkv, B, tiles), dim3(kAttentionMmaThreads), dkv_smem, stream, qkv,
            positions, dout, lse, D, dqkv, T_len, H, Hkv);
     CUDA_CHECK_LAUNCH();
-    launch(attention_mma_dq_kernel<HD, HiLo>, dim3(H, B, tiles), dim3(kAttentionMmaThreads), dq_smem, stream, qkv,
+    launch(attention_mma_dq_kernel<HD>, dim3(H, B, tiles), dim3(kAttentionMmaThreads), dq_smem, stream, qkv,
            positions, dout, lse, D, dqkv, T_len, H, Hkv);
     CUDA_CHECK_LAUNCH();
 }
 
-template <bool HiLo>
-void attention_mma_backward_at(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
-                               const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H, int Hkv,
-                               int hd, cudaStream_t stream) {
+// The same at a run-time head dim (attention_mma_backward_supports(hd)).
+inline void attention_mma_backward(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
+                                   const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H,
+                                   int Hkv, int hd, cudaStream_t stream) {
     auto go = [&](auto hd_tag) {
-        attention_mma_backward_launch<decltype(hd_tag)::value, HiLo>(qkv, positions, dout, lse, D, dqkv, B, T_len, H,
-                                                                     Hkv, stream);
+        attention_mma_backward_launch<decltype(hd_tag)::value>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv,
+                                                               stream);
     };
     switch (hd) {
         case 32: return go(std::integral_constant<int, 32>{});
@@ -461,14 +458,6 @@ void attention_mma_backward_at(const __nv_bfloat16* qkv, const int* positions, c
     }
     std::fprintf(stderr, "polevault: attention_mma_backward: head dim %d is not a multiple of 16 in [32, 128]\n", hd);
     std::abort();
-}
-
-// The same at a run-time head dim (attention_mma_backward_supports(hd)) and choice of precision.
-inline void attention_mma_backward(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
-                                   const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H,
-                                   int Hkv, int hd, bool hi_lo, cudaStream_t stream) {
-    if (hi_lo) return attention_mma_backward_at<true>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
-    attention_mma_backward_at<false>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
 }
 
 }  // namespace pv

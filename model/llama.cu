@@ -2,7 +2,7 @@
 // kernel and GEMM launches on the model's stream (see model/llama.h for the math).
 #include "model/llama.h"
 
-#include "kernels/attention.cuh"
+#include "kernels/attention_instances.h"
 #include "kernels/cross_entropy.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/glue.cuh"
@@ -611,7 +611,7 @@ void Llama<T>::backward_block(int u, int slot, const UnitIO<T>& io) {
     // Attention: x2 = x + att·W_oᵀ. dx now holds dL/dx2.
     linear_backward(u, kLoraO, whole_rows(dx, ws.proj), a.att, ws.datt, a, drop);
     attention_backward(a.qkv, io.positions, a.att, ws.datt, a.lse, ws.dqkv, ws.attention_scratch, batch_, seq_len_,
-                       c.num_heads, c.num_kv_heads, hd, stream_, attention_hi_lo_);
+                       c.num_heads, c.num_kv_heads, hd, stream_);
     rope_backward(ws.dqkv, rope_table(), io.positions, N, seq_len_, c.num_heads, hd, c.qkv_width(), stream_);
     rope_backward(ws.dqkv + c.q_width(), rope_table(), io.positions, N, seq_len_, c.num_kv_heads, hd, c.qkv_width(),
                   stream_);

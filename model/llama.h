@@ -143,8 +143,8 @@ struct ModelOptions {
     cudaStream_t stream = nullptr;
     ActivationCheckpointing checkpointing;  // off by default
     long long head_chunk_rows = 0;          // the head's logits this many rows at a time; 0: head_chunk_rows' choice
-    // bf16 attention on tensor cores with P and dS as hi + lo bf16 pairs (~16 bits) instead of one
-    // bf16 each (kernels/attention_mma_*.cuh): for parity with the KV-cache decoder's fp32 P.
+    // bf16 attention forward on tensor cores with P as hi + lo bf16 pairs (~16 bits) instead of one
+    // bf16 (kernels/attention_mma_forward.cuh): for parity with the KV-cache decoder's fp32 P.
     bool attention_hi_lo = false;
     // With placement.tensor.size > 1: sums `count` elements of the compute type at `data` over the
     // tensor-parallel group, in place, in order on the model's stream (parallel/ provides it, here
