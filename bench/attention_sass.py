@@ -8,7 +8,7 @@
       --compiler: the compiler that made the SASS, recorded in the header (the counts are its)
 
 For every instantiation of attention_mma_forward_kernel, attention_mma_dkv_kernel and
-attention_mma_dq_kernel in the file with P and dS in one bf16 (the default), it finds the tile loop (the loop whose backward branch
+attention_mma_dq_kernel in the file, it finds the tile loop (the loop whose backward branch
 encloses the kernel's HMMA instructions: one 64-key tile per trip in the forward, one 64 x 64
 tile pair in the backward kernels), counts the instructions one warp issues per trip by class,
 and prints them with instructions per HMMA and the issue ceiling: the speed at which the four
@@ -90,34 +90,77 @@ def within(code, first, last):
     return [i for i in code if first <= i[0] <= last]
 
 
+def two_paths(code, tile):
+    """The tile loop's two bodies, when it has them: ((first, last), (first, last)) address ranges,
+    or None. A kernel that computes interior tiles without masks and the others with them compiles
+    `if (interior) A else B` to a conditional branch to B, then A, ending in an unconditional
+    branch past B, then B: each body holds the tile's HMMA instructions."""
+    hmma = lambda first, last: sum(1 for i in within(code, first, last) if i[1].startswith("HMMA"))
+    for address, opcode, text in within(code, *tile):
+        m = re.search(r"0x([0-9a-f]+)", text)
+        if opcode != "BRA" or text.startswith("@") or not m:
+            continue
+        target = int(m.group(1), 16)
+        b = (address + 16, target - 16)
+        if not (address < target <= tile[1]) or hmma(*b) == 0:
+            continue
+        into_b = [i for i in within(code, *tile) if i[1] == "BRA" and i[2].startswith("@")
+                  and re.search(r"0x([0-9a-f]+)", i[2]) and int(re.search(r"0x([0-9a-f]+)", i[2]).group(1), 16) == b[0]]
+        if len(into_b) != 1:
+            continue
+        a = (into_b[0][0] + 16, address)
+        if hmma(*a) != hmma(*b):
+            raise SystemExit(f"attention_sass: two tile bodies at 0x{a[0]:x} and 0x{b[0]:x} with {hmma(*a)} and "
+                             f"{hmma(*b)} HMMA instructions: the same tile should take the same products")
+        return a, b
+    return None
+
+
 def tile_loop_counts(name, code, inner_trips):
-    """Instructions per class one warp issues per trip of the tile loop, inner loops expanded."""
+    """Instructions per class one warp issues per trip of the tile loop, inner loops expanded:
+    (interior, masked), the counts of a trip through the body without masks and the one with them
+    (the same when the loop has one body)."""
     hmma_total = sum(1 for i in code if i[1].startswith("HMMA"))
     enclosing = [l for l in loops(code) if sum(1 for i in within(code, *l) if i[1].startswith("HMMA")) == hmma_total]
     if hmma_total == 0 or not enclosing:
         raise SystemExit(f"attention_sass: {name}: no loop encloses the kernel's {hmma_total} HMMA instructions")
     tile = max(enclosing, key=lambda l: l[1] - l[0])  # the outermost
     inner = [l for l in loops(code) if tile[0] <= l[0] and l[1] <= tile[1] and l != tile]
-    counts = Counter(instruction_class(i[1]) for i in within(code, *tile))
+    trips = {}  # address: how many times a trip of the tile loop issues it
+    for i in within(code, *tile):
+        trips[i[0]] = 1
     for first, last in inner:
         body = within(code, first, last)
         if not any(i[1].startswith("HMMA") for i in body) or inner_trips is None:
             raise SystemExit(f"attention_sass: {name}: an inner loop at 0x{first:x}-0x{last:x} ({len(body)} "
                              f"instructions) whose trip count this script does not know: update INNER_TRIPS from "
                              f"the kernel's source, or unroll the loop")
-        for i in body:  # counted once above; the other trips
-            counts[instruction_class(i[1])] += inner_trips - 1
-    if len(inner) > 1:
-        raise SystemExit(f"attention_sass: {name}: {len(inner)} inner loops; this script expects at most one")
-    return counts
+        for i in body:
+            trips[i[0]] = inner_trips
+    paths = two_paths(code, tile)
+    bodies = list(paths) if paths else [tile]
+    in_each = [sum(1 for l in inner if b[0] <= l[0] and l[1] <= b[1]) for b in bodies]
+    if max(in_each) > 1 or sum(in_each) != len(inner):
+        raise SystemExit(f"attention_sass: {name}: {len(inner)} inner loops; this script expects at most one in "
+                         f"each tile body")
+
+    def counts_without(skipped):
+        c = Counter()
+        for i in within(code, *tile):
+            if skipped is None or not skipped[0] <= i[0] <= skipped[1]:
+                c[instruction_class(i[1])] += trips[i[0]]
+        return c
+    if not paths:
+        whole = counts_without(None)
+        return whole, whole
+    through_a, through_b = counts_without(paths[1]), counts_without(paths[0])
+    # The body with masks has the selects the other has not.
+    return (through_a, through_b) if sum(through_a.values()) <= sum(through_b.values()) else (through_b, through_a)
 
 
 def demangled_kind(name):
-    """('forward' | 'dkv' | 'dq', head dim) of a mangled attention kernel name, or None: the
-    instantiations with P (and dS) in one bf16, which training runs and the model prices: the
-    backward's have only the head dim (ILi64EE), the forward's a second flag (ILi64ELb0EE; its
-    hi + lo instantiation, Lb1, is the decoder parity tests' option)."""
-    m = re.match(r"_ZN2pv(?:\d+)attention_mma_(forward|dkv|dq)_kernelILi(\d+)E(?:Lb0E)?E", name)
+    """('forward' | 'dkv' | 'dq', head dim) of a mangled attention kernel name, or None."""
+    m = re.match(r"_ZN2pv(?:\d+)attention_mma_(forward|dkv|dq)_kernelILi(\d+)EE", name)
     return (m.group(1), int(m.group(2))) if m else None
 
 
@@ -131,7 +174,9 @@ HEADER = """\
 // Per tensor-core attention kernel (attention_mma_{forward,dkv,dq}_kernel) and head dim: the
 // instructions one warp issues per trip of its tile loop (a 64-key tile of its 16 query rows in
 // the forward; a 64 x 64 tile pair in the backward kernels, their loop over the tile's four
-// 16-row chunks expanded) and the HMMA among them. model/step_cost.cpp turns them into time.
+// 16-row chunks expanded) and the HMMA among them: through the body for tiles every row of the
+// warp sees whole (interior), and through the one with masks (a diagonal or document-boundary
+// tile; the same count where the kernel has one body). model/step_cost.cpp turns them into time.
 #pragma once
 
 namespace pv {
@@ -139,7 +184,8 @@ namespace pv {
 struct AttentionTileSass {
     const char* kernel;  // "forward", "dkv" or "dq"
     int head_dim;
-    int instructions;    // per warp and tile-loop trip
+    int instructions;         // per warp and tile-loop trip, an interior tile
+    int masked_instructions;  // per warp and tile-loop trip, a tile with masks
     int hmma;
 };
 
@@ -153,8 +199,8 @@ inline constexpr AttentionTileSass kAttentionTileSass[] = {
 
 def header_text(table, compiler):
     order = sorted(table, key=lambda k: (["forward", "dkv", "dq"].index(k[0]), k[1]))
-    rows = [f'    {{"{kind}", {hd}, {sum(table[(kind, hd)].values())}, {table[(kind, hd)]["HMMA"]}}},'
-            for kind, hd in order]
+    rows = [f'    {{"{kind}", {hd}, {sum(table[(kind, hd)][0].values())}, {sum(table[(kind, hd)][1].values())}, '
+            f'{table[(kind, hd)][0]["HMMA"]}}},' for kind, hd in order]
     return HEADER % (compiler, "\n".join(rows))
 
 
@@ -174,7 +220,7 @@ def main():
     for name, code in functions.items():
         kind = demangled_kind(name)
         if kind:
-            table[kind] = tile_loop_counts(name, code, INNER_TRIPS.get(kind[0]))
+            table[kind] = tile_loop_counts(name, code, INNER_TRIPS.get(kind[0]))  # (interior, masked)
     if not table:
         raise SystemExit("attention_sass: no attention_mma kernel in " + args[0])
     if header:
@@ -183,24 +229,30 @@ def main():
     slots = SMS * ISSUE_PER_CLOCK * CLOCK_HZ  # warp instructions per second, the whole GPU
     columns = list(CLASSES) + ["other"]
     print("Tensor-core attention, per warp and tile-loop trip (sm_90 SASS; the forward: 16 query rows x 64 keys; "
-          "dK/dV: 16 keys x 64 queries; dQ: 16 queries x 64 keys):")
-    print(f"{'kernel':<9} {'hd':>4} {'instr':>6} {'instr/HMMA':>10}  " + " ".join(f"{c:>7}" for c in columns)
+          "dK/dV: 16 keys x 64 queries; dQ: 16 queries x 64 keys), through the interior tiles' body and (masked) "
+          "the masked tiles' where the kernel has two; the issue ceiling is the interior tiles':")
+    print(f"{'kernel':<9} {'tile':<8} {'hd':>4} {'instr':>6} {'instr/HMMA':>10}  " + " ".join(f"{c:>7}" for c in columns)
           + "  issue ceiling")
     for hd in sorted({hd for _, hd in table}):
         for kind in ("forward", "dkv", "dq"):
             if (kind, hd) not in table:
                 continue
-            c = table[(kind, hd)]
-            total = sum(c.values())
-            useful = WARP_ROWS * TILE * (4 if kind == "forward" else 10) * hd  # FLOPs of the warp's share
-            ceiling = ""
-            if kind == "forward":
-                ceiling = f"{slots * useful / total / 1e12:6.0f} TF/s"
-            elif kind == "dq" and ("dkv", hd) in table:  # the backward: both kernels per tile pair
-                both = total + sum(table[("dkv", hd)].values())
-                ceiling = f"{slots * useful / both / 1e12:6.0f} TF/s (dK/dV + dQ)"
-            print(f"{kind:<9} {hd:>4} {total:>6} {total / c['HMMA']:>10.2f}  "
-                  + " ".join(f"{c[col]:>7}" for col in columns) + "  " + ceiling)
+            interior, masked = table[(kind, hd)]
+            for path, c in (("interior", interior), ("masked", masked)):
+                if path == "masked" and c == interior:
+                    continue
+                total = sum(c.values())
+                useful = WARP_ROWS * TILE * (4 if kind == "forward" else 10) * hd  # FLOPs of the warp's share
+                ceiling = ""
+                if path == "masked":
+                    pass
+                elif kind == "forward":
+                    ceiling = f"{slots * useful / total / 1e12:6.0f} TF/s"
+                elif kind == "dq" and ("dkv", hd) in table:  # the backward: both kernels per tile pair
+                    both = total + sum(table[("dkv", hd)][0].values())
+                    ceiling = f"{slots * useful / both / 1e12:6.0f} TF/s (dK/dV + dQ)"
+                print(f"{kind:<9} {path if path == 'masked' or masked != interior else 'all':<8} {hd:>4} {total:>6} "
+                      f"{total / c['HMMA']:>10.2f}  " + " ".join(f"{c[col]:>7}" for col in columns) + "  " + ceiling)
 
 
 if __name__ == "__main__":

@@ -96,7 +96,7 @@ while read -r mangled regs smem spill bound hmma ldg; do
   name=$(echo "$mangled" | c++filt)
   args="${name#*<}"; args="${args%%(*}"
   # The storage type from the template arguments; a kernel whose template arguments name no type
-  # (attention_mma_forward_kernel<64, false>) takes it from its parameters.
+  # (attention_mma_forward_kernel<64>) takes it from its parameters.
   [[ "$args" == *float* || "$args" == *double* || "$args" == *bfloat16* ]] || args="${name#*(}"
   dtype="fp32"
   case "$args" in *double*) dtype="fp64" ;; esac

@@ -411,5 +411,14 @@ inline __nv_bfloat16 hrsqrt(__nv_bfloat16 x) { return __float2bfloat16(1.0f / st
 long long clock64();
 inline void __nanosleep(unsigned) {}
 
+namespace pv {
+// platform.h's ex2.approx.ftz.f32 (the SFU's 2^x, inline PTX there): exactly rounded here, a
+// subnormal result flushed to zero as the GPU's is.
+inline float exp2_ftz(float x) {
+    const float y = std::exp2(x);
+    return y < 0x1p-126f ? 0.0f : y;
+}
+}  // namespace pv
+
 // ---- warp-level matrix instructions (mma, ldmatrix, cp.async) --------------------------------
 #include "host/warp_matrix.h"

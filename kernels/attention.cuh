@@ -522,15 +522,16 @@ void attention_forward_launch(const T* qkv, const int* positions, T* out, acc_t<
 
 // out[B][T][H·hd] and lse[B][H][T] from qkv[B][T][(H + 2·Hkv)·hd]. positions: [B][T] device ints,
 // each row's position within its document (document masking, header comment), or null for plain
-// causal attention. hi_lo: on tensor cores (bf16), P enters P·V as hi + lo bf16 pairs instead of
-// one bf16 (kernels/attention_mma_forward.cuh); the CUDA-core kernels keep P in the accumulator type.
+// causal attention. p_fp32: bf16 keeps P in fp32 (the CUDA-core kernel), where the tensor cores
+// round it to one bf16 before P·V (kernels/attention_mma_forward.cuh): for the KV-cache decoder's
+// parity tests, whose decoder keeps P in fp32.
 template <class T>
 void attention_forward(const T* qkv, const int* positions, T* out, acc_t<T>* lse, int B, int T_len, int H, int Hkv,
-                       int hd, cudaStream_t stream, bool hi_lo = false) {
+                       int hd, cudaStream_t stream, bool p_fp32 = false) {
     attention_check_shape(B, T_len, H, Hkv, hd);
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-        if (attention_mma_forward_supported(qkv, out, hd))  // tensor cores (attention_mma_forward.cuh)
-            return attention_mma_forward(qkv, positions, out, lse, B, T_len, H, Hkv, hd, hi_lo, stream);
+        if (!p_fp32 && attention_mma_forward_supported(qkv, out, hd))  // tensor cores (attention_mma_forward.cuh)
+            return attention_mma_forward(qkv, positions, out, lse, B, T_len, H, Hkv, hd, stream);
     }
     if (hd == 64)
         attention_forward_launch<T, 64>(qkv, positions, out, lse, B, T_len, H, Hkv, hd, stream);

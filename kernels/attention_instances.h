@@ -26,9 +26,9 @@
     EXTERN template void attention_forward_launch<T, 128>(const T*, const int*, T*, acc_t<T>*, int, int, int, int,    \
                                                           int, cudaStream_t);
 
-#define POLEVAULT_ATTENTION_MMA_FORWARD_INSTANCE(EXTERN, HD, HI_LO)                                                    \
-    EXTERN template void attention_mma_forward_launch<HD, HI_LO>(const __nv_bfloat16*, const int*, __nv_bfloat16*,   \
-                                                                 float*, int, int, int, int, cudaStream_t);
+#define POLEVAULT_ATTENTION_MMA_FORWARD_INSTANCE(EXTERN, HD)                                                          \
+    EXTERN template void attention_mma_forward_launch<HD>(const __nv_bfloat16*, const int*, __nv_bfloat16*, float*,  \
+                                                          int, int, int, int, cudaStream_t);
 #define POLEVAULT_ATTENTION_MMA_BACKWARD_INSTANCE(EXTERN, HD)                                                          \
     EXTERN template void attention_mma_backward_launch<HD>(const __nv_bfloat16*, const int*, const __nv_bfloat16*,    \
                                                            const float*, const float*, __nv_bfloat16*, int, int, int, \
@@ -38,10 +38,8 @@
     POLEVAULT_ATTENTION_INSTANCES_OF_TYPE(EXTERN, __nv_bfloat16)                                                      \
     POLEVAULT_ATTENTION_INSTANCES_OF_TYPE(EXTERN, float)                                                              \
     POLEVAULT_ATTENTION_INSTANCES_OF_TYPE(EXTERN, double)                                                             \
-    POLEVAULT_ATTENTION_MMA_FORWARD_INSTANCE(EXTERN, 64, false)                                                       \
-    POLEVAULT_ATTENTION_MMA_FORWARD_INSTANCE(EXTERN, 64, true)                                                        \
-    POLEVAULT_ATTENTION_MMA_FORWARD_INSTANCE(EXTERN, 128, false)                                                      \
-    POLEVAULT_ATTENTION_MMA_FORWARD_INSTANCE(EXTERN, 128, true)                                                       \
+    POLEVAULT_ATTENTION_MMA_FORWARD_INSTANCE(EXTERN, 64)                                                              \
+    POLEVAULT_ATTENTION_MMA_FORWARD_INSTANCE(EXTERN, 128)                                                             \
     POLEVAULT_ATTENTION_MMA_BACKWARD_INSTANCE(EXTERN, 32)                                                             \
     POLEVAULT_ATTENTION_MMA_BACKWARD_INSTANCE(EXTERN, 48)                                                             \
     POLEVAULT_ATTENTION_MMA_BACKWARD_INSTANCE(EXTERN, 64)                                                             \

@@ -28,9 +28,7 @@
 // cancel when the sum does: single elements of dV and dQ can miss the fp64 reference by a few
 // percent of its rms, as plain attention done the standard way (P and dS rounded to bf16 before
 // their products, fp32 accumulation) does — test_attention holds these kernels within 1.25× of
-// that reference's error against fp64. (The forward keeps P as hi + lo pairs as an option, for
-// the KV-cache decoder's parity; the backward has no such option: nothing needs it, and every
-// translation unit that dispatches attention would compile the backward twice.)
+// that reference's error against fp64.
 //
 // The streamed tiles are double-buffered: cp.async copies the next tile (16-byte pieces; rows at or
 // past T are zero-filled, never read) while the warps compute on the current one; the per-row
@@ -129,19 +127,20 @@ __device__ inline const __nv_bfloat16* attention_mma_cols_then_rows(const __nv_b
 }
 
 // acc[n-tile] += A·B, A the 16×16 operand of two m16n8 C fragments side by side (columns 0–7 and
-// 8–15: P or dS, kernels/mma.cuh accumulators_as_a), over one 16-row chunk of a k-major tile
+// 8–15: P or dS, kernels/mma.cuh accumulators_to_a_bf16), over one 16-row chunk of a k-major tile
 // [k][HD + 8]: the B fragments of n-tiles 2p and 2p+1 (columns 16p..16p+15) come from one
 // ldmatrix_x4_trans.
 template <int HD>
 __device__ inline void attention_mma_accumulate(float (&acc)[HD / 8][4], const float (&c)[2][4],
                                                 const __nv_bfloat16* tile, int k0) {
-    const AccumulatorsAsA<false> a = accumulators_as_a<false>(c[0], c[1]);
+    uint32_t a[4];
+    accumulators_to_a_bf16(c[0], c[1], a);
     for (int p = 0; p < HD / 16; ++p) {
         uint32_t b[4];
         ldmatrix_x4_trans(b, attention_mma_rows_then_cols<HD>(tile, k0, 16 * p));
         const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-        mma_accumulators_as_a(acc[2 * p], a, b0);
-        mma_accumulators_as_a(acc[2 * p + 1], a, b1);
+        mma_m16n8k16_bf16(acc[2 * p], a, b0, acc[2 * p]);
+        mma_m16n8k16_bf16(acc[2 * p + 1], a, b1, acc[2 * p + 1]);
     }
 }
 

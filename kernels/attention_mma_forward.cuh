@@ -3,10 +3,13 @@
 // dispatches here for bf16 with head dim 64 or 128 (other head dims, fp32 and fp64 keep the
 // CUDA-core kernels: the oracles' precision).
 //
-// Math, with s = 1/sqrt(hd) and each row's keys lo_i ≤ j ≤ i (kernels/attention_window.cuh):
-//   x_ij = s·log2(e) · q_i·k_j                      (scores in base 2: exp2 is the fast exponential)
-//   m_i  = max_j x_ij,  l_i = Σ_j 2^(x_ij − m_i),   both carried online over key tiles
-//   out_i = Σ_j 2^(x_ij − m_i) v_j / l_i,           lse_i = ln 2 · (m_i + log2 l_i)   (float, [B][H][T])
+// Math, with s = 1/sqrt(hd), c = s·log2(e) and each row's keys lo_i ≤ j ≤ i
+// (kernels/attention_window.cuh):
+//   x_ij = q_i·k_j                                  (the scores, unscaled)
+//   m_i  = max_j x_ij,  l_i = Σ_j 2^(c·x_ij − c·m_i), both carried online over key tiles
+//   out_i = Σ_j 2^(c·x_ij − c·m_i) v_j / l_i,       lse_i = ln 2 · (c·m_i + log2 l_i)   (float, [B][H][T])
+// Each exponential is one FFMA (c·x − c·m, c·m once per row and tile) and one MUFU.EX2 with
+// flush-to-zero (platform.h exp2_ftz): exponents are at most 0, so no subnormal range handling.
 //
 // Tiling. A block of 4 warps owns Br = 64 query rows of one (batch, head): warp w the 16 rows
 // q0 + 16w .. q0 + 16w + 15. Key tiles of Bc = 64 rows stream through shared memory, K and V
@@ -21,22 +24,26 @@
 //   online softmax on the accumulators  each lane holds rows g and g+8 (g = lane/4), columns 2t,
 //                                      2t+1 of each n-tile: a row's max and sum over its 4 lanes by
 //                                      two xor shuffles; masked scores are −∞ and contribute 0
+//                                      (in masked tiles only: below)
 //   O (16×hd) += P · V                 P rounded to bf16 straight from the S accumulators into A
 //                                      fragments (no shared memory), one mma per V fragment; V by
 //                                      ldmatrix.x4.trans
 // l is summed per lane (its own columns, unrounded) and over the row's 4 lanes once at the end.
 //
-// P in one bf16 (FlashAttention-2's choice, HiLo false, the default) adds a 2^-9 relative error per
-// probability — the error of plain attention done the standard way (bf16 inputs, fp32
-// accumulation, P rounded to bf16 before P·V), which test_attention holds this kernel to (within
-// 1.25× of that reference's error against fp64). HiLo true enters P as hi + lo bf16 pairs (~16
-// bits, at two mma per P·V mma: 1.5× the tensor-core work): the KV-cache decoder keeps P in fp32,
-// and its parity tests against a full forward (test_decoder) need the forward that close.
+// P in one bf16 (FlashAttention-2's choice) adds a 2^-9 relative error per probability — the
+// error of plain attention done the standard way (bf16 inputs, fp32 accumulation, P rounded to
+// bf16 before P·V), which test_attention holds this kernel to (within 1.25× of that reference's
+// error against fp64). The KV-cache decoder keeps P in fp32, and its parity tests against a full
+// forward (test_decoder) need the forward that close: attention_forward's p_fp32 runs the CUDA-core
+// kernel for them.
 //
 // Masks and skipping. Key tiles run from the one holding the block's smallest lo to the one
 // holding its last row (causal tile skipping; with documents, tiles left of every row's window
 // are never loaded). A warp whose 16 rows see no key of a tile skips its math (warp-uniform; the
-// result is the same bits as computing it fully masked: alpha = 1 and nothing added). Heavy
+// result is the same bits as computing it fully masked: alpha = 1 and nothing added). A tile every
+// row of the warp sees whole (interior: causal, all but the diagonal tile) runs a body compiled
+// without masks or −∞ tests; the others (the diagonal, document boundaries, T) the masked body.
+// Per warp and tile at hd 64: 421 instructions interior, 544 masked (model/attention_sass.h). Heavy
 // tiles first: the grid is 1-D, query tile index descending with the block index, so the
 // blocks with the most key tiles are dispatched first and the short ones fill the tail.
 //
@@ -58,7 +65,7 @@
 //          T not read; positions (if given): 64 ints per block
 //   writes out B·T·H·hd·2 bytes, lse B·H·T·4 bytes (each element once; no atomics: deterministic)
 // FLOPs per (warp, key tile) computed: 2·16·64·hd for S and 2·16·64·hd for P·V on tensor cores,
-// the 4·16·64·hd of the matmul-equivalent count (HiLo: P·V twice, 1.5× that).
+// the 4·16·64·hd of the matmul-equivalent count.
 #pragma once
 
 #include "kernels/attention_window.cuh"
@@ -101,8 +108,8 @@ __device__ inline float mma_row_sum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-// Grid: ceil(T/64)·H·B blocks (1-D, heaviest query tiles first), 128 threads. HiLo: P as hi + lo.
-template <int HD, bool HiLo>
+// Grid: ceil(T/64)·H·B blocks (1-D, heaviest query tiles first), 128 threads.
+template <int HD>
 __global__ void __launch_bounds__(kMmaAttentionThreads)
     attention_mma_forward_kernel(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse,
                                  int T_len, int H, int Hkv, int B) {
@@ -131,10 +138,13 @@ __global__ void __launch_bounds__(kMmaAttentionThreads)
     mma_attention_load_tile<HD, Br>(Qs, q, stride, q0, T_len);
     if (threadIdx.x < Br) lo_s[threadIdx.x] = attention_first_key(pos, min(q0 + int(threadIdx.x), T_len - 1));
     __syncthreads();
-    int block_lo = lo_s[0], warp_lo = lo_s[16 * warp];
+    int block_lo = lo_s[0], warp_lo = lo_s[16 * warp], warp_lo_max = warp_lo;
     for (int r = 1; r < Br; ++r) block_lo = min(block_lo, lo_s[r]);
-    for (int r = 1; r < 16; ++r) warp_lo = min(warp_lo, lo_s[16 * warp + r]);
+    for (int r = 1; r < 16; ++r) warp_lo = min(warp_lo, lo_s[16 * warp + r]), warp_lo_max = max(warp_lo_max, lo_s[16 * warp + r]);
     const int warp_hi = min(q0 + 16 * warp + 15, T_len - 1);  // the warp's last key (rows past T: T − 1)
+    // Keys every row of the warp sees: warp_lo_max .. the warp's first row (or T − 1). A tile inside
+    // that range is an interior tile, computed without a mask.
+    const int warp_all_hi = min(q0 + 16 * warp, T_len - 1);
     // This lane's two rows (g and g + 8 of the warp's 16) see keys lo_s[row] .. i_eff(half); read in
     // the tile loop, not held: at hd 128 the loop needs every register.
     const auto i_eff = [&](int half) { return min(q0 + 16 * warp + g + 8 * half, T_len - 1); };
@@ -144,12 +154,73 @@ __global__ void __launch_bounds__(kMmaAttentionThreads)
     mma_attention_load_tile<HD, Bc>(Vs, v, stride, first * Bc, T_len);
     cp_async_commit();
 
+    // Scores stay unscaled (m too); 2^(s·scale_log2 − m·scale_log2) is one FFMA and one MUFU.
     const float scale_log2 = 1.4426950408889634f / sqrtf(float(HD));
     uint32_t qf[KC][4];
     float o[NT][4];
     for (int n = 0; n < NT; ++n)
         for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    // One key tile of the warp's rows: S = Q·Kᵀ, the online softmax, O += P·V. Masked: the tile
+    // holds a key some row of the warp must not see (its window's start or end, or T, falls in
+    // it); those scores become −∞ and a row that has seen no key yet keeps m = −∞. Interior tiles
+    // are compiled without either test.
+    const auto tile = [&](const bf16* Kt, const bf16* Vt, int k0, auto masked_tag) {
+        constexpr bool kMasked = decltype(masked_tag)::value;
+        // S = Q·Kᵀ: n-tile n holds keys k0 + 8n .. k0 + 8n + 7.
+        float s[Bc / 8][4];
+        for (int n = 0; n < Bc / 8; ++n) {
+            for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
+            for (int c = 0; c < KC; c += 2) {  // matrices: this n-tile's keys × dims 16c + 0..31
+                uint32_t kb[4];
+                ldmatrix_x4(kb, Kt + (8 * n + lane % 8) * ld + c * 16 + 8 * (lane / 8));
+                const uint32_t b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
+                mma_m16n8k16_bf16(s[n], qf[c], b0, s[n]);
+                mma_m16n8k16_bf16(s[n], qf[c + 1], b1, s[n]);
+            }
+        }
+        // Online softmax, per row half (accumulator elements 2·half and 2·half + 1).
+        for (int half = 0; half < 2; ++half) {
+            float tile_max = -INFINITY;
+            for (int n = 0; n < Bc / 8; ++n)
+                for (int e = 0; e < 2; ++e) {
+                    float& x = s[n][2 * half + e];
+                    if constexpr (kMasked) {
+                        const int j = k0 + 8 * n + 2 * t4 + e;
+                        x = lo_s[16 * warp + g + 8 * half] <= j && j <= i_eff(half) ? x : -INFINITY;
+                    }
+                    tile_max = fmaxf(tile_max, x);
+                }
+            const float m_new = fmaxf(m[half], mma_row_max(tile_max));
+            // Until a row's first key m_new = −∞: its offset is 0 instead, so that every 2^(−∞ − 0) = 0
+            // (alpha too: l and o are still 0) rather than 2^(−∞ + ∞).
+            const float offset = kMasked && m_new == -INFINITY ? 0.0f : m_new * scale_log2;
+            const float alpha = exp2_ftz(fmaf(m[half], scale_log2, -offset));
+            float sum = 0.0f;
+            for (int n = 0; n < Bc / 8; ++n)
+                for (int e = 0; e < 2; ++e) {
+                    float& x = s[n][2 * half + e];
+                    x = exp2_ftz(fmaf(x, scale_log2, -offset));
+                    sum += x;
+                }
+            l[half] = l[half] * alpha + sum;
+            m[half] = m_new;
+            for (int n = 0; n < NT; ++n) o[n][2 * half] *= alpha, o[n][2 * half + 1] *= alpha;
+        }
+        // O += P·V: k-chunk c is keys 16c .. 16c + 15 (S tiles 2c and 2c + 1).
+        for (int c = 0; c < Bc / 16; ++c) {
+            uint32_t p[4];
+            accumulators_to_a_bf16(s[2 * c], s[2 * c + 1], p);
+            for (int n = 0; n < NT; n += 2) {  // matrices: keys 16c + 0..7, 8..15 × dims 8n + 0..15
+                uint32_t vb[4];
+                ldmatrix_x4_trans(vb, Vt + (16 * c + lane % 8 + 8 * ((lane / 8) % 2)) * ld + 8 * n + 8 * (lane / 16));
+                const uint32_t b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
+                mma_m16n8k16_bf16(o[n], p, b0, o[n]);
+                mma_m16n8k16_bf16(o[n + 1], p, b1, o[n + 1]);
+            }
+        }
+    };
 
     for (int kt = first; kt <= last; ++kt) {
         const int buf = (kt - first) & 1, k0 = kt * Bc;
@@ -167,58 +238,10 @@ __global__ void __launch_bounds__(kMmaAttentionThreads)
         }
         const bf16* Kt = Ks + buf * Bc * ld;
         const bf16* Vt = Vs + buf * Bc * ld;
-
-        if (k0 <= warp_hi && k0 + Bc - 1 >= warp_lo) {  // some row of the warp sees a key here
-            // S = Q·Kᵀ: n-tile n holds keys k0 + 8n .. k0 + 8n + 7.
-            float s[Bc / 8][4];
-            for (int n = 0; n < Bc / 8; ++n) {
-                for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
-                for (int c = 0; c < KC; c += 2) {  // matrices: this n-tile's keys × dims 16c + 0..31
-                    uint32_t kb[4];
-                    ldmatrix_x4(kb, Kt + (8 * n + lane % 8) * ld + c * 16 + 8 * (lane / 8));
-                    const uint32_t b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
-                    mma_m16n8k16_bf16(s[n], qf[c], b0, s[n]);
-                    mma_m16n8k16_bf16(s[n], qf[c + 1], b1, s[n]);
-                }
-            }
-            // Online softmax, per row half (accumulator elements 2·half and 2·half + 1).
-            for (int half = 0; half < 2; ++half) {
-                float tile_max = -INFINITY;
-                for (int n = 0; n < Bc / 8; ++n)
-                    for (int e = 0; e < 2; ++e) {
-                        const int j = k0 + 8 * n + 2 * t4 + e;
-                        float& x = s[n][2 * half + e];
-                        x = lo_s[16 * warp + g + 8 * half] <= j && j <= i_eff(half) ? x * scale_log2 : -INFINITY;
-                        tile_max = fmaxf(tile_max, x);
-                    }
-                // Until a row's first key, m_new = −∞ and alpha = 0 (l and o are still 0) rather
-                // than 2^(−∞ + ∞).
-                const float m_new = fmaxf(m[half], mma_row_max(tile_max));
-                const float alpha = m_new == -INFINITY ? 0.0f : exp2f(m[half] - m_new);
-                float sum = 0.0f;
-                for (int n = 0; n < Bc / 8; ++n)
-                    for (int e = 0; e < 2; ++e) {
-                        float& x = s[n][2 * half + e];
-                        x = x == -INFINITY ? 0.0f : exp2f(x - m_new);
-                        sum += x;
-                    }
-                l[half] = l[half] * alpha + sum;
-                m[half] = m_new;
-                for (int n = 0; n < NT; ++n) o[n][2 * half] *= alpha, o[n][2 * half + 1] *= alpha;
-            }
-            // O += P·V: k-chunk c is keys 16c .. 16c + 15 (S tiles 2c and 2c + 1).
-            for (int c = 0; c < Bc / 16; ++c) {
-                const AccumulatorsAsA<HiLo> p = accumulators_as_a<HiLo>(s[2 * c], s[2 * c + 1]);
-                for (int n = 0; n < NT; n += 2) {  // matrices: keys 16c + 0..7, 8..15 × dims 8n + 0..15
-                    uint32_t vb[4];
-                    ldmatrix_x4_trans(vb,
-                                      Vt + (16 * c + lane % 8 + 8 * ((lane / 8) % 2)) * ld + 8 * n + 8 * (lane / 16));
-                    const uint32_t b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
-                    mma_accumulators_as_a(o[n], p, b0);
-                    mma_accumulators_as_a(o[n + 1], p, b1);
-                }
-            }
-        }
+        if (k0 >= warp_lo_max && k0 + Bc - 1 <= warp_all_hi)
+            tile(Kt, Vt, k0, std::false_type{});
+        else if (k0 <= warp_hi && k0 + Bc - 1 >= warp_lo)  // some row of the warp sees a key here
+            tile(Kt, Vt, k0, std::true_type{});
     }
 
     for (int half = 0; half < 2; ++half) {
@@ -230,7 +253,7 @@ __global__ void __launch_bounds__(kMmaAttentionThreads)
         for (int n = 0; n < NT; ++n)
             *reinterpret_cast<uint32_t*>(o_row + 8 * n + 2 * t4) =
                 pack_bf16x2(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
-        if (t4 == 0) lse[((long long)b * H + h) * T_len + i] = 0.6931471805599453f * (m[half] + log2f(total));
+        if (t4 == 0) lse[((long long)b * H + h) * T_len + i] = 0.6931471805599453f * (m[half] * scale_log2 + log2f(total));
     }
 }
 
@@ -241,31 +264,29 @@ inline bool attention_mma_forward_supported(const void* qkv, const void* out, in
            reinterpret_cast<uintptr_t>(out) % 4 == 0;
 }
 
-template <int HD, bool HiLo>
+template <int HD>
 void attention_mma_forward_launch(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse, int B,
                                   int T_len, int H, int Hkv, cudaStream_t stream) {
     constexpr size_t smem = MmaAttentionForwardConfig<HD>::kSmemBytes;
     if constexpr (smem > 48 * 1024) {  // once per process and instantiation: the opt-in above the default limit
         static const bool opted_in = [] {
-            CUDA_CHECK(cudaFuncSetAttribute(attention_mma_forward_kernel<HD, HiLo>,
+            CUDA_CHECK(cudaFuncSetAttribute(attention_mma_forward_kernel<HD>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
             return true;
         }();
         (void)opted_in;
     }
     const long long blocks = (long long)ceil_div(T_len, kMmaAttentionBr) * H * B;
-    launch(attention_mma_forward_kernel<HD, HiLo>, dim3(unsigned(blocks)), dim3(kMmaAttentionThreads), smem, stream,
+    launch(attention_mma_forward_kernel<HD>, dim3(unsigned(blocks)), dim3(kMmaAttentionThreads), smem, stream,
            qkv, positions, out, lse, T_len, H, Hkv, B);
     CUDA_CHECK_LAUNCH();
 }
 
-// The launch at a run-time head dim (64 or 128) and choice of P's precision.
+// The launch at a run-time head dim (64 or 128).
 inline void attention_mma_forward(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse,
-                                  int B, int T_len, int H, int Hkv, int hd, bool hi_lo, cudaStream_t stream) {
-    if (hd == 64 && !hi_lo) return attention_mma_forward_launch<64, false>(qkv, positions, out, lse, B, T_len, H, Hkv, stream);
-    if (hd == 64) return attention_mma_forward_launch<64, true>(qkv, positions, out, lse, B, T_len, H, Hkv, stream);
-    if (!hi_lo) return attention_mma_forward_launch<128, false>(qkv, positions, out, lse, B, T_len, H, Hkv, stream);
-    attention_mma_forward_launch<128, true>(qkv, positions, out, lse, B, T_len, H, Hkv, stream);
+                                  int B, int T_len, int H, int Hkv, int hd, cudaStream_t stream) {
+    if (hd == 64) return attention_mma_forward_launch<64>(qkv, positions, out, lse, B, T_len, H, Hkv, stream);
+    attention_mma_forward_launch<128>(qkv, positions, out, lse, B, T_len, H, Hkv, stream);
 }
 
 }  // namespace pv

@@ -46,44 +46,6 @@ __device__ inline void accumulators_to_a_bf16(const float (&left)[4], const floa
     a[3] = pack_bf16x2(right[2], right[3]);
 }
 
-// The same tiles as two bf16 operands, hi = bf16(x) and lo = bf16(x − hi): hi·B + lo·B carries
-// x to about 16 significant bits (bf16 alone keeps 8), for products whose fp32 inputs must not
-// lose precision (attention's probabilities P before P·V).
-__device__ inline void accumulators_to_a_bf16_split(const float (&left)[4], const float (&right)[4], uint32_t (&hi)[4],
-                                                    uint32_t (&lo)[4]) {
-    accumulators_to_a_bf16(left, right, hi);
-    float left_lo[4], right_lo[4];
-    for (int e = 0; e < 4; ++e) {
-        left_lo[e] = left[e] - (e % 2 ? bf16x2_high(hi[e / 2]) : bf16x2_low(hi[e / 2]));
-        right_lo[e] = right[e] - (e % 2 ? bf16x2_high(hi[2 + e / 2]) : bf16x2_low(hi[2 + e / 2]));
-    }
-    accumulators_to_a_bf16(left_lo, right_lo, lo);
-}
-
-// A 16×16 bf16 A operand made from two 16×8 fp32 accumulator tiles (attention's P and dS before
-// their products): one bf16 per element (HiLo false: FlashAttention-2's choice, 8 significant
-// bits), or hi + lo pairs (about 16 bits, at two mma per product).
-template <bool HiLo>
-struct AccumulatorsAsA {
-    uint32_t hi[4];
-    uint32_t lo[HiLo ? 4 : 1];
-};
-template <bool HiLo>
-__device__ inline AccumulatorsAsA<HiLo> accumulators_as_a(const float (&left)[4], const float (&right)[4]) {
-    AccumulatorsAsA<HiLo> a;
-    if constexpr (HiLo)
-        accumulators_to_a_bf16_split(left, right, a.hi, a.lo);
-    else
-        accumulators_to_a_bf16(left, right, a.hi);
-    return a;
-}
-// c += a·b (the lo part first: the small terms before the large).
-template <bool HiLo>
-__device__ inline void mma_accumulators_as_a(float (&c)[4], const AccumulatorsAsA<HiLo>& a, const uint32_t (&b)[2]) {
-    if constexpr (HiLo) mma_m16n8k16_bf16(c, a.lo, b, c);
-    mma_m16n8k16_bf16(c, a.hi, b, c);
-}
-
 // Rows [row0, row0 + ROWS) of a bf16 matrix (`stride` elements between rows, HD wide from `src`,
 // 16-byte aligned) into shared dst[ROWS][LD] with cp.async, rows at or past `limit` zero-filled
 // (their source is never read: row 0's address stands in). The block's THREADS threads take the

@@ -151,7 +151,7 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
       lora_(o.lora),
       seed_(o.seed),
       nf4_(o.nf4),
-      attention_hi_lo_(o.attention_hi_lo),
+      attention_p_fp32_(o.attention_p_fp32),
       batch_(o.batch),
       seq_len_(o.seq_len),
       gradients_(o.placement.gradients),
@@ -562,7 +562,7 @@ void Llama<T>::forward_block(int u, int slot, const UnitIO<T>& io, bool recomput
     rope_forward(a.qkv + c.q_width(), rope_table(), io.positions, N, seq_len_, c.num_kv_heads, hd, c.qkv_width(),
                  stream_);
     attention_forward(a.qkv, io.positions, a.att, a.lse, batch_, seq_len_, c.num_heads, c.num_kv_heads, hd, stream_,
-                      attention_hi_lo_);
+                      attention_p_fp32_);
     linear(u, kLoraO, a.att, work_.proj, N, a.lora_u[kLoraO], drop, cublas_);
     const T* att_out = sum_rows(work_.proj);  // row-parallel: each rank's heads' share
     residual_rmsnorm_forward(x, att_out, a.x2, w.mlp_norm, h2_rows, a.rstd2, R, C, c.rms_norm_eps, stream_);

@@ -143,9 +143,9 @@ struct ModelOptions {
     cudaStream_t stream = nullptr;
     ActivationCheckpointing checkpointing;  // off by default
     long long head_chunk_rows = 0;          // the head's logits this many rows at a time; 0: head_chunk_rows' choice
-    // bf16 attention forward on tensor cores with P as hi + lo bf16 pairs (~16 bits) instead of one
-    // bf16 (kernels/attention_mma_forward.cuh): for parity with the KV-cache decoder's fp32 P.
-    bool attention_hi_lo = false;
+    // bf16 attention forward with P in fp32 (the CUDA-core kernel) instead of one bf16 on tensor
+    // cores (kernels/attention.cuh attention_forward): for parity with the KV-cache decoder's fp32 P.
+    bool attention_p_fp32 = false;
     // With placement.tensor.size > 1: sums `count` elements of the compute type at `data` over the
     // tensor-parallel group, in place, in order on the model's stream (parallel/ provides it, here
     // or later through bind_tensor_reduce, before the first forward). The
@@ -413,7 +413,7 @@ class Llama {
     LoraConfig lora_;
     uint64_t seed_ = 0;  // keys the adapters' dropout
     bool nf4_ = false;
-    bool attention_hi_lo_ = false;  // ModelOptions::attention_hi_lo
+    bool attention_p_fp32_ = false;  // ModelOptions::attention_p_fp32
     std::vector<Nf4PartFields> nf4_fields_[kLoraLinears];  // per block linear: its parts' fields in its slot
     LoraShape lora_shapes_[kLoraLinears];                  // per block linear (parts = 0: no adapter)
     int batch_, seq_len_;

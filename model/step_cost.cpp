@@ -74,9 +74,9 @@ double predicted_seconds(const KernelCost& k, const Device& d) {
                                    : roofline;
 }
 
-int attention_tile_instructions(const std::string& kernel, int hd) {
+int attention_tile_instructions(const std::string& kernel, int hd, bool masked) {
     for (const AttentionTileSass& a : kAttentionTileSass)
-        if (kernel == a.kernel && hd == a.head_dim) return a.instructions;
+        if (kernel == a.kernel && hd == a.head_dim) return masked ? a.masked_instructions : a.instructions;
     return 0;
 }
 
@@ -177,16 +177,20 @@ double attention_tile_pairs(int T) {
     return n * (n + 1) / 2;
 }
 // The instructions all warps of a tensor-core attention kernel issue at this shape: its 4 warps
-// per block each run the tile loop once per tile pair, at the kernel's instructions per trip.
-double attention_warp_instructions(const char* kernel, int B, int T, int H, int hd, int per_trip) {
-    if (per_trip <= 0)
+// per block each run the tile loop once per tile pair, at the kernel's instructions per trip: of
+// the n(n+1)/2 pairs per (batch, head), the n on the diagonal through the masked body, the others
+// through the interior one (causal attention; document boundaries add masked tiles, not priced).
+double attention_warp_instructions(const char* kernel, int B, int T, int H, int hd, int interior, int masked) {
+    if (interior <= 0 || masked <= 0)
         throw std::invalid_argument(std::string("step cost: no tensor-core attention ") + kernel + " kernel at head dim " +
                                     std::to_string(hd) + " in model/attention_sass.h");
     constexpr double kWarps = 4;  // kMmaAttentionWarps, kAttentionMmaThreads / 32
-    return kWarps * attention_tile_pairs(T) * double(B) * H * per_trip;
+    const double n = double((T + 63) / 64), diagonal = n;
+    return kWarps * double(B) * H * ((attention_tile_pairs(T) - diagonal) * interior + diagonal * masked);
 }
 double attention_warp_instructions(const char* kernel, int B, int T, int H, int hd) {
-    return attention_warp_instructions(kernel, B, T, H, hd, attention_tile_instructions(kernel, hd));
+    return attention_warp_instructions(kernel, B, T, H, hd, attention_tile_instructions(kernel, hd),
+                                       attention_tile_instructions(kernel, hd, true));
 }
 }  // namespace
 
@@ -205,10 +209,10 @@ std::vector<KernelCost> attention_forward_cuda_cores(int B, int T, int H, int Hk
 // attention_mma_forward_kernel (bf16, hd 64 and 128: kernels/attention_mma_forward.cuh): the same
 // bytes; every warp computes whole 64-key tiles up to its query tile's diagonal, rows past T
 // included: n(n+1)/2 tile pairs of 64×64 per (batch, head), n = ceil(T/64); per pair S = Q·Kᵀ and
-// P·V with P in one bf16 (the default; hi + lo, an option for the decoder's tests, is not priced):
-// 2 products, 4·hd FLOPs.
+// P·V with P in one bf16: 2 products, 4·hd FLOPs.
 // Issue: each of a block's 4 warps runs the tile loop once per such pair, at
-// attention_tile_instructions("forward", hd) instructions a trip (prologue and epilogue not counted).
+// attention_tile_instructions("forward", hd) instructions a trip, the diagonal's at its masked
+// count (prologue and epilogue not counted).
 std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions) {
     KernelCost k = attention_forward_cuda_cores(B, T, H, Hkv, hd, t, a, positions).front();
     k.kernel = "attention_mma_forward_kernel";
@@ -405,9 +409,11 @@ IssueEfficiency attention_issue_efficiency() {
     constexpr int kForward = 1225, kDkv = 2138, kDq = 1458;
     static const IssueEfficiency e = [] {
         const double flops = 4.0 * hd * (double(T) * (T + 1) / 2) * B * H;
-        const double forward = issue_seconds(cost::attention_warp_instructions("forward", B, T, H, hd, kForward), 1.0);
-        const double backward = issue_seconds(cost::attention_warp_instructions("dkv", B, T, H, hd, kDkv), 1.0) +
-                                issue_seconds(cost::attention_warp_instructions("dq", B, T, H, hd, kDq), 1.0);
+        // Those kernels had one body, masked, for every tile.
+        const double forward =
+            issue_seconds(cost::attention_warp_instructions("forward", B, T, H, hd, kForward, kForward), 1.0);
+        const double backward = issue_seconds(cost::attention_warp_instructions("dkv", B, T, H, hd, kDkv, kDkv), 1.0) +
+                                issue_seconds(cost::attention_warp_instructions("dq", B, T, H, hd, kDq, kDq), 1.0);
         const double d_kernel = predicted_seconds(cost::attention_dot(double(B) * T, H, hd, 2, 4));
         return IssueEfficiency{forward / (flops / kForwardFlopsPerS),
                                backward / (2.5 * flops / kBackwardFlopsPerS - d_kernel),

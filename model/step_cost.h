@@ -97,9 +97,10 @@ struct RooflineEfficiency {
 RooflineEfficiency roofline_efficiency(Roofline r);
 
 // The tensor-core attention kernels' issue-rate model. Instructions one warp issues per trip of a
-// kernel's tile loop ("forward", "dkv", "dq") at head dim hd, from model/attention_sass.h; 0 where
-// the kernel has no such instantiation (that head dim runs on the CUDA-core kernels).
-int attention_tile_instructions(const std::string& kernel, int hd);
+// kernel's tile loop ("forward", "dkv", "dq") at head dim hd, from model/attention_sass.h, through
+// an interior tile or (masked) one with masks (the diagonal's); 0 where the kernel has no such
+// instantiation (that head dim runs on the CUDA-core kernels).
+int attention_tile_instructions(const std::string& kernel, int hd, bool masked = false);
 // Seconds to issue `warp_instructions` at `efficiency` of the device's issue rate.
 double issue_seconds(double warp_instructions, double efficiency, const Device& d = {});
 // The fraction of the issue rate the kernels reach, forward and backward (dK/dV and dQ), from

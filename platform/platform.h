@@ -126,6 +126,15 @@ __device__ __forceinline__ void cp_async_16_zfill(void* smem_dst, const void* gl
                  : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// 2^x in one SFU instruction (ex2.approx.ftz.f32: relative error about 2^-22, a subnormal argument
+// or result flushed to zero, 2^-inf = +0), where exp2f adds range handling around it for
+// subnormals (attention's softmax needs none: its exponents are at most 0).
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");

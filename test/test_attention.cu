@@ -660,10 +660,10 @@ TEST_CASE("bf16 attention backward with buffers the tensor cores cannot take fal
 
 namespace attention_test {
 
-// The tensor-core kernels on fresh inputs (the forward's P as hi + lo when asked) held to plain
-// bf16 attention's error.
+// The tensor-core kernels on fresh inputs (the forward on CUDA cores, P in fp32, when asked) held
+// to plain bf16 attention's error.
 double check_against_plain_bf16(const AttentionShape& s, uint64_t seed, const std::vector<int>* positions,
-                                bool hi_lo = false) {
+                                bool p_fp32 = false) {
     const int B = int(s.B), T_len = int(s.T), H = int(s.H), Hkv = int(s.Hkv), hd = int(s.hd);
     const auto qkv = random_vector<bf16>(s.B * s.T * s.width(), seed, -2.0, 2.0);
     const auto dout = random_vector<bf16>(s.B * s.T * s.H * s.hd, seed + 1);
@@ -674,11 +674,11 @@ double check_against_plain_bf16(const AttentionShape& s, uint64_t seed, const st
     DeviceArray<unsigned char> scratch(pv::attention_backward_scratch_bytes<bf16>(B, T_len, H));
     REQUIRE(pv::attention_mma_forward_supported(d_qkv.get(), d_out.get(), hd));
     REQUIRE(pv::attention_mma_backward_applies(d_qkv.get(), d_dout.get(), d_dqkv.get(), hd));
-    pv::attention_forward(d_qkv.get(), pos, d_out.get(), d_lse.get(), B, T_len, H, Hkv, hd, nullptr, hi_lo);
+    pv::attention_forward(d_qkv.get(), pos, d_out.get(), d_lse.get(), B, T_len, H, Hkv, hd, nullptr, p_fp32);
     pv::attention_backward(d_qkv.get(), pos, d_out.get(), d_dout.get(), d_lse.get(), d_dqkv.get(), scratch.get(), B,
                            T_len, H, Hkv, hd, nullptr);
     return check_within_plain_bf16(qkv, dout, {d_out.download(), d_dqkv.download(), d_lse.download()}, s, positions,
-                                   hi_lo ? ", the forward's P as hi + lo" : "");
+                                   p_fp32 ? ", the forward's P in fp32" : "");
 }
 
 }  // namespace attention_test
@@ -702,6 +702,6 @@ TEST_CASE("bf16 attention on tensor cores: within 1.25x of plain bf16 attention'
     worst = std::max(worst, check_against_plain_bf16({1, 4096, 1, 1, 64}, 3200, nullptr));
     std::printf("bf16 tensor-core attention: worst error ratio against plain bf16 attention %.3f\n", worst);
     REQUIRE(worst > 0.5);  // the errors compared are the rounding's, not zeros
-    // The forward's hi + lo option (the decoder's parity), before the plain backward, is as close.
+    // The forward's P in fp32 (the decoder's parity), before the tensor-core backward, is as close.
     check_against_plain_bf16({1, 1000, 2, 1, 64}, 3300, nullptr, true);
 }

@@ -224,8 +224,7 @@ TEST_CASE("step cost: the RTX 6000 Ada's figures", "[step_cost]") {
 // structure, counted from their source: per warp and tile-loop trip the forward does S = Q·Kᵀ
 // (16 rows × 64 keys × hd: 8 n-tiles × hd/16 k-steps of m16n8k16) and P·V with P in one bf16
 // (hd/8 n-tiles × 4 k-steps): hd HMMA; dK/dV over its tile's four 16-row chunks S, dP (hd/4 each),
-// dV and dK (hd/8 each): 2·hd; dQ S, dP and dQ: 1.5·hd (the table lists the one-bf16 kernels
-// training runs; hi + lo would be 1.5·hd, 3·hd and 2·hd). And every
+// dV and dK (hd/8 each): 2·hd; dQ S, dP and dQ: 1.5·hd. And every
 // head dim the dispatch sends to tensor cores is listed: the forward at 64 and 128, the backward
 // at the multiples of 16 from 32 to 128 (kernels/attention.cuh, attention_mma_backward.cuh).
 TEST_CASE("step cost: the attention SASS table covers the dispatch's head dims, with the kernels' HMMA counts",
@@ -237,6 +236,7 @@ TEST_CASE("step cost: the attention SASS table covers the dispatch's head dims, 
         const double hmma_per_hd = k == "forward" ? 1.0 : k == "dkv" ? 2.0 : 1.5;
         CHECK(a.hmma == hmma_per_hd * a.head_dim);
         CHECK(a.instructions > a.hmma);
+        CHECK(a.masked_instructions >= a.instructions);  // the masked body does what the other does, and masks
         ++rows;
     }
     CHECK(rows == 2 + 2 * 7);
@@ -274,22 +274,27 @@ TEST_CASE("step cost: the attention issue efficiencies reproduce the measurement
 
 // Today's kernels are priced by their own instructions: the forward's time at the 1B shape is its
 // table entry's instructions over the issue rate (issue, not bytes or the tensor peak, binds), so
-// fewer instructions per trip predict proportionally less time.
+// fewer instructions per trip predict proportionally less time. Per (batch, head) the n diagonal
+// tile pairs run the masked body and the other n(n−1)/2 the interior one (each by 4 warps).
 TEST_CASE("step cost: a tensor-core attention kernel's time follows its SASS instructions", "[step_cost]") {
     const pv::IssueEfficiency e = pv::attention_issue_efficiency();
-    const double n = 2048 / 64, trips = 4 * n * (n + 1) / 2 * 4 * 32;
+    const double n = 2048 / 64, interior_trips = 4 * n * (n - 1) / 2 * 4 * 32, diagonal_trips = 4 * n * 4 * 32;
+    const auto trips = [&](const char* kernel) {
+        return interior_trips * pv::attention_tile_instructions(kernel, 64) +
+               diagonal_trips * pv::attention_tile_instructions(kernel, 64, true);
+    };
     const pv::KernelCost f = pv::cost::attention_forward(4, 2048, 32, 8, 64, 2, 4, false).front();
-    const int per_trip = pv::attention_tile_instructions("forward", 64);
-    CHECK(f.warp_instructions == trips * per_trip);
+    CHECK(f.warp_instructions == trips("forward"));
+    CHECK(pv::attention_tile_instructions("forward", 64, true) > pv::attention_tile_instructions("forward", 64));
     CHECK(f.issue_efficiency == e.forward);
-    CHECK(pv::predicted_seconds(f) == Approx(pv::issue_seconds(trips * per_trip, e.forward)).epsilon(1e-12));
+    CHECK(pv::predicted_seconds(f) == Approx(pv::issue_seconds(trips("forward"), e.forward)).epsilon(1e-12));
     pv::KernelCost fewer = f;
     fewer.warp_instructions /= 2;
     CHECK(pv::predicted_seconds(fewer) == Approx(pv::predicted_seconds(f) / 2).epsilon(1e-12));
     const auto b = pv::cost::attention_backward(4, 2048, 32, 8, 64, 2, 4, false);
     REQUIRE(b.size() == 3);
-    CHECK(b[1].warp_instructions == trips * pv::attention_tile_instructions("dkv", 64));
-    CHECK(b[2].warp_instructions == trips * pv::attention_tile_instructions("dq", 64));
+    CHECK(b[1].warp_instructions == trips("dkv"));
+    CHECK(b[2].warp_instructions == trips("dq"));
     CHECK(b[1].issue_efficiency == e.backward);
     // A head dim without a tensor-core kernel is refused by name, and a step at one is priced on
     // the CUDA-core kernels.
