@@ -35,6 +35,10 @@
 // scalars of a query tile (lse, D, lo) are plain loads into the other buffer. Shared rows are hd + 8
 // elements long, so the 8 rows one ldmatrix reads start 16 bytes apart: all 32 banks, no conflict.
 //
+// Exponentials. P = 2^(c·s − log2(e)·lse) with c = s·log2(e) and lse in base 2 once per row as it is
+// loaded: one FFMA and one MUFU.EX2 with flush-to-zero (platform.h exp2_ftz) per element, no
+// range handling, no branch; the mask is a select after it, from one bit per element.
+//
 // Masking and skipping. Key tiles and query tiles outside every window of the block are never
 // visited (as in kernels/attention.cuh: causal, or by positions); within a visited pair, a warp
 // skips a 16×16 chunk in which none of its elements is in a window (one vote: no work, the same
@@ -189,7 +193,7 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
     const bf16* rows = qkv + (long long)b * T_len * stride;
     const bf16* drows = dout + (long long)b * T_len * dstride;
     const int* pos = positions ? positions + (long long)b * T_len : nullptr;
-    const float scale = 1.0f / sqrtf(float(HD));
+    const float scale = 1.0f / sqrtf(float(HD)), scale_log2 = kLog2e * scale;
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane >> 2, t = lane & 3;
 
     PV_DYNAMIC_SHARED(bf16, Ks);
@@ -214,7 +218,7 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
         if (const int r = int(threadIdx.x); r < Bt) {
             const int i = q0 + r;
             const long long at = ((long long)b * H + h) * T_len + i;
-            lse_s[buf * Bt + r] = i < T_len ? lse[at] : 0.0f;
+            lse_s[buf * Bt + r] = i < T_len ? kLog2e * lse[at] : 0.0f;  // base 2: P = 2^(c·s − log2e·lse)
             D_s[buf * Bt + r] = i < T_len ? D[at] : 0.0f;
             lo_s[buf * Bt + r] = i < T_len ? attention_first_key(pos, i) : 0;
         }
@@ -252,19 +256,19 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
         const int* lo_b = lo_s + buf * Bt;
 
         for (int c0 = 0; c0 < Bt; c0 += 16) {  // chunks of 16 query rows: columns of Sᵀ
-            // Element (n-tile nt, 2·half + e) is key j0 + 8·half against query row q0 + c0 + 8·nt + 2t + e.
-            bool in[2][4];
-            bool any = false;
+            // Element (n-tile nt, 2·half + e) is key j0 + 8·half against query row q0 + c0 + 8·nt + 2t + e;
+            // bit 4·nt + 2·half + e of `in` says whether it is in its row's window (one register: eight
+            // bools would outnumber the predicate registers).
+            unsigned in = 0;
             for (int nt = 0; nt < 2; ++nt)
                 for (int e = 0; e < 2; ++e) {
                     const int r = c0 + 8 * nt + 2 * t + e, i = q0 + r, lo = lo_b[r];
                     for (int half = 0; half < 2; ++half) {
                         const int j = j0 + 8 * half;
-                        in[nt][2 * half + e] = i < T_len && lo <= j && j <= i;
-                        any = any || in[nt][2 * half + e];
+                        in |= unsigned(i < T_len && lo <= j && j <= i) << (4 * nt + 2 * half + e);
                     }
                 }
-            if (!__any_sync(0xffffffffu, any)) continue;  // the whole 16×16 chunk is masked for this warp
+            if (!__any_sync(0xffffffffu, in != 0)) continue;  // the whole 16×16 chunk is masked for this warp
 
             float st[2][4] = {}, dpt[2][4] = {};  // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ
             for (int ks = 0; ks < KS; ++ks) {
@@ -278,13 +282,15 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
                 attention_mma_score_step<HD>(st, ka, Q, c0, ks);
                 attention_mma_score_step<HD>(dpt, va, dO, c0, ks);
             }
-            // Pᵀ and dSᵀ in place, masked elements exact zeros.
+            // Pᵀ and dSᵀ in place: one FFMA and one MUFU.EX2 per P, then a select (a masked element's
+            // P and so its dS exact zeros; its exponent, computed anyway, may be anything).
             for (int nt = 0; nt < 2; ++nt)
                 for (int x = 0; x < 4; ++x) {
                     const int r = c0 + 8 * nt + 2 * t + (x & 1);
-                    const float p = in[nt][x] ? expf(scale * st[nt][x] - lse_b[r]) : 0.0f;
+                    const float e = exp2_ftz(fmaf(st[nt][x], scale_log2, -lse_b[r]));
+                    const float p = in >> (4 * nt + x) & 1 ? e : 0.0f;
                     st[nt][x] = p;
-                    dpt[nt][x] = in[nt][x] ? p * (dpt[nt][x] - D_b[r]) : 0.0f;
+                    dpt[nt][x] = p * (dpt[nt][x] - D_b[r]);
                 }
             attention_mma_accumulate<HD>(dv, st, dO, c0);  // dV += Pᵀ·dO
             attention_mma_accumulate<HD>(dk, dpt, Q, c0);  // dK += dSᵀ·Q
@@ -316,14 +322,15 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
     const bf16* k_src = rows + (long long)(H + kvh) * HD;
     const bf16* v_src = rows + (long long)(H + Hkv + kvh) * HD;
     const int* pos = positions ? positions + (long long)b * T_len : nullptr;
-    const float scale = 1.0f / sqrtf(float(HD));
+    const float scale = 1.0f / sqrtf(float(HD)), scale_log2 = kLog2e * scale;
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane >> 2, t = lane & 3;
 
     PV_DYNAMIC_SHARED(bf16, Ks);                               // [2][Bt][LD]
     bf16* Vs = Ks + 2 * Bt * LD;                               // [2][Bt][LD]
     int* lo_min_s = reinterpret_cast<int*>(Vs + 2 * Bt * LD);  // [4]
 
-    // The warp's query rows i = q0 + 16·warp + g + 8·half, with their lse, D and first key.
+    // The warp's query rows i = q0 + 16·warp + g + 8·half, with their lse (base 2: P = 2^(c·s −
+    // log2e·lse)), D and first key.
     const int qw = 16 * warp;
     float lse_r[2], D_r[2];
     int lo_r[2];
@@ -331,7 +338,7 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
     for (int half = 0; half < 2; ++half) {
         const int i = q0 + qw + g + 8 * half;
         const long long at = ((long long)b * H + h) * T_len + i;
-        lse_r[half] = i < T_len ? lse[at] : 0.0f;
+        lse_r[half] = i < T_len ? kLog2e * lse[at] : 0.0f;
         D_r[half] = i < T_len ? D[at] : 0.0f;
         lo_r[half] = i < T_len ? attention_first_key(pos, i) : 0;
         if (i < T_len) lo_min = min(lo_min, lo_r[half]);
@@ -376,27 +383,27 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
         const bf16* V = Vs + buf * Bt * LD;
 
         for (int c0 = 0; c0 < Bt; c0 += 16) {  // chunks of 16 keys: columns of S
-            // Element (n-tile nt, 2·half + e) is query row half against key k0 + c0 + 8·nt + 2t + e.
-            bool in[2][4];
-            bool any = false;
+            // Element (n-tile nt, 2·half + e) is query row half against key k0 + c0 + 8·nt + 2t + e; bit
+            // 4·nt + 2·half + e of `in` says whether it is in the row's window (as in the dK/dV kernel).
+            unsigned in = 0;
             for (int nt = 0; nt < 2; ++nt)
                 for (int x = 0; x < 4; ++x) {
                     const int half = x >> 1, i = q0 + qw + g + 8 * half, j = k0 + c0 + 8 * nt + 2 * t + (x & 1);
-                    in[nt][x] = i < T_len && lo_r[half] <= j && j <= i;
-                    any = any || in[nt][x];
+                    in |= unsigned(i < T_len && lo_r[half] <= j && j <= i) << (4 * nt + x);
                 }
-            if (!__any_sync(0xffffffffu, any)) continue;  // the whole 16×16 chunk is masked for this warp
+            if (!__any_sync(0xffffffffu, in != 0)) continue;  // the whole 16×16 chunk is masked for this warp
 
             float s[2][4] = {}, dp[2][4] = {};  // S = Q·Kᵀ and dP = dO·Vᵀ
             for (int ks = 0; ks < KS; ++ks) {
                 attention_mma_score_step<HD>(s, q_frag[ks], K, c0, ks);
                 attention_mma_score_step<HD>(dp, do_frag[ks], V, c0, ks);
             }
-            for (int nt = 0; nt < 2; ++nt)
+            for (int nt = 0; nt < 2; ++nt)  // dS in place, as in the dK/dV kernel
                 for (int x = 0; x < 4; ++x) {
                     const int half = x >> 1;
-                    const float p = in[nt][x] ? expf(scale * s[nt][x] - lse_r[half]) : 0.0f;
-                    dp[nt][x] = in[nt][x] ? p * (dp[nt][x] - D_r[half]) : 0.0f;
+                    const float e = exp2_ftz(fmaf(s[nt][x], scale_log2, -lse_r[half]));
+                    const float p = in >> (4 * nt + x) & 1 ? e : 0.0f;
+                    dp[nt][x] = p * (dp[nt][x] - D_r[half]);
                 }
             attention_mma_accumulate<HD>(dq, dp, K, c0);  // dQ += dS·K
         }

@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(kMmaAttentionThreads)
     cp_async_commit();
 
     // Scores stay unscaled (m too); 2^(s·scale_log2 − m·scale_log2) is one FFMA and one MUFU.
-    const float scale_log2 = 1.4426950408889634f / sqrtf(float(HD));
+    const float scale_log2 = kLog2e / sqrtf(float(HD));
     uint32_t qf[KC][4];
     float o[NT][4];
     for (int n = 0; n < NT; ++n)

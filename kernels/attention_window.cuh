@@ -8,6 +8,9 @@
 
 namespace pv {
 
+// log2(e): the tensor-core kernels take their exponentials in base 2 (one MUFU.EX2), e^x = 2^(x·log2 e).
+inline constexpr float kLog2e = 1.4426950408889634f;
+
 // lo_i, the first key row i attends to: 0 without positions, else i − pos clamped to [0, i].
 // `pos` is the sequence's positions, or null. (Written so that no out-of-range value can overflow
 // the subtraction.)
