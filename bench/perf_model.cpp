@@ -108,14 +108,15 @@ int main(int argc, char** argv) {
         std::printf("| %s | %.2f | %.2f | %s |\n", roofline_name(r), e.e_mem, e.e_unit, e.source);
     }
     const IssueEfficiency issue = attention_issue_efficiency();
-    std::printf("\nThe tensor-core attention kernels are also priced by instruction issue: the instructions their "
-                "warps issue (model/attention_sass.h: per warp and tile at hd 64, forward %d (%d on the diagonal, "
-                "with masks), dK/dV %d (%d), dQ %d (%d)) over %d SMs x 4 per clock x %.2f GHz x an issue efficiency of "
-                "%.3f forward, %.3f backward (%s).\n",
-                attention_tile_instructions("forward", 64), attention_tile_instructions("forward", 64, true),
-                attention_tile_instructions("dkv", 64), attention_tile_instructions("dkv", 64, true),
-                attention_tile_instructions("dq", 64), attention_tile_instructions("dq", 64, true), d.sms,
-                d.clock_hz / 1e9, issue.forward, issue.backward, issue.source);
+    std::printf(
+        "\nThe tensor-core attention kernels are also priced by instruction issue: the instructions their "
+        "warps issue (model/attention_sass.h: per warp and tile at hd 64, forward %d (%d on the diagonal, "
+        "with masks), dK/dV %d (%d), dQ %d (%d)) over %d SMs x 4 per clock x %.2f GHz x an issue efficiency of "
+        "%.3f forward, %.3f backward (%s).\n",
+        attention_tile_instructions("forward", 64), attention_tile_instructions("forward", 64, true),
+        attention_tile_instructions("dkv", 64), attention_tile_instructions("dkv", 64, true),
+        attention_tile_instructions("dq", 64), attention_tile_instructions("dq", 64, true), d.sms, d.clock_hz / 1e9,
+        issue.forward, issue.backward, issue.source);
     const double budget = 72 * GiB;  // 80 GB less the CUDA context, workspace and the allocator's slack
     StepShape one{preset("llama-3.2-1b"), 4, 2048, 1, 2};
     print_step("The issue's reference", one, "single", 1, kernels);

@@ -24,8 +24,8 @@
 //   dQ,   warp rows = queries:   S = Q·Kᵀ, dP = dO·Vᵀ    (A = Q, dO in registers; B = K, V rows)
 //                                dQ += dS·K              (B = K via ldmatrix.trans)
 // Precision. P and dS enter their products rounded to one bf16 each (FlashAttention-2's choice):
-// the tensor-core work is 7 matmul-equivalents (S, dP, dV, dK; S, dP, dQ). The rounding of the large P of a row's first keys, up to 2^-9 of terms near 1, does not
-// cancel when the sum does: single elements of dV and dQ can miss the fp64 reference by a few
+// the tensor-core work is 7 matmul-equivalents (S, dP, dV, dK; S, dP, dQ). The rounding of the
+// large P of a row's first keys, up to 2^-9 of terms near 1, does not cancel when the sum does: single elements of dV and dQ can miss the fp64 reference by a few
 // percent of its rms, as plain attention done the standard way (P and dS rounded to bf16 before
 // their products, fp32 accumulation) does — test_attention holds these kernels within 1.25× of
 // that reference's error against fp64.
@@ -55,7 +55,8 @@
 //   dQ, grid (H, B, n), 128 threads: reads its Q and dO tiles, lse and D of its rows once; then for
 //     each key tile from the block's smallest lo to the diagonal the K and V tiles. Writes dQ once.
 // Causal, no documents: n(n+1)/2 tile pairs per (b, h), each costing 12·64²·hd tensor FLOPs in
-// dK/dV (S, dP, dV, dK) and 6·64²·hd in dQ; on the diagonal tile the warps skip the 6 of 16 chunks above it. Useful work (what a FLOP count of attention credits): 5 products.
+// dK/dV (S, dP, dV, dK) and 6·64²·hd in dQ; on the diagonal tile the warps skip the 6 of 16
+// chunks above it. Useful work (what a FLOP count of attention credits): 5 products.
 //
 // Shared memory per block (bytes; above 48 KiB the launcher opts in, cudaFuncSetAttribute):
 //   kernel   hd 64     hd 128    contents
@@ -432,16 +433,16 @@ void attention_mma_backward_launch(const __nv_bfloat16* qkv, const int* position
     const int tiles = ceil_div(T_len, kAttentionMmaTile);
     constexpr size_t dkv_smem = attention_mma_dkv_smem_bytes<HD>(), dq_smem = attention_mma_dq_smem_bytes<HD>();
     if (dkv_smem > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(attention_mma_dkv_kernel<HD>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(dkv_smem)));
+        CUDA_CHECK(cudaFuncSetAttribute(attention_mma_dkv_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(dkv_smem)));
     if (dq_smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(attention_mma_dq_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         int(dq_smem)));
     launch(attention_mma_dkv_kernel<HD>, dim3(Hkv, B, tiles), dim3(kAttentionMmaThreads), dkv_smem, stream, qkv,
            positions, dout, lse, D, dqkv, T_len, H, Hkv);
     CUDA_CHECK_LAUNCH();
-    launch(attention_mma_dq_kernel<HD>, dim3(H, B, tiles), dim3(kAttentionMmaThreads), dq_smem, stream, qkv,
-           positions, dout, lse, D, dqkv, T_len, H, Hkv);
+    launch(attention_mma_dq_kernel<HD>, dim3(H, B, tiles), dim3(kAttentionMmaThreads), dq_smem, stream, qkv, positions,
+           dout, lse, D, dqkv, T_len, H, Hkv);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -140,7 +140,8 @@ __global__ void __launch_bounds__(kMmaAttentionThreads)
     __syncthreads();
     int block_lo = lo_s[0], warp_lo = lo_s[16 * warp], warp_lo_max = warp_lo;
     for (int r = 1; r < Br; ++r) block_lo = min(block_lo, lo_s[r]);
-    for (int r = 1; r < 16; ++r) warp_lo = min(warp_lo, lo_s[16 * warp + r]), warp_lo_max = max(warp_lo_max, lo_s[16 * warp + r]);
+    for (int r = 1; r < 16; ++r)
+        warp_lo = min(warp_lo, lo_s[16 * warp + r]), warp_lo_max = max(warp_lo_max, lo_s[16 * warp + r]);
     const int warp_hi = min(q0 + 16 * warp + 15, T_len - 1);  // the warp's last key (rows past T: T − 1)
     // Keys every row of the warp sees: warp_lo_max .. the warp's first row (or T − 1). A tile inside
     // that range is an interior tile, computed without a mask.
@@ -253,7 +254,8 @@ __global__ void __launch_bounds__(kMmaAttentionThreads)
         for (int n = 0; n < NT; ++n)
             *reinterpret_cast<uint32_t*>(o_row + 8 * n + 2 * t4) =
                 pack_bf16x2(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
-        if (t4 == 0) lse[((long long)b * H + h) * T_len + i] = 0.6931471805599453f * (m[half] * scale_log2 + log2f(total));
+        if (t4 == 0)
+            lse[((long long)b * H + h) * T_len + i] = 0.6931471805599453f * (m[half] * scale_log2 + log2f(total));
     }
 }
 
@@ -277,14 +279,14 @@ void attention_mma_forward_launch(const __nv_bfloat16* qkv, const int* positions
         (void)opted_in;
     }
     const long long blocks = (long long)ceil_div(T_len, kMmaAttentionBr) * H * B;
-    launch(attention_mma_forward_kernel<HD>, dim3(unsigned(blocks)), dim3(kMmaAttentionThreads), smem, stream,
-           qkv, positions, out, lse, T_len, H, Hkv, B);
+    launch(attention_mma_forward_kernel<HD>, dim3(unsigned(blocks)), dim3(kMmaAttentionThreads), smem, stream, qkv,
+           positions, out, lse, T_len, H, Hkv, B);
     CUDA_CHECK_LAUNCH();
 }
 
 // The launch at a run-time head dim (64 or 128).
-inline void attention_mma_forward(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse,
-                                  int B, int T_len, int H, int Hkv, int hd, cudaStream_t stream) {
+inline void attention_mma_forward(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse, int B,
+                                  int T_len, int H, int Hkv, int hd, cudaStream_t stream) {
     if (hd == 64) return attention_mma_forward_launch<64>(qkv, positions, out, lse, B, T_len, H, Hkv, stream);
     attention_mma_forward_launch<128>(qkv, positions, out, lse, B, T_len, H, Hkv, stream);
 }

@@ -23,19 +23,6 @@ __host__ __device__ inline uint32_t pack_bf16x2(float lo, float hi) {
     std::memcpy(&bits, &v, sizeof bits);
     return bits;
 }
-// The two bf16 values of a register as floats (exact): the low half first.
-__host__ __device__ inline float bf16x2_low(uint32_t bits) {
-    const uint32_t f = bits << 16;
-    float v;
-    std::memcpy(&v, &f, sizeof v);
-    return v;
-}
-__host__ __device__ inline float bf16x2_high(uint32_t bits) {
-    const uint32_t f = bits & 0xffff0000u;
-    float v;
-    std::memcpy(&v, &f, sizeof v);
-    return v;
-}
 
 // Two 16×8 accumulator tiles (columns 0-7 in `left`, 8-15 in `right`) rounded to bf16 as the
 // 16×16 A operand of the next mma.
