@@ -7,14 +7,20 @@
                 (model/attention_sass.h: make attention-sass writes it, make sass-check compares)
       --compiler: the compiler that made the SASS, recorded in the header (the counts are its)
 
-For every instantiation of attention_mma_forward_kernel, attention_mma_dkv_kernel and
-attention_mma_dq_kernel in the file, it finds the tile loop (the loop whose backward branch
-encloses the kernel's HMMA instructions: one 64-key tile per trip in the forward, one 64 x 64
-tile pair in the backward kernels), counts the instructions one warp issues per trip by class,
-and prints them with instructions per HMMA and the issue ceiling: the speed at which the four
-schedulers of every SM, issuing one instruction per clock each, would run out of issue slots
-(H100 SXM: 132 SMs at 1.98 GHz), in the useful FLOPs kernels_bench counts (4 * hd per causal
-score pair forward, 2.5 times that backward, the dK/dV and dQ kernels together).
+Each kernel (attention_mma_{forward,dkv,dq}_kernel) has two tile bodies, one for interior tiles
+(every row of the warp sees every key: no masks) and one with masks, chosen per tile. A loop with
+two bodies is hard to read from SASS (nvcc may lay it out with two back edges, or merge the bodies'
+common tails), so the counts come from single-body instantiations of each kernel (template
+argument Path: 1 only the interior body, 2 only the masked one; bench/attention_sass_variants.cu),
+which every instantiation programs run (Path 0) must have. In each it finds the tile loop (the
+loop whose backward branch encloses the kernel's HMMA instructions: one 64-key tile per trip in
+the forward, one 64 x 64 tile pair in the backward kernels), counts the instructions one warp
+issues per trip by class, and prints them with instructions per HMMA and the issue ceiling: the
+speed at which the four schedulers of every SM, issuing one instruction per clock each, would run
+out of issue slots (H100 SXM: 132 SMs at 1.98 GHz), in the useful FLOPs kernels_bench counts
+(4 * hd per causal score pair forward, 2.5 times that backward, the dK/dV and dQ kernels
+together). The real kernels spend a few instructions more per tile choosing the body (the
+forward at hd 64, counted both ways: 421 / 544 in the kernel, 407 / 537 single-body).
 
 Loops inside the tile loop must be known: the backward kernels' loop over the tile's four
 chunks of 16 query rows (`for (c0 = 0; c0 < Bt; c0 += 16)` in kernels/attention_mma_backward.cuh)
@@ -90,42 +96,16 @@ def within(code, first, last):
     return [i for i in code if first <= i[0] <= last]
 
 
-def two_paths(code, tile):
-    """The tile loop's two bodies, when it has them: ((first, last), (first, last)) address ranges,
-    or None. A kernel that computes interior tiles without masks and the others with them compiles
-    `if (interior) A else B` to a conditional branch to B, then A, ending in an unconditional
-    branch past B, then B: each body holds the tile's HMMA instructions."""
-    hmma = lambda first, last: sum(1 for i in within(code, first, last) if i[1].startswith("HMMA"))
-    for address, opcode, text in within(code, *tile):
-        m = re.search(r"0x([0-9a-f]+)", text)
-        if opcode != "BRA" or text.startswith("@") or not m:
-            continue
-        target = int(m.group(1), 16)
-        b = (address + 16, target - 16)
-        if not (address < target <= tile[1]) or hmma(*b) == 0:
-            continue
-        into_b = [i for i in within(code, *tile) if i[1] == "BRA" and i[2].startswith("@")
-                  and re.search(r"0x([0-9a-f]+)", i[2]) and int(re.search(r"0x([0-9a-f]+)", i[2]).group(1), 16) == b[0]]
-        if len(into_b) != 1:
-            continue
-        a = (into_b[0][0] + 16, address)
-        if hmma(*a) != hmma(*b):
-            raise SystemExit(f"attention_sass: two tile bodies at 0x{a[0]:x} and 0x{b[0]:x} with {hmma(*a)} and "
-                             f"{hmma(*b)} HMMA instructions: the same tile should take the same products")
-        return a, b
-    return None
-
-
 def tile_loop_counts(name, code, inner_trips):
-    """Instructions per class one warp issues per trip of the tile loop, inner loops expanded:
-    (interior, masked), the counts of a trip through the body without masks and the one with them
-    (the same when the loop has one body)."""
+    """Instructions per class one warp issues per trip of the tile loop, inner loops expanded."""
     hmma_total = sum(1 for i in code if i[1].startswith("HMMA"))
     enclosing = [l for l in loops(code) if sum(1 for i in within(code, *l) if i[1].startswith("HMMA")) == hmma_total]
     if hmma_total == 0 or not enclosing:
         raise SystemExit(f"attention_sass: {name}: no loop encloses the kernel's {hmma_total} HMMA instructions")
     tile = max(enclosing, key=lambda l: l[1] - l[0])  # the outermost
     inner = [l for l in loops(code) if tile[0] <= l[0] and l[1] <= tile[1] and l != tile]
+    if len(inner) > 1:
+        raise SystemExit(f"attention_sass: {name}: {len(inner)} inner loops; this script expects at most one")
     trips = {}  # address: how many times a trip of the tile loop issues it
     for i in within(code, *tile):
         trips[i[0]] = 1
@@ -137,36 +117,22 @@ def tile_loop_counts(name, code, inner_trips):
                              f"the kernel's source, or unroll the loop")
         for i in body:
             trips[i[0]] = inner_trips
-    paths = two_paths(code, tile)
-    bodies = list(paths) if paths else [tile]
-    in_each = [sum(1 for l in inner if b[0] <= l[0] and l[1] <= b[1]) for b in bodies]
-    if max(in_each) > 1 or sum(in_each) != len(inner):
-        raise SystemExit(f"attention_sass: {name}: {len(inner)} inner loops; this script expects at most one in "
-                         f"each tile body")
-
-    def counts_without(skipped):
-        c = Counter()
-        for i in within(code, *tile):
-            if skipped is None or not skipped[0] <= i[0] <= skipped[1]:
-                c[instruction_class(i[1])] += trips[i[0]]
-        return c
-    if not paths:
-        whole = counts_without(None)
-        return whole, whole
-    through_a, through_b = counts_without(paths[1]), counts_without(paths[0])
-    # The body with masks has the selects the other has not.
-    return (through_a, through_b) if sum(through_a.values()) <= sum(through_b.values()) else (through_b, through_a)
+    c = Counter()
+    for i in within(code, *tile):
+        c[instruction_class(i[1])] += trips[i[0]]
+    return c
 
 
 def demangled_kind(name):
-    """('forward' | 'dkv' | 'dq', head dim) of a mangled attention kernel name, or None."""
-    m = re.match(r"_ZN2pv(?:\d+)attention_mma_(forward|dkv|dq)_kernelILi(\d+)EE", name)
-    return (m.group(1), int(m.group(2))) if m else None
+    """('forward' | 'dkv' | 'dq', head dim, path) of a mangled attention kernel name, or None."""
+    m = re.match(r"_ZN2pv(?:\d+)attention_mma_(forward|dkv|dq)_kernelILi(\d+)ELi(\d)EE", name)
+    return (m.group(1), int(m.group(2)), int(m.group(3))) if m else None
 
 
 HEADER = """\
-// Generated by bench/attention_sass.py from the sm_90 SASS of model/attention_kernels.cu (nvcc -O3
-// device code, as `make BACKEND=cuda` builds it): `make attention-sass` rewrites this file, and
+// Generated by bench/attention_sass.py from the sm_90 SASS of bench/attention_sass_variants.cu (the
+// attention kernels with one tile body each; nvcc -O3 device code, as `make BACKEND=cuda` builds
+// the kernels programs run, model/attention_kernels.cu): `make attention-sass` rewrites this file, and
 // `make sass-check` (CI) fails when the kernels' SASS no longer gives these figures. Do not edit.
 // The counts are this compiler's (another nvcc may schedule the same source differently):
 // nvcc: %s
@@ -216,21 +182,32 @@ def main():
     elif len(args) != 1:
         raise SystemExit(__doc__)
     functions = parse(open(args[0]).read())
-    table = {}
+    bodies, kernels = {}, set()  # (kind, hd): {path: counts}; the (kind, hd) programs run (path 0)
     for name, code in functions.items():
         kind = demangled_kind(name)
-        if kind:
-            table[kind] = tile_loop_counts(name, code, INNER_TRIPS.get(kind[0]))  # (interior, masked)
-    if not table:
+        if kind and kind[2] == 0:
+            kernels.add(kind[:2])
+        elif kind:
+            bodies.setdefault(kind[:2], {})[kind[2]] = tile_loop_counts(name, code, INNER_TRIPS.get(kind[0]))
+    if not kernels:
         raise SystemExit("attention_sass: no attention_mma kernel in " + args[0])
+    missing = sorted(k for k in kernels if set(bodies.get(k, {})) != {1, 2})
+    if missing:
+        raise SystemExit(f"attention_sass: no single-body instantiations (Path 1 and 2) of {missing}: add them to "
+                         f"bench/attention_sass_variants.cu")
+    table = {k: (bodies[k][1], bodies[k][2]) for k in kernels}  # (interior, masked)
+    for (kind, hd), (interior, masked) in table.items():
+        if interior["HMMA"] != masked["HMMA"]:
+            raise SystemExit(f"attention_sass: {kind} hd {hd}: the interior and masked bodies have {interior['HMMA']} "
+                             f"and {masked['HMMA']} HMMA instructions: the same tile should take the same products")
     if header:
         with open(header, "w") as out:
             out.write(header_text(table, compiler))
     slots = SMS * ISSUE_PER_CLOCK * CLOCK_HZ  # warp instructions per second, the whole GPU
     columns = list(CLASSES) + ["other"]
     print("Tensor-core attention, per warp and tile-loop trip (sm_90 SASS; the forward: 16 query rows x 64 keys; "
-          "dK/dV: 16 keys x 64 queries; dQ: 16 queries x 64 keys), through the interior tiles' body and (masked) "
-          "the masked tiles' where the kernel has two; the issue ceiling is the interior tiles':")
+          "dK/dV: 16 keys x 64 queries; dQ: 16 queries x 64 keys), through the interior tiles' body and the "
+          "masked tiles' (single-body instantiations); the issue ceiling is the interior tiles':")
     print(f"{'kernel':<9} {'tile':<8} {'hd':>4} {'instr':>6} {'instr/HMMA':>10}  " + " ".join(f"{c:>7}" for c in columns)
           + "  issue ceiling")
     for hd in sorted({hd for _, hd in table}):
@@ -239,8 +216,6 @@ def main():
                 continue
             interior, masked = table[(kind, hd)]
             for path, c in (("interior", interior), ("masked", masked)):
-                if path == "masked" and c == interior:
-                    continue
                 total = sum(c.values())
                 useful = WARP_ROWS * TILE * (4 if kind == "forward" else 10) * hd  # FLOPs of the warp's share
                 ceiling = ""
@@ -251,7 +226,7 @@ def main():
                 elif kind == "dq" and ("dkv", hd) in table:  # the backward: both kernels per tile pair
                     both = total + sum(table[("dkv", hd)][0].values())
                     ceiling = f"{slots * useful / both / 1e12:6.0f} TF/s (dK/dV + dQ)"
-                print(f"{kind:<9} {path if path == 'masked' or masked != interior else 'all':<8} {hd:>4} {total:>6} "
+                print(f"{kind:<9} {path:<8} {hd:>4} {total:>6} "
                       f"{total / c['HMMA']:>10.2f}  " + " ".join(f"{c[col]:>7}" for col in columns) + "  " + ceiling)
 
 

@@ -40,10 +40,15 @@
 // range handling, no branch; the mask is a select after it, from one bit per element.
 //
 // Masking and skipping. Key tiles and query tiles outside every window of the block are never
-// visited (as in kernels/attention.cuh: causal, or by positions); within a visited pair, a warp
-// skips a 16×16 chunk in which none of its elements is in a window (one vote: no work, the same
-// result, since masked elements add exact zeros), and masks each remaining element by its own
-// row's window and by T. Heavy tiles first: the grid puts the tile index in z (the slowest), and
+// visited (as in kernels/attention.cuh: causal, or by positions). Each kernel's tile loop has two
+// bodies, chosen per warp and tile pair: an interior one without masks, for pairs in which every
+// row of the warp's tile sees every key (causal: every pair off the diagonal; with documents, none
+// of the rows' windows starting inside the keys), and a masked one for the others. In that one a
+// warp skips a 16×16 chunk in which none of its elements is in a window (one vote: no work, the
+// same result, since masked elements add exact zeros), and masks each remaining element by its
+// own row's window and by T. Per warp and tile pair at hd 64 (sm_90, model/attention_sass.h):
+// dK/dV 722 instructions interior, 899 masked; dQ 412 and 641 (one body for all: 871 and 635).
+// Heavy tiles first: the grid puts the tile index in z (the slowest), and
 // causal attention's heaviest tiles (dK/dV: the first key tiles; dQ: the last query tiles) get the
 // lowest block indices.
 //
@@ -61,10 +66,10 @@
 // Shared memory per block (bytes; above 48 KiB the launcher opts in, cudaFuncSetAttribute):
 //   kernel   hd 64     hd 128    contents
 //   dK/dV    56,832    105,984   K, V, 2×Q, 2×dO [64][hd+8] bf16; 2×(lse, D, lo)[64] fp32/int
-//   dQ       36,880    69,648    2×K, 2×V [64][hd+8] (Q, dO go through buffer 1 first); 4 ints
+//   dQ       37,168    69,936    2×K, 2×V [64][hd+8] (Q, dO go through buffer 1 first); 76 ints
 // Up to hd 64 the dK/dV warps keep their K and V fragments in registers (16 + 16 at hd 64); above,
 // they read them from shared memory per chunk (at hd 128, 64 more registers next to the 128
-// accumulators would spill). Other head dims: (6·64·(hd + 8)·2 + 1,536) and (4·64·(hd + 8)·2 + 16).
+// accumulators would spill). Other head dims: (6·64·(hd + 8)·2 + 1,536) and (4·64·(hd + 8)·2 + 304).
 #pragma once
 
 #include "kernels/attention_window.cuh"
@@ -101,7 +106,7 @@ constexpr size_t attention_mma_dkv_smem_bytes() {
 }
 template <int HD>
 constexpr size_t attention_mma_dq_smem_bytes() {
-    return 4 * attention_mma_tile_bytes<HD>() + 4 * sizeof(int);
+    return 4 * attention_mma_tile_bytes<HD>() + (12 + kAttentionMmaTile) * sizeof(int);
 }
 
 // Copies rows [row0, row0 + 64) of a global bf16 matrix (row stride `stride` elements, HD wide,
@@ -181,7 +186,10 @@ __device__ inline void attention_mma_store_rows(__nv_bfloat16* dst, long long st
 
 // Block (KV head, batch, key tile), 4 warps; warp w owns key rows k0 + 16w .. + 15. Shared: K, V,
 // Q[2], dO[2] [64][HD + 8] (bf16), then lse[2][64], D[2][64] (float), lo[2][64] (int).
-template <int HD>
+// Path: 0 (what programs run) picks each tile pair's body; 1 and 2 compile only the interior or
+// only the masked body, for bench/attention_sass_variants.cu alone (bench/attention_sass.py counts
+// them: a loop with two bodies is hard to read from SASS).
+template <int HD, int Path = 0>
 __global__ void __launch_bounds__(kAttentionMmaThreads)
     attention_mma_dkv_kernel(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
                              const float* lse, const float* D, __nv_bfloat16* dqkv, int T_len, int H, int Hkv) {
@@ -256,21 +264,25 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
         const float* D_b = D_s + buf * Bt;
         const int* lo_b = lo_s + buf * Bt;
 
-        for (int c0 = 0; c0 < Bt; c0 += 16) {  // chunks of 16 query rows: columns of Sᵀ
-            // Element (n-tile nt, 2·half + e) is key j0 + 8·half against query row q0 + c0 + 8·nt + 2t + e;
-            // bit 4·nt + 2·half + e of `in` says whether it is in its row's window (one register: eight
-            // bools would outnumber the predicate registers).
-            unsigned in = 0;
-            for (int nt = 0; nt < 2; ++nt)
-                for (int e = 0; e < 2; ++e) {
-                    const int r = c0 + 8 * nt + 2 * t + e, i = q0 + r, lo = lo_b[r];
-                    for (int half = 0; half < 2; ++half) {
-                        const int j = j0 + 8 * half;
-                        in |= unsigned(i < T_len && lo <= j && j <= i) << (4 * nt + 2 * half + e);
+        // One chunk of 16 query rows (columns of Sᵀ) against the warp's 16 keys. Masked: bit
+        // 4·nt + 2·half + e of `in` says whether element (n-tile nt, 2·half + e), key j0 + 8·half
+        // against query row q0 + c0 + 8·nt + 2t + e, is in its row's window; a chunk the warp sees
+        // none of is skipped. Interior chunks have no such test.
+        const auto chunk = [&](int c0, auto masked_tag) {
+            constexpr bool kMasked = decltype(masked_tag)::value;
+            unsigned in = ~0u;
+            if constexpr (kMasked) {
+                in = 0;
+                for (int nt = 0; nt < 2; ++nt)
+                    for (int e = 0; e < 2; ++e) {
+                        const int r = c0 + 8 * nt + 2 * t + e, i = q0 + r, lo = lo_b[r];
+                        for (int half = 0; half < 2; ++half) {
+                            const int j = j0 + 8 * half;
+                            in |= unsigned(i < T_len && lo <= j && j <= i) << (4 * nt + 2 * half + e);
+                        }
                     }
-                }
-            if (!__any_sync(0xffffffffu, in != 0)) continue;  // the whole 16×16 chunk is masked for this warp
-
+                if (!__any_sync(0xffffffffu, in != 0)) return;  // the whole 16×16 chunk is masked for this warp
+            }
             float st[2][4] = {}, dpt[2][4] = {};  // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ
             for (int ks = 0; ks < KS; ++ks) {
                 uint32_t ka[4], va[4];
@@ -283,19 +295,34 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
                 attention_mma_score_step<HD>(st, ka, Q, c0, ks);
                 attention_mma_score_step<HD>(dpt, va, dO, c0, ks);
             }
-            // Pᵀ and dSᵀ in place: one FFMA and one MUFU.EX2 per P, then a select (a masked element's
-            // P and so its dS exact zeros; its exponent, computed anyway, may be anything).
+            // Pᵀ and dSᵀ in place: one FFMA and one MUFU.EX2 per P, then (masked) a select: a masked
+            // element's P and so its dS exact zeros (its exponent, computed anyway, may be anything).
             for (int nt = 0; nt < 2; ++nt)
                 for (int x = 0; x < 4; ++x) {
                     const int r = c0 + 8 * nt + 2 * t + (x & 1);
-                    const float e = exp2_ftz(fmaf(st[nt][x], scale_log2, -lse_b[r]));
-                    const float p = in >> (4 * nt + x) & 1 ? e : 0.0f;
+                    float p = exp2_ftz(fmaf(st[nt][x], scale_log2, -lse_b[r]));
+                    if constexpr (kMasked) p = in >> (4 * nt + x) & 1 ? p : 0.0f;
                     st[nt][x] = p;
                     dpt[nt][x] = p * (dpt[nt][x] - D_b[r]);
                 }
             attention_mma_accumulate<HD>(dv, st, dO, c0);  // dV += Pᵀ·dO
             attention_mma_accumulate<HD>(dk, dpt, Q, c0);  // dK += dSᵀ·Q
+        };
+        // Interior: every row of the query tile sees all of the warp's keys (causal: every query
+        // tile past the diagonal's) ... Rows at or past T need no mask: their Q and dO rows are
+        // zero-filled and their lse and D zeros, so P = 1 and dS = 0 there, and Pᵀ·dO and dSᵀ·Q add
+        // exact zeros.
+        bool interior = q0 >= k0 + kw + 15;
+        if (pos && interior) {  // ... and no row's window starts after the warp's first key
+            int lo_max = max(lo_b[lane], lo_b[lane + 32]);
+            for (int offset = 16; offset > 0; offset /= 2)
+                lo_max = max(lo_max, __shfl_xor_sync(0xffffffffu, lo_max, offset));
+            interior = lo_max <= k0 + kw;
         }
+        if (Path == 1 || (Path == 0 && interior))
+            for (int c0 = 0; c0 < Bt; c0 += 16) chunk(c0, std::false_type{});
+        else
+            for (int c0 = 0; c0 < Bt; c0 += 16) chunk(c0, std::true_type{});
         __syncthreads();  // every warp is done with this buffer before step s + 2's copies land in it
     }
 
@@ -307,9 +334,10 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
 // ---- dQ ----------------------------------------------------------------------------------------
 
 // Block (query head, batch, query tile), 4 warps; warp w owns query rows q0 + 16w .. + 15, their Q
-// and dO fragments in registers. Shared: K[2], V[2] [64][HD + 8] (bf16), then 4 ints (a warp's
-// smallest lo).
-template <int HD>
+// and dO fragments in registers. Shared: K[2], V[2] [64][HD + 8] (bf16), then ints: each warp's
+// smallest lo [4], its interior key tiles' range [4][2] and the rows' lo [64] (read per tile and
+// per masked chunk, not held: the registers are short).
+template <int HD, int Path = 0>  // Path as in the dK/dV kernel
 __global__ void __launch_bounds__(kAttentionMmaThreads)
     attention_mma_dq_kernel(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout, const float* lse,
                             const float* D, __nv_bfloat16* dqkv, int T_len, int H, int Hkv) {
@@ -329,30 +357,40 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
     PV_DYNAMIC_SHARED(bf16, Ks);                               // [2][Bt][LD]
     bf16* Vs = Ks + 2 * Bt * LD;                               // [2][Bt][LD]
     int* lo_min_s = reinterpret_cast<int*>(Vs + 2 * Bt * LD);  // [4]
+    int* interior_s = lo_min_s + 4;                            // [4][2]
+    int* lo_s = interior_s + 8;                                // [64]
 
     // The warp's query rows i = q0 + 16·warp + g + 8·half, with their lse (base 2: P = 2^(c·s −
     // log2e·lse)), D and first key.
     const int qw = 16 * warp;
     float lse_r[2], D_r[2];
-    int lo_r[2];
     int lo_min = T_len;  // the smallest first key over the block's rows below T
+    int lo_max = 0;      // the largest over the warp's rows
     for (int half = 0; half < 2; ++half) {
         const int i = q0 + qw + g + 8 * half;
         const long long at = ((long long)b * H + h) * T_len + i;
         lse_r[half] = i < T_len ? kLog2e * lse[at] : 0.0f;
         D_r[half] = i < T_len ? D[at] : 0.0f;
-        lo_r[half] = i < T_len ? attention_first_key(pos, i) : 0;
-        if (i < T_len) lo_min = min(lo_min, lo_r[half]);
+        const int lo = i < T_len ? attention_first_key(pos, i) : 0;
+        if (t == 0) lo_s[qw + g + 8 * half] = lo;
+        if (i < T_len) lo_min = min(lo_min, lo);
+        lo_max = max(lo_max, lo);
     }
-    for (int offset = 16; offset > 0; offset /= 2) lo_min = min(lo_min, __shfl_xor_sync(0xffffffffu, lo_min, offset));
-    if (lane == 0) lo_min_s[warp] = lo_min;
+    for (int offset = 16; offset > 0; offset /= 2) {
+        lo_min = min(lo_min, __shfl_xor_sync(0xffffffffu, lo_min, offset));
+        lo_max = max(lo_max, __shfl_xor_sync(0xffffffffu, lo_max, offset));
+    }
+    // Key tiles every row of the warp sees whole are interior: lo_max .. its first row. (Rows at or
+    // past T, if the warp has any, need no mask: their dQ rows are never written.) Read from shared
+    // memory per tile: held in registers, they made ptxas spill at hd 80 and 128.
+    if (lane == 0) lo_min_s[warp] = lo_min, interior_s[2 * warp] = lo_max, interior_s[2 * warp + 1] = q0 + qw;
 
     // Q and dO go through buffer 1 (free until the second key tile) into registers.
     attention_mma_load_tile<HD>(Ks + Bt * LD, rows + (long long)h * HD, stride, q0, T_len);
     attention_mma_load_tile<HD>(Vs + Bt * LD, dout + (long long)b * T_len * dstride + (long long)h * HD, dstride, q0,
                                 T_len);
     cp_async_commit();
-    __syncthreads();  // lo_min_s written
+    __syncthreads();  // lo_min_s, interior_s and lo_s written
     for (int w = 0; w < kAttentionMmaThreads / 32; ++w) lo_min = min(lo_min, lo_min_s[w]);
     // Key tiles from the one holding the block's smallest lo up to the diagonal.
     const int first = lo_min / Bt, last = (min(q0 + Bt, T_len) - 1) / Bt;
@@ -383,17 +421,24 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
         const bf16* K = Ks + buf * Bt * LD;
         const bf16* V = Vs + buf * Bt * LD;
 
-        for (int c0 = 0; c0 < Bt; c0 += 16) {  // chunks of 16 keys: columns of S
-            // Element (n-tile nt, 2·half + e) is query row half against key k0 + c0 + 8·nt + 2t + e; bit
-            // 4·nt + 2·half + e of `in` says whether it is in the row's window (as in the dK/dV kernel).
-            unsigned in = 0;
-            for (int nt = 0; nt < 2; ++nt)
-                for (int x = 0; x < 4; ++x) {
-                    const int half = x >> 1, i = q0 + qw + g + 8 * half, j = k0 + c0 + 8 * nt + 2 * t + (x & 1);
-                    in |= unsigned(i < T_len && lo_r[half] <= j && j <= i) << (4 * nt + x);
-                }
-            if (!__any_sync(0xffffffffu, in != 0)) continue;  // the whole 16×16 chunk is masked for this warp
-
+        // One chunk of 16 keys (columns of S) against the warp's 16 query rows; the mask as in the
+        // dK/dV kernel (bit 4·nt + 2·half + e: query row half against key k0 + c0 + 8·nt + 2t + e).
+        const auto chunk = [&](int c0, auto masked_tag) {
+            constexpr bool kMasked = decltype(masked_tag)::value;
+            unsigned in = ~0u;
+            if constexpr (kMasked) {
+                in = 0;
+                // The rows' first keys, read per chunk: volatile, so that the compiler does not hold
+                // them across the tile (at hd 128 two more registers spill).
+                const volatile int* lo_v = lo_s + qw + g;
+                const int lo[2] = {lo_v[0], lo_v[8]};
+                for (int nt = 0; nt < 2; ++nt)
+                    for (int x = 0; x < 4; ++x) {
+                        const int half = x >> 1, i = q0 + qw + g + 8 * half, j = k0 + c0 + 8 * nt + 2 * t + (x & 1);
+                        in |= unsigned(i < T_len && lo[half] <= j && j <= i) << (4 * nt + x);
+                    }
+                if (!__any_sync(0xffffffffu, in != 0)) return;  // the whole 16×16 chunk is masked for this warp
+            }
             float s[2][4] = {}, dp[2][4] = {};  // S = Q·Kᵀ and dP = dO·Vᵀ
             for (int ks = 0; ks < KS; ++ks) {
                 attention_mma_score_step<HD>(s, q_frag[ks], K, c0, ks);
@@ -402,12 +447,16 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
             for (int nt = 0; nt < 2; ++nt)  // dS in place, as in the dK/dV kernel
                 for (int x = 0; x < 4; ++x) {
                     const int half = x >> 1;
-                    const float e = exp2_ftz(fmaf(s[nt][x], scale_log2, -lse_r[half]));
-                    const float p = in >> (4 * nt + x) & 1 ? e : 0.0f;
+                    float p = exp2_ftz(fmaf(s[nt][x], scale_log2, -lse_r[half]));
+                    if constexpr (kMasked) p = in >> (4 * nt + x) & 1 ? p : 0.0f;
                     dp[nt][x] = p * (dp[nt][x] - D_r[half]);
                 }
             attention_mma_accumulate<HD>(dq, dp, K, c0);  // dQ += dS·K
-        }
+        };
+        if (Path == 1 || (Path == 0 && k0 >= interior_s[2 * warp] && k0 + Bt - 1 <= interior_s[2 * warp + 1]))
+            for (int c0 = 0; c0 < Bt; c0 += 16) chunk(c0, std::false_type{});
+        else
+            for (int c0 = 0; c0 < Bt; c0 += 16) chunk(c0, std::true_type{});
         __syncthreads();  // every warp is done with this buffer before the tile after next lands in it
     }
 

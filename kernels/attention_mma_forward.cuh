@@ -43,7 +43,8 @@
 // result is the same bits as computing it fully masked: alpha = 1 and nothing added). A tile every
 // row of the warp sees whole (interior: causal, all but the diagonal tile) runs a body compiled
 // without masks or −∞ tests; the others (the diagonal, document boundaries, T) the masked body.
-// Per warp and tile at hd 64: 421 instructions interior, 544 masked (model/attention_sass.h). Heavy
+// Per warp and tile at hd 64: about 410 instructions interior, 540 masked (model/attention_sass.h
+// has the counts, read from single-body instantiations: the Path template argument). Heavy
 // tiles first: the grid is 1-D, query tile index descending with the block index, so the
 // blocks with the most key tiles are dispatched first and the short ones fill the tail.
 //
@@ -109,7 +110,9 @@ __device__ inline float mma_row_sum(float v) {
 }
 
 // Grid: ceil(T/64)·H·B blocks (1-D, heaviest query tiles first), 128 threads.
-template <int HD>
+// Path: 0 (what programs run) picks each tile's body; 1 and 2 compile only the interior or only the
+// masked body, for bench/attention_sass_variants.cu alone (bench/attention_sass.py counts them).
+template <int HD, int Path = 0>
 __global__ void __launch_bounds__(kMmaAttentionThreads)
     attention_mma_forward_kernel(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse,
                                  int T_len, int H, int Hkv, int B) {
@@ -239,7 +242,7 @@ __global__ void __launch_bounds__(kMmaAttentionThreads)
         }
         const bf16* Kt = Ks + buf * Bc * ld;
         const bf16* Vt = Vs + buf * Bc * ld;
-        if (k0 >= warp_lo_max && k0 + Bc - 1 <= warp_all_hi)
+        if (Path == 1 || (Path == 0 && k0 >= warp_lo_max && k0 + Bc - 1 <= warp_all_hi))
             tile(Kt, Vt, k0, std::false_type{});
         else if (k0 <= warp_hi && k0 + Bc - 1 >= warp_lo)  // some row of the warp sees a key here
             tile(Kt, Vt, k0, std::true_type{});

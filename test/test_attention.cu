@@ -621,6 +621,15 @@ TEST_CASE("bf16 attention backward on tensor cores over several 64-row tiles wit
         check_mma_backward(s, 1300 + s.hd, nullptr);
         check_deterministic_and_overwrites<bf16>(s, 1400 + s.hd, &pos);
     }
+    // Documents starting one row past a tile edge (65, 257, 321), one row before one (191, 255) or
+    // a 16-row warp edge (207), and one (from 65) long enough that whole key tiles lie below some
+    // warps' rows: each kernel computes a tile without masks only where every row of the warp sees
+    // every key, and these windows miss that by one key.
+    for (size_t hd : {64, 128}) {
+        const AttentionShape s{1, 400, 2, 1, hd};
+        const auto pos = document_positions({65, 95, 31, 16, 48, 2, 64}, s.T);
+        check_mma_backward(s, 1700 + hd, &pos);
+    }
     // The other head dims with a tensor-core instantiation (multiples of 16 up to 128), two tiles.
     for (size_t hd : {32, 48, 80, 96, 112}) {
         const AttentionShape s{1, 70, 2, 1, hd};

@@ -1,0 +1,38 @@
+// The tensor-core attention kernels with one tile body each (Path 1: the interior tiles' body
+// only, 2: the masked tiles' only), for bench/attention_sass.py, which counts a trip through each
+// body in their SASS (a loop with both is hard to read there: nvcc may give it two back edges or
+// merge the bodies' common tails). Compiled by bench/ptxas_report.sh alone; no program runs these.
+// Every head dim model/attention_kernels.cu instantiates must be here (the script checks).
+#include "kernels/attention_mma_backward.cuh"
+#include "kernels/attention_mma_forward.cuh"
+
+namespace pv {
+
+#define POLEVAULT_ATTENTION_FORWARD_BODY(HD, PATH)                                                                    \
+    template __global__ void attention_mma_forward_kernel<HD, PATH>(const __nv_bfloat16*, const int*, __nv_bfloat16*, \
+                                                                    float*, int, int, int, int);
+#define POLEVAULT_ATTENTION_BACKWARD_BODY(HD, PATH)                                                                    \
+    template __global__ void attention_mma_dkv_kernel<HD, PATH>(const __nv_bfloat16*, const int*,                      \
+                                                                const __nv_bfloat16*, const float*, const float*,      \
+                                                                __nv_bfloat16*, int, int, int);                        \
+    template __global__ void attention_mma_dq_kernel<HD, PATH>(const __nv_bfloat16*, const int*, const __nv_bfloat16*, \
+                                                               const float*, const float*, __nv_bfloat16*, int, int,   \
+                                                               int);
+#define POLEVAULT_ATTENTION_FORWARD_BODIES(HD) \
+    POLEVAULT_ATTENTION_FORWARD_BODY(HD, 1)    \
+    POLEVAULT_ATTENTION_FORWARD_BODY(HD, 2)
+#define POLEVAULT_ATTENTION_BACKWARD_BODIES(HD) \
+    POLEVAULT_ATTENTION_BACKWARD_BODY(HD, 1)    \
+    POLEVAULT_ATTENTION_BACKWARD_BODY(HD, 2)
+
+POLEVAULT_ATTENTION_FORWARD_BODIES(64)
+POLEVAULT_ATTENTION_FORWARD_BODIES(128)
+POLEVAULT_ATTENTION_BACKWARD_BODIES(32)
+POLEVAULT_ATTENTION_BACKWARD_BODIES(48)
+POLEVAULT_ATTENTION_BACKWARD_BODIES(64)
+POLEVAULT_ATTENTION_BACKWARD_BODIES(80)
+POLEVAULT_ATTENTION_BACKWARD_BODIES(96)
+POLEVAULT_ATTENTION_BACKWARD_BODIES(112)
+POLEVAULT_ATTENTION_BACKWARD_BODIES(128)
+
+}  // namespace pv
