@@ -41,7 +41,7 @@ if command -v ccache > /dev/null; then NVCC=(env CCACHE_NOHASHDIR=true ccache "$
 # (each must match at least one bf16 instantiation). The vector kernels are the 16-byte instantiations (W = 8 for bf16) of
 # the elementwise loop and the row kernels.
 TENSOR_CORE_KERNELS="${TENSOR_CORE_KERNELS:-attention_mma_forward_kernel< attention_mma_dkv_kernel< attention_mma_dq_kernel<}"
-VECTOR_KERNELS="${VECTOR_KERNELS:-elementwise_kernel<pv::Swiglu.*,~8, elementwise_kernel<pv::Rope.*,~8, rmsnorm_forward_kernel<__nv_bfloat16,~8 rmsnorm_backward_kernel<__nv_bfloat16,~8 cross_entropy_forward_kernel<__nv_bfloat16,~8 cross_entropy_loss_and_gradient_kernel<__nv_bfloat16,~8 embedding_sum_kernel<__nv_bfloat16,~8 sum_of_squares_partials_kernel<__nv_bfloat16,~true}"
+VECTOR_KERNELS="${VECTOR_KERNELS:-elementwise_kernel<pv::Swiglu.*,~8, elementwise_kernel<pv::Rope.*,~8, rmsnorm_forward_kernel<__nv_bfloat16,~8 rmsnorm_backward_kernel<__nv_bfloat16,~8 cross_entropy_forward_kernel<__nv_bfloat16,~8 cross_entropy_loss_and_gradient_kernel<__nv_bfloat16,~8 embedding_sum_kernel<__nv_bfloat16,~8 sum_of_squares_partials_kernel<__nv_bfloat16,~true attention_backward_dot_kernel<__nv_bfloat16,~8}"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 flags=(-x cu -std=c++20 -O2 -I. -isystem "$CUDA_HOME/include")

@@ -53,7 +53,8 @@
 //   Σ_c S[r][c]·V[c][d]. lse = m + log l. A row whose window starts past a tile has no score
 //   there yet: its max stays −∞ and its rescale factor is 0 (its l and output are still 0), not
 //   exp(−∞ + ∞).
-// - attention_backward_dot_kernel: one warp per (b, i, h) row, D = warp_sum(dO·O).
+// - attention_backward_dot_kernel: D = dO·O per (b, i, h) row, a row per 8 lanes with 16-byte
+//   loads at hd 64 in bf16 (16 lanes at hd 128), a warp per row where vectors do not fit.
 // - attention_backward_dkv_kernel: grid (key tile, KV head, batch), 4·Bc threads. K and V [Bc][hd]
 //   stay in shared memory; the block loops over the query heads sharing the KV head and, for each,
 //   over the query tiles from the diagonal up to the last row whose window reaches the key tile
@@ -103,6 +104,7 @@
 #include "kernels/attention_mma_forward.cuh"
 #include "kernels/attention_window.cuh"
 #include "kernels/common.cuh"
+#include "kernels/vec.cuh"
 
 #include <cstdio>
 #include <cstdlib>
@@ -305,19 +307,27 @@ __global__ void attention_forward_kernel(const T* qkv, const int* positions, T* 
 
 // ---- backward ----------------------------------------------------------------------------------
 
-// D[b][h][i] = dO·O over one head's row; one warp per (b, i, h) row, rows in out's order.
-template <class T>
-__global__ void attention_backward_dot_kernel(const T* out, const T* dout, acc_t<T>* D, int B, int T_len, int H,
-                                              int hd) {
+// D[b][h][i] = dO·O over one head's row, rows in out's order. A row is L consecutive lanes of a
+// warp (L a power of two, 32 / L rows per warp), each lane reading W consecutive elements of out
+// and of dout per step: W = kVec<T> (16-byte loads) when hd is a multiple of it and the buffers
+// are 16-byte aligned, so that hd 64 in bf16 is 8 lanes with one 16-byte load of each; W = 1 and
+// L = 32 otherwise (one warp per row). The lanes' partial sums meet by shuffles within the row.
+template <class T, int W>
+__global__ void attention_backward_dot_kernel(const T* out, const T* dout, acc_t<T>* D, int B, int T_len, int H, int hd,
+                                              int L) {
     using A = acc_t<T>;
     const long long rows = (long long)B * T_len * H;
-    const long long n = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    const int lane = threadIdx.x % 32;
+    const int lane = threadIdx.x % 32, in_row = lane % L;
+    const long long n = ((long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32) * (32 / L) + lane / L;
     A s = 0;
     if (n < rows)
-        for (int d = lane; d < hd; d += 32) s += to_acc(out[n * hd + d]) * to_acc(dout[n * hd + d]);
-    s = warp_sum(s);  // every lane of the warp takes part, valid row or not
-    if (n < rows && lane == 0) {
+        for (int d = W * in_row; d < hd; d += W * L) {
+            const Vec<T, W> o = load_vec<W>(out + n * hd + d), g = load_vec<W>(dout + n * hd + d);
+            for (int k = 0; k < W; ++k) s += to_acc(o.v[k]) * to_acc(g.v[k]);
+        }
+    for (int offset = L / 2; offset > 0; offset /= 2)  // every lane of the warp takes part, valid row or not
+        s += __shfl_xor_sync(0xffffffffu, s, offset);
+    if (n < rows && in_row == 0) {
         const long long h = n % H, bi = n / H, i = bi % T_len, b = bi / T_len;
         D[(b * H + h) * T_len + i] = s;
     }
@@ -550,9 +560,18 @@ size_t attention_backward_scratch_bytes(int B, int T_len, int H) {
 template <class T>
 void attention_backward_dot(const T* out, const T* dout, acc_t<T>* D, int B, int T_len, int H, int hd,
                             cudaStream_t stream) {
-    const int block = 128, rows_per_block = block / 32;
-    launch(attention_backward_dot_kernel<T>, dim3(ceil_div((long long)B * T_len * H, rows_per_block)), dim3(block), 0,
-           stream, out, dout, D, B, T_len, H, hd);
+    constexpr int block = 128, W = kVec<T>;
+    const bool vector = hd % W == 0 && vec_aligned({out, dout});
+    int L = 32;  // lanes per row: a warp for one-element loads, else the fewest (a power of two) that cover its vectors
+    if (vector)
+        for (L = 1; L < 32 && L * W < hd;) L *= 2;
+    const long long rows = (long long)B * T_len * H, rows_per_block = (block / 32) * (32 / L);
+    if (vector)
+        launch(attention_backward_dot_kernel<T, W>, dim3(ceil_div(rows, rows_per_block)), dim3(block), 0, stream, out,
+               dout, D, B, T_len, H, hd, L);
+    else
+        launch(attention_backward_dot_kernel<T, 1>, dim3(ceil_div(rows, rows_per_block)), dim3(block), 0, stream, out,
+               dout, D, B, T_len, H, hd, L);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -236,13 +236,13 @@ std::vector<KernelCost> attention_backward_cuda_cores(int B, int T, int H, int H
                    6.0 * hd * pairs, Roofline::attention_cuda_core)};
 }
 
-namespace {
-// D = rowwise dO·O (attention_backward_dot_kernel): out and dout read, D written.
-KernelCost attention_dot(double rows, int H, int hd, int t, int a) {
+KernelCost attention_dot(double rows, int H, int hd, int t, int a, bool vectors) {
     const double qo = rows * H * hd * t;
     return kernel("attention_backward_dot_kernel", "attention backward: D", 2 * qo, rows * H * a, 2.0 * rows * H * hd,
-                  kScalar);
+                  vectors && hd * t % 16 == 0 ? kVector : kScalar);
 }
+
+namespace {
 // Score pairs the tensor-core backward computes per (batch, head): whole 64×64 tile pairs up to the
 // diagonal, where the warps skip the 6 of 16 chunks of 16×16 above it.
 double mma_backward_pairs(int T) {
@@ -414,7 +414,8 @@ IssueEfficiency attention_issue_efficiency() {
             issue_seconds(cost::attention_warp_instructions("forward", B, T, H, hd, kForward, kForward), 1.0);
         const double backward = issue_seconds(cost::attention_warp_instructions("dkv", B, T, H, hd, kDkv, kDkv), 1.0) +
                                 issue_seconds(cost::attention_warp_instructions("dq", B, T, H, hd, kDq, kDq), 1.0);
-        const double d_kernel = predicted_seconds(cost::attention_dot(double(B) * T, H, hd, 2, 4));
+        // The D kernel of that run: a warp per row, one element per load.
+        const double d_kernel = predicted_seconds(cost::attention_dot(double(B) * T, H, hd, 2, 4, false));
         return IssueEfficiency{forward / (flops / kForwardFlopsPerS),
                                backward / (2.5 * flops / kBackwardFlopsPerS - d_kernel),
                                "calibrated on the kernels' measured 114 / 93 TF/s (H100, llama-3.2-1b 4 x 2048) "

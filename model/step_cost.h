@@ -130,6 +130,11 @@ std::vector<KernelCost> attention_forward_cuda_cores(int B, int T, int H, int Hk
                                                      bool positions);
 // bf16 at a head dim that is a multiple of 16 from 32 to 128: the D kernel and the tensor-core kernels.
 std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions);
+// D = rowwise dO·O (attention_backward_dot_kernel) over `rows` rows of H heads: out and dout read, D
+// written; 16-byte loads where a row is whole 16-byte vectors (the model's buffers are aligned),
+// else a warp per row of one-element loads. `vectors` false prices the latter: the kernel of the
+// run the attention issue efficiencies are calibrated on.
+KernelCost attention_dot(double rows, int H, int hd, int t, int a, bool vectors = true);
 // The CUDA-core dK/dV and dQ kernels (without the D kernel).
 std::vector<KernelCost> attention_backward_cuda_cores(int B, int T, int H, int Hkv, int hd, int t, int a,
                                                       bool positions);

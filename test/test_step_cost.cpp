@@ -259,8 +259,14 @@ TEST_CASE("step cost: the attention issue efficiencies reproduce the measurement
     const double B = 4, T = 2048, H = 32, hd = 64, n = T / 64, trips = 4 * n * (n + 1) / 2 * B * H;
     const double flops = 4 * hd * (T * (T + 1) / 2) * B * H;  // kernels_bench's forward FLOPs
     CHECK(flops / pv::issue_seconds(trips * 1225, e.forward) == Approx(114e12).epsilon(1e-12));
-    const pv::KernelCost d = pv::cost::attention_backward(4, 2048, 32, 8, 64, 2, 4, false).front();
-    REQUIRE(d.kernel == "attention_backward_dot_kernel");
+    // That run's D kernel: a warp per row, one element per load (today's loads 16 bytes).
+    const pv::KernelCost d = pv::cost::attention_dot(4.0 * 2048, 32, 64, 2, 4, false);
+    const pv::KernelCost d_now = pv::cost::attention_backward(4, 2048, 32, 8, 64, 2, 4, false).front();
+    REQUIRE(d_now.kernel == "attention_backward_dot_kernel");
+    CHECK(d.roofline == pv::Roofline::memory_scalar);
+    CHECK(d_now.roofline == pv::Roofline::memory_vector);
+    CHECK(d_now.read_bytes == d.read_bytes);
+    CHECK(pv::cost::attention_dot(4.0 * 2048, 32, 60, 2, 4).roofline == pv::Roofline::memory_scalar);  // 120-byte rows
     const double backward = pv::issue_seconds(trips * (2138 + 1458), e.backward) + pv::predicted_seconds(d);
     CHECK(2.5 * flops / backward == Approx(93e12).epsilon(1e-12));
     // The H100's 132 SMs at 1.98 GHz issue 4 instructions per SM per clock.
