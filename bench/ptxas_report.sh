@@ -20,7 +20,7 @@
 #     SOURCE.cu: default bench/kernels_bench.cu, which instantiates every kernel of the model for
 #                bf16, fp32 and fp64; model/attention_kernels.cu, where the attention kernels are
 #                compiled once (every head dim they dispatch to; kernels/attention_instances.h); and
-#                bench/attention_sass_variants.cu, the same kernels with one tile body each, which
+#                bench/sass/attention_variants.cu, the same kernels with one tile body each, which
 #                bench/attention_sass.py counts
 #     --attention-header: write the attention tile loops' counts as model/attention_sass.h's table
 #                (make attention-sass writes that file; make sass-check compares)
@@ -32,7 +32,7 @@ if [[ "${1:-}" == "--attention-header" ]]; then
   attention_header=(--header "$(realpath -m "${2:?--attention-header needs a file}")"); shift 2
 fi
 sources=("$@")
-[[ ${#sources[@]} -gt 0 ]] || sources=(bench/kernels_bench.cu model/attention_kernels.cu bench/attention_sass_variants.cu)
+[[ ${#sources[@]} -gt 0 ]] || sources=(bench/kernels_bench.cu model/attention_kernels.cu bench/sass/attention_variants.cu)
 CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 NVCC=("$CUDA_HOME/bin/nvcc")
 if command -v ccache > /dev/null; then NVCC=(env CCACHE_NOHASHDIR=true ccache "${NVCC[@]}"); fi

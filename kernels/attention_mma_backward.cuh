@@ -187,7 +187,7 @@ __device__ inline void attention_mma_store_rows(__nv_bfloat16* dst, long long st
 // Block (KV head, batch, key tile), 4 warps; warp w owns key rows k0 + 16w .. + 15. Shared: K, V,
 // Q[2], dO[2] [64][HD + 8] (bf16), then lse[2][64], D[2][64] (float), lo[2][64] (int).
 // Path: 0 (what programs run) picks each tile pair's body; 1 and 2 compile only the interior or
-// only the masked body, for bench/attention_sass_variants.cu alone (bench/attention_sass.py counts
+// only the masked body, for bench/sass/attention_variants.cu alone (bench/attention_sass.py counts
 // them: a loop with two bodies is hard to read from SASS).
 template <int HD, int Path = 0>
 __global__ void __launch_bounds__(kAttentionMmaThreads)

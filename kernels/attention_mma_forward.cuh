@@ -111,7 +111,7 @@ __device__ inline float mma_row_sum(float v) {
 
 // Grid: ceil(T/64)·H·B blocks (1-D, heaviest query tiles first), 128 threads.
 // Path: 0 (what programs run) picks each tile's body; 1 and 2 compile only the interior or only the
-// masked body, for bench/attention_sass_variants.cu alone (bench/attention_sass.py counts them).
+// masked body, for bench/sass/attention_variants.cu alone (bench/attention_sass.py counts them).
 template <int HD, int Path = 0>
 __global__ void __launch_bounds__(kMmaAttentionThreads)
     attention_mma_forward_kernel(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse,

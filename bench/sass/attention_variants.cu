@@ -1,7 +1,8 @@
 // The tensor-core attention kernels with one tile body each (Path 1: the interior tiles' body
 // only, 2: the masked tiles' only), for bench/attention_sass.py, which counts a trip through each
 // body in their SASS (a loop with both is hard to read there: nvcc may give it two back edges or
-// merge the bodies' common tails). Compiled by bench/ptxas_report.sh alone; no program runs these.
+// merge the bodies' common tails). Compiled by bench/ptxas_report.sh alone; no program runs these
+// (hence not in bench/, whose every .cu file is a program the Makefile builds).
 // Every head dim model/attention_kernels.cu instantiates must be here (the script checks).
 #include "kernels/attention_mma_backward.cuh"
 #include "kernels/attention_mma_forward.cuh"
