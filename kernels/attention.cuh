@@ -566,12 +566,8 @@ void attention_backward_dot(const T* out, const T* dout, acc_t<T>* D, int B, int
     if (vector)
         for (L = 1; L < 32 && L * W < hd;) L *= 2;
     const long long rows = (long long)B * T_len * H, rows_per_block = (block / 32) * (32 / L);
-    if (vector)
-        launch(attention_backward_dot_kernel<T, W>, dim3(ceil_div(rows, rows_per_block)), dim3(block), 0, stream, out,
-               dout, D, B, T_len, H, hd, L);
-    else
-        launch(attention_backward_dot_kernel<T, 1>, dim3(ceil_div(rows, rows_per_block)), dim3(block), 0, stream, out,
-               dout, D, B, T_len, H, hd, L);
+    launch(vector ? attention_backward_dot_kernel<T, W> : attention_backward_dot_kernel<T, 1>,
+           dim3(ceil_div(rows, rows_per_block)), dim3(block), 0, stream, out, dout, D, B, T_len, H, hd, L);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -10,7 +10,7 @@
 // the forward; a 64 x 64 tile pair in the backward kernels, their loop over the tile's four
 // 16-row chunks expanded) and the HMMA among them: through the body for tiles every row of the
 // warp sees whole (interior), and through the one with masks (a diagonal or document-boundary
-// tile; the same count where the kernel has one body). model/step_cost.cpp turns them into time.
+// tile). model/step_cost.cpp turns them into time.
 #pragma once
 
 namespace pv {
