@@ -137,11 +137,12 @@ int main(int argc, char** argv) {
         StepShape s = fill;
         s.batch = filling_batch(one.config, strategy, 8, 2048, budget);
         s.optimizer_shards = std::string(strategy) == "ddp" ? 1 : 8;
+        s.rotating_gradients = std::string(strategy) == "zero3";
         print_step("Data parallel", s, strategy, 8, false);
     }
     StepShape big{preset("llama-3.1-8b"), 1, 2048, 1, 2};
     big.batch = filling_batch(big.config, "zero3", 8, 2048, budget);
-    big.optimizer_shards = 8;
+    big.optimizer_shards = 8, big.rotating_gradients = true;
     print_step("Full fine-tuning of 8B needs sharding", big, "zero3", 8, kernels);
     {  // one rank of a tensor-parallel group: its slices' kernels, and the group's all-reduces over NVLink
         StepShape tp{preset("llama-3.1-8b"), 1, 4096, 8, 2};

@@ -13,6 +13,12 @@
 
 namespace pv {
 
+// How a backward writes a weight gradient: added to what the buffer holds (micro-steps and tied
+// weights add into one buffer), or written over it — the step's first writer, so the optimizer
+// needs no memset before the step (Llama::discard_grads). An overwrite does not read the old
+// contents: a buffer of NaN is fine.
+enum class GradWrite { add, overwrite };
+
 template <class T>
 struct Accumulator {
     using type = float;

@@ -274,6 +274,14 @@ void accumulate(Acc* acc, const X* x, long long n, cudaStream_t stream) {
     launch_elementwise(AccumulateOp<Acc, X>{acc, x}, n, vec_aligned({acc, x}), stream);
 }
 
+// A weight gradient's share from scratch: grad[n] += x[n], or grad[n] = x[n] (a copy) when the
+// step's first writer overwrites (kernels/common.cuh GradWrite).
+template <class T>
+void write_grad(T* grad, const T* x, long long n, GradWrite mode, cudaStream_t stream) {
+    if (mode == GradWrite::add) return accumulate(grad, x, n, stream);
+    CUDA_CHECK(cudaMemcpyAsync(grad, x, size_t(n) * sizeof(T), cudaMemcpyDeviceToDevice, stream));
+}
+
 // x[n] = value.
 template <class T>
 void fill(T* x, T value, long long n, cudaStream_t stream) {

@@ -123,13 +123,14 @@ void lora_forward(cublasHandle_t h, const T* x, const T* a, const T* b, T* y, T*
                   s.out, N, s.rank, s.part[p].rows, s.scale, 1.0, stream);
 }
 
-// The adapter's backward on top of dx = dy·W: dA and dB accumulate (null: skipped), dx gets the
-// adapter's share added. Workspace: du [N][a_rows], and with dropout `dropped` [N][in] (the input's
+// The adapter's backward on top of dx = dy·W: dA and dB accumulate, or are written over when
+// `grad_write` says so (null: skipped); dx gets the adapter's share added. Workspace: du [N][a_rows], and with dropout `dropped` [N][in] (the input's
 // mask regenerated, then reused for du·A).
 template <class T>
 void lora_backward(cublasHandle_t h, const T* dy, const T* x, const T* a, const T* b, const T* u, T* dx, T* da, T* db,
                    T* du, T* dropped, long long N, const LoraShape& s, const LoraDropout& d, uint32_t tensor,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, GradWrite grad_write = GradWrite::add) {
+    const double beta = beta_of(grad_write);
     const int pr = s.a_rows();
     for (int p = 0; p < s.parts; ++p) {
         const T* dy_p = dy + s.part[p].out_begin;
@@ -137,12 +138,12 @@ void lora_backward(cublasHandle_t h, const T* dy, const T* x, const T* a, const 
         gemm_dy_w(h, dy_p, s.out, b_p, s.rank, du + p * s.rank, pr, N, s.rank, s.part[p].rows, s.scale, 0.0, stream);
         if (db)
             gemm_dyt_x(h, dy_p, s.out, u + p * s.rank, pr, db + (long long)s.part[p].b_begin * s.rank, s.rank, N,
-                       s.rank, s.part[p].rows, s.scale, 1.0, stream);
+                       s.rank, s.part[p].rows, s.scale, beta, stream);
     }
     if (da) {
         const T* in = x;
         if (d.on()) lora_dropout(x, dropped, N, s.in, d, tensor, false, stream), in = dropped;
-        gemm_dyt_x(h, du, pr, in, s.in, da, s.in, N, s.in, pr, 1.0, 1.0, stream);
+        gemm_dyt_x(h, du, pr, in, s.in, da, s.in, N, s.in, pr, 1.0, beta, stream);
     }
     if (!dx) return;
     if (d.on()) {

@@ -5,8 +5,9 @@
 // Backward, with dy the incoming gradient:
 //            dx = dy·W   (or dx += dy·W) dx[n][i] = Σ_o dy[n][o] · W[o][i]
 //            dW += dyᵀ·x                 dW[o][i] += Σ_n dy[n][o] · x[n][i]
-// Weight gradients always accumulate (micro-steps and tied weights add into one buffer; the
-// optimizer zeroes it). The input gradient overwrites by default (beta = 0: the old contents are
+// Weight gradients accumulate (micro-steps and tied weights add into one buffer) or, for the
+// step's first writer, overwrite (GradWrite, kernels/common.cuh: beta = 0, so no memset is needed
+// before the step). The input gradient overwrites by default (beta = 0: the old contents are
 // not read, so a NaN-poisoned dx is fine) or accumulates (x feeds several layers, e.g. the
 // normalised input of Wq, Wk and Wv). Either product is skipped when its output pointer is null:
 // frozen weights (a LoRA base) need no dW, and an input nobody differentiates needs no dx.
@@ -67,6 +68,9 @@ void gemm_ex(cublasHandle_t handle, cublasOperation_t op_a, cublasOperation_t op
                               cublas_compute_type<T>(), CUBLAS_GEMM_DEFAULT));
 }
 
+// The beta of a weight gradient's GEMM: 1 adds to the buffer, 0 writes over it unread.
+inline double beta_of(GradWrite mode) { return mode == GradWrite::add ? 1.0 : 0.0; }
+
 template <class T>
 void gemm_x_wt(cublasHandle_t handle, const T* x, int ldx, const T* w, int ldw, T* y, int ldy, long long N, int in,
                int out, double alpha, double beta, cudaStream_t stream) {
@@ -96,14 +100,14 @@ void matmul_forward(cublasHandle_t handle, const T* x, const T* w, T* y, long lo
 }
 
 // From dy[N][out] and the forward's x[N][in], W[out][in]:
-//   dW[out][in] += dyᵀ·x                  (skipped when dw is null)
-//   dx[N][in]    = dy·W, or += when accumulate_dx  (skipped when dx is null)
+//   dW[out][in] += dyᵀ·x, or = when dw_write overwrites   (skipped when dw is null)
+//   dx[N][in]    = dy·W, or += when accumulate_dx         (skipped when dx is null)
 // on `stream` (the handle's stream is set to it).
 template <class T>
 void matmul_backward(cublasHandle_t handle, const T* dy, const T* x, const T* w, T* dx, T* dw, long long N, int in,
-                     int out, bool accumulate_dx, cudaStream_t stream) {
+                     int out, bool accumulate_dx, cudaStream_t stream, GradWrite dw_write = GradWrite::add) {
     if (dx != nullptr) gemm_dy_w(handle, dy, out, w, in, dx, in, N, in, out, 1.0, accumulate_dx ? 1.0 : 0.0, stream);
-    if (dw != nullptr) gemm_dyt_x(handle, dy, out, x, in, dw, in, N, in, out, 1.0, 1.0, stream);
+    if (dw != nullptr) gemm_dyt_x(handle, dy, out, x, in, dw, in, N, in, out, 1.0, beta_of(dw_write), stream);
 }
 
 }  // namespace pv

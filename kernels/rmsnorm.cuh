@@ -161,15 +161,16 @@ __global__ void rmsnorm_backward_kernel(const T* x, const T* weight, const acc_t
         for (int e = 0; e < W && c + e < C; ++e) partials[(long long)blockIdx.x * C + c + e] = dw[c + e];
 }
 
-// dweight[c] += Σ_b partials[b][c], b = 0, 1, ..., blocks − 1 in that order.
+// dweight[c] += Σ_b partials[b][c], b = 0, 1, ..., blocks − 1 in that order (= when not
+// `accumulate`: the old value is not read).
 template <class T>
-__global__ void rmsnorm_dweight_kernel(const acc_t<T>* partials, T* dweight, int blocks, int C) {
+__global__ void rmsnorm_dweight_kernel(const acc_t<T>* partials, T* dweight, int blocks, int C, bool accumulate) {
     using A = acc_t<T>;
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     A sum = 0;
     for (int b = 0; b < blocks; ++b) sum += partials[(long long)b * C + c];
-    dweight[c] = from_acc<T>(to_acc(dweight[c]) + sum);
+    dweight[c] = from_acc<T>(accumulate ? to_acc(dweight[c]) + sum : sum);
 }
 
 // Warps (rows) per forward block: eight, fewer when there are fewer rows (no idle warps).
@@ -226,12 +227,13 @@ size_t rmsnorm_backward_scratch_bytes(long long N, int C) {
 
 // dx[N][C] = dres + the gradient of x through the norm (written, not accumulated: dres is the
 // gradient already flowing in the residual stream — null for none — and may be dx itself);
-// dweight[C] += the gradient of weight (accumulates across micro-steps; a null dweight, a frozen
-// weight, skips the weight's reduction). `scratch` holds rmsnorm_backward_scratch_bytes<T>(N, C)
+// dweight[C] += the gradient of weight (accumulates across micro-steps, or is written over when
+// `dweight_write` says so; a null dweight, a frozen weight, skips the weight's reduction). `scratch` holds rmsnorm_backward_scratch_bytes<T>(N, C)
 // bytes.
 template <class T>
 void rmsnorm_backward(const T* x, const T* weight, const acc_t<T>* rstd, const T* dout, const T* dres, T* dx,
-                      T* dweight, void* scratch, long long N, int C, cudaStream_t stream) {
+                      T* dweight, void* scratch, long long N, int C, cudaStream_t stream,
+                      GradWrite dweight_write = GradWrite::add) {
     using A = acc_t<T>;
     if (N == 0 || C == 0) return;
     const int blocks = rmsnorm_backward_blocks(N);
@@ -254,7 +256,7 @@ void rmsnorm_backward(const T* x, const T* weight, const acc_t<T>* rstd, const T
         go(rmsnorm_backward_kernel<T, 1>);
     if (dweight == nullptr) return;
     launch(rmsnorm_dweight_kernel<T>, dim3(ceil_div(C, kRmsnormReduceThreads)), dim3(kRmsnormReduceThreads), 0, stream,
-           partials, dweight, blocks, C);
+           partials, dweight, blocks, C, dweight_write == GradWrite::add);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -501,6 +501,23 @@ void Llama<T>::zero_grads() {
 }
 
 template <class T>
+void Llama<T>::discard_grads() {
+    for (Unit& unit : units_) unit.grads_discarded = unit.grads != nullptr;
+}
+
+template <class T>
+void Llama<T>::settle_grads() {
+    for (int u = 0; u < num_units(); ++u) settle_grads(u);
+}
+
+template <class T>
+void Llama<T>::settle_grads(int u) {
+    if (!units_[size_t(u)].grads_discarded) return;
+    CUDA_CHECK(cudaMemsetAsync(grads(u), 0, trainable(u).bytes(), stream_));
+    units_[size_t(u)].grads_discarded = false;
+}
+
+template <class T>
 void Llama<T>::forward_unit(int u, int slot, const UnitIO<T>& io) {
     if (!runs(u)) throw std::logic_error("forward_unit: unit " + std::to_string(u) + " is not in this model's stage");
     switch (unit_kind(u)) {
@@ -525,8 +542,11 @@ void Llama<T>::backward_unit(int u, int slot, const UnitIO<T>& io) {
     if (!runs(u)) throw std::logic_error("backward_unit: unit " + std::to_string(u) + " is not in this model's stage");
     switch (unit_kind(u)) {
         case UnitKind::embedding:
-            // With tied embeddings the head has already added its part to this same gradient. A
-            // frozen embedding has no gradient and nothing below it to pass one to.
+            // With tied embeddings the head has already added its part to this same gradient (or
+            // written it over, after discard_grads). The scatter-add only adds: a gradient still
+            // discarded is zeroed first. A frozen embedding has no gradient and nothing below it
+            // to pass one to.
+            settle_grads(u);
             if (T* dwte = units_[size_t(u)].weight_grads[0])
                 embedding_backward_rows(io.tokens, whole_rows(io.dresidual_out, work_.proj), dwte, rows(),
                                         config_.hidden_size, shape_.vocab_size, int(vocab_.first),
@@ -540,6 +560,7 @@ void Llama<T>::backward_unit(int u, int slot, const UnitIO<T>& io) {
             break;
         case UnitKind::head: backward_head(slot, io); break;
     }
+    units_[size_t(u)].grads_discarded = false;  // written (the head: and a tied embedding's, in backward_head)
 }
 
 template <class T>
@@ -596,30 +617,31 @@ void Llama<T>::backward_block(int u, int slot, const UnitIO<T>& io) {
     const T* dy = io.dresidual_out;
     T* dx = io.dresidual_in;
     const LoraDropout drop = dropout_of(io);
+    const GradWrite write = grad_write(u);  // each weight's gradient has one writer below
 
     // MLP: out = x2 + act·W_downᵀ. The residual passes dy through to x2: the MLP norm's backward
     // writes dx = dy + its share, dL/dx2 (dx becomes the block input's gradient at the end). Under
     // sequence parallelism dy and dx are this rank's rows, gathered (into the forward's proj) for
     // the row-parallel linears' backward.
-    linear_backward(u, kLoraDown, whole_rows(dy, ws.proj), a.act, ws.dact, a, drop);
+    linear_backward(u, kLoraDown, whole_rows(dy, ws.proj), a.act, ws.dact, a, drop, write);
     swiglu_backward(a.gate_up, ws.dact, ws.dgate_up, N, F, stream_);
-    linear_backward(u, kLoraGateUp, ws.dgate_up, a.h2, ws.dh, a, drop);
+    linear_backward(u, kLoraGateUp, ws.dgate_up, a.h2, ws.dh, a, drop, write);
     const T* dh2 = sum_rows(ws.dh);  // column-parallel: the input gradient's shares
-    rmsnorm_backward(a.x2, w.mlp_norm, a.rstd2, dh2, dy, dx, norm_grad_into(d.mlp_norm), ws.norm_scratch, R, C,
-                     stream_);
-    add_norm_grad(d.mlp_norm);
+    rmsnorm_backward(a.x2, w.mlp_norm, a.rstd2, dh2, dy, dx, norm_grad_into(d.mlp_norm), ws.norm_scratch, R, C, stream_,
+                     write);
+    add_norm_grad(d.mlp_norm, write);
     // Attention: x2 = x + att·W_oᵀ. dx now holds dL/dx2.
-    linear_backward(u, kLoraO, whole_rows(dx, ws.proj), a.att, ws.datt, a, drop);
+    linear_backward(u, kLoraO, whole_rows(dx, ws.proj), a.att, ws.datt, a, drop, write);
     attention_backward(a.qkv, io.positions, a.att, ws.datt, a.lse, ws.dqkv, ws.attention_scratch, batch_, seq_len_,
                        c.num_heads, c.num_kv_heads, hd, stream_);
     rope_backward(ws.dqkv, rope_table(), io.positions, N, seq_len_, c.num_heads, hd, c.qkv_width(), stream_);
     rope_backward(ws.dqkv + c.q_width(), rope_table(), io.positions, N, seq_len_, c.num_kv_heads, hd, c.qkv_width(),
                   stream_);
-    linear_backward(u, kLoraQkv, ws.dqkv, a.h1, ws.dh, a, drop);
+    linear_backward(u, kLoraQkv, ws.dqkv, a.h1, ws.dh, a, drop, write);
     const T* dh1 = sum_rows(ws.dh);
-    rmsnorm_backward(x, w.attn_norm, a.rstd1, dh1, dx, dx, norm_grad_into(d.attn_norm), ws.norm_scratch, R, C,
-                     stream_);
-    add_norm_grad(d.attn_norm);
+    rmsnorm_backward(x, w.attn_norm, a.rstd1, dh1, dx, dx, norm_grad_into(d.attn_norm), ws.norm_scratch, R, C, stream_,
+                     write);
+    add_norm_grad(d.attn_norm, write);
 }
 
 template <class T>
@@ -653,10 +675,10 @@ T* Llama<T>::norm_grad_into(T* dweight) {
 }
 
 template <class T>
-void Llama<T>::add_norm_grad(T* dweight) {
+void Llama<T>::add_norm_grad(T* dweight, GradWrite write) {
     if (!dweight || !tensor_.sequence) return;
     reduce_over_tensor_group(work_.norm_grad_share, config_.hidden_size);
-    accumulate(dweight, static_cast<const T*>(work_.norm_grad_share), config_.hidden_size, stream_);
+    write_grad(dweight, static_cast<const T*>(work_.norm_grad_share), config_.hidden_size, write, stream_);
 }
 
 namespace {
@@ -706,7 +728,7 @@ void Llama<T>::linear_forward(int u, int k, const T* x, T* y, long long n, T* sc
 
 template <class T>
 void Llama<T>::linear_backward(int u, int k, const T* dy, const T* x, T* dx, const BlockActivations<T>& a,
-                               const LoraDropout& dropout) {
+                               const LoraDropout& dropout, GradWrite write) {
     const Unit& unit = units_[size_t(u)];
     const LoraShape& s = lora_shapes_[k];
     // Replicated kv heads (model/tensor_parallel.h): the ranks reading one kv head each hold a share
@@ -714,19 +736,19 @@ void Llama<T>::linear_backward(int u, int k, const T* dy, const T* x, T* dx, con
     // summed over the group before it is added (sum_replicated_kv).
     const bool kv_sum = k == kLoraQkv && kv_rows_ > 0;
     T* dw = base_weight(unit.block_g, k);
-    matmul_backward(cublas_, dy, x, dense_weight(u, k), dx, kv_sum ? nullptr : dw, rows(), s.in, s.out, false,
-                    stream_);
+    matmul_backward(cublas_, dy, x, dense_weight(u, k), dx, kv_sum ? nullptr : dw, rows(), s.in, s.out, false, stream_,
+                    write);
     const int q_rows = shape_.q_width(), hd = shape_.head_dim_resolved();
     if (kv_sum && dw) {  // dW += dyᵀ·x: the query rows at once, the key and value rows through the sum
-        gemm_dyt_x(cublas_, dy, s.out, x, s.in, dw, s.in, rows(), s.in, q_rows, 1.0, 1.0, stream_);
+        gemm_dyt_x(cublas_, dy, s.out, x, s.in, dw, s.in, rows(), s.in, q_rows, 1.0, beta_of(write), stream_);
         CUDA_CHECK(cudaMemsetAsync(work_.kv_group_grad, 0, size_t(kv_rows_ * s.in) * sizeof(T), stream_));
         for (int j = 0; j < 2; ++j)
             gemm_dyt_x(cublas_, dy + q_rows + j * hd, s.out, x, s.in, kv_share(j, s.in), s.in, rows(), s.in, hd, 1.0,
                        0.0, stream_);
         sum_replicated_kv(s.in);
         for (int j = 0; j < 2; ++j)
-            accumulate(dw + (long long)(q_rows + j * hd) * s.in, static_cast<const T*>(kv_share(j, s.in)),
-                       (long long)hd * s.in, stream_);
+            write_grad(dw + (long long)(q_rows + j * hd) * s.in, static_cast<const T*>(kv_share(j, s.in)),
+                       (long long)hd * s.in, write, stream_);
     }
     if (s.parts == 0) return;
     T* da = unit.block_g.lora[k].a;
@@ -750,10 +772,11 @@ void Llama<T>::linear_backward(int u, int k, const T* dy, const T* x, T* dx, con
         (column ? da : db) = work_.lora_group_grad;
     }
     lora_backward(cublas_, dy, x, unit.block_w.lora[k].a, unit.block_w.lora[k].b, a.lora_u[k], dx, da, db,
-                  work_.lora_du, work_.lora_dropped, rows(), s, dropout_for(k, dropout), unit.lora_ids[k], stream_);
+                  work_.lora_du, work_.lora_dropped, rows(), s, dropout_for(k, dropout), unit.lora_ids[k], stream_,
+                  write);  // (into a zeroed scratch share, writing over it is adding to it)
     if (whole_grad) {
         reduce_over_tensor_group(work_.lora_group_grad, count);
-        accumulate(whole_grad, static_cast<const T*>(work_.lora_group_grad), count, stream_);
+        write_grad(whole_grad, static_cast<const T*>(work_.lora_group_grad), count, write, stream_);
     }
     if (db_kv_sum) {  // a query part's rows at once; a key or value part's through the sum
         const size_t r = size_t(s.rank);
@@ -767,7 +790,7 @@ void Llama<T>::linear_backward(int u, int k, const T* dy, const T* x, T* dx, con
         for (int p = 0; p < s.parts; ++p) {
             const T* share = s.part[p].out_begin < q_rows ? work_.lora_b_share + s.part[p].b_begin * r
                                                             : kv_share((s.part[p].out_begin - q_rows) / hd, s.rank);
-            accumulate(db_kv_sum + s.part[p].b_begin * r, share, (long long)s.part[p].rows * s.rank, stream_);
+            write_grad(db_kv_sum + s.part[p].b_begin * r, share, (long long)s.part[p].rows * s.rank, write, stream_);
         }
     }
 }
@@ -883,7 +906,11 @@ void Llama<T>::backward_head(int slot, const UnitIO<T>& io) {
     Partial* const mine = static_cast<Partial*>(work_.vocab_partials);
     // Per chunk of rows: its logits, which become their gradient in place (the softmax statistics
     // the forward's, or computed here with the loss when the forward left the loss to this pass),
-    // then the chunk's input gradient rows and its share of the weight gradient.
+    // then the chunk's input gradient rows and its share of the weight gradient — the first chunk's
+    // written over a discarded gradient (a tied embedding's: its unit's), the others added.
+    const int lm_head_unit = c.tie_embeddings ? 0 : num_units() - 1;
+    const GradWrite norm_write = grad_write(num_units() - 1);
+    GradWrite lm_head_write = grad_write(lm_head_unit);
     for (long long r = 0; r < N; r += head_chunk_) {
         const long long n = std::min(head_chunk_, N - r);
         const int* targets = io.targets + r;
@@ -901,16 +928,18 @@ void Llama<T>::backward_head(int slot, const UnitIO<T>& io) {
             cross_entropy_backward_columns(work_.logits, targets, a.row_stats + r, work_.logits, n, V,
                                            int(vocab_.first), c.vocab_size, kIgnoreIndex, io.loss_scale, stream_);
         }
-        matmul_backward(cublas_, work_.logits, a.h + r * C, unit.head_w.lm_head, work_.dh + r * C,
-                        unit.head_g.lm_head, n, c.hidden_size, V, false, stream_);
+        matmul_backward(cublas_, work_.logits, a.h + r * C, unit.head_w.lm_head, work_.dh + r * C, unit.head_g.lm_head,
+                        n, c.hidden_size, V, false, stream_, lm_head_write);
+        lm_head_write = GradWrite::add;
     }
+    if (unit.head_g.lm_head) units_[size_t(lm_head_unit)].grads_discarded = false;
     if (loss.loss_sum) cross_entropy_sum<T>(a.row_loss, io.targets, loss.loss_sum, loss.count, N, kIgnoreIndex, stream_);
     const T* dh = sum_rows(work_.dh);  // vocabulary-parallel: each rank's columns' share
     // Nothing flows past the final norm: dresidual_in is the norm's share alone.
     rmsnorm_backward(io.residual_in, unit.head_w.final_norm, a.rstd, dh, static_cast<const T*>(nullptr),
                      io.dresidual_in, norm_grad_into(unit.head_g.final_norm), work_.norm_scratch, stream_rows(),
-                     c.hidden_size, stream_);
-    add_norm_grad(unit.head_g.final_norm);
+                     c.hidden_size, stream_, norm_write);
+    add_norm_grad(unit.head_g.final_norm, norm_write);
 }
 
 template class Llama<__nv_bfloat16>;

@@ -261,6 +261,18 @@ class Llama {
     // Sets every gradient (padding included) to zero: the start of an optimizer step. Units
     // without a buffer (bound gradients not bound now) are skipped.
     void zero_grads();
+    // The same start without a memset: every unit's gradient counts as zero, and the next backward
+    // of each unit writes over its buffer instead of adding to it (GradWrite::overwrite: the
+    // weight-gradient GEMMs with β = 0, the norms' and adapters' gradients likewise; the head's
+    // lm_head overwrites a tied embedding's, whose scatter-add then adds; an untied embedding's
+    // scatter-add, which needs zeros, zeroes its buffer first). Each tensor has one writer per
+    // backward and padding is never written, so the buffer ends as zero_grads + backward leaves
+    // it. A unit whose backward has not run since must be settled before its gradient is read.
+    void discard_grads();
+    // Zeroes the gradient of every unit discard_grads left that no backward has written since (of
+    // unit u alone).
+    void settle_grads();
+    void settle_grads(int u);
     // Writes elements [begin, end) of group g of unit u, initial values, to dst (end − begin
     // elements): N(0, 0.02²) from Philox keyed by (seed, tensor, element) for matrices, 1 for
     // RMSNorm weights, 0 for padding — the same values whatever slice is asked for.
@@ -307,6 +319,7 @@ class Llama {
         std::vector<void*> arenas;                   // one per slot
         std::vector<ActivationBuffer> arena_layout;  // buffers in each arena, in order
         bool recomputes = false;                     // a block whose backward recomputes its forward
+        bool grads_discarded = false;                // discard_grads: the next backward writes over grads
         // Typed views (resolve_*).
         std::vector<const T*> weights;  // per spec tensor
         std::vector<T*> weight_grads;   // per spec tensor; null when frozen or without gradients
@@ -359,9 +372,14 @@ class Llama {
     // Linear k of block u: y = x·Wᵀ and the adapter on top (u_save: its u; dropout as given).
     void linear(int u, int k, const T* x, T* y, long long n, T* u_save, const LoraDropout& dropout,
                 cublasHandle_t handle) const;
-    // Its backward: dx = dy·W (+ the adapter's share), the adapter's dA, dB (null when not trained).
+    // Its backward: dx = dy·W (+ the adapter's share), the adapter's dA, dB (null when not trained),
+    // the weight gradients added or written over (`write`).
     void linear_backward(int u, int k, const T* dy, const T* x, T* dx, const BlockActivations<T>& a,
-                         const LoraDropout& dropout);
+                         const LoraDropout& dropout, GradWrite write);
+    // How unit u's backward writes its gradient now: over it after discard_grads, else adding.
+    GradWrite grad_write(int u) const {
+        return units_[size_t(u)].grads_discarded ? GradWrite::overwrite : GradWrite::add;
+    }
     void backward_head(int slot, const UnitIO<T>& io);
     // Rows [first_row, first_row + n) of the head's logits into work_.logits (n ≤ head_chunk_).
     void head_chunk_logits(const HeadActivations<T>& a, long long first_row, long long n);
@@ -404,9 +422,9 @@ class Llama {
     // A replicated RMSNorm weight's gradient under sequence parallelism is a sum over the group's
     // rows: norm_grad_into gives the backward the buffer to add this rank's rows' share into (the
     // gradient itself without sequence parallelism, null when frozen), add_norm_grad sums the share
-    // over the group and adds it to the gradient.
+    // over the group and adds it to the gradient (or writes it there: `write`).
     T* norm_grad_into(T* dweight);
-    void add_norm_grad(T* dweight);
+    void add_norm_grad(T* dweight, GradWrite write);
     std::function<void(const void*, void*, long long)> tensor_all_gather_;
     std::function<void(const void*, void*, long long)> tensor_reduce_scatter_;
     GroupOptions group_options_;  // as constructed (tensor: this rank's)

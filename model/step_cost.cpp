@@ -487,10 +487,24 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     const bool lora = s.lora.enabled(), full = !lora;  // full: the base weights train
     if (lora && !now) throw std::invalid_argument("step_kernels: LoRA is priced with today's kernels only");
     const std::vector<Projection> targeted = targeted_projections(c, s.lora);
-    // The base's weight gradient GEMMs, only when it trains.
+    // A block's trainable elements (its adapters' with LoRA, whose base is frozen), and the model's.
+    double block_params = double(c.qkv_width()) * C + double(C) * c.q_width() + 3.0 * C * F + 2.0 * C;
+    if (lora) {
+        block_params = 0;
+        for (const Projection& p : targeted) block_params += double(s.lora.rank) * double(p.in + p.out);
+    }
+    const double embedding = double(V) * C, head = (c.tie_embeddings ? 0 : double(V) * C) + C;
+    const double params = lora ? L * block_params : embedding + L * block_params + head;
+    // The base's weight gradient GEMMs, only when it trains. Today's first micro-step writes over
+    // the gradient (Llama::discard_grads: β = 0, the old gradient not read) but where ZeRO-2/3's
+    // rotating buffers are zeroed as they are bound; the other micro-steps add to it.
+    const bool overwrites = now && !s.rotating_gradients;
     const auto weight_gradient = [&](std::vector<KernelCost>& k, long long rows, long long cols, const char* op,
                                      double count) {
-        if (full) append(k, cost::gemm(rows, cols, N, t, true, op), count);
+        if (!full) return;
+        const double first = overwrites ? count / micro : 0;  // count: per micro-step times micro
+        if (first > 0) append(k, cost::gemm(rows, cols, N, t, false, op), first);
+        if (count > first) append(k, cost::gemm(rows, cols, N, t, true, op), count - first);
     };
     // A block's forward, `count` times; a recompute (activation checkpointing) stops before the
     // down projection, whose output and the residual add's the block keeps, and of the down
@@ -619,28 +633,31 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
         append(k, cost::memset(double(C) * t, "sequence parallelism: norm gradient share zeroed"), 2 * layers + micro);
         append(k, cost::add(C, t, kShareAdded), 2 * layers + micro);
     }
+    // What is still zeroed (Llama::discard_grads), now in the backward: ZeRO-2/3's rotating buffers,
+    // each unit's full size as it is bound, every micro-step; or an untied embedding's gradient.
+    if (now) {
+        if (s.rotating_gradients)
+            append(k, cost::memset(params * t, "gradients zeroed as each unit's buffer is bound"), micro);
+        else if (full && !c.tie_embeddings)  // the scatter-add adds; a tied one is the lm_head's, written over
+            append(k, cost::memset(double(V) * C * t, "embedding gradient zeroed"), 1);
+    }
     if (full) append(k, cost::embedding_backward(N, C, distinct, t), micro);
     for (size_t i = backward_from; i < k.size(); ++i) k[i].phase = StepPhase::backward;
     const size_t update_from = k.size();
     const auto updates = [&] {  // what follows is the optimizer step's
         for (size_t i = update_from; i < k.size(); ++i) k[i].phase = StepPhase::update;
     };
-    // The optimizer step: gradients zeroed, the norm, the update.
+    // The optimizer step: (before today's code: gradients zeroed,) the norm, the update.
     const double z = s.optimizer_shards;  // each rank's share of the norm and the update
-    if (lora) {  // each block's adapters are its unit's trainable tensors; nothing else trains
-        double block_params = 0;
-        for (const Projection& p : targeted) block_params += double(s.lora.rank) * double(p.in + p.out);
-        append(k, cost::memset(L * block_params * t, "gradients zeroed"), 1);
+    // LoRA: each block's adapters are its unit's trainable tensors; nothing else trains.
+    if (lora) {
         append(k, cost::sum_of_squares((long long)(block_params / z), t, true), L);
         append(k, cost::adamw((long long)(block_params / z), t, t, a, 2 * int(targeted.size())), L);
         updates();
         return k;
     }
-    const double block_params = double(c.qkv_width()) * C + double(C) * c.q_width() + 3.0 * C * F + 2.0 * C;
-    const double embedding = double(V) * C, head = (c.tie_embeddings ? 0 : double(V) * C) + C;
-    const double params = embedding + L * block_params + head;
     const int head_tensors = c.tie_embeddings ? 1 : 2;
-    append(k, cost::memset(params * t, "gradients zeroed"), 1);
+    if (!now) append(k, cost::memset(params * t, "gradients zeroed"), 1);
     append(k, cost::sum_of_squares((long long)(block_params / z), t, true), L);
     append(k, cost::sum_of_squares((long long)(embedding / z), t, true), 1);
     append(k, cost::sum_of_squares((long long)(head / z), t, true), 1);

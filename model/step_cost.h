@@ -178,6 +178,9 @@ struct StepShape {
     int t = 2;
     int optimizer_shards =
         1;  // ranks the optimizer state is split over (ZeRO: its shard group, by default the world; else 1)
+    // ZeRO-2/3 (parallel/gradients_rotating.h): each unit's full-size gradient buffer is zeroed as
+    // it is bound, every micro-step; the other policies' first micro-step writes over the gradient.
+    bool rotating_gradients = false;
     LoraConfig lora{};  // rank 0: full fine-tuning
     // Each recomputing block runs its forward again before its backward, less the down projection
     // and the residual add (their output is what the block keeps): model/activations.h.

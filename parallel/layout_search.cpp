@@ -79,6 +79,7 @@ void price(const SearchRequest& r, const PlanRequest& q, LayoutPrediction& p) {
     const StrategyInfo& info = strategy_info(q.strategy.kind);
     const int shards = info.policy.shards() ? shards_of(q.strategy, r.world) : 1;
     one.optimizer_shards = shards;
+    one.rotating_gradients = info.policy.rotating_gradients();
     const PhaseSeconds phases = predict_phases(one, KernelSet::now, r.device);
 
     // The slowest stage (every unit without a pipeline) and its share of the model's FLOPs.

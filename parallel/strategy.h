@@ -161,8 +161,10 @@ class Strategy {
     // The start of an optimizer step: gradients to zero.
     void begin_step() { gradients_->begin_step(); }
     // The full-size gradients (and their fp32 accumulators) to zero: for a part that keeps them.
+    // The model's count as zero without a memset — the first micro-step's backward writes over
+    // them (Llama::discard_grads; 2.5 GB of memset at Llama-3.2-1B in bf16).
     void zero_full_gradients() {
-        model_.zero_grads();
+        model_.discard_grads();
         for (auto& g : grad32_)
             if (g.bytes() > 0) CUDA_CHECK(cudaMemsetAsync(g.get(), 0, g.bytes(), model_.stream()));
     }
@@ -177,7 +179,7 @@ class Strategy {
 
     // One micro-step's backward; `last` marks the last micro-step of the optimizer step.
     void backward(int slot, const DeviceBatch& batch, double loss_scale, bool last) {
-        if (!grad32_.empty()) model_.zero_grads();  // each micro-step's T gradients, then added up
+        if (!grad32_.empty()) model_.discard_grads();  // each micro-step's T gradients, then added up
         auto before = [&](int u) { before_unit_backward(u); };
         auto done = [&](int u) { unit_backward_done(u, last); };
         if (pipeline_) return pipeline_->backward(slot, batch, loss_scale, before, done);
@@ -188,6 +190,7 @@ class Strategy {
     // compute stream's timeline — the policy's reduction, then a pipeline's tied-embedding sum
     // (pp.h) over the reduced owned range of the first and last stages.
     void finish_gradients() {
+        model_.settle_grads();  // (a unit this step's backward never reached: zeros, as before any)
         gradients_->finish();
         Comm* ends = pipeline_ ? mesh_->pipeline_ends() : nullptr;
         if (ends && model_.holds(0) && model_.trainable(0).padded > 0) {  // (a frozen embedding has no gradient)

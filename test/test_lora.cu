@@ -35,9 +35,11 @@ std::vector<double> rows_of(const std::vector<double>& m, size_t cols, size_t be
 
 // One fused linear with `parts` (output rows) targeted, run through lora_forward and lora_backward,
 // compared with the per-module reference.
+// dA and dB start random and accumulate, or poisoned and are written over (grad_write).
 template <class T>
 void check_kernels(const std::vector<std::pair<int, int>>& parts, int out, int in, int rank, long long N,
-                   double dropout) {
+                   double dropout, pv::GradWrite grad_write = pv::GradWrite::add) {
+    const bool add = grad_write == pv::GradWrite::add;
     const double tol = tolerance<T>();
     pv::LoraShape s;
     s.in = in, s.out = out, s.rank = rank, s.parts = int(parts.size()), s.scale = 1.75;
@@ -53,19 +55,22 @@ void check_kernels(const std::vector<std::pair<int, int>>& parts, int out, int i
     const auto b_h = random_vector<T>(size_t(b_rows * rank), 3), y0_h = random_vector<T>(size_t(N * out), 4);
     const auto dy_h = random_vector<T>(size_t(N * out), 5), dx0_h = random_vector<T>(size_t(N * in), 6);
     const auto da0_h = random_vector<T>(a_h.size(), 7), db0_h = random_vector<T>(b_h.size(), 8);
-    DeviceArray<T> x(x_h), a(a_h), b(b_h), y(y0_h), u(size_t(N * s.a_rows())), dy(dy_h), dx(dx0_h), da(da0_h),
-        db(db0_h), du(size_t(N * s.a_rows())), dropped(size_t(N * in));
+    DeviceArray<T> x(x_h), a(a_h), b(b_h), y(y0_h), u(size_t(N * s.a_rows())), dy(dy_h), dx(dx0_h), da(a_h.size()),
+        db(b_h.size()), du(size_t(N * s.a_rows())), dropped(size_t(N * in));
+    if (add) da.upload(da0_h), db.upload(db0_h);
     cublasHandle_t h;
     CUBLAS_CHECK(cublasCreate(&h));
     pv::lora_forward(h, x.get(), a.get(), b.get(), y.get(), u.get(), dropped.get(), N, s, d, tensor, nullptr);
     dropped.poison();  // the backward regenerates the dropped input
     pv::lora_backward(h, dy.get(), x.get(), a.get(), b.get(), u.get(), dx.get(), da.get(), db.get(), du.get(),
-                      dropped.get(), N, s, d, tensor, nullptr);
+                      dropped.get(), N, s, d, tensor, nullptr, grad_write);
     CUDA_CHECK(cudaDeviceSynchronize());
     CUBLAS_CHECK(cublasDestroy(h));
 
     const auto mask = d.on() ? dropout_mask(d, tensor, N, in) : std::vector<double>{};
-    std::vector<double> y_ref = round(y0_h), dx_ref = round(dx0_h), da_ref = round(da0_h), db_ref = round(db0_h);
+    std::vector<double> y_ref = round(y0_h), dx_ref = round(dx0_h);
+    std::vector<double> da_ref = add ? round(da0_h) : std::vector<double>(a_h.size(), 0.0);
+    std::vector<double> db_ref = add ? round(db0_h) : std::vector<double>(b_h.size(), 0.0);
     const auto xd = round(x_h), ad = round(a_h), bd = round(b_h), dyd = round(dy_h);
     for (size_t p = 0; p < parts.size(); ++p) {
         const pv::reference::LoraModule m{
@@ -84,7 +89,8 @@ void check_kernels(const std::vector<std::pair<int, int>>& parts, int out, int i
              {"dA", round(da.download()), da_ref},
              {"dB", round(db.download()), db_ref}}) {
         const std::string err = compare(got, want, tol);
-        INFO(name << " parts " << parts.size() << " dropout " << dropout << ": " << err);
+        INFO(name << " parts " << parts.size() << " dropout " << dropout << (add ? "" : ", dA and dB written over")
+                  << ": " << err);
         CHECK(err.empty());
     }
 }
@@ -225,6 +231,9 @@ TEST_CASE("the fused adapter kernels equal per-module fp64 loops, with and witho
         check_kernels<float>({{0, 9}}, 9, 16, 4, 7, dropout);
         check_kernels<__nv_bfloat16>({{0, 9}}, 9, 16, 4, 7, dropout);
     }
+    // dA and dB written over poisoned buffers (a step's first micro-step: Llama::discard_grads).
+    check_kernels<float>({{0, 7}, {7, 5}, {12, 5}}, 17, 13, 3, 11, 0.3, pv::GradWrite::overwrite);
+    check_kernels<__nv_bfloat16>({{0, 9}}, 9, 16, 4, 7, 0.0, pv::GradWrite::overwrite);
 }
 
 TEST_CASE("LoRA dropout keeps 1 − p of the elements, keyed by the global row", "[lora]") {

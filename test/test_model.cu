@@ -12,6 +12,7 @@
 #include "test/reference/llama.h"
 
 #include <deque>
+#include <limits>
 #include <set>
 #include <random>
 
@@ -68,6 +69,32 @@ std::pair<double, int> run_step(pv::Llama<T>& m, const Batch& b, bool backward =
     if (backward) pv::single_backward(m, 0, batch, 1.0 / expected_count);
     CUDA_CHECK(cudaDeviceSynchronize());
     return {double(loss_sum.download()[0]), count.download()[0]};
+}
+
+// One micro-step's forward and backward on top of whatever the gradients hold (no zeroing).
+template <class T>
+void micro_step(pv::Llama<T>& m, const Batch& b) {
+    DeviceArray<int> tokens(b.tokens), targets(b.targets), positions(b.positions.empty() ? b.tokens : b.positions);
+    const pv::DeviceBatch batch{tokens.get(), targets.get(), b.positions.empty() ? nullptr : positions.get(), 0,
+                                -1,           false};
+    DeviceArray<pv::acc_t<T>> loss_sum(1);
+    DeviceArray<int> count(1);
+    pv::single_forward(m, 0, batch, loss_sum.get(), count.get());
+    pv::single_backward(m, 0, batch, 0.25);
+    CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// Every unit's whole trainable gradient buffer, padding included (empty for a unit without one).
+template <class T>
+std::vector<std::vector<T>> download_grad_buffers(pv::Llama<T>& m) {
+    std::vector<std::vector<T>> out(size_t(m.num_units()));
+    for (int u = 0; u < m.num_units(); ++u)
+        if (m.grads(u)) {
+            out[size_t(u)].resize(size_t(m.trainable(u).padded));
+            CUDA_CHECK(cudaMemcpy(out[size_t(u)].data(), m.grads(u), out[size_t(u)].size() * sizeof(T),
+                                  cudaMemcpyDeviceToHost));
+        }
+    return out;
 }
 
 // The model's parameters as the reference wants them: one unpadded fp64 vector per tensor.
@@ -377,4 +404,58 @@ TEST_CASE("a model with bound parameters and gradients computes exactly what an 
     REQUIRE(count_a == count_b);
     REQUIRE(download_params(owning, true) == download_params(bound, true));
     REQUIRE_THROWS_AS(owning.bind_params(0, 0, params[0].get()), std::logic_error);
+}
+
+// Llama::discard_grads starts a step without a memset: each unit's first backward writes over its
+// gradient (β = 0 GEMMs, the norms', the adapters', a tied embedding's through the lm_head, the
+// first of the head's chunks only), and the result must be what zeroing and adding gives. Every
+// tensor's gradient is poisoned with NaN first, so a writer that adds instead of writing over, or a
+// tensor nobody writes, shows; two micro-steps, so one that writes over where it should add shows.
+template <class T>
+void check_discard_equals_zeroing(const std::string& preset, const pv::ModelOptions& o, const std::string& what) {
+    const pv::LlamaConfig& c = pv::preset(preset);
+    pv::Llama<T> m(c, o);
+    const Batch one = make_batch(c, o.batch, o.seq_len, 21), two = make_batch(c, o.batch, o.seq_len, 22);
+    m.zero_grads();
+    micro_step(m, one), micro_step(m, two);
+    const auto want = download_grad_buffers(m);
+    for (int u = 0; u < m.num_units(); ++u)
+        if (m.grads(u))
+            for (const pv::TensorSlot& t : m.trainable(u).tensors) {
+                const std::vector<T> nan(size_t(t.spec.numel()),
+                                         pv::from_acc<T>(std::numeric_limits<float>::quiet_NaN()));
+                CUDA_CHECK(
+                    cudaMemcpy(m.grads(u) + t.offset, nan.data(), nan.size() * sizeof(T), cudaMemcpyHostToDevice));
+            }
+    m.discard_grads();
+    micro_step(m, one), micro_step(m, two);
+    m.settle_grads();  // (nothing left to settle: every unit ran its backward)
+    const auto got = download_grad_buffers(m);
+    int checked = 0;
+    for (int u = 0; u < m.num_units(); ++u) {
+        REQUIRE(got[size_t(u)].size() == want[size_t(u)].size());
+        for (size_t i = 0; i < got[size_t(u)].size(); ++i) {
+            const double g = double(pv::to_acc(got[size_t(u)][i])), w = double(pv::to_acc(want[size_t(u)][i]));
+            if (g != w)
+                FAIL(what << ": unit " << u << " element " << i << ": " << g << " after discard_grads, " << w
+                          << " after zero_grads");
+        }
+        checked += !got[size_t(u)].empty();
+    }
+    INFO(what);
+    CHECK(checked > 0);
+}
+
+TEST_CASE("a step begun by discard_grads (no memset) ends with the gradients zero_grads and adding give",
+          "[model][gradients]") {
+    check_discard_equals_zeroing<float>("test-tiny", options(2, 7, 41), "untied (the embedding zeroed, then added)");
+    check_discard_equals_zeroing<float>("test-tied", options(1, 13, 42), "tied (the lm_head writes the embedding's)");
+    pv::ModelOptions chunked = options(1, 13, 43);
+    chunked.head_chunk_rows = 5;  // the lm_head's first chunk writes, the next two add
+    check_discard_equals_zeroing<float>("test-tied", chunked, "tied, the head in chunks of 5 rows");
+    check_discard_equals_zeroing<float>("test-tiny", options(2, 7, 44, kSomeFrozen), "untied, some tensors frozen");
+    check_discard_equals_zeroing<__nv_bfloat16>("test-tied", options(2, 9, 45), "tied, bf16");
+    pv::ModelOptions lora = options(2, 7, 46);
+    lora.lora.rank = 2, lora.lora.alpha = 4;
+    check_discard_equals_zeroing<float>("test-tiny", lora, "LoRA on every linear");
 }

@@ -22,9 +22,11 @@ double round_to(double v) {
 enum class Dres { aliased, separate, none };
 
 // Forward and backward of the plain norm. Inputs are rounded to T, so the reference sees exactly
-// what the kernel sees; dres and dweight start from random values (dweight accumulates).
+// what the kernel sees; dres and dweight start from random values (dweight accumulates), or
+// dweight starts poisoned and is written over (dw_write).
 template <class T>
-void check_plain(long long N, int C, uint64_t seed, Dres mode = Dres::aliased) {
+void check_plain(long long N, int C, uint64_t seed, Dres mode = Dres::aliased,
+                 pv::GradWrite dw_write = pv::GradWrite::add) {
     using A = pv::acc_t<T>;
     const size_t NC = size_t(N) * C;
     const auto x = random_vector<T>(NC, seed, -2.0, 2.0);
@@ -32,25 +34,27 @@ void check_plain(long long N, int C, uint64_t seed, Dres mode = Dres::aliased) {
     const auto dout = random_vector<T>(NC, seed + 2);
     const auto dx0 = random_vector<T>(NC, seed + 3);
     const auto dw0 = random_vector<T>(size_t(C), seed + 4);
-    DeviceArray<T> d_x(x), d_w(w), d_dout(dout), d_out(NC), d_dres(dx0), d_dx(NC), d_dw(dw0);
+    DeviceArray<T> d_x(x), d_w(w), d_dout(dout), d_out(NC), d_dres(dx0), d_dx(NC), d_dw{size_t(C)};
     if (mode == Dres::aliased) d_dx.upload(dx0);
+    if (dw_write == pv::GradWrite::add) d_dw.upload(dw0);
     const T* dres = mode == Dres::aliased ? d_dx.get() : mode == Dres::separate ? d_dres.get() : nullptr;
     DeviceArray<A> d_rstd{size_t(N)};
     DeviceArray<unsigned char> scratch(pv::rmsnorm_backward_scratch_bytes<T>(N, C));
     pv::rmsnorm_forward(d_x.get(), d_w.get(), d_out.get(), d_rstd.get(), N, C, kEps, nullptr);
     pv::rmsnorm_backward(d_x.get(), d_w.get(), d_rstd.get(), d_dout.get(), dres, d_dx.get(), d_dw.get(), scratch.get(),
-                         N, C, nullptr);
+                         N, C, nullptr, dw_write);
 
     const auto ref = pv::reference::rmsnorm_forward(to_double(x), to_double(w), size_t(N), size_t(C), kEps);
     auto ref_dx = mode == Dres::none ? std::vector<double>(NC, 0.0) : to_double(dx0);
-    auto ref_dw = to_double(dw0);
+    auto ref_dw = dw_write == pv::GradWrite::add ? to_double(dw0) : std::vector<double>(size_t(C), 0.0);
     pv::reference::rmsnorm_backward(to_double(x), to_double(w), to_double(dout), ref_dx, ref_dw, size_t(N), size_t(C),
                                     kEps);
     const std::string e_out = compare(to_double(d_out.download()), ref.out, tolerance<T>());
     const std::string e_rstd = compare(to_double(d_rstd.download()), ref.rstd, tolerance<T>());
     const std::string e_dx = compare(to_double(d_dx.download()), ref_dx, tolerance<T>());
     const std::string e_dw = compare(to_double(d_dw.download()), ref_dw, tolerance<T>());
-    INFO("N " << N << " C " << C << " dres mode " << int(mode) << "\nout: " << e_out << "\nrstd: " << e_rstd
+    INFO("N " << N << " C " << C << " dres mode " << int(mode) << " dweight written over "
+              << (dw_write == pv::GradWrite::overwrite) << "\nout: " << e_out << "\nrstd: " << e_rstd
               << "\ndx: " << e_dx << "\ndweight: " << e_dw);
     REQUIRE(e_out.empty());
     REQUIRE(e_rstd.empty());
@@ -116,6 +120,13 @@ TEST_CASE("rmsnorm backward writes dres + its share, from a separate dres or non
             check_plain<float>(N, C, 120, mode);
             check_plain<__nv_bfloat16>(N, C, 130, mode);
         }
+}
+
+TEST_CASE("rmsnorm backward writes dweight over a poisoned buffer when told to", "[kernels][rmsnorm]") {
+    for (auto [N, C] : {std::pair{7LL, 67}, std::pair{5LL, 64}}) {
+        check_plain<float>(N, C, 140, Dres::aliased, pv::GradWrite::overwrite);
+        check_plain<__nv_bfloat16>(N, C, 150, Dres::aliased, pv::GradWrite::overwrite);
+    }
 }
 
 TEST_CASE("residual + rmsnorm forward matches the fp64 reference, also in place", "[kernels][rmsnorm]") {

@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -121,7 +122,18 @@ Run run(const pv::LlamaConfig& c, pv::Comm* comm, const pv::ActivationCheckpoint
     DeviceArray<int> count(2);
     CUDA_CHECK(cudaDeviceSynchronize());
     if (comm) comm->clear_log();
-    m.zero_grads();
+    if (comm) {  // as the trainer starts a step (Llama::discard_grads): each tensor's old gradient, NaN
+        // here, written over by its first writer — the group sums' copies among them
+        for (int u = 0; u < m.num_units(); ++u)
+            for (const pv::TensorSlot& t : m.trainable(u).tensors) {
+                const std::vector<double> nan(size_t(t.spec.numel()), std::numeric_limits<double>::quiet_NaN());
+                CUDA_CHECK(
+                    cudaMemcpy(m.grads(u) + t.offset, nan.data(), nan.size() * sizeof(double), cudaMemcpyHostToDevice));
+            }
+        m.discard_grads();
+    } else {
+        m.zero_grads();
+    }
     for (int s = 0; s < 2; ++s) pv::single_forward(m, s, batches[size_t(s)], loss.get() + s, count.get() + s);
     for (int s = 0; s < 2; ++s) pv::single_backward(m, s, batches[size_t(s)], 1.0 / 20);
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -218,7 +230,7 @@ void check_against_whole(const pv::LlamaConfig& c, pv::Comm& comm, const pv::Act
             for (long long i = 0; i < t.spec.numel() && bad < 0; ++i) {
                 const size_t at = size_t(t.offset + i), there = size_t(w.offset + t.spec.whole_index(i));
                 if (mine.params[u][at] != whole.params[u][there]) bad = i;
-                if (std::abs(mine.grads[u][at] - whole.grads[u][there]) > 1e-10 * largest) bad = i;
+                if (!(std::abs(mine.grads[u][at] - whole.grads[u][there]) <= 1e-10 * largest)) bad = i;  // (NaN too)
             }
             INFO("first element off: " << bad);
             CHECK(bad < 0);
