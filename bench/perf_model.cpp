@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
         "CUDA-core fp32 peak %.1f TF/s.\n\n| roofline | e_mem | e_unit | source |\n|---|---:|---:|---|\n",
         d.hbm_bytes_per_s / 1e12, d.tensor_bf16_flops / 1e12, d.cuda_core_fp32_flops / 1e12);
     for (Roofline r : {Roofline::cublas_gemm, Roofline::attention_mma, Roofline::attention_cuda_core,
-                       Roofline::memory_vector, Roofline::memory_scalar}) {
+                       Roofline::memory_vector, Roofline::memory_rows, Roofline::memory_scalar}) {
         const RooflineEfficiency e = roofline_efficiency(r);
         std::printf("| %s | %.2f | %.2f | %s |\n", roofline_name(r), e.e_mem, e.e_unit, e.source);
     }

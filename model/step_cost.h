@@ -39,6 +39,7 @@ enum class Roofline {
     attention_mma,        // our flash attention on tensor cores (mma.sync, FA2 structure)
     attention_cuda_core,  // our flash attention on CUDA cores (scalar FMAs from shared memory)
     memory_vector,        // bandwidth-bound, 16-byte accesses, several in flight per thread
+    memory_rows,          // bandwidth-bound row kernels with a reduction per row (RMSNorm)
     memory_scalar,        // bandwidth-bound, one 2- or 4-byte access in flight per thread
 };
 const char* roofline_name(Roofline r);

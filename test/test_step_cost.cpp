@@ -249,6 +249,26 @@ TEST_CASE("step cost: the attention SASS table covers the dispatch's head dims, 
     CHECK(pv::attention_tile_instructions("dkv", 16) == 0);
 }
 
+// The rooflines measured on the H100 run (docs/speed.md, "Measured on one H100": cuBLAS GEMMs at
+// 759-788 TF/s, SwiGLU at 2.8-2.9 TB/s, the RMSNorm kernels at 1.2-1.7 TB/s) put those kernels
+// inside their measured ranges on an H100, and each kernel is in the class of its measured kin.
+TEST_CASE("step cost: the measured rooflines price their kernels inside the measured ranges", "[step_cost]") {
+    const pv::Device h100;
+    const auto inside = [](double x, double lo, double hi) { return x >= lo && x <= hi; };
+    const pv::KernelCost gemm = pv::cost::gemm(8192, 8192, 2048, 2, false, "gate, up projection").front();
+    CHECK(inside(gemm.flops / pv::predicted_seconds(gemm, h100), 759e12, 788e12));
+    const pv::KernelCost swiglu = pv::cost::swiglu_forward(8192, 8192, 2).front();
+    CHECK(swiglu.roofline == pv::Roofline::memory_vector);
+    CHECK(inside(swiglu.bytes() / pv::predicted_seconds(swiglu, h100), 2.8e12, 2.9e12));
+    for (const pv::KernelCost& k : {pv::cost::rmsnorm_forward(8192, 2048, 2, 4).front(),
+                                    pv::cost::residual_rmsnorm_forward(8192, 2048, 2, 4).front(),
+                                    pv::cost::rmsnorm_backward(8192, 2048, 2, 4, true).front()}) {
+        INFO(k.op);
+        CHECK(k.roofline == pv::Roofline::memory_rows);
+        CHECK(inside(k.bytes() / pv::predicted_seconds(k, h100), 1.2e12, 1.7e12));
+    }
+}
+
 // The issue efficiencies are what makes the kernels measured then take their measured time: the
 // instructions they issued (4 warps per block, each running its tile loop once per 64×64 tile pair
 // up to the diagonal: n(n+1)/2 per batch and head, n = T/64) at that efficiency of the H100's
