@@ -45,13 +45,12 @@ VECTOR_KERNELS="${VECTOR_KERNELS:-elementwise_kernel<pv::Swiglu.*,~8, elementwis
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 flags=(-x cu -std=c++20 -O2 -I. -isystem "$CUDA_HOME/include")
-# Each source's object, ptxas log and PTX; the reports below read them together.
-: > "$work/ptxas.log"; : > "$work/k.ptx"
+# Each source's object and ptxas log; the reports below read them together. (One compile per
+# source: the launch bounds come from the object's ELF below, not from a second pass to PTX.)
+: > "$work/ptxas.log"
 for i in "${!sources[@]}"; do
   "${NVCC[@]}" "${flags[@]}" -gencode arch=compute_90,code=sm_90 -Xptxas -v -c "${sources[$i]}" -o "$work/k$i.o" \
     2>> "$work/ptxas.log"
-  "${NVCC[@]}" "${flags[@]}" -arch=compute_90 -ptx "${sources[$i]}" -o "$work/k$i.ptx"
-  cat "$work/k$i.ptx" >> "$work/k.ptx"
 done
 
 # cuobjdump (and the nvdisasm it runs): from $CUOBJDUMP, or pinned wheels in a virtual environment
@@ -77,9 +76,16 @@ awk '
   /LDG\.E\.128/ { ldg[fn]++ }
   END { for (f in hmma) print f, hmma[f], ldg[f] }' "$work/k.sass" > "$work/sass"
 
-# Launch bounds from the PTX: ".entry NAME(" ... ".maxntid X, Y, Z".
-awk '/^\.(visible )?\.entry/ { name = $NF; sub(/\(.*/, "", name) }
-     /\.maxntid/ { gsub(/,/, ""); print name, $2 * $3 * $4 }' "$work/k.ptx" > "$work/bounds"
+# Launch bounds from the objects' ELF: each kernel's ".nv.info.NAME" section holds an
+# EIATTR_MAX_THREADS attribute (its value the three block dimensions, in hex) when the kernel has
+# __launch_bounds__. (mawk, Debian's awk, has no strtonum: the hex is read by hand.)
+for i in "${!sources[@]}"; do "$CUOBJDUMP" -elf "$work/k$i.o"; done |
+  awk 'function hex(s,  v, i) { s = tolower(s); sub(/^0x/, "", s); v = 0
+                                for (i = 1; i <= length(s); i++) v = v * 16 + index("0123456789abcdef", substr(s, i, 1)) - 1
+                                return v }
+       /^\.nv\.info\./ { name = substr($1, 10); next }
+       /EIATTR_MAX_THREADS/ { bound = 1; next }
+       bound && /Value:/ { print name, hex($2) * hex($3) * hex($4); bound = 0 }' | sort -u > "$work/bounds"
 
 awk -v bounds="$work/bounds" -v sass="$work/sass" '
   BEGIN { while ((getline line < bounds) > 0) { split(line, f, " "); maxntid[f[1]] = f[2] }
