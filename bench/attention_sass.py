@@ -20,7 +20,8 @@ speed at which the four schedulers of every SM, issuing one instruction per cloc
 out of issue slots (H100 SXM: 132 SMs at 1.98 GHz), in the useful FLOPs kernels_bench counts
 (4 * hd per causal score pair forward, 2.5 times that backward, the dK/dV and dQ kernels
 together). The real kernels spend a few instructions more per tile choosing the body (the
-forward at hd 64, counted both ways: 421 / 544 in the kernel, 407 / 537 single-body).
+forward at hd 64, counted both ways when the split landed: 421 / 544 in the kernel, 407 / 537
+single-body).
 
 Loops inside the tile loop must be known: the backward kernels' loop over the tile's four
 chunks of 16 query rows (`for (c0 = 0; c0 < Bt; c0 += 16)` in kernels/attention_mma_backward.cuh)
@@ -102,7 +103,11 @@ def tile_loop_counts(name, code, inner_trips):
     enclosing = [l for l in loops(code) if sum(1 for i in within(code, *l) if i[1].startswith("HMMA")) == hmma_total]
     if hmma_total == 0 or not enclosing:
         raise SystemExit(f"attention_sass: {name}: no loop encloses the kernel's {hmma_total} HMMA instructions")
-    tile = max(enclosing, key=lambda l: l[1] - l[0])  # the outermost
+    # The outermost, among those that also hold the most tile copies (LDGSTS): nvcc may give the loop
+    # a second back edge that re-enters it past the copies (trips that prefetch nothing), and that
+    # loop can span more addresses while its trips are not the ones that prefetch the next tile.
+    copies = lambda l: sum(1 for i in within(code, *l) if i[1].startswith("LDGSTS"))
+    tile = max(enclosing, key=lambda l: (copies(l), l[1] - l[0]))
     inner = [l for l in loops(code) if tile[0] <= l[0] and l[1] <= tile[1] and l != tile]
     if len(inner) > 1:
         raise SystemExit(f"attention_sass: {name}: {len(inner)} inner loops; this script expects at most one")
