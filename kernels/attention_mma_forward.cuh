@@ -170,7 +170,8 @@ __global__ void __launch_bounds__(kMmaAttentionThreads)
     // holds a key some row of the warp must not see (its window's start or end, or T, falls in
     // it); those scores become −∞ and a row that has seen no key yet keeps m = −∞. Interior tiles
     // are compiled without either test.
-    const auto tile = [&](const bf16* Kt, const bf16* Vt, int k0, auto masked_tag) {
+    // Kl and Vl: this lane's first ldmatrix row of the tile's K and V buffers (k_lane, v_lane below).
+    const auto tile = [&](const bf16* Kl, const bf16* Vl, int k0, auto masked_tag) {
         constexpr bool kMasked = decltype(masked_tag)::value;
         // S = Q·Kᵀ: n-tile n holds keys k0 + 8n .. k0 + 8n + 7.
         float s[Bc / 8][4];
@@ -178,7 +179,7 @@ __global__ void __launch_bounds__(kMmaAttentionThreads)
             for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
             for (int c = 0; c < KC; c += 2) {  // matrices: this n-tile's keys × dims 16c + 0..31
                 uint32_t kb[4];
-                ldmatrix_x4(kb, Kt + (8 * n + lane % 8) * ld + c * 16 + 8 * (lane / 8));
+                ldmatrix_x4(kb, Kl + 8 * n * ld + c * 16);
                 const uint32_t b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
                 mma_m16n8k16_bf16(s[n], qf[c], b0, s[n]);
                 mma_m16n8k16_bf16(s[n], qf[c + 1], b1, s[n]);
@@ -218,7 +219,7 @@ __global__ void __launch_bounds__(kMmaAttentionThreads)
             accumulators_to_a_bf16(s[2 * c], s[2 * c + 1], p);
             for (int n = 0; n < NT; n += 2) {  // matrices: keys 16c + 0..7, 8..15 × dims 8n + 0..15
                 uint32_t vb[4];
-                ldmatrix_x4_trans(vb, Vt + (16 * c + lane % 8 + 8 * ((lane / 8) % 2)) * ld + 8 * n + 8 * (lane / 16));
+                ldmatrix_x4_trans(vb, Vl + 16 * c * ld + 8 * n);
                 const uint32_t b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
                 mma_m16n8k16_bf16(o[n], p, b0, o[n]);
                 mma_m16n8k16_bf16(o[n + 1], p, b1, o[n + 1]);
@@ -226,8 +227,14 @@ __global__ void __launch_bounds__(kMmaAttentionThreads)
         }
     };
 
-    for (int kt = first; kt <= last; ++kt) {
-        const int buf = (kt - first) & 1, k0 = kt * Bc;
+    // Each lane's ldmatrix rows in buffer 0 of K (keys lane % 8, dims 8·(lane / 8) + ...) and of V
+    // (keys lane % 16, dims 8·(lane / 16) + ...), and the offset of the buffer tile kt is in (0 or
+    // Bc·ld elements), toggled each tile: no per-tile multiply for the buffer or the lane.
+    const bf16* const k_lane = Ks + (lane % 8) * ld + 8 * (lane / 8);
+    const bf16* const v_lane = Vs + (lane % 8 + 8 * ((lane / 8) % 2)) * ld + 8 * (lane / 16);
+    int buf_off = 0;
+    for (int kt = first; kt <= last; ++kt, buf_off = Bc * ld - buf_off) {
+        const int k0 = kt * Bc;
         cp_async_wait<0>();  // this thread's copies of tile kt (and Q) have landed
         __syncthreads();     // ... and everyone's; and everyone is done with tile kt − 1's buffer
         if (kt == first) {
@@ -236,16 +243,14 @@ __global__ void __launch_bounds__(kMmaAttentionThreads)
             __syncthreads();  // Q is in every warp's registers: its buffer may be refilled
         }
         if (kt < last) {  // the next tile into the other buffer, in flight while this one is used
-            mma_attention_load_tile<HD, Bc>(Ks + (buf ^ 1) * Bc * ld, k, stride, k0 + Bc, T_len);
-            mma_attention_load_tile<HD, Bc>(Vs + (buf ^ 1) * Bc * ld, v, stride, k0 + Bc, T_len);
+            mma_attention_load_tile<HD, Bc>(Ks + (Bc * ld - buf_off), k, stride, k0 + Bc, T_len);
+            mma_attention_load_tile<HD, Bc>(Vs + (Bc * ld - buf_off), v, stride, k0 + Bc, T_len);
             cp_async_commit();
         }
-        const bf16* Kt = Ks + buf * Bc * ld;
-        const bf16* Vt = Vs + buf * Bc * ld;
         if (Path == 1 || (Path == 0 && k0 >= warp_lo_max && k0 + Bc - 1 <= warp_all_hi))
-            tile(Kt, Vt, k0, std::false_type{});
+            tile(k_lane + buf_off, v_lane + buf_off, k0, std::false_type{});
         else if (k0 <= warp_hi && k0 + Bc - 1 >= warp_lo)  // some row of the warp sees a key here
-            tile(Kt, Vt, k0, std::true_type{});
+            tile(k_lane + buf_off, v_lane + buf_off, k0, std::true_type{});
     }
 
     for (int half = 0; half < 2; ++half) {

@@ -24,8 +24,8 @@ struct AttentionTileSass {
 };
 
 inline constexpr AttentionTileSass kAttentionTileSass[] = {
-    {"forward", 64, 386, 510, 64},
-    {"forward", 128, 559, 689, 128},
+    {"forward", 64, 371, 504, 64},
+    {"forward", 128, 566, 681, 128},
     {"dkv", 32, 562, 736, 64},
     {"dkv", 48, 655, 815, 96},
     {"dkv", 64, 686, 850, 128},
