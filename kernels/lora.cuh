@@ -124,8 +124,9 @@ void lora_forward(cublasHandle_t h, const T* x, const T* a, const T* b, T* y, T*
 }
 
 // The adapter's backward on top of dx = dy·W: dA and dB accumulate, or are written over when
-// `grad_write` says so (null: skipped); dx gets the adapter's share added. Workspace: du [N][a_rows], and with dropout `dropped` [N][in] (the input's
-// mask regenerated, then reused for du·A).
+// `grad_write` says so (null: skipped); dx gets the adapter's share added. Workspace: du
+// [N][a_rows], and with dropout `dropped` [N][in] (the input's mask regenerated, then reused for
+// du·A).
 template <class T>
 void lora_backward(cublasHandle_t h, const T* dy, const T* x, const T* a, const T* b, const T* u, T* dx, T* da, T* db,
                    T* du, T* dropped, long long N, const LoraShape& s, const LoraDropout& d, uint32_t tensor,

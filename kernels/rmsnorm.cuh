@@ -228,8 +228,8 @@ size_t rmsnorm_backward_scratch_bytes(long long N, int C) {
 // dx[N][C] = dres + the gradient of x through the norm (written, not accumulated: dres is the
 // gradient already flowing in the residual stream — null for none — and may be dx itself);
 // dweight[C] += the gradient of weight (accumulates across micro-steps, or is written over when
-// `dweight_write` says so; a null dweight, a frozen weight, skips the weight's reduction). `scratch` holds rmsnorm_backward_scratch_bytes<T>(N, C)
-// bytes.
+// `dweight_write` says so; a null dweight, a frozen weight, skips the weight's reduction).
+// `scratch` holds rmsnorm_backward_scratch_bytes<T>(N, C) bytes.
 template <class T>
 void rmsnorm_backward(const T* x, const T* weight, const acc_t<T>* rstd, const T* dout, const T* dres, T* dx,
                       T* dweight, void* scratch, long long N, int C, cudaStream_t stream,
