@@ -26,16 +26,20 @@
 //   l, l + 32, ... in registers, sums their squares, a butterfly warp_sum gives every lane the
 //   total, and the lane writes y from its registers: the row is read once (a row longer than
 //   32·kRmsnormForwardChunks chunks is done in segments and read twice, the second time from
-//   cache). No shared memory or barriers; any C.
+//   cache). No shared memory or barriers; any C. The registers a lane holds follow the row (8
+//   chunks up to 2048 bf16 channels, 16 past that) and the plain norm holds none for a branch:
+//   registers bound how many blocks an SM runs at once, and so how much traffic is in flight.
 //   Bytes: reads N·C + C (weight, cached) elements, writes N·C + N·sizeof(acc) (rstd); the fused
 //   form reads 2·N·C and writes 2·N·C.
 // - Backward: one block per row; G = min(N, kRmsnormBackwardBlocks) blocks, block b taking rows
-//   b, b + G, b + 2G, ... Thread t holds x and dy of chunks t, t + blockDim, ... in registers;
+//   b, b + G, b + 2G, ... Thread t holds x, dy and dres of chunks t, t + blockDim, ... in
+//   registers, and the block's next row is loaded before this row is finished (two rows in
+//   flight a block: the loads of one overlap the barriers and writes of the other);
 //   a block_sum gives mean(g·x̂), then the block writes dx and adds dy·x̂ into a per-block dweight
 //   partial in shared memory. Each partial element has one writer and a fixed order of rows. The
 //   block stores its partial in the caller's scratch[G][C]; a second kernel adds, for each c,
 //   scratch[0..G)[c] in order into dweight[c]. Deterministic, no atomics; the scratch is
-//   G · C · sizeof(acc_t<T>) bytes (at most 16 MiB for C = 8192 in fp32).
+//   G · C · sizeof(acc_t<T>) bytes (at most 8.25 MiB for C = 8192 in fp32).
 //   Bytes: reads x, dy (and dres) N·C each, writes dx N·C, writes and then reads G·C partials
 //   in acc_t, reads and writes dweight C.
 #pragma once
@@ -46,29 +50,35 @@
 namespace pv {
 
 inline constexpr int kRmsnormForwardRows = 8;           // rows (warps) per forward block
-inline constexpr int kRmsnormBackwardBlocks = 512;      // at most this many dweight partials
+// At most this many backward blocks (dweight partials): two an SM on an H100 (132 SMs), where a
+// block of up to 256 threads takes 80 registers a thread (sm_90, make ptxas-report), so every
+// block is resident at once and none waits for a second wave (512, before, ran 1.3–1.9 waves).
+inline constexpr int kRmsnormBackwardBlocks = 264;
 inline constexpr int kRmsnormBackwardMaxThreads = 512;  // threads per row in the backward
 inline constexpr int kRmsnormReduceThreads = 256;
-// Chunks (W elements) each thread keeps in registers between a row's statistics and its write:
-// in the forward 16 vectors of 16 bytes (64 registers; a warp holds 512·W channels: 4096 in bf16); in the backward 4 of x and 4 of dy per thread (a
-// 512-thread block holds 2048·W channels). A longer row is processed in segments and read a second
-// time (from L1/L2).
+// Chunks (W elements) each thread keeps in registers between a row's statistics and its write, at
+// most: in the forward 16 vectors of 16 bytes (64 registers; a warp holds 512·W channels: 4096 in
+// bf16); in the backward 4 each of x, dy and dres, for this row and the next, on the one-element
+// path, 2 on the 16-byte path (a 512-thread block holds 1024·W channels: 8192 in bf16). A longer row is processed in segments and read a second time (from L1/L2).
 inline constexpr int kRmsnormForwardChunks = 16;
 inline constexpr int kRmsnormBackwardChunks = 4;
 
 // The rows handled by one warp in the forward kernels; whole warps skip past the end.
 __device__ inline long long rmsnorm_warp_row() { return (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; }
 
-// Forward, plain (branch == nullptr: the input is x) or fused with the residual add (the input is
+// Forward, plain (Fused false: the input is x) or fused with the residual add (the input is
 // s = round(x + branch), stored to sum_out, which may alias x). One warp per row; lane l holds the
-// chunks l, l + 32, ... of a segment of 32·kRmsnormForwardChunks chunks in registers, so a row
-// that fits one segment is read from memory once. With W = 1 the lanes sum their squares in the
-// order of the one-element-per-thread kernel this replaced (channels l, l + 32, ...).
-template <class T, int W>
-__global__ void rmsnorm_forward_kernel(const T* x, const T* branch, T* sum_out, const T* weight, T* out, acc_t<T>* rstd,
-                                       long long N, int C, acc_t<T> eps) {
+// chunks l, l + 32, ... of a segment of 32·K chunks in registers, so a row that fits one segment
+// is read from memory once. K is the launcher's: the fewest chunks a lane needs for the row
+// (kRmsnormForwardChunks at most), so the registers a block takes, which bound how many blocks an
+// SM holds, follow the row's width and not the longest row's; Fused is a template argument so the
+// plain norm does not hold registers for a branch it never reads. With W = 1 the lanes sum their
+// squares in the order of the one-element-per-thread kernel this replaced (channels l, l + 32, ...).
+template <class T, int W, int K, bool Fused>
+__global__ void __launch_bounds__(32 * kRmsnormForwardRows)
+    rmsnorm_forward_kernel(const T* x, const T* branch, T* sum_out, const T* weight, T* out, acc_t<T>* rstd,
+                           long long N, int C, acc_t<T> eps) {
     using A = acc_t<T>;
-    constexpr int K = kRmsnormForwardChunks;
     const long long n = rmsnorm_warp_row();
     const int lane = threadIdx.x % 32;
     if (n >= N) return;  // uniform across the warp, so every lane reaches the shuffles
@@ -82,7 +92,7 @@ __global__ void rmsnorm_forward_kernel(const T* x, const T* branch, T* sum_out, 
             if (j >= chunks) continue;
             const long long i = row + (long long)j * W;
             v[k] = load_vec<W>(x + i);
-            if (branch) {  // uniform: the fused residual add, rounded to T before the statistics
+            if constexpr (Fused) {  // the residual add, rounded to T before the statistics
                 const Vec<T, W> b = load_vec<W>(branch + i);
                 for (int e = 0; e < W; ++e) v[k].v[e] = from_acc<T>(to_acc(v[k].v[e]) + to_acc(b.v[e]));
                 store_vec<W>(sum_out + i, v[k]);
@@ -93,7 +103,7 @@ __global__ void rmsnorm_forward_kernel(const T* x, const T* branch, T* sum_out, 
             }
         }
     const A r = acc_rsqrt(warp_sum(sq) / A(C) + eps);
-    const T* input = branch ? sum_out : x;  // the second read of a long row: this lane's own values
+    const T* input = Fused ? sum_out : x;  // the second read of a long row: this lane's own values
     for (int s = 0; s < segments; ++s)
         for (int k = 0; k < K; ++k) {
             const int j = s * per_segment + k * 32 + lane;
@@ -108,54 +118,80 @@ __global__ void rmsnorm_forward_kernel(const T* x, const T* branch, T* sum_out, 
     if (lane == 0) rstd[n] = r;
 }
 
+// One row's chunks j = k·blockDim + threadIdx (k < K, j < chunks) of x, dy and (when dres is
+// given) dres into registers: the backward's loads, issued together.
+template <class T, int W, int K>
+__device__ inline void rmsnorm_backward_load(Vec<T, W> (&xs)[K], Vec<T, W> (&dys)[K], Vec<T, W> (&ds)[K], const T* x,
+                                             const T* dout, const T* dres, long long row, int first, int chunks) {
+    for (int k = 0; k < K; ++k) {
+        const int j = first + k * int(blockDim.x) + int(threadIdx.x);
+        if (j >= chunks) continue;
+        const long long i = row + (long long)j * W;
+        xs[k] = load_vec<W>(x + i);
+        dys[k] = load_vec<W>(dout + i);
+        if (dres) ds[k] = load_vec<W>(dres + i);
+    }
+}
+
 // Backward: one block per row (rows b, b + G, ...). Thread t holds chunks t, t + blockDim, ... of
-// a segment of blockDim·kRmsnormBackwardChunks chunks of x and dy in registers between the dot
-// product and the write. dx = dres + the norm's gradient (dres null: zero; dres may alias dx).
+// a segment of blockDim·K chunks of x, dy and dres in registers between the dot product and the
+// write. dx = dres + the norm's gradient (dres null: zero; dres may alias dx).
+// A row that fits one segment (`held`: every row of the launches we run) is read once, and the
+// block's next row is loaded before this row's block sum and write: its loads are in flight while
+// this row waits at the barriers, so each block keeps two rows of traffic outstanding instead of
+// stalling on every row's loads. A longer row is processed in segments and read twice.
 // Dynamic shared memory: the block's dweight partial, C accumulators; thread t adds only to the
 // channels of its own chunks, rows in a fixed order.
-template <class T, int W>
-__global__ void rmsnorm_backward_kernel(const T* x, const T* weight, const acc_t<T>* rstd, const T* dout, const T* dres,
-                                        T* dx, acc_t<T>* partials, long long N, int C) {
+template <class T, int W, int K>
+__global__ void __launch_bounds__(kRmsnormBackwardMaxThreads)
+    rmsnorm_backward_kernel(const T* x, const T* weight, const acc_t<T>* rstd, const T* dout, const T* dres, T* dx,
+                            acc_t<T>* partials, long long N, int C) {
     using A = acc_t<T>;
-    constexpr int K = kRmsnormBackwardChunks;
     PV_DYNAMIC_SHARED(A, dw);
     __shared__ A reduce_scratch[32];
     for (int c = threadIdx.x * W; c < C; c += blockDim.x * W)
         for (int e = 0; e < W && c + e < C; ++e) dw[c + e] = 0;  // only this thread touches its chunks
     const int chunks = C / W, per_segment = int(blockDim.x) * K, segments = (chunks + per_segment - 1) / per_segment;
-    Vec<T, W> xv[K], dyv[K];
-    for (long long n = blockIdx.x; n < N; n += gridDim.x) {
-        const long long row = n * C;
+    const bool held = segments == 1;
+    // Zero-initialised: every read follows a load, but the compiler cannot see that through `held`
+    // (a few moves a thread, once).
+    Vec<T, W> xv[K]{}, dyv[K]{}, dv[K]{};  // this row
+    Vec<T, W> xn[K]{}, dyn[K]{}, dn[K]{};  // the block's next row (held rows)
+    long long n = blockIdx.x;
+    if (held && n < N) rmsnorm_backward_load<T, W, K>(xv, dyv, dv, x, dout, dres, n * C, 0, chunks);
+    for (; n < N; n += gridDim.x) {
+        const long long row = n * C, next = n + gridDim.x;
+        if (held && next < N) rmsnorm_backward_load<T, W, K>(xn, dyn, dn, x, dout, dres, next * C, 0, chunks);
         const A r = rstd[n];
         A dot = 0;  // Σ_c g·x̂
-        for (int s = 0; s < segments; ++s)
+        for (int s = 0; s < segments; ++s) {
+            if (!held) rmsnorm_backward_load<T, W, K>(xv, dyv, dv, x, dout, nullptr, row, s * per_segment, chunks);
             for (int k = 0; k < K; ++k) {
                 const int j = s * per_segment + k * int(blockDim.x) + int(threadIdx.x);
                 if (j >= chunks) continue;
-                xv[k] = load_vec<W>(x + row + (long long)j * W);
-                dyv[k] = load_vec<W>(dout + row + (long long)j * W);
                 const Vec<T, W> w = load_vec<W>(weight + (long long)j * W);
                 for (int e = 0; e < W; ++e) dot += to_acc(w.v[e]) * to_acc(dyv[k].v[e]) * (to_acc(xv[k].v[e]) * r);
             }
+        }
         const A mean = block_sum(dot, reduce_scratch) / A(C);
-        for (int s = 0; s < segments; ++s)
+        for (int s = 0; s < segments; ++s) {
+            if (!held) rmsnorm_backward_load<T, W, K>(xv, dyv, dv, x, dout, dres, row, s * per_segment, chunks);
             for (int k = 0; k < K; ++k) {
                 const int j = s * per_segment + k * int(blockDim.x) + int(threadIdx.x);
                 if (j >= chunks) continue;
-                const long long i = row + (long long)j * W;
-                if (segments > 1) xv[k] = load_vec<W>(x + i), dyv[k] = load_vec<W>(dout + i);
                 const Vec<T, W> w = load_vec<W>(weight + (long long)j * W);
-                Vec<T, W> base;
-                if (dres) base = load_vec<W>(dres + i);
                 Vec<T, W> out;
                 for (int e = 0; e < W; ++e) {
                     const A dy = to_acc(dyv[k].v[e]), xhat = to_acc(xv[k].v[e]) * r;
-                    const A d0 = dres ? to_acc(base.v[e]) : A(0);
+                    const A d0 = dres ? to_acc(dv[k].v[e]) : A(0);
                     out.v[e] = from_acc<T>(d0 + (to_acc(w.v[e]) * dy - xhat * mean) * r);
                     dw[j * W + e] += dy * xhat;
                 }
-                store_vec<W>(dx + i, out);
+                store_vec<W>(dx + row + (long long)j * W, out);
             }
+        }
+        if (held)
+            for (int k = 0; k < K; ++k) xv[k] = xn[k], dyv[k] = dyn[k], dv[k] = dn[k];
     }
     for (int c = threadIdx.x * W; c < C; c += blockDim.x * W)
         for (int e = 0; e < W && c + e < C; ++e) partials[(long long)blockIdx.x * C + c + e] = dw[c + e];
@@ -185,10 +221,13 @@ bool rmsnorm_vector(int C, std::initializer_list<const void*> pointers) {
     return C % kVec<T> == 0 && vec_aligned(pointers);
 }
 
-// The forward launch of both public forwards (branch null: the plain norm).
+// The forward launch of both public forwards (branch null: the plain norm). Chunks a lane holds:
+// 8 when the row fits 32·8 chunks (up to 2048 channels in bf16), kRmsnormForwardChunks otherwise
+// (and always for the one-element path, which only odd widths take).
 template <class T>
 void rmsnorm_forward_launch(const T* x, const T* branch, T* sum_out, const T* weight, T* out, acc_t<T>* rstd,
                             long long N, int C, double eps, cudaStream_t stream) {
+    constexpr int V = kVec<T>, K = kRmsnormForwardChunks, Short = kRmsnormForwardChunks / 2;
     if (N == 0) return;
     const int rows_per_block = rmsnorm_forward_rows_per_block(N);
     auto go = [&](auto kernel) {
@@ -196,10 +235,14 @@ void rmsnorm_forward_launch(const T* x, const T* branch, T* sum_out, const T* we
                weight, out, rstd, N, C, acc_t<T>(eps));
         CUDA_CHECK_LAUNCH();
     };
-    if (rmsnorm_vector<T>(C, {x, branch, sum_out, weight, out}))
-        go(rmsnorm_forward_kernel<T, kVec<T>>);
-    else
-        go(rmsnorm_forward_kernel<T, 1>);
+    const bool fused = branch != nullptr;
+    if (!rmsnorm_vector<T>(C, {x, branch, sum_out, weight, out})) {
+        fused ? go(rmsnorm_forward_kernel<T, 1, K, true>) : go(rmsnorm_forward_kernel<T, 1, K, false>);
+    } else if (C / V <= 32 * Short) {
+        fused ? go(rmsnorm_forward_kernel<T, V, Short, true>) : go(rmsnorm_forward_kernel<T, V, Short, false>);
+    } else {
+        fused ? go(rmsnorm_forward_kernel<T, V, K, true>) : go(rmsnorm_forward_kernel<T, V, K, false>);
+    }
 }
 
 // out[N][C] = rmsnorm(x) · weight; rstd[N] saved for the backward.
@@ -235,12 +278,17 @@ void rmsnorm_backward(const T* x, const T* weight, const acc_t<T>* rstd, const T
                       T* dweight, void* scratch, long long N, int C, cudaStream_t stream,
                       GradWrite dweight_write = GradWrite::add) {
     using A = acc_t<T>;
+    constexpr int V = kVec<T>, Max = kRmsnormBackwardMaxThreads;
     if (N == 0 || C == 0) return;
     const int blocks = rmsnorm_backward_blocks(N);
     const bool vector = rmsnorm_vector<T>(C, {x, weight, dout, dres, dx});
-    const int chunks = vector ? C / kVec<T> : C;
-    const int rounded = ceil_div(chunks, 32) * 32;
-    const int threads = rounded < kRmsnormBackwardMaxThreads ? rounded : kRmsnormBackwardMaxThreads;
+    const int chunks = vector ? C / V : C;
+    // Chunks a thread holds: 1 when the row fits `Max` threads, else 2 (in segments past 2·Max);
+    // kRmsnormBackwardChunks on the one-element path. (Four 16-byte chunks of this row and the
+    // next take a bf16 thread past the 128 registers 512 threads may have.)
+    const int K = !vector ? kRmsnormBackwardChunks : chunks <= Max ? 1 : 2;
+    const int rounded = ceil_div(ceil_div(chunks, K), 32) * 32;
+    const int threads = rounded < Max ? rounded : Max;
     const size_t smem = size_t(C) * sizeof(A);
     A* partials = static_cast<A*>(scratch);
     auto go = [&](auto kernel) {
@@ -250,10 +298,12 @@ void rmsnorm_backward(const T* x, const T* weight, const acc_t<T>* rstd, const T
         launch(kernel, dim3(blocks), dim3(threads), smem, stream, x, weight, rstd, dout, dres, dx, partials, N, C);
         CUDA_CHECK_LAUNCH();
     };
-    if (vector)
-        go(rmsnorm_backward_kernel<T, kVec<T>>);
+    if (!vector)
+        go(rmsnorm_backward_kernel<T, 1, kRmsnormBackwardChunks>);
+    else if (K == 1)
+        go(rmsnorm_backward_kernel<T, V, 1>);
     else
-        go(rmsnorm_backward_kernel<T, 1>);
+        go(rmsnorm_backward_kernel<T, V, 2>);
     if (dweight == nullptr) return;
     launch(rmsnorm_dweight_kernel<T>, dim3(ceil_div(C, kRmsnormReduceThreads)), dim3(kRmsnormReduceThreads), 0, stream,
            partials, dweight, blocks, C, dweight_write == GradWrite::add);

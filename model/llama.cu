@@ -502,7 +502,13 @@ void Llama<T>::zero_grads() {
 
 template <class T>
 void Llama<T>::discard_grads() {
-    for (Unit& unit : units_) unit.grads_discarded = unit.grads != nullptr;
+    for (int u = 0; u < num_units(); ++u) discard_grads(u);
+}
+
+template <class T>
+void Llama<T>::discard_grads(int u) {
+    Unit& unit = units_.at(size_t(u));
+    unit.grads_discarded = unit.grads != nullptr;
 }
 
 template <class T>

@@ -269,6 +269,7 @@ class Llama {
     // backward and padding is never written, so the buffer ends as zero_grads + backward leaves
     // it. A unit whose backward has not run since must be settled before its gradient is read.
     void discard_grads();
+    void discard_grads(int u);  // unit u alone (Gradients::bound: a buffer just bound to it)
     // Zeroes the gradient of every unit discard_grads left that no backward has written since (of
     // unit u alone).
     void settle_grads();

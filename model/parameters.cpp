@@ -46,6 +46,14 @@ long long slot_elements(const TensorSpec& spec, GroupKind kind, DType dtype, boo
     return (nf4_slot_bytes(spec, double_quant) + size - 1) / size;
 }
 
+bool same_padding(const GroupLayout& a, const GroupLayout& b) {
+    if (a.padded != b.padded || a.dtype != b.dtype || a.tensors.size() != b.tensors.size()) return false;
+    for (size_t i = 0; i < a.tensors.size(); ++i)
+        if (a.tensors[i].offset != b.tensors[i].offset || a.tensors[i].spec.numel() != b.tensors[i].spec.numel())
+            return false;
+    return true;
+}
+
 GroupLayout layout_group(GroupKind kind, DType dtype, const std::vector<TensorSpec>& specs, int shards,
                          bool double_quant) {
     if (shards < 1) throw std::invalid_argument("layout_group: shards must be >= 1");

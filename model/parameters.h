@@ -120,6 +120,11 @@ struct GroupLayout {
     const TensorSlot& find(const std::string& name) const;  // throws naming the tensor (for tools and tests)
 };
 
+// Whether two groups leave the same elements unwritten: the same size, and tensors of the same
+// sizes at the same offsets (a buffer whose padding is zero for one is zero for the other; every
+// block of a model, as a rule).
+bool same_padding(const GroupLayout& a, const GroupLayout& b);
+
 // Places `specs` in one group of `kind` and `dtype`, splittable into `shards` (an nf4 group: each
 // tensor's NF4 slot, model/nf4_layout.h, in elements of `dtype`).
 GroupLayout layout_group(GroupKind kind, DType dtype, const std::vector<TensorSpec>& specs, int shards,

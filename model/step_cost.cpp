@@ -137,10 +137,10 @@ std::vector<KernelCost> residual_rmsnorm_forward(long long N, int C, int t, int 
 
 // rmsnorm_backward_kernel: x, dout, rstd, the weight and the residual's gradient dres read, dx
 // written (dx = dres + the norm's share: nothing is copied beforehand) and one partial dweight row
-// of C accumulators per block (G = min(N, 512) blocks); rmsnorm_dweight_kernel: the G partial rows
+// of C accumulators per block (G = min(N, 264) blocks: kRmsnormBackwardBlocks); rmsnorm_dweight_kernel: the G partial rows
 // and dweight read, dweight written.
 std::vector<KernelCost> rmsnorm_backward(long long N, int C, int t, int a, bool weight_grad) {
-    const double nc = double(N) * C, g = double(std::min<long long>(N, 512));
+    const double nc = double(N) * C, g = double(std::min<long long>(N, 264));
     std::vector<KernelCost> k{kernel("rmsnorm_backward_kernel", "rmsnorm backward",
                                      3 * nc * t + double(C) * t + double(N) * a, nc * t + g * C * a, 10 * nc, kRows)};
     if (weight_grad)
@@ -489,6 +489,37 @@ std::vector<KernelCost> adapter_backward(long long N, const Projection& p, int r
 // Tensor parallelism's gradient sums: a share added to the gradient after the group's sum.
 const char* const kShareAdded = "tensor parallelism: gradient share added";
 
+namespace {
+// ZeRO-2/3's rotating gradient buffers (parallel/gradients_rotating.h): which units' buffers are
+// zeroed as they are bound, per micro-step once the binding order repeats (a buffer is zeroed
+// where its last unit had another layout: here, another kind of unit; a unit bound after one of
+// its own kind is written over). Units are bound from the head down; a tied embedding has a
+// buffer of its own.
+struct RotatingZeroed {
+    int blocks = 0;
+    bool head = false, embedding = false;
+};
+RotatingZeroed rotating_zeroed(int L, bool tied) {
+    enum Kind { embedding, block, head };
+    int occupant[3] = {-1, -1, -1};
+    RotatingZeroed z;
+    for (int pass = 0; pass < 2; ++pass) {  // the second micro-step is every later one
+        z = {};
+        for (int u = L + 1; u >= 0; --u) {
+            const int kind = u == 0 ? embedding : u == L + 1 ? head : block;
+            const int b = u == 0 && tied ? 2 : (L + 1 - u) % 2;
+            if (occupant[b] != kind) {
+                if (kind == block) ++z.blocks;
+                if (kind == head) z.head = true;
+                if (kind == embedding) z.embedding = true;
+            }
+            occupant[b] = kind;
+        }
+    }
+    return z;
+}
+}  // namespace
+
 std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     const LlamaConfig c = tensor_parallel_shape(s.config, {s.tensor, 0});  // every rank's shape is rank 0's
     const int t = s.t, a = 4, C = c.hidden_size, F = c.ffn_size, V = c.vocab_size, hd = c.head_dim_resolved();
@@ -511,13 +542,17 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     const double embedding = double(V) * C, head = (c.tie_embeddings ? 0 : double(V) * C) + C;
     const double params = lora ? L * block_params : embedding + L * block_params + head;
     // The base's weight gradient GEMMs, only when it trains. Today's first micro-step writes over
-    // the gradient (Llama::discard_grads: β = 0, the old gradient not read) but where ZeRO-2/3's
-    // rotating buffers are zeroed as they are bound; the other micro-steps add to it.
-    const bool overwrites = now && !s.rotating_gradients;
+    // the gradient (Llama::discard_grads: β = 0, the old gradient not read); the other micro-steps
+    // add to it. ZeRO-2/3: every micro-step binds fresh buffers, written over but where a buffer
+    // is zeroed as it is bound (a block after the head or the embedding), whose GEMMs add.
+    const RotatingZeroed zeroed = rotating_zeroed(L, c.tie_embeddings);
+    const double written_over = !now                   ? 0
+                                : s.rotating_gradients ? double(L - zeroed.blocks) / L
+                                                       : 1.0 / micro;  // of a block's dW GEMMs
     const auto weight_gradient = [&](std::vector<KernelCost>& k, long long rows, long long cols, const char* op,
                                      double count) {
         if (!full) return;
-        const double first = overwrites ? count / micro : 0;  // count: per micro-step times micro
+        const double first = count * written_over;  // count: per micro-step times micro
         if (first > 0) append(k, cost::gemm(rows, cols, N, t, false, op), first);
         if (count > first) append(k, cost::gemm(rows, cols, N, t, true, op), count - first);
     };
@@ -648,12 +683,15 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
         append(k, cost::memset(double(C) * t, "sequence parallelism: norm gradient share zeroed"), 2 * layers + micro);
         append(k, cost::add(C, t, kShareAdded), 2 * layers + micro);
     }
-    // What is still zeroed (Llama::discard_grads), now in the backward: ZeRO-2/3's rotating buffers,
-    // each unit's full size as it is bound, every micro-step; or an untied embedding's gradient.
+    // What is still zeroed (Llama::discard_grads), now in the backward: of ZeRO-2/3's rotating
+    // buffers, those bound where the layout changes, every micro-step; or an untied embedding's
+    // gradient.
     if (now) {
-        if (s.rotating_gradients)
-            append(k, cost::memset(params * t, "gradients zeroed as each unit's buffer is bound"), micro);
-        else if (full && !c.tie_embeddings)  // the scatter-add adds; a tied one is the lm_head's, written over
+        if (s.rotating_gradients) {
+            const double elements = zeroed.blocks * block_params + (zeroed.head && full ? head : 0) +
+                                    (zeroed.embedding && full && !c.tie_embeddings ? embedding : 0);
+            append(k, cost::memset(elements * t, "gradient buffers zeroed where the unit's layout changes"), micro);
+        } else if (full && !c.tie_embeddings)  // the scatter-add adds; a tied one is the lm_head's, written over
             append(k, cost::memset(double(V) * C * t, "embedding gradient zeroed"), 1);
     }
     if (full) append(k, cost::embedding_backward(N, C, distinct, t), micro);

@@ -179,8 +179,10 @@ struct StepShape {
     int t = 2;
     int optimizer_shards =
         1;  // ranks the optimizer state is split over (ZeRO: its shard group, by default the world; else 1)
-    // ZeRO-2/3 (parallel/gradients_rotating.h): each unit's full-size gradient buffer is zeroed as
-    // it is bound, every micro-step; the other policies' first micro-step writes over the gradient.
+    // ZeRO-2/3 (parallel/gradients_rotating.h): each micro-step's backward writes over freshly
+    // bound full-size gradient buffers, but zeroes those bound where the unit's layout changes (the
+    // head, an untied embedding, one or two blocks); the other policies' first micro-step writes over
+    // the gradient and the others add.
     bool rotating_gradients = false;
     LoraConfig lora{};  // rank 0: full fine-tuning
     // Each recomputing block runs its forward again before its backward, less the down projection

@@ -4,8 +4,8 @@
 //
 // Buffers. Rank r keeps, per unit, only the reduced gradient of its slice r (Ψ/N elements in
 // all), accumulated over micro-steps. Full-size gradients live in two rotating buffers the size of
-// the largest unit: before unit u's backward one is bound to the unit (Llama's Gradients::bound)
-// and zeroed; after it, on the communication stream, the buffer is reduce-scattered in place and
+// the largest unit: before unit u's backward one is bound to the unit (Llama's Gradients::bound);
+// after it, on the communication stream, the buffer is reduce-scattered in place and
 // its slice r added into the slice accumulator; an event then marks the buffer free, and the
 // compute stream waits for that event before binding the buffer to the unit after next. So the
 // backward of unit u − 1 overlaps the reduce-scatter of unit u, and never more than two
@@ -13,6 +13,15 @@
 // head's backward already writes the embedding's gradient, so the embedding unit has a buffer of
 // its own, bound from the head's backward to the embedding's (on a pipeline's last stage, to its
 // copy of the embedding; a first stage without the head binds it at the embedding's backward).
+//
+// Zeroing. A bound buffer's old values are never read: the unit's backward writes over every
+// tensor of its gradient (Llama::discard_grads(u): the weight-gradient GEMMs with β = 0, ...) and
+// never touches the padding between and after them, so the padding stays what it was. Where the
+// buffer's last unit had the same padding (model/parameters.h same_padding: every block after
+// another block) it is still zero and nothing is cleared; where the layout changes (a block after
+// the head, the embedding after a block, the head after the embedding) the buffer is zeroed and
+// the unit's backward adds to it, as before. So of a step's units, per micro-step, two to four
+// are zeroed (the head, an untied embedding and one or two blocks), not all of them.
 //
 // Per optimizer step with accumulation A that is A reduce-scatters per unit: A·(N − 1)/N·Ψ
 // elements (Ψ: trainable elements). Memory (bf16): slices 2Ψ/N plus the rotating buffers
@@ -110,14 +119,20 @@ class RotatingGradients : public GradientPart<T, G> {
         const int b = buffer_of(u);
         cudaStream_t compute = model.stream();
         CUDA_CHECK(cudaStreamWaitEvent(compute, free_[b], 0));  // its last reduce-scatter is done
-        CUDA_CHECK(cudaMemsetAsync(buffer(b), 0, model.trainable(u).bytes(), compute));
         model.bind_grads(u, buffer(b));
+        const int last = occupant_[b];
+        if (last >= 0 && same_padding(model.trainable(last), model.trainable(u)))
+            model.discard_grads(u);  // its padding is still zero: the backward writes the rest over
+        else
+            CUDA_CHECK(cudaMemsetAsync(buffer(b), 0, model.trainable(u).bytes(), compute));
+        occupant_[b] = u;
     }
 
     std::vector<DeviceBuffer<G>> slices_;    // per unit: this rank's reduced slice, summed over micro-steps
     std::vector<DeviceBuffer<T>> rotating_;  // two full-size unit gradients
     DeviceBuffer<T> embedding_;              // the tied embedding's own
     cudaEvent_t free_[3] = {};
+    int occupant_[3] = {-1, -1, -1};  // the unit each buffer was last bound to (-1: never)
 };
 
 }  // namespace pv

@@ -93,13 +93,16 @@ void check_fused(long long N, int C, uint64_t seed) {
 // Shapes: single row and channel, sizes that divide neither a warp nor a block, more rows than
 // the backward has blocks (rows per block > 1), and the largest hidden sizes (fp64 needs the
 // shared-memory opt-in for C = 8192); widths that are multiples of every vector width (64, 1032,
-// 4096, 8192: the 16-byte path, in one segment and in several) and widths that are not. test-tsan looks for races at tiny shapes (DESIGN.md §5),
+// 4096, 8192: the 16-byte path, in one segment and in several) and widths that are not; more
+// rows than the backward has blocks on the 16-byte path (1100 × 128: each block loads its next row
+// while it finishes one) and in rows of several segments (520 × 2051: no prefetch, rows read
+// twice). test-tsan looks for races at tiny shapes (DESIGN.md §5),
 // where every emulated thread costs a fresh fiber: there the small shapes only (the bit-identity
 // test below still has several rows per block).
 using Shapes = std::vector<std::pair<long long, int>>;
 const Shapes kShapes = pv::kThreadSanitizer ? Shapes{{1, 1}, {7, 67}, {33, 130}, {5, 64}}
-                                            : Shapes{{1, 1},  {7, 67},   {33, 130}, {130, 33}, {515, 45},
-                                                     {5, 64}, {9, 1032}, {3, 4096}, {2, 8192}};
+                                            : Shapes{{1, 1},    {7, 67},   {33, 130}, {130, 33},   {515, 45},  {5, 64},
+                                                     {9, 1032}, {3, 4096}, {2, 8192}, {1100, 128}, {520, 2051}};
 
 }  // namespace rmsnorm_test
 
@@ -114,7 +117,10 @@ TEST_CASE("rmsnorm forward and backward match the fp64 reference", "[kernels][rm
 }
 
 TEST_CASE("rmsnorm backward writes dres + its share, from a separate dres or none", "[kernels][rmsnorm]") {
-    for (auto [N, C] : {std::pair{7LL, 67}, std::pair{5LL, 64}})
+    // One row a block; several, the next loaded ahead; several, in segments (not under TSan).
+    Shapes shapes{{7, 67}, {5, 64}};
+    if (!pv::kThreadSanitizer) shapes.insert(shapes.end(), {{1100, 64}, {520, 2051}});
+    for (auto [N, C] : shapes)
         for (Dres mode : {Dres::separate, Dres::none}) {
             check_plain<double>(N, C, 110, mode);
             check_plain<float>(N, C, 120, mode);

@@ -173,6 +173,51 @@ TEST_CASE("step cost: activation checkpointing adds the recomputing blocks' forw
           Approx((2 * recomputed_weights + 2 * 4 * ((8 + 12) + (8 + 6)) + 2 * 4 * 12) * tokens * 2).epsilon(1e-12));
 }
 
+// ZeRO-2/3's rotating buffers (parallel/gradients_rotating.h), worked by hand: units are bound
+// from the head (unit L + 1) down, unit u to buffer (L + 1 − u) mod 2 (a tied embedding to its
+// own), and a buffer is zeroed where its previous unit was of another kind. From the second
+// micro-step on, per micro-step:
+//   untied, 4 layers: buffer 0 holds head, 3, 1 and buffer 1 holds 4, 2, embedding: the head
+//     (after block 1), block 3 (after the head), block 4 (after the embedding), the embedding
+//     (after block 2) are zeroed: 2 blocks;
+//   untied, 3 layers: buffer 0 holds head, 2, embedding and buffer 1 holds 3, 1: the head, block 2
+//     and the embedding: 1 block;
+//   tied, 4 layers: buffer 0 holds head, 3, 1, buffer 1 holds 4, 2: the head and block 3: 1 block.
+// The hand-built model: a block trains 592 elements (q 96, k 48, v 48, o 96, gate, up, down 96
+// each, two norms of 8), the head 8 (its norm) + 80 untied (lm_head 10 × 8), the embedding 80.
+TEST_CASE("step cost: ZeRO-2/3 zero only the gradient buffers bound where the unit's layout changes", "[step_cost]") {
+    struct Case {
+        bool tied;
+        int layers, zeroed_blocks;
+        double zeroed_elements;
+    };
+    for (const Case& e :
+         {Case{false, 4, 2, 2 * 592 + 88 + 80}, Case{false, 3, 1, 592 + 88 + 80}, Case{true, 4, 1, 592 + 8}}) {
+        pv::StepShape s;
+        s.config = pv_test::hand_built(e.tied), s.config.num_layers = e.layers;
+        s.batch = 2, s.seq_len = 4, s.accumulation = 3, s.rotating_gradients = true;
+        double zeroed = 0, written_over = 0, added = 0;
+        for (const pv::KernelCost& k : pv::step_kernels(s, pv::KernelSet::now)) {
+            if (k.op == "gradient buffers zeroed where the unit's layout changes") zeroed += k.written_bytes * k.count;
+            if (k.op == "down backward: dW") {  // C = 8 × 12 (β = 0: not read) from 8 tokens
+                const bool reads_c = k.read_bytes == (8.0 * 8 + 12 * 8 + 8 * 12) * 2;
+                (reads_c ? added : written_over) += k.count;
+            }
+        }
+        INFO("tied " << e.tied << ", " << e.layers << " layers");
+        CHECK(zeroed == e.zeroed_elements * 2 * 3);  // bf16, every micro-step
+        CHECK(written_over == double(e.layers - e.zeroed_blocks) * 3);
+        CHECK(added == double(e.zeroed_blocks) * 3);
+        // Without rotating buffers the first micro-step writes over every block's, the others add.
+        s.rotating_gradients = false;
+        written_over = added = 0;
+        for (const pv::KernelCost& k : pv::step_kernels(s, pv::KernelSet::now))
+            if (k.op == "down backward: dW") (k.read_bytes > (8.0 * 8 + 12 * 8) * 2 ? added : written_over) += k.count;
+        CHECK(written_over == e.layers);
+        CHECK(added == e.layers * 2.0);
+    }
+}
+
 // A LoRA step is the full step less the weight gradients: at a real shape its predicted time is
 // between two thirds and all of the full step's (the GEMMs are most of it; the adapters add little).
 TEST_CASE("step cost: a LoRA step of TinyLlama takes about two thirds of its full fine-tuning step", "[step_cost]") {
