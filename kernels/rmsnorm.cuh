@@ -20,8 +20,8 @@
 // is the gradient of s: the residual stream's gradient plus the norm's share.
 //
 // Kernels (16-byte vectors, kernels/vec.cuh, when C is a multiple of the vector width and the
-// bases are aligned; one element at a time otherwise — the W = 1 path adds in the order of the
-// one-element-per-thread kernels these replaced, so its results are bit for bit theirs):
+// bases are aligned; one element at a time otherwise — the forward's W = 1 path adds in the order
+// of the one-element-per-thread kernel it replaced, so its results are bit for bit that kernel's):
 // - Forward: one warp per row (up to eight rows per block). Lane l holds the chunks (W elements)
 //   l, l + 32, ... in registers, sums their squares, a butterfly warp_sum gives every lane the
 //   total, and the lane writes y from its registers: the row is read once (a row longer than
@@ -51,7 +51,7 @@ namespace pv {
 
 inline constexpr int kRmsnormForwardRows = 8;           // rows (warps) per forward block
 // At most this many backward blocks (dweight partials): two an SM on an H100 (132 SMs), where a
-// block of up to 256 threads takes 80 registers a thread (sm_90, make ptxas-report), so every
+// block of up to 256 threads takes 84 registers a thread (sm_90, make ptxas-report), so every
 // block is resident at once and none waits for a second wave (512, before, ran 1.3–1.9 waves).
 inline constexpr int kRmsnormBackwardBlocks = 264;
 inline constexpr int kRmsnormBackwardMaxThreads = 512;  // threads per row in the backward
@@ -59,7 +59,8 @@ inline constexpr int kRmsnormReduceThreads = 256;
 // Chunks (W elements) each thread keeps in registers between a row's statistics and its write, at
 // most: in the forward 16 vectors of 16 bytes (64 registers; a warp holds 512·W channels: 4096 in
 // bf16); in the backward 4 each of x, dy and dres, for this row and the next, on the one-element
-// path, 2 on the 16-byte path (a 512-thread block holds 1024·W channels: 8192 in bf16). A longer row is processed in segments and read a second time (from L1/L2).
+// path, 2 on the 16-byte path (a 512-thread block holds 1024·W channels: 8192 in bf16). A longer
+// row is processed in segments and read a second time (from L1/L2).
 inline constexpr int kRmsnormForwardChunks = 16;
 inline constexpr int kRmsnormBackwardChunks = 4;
 
@@ -136,7 +137,7 @@ __device__ inline void rmsnorm_backward_load(Vec<T, W> (&xs)[K], Vec<T, W> (&dys
 // Backward: one block per row (rows b, b + G, ...). Thread t holds chunks t, t + blockDim, ... of
 // a segment of blockDim·K chunks of x, dy and dres in registers between the dot product and the
 // write. dx = dres + the norm's gradient (dres null: zero; dres may alias dx).
-// A row that fits one segment (`held`: every row of the launches we run) is read once, and the
+// A row that fits one segment (`held`: up to 8192 channels in bf16) is read once, and the
 // block's next row is loaded before this row's block sum and write: its loads are in flight while
 // this row waits at the barriers, so each block keeps two rows of traffic outstanding instead of
 // stalling on every row's loads. A longer row is processed in segments and read twice.

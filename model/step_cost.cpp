@@ -137,8 +137,8 @@ std::vector<KernelCost> residual_rmsnorm_forward(long long N, int C, int t, int 
 
 // rmsnorm_backward_kernel: x, dout, rstd, the weight and the residual's gradient dres read, dx
 // written (dx = dres + the norm's share: nothing is copied beforehand) and one partial dweight row
-// of C accumulators per block (G = min(N, 264) blocks: kRmsnormBackwardBlocks); rmsnorm_dweight_kernel: the G partial rows
-// and dweight read, dweight written.
+// of C accumulators per block (G = min(N, 264) blocks: kRmsnormBackwardBlocks);
+// rmsnorm_dweight_kernel: the G partial rows and dweight read, dweight written.
 std::vector<KernelCost> rmsnorm_backward(long long N, int C, int t, int a, bool weight_grad) {
     const double nc = double(N) * C, g = double(std::min<long long>(N, 264));
     std::vector<KernelCost> k{kernel("rmsnorm_backward_kernel", "rmsnorm backward",
