@@ -212,7 +212,8 @@ cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa, cublasOpera
         g.alpha = *static_cast<const float*>(alpha);
         g.beta = *static_cast<const float*>(beta);
     }
-    pv::host::stream_submit(handle->stream, [g] { run(g); });
+    // (A capture's refusal: the legacy stream used while a blocking stream captures.)
+    if (pv::host::stream_submit(handle->stream, [g] { run(g); }) != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
     return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -185,11 +185,12 @@ void launch_kernel(KernelLaunch launch, cudaStream_t stream) {
     }
     static std::atomic<uint64_t> launches{0};
     launch.sequence = launches.fetch_add(1);
-    stream_submit(stream, [k = std::move(launch)] {
+    const cudaError_t e = stream_submit(stream, [k = std::move(launch)] {
         access_meter_launch_begin();
         pool().run_grid(k);
         access_meter_launch_end(k.kernel);
     });
+    if (e != cudaSuccess) set_last_error(e);
 }
 
 }  // namespace pv::host

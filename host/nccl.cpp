@@ -588,7 +588,8 @@ ncclResult_t launch(std::vector<Op> ops) {
     }
     const bool deferred = streams_are_deferred();
     auto status = std::make_shared<ncclResult_t>(ncclSuccess);
-    stream_submit(primary, [ops = std::move(ops), self_pairs = std::move(self_pairs), status, deferred] {
+    const cudaError_t submitted = stream_submit(primary, [ops = std::move(ops), self_pairs = std::move(self_pairs),
+                                                          status, deferred] {
         *status = execute_unless_broken(ops, self_pairs);
         if (*status != ncclSuccess && deferred) {
             std::fprintf(stderr,
@@ -598,6 +599,7 @@ ncclResult_t launch(std::vector<Op> ops) {
             abort_job();
         }
     });
+    PV_NCCL_TRY(check_cuda(submitted, "the collective's stream work"));
     PV_NCCL_TRY(check_cuda(cudaEventRecord(previous_launch, primary), "cudaEventRecord"));
     for (size_t i = 1; i < streams.size(); ++i)  // ... and wait for the group's end
         PV_NCCL_TRY(check_cuda(cudaStreamWaitEvent(streams[i], previous_launch, 0), "cudaStreamWaitEvent"));

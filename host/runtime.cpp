@@ -11,6 +11,7 @@
 // returns once the source is staged (here: snapshotted), to pageable memory once the copy is done.
 #include "host/access_meter.h"
 #include "host/device_profile.h"
+#include "host/graph.h"
 #include "host/stream.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -76,6 +77,7 @@ void poison_device_memory(bool poisoned) {
 
 cudaError_t allocate(void** ptr, size_t bytes, AllocKind kind) {
     if (!ptr) return set_last_error(cudaErrorInvalidValue);
+    if (const cudaError_t e = check_unsafe_call_during_capture(); e != cudaSuccess) return set_last_error(e);
     *ptr = nullptr;
     if (bytes == 0) return cudaSuccess;  // CUDA returns success and a null pointer
     void* p = nullptr;
@@ -91,6 +93,7 @@ cudaError_t allocate(void** ptr, size_t bytes, AllocKind kind) {
 }
 
 cudaError_t release(void* ptr, AllocKind kind) {
+    if (const cudaError_t e = check_unsafe_call_during_capture(); e != cudaSuccess) return set_last_error(e);
     if (!ptr) return cudaSuccess;
     {
         std::lock_guard lock(registry_mutex);
@@ -214,6 +217,15 @@ extern "C" const char* cudaGetErrorName(cudaError_t error) {
         PV_NAME(cudaErrorNotReady)
         PV_NAME(cudaErrorNoDevice)
         PV_NAME(cudaErrorLaunchOutOfResources)
+        PV_NAME(cudaErrorIllegalState)
+        PV_NAME(cudaErrorNotSupported)
+        PV_NAME(cudaErrorStreamCaptureUnsupported)
+        PV_NAME(cudaErrorStreamCaptureInvalidated)
+        PV_NAME(cudaErrorStreamCaptureUnmatched)
+        PV_NAME(cudaErrorStreamCaptureUnjoined)
+        PV_NAME(cudaErrorStreamCaptureIsolation)
+        PV_NAME(cudaErrorStreamCaptureImplicit)
+        PV_NAME(cudaErrorCapturedEvent)
 #undef PV_NAME
         default: return "cudaErrorUnknown";
     }
@@ -233,6 +245,16 @@ extern "C" const char* cudaGetErrorString(cudaError_t error) {
         case cudaErrorNotReady: return "device not ready";
         case cudaErrorNoDevice: return "no CUDA-capable device is detected";
         case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+        case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
+        case cudaErrorNotSupported: return "operation not supported";
+        case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+        case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+        case cudaErrorStreamCaptureUnmatched: return "capture was not ended in the same stream as it began";
+        case cudaErrorStreamCaptureUnjoined: return "capturing stream has unjoined work";
+        case cudaErrorStreamCaptureIsolation: return "dependency created on uncaptured work in another stream";
+        case cudaErrorStreamCaptureImplicit:
+            return "operation would make the legacy stream depend on a capturing blocking stream";
+        case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
         default: return "unrecognized error code";
     }
 }
@@ -388,37 +410,40 @@ void metered_copy(void* dst, const void* src, size_t count) {
 cudaError_t copy(void* dst, const void* src, size_t count, cudaMemcpyKind kind, cudaStream_t stream, bool sync_call) {
     if (const cudaError_t e = check_copy(dst, src, count, kind); e != cudaSuccess) return set_last_error(e);
     if (!stream_is_valid(stream)) return set_last_error(cudaErrorInvalidResourceHandle);
+    if (sync_call)
+        if (const cudaError_t e = check_unsafe_call_during_capture(); e != cudaSuccess) return set_last_error(e);
     if (count == 0) return cudaSuccess;
     const bool src_pageable = !is_device(src, count) && !is_pinned(src, count);
     const bool dst_pageable = !is_device(dst, count) && !is_pinned(dst, count);
+    if (src_pageable || dst_pageable)  // a graph cannot hold it (CUDA stages or waits at the call)
+        if (const cudaError_t e = refuse_in_capture(stream); e != cudaSuccess) return set_last_error(e);
+    cudaError_t e = cudaSuccess;
     if (sync_call || dst_pageable) {
         // The call returns once the copy is done.
-        stream_submit_and_wait(stream, [=] { metered_copy(dst, src, count); });
+        e = stream_submit_and_wait(stream, [=] { metered_copy(dst, src, count); });
     } else if (src_pageable && streams_are_deferred()) {
         // Staged at the call: the caller may overwrite its buffer as soon as this returns.
         auto staged =
             std::make_shared<std::vector<char>>(static_cast<const char*>(src), static_cast<const char*>(src) + count);
-        stream_submit(stream, [=] { metered_copy(dst, staged->data(), count); });
+        e = stream_submit(stream, [=] { metered_copy(dst, staged->data(), count); });
     } else {
-        stream_submit(stream, [=] { metered_copy(dst, src, count); });
+        e = stream_submit(stream, [=] { metered_copy(dst, src, count); });
     }
-    return cudaSuccess;
+    return e == cudaSuccess ? cudaSuccess : set_last_error(e);
 }
 
 cudaError_t fill(void* ptr, int value, size_t count, cudaStream_t stream, bool sync_call) {
     if (count && !is_device(ptr, count)) return set_last_error(cudaErrorInvalidValue);
     if (!stream_is_valid(stream)) return set_last_error(cudaErrorInvalidResourceHandle);
+    if (sync_call)
+        if (const cudaError_t e = check_unsafe_call_during_capture(); e != cudaSuccess) return set_last_error(e);
     if (count == 0) return cudaSuccess;
     auto work = [=] {
         access_meter_platform_op("memset", nullptr, 0, ptr, count);
         std::memset(ptr, value, count);
     };
-    if (sync_call) {
-        stream_submit_and_wait(stream, work);
-    } else {
-        stream_submit(stream, work);
-    }
-    return cudaSuccess;
+    const cudaError_t e = sync_call ? stream_submit_and_wait(stream, work) : stream_submit(stream, work);
+    return e == cudaSuccess ? cudaSuccess : set_last_error(e);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 // happens-before whatever waits for it, so the race checker sees exactly CUDA's ordering.
 #include "host/stream.h"
 
+#include "host/graph.h"
 #include "host/sanitizer_hooks.h"
 #include "host/schedule.h"
 
@@ -50,12 +51,18 @@ struct CUstream_st {
     int priority = 0;
     std::deque<pv::host::Item> queue;  // deferred mode: items not yet run
     pv::host::Item last;               // the most recently submitted item
+    // While it captures (host/graph.h): the capture, and the nodes its next node waits for.
+    std::shared_ptr<pv::host::Capture> capture;
+    std::vector<int> tails;
     bool blocking() const { return !(flags & cudaStreamNonBlocking); }
 };
 
 struct CUevent_st {
     unsigned flags = 0;
     pv::host::Item record;  // the latest cudaEventRecord's item (nullptr: never recorded)
+    // Recorded in a capture: the capture and the nodes a wait on it waits for (record is null).
+    std::shared_ptr<pv::host::Capture> capture;
+    std::vector<int> tails;
 };
 
 namespace pv::host {
@@ -89,6 +96,7 @@ std::set<cudaStream_t> live_streams;
 // makes while messages arrive move it), so a seed would not name one interleaving.
 std::vector<cudaStream_t> streams_in_creation_order;
 std::set<cudaEvent_t> live_events;
+std::vector<std::shared_ptr<Capture>> active_captures;         // begun and not yet ended
 Rng executor_rng(mix_seed(schedule().seed, 0x5354524541ull));  // "STREA"
 
 CUstream_st* resolve(cudaStream_t s) {
@@ -182,7 +190,52 @@ Item enqueue(CUstream_st* s, std::function<void()> work, std::vector<Item> deps 
     return item;
 }
 
+// Stream capture (host/graph.h). All under streams_mutex.
+
+void invalidate(Capture& c) { c.invalidated = true; }
+
+// Records `work` as the capturing stream's next node.
+void record_node(CUstream_st* s, std::function<void()> work) {
+    Capture& c = *s->capture;
+    c.nodes.push_back(GraphNode{std::move(work), s->tails});
+    s->tails = {int(c.nodes.size()) - 1};
+}
+
+// The legacy default stream may not be used while a blocking stream captures (CUDA would make the
+// capture depend on it implicitly).
+cudaError_t check_legacy_use(const CUstream_st* s) {
+    if (s != &legacy_stream) return cudaSuccess;
+    cudaError_t e = cudaSuccess;
+    for (const auto& c : active_captures)
+        for (cudaStream_t t : streams_in_creation_order)
+            if (t->capture == c && t->blocking()) invalidate(*c), e = cudaErrorStreamCaptureImplicit;
+    return e;
+}
+
+// A stream that must not be synchronised with, queried or given synchronous work while it captures.
+cudaError_t refuse_if_capturing(CUstream_st* s) {
+    if (!s->capture) return cudaSuccess;
+    invalidate(*s->capture);
+    return cudaErrorStreamCaptureUnsupported;
+}
+
 }  // namespace
+
+cudaError_t check_unsafe_call_during_capture() {
+    std::lock_guard lock(streams_mutex);
+    cudaError_t e = cudaSuccess;
+    for (const auto& c : active_captures) {
+        const bool forbids = c->mode == cudaStreamCaptureModeGlobal ||
+                             (c->mode == cudaStreamCaptureModeThreadLocal && c->thread == std::this_thread::get_id());
+        if (forbids) invalidate(*c), e = cudaErrorStreamCaptureUnsupported;
+    }
+    return e;
+}
+
+cudaError_t refuse_in_capture(cudaStream_t stream) {
+    std::lock_guard lock(streams_mutex);
+    return refuse_if_capturing(resolve(stream));
+}
 
 bool stream_is_valid(cudaStream_t stream) {
     if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread) return true;
@@ -192,25 +245,38 @@ bool stream_is_valid(cudaStream_t stream) {
 
 bool streams_are_deferred() { return deferred_mode(); }
 
-void stream_submit(cudaStream_t stream, std::function<void()> work) {
-    if (!deferred_mode()) {
-        DeviceMemoryAccess access;
-        work();
-        return;
+cudaError_t stream_submit(cudaStream_t stream, std::function<void()> work) {
+    std::unique_lock lock(streams_mutex);
+    CUstream_st* s = resolve(stream);
+    if (s->capture) {
+        record_node(s, std::move(work));
+        return cudaSuccess;
     }
-    std::lock_guard lock(streams_mutex);
-    enqueue(resolve(stream), std::move(work));
+    if (const cudaError_t e = check_legacy_use(s); e != cudaSuccess) return e;
+    if (deferred_mode()) {
+        enqueue(s, std::move(work));
+        return cudaSuccess;
+    }
+    lock.unlock();
+    DeviceMemoryAccess access;
+    work();
+    return cudaSuccess;
 }
 
-void stream_submit_and_wait(cudaStream_t stream, std::function<void()> work) {
-    if (!deferred_mode()) {
-        DeviceMemoryAccess access;
-        work();
-        return;
+cudaError_t stream_submit_and_wait(cudaStream_t stream, std::function<void()> work) {
+    std::unique_lock lock(streams_mutex);
+    CUstream_st* s = resolve(stream);
+    if (const cudaError_t e = refuse_if_capturing(s); e != cudaSuccess) return e;
+    if (const cudaError_t e = check_legacy_use(s); e != cudaSuccess) return e;
+    if (deferred_mode()) {
+        Item item = enqueue(s, std::move(work));
+        run_until([&] { return item->done; });
+        return cudaSuccess;
     }
-    std::lock_guard lock(streams_mutex);
-    Item item = enqueue(resolve(stream), std::move(work));
-    run_until([&] { return item->done; });
+    lock.unlock();
+    DeviceMemoryAccess access;
+    work();
+    return cudaSuccess;
 }
 
 void synchronize_all_streams() {
@@ -224,6 +290,7 @@ void synchronize_all_streams() {
 using namespace pv::host;
 
 extern "C" cudaError_t cudaDeviceSynchronize() {
+    if (const cudaError_t e = check_unsafe_call_during_capture(); e != cudaSuccess) return set_last_error(e);
     synchronize_all_streams();
     return cudaSuccess;
 }
@@ -234,7 +301,7 @@ extern "C" cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsign
     int least = 0, greatest = 0;
     cudaDeviceGetStreamPriorityRange(&least, &greatest);
     priority = std::clamp(priority, greatest, least);  // as CUDA clamps an out-of-range priority
-    *stream = new CUstream_st{flags, priority, {}, nullptr};
+    *stream = new CUstream_st{flags, priority, {}, nullptr, nullptr, {}};
     std::lock_guard lock(streams_mutex);
     live_streams.insert(*stream);
     streams_in_creation_order.push_back(*stream);
@@ -261,6 +328,7 @@ extern "C" cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStrea
 extern "C" cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     std::lock_guard lock(streams_mutex);
     if (!stream || !live_streams.count(stream)) return set_last_error(cudaErrorInvalidResourceHandle);
+    if (stream->capture) return set_last_error(cudaErrorIllegalState);  // end its capture first
     // CUDA lets queued work finish after the handle is gone; running it now keeps that promise.
     if (deferred_mode()) run_until([&] { return stream_idle(*stream); });
     live_streams.erase(stream);
@@ -272,10 +340,10 @@ extern "C" cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 
 extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     if (!stream_is_valid(stream)) return set_last_error(cudaErrorInvalidResourceHandle);
-    if (!deferred_mode()) return cudaSuccess;
     std::lock_guard lock(streams_mutex);
     CUstream_st* s = resolve(stream);
-    run_until([&] { return stream_idle(*s); });
+    if (const cudaError_t e = refuse_if_capturing(s); e != cudaSuccess) return set_last_error(e);
+    if (deferred_mode()) run_until([&] { return stream_idle(*s); });
     return cudaSuccess;
 }
 
@@ -286,6 +354,7 @@ extern "C" cudaError_t cudaStreamQuery(cudaStream_t stream) {
     if (!stream_is_valid(stream)) return set_last_error(cudaErrorInvalidResourceHandle);
     std::lock_guard lock(streams_mutex);
     CUstream_st* s = resolve(stream);
+    if (const cudaError_t e = refuse_if_capturing(s); e != cudaSuccess) return set_last_error(e);
     if (deferred_mode()) run_until([&] { return stream_idle(*s); });
     return stream_idle(*s) ? cudaSuccess : cudaErrorNotReady;
 }
@@ -295,9 +364,31 @@ extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t even
     std::lock_guard lock(streams_mutex);
     if (!event || !live_events.count(event)) return set_last_error(cudaErrorInvalidResourceHandle);
     if (flags != cudaEventWaitDefault && flags != cudaEventWaitExternal) return set_last_error(cudaErrorInvalidValue);
+    CUstream_st* s = resolve(stream);
+    if (event->capture) {  // recorded in a capture: the stream joins it, or merges the event's nodes in
+        if (!s->capture) {
+            s->capture = event->capture, s->tails = event->tails;
+            s->capture->streams.push_back(s);
+        } else if (s->capture == event->capture) {
+            for (int n : event->tails)
+                if (std::find(s->tails.begin(), s->tails.end(), n) == s->tails.end()) s->tails.push_back(n);
+        } else {  // two captures would merge
+            invalidate(*s->capture), invalidate(*event->capture);
+            return set_last_error(cudaErrorStreamCaptureIsolation);
+        }
+        return cudaSuccess;
+    }
+    if (s->capture) {
+        // Work recorded outside the capture: the graph could not wait for it (CUDA can, as an
+        // external event node with cudaEventWaitExternal; we refuse it). An event never recorded
+        // is complete and needs no wait.
+        if (!event->record) return cudaSuccess;
+        invalidate(*s->capture);
+        return set_last_error(cudaErrorStreamCaptureIsolation);
+    }
     // The wait names the event's most recent record at the time of this call; an event never
     // recorded is already complete.
-    if (deferred_mode() && pending(event->record)) enqueue(resolve(stream), [] {}, {event->record});
+    if (deferred_mode() && pending(event->record)) enqueue(s, [] {}, {event->record});
     return cudaSuccess;
 }
 
@@ -312,7 +403,7 @@ bool event_is_live(cudaEvent_t event) {
 extern "C" cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
     const unsigned known = cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess;
     if (!event || (flags & ~known)) return set_last_error(cudaErrorInvalidValue);
-    *event = new CUevent_st{flags, nullptr};
+    *event = new CUevent_st{flags, nullptr, nullptr, {}};
     std::lock_guard lock(streams_mutex);
     live_events.insert(*event);
     return cudaSuccess;
@@ -329,9 +420,16 @@ extern "C" cudaError_t cudaEventDestroy(cudaEvent_t event) {
 extern "C" cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     if (!event_is_live(event) || !stream_is_valid(stream)) return set_last_error(cudaErrorInvalidResourceHandle);
     std::lock_guard lock(streams_mutex);
+    CUstream_st* s = resolve(stream);
+    if (s->capture) {  // marks the capture's nodes so far: a wait on it joins or orders against them
+        event->capture = s->capture, event->tails = s->tails, event->record = nullptr;
+        return cudaSuccess;
+    }
+    if (const cudaError_t e = check_legacy_use(s); e != cudaSuccess) return set_last_error(e);
+    event->capture = nullptr, event->tails.clear();
     auto item = std::make_shared<WorkItem>();
     if (deferred_mode()) {
-        event->record = enqueue(resolve(stream), [] {});
+        event->record = enqueue(s, [] {});
     } else {
         item->done = true;
         item->finished = std::chrono::steady_clock::now();
@@ -343,6 +441,7 @@ extern "C" cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     if (!event_is_live(event)) return set_last_error(cudaErrorInvalidResourceHandle);
     std::lock_guard lock(streams_mutex);
+    if (event->capture) return set_last_error(cudaErrorCapturedEvent);
     if (pending(event->record)) run_until([&] { return event->record->done; });
     return cudaSuccess;
 }
@@ -352,6 +451,7 @@ extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t event) {
 extern "C" cudaError_t cudaEventQuery(cudaEvent_t event) {
     if (!event_is_live(event)) return set_last_error(cudaErrorInvalidResourceHandle);
     std::lock_guard lock(streams_mutex);
+    if (event->capture) return set_last_error(cudaErrorCapturedEvent);
     if (deferred_mode() && pending(event->record)) run_until([&] { return event->record->done; });
     return pending(event->record) ? cudaErrorNotReady : cudaSuccess;
 }
@@ -364,5 +464,64 @@ extern "C" cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEv
     if (!start->record || !end->record) return set_last_error(cudaErrorInvalidResourceHandle);
     if (!start->record->done || !end->record->done) return set_last_error(cudaErrorNotReady);
     *ms = std::chrono::duration<float, std::milli>(end->record->finished - start->record->finished).count();
+    return cudaSuccess;
+}
+
+// ---- stream capture (host/graph.h) -----------------------------------------------------------
+extern "C" cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+    if (!stream_is_valid(stream)) return set_last_error(cudaErrorInvalidResourceHandle);
+    if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
+        mode != cudaStreamCaptureModeRelaxed)
+        return set_last_error(cudaErrorInvalidValue);
+    std::lock_guard lock(streams_mutex);
+    CUstream_st* s = resolve(stream);
+    if (s == &legacy_stream) return set_last_error(cudaErrorStreamCaptureUnsupported);
+    if (s->capture) return set_last_error(cudaErrorIllegalState);
+    auto c = std::make_shared<Capture>();
+    c->origin = s, c->mode = mode, c->thread = std::this_thread::get_id(), c->streams = {s};
+    s->capture = c, s->tails.clear();
+    active_captures.push_back(c);
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+    if (!graph) return set_last_error(cudaErrorInvalidValue);
+    if (!stream_is_valid(stream)) return set_last_error(cudaErrorInvalidResourceHandle);
+    std::lock_guard lock(streams_mutex);
+    CUstream_st* s = resolve(stream);
+    if (!s->capture) return set_last_error(cudaErrorIllegalState);
+    const std::shared_ptr<Capture> c = s->capture;
+    if (c->origin != s) {  // only the stream that began it ends it
+        invalidate(*c);
+        return set_last_error(cudaErrorStreamCaptureUnmatched);
+    }
+    // Every stream that joined must have been joined back: its last nodes precede the origin's.
+    bool unjoined = false;
+    for (cudaStream_t t : c->streams) {
+        if (t == s || t->capture != c) continue;
+        for (int tail : t->tails) {
+            bool reached = false;
+            for (int o : s->tails) reached = reached || depends_on(c->nodes, o, tail);
+            unjoined = unjoined || !reached;
+        }
+    }
+    for (cudaStream_t t : c->streams)
+        if (t->capture == c) t->capture = nullptr, t->tails.clear();
+    active_captures.erase(std::find(active_captures.begin(), active_captures.end(), c));
+    *graph = nullptr;
+    if (c->invalidated) return set_last_error(cudaErrorStreamCaptureInvalidated);
+    if (unjoined) return set_last_error(cudaErrorStreamCaptureUnjoined);
+    *graph = make_graph(std::move(c->nodes));
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+    if (!status) return set_last_error(cudaErrorInvalidValue);
+    if (!stream_is_valid(stream)) return set_last_error(cudaErrorInvalidResourceHandle);
+    std::lock_guard lock(streams_mutex);
+    const CUstream_st* s = resolve(stream);
+    *status = !s->capture               ? cudaStreamCaptureStatusNone
+              : s->capture->invalidated ? cudaStreamCaptureStatusInvalidated
+                                        : cudaStreamCaptureStatusActive;
     return cudaSuccess;
 }

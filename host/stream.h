@@ -14,11 +14,17 @@ namespace pv::host {
 bool stream_is_valid(cudaStream_t stream);
 
 // Queues `work` on `stream`; it runs after everything submitted to that stream before it.
-// The work must own (capture by value) whatever it reads later.
-void stream_submit(cudaStream_t stream, std::function<void()> work);
+// The work must own (capture by value) whatever it reads later, and must not change it: on a
+// capturing stream it becomes a graph node (host/graph.h), run once per cudaGraphLaunch.
+// Returns what CUDA would: cudaSuccess, or a capture's error (the legacy stream used while a
+// blocking stream captures).
+cudaError_t stream_submit(cudaStream_t stream, std::function<void()> work);
 // Queues `work` and returns once it has run (calls that are synchronous with the host:
-// cudaMemcpy, copies to and from pageable memory).
-void stream_submit_and_wait(cudaStream_t stream, std::function<void()> work);
+// cudaMemcpy, copies to and from pageable memory); refused on a capturing stream.
+cudaError_t stream_submit_and_wait(cudaStream_t stream, std::function<void()> work);
+// cudaErrorStreamCaptureUnsupported, invalidating the capture, if `stream` is capturing: for work
+// a graph cannot hold (a copy to or from pageable memory); cudaSuccess otherwise.
+cudaError_t refuse_in_capture(cudaStream_t stream);
 // Runs everything queued on every stream (cudaDeviceSynchronize).
 void synchronize_all_streams();
 // True in the deferred mode.

@@ -459,3 +459,63 @@ TEST_CASE("a step begun by discard_grads (no memset) ends with the gradients zer
     lora.lora.rank = 2, lora.lora.alpha = 4;
     check_discard_equals_zeroing<float>("test-tiny", lora, "LoRA on every linear");
 }
+
+// The micro-step as a CUDA graph: the model's forward and backward captured on its stream
+// (cudaStreamBeginCapture, global mode: no allocation, synchronisation or pageable copy anywhere
+// in them, or the capture ends without a graph) and launched, twice, give the eager micro-step's
+// loss and gradients bit for bit. The batch is uploaded and the gradients zeroed outside the
+// graph, before each launch, as a captured training step would.
+template <class T>
+void check_captured_micro_step(const std::string& preset, const pv::ModelOptions& o, const std::string& what) {
+    INFO(what);
+    const pv::LlamaConfig& c = pv::preset(preset);
+    struct OwnStream {  // a created one (the legacy default stream cannot capture), outliving the model
+        cudaStream_t s = nullptr;
+        OwnStream() { CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+        ~OwnStream() { cudaStreamDestroy(s); }
+    } own;
+    const cudaStream_t stream = own.s;
+    pv::ModelOptions on_stream = o;
+    on_stream.stream = stream;
+    pv::Llama<T> m(c, on_stream);
+    const Batch b = make_batch(c, o.batch, o.seq_len, 51);
+    int expected_count = 0;
+    for (int t : b.targets) expected_count += t != pv::kIgnoreIndex;
+    const auto [eager_loss, eager_count] = run_step(m, b);
+    const auto eager_grads = download_grad_buffers(m);
+
+    DeviceArray<int> tokens(b.tokens), targets(b.targets);
+    const pv::DeviceBatch batch{tokens.get(), targets.get(), nullptr, 0, -1, false};
+    DeviceArray<pv::acc_t<T>> loss_sum(1);
+    DeviceArray<int> count(1);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    pv::single_forward(m, 0, batch, loss_sum.get(), count.get());
+    pv::single_backward(m, 0, batch, 1.0 / expected_count);
+    cudaGraph_t graph = nullptr;
+    REQUIRE(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
+    cudaGraphExec_t exec = nullptr;
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int launch_index = 0; launch_index < 2; ++launch_index) {
+        m.zero_grads();
+        loss_sum.poison(), count.poison();
+        CUDA_CHECK(cudaGraphLaunch(exec, stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        REQUIRE(double(loss_sum.download()[0]) == eager_loss);
+        REQUIRE(count.download()[0] == eager_count);
+        const auto grads = download_grad_buffers(m);
+        for (size_t u = 0; u < grads.size(); ++u)
+            REQUIRE(std::memcmp(grads[u].data(), eager_grads[u].data(), grads[u].size() * sizeof(T)) == 0);
+    }
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+}
+
+TEST_CASE("a micro-step captured as a CUDA graph gives the eager micro-step's loss and gradients, bit for bit",
+          "[model][graphs]") {
+    check_captured_micro_step<float>("test-tiny", options(2, 7, 61), "untied, fp32");
+    check_captured_micro_step<__nv_bfloat16>("test-tied", options(2, 9, 62), "tied, bf16");
+    pv::ModelOptions lora = options(2, 7, 63);
+    lora.lora.rank = 2, lora.lora.alpha = 4;
+    check_captured_micro_step<float>("test-tiny", lora, "LoRA on every linear");
+}
