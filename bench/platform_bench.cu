@@ -3,6 +3,8 @@
 // (POLEVAULT_HOST_WORKERS=1), so host figures are per core.
 //
 //   launches/s          empty kernel, one thread, back to back
+//   graph               the same kernels 1000 to a stream, launched one by one and as one CUDA
+//                       graph captured from them (cudaGraphLaunch): the launch cost a graph saves
 //   threads/s           a barrier-free kernel (axpy), in emulated CUDA threads per second
 //   crossings/s         a kernel whose threads cross __syncthreads and __shfl_xor_sync in a loop,
 //                       in thread-crossings per second (one thread passing one barrier/shuffle)
@@ -73,6 +75,29 @@ int main() {
 
     const double launch_s = time_it(20000, [] { launch(empty_kernel, dim3(1), dim3(1), 0, nullptr); });
     std::printf("  empty-kernel launches      %10.0f launches/s  (%.2f us each)\n", 1.0 / launch_s, launch_s * 1e6);
+
+    {
+        // A blocking stream, so the timing events on the legacy stream order with its work.
+        constexpr int kPerGraph = 1000;
+        cudaStream_t s;
+        CUDA_CHECK(cudaStreamCreate(&s));
+        const auto launch_all = [&] {
+            for (int i = 0; i < kPerGraph; ++i) launch(empty_kernel, dim3(1), dim3(1), 0, s);
+        };
+        CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+        launch_all();
+        cudaGraph_t graph = nullptr;
+        CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+        cudaGraphExec_t exec = nullptr;
+        CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        const double eager_s = time_it(20, launch_all) / kPerGraph;
+        const double graph_s = time_it(20, [&] { CUDA_CHECK(cudaGraphLaunch(exec, s)); }) / kPerGraph;
+        std::printf("  %d empty kernels           %10.2f us each launched, %.2f us each as one graph\n", kPerGraph,
+                    eager_s * 1e6, graph_s * 1e6);
+        CUDA_CHECK(cudaGraphExecDestroy(exec));
+        CUDA_CHECK(cudaGraphDestroy(graph));
+        CUDA_CHECK(cudaStreamDestroy(s));
+    }
 
     const int n = 1 << 22;
     float* x = static_cast<float*>(pv::device_alloc(n * sizeof(float), pv::MemoryCategory::workspace));

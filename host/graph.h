@@ -40,6 +40,7 @@ struct Capture {
     cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
     std::thread::id thread;    // the thread that began it (ThreadLocal mode's scope)
     bool invalidated = false;  // an illegal call happened: EndCapture returns no graph
+    bool ended = false;        // cudaStreamEndCapture ran: its events mark no work that will run
 };
 
 // Whether `node` is `ancestor` or depends on it, directly or through other nodes.

@@ -366,6 +366,13 @@ extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t even
     if (flags != cudaEventWaitDefault && flags != cudaEventWaitExternal) return set_last_error(cudaErrorInvalidValue);
     CUstream_st* s = resolve(stream);
     if (event->capture) {  // recorded in a capture: the stream joins it, or merges the event's nodes in
+        // An ended capture's event marks nodes only its graph's launches run; the legacy stream
+        // cannot be captured.
+        if (event->capture->ended) return set_last_error(cudaErrorCapturedEvent);
+        if (s == &legacy_stream) {
+            invalidate(*event->capture);
+            return set_last_error(cudaErrorStreamCaptureImplicit);
+        }
         if (!s->capture) {
             s->capture = event->capture, s->tails = event->tails;
             s->capture->streams.push_back(s);
@@ -507,6 +514,7 @@ extern "C" cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* gr
     }
     for (cudaStream_t t : c->streams)
         if (t->capture == c) t->capture = nullptr, t->tails.clear();
+    c->ended = true;
     active_captures.erase(std::find(active_captures.begin(), active_captures.end(), c));
     *graph = nullptr;
     if (c->invalidated) return set_last_error(cudaErrorStreamCaptureInvalidated);

@@ -192,6 +192,16 @@ TEST_CASE("an event recorded in a capture cannot be waited for or queried from t
     cudaGraph_t graph = nullptr;
     CUDA_CHECK(cudaStreamEndCapture(stream.s, &graph));  // the capture itself is still valid
     CUDA_CHECK(cudaGraphDestroy(graph));
+    // After the capture has ended the event still marks no work that will run: a wait on it is
+    // refused rather than joining the ended capture (which would swallow the stream's later work).
+    Stream other;
+    REQUIRE(cudaStreamWaitEvent(other.s, marker.e, 0) == cudaErrorCapturedEvent);
+    REQUIRE(status_of(other.s) == cudaStreamCaptureStatusNone);
+    (void)cudaGetLastError();
+    // Recorded again outside a capture, it is an ordinary event.
+    CUDA_CHECK(cudaEventRecord(marker.e, stream.s));
+    CUDA_CHECK(cudaStreamWaitEvent(other.s, marker.e, 0));
+    CUDA_CHECK(cudaEventSynchronize(marker.e));
 }
 
 TEST_CASE("the legacy default stream cannot capture; a stream captures one capture at a time", "[graphs][host-only]") {
