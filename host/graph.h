@@ -35,8 +35,7 @@ struct GraphNode {
 // A capture in progress: the nodes so far, the stream that began it and how strict it is.
 struct Capture {
     std::vector<GraphNode> nodes;
-    cudaStream_t origin = nullptr;
-    std::vector<cudaStream_t> streams;  // the origin and every stream that joined
+    std::vector<cudaStream_t> streams;  // the stream that began it (first), then every one that joined
     cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
     std::thread::id thread;    // the thread that began it (ThreadLocal mode's scope)
     bool invalidated = false;  // an illegal call happened: EndCapture returns no graph

@@ -245,16 +245,21 @@ bool stream_is_valid(cudaStream_t stream) {
 
 bool streams_are_deferred() { return deferred_mode(); }
 
-cudaError_t stream_submit(cudaStream_t stream, std::function<void()> work) {
+namespace {
+// Both submissions: recorded on a capturing stream (work waited for is refused there), else queued
+// (deferred) or run at the call (sync); `wait`: returns once it has run.
+cudaError_t submit(cudaStream_t stream, std::function<void()> work, bool wait) {
     std::unique_lock lock(streams_mutex);
     CUstream_st* s = resolve(stream);
     if (s->capture) {
+        if (wait) return refuse_if_capturing(s);
         record_node(s, std::move(work));
         return cudaSuccess;
     }
     if (const cudaError_t e = check_legacy_use(s); e != cudaSuccess) return e;
     if (deferred_mode()) {
-        enqueue(s, std::move(work));
+        Item item = enqueue(s, std::move(work));
+        if (wait) run_until([&] { return item->done; });
         return cudaSuccess;
     }
     lock.unlock();
@@ -262,21 +267,13 @@ cudaError_t stream_submit(cudaStream_t stream, std::function<void()> work) {
     work();
     return cudaSuccess;
 }
+}  // namespace
 
+cudaError_t stream_submit(cudaStream_t stream, std::function<void()> work) {
+    return submit(stream, std::move(work), false);
+}
 cudaError_t stream_submit_and_wait(cudaStream_t stream, std::function<void()> work) {
-    std::unique_lock lock(streams_mutex);
-    CUstream_st* s = resolve(stream);
-    if (const cudaError_t e = refuse_if_capturing(s); e != cudaSuccess) return e;
-    if (const cudaError_t e = check_legacy_use(s); e != cudaSuccess) return e;
-    if (deferred_mode()) {
-        Item item = enqueue(s, std::move(work));
-        run_until([&] { return item->done; });
-        return cudaSuccess;
-    }
-    lock.unlock();
-    DeviceMemoryAccess access;
-    work();
-    return cudaSuccess;
+    return submit(stream, std::move(work), true);
 }
 
 void synchronize_all_streams() {
@@ -485,7 +482,7 @@ extern "C" cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCap
     if (s == &legacy_stream) return set_last_error(cudaErrorStreamCaptureUnsupported);
     if (s->capture) return set_last_error(cudaErrorIllegalState);
     auto c = std::make_shared<Capture>();
-    c->origin = s, c->mode = mode, c->thread = std::this_thread::get_id(), c->streams = {s};
+    c->mode = mode, c->thread = std::this_thread::get_id(), c->streams = {s};
     s->capture = c, s->tails.clear();
     active_captures.push_back(c);
     return cudaSuccess;
@@ -498,7 +495,7 @@ extern "C" cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* gr
     CUstream_st* s = resolve(stream);
     if (!s->capture) return set_last_error(cudaErrorIllegalState);
     const std::shared_ptr<Capture> c = s->capture;
-    if (c->origin != s) {  // only the stream that began it ends it
+    if (c->streams.front() != s) {  // only the stream that began it ends it
         invalidate(*c);
         return set_last_error(cudaErrorStreamCaptureUnmatched);
     }

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <functional>
+#include <thread>
 
 using namespace pv::test;
 
@@ -251,6 +252,22 @@ TEST_CASE("during a global capture allocating, freeing and pageable or synchrono
     cudaGraph_t graph = nullptr;
     CUDA_CHECK(cudaStreamEndCapture(stream.s, &graph));
     CUDA_CHECK(cudaGraphDestroy(graph));
+}
+
+TEST_CASE("a thread-local capture refuses the unsafe calls of its own thread only", "[graphs][host-only]") {
+    Stream stream;
+    CUDA_CHECK(cudaStreamBeginCapture(stream.s, cudaStreamCaptureModeThreadLocal));
+    cudaError_t other_thread = cudaErrorUnknown;
+    std::thread([&] {
+        void* p = nullptr;
+        other_thread = cudaMalloc(&p, 64);
+        if (other_thread == cudaSuccess) other_thread = cudaFree(p);
+    }).join();
+    REQUIRE(other_thread == cudaSuccess);
+    REQUIRE(status_of(stream.s) == cudaStreamCaptureStatusActive);
+    void* p = nullptr;
+    REQUIRE(cudaMalloc(&p, 64) == cudaErrorStreamCaptureUnsupported);
+    require_invalidated(stream.s);
 }
 
 TEST_CASE("a capture cannot wait for work recorded outside it", "[graphs][host-only]") {
