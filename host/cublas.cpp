@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 // The handle: the header only forward-declares it.
@@ -278,9 +279,11 @@ cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t* mode) {
     return CUBLAS_STATUS_SUCCESS;
 }
 
-// The CPU GEMM allocates its own scratch, so a user workspace is accepted and not used.
-cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t handle, void* /*workspace*/, size_t /*workspaceSizeInBytes*/) {
-    return handle == nullptr ? CUBLAS_STATUS_NOT_INITIALIZED : CUBLAS_STATUS_SUCCESS;
+// The CPU GEMM allocates its own scratch, so a user workspace is accepted and not used; cuBLAS's
+// requirement that it be 256-byte aligned is kept.
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t handle, void* workspace, size_t /*workspaceSizeInBytes*/) {
+    if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+    return reinterpret_cast<uintptr_t>(workspace) % 256 == 0 ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
 }
 
 cublasStatus_t cublasSetPointerMode_v2(cublasHandle_t handle, cublasPointerMode_t mode) {

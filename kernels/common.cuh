@@ -19,6 +19,24 @@ namespace pv {
 // contents: a buffer of NaN is fine.
 enum class GradWrite { add, overwrite };
 
+// A scalar kernel argument given by value, or, where `at` is set, read from device memory when the
+// kernel runs. A CUDA graph launches its kernels with the arguments they were captured with; a
+// value that changes between launches of one graph (a step's loss scale, a micro-batch's dropout
+// key) is written to device memory before each launch and read through `at`.
+template <class X>
+struct DeviceScalar {
+    X value{};
+    const X* at = nullptr;
+    DeviceScalar() = default;
+    DeviceScalar(X v) : value(v) {}  // NOLINT(google-explicit-constructor): a value is the common case
+    static DeviceScalar in_memory(const X* p) {
+        DeviceScalar s;
+        s.at = p;
+        return s;
+    }
+    __device__ X get() const { return at ? *at : value; }
+};
+
 template <class T>
 struct Accumulator {
     using type = float;

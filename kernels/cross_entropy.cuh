@@ -198,7 +198,7 @@ struct CrossEntropyBackwardOp {
     const CrossEntropyStats<acc_t<T>>* row_stats;
     T* dlogits;
     int V, ignore_index;
-    acc_t<T> scale;
+    DeviceScalar<double> scale;  // read once a store (converted as the host would: bits unchanged)
     int first = 0;    // the logits' first column in the whole vocabulary (vocabulary-parallel: the rank's)
     int whole_V = 0;  // the whole vocabulary
     template <int W>
@@ -215,7 +215,7 @@ struct CrossEntropyBackwardOp {
         const int j0 = int(i - n * V), t = targets[n];
         store_vec<W>(dlogits + i,
                      cross_entropy_gradient(in.x, t == ignore_index ? CrossEntropyStats<acc_t<T>>{} : row_stats[n],
-                                            first + j0, t, ignore_index, whole_V, scale));
+                                            first + j0, t, ignore_index, whole_V, acc_t<T>(scale.get())));
     }
 };
 
@@ -229,8 +229,9 @@ inline int cross_entropy_block_size(int V) { return V >= 16384 ? 1024 : 32 * cei
 template <class T, int W>
 __global__ void cross_entropy_loss_and_gradient_kernel(T* logits, const int* targets, acc_t<T>* row_loss,
                                                        CrossEntropyStats<acc_t<T>>* row_stats, int V, int ignore_index,
-                                                       acc_t<T> scale) {
+                                                       DeviceScalar<double> loss_scale) {
     using A = acc_t<T>;
+    const A scale = A(loss_scale.get());
     __shared__ CrossEntropyStats<A> scratch[32];
     const long long row = blockIdx.x;
     T* x = logits + row * V;
@@ -293,11 +294,11 @@ void cross_entropy_forward(const T* logits, const int* targets, acc_t<T>* row_lo
 template <class T>
 void cross_entropy_loss_and_gradient(T* logits, const int* targets, acc_t<T>* row_loss,
                                      CrossEntropyStats<acc_t<T>>* row_stats, long long N, int V, int ignore_index,
-                                     double scale, cudaStream_t stream) {
+                                     DeviceScalar<double> scale, cudaStream_t stream) {
     if (N == 0) return;
     auto go = [&](auto kernel) {
         launch(kernel, dim3(unsigned(N)), dim3(cross_entropy_block_size(V)), 0, stream, logits, targets, row_loss,
-               row_stats, V, ignore_index, acc_t<T>(scale));
+               row_stats, V, ignore_index, scale);
         CUDA_CHECK_LAUNCH();
     };
     if (V % kVec<T> == 0 && vec_aligned({logits}))
@@ -394,11 +395,11 @@ void cross_entropy_merge_partials(const CrossEntropyPartial<acc_t<T>>* partials,
 template <class T>
 void cross_entropy_backward_columns(const T* logits, const int* targets, const CrossEntropyStats<acc_t<T>>* row_stats,
                                     T* dlogits, long long N, int V, int first, int whole_V, int ignore_index,
-                                    double scale, cudaStream_t stream) {
+                                    DeviceScalar<double> scale, cudaStream_t stream) {
     const bool vector = V % kVec<T> == 0 && vec_aligned({logits, dlogits});
-    launch_elementwise(CrossEntropyBackwardOp<T>{logits, targets, row_stats, dlogits, V, ignore_index,
-                                                 acc_t<T>(scale), first, whole_V},
-                       N * V, vector, stream);
+    launch_elementwise(
+        CrossEntropyBackwardOp<T>{logits, targets, row_stats, dlogits, V, ignore_index, scale, first, whole_V}, N * V,
+        vector, stream);
 }
 
 // dlogits[N][V] = (softmax(logits) − onehot(target))·scale for counted rows, 0 for ignored rows;
@@ -406,7 +407,8 @@ void cross_entropy_backward_columns(const T* logits, const int* targets, const C
 // logits. dlogits may equal logits (in place).
 template <class T>
 void cross_entropy_backward(const T* logits, const int* targets, const CrossEntropyStats<acc_t<T>>* row_stats,
-                            T* dlogits, long long N, int V, int ignore_index, double scale, cudaStream_t stream) {
+                            T* dlogits, long long N, int V, int ignore_index, DeviceScalar<double> scale,
+                            cudaStream_t stream) {
     cross_entropy_backward_columns(logits, targets, row_stats, dlogits, N, V, 0, V, ignore_index, scale, stream);
 }
 

@@ -47,7 +47,15 @@ struct LoraDropout {
     long long first_row = 0;  // the global row (sample · seq_len) of the micro-batch's first token
     int key_in = 0;           // the whole input's columns (0: the input is whole)
     int col_begin = 0;        // where this input's columns start in the whole input
+    // Where set, device memory holding {first_row, step}, read by the kernel in place of the two
+    // (DeviceBatch::dropout_keys); lora_keep takes the values, resolved().
+    const long long* keys = nullptr;
     bool on() const { return p > 0; }
+    __device__ LoraDropout resolved() const {
+        LoraDropout d = *this;
+        if (keys) d.first_row = keys[0], d.step = uint32_t(keys[1]), d.keys = nullptr;
+        return d;
+    }
 };
 
 __host__ __device__ inline bool lora_keep(const LoraDropout& d, uint32_t tensor, long long row, int col, int in) {
@@ -84,9 +92,10 @@ struct LoraDropoutOp {
         using A = acc_t<T>;
         const I row = i / in;
         const int col = int(i - row * in);
+        const LoraDropout key = d.resolved();
         Vec<T, W> y;
         for (int k = 0; k < W; ++k) {
-            const A kept = lora_keep(d, tensor, row, col + k, in) ? to_acc(v.x.v[k]) / A(1 - d.p) : A(0);
+            const A kept = lora_keep(key, tensor, row, col + k, in) ? to_acc(v.x.v[k]) / A(1 - d.p) : A(0);
             y.v[k] = from_acc<T>(accumulate ? to_acc(v.out.v[k]) + kept : kept);
         }
         store_vec<W>(out + i, y);

@@ -202,6 +202,10 @@ Llama<T>::Llama(const LlamaConfig& config, const ModelOptions& o)
     const std::vector<std::vector<GroupLayout>> layouts =
         model_layouts(config_, dtype_of<T>(), place.shards, group_options_);
     CUBLAS_CHECK(cublasCreate(&cublas_));
+    if (o.cublas_workspace_bytes > 0) {
+        cublas_workspace_ = device_alloc(o.cublas_workspace_bytes, MemoryCategory::workspace);
+        CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_workspace_, o.cublas_workspace_bytes));
+    }
     const DType dt = dtype_of<T>();
     // The arenas, from the function the memory planner calls.
     const int sequence_shards = tensor_.sequence ? tensor_.size : 1;
@@ -293,6 +297,7 @@ Llama<T>::~Llama() {
     }
     memory_free(workspace_);
     memory_free(recompute_arena_);
+    memory_free(cublas_workspace_);
     for (T* d : dresidual_) memory_free(d);
     if (cublas_) cublasDestroy(cublas_);
 }
@@ -517,6 +522,19 @@ void Llama<T>::settle_grads() {
 }
 
 template <class T>
+std::vector<bool> Llama<T>::discarded_grads() const {
+    std::vector<bool> out;
+    for (const Unit& unit : units_) out.push_back(unit.grads_discarded);
+    return out;
+}
+
+template <class T>
+void Llama<T>::set_discarded_grads(const std::vector<bool>& discarded) {
+    if (discarded.size() != units_.size()) throw std::logic_error("set_discarded_grads: one flag per unit");
+    for (size_t u = 0; u < units_.size(); ++u) units_[u].grads_discarded = discarded[u];
+}
+
+template <class T>
 void Llama<T>::settle_grads(int u) {
     if (!units_[size_t(u)].grads_discarded) return;
     CUDA_CHECK(cudaMemsetAsync(grads(u), 0, trainable(u).bytes(), stream_));
@@ -715,7 +733,9 @@ void Llama<T>::linear(int u, int k, const T* x, T* y, long long n, T* u_save, co
 template <class T>
 LoraDropout Llama<T>::dropout_of(const UnitIO<T>& io) const {
     if (io.step < 0 || lora_.dropout == 0) return {};
-    return LoraDropout{lora_.dropout, seed_, uint32_t(io.step), io.first_row};
+    LoraDropout d{lora_.dropout, seed_, uint32_t(io.step), io.first_row};
+    d.keys = io.dropout_keys;
+    return d;
 }
 
 template <class T>

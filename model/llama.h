@@ -113,6 +113,7 @@ struct UnitIO {
     const int* positions = nullptr;  // block: [N] position within its document (RoPE, attention); null: row % seq_len
     long long first_row = 0;         // block: the global row (sample · seq_len) of row 0, keying dropout
     long long step = -1;             // block: the training step keying the adapters' dropout; −1: none
+    const long long* dropout_keys = nullptr;  // block: {first_row, step} in device memory, read as the kernels run
     const T* residual_in = nullptr;  // block, head: the residual stream in, [N][C]
     T* residual_out = nullptr;       // embedding, block: the residual stream out, [N][C]
     acc_t<T>* loss_sum = nullptr;    // head forward: Σ cross-entropy over counted tokens (device)
@@ -123,8 +124,12 @@ struct UnitIO {
     // Backward:
     const T* dresidual_out = nullptr;  // embedding, block: gradient of residual_out
     T* dresidual_in = nullptr;         // block, head: gradient of residual_in (written)
-    double loss_scale = 1.0;           // head: 1 / (global count of counted tokens), DESIGN.md §4
+    DeviceScalar<double> loss_scale = 1.0;  // head: 1 / (global count of counted tokens), DESIGN.md §4
 };
+
+// The cuBLAS workspace a captured micro-step's model gets (ModelOptions::cublas_workspace_bytes):
+// the size cuBLAS's documentation recommends on Hopper (4 MiB on earlier GPUs).
+inline constexpr size_t kCublasGraphWorkspaceBytes = size_t(32) << 20;
 
 // A model instance: micro-batches of batch x seq_len tokens, parameters initialised from `seed`,
 // the tensors named in `frozen` (model/freeze.h) in frozen groups, placed as `placement` says.
@@ -146,6 +151,10 @@ struct ModelOptions {
     // bf16 attention forward with P in fp32 (the CUDA-core kernel) instead of one bf16 on tensor
     // cores (kernels/attention.cuh attention_forward): for parity with the KV-cache decoder's fp32 P.
     bool attention_p_fp32 = false;
+    // The cuBLAS handle's own workspace of this many bytes (cublasSetWorkspace); 0: cuBLAS's default.
+    // A captured micro-step needs one (trainer/micro_step_graphs.h): without it cuBLAS allocates a
+    // workspace inside each capture, memory the planner cannot see.
+    size_t cublas_workspace_bytes = 0;
     // With placement.tensor.size > 1: sums `count` elements of the compute type at `data` over the
     // tensor-parallel group, in place, in order on the model's stream (parallel/ provides it, here
     // or later through bind_tensor_reduce, before the first forward). The
@@ -274,6 +283,10 @@ class Llama {
     // unit u alone).
     void settle_grads();
     void settle_grads(int u);
+    // Which units discard_grads left unwritten (per unit; the host state a micro-step changes): a
+    // captured micro-step's launch leaves it as the captured backward did (trainer/micro_step_graphs.h).
+    std::vector<bool> discarded_grads() const;
+    void set_discarded_grads(const std::vector<bool>& discarded);
     // Writes elements [begin, end) of group g of unit u, initial values, to dst (end − begin
     // elements): N(0, 0.02²) from Philox keyed by (seed, tensor, element) for matrices, 1 for
     // RMSNorm weights, 0 for padding — the same values whatever slice is asked for.
@@ -447,6 +460,7 @@ class Llama {
     void* workspace_ = nullptr;
     Workspace work_;
     void* recompute_arena_ = nullptr;  // the recomputed blocks' activations (null: none recomputes)
+    void* cublas_workspace_ = nullptr;  // ModelOptions::cublas_workspace_bytes (null: cuBLAS's default)
     long long head_chunk_ = 1;         // rows of the head's logits at a time
     // Per slot: where the next backward writes the loss the forward left to it (null: none).
     struct DeferredLoss {

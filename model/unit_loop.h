@@ -29,6 +29,10 @@ struct DeviceBatch {
     // The head's loss written by the backward, with the gradient (the trainer's steps: one pass over
     // the logits); false: by the forward, for a caller that reads it before any backward.
     bool loss_in_backward = false;
+    // Where set, device memory holding {first_row, step}, which LoRA's dropout then reads as it runs
+    // instead of first_row and step (which must still say whether dropout is on): a captured
+    // micro-step (trainer/micro_step_graphs.h) is launched again for other micro-batches and steps.
+    const long long* dropout_keys = nullptr;
 };
 
 // A unit call's buffers with the batch's arrays filled in (the other fields at their defaults).
@@ -40,6 +44,7 @@ UnitIO<T> batch_io(const DeviceBatch& batch) {
     io.positions = batch.positions;
     io.first_row = batch.first_row;
     io.step = batch.step;
+    io.dropout_keys = batch.dropout_keys;
     io.loss_in_backward = batch.loss_in_backward;
     return io;
 }
@@ -68,7 +73,8 @@ void forward_units(Llama<T>& model, int slot, int first, int end, const T* stage
 // communicate in (and where ZeRO binds a gradient buffer to the unit).
 template <class T, class BeforeUnit, class AfterUnit>
 T* backward_units(Llama<T>& model, int slot, int first, int end, const T* stage_input, T* grad_out,
-                  const DeviceBatch& batch, double loss_scale, BeforeUnit&& before_unit, AfterUnit&& after_unit) {
+                  const DeviceBatch& batch, DeviceScalar<double> loss_scale, BeforeUnit&& before_unit,
+                  AfterUnit&& after_unit) {
     T* dout = grad_out;                                     // the gradient of the current unit's output
     int next = grad_out == model.residual_grad(0) ? 1 : 0;  // the other buffer: where its input's goes
     for (int u = end - 1; u >= first; --u) {
@@ -102,14 +108,14 @@ void single_forward(Llama<T>& model, int slot, const DeviceBatch& batch, acc_t<T
 }
 
 template <class T, class BeforeUnit, class AfterUnit>
-void single_backward(Llama<T>& model, int slot, const DeviceBatch& batch, double loss_scale, BeforeUnit&& before_unit,
-                     AfterUnit&& after_unit) {
+void single_backward(Llama<T>& model, int slot, const DeviceBatch& batch, DeviceScalar<double> loss_scale,
+                     BeforeUnit&& before_unit, AfterUnit&& after_unit) {
     backward_units(model, slot, 0, model.num_units(), static_cast<const T*>(nullptr), static_cast<T*>(nullptr), batch,
                    loss_scale, before_unit, after_unit);
 }
 
 template <class T>
-void single_backward(Llama<T>& model, int slot, const DeviceBatch& batch, double loss_scale) {
+void single_backward(Llama<T>& model, int slot, const DeviceBatch& batch, DeviceScalar<double> loss_scale) {
     single_backward(
         model, slot, batch, loss_scale, [](int) {}, [](int) {});
 }

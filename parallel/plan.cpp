@@ -66,6 +66,7 @@ StrategyOptions with_strategy(StrategyOptions o, StrategyKind kind) {
     if (!s.policy.fp32_accumulation()) o.fp32_grad_accumulation = false;
     if (!s.policy.shards()) o.shard_group = 0;
     if (s.one_rank) o.tensor = 1, o.sequence_parallel = false;
+    if (!s.one_rank) o.cuda_graphs = false;
     return o;
 }
 
@@ -101,6 +102,11 @@ Offload parse_offload(const std::string& name) {
 void check_strategy(const StrategyOptions& o, int ranks) {
     const StrategyInfo& s = strategy_info(o.kind);
     const bool pipeline = has_pipeline(o);
+    if (o.cuda_graphs && !s.one_rank)
+        throw std::invalid_argument(
+            std::string("--cuda-graphs captures a one-rank step (--parallel single): --parallel ") + s.name +
+            " communicates or binds its buffers between micro-steps, which a captured graph "
+            "would fix at their first step; drop --cuda-graphs, or run single on one rank");
     if (o.sequence_parallel && o.tensor <= 1)
         throw std::invalid_argument("--sequence-parallel splits the rows over a tensor-parallel group: give --tp 2 or "
                                     "more, or leave it out");

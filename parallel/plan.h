@@ -72,6 +72,10 @@ struct StrategyOptions {
     // --sequence-parallel: the residual stream between the tensor-parallel regions split by rows
     // over the group (model/placement.h TensorParallel::sequence); needs tensor > 1.
     bool sequence_parallel = false;
+    // --cuda-graphs: each micro-step captured once and launched as a CUDA graph (trainer/
+    // micro_step_graphs.h); single only (one rank, gradients kept whole, nothing communicated). The
+    // model's cuBLAS handle then has a workspace of its own (kCublasGraphWorkspaceBytes).
+    bool cuda_graphs = false;
 };
 
 // Options `o` carried over to the strategy `name`: what that strategy cannot take (--in-flight

@@ -113,6 +113,8 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
                                      place.tensor))) +
               2 * stream_rows * hidden * t);  // + the residual stream's two gradient buffers
     m.add("RoPE table", C::workspace, double(rope_inverse_frequencies(q.config).size()) * 2 * q.seq_len * a);
+    if (q.strategy.cuda_graphs)
+        m.add("cuBLAS workspace (--cuda-graphs)", C::workspace, double(kCublasGraphWorkspaceBytes));
 
     // The strategy (parallel/strategy.h and its subclass).
     const bool fp32_accumulation = q.strategy.fp32_grad_accumulation && q.dtype == DType::bf16;
@@ -194,20 +196,21 @@ RankMemory plan_rank(const PlanRequest& q, int rank) {
               double(offload_staging_bytes(largest_owned, q.strategy.offload == Offload::params ? 0 : size_t(t),
                                            fp32_accumulation ? 4 : size_t(t))));
 
-    // The trainer (trainer/trainer.h): a slot's token, target and position ids, the micro-batches'
-    // loss sums (grown to the accumulation on the first step, the old array freed after the new
-    // one exists), the loss all-reduce's terms and their sums, the counts, the step's figures and
-    // each unit's update flag; pinned staging for the uploads and read-backs.
+    // The trainer (trainer/trainer.h): a slot's token, target and position ids and dropout keys,
+    // the micro-batches' loss sums (grown to the accumulation on the first step, the old array freed
+    // after the new one exists), the loss all-reduce's terms and their sums, the counts, the loss
+    // scale, the step's figures and each unit's update flag; pinned staging for the uploads (with
+    // their keys) and read-backs.
     const double losses = buffer_slots + (q.accumulation > buffer_slots ? q.accumulation : 0);
     const double step_sums = 2.0 * kLossAllReduceDoubles * sizeof(double);
     const double update_flags = double(units) * sizeof(unsigned long long);
+    const double keys = 2.0 * sizeof(long long);  // a micro-batch's dropout keys (DeviceBatch::dropout_keys)
     m.add("batch and loss buffers", C::workspace,
-          3 * rows * buffer_slots * sizeof(int) + losses * a + buffer_slots * sizeof(int) + step_sums +
-              2 * sizeof(long long) +
-              sizeof(StepFigures) + update_flags);
+          3 * rows * buffer_slots * sizeof(int) + buffer_slots * keys + losses * a + buffer_slots * sizeof(int) +
+              step_sums + 2 * sizeof(long long) + sizeof(double) + sizeof(StepFigures) + update_flags);
     m.add("upload staging (pinned)", C::pinned_host,
-          2.0 * buffer_slots * 3 * rows * sizeof(int) + sizeof(StepFigures) + 2 * sizeof(long long) + step_sums +
-              update_flags);
+          2.0 * buffer_slots * (3 * rows * sizeof(int) + keys) + sizeof(StepFigures) + 2 * sizeof(long long) +
+              sizeof(double) + step_sums + update_flags);
     // A step's micro-batches as the loader gives them (inputs, targets, positions), pageable.
     m.add("a step's micro-batches", C::pinned_host, 3.0 * q.accumulation * rows * sizeof(int));
 

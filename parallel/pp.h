@@ -137,7 +137,7 @@ class Pipeline {
 
     // One chunk's backward; `unit_done(u)` after each unit's, and after the head's on a last stage
     // holding the tied embedding's copy, `unit_done(0)` too (the head's part of wte is complete).
-    void backward(int slot, const DeviceBatch& batch, double loss_scale, const UnitHook& before_unit,
+    void backward(int slot, const DeviceBatch& batch, DeviceScalar<double> loss_scale, const UnitHook& before_unit,
                   const UnitHook& unit_done) {
         const int chunk = chunk_of(slot), s = slot - first_buffer_[size_t(chunk)];
         const int stage = schedule_.stage_of(pipe_.rank(), chunk);

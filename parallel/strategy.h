@@ -144,6 +144,13 @@ class Strategy {
             run(PipeStep{true, m, 0, 0}, m + 1 == micro);
         }
     }
+    // Whether a micro-step's forward and backward can be captured once and launched again as a CUDA
+    // graph (trainer/micro_step_graphs.h): nothing communicated, no buffer bound per unit on the
+    // host, one activation slot — one rank with replicated parameters and whole gradients.
+    bool micro_steps_capturable() const {
+        return !comm_ && !pipeline_ && policy_.gradients == GradientReduction::all_reduce &&
+               !policy_.sharded_parameters() && !policy_.sharded_optimizer();
+    }
     // Whether this rank holds every parameter whole (it can sample, for one).
     bool holds_whole_model() const {
         return parameters_->whole() && model_.runs_every_unit() && model_.tensor_parallel().size == 1;
@@ -178,7 +185,7 @@ class Strategy {
     }
 
     // One micro-step's backward; `last` marks the last micro-step of the optimizer step.
-    void backward(int slot, const DeviceBatch& batch, double loss_scale, bool last) {
+    void backward(int slot, const DeviceBatch& batch, DeviceScalar<double> loss_scale, bool last) {
         if (!grad32_.empty()) model_.discard_grads();  // each micro-step's T gradients, then added up
         auto before = [&](int u) { before_unit_backward(u); };
         auto done = [&](int u) { unit_backward_done(u, last); };

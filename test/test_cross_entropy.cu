@@ -107,6 +107,19 @@ void check_one_pass(const std::vector<T>& logits, const std::vector<int>& target
     REQUIRE(fused_count.download() == count.download());
     REQUIRE(bitwise_equal(fused_stats.download(), stats.download()));
     REQUIRE(bitwise_equal(d_fused.download(), d_logits.download()));
+    // The scale read from device memory (a captured step's: DeviceScalar), by both kernels that take
+    // it: the same bits.
+    const DeviceArray<double> in_memory(std::vector<double>{scale});
+    const auto at = pv::DeviceScalar<double>::in_memory(in_memory.get());
+    DeviceArray<T> d_captured(logits), d_backward(logits.size()), d_original(logits);
+    d_backward.poison();
+    pv::cross_entropy_loss_and_gradient(d_captured.get(), d_targets.get(), fused_loss.get(), fused_stats.get(), N, V,
+                                        kIgnore, at, nullptr);
+    pv::cross_entropy_backward(d_original.get(), d_targets.get(), stats.get(), d_backward.get(), N, V, kIgnore, at,
+                               nullptr);
+    INFO("the scale in device memory");
+    REQUIRE(bitwise_equal(d_captured.download(), d_logits.download()));
+    REQUIRE(bitwise_equal(d_backward.download(), d_logits.download()));
 }
 
 // Inputs rounded to T, so the reference sees exactly what the kernel sees. Checks the forward, the

@@ -36,9 +36,12 @@ std::vector<double> rows_of(const std::vector<double>& m, size_t cols, size_t be
 // One fused linear with `parts` (output rows) targeted, run through lora_forward and lora_backward,
 // compared with the per-module reference.
 // dA and dB start random and accumulate, or poisoned and are written over (grad_write).
+// keys_in_memory: the kernels read the dropout's first row and step from device memory (a captured
+// micro-step's, LoraDropout::keys), their by-value fields set to other numbers, which would give
+// another mask.
 template <class T>
 void check_kernels(const std::vector<std::pair<int, int>>& parts, int out, int in, int rank, long long N,
-                   double dropout, pv::GradWrite grad_write = pv::GradWrite::add) {
+                   double dropout, pv::GradWrite grad_write = pv::GradWrite::add, bool keys_in_memory = false) {
     const bool add = grad_write == pv::GradWrite::add;
     const double tol = tolerance<T>();
     pv::LoraShape s;
@@ -49,6 +52,9 @@ void check_kernels(const std::vector<std::pair<int, int>>& parts, int out, int i
         b_rows += parts[p].second;
     }
     const pv::LoraDropout d{dropout, 4242, 7, 1000};
+    DeviceArray<long long> keys(std::vector<long long>{d.first_row, d.step});
+    pv::LoraDropout run = d;
+    if (keys_in_memory) run.first_row = 0, run.step = 8, run.keys = keys.get();
     const uint32_t tensor = 31;
     auto round = [](std::vector<T> v) { return to_double(v); };
     const auto x_h = random_vector<T>(size_t(N * in), 1), a_h = random_vector<T>(size_t(s.a_rows() * in), 2);
@@ -60,10 +66,10 @@ void check_kernels(const std::vector<std::pair<int, int>>& parts, int out, int i
     if (add) da.upload(da0_h), db.upload(db0_h);
     cublasHandle_t h;
     CUBLAS_CHECK(cublasCreate(&h));
-    pv::lora_forward(h, x.get(), a.get(), b.get(), y.get(), u.get(), dropped.get(), N, s, d, tensor, nullptr);
+    pv::lora_forward(h, x.get(), a.get(), b.get(), y.get(), u.get(), dropped.get(), N, s, run, tensor, nullptr);
     dropped.poison();  // the backward regenerates the dropped input
     pv::lora_backward(h, dy.get(), x.get(), a.get(), b.get(), u.get(), dx.get(), da.get(), db.get(), du.get(),
-                      dropped.get(), N, s, d, tensor, nullptr, grad_write);
+                      dropped.get(), N, s, run, tensor, nullptr, grad_write);
     CUDA_CHECK(cudaDeviceSynchronize());
     CUBLAS_CHECK(cublasDestroy(h));
 
@@ -90,7 +96,7 @@ void check_kernels(const std::vector<std::pair<int, int>>& parts, int out, int i
              {"dB", round(db.download()), db_ref}}) {
         const std::string err = compare(got, want, tol);
         INFO(name << " parts " << parts.size() << " dropout " << dropout << (add ? "" : ", dA and dB written over")
-                  << ": " << err);
+                  << (keys_in_memory ? ", keys in device memory" : "") << ": " << err);
         CHECK(err.empty());
     }
 }
@@ -234,6 +240,9 @@ TEST_CASE("the fused adapter kernels equal per-module fp64 loops, with and witho
     // dA and dB written over poisoned buffers (a step's first micro-step: Llama::discard_grads).
     check_kernels<float>({{0, 7}, {7, 5}, {12, 5}}, 17, 13, 3, 11, 0.3, pv::GradWrite::overwrite);
     check_kernels<__nv_bfloat16>({{0, 9}}, 9, 16, 4, 7, 0.0, pv::GradWrite::overwrite);
+    // The dropout's keys read from device memory (--cuda-graphs), on both of its paths.
+    check_kernels<double>({{0, 7}, {7, 5}, {12, 5}}, 17, 13, 3, 11, 0.3, pv::GradWrite::add, true);
+    check_kernels<float>({{0, 9}}, 9, 16, 4, 7, 0.3, pv::GradWrite::overwrite, true);
 }
 
 TEST_CASE("LoRA dropout keeps 1 − p of the elements, keyed by the global row", "[lora]") {

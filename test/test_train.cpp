@@ -250,6 +250,85 @@ TEST_CASE("train --offload optimizer: identical run, resumable across offload se
     REQUIRE(e.output.find("choose --parallel zero3, or --offload optimizer") != std::string::npos);
 }
 
+// --cuda-graphs: each micro-step captured once and launched as a graph; every logged number and
+// every saved tensor is the eager run's, bit for bit — with the loss scale and, under LoRA dropout,
+// each micro-batch's dropout keys read from device memory (a graph replays its arguments), with
+// document positions, evaluation between steps, and two micro-steps per step (the first writes
+// the gradients over, the second adds). Under it the model's cuBLAS handle has a 32 MiB workspace,
+// which the plan counts (the plan-against-peak case below).
+TEST_CASE("train --cuda-graphs: the captured run's numbers and checkpoints are the eager run's, bit for bit",
+          "[train][graphs]") {
+    TempDir dir("train_graphs");
+    std::ofstream(dir.file("chats.jsonl")) << [] {
+        std::string chats;
+        for (int i = 0; i < 40; ++i)
+            chats += "{\"messages\": [{\"role\": \"user\", \"content\": \"Count to " + std::to_string(i) +
+                     ".\"}, {\"role\": \"assistant\", \"content\": \"" + std::string(size_t(i % 7 + 1), 'x') +
+                     " done.\"}]}\n";
+        return chats;
+    }();
+    const Run p = run_train("prepare " + dir.file("chats.jsonl") + " --out " + dir.file("data") +
+                            " --vocab 300 --chat-format llama3");
+    INFO(p.output);
+    REQUIRE(p.status == 0);
+    const std::string lora_documents = "--data " + dir.file("data") +
+                                       " --steps 4 --batch 4 --micro-batch 2 --seq-len 48 --warmup 1 "
+                                       "--eval-interval 2 --eval-batches 1 --sample-tokens 0 --document-mask "
+                                       "--lora-rank 4 --lora-dropout 0.2 --checkpoint-interval 2";
+    const std::string full = kTiny + " --sample-tokens 0 --checkpoint-interval 3";
+    for (const auto& [name, args] : {std::pair{std::string("full"), full}, {"lora", lora_documents}}) {
+        const fs::path eager = dir.path / (name + "_eager"), graphs = dir.path / (name + "_graphs");
+        const Run a = run_train(args + " --out-dir " + eager.string());
+        const Run b = run_train(args + " --cuda-graphs --out-dir " + graphs.string());
+        INFO(name << "\n" << a.output << "\n----\n" << b.output);
+        REQUIRE(a.status == 0);
+        REQUIRE(b.status == 0);
+        REQUIRE(losses(a.output).size() >= 4);
+        REQUIRE(losses(b.output) == losses(a.output));
+        CHECK(a.output.find("cuda graphs:") == std::string::npos);
+        const std::regex said(
+            R"(cuda graphs: 2 micro-step\(s\) captured, ([0-9]+) nodes in the largest, launched ([0-9]+) times)");
+        std::smatch m;
+        REQUIRE(std::regex_search(b.output, m, said));
+        CHECK(std::stoi(m[1]) > 50);                                 // a micro-step is many kernels
+        CHECK(std::stoi(m[2]) == 2 * int(losses(b.output).size()));  // two a step, every step
+        // Every number but the memory (the workspace) and the timing.
+        const std::regex memory(R"(, "device_bytes": [0-9]+, "device_peak_bytes": [0-9]+)");
+        const auto numbers = [&](const fs::path& d) {
+            return std::regex_replace(metrics_without_timing(d / "metrics.jsonl"), memory, "");
+        };
+        REQUIRE(numbers(eager).find("val_loss") != std::string::npos);
+        REQUIRE(numbers(graphs) == numbers(eager));
+        int compared = 0;
+        for (const auto& step : fs::directory_iterator(eager))
+            for (const auto& f : !step.is_directory() ? fs::directory_iterator() : fs::directory_iterator(step.path()))
+                if (f.path().extension() == ".safetensors") {
+                    INFO(f.path());
+                    REQUIRE(read_file(graphs / step.path().filename() / f.path().filename()) == read_file(f.path()));
+                    ++compared;
+                }
+        CHECK(compared >= 8);  // two checkpoints of model or adapter, master, m and v
+    }
+    // A resume keeps the checkpoint's --cuda-graphs; under a strategy that cannot capture it is dropped.
+    const fs::path step_3 = dir.path / "full_graphs" / "step_3";
+    const Run kept = run_train("--resume " + step_3.string() + " --out-dir " + dir.file("kept"));
+    INFO(kept.output);
+    REQUIRE(kept.status == 0);
+    CHECK(kept.output.find("launched 6 times") != std::string::npos);  // steps 4 to 6
+    const Run dropped = run_train("--resume " + step_3.string() + " --parallel zero3 --out-dir " + dir.file("dropped"));
+    INFO(dropped.output);
+    REQUIRE(dropped.status == 0);
+    CHECK(dropped.output.find("resume: --cuda-graphs: true -> false") != std::string::npos);
+    CHECK(dropped.output.find("cuda graphs:") == std::string::npos);
+    // A strategy that binds its buffers between micro-steps (or communicates) is refused, with the fix.
+    const Run z = run_train(kTiny + " --parallel zero3 --cuda-graphs --out-dir " + dir.file("z"));
+    INFO(z.output);
+    REQUIRE(z.status != 0);
+    CHECK(z.output.find("--cuda-graphs captures a one-rank step (--parallel single): --parallel zero3") !=
+          std::string::npos);
+    CHECK(z.output.find("drop --cuda-graphs, or run single on one rank") != std::string::npos);
+}
+
 namespace train_test {
 
 // The output without the closing tokens/s line (timings differ run to run).
@@ -473,7 +552,7 @@ TEST_CASE("train plan: the default run's plan is its measured peak; what cannot 
           "[train][plan][heavy]") {
     TempDir dir("train_plan");
     // The plan of a run against the peak that run measures (the device accounting every step prints).
-    for (const std::string flags : {"", "--checkpoint-activations --lora-rank 4"}) {
+    for (const std::string flags : {"", "--checkpoint-activations --lora-rank 4", "--cuda-graphs"}) {
         // (The sample after training comes after the last step's figures: not in either.)
         const Run plan = run_train("plan --sample-tokens 0 " + flags);
         const Run run = run_train(flags + " --steps 2 --warmup 1 --sample-tokens 0 --eval-interval 0 --out-dir " +

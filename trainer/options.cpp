@@ -59,16 +59,19 @@ void apply_link_rate_flags(const TrainOptions& o, Interconnect& link) {
 // Every training option as JSON (trainer_state.json, the run file's keys), each key its field's
 // name, a key missing (an older checkpoint) read as the default. Written out rather than with
 // nlohmann's NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT, which takes at most 63 fields.
-#define PV_TRAIN_OPTION_FIELDS(X) \
-    X(preset) X(config) X(init_from) X(data) X(val_data) X(vocab) X(steps) X(batch) X(micro_batch) X(accumulation) \
-    X(seq_len) X(lr) X(schedule) X(warmup) X(warmup_ratio) X(epochs) X(schedule_steps) X(final_lr_fraction) X(clip) \
-    X(skip_nonfinite) X(weight_decay) X(decay_norm_weights) X(beta1) X(beta2) X(eps) X(dtype) X(stochastic_rounding) \
-    X(fp32_grad_accumulation) X(seed) X(parallel) X(interconnect) X(gpus_per_node) X(intra_node_gbs) \
-    X(inter_node_gbs) X(pcie_gbs) X(host_memory_gbs) X(pipeline_stages) X(in_flight) X(pipeline_schedule) X(pipeline_chunks) X(balance) \
-    X(shard_group) X(tp) X(sequence_parallel) X(freeze) X(eval_interval) X(eval_batches) X(out_dir) X(checkpoint_interval) X(resume) \
-    X(stop_after) X(prompt) X(sample_tokens) X(temperature) X(top_p) X(document_mask) X(lora_rank) X(lora_alpha) \
-    X(rslora) X(lora_targets) X(lora_dropout) X(adapter) X(quantize) X(double_quant) X(checkpoint_activations) \
-    X(offload) X(keep_checkpoints)
+#define PV_TRAIN_OPTION_FIELDS(X)                                                                                      \
+    X(preset)                                                                                                          \
+    X(config) X(init_from) X(data) X(val_data) X(vocab) X(steps) X(batch) X(micro_batch) X(accumulation) X(seq_len)    \
+        X(lr) X(schedule) X(warmup) X(warmup_ratio) X(epochs) X(schedule_steps) X(final_lr_fraction) X(clip)           \
+            X(skip_nonfinite) X(weight_decay) X(decay_norm_weights) X(beta1) X(beta2) X(eps) X(dtype)                  \
+                X(stochastic_rounding) X(fp32_grad_accumulation) X(seed) X(parallel) X(interconnect) X(gpus_per_node)  \
+                    X(intra_node_gbs) X(inter_node_gbs) X(pcie_gbs) X(host_memory_gbs) X(pipeline_stages) X(in_flight) \
+                        X(pipeline_schedule) X(pipeline_chunks) X(balance) X(shard_group) X(tp) X(sequence_parallel)   \
+                            X(freeze) X(eval_interval) X(eval_batches) X(out_dir) X(checkpoint_interval) X(resume)     \
+                                X(stop_after) X(prompt) X(sample_tokens) X(temperature) X(top_p) X(document_mask)      \
+                                    X(lora_rank) X(lora_alpha) X(rslora) X(lora_targets) X(lora_dropout) X(adapter)    \
+                                        X(quantize) X(double_quant) X(checkpoint_activations) X(offload)               \
+                                            X(keep_checkpoints) X(cuda_graphs)
 
 void to_json(nlohmann::json& j, const TrainOptions& o) {
 #define PV_OPTION_TO_JSON(field) j[#field] = o.field;
@@ -172,19 +175,24 @@ const CLI::Validator directory_or_empty(
 const std::vector<std::pair<std::string, std::vector<std::string>>>& train_flag_groups() {
     static const std::vector<std::pair<std::string, std::vector<std::string>>> groups{
         {"Data", {"data", "val-data", "seq-len", "document-mask", "batch", "micro-batch", "accumulation"}},
-        {"Model", {"preset", "config", "init-from", "vocab", "dtype", "freeze", "checkpoint-activations",
-                   "no-checkpoint-activations"}},
-        {"Optimisation", {"steps", "epochs", "lr", "schedule", "warmup", "warmup-ratio", "final-lr-fraction", "clip",
-                          "skip-nonfinite",
-                          "weight-decay", "decay-norm-weights", "beta1", "beta2", "eps", "stochastic-rounding",
-                          "fp32-grad-accumulation", "seed"}},
-        {"LoRA/QLoRA", {"lora-rank", "lora-alpha", "rslora", "lora-targets", "lora-dropout", "quantize",
-                        "double-quant", "adapter"}},
-        {"Parallel", {"parallel", "interconnect", "gpus-per-node", "intra-node-gbs", "inter-node-gbs", "pcie-gbs", "host-memory-gbs", "gpu-memory", "pipeline-stages", "pipeline-schedule", "pipeline-chunks", "in-flight", "balance", "shard-group", "tp", "sequence-parallel", "offload",
-                      "collective-timeout"}},
-        {"Checkpoints", {"checkpoint-interval", "resume", "allow-inexact-resume", "stop-after", "keep-checkpoints",
-                         "overwrite-later", "extend-schedule", "keep-schedule"}},
-        {"Output", {"out-dir", "overwrite", "eval-interval", "eval-batches", "prompt", "sample-tokens", "temperature", "top-p"}},
+        {"Model",
+         {"preset", "config", "init-from", "vocab", "dtype", "freeze", "checkpoint-activations",
+          "no-checkpoint-activations"}},
+        {"Optimisation",
+         {"steps", "epochs", "lr", "schedule", "warmup", "warmup-ratio", "final-lr-fraction", "clip", "skip-nonfinite",
+          "weight-decay", "decay-norm-weights", "beta1", "beta2", "eps", "stochastic-rounding",
+          "fp32-grad-accumulation", "seed"}},
+        {"LoRA/QLoRA",
+         {"lora-rank", "lora-alpha", "rslora", "lora-targets", "lora-dropout", "quantize", "double-quant", "adapter"}},
+        {"Parallel",
+         {"parallel", "interconnect", "gpus-per-node", "intra-node-gbs", "inter-node-gbs", "pcie-gbs",
+          "host-memory-gbs", "gpu-memory", "pipeline-stages", "pipeline-schedule", "pipeline-chunks", "in-flight",
+          "balance", "shard-group", "tp", "sequence-parallel", "offload", "collective-timeout", "cuda-graphs"}},
+        {"Checkpoints",
+         {"checkpoint-interval", "resume", "allow-inexact-resume", "stop-after", "keep-checkpoints", "overwrite-later",
+          "extend-schedule", "keep-schedule"}},
+        {"Output",
+         {"out-dir", "overwrite", "eval-interval", "eval-batches", "prompt", "sample-tokens", "temperature", "top-p"}},
     };
     return groups;
 }
@@ -411,6 +419,10 @@ void add_train_flags(CLI::App& app, TrainOptions& o, std::string* run_file = nul
                  "norms' outputs all-gathered before the column-parallel linears, the row-parallel linears' "
                  "outputs reduce-scattered (the all-reduces' bytes), activation memory outside the GEMMs divided "
                  "by tp. The micro-batch's tokens (micro-batch x sequence length) must divide by tp");
+    app.add_flag("--cuda-graphs", o.cuda_graphs,
+                 "Capture each micro-step (its forward and backward, every kernel and GEMM) once as a CUDA graph "
+                 "and launch it as one graph from then on: the same results bit for bit, the kernels' launch cost "
+                 "paid once. One rank (--parallel single); the model's cuBLAS handle gets a 32 MiB workspace");
     app.add_option("--offload", o.offload,
                    "CPU offload (ZeRO-Offload): optimizer keeps the fp32 master and Adam m and v of this rank's "
                    "owned range in pinned host memory and runs AdamW on the CPU (single, ddp, zero1-3); params also "
@@ -1011,6 +1023,7 @@ StrategyOptions strategy_options(const TrainOptions& o, int ranks) {
     s.offload = parse_offload(o.offload);
     s.tensor = o.tp;
     s.sequence_parallel = o.sequence_parallel;
+    s.cuda_graphs = o.cuda_graphs;
     const int per_step = o.micro_batch * data_ranks_of(s, ranks);
     s.micro_per_step = per_step > 0 && o.batch % per_step == 0 ? std::max(1, o.batch / per_step) : 1;
     return s;

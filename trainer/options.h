@@ -99,6 +99,7 @@ struct TrainOptions {
     int shard_group = 0;                // zero1-3: shard within groups of this many ranks (0: all; HSDP)
     int tp = 1;                         // tensor-parallel group size (parallel/plan.h StrategyOptions::tensor)
     bool sequence_parallel = false;     // --sequence-parallel (StrategyOptions::sequence_parallel)
+    bool cuda_graphs = false;           // --cuda-graphs (StrategyOptions::cuda_graphs)
     std::string offload = "none";       // none, optimizer or params (parallel/plan.h Offload)
     // Activation checkpointing (model/llama.h ActivationCheckpointing): −1 off; 0 every block
     // recomputes its forward before its backward (the bare flag); N >= 2 one block in N keeps its

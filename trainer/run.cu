@@ -204,9 +204,11 @@ class TrainingRun {
         // The strategy decides how the model is built and is applied to a model that knows nothing of it.
         const FrozenTensors frozen = resolve_freeze(config, split_patterns(o.freeze));
         for (const std::string& note : frozen.notes) std::printf("freeze: %s\n", note.c_str());
-        model_ = std::make_unique<Llama<T>>(
-            config, ModelOptions{o.micro_batch, o.seq_len, o.seed, frozen.names, lora_config(o), o.quantize == "nf4",
-                                 o.double_quant, plan_.placement, compute_.get(), activation_checkpointing(o)});
+        ModelOptions model_options{
+            o.micro_batch,       o.seq_len,      o.seed,          frozen.names,   lora_config(o),
+            o.quantize == "nf4", o.double_quant, plan_.placement, compute_.get(), activation_checkpointing(o)};
+        if (plan_.options.cuda_graphs) model_options.cublas_workspace_bytes = kCublasGraphWorkspaceBytes;
+        model_ = std::make_unique<Llama<T>>(config, model_options);
         strategy_ = make_strategy<T, G>(plan_, *model_, &world.comm(), o.seed);
         // --init-from: the pretrained weights over the initial ones, each rank what it keeps, before
         // the optimizer takes its master copy from them.
@@ -243,6 +245,7 @@ class TrainingRun {
         if (parse_offload(o.offload) != Offload::none) std::printf("%s\n", describe_offload_pool().c_str());
         trainer_ = std::make_unique<Trainer<T, G>>(*strategy_, *optimizer_);
         trainer_->set_skip_nonfinite(o.skip_nonfinite);
+        if (plan_.options.cuda_graphs) trainer_->use_graphs();
     }
 
     int run() {
@@ -534,6 +537,9 @@ class TrainingRun {
         std::printf("trained steps %lld..%lld in %.1f s (%.0f tokens/s): loss %.4f -> %.4f\n", start_step_ + 1,
                     end_step_, seconds, double(end_step_ - start_step_) * o_.batch * o_.seq_len / seconds, first_loss_,
                     last_loss_);
+        if (const auto* g = trainer_->graphs(); g && g->captured() > 0)
+            std::printf("cuda graphs: %zu micro-step(s) captured, %zu nodes in the largest, launched %lld times\n",
+                        g->captured(), g->largest_nodes(), g->launches());
         if (stop_requests_ > 0 && end_step_ < o_.steps) {
             const int here = stop_signal();
             std::printf(

@@ -46,6 +46,12 @@
 // The step's token count is summed over ranks on the communication stream alone (it does not wait
 // for the compute stream). The host waits for the compute stream once per step, after the update
 // is queued, to read the step's loss and norm (StepFigures).
+//
+// What the kernels read per micro-batch or step beyond the batch's arrays is in device memory too:
+// the micro-batch's dropout keys (its first global row and the step) travel with its tokens in the
+// staging buffer, and the loss scale 1/C is copied once C is known. So the same kernels serve a
+// step run eagerly and one whose micro-steps are captured CUDA graphs (use_graphs, --cuda-graphs:
+// trainer/micro_step_graphs.h), which give the same bits.
 #pragma once
 
 #include "data/loader.h"
@@ -54,6 +60,7 @@
 #include "optim/optimizer.cuh"
 #include "optim/schedule.h"
 #include "parallel/strategy.h"
+#include "trainer/micro_step_graphs.h"
 #include "trainer/step_checks.h"
 
 #include <algorithm>
@@ -86,13 +93,16 @@ class Trainer {
           tokens_(size_t(rows_ * strategy.slots()), MemoryCategory::workspace),
           targets_(size_t(rows_ * strategy.slots()), MemoryCategory::workspace),
           positions_(size_t(rows_ * strategy.slots()), MemoryCategory::workspace),
+          keys_(2 * size_t(strategy.slots()), MemoryCategory::workspace),
           losses_(size_t(strategy.slots()), MemoryCategory::workspace),
           count_(size_t(strategy.slots()), MemoryCategory::workspace),
           sums_(2 * size_t(kStepSums), MemoryCategory::workspace),
           counts_(2, MemoryCategory::workspace),
+          loss_scale_(1, MemoryCategory::workspace),
           figures_(1, MemoryCategory::workspace),
           host_figures_(static_cast<StepFigures*>(pinned_host_alloc(sizeof(StepFigures)))),
           host_counts_(static_cast<long long*>(pinned_host_alloc(2 * sizeof(long long)))),
+          host_loss_scale_(static_cast<double*>(pinned_host_alloc(sizeof(double)))),
           update_flags_(size_t(strategy.model().num_units()), MemoryCategory::workspace),
           host_flags_(static_cast<unsigned long long*>(
               pinned_host_alloc(size_t(strategy.model().num_units()) * sizeof(unsigned long long)))),
@@ -109,7 +119,9 @@ class Trainer {
                 "params offloads both)");
         for (int i = 0; i < 2 * strategy.slots(); ++i) {
             Staging st;
-            st.host = static_cast<int*>(pinned_host_alloc(3 * size_t(rows_) * sizeof(int)));
+            st.keys =
+                static_cast<long long*>(pinned_host_alloc(2 * sizeof(long long) + 3 * size_t(rows_) * sizeof(int)));
+            st.host = reinterpret_cast<int*>(st.keys + 2);
             CUDA_CHECK(cudaEventCreateWithFlags(&st.read, cudaEventDisableTiming));
             staging_.push_back(st);
         }
@@ -118,10 +130,11 @@ class Trainer {
         for (Staging& st : staging_) {
             cudaEventSynchronize(st.read);
             cudaEventDestroy(st.read);
-            memory_free(st.host);
+            memory_free(st.keys);
         }
         memory_free(host_figures_);
         memory_free(host_counts_);
+        memory_free(host_loss_scale_);
         memory_free(host_flags_);
         memory_free(host_sums_);
     }
@@ -151,6 +164,7 @@ class Trainer {
     // This micro-batch's loss sum, forward only (evaluation): on every rank of its pipeline (a
     // pipeline's last stage has it).
     double forward_loss(const DataLoader::MicroBatch& b) {
+        upload_slot(0, b, -1);
         forward_slot(0, b, -1, losses_.get());
         const double local = read_loss(losses_.get());
         Comm* pipe = s_.pipeline_comm();
@@ -160,6 +174,18 @@ class Trainer {
     // Steps whose loss or gradient norm is not finite are passed over, up to n of them in the life
     // of this trainer (0: the first one ends the run).
     void set_skip_nonfinite(long long n) { skip_budget_ = n; }
+
+    // Each micro-step captured once as a CUDA graph and launched as one from then on (--cuda-graphs;
+    // trainer/micro_step_graphs.h): the same results bit for bit. The strategy must allow it and the
+    // model should have its own cuBLAS workspace (ModelOptions::cublas_workspace_bytes).
+    void use_graphs() {
+        if (!s_.micro_steps_capturable())
+            throw std::invalid_argument(std::string("--cuda-graphs captures a one-rank step (--parallel single): ") +
+                                        s_.name() +
+                                        " communicates or binds buffers between micro-steps; drop --cuda-graphs");
+        graphs_ = std::make_unique<MicroStepGraphs<T>>(s_.model());
+    }
+    const MicroStepGraphs<T>* graphs() const { return graphs_.get(); }
     long long skipped_steps() const { return skipped_; }
 
     // Before a checkpoint (collective over every rank): fails, naming the step, unit and tensor, if
@@ -192,16 +218,29 @@ class Trainer {
         s_.begin_step();
         CUDA_CHECK(cudaMemsetAsync(losses_.get(), 0, micro.size() * sizeof(A), stream));
         bool have_count = false;  // the backward needs the count (its loss scale): one integer all-reduce
+        const auto scale = DeviceScalar<double>::in_memory(loss_scale_.get());
         s_.run_micro_steps(int(micro.size()), [&](const PipeStep& e, bool last) {
             const size_t m = size_t(e.micro);
-            if (!e.backward) return forward_slot(e.slot, micro[m], t, losses_.get() + m);
+            if (!e.backward) {
+                upload_slot(e.slot, micro[m], t);
+                if (!graphs_) forward_slot(e.slot, micro[m], t, losses_.get() + m);  // (captured with its backward)
+                return;
+            }
             if (!have_count) {  // after this rank's first forwards: the device is busy while it travels
                 r.counted = s_.data_comm() ? count_over_ranks(local, *s_.data_comm()) : local;
                 if (r.counted == 0)
                     throw std::runtime_error("step " + std::to_string(t) + " has no counted target tokens");
                 have_count = true;
+                *host_loss_scale_ = 1.0 / double(r.counted);  // (its last copy is done: the last step waited)
+                CUDA_CHECK(cudaMemcpyAsync(loss_scale_.get(), host_loss_scale_, sizeof(double), cudaMemcpyHostToDevice,
+                                           stream));
             }
-            s_.backward(e.slot, device_batch(size_t(e.slot), micro[m], t), 1.0 / double(r.counted), last);
+            const DeviceBatch batch = device_batch(size_t(e.slot), micro[m], t);
+            if (!graphs_) return s_.backward(e.slot, batch, scale, last);
+            graphs_->run({int(m), last, batch.positions != nullptr}, [&] {
+                forward_slot(e.slot, micro[m], t, losses_.get() + m);
+                s_.backward(e.slot, batch, scale, last);
+            });
         });
         s_.finish_gradients();
         if (inject_.fires(t, s_.comm() ? s_.comm()->rank() : 0)) inject_nonfinite_gradient(s_, inject_.tensor);
@@ -325,19 +364,24 @@ class Trainer {
     int* tokens(size_t slot) { return tokens_.get() + slot * size_t(rows_); }
     int* targets(size_t slot) { return targets_.get() + slot * size_t(rows_); }
     int* positions(size_t slot) { return positions_.get() + slot * size_t(rows_); }
+    long long* keys(size_t slot) { return keys_.get() + 2 * slot; }
     // Slot k's device arrays of micro-batch b (uploaded by forward_slot); positions only when b
     // has them (document masking), else null: plain causal attention. `step`: the training step
     // (keys the adapters' dropout with the batch's global rows), −1 for evaluation. A training
     // step reads its losses after its backwards, so the head computes each loss in its backward,
     // with the gradient, in one pass over the logits (model/llama.h).
     DeviceBatch device_batch(size_t k, const DataLoader::MicroBatch& b, long long step) {
-        return {tokens(k), targets(k), b.positions.empty() ? nullptr : positions(k),
-                b.first_sample * s_.model().seq_len(), step, step >= 0};
+        return {tokens(k),
+                targets(k),
+                b.positions.empty() ? nullptr : positions(k),
+                b.first_sample * s_.model().seq_len(),
+                step,
+                step >= 0,
+                keys(k)};
     }
-    // Uploads the micro-batch into its slot and runs its forward; the loss sum stays on the device
-    // (zero on ranks without the head).
-    void forward_slot(int slot, const DataLoader::MicroBatch& b, long long step, A* loss) {
-        Llama<T>& m = s_.model();
+    // Uploads the micro-batch into its slot: its ids and its dropout keys (device_batch's first_row
+    // and step, which the kernels read from there).
+    void upload_slot(int slot, const DataLoader::MicroBatch& b, long long step) {
         const size_t k = size_t(slot), n = size_t(rows_);
         for (const std::vector<int>* field : {&b.inputs, &b.targets, &b.positions})
             if (field->size() != n && !(field == &b.positions && field->empty()))
@@ -345,18 +389,25 @@ class Trainer {
                                        " values; the model takes batch × seq_len = " + std::to_string(n));
         Staging& st = staging_[next_staging_++ % staging_.size()];
         CUDA_CHECK(cudaEventSynchronize(st.read));  // the copy that last read this buffer is done
+        const DeviceBatch batch = device_batch(k, b, step);
+        st.keys[0] = batch.first_row, st.keys[1] = batch.step;
         int* host = st.host;
         std::copy(b.inputs.begin(), b.inputs.end(), host);
         std::copy(b.targets.begin(), b.targets.end(), host + n);
         std::copy(b.positions.begin(), b.positions.end(), host + 2 * n);
-        cudaStream_t stream = m.stream();
+        cudaStream_t stream = s_.model().stream();
+        CUDA_CHECK(cudaMemcpyAsync(keys(k), st.keys, 2 * sizeof(long long), cudaMemcpyHostToDevice, stream));
         CUDA_CHECK(cudaMemcpyAsync(tokens(k), host, n * sizeof(int), cudaMemcpyHostToDevice, stream));
         CUDA_CHECK(cudaMemcpyAsync(targets(k), host + n, n * sizeof(int), cudaMemcpyHostToDevice, stream));
         if (!b.positions.empty())
             CUDA_CHECK(cudaMemcpyAsync(positions(k), host + 2 * n, n * sizeof(int), cudaMemcpyHostToDevice, stream));
         CUDA_CHECK(cudaEventRecord(st.read, stream));
-        CUDA_CHECK(cudaMemsetAsync(loss, 0, sizeof(A), m.stream()));
-        s_.forward(slot, device_batch(k, b, step), loss, count_.get() + k);
+    }
+    // The forward of the micro-batch upload_slot put in the slot; the loss sum stays on the device
+    // (zero on ranks without the head). Device work only: a captured micro-step holds it.
+    void forward_slot(int slot, const DataLoader::MicroBatch& b, long long step, A* loss) {
+        CUDA_CHECK(cudaMemsetAsync(loss, 0, sizeof(A), s_.model().stream()));
+        s_.forward(slot, device_batch(size_t(slot), b, step), loss, count_.get() + size_t(slot));
     }
     double read_loss(const A* loss) {
         Llama<T>& m = s_.model();
@@ -371,13 +422,16 @@ class Trainer {
     std::unique_ptr<OffloadedAdamW<T, G>> offloaded_;  // with the state on the host
     long long rows_;
     DeviceBuffer<int> tokens_, targets_, positions_;  // [slots][rows] each
+    DeviceBuffer<long long> keys_;                    // [slots][2]: first_row, step (DeviceBatch::dropout_keys)
     DeviceBuffer<A> losses_;                          // per micro-batch of the step: its loss sum
     DeviceBuffer<int> count_;
     DeviceBuffer<double> sums_;
     DeviceBuffer<long long> counts_;
+    DeviceBuffer<double> loss_scale_;  // the step's 1 / C, which the head's backward reads
     DeviceBuffer<StepFigures> figures_;
     StepFigures* host_figures_;                      // pinned: where the step's figures are read back
     long long* host_counts_;                         // pinned: this rank's count and the sum over ranks
+    double* host_loss_scale_;                        // pinned: the loss scale's upload
     DeviceBuffer<unsigned long long> update_flags_;  // per unit: the update's first non-finite element
     unsigned long long* host_flags_;                 // pinned: where they are read back (the CPU update's own)
     double* host_sums_;                              // pinned [2][kStepSums]: this rank's terms, the sums
@@ -386,7 +440,9 @@ class Trainer {
     long long updated_step_ = 0;                     // the last step whose update ran
     long long skip_budget_ = 0, skipped_ = 0;
     TestHook inject_, diverge_;
+    std::unique_ptr<MicroStepGraphs<T>> graphs_;  // --cuda-graphs (null: eager)
     struct Staging {
+        long long* keys = nullptr;   // pinned [2], then host: the dropout keys (one allocation)
         int* host = nullptr;         // pinned [3][rows]: tokens, targets, positions
         cudaEvent_t read = nullptr;  // recorded after the copies that read it
     };
