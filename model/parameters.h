@@ -132,6 +132,12 @@ GroupLayout layout_group(GroupKind kind, DType dtype, const std::vector<TensorSp
 
 enum class UnitKind { embedding, block, head };
 
+// Which of ZeRO-2/3's gradient buffers unit u's backward writes (parallel/gradients_rotating.h,
+// and the step cost that counts their zeroing, model/step_cost.cpp): units alternate between
+// rotating buffers 0 and 1 in backward order, the last unit (the head) in 0; a tied embedding
+// (unit 0) has a buffer of its own, 2.
+inline int rotating_gradient_buffer(int u, int last, bool tied) { return u == 0 && tied ? 2 : (last - u) % 2; }
+
 // A block's tensors, in layout order (model_units builds them in this order; typed views read
 // them by it).
 enum BlockTensor { kAttnNorm, kWQkv, kWO, kMlpNorm, kWGateUp, kWDown, kBlockTensors };

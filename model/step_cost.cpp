@@ -3,6 +3,7 @@
 
 #include "model/attention_sass.h"
 #include "model/flops.h"
+#include "model/parameters.h"
 #include "model/tensor_parallel.h"
 
 #include <algorithm>
@@ -493,8 +494,8 @@ namespace {
 // ZeRO-2/3's rotating gradient buffers (parallel/gradients_rotating.h): which units' buffers are
 // zeroed as they are bound, per micro-step once the binding order repeats (a buffer is zeroed
 // where its last unit had another layout: here, another kind of unit; a unit bound after one of
-// its own kind is written over). Units are bound from the head down; a tied embedding has a
-// buffer of its own.
+// its own kind is written over). Units are bound from the head down, each to the buffer
+// rotating_gradient_buffer names (the strategy's own rule, model/parameters.h).
 struct RotatingZeroed {
     int blocks = 0;
     bool head = false, embedding = false;
@@ -507,7 +508,7 @@ RotatingZeroed rotating_zeroed(int L, bool tied) {
         z = {};
         for (int u = L + 1; u >= 0; --u) {
             const int kind = u == 0 ? embedding : u == L + 1 ? head : block;
-            const int b = u == 0 && tied ? 2 : (L + 1 - u) % 2;
+            const int b = rotating_gradient_buffer(u, L + 1, tied);
             if (occupant[b] != kind) {
                 if (kind == block) ++z.blocks;
                 if (kind == head) z.head = true;

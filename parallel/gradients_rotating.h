@@ -111,7 +111,7 @@ class RotatingGradients : public GradientPart<T, G> {
         return largest;
     }
     // Which buffer unit u's gradient is in: 2 = the embedding's own, else a rotating one.
-    int buffer_of(int u) const { return u == 0 && tied() ? 2 : (last() - u) % 2; }
+    int buffer_of(int u) const { return rotating_gradient_buffer(u, last(), tied()); }
     T* buffer(int b) { return b == 2 ? embedding_.get() : rotating_[size_t(b)].get(); }
 
     void bind(int u) {
