@@ -244,6 +244,7 @@ void run(const pv::LlamaConfig& c, const Options& o) {
     T* att = random_buffer<T>(N * q_w, 10);
     T* datt = random_buffer<T>(N * q_w, 11);
     T* dqkv = random_buffer<T>(N * qkv_w, 12);
+    T* dwqkv = random_buffer<T>((long long)qkv_w * C, 21);  // (not dwte: V < qkv_w at the test shapes)
     A* lse = static_cast<A*>(alloc(size_t(B) * H * Tn * sizeof(A)));
     void* att_scratch = alloc(pv::attention_backward_scratch_bytes<T>(B, Tn, H));
     const std::vector<A> rope_values = pv::rope_table_values<A>(pv::rope_inverse_frequencies(c), Tn);
@@ -341,7 +342,7 @@ void run(const pv::LlamaConfig& c, const Options& o) {
                       }),
               2.0 * Tn * Hkv * hd * t + 2.0 * q_w * t, 2.0 * 2.0 * H * double(Tn) * hd, on_gpu);
     report<T>("matmul qkv backward",
-              time_it(R, [&] { pv::matmul_backward(handle, dqkv, x, wqkv, dx, dwte, N, C, qkv_w, false, nullptr); }),
+              time_it(R, [&] { pv::matmul_backward(handle, dqkv, x, wqkv, dx, dwqkv, N, C, qkv_w, false, nullptr); }),
               (2.0 * N * C + 2.0 * qkv_w * C + double(N) * qkv_w) * t, 2.0 * gemm_qkv, on_gpu);
 
     // MLP: gate/up projection, SwiGLU, down projection.
@@ -417,6 +418,7 @@ void run(const pv::LlamaConfig& c, const Options& o) {
                                                 embedding_scratch,
                                                 qkv,
                                                 wqkv,
+                                                dwqkv,
                                                 att,
                                                 datt,
                                                 dqkv,
