@@ -47,7 +47,8 @@
 // warp skips a 16×16 chunk in which none of its elements is in a window (one vote: no work, the
 // same result, since masked elements add exact zeros), and masks each remaining element by its
 // own row's window and by T. Per warp and tile pair at hd 64 (sm_90, model/attention_sass.h):
-// dK/dV 722 instructions interior, 899 masked; dQ 412 and 641 (one body for all: 871 and 635).
+// dK/dV 640 instructions interior, 821 masked; dQ 386 and 624. dK/dV's steps (query head, query
+// tile) advance by additions, not by a division and a remainder of the step index (686 before).
 // Heavy tiles first: the grid puts the tile index in z (the slowest), and
 // causal attention's heaviest tiles (dK/dV: the first key tiles; dQ: the last query tiles) get the
 // lowest block indices.
@@ -217,24 +218,39 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
     const int q_end = pos ? attention_last_query(pos, min(k0 + Bt, T_len) - 1, T_len, lo_s) + 1 : T_len;
     const int q_first = k0 / Bt, q_tiles = (q_end - 1) / Bt + 1 - q_first;
     const int steps = group * q_tiles;  // (query head, query tile) pairs, heads outer: a fixed order
+    const int q_begin = q_first * Bt, q_stop = q_begin + q_tiles * Bt;
 
-    // Step s: query head kvh·group + s / q_tiles, query tile q_first + s % q_tiles, into buffer s % 2.
-    auto prefetch = [&](int s) {
-        const int h = kvh * group + s / q_tiles, q0 = (q_first + s % q_tiles) * Bt, buf = s % 2;
-        attention_mma_load_tile<HD>(Qs + buf * Bt * LD, rows + (long long)h * HD, stride, q0, T_len);
-        attention_mma_load_tile<HD>(dOs + buf * Bt * LD, drows + (long long)h * HD, dstride, q0, T_len);
+    // The steps in order: query tiles q_begin, q_begin + Bt, .. of query head kvh·group, then of the
+    // next head. A step is its head's row offset (h·HD in qkv and dout, h·T_len in lse and D) and
+    // its tile's first row, advanced by additions: no division in the loop.
+    struct Step {
+        long long head_col, head_row;  // h·HD, (b·H + h)·T_len
+        int q0;
+    };
+    const auto next_step = [&](Step st) {
+        st.q0 += Bt;
+        if (st.q0 == q_stop) st.q0 = q_begin, st.head_col += HD, st.head_row += T_len;
+        return st;
+    };
+    // Loads step st's Q and dO tiles (cp.async) and its rows' base-2 lse, D and first key into `buf`.
+    auto prefetch = [&](const Step& st, int buf) {
+        attention_mma_load_tile<HD>(Qs + buf * Bt * LD, rows + st.head_col, stride, st.q0, T_len);
+        attention_mma_load_tile<HD>(dOs + buf * Bt * LD, drows + st.head_col, dstride, st.q0, T_len);
         static_assert(Bt <= kAttentionMmaThreads, "one statistics row per thread at most");
         if (const int r = int(threadIdx.x); r < Bt) {
-            const int i = q0 + r;
-            const long long at = ((long long)b * H + h) * T_len + i;
+            const int i = st.q0 + r;
+            const long long at = st.head_row + i;
             lse_s[buf * Bt + r] = i < T_len ? kLog2e * lse[at] : 0.0f;  // base 2: P = 2^(c·s − log2e·lse)
             D_s[buf * Bt + r] = i < T_len ? D[at] : 0.0f;
             lo_s[buf * Bt + r] = i < T_len ? attention_first_key(pos, i) : 0;
         }
     };
+    const int h_first = kvh * group;
+    Step now{(long long)h_first * HD, ((long long)b * H + h_first) * T_len, q_begin};
+    Step ahead = next_step(now);  // the step prefetch loads next
     attention_mma_load_tile<HD>(Ks, rows + (long long)(H + kvh) * HD, stride, k0, T_len);
     attention_mma_load_tile<HD>(Vs, rows + (long long)(H + Hkv + kvh) * HD, stride, k0, T_len);
-    prefetch(0);
+    prefetch(now, 0);
     cp_async_commit();
 
     // The warp's key rows: j = k0 + 16·warp + g + 8·half for accumulator elements 2·half + {0, 1}.
@@ -243,9 +259,10 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
     float dk[HD / 8][4] = {}, dv[HD / 8][4] = {};
 
     for (int s = 0; s < steps; ++s) {
-        const int buf = s % 2, q0 = (q_first + s % q_tiles) * Bt;
+        const int buf = s & 1, q0 = now.q0;
         if (s + 1 < steps) {  // the next step's tiles load while this one computes
-            prefetch(s + 1);
+            prefetch(ahead, buf ^ 1);
+            ahead = next_step(ahead);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -324,6 +341,7 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
         else
             for (int c0 = 0; c0 < Bt; c0 += 16) chunk(c0, std::true_type{});
         __syncthreads();  // every warp is done with this buffer before step s + 2's copies land in it
+        now = next_step(now);
     }
 
     bf16* out = dqkv + (long long)b * T_len * stride;
