@@ -309,6 +309,22 @@ TEST_CASE("train --cuda-graphs: the captured run's numbers and checkpoints are t
                 }
         CHECK(compared >= 8);  // two checkpoints of model or adapter, master, m and v
     }
+    // A step with one micro-batch more (the divergence test hook, at one rank: it only trains on one
+    // more) moves the micro-batches' loss array: every graph is captured again, and the run is still
+    // the eager one's.
+    const std::string diverge =
+        "POLEVAULT_TEST_DIVERGE=step=2,rank=0 " + (build_dir() / "train").string() + " " + kTiny + " --sample-tokens 0";
+    const Run longer_eager = run_train_command(diverge + " --out-dir " + dir.file("longer_eager"));
+    const Run longer = run_train_command(diverge + " --cuda-graphs --out-dir " + dir.file("longer"));
+    INFO(longer_eager.output << "\n----\n" << longer.output);
+    REQUIRE(longer_eager.status == 0);
+    REQUIRE(longer.status == 0);
+    REQUIRE(losses(longer.output) == losses(longer_eager.output));
+    REQUIRE(losses(longer.output) !=
+            losses(run_train(kTiny + " --sample-tokens 0 --out-dir " + dir.file("plain")).output));
+    // Captured: 2 at step 1, 3 at step 2 (3 micro-batches), then the last of 2 again; 6 x 2 + 1 launches.
+    CHECK(longer.output.find("cuda graphs: 6 micro-step(s) captured") != std::string::npos);
+    CHECK(longer.output.find("launched 13 times") != std::string::npos);
     // A resume keeps the checkpoint's --cuda-graphs; under a strategy that cannot capture it is dropped.
     const fs::path step_3 = dir.path / "full_graphs" / "step_3";
     const Run kept = run_train("--resume " + step_3.string() + " --out-dir " + dir.file("kept"));

@@ -45,7 +45,7 @@ class MicroStepGraphs {
   public:
     explicit MicroStepGraphs(Llama<T>& model) : model_(model) {}
     ~MicroStepGraphs() {
-        for (auto& [key, g] : graphs_) {
+        for (auto& [key, g] : graphs_) {  // (no throwing here)
             cudaGraphExecDestroy(g.exec);
             cudaGraphDestroy(g.graph);
         }
@@ -69,7 +69,18 @@ class MicroStepGraphs {
         ++launches_;
     }
 
-    size_t captured() const { return graphs_.size(); }
+    // Forgets every graph (a buffer one was captured with has moved): the next run of each key
+    // captures again. The model's stream has finished with them by then or runs them in order.
+    void clear() {
+        for (auto& [key, g] : graphs_) {
+            CUDA_CHECK(cudaGraphExecDestroy(g.exec));
+            CUDA_CHECK(cudaGraphDestroy(g.graph));
+        }
+        recaptured_ += graphs_.size();
+        graphs_.clear();
+    }
+
+    size_t captured() const { return graphs_.size() + recaptured_; }
     long long launches() const { return launches_; }
     // Nodes (kernels, GEMMs, copies, memsets) of the largest graph: what one launch replaces.
     size_t largest_nodes() const {
@@ -115,6 +126,7 @@ class MicroStepGraphs {
 
     Llama<T>& model_;
     std::map<MicroStepKey, Graph> graphs_;
+    size_t recaptured_ = 0;  // graphs cleared (captured before)
     long long launches_ = 0;
 };
 

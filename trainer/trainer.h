@@ -214,7 +214,10 @@ class Trainer {
         for (const auto& b : micro)
             for (int target : b.targets) local += target != kIgnoreIndex;
         cudaStream_t stream = m.stream();
-        if (losses_.size() < micro.size()) losses_ = DeviceBuffer<A>(micro.size(), MemoryCategory::workspace);
+        if (losses_.size() < micro.size()) {
+            losses_ = DeviceBuffer<A>(micro.size(), MemoryCategory::workspace);
+            if (graphs_) graphs_->clear();  // their forwards wrote the old array's loss slots
+        }
         s_.begin_step();
         CUDA_CHECK(cudaMemsetAsync(losses_.get(), 0, micro.size() * sizeof(A), stream));
         bool have_count = false;  // the backward needs the count (its loss scale): one integer all-reduce
@@ -365,7 +368,7 @@ class Trainer {
     int* targets(size_t slot) { return targets_.get() + slot * size_t(rows_); }
     int* positions(size_t slot) { return positions_.get() + slot * size_t(rows_); }
     long long* keys(size_t slot) { return keys_.get() + 2 * slot; }
-    // Slot k's device arrays of micro-batch b (uploaded by forward_slot); positions only when b
+    // Slot k's device arrays of micro-batch b (uploaded by upload_slot); positions only when b
     // has them (document masking), else null: plain causal attention. `step`: the training step
     // (keys the adapters' dropout with the batch's global rows), −1 for evaluation. A training
     // step reads its losses after its backwards, so the head computes each loss in its backward,
