@@ -160,9 +160,12 @@ struct AttentionTileSass {
     int hmma;
 };
 
+// clang-format off: a line per kernel and head dim, as bench/attention_sass.py writes them (make
+// sass-check compares this file with its output byte for byte)
 inline constexpr AttentionTileSass kAttentionTileSass[] = {
 %s
 };
+// clang-format on
 
 }  // namespace pv
 """

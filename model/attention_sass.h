@@ -23,6 +23,8 @@ struct AttentionTileSass {
     int hmma;
 };
 
+// clang-format off: a line per kernel and head dim, as bench/attention_sass.py writes them (make
+// sass-check compares this file with its output byte for byte)
 inline constexpr AttentionTileSass kAttentionTileSass[] = {
     {"forward", 64, 371, 504, 64}, {"forward", 128, 566, 681, 128}, {"dkv", 32, 515, 696, 64},
     {"dkv", 48, 605, 784, 96},     {"dkv", 64, 640, 821, 128},      {"dkv", 80, 766, 960, 160},
@@ -31,5 +33,6 @@ inline constexpr AttentionTileSass kAttentionTileSass[] = {
     {"dq", 80, 511, 695, 120},     {"dq", 96, 569, 773, 144},       {"dq", 112, 629, 815, 168},
     {"dq", 128, 610, 790, 192},
 };
+// clang-format on
 
 }  // namespace pv
