@@ -160,8 +160,9 @@ struct AttentionTileSass {
     int hmma;
 };
 
-// clang-format off: a line per kernel and head dim, as bench/attention_sass.py writes them (make
-// sass-check compares this file with its output byte for byte)
+// A line per kernel and head dim, as bench/attention_sass.py writes them: make sass-check compares
+// this file with its output byte for byte, so clang-format leaves the table alone.
+// clang-format off
 inline constexpr AttentionTileSass kAttentionTileSass[] = {
 %s
 };
