@@ -370,6 +370,11 @@ TEST_CASE("the cuBLAS handle keeps its stream and modes, and GEMMs run in stream
     CHECK(cublasGetPointerMode(handle, &pointer_mode) == CUBLAS_STATUS_SUCCESS);
     CHECK(pointer_mode == CUBLAS_POINTER_MODE_HOST);
     CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST) == CUBLAS_STATUS_SUCCESS);
+    // A user workspace (what --cuda-graphs sets): 256-byte aligned, as cuBLAS requires; the GEMMs
+    // below run with it.
+    DeviceArray<char> workspace(size_t(1) << 20);
+    CHECK(cublasSetWorkspace(handle, workspace.get() + 16, workspace.bytes() - 256) == CUBLAS_STATUS_INVALID_VALUE);
+    REQUIRE(cublasSetWorkspace(handle, workspace.get(), workspace.bytes()) == CUBLAS_STATUS_SUCCESS);
 
     // Upload, multiply and download all on `stream`, synchronizing only at the end: the GEMM must see
     // the uploaded inputs and the download must see its result.

@@ -44,12 +44,7 @@ template <class T>
 class MicroStepGraphs {
   public:
     explicit MicroStepGraphs(Llama<T>& model) : model_(model) {}
-    ~MicroStepGraphs() {
-        for (auto& [key, g] : graphs_) {  // (no throwing here)
-            cudaGraphExecDestroy(g.exec);
-            cudaGraphDestroy(g.graph);
-        }
-    }
+    ~MicroStepGraphs() { destroy_all(); }
     MicroStepGraphs(const MicroStepGraphs&) = delete;
     MicroStepGraphs& operator=(const MicroStepGraphs&) = delete;
 
@@ -72,12 +67,8 @@ class MicroStepGraphs {
     // Forgets every graph (a buffer one was captured with has moved): the next run of each key
     // captures again. The model's stream has finished with them by then or runs them in order.
     void clear() {
-        for (auto& [key, g] : graphs_) {
-            CUDA_CHECK(cudaGraphExecDestroy(g.exec));
-            CUDA_CHECK(cudaGraphDestroy(g.graph));
-        }
         recaptured_ += graphs_.size();
-        graphs_.clear();
+        destroy_all();
     }
 
     size_t captured() const { return graphs_.size() + recaptured_; }
@@ -94,6 +85,13 @@ class MicroStepGraphs {
     }
 
   private:
+    void destroy_all() {  // (no throwing: the destructor calls it)
+        for (auto& [key, g] : graphs_) {
+            cudaGraphExecDestroy(g.exec);
+            cudaGraphDestroy(g.graph);
+        }
+        graphs_.clear();
+    }
     struct Graph {
         cudaGraph_t graph = nullptr;
         cudaGraphExec_t exec = nullptr;

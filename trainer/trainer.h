@@ -179,10 +179,8 @@ class Trainer {
     // trainer/micro_step_graphs.h): the same results bit for bit. The strategy must allow it and the
     // model should have its own cuBLAS workspace (ModelOptions::cublas_workspace_bytes).
     void use_graphs() {
-        if (!s_.micro_steps_capturable())
-            throw std::invalid_argument(std::string("--cuda-graphs captures a one-rank step (--parallel single): ") +
-                                        s_.name() +
-                                        " communicates or binds buffers between micro-steps; drop --cuda-graphs");
+        if (!s_.micro_steps_capturable())  // (check_strategy refuses such runs with the fix first)
+            throw std::logic_error(std::string("use_graphs: ") + s_.name() + " cannot be captured");
         graphs_ = std::make_unique<MicroStepGraphs<T>>(s_.model());
     }
     const MicroStepGraphs<T>* graphs() const { return graphs_.get(); }
