@@ -92,11 +92,12 @@ void gemm_dyt_x(cublasHandle_t handle, const T* dy, int lddy, const T* x, int ld
             lddw, stream);
 }
 
-// y[N][out] = x[N][in] · W[out][in]ᵀ, on `stream` (the handle's stream is set to it).
+// y[N][out] = x[N][in] · W[out][in]ᵀ, or y += it when `accumulate` (one rounding of the sum: the
+// GEMM's β = 1 epilogue), on `stream` (the handle's stream is set to it).
 template <class T>
 void matmul_forward(cublasHandle_t handle, const T* x, const T* w, T* y, long long N, int in, int out,
-                    cudaStream_t stream) {
-    gemm_x_wt(handle, x, in, w, in, y, out, N, in, out, 1.0, 0.0, stream);
+                    cudaStream_t stream, bool accumulate = false) {
+    gemm_x_wt(handle, x, in, w, in, y, out, N, in, out, 1.0, accumulate ? 1.0 : 0.0, stream);
 }
 
 // From dy[N][out] and the forward's x[N][in], W[out][in]:

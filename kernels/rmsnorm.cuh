@@ -5,7 +5,9 @@
 // Fused with the residual add (the transformer block's `h = h + branch; y = norm(h)`):
 //   s = residual + branch, rounded to T and stored in sum_out;  y = rmsnorm(s).
 // The norm reads the ROUNDED s, the same value the backward will see as its x. sum_out may alias
-// residual (each element is read and then written by the same thread).
+// residual (each element is read and then written by the same thread). An optional sum_copy gets s
+// too: the block keeps s for its backward and starts its output from it, which the down
+// projection's GEMM then adds onto (β = 1) — the block's closing residual add, fused (model/llama.cu).
 //
 // Backward, with dy the incoming gradient and g[c] = w[c] · dy[c]:
 //   ∂r/∂x[j] = -½ (mean(x²) + eps)^(-3/2) · 2 x[j] / C = -r³ x[j] / C, so
@@ -30,7 +32,7 @@
 //   chunks up to 2048 bf16 channels, 16 past that) and the plain norm holds none for a branch:
 //   registers bound how many blocks an SM runs at once, and so how much traffic is in flight.
 //   Bytes: reads N·C + C (weight, cached) elements, writes N·C + N·sizeof(acc) (rstd); the fused
-//   form reads 2·N·C and writes 2·N·C.
+//   form reads 2·N·C and writes 2·N·C (3·N·C with sum_copy).
 // - Backward: one block per row; G = min(N, kRmsnormBackwardBlocks) blocks, block b taking rows
 //   b, b + G, b + 2G, ... Thread t holds x, dy and dres of chunks t, t + blockDim, ... in
 //   registers, and the block's next row is loaded before this row is finished (two rows in
@@ -70,7 +72,8 @@ inline constexpr int kRmsnormBackwardChunks = 4;
 __device__ inline long long rmsnorm_warp_row() { return (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; }
 
 // Forward, plain (Fused false: the input is x) or fused with the residual add (the input is
-// s = round(x + branch), stored to sum_out, which may alias x). One warp per row; lane l holds the
+// s = round(x + branch), stored to sum_out, which may alias x, and to sum_copy unless it is null).
+// One warp per row; lane l holds the
 // chunks l, l + 32, ... of a segment of 32·K chunks in registers, so a row that fits one segment
 // is read from memory once. K is the launcher's: the fewest chunks a lane needs for the row
 // (kRmsnormForwardChunks at most), so the registers a block takes, which bound how many blocks an
@@ -79,8 +82,8 @@ __device__ inline long long rmsnorm_warp_row() { return (long long)blockIdx.x * 
 // squares in the order of the one-element-per-thread kernel this replaced (channels l, l + 32, ...).
 template <class T, int W, int K, bool Fused>
 __global__ void __launch_bounds__(32 * kRmsnormForwardRows)
-    rmsnorm_forward_kernel(const T* x, const T* branch, T* sum_out, const T* weight, T* out, acc_t<T>* rstd,
-                           long long N, int C, acc_t<T> eps) {
+    rmsnorm_forward_kernel(const T* x, const T* branch, T* sum_out, T* sum_copy, const T* weight, T* out,
+                           acc_t<T>* rstd, long long N, int C, acc_t<T> eps) {
     using A = acc_t<T>;
     const long long n = rmsnorm_warp_row();
     const int lane = threadIdx.x % 32;
@@ -99,6 +102,7 @@ __global__ void __launch_bounds__(32 * kRmsnormForwardRows)
                 const Vec<T, W> b = load_vec<W>(branch + i);
                 for (int e = 0; e < W; ++e) v[k].v[e] = from_acc<T>(to_acc(v[k].v[e]) + to_acc(b.v[e]));
                 store_vec<W>(sum_out + i, v[k]);
+                store_vec<W>(sum_copy + i, v[k]);  // sum_out again when there is no copy: no branch
             }
             for (int e = 0; e < W; ++e) {
                 const A a = to_acc(v[k].v[e]);
@@ -226,21 +230,25 @@ bool rmsnorm_vector(int C, std::initializer_list<const void*> pointers) {
 
 // The forward launch of both public forwards (branch null: the plain norm). Chunks a lane holds:
 // 8 when the row fits 32·8 chunks (up to 2048 channels in bf16), kRmsnormForwardChunks otherwise
-// (and always for the one-element path, which only odd widths take).
+// (and always for the plain norm's one-element path, which only odd widths take; the fused one holds
+// 8, where 16 spilled at the 32 registers ptxas gives it).
 template <class T>
-void rmsnorm_forward_launch(const T* x, const T* branch, T* sum_out, const T* weight, T* out, acc_t<T>* rstd,
-                            long long N, int C, double eps, cudaStream_t stream) {
+void rmsnorm_forward_launch(const T* x, const T* branch, T* sum_out, T* sum_copy, const T* weight, T* out,
+                            acc_t<T>* rstd, long long N, int C, double eps, cudaStream_t stream) {
     constexpr int V = kVec<T>, K = kRmsnormForwardChunks, Short = kRmsnormForwardChunks / 2;
     if (N == 0) return;
     const int rows_per_block = rmsnorm_forward_rows_per_block(N);
     auto go = [&](auto kernel) {
         launch(kernel, dim3(ceil_div(N, rows_per_block)), dim3(32 * rows_per_block), 0, stream, x, branch, sum_out,
-               weight, out, rstd, N, C, acc_t<T>(eps));
+               sum_copy, weight, out, rstd, N, C, acc_t<T>(eps));
         CUDA_CHECK_LAUNCH();
     };
     const bool fused = branch != nullptr;
-    if (!rmsnorm_vector<T>(C, {x, branch, sum_out, weight, out})) {
-        fused ? go(rmsnorm_forward_kernel<T, 1, K, true>) : go(rmsnorm_forward_kernel<T, 1, K, false>);
+    // Without a copy the kernel stores the sum to sum_out twice (the second store finds its line in
+    // cache: no traffic); a branch instead spilled the one-element path's registers (ptxas-report).
+    if (fused && !sum_copy) sum_copy = sum_out;
+    if (!rmsnorm_vector<T>(C, {x, branch, sum_out, sum_copy, weight, out})) {
+        fused ? go(rmsnorm_forward_kernel<T, 1, Short, true>) : go(rmsnorm_forward_kernel<T, 1, K, false>);
     } else if (C / V <= 32 * Short) {
         fused ? go(rmsnorm_forward_kernel<T, V, Short, true>) : go(rmsnorm_forward_kernel<T, V, Short, false>);
     } else {
@@ -252,14 +260,15 @@ void rmsnorm_forward_launch(const T* x, const T* branch, T* sum_out, const T* we
 template <class T>
 void rmsnorm_forward(const T* x, const T* weight, T* out, acc_t<T>* rstd, long long N, int C, double eps,
                      cudaStream_t stream) {
-    rmsnorm_forward_launch<T>(x, nullptr, nullptr, weight, out, rstd, N, C, eps, stream);
+    rmsnorm_forward_launch<T>(x, nullptr, nullptr, nullptr, weight, out, rstd, N, C, eps, stream);
 }
 
-// sum_out = residual + branch (rounded to T; may alias residual), out = rmsnorm(sum_out) · weight.
+// sum_out = residual + branch (rounded to T; may alias residual), out = rmsnorm(sum_out) · weight;
+// sum_copy, unless null, gets sum_out's values too (it may alias neither input nor sum_out).
 template <class T>
 void residual_rmsnorm_forward(const T* residual, const T* branch, T* sum_out, const T* weight, T* out, acc_t<T>* rstd,
-                              long long N, int C, double eps, cudaStream_t stream) {
-    rmsnorm_forward_launch<T>(residual, branch, sum_out, weight, out, rstd, N, C, eps, stream);
+                              long long N, int C, double eps, cudaStream_t stream, T* sum_copy = nullptr) {
+    rmsnorm_forward_launch<T>(residual, branch, sum_out, sum_copy, weight, out, rstd, N, C, eps, stream);
 }
 
 // The number of dweight partials (blocks) of the backward for N rows.

@@ -3,7 +3,6 @@
 
 #include "kernels/attention_decode.cuh"
 #include "kernels/embedding.cuh"
-#include "kernels/glue.cuh"
 #include "kernels/matmul.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
@@ -174,8 +173,8 @@ void Decoder<T>::pass(const int* ids, int n) {
         residual_rmsnorm_forward(x, proj_.get(), x, w.mlp_norm, h_.get(), rstd_.get(), n, C, c.rms_norm_eps, stream_);
         model_.linear_forward(u, kLoraGateUp, h_.get(), gate_up_.get(), n, adapter_scratch_.get(), cublas_);
         swiglu_forward(gate_up_.get(), act_.get(), n, F, stream_);
-        model_.linear_forward(u, kLoraDown, act_.get(), proj_.get(), n, adapter_scratch_.get(), cublas_);
-        add(x, proj_.get(), x, (long long)n * C, stream_);
+        // The residual add in the GEMM (β = 1 onto x), as the training forward does it.
+        model_.linear_forward(u, kLoraDown, act_.get(), x, n, adapter_scratch_.get(), cublas_, true);
     }
     // The head on the last row only: its logits are all a caller needs.
     const HeadParams<const T*>& head = model_.head_weights();

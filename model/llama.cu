@@ -610,7 +610,15 @@ void Llama<T>::forward_block(int u, int slot, const UnitIO<T>& io, bool recomput
                       attention_p_fp32_);
     linear(u, kLoraO, a.att, work_.proj, N, a.lora_u[kLoraO], drop, cublas_);
     const T* att_out = sum_rows(work_.proj);  // row-parallel: each rank's heads' share
-    residual_rmsnorm_forward(x, att_out, a.x2, w.mlp_norm, h2_rows, a.rstd2, R, C, c.rms_norm_eps, stream_);
+    // The block's output is x2 + the down projection. Without tensor parallelism nothing stands
+    // between the down GEMM and that add, so the norm writes x2 into the output as well (one write
+    // of N·C) and the GEMM adds onto it (β = 1): the add's launch and its 3·N·C of traffic become
+    // the GEMM reading N·C. Under tensor parallelism each rank's GEMM holds a share, summed over the
+    // group first. A recompute stops before the down projection and leaves the output alone.
+    const bool fused_residual = !recompute && tensor_.size == 1;
+    if (fused_residual && !io.residual_out) throw std::logic_error("forward_block: a block with no output");
+    residual_rmsnorm_forward(x, att_out, a.x2, w.mlp_norm, h2_rows, a.rstd2, R, C, c.rms_norm_eps, stream_,
+                             fused_residual ? io.residual_out : nullptr);
     whole_rows(h2_rows, a.h2);
     linear(u, kLoraGateUp, a.h2, a.gate_up, N, a.lora_u[kLoraGateUp], drop, cublas_);
     swiglu_forward(a.gate_up, a.act, N, F, stream_);
@@ -621,6 +629,10 @@ void Llama<T>::forward_block(int u, int slot, const UnitIO<T>& io, bool recomput
         if (const LoraShape& s = lora_shapes_[kLoraDown]; s.parts > 0)
             lora_project_input(cublas_, a.act, w.lora[kLoraDown].a, a.lora_u[kLoraDown], work_.lora_dropped, N, s,
                                dropout_for(kLoraDown, drop), units_[size_t(u)].lora_ids[kLoraDown], stream_);
+        return;
+    }
+    if (fused_residual) {
+        linear(u, kLoraDown, a.act, io.residual_out, N, a.lora_u[kLoraDown], drop, cublas_, true);
         return;
     }
     linear(u, kLoraDown, a.act, work_.proj, N, a.lora_u[kLoraDown], drop, cublas_);
@@ -721,10 +733,10 @@ P base_weight(const BlockParams<P>& w, int k) {
 
 template <class T>
 void Llama<T>::linear(int u, int k, const T* x, T* y, long long n, T* u_save, const LoraDropout& dropout,
-                      cublasHandle_t handle) const {
+                      cublasHandle_t handle, bool accumulate) const {
     const Unit& unit = units_[size_t(u)];
     const LoraShape& s = lora_shapes_[k];
-    matmul_forward(handle, x, dense_weight(u, k), y, n, s.in, s.out, stream_);
+    matmul_forward(handle, x, dense_weight(u, k), y, n, s.in, s.out, stream_, accumulate);
     if (s.parts > 0)
         lora_forward(handle, x, unit.block_w.lora[k].a, unit.block_w.lora[k].b, y, u_save, work_.lora_dropped, n, s,
                      dropout_for(k, dropout), unit.lora_ids[k], stream_);
@@ -748,8 +760,9 @@ LoraDropout Llama<T>::dropout_for(int k, LoraDropout d) const {
 }
 
 template <class T>
-void Llama<T>::linear_forward(int u, int k, const T* x, T* y, long long n, T* scratch, cublasHandle_t handle) const {
-    linear(u, k, x, y, n, scratch, LoraDropout{}, handle);
+void Llama<T>::linear_forward(int u, int k, const T* x, T* y, long long n, T* scratch, cublasHandle_t handle,
+                              bool accumulate) const {
+    linear(u, k, x, y, n, scratch, LoraDropout{}, handle, accumulate);
 }
 
 template <class T>

@@ -307,9 +307,10 @@ class Llama {
     // RoPE's cos/sin table for positions [0, seq_len) (kernels/rope.cuh).
     RopeTable<acc_t<T>> rope_table() const { return {rope_table_.get(), seq_len_, config_.head_dim_resolved()}; }
     // Linear k (LoraLinear order) of block unit u on n rows, outside the unit loop (the decoder):
-    // y = x·Wᵀ plus the adapter's s·(x·Aᵀ)·Bᵀ without dropout; `scratch` holds
-    // n · lora_max_a_rows(config, lora) elements of T.
-    void linear_forward(int u, int k, const T* x, T* y, long long n, T* scratch, cublasHandle_t handle) const;
+    // y = x·Wᵀ plus the adapter's s·(x·Aᵀ)·Bᵀ without dropout (added onto y when `accumulate`);
+    // `scratch` holds n · lora_max_a_rows(config, lora) elements of T.
+    void linear_forward(int u, int k, const T* x, T* y, long long n, T* scratch, cublasHandle_t handle,
+                        bool accumulate = false) const;
     // Base tensor i of unit u as a dense [rows][cols] tensor into `out` (device): dequantised when
     // NF4, and for a block's linear with the adapter folded in, W[part rows] += s·B_p·A_p — the
     // merged model's weight (`train export --merged`).
@@ -383,9 +384,10 @@ class Llama {
     // `d` for linear k: under tensor parallelism a row-parallel linear's input is a block of the
     // whole input's columns, and its mask is keyed by the whole input's element index.
     LoraDropout dropout_for(int k, LoraDropout d) const;
-    // Linear k of block u: y = x·Wᵀ and the adapter on top (u_save: its u; dropout as given).
+    // Linear k of block u: y = x·Wᵀ and the adapter on top (u_save: its u; dropout as given); with
+    // `accumulate`, y += both (the base GEMM's β = 1 adds onto what y holds).
     void linear(int u, int k, const T* x, T* y, long long n, T* u_save, const LoraDropout& dropout,
-                cublasHandle_t handle) const;
+                cublasHandle_t handle, bool accumulate = false) const;
     // Its backward: dx = dy·W (+ the adapter's share), the adapter's dA, dB (null when not trained),
     // the weight gradients added or written over (`write`).
     void linear_backward(int u, int k, const T* dy, const T* x, T* dx, const BlockActivations<T>& a,

@@ -129,11 +129,12 @@ std::vector<KernelCost> rmsnorm_forward(long long N, int C, int t, int a) {
     return {kernel("rmsnorm_forward_kernel", "rmsnorm", nc * t + double(C) * t, nc * t + double(N) * a, 4 * nc, kRows)};
 }
 
-// rmsnorm_forward_kernel with a branch: residual and branch read, their sum and y written, rstd.
-std::vector<KernelCost> residual_rmsnorm_forward(long long N, int C, int t, int a) {
+// rmsnorm_forward_kernel with a branch: residual and branch read, their sum (twice with `copy`:
+// the block's output started from it) and y written, rstd.
+std::vector<KernelCost> residual_rmsnorm_forward(long long N, int C, int t, int a, bool copy) {
     const double nc = double(N) * C;
-    return {kernel("rmsnorm_forward_kernel", "residual add + rmsnorm", 2 * nc * t + double(C) * t,
-                   2 * nc * t + double(N) * a, 5 * nc, kRows)};
+    return {kernel("rmsnorm_forward_kernel", copy ? "residual add + rmsnorm (the sum twice)" : "residual add + rmsnorm",
+                   2 * nc * t + double(C) * t, (copy ? 3 : 2) * nc * t + double(N) * a, 5 * nc, kRows)};
 }
 
 // rmsnorm_backward_kernel: x, dout, rstd, the weight and the residual's gradient dres read, dx
@@ -573,10 +574,15 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
         append(f, mma_forward ? cost::attention_forward(s.batch, s.seq_len, H, Hkv, hd, t, a, false)
                               : cost::attention_forward_cuda_cores(s.batch, s.seq_len, H, Hkv, hd, t, a, false));
         append(f, cost::gemm(N, C, c.q_width(), t, false, "output projection"));
-        append(f, cost::residual_rmsnorm_forward(R, C, t, a));
+        // Without tensor parallelism the block's closing residual add is the down GEMM's β = 1,
+        // onto a copy of x2 the norm writes (model/llama.cu forward_block); today's kernels only.
+        const bool fused_residual = now && !recompute && s.tensor == 1;
+        append(f, cost::residual_rmsnorm_forward(R, C, t, a, fused_residual));
         append(f, cost::gemm(N, 2LL * F, C, t, false, "gate, up projection"));
         append(f, cost::swiglu_forward(N, F, t));
-        if (!recompute) {
+        if (fused_residual) {
+            append(f, cost::gemm(N, C, F, t, true, "down projection, onto the residual"));
+        } else if (!recompute) {
             append(f, cost::gemm(N, C, F, t, false, "down projection"));
             append(f, cost::add(R * C, t));
         }

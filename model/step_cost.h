@@ -117,7 +117,7 @@ IssueEfficiency attention_issue_efficiency();
 // bytes, a: its accumulator's (acc_t<T>). N rows of C channels; see each kernel header.
 namespace cost {
 std::vector<KernelCost> rmsnorm_forward(long long N, int C, int t, int a);
-std::vector<KernelCost> residual_rmsnorm_forward(long long N, int C, int t, int a);
+std::vector<KernelCost> residual_rmsnorm_forward(long long N, int C, int t, int a, bool copy = false);
 std::vector<KernelCost> rmsnorm_backward(long long N, int C, int t, int a, bool weight_grad);
 std::vector<KernelCost> swiglu_forward(long long N, int F, int t);
 std::vector<KernelCost> swiglu_backward(long long N, int F, int t);

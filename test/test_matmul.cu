@@ -55,19 +55,22 @@ std::vector<double> plus(const std::vector<double>& a, const std::vector<double>
     return c;
 }
 
-// Inputs rounded to T, so the reference sees exactly what cuBLAS sees.
+// Inputs rounded to T, so the reference sees exactly what cuBLAS sees. y starts poisoned (written
+// over: beta = 0 must not read it) or random (accumulate: the block's residual add, model/llama.cu).
 template <class T>
-void check_forward(const Shape& s, uint64_t seed) {
+void check_forward(const Shape& s, bool accumulate, uint64_t seed) {
     const auto x = random_vector<T>(size_t(s.N) * s.in, seed);
     const auto w = random_vector<T>(size_t(s.out) * s.in, seed + 1);
+    const auto y0 = random_vector<T>(size_t(s.N) * s.out, seed + 2, -2.0, 2.0);
     DeviceArray<T> d_x(x), d_w(w), d_y(size_t(s.N) * s.out);
+    if (accumulate) d_y.upload(y0);
     Handle handle;
     Stream stream;
-    pv::matmul_forward(handle, d_x.get(), d_w.get(), d_y.get(), s.N, s.in, s.out, stream);
-    const auto ref =
-        pv::reference::matmul_forward(to_double(x), to_double(w), size_t(s.N), size_t(s.in), size_t(s.out));
+    pv::matmul_forward(handle, d_x.get(), d_w.get(), d_y.get(), s.N, s.in, s.out, stream, accumulate);
+    auto ref = pv::reference::matmul_forward(to_double(x), to_double(w), size_t(s.N), size_t(s.in), size_t(s.out));
+    if (accumulate) ref = plus(ref, to_double(y0));
     const std::string err = compare(to_double(d_y.download()), ref, tolerance<T>());
-    INFO("N " << s.N << " in " << s.in << " out " << s.out << ": " << err);
+    INFO("N " << s.N << " in " << s.in << " out " << s.out << " accumulate " << accumulate << ": " << err);
     REQUIRE(err.empty());
 }
 
@@ -140,12 +143,13 @@ void check_skipping(uint64_t seed) {
 
 using namespace matmul_test;
 
-TEST_CASE("matmul forward matches the fp64 reference", "[kernels][matmul]") {
-    for (const Shape& s : shapes()) {
-        check_forward<double>(s, 10);
-        check_forward<float>(s, 11);
-        check_forward<__nv_bfloat16>(s, 12);
-    }
+TEST_CASE("matmul forward matches the fp64 reference, written over or added onto y", "[kernels][matmul]") {
+    for (const Shape& s : shapes())
+        for (bool accumulate : {false, true}) {
+            check_forward<double>(s, accumulate, 10);
+            check_forward<float>(s, accumulate, 11);
+            check_forward<__nv_bfloat16>(s, accumulate, 12);
+        }
 }
 
 TEST_CASE("matmul backward: dx overwrites or accumulates, dW accumulates", "[kernels][matmul]") {

@@ -62,7 +62,8 @@ void check_plain(long long N, int C, uint64_t seed, Dres mode = Dres::aliased,
     REQUIRE(e_dw.empty());
 }
 
-// The fused residual add + norm, into a separate sum_out and in place (sum_out = residual).
+// The fused residual add + norm, into a separate sum_out and in place (sum_out = residual); with a
+// sum_copy (poisoned before) it holds sum_out's bits.
 template <class T>
 void check_fused(long long N, int C, uint64_t seed) {
     using A = pv::acc_t<T>;
@@ -72,18 +73,27 @@ void check_fused(long long N, int C, uint64_t seed) {
     const auto w = random_vector<T>(size_t(C), seed + 2, 0.5, 1.5);
     const auto ref = pv::reference::residual_rmsnorm_forward(to_double(residual), to_double(branch), to_double(w),
                                                              size_t(N), size_t(C), kEps, round_to<T>);
-    for (bool in_place : {false, true}) {
-        DeviceArray<T> d_res(residual), d_branch(branch), d_w(w), d_sum(NC), d_out(NC);
+    for (int variant = 0; variant < 3; ++variant) {
+        const bool in_place = variant == 1, copy = variant == 2;
+        DeviceArray<T> d_res(residual), d_branch(branch), d_w(w), d_sum(NC), d_out(NC), d_copy(NC);
         DeviceArray<A> d_rstd{size_t(N)};
         T* sum_out = in_place ? d_res.get() : d_sum.get();
         pv::residual_rmsnorm_forward(d_res.get(), d_branch.get(), sum_out, d_w.get(), d_out.get(), d_rstd.get(), N, C,
-                                     kEps, nullptr);
-        const auto sum = to_double(in_place ? d_res.download() : d_sum.download());
+                                     kEps, nullptr, copy ? d_copy.get() : nullptr);
+        const auto sum_bits = in_place ? d_res.download() : d_sum.download();
+        if (copy) {
+            const auto copied = d_copy.download();
+            REQUIRE(std::memcmp(copied.data(), sum_bits.data(), NC * sizeof(T)) == 0);
+        }
+        const auto sum = to_double(sum_bits);
         const std::string e_sum = compare(sum, ref.sum, tolerance<T>());
         const std::string e_out = compare(to_double(d_out.download()), ref.out, tolerance<T>());
         const std::string e_rstd = compare(to_double(d_rstd.download()), ref.rstd, tolerance<T>());
-        INFO("N " << N << " C " << C << (in_place ? " in place" : "") << "\nsum: " << e_sum << "\nout: " << e_out
-                  << "\nrstd: " << e_rstd);
+        INFO("N " << N << " C " << C
+                  << (in_place ? " in place"
+                      : copy   ? " with a copy"
+                               : "")
+                  << "\nsum: " << e_sum << "\nout: " << e_out << "\nrstd: " << e_rstd);
         REQUIRE(e_sum.empty());
         REQUIRE(e_out.empty());
         REQUIRE(e_rstd.empty());

@@ -98,6 +98,11 @@ TEST_CASE("rmsnorm, swiglu, rope and add move the bytes the model says", "[traff
     check_traffic(pv::cost::residual_rmsnorm_forward(N, C, t, a), [&] {
         pv::residual_rmsnorm_forward(x.get(), dy.get(), s.get(), w.get(), y.get(), rstd.get(), N, C, 1e-5, nullptr);
     });
+    DeviceArray<bf16> copy(N * C);  // the block's output, started from the sum (model/llama.cu)
+    check_traffic(pv::cost::residual_rmsnorm_forward(N, C, t, a, true), [&] {
+        pv::residual_rmsnorm_forward(x.get(), dy.get(), s.get(), w.get(), y.get(), rstd.get(), N, C, 1e-5, nullptr,
+                                     copy.get());
+    });
     check_traffic(pv::cost::rmsnorm_backward(N, C, t, a, true), [&] {
         pv::rmsnorm_backward(x.get(), w.get(), rstd.get(), dy.get(), dres.get(), dx.get(), dw.get(), scratch.get(), N,
                              C, nullptr);
