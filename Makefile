@@ -295,6 +295,12 @@ endif
 # not depend on the order threads run in).
 TRAFFIC_TEST := $(if $(filter host,$(FLAVOUR)),$(BUILD)/test/traffic/test_kernel_traffic)
 TEST_RUNS := $(if $(TRAFFIC_TEST),in-order@$(TRAFFIC_TEST)) $(TEST_RUNS)
+# The benchmarks that run kernels, at the smallest shapes (test/bench_smoke.cpp), in the plain host
+# flavour only (what they run, the sanitizer flavours run in the kernel suites), under every schedule,
+# in the pool (a few seconds).
+SMOKED_BENCHES := $(addprefix $(BUILD)/bench/,kernels_bench decode_bench)
+BENCH_SMOKE := $(if $(filter host,$(FLAVOUR)),$(BUILD)/test/bench_smoke)
+TEST_RUNS := $(BENCH_SMOKE) $(TEST_RUNS)
 BENCH_BINS := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu)) \
               $(patsubst bench/%.cpp,$(BUILD)/bench/%,$(wildcard bench/*.cpp))
 
@@ -306,7 +312,7 @@ BENCH_BINS := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu)) \
 # reaches train's first step sooner); `make test` builds the tests it runs; CI's CUDA build is
 # `make everything`, every program of the flavour compiled and linked.
 all: train demo
-tests: $(TEST_BINS) $(MPI_TEST_BINS) $(TRAFFIC_TEST)
+tests: $(TEST_BINS) $(MPI_TEST_BINS) $(TRAFFIC_TEST) $(if $(BENCH_SMOKE),$(BENCH_SMOKE) $(SMOKED_BENCHES))
 benches: $(BENCH_BINS)
 everything: all tests benches
 
@@ -508,7 +514,7 @@ TSAN_TESTS := $(addprefix $(BUILD)/test/,test_rmsnorm test_attention test_cross_
 TSAN_RUNS := $(patsubst %/test_cross_entropy,%/test_cross_entropy~[launches],$(TSAN_TESTS))
 TSAN_OPTIONS_ := TSAN_OPTIONS='halt_on_error=0 exitcode=66 history_size=4'
 
-test: $(TEST_BINS) $(MPI_TEST_BINS) $(TRAFFIC_TEST) $(BUILD)/train
+test: $(TEST_BINS) $(MPI_TEST_BINS) $(TRAFFIC_TEST) $(if $(BENCH_SMOKE),$(BENCH_SMOKE) $(SMOKED_BENCHES)) $(BUILD)/train
 	@test/run_tests.sh --jobs $(TEST_JOBS) --filter '$(TEST_FILTER)$(if $(FULL),$(comma)[full])' $(SCHEDULES) $(foreach r,$(TEST_RUNS),'$(r)')
 
 # The full cross-product: every suite under every schedule and rank count, plus the hidden [full]
