@@ -72,9 +72,9 @@ inline constexpr int kRmsnormBackwardChunks = 4;
 __device__ inline long long rmsnorm_warp_row() { return (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; }
 
 // Forward, plain (Fused false: the input is x) or fused with the residual add (the input is
-// s = round(x + branch), stored to sum_out, which may alias x, and to sum_copy unless it is null).
-// One warp per row; lane l holds the
-// chunks l, l + 32, ... of a segment of 32·K chunks in registers, so a row that fits one segment
+// s = round(x + branch), stored to sum_out, which may alias x, and to sum_copy, which the launcher
+// sets to sum_out when the caller wants no copy). One warp per row; lane l holds the chunks
+// l, l + 32, ... of a segment of 32·K chunks in registers, so a row that fits one segment
 // is read from memory once. K is the launcher's: the fewest chunks a lane needs for the row
 // (kRmsnormForwardChunks at most), so the registers a block takes, which bound how many blocks an
 // SM holds, follow the row's width and not the longest row's; Fused is a template argument so the
