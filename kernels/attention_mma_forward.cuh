@@ -56,10 +56,14 @@
 // Shared memory (bf16 rows padded to hd + 8 elements, 16 bytes, so the 8 rows an ldmatrix reads
 // fall in distinct banks): K [2][64][hd+8], V [2][64][hd+8] (Q staged in V[1]), lo [64] ints:
 //   hd 64:  37,120 bytes (under the default 48 KiB)     hd 128: 69,888 bytes (opt-in above 48 KiB)
-// 128 threads per block; ptxas (sm_90, nvcc 13.0; make ptxas-report): 180 registers at hd 64, 255
+// 128 threads per block; ptxas (sm_90, nvcc 13.0; make ptxas-report): 168 registers at hd 64, 231
 // at hd 128, no local memory (the rows' windows are read from shared memory in the tile loop, not
-// held: with P in one bf16 ptxas otherwise spilled at hd 128). So two blocks per SM at hd 128, where
-// registers are the limit.
+// held: with P in one bf16 ptxas otherwise spilled at hd 128). So three blocks per SM at hd 64 and
+// two at hd 128, where registers are the limit. __launch_bounds__ names one block per SM as the
+// minimum: told so, ptxas schedules the tile loop with 13 fewer instructions at hd 128 (566 → 553,
+// NOPs it had placed) and 5 fewer in the masked body at hd 64, and the blocks per SM stay as they
+// were. The same on the backward kernels cost dK/dV at hd 64 a block per SM (168 → 195 registers),
+// so they keep the default.
 //
 // Global memory per launch (nq = ceil(T/64) query tiles; key tiles per query tile kt_q ≤ q + 1):
 //   reads  Q: B·H·T·hd·2 bytes once; K and V: Σ_q kt_q · 64·hd·2 bytes each per (b, h), rows past
@@ -113,7 +117,7 @@ __device__ inline float mma_row_sum(float v) {
 // Path: 0 (what programs run) picks each tile's body; 1 and 2 compile only the interior or only the
 // masked body, for bench/sass/attention_variants.cu alone (bench/attention_sass.py counts them).
 template <int HD, int Path = 0>
-__global__ void __launch_bounds__(kMmaAttentionThreads)
+__global__ void __launch_bounds__(kMmaAttentionThreads, 1)
     attention_mma_forward_kernel(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse,
                                  int T_len, int H, int Hkv, int B) {
     using bf16 = __nv_bfloat16;
