@@ -613,9 +613,8 @@ void Llama<T>::forward_block(int u, int slot, const UnitIO<T>& io, bool recomput
     // The block's output is x2 + the down projection. Without tensor parallelism nothing stands
     // between the down GEMM and that add, so the norm writes x2 into the output as well (one write
     // of N·C) and the GEMM adds onto it (β = 1): the add's launch and its 3·N·C of traffic become
-    // the GEMM reading N·C. Under tensor parallelism each rank's GEMM holds a share, summed over the
-    // group first. A recompute stops before the down projection and leaves the output alone.
-    const bool fused_residual = !recompute && tensor_.size == 1;
+    // the GEMM reading N·C (model/tensor_parallel.h residual_add_in_down_gemm says when).
+    const bool fused_residual = residual_add_in_down_gemm(tensor_.size, recompute);
     if (fused_residual && !io.residual_out) throw std::logic_error("forward_block: a block with no output");
     residual_rmsnorm_forward(x, att_out, a.x2, w.mlp_norm, h2_rows, a.rstd2, R, C, c.rms_norm_eps, stream_,
                              fused_residual ? io.residual_out : nullptr);

@@ -574,9 +574,8 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
         append(f, mma_forward ? cost::attention_forward(s.batch, s.seq_len, H, Hkv, hd, t, a, false)
                               : cost::attention_forward_cuda_cores(s.batch, s.seq_len, H, Hkv, hd, t, a, false));
         append(f, cost::gemm(N, C, c.q_width(), t, false, "output projection"));
-        // Without tensor parallelism the block's closing residual add is the down GEMM's β = 1,
-        // onto a copy of x2 the norm writes (model/llama.cu forward_block); today's kernels only.
-        const bool fused_residual = now && !recompute && s.tensor == 1;
+        // The block's closing residual add as the down GEMM's β = 1 (today's kernels only).
+        const bool fused_residual = now && residual_add_in_down_gemm(s.tensor, recompute);
         append(f, cost::residual_rmsnorm_forward(R, C, t, a, fused_residual));
         append(f, cost::gemm(N, 2LL * F, C, t, false, "gate, up projection"));
         append(f, cost::swiglu_forward(N, F, t));

@@ -64,6 +64,12 @@ struct VocabSlice {
 // split, input whole) rather than row-parallel (W_o, W_down: columns split, output a partial sum).
 inline bool column_parallel(int linear) { return linear == kLoraQkv || linear == kLoraGateUp; }
 
+// Whether a block's closing residual add (out = x2 + the down projection) is the down GEMM's β = 1
+// onto a copy of x2 (model/llama.cu forward_block; the step model prices the same launches): not
+// under tensor parallelism, where the row-parallel GEMM holds a share summed over the group first,
+// nor in a recompute, which stops before the down projection.
+inline bool residual_add_in_down_gemm(int tensor_size, bool recompute) { return tensor_size == 1 && !recompute; }
+
 // Throws std::invalid_argument naming why `size` cannot split `c` and the sizes that can.
 void check_tensor_parallel(const LlamaConfig& c, int size);
 // Whether T splits c's heads and ffn (check_tensor_parallel's test, without the message).

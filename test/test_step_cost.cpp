@@ -13,6 +13,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <string>
 
 namespace step_cost_test {
@@ -125,6 +126,42 @@ TEST_CASE("step cost: a tensor-parallel rank computes its slices, the head's too
     for (const pv::KernelCost& k : pv::step_kernels(two, pv::KernelSet::now))
         if (k.op == "tensor parallelism: adapter gradient share zeroed") shares += k.written_bytes * k.count;
     CHECK(shares == (2 * 4 * 8 + 8 * 4) * 2 * 2 * 2);
+}
+
+// The block's closing residual add (model/llama.cu forward_block): on one rank the MLP norm writes
+// the sum twice and the down GEMM reads it back (β = 1), with no add launch; under tensor
+// parallelism, and in a recompute, the add stays. The hand-built model: C = 8, F = 12 (the down
+// GEMM reads act N × 12 and W 8 × 12), two blocks, 3 × 5 rows a micro-batch, two micro-batches.
+TEST_CASE("step cost: one rank's residual add is the down GEMM's beta = 1; tensor parallelism keeps the add",
+          "[step_cost]") {
+    pv::StepShape one;
+    one.config = pv_test::hand_built(true), one.batch = 3, one.seq_len = 5, one.accumulation = 2, one.t = 2;
+    const double N = 15, C = 8, F = 12, launches = 2 * 2;  // blocks × micro-batches
+    const auto find = [](const pv::StepShape& s, const std::string& op) {
+        double count = 0, read = 0, written = 0;
+        for (const pv::KernelCost& k : pv::step_kernels(s, pv::KernelSet::now))
+            if (k.op == op) count += k.count, read += k.read_bytes * k.count, written += k.written_bytes * k.count;
+        return std::array<double, 3>{count, read, written};
+    };
+    CHECK(find(one, "residual add")[0] == 0);
+    CHECK(find(one, "down projection")[0] == 0);
+    const auto gemm = find(one, "down projection, onto the residual");
+    CHECK(gemm[0] == launches);
+    CHECK(gemm[1] == launches * 2 * (N * F + C * F + N * C));  // act, W_down and the output it adds onto
+    const auto norm = find(one, "residual add + rmsnorm (the sum twice)");
+    CHECK(norm[0] == launches);
+    CHECK(norm[2] == launches * (3 * 2 * N * C + 4 * N));  // the sum twice and y in bf16, rstd in fp32
+    CHECK(find(one, "residual add + rmsnorm")[0] == 0);
+    pv::StepShape two = one;
+    two.tensor = 2;  // the down GEMM holds a share of its output: the add follows the group's sum
+    CHECK(find(two, "residual add")[0] == launches);
+    CHECK(find(two, "down projection")[0] == launches);
+    CHECK(find(two, "residual add + rmsnorm")[0] == launches);
+    CHECK(find(two, "down projection, onto the residual")[0] == 0);
+    pv::StepShape recompute = one;
+    recompute.checkpointing = pv::ActivationCheckpointing{true, 0};  // every block: its sum once more, no down GEMM
+    CHECK(find(recompute, "recompute: residual add + rmsnorm")[0] == launches);
+    CHECK(find(recompute, "down projection, onto the residual")[0] == launches);
 }
 
 // Activation checkpointing: each recomputing block's forward again, less the down projection (of
