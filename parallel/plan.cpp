@@ -66,11 +66,15 @@ StrategyOptions with_strategy(StrategyOptions o, StrategyKind kind) {
     if (!s.policy.fp32_accumulation()) o.fp32_grad_accumulation = false;
     if (!s.policy.shards()) o.shard_group = 0;
     if (s.one_rank) o.tensor = 1, o.sequence_parallel = false;
-    if (!s.one_rank) o.cuda_graphs = false;
+    if (!captures_micro_steps(o)) o.cuda_graphs = false;
     return o;
 }
 
 bool has_pipeline(const StrategyOptions& o) { return strategy_info(o.kind).stages || o.pipeline_stages > 1; }
+
+bool captures_micro_steps(const StrategyOptions& o) {
+    return captures_micro_steps(strategy_info(o.kind).policy, has_pipeline(o), o.tensor);
+}
 
 MeshShape mesh_of(const StrategyOptions& o, int ranks) {
     const StrategyInfo& s = strategy_info(o.kind);
@@ -102,11 +106,14 @@ Offload parse_offload(const std::string& name) {
 void check_strategy(const StrategyOptions& o, int ranks) {
     const StrategyInfo& s = strategy_info(o.kind);
     const bool pipeline = has_pipeline(o);
-    if (o.cuda_graphs && !s.one_rank)
+    if (o.cuda_graphs && !captures_micro_steps(o))
         throw std::invalid_argument(
-            std::string("--cuda-graphs captures a one-rank step (--parallel single): --parallel ") + s.name +
-            " communicates or binds its buffers between micro-steps, which a captured graph "
-            "would fix at their first step; drop --cuda-graphs, or run single on one rank");
+            std::string("--cuda-graphs captures the micro-steps of single and ddp (ddp's but each step's last, which "
+                        "all-reduces), without a pipeline or --tp: --parallel ") +
+            s.name + (has_pipeline(o) && !s.stages ? " --pipeline-stages " + std::to_string(o.pipeline_stages) : "") +
+            (o.tensor > 1 ? " --tp " + std::to_string(o.tensor) : "") +
+            " communicates or binds its buffers within micro-steps, which a captured graph would fix at their "
+            "first step; drop --cuda-graphs, or run single, or ddp without a pipeline or --tp");
     if (o.sequence_parallel && o.tensor <= 1)
         throw std::invalid_argument("--sequence-parallel splits the rows over a tensor-parallel group: give --tp 2 or "
                                     "more, or leave it out");

@@ -45,6 +45,16 @@ struct DataPolicy {
     bool shards() const { return sharded_optimizer() || sharded_parameters() || rotating_gradients(); }
 };
 
+// Whether --cuda-graphs can capture micro-steps (trainer/micro_step_graphs.h) under `policy`, with or
+// without a pipeline, at tensor-parallel size `tensor`: parameters, gradients and optimizer state
+// whole on every rank (single, ddp), no pipeline, no tensor parallelism. Such a micro-step
+// communicates nothing and binds no buffer on the host, except the last of a step under ddp, whose
+// backward all-reduces (parallel/gradients_all_reduce.h): that one runs eagerly
+// (Strategy::micro_step_capturable).
+inline bool captures_micro_steps(const DataPolicy& policy, bool pipeline, int tensor) {
+    return !policy.shards() && policy.gradients == GradientReduction::all_reduce && !pipeline && tensor == 1;
+}
+
 // The sizes the costs are written in, elements (model/parameters.h model_layouts, padded for the
 // shards): Ψ the trainable groups', Ψall every group's (frozen, NF4 too); the largest unit that is
 // not a tied embedding (its trainable group, and all its groups), the tied embedding's own (0 when

@@ -146,11 +146,12 @@ class Strategy {
     }
     // Whether a micro-step's forward and backward can be captured once and launched again as a CUDA
     // graph (trainer/micro_step_graphs.h): nothing communicated, no buffer bound per unit on the
-    // host, one activation slot — one rank with replicated parameters and whole gradients.
-    bool micro_steps_capturable() const {
-        return !comm_ && !pipeline_ && policy_.gradients == GradientReduction::all_reduce &&
-               !policy_.sharded_parameters() && !policy_.sharded_optimizer();
+    // host, one activation slot (policy.h captures_micro_steps) — single's micro-steps, and ddp's but
+    // the last of each step, whose backward all-reduces.
+    bool captures_micro_steps() const {
+        return pv::captures_micro_steps(policy_, pipeline_ != nullptr, model_.tensor_parallel().size);
     }
+    bool micro_step_capturable(bool last) const { return captures_micro_steps() && !(comm_ && last); }
     // Whether this rank holds every parameter whole (it can sample, for one).
     bool holds_whole_model() const {
         return parameters_->whole() && model_.runs_every_unit() && model_.tensor_parallel().size == 1;

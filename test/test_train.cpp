@@ -256,6 +256,31 @@ TEST_CASE("train --offload optimizer: identical run, resumable across offload se
 // document positions, evaluation between steps, and two micro-steps per step (the first writes
 // the gradients over, the second adds). Under it the model's cuBLAS handle has a 32 MiB workspace,
 // which the plan counts (the plan-against-peak case below).
+namespace train_test {
+
+// A --cuda-graphs run's output folder against the eager run's: every logged number but the memory
+// (the graphs' cuBLAS workspace) and the timing, evaluation included, and every checkpoint file bit
+// for bit. Returns the number of checkpoint files compared.
+int check_graphs_run_is_eager_run(const fs::path& eager, const fs::path& graphs) {
+    const std::regex memory(R"(, "device_bytes": [0-9]+, "device_peak_bytes": [0-9]+)");
+    const auto numbers = [&](const fs::path& d) {
+        return std::regex_replace(metrics_without_timing(d / "metrics.jsonl"), memory, "");
+    };
+    REQUIRE(numbers(eager).find("val_loss") != std::string::npos);
+    REQUIRE(numbers(graphs) == numbers(eager));
+    int compared = 0;
+    for (const auto& step : fs::directory_iterator(eager))
+        for (const auto& f : !step.is_directory() ? fs::directory_iterator() : fs::directory_iterator(step.path()))
+            if (f.path().extension() == ".safetensors") {
+                INFO(f.path());
+                REQUIRE(read_file(graphs / step.path().filename() / f.path().filename()) == read_file(f.path()));
+                ++compared;
+            }
+    return compared;
+}
+
+}  // namespace train_test
+
 TEST_CASE("train --cuda-graphs: the captured run's numbers and checkpoints are the eager run's, bit for bit",
           "[train][graphs]") {
     TempDir dir("train_graphs");
@@ -292,22 +317,8 @@ TEST_CASE("train --cuda-graphs: the captured run's numbers and checkpoints are t
         REQUIRE(std::regex_search(b.output, m, said));
         CHECK(std::stoi(m[1]) > 50);                                 // a micro-step is many kernels
         CHECK(std::stoi(m[2]) == 2 * int(losses(b.output).size()));  // two a step, every step
-        // Every number but the memory (the workspace) and the timing.
-        const std::regex memory(R"(, "device_bytes": [0-9]+, "device_peak_bytes": [0-9]+)");
-        const auto numbers = [&](const fs::path& d) {
-            return std::regex_replace(metrics_without_timing(d / "metrics.jsonl"), memory, "");
-        };
-        REQUIRE(numbers(eager).find("val_loss") != std::string::npos);
-        REQUIRE(numbers(graphs) == numbers(eager));
-        int compared = 0;
-        for (const auto& step : fs::directory_iterator(eager))
-            for (const auto& f : !step.is_directory() ? fs::directory_iterator() : fs::directory_iterator(step.path()))
-                if (f.path().extension() == ".safetensors") {
-                    INFO(f.path());
-                    REQUIRE(read_file(graphs / step.path().filename() / f.path().filename()) == read_file(f.path()));
-                    ++compared;
-                }
-        CHECK(compared >= 8);  // two checkpoints of model or adapter, master, m and v
+        // two checkpoints of model or adapter, master, m and v
+        CHECK(check_graphs_run_is_eager_run(eager, graphs) >= 8);
     }
     // A step with one micro-batch more (the divergence test hook, at one rank: it only trains on one
     // more) moves the micro-batches' loss array: every graph is captured again, and the run is still
@@ -340,9 +351,55 @@ TEST_CASE("train --cuda-graphs: the captured run's numbers and checkpoints are t
     const Run z = run_train(kTiny + " --parallel zero3 --cuda-graphs --out-dir " + dir.file("z"));
     INFO(z.output);
     REQUIRE(z.status != 0);
-    CHECK(z.output.find("--cuda-graphs captures a one-rank step (--parallel single): --parallel zero3") !=
+    CHECK(z.output.find("--cuda-graphs captures the micro-steps of single and ddp (ddp's but each step's last, which "
+                        "all-reduces), without a pipeline or --tp: --parallel zero3 communicates") !=
           std::string::npos);
-    CHECK(z.output.find("drop --cuda-graphs, or run single on one rank") != std::string::npos);
+    CHECK(z.output.find("drop --cuda-graphs, or run single, or ddp without a pipeline or --tp") != std::string::npos);
+}
+
+TEST_CASE(
+    "train --cuda-graphs under ddp: every micro-step but a step's last captured, the eager run's numbers and "
+    "checkpoints bit for bit",
+    "[train][graphs][mpi]") {
+    TempDir dir("train_graphs_ddp");
+    const std::string train = (build_dir() / "train").string();
+    // 8 rows a step over 2 ranks, 2 a micro-batch: 2 micro-steps a rank, the first captured.
+    const std::string args =
+        " --steps 4 --batch 8 --micro-batch 2 --seq-len 16 --vocab 300 --warmup 1 --lr 3e-3 "
+        "--eval-interval 2 --eval-batches 1 --sample-tokens 0 --checkpoint-interval 2 --parallel ddp";
+    const fs::path eager = dir.path / "eager", graphs = dir.path / "graphs";
+    const Run a = run_mpi(2, train + args + " --out-dir " + eager.string());
+    const Run b = run_mpi(2, train + args + " --cuda-graphs --out-dir " + graphs.string());
+    INFO(a.output << "\n----\n" << b.output);
+    REQUIRE(a.status == 0);
+    REQUIRE(b.status == 0);
+    REQUIRE(losses(a.output).size() == 4);
+    REQUIRE(losses(b.output) == losses(a.output));
+    // One graph (micro-step 0, not the step's last), launched once a step.
+    CHECK(b.output.find("cuda graphs: 1 micro-step(s) captured") != std::string::npos);
+    CHECK(b.output.find("launched 4 times") != std::string::npos);
+    CHECK(check_graphs_run_is_eager_run(eager, graphs) == 8);  // model, master, m and v at steps 2 and 4
+    // A resume keeps --cuda-graphs under ddp.
+    const Run kept = run_mpi(2, train + " --resume " + (graphs / "step_2").string() + " --out-dir " + dir.file("kept"));
+    INFO(kept.output);
+    REQUIRE(kept.status == 0);
+    CHECK(kept.output.find("launched 2 times") != std::string::npos);  // steps 3 and 4
+    const std::vector<std::string> all = losses(a.output);
+    CHECK(losses(kept.output) == std::vector<std::string>(all.begin() + 2, all.end()));
+    // Without accumulation every micro-step is a step's last: nothing is captured, and the run says so.
+    const Run none = run_mpi(2, train +
+                                    " --steps 1 --batch 4 --micro-batch 2 --seq-len 16 --vocab 300 --warmup 0 "
+                                    "--eval-interval 0 --sample-tokens 0 --parallel ddp --cuda-graphs --out-dir " +
+                                    dir.file("none"));
+    INFO(none.output);
+    REQUIRE(none.status == 0);
+    CHECK(none.output.find("cuda graphs: nothing to capture: under ddp each step's last micro-step all-reduces") !=
+          std::string::npos);
+    // Tensor parallelism communicates inside every micro-step: refused, with the fix.
+    const Run tp = run_mpi(2, train + args + " --tp 2 --cuda-graphs --out-dir " + dir.file("tp"));
+    REQUIRE(tp.status != 0);
+    CHECK(tp.output.find("--parallel ddp --tp 2 communicates or binds its buffers within micro-steps") !=
+          std::string::npos);
 }
 
 namespace train_test {

@@ -794,10 +794,15 @@ int main_checked(int argc, char** argv) {
         // No tensor parallelism drops the checkpoint's sequence parallelism (unless given again).
         if (c.train.tp <= 1 && c.train.sequence_parallel && c.train_sources.of("sequence_parallel") == OptionSource::checkpoint)
             c.train.sequence_parallel = false;
-        // More than one rank, or a strategy other than single, drops the checkpoint's --cuda-graphs
-        // (unless given again): it captures one-rank steps and changes no result.
-        if (c.train.cuda_graphs && c.train_sources.of("cuda_graphs") == OptionSource::checkpoint &&
-            (world.size() > 1 || (c.train.parallel != "single" && c.train.parallel != "auto")))
+        // A strategy that cannot capture its micro-steps drops the checkpoint's --cuda-graphs (unless
+        // given again; it changes no result). auto keeps it on one rank, where it runs single.
+        const bool captures = c.train.parallel == "auto" ? world.size() == 1 : [&] {
+            StrategyOptions s;
+            s.kind = strategy_kind(c.train.parallel);
+            s.pipeline_stages = c.train.pipeline_stages, s.tensor = c.train.tp;
+            return captures_micro_steps(s);
+        }();
+        if (c.train.cuda_graphs && c.train_sources.of("cuda_graphs") == OptionSource::checkpoint && !captures)
             c.train.cuda_graphs = false;
         // Leaving ZeRO drops its shard group (unless given again): the checkpoint is whole either way.
         if (c.train.parallel != "auto" && !strategy_info(c.train.parallel).policy.shards() &&

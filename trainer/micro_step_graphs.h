@@ -1,4 +1,4 @@
-// Captured micro-steps (--cuda-graphs): a one-rank step's micro-steps — each a forward and a
+// Captured micro-steps (--cuda-graphs): a step's micro-steps — each a forward and a
 // backward, hundreds to thousands of kernel and GEMM launches — captured once each as a CUDA graph
 // by stream capture and from then on launched as one graph, so the host pays a launch per
 // micro-step instead of one per kernel.
@@ -18,8 +18,10 @@
 //   the eager micro-step would have left it; a launch from another state than its capture's is
 //   refused (it would replay the wrong gradient writes).
 //
-// Only a strategy that communicates nothing and binds no buffer per unit on the host can be
-// captured this way (Strategy::micro_steps_capturable): one rank, --parallel single.
+// Only a micro-step that communicates nothing and binds no buffer per unit on the host can be
+// captured this way (Strategy::micro_step_capturable): every micro-step of --parallel single, and
+// of ddp every one but a step's last, whose backward all-reduces the gradients (that one runs
+// eagerly, after the captured ones, on the same stream).
 #pragma once
 
 #include "model/llama.h"

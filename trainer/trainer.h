@@ -179,7 +179,7 @@ class Trainer {
     // trainer/micro_step_graphs.h): the same results bit for bit. The strategy must allow it and the
     // model should have its own cuBLAS workspace (ModelOptions::cublas_workspace_bytes).
     void use_graphs() {
-        if (!s_.micro_steps_capturable())  // (check_strategy refuses such runs with the fix first)
+        if (!s_.captures_micro_steps())  // (check_strategy refuses such runs with the fix first)
             throw std::logic_error(std::string("use_graphs: ") + s_.name() + " cannot be captured");
         graphs_ = std::make_unique<MicroStepGraphs<T>>(s_.model());
     }
@@ -220,11 +220,15 @@ class Trainer {
         CUDA_CHECK(cudaMemsetAsync(losses_.get(), 0, micro.size() * sizeof(A), stream));
         bool have_count = false;  // the backward needs the count (its loss scale): one integer all-reduce
         const auto scale = DeviceScalar<double>::in_memory(loss_scale_.get());
+        // Whether micro-step m runs as a captured graph (its forward with its backward): with
+        // --cuda-graphs, every one but a ddp step's last (strategy.h micro_step_capturable). No
+        // pipeline captures, so micro-step m is the step's last exactly when m + 1 == micro.size().
+        const auto captured = [&](size_t m) { return graphs_ && s_.micro_step_capturable(m + 1 == micro.size()); };
         s_.run_micro_steps(int(micro.size()), [&](const PipeStep& e, bool last) {
             const size_t m = size_t(e.micro);
             if (!e.backward) {
                 upload_slot(e.slot, micro[m], t);
-                if (!graphs_) forward_slot(e.slot, micro[m], t, losses_.get() + m);  // (captured with its backward)
+                if (!captured(m)) forward_slot(e.slot, micro[m], t, losses_.get() + m);
                 return;
             }
             if (!have_count) {  // after this rank's first forwards: the device is busy while it travels
@@ -237,7 +241,7 @@ class Trainer {
                                            stream));
             }
             const DeviceBatch batch = device_batch(size_t(e.slot), micro[m], t);
-            if (!graphs_) return s_.backward(e.slot, batch, scale, last);
+            if (!captured(m)) return s_.backward(e.slot, batch, scale, last);
             graphs_->run({int(m), last, batch.positions != nullptr}, [&] {
                 forward_slot(e.slot, micro[m], t, losses_.get() + m);
                 s_.backward(e.slot, batch, scale, last);
