@@ -796,13 +796,14 @@ int main_checked(int argc, char** argv) {
             c.train.sequence_parallel = false;
         // A strategy that cannot capture its micro-steps drops the checkpoint's --cuda-graphs (unless
         // given again; it changes no result). auto keeps it on one rank, where it runs single.
-        const bool captures = c.train.parallel == "auto" ? world.size() == 1 : [&] {
+        const auto captures = [&] {
+            if (c.train.parallel == "auto") return world.size() == 1;
             StrategyOptions s;
             s.kind = strategy_kind(c.train.parallel);
             s.pipeline_stages = c.train.pipeline_stages, s.tensor = c.train.tp;
             return captures_micro_steps(s);
-        }();
-        if (c.train.cuda_graphs && c.train_sources.of("cuda_graphs") == OptionSource::checkpoint && !captures)
+        };
+        if (c.train.cuda_graphs && c.train_sources.of("cuda_graphs") == OptionSource::checkpoint && !captures())
             c.train.cuda_graphs = false;
         // Leaving ZeRO drops its shard group (unless given again): the checkpoint is whole either way.
         if (c.train.parallel != "auto" && !strategy_info(c.train.parallel).policy.shards() &&
