@@ -1052,12 +1052,15 @@ TEST_CASE("train --freeze: frozen tensors keep their exact bits, have no optimiz
           "[train][freeze]") {
     TempDir dir("train_freeze");
     const fs::path out = dir.path / "frozen", init = dir.path / "init";
-    const Run r = run_train(kTiny + " --sample-tokens 0 --checkpoint-interval 3 --freeze '" + kFreeze + "' --out-dir " +
+    // Validation over 8 batches (256 tokens): whether the rest still learns is read there, against
+    // the initial model's on the same batches, not from six training losses on six different batches
+    // (which rose over the run with some versions of the built-in corpus).
+    const std::string tiny = with_flag(kTiny, "--eval-batches", "8");
+    const Run r = run_train(tiny + " --sample-tokens 0 --checkpoint-interval 3 --freeze '" + kFreeze + "' --out-dir " +
                             out.string());
     INFO(r.output);
     REQUIRE(r.status == 0);
     REQUIRE(losses(r.output).size() == 6);
-    REQUIRE(std::stod(losses(r.output).back()) < std::stod(losses(r.output).front()));  // the rest still learns
     REQUIRE(r.output.find("freeze: model.embed_tokens.weight is tied to lm_head.weight: lm_head is frozen too\n") !=
             std::string::npos);
     REQUIRE(read_file(out / "step_6" / "trainer_state.json").find("\"freeze\": \"" + kFreeze + "\"") !=
@@ -1081,10 +1084,14 @@ TEST_CASE("train --freeze: frozen tensors keep their exact bits, have no optimiz
     REQUIRE(r.output.find(": " + std::to_string(total) + " parameters,") != std::string::npos);
     REQUIRE(r.output.find(parameters_line(total - frozen, frozen) + "\n") != std::string::npos);
 
-    const Run zero = run_train(with_flag(with_flag(kTiny, "--lr", "0"), "--steps", "2") +
+    const Run zero = run_train(with_flag(with_flag(tiny, "--lr", "0"), "--steps", "2") +
                                " --sample-tokens 0 --checkpoint-interval 1 --out-dir " + init.string());
     INFO(zero.output);
     REQUIRE(zero.status == 0);
+    // The rest still learns: after 6 steps, below the initial model's validation loss.
+    REQUIRE(validation_losses(zero.output).size() == 1);
+    REQUIRE(validation_losses(r.output).size() == 2);
+    CHECK(validation_losses(r.output).back() < validation_losses(zero.output).back());
     REQUIRE(read_file(init / "step_1" / "model.safetensors") == read_file(init / "step_2" / "model.safetensors"));
     REQUIRE(losses(zero.output).at(0) == losses(r.output).at(0));  // the same model saw the same first batch
     const auto initial = tensors_of(init / "step_1" / "model.safetensors");
