@@ -449,7 +449,7 @@ $(BUILD)/test/%: $(BUILD)/test/%.o $(TEST_SUPPORT) $(CORE_LIBS)
 # instrumented instantiations are the ones that run.
 TRAFFIC_FLAGS := -fsanitize=thread -Wno-error=tsan -Wno-tsan
 TRAFFIC_OBJS := $(BUILD)/test/traffic/access_hooks.o $(BUILD)/platform/device_memory.o $(addprefix $(BUILD)/model/,step_cost.o flops.o config.o parameters.o lora.o nf4_layout.o \
-                tensor_parallel.o activations.o)
+                tensor_parallel.o activations.o grid_dispatch.o)
 $(BUILD)/test/traffic/test_kernel_traffic.o: test/traffic/test_kernel_traffic.cu
 	@mkdir -p $(dir $@)
 	$(CU) $(TRAFFIC_FLAGS) -c $< -o $@

@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """What the tensor-core attention kernels' tile loops are made of, read from their SASS.
 
-  bench/attention_sass.py SASS_FILE [--header OUT.h [--compiler "NVCC BUILD LINE"]]
+  bench/attention_sass.py SASS_FILE [--registers TABLE] [--header OUT.h [--compiler "NVCC BUILD LINE"]]
       SASS_FILE: the text of `cuobjdump -sass` of an sm_90 object (bench/ptxas_report.sh makes it)
+      --registers: ptxas_report.sh's per-kernel table (mangled name, then registers per thread, ...):
+                the registers of the instantiations programs run, which the header records (the
+                model works out from them how many blocks an SM holds); required with --header
       --header: also write the counts as the C++ table the performance model reads
                 (model/attention_sass.h: make attention-sass writes it, make sass-check compares)
       --compiler: the compiler that made the SASS, recorded in the header (the counts are its)
@@ -147,7 +150,8 @@ HEADER = """\
 // the forward; a 64 x 64 tile pair in the backward kernels, their loop over the tile's four
 // 16-row chunks expanded) and the HMMA among them: through the body for tiles every row of the
 // warp sees whole (interior), and through the one with masks (a diagonal or document-boundary
-// tile). model/step_cost.cpp turns them into time.
+// tile), and the registers per thread of the instantiation programs run (ptxas). model/step_cost.cpp
+// turns them into time.
 #pragma once
 
 namespace pv {
@@ -158,6 +162,7 @@ struct AttentionTileSass {
     int instructions;         // per warp and tile-loop trip, an interior tile
     int masked_instructions;  // per warp and tile-loop trip, a tile with masks
     int hmma;
+    int registers;  // per thread, the kernel programs run (ptxas)
 };
 
 // A line per kernel and head dim, as bench/attention_sass.py writes them: make sass-check compares
@@ -172,24 +177,35 @@ inline constexpr AttentionTileSass kAttentionTileSass[] = {
 """
 
 
-def header_text(table, compiler):
+def header_text(table, registers, compiler):
     order = sorted(table, key=lambda k: (["forward", "dkv", "dq"].index(k[0]), k[1]))
     rows = [f'    {{"{kind}", {hd}, {sum(table[(kind, hd)][0].values())}, {sum(table[(kind, hd)][1].values())}, '
-            f'{table[(kind, hd)][0]["HMMA"]}}},' for kind, hd in order]
+            f'{table[(kind, hd)][0]["HMMA"]}, {registers[(kind, hd)]}}},' for kind, hd in order]
     return HEADER % (compiler, "\n".join(rows))
+
+
+def read_registers(path):
+    """{(kind, hd): registers} of the instantiations programs run (Path 0), from ptxas_report.sh's table;
+    a kernel compiled in several sources counts at its most."""
+    registers = {}
+    for line in open(path):
+        fields = line.split()
+        kind = demangled_kind(fields[0]) if len(fields) > 1 else None
+        if kind and kind[2] == 0:
+            registers[kind[:2]] = max(registers.get(kind[:2], 0), int(fields[1]))
+    return registers
 
 
 def main():
     args = sys.argv[1:]
-    header, compiler = None, "unknown"
-    if len(args) in (3, 5) and args[1] == "--header":
-        header = args[2]
-        if len(args) == 5:
-            if args[3] != "--compiler":
-                raise SystemExit(__doc__)
-            compiler = args[4]
-    elif len(args) != 1:
+    if not args or args[0].startswith("--") or len(args) % 2 != 1:
         raise SystemExit(__doc__)
+    options = dict(zip(args[1::2], args[2::2]))
+    if set(options) - {"--registers", "--header", "--compiler"} or ("--compiler" in options and "--header" not in options):
+        raise SystemExit(__doc__)
+    header, compiler = options.get("--header"), options.get("--compiler", "unknown")
+    if header and "--registers" not in options:
+        raise SystemExit("attention_sass: --header needs --registers (the kernels' registers per thread)\n" + __doc__)
     functions = parse(open(args[0]).read())
     bodies, kernels = {}, set()  # (kind, hd): {path: counts}; the (kind, hd) programs run (path 0)
     for name, code in functions.items():
@@ -210,8 +226,11 @@ def main():
             raise SystemExit(f"attention_sass: {kind} hd {hd}: the interior and masked bodies have {interior['HMMA']} "
                              f"and {masked['HMMA']} HMMA instructions: the same tile should take the same products")
     if header:
+        registers = read_registers(options["--registers"])
+        if set(registers) != kernels:
+            raise SystemExit(f"attention_sass: the registers table names {sorted(registers)}, the SASS {sorted(kernels)}")
         with open(header, "w") as out:
-            out.write(header_text(table, compiler))
+            out.write(header_text(table, registers, compiler))
     slots = SMS * ISSUE_PER_CLOCK * CLOCK_HZ  # warp instructions per second, the whole GPU
     columns = list(CLASSES) + ["other"]
     print("Tensor-core attention, per warp and tile-loop trip (sm_90 SASS; the forward: 16 query rows x 64 keys; "

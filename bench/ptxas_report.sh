@@ -153,7 +153,7 @@ echo
 if [[ ${#attention_header[@]} -gt 0 ]]; then
   attention_header+=(--compiler "$("$CUDA_HOME/bin/nvcc" --version | tail -n 1)")
 fi
-python3 bench/attention_sass.py "$work/k.sass" "${attention_header[@]}" || failures=$((failures + 1))
+python3 bench/attention_sass.py "$work/k.sass" --registers "$work/table" "${attention_header[@]}" || failures=$((failures + 1))
 if [[ $failures -gt 0 ]]; then
   echo "ptxas-report: $failures problem(s)"; exit 1
 fi

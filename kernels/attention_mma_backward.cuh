@@ -73,6 +73,7 @@
 // accumulators would spill). Other head dims: (6·64·(hd + 8)·2 + 1,536) and (4·64·(hd + 8)·2 + 304).
 #pragma once
 
+#include "kernels/attention_mma_blocks.h"
 #include "kernels/attention_window.cuh"
 #include "kernels/common.cuh"
 #include "kernels/mma.cuh"
@@ -84,31 +85,17 @@
 
 namespace pv {
 
-inline constexpr int kAttentionMmaTile = 64;      // rows per tile, on both sides
-inline constexpr int kAttentionMmaThreads = 128;  // 4 warps, 16 rows of the block's tile each
-
 // The head dims with a tensor-core backward: multiples of 16 from 32 to 128, one instantiation
 // each. (16 would work too; no model has it, and the tests' tiny models, which do, run faster in
 // the host emulation on the CUDA-core kernels.)
 inline bool attention_mma_backward_supports(int hd) { return hd % 16 == 0 && hd >= 32 && hd <= 128; }
 
-// Elements per shared row (hd + 8: consecutive rows 16 bytes apart in the banks).
+// Elements per shared row (kernels/attention_mma_blocks.h: tiles, threads, shared memory per block).
 template <int HD>
 __host__ __device__ constexpr int attention_mma_ld() {
-    return HD + 8;
+    return HD + kAttentionMmaRowPad;
 }
-template <int HD>
-constexpr size_t attention_mma_tile_bytes() {
-    return size_t(kAttentionMmaTile) * attention_mma_ld<HD>() * sizeof(__nv_bfloat16);
-}
-template <int HD>
-constexpr size_t attention_mma_dkv_smem_bytes() {
-    return 6 * attention_mma_tile_bytes<HD>() + 2 * kAttentionMmaTile * (2 * sizeof(float) + sizeof(int));
-}
-template <int HD>
-constexpr size_t attention_mma_dq_smem_bytes() {
-    return 4 * attention_mma_tile_bytes<HD>() + (12 + kAttentionMmaTile) * sizeof(int);
-}
+static_assert(sizeof(__nv_bfloat16) == 2, "attention_mma_blocks.h counts bf16 elements of 2 bytes");
 
 // Copies rows [row0, row0 + 64) of a global bf16 matrix (row stride `stride` elements, HD wide,
 // 16-byte aligned) into shared dst[64][HD + 8] with cp.async, zero-filling the rows at or past
@@ -484,11 +471,13 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
 
 // ---- launcher ----------------------------------------------------------------------------------
 
-// Whether the tensor-core backward can take these buffers: a supported head dim and every pointer
-// 16-byte aligned (cp.async); the row strides then are too (multiples of 16 elements).
+// Whether the tensor-core backward can take these buffers: a supported head dim, every pointer
+// 16-byte aligned (cp.async; the row strides then are too, multiples of 16 elements), and blocks
+// whose shared memory the device allows (attention_mma_backward_fits).
 inline bool attention_mma_backward_applies(const void* qkv, const void* dout, const void* dqkv, int hd) {
     auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-    return attention_mma_backward_supports(hd) && aligned(qkv) && aligned(dout) && aligned(dqkv);
+    return attention_mma_backward_supports(hd) && aligned(qkv) && aligned(dout) && aligned(dqkv) &&
+           attention_mma_backward_fits(hd, device_shared_bytes_per_block());
 }
 
 // dqkv from qkv, positions (or null), dout, the forward's lse and D (the scratch the dot kernel
@@ -498,7 +487,7 @@ void attention_mma_backward_launch(const __nv_bfloat16* qkv, const int* position
                                    const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H,
                                    int Hkv, cudaStream_t stream) {
     const int tiles = ceil_div(T_len, kAttentionMmaTile);
-    constexpr size_t dkv_smem = attention_mma_dkv_smem_bytes<HD>(), dq_smem = attention_mma_dq_smem_bytes<HD>();
+    constexpr size_t dkv_smem = attention_mma_dkv_smem_bytes(HD), dq_smem = attention_mma_dq_smem_bytes(HD);
     if (dkv_smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(attention_mma_dkv_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         int(dkv_smem)));

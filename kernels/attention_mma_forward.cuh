@@ -73,6 +73,7 @@
 // the 4·16·64·hd of the matmul-equivalent count.
 #pragma once
 
+#include "kernels/attention_mma_blocks.h"
 #include "kernels/attention_window.cuh"
 #include "kernels/common.cuh"
 #include "kernels/mma.cuh"
@@ -91,8 +92,11 @@ struct MmaAttentionForwardConfig {
     static_assert(HD % 32 == 0 && HD <= 128, "head dim: a multiple of 32 up to 128");
     static_assert(kMmaAttentionBr <= kMmaAttentionBc, "Q is staged in a V buffer");
     static constexpr int kLd = HD + 8;  // shared row stride, elements
-    static constexpr size_t kSmemBytes =
-        size_t(4 * kMmaAttentionBc) * kLd * sizeof(__nv_bfloat16) + kMmaAttentionBr * sizeof(int);
+    static_assert(kMmaAttentionBr == kAttentionMmaTile && kMmaAttentionBc == kAttentionMmaTile &&
+                      kMmaAttentionThreads == kAttentionMmaThreads && kLd == HD + kAttentionMmaRowPad &&
+                      sizeof(__nv_bfloat16) == 2,
+                  "the block attention_mma_blocks.h describes to the performance model");
+    static constexpr size_t kSmemBytes = attention_mma_forward_smem_bytes(HD);
 };
 
 // Rows [row0, row0 + ROWS) of a [T][stride] bf16 matrix (hd = HD wide from `src`) into shared
@@ -271,11 +275,11 @@ __global__ void __launch_bounds__(kMmaAttentionThreads, 1)
     }
 }
 
-// Whether the tensor-core forward takes this call: bf16 (the caller's type), hd 64 or 128, and
-// the alignment its 16-byte copies and 4-byte stores need.
+// Whether the tensor-core forward takes this call: bf16 (the caller's type), hd 64 or 128, the
+// alignment its 16-byte copies and 4-byte stores need, and a block the device's shared memory holds.
 inline bool attention_mma_forward_supported(const void* qkv, const void* out, int hd) {
     return (hd == 64 || hd == 128) && reinterpret_cast<uintptr_t>(qkv) % 16 == 0 &&
-           reinterpret_cast<uintptr_t>(out) % 4 == 0;
+           reinterpret_cast<uintptr_t>(out) % 4 == 0 && attention_mma_forward_fits(hd, device_shared_bytes_per_block());
 }
 
 template <int HD>

@@ -23,6 +23,15 @@ enum class GradWrite { add, overwrite };
 // kernel runs. A CUDA graph launches its kernels with the arguments they were captured with; a
 // value that changes between launches of one graph (a step's loss scale, a micro-batch's dropout
 // key) is written to device memory before each launch and read through `at`.
+// The most shared memory one block may opt in to on the current device (227 KiB on sm_90, 163 KiB
+// on sm_80, 99 KiB on sm_86 and sm_89): a kernel whose block needs more cannot launch there.
+inline size_t device_shared_bytes_per_block() {
+    int device = 0, bytes = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    return size_t(bytes);
+}
+
 template <class X>
 struct DeviceScalar {
     X value{};

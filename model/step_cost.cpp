@@ -1,6 +1,7 @@
 // The performance model's formulas and the steps they add up to (model/step_cost.h).
 #include "model/step_cost.h"
 
+#include "kernels/attention_mma_blocks.h"
 #include "model/attention_sass.h"
 #include "model/flops.h"
 #include "model/parameters.h"
@@ -70,6 +71,7 @@ RooflineEfficiency roofline_efficiency(Roofline r) {
 
 Device rtx_6000_ada() {
     Device d;
+    d.sm.shared_bytes = 100 * 1024, d.sm.shared_bytes_per_block = 99 * 1024, d.sm.threads = 1536, d.sm.blocks = 24;
     d.name = "RTX 6000 Ada Generation (48 GB GDDR6)";
     d.hbm_bytes_per_s = 960e9;
     d.tensor_bf16_flops = 364.2e12;
@@ -86,8 +88,7 @@ double predicted_seconds(const KernelCost& k, const Device& d) {
     const bool tensor = k.roofline == Roofline::cublas_gemm || k.roofline == Roofline::attention_mma;
     const double peak = tensor ? d.tensor_bf16_flops : d.cuda_core_fp32_flops;
     const double roofline = std::max(k.bytes() / (d.hbm_bytes_per_s * e.e_mem), k.flops / (peak * e.e_unit));
-    return k.warp_instructions > 0 ? std::max(roofline, issue_seconds(k.warp_instructions, k.issue_efficiency, d))
-                                   : roofline;
+    return k.warp_instructions > 0 ? std::max(roofline, issue_seconds(k, d)) : roofline;
 }
 
 int attention_tile_instructions(const std::string& kernel, int hd, bool masked) {
@@ -96,9 +97,37 @@ int attention_tile_instructions(const std::string& kernel, int hd, bool masked) 
     return 0;
 }
 
+int attention_kernel_registers(const std::string& kernel, int hd) {
+    for (const AttentionTileSass& a : kAttentionTileSass)
+        if (kernel == a.kernel && hd == a.head_dim) return a.registers;
+    return 0;
+}
+
+namespace {
+constexpr double kIssuePerClock = 4;  // four schedulers per SM, one warp instruction per clock each
+// The fewest warps an SM held in the attention kernels' measurement (the forward's 2 blocks of 4).
+constexpr int kCalibratedWarpsPerSm = 8;
+}  // namespace
+
 double issue_seconds(double warp_instructions, double efficiency, const Device& d) {
-    constexpr double kIssuePerClock = 4;  // four schedulers per SM, one warp instruction per clock each
     return warp_instructions / (double(d.sms) * kIssuePerClock * d.clock_hz * efficiency);
+}
+
+double issue_seconds(const KernelCost& k, const Device& d) {
+    if (k.blocks.empty()) return issue_seconds(k.warp_instructions, k.issue_efficiency, d);
+    const int per_sm = resident_blocks(d.sm, k.block_threads, k.block_registers, k.block_shared);
+    if (per_sm == 0)
+        throw std::invalid_argument("step cost: " + k.kernel + " cannot launch on the " + d.name + ": a block of " +
+                                    std::to_string(k.block_threads) + " threads at " +
+                                    std::to_string(k.block_registers) + " registers each with " +
+                                    std::to_string(k.block_shared) + " bytes of shared memory (the device allows " +
+                                    std::to_string(d.sm.shared_bytes_per_block) + " a block, " +
+                                    std::to_string(d.sm.registers) + " registers an SM)");
+    // An SM issues at the calibrated efficiency while it holds as many warps as the kernels measured
+    // then had (2 blocks of 4 warps forward, 3 backward: the same fraction at 8 warps and at 12), and
+    // below that each warp at most as fast as there (attention_issue_efficiency).
+    const SmIssue sm{kIssuePerClock * d.clock_hz * k.issue_efficiency, kCalibratedWarpsPerSm};
+    return grid_seconds(k.blocks, d.sms, per_sm, (k.block_threads + 31) / 32, sm);
 }
 
 namespace cost {
@@ -193,21 +222,52 @@ double attention_tile_pairs(int T) {
     const double n = double((T + 63) / 64);
     return n * (n + 1) / 2;
 }
-// The instructions all warps of a tensor-core attention kernel issue at this shape: its 4 warps
-// per block each run the tile loop once per tile pair, at the kernel's instructions per trip: of
-// the n(n+1)/2 pairs per (batch, head), the n on the diagonal through the masked body, the others
-// through the interior one (causal attention; document boundaries add masked tiles, not priced).
-double attention_warp_instructions(const char* kernel, int B, int T, int H, int hd, int interior, int masked) {
+// The tensor-core attention kernels' blocks at this shape, in launch order (heaviest first), each
+// block's 4 warps running the tile loop once per 64×64 tile pair the block walks: the forward and dQ
+// a block per (query tile, head, batch), over the key tiles up to the diagonal; dK/dV a block per
+// (key tile, KV head, batch), over its G = H/Hkv query heads' query tiles from the diagonal on. The
+// diagonal's pairs run the masked body, the others the interior one (causal attention; document
+// boundaries add masked tiles, not priced). Every block of one tile index does the same work.
+std::vector<BlockRun> attention_blocks(const char* kernel, int B, int T, int H, int Hkv, int hd, int interior,
+                                       int masked) {
     if (interior <= 0 || masked <= 0)
         throw std::invalid_argument(std::string("step cost: no tensor-core attention ") + kernel + " kernel at head dim " +
                                     std::to_string(hd) + " in model/attention_sass.h");
-    constexpr double kWarps = 4;  // kMmaAttentionWarps, kAttentionMmaThreads / 32
-    const double n = double((T + 63) / 64), diagonal = n;
-    return kWarps * double(B) * H * ((attention_tile_pairs(T) - diagonal) * interior + diagonal * masked);
+    constexpr double kWarps = kAttentionMmaThreads / 32;
+    const int n = (T + kAttentionMmaTile - 1) / kAttentionMmaTile;
+    const bool dkv = std::string(kernel) == "dkv";
+    std::vector<BlockRun> grid;
+    for (int z = 0; z < n; ++z) {
+        // dK/dV: key tile z walks n − z query tiles per query head; the others: query tile n − 1 − z
+        // walks n − z key tiles.
+        const double pairs = n - z, per_block = dkv ? double(H / Hkv) : 1.0;
+        grid.push_back({(long long)B * (dkv ? Hkv : H),
+                        kWarps * per_block * ((pairs - 1) * interior + masked)});
+    }
+    return grid;
 }
-double attention_warp_instructions(const char* kernel, int B, int T, int H, int hd) {
-    return attention_warp_instructions(kernel, B, T, H, hd, attention_tile_instructions(kernel, hd),
-                                       attention_tile_instructions(kernel, hd, true));
+
+}  // namespace
+
+// The issue-bound part of a tensor-core attention kernel's cost: its blocks, their instructions
+// and the registers and shared memory a block takes.
+void set_attention_issue(KernelCost& k, const char* kernel, int B, int T, int H, int Hkv, int hd, int interior,
+                         int masked, int registers) {
+    k.blocks = attention_blocks(kernel, B, T, H, Hkv, hd, interior, masked);
+    k.warp_instructions = 0;
+    for (const BlockRun& r : k.blocks) k.warp_instructions += double(r.blocks) * r.work;
+    k.block_threads = kAttentionMmaThreads;
+    k.block_registers = registers;
+    const std::string name = kernel;
+    k.block_shared = name == "forward" ? attention_mma_forward_smem_bytes(hd)
+                     : name == "dkv"   ? attention_mma_dkv_smem_bytes(hd)
+                                       : attention_mma_dq_smem_bytes(hd);
+}
+namespace {
+// Today's kernels (model/attention_sass.h).
+void set_attention_issue_now(KernelCost& k, const char* kernel, int B, int T, int H, int Hkv, int hd) {
+    set_attention_issue(k, kernel, B, T, H, Hkv, hd, attention_tile_instructions(kernel, hd),
+                        attention_tile_instructions(kernel, hd, true), attention_kernel_registers(kernel, hd));
 }
 }  // namespace
 
@@ -235,7 +295,7 @@ std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, 
     k.kernel = "attention_mma_forward_kernel";
     k.flops = 4.0 * hd * (attention_tile_pairs(T) * 64.0 * 64.0) * B * H;
     k.roofline = Roofline::attention_mma;
-    k.warp_instructions = attention_warp_instructions("forward", B, T, H, hd);
+    set_attention_issue_now(k, "forward", B, T, H, Hkv, hd);
     k.issue_efficiency = attention_issue_efficiency().forward;
     return {k};
 }
@@ -283,8 +343,8 @@ std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd,
                6.0 * hd * pairs, Roofline::attention_mma)};
     // Issue: every tile pair up to the diagonal, 4 warps each (the chunks above the diagonal that
     // the warps skip are counted: n·6/16 of n(n+1)/2 pairs' inner-loop trips, 2% at T = 2048).
-    k[1].warp_instructions = attention_warp_instructions("dkv", B, T, H, hd);
-    k[2].warp_instructions = attention_warp_instructions("dq", B, T, H, hd);
+    set_attention_issue_now(k[1], "dkv", B, T, H, Hkv, hd);
+    set_attention_issue_now(k[2], "dq", B, T, H, Hkv, hd);
     k[1].issue_efficiency = k[2].issue_efficiency = attention_issue_efficiency().backward;
     return k;
 }
@@ -419,18 +479,27 @@ std::vector<KernelCost> cross_entropy_backward(long long N, int V, int t) {
 // 1a887b9's SASS (nvcc 13, -O3 device code), its inner loops expanded as they ran at hd 64 — the
 // backward's four 16-row chunks 4 times, each tile copy loop once (a thread's four 16-byte pieces
 // were one trip of its four-way unrolled body), the dK/dV statistics loops once. (Those copy and
-// statistics loops are gone; the script refuses loops whose trip count it cannot know.)
+// statistics loops are gone; the script refuses loops whose trip count it cannot know.) Their
+// registers per thread, from ptxas (nvcc 13, sm_90) on 1a887b9's kernels_bench.cu: 186 (forward),
+// 166 (dK/dV), 134 (dQ), so 2, 3 and 3 blocks per SM; their grids and shared memory were today's.
 IssueEfficiency attention_issue_efficiency() {
-    constexpr int B = 4, T = 2048, H = 32, hd = 64;
+    constexpr int B = 4, T = 2048, H = 32, Hkv = 8, hd = 64;
     constexpr double kForwardFlopsPerS = 114e12, kBackwardFlopsPerS = 93e12;
     constexpr int kForward = 1225, kDkv = 2138, kDq = 1458;
+    constexpr int kForwardRegisters = 186, kDkvRegisters = 166, kDqRegisters = 134;
     static const IssueEfficiency e = [] {
         const double flops = 4.0 * hd * (double(T) * (T + 1) / 2) * B * H;
-        // Those kernels had one body, masked, for every tile.
-        const double forward =
-            issue_seconds(cost::attention_warp_instructions("forward", B, T, H, hd, kForward, kForward), 1.0);
-        const double backward = issue_seconds(cost::attention_warp_instructions("dkv", B, T, H, hd, kDkv, kDkv), 1.0) +
-                                issue_seconds(cost::attention_warp_instructions("dq", B, T, H, hd, kDq, kDq), 1.0);
+        // The seconds each kernel of then takes at the full issue rate. Those kernels had one body,
+        // masked, for every tile.
+        const auto full_rate = [](const char* kernel, int trip, int registers) {
+            KernelCost k;
+            k.kernel = kernel;
+            k.issue_efficiency = 1.0;
+            cost::set_attention_issue(k, kernel, B, T, H, Hkv, hd, trip, trip, registers);
+            return issue_seconds(k);
+        };
+        const double forward = full_rate("forward", kForward, kForwardRegisters);
+        const double backward = full_rate("dkv", kDkv, kDkvRegisters) + full_rate("dq", kDq, kDqRegisters);
         // The D kernel of that run: a warp per row, one element per load.
         const double d_kernel = predicted_seconds(cost::attention_dot(double(B) * T, H, hd, 2, 4, false));
         return IssueEfficiency{forward / (flops / kForwardFlopsPerS),
@@ -522,7 +591,7 @@ RotatingZeroed rotating_zeroed(int L, bool tied) {
 }
 }  // namespace
 
-std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
+std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set, const Device& d) {
     const LlamaConfig c = tensor_parallel_shape(s.config, {s.tensor, 0});  // every rank's shape is rank 0's
     const int t = s.t, a = 4, C = c.hidden_size, F = c.ffn_size, V = c.vocab_size, hd = c.head_dim_resolved();
     const int H = c.num_heads, Hkv = c.num_kv_heads, L = c.num_layers;
@@ -563,8 +632,12 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
     // adapter computes u alone, which its backward reads (model/llama.cu forward_block).
     // Attention on tensor cores where this code has the kernel (bf16, and a head dim the SASS
     // table lists: the dispatch's own instantiations, kernels/attention.cuh), else on CUDA cores.
-    const bool mma_forward = now && t == 2 && attention_tile_instructions("forward", hd) > 0;
-    const bool mma_backward = now && t == 2 && attention_tile_instructions("dkv", hd) > 0;
+    // The dispatch's choice (kernels/attention.cuh): tensor cores for bf16 at their head dims, where
+    // the device lets their blocks have the shared memory they take.
+    const bool mma_forward = now && t == 2 && attention_tile_instructions("forward", hd) > 0 &&
+                             attention_mma_forward_fits(hd, d.sm.shared_bytes_per_block);
+    const bool mma_backward = now && t == 2 && attention_tile_instructions("dkv", hd) > 0 &&
+                              attention_mma_backward_fits(hd, d.sm.shared_bytes_per_block);
     const auto block_forward = [&](std::vector<KernelCost>& k, double count, bool recompute) {
         std::vector<KernelCost> f;
         append(f, cost::rmsnorm_forward(R, C, t, a));
@@ -741,7 +814,7 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set) {
 
 PhaseSeconds predict_phases(const StepShape& s, KernelSet set, const Device& d) {
     PhaseSeconds p;
-    for (const KernelCost& k : step_kernels(s, set))
+    for (const KernelCost& k : step_kernels(s, set, d))
         (k.phase == StepPhase::forward ? p.forward : k.phase == StepPhase::backward ? p.backward : p.update) +=
             predicted_seconds(k, d) * k.count;
     return p;
@@ -749,7 +822,7 @@ PhaseSeconds predict_phases(const StepShape& s, KernelSet set, const Device& d) 
 
 StepPrediction predict_step(const StepShape& s, KernelSet set, const Device& d) {
     StepPrediction p;
-    for (const KernelCost& k : step_kernels(s, set)) p.seconds += predicted_seconds(k, d) * k.count;
+    for (const KernelCost& k : step_kernels(s, set, d)) p.seconds += predicted_seconds(k, d) * k.count;
     p.model_flops =
         training_flops_per_token(s.config, s.seq_len) * double(s.batch) * s.seq_len * s.accumulation / s.tensor;
     p.mfu = p.model_flops / (p.seconds * d.tensor_bf16_flops);

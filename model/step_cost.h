@@ -26,6 +26,7 @@
 
 #include "model/activations.h"
 #include "model/config.h"
+#include "model/grid_dispatch.h"
 #include "model/lora.h"
 
 #include <string>
@@ -56,6 +57,13 @@ struct KernelCost {
     // Issue-bound kernels (the tensor-core attention): the instructions all warps of the launch
     // issue, and the fraction of the issue rate they reach (0: not priced by issue).
     double warp_instructions = 0, issue_efficiency = 0;
+    // Their blocks: threads, registers per thread (from ptxas) and shared memory per block, and the
+    // warp instructions each block issues, in launch order. The issue time is then the grid's
+    // dispatch makespan (model/grid_dispatch.h) on the SMs' block slots, each slot issuing its share
+    // of its SM's rate; without blocks, warp_instructions over the whole GPU's rate.
+    int block_threads = 0, block_registers = 0;
+    size_t block_shared = 0;
+    std::vector<BlockRun> blocks;
     double count = 1;  // launches of it per step with these figures
     StepPhase phase = StepPhase::forward;  // set by step_kernels
     double bytes() const { return read_bytes + written_bytes; }
@@ -71,6 +79,7 @@ struct Device {
     double cuda_core_fp32_flops = 66.9e12;  // datasheet: 132 SMs · 128 FP32 lanes · 2 · 1.98 GHz
     int sms = 132;                          // datasheet
     double clock_hz = 1.98e9;               // boost clock (the clock an H100 reports under load)
+    SmLimits sm;                            // compute capability 9.0's
     // The link between two GPUs, one direction, as published (what a collective reaches of it is
     // the user's assumption, stated where it is used): NVLink 4, 900 GB/s both ways (datasheet).
     double link_bytes_per_s = 450e9;
@@ -87,6 +96,8 @@ struct Device {
 //                                        attention kernels are priced with sm_90's instruction
 //                                        counts and the H100's issue efficiency
 //   link                                 PCIe 4.0 x16: 32 GB/s each way (64 GB/s both, datasheet)
+//   per SM (compute capability 8.9)      65,536 registers, 100 KiB shared memory (99 KiB a block),
+//                                        1,536 threads, 24 blocks (CUDA C++ Programming Guide)
 Device rtx_6000_ada();
 
 // Predicted seconds of one kernel launch (count ignored), and the efficiencies behind it.
@@ -104,6 +115,14 @@ RooflineEfficiency roofline_efficiency(Roofline r);
 int attention_tile_instructions(const std::string& kernel, int hd, bool masked = false);
 // Seconds to issue `warp_instructions` at `efficiency` of the device's issue rate.
 double issue_seconds(double warp_instructions, double efficiency, const Device& d = {});
+// Seconds to issue an issue-bound kernel's instructions at its efficiency: its blocks dispatched
+// on the device's SMs (as many resident per SM as resident_blocks allows), or, without blocks, its
+// warp_instructions over the whole GPU's rate. Throws, naming the kernel and the limit, when one of
+// its blocks cannot launch on the device.
+double issue_seconds(const KernelCost& k, const Device& d = {});
+// Registers per thread of a tensor-core attention kernel ("forward", "dkv", "dq") at head dim hd
+// (model/attention_sass.h, from ptxas); 0 where it has no instantiation.
+int attention_kernel_registers(const std::string& kernel, int hd);
 // The fraction of the issue rate the kernels reach, forward and backward (dK/dV and dQ), from
 // their one measurement: the seconds their instructions of then would take at the full issue rate
 // over the seconds they took (step_cost.cpp states the measurement and the counts).
@@ -126,6 +145,14 @@ std::vector<KernelCost> rope(long long N, int heads, int hd, int t, int a, bool 
 std::vector<KernelCost> add(long long n, int t, const std::string& op = "residual add");
 // bf16 at head dims 64 and 128: the tensor-core forward.
 std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions);
+// Sets k's issue-bound figures for a tensor-core attention kernel ("forward", "dkv", "dq") at this
+// shape: its blocks in launch order, heaviest first (4 warps each, each running the tile loop once
+// per 64×64 tile pair the block walks, `interior` instructions a trip and `masked` for the
+// diagonal's), `registers` per thread and the kernel's shared memory per block. attention_forward
+// and attention_backward pass today's kernels' counts (model/attention_sass.h); the calibration
+// passes those of the kernels it measured.
+void set_attention_issue(KernelCost& k, const char* kernel, int B, int T, int H, int Hkv, int hd, int interior,
+                         int masked, int registers);
 // The CUDA-core forward.
 std::vector<KernelCost> attention_forward_cuda_cores(int B, int T, int H, int Hkv, int hd, int t, int a,
                                                      bool positions);
@@ -206,7 +233,7 @@ struct StepShape {
 enum class KernelSet { before, now };
 
 // Every launch of one optimizer step (count = launches with those figures).
-std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set);
+std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set, const Device& d = {});
 
 struct StepPrediction {
     double seconds = 0;      // the sum of the kernels' predicted times
