@@ -241,8 +241,7 @@ std::vector<BlockRun> attention_blocks(const char* kernel, int B, int T, int H, 
         // dK/dV: key tile z walks n − z query tiles per query head; the others: query tile n − 1 − z
         // walks n − z key tiles.
         const double pairs = n - z, per_block = dkv ? double(H / Hkv) : 1.0;
-        grid.push_back({(long long)B * (dkv ? Hkv : H),
-                        kWarps * per_block * ((pairs - 1) * interior + masked)});
+        grid.push_back({(long long)B * (dkv ? Hkv : H), kWarps * per_block * ((pairs - 1) * interior + masked)});
     }
     return grid;
 }

@@ -393,19 +393,19 @@ TEST_CASE("step cost: the attention issue efficiencies reproduce the measurement
 // reserved per block, 2,048 threads, 32 blocks; 8.9: 99 KiB a block, 100 KiB an SM).
 TEST_CASE("step cost: resident blocks per SM", "[step_cost]") {
     const pv::SmLimits h100;
-    CHECK(pv::resident_blocks(h100, 128, 186, 37120) == 2);   // 192 × 32 = 6,144 a warp: 10 warps
-    CHECK(pv::resident_blocks(h100, 128, 166, 56832) == 3);   // 12 warps; shared: 233,472 / 57,856 = 4
-    CHECK(pv::resident_blocks(h100, 128, 255, 0) == 2);       // 256 × 32: 8 warps
-    CHECK(pv::resident_blocks(h100, 128, 32, 102400) == 2);   // shared: 233,472 / 103,424
-    CHECK(pv::resident_blocks(h100, 1024, 16, 0) == 2);       // threads
-    CHECK(pv::resident_blocks(h100, 32, 16, 0) == 32);        // the block limit
-    CHECK(pv::resident_blocks(h100, 128, 1, 0) == 16);        // 8 registers at least: threads bind
-    CHECK(pv::resident_blocks(h100, 1024, 128, 0) == 0);      // 32 warps of 4,096 registers: no
+    CHECK(pv::resident_blocks(h100, 128, 186, 37120) == 2);  // 192 × 32 = 6,144 a warp: 10 warps
+    CHECK(pv::resident_blocks(h100, 128, 166, 56832) == 3);  // 12 warps; shared: 233,472 / 57,856 = 4
+    CHECK(pv::resident_blocks(h100, 128, 255, 0) == 2);      // 256 × 32: 8 warps
+    CHECK(pv::resident_blocks(h100, 128, 32, 102400) == 2);  // shared: 233,472 / 103,424
+    CHECK(pv::resident_blocks(h100, 1024, 16, 0) == 2);      // threads
+    CHECK(pv::resident_blocks(h100, 32, 16, 0) == 32);       // the block limit
+    CHECK(pv::resident_blocks(h100, 128, 1, 0) == 16);       // 8 registers at least: threads bind
+    CHECK(pv::resident_blocks(h100, 1024, 128, 0) == 0);     // 32 warps of 4,096 registers: no
     CHECK(pv::resident_blocks(h100, 128, 32, 227 * 1024 + 1) == 0);
     const pv::SmLimits ada = pv::rtx_6000_ada().sm;
-    CHECK(pv::resident_blocks(ada, 128, 168, 37120) == 2);    // shared: 102,400 / 38,144
-    CHECK(pv::resident_blocks(ada, 128, 246, 105984) == 0);   // dK/dV at hd 128: over 99 KiB
-    CHECK(pv::resident_blocks(ada, 512, 32, 0) == 3);         // 1,536 threads
+    CHECK(pv::resident_blocks(ada, 128, 168, 37120) == 2);   // shared: 102,400 / 38,144
+    CHECK(pv::resident_blocks(ada, 128, 246, 105984) == 0);  // dK/dV at hd 128: over 99 KiB
+    CHECK(pv::resident_blocks(ada, 512, 32, 0) == 3);        // 1,536 threads
 }
 
 // The dispatch, worked by hand: blocks spread over the SMs in launch order, each SM's rate shared
@@ -441,7 +441,8 @@ TEST_CASE("step cost: an attention grid's blocks and their time", "[step_cost]")
     const pv::IssueEfficiency e = pv::attention_issue_efficiency();
     const pv::KernelCost f = pv::cost::attention_forward(1, 128, 1, 1, 64, 2, 4, false).front();
     REQUIRE(f.blocks.size() == 2);
-    const int I = pv::attention_tile_instructions("forward", 64), M = pv::attention_tile_instructions("forward", 64, true);
+    const int I = pv::attention_tile_instructions("forward", 64),
+              M = pv::attention_tile_instructions("forward", 64, true);
     CHECK(f.blocks[0].blocks == 1);
     CHECK(f.blocks[0].work == 4.0 * (I + M));
     CHECK(f.blocks[1].work == 4.0 * M);
