@@ -31,9 +31,12 @@
 // that reference's error against fp64.
 //
 // The streamed tiles are double-buffered: cp.async copies the next tile (16-byte pieces; rows at or
-// past T are zero-filled, never read) while the warps compute on the current one; the per-row
-// scalars of a query tile (lse, D, lo) are plain loads into the other buffer. Shared rows are hd + 8
-// elements long, so the 8 rows one ldmatrix reads start 16 bytes apart: all 32 banks, no conflict.
+// past T are zero-filled, never read) while the warps compute on the current one. The per-row
+// scalars of a query tile (lse, D, lo) go through registers, loaded a step before they are stored
+// into the other buffer, so their latency too passes behind a step's compute (lse and D are fp32
+// rows at (b·H + h)·T, 16-byte aligned only when T is a multiple of 4: cp.async's 16-byte pieces
+// would need that). Shared rows are hd + 8 elements long, so the 8 rows one ldmatrix reads start 16
+// bytes apart: all 32 banks, no conflict.
 //
 // Exponentials. P = 2^(c·s − log2(e)·lse) with c = s·log2(e) and lse in base 2 once per row as it is
 // loaded: one FFMA and one MUFU.EX2 with flush-to-zero (platform.h exp2_ftz) per element, no
@@ -47,7 +50,7 @@
 // warp skips a 16×16 chunk in which none of its elements is in a window (one vote: no work, the
 // same result, since masked elements add exact zeros), and masks each remaining element by its
 // own row's window and by T. Per warp and tile pair at hd 64 (sm_90, model/attention_sass.h):
-// dK/dV 640 instructions interior, 821 masked; dQ 386 and 624. dK/dV's steps (query head, query
+// dK/dV 640 instructions interior, 828 masked; dQ 386 and 624. dK/dV's steps (query head, query
 // tile) advance by additions, not by a division and a remainder of the step index (686 before).
 // Heavy tiles first: the grid puts the tile index in z (the slowest), and
 // causal attention's heaviest tiles (dK/dV: the first key tiles; dQ: the last query tiles) get the
@@ -219,18 +222,34 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
         if (st.q0 == q_stop) st.q0 = q_begin, st.head_col += HD, st.head_row += T_len;
         return st;
     };
-    // Loads step st's Q and dO tiles (cp.async) and its rows' base-2 lse, D and first key into `buf`.
+    // A step's statistics, one row per thread (threads r < Bt): its row's lse, D and first key,
+    // loaded into registers a step before they are stored, so the loads' latency passes behind a
+    // step's compute instead of stalling the warps that issue them (a load and its store in one
+    // place made warps 0 and 1 wait for memory every step).
+    static_assert(Bt <= kAttentionMmaThreads, "one statistics row per thread at most");
+    const int stat_row = int(threadIdx.x);
+    float lse_next = 0.0f, D_next = 0.0f;
+    int lo_next = 0;
+    const auto load_statistics = [&](const Step& st) {
+        const int i = st.q0 + stat_row;
+        if (stat_row < Bt && i < T_len) {
+            const long long at = st.head_row + i;
+            lse_next = lse[at], D_next = D[at], lo_next = attention_first_key(pos, i);
+        } else {  // rows at or past T: zeros (P = 1, dS = 0 against their zero-filled Q and dO)
+            lse_next = 0.0f, D_next = 0.0f, lo_next = 0;
+        }
+    };
+    const auto store_statistics = [&](int buf) {
+        if (stat_row < Bt) {
+            lse_s[buf * Bt + stat_row] = kLog2e * lse_next;  // base 2: P = 2^(c·s − log2e·lse)
+            D_s[buf * Bt + stat_row] = D_next;
+            lo_s[buf * Bt + stat_row] = lo_next;
+        }
+    };
+    // Loads step st's Q and dO tiles into `buf` (cp.async).
     auto prefetch = [&](const Step& st, int buf) {
         attention_mma_load_tile<HD>(Qs + buf * Bt * LD, rows + st.head_col, stride, st.q0, T_len);
         attention_mma_load_tile<HD>(dOs + buf * Bt * LD, drows + st.head_col, dstride, st.q0, T_len);
-        static_assert(Bt <= kAttentionMmaThreads, "one statistics row per thread at most");
-        if (const int r = int(threadIdx.x); r < Bt) {
-            const int i = st.q0 + r;
-            const long long at = st.head_row + i;
-            lse_s[buf * Bt + r] = i < T_len ? kLog2e * lse[at] : 0.0f;  // base 2: P = 2^(c·s − log2e·lse)
-            D_s[buf * Bt + r] = i < T_len ? D[at] : 0.0f;
-            lo_s[buf * Bt + r] = i < T_len ? attention_first_key(pos, i) : 0;
-        }
     };
     const int h_first = kvh * group;
     Step now{(long long)h_first * HD, ((long long)b * H + h_first) * T_len, q_begin};
@@ -239,6 +258,9 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
     attention_mma_load_tile<HD>(Vs, rows + (long long)(H + Hkv + kvh) * HD, stride, k0, T_len);
     prefetch(now, 0);
     cp_async_commit();
+    load_statistics(now);
+    store_statistics(0);
+    if (steps > 1) load_statistics(ahead);  // in registers until step 0 stores them into buffer 1
 
     // The warp's key rows: j = k0 + 16·warp + g + 8·half for accumulator elements 2·half + {0, 1}.
     const int kw = 16 * warp, j0 = k0 + kw + g;
@@ -249,7 +271,9 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
         const int buf = s & 1, q0 = now.q0;
         if (s + 1 < steps) {  // the next step's tiles load while this one computes
             prefetch(ahead, buf ^ 1);
+            store_statistics(buf ^ 1);  // step s + 1's, loaded during step s − 1 (or before the loop)
             ahead = next_step(ahead);
+            if (s + 2 < steps) load_statistics(ahead);  // step s + 2's, stored at step s + 1
             cp_async_commit();
             cp_async_wait<1>();
         } else {

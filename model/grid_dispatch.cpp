@@ -51,10 +51,12 @@ double grid_seconds(const std::vector<BlockRun>& grid, int sms, int blocks_per_s
                     const SmIssue& issue) {
     if (sms <= 0 || blocks_per_sm <= 0 || warps_per_block <= 0 || issue.rate <= 0 || issue.full_warps <= 0)
         throw std::invalid_argument("grid_seconds: no SM to run a block on");
-    // Each resident block's rate on an SM holding `n` blocks.
+    // Each resident block's rate on an SM holding `n` blocks, in units of the SM's full rate: the
+    // schedule is worked out in instructions and scaled once at the end, so that the rate (an
+    // efficiency, a clock) cannot change which blocks tie and so the order they run in.
     const auto block_rate = [&](size_t n) {
         const double warps = double(n) * warps_per_block;
-        return issue.rate * std::min(1.0, warps / issue.full_warps) / double(n);
+        return std::min(1.0, warps / issue.full_warps) / double(n);
     };
     LaunchOrder order(grid);
     std::vector<Sm> sm(static_cast<size_t>(sms));
@@ -91,7 +93,7 @@ double grid_seconds(const std::vector<BlockRun>& grid, int sms, int blocks_per_s
         end = std::max(end, t);
         schedule(i);
     }
-    return end;
+    return end / issue.rate;
 }
 
 }  // namespace pv
