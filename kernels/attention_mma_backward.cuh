@@ -73,7 +73,9 @@
 //   dQ       37,168    69,936    2×K, 2×V [64][hd+8] (Q, dO go through buffer 1 first); 76 ints
 // Up to hd 64 the dK/dV warps keep their K and V fragments in registers (16 + 16 at hd 64); above,
 // they read them from shared memory per chunk (at hd 128, 64 more registers next to the 128
-// accumulators would spill). Other head dims: (6·64·(hd + 8)·2 + 1,536) and (4·64·(hd + 8)·2 + 304).
+// accumulators would spill). Other head dims: (6·64·(hd + 8)·2 + 1,536) and (4·64·(hd + 8)·2 + 304)
+// (kernels/attention_mma_blocks.h). dK/dV at hd 128 is over the 99 KiB a block may have on sm_86
+// and sm_89: there attention_mma_backward_applies says no and the CUDA-core kernels run.
 #pragma once
 
 #include "kernels/attention_mma_blocks.h"
