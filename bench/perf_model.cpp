@@ -111,7 +111,8 @@ int main(int argc, char** argv) {
     std::printf(
         "\nThe tensor-core attention kernels are also priced by instruction issue: the instructions their "
         "warps issue (model/attention_sass.h: per warp and tile at hd 64, forward %d (%d on the diagonal, "
-        "with masks), dK/dV %d (%d), dQ %d (%d)) over %d SMs x 4 per clock x %.2f GHz x an issue efficiency of "
+        "with masks), dK/dV %d (%d), dQ %d (%d)), their grids dispatched block by block on %d SMs (blocks per "
+        "SM from ptxas's registers) that each issue 4 per clock x %.2f GHz x an issue efficiency of "
         "%.3f forward, %.3f backward (%s).\n",
         attention_tile_instructions("forward", 64), attention_tile_instructions("forward", 64, true),
         attention_tile_instructions("dkv", 64), attention_tile_instructions("dkv", 64, true),

@@ -16,8 +16,9 @@
 // Time. A kernel runs on a roofline: max(bytes / (HBM bandwidth · e_mem), FLOPs / (peak of its
 // unit · e_unit)), with efficiencies stated and sourced in step_cost.cpp (kRooflines). The
 // tensor-core attention kernels are bound by instruction issue instead: their time is also at
-// least the instructions all their warps issue (model/attention_sass.h, read from the kernels'
-// own SASS) over the GPU's issue rate (four schedulers per SM, one instruction per clock each)
+// least that of issuing their warps' instructions (model/attention_sass.h, read from the kernels'
+// own SASS), block by block as their grid is dispatched on the SMs (model/grid_dispatch.h; blocks
+// per SM from ptxas's registers), each SM issuing four instructions per clock (one per scheduler)
 // times an issue efficiency calibrated once on their measured speed (attention_issue_efficiency),
 // so a change that removes instructions moves the prediction without a GPU. A step is
 // the sum of its kernels (one stream: no overlap assumed between kernels) plus the exposed
@@ -59,8 +60,8 @@ struct KernelCost {
     double warp_instructions = 0, issue_efficiency = 0;
     // Their blocks: threads, registers per thread (from ptxas) and shared memory per block, and the
     // warp instructions each block issues, in launch order. The issue time is then the grid's
-    // dispatch makespan (model/grid_dispatch.h) on the SMs' block slots, each slot issuing its share
-    // of its SM's rate; without blocks, warp_instructions over the whole GPU's rate.
+    // dispatch on the SMs (model/grid_dispatch.h: blocks spread in launch order, each SM's rate
+    // shared by the blocks it holds); without blocks, warp_instructions over the whole GPU's rate.
     int block_threads = 0, block_registers = 0;
     size_t block_shared = 0;
     std::vector<BlockRun> blocks;
@@ -232,7 +233,8 @@ struct StepShape {
 // side-by-side comparison.
 enum class KernelSet { before, now };
 
-// Every launch of one optimizer step (count = launches with those figures).
+// Every launch of one optimizer step (count = launches with those figures), on device d: its
+// shared memory per block decides, as in the dispatch, whether attention runs on tensor cores.
 std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set, const Device& d = {});
 
 struct StepPrediction {
