@@ -105,8 +105,23 @@ int attention_kernel_registers(const std::string& kernel, int hd) {
 
 namespace {
 constexpr double kIssuePerClock = 4;  // four schedulers per SM, one warp instruction per clock each
-// The fewest warps an SM held in the attention kernels' measurement (the forward's 2 blocks of 4).
-constexpr int kCalibratedWarpsPerSm = 8;
+// The attention kernels of the one measurement (attention_issue_efficiency): their registers per
+// thread, from ptxas (nvcc 13, sm_90) on 1a887b9's kernels_bench.cu.
+constexpr int kMeasuredForwardRegisters = 186, kMeasuredDkvRegisters = 166, kMeasuredDqRegisters = 134;
+// The fewest warps an SM held in that measurement (the forward's 2 blocks of 4): the efficiency
+// calibrated there holds from that many warps up.
+int calibrated_warps_per_sm() {
+    static const int warps = [] {
+        const SmLimits h100;
+        const int blocks = std::min(
+            {resident_blocks(h100, kAttentionMmaThreads, kMeasuredForwardRegisters,
+                             attention_mma_forward_smem_bytes(64)),
+             resident_blocks(h100, kAttentionMmaThreads, kMeasuredDkvRegisters, attention_mma_dkv_smem_bytes(64)),
+             resident_blocks(h100, kAttentionMmaThreads, kMeasuredDqRegisters, attention_mma_dq_smem_bytes(64))});
+        return blocks * kAttentionMmaThreads / 32;
+    }();
+    return warps;
+}
 }  // namespace
 
 double issue_seconds(double warp_instructions, double efficiency, const Device& d) {
@@ -126,7 +141,7 @@ double issue_seconds(const KernelCost& k, const Device& d) {
     // An SM issues at the calibrated efficiency while it holds as many warps as the kernels measured
     // then had (2 blocks of 4 warps forward, 3 backward: the same fraction at 8 warps and at 12), and
     // below that each warp at most as fast as there (attention_issue_efficiency).
-    const SmIssue sm{kIssuePerClock * d.clock_hz * k.issue_efficiency, kCalibratedWarpsPerSm};
+    const SmIssue sm{kIssuePerClock * d.clock_hz * k.issue_efficiency, calibrated_warps_per_sm()};
     return grid_seconds(k.blocks, d.sms, per_sm, (k.block_threads + 31) / 32, sm);
 }
 
@@ -479,13 +494,12 @@ std::vector<KernelCost> cross_entropy_backward(long long N, int V, int t) {
 // backward's four 16-row chunks 4 times, each tile copy loop once (a thread's four 16-byte pieces
 // were one trip of its four-way unrolled body), the dK/dV statistics loops once. (Those copy and
 // statistics loops are gone; the script refuses loops whose trip count it cannot know.) Their
-// registers per thread, from ptxas (nvcc 13, sm_90) on 1a887b9's kernels_bench.cu: 186 (forward),
-// 166 (dK/dV), 134 (dQ), so 2, 3 and 3 blocks per SM; their grids and shared memory were today's.
+// registers (kMeasured*Registers: 186, 166, 134) held 2, 3 and 3 blocks per SM; their grids and
+// shared memory were today's.
 IssueEfficiency attention_issue_efficiency() {
     constexpr int B = 4, T = 2048, H = 32, Hkv = 8, hd = 64;
     constexpr double kForwardFlopsPerS = 114e12, kBackwardFlopsPerS = 93e12;
     constexpr int kForward = 1225, kDkv = 2138, kDq = 1458;
-    constexpr int kForwardRegisters = 186, kDkvRegisters = 166, kDqRegisters = 134;
     static const IssueEfficiency e = [] {
         const double flops = 4.0 * hd * (double(T) * (T + 1) / 2) * B * H;
         // The seconds each kernel of then takes at the full issue rate. Those kernels had one body,
@@ -497,8 +511,9 @@ IssueEfficiency attention_issue_efficiency() {
             cost::set_attention_issue(k, kernel, B, T, H, Hkv, hd, trip, trip, registers);
             return issue_seconds(k);
         };
-        const double forward = full_rate("forward", kForward, kForwardRegisters);
-        const double backward = full_rate("dkv", kDkv, kDkvRegisters) + full_rate("dq", kDq, kDqRegisters);
+        const double forward = full_rate("forward", kForward, kMeasuredForwardRegisters);
+        const double backward =
+            full_rate("dkv", kDkv, kMeasuredDkvRegisters) + full_rate("dq", kDq, kMeasuredDqRegisters);
         // The D kernel of that run: a warp per row, one element per load.
         const double d_kernel = predicted_seconds(cost::attention_dot(double(B) * T, H, hd, 2, 4, false));
         return IssueEfficiency{forward / (flops / kForwardFlopsPerS),

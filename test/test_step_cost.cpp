@@ -290,8 +290,11 @@ TEST_CASE("step cost: the RTX 6000 Ada's figures", "[step_cost]") {
     for (const pv::KernelCost& k : pv::step_kernels(s, pv::KernelSet::now)) {
         const double on_ada = pv::predicted_seconds(k, d), on_h100 = pv::predicted_seconds(k);
         if (k.warp_instructions > 0) {
-            ++issue_bound;  // their time follows the grid's dispatch on each device's SMs
-            CHECK(on_ada > 0);
+            // Their time follows the grid's dispatch on each device's SMs: never shorter than all
+            // their instructions at the device's whole issue rate.
+            ++issue_bound;
+            CHECK(on_ada >= pv::issue_seconds(k.warp_instructions, k.issue_efficiency, d) * (1 - 1e-12));
+            CHECK(on_h100 >= pv::issue_seconds(k.warp_instructions, k.issue_efficiency) * (1 - 1e-12));
         } else {
             ada += on_ada * k.count, h100 += on_h100 * k.count;
         }
