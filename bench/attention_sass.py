@@ -37,7 +37,8 @@ from collections import Counter, OrderedDict
 
 SMS, CLOCK_HZ, ISSUE_PER_CLOCK = 132, 1.98e9, 4  # H100 SXM: SMs, boost clock, schedulers per SM
 WARP_ROWS, TILE = 16, 64  # rows of the 64-row tile each of the 4 warps owns; keys (queries) per tile
-INNER_TRIPS = {"dkv": TILE // 16, "dq": TILE // 16}
+INNER_TRIPS = {"dkv": TILE // 16, "dkv-swizzled": TILE // 16, "dq": TILE // 16}
+KINDS = ["forward", "dkv", "dkv-swizzled", "dq"]
 
 # Instruction classes, by the opcode's first component (HMMA.16816.F32.BF16 -> HMMA).
 CLASSES = OrderedDict([
@@ -132,9 +133,15 @@ def tile_loop_counts(name, code, inner_trips):
 
 
 def demangled_kind(name):
-    """('forward' | 'dkv' | 'dq', head dim, path) of a mangled attention kernel name, or None."""
-    m = re.match(r"_ZN2pv(?:\d+)attention_mma_(forward|dkv|dq)_kernelILi(\d+)ELi(\d)EE", name)
-    return (m.group(1), int(m.group(2)), int(m.group(3))) if m else None
+    """(kind, head dim, path) of a mangled attention kernel name, or None. The kind is 'forward', 'dkv',
+    'dkv-swizzled' (the dK/dV kernel with swizzled shared rows: its third template argument,
+    AttentionMmaRows, 1) or 'dq'."""
+    m = re.match(r"_ZN2pv(?:\d+)attention_mma_(forward|dkv|dq)_kernelILi(\d+)ELi(\d)E(?:LNS_16AttentionMmaRowsE(\d)E)?E",
+                 name)
+    if not m:
+        return None
+    kind = m.group(1) + ("-swizzled" if m.group(4) == "1" else "")
+    return kind, int(m.group(2)), int(m.group(3))
 
 
 HEADER = """\
@@ -145,19 +152,19 @@ HEADER = """\
 // The counts are this compiler's (another nvcc may schedule the same source differently):
 // nvcc: %s
 //
-// Per tensor-core attention kernel (attention_mma_{forward,dkv,dq}_kernel) and head dim: the
-// instructions one warp issues per trip of its tile loop (a 64-key tile of its 16 query rows in
-// the forward; a 64 x 64 tile pair in the backward kernels, their loop over the tile's four
-// 16-row chunks expanded) and the HMMA among them: through the body for tiles every row of the
-// warp sees whole (interior), and through the one with masks (a diagonal or document-boundary
-// tile), and the registers per thread of the instantiation programs run (ptxas). model/step_cost.cpp
-// turns them into time.
+// Per tensor-core attention kernel (attention_mma_{forward,dkv,dq}_kernel; "dkv-swizzled": the
+// dK/dV kernel with swizzled shared rows) and head dim: the instructions one warp issues per trip
+// of its tile loop (a 64-key tile of its 16 query rows in the forward; a 64 x 64 tile pair in the
+// backward kernels, their loop over the tile's four 16-row chunks expanded) and the HMMA among
+// them: through the body for tiles every row of the warp sees whole (interior), and through the
+// one with masks (a diagonal or document-boundary tile), and the registers per thread of the
+// instantiation programs run (ptxas). model/step_cost.cpp turns them into time.
 #pragma once
 
 namespace pv {
 
 struct AttentionTileSass {
-    const char* kernel;  // "forward", "dkv" or "dq"
+    const char* kernel;  // "forward", "dkv", "dkv-swizzled" (the dK/dV kernel, rows swizzled) or "dq"
     int head_dim;
     int instructions;         // per warp and tile-loop trip, an interior tile
     int masked_instructions;  // per warp and tile-loop trip, a tile with masks
@@ -178,7 +185,7 @@ inline constexpr AttentionTileSass kAttentionTileSass[] = {
 
 
 def header_text(table, registers, compiler):
-    order = sorted(table, key=lambda k: (["forward", "dkv", "dq"].index(k[0]), k[1]))
+    order = sorted(table, key=lambda k: (KINDS.index(k[0]), k[1]))
     rows = [f'    {{"{kind}", {hd}, {sum(table[(kind, hd)][0].values())}, {sum(table[(kind, hd)][1].values())}, '
             f'{table[(kind, hd)][0]["HMMA"]}, {registers[(kind, hd)]}}},' for kind, hd in order]
     return HEADER % (compiler, "\n".join(rows))
@@ -236,10 +243,10 @@ def main():
     print("Tensor-core attention, per warp and tile-loop trip (sm_90 SASS; the forward: 16 query rows x 64 keys; "
           "dK/dV: 16 keys x 64 queries; dQ: 16 queries x 64 keys), through the interior tiles' body and the "
           "masked tiles' (single-body instantiations); the issue ceiling is the interior tiles':")
-    print(f"{'kernel':<9} {'tile':<8} {'hd':>4} {'instr':>6} {'instr/HMMA':>10}  " + " ".join(f"{c:>7}" for c in columns)
+    print(f"{'kernel':<12} {'tile':<8} {'hd':>4} {'instr':>6} {'instr/HMMA':>10}  " + " ".join(f"{c:>7}" for c in columns)
           + "  issue ceiling")
     for hd in sorted({hd for _, hd in table}):
-        for kind in ("forward", "dkv", "dq"):
+        for kind in KINDS:
             if (kind, hd) not in table:
                 continue
             interior, masked = table[(kind, hd)]
@@ -251,10 +258,10 @@ def main():
                     pass
                 elif kind == "forward":
                     ceiling = f"{slots * useful / total / 1e12:6.0f} TF/s"
-                elif kind == "dq" and ("dkv", hd) in table:  # the backward: both kernels per tile pair
+                elif kind == "dq" and ("dkv", hd) in table:  # the backward: both kernels per tile pair (padded dK/dV)
                     both = total + sum(table[("dkv", hd)][0].values())
                     ceiling = f"{slots * useful / both / 1e12:6.0f} TF/s (dK/dV + dQ)"
-                print(f"{kind:<9} {path:<8} {hd:>4} {total:>6} "
+                print(f"{kind:<12} {path:<8} {hd:>4} {total:>6} "
                       f"{total / c['HMMA']:>10.2f}  " + " ".join(f"{c[col]:>7}" for col in columns) + "  " + ceiling)
 
 

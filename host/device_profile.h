@@ -27,6 +27,12 @@ inline constexpr int kMemoryBusWidthBits = 5120;
 inline constexpr size_t kTotalGlobalMem = size_t(80) << 30;
 inline constexpr size_t kTotalConstMem = 64 * 1024;
 
+// The shared memory a block may opt in to: kSharedMemPerBlockOptin, or POLEVAULT_HOST_SHARED_OPTIN
+// bytes where that is set (read at every query, so a test can set it for a while), so that code
+// which sizes its kernels from the device runs here as on a GPU with less: 101376 is the 99 KiB of
+// sm_86 and sm_89 (RTX 4090, L40S, RTX 6000 Ada). cudaFuncSetAttribute refuses more, as they do.
+int shared_mem_per_block_optin();
+
 // Devices visible: POLEVAULT_HOST_DEVICES exactly when set, else 8 (a node) or this node's ranks
 // if there are more.
 int host_device_count();

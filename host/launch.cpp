@@ -11,6 +11,7 @@
 #include "host/stream.h"
 #include "platform/cpu_cores.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -30,7 +31,8 @@ std::map<const void*, int> max_dynamic_smem;
 int dynamic_smem_limit(const void* kernel) {
     std::lock_guard lock(attributes_mutex);
     auto it = max_dynamic_smem.find(kernel);
-    return it == max_dynamic_smem.end() ? kSharedMemPerBlock : it->second;
+    // Never past the device's opt-in limit, which a test may lower after raising a kernel's.
+    return it == max_dynamic_smem.end() ? kSharedMemPerBlock : std::min(it->second, shared_mem_per_block_optin());
 }
 
 // A bad grid or block is cudaErrorInvalidValue, not the cudaErrorInvalidConfiguration the host
@@ -200,7 +202,7 @@ extern "C" cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute 
     if (!func) return set_last_error(cudaErrorInvalidDeviceFunction);
     switch (attr) {
         case cudaFuncAttributeMaxDynamicSharedMemorySize:
-            if (value < 0 || value > kSharedMemPerBlockOptin) return set_last_error(cudaErrorInvalidValue);
+            if (value < 0 || value > shared_mem_per_block_optin()) return set_last_error(cudaErrorInvalidValue);
             {
                 std::lock_guard lock(attributes_mutex);
                 max_dynamic_smem[func] = value;

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -178,6 +179,21 @@ DeviceMemoryAccess::~DeviceMemoryAccess() {
     if (--device_access_depth == 0) poison_device_memory(true);
 }
 
+int shared_mem_per_block_optin() {
+    const char* env = std::getenv("POLEVAULT_HOST_SHARED_OPTIN");
+    if (!env || !*env) return kSharedMemPerBlockOptin;
+    char* end = nullptr;
+    const long bytes = std::strtol(env, &end, 10);
+    if (*end != '\0' || bytes < kSharedMemPerBlock || bytes > kSharedMemPerBlockOptin) {
+        std::fprintf(stderr,
+                     "polevault host: POLEVAULT_HOST_SHARED_OPTIN=%s is not a byte count from %d (48 KiB) to %d "
+                     "(227 KiB): unset it, or give one such as 101376 (the 99 KiB of sm_86 and sm_89)\n",
+                     env, kSharedMemPerBlock, kSharedMemPerBlockOptin);
+        std::abort();
+    }
+    return int(bytes);
+}
+
 int host_device_count() {
     static const int count = [] {
         // Set explicitly, the count is taken as it is (so a test can give a node fewer GPUs than
@@ -284,7 +300,7 @@ extern "C" cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device)
     std::snprintf(prop->name, sizeof prop->name, "%s", kDeviceName);
     prop->totalGlobalMem = kTotalGlobalMem;
     prop->sharedMemPerBlock = kSharedMemPerBlock;
-    prop->sharedMemPerBlockOptin = kSharedMemPerBlockOptin;
+    prop->sharedMemPerBlockOptin = shared_mem_per_block_optin();
     prop->sharedMemPerMultiprocessor = kSharedMemPerMultiprocessor;
     prop->regsPerBlock = kRegsPerBlock;
     prop->regsPerMultiprocessor = kRegsPerBlock;
@@ -321,7 +337,7 @@ extern "C" cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, i
         case cudaDevAttrMaxGridDimY: *value = kMaxGridDim[1]; break;
         case cudaDevAttrMaxGridDimZ: *value = kMaxGridDim[2]; break;
         case cudaDevAttrMaxSharedMemoryPerBlock: *value = kSharedMemPerBlock; break;
-        case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = kSharedMemPerBlockOptin; break;
+        case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = shared_mem_per_block_optin(); break;
         case cudaDevAttrMaxSharedMemoryPerMultiprocessor: *value = kSharedMemPerMultiprocessor; break;
         case cudaDevAttrWarpSize: *value = kWarpSize; break;
         case cudaDevAttrMultiProcessorCount: *value = kMultiProcessorCount; break;

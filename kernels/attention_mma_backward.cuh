@@ -36,7 +36,9 @@
 // into the other buffer, so their latency too passes behind a step's compute (lse and D are fp32
 // rows at (b·H + h)·T, 16-byte aligned only when T is a multiple of 4: cp.async's 16-byte pieces
 // would need that). Shared rows are hd + 8 elements long, so the 8 rows one ldmatrix reads start 16
-// bytes apart: all 32 banks, no conflict.
+// bytes apart: all 32 banks, no conflict; or, in the dK/dV kernel at hd 128 where the device has
+// too little shared memory for that, hd elements long with their 16-byte pieces swizzled
+// (kernels/attention_mma_blocks.h, AttentionMmaRows).
 //
 // Exponentials. P = 2^(c·s − log2(e)·lse) with c = s·log2(e) and lse in base 2 once per row as it is
 // loaded: one FFMA and one MUFU.EX2 with flush-to-zero (platform.h exp2_ftz) per element, no
@@ -74,8 +76,10 @@
 // Up to hd 64 the dK/dV warps keep their K and V fragments in registers (16 + 16 at hd 64); above,
 // they read them from shared memory per chunk (at hd 128, 64 more registers next to the 128
 // accumulators would spill). Other head dims: (6·64·(hd + 8)·2 + 1,536) and (4·64·(hd + 8)·2 + 304)
-// (kernels/attention_mma_blocks.h). dK/dV at hd 128 is over the 99 KiB a block may have on sm_86
-// and sm_89: there attention_mma_backward_applies says no and the CUDA-core kernels run.
+// (kernels/attention_mma_blocks.h). dK/dV at hd 128 is over the 99 KiB (101,376 bytes) a block may
+// have on sm_86 and sm_89: there it runs with swizzled rows (99,840 bytes), the same products in the
+// same order (the same bits), for 19% more instructions per interior tile pair (1,078 against 904 at
+// sm_90: the lanes' swizzled column offsets are recomputed per chunk, model/attention_sass.h).
 #pragma once
 
 #include "kernels/attention_mma_blocks.h"
@@ -95,52 +99,76 @@ namespace pv {
 // the host emulation on the CUDA-core kernels.)
 inline bool attention_mma_backward_supports(int hd) { return hd % 16 == 0 && hd >= 32 && hd <= 128; }
 
-// Elements per shared row (kernels/attention_mma_blocks.h: tiles, threads, shared memory per block).
+// Elements per shared row (kernels/attention_mma_blocks.h: tiles, threads, shared memory per block),
+// and whether HD has a swizzled dK/dV kernel: constants the device code can read (the header's
+// functions are host code).
+template <int HD, AttentionMmaRows Rows>
+inline constexpr int kAttentionMmaLd = attention_mma_row_elements(HD, Rows);
 template <int HD>
+inline constexpr bool kAttentionMmaDkvHasSwizzled = attention_mma_dkv_has_swizzled(HD);
+template <int HD, AttentionMmaRows Rows = AttentionMmaRows::padded>
 __host__ __device__ constexpr int attention_mma_ld() {
-    return HD + kAttentionMmaRowPad;
+    return kAttentionMmaLd<HD, Rows>;
 }
 static_assert(sizeof(__nv_bfloat16) == 2, "attention_mma_blocks.h counts bf16 elements of 2 bytes");
 
 // Copies rows [row0, row0 + 64) of a global bf16 matrix (row stride `stride` elements, HD wide,
-// 16-byte aligned) into shared dst[64][HD + 8] with cp.async, zero-filling the rows at or past
-// `limit` (their source is never read). Every thread of the block issues its share; the caller
-// commits and waits.
-template <int HD>
+// 16-byte aligned) into a shared [64][HD] tile laid out as Rows says with cp.async, zero-filling
+// the rows at or past `limit` (their source is never read). Every thread of the block issues its
+// share; the caller commits and waits.
+template <int HD, AttentionMmaRows Rows = AttentionMmaRows::padded>
 __device__ inline void attention_mma_load_tile(__nv_bfloat16* dst, const __nv_bfloat16* src, long long stride, int row0,
                                                int limit) {
-    cp_async_rows<HD, kAttentionMmaTile, attention_mma_ld<HD>(), kAttentionMmaThreads>(dst, src, stride, row0, limit);
+    cp_async_rows<HD, kAttentionMmaTile, attention_mma_ld<HD, Rows>(), kAttentionMmaThreads,
+                  Rows == AttentionMmaRows::swizzled>(dst, src, stride, row0, limit);
+}
+
+// The address of piece p ∈ {0, 1} (columns col0 + 8p .. + 7) of row row0 + r (r < 16) of a shared
+// tile, for a 16×16 block at (row0, col0): row0 a multiple of 8 and col0 of 16, as every block of
+// these kernels is. Swizzled (shared_piece), piece col0/8 + p of a row ≡ r (mod 8) lies at
+// (col0/8 + p) ^ (r % 8) = (col0/8) ^ (p ^ r % 8), col0/8 being even. Written as
+// (col0 & ~63) + ((col0 & 63) ^ 8·(p ^ r % 8)), the lane's part takes 4 values per kind of read
+// across a row of 128 columns, not 8 (with the XOR of the whole col0, ptxas spilled at hd 128 for
+// sm_90).
+template <int HD, AttentionMmaRows Rows>
+__device__ inline const __nv_bfloat16* attention_mma_piece(const __nv_bfloat16* tile, int row0, int col0, int r,
+                                                           int p) {
+    constexpr int LD = attention_mma_ld<HD, Rows>();
+    if constexpr (Rows == AttentionMmaRows::padded)
+        return tile + (row0 + r) * LD + col0 + 8 * p;
+    else
+        return tile + (row0 + r) * LD + (col0 & ~63) + ((col0 & 63) ^ (8 * (p ^ (r & 7))));
 }
 
 // The shared-memory row of this lane's ldmatrix_x4 address for a 16×16 block at (row0, col0) of a
-// [rows][HD + 8] tile. Matrix m = lane / 8 gets row lane % 8 of its 8×8 block.
+// tile. Matrix m = lane / 8 gets row lane % 8 of its 8×8 block.
 //  - "rows then cols" (m → rows 8·(m%2), cols 8·(m/2)): an A fragment of a row-major 16×16 block,
 //    and with .trans the B fragments (two n-tiles) of a k-major [k][n] block.
 //  - "cols then rows" (m → rows 8·(m/2), cols 8·(m%2)): the B fragments (two n-tiles) of an
 //    n-major [n][k] block without .trans.
-template <int HD>
+template <int HD, AttentionMmaRows Rows = AttentionMmaRows::padded>
 __device__ inline const __nv_bfloat16* attention_mma_rows_then_cols(const __nv_bfloat16* tile, int row0, int col0) {
     const int lane = int(threadIdx.x) % 32;
-    return tile + (row0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * attention_mma_ld<HD>() + col0 + 8 * (lane >> 4);
+    return attention_mma_piece<HD, Rows>(tile, row0, col0, (lane & 7) + 8 * ((lane >> 3) & 1), lane >> 4);
 }
-template <int HD>
+template <int HD, AttentionMmaRows Rows = AttentionMmaRows::padded>
 __device__ inline const __nv_bfloat16* attention_mma_cols_then_rows(const __nv_bfloat16* tile, int row0, int col0) {
     const int lane = int(threadIdx.x) % 32;
-    return tile + (row0 + (lane & 7) + 8 * (lane >> 4)) * attention_mma_ld<HD>() + col0 + 8 * ((lane >> 3) & 1);
+    return attention_mma_piece<HD, Rows>(tile, row0, col0, (lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1);
 }
 
 // acc[n-tile] += A·B, A the 16×16 operand of two m16n8 C fragments side by side (columns 0–7 and
 // 8–15: P or dS, kernels/mma.cuh accumulators_to_a_bf16), over one 16-row chunk of a k-major tile
-// [k][HD + 8]: the B fragments of n-tiles 2p and 2p+1 (columns 16p..16p+15) come from one
+// [k][HD]: the B fragments of n-tiles 2p and 2p+1 (columns 16p..16p+15) come from one
 // ldmatrix_x4_trans.
-template <int HD>
+template <int HD, AttentionMmaRows Rows = AttentionMmaRows::padded>
 __device__ inline void attention_mma_accumulate(float (&acc)[HD / 8][4], const float (&c)[2][4],
                                                 const __nv_bfloat16* tile, int k0) {
     uint32_t a[4];
     accumulators_to_a_bf16(c[0], c[1], a);
     for (int p = 0; p < HD / 16; ++p) {
         uint32_t b[4];
-        ldmatrix_x4_trans(b, attention_mma_rows_then_cols<HD>(tile, k0, 16 * p));
+        ldmatrix_x4_trans(b, attention_mma_rows_then_cols<HD, Rows>(tile, k0, 16 * p));
         const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
         mma_m16n8k16_bf16(acc[2 * p], a, b0, acc[2 * p]);
         mma_m16n8k16_bf16(acc[2 * p + 1], a, b1, acc[2 * p + 1]);
@@ -148,12 +176,12 @@ __device__ inline void attention_mma_accumulate(float (&acc)[HD / 8][4], const f
 }
 
 // c[2] += A·Bᵀ for k-step ks (head dims 16·ks..16·ks+15) where B's 16 rows (the chunk's two
-// n-tiles) start at row r0 of an n-major tile [rows][HD + 8].
-template <int HD>
+// n-tiles) start at row r0 of an n-major tile [rows][HD].
+template <int HD, AttentionMmaRows Rows = AttentionMmaRows::padded>
 __device__ inline void attention_mma_score_step(float (&c)[2][4], const uint32_t (&a)[4], const __nv_bfloat16* tile,
                                                 int r0, int ks) {
     uint32_t b[4];
-    ldmatrix_x4(b, attention_mma_cols_then_rows<HD>(tile, r0, 16 * ks));
+    ldmatrix_x4(b, attention_mma_cols_then_rows<HD, Rows>(tile, r0, 16 * ks));
     const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
     mma_m16n8k16_bf16(c[0], a, b0, c[0]);
     mma_m16n8k16_bf16(c[1], a, b1, c[1]);
@@ -178,16 +206,19 @@ __device__ inline void attention_mma_store_rows(__nv_bfloat16* dst, long long st
 // ---- dK, dV ------------------------------------------------------------------------------------
 
 // Block (KV head, batch, key tile), 4 warps; warp w owns key rows k0 + 16w .. + 15. Shared: K, V,
-// Q[2], dO[2] [64][HD + 8] (bf16), then lse[2][64], D[2][64] (float), lo[2][64] (int).
+// Q[2], dO[2] [64][LD] (bf16, rows as Rows says), then lse[2][64], D[2][64] (float), lo[2][64] (int).
 // Path: 0 (what programs run) picks each tile pair's body; 1 and 2 compile only the interior or
 // only the masked body, for bench/sass/attention_variants.cu alone (bench/attention_sass.py counts
-// them: a loop with two bodies is hard to read from SASS).
-template <int HD, int Path = 0>
+// them: a loop with two bodies is hard to read from SASS). Both row layouts compute the same
+// products in the same order: their results are the same bits.
+template <int HD, int Path = 0, AttentionMmaRows Rows = AttentionMmaRows::padded>
 __global__ void __launch_bounds__(kAttentionMmaThreads)
     attention_mma_dkv_kernel(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
                              const float* lse, const float* D, __nv_bfloat16* dqkv, int T_len, int H, int Hkv) {
     using bf16 = __nv_bfloat16;
-    constexpr int Bt = kAttentionMmaTile, LD = attention_mma_ld<HD>(), KS = HD / 16;
+    constexpr int Bt = kAttentionMmaTile, LD = attention_mma_ld<HD, Rows>(), KS = HD / 16;
+    static_assert(Rows == AttentionMmaRows::padded || kAttentionMmaDkvHasSwizzled<HD>,
+                  "no swizzled dK/dV at this head dim");
     constexpr bool kKvInRegisters = HD <= 64;
     const int kvh = blockIdx.x, b = blockIdx.y, k0 = int(blockIdx.z) * Bt;  // key tile 0 first: the heaviest
     const int group = H / Hkv;
@@ -250,14 +281,14 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
     };
     // Loads step st's Q and dO tiles into `buf` (cp.async).
     auto prefetch = [&](const Step& st, int buf) {
-        attention_mma_load_tile<HD>(Qs + buf * Bt * LD, rows + st.head_col, stride, st.q0, T_len);
-        attention_mma_load_tile<HD>(dOs + buf * Bt * LD, drows + st.head_col, dstride, st.q0, T_len);
+        attention_mma_load_tile<HD, Rows>(Qs + buf * Bt * LD, rows + st.head_col, stride, st.q0, T_len);
+        attention_mma_load_tile<HD, Rows>(dOs + buf * Bt * LD, drows + st.head_col, dstride, st.q0, T_len);
     };
     const int h_first = kvh * group;
     Step now{(long long)h_first * HD, ((long long)b * H + h_first) * T_len, q_begin};
     Step ahead = next_step(now);  // the step prefetch loads next
-    attention_mma_load_tile<HD>(Ks, rows + (long long)(H + kvh) * HD, stride, k0, T_len);
-    attention_mma_load_tile<HD>(Vs, rows + (long long)(H + Hkv + kvh) * HD, stride, k0, T_len);
+    attention_mma_load_tile<HD, Rows>(Ks, rows + (long long)(H + kvh) * HD, stride, k0, T_len);
+    attention_mma_load_tile<HD, Rows>(Vs, rows + (long long)(H + Hkv + kvh) * HD, stride, k0, T_len);
     prefetch(now, 0);
     cp_async_commit();
     load_statistics(now);
@@ -285,8 +316,8 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
         if constexpr (kKvInRegisters)
             if (s == 0)
                 for (int ks = 0; ks < KS; ++ks) {
-                    ldmatrix_x4(k_frag[ks], attention_mma_rows_then_cols<HD>(Ks, kw, 16 * ks));
-                    ldmatrix_x4(v_frag[ks], attention_mma_rows_then_cols<HD>(Vs, kw, 16 * ks));
+                    ldmatrix_x4(k_frag[ks], attention_mma_rows_then_cols<HD, Rows>(Ks, kw, 16 * ks));
+                    ldmatrix_x4(v_frag[ks], attention_mma_rows_then_cols<HD, Rows>(Vs, kw, 16 * ks));
                 }
         const bf16* Q = Qs + buf * Bt * LD;
         const bf16* dO = dOs + buf * Bt * LD;
@@ -319,11 +350,11 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
                 if constexpr (kKvInRegisters) {
                     for (int x = 0; x < 4; ++x) ka[x] = k_frag[ks][x], va[x] = v_frag[ks][x];
                 } else {
-                    ldmatrix_x4(ka, attention_mma_rows_then_cols<HD>(Ks, kw, 16 * ks));
-                    ldmatrix_x4(va, attention_mma_rows_then_cols<HD>(Vs, kw, 16 * ks));
+                    ldmatrix_x4(ka, attention_mma_rows_then_cols<HD, Rows>(Ks, kw, 16 * ks));
+                    ldmatrix_x4(va, attention_mma_rows_then_cols<HD, Rows>(Vs, kw, 16 * ks));
                 }
-                attention_mma_score_step<HD>(st, ka, Q, c0, ks);
-                attention_mma_score_step<HD>(dpt, va, dO, c0, ks);
+                attention_mma_score_step<HD, Rows>(st, ka, Q, c0, ks);
+                attention_mma_score_step<HD, Rows>(dpt, va, dO, c0, ks);
             }
             // Pᵀ and dSᵀ in place: one FFMA and one MUFU.EX2 per P, then (masked) a select: a masked
             // element's P and so its dS exact zeros (its exponent, computed anyway, may be anything).
@@ -335,8 +366,8 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
                     st[nt][x] = p;
                     dpt[nt][x] = p * (dpt[nt][x] - D_b[r]);
                 }
-            attention_mma_accumulate<HD>(dv, st, dO, c0);  // dV += Pᵀ·dO
-            attention_mma_accumulate<HD>(dk, dpt, Q, c0);  // dK += dSᵀ·Q
+            attention_mma_accumulate<HD, Rows>(dv, st, dO, c0);  // dV += Pᵀ·dO
+            attention_mma_accumulate<HD, Rows>(dk, dpt, Q, c0);  // dK += dSᵀ·Q
         };
         // Interior: every row of the query tile sees all of the warp's keys (causal: every query
         // tile past the diagonal's) ... Rows at or past T need no mask: their Q and dO rows are
@@ -506,35 +537,45 @@ inline bool attention_mma_backward_applies(const void* qkv, const void* dout, co
            attention_mma_backward_fits(hd, device_shared_bytes_per_block());
 }
 
-// dqkv from qkv, positions (or null), dout, the forward's lse and D (the scratch the dot kernel
-// filled): the dK/dV kernel, then the dQ kernel, at head dim HD.
-template <int HD>
-void attention_mma_backward_launch(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
-                                   const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H,
-                                   int Hkv, cudaStream_t stream) {
-    const int tiles = ceil_div(T_len, kAttentionMmaTile);
-    constexpr size_t dkv_smem = attention_mma_dkv_smem_bytes(HD), dq_smem = attention_mma_dq_smem_bytes(HD);
-    if (dkv_smem > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(attention_mma_dkv_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(dkv_smem)));
-    if (dq_smem > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(attention_mma_dq_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(dq_smem)));
-    launch(attention_mma_dkv_kernel<HD>, dim3(Hkv, B, tiles), dim3(kAttentionMmaThreads), dkv_smem, stream, qkv,
-           positions, dout, lse, D, dqkv, T_len, H, Hkv);
-    CUDA_CHECK_LAUNCH();
-    launch(attention_mma_dq_kernel<HD>, dim3(H, B, tiles), dim3(kAttentionMmaThreads), dq_smem, stream, qkv, positions,
-           dout, lse, D, dqkv, T_len, H, Hkv);
+// Launches `kernel` with `smem` bytes of dynamic shared memory, opting in above 48 KiB.
+template <class Kernel, class... Args>
+void attention_mma_backward_run(Kernel kernel, dim3 grid, size_t smem, cudaStream_t stream, Args... args) {
+    if (smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    launch(kernel, grid, dim3(kAttentionMmaThreads), smem, stream, args...);
     CUDA_CHECK_LAUNCH();
 }
 
-// The same at a run-time head dim (attention_mma_backward_supports(hd)).
+// dqkv from qkv, positions (or null), dout, the forward's lse and D (the scratch the dot kernel
+// filled): the dK/dV kernel with its shared rows laid out as dkv_rows says (swizzled only at the
+// head dims attention_mma_dkv_has_swizzled names), then the dQ kernel, at head dim HD.
+template <int HD>
+void attention_mma_backward_launch(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
+                                   const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H,
+                                   int Hkv, cudaStream_t stream, AttentionMmaRows dkv_rows) {
+    const dim3 dkv_grid(Hkv, B, ceil_div(T_len, kAttentionMmaTile)), dq_grid(H, B, dkv_grid.z);
+    if (dkv_rows == AttentionMmaRows::padded) {
+        attention_mma_backward_run(attention_mma_dkv_kernel<HD>, dkv_grid, attention_mma_dkv_smem_bytes(HD), stream,
+                                   qkv, positions, dout, lse, D, dqkv, T_len, H, Hkv);
+    } else if constexpr (attention_mma_dkv_has_swizzled(HD)) {
+        attention_mma_backward_run(attention_mma_dkv_kernel<HD, 0, AttentionMmaRows::swizzled>, dkv_grid,
+                                   attention_mma_dkv_smem_bytes(HD, AttentionMmaRows::swizzled), stream, qkv, positions,
+                                   dout, lse, D, dqkv, T_len, H, Hkv);
+    } else {
+        std::fprintf(stderr, "polevault: attention_mma_backward: no swizzled dK/dV kernel at head dim %d\n", HD);
+        std::abort();
+    }
+    attention_mma_backward_run(attention_mma_dq_kernel<HD>, dq_grid, attention_mma_dq_smem_bytes(HD), stream, qkv,
+                               positions, dout, lse, D, dqkv, T_len, H, Hkv);
+}
+
+// The same at a run-time head dim (attention_mma_backward_supports(hd)) with the dK/dV rows named.
 inline void attention_mma_backward(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
                                    const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H,
-                                   int Hkv, int hd, cudaStream_t stream) {
+                                   int Hkv, int hd, cudaStream_t stream, AttentionMmaRows dkv_rows) {
     auto go = [&](auto hd_tag) {
         attention_mma_backward_launch<decltype(hd_tag)::value>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv,
-                                                               stream);
+                                                               stream, dkv_rows);
     };
     switch (hd) {
         case 32: return go(std::integral_constant<int, 32>{});
@@ -547,6 +588,15 @@ inline void attention_mma_backward(const __nv_bfloat16* qkv, const int* position
     }
     std::fprintf(stderr, "polevault: attention_mma_backward: head dim %d is not a multiple of 16 in [32, 128]\n", hd);
     std::abort();
+}
+
+// The same at a run-time head dim (attention_mma_backward_supports(hd)), the dK/dV rows those the
+// current device's shared memory allows (attention_mma_dkv_rows) unless the caller names them.
+inline void attention_mma_backward(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
+                                   const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H,
+                                   int Hkv, int hd, cudaStream_t stream) {
+    attention_mma_backward(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream,
+                           attention_mma_dkv_rows(hd, device_shared_bytes_per_block()));
 }
 
 }  // namespace pv

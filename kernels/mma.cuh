@@ -33,8 +33,19 @@ __device__ inline void accumulators_to_a_bf16(const float (&left)[4], const floa
     a[3] = pack_bf16x2(right[2], right[3]);
 }
 
+// The element offset of 16-byte piece c (elements 8c .. 8c + 7) of row r in a shared bf16 tile whose
+// rows are LD elements long: at piece c, or with kSwizzle at piece c ^ (r % 8). Swizzled rows need no
+// padding against bank conflicts: the same piece of 8 consecutive rows, which one ldmatrix reads,
+// lies in 8 different 16-byte bank groups. It takes rows of whole 128-byte lines (LD a multiple of 64).
+template <int LD, bool kSwizzle>
+__host__ __device__ constexpr int shared_piece(int r, int c) {
+    static_assert(!kSwizzle || LD % 64 == 0, "swizzled rows are whole 128-byte lines");
+    return r * LD + 8 * (kSwizzle ? c ^ (r & 7) : c);
+}
+
 // Rows [row0, row0 + ROWS) of a bf16 matrix (`stride` elements between rows, HD wide from `src`,
-// 16-byte aligned) into shared dst[ROWS][LD] with cp.async, rows at or past `limit` zero-filled
+// 16-byte aligned) into shared dst[ROWS][LD] with cp.async (each piece where shared_piece<LD,
+// kSwizzle> puts it), rows at or past `limit` zero-filled
 // (their source is never read: row 0's address stands in). The block's THREADS threads take the
 // ROWS·HD/8 16-byte pieces in turn, thread t the pieces t, t + THREADS, ... — the same number each,
 // so the trip count is a constant and the loop unrolls: no loop counter, branch or bound test in
@@ -44,7 +55,7 @@ __device__ inline void accumulators_to_a_bf16(const float (&left)[4], const floa
 // pieces all lie in one column, THREADS / (HD / 8) rows apart: one 64-bit multiply per call finds
 // the first and an add steps to each next, where a multiply per piece (the general path, which the
 // other head dims take) cost the forward's tile loop at hd 64 about 40 integer instructions.
-template <int HD, int ROWS, int LD, int THREADS>
+template <int HD, int ROWS, int LD, int THREADS, bool kSwizzle = false>
 __device__ inline void cp_async_rows(__nv_bfloat16* dst, const __nv_bfloat16* src, long long stride, int row0,
                                      int limit) {
     constexpr int pieces = HD / 8;  // 16-byte pieces per row
@@ -57,14 +68,15 @@ __device__ inline void cp_async_rows(__nv_bfloat16* dst, const __nv_bfloat16* sr
         const long long step = (long long)apart * stride;
         for (int k = 0; k < ROWS / apart; ++k, p += step) {
             const bool inside = row0 + r + k * apart < limit;
-            cp_async_16_zfill(dst + (r + k * apart) * LD + c * 8, inside ? p : first_row, inside ? 16 : 0);
+            cp_async_16_zfill(dst + shared_piece<LD, kSwizzle>(r + k * apart, c), inside ? p : first_row,
+                              inside ? 16 : 0);
         }
     } else {
         for (int k = 0; k < ROWS * pieces / THREADS; ++k) {
             const int idx = int(threadIdx.x) + k * THREADS, r = idx / pieces, c = idx % pieces, row = row0 + r;
             const bool inside = row < limit;
-            cp_async_16_zfill(dst + r * LD + c * 8, src + (long long)(inside ? row : 0) * stride + c * 8,
-                              inside ? 16 : 0);
+            cp_async_16_zfill(dst + shared_piece<LD, kSwizzle>(r, c),
+                              src + (long long)(inside ? row : 0) * stride + c * 8, inside ? 16 : 0);
         }
     }
 }

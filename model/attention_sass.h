@@ -5,19 +5,19 @@
 // The counts are this compiler's (another nvcc may schedule the same source differently):
 // nvcc: Build cuda_13.0.r13.0/compiler.36424714_0
 //
-// Per tensor-core attention kernel (attention_mma_{forward,dkv,dq}_kernel) and head dim: the
-// instructions one warp issues per trip of its tile loop (a 64-key tile of its 16 query rows in
-// the forward; a 64 x 64 tile pair in the backward kernels, their loop over the tile's four
-// 16-row chunks expanded) and the HMMA among them: through the body for tiles every row of the
-// warp sees whole (interior), and through the one with masks (a diagonal or document-boundary
-// tile), and the registers per thread of the instantiation programs run (ptxas). model/step_cost.cpp
-// turns them into time.
+// Per tensor-core attention kernel (attention_mma_{forward,dkv,dq}_kernel; "dkv-swizzled": the
+// dK/dV kernel with swizzled shared rows) and head dim: the instructions one warp issues per trip
+// of its tile loop (a 64-key tile of its 16 query rows in the forward; a 64 x 64 tile pair in the
+// backward kernels, their loop over the tile's four 16-row chunks expanded) and the HMMA among
+// them: through the body for tiles every row of the warp sees whole (interior), and through the
+// one with masks (a diagonal or document-boundary tile), and the registers per thread of the
+// instantiation programs run (ptxas). model/step_cost.cpp turns them into time.
 #pragma once
 
 namespace pv {
 
 struct AttentionTileSass {
-    const char* kernel;  // "forward", "dkv" or "dq"
+    const char* kernel;  // "forward", "dkv", "dkv-swizzled" (the dK/dV kernel, rows swizzled) or "dq"
     int head_dim;
     int instructions;         // per warp and tile-loop trip, an interior tile
     int masked_instructions;  // per warp and tile-loop trip, a tile with masks
@@ -36,12 +36,13 @@ inline constexpr AttentionTileSass kAttentionTileSass[] = {
     {"dkv", 64, 640, 828, 128, 168},
     {"dkv", 80, 768, 960, 160, 168},
     {"dkv", 96, 850, 1036, 192, 231},
-    {"dkv", 112, 906, 1120, 224, 251},
-    {"dkv", 128, 905, 1110, 256, 251},
+    {"dkv", 112, 905, 1120, 224, 251},
+    {"dkv", 128, 904, 1110, 256, 251},
+    {"dkv-swizzled", 128, 1078, 1350, 256, 255},
     {"dq", 32, 286, 513, 48, 105},
     {"dq", 48, 347, 583, 72, 134},
     {"dq", 64, 386, 624, 96, 170},
-    {"dq", 80, 511, 695, 120, 174},
+    {"dq", 80, 511, 695, 120, 173},
     {"dq", 96, 569, 773, 144, 206},
     {"dq", 112, 629, 815, 168, 230},
     {"dq", 128, 610, 790, 192, 222},

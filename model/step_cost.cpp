@@ -250,7 +250,7 @@ std::vector<BlockRun> attention_blocks(const char* kernel, int B, int T, int H, 
                                     std::to_string(hd) + " in model/attention_sass.h");
     constexpr double kWarps = kAttentionMmaThreads / 32;
     const int n = (T + kAttentionMmaTile - 1) / kAttentionMmaTile;
-    const bool dkv = std::string(kernel) == "dkv";
+    const bool dkv = std::string(kernel).starts_with("dkv");
     std::vector<BlockRun> grid;
     for (int z = 0; z < n; ++z) {
         // dK/dV: key tile z walks n − z query tiles per query head; the others: query tile n − 1 − z
@@ -273,9 +273,10 @@ void set_attention_issue(KernelCost& k, const char* kernel, int B, int T, int H,
     k.block_threads = kAttentionMmaThreads;
     k.block_registers = registers;
     const std::string name = kernel;
-    k.block_shared = name == "forward" ? attention_mma_forward_smem_bytes(hd)
-                     : name == "dkv"   ? attention_mma_dkv_smem_bytes(hd)
-                                       : attention_mma_dq_smem_bytes(hd);
+    k.block_shared = name == "forward"        ? attention_mma_forward_smem_bytes(hd)
+                     : name == "dkv"          ? attention_mma_dkv_smem_bytes(hd)
+                     : name == "dkv-swizzled" ? attention_mma_dkv_smem_bytes(hd, AttentionMmaRows::swizzled)
+                                              : attention_mma_dq_smem_bytes(hd);
 }
 namespace {
 // Today's kernels (model/attention_sass.h).
@@ -346,7 +347,8 @@ double mma_backward_pairs(int T) {
 // the D kernel, then attention_mma_dkv_kernel (q, k, v, dout, lse and D read, dk and dv written;
 // per score pair S, dP, dV and dK, P and dS in one bf16: 8·hd FLOPs) and attention_mma_dq_kernel
 // (the same reads, dq written; S, dP, dQ: 6·hd).
-std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions) {
+std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions,
+                                           AttentionMmaRows dkv_rows) {
     const double rows = double(B) * T, qo = rows * H * hd * t, kv = rows * Hkv * hd * t, stats = rows * H * a;
     const double pos = positions ? rows * 4 : 0, pairs = mma_backward_pairs(T) * B * H;
     std::vector<KernelCost> k = {
@@ -357,7 +359,7 @@ std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd,
                6.0 * hd * pairs, Roofline::attention_mma)};
     // Issue: every tile pair up to the diagonal, 4 warps each (the chunks above the diagonal that
     // the warps skip are counted: n·6/16 of n(n+1)/2 pairs' inner-loop trips, 2% at T = 2048).
-    set_attention_issue_now(k[1], "dkv", B, T, H, Hkv, hd);
+    set_attention_issue_now(k[1], dkv_rows == AttentionMmaRows::swizzled ? "dkv-swizzled" : "dkv", B, T, H, Hkv, hd);
     set_attention_issue_now(k[2], "dq", B, T, H, Hkv, hd);
     k[1].issue_efficiency = k[2].issue_efficiency = attention_issue_efficiency().backward;
     return k;
@@ -730,7 +732,10 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set, const De
     append(k, cost::gemm(N, c.q_width(), C, t, false, "output backward: dX"), layers);
     weight_gradient(k, C, c.q_width(), "output backward: dW", layers);
     if (mma_backward) {
-        append(k, cost::attention_backward(s.batch, s.seq_len, H, Hkv, hd, t, a, false), layers);
+        append(k,
+               cost::attention_backward(s.batch, s.seq_len, H, Hkv, hd, t, a, false,
+                                        attention_mma_dkv_rows(hd, d.sm.shared_bytes_per_block)),
+               layers);
     } else {  // the same D kernel, then the CUDA-core kernels
         append(k, {cost::attention_dot(double(s.batch) * s.seq_len, H, hd, t, a)}, layers);
         append(k, cost::attention_backward_cuda_cores(s.batch, s.seq_len, H, Hkv, hd, t, a, false), layers);

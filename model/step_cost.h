@@ -25,6 +25,7 @@
 // communication of its strategy. Host code only.
 #pragma once
 
+#include "kernels/attention_mma_blocks.h"
 #include "model/activations.h"
 #include "model/config.h"
 #include "model/grid_dispatch.h"
@@ -146,7 +147,8 @@ std::vector<KernelCost> rope(long long N, int heads, int hd, int t, int a, bool 
 std::vector<KernelCost> add(long long n, int t, const std::string& op = "residual add");
 // bf16 at head dims 64 and 128: the tensor-core forward.
 std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions);
-// Sets k's issue-bound figures for a tensor-core attention kernel ("forward", "dkv", "dq") at this
+// Sets k's issue-bound figures for a tensor-core attention kernel ("forward", "dkv", "dkv-swizzled",
+// "dq": model/attention_sass.h) at this
 // shape: its blocks in launch order, heaviest first (4 warps each, each running the tile loop once
 // per 64×64 tile pair the block walks, `interior` instructions a trip and `masked` for the
 // diagonal's), `registers` per thread and the kernel's shared memory per block. attention_forward
@@ -157,8 +159,10 @@ void set_attention_issue(KernelCost& k, const char* kernel, int B, int T, int H,
 // The CUDA-core forward.
 std::vector<KernelCost> attention_forward_cuda_cores(int B, int T, int H, int Hkv, int hd, int t, int a,
                                                      bool positions);
-// bf16 at a head dim that is a multiple of 16 from 32 to 128: the D kernel and the tensor-core kernels.
-std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions);
+// bf16 at a head dim that is a multiple of 16 from 32 to 128: the D kernel and the tensor-core kernels,
+// the dK/dV kernel's shared rows as the device allows (kernels/attention_mma_blocks.h).
+std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions,
+                                           AttentionMmaRows dkv_rows = AttentionMmaRows::padded);
 // D = rowwise dO·O (attention_backward_dot_kernel) over `rows` rows of H heads: out and dout read, D
 // written; 16-byte loads where a row is whole 16-byte vectors (the model's buffers are aligned),
 // else a warp per row of one-element loads. `vectors` false prices the latter: the kernel of the

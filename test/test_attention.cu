@@ -17,9 +17,11 @@
 #include "test/reference/attention_bf16.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <limits>
+#include <optional>
 #include <random>
 
 using namespace pv::test;
@@ -566,18 +568,22 @@ using bf16 = __nv_bfloat16;
 
 // dqkv from the tensor-core kernels called directly (the dot kernel, then the dK/dV and dQ
 // kernels), given the forward's out and lse: what attention_backward must produce when it
-// dispatches there.
+// dispatches there. The dK/dV kernel's shared rows as named, else as the device allows.
 std::vector<bf16> mma_backward_direct(const std::vector<bf16>& qkv, const std::vector<bf16>& dout,
-                                      const AttentionShape& s, const std::vector<int>* positions,
-                                      const Run<bf16>& fwd) {
+                                      const AttentionShape& s, const std::vector<int>* positions, const Run<bf16>& fwd,
+                                      std::optional<pv::AttentionMmaRows> dkv_rows = std::nullopt) {
     const int B = int(s.B), T_len = int(s.T), H = int(s.H), Hkv = int(s.Hkv), hd = int(s.hd);
     DeviceArray<bf16> d_qkv(qkv), d_dout(dout), d_out(fwd.out), d_dqkv(qkv.size());
     DeviceArray<float> d_lse(fwd.lse), d_D(s.B * s.H * s.T);
     DeviceArray<int> d_pos(positions ? *positions : std::vector<int>(1));
     const int* pos = positions ? d_pos.get() : nullptr;
     pv::attention_backward_dot(d_out.get(), d_dout.get(), d_D.get(), B, T_len, H, hd, nullptr);
-    pv::attention_mma_backward(d_qkv.get(), pos, d_dout.get(), d_lse.get(), d_D.get(), d_dqkv.get(), B, T_len, H, Hkv,
-                               hd, nullptr);
+    if (dkv_rows)
+        pv::attention_mma_backward(d_qkv.get(), pos, d_dout.get(), d_lse.get(), d_D.get(), d_dqkv.get(), B, T_len, H,
+                                   Hkv, hd, nullptr, *dkv_rows);
+    else  // the rows the device allows
+        pv::attention_mma_backward(d_qkv.get(), pos, d_dout.get(), d_lse.get(), d_D.get(), d_dqkv.get(), B, T_len, H,
+                                   Hkv, hd, nullptr);
     return d_dqkv.download();
 }
 
@@ -635,6 +641,53 @@ TEST_CASE("bf16 attention backward on tensor cores over several 64-row tiles wit
         const AttentionShape s{1, 70, 2, 1, hd};
         const auto pos = positions_of(s);
         check_mma_backward(s, 1500 + hd, &pos);
+    }
+}
+
+TEST_CASE("bf16 attention backward at hd 128 on a GPU with 99 KiB a block runs dK/dV with swizzled rows, bit for bit",
+          "[kernels][attention][documents]") {
+    // sm_86 and sm_89 (RTX 4090, L40S, RTX 6000 Ada) let a block have 101,376 bytes of shared
+    // memory; the dK/dV block at hd 128 takes 105,984 with padded rows and 99,840 with swizzled
+    // ones, which compute the same products in the same order. So: both layouts called directly give
+    // the same bits, and on a device with that limit (the host platform told so by
+    // POLEVAULT_HOST_SHARED_OPTIN; a real GPU keeps its own) the public path takes the tensor cores
+    // with the swizzled rows, gives those bits, and meets the fp64 reference.
+    constexpr size_t kAdaShared = 99 * 1024;
+    static_assert(pv::attention_mma_dkv_smem_bytes(128) > kAdaShared &&
+                  pv::attention_mma_dkv_smem_bytes(128, pv::AttentionMmaRows::swizzled) <= kAdaShared);
+    const AttentionShape s = kTsanBuild ? AttentionShape{1, 130, 2, 1, 128} : AttentionShape{2, 200, 6, 2, 128};
+    const std::vector<std::vector<size_t>> ragged = {{70, 3, 1, 100, 26}, {9, 120, 50, 21}};
+    std::vector<int> pos;
+    for (size_t b = 0; b < s.B; ++b) {
+        const auto row = document_positions(ragged[b], s.T);
+        pos.insert(pos.end(), row.begin(), row.end());
+    }
+    const auto qkv = random_vector<bf16>(s.B * s.T * s.width(), 1800, -2.0, 2.0);
+    const auto dout = random_vector<bf16>(s.B * s.T * s.H * s.hd, 1801);
+    for (const std::vector<int>* positions : std::vector<const std::vector<int>*>{&pos, nullptr}) {
+        INFO(describe(s) << (positions ? ", documents" : ", causal"));
+        const Run<bf16> full = run(qkv, dout, s, positions);  // this device's own limit
+        const auto padded = mma_backward_direct(qkv, dout, s, positions, full, pv::AttentionMmaRows::padded);
+        const auto swizzled = mma_backward_direct(qkv, dout, s, positions, full, pv::AttentionMmaRows::swizzled);
+        REQUIRE(same_bits(padded, swizzled));
+        REQUIRE(same_bits(full.dqkv, padded));
+
+        ::setenv("POLEVAULT_HOST_SHARED_OPTIN", std::to_string(kAdaShared).c_str(), 1);
+        struct Restore {
+            ~Restore() { ::unsetenv("POLEVAULT_HOST_SHARED_OPTIN"); }
+        } restore;
+        if (pv::kHostBackend) {  // the host now reports that limit (and holds kernels to it: test_kernels_platform)
+            REQUIRE(pv::device_shared_bytes_per_block() == kAdaShared);
+            REQUIRE(pv::attention_mma_dkv_rows(128, pv::device_shared_bytes_per_block()) ==
+                    pv::AttentionMmaRows::swizzled);
+        }
+        {
+            DeviceArray<bf16> d_qkv(qkv), d_dout(dout), d_dqkv(qkv.size());
+            REQUIRE(pv::attention_mma_backward_applies(d_qkv.get(), d_dout.get(), d_dqkv.get(), 128));
+        }
+        const Run<bf16> small = run(qkv, dout, s, positions);
+        REQUIRE(same_bits(small.dqkv, swizzled));
+        check_against_reference<bf16>(s, positions ? 1802 : 1803, positions);
     }
 }
 

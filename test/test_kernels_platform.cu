@@ -4,6 +4,9 @@
 #include "test/check.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string>
 #include <numeric>
 
 using namespace pv::test;
@@ -320,6 +323,38 @@ TEST_CASE("dynamic shared memory, with the opt-in limit", "[platform]") {
     REQUIRE(cudaFuncSetAttribute(reverse_in_smem, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  int(prop.sharedMemPerBlockOptin) + 1) == cudaErrorInvalidValue);
     REQUIRE(cudaGetLastError() == cudaErrorInvalidValue);
+}
+
+TEST_CASE("the host platform as a GPU with less shared memory a block (POLEVAULT_HOST_SHARED_OPTIN)", "[platform]") {
+    // Host-only: a real GPU reports its own limit whatever the environment says. Under the variable
+    // the host reports the limit (sm_89's 99 KiB here) and refuses more, also to a kernel whose
+    // attribute was raised past it before; unset, it is an H100 again.
+    if (!pv::kHostBackend) return;
+    const int ada = 99 * 1024, h100 = 227 * 1024, raised = 100 * 1024 + 512;
+    CUDA_CHECK(cudaFuncSetAttribute(reverse_in_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, raised));
+    ::setenv("POLEVAULT_HOST_SHARED_OPTIN", std::to_string(ada).c_str(), 1);
+    struct Restore {
+        ~Restore() { ::unsetenv("POLEVAULT_HOST_SHARED_OPTIN"); }
+    } restore;
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    int optin = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+    REQUIRE(prop.sharedMemPerBlockOptin == size_t(ada));
+    REQUIRE(optin == ada);
+    const int n = raised / int(sizeof(double));
+    const auto host = random_vector<double>(size_t(n), 77);
+    DeviceArray<double> x(host), y(host.size());
+    launch(reverse_in_smem, dim3(1), dim3(256), size_t(raised), nullptr, x.get(), y.get(), n);
+    REQUIRE(cudaGetLastError() == cudaErrorInvalidValue);
+    REQUIRE(std::isnan(y.download()[0]));
+    REQUIRE(cudaFuncSetAttribute(reverse_in_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, ada + 1) ==
+            cudaErrorInvalidValue);
+    REQUIRE(cudaGetLastError() == cudaErrorInvalidValue);
+    CUDA_CHECK(cudaFuncSetAttribute(reverse_in_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, ada));
+    ::unsetenv("POLEVAULT_HOST_SHARED_OPTIN");
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+    REQUIRE(optin == h100);
 }
 
 // ---- 3D grids and blocks --------------------------------------------------------------------------

@@ -308,22 +308,25 @@ TEST_CASE("step cost: the RTX 6000 Ada's figures", "[step_cost]") {
 // structure, counted from their source: per warp and tile-loop trip the forward does S = Q·Kᵀ
 // (16 rows × 64 keys × hd: 8 n-tiles × hd/16 k-steps of m16n8k16) and P·V with P in one bf16
 // (hd/8 n-tiles × 4 k-steps): hd HMMA; dK/dV over its tile's four 16-row chunks S, dP (hd/4 each),
-// dV and dK (hd/8 each): 2·hd; dQ S, dP and dQ: 1.5·hd. And every
+// dV and dK (hd/8 each): 2·hd (with swizzled rows too); dQ S, dP and dQ: 1.5·hd. And every
 // head dim the dispatch sends to tensor cores is listed: the forward at 64 and 128, the backward
-// at the multiples of 16 from 32 to 128 (kernels/attention.cuh, attention_mma_backward.cuh).
+// at the multiples of 16 from 32 to 128, its swizzled dK/dV at 128 (kernels/attention.cuh,
+// attention_mma_backward.cuh).
 TEST_CASE("step cost: the attention SASS table covers the dispatch's head dims, with the kernels' HMMA counts",
           "[step_cost]") {
     int rows = 0;
     for (const pv::AttentionTileSass& a : pv::kAttentionTileSass) {
         INFO(a.kernel << " hd " << a.head_dim);
         const std::string k = a.kernel;
-        const double hmma_per_hd = k == "forward" ? 1.0 : k == "dkv" ? 2.0 : 1.5;
+        const double hmma_per_hd = k == "forward" ? 1.0 : k.starts_with("dkv") ? 2.0 : 1.5;
         CHECK(a.hmma == hmma_per_hd * a.head_dim);
         CHECK(a.instructions > a.hmma);
         CHECK(a.masked_instructions >= a.instructions);  // the masked body does what the other does, and masks
         ++rows;
     }
-    CHECK(rows == 2 + 2 * 7);
+    CHECK(rows == 2 + 2 * 7 + 1);  // and the swizzled dK/dV at hd 128 (kernels/attention_mma_blocks.h)
+    for (int hd = 32; hd <= 128; hd += 16)
+        CHECK((pv::attention_tile_instructions("dkv-swizzled", hd) > 0) == pv::attention_mma_dkv_has_swizzled(hd));
     for (int hd : {64, 128}) CHECK(pv::attention_tile_instructions("forward", hd) > 0);
     for (int hd = 32; hd <= 128; hd += 16) {
         CHECK(pv::attention_tile_instructions("dkv", hd) > 0);
@@ -464,33 +467,59 @@ TEST_CASE("step cost: an attention grid's blocks and their time", "[step_cost]")
     CHECK(b[2].blocks[0].blocks == 2 * 4);  // dQ: a block per (query tile, head, batch)
 }
 
-// Where a block cannot launch, the dispatch and the model both run the CUDA-core backward: the
-// dK/dV block at hd 128 takes 105,984 bytes of shared memory, more than sm_89's 99 KiB.
-TEST_CASE("step cost: the RTX 6000 Ada runs the CUDA-core backward at hd 128", "[step_cost]") {
-    CHECK(pv::attention_mma_backward_fits(128, 227 * 1024));
-    CHECK_FALSE(pv::attention_mma_backward_fits(128, 99 * 1024));
-    CHECK(pv::attention_mma_backward_fits(112, 99 * 1024));
-    CHECK(pv::attention_mma_forward_fits(128, 99 * 1024));
+// Where the padded dK/dV block cannot launch (at hd 128 it takes 105,984 bytes of shared memory,
+// more than sm_89's 99 KiB) the dispatch and the model both run it with swizzled rows (99,840
+// bytes); where not even that fits, both run the CUDA-core backward.
+TEST_CASE("step cost: the RTX 6000 Ada runs the dK/dV kernel with swizzled rows at hd 128", "[step_cost]") {
+    using pv::AttentionMmaRows;
+    const size_t h100 = 227 * 1024, ada = 99 * 1024, less = 96 * 1024;
+    CHECK(pv::attention_mma_dkv_rows(128, h100) == AttentionMmaRows::padded);
+    CHECK(pv::attention_mma_dkv_rows(128, ada) == AttentionMmaRows::swizzled);
+    CHECK(pv::attention_mma_dkv_rows(112, ada) == AttentionMmaRows::padded);
+    CHECK(pv::attention_mma_dkv_rows(64, less) == AttentionMmaRows::padded);
+    CHECK(pv::attention_mma_backward_fits(128, h100));
+    CHECK(pv::attention_mma_backward_fits(128, ada));
+    CHECK_FALSE(pv::attention_mma_backward_fits(128, less));  // 99,840 bytes even swizzled
+    CHECK(pv::attention_mma_backward_fits(112, ada));
+    CHECK(pv::attention_mma_forward_fits(128, ada));
     pv::StepShape s;
     s.config = pv::preset("llama-3.1-8b"), s.batch = 1, s.seq_len = 1024, s.lora.rank = 8;
-    const pv::Device ada = pv::rtx_6000_ada();
-    int mma_backward = 0, cuda_core_backward = 0, mma_forward = 0;
-    for (const pv::KernelCost& k : pv::step_kernels(s, pv::KernelSet::now, ada)) {
-        mma_backward += k.kernel == "attention_mma_dkv_kernel";
-        cuda_core_backward += k.kernel == "attention_backward_dkv_kernel";
-        mma_forward += k.kernel == "attention_mma_forward_kernel";
-        CHECK(pv::predicted_seconds(k, ada) > 0);
-    }
-    CHECK(mma_backward == 0);
-    CHECK(cuda_core_backward > 0);
-    CHECK(mma_forward > 0);
-    // On the H100 the same step runs the tensor-core backward; priced on the Ada anyway, its dK/dV
-    // kernel is refused by name.
-    for (const pv::KernelCost& k : pv::step_kernels(s, pv::KernelSet::now))
-        if (k.kernel == "attention_mma_dkv_kernel")
-            CHECK_THROWS_WITH(pv::predicted_seconds(k, ada),
-                              Catch::Contains("attention_mma_dkv_kernel cannot launch on the RTX 6000 Ada") &&
-                                  Catch::Contains("105984 bytes of shared memory"));
+    const auto dkv_kernels = [&](const pv::Device& d) {
+        std::vector<pv::KernelCost> dkv;
+        int cuda_core_backward = 0, mma_forward = 0;
+        for (const pv::KernelCost& k : pv::step_kernels(s, pv::KernelSet::now, d)) {
+            if (k.kernel == "attention_mma_dkv_kernel") dkv.push_back(k);
+            cuda_core_backward += k.kernel == "attention_backward_dkv_kernel";
+            mma_forward += k.kernel == "attention_mma_forward_kernel";
+            CHECK(pv::predicted_seconds(k, d) > 0);
+        }
+        CHECK(mma_forward > 0);
+        CHECK((cuda_core_backward > 0) == dkv.empty());
+        return dkv;
+    };
+    const pv::Device on_ada = pv::rtx_6000_ada();
+    const auto swizzled = dkv_kernels(on_ada), padded = dkv_kernels(pv::Device{});
+    REQUIRE(swizzled.size() == padded.size());
+    REQUIRE_FALSE(padded.empty());
+    // Same blocks, each priced with the swizzled kernel's instructions, registers and shared memory.
+    const int interior = pv::attention_tile_instructions("dkv-swizzled", 128),
+              masked = pv::attention_tile_instructions("dkv-swizzled", 128, true);
+    REQUIRE(interior > pv::attention_tile_instructions("dkv", 128));
+    const int n = 1024 / 64, group = 32 / 8;
+    CHECK(swizzled[0].block_shared == pv::attention_mma_dkv_smem_bytes(128, AttentionMmaRows::swizzled));
+    CHECK(swizzled[0].block_registers == pv::attention_kernel_registers("dkv-swizzled", 128));
+    CHECK(padded[0].block_shared == pv::attention_mma_dkv_smem_bytes(128));
+    REQUIRE(swizzled[0].blocks.size() == size_t(n));
+    for (int z = 0; z < n; ++z)  // key tile z: n − z query tiles of each of the group's query heads
+        CHECK(swizzled[0].blocks[size_t(z)].work == 4.0 * group * ((n - z - 1) * interior + masked));
+    // The H100's padded kernel priced on the Ada is refused by name.
+    CHECK_THROWS_WITH(pv::predicted_seconds(padded[0], on_ada),
+                      Catch::Contains("attention_mma_dkv_kernel cannot launch on the RTX 6000 Ada") &&
+                          Catch::Contains("105984 bytes of shared memory"));
+    // Below even the swizzled block, the CUDA-core backward.
+    pv::Device smaller = on_ada;
+    smaller.sm.shared_bytes_per_block = less;
+    CHECK(dkv_kernels(smaller).empty());
 }
 
 // Today's kernels are priced by their own instructions: the forward's time at the 1B shape is its

@@ -19,6 +19,11 @@ namespace pv {
     template __global__ void attention_mma_dq_kernel<HD, PATH>(const __nv_bfloat16*, const int*, const __nv_bfloat16*, \
                                                                const float*, const float*, __nv_bfloat16*, int, int,   \
                                                                int);
+// The dK/dV kernel with swizzled shared rows (the head dims attention_mma_dkv_has_swizzled names).
+#define POLEVAULT_ATTENTION_DKV_SWIZZLED_BODY(HD, PATH)                                                               \
+    template __global__ void attention_mma_dkv_kernel<HD, PATH, AttentionMmaRows::swizzled>(                          \
+        const __nv_bfloat16*, const int*, const __nv_bfloat16*, const float*, const float*, __nv_bfloat16*, int, int, \
+        int);
 #define POLEVAULT_ATTENTION_FORWARD_BODIES(HD) \
     POLEVAULT_ATTENTION_FORWARD_BODY(HD, 1)    \
     POLEVAULT_ATTENTION_FORWARD_BODY(HD, 2)
@@ -35,5 +40,7 @@ POLEVAULT_ATTENTION_BACKWARD_BODIES(80)
 POLEVAULT_ATTENTION_BACKWARD_BODIES(96)
 POLEVAULT_ATTENTION_BACKWARD_BODIES(112)
 POLEVAULT_ATTENTION_BACKWARD_BODIES(128)
+POLEVAULT_ATTENTION_DKV_SWIZZLED_BODY(128, 1)
+POLEVAULT_ATTENTION_DKV_SWIZZLED_BODY(128, 2)
 
 }  // namespace pv
