@@ -51,9 +51,11 @@
 // of the rows' windows starting inside the keys), and a masked one for the others. In that one a
 // warp skips a 16×16 chunk in which none of its elements is in a window (one vote: no work, the
 // same result, since masked elements add exact zeros), and masks each remaining element by its
-// own row's window and by T. Per warp and tile pair at hd 64 (sm_90, model/attention_sass.h):
-// dK/dV 640 instructions interior, 828 masked; dQ 386 and 624. dK/dV's steps (query head, query
-// tile) advance by additions, not by a division and a remainder of the step index (686 before).
+// own row's window and by T. The interior body's four chunks are written out where that costs no
+// blocks per SM and no spills (attention_mma_chunks). Per warp and tile pair at hd 64 (sm_90,
+// model/attention_sass.h): dK/dV 547 instructions interior, 828 masked; dQ 375 and 624. dK/dV's
+// steps (query head, query tile) advance by additions, not by a division and a remainder of the
+// step index.
 // Heavy tiles first: the grid puts the tile index in z (the slowest), and
 // causal attention's heaviest tiles (dK/dV: the first key tiles; dQ: the last query tiles) get the
 // lowest block indices.
@@ -79,7 +81,8 @@
 // (kernels/attention_mma_blocks.h). dK/dV at hd 128 is over the 99 KiB (101,376 bytes) a block may
 // have on sm_86 and sm_89: there it runs with swizzled rows (99,840 bytes), the same products in the
 // same order (the same bits), for 19% more instructions per interior tile pair (1,078 against 904 at
-// sm_90: the lanes' swizzled column offsets are recomputed per chunk, model/attention_sass.h).
+// sm_90: the lanes' swizzled column offsets are recomputed per chunk, and written out the chunks
+// spill there; model/attention_sass.h).
 #pragma once
 
 #include "kernels/attention_mma_blocks.h"
@@ -91,6 +94,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <type_traits>
+#include <utility>
 
 namespace pv {
 
@@ -203,6 +207,20 @@ __device__ inline void attention_mma_store_rows(__nv_bfloat16* dst, long long st
     }
 }
 
+// Calls chunk(c0, tag) for the tile's four chunks of 16 rows, c0 = 0, 16, 32, 48: a loop, or with
+// kUnroll written out (a fold; no pragma, so the host compiler runs the same code). Written out,
+// each chunk's shared-memory addresses are constant offsets from registers set once a tile, and the
+// compiler may keep operands that do not depend on the chunk (the dK/dV kernel's K and V fragments)
+// across all four: fewer instructions, more registers.
+template <bool kUnroll, class Chunk, class Tag>
+__device__ inline void attention_mma_chunks(Chunk&& chunk, Tag tag) {
+    if constexpr (kUnroll) [&]<int... C>(std::integer_sequence<int, C...>) {
+            (chunk(16 * C, tag), ...);
+        }
+    (std::make_integer_sequence<int, kAttentionMmaTile / 16>{});
+    else for (int c0 = 0; c0 < kAttentionMmaTile; c0 += 16) chunk(c0, tag);
+}
+
 // ---- dK, dV ------------------------------------------------------------------------------------
 
 // Block (KV head, batch, key tile), 4 warps; warp w owns key rows k0 + 16w .. + 15. Shared: K, V,
@@ -220,6 +238,10 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
     static_assert(Rows == AttentionMmaRows::padded || kAttentionMmaDkvHasSwizzled<HD>,
                   "no swizzled dK/dV at this head dim");
     constexpr bool kKvInRegisters = HD <= 64;
+    // The interior body's chunks written out (attention_mma_chunks) where ptxas then keeps the blocks
+    // per SM and spills nothing: at hd 64, 640 → 547 instructions per tile pair, 168 registers either
+    // way. At hd 80 it took 243 registers (3 blocks per SM → 2), at 112 and 128 it spilled.
+    constexpr bool kUnrollInterior = HD <= 64 || HD == 96;
     const int kvh = blockIdx.x, b = blockIdx.y, k0 = int(blockIdx.z) * Bt;  // key tile 0 first: the heaviest
     const int group = H / Hkv;
     const long long stride = (long long)(H + 2 * Hkv) * HD, dstride = (long long)H * HD;
@@ -381,9 +403,9 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
             interior = lo_max <= k0 + kw;
         }
         if (Path == 1 || (Path == 0 && interior))
-            for (int c0 = 0; c0 < Bt; c0 += 16) chunk(c0, std::false_type{});
+            attention_mma_chunks<kUnrollInterior>(chunk, std::false_type{});
         else
-            for (int c0 = 0; c0 < Bt; c0 += 16) chunk(c0, std::true_type{});
+            attention_mma_chunks<false>(chunk, std::true_type{});
         __syncthreads();  // every warp is done with this buffer before step s + 2's copies land in it
         now = next_step(now);
     }
@@ -405,6 +427,10 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
                             const float* D, __nv_bfloat16* dqkv, int T_len, int H, int Hkv) {
     using bf16 = __nv_bfloat16;
     constexpr int Bt = kAttentionMmaTile, LD = attention_mma_ld<HD>(), KS = HD / 16;
+    // The interior body's chunks written out (attention_mma_chunks) at every head dim but 112, where
+    // ptxas then spilled: at hd 128, 610 → 561 instructions per tile pair (222 → 255 registers, 2 blocks
+    // per SM either way); at hd 64, 386 → 375.
+    constexpr bool kUnrollInterior = HD != 112;
     const int h = blockIdx.x, b = blockIdx.y;
     const int q0 = (int(gridDim.z) - 1 - int(blockIdx.z)) * Bt;  // the last query tile first: the heaviest
     const int kvh = h / (H / Hkv);
@@ -516,9 +542,9 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
             attention_mma_accumulate<HD>(dq, dp, K, c0);  // dQ += dS·K
         };
         if (Path == 1 || (Path == 0 && k0 >= interior_s[2 * warp] && k0 + Bt - 1 <= interior_s[2 * warp + 1]))
-            for (int c0 = 0; c0 < Bt; c0 += 16) chunk(c0, std::false_type{});
+            attention_mma_chunks<kUnrollInterior>(chunk, std::false_type{});
         else
-            for (int c0 = 0; c0 < Bt; c0 += 16) chunk(c0, std::true_type{});
+            attention_mma_chunks<false>(chunk, std::true_type{});
         __syncthreads();  // every warp is done with this buffer before the tile after next lands in it
     }
 
