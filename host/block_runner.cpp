@@ -492,6 +492,20 @@ LaneWords warp_exchange(WarpExchangeFn combine, const char* name, const LaneWord
 
 unsigned current_lane() { return runner.current->lane; }
 
+bool bank_conflict_check() {
+    static const bool check = [] {
+        const char* env = std::getenv("POLEVAULT_HOST_BANK_CONFLICTS");
+        return env && *env && std::strcmp(env, "0") != 0;
+    }();
+    return check;
+}
+
+void report_bank_conflicts(unsigned extra, const char* what, std::source_location site) {
+    report("warp " + std::to_string(runner.current->linear / 32) + ": " + what + " at " + site_text(site) +
+           " has shared-memory bank conflicts: its 8-row matrices take " + std::to_string(extra) +
+           " wavefront(s) more than one each (rows of one matrix on the same banks; pad or swizzle the rows)");
+}
+
 void check_aligned_16(const void* p, const char* what, std::source_location site) {
     if (reinterpret_cast<uintptr_t>(p) % 16 == 0) return;
     report("thread " + std::to_string(runner.current->linear) + ": " + what + " address " + hex_pointer(p) + " at " +

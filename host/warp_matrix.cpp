@@ -17,6 +17,7 @@
 // 2(l % 4) + 1 of the matrix as stored.
 #include "host/warp_matrix.h"
 
+#include <algorithm>
 #include <bit>
 
 namespace pv::host {
@@ -76,8 +77,40 @@ void mma_m16n8k16(const LaneWords* in, LaneWords* out) {
 void mma_m16n8k16_bf16_combine(const LaneWords* in, LaneWords* out) { mma_m16n8k16<&bf16_value>(in, out); }
 void mma_m16n8k16_f16_combine(const LaneWords* in, LaneWords* out) { mma_m16n8k16<&f16_value>(in, out); }
 
+// The shared-memory wavefronts beyond one per 8-row matrix that an ldmatrix takes: per matrix, the
+// most distinct 4-byte words among its rows' 32 that fall on one of the 32 banks (word address
+// mod 32), less one. Lane 8j + i's words 4 and 5 hold the address of row i of matrix j. The count
+// is the same wherever the shared memory starts: a common offset only renames the banks.
+template <int Count>
+unsigned ldmatrix_extra_wavefronts(const LaneWords* in) {
+    unsigned extra = 0;
+    for (int j = 0; j < Count; ++j) {
+        uint64_t words[32];
+        for (int i = 0; i < 8; ++i) {
+            const LaneWords& row = in[8 * j + i];
+            const uint64_t address = uint64_t(row.w[4]) | uint64_t(row.w[5]) << 32;
+            for (int k = 0; k < 4; ++k) words[4 * i + k] = address / 4 + uint64_t(k);
+        }
+        unsigned worst = 1;
+        for (unsigned bank = 0; bank < 32; ++bank) {
+            unsigned distinct = 0;
+            for (int a = 0; a < 32; ++a) {
+                if (words[a] % 32 != bank) continue;
+                bool seen = false;
+                for (int b = 0; b < a && !seen; ++b) seen = words[b] == words[a];
+                distinct += !seen;
+            }
+            worst = std::max(worst, distinct);
+        }
+        extra += worst - 1;
+    }
+    return extra;
+}
+
 template <int Count, bool Trans>
 void ldmatrix_combine(const LaneWords* in, LaneWords* out) {
+    const unsigned extra = bank_conflict_check() ? ldmatrix_extra_wavefronts<Count>(in) : 0;
+    for (unsigned l = 0; l < 32; ++l) out[l].w[4] = extra;
     for (unsigned l = 0; l < 32; ++l)
         for (unsigned j = 0; j < unsigned(Count); ++j) {
             const unsigned row = l / 4, col = 2 * (l % 4);  // of the matrix as the lane receives it

@@ -14,6 +14,10 @@
 // - ldmatrix and cp.async check that addresses are 16-byte aligned and that shared-memory
 //   operands are not global or local memory (when that can be known: dynamic shared memory,
 //   device allocations and the thread's own stack are known; static __shared__ is assumed).
+// - With POLEVAULT_HOST_BANK_CONFLICTS=1, an ldmatrix whose 8-row matrices do not each fit one
+//   shared-memory wavefront (two of its rows' 4-byte words on one of the 32 banks at different
+//   addresses: a bank conflict) is reported with its site. A tile layout's padding or swizzle
+//   exists to avoid exactly that, and its results are right either way, so only this shows it.
 // - cp.async is deferred: the source is read at issue, the destination is filled with 0xFF
 //   bytes at issue (its contents are undefined until the wait), and the copy lands only when
 //   cp_async_wait<N> retires its group (all committed groups but the N most recent). Copies not
@@ -49,6 +53,10 @@ void ldmatrix_combine(const LaneWords* in, LaneWords* out);
 
 // The calling emulated thread's lane (0-31).
 unsigned current_lane();
+// Whether POLEVAULT_HOST_BANK_CONFLICTS asks for ldmatrix's bank conflicts to be reported (read once).
+bool bank_conflict_check();
+// Reports (aborts) an ldmatrix whose matrices took `extra` wavefronts more than one each.
+[[noreturn]] void report_bank_conflicts(unsigned extra, const char* what, std::source_location site);
 // Aborts with a message naming `what` and `site` unless `p` is 16-byte aligned and may be
 // shared memory (see the top of this file).
 void check_shared_operand(const void* p, const char* what, std::source_location site);
@@ -90,9 +98,12 @@ inline void ldmatrix(uint32_t (&r)[Count], const void* smem_row, const char* nam
     if (current_lane() < 8u * Count) {  // only these lanes' addresses are read
         check_shared_operand(smem_row, name, site);
         std::memcpy(mine.w, smem_row, 16);
+        const auto address = uint64_t(reinterpret_cast<uintptr_t>(smem_row));  // for the bank check
+        mine.w[4] = uint32_t(address), mine.w[5] = uint32_t(address >> 32);
     }
     const LaneWords got = warp_exchange(&ldmatrix_combine<Count, Trans>, name, mine, site);
     for (int j = 0; j < Count; ++j) r[j] = got.w[j];
+    if (got.w[4] != 0 && current_lane() == 0) report_bank_conflicts(got.w[4], name, site);
 }
 }  // namespace host
 

@@ -12,6 +12,7 @@
 // Under ThreadSanitizer the suite shrinks to small shapes (kTsanBuild).
 #include "kernels/attention_instances.h"
 #include "test/check.h"
+#include "test/child_process.h"
 #include "test/gradcheck.h"
 #include "test/reference/attention.h"
 #include "test/reference/attention_bf16.h"
@@ -689,6 +690,33 @@ TEST_CASE("bf16 attention backward at hd 128 on a GPU with 99 KiB a block runs d
         REQUIRE(same_bits(small.dqkv, swizzled));
         check_against_reference<bf16>(s, positions ? 1802 : 1803, positions);
     }
+}
+
+// The tensor-core kernels' ldmatrix reads on every bank: padded rows (forward, dK/dV, dQ) and the
+// dK/dV kernel's swizzled ones give each 8-row matrix one wavefront. Their results are right
+// either way, so only the host's bank check (POLEVAULT_HOST_BANK_CONFLICTS) can show a layout
+// that conflicts; the child below runs the kernels under it, interior and masked tiles both.
+TEST_CASE("attention's tensor-core kernels under the bank check", "[.bank-check]") {
+    for (size_t hd : {64, 128}) {
+        const AttentionShape s{1, 130, 2, 1, hd};
+        const auto pos = document_positions({70, 3, 57}, s.T);
+        const auto qkv = random_vector<bf16>(s.B * s.T * s.width(), 1900 + hd, -2.0, 2.0);
+        const auto dout = random_vector<bf16>(s.B * s.T * s.H * s.hd, 1901 + hd);
+        const Run<bf16> got = run(qkv, dout, s, &pos);  // the forward and backward the dispatch picks
+        if (hd == 128)
+            REQUIRE(same_bits(got.dqkv, mma_backward_direct(qkv, dout, s, &pos, got, pv::AttentionMmaRows::swizzled)));
+    }
+}
+
+TEST_CASE("attention's tensor-core kernels read shared memory without bank conflicts",
+          "[host-only][kernels][attention]") {
+    if (kTsanBuild) return;  // the same kernels as the plain build, in which races are not the question
+    const pv::test::ChildResult child = pv::test::run_in_child("attention's tensor-core kernels under the bank check",
+                                                               {{"POLEVAULT_HOST_BANK_CONFLICTS", "1"}});
+    INFO(child.output);
+    REQUIRE_FALSE(child.timed_out);
+    REQUIRE_FALSE(child.died);
+    REQUIRE(child.output.find("Passed 1 test case") != std::string::npos);
 }
 
 TEST_CASE("bf16 attention backward with buffers the tensor cores cannot take falls back and stays right",

@@ -537,6 +537,55 @@ TEST_CASE("planted: cp.async never waited for", "[.planted]") {
     CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+// Matrix j's rows `stride` 16-bit elements apart in shared memory (lane 8j + i names row i of
+// matrix j, ldmatrix.x4): 64 (128 bytes) puts all 8 rows of a matrix on the same 4 banks, an
+// 8-way conflict; 72 (144 bytes, a row padded by 16 bytes) puts them on all 32 banks, as do 64
+// with the rows' 16-byte pieces swizzled (row i's piece c at c ^ i, kernels/mma.cuh shared_piece).
+__global__ void ldmatrix_rows_apart(const uint16_t* m, uint32_t* out, int stride, bool swizzled) {
+    __shared__ __align__(16) uint16_t s[32 * 72];
+    for (unsigned i = threadIdx.x; i < 32 * 72; i += 32) s[i] = m[i];
+    __syncwarp();
+    const unsigned row = threadIdx.x;  // 0-31: matrix row / 8, its row row % 8; piece 1 of the row
+    const unsigned piece = swizzled ? 1u ^ (row % 8) : 1u;
+    uint32_t r[4];
+    ldmatrix_x4(r, &s[row * unsigned(stride) + 8 * piece]);
+    for (int j = 0; j < 4; ++j) out[4 * threadIdx.x + unsigned(j)] = r[j];
+}
+
+void run_ldmatrix_rows_apart(int stride, bool swizzled) {
+    std::vector<uint16_t> bits(32 * 72);
+    std::mt19937 rng(5150);
+    for (auto& x : bits) x = uint16_t(rng());
+    DeviceArray<uint16_t> m(bits);
+    DeviceArray<uint32_t> out(128);
+    launch(ldmatrix_rows_apart, dim3(1), dim3(32), 0, nullptr, m.get(), out.get(), stride, swizzled);
+    CUDA_CHECK(cudaDeviceSynchronize());
+}
+TEST_CASE("planted: ldmatrix rows on the same banks", "[.planted]") { run_ldmatrix_rows_apart(64, false); }
+TEST_CASE("ldmatrix rows padded or swizzled onto every bank", "[.bank-check]") {
+    run_ldmatrix_rows_apart(72, false);
+    run_ldmatrix_rows_apart(64, true);
+}
+
+TEST_CASE("ldmatrix's bank conflicts are reported under POLEVAULT_HOST_BANK_CONFLICTS, and only there",
+          "[host-only][planted][mma]") {
+    const Environment check = {{"POLEVAULT_HOST_BANK_CONFLICTS", "1"}};
+    const ChildResult bug = run_in_child("planted: ldmatrix rows on the same banks", check);
+    INFO(bug.output);
+    REQUIRE_FALSE(bug.timed_out);
+    REQUIRE(bug.died);
+    CHECK(bug.output.find("ldmatrix.x4 at") != std::string::npos);
+    CHECK(bug.output.find("test_warp_mma.cu:") != std::string::npos);
+    CHECK(bug.output.find("bank conflicts: its 8-row matrices take 28 wavefront(s) more") != std::string::npos);
+    CHECK(bug.output.find("ldmatrix_rows_apart") != std::string::npos);
+    const ChildResult padded = run_in_child("ldmatrix rows padded or swizzled onto every bank", check);
+    INFO(padded.output);
+    CHECK_FALSE(padded.died);
+    const ChildResult unchecked = run_in_child("planted: ldmatrix rows on the same banks");
+    INFO(unchecked.output);
+    CHECK_FALSE(unchecked.died);
+}
+
 TEST_CASE("misused warp matrix instructions are reported with the kernel's line", "[host-only][planted][mma]") {
     const std::pair<const char*, std::vector<const char*>> cases[] = {
         {"planted: ldmatrix unaligned", {"ldmatrix.x1 address", "is not 16-byte aligned", "test_warp_mma.cu:"}},
