@@ -214,11 +214,12 @@ __device__ inline void attention_mma_store_rows(__nv_bfloat16* dst, long long st
 // across all four: fewer instructions, more registers.
 template <bool kUnroll, class Chunk, class Tag>
 __device__ inline void attention_mma_chunks(Chunk&& chunk, Tag tag) {
-    if constexpr (kUnroll) [&]<int... C>(std::integer_sequence<int, C...>) {
-            (chunk(16 * C, tag), ...);
-        }
-    (std::make_integer_sequence<int, kAttentionMmaTile / 16>{});
-    else for (int c0 = 0; c0 < kAttentionMmaTile; c0 += 16) chunk(c0, tag);
+    if constexpr (kUnroll) {
+        const auto each = [&]<int... C>(std::integer_sequence<int, C...>) { (chunk(16 * C, tag), ...); };
+        each(std::make_integer_sequence<int, kAttentionMmaTile / 16>{});
+    } else {
+        for (int c0 = 0; c0 < kAttentionMmaTile; c0 += 16) chunk(c0, tag);
+    }
 }
 
 // ---- dK, dV ------------------------------------------------------------------------------------

@@ -652,7 +652,8 @@ TEST_CASE("bf16 attention backward at hd 128 on a GPU with 99 KiB a block runs d
     // ones, which compute the same products in the same order. So: both layouts called directly give
     // the same bits, and on a device with that limit (the host platform told so by
     // POLEVAULT_HOST_SHARED_OPTIN; a real GPU keeps its own) the public path takes the tensor cores
-    // with the swizzled rows, gives those bits, and meets the fp64 reference.
+    // with the swizzled rows, gives those bits (the CUDA-core kernels round differently, and the
+    // padded block could not launch), and meets the fp64 reference.
     constexpr size_t kAdaShared = 99 * 1024;
     static_assert(pv::attention_mma_dkv_smem_bytes(128) > kAdaShared &&
                   pv::attention_mma_dkv_smem_bytes(128, pv::AttentionMmaRows::swizzled) <= kAdaShared);
