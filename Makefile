@@ -14,8 +14,9 @@
 #   make fuzz             a libFuzzer target per file reader, each run FUZZ_SECONDS (default 10)
 #   make fuzz-long        the same targets to 10^6 executions each (whoever touches a reader runs it)
 #   make bench            build and run the benchmarks
-#   make ptxas-report     registers, shared memory and spills of every kernel for sm_90, and the
-#                         attention kernels' tile loops by instruction class
+#   make ptxas-report     registers, shared memory and spills of every kernel for sm_90 (and of
+#                         the attention kernels for sm_80), and the attention kernels' tile loops
+#                         by instruction class, for both
 #   make attention-sass   rewrite model/attention_sass.h (the performance model's attention
 #                         instruction counts) from the kernels' SASS; make sass-check compares
 #   make format           clang-format (.clang-format) over every C++/CUDA source

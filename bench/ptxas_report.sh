@@ -7,7 +7,10 @@
 #   bandwidth-bound kernel (VECTOR_KERNELS) has no 128-bit global load (LDG.E.128): the SASS, read
 #   with cuobjdump -sass, shows whether the code does what the performance model assumes;
 # - the tensor-core attention kernels' tile loops cannot be counted (bench/attention_sass.py, which
-#   prints each one's instructions per warp and tile by class, per HMMA, and its issue ceiling).
+#   prints each one's instructions per warp and tile by class, per HMMA, and its issue ceiling);
+# - an attention kernel programs run spills when compiled for sm_80 (bench/sass/attention_variants.cu
+#   is compiled for sm_80 too: the SASS an A100 runs and, by binary compatibility, the sm_86/sm_89
+#   GPUs; attention_sass.py counts it as well), but for the ones SM80_SPILLS_ALLOWED names.
 # cuobjdump is not in the toolkit image: it is installed from PyPI (nvidia-cuda-cuobjdump, pinned)
 # into build/sass-tools on first use; set CUOBJDUMP to use another.
 #
@@ -52,6 +55,14 @@ for i in "${!sources[@]}"; do
   "${NVCC[@]}" "${flags[@]}" -gencode arch=compute_90,code=sm_90 -Xptxas -v -c "${sources[$i]}" -o "$work/k$i.o" \
     2>> "$work/ptxas.log"
 done
+# The attention kernels for sm_80 as well, when their single-body variants are among the sources.
+sm80_source=bench/sass/attention_variants.cu
+sm80=false
+for source in "${sources[@]}"; do [[ "$source" == "$sm80_source" ]] && sm80=true; done
+if $sm80; then
+  "${NVCC[@]}" "${flags[@]}" -gencode arch=compute_80,code=sm_80 -Xptxas -v -c "$sm80_source" -o "$work/a80.o" \
+    2> "$work/ptxas80.log"
+fi
 
 # cuobjdump (and the nvdisasm it runs): from $CUOBJDUMP, or pinned wheels in a virtual environment
 # in build/sass-tools (Debian's python3 has no pip of its own; python3-venv gives the environment one).
@@ -70,6 +81,7 @@ if [[ -z "${CUOBJDUMP:-}" ]]; then
 fi
 # Per function: HMMA instructions and 128-bit global loads.
 for i in "${!sources[@]}"; do "$CUOBJDUMP" -sass "$work/k$i.o"; done > "$work/k.sass"
+if $sm80; then "$CUOBJDUMP" -sass "$work/a80.o" > "$work/k80.sass"; fi
 awk '
   /Function : / { fn = $NF; hmma[fn] += 0; ldg[fn] += 0 }
   /HMMA/ { hmma[fn]++ }
@@ -87,7 +99,10 @@ for i in "${!sources[@]}"; do "$CUOBJDUMP" -elf "$work/k$i.o"; done |
        /EIATTR_MAX_THREADS/ { bound = 1; next }
        bound && /Value:/ { print name, hex($2) * hex($3) * hex($4); bound = 0 }' | sort -u > "$work/bounds"
 
-awk -v bounds="$work/bounds" -v sass="$work/sass" '
+# Per kernel of a ptxas log: mangled name, registers, static shared memory, spilled bytes, launch
+# bound, HMMA and 128-bit global loads (the last three from the files named, /dev/null for none).
+kernel_table() {  # LOG BOUNDS SASS_SUMMARY
+  awk -v bounds="$2" -v sass="$3" '
   BEGIN { while ((getline line < bounds) > 0) { split(line, f, " "); maxntid[f[1]] = f[2] }
           while ((getline line < sass) > 0) { split(line, f, " "); hmma[f[1]] = f[2]; ldg[f[1]] = f[3] } }
   /Compiling entry function/ { match($0, /'"'"'[^'"'"']+'"'"'/); fn = substr($0, RSTART + 1, RLENGTH - 2) }
@@ -96,7 +111,10 @@ awk -v bounds="$work/bounds" -v sass="$work/sass" '
     regs = $0; sub(/.*Used /, "", regs); sub(/ registers.*/, "", regs)
     smem = 0; if (match($0, /[0-9]+ bytes smem/)) { smem = substr($0, RSTART); sub(/ bytes smem.*/, "", smem) }
     print fn, regs, smem, spill[fn] + 0, (fn in maxntid) ? maxntid[fn] : 0, hmma[fn] + 0, ldg[fn] + 0
-  }' "$work/ptxas.log" | sort -u > "$work/table"
+  }' "$1" | sort -u
+}
+kernel_table "$work/ptxas.log" "$work/bounds" "$work/sass" > "$work/table"
+if $sm80; then kernel_table "$work/ptxas80.log" /dev/null /dev/null > "$work/table80"; fi
 
 failures=0
 printf "%-6s %5s %8s %6s %7s %9s %10s %5s %8s  %s\n" "dtype" "regs" "smem(B)" "spill" "bounds" "warps/SM" "blocks/SM" "HMMA" "LDG.128" "kernel (sm_90)"
@@ -147,13 +165,43 @@ for pattern in $TENSOR_CORE_KERNELS $VECTOR_KERNELS; do
     echo "ptxas-report: no kernel matches '$pattern'"; failures=$((failures + 1))
   fi
 done
+# sm_80: the attention kernels programs run (Path 0) must not spill there either, but for those
+# SM80_SPILLS_ALLOWED names (extended regular expressions against the demangled name, '~' a space):
+# at hd 112, a head dim no Llama-family checkpoint has, dK/dV spills 20 bytes and dQ 4 (nvcc 13),
+# a few local loads and stores per tile pair of some 900 and 600 instructions (test_attention
+# checks the kernels' results; attention_sass.py counts their single-body variants). The
+# single-body variants are instruments, not programs: a spill there is listed, not failed (their
+# counts include its local loads and stores).
+SM80_SPILLS_ALLOWED="${SM80_SPILLS_ALLOWED-attention_mma_dkv_kernel<112,~0, attention_mma_dq_kernel<112,~0>}"
+if $sm80; then
+  echo
+  printf "%5s %6s  %s\n" "regs" "spill" "attention kernel (sm_80)"
+  while read -r mangled regs smem spill bound hmma ldg; do
+    name=$(echo "$mangled" | c++filt)
+    [[ "$name" =~ attention_mma_(forward|dkv|dq)_kernel\<[0-9]+,\ ([0-9]) ]] || continue
+    verdict=""
+    if [[ "${BASH_REMATCH[2]}" != 0 ]]; then
+      [[ "$spill" -gt 0 ]] && verdict="  (a single-body variant: spills, counted)"
+    elif [[ "$spill" -gt 0 ]]; then
+      verdict="  <- SPILLS"
+      for pattern in $SM80_SPILLS_ALLOWED; do
+        [[ "$name" =~ ${pattern//\~/ } ]] && verdict="  (spills: allowed, SM80_SPILLS_ALLOWED)"
+      done
+      [[ "$verdict" == *"<-"* ]] && failures=$((failures + 1))
+    fi
+    printf "%5s %6s  %s%s\n" "$regs" "$spill" "$name" "$verdict"
+  done < "$work/table80"
+fi
+
 # The attention kernels' tile loops by instruction class, instructions per HMMA and the issue
 # ceiling (bench/attention_sass.py; it fails on an inner loop whose trip count it cannot know).
 echo
 if [[ ${#attention_header[@]} -gt 0 ]]; then
   attention_header+=(--compiler "$("$CUDA_HOME/bin/nvcc" --version | tail -n 1)")
 fi
-python3 bench/attention_sass.py "$work/k.sass" --registers "$work/table" "${attention_header[@]}" || failures=$((failures + 1))
+attention_sass=(90="$work/k.sass" --registers 90="$work/table")
+if $sm80; then attention_sass+=(80="$work/k80.sass" --registers 80="$work/table80"); fi
+python3 bench/attention_sass.py "${attention_sass[@]}" "${attention_header[@]}" || failures=$((failures + 1))
 if [[ $failures -gt 0 ]]; then
   echo "ptxas-report: $failures problem(s)"; exit 1
 fi

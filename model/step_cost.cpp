@@ -80,6 +80,7 @@ Device rtx_6000_ada() {
     d.clock_hz = 2.505e9;
     d.link_bytes_per_s = 32e9;
     d.link = "PCIe 4.0 x16: 32 GB/s each way, no NVLink";
+    d.sass_arch = 80;
     return d;
 }
 
@@ -91,16 +92,22 @@ double predicted_seconds(const KernelCost& k, const Device& d) {
     return k.warp_instructions > 0 ? std::max(roofline, issue_seconds(k, d)) : roofline;
 }
 
-int attention_tile_instructions(const std::string& kernel, int hd, bool masked) {
+namespace {
+const AttentionTileSass* attention_tile_sass(const std::string& kernel, int hd, int sass_arch) {
     for (const AttentionTileSass& a : kAttentionTileSass)
-        if (kernel == a.kernel && hd == a.head_dim) return masked ? a.masked_instructions : a.instructions;
-    return 0;
+        if (kernel == a.kernel && hd == a.head_dim && sass_arch == a.sass_arch) return &a;
+    return nullptr;
+}
+}  // namespace
+
+int attention_tile_instructions(const std::string& kernel, int hd, bool masked, int sass_arch) {
+    const AttentionTileSass* a = attention_tile_sass(kernel, hd, sass_arch);
+    return !a ? 0 : masked ? a->masked_instructions : a->instructions;
 }
 
-int attention_kernel_registers(const std::string& kernel, int hd) {
-    for (const AttentionTileSass& a : kAttentionTileSass)
-        if (kernel == a.kernel && hd == a.head_dim) return a.registers;
-    return 0;
+int attention_kernel_registers(const std::string& kernel, int hd, int sass_arch) {
+    const AttentionTileSass* a = attention_tile_sass(kernel, hd, sass_arch);
+    return a ? a->registers : 0;
 }
 
 namespace {
@@ -279,10 +286,11 @@ void set_attention_issue(KernelCost& k, const char* kernel, int B, int T, int H,
                                               : attention_mma_dq_smem_bytes(hd);
 }
 namespace {
-// Today's kernels (model/attention_sass.h).
-void set_attention_issue_now(KernelCost& k, const char* kernel, int B, int T, int H, int Hkv, int hd) {
-    set_attention_issue(k, kernel, B, T, H, Hkv, hd, attention_tile_instructions(kernel, hd),
-                        attention_tile_instructions(kernel, hd, true), attention_kernel_registers(kernel, hd));
+// Today's kernels in the SASS for sass_arch (model/attention_sass.h).
+void set_attention_issue_now(KernelCost& k, const char* kernel, int B, int T, int H, int Hkv, int hd, int sass_arch) {
+    set_attention_issue(k, kernel, B, T, H, Hkv, hd, attention_tile_instructions(kernel, hd, false, sass_arch),
+                        attention_tile_instructions(kernel, hd, true, sass_arch),
+                        attention_kernel_registers(kernel, hd, sass_arch));
 }
 }  // namespace
 
@@ -305,12 +313,13 @@ std::vector<KernelCost> attention_forward_cuda_cores(int B, int T, int H, int Hk
 // Issue: each of a block's 4 warps runs the tile loop once per such pair, at
 // attention_tile_instructions("forward", hd) instructions a trip, the diagonal's at its masked
 // count (prologue and epilogue not counted).
-std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions) {
+std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions,
+                                          int sass_arch) {
     KernelCost k = attention_forward_cuda_cores(B, T, H, Hkv, hd, t, a, positions).front();
     k.kernel = "attention_mma_forward_kernel";
     k.flops = 4.0 * hd * (attention_tile_pairs(T) * 64.0 * 64.0) * B * H;
     k.roofline = Roofline::attention_mma;
-    set_attention_issue_now(k, "forward", B, T, H, Hkv, hd);
+    set_attention_issue_now(k, "forward", B, T, H, Hkv, hd, sass_arch);
     k.issue_efficiency = attention_issue_efficiency().forward;
     return {k};
 }
@@ -348,7 +357,7 @@ double mma_backward_pairs(int T) {
 // per score pair S, dP, dV and dK, P and dS in one bf16: 8·hd FLOPs) and attention_mma_dq_kernel
 // (the same reads, dq written; S, dP, dQ: 6·hd).
 std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions,
-                                           AttentionMmaRows dkv_rows) {
+                                           AttentionMmaRows dkv_rows, int sass_arch) {
     const double rows = double(B) * T, qo = rows * H * hd * t, kv = rows * Hkv * hd * t, stats = rows * H * a;
     const double pos = positions ? rows * 4 : 0, pairs = mma_backward_pairs(T) * B * H;
     std::vector<KernelCost> k = {
@@ -359,8 +368,9 @@ std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd,
                6.0 * hd * pairs, Roofline::attention_mma)};
     // Issue: every tile pair up to the diagonal, 4 warps each (the chunks above the diagonal that
     // the warps skip are counted: n·6/16 of n(n+1)/2 pairs' inner-loop trips, 2% at T = 2048).
-    set_attention_issue_now(k[1], dkv_rows == AttentionMmaRows::swizzled ? "dkv-swizzled" : "dkv", B, T, H, Hkv, hd);
-    set_attention_issue_now(k[2], "dq", B, T, H, Hkv, hd);
+    set_attention_issue_now(k[1], dkv_rows == AttentionMmaRows::swizzled ? "dkv-swizzled" : "dkv", B, T, H, Hkv, hd,
+                            sass_arch);
+    set_attention_issue_now(k[2], "dq", B, T, H, Hkv, hd, sass_arch);
     k[1].issue_efficiency = k[2].issue_efficiency = attention_issue_efficiency().backward;
     return k;
 }
@@ -650,9 +660,9 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set, const De
     // table lists: the dispatch's own instantiations, kernels/attention.cuh), else on CUDA cores.
     // The dispatch's choice (kernels/attention.cuh): tensor cores for bf16 at their head dims, where
     // the device lets their blocks have the shared memory they take.
-    const bool mma_forward = now && t == 2 && attention_tile_instructions("forward", hd) > 0 &&
+    const bool mma_forward = now && t == 2 && attention_tile_instructions("forward", hd, false, d.sass_arch) > 0 &&
                              attention_mma_forward_fits(hd, d.sm.shared_bytes_per_block);
-    const bool mma_backward = now && t == 2 && attention_tile_instructions("dkv", hd) > 0 &&
+    const bool mma_backward = now && t == 2 && attention_tile_instructions("dkv", hd, false, d.sass_arch) > 0 &&
                               attention_mma_backward_fits(hd, d.sm.shared_bytes_per_block);
     const auto block_forward = [&](std::vector<KernelCost>& k, double count, bool recompute) {
         std::vector<KernelCost> f;
@@ -660,7 +670,7 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set, const De
         append(f, cost::gemm(N, c.qkv_width(), C, t, false, "q, k, v projection"));
         append(f, cost::rope(N, H, hd, t, a, false, s.seq_len));
         append(f, cost::rope(N, Hkv, hd, t, a, false, s.seq_len));
-        append(f, mma_forward ? cost::attention_forward(s.batch, s.seq_len, H, Hkv, hd, t, a, false)
+        append(f, mma_forward ? cost::attention_forward(s.batch, s.seq_len, H, Hkv, hd, t, a, false, d.sass_arch)
                               : cost::attention_forward_cuda_cores(s.batch, s.seq_len, H, Hkv, hd, t, a, false));
         append(f, cost::gemm(N, C, c.q_width(), t, false, "output projection"));
         // The block's closing residual add as the down GEMM's β = 1 (today's kernels only).
@@ -734,7 +744,7 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set, const De
     if (mma_backward) {
         append(k,
                cost::attention_backward(s.batch, s.seq_len, H, Hkv, hd, t, a, false,
-                                        attention_mma_dkv_rows(hd, d.sm.shared_bytes_per_block)),
+                                        attention_mma_dkv_rows(hd, d.sm.shared_bytes_per_block), d.sass_arch),
                layers);
     } else {  // the same D kernel, then the CUDA-core kernels
         append(k, {cost::attention_dot(double(s.batch) * s.seq_len, H, hd, t, a)}, layers);

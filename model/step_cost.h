@@ -82,6 +82,10 @@ struct Device {
     int sms = 132;                          // datasheet
     double clock_hz = 1.98e9;               // boost clock (the clock an H100 reports under load)
     SmLimits sm;                            // compute capability 9.0's
+    // The SASS of the CUDA build this GPU runs (the Makefile's SASS_ARCHS, 80 and 90: a GPU runs the
+    // newest one of its major version not above its compute capability), whose attention kernels'
+    // instruction counts and registers (model/attention_sass.h) price their issue.
+    int sass_arch = 90;
     // The link between two GPUs, one direction, as published (what a collective reaches of it is
     // the user's assumption, stated where it is used): NVLink 4, 900 GB/s both ways (datasheet).
     double link_bytes_per_s = 450e9;
@@ -95,8 +99,9 @@ struct Device {
 //   fp32 CUDA cores                      91.1 TFLOPS (datasheet: 18,176 cores · 2 · 2.505 GHz)
 //   memory                               960 GB/s (datasheet)
 //   SMs, clock                           142 at 2505 MHz boost (datasheet); the issue-bound
-//                                        attention kernels are priced with sm_90's instruction
-//                                        counts and the H100's issue efficiency
+//                                        attention kernels are priced with the sm_80 SASS's
+//                                        instruction counts and registers (compute capability 8.9
+//                                        runs the build's sm_80 code) and the H100's issue efficiency
 //   link                                 PCIe 4.0 x16: 32 GB/s each way (64 GB/s both, datasheet)
 //   per SM (compute capability 8.9)      65,536 registers, 100 KiB shared memory (99 KiB a block),
 //                                        1,536 threads, 24 blocks (CUDA C++ Programming Guide)
@@ -111,10 +116,11 @@ struct RooflineEfficiency {
 RooflineEfficiency roofline_efficiency(Roofline r);
 
 // The tensor-core attention kernels' issue-rate model. Instructions one warp issues per trip of a
-// kernel's tile loop ("forward", "dkv", "dq") at head dim hd, from model/attention_sass.h, through
-// an interior tile or (masked) one with masks (the diagonal's); 0 where the kernel has no such
-// instantiation (that head dim runs on the CUDA-core kernels).
-int attention_tile_instructions(const std::string& kernel, int hd, bool masked = false);
+// kernel's tile loop ("forward", "dkv", "dkv-swizzled", "dq") at head dim hd in the SASS for
+// sass_arch (Device::sass_arch), from model/attention_sass.h, through an interior tile or (masked)
+// one with masks (the diagonal's); 0 where the kernel has no such instantiation (that head dim runs
+// on the CUDA-core kernels).
+int attention_tile_instructions(const std::string& kernel, int hd, bool masked = false, int sass_arch = 90);
 // Seconds to issue `warp_instructions` at `efficiency` of the device's issue rate.
 double issue_seconds(double warp_instructions, double efficiency, const Device& d = {});
 // Seconds to issue an issue-bound kernel's instructions at its efficiency: its blocks dispatched
@@ -122,9 +128,10 @@ double issue_seconds(double warp_instructions, double efficiency, const Device& 
 // warp_instructions over the whole GPU's rate. Throws, naming the kernel and the limit, when one of
 // its blocks cannot launch on the device.
 double issue_seconds(const KernelCost& k, const Device& d = {});
-// Registers per thread of a tensor-core attention kernel ("forward", "dkv", "dq") at head dim hd
-// (model/attention_sass.h, from ptxas); 0 where it has no instantiation.
-int attention_kernel_registers(const std::string& kernel, int hd);
+// Registers per thread of a tensor-core attention kernel ("forward", "dkv", "dkv-swizzled", "dq") at
+// head dim hd in the SASS for sass_arch (model/attention_sass.h, from ptxas); 0 where it has no
+// instantiation.
+int attention_kernel_registers(const std::string& kernel, int hd, int sass_arch = 90);
 // The fraction of the issue rate the kernels reach, forward and backward (dK/dV and dQ), from
 // their one measurement: the seconds their instructions of then would take at the full issue rate
 // over the seconds they took (step_cost.cpp states the measurement and the counts).
@@ -145,8 +152,10 @@ std::vector<KernelCost> swiglu_backward(long long N, int F, int t);
 // table_rows: the distinct positions of the N rows (the RoPE table's rows read).
 std::vector<KernelCost> rope(long long N, int heads, int hd, int t, int a, bool positions, long long table_rows);
 std::vector<KernelCost> add(long long n, int t, const std::string& op = "residual add");
-// bf16 at head dims 64 and 128: the tensor-core forward.
-std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions);
+// bf16 at head dims 64 and 128: the tensor-core forward, its issue priced from the SASS for
+// sass_arch (Device::sass_arch).
+std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions,
+                                          int sass_arch = 90);
 // Sets k's issue-bound figures for a tensor-core attention kernel ("forward", "dkv", "dkv-swizzled",
 // "dq": model/attention_sass.h) at this
 // shape: its blocks in launch order, heaviest first (4 warps each, each running the tile loop once
@@ -160,9 +169,10 @@ void set_attention_issue(KernelCost& k, const char* kernel, int B, int T, int H,
 std::vector<KernelCost> attention_forward_cuda_cores(int B, int T, int H, int Hkv, int hd, int t, int a,
                                                      bool positions);
 // bf16 at a head dim that is a multiple of 16 from 32 to 128: the D kernel and the tensor-core kernels,
-// the dK/dV kernel's shared rows as the device allows (kernels/attention_mma_blocks.h).
+// the dK/dV kernel's shared rows as the device allows (kernels/attention_mma_blocks.h), their issue
+// priced from the SASS for sass_arch.
 std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions,
-                                           AttentionMmaRows dkv_rows = AttentionMmaRows::padded);
+                                           AttentionMmaRows dkv_rows = AttentionMmaRows::padded, int sass_arch = 90);
 // D = rowwise dO·O (attention_backward_dot_kernel) over `rows` rows of H heads: out and dout read, D
 // written; 16-byte loads where a row is whole 16-byte vectors (the model's buffers are aligned),
 // else a warp per row of one-element loads. `vectors` false prices the latter: the kernel of the

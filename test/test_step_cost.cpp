@@ -15,6 +15,7 @@
 #include <catch2/catch.hpp>
 
 #include <array>
+#include <map>
 #include <string>
 
 namespace step_cost_test {
@@ -314,26 +315,42 @@ TEST_CASE("step cost: the RTX 6000 Ada's figures", "[step_cost]") {
 // attention_mma_backward.cuh).
 TEST_CASE("step cost: the attention SASS table covers the dispatch's head dims, with the kernels' HMMA counts",
           "[step_cost]") {
-    int rows = 0;
+    std::map<int, int> rows;  // per SASS architecture
     for (const pv::AttentionTileSass& a : pv::kAttentionTileSass) {
-        INFO(a.kernel << " hd " << a.head_dim);
+        INFO("sm_" << a.sass_arch << " " << a.kernel << " hd " << a.head_dim);
         const std::string k = a.kernel;
         const double hmma_per_hd = k == "forward" ? 1.0 : k.starts_with("dkv") ? 2.0 : 1.5;
         CHECK(a.hmma == hmma_per_hd * a.head_dim);
         CHECK(a.instructions > a.hmma);
-        CHECK(a.masked_instructions >= a.instructions);  // the masked body does what the other does, and masks
-        ++rows;
+        CHECK(a.registers > 0);
+        CHECK(a.registers <= 255);
+        ++rows[a.sass_arch];
     }
-    CHECK(rows == 2 + 2 * 7 + 1);  // and the swizzled dK/dV at hd 128 (kernels/attention_mma_blocks.h)
-    for (int hd = 32; hd <= 128; hd += 16)
-        CHECK((pv::attention_tile_instructions("dkv-swizzled", hd) > 0) == pv::attention_mma_dkv_has_swizzled(hd));
-    for (int hd : {64, 128}) CHECK(pv::attention_tile_instructions("forward", hd) > 0);
-    for (int hd = 32; hd <= 128; hd += 16) {
-        CHECK(pv::attention_tile_instructions("dkv", hd) > 0);
-        CHECK(pv::attention_tile_instructions("dq", hd) > 0);
+    // The two architectures the CUDA build ships (the Makefile's SASS_ARCHS), each with every kernel:
+    // and the swizzled dK/dV at hd 128 (kernels/attention_mma_blocks.h).
+    CHECK(rows == std::map<int, int>{{80, 2 + 2 * 7 + 1}, {90, 2 + 2 * 7 + 1}});
+    for (int arch : {80, 90}) {
+        INFO("sm_" << arch);
+        for (int hd = 32; hd <= 128; hd += 16)
+            CHECK((pv::attention_tile_instructions("dkv-swizzled", hd, false, arch) > 0) ==
+                  pv::attention_mma_dkv_has_swizzled(hd));
+        for (int hd : {64, 128}) CHECK(pv::attention_tile_instructions("forward", hd, false, arch) > 0);
+        for (int hd = 32; hd <= 128; hd += 16) {
+            CHECK(pv::attention_tile_instructions("dkv", hd, false, arch) > 0);
+            CHECK(pv::attention_tile_instructions("dq", hd, false, arch) > 0);
+        }
+        // The masked body does what the interior one does, and masks.
+        for (const char* k : {"forward", "dkv", "dkv-swizzled", "dq"})
+            for (int hd = 32; hd <= 128; hd += 16)
+                if (pv::attention_tile_instructions(k, hd, false, arch) > 0) {
+                    INFO(k << " hd " << hd);
+                    CHECK(pv::attention_tile_instructions(k, hd, true, arch) >=
+                          pv::attention_tile_instructions(k, hd, false, arch));
+                }
+        CHECK(pv::attention_tile_instructions("forward", 96, false, arch) == 0);  // runs on CUDA cores
+        CHECK(pv::attention_tile_instructions("dkv", 16, false, arch) == 0);
     }
-    CHECK(pv::attention_tile_instructions("forward", 96) == 0);  // runs on CUDA cores
-    CHECK(pv::attention_tile_instructions("dkv", 16) == 0);
+    CHECK(pv::attention_tile_instructions("dkv", 64, false, 75) == 0);  // no such SASS in the build
 }
 
 // The rooflines measured on the H100 run (docs/speed.md, "Measured on one H100": cuBLAS GEMMs at
@@ -501,17 +518,25 @@ TEST_CASE("step cost: the RTX 6000 Ada runs the dK/dV kernel with swizzled rows 
     const auto swizzled = dkv_kernels(on_ada), padded = dkv_kernels(pv::Device{});
     REQUIRE(swizzled.size() == padded.size());
     REQUIRE_FALSE(padded.empty());
-    // Same blocks, each priced with the swizzled kernel's instructions, registers and shared memory.
-    const int interior = pv::attention_tile_instructions("dkv-swizzled", 128),
-              masked = pv::attention_tile_instructions("dkv-swizzled", 128, true);
-    REQUIRE(interior > pv::attention_tile_instructions("dkv", 128));
+    // Same blocks, each priced with the swizzled kernel's instructions, registers and shared memory
+    // in the SASS the Ada runs (the build's sm_80 code), the H100's with the padded kernel's sm_90.
+    REQUIRE(on_ada.sass_arch == 80);
+    const int interior = pv::attention_tile_instructions("dkv-swizzled", 128, false, 80),
+              masked = pv::attention_tile_instructions("dkv-swizzled", 128, true, 80);
+    REQUIRE(interior > pv::attention_tile_instructions("dkv", 128, false, 80));
+    REQUIRE(masked != pv::attention_tile_instructions("dkv-swizzled", 128, true, 90));  // the arch is seen
     const int n = 1024 / 64, group = 32 / 8;
     CHECK(swizzled[0].block_shared == pv::attention_mma_dkv_smem_bytes(128, AttentionMmaRows::swizzled));
-    CHECK(swizzled[0].block_registers == pv::attention_kernel_registers("dkv-swizzled", 128));
+    CHECK(swizzled[0].block_registers == pv::attention_kernel_registers("dkv-swizzled", 128, 80));
     CHECK(padded[0].block_shared == pv::attention_mma_dkv_smem_bytes(128));
     REQUIRE(swizzled[0].blocks.size() == size_t(n));
-    for (int z = 0; z < n; ++z)  // key tile z: n − z query tiles of each of the group's query heads
+    REQUIRE(padded[0].blocks.size() == size_t(n));
+    const int h100_interior = pv::attention_tile_instructions("dkv", 128, false, 90),
+              h100_masked = pv::attention_tile_instructions("dkv", 128, true, 90);
+    for (int z = 0; z < n; ++z) {  // key tile z: n − z query tiles of each of the group's query heads
         CHECK(swizzled[0].blocks[size_t(z)].work == 4.0 * group * ((n - z - 1) * interior + masked));
+        CHECK(padded[0].blocks[size_t(z)].work == 4.0 * group * ((n - z - 1) * h100_interior + h100_masked));
+    }
     // The H100's padded kernel priced on the Ada is refused by name.
     CHECK_THROWS_WITH(pv::predicted_seconds(padded[0], on_ada),
                       Catch::Contains("attention_mma_dkv_kernel cannot launch on the RTX 6000 Ada") &&
