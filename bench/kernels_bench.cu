@@ -246,7 +246,7 @@ void run(const pv::LlamaConfig& c, const Options& o) {
     T* dqkv = random_buffer<T>(N * qkv_w, 12);
     T* dwqkv = random_buffer<T>((long long)qkv_w * C, 21);  // (not dwte: V < qkv_w at the test shapes)
     A* lse = static_cast<A*>(alloc(size_t(B) * H * Tn * sizeof(A)));
-    void* att_scratch = alloc(pv::attention_backward_scratch_bytes<T>(B, Tn, H));
+    void* att_scratch = alloc(pv::attention_backward_scratch_bytes<T>(B, Tn, H, Hkv, hd));
     const std::vector<A> rope_values = pv::rope_table_values<A>(pv::rope_inverse_frequencies(c), Tn);
     A* rope_values_d = static_cast<A*>(alloc(rope_values.size() * sizeof(A)));
     if (rope_values_d)

@@ -551,10 +551,17 @@ void attention_forward(const T* qkv, const int* positions, T* out, acc_t<T>* lse
         attention_forward_launch<T, 0>(qkv, positions, out, lse, B, T_len, H, Hkv, hd, stream);
 }
 
-// The backward's scratch: D[B][H][T] in acc_t<T>.
+// The backward's scratch: D[B][H][T] in acc_t<T>, and for bf16 on the tensor-core backward the
+// split dK/dV's partials after it (16-byte aligned; kernels/attention_mma_blocks.h).
 template <class T>
-size_t attention_backward_scratch_bytes(int B, int T_len, int H) {
-    return size_t(B) * size_t(T_len) * size_t(H) * sizeof(acc_t<T>);
+size_t attention_backward_d_bytes(int B, int T_len, int H) {
+    return (size_t(B) * size_t(T_len) * size_t(H) * sizeof(acc_t<T>) + 15) / 16 * 16;
+}
+template <class T>
+size_t attention_backward_scratch_bytes(int B, int T_len, int H, int Hkv, int hd) {
+    const bool partials = std::is_same_v<T, __nv_bfloat16> && attention_mma_backward_supports(hd);
+    return attention_backward_d_bytes<T>(B, T_len, H) +
+           (partials ? attention_mma_dkv_partial_bytes(B, T_len, H, Hkv, hd) : 0);
 }
 
 template <class T>
@@ -602,7 +609,7 @@ void attention_backward_cuda_cores(const T* qkv, const int* positions, const T* 
 
 // dqkv (layout of qkv, every element overwritten) from the forward's qkv, positions (the same as
 // the forward's, or null), out and lse and the gradient dout[B][T][H·hd]. `scratch` holds
-// attention_backward_scratch_bytes<T>(B, T_len, H).
+// attention_backward_scratch_bytes<T>(B, T_len, H, Hkv, hd).
 template <class T>
 void attention_backward(const T* qkv, const int* positions, const T* out, const T* dout, const acc_t<T>* lse, T* dqkv,
                         void* scratch, int B, int T_len, int H, int Hkv, int hd, cudaStream_t stream) {
@@ -611,7 +618,9 @@ void attention_backward(const T* qkv, const int* positions, const T* out, const 
     attention_backward_dot(out, dout, D, B, T_len, H, hd, stream);
     if constexpr (std::is_same_v<T, __nv_bfloat16>)
         if (attention_mma_backward_applies(qkv, dout, dqkv, hd))
-            return attention_mma_backward(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
+            return attention_mma_backward(
+                qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream,
+                reinterpret_cast<float*>(static_cast<char*>(scratch) + attention_backward_d_bytes<T>(B, T_len, H)));
     attention_backward_cuda_cores(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
 }
 

@@ -60,11 +60,23 @@
 // causal attention's heaviest tiles (dK/dV: the first key tiles; dQ: the last query tiles) get the
 // lowest block indices.
 //
+// Small grids. Key tile z's dK/dV block walks G·(n − z) steps, the first G·n: where the grid is
+// small (one sequence, a tensor-parallel rank's few heads) those blocks run on alone and the kernel
+// takes up to 8x its balanced time (model/step_cost.cpp). There (kernels/attention_mma_blocks.h,
+// attention_mma_dkv_segment_steps: from the shape alone, so every GPU computes the same bits) the
+// kernel is instantiated with kSplit and a key tile's steps are split into segments of at most L,
+// a block each, in key-tile order along z; a split key tile's blocks write their fp32 sums to
+// partial slots, and attention_mma_dkv_reduce_kernel adds them in segment order, scales dK and
+// stores both in bf16. The sums' order differs from the unsplit kernel's (fp32 partials added), so
+// the bits do too; deterministic either way. A segment that documents leave without steps writes
+// zeros.
+//
 // Per launch, with n = ceil(T/64) tiles, Hkv KV heads, G = H/Hkv, every byte bf16 unless said:
-//   dK/dV, grid (Hkv, B, n), 128 threads: reads its K and V tiles once; for each of its G query
-//     heads and each query tile from its diagonal to the last row that sees it, the Q and dO tiles
-//     (64·hd each) and 64 floats of lse, 64 of D (and 64 positions); with positions first the
-//     positions past the tile (the scan for the last query row). Writes its dK and dV rows once.
+//   dK/dV, grid (Hkv, B, n) (split: the z extent the segments), 128 threads: reads its K and V
+//     tiles once; for each of its G query heads (its segment's steps) and each query tile from its
+//     diagonal to the last row that sees it, the Q and dO tiles (64·hd each) and 64 floats of lse,
+//     64 of D (and 64 positions); with positions first the positions past the tile (the scan for
+//     the last query row). Writes its dK and dV rows once (split: 2·64·hd floats to its slot).
 //   dQ, grid (H, B, n), 128 threads: reads its Q and dO tiles, lse and D of its rows once; then for
 //     each key tile from the block's smallest lo to the diagonal the K and V tiles. Writes dQ once.
 // Causal, no documents: n(n+1)/2 tile pairs per (b, h), each costing 12·64²·hd tensor FLOPs in
@@ -80,9 +92,9 @@
 // accumulators would spill). Other head dims: (6·64·(hd + 8)·2 + 1,536) and (4·64·(hd + 8)·2 + 304)
 // (kernels/attention_mma_blocks.h). dK/dV at hd 128 is over the 99 KiB (101,376 bytes) a block may
 // have on sm_86 and sm_89: there it runs with swizzled rows (99,840 bytes), the same products in the
-// same order (the same bits), for 19% more instructions per interior tile pair (1,078 against 904 at
-// sm_90: the lanes' swizzled column offsets are recomputed per chunk, and written out the chunks
-// spill there; model/attention_sass.h).
+// same order (the same bits), for 14% more instructions per interior tile pair in the sm_80 code
+// those GPUs run (996 against 875; 1,078 against 904 at sm_90: the lanes' swizzled column offsets
+// are recomputed per chunk, and written out the chunks spill there; model/attention_sass.h).
 #pragma once
 
 #include "kernels/attention_mma_blocks.h"
@@ -207,6 +219,35 @@ __device__ inline void attention_mma_store_rows(__nv_bfloat16* dst, long long st
     }
 }
 
+// Stores a warp's 16 accumulator rows × HD (C fragments, fp32 as they are) to rows row0 + {g, g + 8}
+// of a [64][HD] fp32 tile: a split key tile's partial dK or dV.
+template <int HD>
+__device__ inline void attention_mma_store_partial(float* tile, int row0, const float (&acc)[HD / 8][4]) {
+    const int lane = int(threadIdx.x) % 32, g = lane >> 2, t = lane & 3;
+    for (int half = 0; half < 2; ++half) {
+        float* out = tile + (row0 + g + 8 * half) * HD + 2 * t;
+        for (int n = 0; n < HD / 8; ++n)
+            *reinterpret_cast<float2*>(out + 8 * n) = make_float2(acc[n][2 * half], acc[n][2 * half + 1]);
+    }
+}
+
+// A dK/dV block's key tile z, its segment of the tile's steps, and its partial slot (−1 where the key
+// tile is one block: it stores dK and dV itself), from its grid index: key tile 0's segments first
+// (attention_mma_dkv_segments, kernels/attention_mma_blocks.h, with L = segment_steps; 0: one block
+// a key tile, the index the key tile).
+struct AttentionMmaDkvBlock {
+    int z, segment, slot;
+};
+__device__ inline AttentionMmaDkvBlock attention_mma_dkv_block(int index, int n, int group, int segment_steps) {
+    if (segment_steps == 0) return {index, 0, -1};
+    int z = 0, first_slot = 0;
+    for (;; ++z) {
+        const int segments = (group * (n - z) + segment_steps - 1) / segment_steps;
+        if (index < segments) return {z, index, segments > 1 ? first_slot + index : -1};
+        index -= segments, first_slot += segments;
+    }
+}
+
 // Calls chunk(c0, tag) for the tile's four chunks of 16 rows, c0 = 0, 16, 32, 48: a loop, or with
 // kUnroll written out (a fold; no pragma, so the host compiler runs the same code). Written out,
 // each chunk's shared-memory addresses are constant offsets from registers set once a tile, and the
@@ -224,16 +265,19 @@ __device__ inline void attention_mma_chunks(Chunk&& chunk, Tag tag) {
 
 // ---- dK, dV ------------------------------------------------------------------------------------
 
-// Block (KV head, batch, key tile), 4 warps; warp w owns key rows k0 + 16w .. + 15. Shared: K, V,
+// Block (KV head, batch, key tile), or with kSplit (KV head, batch, segment of a key tile's steps:
+// segment_steps, partial, partial_slots as attention_mma_backward_launch says), 4 warps; warp w
+// owns key rows k0 + 16w .. + 15. Shared: K, V,
 // Q[2], dO[2] [64][LD] (bf16, rows as Rows says), then lse[2][64], D[2][64] (float), lo[2][64] (int).
 // Path: 0 (what programs run) picks each tile pair's body; 1 and 2 compile only the interior or
 // only the masked body, for bench/sass/attention_variants.cu alone (bench/attention_sass.py counts
 // them: a loop with two bodies is hard to read from SASS). Both row layouts compute the same
 // products in the same order: their results are the same bits.
-template <int HD, int Path = 0, AttentionMmaRows Rows = AttentionMmaRows::padded>
+template <int HD, int Path = 0, AttentionMmaRows Rows = AttentionMmaRows::padded, bool kSplit = false>
 __global__ void __launch_bounds__(kAttentionMmaThreads)
     attention_mma_dkv_kernel(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
-                             const float* lse, const float* D, __nv_bfloat16* dqkv, int T_len, int H, int Hkv) {
+                             const float* lse, const float* D, __nv_bfloat16* dqkv, int T_len, int H, int Hkv,
+                             int segment_steps, float* partial, int partial_slots) {
     using bf16 = __nv_bfloat16;
     constexpr int Bt = kAttentionMmaTile, LD = attention_mma_ld<HD, Rows>(), KS = HD / 16;
     static_assert(Rows == AttentionMmaRows::padded || kAttentionMmaDkvHasSwizzled<HD>,
@@ -243,8 +287,12 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
     // per SM and spills nothing: at hd 64, 640 → 547 instructions per tile pair, 168 registers either
     // way. At hd 80 it took 243 registers (3 blocks per SM → 2), at 112 and 128 it spilled.
     constexpr bool kUnrollInterior = HD <= 64 || HD == 96;
-    const int kvh = blockIdx.x, b = blockIdx.y, k0 = int(blockIdx.z) * Bt;  // key tile 0 first: the heaviest
-    const int group = H / Hkv;
+    const int kvh = blockIdx.x, b = blockIdx.y, group = H / Hkv, n = (T_len + Bt - 1) / Bt;
+    // This block's key tile and segment of its steps (key tile 0 first, the heaviest). Its partial
+    // slot is worked out again at the end, rather than held through the loop.
+    const AttentionMmaDkvBlock block =
+        kSplit ? attention_mma_dkv_block(int(blockIdx.z), n, group, segment_steps) : AttentionMmaDkvBlock{};
+    const int k0 = (kSplit ? block.z : int(blockIdx.z)) * Bt, segment = block.segment;
     const long long stride = (long long)(H + 2 * Hkv) * HD, dstride = (long long)H * HD;
     const bf16* rows = qkv + (long long)b * T_len * stride;
     const bf16* drows = dout + (long long)b * T_len * dstride;
@@ -263,7 +311,10 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
     // Query rows k0 ≤ i < q_end can see a key of the tile (j ≤ i: none before the diagonal).
     const int q_end = pos ? attention_last_query(pos, min(k0 + Bt, T_len) - 1, T_len, lo_s) + 1 : T_len;
     const int q_first = k0 / Bt, q_tiles = (q_end - 1) / Bt + 1 - q_first;
-    const int steps = group * q_tiles;  // (query head, query tile) pairs, heads outer: a fixed order
+    // (query head, query tile) pairs, heads outer: a fixed order. A segment takes steps
+    // [segment·L, segment·L + L) of them (documents may leave a trailing segment none).
+    const int all_steps = group * q_tiles, step0 = kSplit ? segment * segment_steps : 0;
+    const int steps = kSplit ? min(segment_steps, all_steps - step0) : all_steps;
     const int q_begin = q_first * Bt, q_stop = q_begin + q_tiles * Bt;
 
     // The steps in order: query tiles q_begin, q_begin + Bt, .. of query head kvh·group, then of the
@@ -307,16 +358,21 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
         attention_mma_load_tile<HD, Rows>(Qs + buf * Bt * LD, rows + st.head_col, stride, st.q0, T_len);
         attention_mma_load_tile<HD, Rows>(dOs + buf * Bt * LD, drows + st.head_col, dstride, st.q0, T_len);
     };
-    const int h_first = kvh * group;
-    Step now{(long long)h_first * HD, ((long long)b * H + h_first) * T_len, q_begin};
+    // The first step: head step0 / q_tiles of the group, its query tile step0 % q_tiles (one division
+    // a block, outside the loop).
+    const int h_first = kvh * group + (kSplit && steps > 0 ? step0 / q_tiles : 0);
+    Step now{(long long)h_first * HD, ((long long)b * H + h_first) * T_len,
+             q_begin + (kSplit && steps > 0 ? step0 % q_tiles : 0) * Bt};
     Step ahead = next_step(now);  // the step prefetch loads next
-    attention_mma_load_tile<HD, Rows>(Ks, rows + (long long)(H + kvh) * HD, stride, k0, T_len);
-    attention_mma_load_tile<HD, Rows>(Vs, rows + (long long)(H + Hkv + kvh) * HD, stride, k0, T_len);
-    prefetch(now, 0);
-    cp_async_commit();
-    load_statistics(now);
-    store_statistics(0);
-    if (steps > 1) load_statistics(ahead);  // in registers until step 0 stores them into buffer 1
+    if (!kSplit || steps > 0) {   // (an empty segment loads nothing and writes zeros)
+        attention_mma_load_tile<HD, Rows>(Ks, rows + (long long)(H + kvh) * HD, stride, k0, T_len);
+        attention_mma_load_tile<HD, Rows>(Vs, rows + (long long)(H + Hkv + kvh) * HD, stride, k0, T_len);
+        prefetch(now, 0);
+        cp_async_commit();
+        load_statistics(now);
+        store_statistics(0);
+        if (steps > 1) load_statistics(ahead);  // in registers until step 0 stores them into buffer 1
+    }
 
     // The warp's key rows: j = k0 + 16·warp + g + 8·half for accumulator elements 2·half + {0, 1}.
     const int kw = 16 * warp, j0 = k0 + kw + g;
@@ -411,9 +467,52 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
         now = next_step(now);
     }
 
-    bf16* out = dqkv + (long long)b * T_len * stride;
-    attention_mma_store_rows<HD>(out + (long long)(H + kvh) * HD, stride, k0 + kw, T_len, dk, scale);
-    attention_mma_store_rows<HD>(out + (long long)(H + Hkv + kvh) * HD, stride, k0 + kw, T_len, dv, 1.0f);
+    if (const int slot = kSplit ? attention_mma_dkv_block(int(blockIdx.z), n, group, segment_steps).slot : -1;
+        slot >= 0) {
+        // A split key tile: this segment's sums, unscaled, for the reduce kernel.
+        float* dk_slot = partial + (((long long)b * Hkv + kvh) * partial_slots + slot) * Bt * HD;
+        const long long dv_offset = (long long)gridDim.y * Hkv * partial_slots * Bt * HD;
+        attention_mma_store_partial<HD>(dk_slot, kw, dk);
+        attention_mma_store_partial<HD>(dk_slot + dv_offset, kw, dv);
+    } else {
+        bf16* out = dqkv + (long long)b * T_len * stride;
+        attention_mma_store_rows<HD>(out + (long long)(H + kvh) * HD, stride, k0 + kw, T_len, dk, scale);
+        attention_mma_store_rows<HD>(out + (long long)(H + Hkv + kvh) * HD, stride, k0 + kw, T_len, dv, 1.0f);
+    }
+}
+
+// The split key tiles' dK and dV (attention_mma_blocks.h): block (z, KV head, batch) sums key tile
+// z's segments' partials in segment order, scales dK, rounds to bf16 and stores the rows before T.
+// A thread takes 4 consecutive columns of a row at a time (16-byte loads).
+template <int HD>
+__global__ void __launch_bounds__(kAttentionMmaThreads)
+    attention_mma_dkv_reduce_kernel(const float* partial, __nv_bfloat16* dqkv, int T_len, int H, int Hkv,
+                                    int segment_steps, int partial_slots) {
+    constexpr int Bt = kAttentionMmaTile;
+    const int z = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, group = H / Hkv, n = (T_len + Bt - 1) / Bt;
+    int first_slot = 0;
+    for (int y = 0; y < z; ++y) first_slot += (group * (n - y) + segment_steps - 1) / segment_steps;
+    const int segments = (group * (n - z) + segment_steps - 1) / segment_steps;
+    const long long dv_offset = (long long)gridDim.z * Hkv * partial_slots * Bt * HD;
+    const float* tile = partial + (((long long)b * Hkv + kvh) * partial_slots + first_slot) * Bt * HD;
+    const long long stride = (long long)(H + 2 * Hkv) * HD;
+    __nv_bfloat16* out = dqkv + (long long)b * T_len * stride + (long long)(H + kvh) * HD;
+    const float scale = 1.0f / sqrtf(float(HD));
+    for (int e = 4 * int(threadIdx.x); e < 2 * Bt * HD; e += 4 * kAttentionMmaThreads) {
+        const bool is_v = e >= Bt * HD;
+        const int at = is_v ? e - Bt * HD : e, row = z * Bt + at / HD;
+        if (row >= T_len) continue;
+        const float* p = tile + at + (is_v ? dv_offset : 0);
+        float4 sum = *reinterpret_cast<const float4*>(p);
+        for (int s = 1; s < segments; ++s) {
+            const float4 x = *reinterpret_cast<const float4*>(p + (long long)s * Bt * HD);
+            sum.x += x.x, sum.y += x.y, sum.z += x.z, sum.w += x.w;
+        }
+        const float k = is_v ? 1.0f : scale;
+        __nv_bfloat16* o = out + row * stride + (is_v ? (long long)Hkv * HD : 0) + at % HD;
+        *reinterpret_cast<__nv_bfloat162*>(o) = __floats2bfloat162_rn(k * sum.x, k * sum.y);
+        *reinterpret_cast<__nv_bfloat162*>(o + 2) = __floats2bfloat162_rn(k * sum.z, k * sum.w);
+    }
 }
 
 // ---- dQ ----------------------------------------------------------------------------------------
@@ -575,34 +674,58 @@ void attention_mma_backward_run(Kernel kernel, dim3 grid, size_t smem, cudaStrea
 
 // dqkv from qkv, positions (or null), dout, the forward's lse and D (the scratch the dot kernel
 // filled): the dK/dV kernel with its shared rows laid out as dkv_rows says (swizzled only at the
-// head dims attention_mma_dkv_has_swizzled names), then the dQ kernel, at head dim HD.
+// head dims attention_mma_dkv_has_swizzled names), its key tiles split into segments of at most
+// segment_steps steps (0: none; attention_mma_dkv_segment_steps) whose partials go to `partial`
+// (attention_mma_dkv_partial_slots(T_len, H, Hkv, segment_steps) slots per batch and KV head of
+// 64 x HD floats, dK's then dV's) and the reduce kernel sums, then the dQ kernel, at head dim HD.
 template <int HD>
 void attention_mma_backward_launch(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
                                    const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H,
-                                   int Hkv, cudaStream_t stream, AttentionMmaRows dkv_rows) {
-    const dim3 dkv_grid(Hkv, B, ceil_div(T_len, kAttentionMmaTile)), dq_grid(H, B, dkv_grid.z);
-    if (dkv_rows == AttentionMmaRows::padded) {
-        attention_mma_backward_run(attention_mma_dkv_kernel<HD>, dkv_grid, attention_mma_dkv_smem_bytes(HD), stream,
-                                   qkv, positions, dout, lse, D, dqkv, T_len, H, Hkv);
+                                   int Hkv, cudaStream_t stream, AttentionMmaRows dkv_rows, int segment_steps,
+                                   float* partial) {
+    const int n = ceil_div(T_len, kAttentionMmaTile);
+    const int slots = int(attention_mma_dkv_partial_slots(T_len, H, Hkv, segment_steps));
+    if (slots > 0 && !partial) {
+        std::fprintf(stderr, "polevault: attention_mma_backward: the dK/dV split needs its partials' scratch\n");
+        std::abort();
+    }
+    const dim3 dkv_grid(Hkv, B, unsigned(attention_mma_dkv_blocks(T_len, H, Hkv, segment_steps))), dq_grid(H, B, n);
+    const auto dkv = [&](auto kernel, AttentionMmaRows rows) {
+        attention_mma_backward_run(kernel, dkv_grid, attention_mma_dkv_smem_bytes(HD, rows), stream, qkv, positions,
+                                   dout, lse, D, dqkv, T_len, H, Hkv, segment_steps, partial, slots);
+    };
+    constexpr AttentionMmaRows kPadded = AttentionMmaRows::padded, kSwizzled = AttentionMmaRows::swizzled;
+    if (dkv_rows == kPadded) {
+        if (segment_steps > 0)
+            dkv(attention_mma_dkv_kernel<HD, 0, kPadded, true>, kPadded);
+        else
+            dkv(attention_mma_dkv_kernel<HD, 0, kPadded>, kPadded);
     } else if constexpr (attention_mma_dkv_has_swizzled(HD)) {
-        attention_mma_backward_run(attention_mma_dkv_kernel<HD, 0, AttentionMmaRows::swizzled>, dkv_grid,
-                                   attention_mma_dkv_smem_bytes(HD, AttentionMmaRows::swizzled), stream, qkv, positions,
-                                   dout, lse, D, dqkv, T_len, H, Hkv);
+        if (segment_steps > 0)
+            dkv(attention_mma_dkv_kernel<HD, 0, kSwizzled, true>, kSwizzled);
+        else
+            dkv(attention_mma_dkv_kernel<HD, 0, kSwizzled>, kSwizzled);
     } else {
         std::fprintf(stderr, "polevault: attention_mma_backward: no swizzled dK/dV kernel at head dim %d\n", HD);
         std::abort();
     }
+    if (slots > 0)
+        attention_mma_backward_run(attention_mma_dkv_reduce_kernel<HD>,
+                                   dim3(unsigned(attention_mma_dkv_split_tiles(T_len, H, Hkv, segment_steps)), Hkv, B),
+                                   0, stream, partial, dqkv, T_len, H, Hkv, segment_steps, slots);
     attention_mma_backward_run(attention_mma_dq_kernel<HD>, dq_grid, attention_mma_dq_smem_bytes(HD), stream, qkv,
                                positions, dout, lse, D, dqkv, T_len, H, Hkv);
 }
 
-// The same at a run-time head dim (attention_mma_backward_supports(hd)) with the dK/dV rows named.
+// The same at a run-time head dim (attention_mma_backward_supports(hd)) with the dK/dV rows and
+// split named.
 inline void attention_mma_backward(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
                                    const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H,
-                                   int Hkv, int hd, cudaStream_t stream, AttentionMmaRows dkv_rows) {
+                                   int Hkv, int hd, cudaStream_t stream, AttentionMmaRows dkv_rows, int segment_steps,
+                                   float* partial) {
     auto go = [&](auto hd_tag) {
         attention_mma_backward_launch<decltype(hd_tag)::value>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv,
-                                                               stream, dkv_rows);
+                                                               stream, dkv_rows, segment_steps, partial);
     };
     switch (hd) {
         case 32: return go(std::integral_constant<int, 32>{});
@@ -617,13 +740,15 @@ inline void attention_mma_backward(const __nv_bfloat16* qkv, const int* position
     std::abort();
 }
 
-// The same at a run-time head dim (attention_mma_backward_supports(hd)), the dK/dV rows those the
-// current device's shared memory allows (attention_mma_dkv_rows) unless the caller names them.
+// The same with the dK/dV rows the current device's shared memory allows (attention_mma_dkv_rows)
+// and the shape's split (attention_mma_dkv_segment_steps); `partial` holds
+// attention_mma_dkv_partial_bytes(B, T_len, H, Hkv, hd).
 inline void attention_mma_backward(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
                                    const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H,
-                                   int Hkv, int hd, cudaStream_t stream) {
+                                   int Hkv, int hd, cudaStream_t stream, float* partial) {
     attention_mma_backward(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream,
-                           attention_mma_dkv_rows(hd, device_shared_bytes_per_block()));
+                           attention_mma_dkv_rows(hd, device_shared_bytes_per_block()),
+                           attention_mma_dkv_segment_steps(B, T_len, H, Hkv), partial);
 }
 
 }  // namespace pv

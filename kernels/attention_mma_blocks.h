@@ -54,6 +54,65 @@ constexpr AttentionMmaRows attention_mma_dkv_rows(int hd, size_t shared_per_bloc
                : AttentionMmaRows::swizzled;
 }
 
+// The dK/dV kernel's work split. A block owns a key tile and walks its G = H/Hkv query heads' query
+// tiles from the diagonal on, one step each: key tile z of n = ceil(T/64) has G·(n − z) steps, so
+// the grid's first blocks carry G·n steps and its last G. Where the grid is small (one sequence of
+// 2048, or a tensor-parallel rank's one KV head), the heaviest blocks run on long after the others
+// have ended: the kernel takes their time, 2x (8B, 1 x 2048) to 8x (8B, --tp 8, 1 x 4096) the
+// time of its instructions spread over the GPU. There a key tile's steps are split into segments
+// of at most L steps, a block each; a key tile of more than one segment has its blocks write fp32
+// partial dK and dV, which a second kernel sums in segment order (deterministic). L depends on the
+// shape alone, not the device, so every GPU computes the same bits.
+//
+// The split applies where the heaviest block's G·n steps exceed 1.5x a slot's share of all the
+// steps, the slots being 264 (an H100's 132 SMs x 2 blocks, as at hd 128): the grid then ends with
+// the heaviest blocks alone on their SMs. Segments hold a third of a slot's share (at least 8 steps,
+// so a partial's write and read stay small beside its steps' tile copies).
+inline constexpr long long kAttentionDkvBalanceSlots = 264;
+inline constexpr long long kAttentionDkvMinSegment = 8;
+// Steps per (batch, KV head) over all key tiles: G·n(n + 1)/2.
+constexpr long long attention_mma_dkv_steps(int T, int H, int Hkv) {
+    const long long n = (T + kAttentionMmaTile - 1) / kAttentionMmaTile;
+    return (long long)(H / Hkv) * n * (n + 1) / 2;
+}
+// L, the most steps a segment holds, or 0 where no key tile is split.
+constexpr int attention_mma_dkv_segment_steps(int B, int T, int H, int Hkv) {
+    const long long n = (T + kAttentionMmaTile - 1) / kAttentionMmaTile, G = H / Hkv;
+    const long long share = (long long)B * Hkv * attention_mma_dkv_steps(T, H, Hkv) / kAttentionDkvBalanceSlots;
+    if (2 * G * n <= 3 * share) return 0;
+    const long long L = (share + 2) / 3 > kAttentionDkvMinSegment ? (share + 2) / 3 : kAttentionDkvMinSegment;
+    return G * n > L ? int(L) : 0;
+}
+// Blocks (segments) of key tile z: ceil(G·(n − z) / L), 1 unsplit (L = 0).
+constexpr int attention_mma_dkv_segments(int n, int z, int G, int L) { return L == 0 ? 1 : (G * (n - z) + L - 1) / L; }
+// Per (batch, KV head): the dK/dV grid's blocks, and the partial slots (64 x hd fp32 of dK and as many
+// of dV) of its split key tiles, those of more than one segment: 0, 1, .., Z − 1 (segments fall with z).
+constexpr long long attention_mma_dkv_blocks(int T, int H, int Hkv, int L) {
+    const int n = (T + kAttentionMmaTile - 1) / kAttentionMmaTile;
+    long long blocks = 0;
+    for (int z = 0; z < n; ++z) blocks += attention_mma_dkv_segments(n, z, H / Hkv, L);
+    return blocks;
+}
+constexpr long long attention_mma_dkv_partial_slots(int T, int H, int Hkv, int L) {
+    const int n = (T + kAttentionMmaTile - 1) / kAttentionMmaTile;
+    long long slots = 0;
+    for (int z = 0; z < n; ++z)
+        if (const int s = attention_mma_dkv_segments(n, z, H / Hkv, L); s > 1) slots += s;
+    return slots;
+}
+// The split key tiles Z (per batch and KV head): the reduce kernel's grid.
+constexpr int attention_mma_dkv_split_tiles(int T, int H, int Hkv, int L) {
+    const int n = (T + kAttentionMmaTile - 1) / kAttentionMmaTile;
+    int z = 0;
+    while (z < n && attention_mma_dkv_segments(n, z, H / Hkv, L) > 1) ++z;
+    return z;
+}
+// Bytes of the partials at this shape (the backward's scratch holds them after D).
+constexpr size_t attention_mma_dkv_partial_bytes(int B, int T, int H, int Hkv, int hd) {
+    const long long slots = attention_mma_dkv_partial_slots(T, H, Hkv, attention_mma_dkv_segment_steps(B, T, H, Hkv));
+    return size_t(B) * size_t(Hkv) * size_t(slots) * size_t(kAttentionMmaTile) * size_t(hd) * 2 * sizeof(float);
+}
+
 // Whether the tensor-core kernels' blocks fit such a device. The dispatch (kernels/attention.cuh)
 // asks with the device's figure and runs the CUDA-core kernels where they do not; the performance
 // model asks with its device's.

@@ -14,7 +14,8 @@
 // the backward kernels, their loop over the tile's four 16-row chunks expanded) and the HMMA among
 // them: through the body for tiles every row of the warp sees whole (interior), and through the
 // one with masks (a diagonal or document-boundary tile), and the registers per thread of the
-// instantiation programs run (ptxas). model/step_cost.cpp turns them into time. A single-body
+// instantiation programs run (ptxas; dK/dV's split and unsplit ones, kSplit, the more of the two:
+// their tile loops are one source). model/step_cost.cpp turns them into time. A single-body
 // instantiation that spills (make ptxas-report lists them) has its local loads and stores counted,
 // which the kernel programs run may not have.
 #pragma once
@@ -37,7 +38,7 @@ struct AttentionTileSass {
 inline constexpr AttentionTileSass kAttentionTileSass[] = {
     {90, "forward", 64, 371, 499, 64, 168},
     {90, "forward", 128, 553, 681, 128, 231},
-    {90, "dkv", 32, 417, 698, 64, 128},
+    {90, "dkv", 32, 417, 698, 64, 134},
     {90, "dkv", 48, 508, 782, 96, 168},
     {90, "dkv", 64, 547, 828, 128, 168},
     {90, "dkv", 80, 768, 960, 160, 168},
@@ -54,7 +55,7 @@ inline constexpr AttentionTileSass kAttentionTileSass[] = {
     {90, "dq", 128, 561, 790, 192, 255},
     {80, "forward", 64, 371, 500, 64, 183},
     {80, "forward", 128, 553, 683, 128, 231},
-    {80, "dkv", 32, 422, 679, 64, 128},
+    {80, "dkv", 32, 422, 679, 64, 130},
     {80, "dkv", 48, 516, 764, 96, 168},
     {80, "dkv", 64, 550, 826, 128, 168},
     {80, "dkv", 80, 698, 962, 160, 172},

@@ -95,7 +95,8 @@ std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& whole, i
     const size_t norm_scratch = with_dtype(
         dtype, [&](auto tag) { return rmsnorm_backward_scratch_bytes<typename decltype(tag)::type>(R, int(C)); });
     const size_t attention_scratch = with_dtype(dtype, [&](auto tag) {
-        return attention_backward_scratch_bytes<typename decltype(tag)::type>(batch, seq_len, c.num_heads);
+        return attention_backward_scratch_bytes<typename decltype(tag)::type>(batch, seq_len, c.num_heads,
+                                                                              c.num_kv_heads, c.head_dim_resolved());
     });
     return {{"proj", N * C, t},
             {"dh", N * C, t},

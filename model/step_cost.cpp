@@ -247,9 +247,12 @@ double attention_tile_pairs(int T) {
 // The tensor-core attention kernels' blocks at this shape, in launch order (heaviest first), each
 // block's 4 warps running the tile loop once per 64×64 tile pair the block walks: the forward and dQ
 // a block per (query tile, head, batch), over the key tiles up to the diagonal; dK/dV a block per
-// (key tile, KV head, batch), over its G = H/Hkv query heads' query tiles from the diagonal on. The
-// diagonal's pairs run the masked body, the others the interior one (causal attention; document
-// boundaries add masked tiles, not priced). Every block of one tile index does the same work.
+// (key tile, KV head, batch), over its G = H/Hkv query heads' query tiles from the diagonal on, or
+// where the shape splits key tiles (attention_mma_dkv_segment_steps) a block per segment of at most
+// L of those steps, the grid's z index running over the segments key tile by key tile. The
+// diagonal's pairs (a head's first step) run the masked body, the others the interior one (causal
+// attention; document boundaries add masked tiles, not priced). Every block of one z index does
+// the same work.
 std::vector<BlockRun> attention_blocks(const char* kernel, int B, int T, int H, int Hkv, int hd, int interior,
                                        int masked) {
     if (interior <= 0 || masked <= 0)
@@ -259,11 +262,23 @@ std::vector<BlockRun> attention_blocks(const char* kernel, int B, int T, int H, 
     const int n = (T + kAttentionMmaTile - 1) / kAttentionMmaTile;
     const bool dkv = std::string(kernel).starts_with("dkv");
     std::vector<BlockRun> grid;
+    const int G = H / Hkv, L = dkv ? attention_mma_dkv_segment_steps(B, T, H, Hkv) : 0;
     for (int z = 0; z < n; ++z) {
         // dK/dV: key tile z walks n − z query tiles per query head; the others: query tile n − 1 − z
         // walks n − z key tiles.
-        const double pairs = n - z, per_block = dkv ? double(H / Hkv) : 1.0;
-        grid.push_back({(long long)B * (dkv ? Hkv : H), kWarps * per_block * ((pairs - 1) * interior + masked)});
+        const int pairs = n - z;
+        if (!dkv) {
+            grid.push_back({(long long)B * H, kWarps * ((pairs - 1) * interior + masked)});
+            continue;
+        }
+        const int all = G * pairs, segments = attention_mma_dkv_segments(n, z, G, L);
+        for (int segment = 0; segment < segments; ++segment) {  // steps [first, first + count)
+            const int first = L ? segment * L : 0, count = L ? std::min(L, all - first) : all;
+            int diagonal = 0;  // steps that are a head's first query tile
+            for (int i = first; i < first + count; ++i) diagonal += i % pairs == 0;
+            grid.push_back(
+                {(long long)B * Hkv, kWarps * (double(count - diagonal) * interior + double(diagonal) * masked)});
+        }
     }
     return grid;
 }
@@ -372,6 +387,17 @@ std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd,
                             sass_arch);
     set_attention_issue_now(k[2], "dq", B, T, H, Hkv, hd, sass_arch);
     k[1].issue_efficiency = k[2].issue_efficiency = attention_issue_efficiency().backward;
+    // A split dK/dV (attention_mma_dkv_segment_steps): its split key tiles' blocks write fp32
+    // partials instead of bf16 rows, which attention_mma_dkv_reduce_kernel reads and sums into them.
+    const int L = attention_mma_dkv_segment_steps(B, T, H, Hkv);
+    if (L > 0) {
+        const double tile = double(kAttentionMmaTile) * hd * B * Hkv;  // one 64-row tile of each (b, KV head)
+        const double partial = 2 * tile * double(attention_mma_dkv_partial_slots(T, H, Hkv, L)) * 4;
+        const double split = 2 * tile * attention_mma_dkv_split_tiles(T, H, Hkv, L) * t;
+        k[1].written_bytes += partial - split;
+        k.push_back(kernel("attention_mma_dkv_reduce_kernel", "attention backward: dK, dV partials summed", partial,
+                           split, partial / 4, kVector));
+    }
     return k;
 }
 

@@ -55,7 +55,7 @@ Run<T> run(const std::vector<T>& qkv, const std::vector<T>& dout, const Attentio
     DeviceArray<A> d_lse(s.B * s.H * s.T);
     DeviceArray<int> d_pos(positions ? *positions : std::vector<int>(1));
     const int* pos = positions ? d_pos.get() : nullptr;
-    DeviceArray<unsigned char> scratch(pv::attention_backward_scratch_bytes<T>(B, T_len, H));
+    DeviceArray<unsigned char> scratch(pv::attention_backward_scratch_bytes<T>(B, T_len, H, Hkv, hd));
     pv::attention_forward(d_qkv.get(), pos, d_out.get(), d_lse.get(), B, T_len, H, Hkv, hd, nullptr);
     pv::attention_backward(d_qkv.get(), pos, d_out.get(), d_dout.get(), d_lse.get(), d_dqkv.get(), scratch.get(), B,
                            T_len, H, Hkv, hd, nullptr);
@@ -186,7 +186,7 @@ void gradcheck(const AttentionShape& s, uint64_t seed, const std::vector<int>* p
     DeviceArray<double> d_qkv(qkv), d_g(g), d_out(g.size()), d_lse(s.B * s.H * s.T), d_grad(qkv.size());
     DeviceArray<int> d_pos(positions ? *positions : std::vector<int>(1));
     const int* pos = positions ? d_pos.get() : nullptr;
-    DeviceArray<unsigned char> scratch(pv::attention_backward_scratch_bytes<double>(B, T_len, H));
+    DeviceArray<unsigned char> scratch(pv::attention_backward_scratch_bytes<double>(B, T_len, H, Hkv, hd));
     auto loss = [&] {
         d_qkv.upload(qkv);
         pv::attention_forward(d_qkv.get(), pos, d_out.get(), d_lse.get(), B, T_len, H, Hkv, hd, nullptr);
@@ -336,7 +336,7 @@ void check_deterministic_and_overwrites(const AttentionShape& s, uint64_t seed,
     DeviceArray<T> d_qkv(qkv), d_dout(dout), d_out(first.out), d_dqkv(random_vector<T>(qkv.size(), seed + 2, 1e3, 2e3));
     DeviceArray<pv::acc_t<T>> d_lse(first.lse);
     DeviceArray<int> d_pos(positions ? *positions : std::vector<int>(1));
-    DeviceArray<unsigned char> scratch(pv::attention_backward_scratch_bytes<T>(B, T_len, H));
+    DeviceArray<unsigned char> scratch(pv::attention_backward_scratch_bytes<T>(B, T_len, H, Hkv, hd));
     pv::attention_backward(d_qkv.get(), positions ? d_pos.get() : nullptr, d_out.get(), d_dout.get(), d_lse.get(),
                            d_dqkv.get(), scratch.get(), B, T_len, H, Hkv, hd, nullptr);
     REQUIRE(same_bits(d_dqkv.download(), first.dqkv));
@@ -570,21 +570,28 @@ using bf16 = __nv_bfloat16;
 // dqkv from the tensor-core kernels called directly (the dot kernel, then the dK/dV and dQ
 // kernels), given the forward's out and lse: what attention_backward must produce when it
 // dispatches there. The dK/dV kernel's shared rows as named, else as the device allows.
+// The dK/dV split as named (segment steps, 0 none), else the shape's.
 std::vector<bf16> mma_backward_direct(const std::vector<bf16>& qkv, const std::vector<bf16>& dout,
                                       const AttentionShape& s, const std::vector<int>* positions, const Run<bf16>& fwd,
-                                      std::optional<pv::AttentionMmaRows> dkv_rows = std::nullopt) {
+                                      std::optional<pv::AttentionMmaRows> dkv_rows = std::nullopt,
+                                      std::optional<int> segment_steps = std::nullopt) {
     const int B = int(s.B), T_len = int(s.T), H = int(s.H), Hkv = int(s.Hkv), hd = int(s.hd);
     DeviceArray<bf16> d_qkv(qkv), d_dout(dout), d_out(fwd.out), d_dqkv(qkv.size());
     DeviceArray<float> d_lse(fwd.lse), d_D(s.B * s.H * s.T);
+    const int L = segment_steps.value_or(pv::attention_mma_dkv_segment_steps(B, T_len, H, Hkv));
+    const long long slots = pv::attention_mma_dkv_partial_slots(T_len, H, Hkv, L);
+    // Poisoned: a slot the reduce kernel reads that no block wrote shows as NaN.
+    DeviceArray<float> d_partial(std::vector<float>(std::max<size_t>(1, size_t(2 * B * Hkv * slots * 64 * hd)), NAN));
     DeviceArray<int> d_pos(positions ? *positions : std::vector<int>(1));
     const int* pos = positions ? d_pos.get() : nullptr;
     pv::attention_backward_dot(d_out.get(), d_dout.get(), d_D.get(), B, T_len, H, hd, nullptr);
-    if (dkv_rows)
+    if (dkv_rows || segment_steps)
+        pv::attention_mma_backward(
+            d_qkv.get(), pos, d_dout.get(), d_lse.get(), d_D.get(), d_dqkv.get(), B, T_len, H, Hkv, hd, nullptr,
+            dkv_rows.value_or(pv::attention_mma_dkv_rows(hd, pv::device_shared_bytes_per_block())), L, d_partial.get());
+    else  // the rows the device allows, the shape's split
         pv::attention_mma_backward(d_qkv.get(), pos, d_dout.get(), d_lse.get(), d_D.get(), d_dqkv.get(), B, T_len, H,
-                                   Hkv, hd, nullptr, *dkv_rows);
-    else  // the rows the device allows
-        pv::attention_mma_backward(d_qkv.get(), pos, d_dout.get(), d_lse.get(), d_D.get(), d_dqkv.get(), B, T_len, H,
-                                   Hkv, hd, nullptr);
+                                   Hkv, hd, nullptr, d_partial.get());
     return d_dqkv.download();
 }
 
@@ -693,6 +700,62 @@ TEST_CASE("bf16 attention backward at hd 128 on a GPU with 99 KiB a block runs d
     }
 }
 
+// The dK/dV kernel's work split (kernels/attention_mma_blocks.h). Where its grid is small, a key
+// tile's steps (query head, query tile) are split into segments of at most L, a block each, whose
+// fp32 partials a second kernel sums in segment order. The policy on named shapes, worked by hand;
+// then on a shape it splits, every split (the shape's L, every step its own segment, none) meets
+// the fp64 reference as the tensor cores must, the shape's is deterministic and is what the public
+// path computes, causal and with documents (whose shorter key tiles leave trailing segments empty).
+TEST_CASE("bf16 attention backward splits a small grid's dK/dV key tiles into segments",
+          "[kernels][attention][documents]") {
+    // 1B at 4 x 2048 (H 32, Hkv 8): 4·8 (b, KV head) x 4·528 steps over 264 slots is 256 a slot; the
+    // heaviest block's 128 steps are under 1.5 x that: no split.
+    CHECK(pv::attention_mma_dkv_segment_steps(4, 2048, 32, 8) == 0);
+    // One sequence: 8 x 2112 / 264 = 64 a slot, 128 > 96: split, L = ceil(64 / 3).
+    CHECK(pv::attention_mma_dkv_segment_steps(1, 2048, 32, 8) == 22);
+    // 8B under --tp 8 at 1 x 4096 (a rank's 4 query heads, 1 KV head): 4·2080 / 264 = 31 a slot,
+    // L = ceil(31 / 3) = 11. Key tile z has 4(64 − z) steps, ceil(4(64 − z) / 11) blocks: 786 in
+    // all; those of more than one (4(64 − z) > 11: z < 62) hold all but the last two's.
+    CHECK(pv::attention_mma_dkv_segment_steps(1, 4096, 4, 1) == 11);
+    CHECK(pv::attention_mma_dkv_blocks(4096, 4, 1, 11) == 786);
+    CHECK(pv::attention_mma_dkv_partial_slots(4096, 4, 1, 11) == 784);
+    CHECK(pv::attention_mma_dkv_split_tiles(4096, 4, 1, 11) == 62);
+    CHECK(pv::attention_mma_dkv_partial_bytes(1, 4096, 4, 1, 128) == 784ull * 64 * 128 * 2 * 4);
+    // 70B at 1 x 4096 (H 64, Hkv 8): 8·8·2080 / 264 = 504 a slot, the heaviest block 512: no split.
+    CHECK(pv::attention_mma_dkv_segment_steps(1, 4096, 64, 8) == 0);
+    CHECK(pv::attention_mma_dkv_partial_bytes(1, 4096, 64, 8, 128) == 0);
+
+    for (size_t hd : {64, 128}) {
+        // B 2, T 200 (n 4), H 6, Hkv 2 (G 3): a slot's share under one step, L the least, 8: key tiles
+        // 0 and 1 (12 and 9 steps) split in two, 2 and 3 (6, 3) not.
+        const AttentionShape s = kTsanBuild ? AttentionShape{1, 130, 6, 1, hd} : AttentionShape{2, 200, 6, 2, hd};
+        const int B = int(s.B), T_len = int(s.T), H = int(s.H), Hkv = int(s.Hkv);
+        const int L = pv::attention_mma_dkv_segment_steps(B, T_len, H, Hkv);
+        REQUIRE(L == 8);
+        REQUIRE(pv::attention_mma_dkv_partial_slots(T_len, H, Hkv, L) > 0);
+        const std::vector<std::vector<size_t>> ragged = {{70, 3, 1, 100, 26}, {9, 120, 50, 21}};
+        std::vector<int> pos;
+        for (size_t b = 0; b < s.B; ++b) {
+            const auto row = document_positions(ragged[b], s.T);
+            pos.insert(pos.end(), row.begin(), row.end());
+        }
+        const auto qkv = random_vector<bf16>(s.B * s.T * s.width(), 2000 + hd, -2.0, 2.0);
+        const auto dout = random_vector<bf16>(s.B * s.T * s.H * s.hd, 2001 + hd);
+        for (const std::vector<int>* positions : std::vector<const std::vector<int>*>{&pos, nullptr}) {
+            INFO(describe(s) << (positions ? ", documents" : ", causal"));
+            Run<bf16> got = run(qkv, dout, s, positions);  // the public path
+            const auto split = mma_backward_direct(qkv, dout, s, positions, got);
+            REQUIRE(same_bits(got.dqkv, split));
+            REQUIRE(same_bits(split, mma_backward_direct(qkv, dout, s, positions, got)));
+            for (int steps : {L, 1, 0}) {
+                INFO("segments of at most " << steps << " steps (0: none)");
+                got.dqkv = mma_backward_direct(qkv, dout, s, positions, got, std::nullopt, steps);
+                check_within_plain_bf16(qkv, dout, got, s, positions, "");
+            }
+        }
+    }
+}
+
 // The tensor-core kernels' ldmatrix reads on every bank: padded rows (forward, dK/dV, dQ) and the
 // dK/dV kernel's swizzled ones give each 8-row matrix one wavefront. Their results are right
 // either way, so only the host's bank check (POLEVAULT_HOST_BANK_CONFLICTS) can show a layout
@@ -734,7 +797,7 @@ TEST_CASE("bf16 attention backward with buffers the tensor cores cannot take fal
     std::copy(dout.begin(), dout.end(), dout_off.begin() + 1);
     DeviceArray<bf16> d_qkv(qkv_off), d_dout(dout_off), d_out(dout.size()), d_dqkv(qkv.size() + 1);
     DeviceArray<float> d_lse(s.B * s.H * s.T);
-    DeviceArray<unsigned char> scratch(pv::attention_backward_scratch_bytes<bf16>(B, T_len, H));
+    DeviceArray<unsigned char> scratch(pv::attention_backward_scratch_bytes<bf16>(B, T_len, H, Hkv, hd));
     REQUIRE_FALSE(pv::attention_mma_backward_applies(d_qkv.get() + 1, d_dout.get() + 1, d_dqkv.get() + 1, hd));
     pv::attention_forward(d_qkv.get() + 1, nullptr, d_out.get(), d_lse.get(), B, T_len, H, Hkv, hd, nullptr);
     pv::attention_backward(d_qkv.get() + 1, nullptr, d_out.get(), d_dout.get() + 1, d_lse.get(), d_dqkv.get() + 1,
@@ -762,7 +825,7 @@ double check_against_plain_bf16(const AttentionShape& s, uint64_t seed, const st
     DeviceArray<float> d_lse(s.B * s.H * s.T);
     DeviceArray<int> d_pos(positions ? *positions : std::vector<int>(1));
     const int* pos = positions ? d_pos.get() : nullptr;
-    DeviceArray<unsigned char> scratch(pv::attention_backward_scratch_bytes<bf16>(B, T_len, H));
+    DeviceArray<unsigned char> scratch(pv::attention_backward_scratch_bytes<bf16>(B, T_len, H, Hkv, hd));
     REQUIRE(pv::attention_mma_forward_supported(d_qkv.get(), d_out.get(), hd));
     REQUIRE(pv::attention_mma_backward_applies(d_qkv.get(), d_dout.get(), d_dqkv.get(), hd));
     pv::attention_forward(d_qkv.get(), pos, d_out.get(), d_lse.get(), B, T_len, H, Hkv, hd, nullptr, p_fp32);

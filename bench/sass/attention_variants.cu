@@ -15,7 +15,7 @@ namespace pv {
 #define POLEVAULT_ATTENTION_BACKWARD_BODY(HD, PATH)                                                                    \
     template __global__ void attention_mma_dkv_kernel<HD, PATH>(const __nv_bfloat16*, const int*,                      \
                                                                 const __nv_bfloat16*, const float*, const float*,      \
-                                                                __nv_bfloat16*, int, int, int);                        \
+                                                                __nv_bfloat16*, int, int, int, int, float*, int);      \
     template __global__ void attention_mma_dq_kernel<HD, PATH>(const __nv_bfloat16*, const int*, const __nv_bfloat16*, \
                                                                const float*, const float*, __nv_bfloat16*, int, int,   \
                                                                int);
@@ -23,7 +23,7 @@ namespace pv {
 #define POLEVAULT_ATTENTION_DKV_SWIZZLED_BODY(HD, PATH)                                                               \
     template __global__ void attention_mma_dkv_kernel<HD, PATH, AttentionMmaRows::swizzled>(                          \
         const __nv_bfloat16*, const int*, const __nv_bfloat16*, const float*, const float*, __nv_bfloat16*, int, int, \
-        int);
+        int, int, float*, int);
 #define POLEVAULT_ATTENTION_FORWARD_BODIES(HD) \
     POLEVAULT_ATTENTION_FORWARD_BODY(HD, 1)    \
     POLEVAULT_ATTENTION_FORWARD_BODY(HD, 2)

@@ -131,7 +131,7 @@ TEST_CASE("attention moves the bytes the model says, with and without document m
     DeviceArray<bf16> qkv(random_of<bf16>(N * width, 11)), out(N * H * hd), dout(random_of<bf16>(N * H * hd, 12));
     DeviceArray<bf16> dqkv(N * width);
     DeviceArray<float> lse(N * H);
-    DeviceArray<unsigned char> scratch(pv::attention_backward_scratch_bytes<bf16>(B, T, H));
+    DeviceArray<unsigned char> scratch(pv::attention_backward_scratch_bytes<bf16>(B, T, H, Hkv, hd));
     std::vector<int> positions(static_cast<size_t>(N));
     for (long long i = 0; i < N; ++i) positions[size_t(i)] = int(i % T) % 23;  // documents of 23 tokens
     DeviceArray<int> pos(positions);
