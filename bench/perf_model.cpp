@@ -2,7 +2,9 @@
 // the bytes it moves, the FLOPs it does, the unit it runs on and its predicted H100 SXM time,
 // before this code's kernels and now, side by side; the step time and MFU they add up to; and
 // each data-parallel strategy's communication (parallel/comm_cost.h, the comm counters' figures)
-// at NVLink and at 100 Gb/s Ethernet. Predictions, not measurements: no GPU runs here.
+// at NVLink and at 100 Gb/s Ethernet; one rank's step under --tp; and the dK/dV kernel's time per
+// layer at small grids, one block a key tile against its key tiles split into segments
+// (kernels/attention_mma_blocks.h). Predictions, not measurements: no GPU runs here.
 //
 //   build/<flavour>/bench/perf_model [--kernels]    (--kernels: the per-kernel table too)
 #include "model/config.h"
@@ -173,6 +175,37 @@ int main(int argc, char** argv) {
                         p.seconds * 1e3, w.all_reduces, w.all_gathers, w.bytes / 1e9, tensor_comm * 1e3,
                         dp_bytes / 1e9, dp_comm * 1e3, overlapped * 1e3, serial * 1e3,
                         100 * p.model_flops / (serial * peak), 100 * p.model_flops / (overlapped * peak));
+        }
+    }
+    {  // the dK/dV kernel's split on small grids (kernels/attention_mma_blocks.h), per layer
+        std::printf(
+            "\n## dK/dV on small grids: key tiles split into segments, per layer\n\n"
+            "| shape | H / Hkv, hd | segment steps | blocks, one a key tile | dK/dV (ms) | blocks, split | "
+            "dK/dV (ms) | reduce (ms) | partials (MB) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
+        struct Shape {
+            const char* name;
+            int B, T, H, Hkv, hd;
+        };
+        for (const Shape& x :
+             {Shape{"8B, 1 x 2048", 1, 2048, 32, 8, 128}, Shape{"1B, 1 x 2048", 1, 2048, 32, 8, 64},
+              Shape{"8B --tp 8, 1 x 4096", 1, 4096, 4, 1, 128}, Shape{"8B --tp 8, 1 x 8192", 1, 8192, 4, 1, 128},
+              Shape{"70B --tp 8, 1 x 4096", 1, 4096, 8, 1, 128}, Shape{"1B, 4 x 2048", 4, 2048, 32, 8, 64},
+              Shape{"70B, 1 x 4096", 1, 4096, 64, 8, 128}}) {
+            const std::vector<KernelCost> k = cost::attention_backward(x.B, x.T, x.H, x.Hkv, x.hd, 2, 4, false);
+            KernelCost whole = k[1];  // the same kernel, one block a key tile
+            cost::set_attention_issue(
+                whole, "dkv", x.B, x.T, x.H, x.Hkv, x.hd, attention_tile_instructions("dkv", x.hd),
+                attention_tile_instructions("dkv", x.hd, true), attention_kernel_registers("dkv", x.hd), 0);
+            const auto blocks = [](const KernelCost& c) {
+                long long n = 0;
+                for (const BlockRun& r : c.blocks) n += r.blocks;
+                return n;
+            };
+            const bool split = k.size() > 3;
+            std::printf("| %s | %d / %d, %d | %d | %lld | %.3f | %lld | %.3f | %.3f | %.1f |\n", x.name, x.H, x.Hkv,
+                        x.hd, attention_mma_dkv_segment_steps(x.B, x.T, x.H, x.Hkv), blocks(whole),
+                        predicted_seconds(whole) * 1e3, blocks(k[1]), predicted_seconds(k[1]) * 1e3,
+                        split ? predicted_seconds(k[3]) * 1e3 : 0.0, split ? k[3].read_bytes / 1e6 : 0.0);
         }
     }
     return 0;

@@ -254,7 +254,7 @@ double attention_tile_pairs(int T) {
 // attention; document boundaries add masked tiles, not priced). Every block of one z index does
 // the same work.
 std::vector<BlockRun> attention_blocks(const char* kernel, int B, int T, int H, int Hkv, int hd, int interior,
-                                       int masked) {
+                                       int masked, int segment_steps) {
     if (interior <= 0 || masked <= 0)
         throw std::invalid_argument(std::string("step cost: no tensor-core attention ") + kernel + " kernel at head dim " +
                                     std::to_string(hd) + " in model/attention_sass.h");
@@ -262,7 +262,9 @@ std::vector<BlockRun> attention_blocks(const char* kernel, int B, int T, int H, 
     const int n = (T + kAttentionMmaTile - 1) / kAttentionMmaTile;
     const bool dkv = std::string(kernel).starts_with("dkv");
     std::vector<BlockRun> grid;
-    const int G = H / Hkv, L = dkv ? attention_mma_dkv_segment_steps(B, T, H, Hkv) : 0;
+    const int G = H / Hkv, L = !dkv                 ? 0
+                               : segment_steps >= 0 ? segment_steps
+                                                    : attention_mma_dkv_segment_steps(B, T, H, Hkv);
     for (int z = 0; z < n; ++z) {
         // dK/dV: key tile z walks n − z query tiles per query head; the others: query tile n − 1 − z
         // walks n − z key tiles.
@@ -288,8 +290,8 @@ std::vector<BlockRun> attention_blocks(const char* kernel, int B, int T, int H, 
 // The issue-bound part of a tensor-core attention kernel's cost: its blocks, their instructions
 // and the registers and shared memory a block takes.
 void set_attention_issue(KernelCost& k, const char* kernel, int B, int T, int H, int Hkv, int hd, int interior,
-                         int masked, int registers) {
-    k.blocks = attention_blocks(kernel, B, T, H, Hkv, hd, interior, masked);
+                         int masked, int registers, int segment_steps) {
+    k.blocks = attention_blocks(kernel, B, T, H, Hkv, hd, interior, masked, segment_steps);
     k.warp_instructions = 0;
     for (const BlockRun& r : k.blocks) k.warp_instructions += double(r.blocks) * r.work;
     k.block_threads = kAttentionMmaThreads;
@@ -546,7 +548,8 @@ IssueEfficiency attention_issue_efficiency() {
             KernelCost k;
             k.kernel = kernel;
             k.issue_efficiency = 1.0;
-            cost::set_attention_issue(k, kernel, B, T, H, Hkv, hd, trip, trip, registers);
+            cost::set_attention_issue(k, kernel, B, T, H, Hkv, hd, trip, trip, registers,
+                                      0);  // (one block a key tile then)
             return issue_seconds(k);
         };
         const double forward = full_rate("forward", kForward, kMeasuredForwardRegisters);
