@@ -304,6 +304,29 @@ void run(const pv::LlamaConfig& c, const Options& o) {
                                                                 nullptr);
                           }),
                   att_bytes_back, 2.5 * att_flops, on_gpu);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>)
+        if (pv::attention_mma_backward_applies(qkv, datt, dqkv, hd)) {
+            // The tensor-core backward with its dK/dV rows and split named: unsplit where this shape's
+            // grid is split (what the split saves), and with swizzled rows at the head dims that have
+            // them (what sm_86/sm_89 run, timed on this GPU) where the device holds their block.
+            const auto mma = [&](pv::AttentionMmaRows rows, int segment_steps) {
+                A* D = static_cast<A*>(att_scratch);
+                float* partial = reinterpret_cast<float*>(static_cast<char*>(att_scratch) +
+                                                          pv::attention_backward_d_bytes<T>(B, Tn, H));
+                pv::attention_backward_dot(att, datt, D, B, Tn, H, hd, nullptr);
+                pv::attention_mma_backward(qkv, nullptr, datt, lse, D, dqkv, B, Tn, H, Hkv, hd, nullptr, rows,
+                                           segment_steps, partial);
+            };
+            const int split = pv::attention_mma_dkv_segment_steps(B, Tn, H, Hkv);
+            const pv::AttentionMmaRows rows = pv::attention_mma_dkv_rows(hd, pv::device_shared_bytes_per_block());
+            if (split > 0)
+                report<T>("attention backward, dK/dV unsplit", time_it(R, [&] { mma(rows, 0); }), att_bytes_back,
+                          2.5 * att_flops, on_gpu);
+            if (pv::attention_mma_dkv_has_swizzled(hd) && rows == pv::AttentionMmaRows::padded)
+                report<T>("attention backward, dK/dV swizzled",
+                          time_it(R, [&] { mma(pv::AttentionMmaRows::swizzled, split); }), att_bytes_back,
+                          2.5 * att_flops, on_gpu);
+        }
     // Packed documents of T/4 tokens (--document-mask): each row attends within its document only,
     // so the scores are those of four causal blocks of T/4 (plus the positions, read once).
     std::vector<int> doc_pos(static_cast<size_t>(N));
