@@ -231,6 +231,22 @@ __device__ inline void attention_mma_store_partial(float* tile, int row0, const 
     }
 }
 
+// Key tiles' segment counts in key-tile order, ceil(G·(n − z) / L), with no division per tile: the
+// count is kept with its slack, segments·L − G·(n − z) in [0, L), as z advances (the decode walks up
+// to n key tiles, a division each would cost a block more than a tile pair of work).
+struct AttentionMmaDkvSegments {
+    int z, segments, slack, group, steps;
+    __device__ AttentionMmaDkvSegments(int n, int group_, int segment_steps)
+        : z(0),
+          segments((group_ * n + segment_steps - 1) / segment_steps),
+          slack(segments * segment_steps - group_ * n),
+          group(group_),
+          steps(segment_steps) {}
+    __device__ void next() {
+        ++z, slack += group;
+        while (slack >= steps) slack -= steps, --segments;
+    }
+};
 // A dK/dV block's key tile z, its segment of the tile's steps, and its partial slot (−1 where the key
 // tile is one block: it stores dK and dV itself), from its grid index: key tile 0's segments first
 // (attention_mma_dkv_segments, kernels/attention_mma_blocks.h, with L = segment_steps; 0: one block
@@ -240,12 +256,13 @@ struct AttentionMmaDkvBlock {
 };
 __device__ inline AttentionMmaDkvBlock attention_mma_dkv_block(int index, int n, int group, int segment_steps) {
     if (segment_steps == 0) return {index, 0, -1};
-    int z = 0, first_slot = 0;
-    for (;; ++z) {
-        const int segments = (group * (n - z) + segment_steps - 1) / segment_steps;
-        if (index < segments) return {z, index, segments > 1 ? first_slot + index : -1};
-        index -= segments, first_slot += segments;
+    AttentionMmaDkvSegments tiles(n, group, segment_steps);
+    int first_slot = 0;  // the split key tiles (more than one segment) come first
+    for (; index >= tiles.segments; tiles.next()) {
+        index -= tiles.segments;
+        if (tiles.segments > 1) first_slot += tiles.segments;
     }
+    return {tiles.z, index, tiles.segments > 1 ? first_slot + index : -1};
 }
 
 // Calls chunk(c0, tag) for the tile's four chunks of 16 rows, c0 = 0, 16, 32, 48: a loop, or with
@@ -490,9 +507,10 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
                                     int segment_steps, int partial_slots) {
     constexpr int Bt = kAttentionMmaTile;
     const int z = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, group = H / Hkv, n = (T_len + Bt - 1) / Bt;
+    AttentionMmaDkvSegments tiles(n, group, segment_steps);
     int first_slot = 0;
-    for (int y = 0; y < z; ++y) first_slot += (group * (n - y) + segment_steps - 1) / segment_steps;
-    const int segments = (group * (n - z) + segment_steps - 1) / segment_steps;
+    for (; tiles.z < z; tiles.next()) first_slot += tiles.segments;  // (every key tile before z is split)
+    const int segments = tiles.segments;
     const long long dv_offset = (long long)gridDim.z * Hkv * partial_slots * Bt * HD;
     const float* tile = partial + (((long long)b * Hkv + kvh) * partial_slots + first_slot) * Bt * HD;
     const long long stride = (long long)(H + 2 * Hkv) * HD;
