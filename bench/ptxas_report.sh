@@ -170,8 +170,8 @@ done
 # figures from nvcc 13):
 # - at hd 112, a head dim no Llama-family checkpoint has, dK/dV (20 bytes; split, 24) and dQ (4): a
 #   few local loads and stores per tile pair of some 900 and 600 instructions;
-# - the split dK/dV with swizzled rows at hd 128 (kSplit true: small grids on sm_86/sm_89), 16
-#   bytes: one local load per tile pair of about 1,000 instructions, the rest before and after the
+# - the split dK/dV with swizzled rows at hd 128 (kSplit true: small grids on sm_86/sm_89), 12
+#   bytes: two local loads per tile pair of about 1,000 instructions, the rest before and after the
 #   tile loop.
 # test_attention checks the kernels' results. The single-body variants are instruments, not
 # programs: a spill there is listed, not failed (their counts include its local loads and stores).
