@@ -201,11 +201,11 @@ int main(int argc, char** argv) {
                 for (const BlockRun& r : c.blocks) n += r.blocks;
                 return n;
             };
-            const bool split = k.size() > 3;
+            const bool split = k.size() > 3;  // D, dK/dV, the reduce, dQ
             std::printf("| %s | %d / %d, %d | %d | %lld | %.3f | %lld | %.3f | %.3f | %.1f |\n", x.name, x.H, x.Hkv,
                         x.hd, attention_mma_dkv_segment_steps(x.B, x.T, x.H, x.Hkv), blocks(whole),
                         predicted_seconds(whole) * 1e3, blocks(k[1]), predicted_seconds(k[1]) * 1e3,
-                        split ? predicted_seconds(k[3]) * 1e3 : 0.0, split ? k[3].read_bytes / 1e6 : 0.0);
+                        split ? predicted_seconds(k[2]) * 1e3 : 0.0, split ? k[2].read_bytes / 1e6 : 0.0);
         }
     }
     return 0;

@@ -397,8 +397,8 @@ std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd,
         const double partial = 2 * tile * double(attention_mma_dkv_partial_slots(T, H, Hkv, L)) * 4;
         const double split = 2 * tile * attention_mma_dkv_split_tiles(T, H, Hkv, L) * t;
         k[1].written_bytes += partial - split;
-        k.push_back(kernel("attention_mma_dkv_reduce_kernel", "attention backward: dK, dV partials summed", partial,
-                           split, partial / 4, kVector));
+        k.insert(k.begin() + 2, kernel("attention_mma_dkv_reduce_kernel", "attention backward: dK, dV partials summed",
+                                       partial, split, partial / 4, kVector));  // (launched before dQ)
     }
     return k;
 }

@@ -590,7 +590,7 @@ TEST_CASE("step cost: a small grid's dK/dV key tiles split into segments, priced
     CHECK(pv::predicted_seconds(dkv) < 1.5 * balanced);
     // The reduce kernel: fp32 partials of dK and dV read (784 slots of 64 x 128), the 62 split key
     // tiles' bf16 rows written; the dK/dV kernel writes the partials instead of those rows.
-    const pv::KernelCost& reduce = k[3];
+    const pv::KernelCost& reduce = k[2];  // in launch order: D, dK/dV, the reduce, dQ
     CHECK(reduce.kernel == "attention_mma_dkv_reduce_kernel");
     CHECK(reduce.read_bytes == 784.0 * 64 * 128 * 2 * 4);
     CHECK(reduce.written_bytes == 62.0 * 64 * 128 * 2 * 2);

@@ -155,6 +155,34 @@ TEST_CASE("attention moves the bytes the model says, with and without document m
     }
 }
 
+// A grid the dK/dV kernel splits (kernels/attention_mma_blocks.h: B 2, T 200, H 6, Hkv 2, L 8): its
+// blocks write fp32 partials for the split key tiles, which the reduce kernel reads and sums into
+// their rows, before the dQ kernel.
+TEST_CASE("the split dK/dV moves the bytes the model says", "[traffic]") {
+    const int B = 2, T = 200, H = 6, Hkv = 2, hd = 64, width = (H + 2 * Hkv) * hd;
+    REQUIRE(pv::attention_mma_dkv_segment_steps(B, T, H, Hkv) == 8);
+    const long long N = (long long)B * T;
+    DeviceArray<bf16> qkv(random_of<bf16>(N * width, 21)), out(N * H * hd), dout(random_of<bf16>(N * H * hd, 22));
+    DeviceArray<bf16> dqkv(N * width);
+    DeviceArray<float> lse(N * H);
+    DeviceArray<unsigned char> scratch(pv::attention_backward_scratch_bytes<bf16>(B, T, H, Hkv, hd));
+    std::vector<int> positions(static_cast<size_t>(N));
+    for (long long i = 0; i < N; ++i) positions[size_t(i)] = int(i % T) % 23;  // documents of 23 tokens
+    DeviceArray<int> pos(positions);
+    for (const bool masked : {false, true}) {  // (with documents some segments have no steps: zeros)
+        INFO("document masks: " << masked);
+        const int* p = masked ? pos.get() : nullptr;
+        pv::attention_forward(qkv.get(), p, out.get(), lse.get(), B, T, H, Hkv, hd, nullptr);
+        const std::vector<KernelCost> predicted = pv::cost::attention_backward(B, T, H, Hkv, hd, t, a, masked);
+        REQUIRE(predicted.size() == 4);
+        CHECK(predicted[2].kernel == "attention_mma_dkv_reduce_kernel");
+        check_traffic(predicted, [&] {
+            pv::attention_backward(qkv.get(), p, out.get(), dout.get(), lse.get(), dqkv.get(), scratch.get(), B, T, H,
+                                   Hkv, hd, nullptr);
+        });
+    }
+}
+
 TEST_CASE("cross-entropy, embedding, the norm and AdamW move the bytes the model says", "[traffic]") {
     const long long N = 45;
     const int V = 301, C = 64;  // V + 3 = 304: a multiple of the 16-byte width
