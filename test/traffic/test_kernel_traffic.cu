@@ -125,16 +125,39 @@ TEST_CASE("rmsnorm, swiglu, rope and add move the bytes the model says", "[traff
     check_traffic(pv::cost::add(N * C, t), [&] { pv::add(x.get(), dy.get(), y.get(), N * C, nullptr); });
 }
 
+namespace {
+// An attention call's buffers at B × T with H query and Hkv KV heads of hd: qkv and dout random,
+// the outputs, the backward's scratch, and positions of documents of 23 tokens.
+struct AttentionBuffers {
+    AttentionBuffers(int B, int T, int H, int Hkv, int hd, uint64_t seed)
+        : N((long long)B * T),
+          qkv(random_of<bf16>(N * (H + 2 * Hkv) * hd, seed)),
+          out(N * H * hd),
+          dout(random_of<bf16>(N * H * hd, seed + 1)),
+          dqkv(N * (H + 2 * Hkv) * hd),
+          lse(N * H),
+          scratch(pv::attention_backward_scratch_bytes<bf16>(B, T, H, Hkv, hd)),
+          pos(documents(N, T)) {}
+    static std::vector<int> documents(long long N, int T) {
+        std::vector<int> positions(static_cast<size_t>(N));
+        for (long long i = 0; i < N; ++i) positions[size_t(i)] = int(i % T) % 23;
+        return positions;
+    }
+    long long N;
+    DeviceArray<bf16> qkv, out, dout, dqkv;
+    DeviceArray<float> lse;
+    DeviceArray<unsigned char> scratch;
+    DeviceArray<int> pos;
+};
+}  // namespace
+
 TEST_CASE("attention moves the bytes the model says, with and without document masks", "[traffic]") {
-    const int B = 2, T = 70, H = 4, Hkv = 2, hd = 64, width = (H + 2 * Hkv) * hd;
-    const long long N = (long long)B * T;
-    DeviceArray<bf16> qkv(random_of<bf16>(N * width, 11)), out(N * H * hd), dout(random_of<bf16>(N * H * hd, 12));
-    DeviceArray<bf16> dqkv(N * width);
-    DeviceArray<float> lse(N * H);
-    DeviceArray<unsigned char> scratch(pv::attention_backward_scratch_bytes<bf16>(B, T, H, Hkv, hd));
-    std::vector<int> positions(static_cast<size_t>(N));
-    for (long long i = 0; i < N; ++i) positions[size_t(i)] = int(i % T) % 23;  // documents of 23 tokens
-    DeviceArray<int> pos(positions);
+    const int B = 2, T = 70, H = 4, Hkv = 2, hd = 64;
+    AttentionBuffers x(B, T, H, Hkv, hd, 11);
+    auto &qkv = x.qkv, &out = x.out, &dout = x.dout, &dqkv = x.dqkv;
+    auto& lse = x.lse;
+    auto& pos = x.pos;
+    auto& scratch = x.scratch;
     for (const bool masked : {false, true}) {
         INFO("document masks: " << masked);
         const int* p = masked ? pos.get() : nullptr;
@@ -159,16 +182,13 @@ TEST_CASE("attention moves the bytes the model says, with and without document m
 // blocks write fp32 partials for the split key tiles, which the reduce kernel reads and sums into
 // their rows, before the dQ kernel.
 TEST_CASE("the split dK/dV moves the bytes the model says", "[traffic]") {
-    const int B = 2, T = 200, H = 6, Hkv = 2, hd = 64, width = (H + 2 * Hkv) * hd;
+    const int B = 2, T = 200, H = 6, Hkv = 2, hd = 64;
     REQUIRE(pv::attention_mma_dkv_segment_steps(B, T, H, Hkv) == 8);
-    const long long N = (long long)B * T;
-    DeviceArray<bf16> qkv(random_of<bf16>(N * width, 21)), out(N * H * hd), dout(random_of<bf16>(N * H * hd, 22));
-    DeviceArray<bf16> dqkv(N * width);
-    DeviceArray<float> lse(N * H);
-    DeviceArray<unsigned char> scratch(pv::attention_backward_scratch_bytes<bf16>(B, T, H, Hkv, hd));
-    std::vector<int> positions(static_cast<size_t>(N));
-    for (long long i = 0; i < N; ++i) positions[size_t(i)] = int(i % T) % 23;  // documents of 23 tokens
-    DeviceArray<int> pos(positions);
+    AttentionBuffers x(B, T, H, Hkv, hd, 21);
+    auto &qkv = x.qkv, &out = x.out, &dout = x.dout, &dqkv = x.dqkv;
+    auto& lse = x.lse;
+    auto& pos = x.pos;
+    auto& scratch = x.scratch;
     for (const bool masked : {false, true}) {  // (with documents some segments have no steps: zeros)
         INFO("document masks: " << masked);
         const int* p = masked ? pos.get() : nullptr;
