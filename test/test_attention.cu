@@ -703,9 +703,9 @@ TEST_CASE("bf16 attention backward at hd 128 on a GPU with 99 KiB a block runs d
 // The dK/dV kernel's work split (kernels/attention_mma_blocks.h). Where its grid is small, a key
 // tile's steps (query head, query tile) are split into segments of at most L, a block each, whose
 // fp32 partials a second kernel sums in segment order. The policy on named shapes, worked by hand;
-// then on a shape it splits, every split (the shape's L, every step its own segment, none) meets
-// the fp64 reference as the tensor cores must, the shape's is deterministic and is what the public
-// path computes, causal and with documents (whose shorter key tiles leave trailing segments empty).
+// then on a shape it splits, both splits (the shape's L, and every step its own segment) meet the
+// fp64 reference as the tensor cores must, the shape's is deterministic and is what the public path
+// computes, causal and with documents (whose shorter key tiles leave trailing segments empty).
 TEST_CASE("bf16 attention backward splits a small grid's dK/dV key tiles into segments",
           "[kernels][attention][documents]") {
     // 1B at 4 x 2048 (H 32, Hkv 8): 4·8 (b, KV head) x 4·528 steps over 264 slots is 256 a slot; the
@@ -725,7 +725,10 @@ TEST_CASE("bf16 attention backward splits a small grid's dK/dV key tiles into se
     CHECK(pv::attention_mma_dkv_segment_steps(1, 4096, 64, 8) == 0);
     CHECK(pv::attention_mma_dkv_partial_bytes(1, 4096, 64, 8, 128) == 0);
 
-    for (size_t hd : {64, 128}) {
+    // (Under TSan, whose question is races, hd 64 with documents alone, the public path against the
+    // direct call: the split and reduce kernels run under the race checker, empty segments too; the
+    // other checks cost minutes there and look for no race.)
+    for (size_t hd : kTsanBuild ? std::vector<size_t>{64} : std::vector<size_t>{64, 128}) {
         // B 2, T 200 (n 4), H 6, Hkv 2 (G 3): a slot's share under one step, L the least, 8: key tiles
         // 0 and 1 (12 and 9 steps) split in two, 2 and 3 (6, 3) not.
         const AttentionShape s = kTsanBuild ? AttentionShape{1, 130, 6, 1, hd} : AttentionShape{2, 200, 6, 2, hd};
@@ -741,14 +744,19 @@ TEST_CASE("bf16 attention backward splits a small grid's dK/dV key tiles into se
         }
         const auto qkv = random_vector<bf16>(s.B * s.T * s.width(), 2000 + hd, -2.0, 2.0);
         const auto dout = random_vector<bf16>(s.B * s.T * s.H * s.hd, 2001 + hd);
-        for (const std::vector<int>* positions : std::vector<const std::vector<int>*>{&pos, nullptr}) {
+        const auto cases = kTsanBuild ? std::vector<const std::vector<int>*>{&pos}
+                                      : std::vector<const std::vector<int>*>{&pos, nullptr};
+        for (const std::vector<int>* positions : cases) {
             INFO(describe(s) << (positions ? ", documents" : ", causal"));
             Run<bf16> got = run(qkv, dout, s, positions);  // the public path
             const auto split = mma_backward_direct(qkv, dout, s, positions, got);
             REQUIRE(same_bits(got.dqkv, split));
+            if (kTsanBuild) continue;  // (the kernels have run under the race checker)
             REQUIRE(same_bits(split, mma_backward_direct(qkv, dout, s, positions, got)));
-            for (int steps : {L, 1, 0}) {
-                INFO("segments of at most " << steps << " steps (0: none)");
+            // The shape's split, and every step its own segment (the unsplit kernel meets the
+            // reference in the cases above whose grids are not split).
+            for (int steps : {L, 1}) {
+                INFO("segments of at most " << steps << " steps");
                 got.dqkv = mma_backward_direct(qkv, dout, s, positions, got, std::nullopt, steps);
                 check_within_plain_bf16(qkv, dout, got, s, positions, "");
             }
