@@ -311,11 +311,9 @@ void run(const pv::LlamaConfig& c, const Options& o) {
             // them (what sm_86/sm_89 run, timed on this GPU) where the device holds their block.
             const auto mma = [&](pv::AttentionMmaRows rows, int segment_steps) {
                 A* D = static_cast<A*>(att_scratch);
-                float* partial = reinterpret_cast<float*>(static_cast<char*>(att_scratch) +
-                                                          pv::attention_backward_d_bytes<T>(B, Tn, H));
                 pv::attention_backward_dot(att, datt, D, B, Tn, H, hd, nullptr);
                 pv::attention_mma_backward(qkv, nullptr, datt, lse, D, dqkv, B, Tn, H, Hkv, hd, nullptr, rows,
-                                           segment_steps, partial);
+                                           segment_steps, pv::attention_backward_partials<T>(att_scratch, B, Tn, H));
             };
             const int split = pv::attention_mma_dkv_segment_steps(B, Tn, H, Hkv);
             const pv::AttentionMmaRows rows = pv::attention_mma_dkv_rows(hd, pv::device_shared_bytes_per_block());

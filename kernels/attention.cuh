@@ -557,6 +557,11 @@ template <class T>
 size_t attention_backward_d_bytes(int B, int T_len, int H) {
     return (size_t(B) * size_t(T_len) * size_t(H) * sizeof(acc_t<T>) + 15) / 16 * 16;
 }
+// The split dK/dV's partials in the scratch (after D).
+template <class T>
+float* attention_backward_partials(void* scratch, int B, int T_len, int H) {
+    return reinterpret_cast<float*>(static_cast<char*>(scratch) + attention_backward_d_bytes<T>(B, T_len, H));
+}
 template <class T>
 size_t attention_backward_scratch_bytes(int B, int T_len, int H, int Hkv, int hd) {
     const bool partials = std::is_same_v<T, __nv_bfloat16> && attention_mma_backward_supports(hd);
@@ -618,9 +623,8 @@ void attention_backward(const T* qkv, const int* positions, const T* out, const 
     attention_backward_dot(out, dout, D, B, T_len, H, hd, stream);
     if constexpr (std::is_same_v<T, __nv_bfloat16>)
         if (attention_mma_backward_applies(qkv, dout, dqkv, hd))
-            return attention_mma_backward(
-                qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream,
-                reinterpret_cast<float*>(static_cast<char*>(scratch) + attention_backward_d_bytes<T>(B, T_len, H)));
+            return attention_mma_backward(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream,
+                                          attention_backward_partials<T>(scratch, B, T_len, H));
     attention_backward_cuda_cores(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream);
 }
 

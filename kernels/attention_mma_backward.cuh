@@ -694,7 +694,7 @@ void attention_mma_backward_run(Kernel kernel, dim3 grid, size_t smem, cudaStrea
 // filled): the dK/dV kernel with its shared rows laid out as dkv_rows says (swizzled only at the
 // head dims attention_mma_dkv_has_swizzled names), its key tiles split into segments of at most
 // segment_steps steps (0: none; attention_mma_dkv_segment_steps) whose partials go to `partial`
-// (attention_mma_dkv_partial_slots(T_len, H, Hkv, segment_steps) slots per batch and KV head of
+// (attention_mma_dkv_grid(T_len, H, Hkv, segment_steps).partial_slots per batch and KV head of
 // 64 x HD floats, dK's then dV's) and the reduce kernel sums, then the dQ kernel, at head dim HD.
 template <int HD>
 void attention_mma_backward_launch(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
@@ -702,12 +702,13 @@ void attention_mma_backward_launch(const __nv_bfloat16* qkv, const int* position
                                    int Hkv, cudaStream_t stream, AttentionMmaRows dkv_rows, int segment_steps,
                                    float* partial) {
     const int n = ceil_div(T_len, kAttentionMmaTile);
-    const int slots = int(attention_mma_dkv_partial_slots(T_len, H, Hkv, segment_steps));
+    const AttentionMmaDkvGrid grid = attention_mma_dkv_grid(T_len, H, Hkv, segment_steps);
+    const int slots = int(grid.partial_slots);
     if (slots > 0 && !partial) {
         std::fprintf(stderr, "polevault: attention_mma_backward: the dK/dV split needs its partials' scratch\n");
         std::abort();
     }
-    const dim3 dkv_grid(Hkv, B, unsigned(attention_mma_dkv_blocks(T_len, H, Hkv, segment_steps))), dq_grid(H, B, n);
+    const dim3 dkv_grid(Hkv, B, unsigned(grid.blocks)), dq_grid(H, B, n);
     const auto dkv = [&](auto kernel, AttentionMmaRows rows) {
         attention_mma_backward_run(kernel, dkv_grid, attention_mma_dkv_smem_bytes(HD, rows), stream, qkv, positions,
                                    dout, lse, D, dqkv, T_len, H, Hkv, segment_steps, partial, slots);
@@ -728,9 +729,8 @@ void attention_mma_backward_launch(const __nv_bfloat16* qkv, const int* position
         std::abort();
     }
     if (slots > 0)
-        attention_mma_backward_run(attention_mma_dkv_reduce_kernel<HD>,
-                                   dim3(unsigned(attention_mma_dkv_split_tiles(T_len, H, Hkv, segment_steps)), Hkv, B),
-                                   0, stream, partial, dqkv, T_len, H, Hkv, segment_steps, slots);
+        attention_mma_backward_run(attention_mma_dkv_reduce_kernel<HD>, dim3(unsigned(grid.split_tiles), Hkv, B), 0,
+                                   stream, partial, dqkv, T_len, H, Hkv, segment_steps, slots);
     attention_mma_backward_run(attention_mma_dq_kernel<HD>, dq_grid, attention_mma_dq_smem_bytes(HD), stream, qkv,
                                positions, dout, lse, D, dqkv, T_len, H, Hkv);
 }

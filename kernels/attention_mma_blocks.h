@@ -85,31 +85,27 @@ constexpr int attention_mma_dkv_segment_steps(int B, int T, int H, int Hkv) {
 }
 // Blocks (segments) of key tile z: ceil(G·(n − z) / L), 1 unsplit (L = 0).
 constexpr int attention_mma_dkv_segments(int n, int z, int G, int L) { return L == 0 ? 1 : (G * (n - z) + L - 1) / L; }
-// Per (batch, KV head): the dK/dV grid's blocks, and the partial slots (64 x hd fp32 of dK and as many
-// of dV) of its split key tiles, those of more than one segment: 0, 1, .., Z − 1 (segments fall with z).
-constexpr long long attention_mma_dkv_blocks(int T, int H, int Hkv, int L) {
+// Per (batch, KV head): the dK/dV grid's blocks, the partial slots (64 x hd fp32 of dK and as many of
+// dV) of its split key tiles, those of more than one segment, and how many key tiles are split:
+// 0, 1, .., Z − 1 (segments fall with z).
+struct AttentionMmaDkvGrid {
+    long long blocks = 0, partial_slots = 0;
+    int split_tiles = 0;
+};
+constexpr AttentionMmaDkvGrid attention_mma_dkv_grid(int T, int H, int Hkv, int L) {
     const int n = (T + kAttentionMmaTile - 1) / kAttentionMmaTile;
-    long long blocks = 0;
-    for (int z = 0; z < n; ++z) blocks += attention_mma_dkv_segments(n, z, H / Hkv, L);
-    return blocks;
-}
-constexpr long long attention_mma_dkv_partial_slots(int T, int H, int Hkv, int L) {
-    const int n = (T + kAttentionMmaTile - 1) / kAttentionMmaTile;
-    long long slots = 0;
-    for (int z = 0; z < n; ++z)
-        if (const int s = attention_mma_dkv_segments(n, z, H / Hkv, L); s > 1) slots += s;
-    return slots;
-}
-// The split key tiles Z (per batch and KV head): the reduce kernel's grid.
-constexpr int attention_mma_dkv_split_tiles(int T, int H, int Hkv, int L) {
-    const int n = (T + kAttentionMmaTile - 1) / kAttentionMmaTile;
-    int z = 0;
-    while (z < n && attention_mma_dkv_segments(n, z, H / Hkv, L) > 1) ++z;
-    return z;
+    AttentionMmaDkvGrid g;
+    for (int z = 0; z < n; ++z) {
+        const int s = attention_mma_dkv_segments(n, z, H / Hkv, L);
+        g.blocks += s;
+        if (s > 1) g.partial_slots += s, ++g.split_tiles;
+    }
+    return g;
 }
 // Bytes of the partials at this shape (the backward's scratch holds them after D).
 constexpr size_t attention_mma_dkv_partial_bytes(int B, int T, int H, int Hkv, int hd) {
-    const long long slots = attention_mma_dkv_partial_slots(T, H, Hkv, attention_mma_dkv_segment_steps(B, T, H, Hkv));
+    const long long slots =
+        attention_mma_dkv_grid(T, H, Hkv, attention_mma_dkv_segment_steps(B, T, H, Hkv)).partial_slots;
     return size_t(B) * size_t(Hkv) * size_t(slots) * size_t(kAttentionMmaTile) * size_t(hd) * 2 * sizeof(float);
 }
 

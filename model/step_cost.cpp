@@ -394,8 +394,9 @@ std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd,
     const int L = attention_mma_dkv_segment_steps(B, T, H, Hkv);
     if (L > 0) {
         const double tile = double(kAttentionMmaTile) * hd * B * Hkv;  // one 64-row tile of each (b, KV head)
-        const double partial = 2 * tile * double(attention_mma_dkv_partial_slots(T, H, Hkv, L)) * 4;
-        const double split = 2 * tile * attention_mma_dkv_split_tiles(T, H, Hkv, L) * t;
+        const AttentionMmaDkvGrid grid = attention_mma_dkv_grid(T, H, Hkv, L);
+        const double partial = 2 * tile * double(grid.partial_slots) * 4;
+        const double split = 2 * tile * double(grid.split_tiles) * t;
         k[1].written_bytes += partial - split;
         k.insert(k.begin() + 2, kernel("attention_mma_dkv_reduce_kernel", "attention backward: dK, dV partials summed",
                                        partial, split, partial / 4, kVector));  // (launched before dQ)

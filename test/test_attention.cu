@@ -579,7 +579,7 @@ std::vector<bf16> mma_backward_direct(const std::vector<bf16>& qkv, const std::v
     DeviceArray<bf16> d_qkv(qkv), d_dout(dout), d_out(fwd.out), d_dqkv(qkv.size());
     DeviceArray<float> d_lse(fwd.lse), d_D(s.B * s.H * s.T);
     const int L = segment_steps.value_or(pv::attention_mma_dkv_segment_steps(B, T_len, H, Hkv));
-    const long long slots = pv::attention_mma_dkv_partial_slots(T_len, H, Hkv, L);
+    const long long slots = pv::attention_mma_dkv_grid(T_len, H, Hkv, L).partial_slots;
     // Poisoned: a slot the reduce kernel reads that no block wrote shows as NaN.
     DeviceArray<float> d_partial(std::vector<float>(std::max<size_t>(1, size_t(2 * B * Hkv * slots * 64 * hd)), NAN));
     DeviceArray<int> d_pos(positions ? *positions : std::vector<int>(1));
@@ -717,9 +717,10 @@ TEST_CASE("bf16 attention backward splits a small grid's dK/dV key tiles into se
     // L = ceil(31 / 3) = 11. Key tile z has 4(64 − z) steps, ceil(4(64 − z) / 11) blocks: 786 in
     // all; those of more than one (4(64 − z) > 11: z < 62) hold all but the last two's.
     CHECK(pv::attention_mma_dkv_segment_steps(1, 4096, 4, 1) == 11);
-    CHECK(pv::attention_mma_dkv_blocks(4096, 4, 1, 11) == 786);
-    CHECK(pv::attention_mma_dkv_partial_slots(4096, 4, 1, 11) == 784);
-    CHECK(pv::attention_mma_dkv_split_tiles(4096, 4, 1, 11) == 62);
+    const pv::AttentionMmaDkvGrid grid = pv::attention_mma_dkv_grid(4096, 4, 1, 11);
+    CHECK(grid.blocks == 786);
+    CHECK(grid.partial_slots == 784);
+    CHECK(grid.split_tiles == 62);
     CHECK(pv::attention_mma_dkv_partial_bytes(1, 4096, 4, 1, 128) == 784ull * 64 * 128 * 2 * 4);
     // 70B at 1 x 4096 (H 64, Hkv 8): 8·8·2080 / 264 = 504 a slot, the heaviest block 512: no split.
     CHECK(pv::attention_mma_dkv_segment_steps(1, 4096, 64, 8) == 0);
@@ -735,7 +736,7 @@ TEST_CASE("bf16 attention backward splits a small grid's dK/dV key tiles into se
         const int B = int(s.B), T_len = int(s.T), H = int(s.H), Hkv = int(s.Hkv);
         const int L = pv::attention_mma_dkv_segment_steps(B, T_len, H, Hkv);
         REQUIRE(L == 8);
-        REQUIRE(pv::attention_mma_dkv_partial_slots(T_len, H, Hkv, L) > 0);
+        REQUIRE(pv::attention_mma_dkv_grid(T_len, H, Hkv, L).partial_slots > 0);
         const std::vector<std::vector<size_t>> ragged = {{70, 3, 1, 100, 26}, {9, 120, 50, 21}};
         std::vector<int> pos;
         for (size_t b = 0; b < s.B; ++b) {
