@@ -139,9 +139,10 @@ def tile_loop_counts(name, code, inner_trips):
 def demangled_kind(name):
     """(kind, head dim, path) of a mangled attention kernel name, or None. The kind is 'forward', 'dkv',
     'dkv-swizzled' (the dK/dV kernel with swizzled shared rows: its third template argument,
-    AttentionMmaRows, 1) or 'dq'. The dK/dV kernel's fourth, kSplit (its key tiles split into
-    segments), changes the block's first and last steps, not its tile loop: both instantiations are
-    one kind (the single-body variants are unsplit; the registers recorded are the more of the two)."""
+    AttentionMmaRows, 1) or 'dq'. kSplit (the dK/dV kernel's fourth template argument, dQ's third:
+    its tiles split into segments) changes the block's first and last steps, not its tile loop: both
+    instantiations are one kind (the single-body variants are unsplit; the registers recorded are the
+    more of the two)."""
     m = re.match(r"_ZN2pv(?:\d+)attention_mma_(forward|dkv|dq)_kernelILi(\d+)ELi(\d)E"
                  r"(?:LNS_16AttentionMmaRowsE(\d)E)?(?:Lb[01]E)?E", name)
     if not m:
@@ -167,7 +168,7 @@ HEADER = """\
 // the backward kernels, their loop over the tile's four 16-row chunks expanded) and the HMMA among
 // them: through the body for tiles every row of the warp sees whole (interior), and through the
 // one with masks (a diagonal or document-boundary tile), and the registers per thread of the
-// instantiation programs run (ptxas; dK/dV's split and unsplit ones, kSplit, the more of the two:
+// instantiation programs run (ptxas; of the split and unsplit ones, kSplit, the more of the two:
 // their tile loops are one source). model/step_cost.cpp turns them into time. A single-body
 // instantiation that spills (make ptxas-report lists them) has its local loads and stores counted,
 // which the kernel programs run may not have.

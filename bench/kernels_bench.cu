@@ -306,19 +306,19 @@ void run(const pv::LlamaConfig& c, const Options& o) {
                   att_bytes_back, 2.5 * att_flops, on_gpu);
     if constexpr (std::is_same_v<T, __nv_bfloat16>)
         if (pv::attention_mma_backward_applies(qkv, datt, dqkv, hd)) {
-            // The tensor-core backward with its dK/dV rows and split named: unsplit where this shape's
-            // grid is split (what the split saves), and with swizzled rows at the head dims that have
+            // The tensor-core backward with its dK/dV rows and splits named: unsplit where this shape's
+            // grids are split (what the splits save), and with swizzled rows at the head dims that have
             // them (what sm_86/sm_89 run, timed on this GPU) where the device holds their block.
-            const auto mma = [&](pv::AttentionMmaRows rows, int segment_steps) {
+            const auto mma = [&](pv::AttentionMmaRows rows, pv::AttentionMmaSplit split) {
                 A* D = static_cast<A*>(att_scratch);
                 pv::attention_backward_dot(att, datt, D, B, Tn, H, hd, nullptr);
-                pv::attention_mma_backward(qkv, nullptr, datt, lse, D, dqkv, B, Tn, H, Hkv, hd, nullptr, rows,
-                                           segment_steps, pv::attention_backward_partials<T>(att_scratch, B, Tn, H));
+                pv::attention_mma_backward(qkv, nullptr, datt, lse, D, dqkv, B, Tn, H, Hkv, hd, nullptr, rows, split,
+                                           pv::attention_backward_partials<T>(att_scratch, B, Tn, H));
             };
-            const int split = pv::attention_mma_dkv_segment_steps(B, Tn, H, Hkv);
+            const pv::AttentionMmaSplit split = pv::attention_mma_backward_split(B, Tn, H, Hkv, hd);
             const pv::AttentionMmaRows rows = pv::attention_mma_dkv_rows(hd, pv::device_shared_bytes_per_block());
-            if (split > 0)
-                report<T>("attention backward, dK/dV unsplit", time_it(R, [&] { mma(rows, 0); }), att_bytes_back,
+            if (split.dkv > 0 || split.dq > 0)
+                report<T>("attention backward, unsplit", time_it(R, [&] { mma(rows, {}); }), att_bytes_back,
                           2.5 * att_flops, on_gpu);
             if (pv::attention_mma_dkv_has_swizzled(hd) && rows == pv::AttentionMmaRows::padded)
                 report<T>("attention backward, dK/dV swizzled",

@@ -177,11 +177,12 @@ int main(int argc, char** argv) {
                         100 * p.model_flops / (serial * peak), 100 * p.model_flops / (overlapped * peak));
         }
     }
-    {  // the dK/dV kernel's split on small grids (kernels/attention_mma_blocks.h), per layer
+    {  // the backward kernels' splits on small grids (kernels/attention_mma_blocks.h), per layer
         std::printf(
-            "\n## dK/dV on small grids: key tiles split into segments, per layer\n\n"
-            "| shape | H / Hkv, hd | segment steps | blocks, one a key tile | dK/dV (ms) | blocks, split | "
-            "dK/dV (ms) | reduce (ms) | partials (MB) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
+            "\n## The attention backward on small grids: tiles split into segments, per layer\n\n"
+            "| shape | H / Hkv, hd | kernel | segment steps | blocks, one a tile | time (ms) | blocks, "
+            "split | time (ms) | reduce (ms) | partials (MB) |\n"
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
         struct Shape {
             const char* name;
             int B, T, H, Hkv, hd;
@@ -192,20 +193,28 @@ int main(int argc, char** argv) {
               Shape{"70B --tp 8, 1 x 4096", 1, 4096, 8, 1, 128}, Shape{"1B, 4 x 2048", 4, 2048, 32, 8, 64},
               Shape{"70B, 1 x 4096", 1, 4096, 64, 8, 128}}) {
             const std::vector<KernelCost> k = cost::attention_backward(x.B, x.T, x.H, x.Hkv, x.hd, 2, 4, false);
-            KernelCost whole = k[1];  // the same kernel, one block a key tile
-            cost::set_attention_issue(
-                whole, "dkv", x.B, x.T, x.H, x.Hkv, x.hd, attention_tile_instructions("dkv", x.hd),
-                attention_tile_instructions("dkv", x.hd, true), attention_kernel_registers("dkv", x.hd), 0);
+            const AttentionMmaSplit split = attention_mma_backward_split(x.B, x.T, x.H, x.Hkv, x.hd);
             const auto blocks = [](const KernelCost& c) {
                 long long n = 0;
                 for (const BlockRun& r : c.blocks) n += r.blocks;
                 return n;
             };
-            const bool split = k.size() > 3;  // D, dK/dV, the reduce, dQ
-            std::printf("| %s | %d / %d, %d | %d | %lld | %.3f | %lld | %.3f | %.3f | %.1f |\n", x.name, x.H, x.Hkv,
-                        x.hd, attention_mma_dkv_segment_steps(x.B, x.T, x.H, x.Hkv), blocks(whole),
-                        predicted_seconds(whole) * 1e3, blocks(k[1]), predicted_seconds(k[1]) * 1e3,
-                        split ? predicted_seconds(k[2]) * 1e3 : 0.0, split ? k[2].read_bytes / 1e6 : 0.0);
+            // The launch order: D, dK/dV, its reduce where split, dQ, its reduce where split.
+            size_t at = 1;
+            for (const char* kind : {"dkv", "dq"}) {
+                const KernelCost& kernel = k[at];
+                const int L = std::string(kind) == "dq" ? split.dq : split.dkv;
+                const KernelCost* reduce = L ? &k[at + 1] : nullptr;
+                at += L ? 2 : 1;
+                KernelCost whole = kernel;  // the same kernel, one block a tile
+                cost::set_attention_issue(
+                    whole, kind, x.B, x.T, x.H, x.Hkv, x.hd, attention_tile_instructions(kind, x.hd),
+                    attention_tile_instructions(kind, x.hd, true), attention_kernel_registers(kind, x.hd), 0);
+                std::printf("| %s | %d / %d, %d | %s | %d | %lld | %.3f | %lld | %.3f | %.3f | %.1f |\n", x.name, x.H,
+                            x.Hkv, x.hd, std::string(kind) == "dq" ? "dQ" : "dK/dV", L, blocks(whole),
+                            predicted_seconds(whole) * 1e3, blocks(kernel), predicted_seconds(kernel) * 1e3,
+                            reduce ? predicted_seconds(*reduce) * 1e3 : 0.0, reduce ? reduce->read_bytes / 1e6 : 0.0);
+            }
         }
     }
     return 0;

@@ -552,12 +552,12 @@ void attention_forward(const T* qkv, const int* positions, T* out, acc_t<T>* lse
 }
 
 // The backward's scratch: D[B][H][T] in acc_t<T>, and for bf16 on the tensor-core backward the
-// split dK/dV's partials after it (16-byte aligned; kernels/attention_mma_blocks.h).
+// split kernels' partials after it (16-byte aligned; kernels/attention_mma_blocks.h).
 template <class T>
 size_t attention_backward_d_bytes(int B, int T_len, int H) {
     return (size_t(B) * size_t(T_len) * size_t(H) * sizeof(acc_t<T>) + 15) / 16 * 16;
 }
-// The split dK/dV's partials in the scratch (after D).
+// The split kernels' partials in the scratch (after D).
 template <class T>
 float* attention_backward_partials(void* scratch, int B, int T_len, int H) {
     return reinterpret_cast<float*>(static_cast<char*>(scratch) + attention_backward_d_bytes<T>(B, T_len, H));
@@ -566,7 +566,7 @@ template <class T>
 size_t attention_backward_scratch_bytes(int B, int T_len, int H, int Hkv, int hd) {
     const bool partials = std::is_same_v<T, __nv_bfloat16> && attention_mma_backward_supports(hd);
     return attention_backward_d_bytes<T>(B, T_len, H) +
-           (partials ? attention_mma_dkv_partial_bytes(B, T_len, H, Hkv, hd) : 0);
+           (partials ? attention_mma_partial_bytes(B, T_len, H, Hkv, hd) : 0);
 }
 
 template <class T>

@@ -30,9 +30,9 @@
     EXTERN template void attention_mma_forward_launch<HD>(const __nv_bfloat16*, const int*, __nv_bfloat16*, float*, \
                                                           int, int, int, int, cudaStream_t);
 #define POLEVAULT_ATTENTION_MMA_BACKWARD_INSTANCE(EXTERN, HD)                                                         \
-    EXTERN template void attention_mma_backward_launch<HD>(const __nv_bfloat16*, const int*, const __nv_bfloat16*,    \
-                                                           const float*, const float*, __nv_bfloat16*, int, int, int, \
-                                                           int, cudaStream_t, AttentionMmaRows, int, float*);
+    EXTERN template void attention_mma_backward_launch<HD>(                                                           \
+        const __nv_bfloat16*, const int*, const __nv_bfloat16*, const float*, const float*, __nv_bfloat16*, int, int, \
+        int, int, cudaStream_t, AttentionMmaRows, AttentionMmaSplit, float*);
 
 #define POLEVAULT_ATTENTION_INSTANCES(EXTERN)                    \
     POLEVAULT_ATTENTION_INSTANCES_OF_TYPE(EXTERN, __nv_bfloat16) \

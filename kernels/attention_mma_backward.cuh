@@ -60,25 +60,27 @@
 // causal attention's heaviest tiles (dK/dV: the first key tiles; dQ: the last query tiles) get the
 // lowest block indices.
 //
-// Small grids. Key tile z's dK/dV block walks G·(n − z) steps, the first G·n: where the grid is
-// small (one sequence, a tensor-parallel rank's few heads) those blocks run on alone and the kernel
-// takes up to 8x its balanced time (model/step_cost.cpp). There (kernels/attention_mma_blocks.h,
-// attention_mma_dkv_segment_steps: from the shape alone, so every GPU computes the same bits) the
-// kernel is instantiated with kSplit and a key tile's steps are split into segments of at most L,
-// a block each, in key-tile order along z; a split key tile's blocks write their fp32 sums to
-// partial slots, and attention_mma_dkv_reduce_kernel adds them in segment order, scales dK and
-// stores both in bf16. The sums' order differs from the unsplit kernel's (fp32 partials added), so
-// the bits do too; deterministic either way. A segment that documents leave without steps writes
-// zeros.
+// Small grids. Key tile z's dK/dV block walks G·(n − z) steps, the first G·n, and query tile q's dQ
+// block q + 1 key tiles: where a grid is small (one sequence, a tensor-parallel rank's few heads) its
+// first blocks run on alone and the kernel takes up to 8x its balanced time (model/step_cost.cpp).
+// There (kernels/attention_mma_blocks.h, attention_mma_backward_split: from the shape alone, so every
+// GPU computes the same bits; head dims 64 and 128) the kernel is instantiated with kSplit and a
+// tile's steps are split into segments of at most L, a block each, in tile order along z; a split
+// tile's blocks write their fp32 sums to partial slots, and attention_mma_reduce_kernel adds them in
+// segment order, scales dK or dQ and stores in bf16. The sums' order differs from the unsplit
+// kernel's (fp32 partials added), so the bits do too; deterministic either way. A segment that
+// documents leave without steps writes zeros.
 //
 // Per launch, with n = ceil(T/64) tiles, Hkv KV heads, G = H/Hkv, every byte bf16 unless said:
 //   dK/dV, grid (Hkv, B, n) (split: the z extent the segments), 128 threads: reads its K and V
 //     tiles once; for each of its G query heads (its segment's steps) and each query tile from its
 //     diagonal to the last row that sees it, the Q and dO tiles (64·hd each) and 64 floats of lse,
 //     64 of D (and 64 positions); with positions first the positions past the tile (the scan for
-//     the last query row). Writes its dK and dV rows once (split: 2·64·hd floats to its slot).
-//   dQ, grid (H, B, n), 128 threads: reads its Q and dO tiles, lse and D of its rows once; then for
-//     each key tile from the block's smallest lo to the diagonal the K and V tiles. Writes dQ once.
+//     the last query row). Writes its dK and dV rows once (split: the rows before T of its slot,
+//     hd floats each, of both).
+//   dQ, grid (H, B, n) (split: the segments), 128 threads: reads its Q and dO tiles, lse and D of its
+//     rows once; then for each key tile from the block's smallest lo to the diagonal (split: in its
+//     segment) the K and V tiles. Writes dQ once (split: its slot's rows before T in fp32).
 // Causal, no documents: n(n+1)/2 tile pairs per (b, h), each costing 12·64²·hd tensor FLOPs in
 // dK/dV (S, dP, dV, dK) and 6·64²·hd in dQ; on the diagonal tile the warps skip the 6 of 16
 // chunks above it. Useful work (what a FLOP count of attention credits): 5 products.
@@ -220,23 +222,25 @@ __device__ inline void attention_mma_store_rows(__nv_bfloat16* dst, long long st
 }
 
 // Stores a warp's 16 accumulator rows × HD (C fragments, fp32 as they are) to rows row0 + {g, g + 8}
-// of a [64][HD] fp32 tile: a split key tile's partial dK or dV.
+// of a [64][HD] fp32 tile, skipping rows at or past `limit` (the tile's rows at or past T): a split
+// tile's partial dK, dV or dQ.
 template <int HD>
-__device__ inline void attention_mma_store_partial(float* tile, int row0, const float (&acc)[HD / 8][4]) {
+__device__ inline void attention_mma_store_partial(float* tile, int row0, int limit, const float (&acc)[HD / 8][4]) {
     const int lane = int(threadIdx.x) % 32, g = lane >> 2, t = lane & 3;
     for (int half = 0; half < 2; ++half) {
+        if (row0 + g + 8 * half >= limit) continue;
         float* out = tile + (row0 + g + 8 * half) * HD + 2 * t;
         for (int n = 0; n < HD / 8; ++n)
             *reinterpret_cast<float2*>(out + 8 * n) = make_float2(acc[n][2 * half], acc[n][2 * half + 1]);
     }
 }
 
-// Key tiles' segment counts in key-tile order, ceil(G·(n − z) / L), with no division per tile: the
-// count is kept with its slack, segments·L − G·(n − z) in [0, L), as z advances (the decode walks up
-// to n key tiles, a division each would cost a block more than a tile pair of work).
-struct AttentionMmaDkvSegments {
+// Tiles' segment counts in z order, ceil(group·(n − z) / L), with no division per tile: the count is
+// kept with its slack, segments·L − group·(n − z) in [0, L), as z advances (the decode walks up to n
+// tiles, a division each would cost a block more than a tile pair of work).
+struct AttentionMmaSegments {
     int z, segments, slack, group, steps;
-    __device__ AttentionMmaDkvSegments(int n, int group_, int segment_steps)
+    __device__ AttentionMmaSegments(int n, int group_, int segment_steps)
         : z(0),
           segments((group_ * n + segment_steps - 1) / segment_steps),
           slack(segments * segment_steps - group_ * n),
@@ -247,22 +251,29 @@ struct AttentionMmaDkvSegments {
         while (slack >= steps) slack -= steps, --segments;
     }
 };
-// A dK/dV block's key tile z, its segment of the tile's steps, and its partial slot (−1 where the key
-// tile is one block: it stores dK and dV itself), from its grid index: key tile 0's segments first
-// (attention_mma_dkv_segments, kernels/attention_mma_blocks.h, with L = segment_steps; 0: one block
-// a key tile, the index the key tile).
-struct AttentionMmaDkvBlock {
+// A split kernel's block: its tile z (the grid's order: dK/dV's key tile z, dQ's query tile n − 1 −
+// z), its segment of the tile's steps, and its partial slot (−1 where the tile is one block: it stores
+// its rows itself), from its grid index: tile 0's segments first (attention_mma_segments,
+// kernels/attention_mma_blocks.h, with L = segment_steps). The split tiles (more than one segment)
+// come first, so their slots are the running count of their segments.
+struct AttentionMmaSplitBlock {
     int z, segment, slot;
 };
-__device__ inline AttentionMmaDkvBlock attention_mma_dkv_block(int index, int n, int group, int segment_steps) {
-    if (segment_steps == 0) return {index, 0, -1};
-    AttentionMmaDkvSegments tiles(n, group, segment_steps);
-    int first_slot = 0;  // the split key tiles (more than one segment) come first
+__device__ inline AttentionMmaSplitBlock attention_mma_split_block(int index, int n, int group, int segment_steps) {
+    AttentionMmaSegments tiles(n, group, segment_steps);
+    int first_slot = 0;
     for (; index >= tiles.segments; tiles.next()) {
         index -= tiles.segments;
         if (tiles.segments > 1) first_slot += tiles.segments;
     }
     return {tiles.z, index, tiles.segments > 1 ? first_slot + index : -1};
+}
+// Partial slot `slot` of output `tile` (dK/dV: 0 dK, 1 dV; dQ: 0) of z-grid row `row` (b·Hkv + kvh,
+// or b·H + h) among `rows` rows: outputs outer, then rows, then slots, each [64][HD] fp32.
+template <int HD, class F>
+__device__ inline F* attention_mma_partial_tile(F* partial, int tile, long long rows, long long row, int partial_slots,
+                                                int slot) {
+    return partial + ((tile * rows + row) * partial_slots + slot) * kAttentionMmaTile * HD;
 }
 
 // Calls chunk(c0, tag) for the tile's four chunks of 16 rows, c0 = 0, 16, 32, 48: a loop, or with
@@ -307,8 +318,8 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
     const int kvh = blockIdx.x, b = blockIdx.y, group = H / Hkv, n = (T_len + Bt - 1) / Bt;
     // This block's key tile and segment of its steps (key tile 0 first, the heaviest). Its partial
     // slot is worked out again at the end, rather than held through the loop.
-    const AttentionMmaDkvBlock block =
-        kSplit ? attention_mma_dkv_block(int(blockIdx.z), n, group, segment_steps) : AttentionMmaDkvBlock{};
+    const AttentionMmaSplitBlock block =
+        kSplit ? attention_mma_split_block(int(blockIdx.z), n, group, segment_steps) : AttentionMmaSplitBlock{};
     const int k0 = (kSplit ? block.z : int(blockIdx.z)) * Bt, segment = block.segment;
     const long long stride = (long long)(H + 2 * Hkv) * HD, dstride = (long long)H * HD;
     const bf16* rows = qkv + (long long)b * T_len * stride;
@@ -484,13 +495,14 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
         now = next_step(now);
     }
 
-    if (const int slot = kSplit ? attention_mma_dkv_block(int(blockIdx.z), n, group, segment_steps).slot : -1;
+    if (const int slot = kSplit ? attention_mma_split_block(int(blockIdx.z), n, group, segment_steps).slot : -1;
         slot >= 0) {
         // A split key tile: this segment's sums, unscaled, for the reduce kernel.
-        float* dk_slot = partial + (((long long)b * Hkv + kvh) * partial_slots + slot) * Bt * HD;
-        const long long dv_offset = (long long)gridDim.y * Hkv * partial_slots * Bt * HD;
-        attention_mma_store_partial<HD>(dk_slot, kw, dk);
-        attention_mma_store_partial<HD>(dk_slot + dv_offset, kw, dv);
+        const long long grid_rows = (long long)gridDim.y * Hkv, row = (long long)b * Hkv + kvh;
+        attention_mma_store_partial<HD>(attention_mma_partial_tile<HD>(partial, 0, grid_rows, row, partial_slots, slot),
+                                        kw, T_len - k0, dk);
+        attention_mma_store_partial<HD>(attention_mma_partial_tile<HD>(partial, 1, grid_rows, row, partial_slots, slot),
+                                        kw, T_len - k0, dv);
     } else {
         bf16* out = dqkv + (long long)b * T_len * stride;
         attention_mma_store_rows<HD>(out + (long long)(H + kvh) * HD, stride, k0 + kw, T_len, dk, scale);
@@ -498,36 +510,38 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
     }
 }
 
-// The split key tiles' dK and dV (attention_mma_blocks.h): block (z, KV head, batch) sums key tile
-// z's segments' partials in segment order, scales dK, rounds to bf16 and stores the rows before T.
-// A thread takes 4 consecutive columns of a row at a time (16-byte loads).
-template <int HD>
+// The split tiles' sums (attention_mma_blocks.h): block (z, head, batch) adds tile z's segments'
+// partials in segment order for each output, scales dK or dQ by 1/sqrt(hd), rounds to bf16 and
+// stores the rows before T. dK/dV (kDq false): key tile z of KV head blockIdx.y, dK and dV; dQ: query
+// tile n − 1 − z of query head blockIdx.y. A thread takes 4 consecutive columns of a row at a time
+// (16-byte loads).
+template <int HD, bool kDq>
 __global__ void __launch_bounds__(kAttentionMmaThreads)
-    attention_mma_dkv_reduce_kernel(const float* partial, __nv_bfloat16* dqkv, int T_len, int H, int Hkv,
-                                    int segment_steps, int partial_slots) {
-    constexpr int Bt = kAttentionMmaTile;
-    const int z = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z, group = H / Hkv, n = (T_len + Bt - 1) / Bt;
-    AttentionMmaDkvSegments tiles(n, group, segment_steps);
+    attention_mma_reduce_kernel(const float* partial, __nv_bfloat16* dqkv, int T_len, int H, int Hkv, int segment_steps,
+                                int partial_slots) {
+    constexpr int Bt = kAttentionMmaTile, kOutputs = kDq ? 1 : 2;
+    const int z = blockIdx.x, head = blockIdx.y, b = blockIdx.z, n = (T_len + Bt - 1) / Bt;
+    const int heads = kDq ? H : Hkv, group = kDq ? 1 : H / Hkv;
+    AttentionMmaSegments tiles(n, group, segment_steps);
     int first_slot = 0;
-    for (; tiles.z < z; tiles.next()) first_slot += tiles.segments;  // (every key tile before z is split)
-    const int segments = tiles.segments;
-    const long long dv_offset = (long long)gridDim.z * Hkv * partial_slots * Bt * HD;
-    const float* tile = partial + (((long long)b * Hkv + kvh) * partial_slots + first_slot) * Bt * HD;
+    for (; tiles.z < z; tiles.next()) first_slot += tiles.segments;  // (every tile before z is split)
+    const int segments = tiles.segments, row0 = (kDq ? n - 1 - z : z) * Bt;
+    const long long grid_rows = (long long)gridDim.z * heads, row = (long long)b * heads + head;
     const long long stride = (long long)(H + 2 * Hkv) * HD;
-    __nv_bfloat16* out = dqkv + (long long)b * T_len * stride + (long long)(H + kvh) * HD;
+    __nv_bfloat16* out = dqkv + (long long)b * T_len * stride + (long long)(kDq ? head : H + head) * HD;
     const float scale = 1.0f / sqrtf(float(HD));
-    for (int e = 4 * int(threadIdx.x); e < 2 * Bt * HD; e += 4 * kAttentionMmaThreads) {
-        const bool is_v = e >= Bt * HD;
-        const int at = is_v ? e - Bt * HD : e, row = z * Bt + at / HD;
-        if (row >= T_len) continue;
-        const float* p = tile + at + (is_v ? dv_offset : 0);
+    for (int e = 4 * int(threadIdx.x); e < kOutputs * Bt * HD; e += 4 * kAttentionMmaThreads) {
+        const int output = e / (Bt * HD), at = e % (Bt * HD), r = row0 + at / HD;
+        if (r >= T_len) continue;
+        const float* p =
+            attention_mma_partial_tile<HD>(partial, output, grid_rows, row, partial_slots, first_slot) + at;
         float4 sum = *reinterpret_cast<const float4*>(p);
         for (int s = 1; s < segments; ++s) {
             const float4 x = *reinterpret_cast<const float4*>(p + (long long)s * Bt * HD);
             sum.x += x.x, sum.y += x.y, sum.z += x.z, sum.w += x.w;
         }
-        const float k = is_v ? 1.0f : scale;
-        __nv_bfloat16* o = out + row * stride + (is_v ? (long long)Hkv * HD : 0) + at % HD;
+        const float k = output == 0 ? scale : 1.0f;  // dK, dQ scaled; dV not
+        __nv_bfloat16* o = out + r * stride + (long long)output * Hkv * HD + at % HD;
         *reinterpret_cast<__nv_bfloat162*>(o) = __floats2bfloat162_rn(k * sum.x, k * sum.y);
         *reinterpret_cast<__nv_bfloat162*>(o + 2) = __floats2bfloat162_rn(k * sum.z, k * sum.w);
     }
@@ -535,22 +549,28 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
 
 // ---- dQ ----------------------------------------------------------------------------------------
 
-// Block (query head, batch, query tile), 4 warps; warp w owns query rows q0 + 16w .. + 15, their Q
-// and dO fragments in registers. Shared: K[2], V[2] [64][HD + 8] (bf16), then ints: each warp's
-// smallest lo [4], its interior key tiles' range [4][2] and the rows' lo [64] (read per tile and
-// per masked chunk, not held: the registers are short).
-template <int HD, int Path = 0>  // Path as in the dK/dV kernel
+// Block (query head, batch, query tile), or with kSplit (query head, batch, segment of a query tile's
+// key tiles: segment_steps, partial, partial_slots as attention_mma_backward_launch says), 4 warps;
+// warp w owns query rows q0 + 16w .. + 15, their Q and dO fragments in registers. Shared: K[2], V[2]
+// [64][HD + 8] (bf16), then ints: each warp's smallest lo [4], its interior key tiles' range [4][2]
+// and the rows' lo [64] (read per tile and per masked chunk, not held: the registers are short).
+template <int HD, int Path = 0, bool kSplit = false>  // Path as in the dK/dV kernel
 __global__ void __launch_bounds__(kAttentionMmaThreads)
     attention_mma_dq_kernel(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout, const float* lse,
-                            const float* D, __nv_bfloat16* dqkv, int T_len, int H, int Hkv) {
+                            const float* D, __nv_bfloat16* dqkv, int T_len, int H, int Hkv, int segment_steps,
+                            float* partial, int partial_slots) {
     using bf16 = __nv_bfloat16;
     constexpr int Bt = kAttentionMmaTile, LD = attention_mma_ld<HD>(), KS = HD / 16;
     // The interior body's chunks written out (attention_mma_chunks) at every head dim but 112, where
     // ptxas then spilled: at hd 128, 610 → 561 instructions per tile pair (222 → 255 registers, 2 blocks
     // per SM either way); at hd 64, 386 → 375.
     constexpr bool kUnrollInterior = HD != 112;
-    const int h = blockIdx.x, b = blockIdx.y;
-    const int q0 = (int(gridDim.z) - 1 - int(blockIdx.z)) * Bt;  // the last query tile first: the heaviest
+    const int h = blockIdx.x, b = blockIdx.y, n = (T_len + Bt - 1) / Bt;
+    // This block's query tile (the last first: the heaviest) and segment of its key tiles; its partial
+    // slot is worked out again at the end, rather than held through the loop.
+    const AttentionMmaSplitBlock block = kSplit ? attention_mma_split_block(int(blockIdx.z), n, 1, segment_steps)
+                                                : AttentionMmaSplitBlock{int(blockIdx.z), 0, -1};
+    const int q0 = (n - 1 - block.z) * Bt;
     const int kvh = h / (H / Hkv);
     const long long stride = (long long)(H + 2 * Hkv) * HD, dstride = (long long)H * HD;
     const bf16* rows = qkv + (long long)b * T_len * stride;
@@ -598,10 +618,15 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
     cp_async_commit();
     __syncthreads();  // lo_min_s, interior_s and lo_s written
     for (int w = 0; w < kAttentionMmaThreads / 32; ++w) lo_min = min(lo_min, lo_min_s[w]);
-    // Key tiles from the one holding the block's smallest lo up to the diagonal.
-    const int first = lo_min / Bt, last = (min(q0 + Bt, T_len) - 1) / Bt;
-    attention_mma_load_tile<HD>(Ks, k_src, stride, first * Bt, T_len);
-    attention_mma_load_tile<HD>(Vs, v_src, stride, first * Bt, T_len);
+    // Key tiles from the one holding the block's smallest lo up to the diagonal; split, those of them in
+    // the segment's [segment·L, segment·L + L) (documents may leave a segment none: it writes zeros).
+    int first = lo_min / Bt, last = (min(q0 + Bt, T_len) - 1) / Bt;
+    if constexpr (kSplit)
+        first = max(first, block.segment * segment_steps), last = min(last, (block.segment + 1) * segment_steps - 1);
+    if (!kSplit || first <= last) {
+        attention_mma_load_tile<HD>(Ks, k_src, stride, first * Bt, T_len);
+        attention_mma_load_tile<HD>(Vs, v_src, stride, first * Bt, T_len);
+    }
     cp_async_commit();
     cp_async_wait<1>();  // Q and dO landed (the first key tile may still be in flight)
     __syncthreads();
@@ -666,8 +691,13 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
         __syncthreads();  // every warp is done with this buffer before the tile after next lands in it
     }
 
-    attention_mma_store_rows<HD>(dqkv + (long long)b * T_len * stride + (long long)h * HD, stride, q0 + qw, T_len, dq,
-                                 scale);
+    if (const int slot = kSplit ? attention_mma_split_block(int(blockIdx.z), n, 1, segment_steps).slot : -1; slot >= 0)
+        attention_mma_store_partial<HD>(attention_mma_partial_tile<HD>(partial, 0, (long long)gridDim.y * H,
+                                                                       (long long)b * H + h, partial_slots, slot),
+                                        qw, T_len - q0, dq);  // unscaled, for the reduce kernel
+    else
+        attention_mma_store_rows<HD>(dqkv + (long long)b * T_len * stride + (long long)h * HD, stride, q0 + qw, T_len,
+                                     dq, scale);
 }
 
 // ---- launcher ----------------------------------------------------------------------------------
@@ -692,58 +722,76 @@ void attention_mma_backward_run(Kernel kernel, dim3 grid, size_t smem, cudaStrea
 
 // dqkv from qkv, positions (or null), dout, the forward's lse and D (the scratch the dot kernel
 // filled): the dK/dV kernel with its shared rows laid out as dkv_rows says (swizzled only at the
-// head dims attention_mma_dkv_has_swizzled names), its key tiles split into segments of at most
-// segment_steps steps (0: none; attention_mma_dkv_segment_steps) whose partials go to `partial`
-// (attention_mma_dkv_grid(T_len, H, Hkv, segment_steps).partial_slots per batch and KV head of
-// 64 x HD floats, dK's then dV's) and the reduce kernel sums, then the dQ kernel, at head dim HD.
+// head dims attention_mma_dkv_has_swizzled names), then the dQ kernel, at head dim HD. Each splits
+// its tiles into segments of at most split.dkv and split.dq steps (0: none; attention_mma_backward_split,
+// head dims attention_mma_split_supports alone), whose partials go to `partial` and a reduce kernel
+// sums after it: attention_mma_split_grid(n, group, L).partial_slots per (batch, KV head) of 64 x HD
+// floats for dK, as many for dV; per (batch, query head) for dQ; attention_mma_partial_bytes holds
+// the larger, reused.
 template <int HD>
 void attention_mma_backward_launch(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
                                    const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H,
-                                   int Hkv, cudaStream_t stream, AttentionMmaRows dkv_rows, int segment_steps,
+                                   int Hkv, cudaStream_t stream, AttentionMmaRows dkv_rows, AttentionMmaSplit split,
                                    float* partial) {
     const int n = ceil_div(T_len, kAttentionMmaTile);
-    const AttentionMmaDkvGrid grid = attention_mma_dkv_grid(T_len, H, Hkv, segment_steps);
-    const int slots = int(grid.partial_slots);
-    if (slots > 0 && !partial) {
-        std::fprintf(stderr, "polevault: attention_mma_backward: the dK/dV split needs its partials' scratch\n");
+    const AttentionMmaSplitGrid dkv_grid = attention_mma_split_grid(n, H / Hkv, split.dkv),
+                                dq_grid = attention_mma_split_grid(n, 1, split.dq);
+    if ((split.dkv > 0 || split.dq > 0) && !attention_mma_split_supports(HD)) {
+        std::fprintf(stderr, "polevault: attention_mma_backward: no split kernels at head dim %d\n", HD);
         std::abort();
     }
-    const dim3 dkv_grid(Hkv, B, unsigned(grid.blocks)), dq_grid(H, B, n);
-    const auto dkv = [&](auto kernel, AttentionMmaRows rows) {
-        attention_mma_backward_run(kernel, dkv_grid, attention_mma_dkv_smem_bytes(HD, rows), stream, qkv, positions,
-                                   dout, lse, D, dqkv, T_len, H, Hkv, segment_steps, partial, slots);
+    if ((dkv_grid.partial_slots > 0 || dq_grid.partial_slots > 0) && !partial) {
+        std::fprintf(stderr, "polevault: attention_mma_backward: the split needs its partials' scratch\n");
+        std::abort();
+    }
+    const auto run = [&](auto kernel, dim3 grid, size_t smem, int L, const AttentionMmaSplitGrid& g) {
+        attention_mma_backward_run(kernel, grid, smem, stream, qkv, positions, dout, lse, D, dqkv, T_len, H, Hkv, L,
+                                   partial, int(g.partial_slots));
+    };
+    const auto reduce = [&](auto kernel, int heads, int L, const AttentionMmaSplitGrid& g) {
+        if (g.partial_slots > 0)
+            attention_mma_backward_run(kernel, dim3(unsigned(g.split_tiles), heads, B), 0, stream, partial, dqkv, T_len,
+                                       H, Hkv, L, int(g.partial_slots));
     };
     constexpr AttentionMmaRows kPadded = AttentionMmaRows::padded, kSwizzled = AttentionMmaRows::swizzled;
+    constexpr bool kSplits = attention_mma_split_supports(HD);
+    const dim3 dkv_dims(Hkv, B, unsigned(dkv_grid.blocks));
+    const auto dkv = [&](auto rows_tag) {
+        constexpr AttentionMmaRows rows = decltype(rows_tag)::value;
+        const size_t smem = attention_mma_dkv_smem_bytes(HD, rows);
+        if constexpr (kSplits)
+            if (split.dkv > 0)
+                return run(attention_mma_dkv_kernel<HD, 0, rows, true>, dkv_dims, smem, split.dkv, dkv_grid);
+        run(attention_mma_dkv_kernel<HD, 0, rows>, dkv_dims, smem, split.dkv, dkv_grid);
+    };
     if (dkv_rows == kPadded) {
-        if (segment_steps > 0)
-            dkv(attention_mma_dkv_kernel<HD, 0, kPadded, true>, kPadded);
-        else
-            dkv(attention_mma_dkv_kernel<HD, 0, kPadded>, kPadded);
+        dkv(std::integral_constant<AttentionMmaRows, kPadded>{});
     } else if constexpr (attention_mma_dkv_has_swizzled(HD)) {
-        if (segment_steps > 0)
-            dkv(attention_mma_dkv_kernel<HD, 0, kSwizzled, true>, kSwizzled);
-        else
-            dkv(attention_mma_dkv_kernel<HD, 0, kSwizzled>, kSwizzled);
+        dkv(std::integral_constant<AttentionMmaRows, kSwizzled>{});
     } else {
         std::fprintf(stderr, "polevault: attention_mma_backward: no swizzled dK/dV kernel at head dim %d\n", HD);
         std::abort();
     }
-    if (slots > 0)
-        attention_mma_backward_run(attention_mma_dkv_reduce_kernel<HD>, dim3(unsigned(grid.split_tiles), Hkv, B), 0,
-                                   stream, partial, dqkv, T_len, H, Hkv, segment_steps, slots);
-    attention_mma_backward_run(attention_mma_dq_kernel<HD>, dq_grid, attention_mma_dq_smem_bytes(HD), stream, qkv,
-                               positions, dout, lse, D, dqkv, T_len, H, Hkv);
+    if constexpr (kSplits) reduce(attention_mma_reduce_kernel<HD, false>, Hkv, split.dkv, dkv_grid);
+    const dim3 dq_dims(H, B, unsigned(dq_grid.blocks));
+    const size_t dq_smem = attention_mma_dq_smem_bytes(HD);
+    if constexpr (kSplits)
+        if (split.dq > 0) {
+            run(attention_mma_dq_kernel<HD, 0, true>, dq_dims, dq_smem, split.dq, dq_grid);
+            return reduce(attention_mma_reduce_kernel<HD, true>, H, split.dq, dq_grid);
+        }
+    run(attention_mma_dq_kernel<HD>, dq_dims, dq_smem, split.dq, dq_grid);
 }
 
 // The same at a run-time head dim (attention_mma_backward_supports(hd)) with the dK/dV rows and
-// split named.
+// splits named.
 inline void attention_mma_backward(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
                                    const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H,
-                                   int Hkv, int hd, cudaStream_t stream, AttentionMmaRows dkv_rows, int segment_steps,
-                                   float* partial) {
+                                   int Hkv, int hd, cudaStream_t stream, AttentionMmaRows dkv_rows,
+                                   AttentionMmaSplit split, float* partial) {
     auto go = [&](auto hd_tag) {
         attention_mma_backward_launch<decltype(hd_tag)::value>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv,
-                                                               stream, dkv_rows, segment_steps, partial);
+                                                               stream, dkv_rows, split, partial);
     };
     switch (hd) {
         case 32: return go(std::integral_constant<int, 32>{});
@@ -759,14 +807,14 @@ inline void attention_mma_backward(const __nv_bfloat16* qkv, const int* position
 }
 
 // The same with the dK/dV rows the current device's shared memory allows (attention_mma_dkv_rows)
-// and the shape's split (attention_mma_dkv_segment_steps); `partial` holds
-// attention_mma_dkv_partial_bytes(B, T_len, H, Hkv, hd).
+// and the shape's splits (attention_mma_backward_split); `partial` holds
+// attention_mma_partial_bytes(B, T_len, H, Hkv, hd).
 inline void attention_mma_backward(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
                                    const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H,
                                    int Hkv, int hd, cudaStream_t stream, float* partial) {
     attention_mma_backward(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream,
                            attention_mma_dkv_rows(hd, device_shared_bytes_per_block()),
-                           attention_mma_dkv_segment_steps(B, T_len, H, Hkv), partial);
+                           attention_mma_backward_split(B, T_len, H, Hkv, hd), partial);
 }
 
 }  // namespace pv

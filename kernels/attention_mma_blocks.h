@@ -54,59 +54,85 @@ constexpr AttentionMmaRows attention_mma_dkv_rows(int hd, size_t shared_per_bloc
                : AttentionMmaRows::swizzled;
 }
 
-// The dK/dV kernel's work split. A block owns a key tile and walks its G = H/Hkv query heads' query
-// tiles from the diagonal on, one step each: key tile z of n = ceil(T/64) has G·(n − z) steps, so
-// the grid's first blocks carry G·n steps and its last G. Where the grid is small (one sequence of
-// 2048, or a tensor-parallel rank's one KV head), the heaviest blocks run on long after the others
-// have ended: the kernel takes their time, 2x (8B, 1 x 2048) to 8x (8B, --tp 8, 1 x 4096) the
-// time of its instructions spread over the GPU. There a key tile's steps are split into segments
-// of at most L steps, a block each; a key tile of more than one segment has its blocks write fp32
-// partial dK and dV, which a second kernel sums in segment order (deterministic). L depends on the
-// shape alone, not the device, so every GPU computes the same bits.
+// The backward's work split on small grids. Both backward kernels have a grid whose block z (of
+// n = ceil(T/64), heaviest first) walks group·(n − z) steps: dK/dV's block owns key tile z and walks
+// its G = H/Hkv query heads' query tiles from the diagonal on (group G, a block per KV head); dQ's
+// owns query tile n − 1 − z and walks the key tiles up to the diagonal (group 1, a block per query
+// head). So the grid's first blocks carry group·n steps and its last group. Where the grid is small
+// (one sequence of 2048, or a tensor-parallel rank's few heads), the heaviest blocks run on long
+// after the others have ended: the kernel takes their time, 2x (dK/dV at 8B, 1 x 2048) to 8x (8B,
+// --tp 8, 1 x 4096) the time of its instructions spread over the GPU. There a block's steps are
+// split into segments of at most L steps, a block each; a tile of more than one segment has its
+// blocks write fp32 partial sums, which a second kernel adds in segment order (deterministic). L
+// depends on the shape alone, not the device, so every GPU computes the same bits.
 //
-// The split applies where the heaviest block's G·n steps exceed 1.5x a slot's share of all the
+// A grid is split where its heaviest block's group·n steps exceed 1.5x a slot's share of all the
 // steps, the slots being 264 (an H100's 132 SMs x 2 blocks, as at hd 128): the grid then ends with
 // the heaviest blocks alone on their SMs. Segments hold a third of a slot's share (at least 8 steps,
-// so a partial's write and read stay small beside its steps' tile copies).
-inline constexpr long long kAttentionDkvBalanceSlots = 264;
-inline constexpr long long kAttentionDkvMinSegment = 8;
-// Steps per (batch, KV head) over all key tiles: G·n(n + 1)/2.
-constexpr long long attention_mma_dkv_steps(int T, int H, int Hkv) {
-    const long long n = (T + kAttentionMmaTile - 1) / kAttentionMmaTile;
-    return (long long)(H / Hkv) * n * (n + 1) / 2;
+// so a partial's write and read stay small beside its steps' tile copies). The two kernels' shares
+// are the same (B·Hkv·G = B·H), so where both split they split by the same L; dQ's heaviest block is
+// G times lighter, so it splits less often. Head dims 64 and 128 alone (every Llama-family
+// checkpoint's; the forward's) have split kernels: each is an instantiation of its own.
+inline constexpr long long kAttentionSplitBalanceSlots = 264;
+inline constexpr long long kAttentionSplitMinSegment = 8;
+constexpr bool attention_mma_split_supports(int hd) { return hd == 64 || hd == 128; }
+// L for `blocks` blocks per z index (B·Hkv or B·H) of `group` steps per tile, or 0: no split.
+constexpr int attention_mma_segment_steps(long long blocks, int n, int group) {
+    const long long share = blocks * group * ((long long)n * (n + 1) / 2) / kAttentionSplitBalanceSlots;
+    if (2LL * group * n <= 3 * share) return 0;
+    const long long L = (share + 2) / 3 > kAttentionSplitMinSegment ? (share + 2) / 3 : kAttentionSplitMinSegment;
+    return (long long)group * n > L ? int(L) : 0;
 }
-// L, the most steps a segment holds, or 0 where no key tile is split.
-constexpr int attention_mma_dkv_segment_steps(int B, int T, int H, int Hkv) {
-    const long long n = (T + kAttentionMmaTile - 1) / kAttentionMmaTile, G = H / Hkv;
-    const long long share = (long long)B * Hkv * attention_mma_dkv_steps(T, H, Hkv) / kAttentionDkvBalanceSlots;
-    if (2 * G * n <= 3 * share) return 0;
-    const long long L = (share + 2) / 3 > kAttentionDkvMinSegment ? (share + 2) / 3 : kAttentionDkvMinSegment;
-    return G * n > L ? int(L) : 0;
+constexpr int attention_mma_tiles(int T) { return (T + kAttentionMmaTile - 1) / kAttentionMmaTile; }
+// Each kernel's L at a shape (0: not split).
+constexpr int attention_mma_dkv_segment_steps(int B, int T, int H, int Hkv, int hd) {
+    return attention_mma_split_supports(hd)
+               ? attention_mma_segment_steps((long long)B * Hkv, attention_mma_tiles(T), H / Hkv)
+               : 0;
 }
-// Blocks (segments) of key tile z: ceil(G·(n − z) / L), 1 unsplit (L = 0).
-constexpr int attention_mma_dkv_segments(int n, int z, int G, int L) { return L == 0 ? 1 : (G * (n - z) + L - 1) / L; }
-// Per (batch, KV head): the dK/dV grid's blocks, the partial slots (64 x hd fp32 of dK and as many of
-// dV) of its split key tiles, those of more than one segment, and how many key tiles are split:
-// 0, 1, .., Z − 1 (segments fall with z).
-struct AttentionMmaDkvGrid {
+constexpr int attention_mma_dq_segment_steps(int B, int T, int H, int hd) {
+    return attention_mma_split_supports(hd) ? attention_mma_segment_steps((long long)B * H, attention_mma_tiles(T), 1)
+                                            : 0;
+}
+// Blocks (segments) of tile z: ceil(group·(n − z) / L), 1 unsplit (L = 0).
+constexpr int attention_mma_segments(int n, int z, int group, int L) {
+    return L == 0 ? 1 : (group * (n - z) + L - 1) / L;
+}
+// Per z-grid row (a (batch, KV head) of dK/dV, a (batch, query head) of dQ): the blocks, the partial
+// slots (64 x hd fp32 of each output) of the split tiles, those of more than one segment, and how
+// many tiles are split: z = 0, 1, .., Z − 1 (segments fall with z).
+struct AttentionMmaSplitGrid {
     long long blocks = 0, partial_slots = 0;
     int split_tiles = 0;
 };
-constexpr AttentionMmaDkvGrid attention_mma_dkv_grid(int T, int H, int Hkv, int L) {
-    const int n = (T + kAttentionMmaTile - 1) / kAttentionMmaTile;
-    AttentionMmaDkvGrid g;
+constexpr AttentionMmaSplitGrid attention_mma_split_grid(int n, int group, int L) {
+    AttentionMmaSplitGrid g;
     for (int z = 0; z < n; ++z) {
-        const int s = attention_mma_dkv_segments(n, z, H / Hkv, L);
+        const int s = attention_mma_segments(n, z, group, L);
         g.blocks += s;
         if (s > 1) g.partial_slots += s, ++g.split_tiles;
     }
     return g;
 }
-// Bytes of the partials at this shape (the backward's scratch holds them after D).
-constexpr size_t attention_mma_dkv_partial_bytes(int B, int T, int H, int Hkv, int hd) {
-    const long long slots =
-        attention_mma_dkv_grid(T, H, Hkv, attention_mma_dkv_segment_steps(B, T, H, Hkv)).partial_slots;
-    return size_t(B) * size_t(Hkv) * size_t(slots) * size_t(kAttentionMmaTile) * size_t(hd) * 2 * sizeof(float);
+// Both kernels' splits at a shape, and the bytes of their partials: dK/dV's two outputs a slot, dQ's
+// one. The backward's scratch holds the larger after D, one at a time (dK/dV's are summed before
+// the dQ kernel runs).
+struct AttentionMmaSplit {
+    int dkv = 0, dq = 0;  // segment steps, 0: one block a tile
+};
+constexpr AttentionMmaSplit attention_mma_backward_split(int B, int T, int H, int Hkv, int hd) {
+    return {attention_mma_dkv_segment_steps(B, T, H, Hkv, hd), attention_mma_dq_segment_steps(B, T, H, hd)};
+}
+constexpr size_t attention_mma_partial_bytes(int B, int T, int H, int Hkv, int hd, AttentionMmaSplit split) {
+    const int n = attention_mma_tiles(T);
+    const size_t tile = size_t(kAttentionMmaTile) * size_t(hd) * sizeof(float);
+    const size_t dkv =
+        size_t(B) * size_t(Hkv) * size_t(attention_mma_split_grid(n, H / Hkv, split.dkv).partial_slots) * 2 * tile;
+    const size_t dq = size_t(B) * size_t(H) * size_t(attention_mma_split_grid(n, 1, split.dq).partial_slots) * tile;
+    return dkv > dq ? dkv : dq;
+}
+constexpr size_t attention_mma_partial_bytes(int B, int T, int H, int Hkv, int hd) {
+    return attention_mma_partial_bytes(B, T, H, Hkv, hd, attention_mma_backward_split(B, T, H, Hkv, hd));
 }
 
 // Whether the tensor-core kernels' blocks fit such a device. The dispatch (kernels/attention.cuh)

@@ -247,12 +247,12 @@ double attention_tile_pairs(int T) {
 // The tensor-core attention kernels' blocks at this shape, in launch order (heaviest first), each
 // block's 4 warps running the tile loop once per 64×64 tile pair the block walks: the forward and dQ
 // a block per (query tile, head, batch), over the key tiles up to the diagonal; dK/dV a block per
-// (key tile, KV head, batch), over its G = H/Hkv query heads' query tiles from the diagonal on, or
-// where the shape splits key tiles (attention_mma_dkv_segment_steps) a block per segment of at most
-// L of those steps, the grid's z index running over the segments key tile by key tile. The
-// diagonal's pairs (a head's first step) run the masked body, the others the interior one (causal
-// attention; document boundaries add masked tiles, not priced). Every block of one z index does
-// the same work.
+// (key tile, KV head, batch), over its G = H/Hkv query heads' query tiles from the diagonal on. Where
+// the shape splits a backward kernel's tiles (attention_mma_backward_split) a block per segment of
+// at most L of those steps, the grid's z index running over the segments tile by tile. The
+// diagonal's pairs (dK/dV: a head's first step; dQ: a query tile's last) run the masked body, the
+// others the interior one (causal attention; document boundaries add masked tiles, not priced).
+// Every block of one z index does the same work.
 std::vector<BlockRun> attention_blocks(const char* kernel, int B, int T, int H, int Hkv, int hd, int interior,
                                        int masked, int segment_steps) {
     if (interior <= 0 || masked <= 0)
@@ -260,26 +260,25 @@ std::vector<BlockRun> attention_blocks(const char* kernel, int B, int T, int H, 
                                     std::to_string(hd) + " in model/attention_sass.h");
     constexpr double kWarps = kAttentionMmaThreads / 32;
     const int n = (T + kAttentionMmaTile - 1) / kAttentionMmaTile;
-    const bool dkv = std::string(kernel).starts_with("dkv");
+    const std::string name = kernel;
+    const bool dkv = name.starts_with("dkv"), dq = name == "dq";
     std::vector<BlockRun> grid;
-    const int G = H / Hkv, L = !dkv                 ? 0
-                               : segment_steps >= 0 ? segment_steps
-                                                    : attention_mma_dkv_segment_steps(B, T, H, Hkv);
+    // Per z index: dK/dV B·Hkv blocks of G steps a tile, the others B·H of 1.
+    const int G = dkv ? H / Hkv : 1;
+    const long long rows = dkv ? (long long)B * Hkv : (long long)B * H;
+    const int L = segment_steps >= 0 ? segment_steps
+                  : dkv              ? attention_mma_dkv_segment_steps(B, T, H, Hkv, hd)
+                  : dq               ? attention_mma_dq_segment_steps(B, T, H, hd)
+                                     : 0;
     for (int z = 0; z < n; ++z) {
         // dK/dV: key tile z walks n − z query tiles per query head; the others: query tile n − 1 − z
         // walks n − z key tiles.
-        const int pairs = n - z;
-        if (!dkv) {
-            grid.push_back({(long long)B * H, kWarps * ((pairs - 1) * interior + masked)});
-            continue;
-        }
-        const int all = G * pairs, segments = attention_mma_dkv_segments(n, z, G, L);
+        const int pairs = n - z, all = G * pairs, segments = attention_mma_segments(n, z, G, L);
         for (int segment = 0; segment < segments; ++segment) {  // steps [first, first + count)
             const int first = L ? segment * L : 0, count = L ? std::min(L, all - first) : all;
-            int diagonal = 0;  // steps that are a head's first query tile
-            for (int i = first; i < first + count; ++i) diagonal += i % pairs == 0;
-            grid.push_back(
-                {(long long)B * Hkv, kWarps * (double(count - diagonal) * interior + double(diagonal) * masked)});
+            int diagonal = 0;  // dK/dV: steps that are a head's first query tile; else the last key tile
+            for (int i = first; i < first + count; ++i) diagonal += dkv ? i % pairs == 0 : i == pairs - 1;
+            grid.push_back({rows, kWarps * (double(count - diagonal) * interior + double(diagonal) * masked)});
         }
     }
     return grid;
@@ -296,7 +295,7 @@ void set_attention_issue(KernelCost& k, const char* kernel, int B, int T, int H,
     for (const BlockRun& r : k.blocks) k.warp_instructions += double(r.blocks) * r.work;
     k.block_threads = kAttentionMmaThreads;
     k.block_registers = registers;
-    const std::string name = kernel;
+    const std::string name = kernel;  // (the split instantiations take the same shared memory)
     k.block_shared = name == "forward"        ? attention_mma_forward_smem_bytes(hd)
                      : name == "dkv"          ? attention_mma_dkv_smem_bytes(hd)
                      : name == "dkv-swizzled" ? attention_mma_dkv_smem_bytes(hd, AttentionMmaRows::swizzled)
@@ -389,18 +388,28 @@ std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd,
                             sass_arch);
     set_attention_issue_now(k[2], "dq", B, T, H, Hkv, hd, sass_arch);
     k[1].issue_efficiency = k[2].issue_efficiency = attention_issue_efficiency().backward;
-    // A split dK/dV (attention_mma_dkv_segment_steps): its split key tiles' blocks write fp32
-    // partials instead of bf16 rows, which attention_mma_dkv_reduce_kernel reads and sums into them.
-    const int L = attention_mma_dkv_segment_steps(B, T, H, Hkv);
-    if (L > 0) {
-        const double tile = double(kAttentionMmaTile) * hd * B * Hkv;  // one 64-row tile of each (b, KV head)
-        const AttentionMmaDkvGrid grid = attention_mma_dkv_grid(T, H, Hkv, L);
-        const double partial = 2 * tile * double(grid.partial_slots) * 4;
-        const double split = 2 * tile * double(grid.split_tiles) * t;
-        k[1].written_bytes += partial - split;
-        k.insert(k.begin() + 2, kernel("attention_mma_dkv_reduce_kernel", "attention backward: dK, dV partials summed",
-                                       partial, split, partial / 4, kVector));  // (launched before dQ)
-    }
+    // The splits (attention_mma_backward_split): a split kernel's split tiles' blocks write fp32
+    // partials (the rows before T of each slot) instead of bf16 rows, which attention_mma_reduce_kernel,
+    // launched after it, reads and sums into them.
+    const AttentionMmaSplit split = attention_mma_backward_split(B, T, H, Hkv, hd);
+    const auto add_reduce = [&](size_t at, int L, int G, double grid_rows, int outputs, bool last_first,
+                                const char* op) {
+        if (L == 0) return;
+        const int n = attention_mma_tiles(T);
+        double partial = 0, rows_stored = 0;  // bytes
+        for (int z = 0; z < n; ++z) {
+            const int segments = attention_mma_segments(n, z, G, L);
+            if (segments == 1) continue;
+            const int row0 = (last_first ? n - 1 - z : z) * kAttentionMmaTile;
+            const double tile_rows = std::min(kAttentionMmaTile, T - row0) * grid_rows * outputs * hd;
+            partial += segments * tile_rows * 4, rows_stored += tile_rows * t;
+        }
+        k[at].written_bytes += partial - rows_stored;
+        k.insert(k.begin() + long(at) + 1,
+                 kernel("attention_mma_reduce_kernel", op, partial, rows_stored, partial / 4, kVector));
+    };
+    add_reduce(2, split.dq, 1, double(B) * H, 1, true, "attention backward: dQ partials summed");
+    add_reduce(1, split.dkv, H / Hkv, double(B) * Hkv, 2, false, "attention backward: dK, dV partials summed");
     return k;
 }
 

@@ -570,22 +570,22 @@ using bf16 = __nv_bfloat16;
 // dqkv from the tensor-core kernels called directly (the dot kernel, then the dK/dV and dQ
 // kernels), given the forward's out and lse: what attention_backward must produce when it
 // dispatches there. The dK/dV kernel's shared rows as named, else as the device allows.
-// The dK/dV split as named (segment steps, 0 none), else the shape's.
+// The splits as named (segment steps, 0 none), else the shape's.
 std::vector<bf16> mma_backward_direct(const std::vector<bf16>& qkv, const std::vector<bf16>& dout,
                                       const AttentionShape& s, const std::vector<int>* positions, const Run<bf16>& fwd,
                                       std::optional<pv::AttentionMmaRows> dkv_rows = std::nullopt,
-                                      std::optional<int> segment_steps = std::nullopt) {
+                                      std::optional<pv::AttentionMmaSplit> split = std::nullopt) {
     const int B = int(s.B), T_len = int(s.T), H = int(s.H), Hkv = int(s.Hkv), hd = int(s.hd);
     DeviceArray<bf16> d_qkv(qkv), d_dout(dout), d_out(fwd.out), d_dqkv(qkv.size());
     DeviceArray<float> d_lse(fwd.lse), d_D(s.B * s.H * s.T);
-    const int L = segment_steps.value_or(pv::attention_mma_dkv_segment_steps(B, T_len, H, Hkv));
-    const long long slots = pv::attention_mma_dkv_grid(T_len, H, Hkv, L).partial_slots;
-    // Poisoned: a slot the reduce kernel reads that no block wrote shows as NaN.
-    DeviceArray<float> d_partial(std::vector<float>(std::max<size_t>(1, size_t(2 * B * Hkv * slots * 64 * hd)), NAN));
+    const pv::AttentionMmaSplit L = split.value_or(pv::attention_mma_backward_split(B, T_len, H, Hkv, hd));
+    // Poisoned: a slot the reduce kernels read that no block wrote shows as NaN.
+    const size_t partial_floats = pv::attention_mma_partial_bytes(B, T_len, H, Hkv, hd, L) / sizeof(float);
+    DeviceArray<float> d_partial(std::vector<float>(std::max<size_t>(1, partial_floats), NAN));
     DeviceArray<int> d_pos(positions ? *positions : std::vector<int>(1));
     const int* pos = positions ? d_pos.get() : nullptr;
     pv::attention_backward_dot(d_out.get(), d_dout.get(), d_D.get(), B, T_len, H, hd, nullptr);
-    if (dkv_rows || segment_steps)
+    if (dkv_rows || split)
         pv::attention_mma_backward(
             d_qkv.get(), pos, d_dout.get(), d_lse.get(), d_D.get(), d_dqkv.get(), B, T_len, H, Hkv, hd, nullptr,
             dkv_rows.value_or(pv::attention_mma_dkv_rows(hd, pv::device_shared_bytes_per_block())), L, d_partial.get());
@@ -700,49 +700,72 @@ TEST_CASE("bf16 attention backward at hd 128 on a GPU with 99 KiB a block runs d
     }
 }
 
-// The dK/dV kernel's work split (kernels/attention_mma_blocks.h). Where its grid is small, a key
-// tile's steps (query head, query tile) are split into segments of at most L, a block each, whose
-// fp32 partials a second kernel sums in segment order. The policy on named shapes, worked by hand;
-// then on a shape it splits, both splits (the shape's L, and every step its own segment) meet the
-// fp64 reference as the tensor cores must, the shape's is deterministic and is what the public path
-// computes, causal and with documents (whose shorter key tiles leave trailing segments empty).
-TEST_CASE("bf16 attention backward splits a small grid's dK/dV key tiles into segments",
-          "[kernels][attention][documents]") {
+// The backward kernels' work split (kernels/attention_mma_blocks.h). Where a grid is small, a tile's
+// steps (dK/dV: query head and query tile; dQ: key tile) are split into segments of at most L, a
+// block each, whose fp32 partials a second kernel sums in segment order. The policy on named shapes,
+// worked by hand; then on shapes it splits, the splits (the shape's, smaller segments, every step its
+// own segment) meet the fp64 reference as the tensor cores must, and the shape's is deterministic and
+// is what the public path computes, causal and with documents (whose shorter windows leave segments
+// empty).
+TEST_CASE("bf16 attention backward splits a small grid's tiles into segments", "[kernels][attention][documents]") {
     // 1B at 4 x 2048 (H 32, Hkv 8): 4·8 (b, KV head) x 4·528 steps over 264 slots is 256 a slot; the
-    // heaviest block's 128 steps are under 1.5 x that: no split.
-    CHECK(pv::attention_mma_dkv_segment_steps(4, 2048, 32, 8) == 0);
-    // One sequence: 8 x 2112 / 264 = 64 a slot, 128 > 96: split, L = ceil(64 / 3).
-    CHECK(pv::attention_mma_dkv_segment_steps(1, 2048, 32, 8) == 22);
+    // heaviest block's 128 steps are under 1.5 x that: no split. dQ: 4·32 x 528 / 264, the same 256,
+    // its heaviest block 32 steps.
+    CHECK(pv::attention_mma_dkv_segment_steps(4, 2048, 32, 8, 64) == 0);
+    CHECK(pv::attention_mma_dq_segment_steps(4, 2048, 32, 64) == 0);
+    // One sequence: 8 x 2112 / 264 = 64 a slot, 128 > 96: split, L = ceil(64 / 3). dQ's heaviest
+    // block, 32, is under 96.
+    CHECK(pv::attention_mma_dkv_segment_steps(1, 2048, 32, 8, 128) == 22);
+    CHECK(pv::attention_mma_dq_segment_steps(1, 2048, 32, 128) == 0);
     // 8B under --tp 8 at 1 x 4096 (a rank's 4 query heads, 1 KV head): 4·2080 / 264 = 31 a slot,
     // L = ceil(31 / 3) = 11. Key tile z has 4(64 − z) steps, ceil(4(64 − z) / 11) blocks: 786 in
-    // all; those of more than one (4(64 − z) > 11: z < 62) hold all but the last two's.
-    CHECK(pv::attention_mma_dkv_segment_steps(1, 4096, 4, 1) == 11);
-    const pv::AttentionMmaDkvGrid grid = pv::attention_mma_dkv_grid(4096, 4, 1, 11);
+    // all; those of more than one (4(64 − z) > 11: z < 62) hold all but the last two's. dQ: the
+    // heaviest block's 64 key tiles > 1.5 x 31, the same L; query tile m − 1 (m = 64 − z key tiles)
+    // has ceil(m / 11) blocks: 11·1 + 11·2 + 11·3 + 11·4 + 11·5 + 9·6 = 219 a head, 876 in all; 53
+    // tiles split (m > 11), 219 − 11 slots a head.
+    CHECK(pv::attention_mma_dkv_segment_steps(1, 4096, 4, 1, 128) == 11);
+    const pv::AttentionMmaSplitGrid grid = pv::attention_mma_split_grid(64, 4, 11);
     CHECK(grid.blocks == 786);
     CHECK(grid.partial_slots == 784);
     CHECK(grid.split_tiles == 62);
-    CHECK(pv::attention_mma_dkv_partial_bytes(1, 4096, 4, 1, 128) == 784ull * 64 * 128 * 2 * 4);
+    CHECK(pv::attention_mma_dq_segment_steps(1, 4096, 4, 128) == 11);
+    const pv::AttentionMmaSplitGrid dq_grid = pv::attention_mma_split_grid(64, 1, 11);
+    CHECK(4 * dq_grid.blocks == 876);
+    CHECK(dq_grid.partial_slots == 208);
+    CHECK(dq_grid.split_tiles == 53);
+    // The scratch holds the larger of dK/dV's (two outputs a slot) and dQ's.
+    CHECK(pv::attention_mma_partial_bytes(1, 4096, 4, 1, 128) == 784ull * 64 * 128 * 2 * 4);
+    CHECK(pv::attention_mma_partial_bytes(1, 4096, 4, 1, 128, {0, 11}) == 4ull * 208 * 64 * 128 * 4);
     // 70B at 1 x 4096 (H 64, Hkv 8): 8·8·2080 / 264 = 504 a slot, the heaviest block 512: no split.
-    CHECK(pv::attention_mma_dkv_segment_steps(1, 4096, 64, 8) == 0);
-    CHECK(pv::attention_mma_dkv_partial_bytes(1, 4096, 64, 8, 128) == 0);
+    CHECK(pv::attention_mma_dkv_segment_steps(1, 4096, 64, 8, 128) == 0);
+    CHECK(pv::attention_mma_partial_bytes(1, 4096, 64, 8, 128) == 0);
+    // Head dims other than 64 and 128 have no split kernels.
+    CHECK(pv::attention_mma_backward_split(1, 4096, 4, 1, 96).dkv == 0);
+    CHECK(pv::attention_mma_backward_split(1, 4096, 4, 1, 96).dq == 0);
 
-    // (Under TSan, whose question is races, hd 64 with documents alone, the public path against the
-    // direct call: the split and reduce kernels run under the race checker, empty segments too; the
-    // other checks cost minutes there and look for no race.)
-    for (size_t hd : kTsanBuild ? std::vector<size_t>{64} : std::vector<size_t>{64, 128}) {
-        // B 2, T 200 (n 4), H 6, Hkv 2 (G 3): a slot's share under one step, L the least, 8: key tiles
-        // 0 and 1 (12 and 9 steps) split in two, 2 and 3 (6, 3) not.
-        const AttentionShape s = kTsanBuild ? AttentionShape{1, 130, 6, 1, hd} : AttentionShape{2, 200, 6, 2, hd};
-        const int B = int(s.B), T_len = int(s.T), H = int(s.H), Hkv = int(s.Hkv);
-        const int L = pv::attention_mma_dkv_segment_steps(B, T_len, H, Hkv);
-        REQUIRE(L == 8);
-        REQUIRE(pv::attention_mma_dkv_grid(T_len, H, Hkv, L).partial_slots > 0);
-        const std::vector<std::vector<size_t>> ragged = {{70, 3, 1, 100, 26}, {9, 120, 50, 21}};
+    const auto documents = [](const AttentionShape& s, const std::vector<std::vector<size_t>>& ragged) {
         std::vector<int> pos;
         for (size_t b = 0; b < s.B; ++b) {
-            const auto row = document_positions(ragged[b], s.T);
+            const auto row = document_positions(ragged[b % ragged.size()], s.T);
             pos.insert(pos.end(), row.begin(), row.end());
         }
+        return pos;
+    };
+    const std::vector<std::vector<size_t>> ragged = {{70, 3, 1, 100, 26}, {9, 120, 50, 21}};
+    // (Under TSan, whose question is races, hd 64 with documents alone: the public path against the
+    // direct call, and a direct call with dQ split twice over, bit for bit: the split and reduce
+    // kernels run under the race checker, empty segments too; the other checks cost minutes there and
+    // look for no race.)
+    for (size_t hd : kTsanBuild ? std::vector<size_t>{64} : std::vector<size_t>{64, 128}) {
+        // B 2, T 200 (n 4), H 6, Hkv 2 (G 3): a slot's share under one step, L the least, 8: key tiles
+        // 0 and 1 (12 and 9 steps) split in two, 2 and 3 (6, 3) not; dQ's blocks, at most 4 key
+        // tiles, are not split.
+        const AttentionShape s = kTsanBuild ? AttentionShape{1, 130, 6, 1, hd} : AttentionShape{2, 200, 6, 2, hd};
+        const int B = int(s.B), T_len = int(s.T), H = int(s.H), Hkv = int(s.Hkv);
+        const pv::AttentionMmaSplit L = pv::attention_mma_backward_split(B, T_len, H, Hkv, int(hd));
+        REQUIRE(L.dkv == 8);
+        REQUIRE(L.dq == 0);
+        const auto pos = documents(s, ragged);
         const auto qkv = random_vector<bf16>(s.B * s.T * s.width(), 2000 + hd, -2.0, 2.0);
         const auto dout = random_vector<bf16>(s.B * s.T * s.H * s.hd, 2001 + hd);
         const auto cases = kTsanBuild ? std::vector<const std::vector<int>*>{&pos}
@@ -752,16 +775,41 @@ TEST_CASE("bf16 attention backward splits a small grid's dK/dV key tiles into se
             Run<bf16> got = run(qkv, dout, s, positions);  // the public path
             const auto split = mma_backward_direct(qkv, dout, s, positions, got);
             REQUIRE(same_bits(got.dqkv, split));
+            // dQ's key tiles in segments of 1 (with documents, the segments left of a query tile's
+            // windows are empty): twice, the same bits.
+            const pv::AttentionMmaSplit dq_split{L.dkv, 1};
+            REQUIRE(same_bits(mma_backward_direct(qkv, dout, s, positions, got, std::nullopt, dq_split),
+                              mma_backward_direct(qkv, dout, s, positions, got, std::nullopt, dq_split)));
             if (kTsanBuild) continue;  // (the kernels have run under the race checker)
             REQUIRE(same_bits(split, mma_backward_direct(qkv, dout, s, positions, got)));
-            // The shape's split, and every step its own segment (the unsplit kernel meets the
-            // reference in the cases above whose grids are not split).
-            for (int steps : {L, 1}) {
-                INFO("segments of at most " << steps << " steps");
+            // The shape's dK/dV split with dQ's 4 key tiles in segments of 3, and every step of
+            // both its own segment (the unsplit kernels meet the reference in the cases above whose
+            // grids are not split).
+            for (const pv::AttentionMmaSplit steps : {pv::AttentionMmaSplit{L.dkv, 3}, pv::AttentionMmaSplit{1, 1}}) {
+                INFO("segments of at most " << steps.dkv << " (dK/dV) and " << steps.dq << " (dQ) steps");
                 got.dqkv = mma_backward_direct(qkv, dout, s, positions, got, std::nullopt, steps);
                 check_within_plain_bf16(qkv, dout, got, s, positions, "");
             }
         }
+    }
+    if (kTsanBuild) return;
+    // Where the shape splits dQ: B 1, T 600 (n 10), H 1: L 8 for both kernels (a slot's share under a
+    // step); dQ's query tiles 9 and 8 (10 and 9 key tiles) in two segments, dK/dV's key tiles 0 and 1
+    // likewise. The public path computes that split, deterministically.
+    const AttentionShape s{1, 600, 1, 1, 64};
+    REQUIRE(pv::attention_mma_backward_split(1, 600, 1, 1, 64).dq == 8);
+    REQUIRE(pv::attention_mma_split_grid(10, 1, 8).split_tiles == 2);
+    const auto pos = documents(s, {{70, 3, 1, 100, 26, 9, 120, 50, 21}});
+    const auto qkv = random_vector<bf16>(s.B * s.T * s.width(), 2100, -2.0, 2.0);
+    const auto dout = random_vector<bf16>(s.B * s.T * s.H * s.hd, 2101);
+    for (const std::vector<int>* positions : std::vector<const std::vector<int>*>{&pos, nullptr}) {
+        INFO(describe(s) << (positions ? ", documents" : ", causal"));
+        const Run<bf16> got = run(qkv, dout, s, positions);
+        const auto split = mma_backward_direct(qkv, dout, s, positions, got);
+        REQUIRE(same_bits(got.dqkv, split));
+        REQUIRE(same_bits(split, mma_backward_direct(qkv, dout, s, positions, got)));
+        REQUIRE_FALSE(same_bits(
+            split, mma_backward_direct(qkv, dout, s, positions, got, std::nullopt, pv::AttentionMmaSplit{8, 0})));
     }
 }
 

@@ -500,7 +500,7 @@ TEST_CASE("step cost: the RTX 6000 Ada runs the dK/dV kernel with swizzled rows 
     CHECK(pv::attention_mma_backward_fits(112, ada));
     CHECK(pv::attention_mma_forward_fits(128, ada));
     pv::StepShape s;
-    // (4 sequences: a grid whose key tiles are not split, attention_mma_dkv_segment_steps)
+    // (4 sequences: a grid whose key tiles are not split, attention_mma_backward_split)
     s.config = pv::preset("llama-3.1-8b"), s.batch = 4, s.seq_len = 1024, s.lora.rank = 8;
     const auto dkv_kernels = [&](const pv::Device& d) {
         std::vector<pv::KernelCost> dkv;
@@ -527,7 +527,7 @@ TEST_CASE("step cost: the RTX 6000 Ada runs the dK/dV kernel with swizzled rows 
     REQUIRE(interior > pv::attention_tile_instructions("dkv", 128, false, 80));
     REQUIRE(masked != pv::attention_tile_instructions("dkv-swizzled", 128, true, 90));  // the arch is seen
     const int n = 1024 / 64, group = 32 / 8;
-    REQUIRE(pv::attention_mma_dkv_segment_steps(4, 1024, 32, 8) == 0);
+    REQUIRE(pv::attention_mma_dkv_segment_steps(4, 1024, 32, 8, 128) == 0);
     CHECK(swizzled[0].block_shared == pv::attention_mma_dkv_smem_bytes(128, AttentionMmaRows::swizzled));
     CHECK(swizzled[0].block_registers == pv::attention_kernel_registers("dkv-swizzled", 128, 80));
     CHECK(padded[0].block_shared == pv::attention_mma_dkv_smem_bytes(128));
@@ -549,53 +549,71 @@ TEST_CASE("step cost: the RTX 6000 Ada runs the dK/dV kernel with swizzled rows 
     CHECK(dkv_kernels(smaller).empty());
 }
 
-// A small grid's dK/dV key tiles split into segments (kernels/attention_mma_blocks.h): 8B under
-// --tp 8 at 1 x 4096, a rank's 4 query heads and 1 KV head. Unsplit, key tile z's block walks
-// 4(64 − z) steps and the first runs alone long after the rest; split into segments of at most
-// L = 11 steps, 786 blocks (test_attention works the policy by hand). Each block's work by hand:
-// its steps' interior and diagonal (a head's first step, masked) tile pairs, 4 warps each; the
-// same instructions in all as unsplit, spread so the kernel ends within a block of the balanced
-// time; and the reduce kernel reads the partials the split tiles wrote.
-TEST_CASE("step cost: a small grid's dK/dV key tiles split into segments, priced block by block", "[step_cost]") {
+// A small grid's tiles split into segments (kernels/attention_mma_blocks.h): 8B under --tp 8 at
+// 1 x 4096, a rank's 4 query heads and 1 KV head. Unsplit, key tile z's dK/dV block walks 4(64 − z)
+// steps and query tile q's dQ block q + 1 key tiles, and the first blocks run alone long after the
+// rest; split into segments of at most L = 11 steps, 786 and 876 blocks (test_attention works the
+// policy by hand). Each block's work by hand: its steps' interior and diagonal (dK/dV: a head's
+// first step; dQ: the last key tile; masked) tile pairs, 4 warps each; the same instructions in all
+// as unsplit, spread so each kernel ends within a block of the balanced time; and the reduce kernels
+// read the partials the split tiles wrote.
+TEST_CASE("step cost: a small grid's dK/dV and dQ tiles split into segments, priced block by block", "[step_cost]") {
     const int B = 1, T = 4096, H = 4, Hkv = 1, hd = 128, n = 64, G = 4, L = 11;
-    REQUIRE(pv::attention_mma_dkv_segment_steps(B, T, H, Hkv) == L);
+    REQUIRE(pv::attention_mma_dkv_segment_steps(B, T, H, Hkv, hd) == L);
+    REQUIRE(pv::attention_mma_dq_segment_steps(B, T, H, hd) == L);
     const auto k = pv::cost::attention_backward(B, T, H, Hkv, hd, 2, 4, false);
-    REQUIRE(k.size() == 4);
-    const pv::KernelCost& dkv = k[1];
-    const double I = pv::attention_tile_instructions("dkv", hd), M = pv::attention_tile_instructions("dkv", hd, true);
-    std::vector<double> want;
-    double total = 0;
-    for (int z = 0; z < n; ++z) {
-        const int steps = G * (n - z);
-        for (int first = 0; first < steps; first += L) {
-            double diagonal = 0, interior = 0;
-            for (int i = first; i < std::min(steps, first + L); ++i) (i % (n - z) == 0 ? diagonal : interior) += 1;
-            want.push_back(4 * (interior * I + diagonal * M));
-            total += want.back();
+    REQUIRE(k.size() == 5);  // in launch order: D, dK/dV, its reduce, dQ, its reduce
+    const pv::KernelCost &dkv = k[1], &dq = k[3];
+    REQUIRE(dkv.kernel == "attention_mma_dkv_kernel");
+    REQUIRE(dq.kernel == "attention_mma_dq_kernel");
+    // kernel: dK/dV (G steps a tile, the diagonal a head's first) or dQ (1, the diagonal the last).
+    const auto check_blocks = [&](const pv::KernelCost& kernel, const char* kind, int group, long long rows,
+                                  size_t blocks) {
+        INFO(kind);
+        const bool is_dkv = group > 1;
+        const double I = pv::attention_tile_instructions(kind, hd), M = pv::attention_tile_instructions(kind, hd, true);
+        std::vector<double> want;
+        double total = 0;
+        for (int z = 0; z < n; ++z) {
+            const int steps = group * (n - z);
+            for (int first = 0; first < steps; first += L) {
+                double diagonal = 0, interior = 0;
+                for (int i = first; i < std::min(steps, first + L); ++i)
+                    ((is_dkv ? i % (n - z) == 0 : i == n - z - 1) ? diagonal : interior) += 1;
+                want.push_back(4 * (interior * I + diagonal * M));
+                total += rows * want.back();
+            }
         }
-    }
-    REQUIRE(want.size() == 786);
-    REQUIRE(dkv.blocks.size() == want.size());
-    for (size_t i = 0; i < want.size(); ++i) {
-        INFO("block " << i);
-        CHECK(dkv.blocks[i].blocks == 1);
-        CHECK(dkv.blocks[i].work == want[i]);
-    }
-    // The unsplit kernel's instructions: 4 warps, G·n(n+1)/2 tile pairs, G·n of them diagonal.
-    CHECK(dkv.warp_instructions == 4.0 * ((G * n * (n + 1) / 2 - G * n) * I + G * n * M));
-    CHECK(total == dkv.warp_instructions);
-    const double balanced = pv::issue_seconds(dkv.warp_instructions, dkv.issue_efficiency);
-    const double longest = pv::issue_seconds(4.0 * (L * I), dkv.issue_efficiency) * 132;  // one block alone on its SM
-    CHECK(pv::predicted_seconds(dkv) < balanced + longest);
-    CHECK(pv::predicted_seconds(dkv) < 1.5 * balanced);
-    // The reduce kernel: fp32 partials of dK and dV read (784 slots of 64 x 128), the 62 split key
-    // tiles' bf16 rows written; the dK/dV kernel writes the partials instead of those rows.
-    const pv::KernelCost& reduce = k[2];  // in launch order: D, dK/dV, the reduce, dQ
-    CHECK(reduce.kernel == "attention_mma_dkv_reduce_kernel");
-    CHECK(reduce.read_bytes == 784.0 * 64 * 128 * 2 * 4);
-    CHECK(reduce.written_bytes == 62.0 * 64 * 128 * 2 * 2);
-    const auto unsplit_rows = 2.0 * T * Hkv * hd * 2;  // every key tile's dK and dV rows, bf16
-    CHECK(dkv.written_bytes == unsplit_rows - reduce.written_bytes + reduce.read_bytes);
+        REQUIRE(want.size() == blocks);
+        REQUIRE(kernel.blocks.size() == want.size());
+        for (size_t i = 0; i < want.size(); ++i) {
+            INFO("block " << i);
+            CHECK(kernel.blocks[i].blocks == rows);
+            CHECK(kernel.blocks[i].work == want[i]);
+        }
+        // The unsplit kernel's instructions: 4 warps, group·n(n+1)/2 tile pairs per row, group·n of
+        // them diagonal.
+        CHECK(kernel.warp_instructions == rows * 4.0 * ((group * n * (n + 1) / 2 - group * n) * I + group * n * M));
+        CHECK(total == kernel.warp_instructions);
+        const double balanced = pv::issue_seconds(kernel.warp_instructions, kernel.issue_efficiency);
+        const double longest = pv::issue_seconds(4.0 * (L * I), kernel.issue_efficiency) * 132;  // one block alone
+        CHECK(pv::predicted_seconds(kernel) < balanced + longest);
+        CHECK(pv::predicted_seconds(kernel) < 1.5 * balanced);
+    };
+    check_blocks(dkv, "dkv", G, 1, 786);
+    check_blocks(dq, "dq", 1, H, 876 / H);
+    // The reduce kernels: fp32 partials read (dK/dV: both outputs' 784 slots of 64 x 128; dQ: 208
+    // slots a head), the split tiles' bf16 rows written (62 key tiles' dK and dV; 53 query tiles' dQ of
+    // each head); each kernel writes the partials instead of those rows.
+    const pv::KernelCost &dkv_reduce = k[2], &dq_reduce = k[4];
+    CHECK(dkv_reduce.kernel == "attention_mma_reduce_kernel");
+    CHECK(dkv_reduce.read_bytes == 784.0 * 64 * 128 * 2 * 4);
+    CHECK(dkv_reduce.written_bytes == 62.0 * 64 * 128 * 2 * 2);
+    CHECK(dkv.written_bytes == 2.0 * T * Hkv * hd * 2 - dkv_reduce.written_bytes + dkv_reduce.read_bytes);
+    CHECK(dq_reduce.kernel == "attention_mma_reduce_kernel");
+    CHECK(dq_reduce.read_bytes == 208.0 * H * 64 * 128 * 4);
+    CHECK(dq_reduce.written_bytes == 53.0 * H * 64 * 128 * 2);
+    CHECK(dq.written_bytes == 1.0 * T * H * hd * 2 - dq_reduce.written_bytes + dq_reduce.read_bytes);
     // Four sequences at 1024: no split, and no reduce kernel.
     CHECK(pv::cost::attention_backward(4, 1024, 32, 8, hd, 2, 4, false).size() == 3);
 }

@@ -18,7 +18,7 @@ namespace pv {
                                                                 __nv_bfloat16*, int, int, int, int, float*, int);      \
     template __global__ void attention_mma_dq_kernel<HD, PATH>(const __nv_bfloat16*, const int*, const __nv_bfloat16*, \
                                                                const float*, const float*, __nv_bfloat16*, int, int,   \
-                                                               int);
+                                                               int, int, float*, int);
 // The dK/dV kernel with swizzled shared rows (the head dims attention_mma_dkv_has_swizzled names).
 #define POLEVAULT_ATTENTION_DKV_SWIZZLED_BODY(HD, PATH)                                                               \
     template __global__ void attention_mma_dkv_kernel<HD, PATH, AttentionMmaRows::swizzled>(                          \

@@ -178,12 +178,13 @@ TEST_CASE("attention moves the bytes the model says, with and without document m
     }
 }
 
-// A grid the dK/dV kernel splits (kernels/attention_mma_blocks.h: B 2, T 200, H 6, Hkv 2, L 8): its
-// blocks write fp32 partials for the split key tiles, which the reduce kernel reads and sums into
-// their rows, before the dQ kernel.
-TEST_CASE("the split dK/dV moves the bytes the model says", "[traffic]") {
-    const int B = 2, T = 200, H = 6, Hkv = 2, hd = 64;
-    REQUIRE(pv::attention_mma_dkv_segment_steps(B, T, H, Hkv) == 8);
+// A grid both backward kernels split (kernels/attention_mma_blocks.h: B 1, T 600, H 2, Hkv 1, L 8 for
+// each): their blocks write fp32 partials for the split tiles (dQ's include the last, ragged query
+// tile: the rows before T), which a reduce kernel after each reads and sums into their rows.
+TEST_CASE("the split dK/dV and dQ move the bytes the model says", "[traffic]") {
+    const int B = 1, T = 600, H = 2, Hkv = 1, hd = 64;
+    REQUIRE(pv::attention_mma_dkv_segment_steps(B, T, H, Hkv, hd) == 8);
+    REQUIRE(pv::attention_mma_dq_segment_steps(B, T, H, hd) == 8);
     AttentionBuffers x(B, T, H, Hkv, hd, 21);
     auto &qkv = x.qkv, &out = x.out, &dout = x.dout, &dqkv = x.dqkv;
     auto& lse = x.lse;
@@ -194,8 +195,9 @@ TEST_CASE("the split dK/dV moves the bytes the model says", "[traffic]") {
         const int* p = masked ? pos.get() : nullptr;
         pv::attention_forward(qkv.get(), p, out.get(), lse.get(), B, T, H, Hkv, hd, nullptr);
         const std::vector<KernelCost> predicted = pv::cost::attention_backward(B, T, H, Hkv, hd, t, a, masked);
-        REQUIRE(predicted.size() == 4);
-        CHECK(predicted[2].kernel == "attention_mma_dkv_reduce_kernel");
+        REQUIRE(predicted.size() == 5);
+        CHECK(predicted[2].kernel == "attention_mma_reduce_kernel");
+        CHECK(predicted[4].kernel == "attention_mma_reduce_kernel");
         check_traffic(predicted, [&] {
             pv::attention_backward(qkv.get(), p, out.get(), dout.get(), lse.get(), dqkv.get(), scratch.get(), B, T, H,
                                    Hkv, hd, nullptr);
