@@ -177,11 +177,11 @@ int main(int argc, char** argv) {
                         100 * p.model_flops / (serial * peak), 100 * p.model_flops / (overlapped * peak));
         }
     }
-    {  // the backward kernels' splits on small grids (kernels/attention_mma_blocks.h), per layer
+    {  // the attention kernels' splits on small grids (kernels/attention_mma_blocks.h), per layer
         std::printf(
-            "\n## The attention backward on small grids: tiles split into segments, per layer\n\n"
+            "\n## Attention on small grids: tiles split into segments, per layer\n\n"
             "| shape | H / Hkv, hd | kernel | segment steps | blocks, one a tile | time (ms) | blocks, "
-            "split | time (ms) | reduce (ms) | partials (MB) |\n"
+            "split | time (ms) | merge (ms) | partials (MB) |\n"
             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
         struct Shape {
             const char* name;
@@ -192,6 +192,7 @@ int main(int argc, char** argv) {
               Shape{"8B --tp 8, 1 x 4096", 1, 4096, 4, 1, 128}, Shape{"8B --tp 8, 1 x 8192", 1, 8192, 4, 1, 128},
               Shape{"70B --tp 8, 1 x 4096", 1, 4096, 8, 1, 128}, Shape{"1B, 4 x 2048", 4, 2048, 32, 8, 64},
               Shape{"70B, 1 x 4096", 1, 4096, 64, 8, 128}}) {
+            const std::vector<KernelCost> forward = cost::attention_forward(x.B, x.T, x.H, x.Hkv, x.hd, 2, 4, false);
             const std::vector<KernelCost> k = cost::attention_backward(x.B, x.T, x.H, x.Hkv, x.hd, 2, 4, false);
             const AttentionMmaSplit split = attention_mma_backward_split(x.B, x.T, x.H, x.Hkv, x.hd);
             const auto blocks = [](const KernelCost& c) {
@@ -199,22 +200,24 @@ int main(int argc, char** argv) {
                 for (const BlockRun& r : c.blocks) n += r.blocks;
                 return n;
             };
-            // The launch order: D, dK/dV, its reduce where split, dQ, its reduce where split.
-            size_t at = 1;
-            for (const char* kind : {"dkv", "dq"}) {
-                const KernelCost& kernel = k[at];
-                const int L = std::string(kind) == "dq" ? split.dq : split.dkv;
-                const KernelCost* reduce = L ? &k[at + 1] : nullptr;
-                at += L ? 2 : 1;
+            // Each kernel and the one that merges its partials where it splits, in launch order: the
+            // forward and its combine; D, dK/dV and its reduce, dQ and its reduce. The forward's split is
+            // dQ's.
+            const auto row = [&](const char* kind, const char* label, const KernelCost& kernel, int L,
+                                 const KernelCost* merge) {
                 KernelCost whole = kernel;  // the same kernel, one block a tile
                 cost::set_attention_issue(
                     whole, kind, x.B, x.T, x.H, x.Hkv, x.hd, attention_tile_instructions(kind, x.hd),
                     attention_tile_instructions(kind, x.hd, true), attention_kernel_registers(kind, x.hd), 0);
                 std::printf("| %s | %d / %d, %d | %s | %d | %lld | %.3f | %lld | %.3f | %.3f | %.1f |\n", x.name, x.H,
-                            x.Hkv, x.hd, std::string(kind) == "dq" ? "dQ" : "dK/dV", L, blocks(whole),
-                            predicted_seconds(whole) * 1e3, blocks(kernel), predicted_seconds(kernel) * 1e3,
-                            reduce ? predicted_seconds(*reduce) * 1e3 : 0.0, reduce ? reduce->read_bytes / 1e6 : 0.0);
-            }
+                            x.Hkv, x.hd, label, L, blocks(whole), predicted_seconds(whole) * 1e3, blocks(kernel),
+                            predicted_seconds(kernel) * 1e3, merge ? predicted_seconds(*merge) * 1e3 : 0.0,
+                            merge ? merge->read_bytes / 1e6 : 0.0);
+            };
+            row("forward", "forward", forward[0], split.dq, split.dq ? &forward[1] : nullptr);
+            row("dkv", "dK/dV", k[1], split.dkv, split.dkv ? &k[2] : nullptr);
+            const size_t dq = split.dkv ? 3 : 2;
+            row("dq", "dQ", k[dq], split.dq, split.dq ? &k[dq + 1] : nullptr);
         }
     }
     return 0;

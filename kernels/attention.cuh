@@ -106,6 +106,7 @@
 #include "kernels/common.cuh"
 #include "kernels/vec.cuh"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -530,18 +531,29 @@ void attention_forward_launch(const T* qkv, const int* positions, T* out, acc_t<
     CUDA_CHECK_LAUNCH();
 }
 
+// The forward's scratch: for bf16 on tensor cores, a small grid's split partials
+// (kernels/attention_mma_blocks.h); none otherwise.
+template <class T>
+size_t attention_forward_scratch_bytes(int B, int T_len, int H, int hd) {
+    return std::is_same_v<T, __nv_bfloat16> && (hd == 64 || hd == 128)
+               ? attention_mma_forward_partial_bytes(B, T_len, H, hd)
+               : 0;
+}
+
 // out[B][T][H·hd] and lse[B][H][T] from qkv[B][T][(H + 2·Hkv)·hd]. positions: [B][T] device ints,
 // each row's position within its document (document masking, header comment), or null for plain
-// causal attention. p_fp32: bf16 keeps P in fp32 (the CUDA-core kernel), where the tensor cores
-// round it to one bf16 before P·V (kernels/attention_mma_forward.cuh): for the KV-cache decoder's
-// parity tests, whose decoder keeps P in fp32.
+// causal attention. `scratch` holds attention_forward_scratch_bytes<T>(B, T_len, H, hd) (null where
+// that is 0). p_fp32: bf16 keeps P in fp32 (the CUDA-core kernel), where the tensor cores round it
+// to one bf16 before P·V (kernels/attention_mma_forward.cuh): for the KV-cache decoder's parity
+// tests, whose decoder keeps P in fp32.
 template <class T>
-void attention_forward(const T* qkv, const int* positions, T* out, acc_t<T>* lse, int B, int T_len, int H, int Hkv,
-                       int hd, cudaStream_t stream, bool p_fp32 = false) {
+void attention_forward(const T* qkv, const int* positions, T* out, acc_t<T>* lse, void* scratch, int B, int T_len,
+                       int H, int Hkv, int hd, cudaStream_t stream, bool p_fp32 = false) {
     attention_check_shape(B, T_len, H, Hkv, hd);
     if constexpr (std::is_same_v<T, __nv_bfloat16>) {
         if (!p_fp32 && attention_mma_forward_supported(qkv, out, hd))  // tensor cores (attention_mma_forward.cuh)
-            return attention_mma_forward(qkv, positions, out, lse, B, T_len, H, Hkv, hd, stream);
+            return attention_mma_forward(qkv, positions, out, lse, B, T_len, H, Hkv, hd, stream,
+                                         static_cast<float*>(scratch));
     }
     if (hd == 64)
         attention_forward_launch<T, 64>(qkv, positions, out, lse, B, T_len, H, Hkv, hd, stream);
@@ -567,6 +579,13 @@ size_t attention_backward_scratch_bytes(int B, int T_len, int H, int Hkv, int hd
     const bool partials = std::is_same_v<T, __nv_bfloat16> && attention_mma_backward_supports(hd);
     return attention_backward_d_bytes<T>(B, T_len, H) +
            (partials ? attention_mma_partial_bytes(B, T_len, H, Hkv, hd) : 0);
+}
+// One scratch for both passes (the model's workspace: its forward and backward kernels run in
+// order on one stream, so neither pass's partials outlive its own kernels).
+template <class T>
+size_t attention_scratch_bytes(int B, int T_len, int H, int Hkv, int hd) {
+    return std::max(attention_forward_scratch_bytes<T>(B, T_len, H, hd),
+                    attention_backward_scratch_bytes<T>(B, T_len, H, Hkv, hd));
 }
 
 template <class T>

@@ -13,7 +13,7 @@
 // instantiations: declarations with EXTERN = extern (below), their definitions with EXTERN empty
 // (model/attention_kernels.cu), so the one list serves both.
 #define POLEVAULT_ATTENTION_INSTANCES_OF_TYPE(EXTERN, T)                                                               \
-    EXTERN template void attention_forward<T>(const T*, const int*, T*, acc_t<T>*, int, int, int, int, int,            \
+    EXTERN template void attention_forward<T>(const T*, const int*, T*, acc_t<T>*, void*, int, int, int, int, int,     \
                                               cudaStream_t, bool);                                                     \
     EXTERN template void attention_backward<T>(const T*, const int*, const T*, const T*, const acc_t<T>*, T*, void*,   \
                                                int, int, int, int, int, cudaStream_t);                                 \
@@ -28,7 +28,7 @@
 
 #define POLEVAULT_ATTENTION_MMA_FORWARD_INSTANCE(EXTERN, HD)                                                        \
     EXTERN template void attention_mma_forward_launch<HD>(const __nv_bfloat16*, const int*, __nv_bfloat16*, float*, \
-                                                          int, int, int, int, cudaStream_t);
+                                                          int, int, int, int, cudaStream_t, int, float*);
 #define POLEVAULT_ATTENTION_MMA_BACKWARD_INSTANCE(EXTERN, HD)                                                         \
     EXTERN template void attention_mma_backward_launch<HD>(                                                           \
         const __nv_bfloat16*, const int*, const __nv_bfloat16*, const float*, const float*, __nv_bfloat16*, int, int, \

@@ -100,6 +100,7 @@
 #pragma once
 
 #include "kernels/attention_mma_blocks.h"
+#include "kernels/attention_mma_split.cuh"
 #include "kernels/attention_window.cuh"
 #include "kernels/common.cuh"
 #include "kernels/mma.cuh"
@@ -219,61 +220,6 @@ __device__ inline void attention_mma_store_rows(__nv_bfloat16* dst, long long st
             *reinterpret_cast<__nv_bfloat162*>(out + 8 * n) =
                 __floats2bfloat162_rn(scale * acc[n][2 * half], scale * acc[n][2 * half + 1]);
     }
-}
-
-// Stores a warp's 16 accumulator rows × HD (C fragments, fp32 as they are) to rows row0 + {g, g + 8}
-// of a [64][HD] fp32 tile, skipping rows at or past `limit` (the tile's rows at or past T): a split
-// tile's partial dK, dV or dQ.
-template <int HD>
-__device__ inline void attention_mma_store_partial(float* tile, int row0, int limit, const float (&acc)[HD / 8][4]) {
-    const int lane = int(threadIdx.x) % 32, g = lane >> 2, t = lane & 3;
-    for (int half = 0; half < 2; ++half) {
-        if (row0 + g + 8 * half >= limit) continue;
-        float* out = tile + (row0 + g + 8 * half) * HD + 2 * t;
-        for (int n = 0; n < HD / 8; ++n)
-            *reinterpret_cast<float2*>(out + 8 * n) = make_float2(acc[n][2 * half], acc[n][2 * half + 1]);
-    }
-}
-
-// Tiles' segment counts in z order, ceil(group·(n − z) / L), with no division per tile: the count is
-// kept with its slack, segments·L − group·(n − z) in [0, L), as z advances (the decode walks up to n
-// tiles, a division each would cost a block more than a tile pair of work).
-struct AttentionMmaSegments {
-    int z, segments, slack, group, steps;
-    __device__ AttentionMmaSegments(int n, int group_, int segment_steps)
-        : z(0),
-          segments((group_ * n + segment_steps - 1) / segment_steps),
-          slack(segments * segment_steps - group_ * n),
-          group(group_),
-          steps(segment_steps) {}
-    __device__ void next() {
-        ++z, slack += group;
-        while (slack >= steps) slack -= steps, --segments;
-    }
-};
-// A split kernel's block: its tile z (the grid's order: dK/dV's key tile z, dQ's query tile n − 1 −
-// z), its segment of the tile's steps, and its partial slot (−1 where the tile is one block: it stores
-// its rows itself), from its grid index: tile 0's segments first (attention_mma_segments,
-// kernels/attention_mma_blocks.h, with L = segment_steps). The split tiles (more than one segment)
-// come first, so their slots are the running count of their segments.
-struct AttentionMmaSplitBlock {
-    int z, segment, slot;
-};
-__device__ inline AttentionMmaSplitBlock attention_mma_split_block(int index, int n, int group, int segment_steps) {
-    AttentionMmaSegments tiles(n, group, segment_steps);
-    int first_slot = 0;
-    for (; index >= tiles.segments; tiles.next()) {
-        index -= tiles.segments;
-        if (tiles.segments > 1) first_slot += tiles.segments;
-    }
-    return {tiles.z, index, tiles.segments > 1 ? first_slot + index : -1};
-}
-// Partial slot `slot` of output `tile` (dK/dV: 0 dK, 1 dV; dQ: 0) of z-grid row `row` (b·Hkv + kvh,
-// or b·H + h) among `rows` rows: outputs outer, then rows, then slots, each [64][HD] fp32.
-template <int HD, class F>
-__device__ inline F* attention_mma_partial_tile(F* partial, int tile, long long rows, long long row, int partial_slots,
-                                                int slot) {
-    return partial + ((tile * rows + row) * partial_slots + slot) * kAttentionMmaTile * HD;
 }
 
 // Calls chunk(c0, tag) for the tile's four chunks of 16 rows, c0 = 0, 16, 32, 48: a loop, or with
@@ -522,10 +468,8 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
     constexpr int Bt = kAttentionMmaTile, kOutputs = kDq ? 1 : 2;
     const int z = blockIdx.x, head = blockIdx.y, b = blockIdx.z, n = (T_len + Bt - 1) / Bt;
     const int heads = kDq ? H : Hkv, group = kDq ? 1 : H / Hkv;
-    AttentionMmaSegments tiles(n, group, segment_steps);
-    int first_slot = 0;
-    for (; tiles.z < z; tiles.next()) first_slot += tiles.segments;  // (every tile before z is split)
-    const int segments = tiles.segments, row0 = (kDq ? n - 1 - z : z) * Bt;
+    const AttentionMmaSplitTile tile = attention_mma_split_tile(z, n, group, segment_steps);
+    const int segments = tile.segments, first_slot = tile.first_slot, row0 = (kDq ? n - 1 - z : z) * Bt;
     const long long grid_rows = (long long)gridDim.z * heads, row = (long long)b * heads + head;
     const long long stride = (long long)(H + 2 * Hkv) * HD;
     __nv_bfloat16* out = dqkv + (long long)b * T_len * stride + (long long)(kDq ? head : H + head) * HD;

@@ -54,11 +54,11 @@ constexpr AttentionMmaRows attention_mma_dkv_rows(int hd, size_t shared_per_bloc
                : AttentionMmaRows::swizzled;
 }
 
-// The backward's work split on small grids. Both backward kernels have a grid whose block z (of
-// n = ceil(T/64), heaviest first) walks group·(n − z) steps: dK/dV's block owns key tile z and walks
-// its G = H/Hkv query heads' query tiles from the diagonal on (group G, a block per KV head); dQ's
-// owns query tile n − 1 − z and walks the key tiles up to the diagonal (group 1, a block per query
-// head). So the grid's first blocks carry group·n steps and its last group. Where the grid is small
+// The work split on small grids. Each tensor-core kernel has a grid whose block z (of n =
+// ceil(T/64), heaviest first) walks group·(n − z) steps: dK/dV's block owns key tile z and walks its
+// G = H/Hkv query heads' query tiles from the diagonal on (group G, a block per KV head); the
+// forward's and dQ's own query tile n − 1 − z and walk the key tiles up to the diagonal (group 1, a
+// block per query head). So the grid's first blocks carry group·n steps and its last group. Where the grid is small
 // (one sequence of 2048, or a tensor-parallel rank's few heads), the heaviest blocks run on long
 // after the others have ended: the kernel takes their time, 2x (dK/dV at 8B, 1 x 2048) to 8x (8B,
 // --tp 8, 1 x 4096) the time of its instructions spread over the GPU. There a block's steps are
@@ -69,10 +69,11 @@ constexpr AttentionMmaRows attention_mma_dkv_rows(int hd, size_t shared_per_bloc
 // A grid is split where its heaviest block's group·n steps exceed 1.5x a slot's share of all the
 // steps, the slots being 264 (an H100's 132 SMs x 2 blocks, as at hd 128): the grid then ends with
 // the heaviest blocks alone on their SMs. Segments hold a third of a slot's share (at least 8 steps,
-// so a partial's write and read stay small beside its steps' tile copies). The two kernels' shares
-// are the same (B·Hkv·G = B·H), so where both split they split by the same L; dQ's heaviest block is
-// G times lighter, so it splits less often. Head dims 64 and 128 alone (every Llama-family
-// checkpoint's; the forward's) have split kernels: each is an instantiation of its own.
+// so a partial's write and read stay small beside its steps' tile copies). The kernels' shares are
+// the same (B·Hkv·G = B·H), so where all split they split by the same L; a query tile's heaviest
+// block is G times lighter than a key tile's, so the forward and dQ split less often (and together:
+// one policy). Head dims 64 and 128 alone (every Llama-family checkpoint's; the forward's) have split
+// kernels: each is an instantiation of its own.
 inline constexpr long long kAttentionSplitBalanceSlots = 264;
 inline constexpr long long kAttentionSplitMinSegment = 8;
 constexpr bool attention_mma_split_supports(int hd) { return hd == 64 || hd == 128; }
@@ -90,7 +91,8 @@ constexpr int attention_mma_dkv_segment_steps(int B, int T, int H, int Hkv, int 
                ? attention_mma_segment_steps((long long)B * Hkv, attention_mma_tiles(T), H / Hkv)
                : 0;
 }
-constexpr int attention_mma_dq_segment_steps(int B, int T, int H, int hd) {
+// The forward's and dQ's: a query tile's key tiles.
+constexpr int attention_mma_query_segment_steps(int B, int T, int H, int hd) {
     return attention_mma_split_supports(hd) ? attention_mma_segment_steps((long long)B * H, attention_mma_tiles(T), 1)
                                             : 0;
 }
@@ -121,7 +123,7 @@ struct AttentionMmaSplit {
     int dkv = 0, dq = 0;  // segment steps, 0: one block a tile
 };
 constexpr AttentionMmaSplit attention_mma_backward_split(int B, int T, int H, int Hkv, int hd) {
-    return {attention_mma_dkv_segment_steps(B, T, H, Hkv, hd), attention_mma_dq_segment_steps(B, T, H, hd)};
+    return {attention_mma_dkv_segment_steps(B, T, H, Hkv, hd), attention_mma_query_segment_steps(B, T, H, hd)};
 }
 constexpr size_t attention_mma_partial_bytes(int B, int T, int H, int Hkv, int hd, AttentionMmaSplit split) {
     const int n = attention_mma_tiles(T);
@@ -133,6 +135,15 @@ constexpr size_t attention_mma_partial_bytes(int B, int T, int H, int Hkv, int h
 }
 constexpr size_t attention_mma_partial_bytes(int B, int T, int H, int Hkv, int hd) {
     return attention_mma_partial_bytes(B, T, H, Hkv, hd, attention_mma_backward_split(B, T, H, Hkv, hd));
+}
+// The forward's partials: per (batch, query head) slot the unnormalised output [64][hd], then each
+// slot's rows' running maximum and sum [2][64] after all the outputs, fp32.
+constexpr size_t attention_mma_forward_partial_bytes(int B, int T, int H, int hd, int L) {
+    const long long slots = attention_mma_split_grid(attention_mma_tiles(T), 1, L).partial_slots;
+    return size_t(B) * size_t(H) * size_t(slots) * size_t(kAttentionMmaTile) * size_t(hd + 2) * sizeof(float);
+}
+constexpr size_t attention_mma_forward_partial_bytes(int B, int T, int H, int hd) {
+    return attention_mma_forward_partial_bytes(B, T, H, hd, attention_mma_query_segment_steps(B, T, H, hd));
 }
 
 // Whether the tensor-core kernels' blocks fit such a device. The dispatch (kernels/attention.cuh)

@@ -48,6 +48,15 @@
 // tiles first: the grid is 1-D, query tile index descending with the block index, so the
 // blocks with the most key tiles are dispatched first and the short ones fill the tail.
 //
+// Small grids. Query tile q's block walks q + 1 key tiles: where the grid is small (a tensor-parallel
+// rank's few heads at one sequence) the last query tiles' blocks run on alone. There
+// (kernels/attention_mma_blocks.h, attention_mma_query_segment_steps: from the shape alone, so every
+// GPU, and a recomputed forward, computes the same bits; hd 64 and 128) the kernel is instantiated
+// with kSplit and a query tile's key tiles are split into segments of at most L, a block each; a
+// split tile's blocks write their rows' unnormalised output and running maximum and sum in fp32
+// (kernels/attention_mma_split.cuh), and attention_mma_forward_combine_kernel merges them in segment
+// order into out and lse. The scratch for them is the caller's (attention_forward_scratch_bytes).
+//
 // Bounds. Query and key rows at or past T are loaded with cp.async zfill (src-size 0: never
 // read; zeros in shared memory); key rows past T are masked (j ≤ i < T); query rows past T
 // attend like row T − 1 and are never stored. Requires qkv 16-byte aligned and out 4-byte
@@ -74,11 +83,14 @@
 #pragma once
 
 #include "kernels/attention_mma_blocks.h"
+#include "kernels/attention_mma_split.cuh"
 #include "kernels/attention_window.cuh"
 #include "kernels/common.cuh"
 #include "kernels/mma.cuh"
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 
 namespace pv {
 
@@ -117,19 +129,28 @@ __device__ inline float mma_row_sum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-// Grid: ceil(T/64)·H·B blocks (1-D, heaviest query tiles first), 128 threads.
+// Grid: ceil(T/64)·H·B blocks (1-D, heaviest query tiles first; with kSplit a query tile's segments
+// of at most segment_steps key tiles, attention_mma_split_grid(n, 1, segment_steps).blocks·H·B, the
+// split tiles' partials to `partial`, partial_slots a (batch, head): attention_mma_forward_launch),
+// 128 threads.
 // Path: 0 (what programs run) picks each tile's body; 1 and 2 compile only the interior or only the
 // masked body, for bench/sass/attention_variants.cu alone (bench/attention_sass.py counts them).
-template <int HD, int Path = 0>
+template <int HD, int Path = 0, bool kSplit = false>
 __global__ void __launch_bounds__(kMmaAttentionThreads, 1)
     attention_mma_forward_kernel(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse,
-                                 int T_len, int H, int Hkv, int B) {
+                                 int T_len, int H, int Hkv, int B, int segment_steps, float* partial,
+                                 int partial_slots) {
     using bf16 = __nv_bfloat16;
     constexpr int Br = kMmaAttentionBr, Bc = kMmaAttentionBc, ld = MmaAttentionForwardConfig<HD>::kLd;
     constexpr int KC = HD / 16;  // k-chunks of Q·Kᵀ
     constexpr int NT = HD / 8;   // n-tiles of O
     const int q_tiles = ceil_div(T_len, Br), heads = H * B;
-    const int q0 = (q_tiles - 1 - int(blockIdx.x) / heads) * Br;
+    // This block's query tile (the last first: the heaviest) and, split, its segment of the key tiles
+    // (the partial slot is worked out again at the end, rather than held through the loop).
+    const int zi = int(blockIdx.x) / heads;
+    const AttentionMmaSplitBlock block =
+        kSplit ? attention_mma_split_block(zi, q_tiles, 1, segment_steps) : AttentionMmaSplitBlock{zi, 0, -1};
+    const int q0 = (q_tiles - 1 - block.z) * Br;
     const int h = int(blockIdx.x) % heads % H, b = int(blockIdx.x) % heads / H;
     const int kvh = h / (H / Hkv);
     const long long stride = (long long)(H + 2 * Hkv) * HD;
@@ -161,9 +182,15 @@ __global__ void __launch_bounds__(kMmaAttentionThreads, 1)
     // the tile loop, not held: at hd 128 the loop needs every register.
     const auto i_eff = [&](int half) { return min(q0 + 16 * warp + g + 8 * half, T_len - 1); };
 
-    const int first = block_lo / Bc, last = (min(q0 + Br, T_len) - 1) / Bc;
-    mma_attention_load_tile<HD, Bc>(Ks, k, stride, first * Bc, T_len);
-    mma_attention_load_tile<HD, Bc>(Vs, v, stride, first * Bc, T_len);
+    // Split, the key tiles in the segment's [segment·L, segment·L + L) (documents may leave a segment
+    // none: it writes an empty partial, m = −∞ and l = 0).
+    int first = block_lo / Bc, last = (min(q0 + Br, T_len) - 1) / Bc;
+    if constexpr (kSplit)
+        first = max(first, block.segment * segment_steps), last = min(last, (block.segment + 1) * segment_steps - 1);
+    if (!kSplit || first <= last) {
+        mma_attention_load_tile<HD, Bc>(Ks, k, stride, first * Bc, T_len);
+        mma_attention_load_tile<HD, Bc>(Vs, v, stride, first * Bc, T_len);
+    }
     cp_async_commit();
 
     // Scores stay unscaled (m too); 2^(s·scale_log2 − m·scale_log2) is one FFMA and one MUFU.
@@ -261,6 +288,23 @@ __global__ void __launch_bounds__(kMmaAttentionThreads, 1)
             tile(k_lane + buf_off, v_lane + buf_off, k0, std::true_type{});
     }
 
+    if constexpr (kSplit) {
+        cp_async_wait<0>();  // (an empty segment's Q copies)
+        if (const int slot = attention_mma_split_block(zi, q_tiles, 1, segment_steps).slot; slot >= 0) {
+            // A split query tile: this segment's output unnormalised, each row's maximum (of the
+            // unscaled scores) and sum, for attention_mma_forward_combine_kernel.
+            const long long rows = (long long)B * H, row = (long long)b * H + h;
+            float* stats = attention_mma_forward_stats(partial, rows, row, partial_slots, slot, HD);
+            attention_mma_store_partial<HD>(attention_mma_partial_tile<HD>(partial, 0, rows, row, partial_slots, slot),
+                                            16 * warp, T_len - q0, o);
+            for (int half = 0; half < 2; ++half) {
+                const float total = mma_row_sum(l[half]);
+                const int r = 16 * warp + g + 8 * half;
+                if (t4 == 0 && q0 + r < T_len) stats[r] = m[half], stats[Br + r] = total;
+            }
+            return;
+        }
+    }
     for (int half = 0; half < 2; ++half) {
         const float total = mma_row_sum(l[half]);  // ≥ 1: every row sees itself
         const int i = q0 + 16 * warp + g + 8 * half;
@@ -275,6 +319,52 @@ __global__ void __launch_bounds__(kMmaAttentionThreads, 1)
     }
 }
 
+// The split forward's query tiles (attention_mma_blocks.h): block (z, head, batch) merges query tile
+// n − 1 − z's segments in segment order. With c = log2(e)/sqrt(hd), M = max_s m_s and weights
+// w_s = 2^(c·m_s − c·M) (0 for a segment whose row saw no key: m_s = −∞):
+//   l = Σ_s w_s·l_s,   out = Σ_s w_s·O_s / l (bf16),   lse = ln 2·(c·M + log2 l)
+// Threads 0..63 work out a row's c·M and 1/l (and its lse) into shared memory; then each thread takes
+// 4 consecutive columns of a row at a time (16-byte loads), reading the segments' maxima again.
+template <int HD>
+__global__ void __launch_bounds__(kMmaAttentionThreads)
+    attention_mma_forward_combine_kernel(const float* partial, __nv_bfloat16* out, float* lse, int T_len, int H,
+                                         int segment_steps, int partial_slots) {
+    constexpr int Bt = kAttentionMmaTile;
+    const int z = blockIdx.x, h = blockIdx.y, b = blockIdx.z, n = (T_len + Bt - 1) / Bt;
+    const AttentionMmaSplitTile tile = attention_mma_split_tile(z, n, 1, segment_steps);
+    const int row0 = (n - 1 - z) * Bt;
+    const long long rows = (long long)gridDim.z * H, row = (long long)b * H + h;
+    const float* o = attention_mma_partial_tile<HD>(partial, 0, rows, row, partial_slots, tile.first_slot);
+    const float* stats = attention_mma_forward_stats(partial, rows, row, partial_slots, tile.first_slot, HD);
+    const float scale_log2 = kLog2e / sqrtf(float(HD));
+    __shared__ float max_s[Bt], inv_s[Bt];  // c·M and 1/l per row
+    if (const int r = int(threadIdx.x); r < Bt && row0 + r < T_len) {
+        float M = -INFINITY;
+        for (int s = 0; s < tile.segments; ++s) M = fmaxf(M, stats[s * 2 * Bt + r]);
+        const float cM = M * scale_log2;  // finite: every row sees itself in some segment
+        float l = 0.0f;
+        for (int s = 0; s < tile.segments; ++s)
+            l += exp2_ftz(fmaf(stats[s * 2 * Bt + r], scale_log2, -cM)) * stats[s * 2 * Bt + Bt + r];
+        max_s[r] = cM, inv_s[r] = 1.0f / l;
+        lse[((long long)b * H + h) * T_len + row0 + r] = 0.6931471805599453f * (cM + log2f(l));
+    }
+    __syncthreads();
+    for (int e = 4 * int(threadIdx.x); e < Bt * HD; e += 4 * kMmaAttentionThreads) {
+        const int r = e / HD;
+        if (row0 + r >= T_len) continue;
+        float4 sum = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int s = 0; s < tile.segments; ++s) {
+            const float w = exp2_ftz(fmaf(stats[s * 2 * Bt + r], scale_log2, -max_s[r]));
+            const float4 x = *reinterpret_cast<const float4*>(o + (long long)s * Bt * HD + e);
+            sum.x += w * x.x, sum.y += w * x.y, sum.z += w * x.z, sum.w += w * x.w;
+        }
+        const float inv = inv_s[r];
+        __nv_bfloat16* o_row = out + ((long long)b * T_len + row0 + r) * H * HD + (long long)h * HD + e % HD;
+        *reinterpret_cast<uint32_t*>(o_row) = pack_bf16x2(sum.x * inv, sum.y * inv);
+        *reinterpret_cast<uint32_t*>(o_row + 2) = pack_bf16x2(sum.z * inv, sum.w * inv);
+    }
+}
+
 // Whether the tensor-core forward takes this call: bf16 (the caller's type), hd 64 or 128, the
 // alignment its 16-byte copies and 4-byte stores need, and a block the device's shared memory holds.
 inline bool attention_mma_forward_supported(const void* qkv, const void* out, int hd) {
@@ -282,29 +372,64 @@ inline bool attention_mma_forward_supported(const void* qkv, const void* out, in
            reinterpret_cast<uintptr_t>(out) % 4 == 0 && attention_mma_forward_fits(hd, device_shared_bytes_per_block());
 }
 
+// The forward at head dim HD, its query tiles' key tiles split into segments of at most
+// segment_steps (0: none; attention_mma_query_segment_steps), whose partials go to `partial`
+// (attention_mma_forward_partial_bytes) and the combine kernel merges.
 template <int HD>
 void attention_mma_forward_launch(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse, int B,
-                                  int T_len, int H, int Hkv, cudaStream_t stream) {
+                                  int T_len, int H, int Hkv, cudaStream_t stream, int segment_steps, float* partial) {
     constexpr size_t smem = MmaAttentionForwardConfig<HD>::kSmemBytes;
+    constexpr bool kSplits = attention_mma_split_supports(HD);
     if constexpr (smem > 48 * 1024) {  // once per process and instantiation: the opt-in above the default limit
         static const bool opted_in = [] {
             CUDA_CHECK(cudaFuncSetAttribute(attention_mma_forward_kernel<HD>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+            if constexpr (kSplits)
+                CUDA_CHECK(cudaFuncSetAttribute(attention_mma_forward_kernel<HD, 0, true>,
+                                                cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
             return true;
         }();
         (void)opted_in;
     }
-    const long long blocks = (long long)ceil_div(T_len, kMmaAttentionBr) * H * B;
-    launch(attention_mma_forward_kernel<HD>, dim3(unsigned(blocks)), dim3(kMmaAttentionThreads), smem, stream, qkv,
-           positions, out, lse, T_len, H, Hkv, B);
+    const AttentionMmaSplitGrid grid = attention_mma_split_grid(ceil_div(T_len, kMmaAttentionBr), 1, segment_steps);
+    if (segment_steps > 0 && (!kSplits || (grid.partial_slots > 0 && !partial))) {
+        std::fprintf(stderr, "polevault: attention_mma_forward: %s\n",
+                     kSplits ? "the split needs its partials' scratch" : "no split kernel at this head dim");
+        std::abort();
+    }
+    const dim3 blocks(unsigned(grid.blocks * H * B));
+    if constexpr (kSplits)
+        if (segment_steps > 0) {
+            launch(attention_mma_forward_kernel<HD, 0, true>, blocks, dim3(kMmaAttentionThreads), smem, stream, qkv,
+                   positions, out, lse, T_len, H, Hkv, B, segment_steps, partial, int(grid.partial_slots));
+            CUDA_CHECK_LAUNCH();
+            if (grid.partial_slots > 0) {
+                launch(attention_mma_forward_combine_kernel<HD>, dim3(unsigned(grid.split_tiles), H, B),
+                       dim3(kMmaAttentionThreads), 0, stream, static_cast<const float*>(partial), out, lse, T_len, H,
+                       segment_steps, int(grid.partial_slots));
+                CUDA_CHECK_LAUNCH();
+            }
+            return;
+        }
+    launch(attention_mma_forward_kernel<HD>, blocks, dim3(kMmaAttentionThreads), smem, stream, qkv, positions, out, lse,
+           T_len, H, Hkv, B, 0, static_cast<float*>(nullptr), 0);
     CUDA_CHECK_LAUNCH();
 }
 
-// The launch at a run-time head dim (64 or 128).
+// The launch at a run-time head dim (64 or 128) with the split named, and with the shape's
+// (attention_mma_query_segment_steps; `partial` holds attention_mma_forward_partial_bytes).
 inline void attention_mma_forward(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse, int B,
-                                  int T_len, int H, int Hkv, int hd, cudaStream_t stream) {
-    if (hd == 64) return attention_mma_forward_launch<64>(qkv, positions, out, lse, B, T_len, H, Hkv, stream);
-    attention_mma_forward_launch<128>(qkv, positions, out, lse, B, T_len, H, Hkv, stream);
+                                  int T_len, int H, int Hkv, int hd, cudaStream_t stream, int segment_steps,
+                                  float* partial) {
+    if (hd == 64)
+        return attention_mma_forward_launch<64>(qkv, positions, out, lse, B, T_len, H, Hkv, stream, segment_steps,
+                                                partial);
+    attention_mma_forward_launch<128>(qkv, positions, out, lse, B, T_len, H, Hkv, stream, segment_steps, partial);
+}
+inline void attention_mma_forward(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse, int B,
+                                  int T_len, int H, int Hkv, int hd, cudaStream_t stream, float* partial) {
+    attention_mma_forward(qkv, positions, out, lse, B, T_len, H, Hkv, hd, stream,
+                          attention_mma_query_segment_steps(B, T_len, H, hd), partial);
 }
 
 }  // namespace pv

@@ -37,7 +37,7 @@ struct AttentionTileSass {
 // clang-format off
 inline constexpr AttentionTileSass kAttentionTileSass[] = {
     {90, "forward", 64, 371, 499, 64, 168},
-    {90, "forward", 128, 553, 681, 128, 231},
+    {90, "forward", 128, 553, 681, 128, 235},
     {90, "dkv", 32, 417, 698, 64, 128},
     {90, "dkv", 48, 508, 782, 96, 168},
     {90, "dkv", 64, 547, 828, 128, 168},
@@ -53,8 +53,8 @@ inline constexpr AttentionTileSass kAttentionTileSass[] = {
     {90, "dq", 96, 520, 769, 144, 243},
     {90, "dq", 112, 629, 815, 168, 231},
     {90, "dq", 128, 561, 790, 192, 255},
-    {80, "forward", 64, 371, 500, 64, 183},
-    {80, "forward", 128, 553, 683, 128, 231},
+    {80, "forward", 64, 371, 500, 64, 184},
+    {80, "forward", 128, 553, 683, 128, 232},
     {80, "dkv", 32, 422, 679, 64, 128},
     {80, "dkv", 48, 516, 764, 96, 168},
     {80, "dkv", 64, 550, 826, 128, 168},

@@ -95,8 +95,8 @@ std::vector<ActivationBuffer> model_workspace_layout(const LlamaConfig& whole, i
     const size_t norm_scratch = with_dtype(
         dtype, [&](auto tag) { return rmsnorm_backward_scratch_bytes<typename decltype(tag)::type>(R, int(C)); });
     const size_t attention_scratch = with_dtype(dtype, [&](auto tag) {
-        return attention_backward_scratch_bytes<typename decltype(tag)::type>(batch, seq_len, c.num_heads,
-                                                                              c.num_kv_heads, c.head_dim_resolved());
+        return attention_scratch_bytes<typename decltype(tag)::type>(batch, seq_len, c.num_heads, c.num_kv_heads,
+                                                                     c.head_dim_resolved());
     });
     return {{"proj", N * C, t},
             {"dh", N * C, t},
@@ -607,8 +607,8 @@ void Llama<T>::forward_block(int u, int slot, const UnitIO<T>& io, bool recomput
     rope_forward(a.qkv, rope_table(), io.positions, N, seq_len_, c.num_heads, hd, c.qkv_width(), stream_);
     rope_forward(a.qkv + c.q_width(), rope_table(), io.positions, N, seq_len_, c.num_kv_heads, hd, c.qkv_width(),
                  stream_);
-    attention_forward(a.qkv, io.positions, a.att, a.lse, batch_, seq_len_, c.num_heads, c.num_kv_heads, hd, stream_,
-                      attention_p_fp32_);
+    attention_forward(a.qkv, io.positions, a.att, a.lse, work_.attention_scratch, batch_, seq_len_, c.num_heads,
+                      c.num_kv_heads, hd, stream_, attention_p_fp32_);
     linear(u, kLoraO, a.att, work_.proj, N, a.lora_u[kLoraO], drop, cublas_);
     const T* att_out = sum_rows(work_.proj);  // row-parallel: each rank's heads' share
     // The block's output is x2 + the down projection. Without tensor parallelism nothing stands

@@ -248,10 +248,11 @@ double attention_tile_pairs(int T) {
 // block's 4 warps running the tile loop once per 64×64 tile pair the block walks: the forward and dQ
 // a block per (query tile, head, batch), over the key tiles up to the diagonal; dK/dV a block per
 // (key tile, KV head, batch), over its G = H/Hkv query heads' query tiles from the diagonal on. Where
-// the shape splits a backward kernel's tiles (attention_mma_backward_split) a block per segment of
-// at most L of those steps, the grid's z index running over the segments tile by tile. The
-// diagonal's pairs (dK/dV: a head's first step; dQ: a query tile's last) run the masked body, the
-// others the interior one (causal attention; document boundaries add masked tiles, not priced).
+// the shape splits a kernel's tiles (attention_mma_dkv_segment_steps, attention_mma_query_segment_steps)
+// a block per segment of at most L of those steps, the grid's z index running over the segments
+// tile by tile. The diagonal's pairs (dK/dV: a head's first step; the forward and dQ: a query tile's
+// last) run the masked body, the others the interior one (causal attention; document boundaries add
+// masked tiles, not priced).
 // Every block of one z index does the same work.
 std::vector<BlockRun> attention_blocks(const char* kernel, int B, int T, int H, int Hkv, int hd, int interior,
                                        int masked, int segment_steps) {
@@ -261,15 +262,14 @@ std::vector<BlockRun> attention_blocks(const char* kernel, int B, int T, int H, 
     constexpr double kWarps = kAttentionMmaThreads / 32;
     const int n = (T + kAttentionMmaTile - 1) / kAttentionMmaTile;
     const std::string name = kernel;
-    const bool dkv = name.starts_with("dkv"), dq = name == "dq";
+    const bool dkv = name.starts_with("dkv");
     std::vector<BlockRun> grid;
     // Per z index: dK/dV B·Hkv blocks of G steps a tile, the others B·H of 1.
     const int G = dkv ? H / Hkv : 1;
     const long long rows = dkv ? (long long)B * Hkv : (long long)B * H;
     const int L = segment_steps >= 0 ? segment_steps
                   : dkv              ? attention_mma_dkv_segment_steps(B, T, H, Hkv, hd)
-                  : dq               ? attention_mma_dq_segment_steps(B, T, H, hd)
-                                     : 0;
+                                     : attention_mma_query_segment_steps(B, T, H, hd);
     for (int z = 0; z < n; ++z) {
         // dK/dV: key tile z walks n − z query tiles per query head; the others: query tile n − 1 − z
         // walks n − z key tiles.
@@ -282,6 +282,33 @@ std::vector<BlockRun> attention_blocks(const char* kernel, int B, int T, int H, 
         }
     }
     return grid;
+}
+
+// A split kernel's partials (kernels/attention_mma_split.cuh), over its grid's tiles z of more than
+// one segment (dK/dV's key tile z; with last_first, the forward's and dQ's query tile n − 1 − z):
+// the bytes its blocks write to partial slots, `partial_row` per row before T of each slot, and those
+// of the rows it no longer stores itself, `row` each, which the kernel after it reads and writes.
+struct SplitBytes {
+    double partial = 0, rows = 0;
+};
+SplitBytes split_bytes(int T, int G, int L, bool last_first, double grid_rows, double partial_row, double row) {
+    SplitBytes b;
+    const int n = attention_mma_tiles(T);
+    for (int z = 0; z < n && L > 0; ++z) {
+        const int segments = attention_mma_segments(n, z, G, L);
+        if (segments == 1) continue;
+        const double rows =
+            grid_rows * std::min(kAttentionMmaTile, T - (last_first ? n - 1 - z : z) * kAttentionMmaTile);
+        b.partial += segments * rows * partial_row, b.rows += rows * row;
+    }
+    return b;
+}
+// Puts the kernel that adds a split kernel's partials after it (k[at]), which writes the partials
+// instead of those rows.
+void add_partials_kernel(std::vector<KernelCost>& k, size_t at, const SplitBytes& b, const char* name, const char* op) {
+    if (b.partial == 0) return;
+    k[at].written_bytes += b.partial - b.rows;
+    k.insert(k.begin() + long(at) + 1, kernel(name, op, b.partial, b.rows, b.partial / 4, kVector));
 }
 
 }  // namespace
@@ -337,7 +364,15 @@ std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, 
     k.roofline = Roofline::attention_mma;
     set_attention_issue_now(k, "forward", B, T, H, Hkv, hd, sass_arch);
     k.issue_efficiency = attention_issue_efficiency().forward;
-    return {k};
+    // Split (attention_mma_query_segment_steps): the split query tiles' blocks write their rows'
+    // unnormalised output and running maximum and sum in fp32, which the combine kernel merges into
+    // out and lse.
+    std::vector<KernelCost> all = {k};
+    add_partials_kernel(all, 0,
+                        split_bytes(T, 1, attention_mma_query_segment_steps(B, T, H, hd), true, double(B) * H,
+                                    4.0 * (hd + 2), double(hd) * t + a),
+                        "attention_mma_forward_combine_kernel", "attention: split rows merged");
+    return all;
 }
 
 // The CUDA-core dK/dV and dQ kernels (attention_backward_cuda_cores: fp32, fp64, and the "before"
@@ -392,24 +427,10 @@ std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd,
     // partials (the rows before T of each slot) instead of bf16 rows, which attention_mma_reduce_kernel,
     // launched after it, reads and sums into them.
     const AttentionMmaSplit split = attention_mma_backward_split(B, T, H, Hkv, hd);
-    const auto add_reduce = [&](size_t at, int L, int G, double grid_rows, int outputs, bool last_first,
-                                const char* op) {
-        if (L == 0) return;
-        const int n = attention_mma_tiles(T);
-        double partial = 0, rows_stored = 0;  // bytes
-        for (int z = 0; z < n; ++z) {
-            const int segments = attention_mma_segments(n, z, G, L);
-            if (segments == 1) continue;
-            const int row0 = (last_first ? n - 1 - z : z) * kAttentionMmaTile;
-            const double tile_rows = std::min(kAttentionMmaTile, T - row0) * grid_rows * outputs * hd;
-            partial += segments * tile_rows * 4, rows_stored += tile_rows * t;
-        }
-        k[at].written_bytes += partial - rows_stored;
-        k.insert(k.begin() + long(at) + 1,
-                 kernel("attention_mma_reduce_kernel", op, partial, rows_stored, partial / 4, kVector));
-    };
-    add_reduce(2, split.dq, 1, double(B) * H, 1, true, "attention backward: dQ partials summed");
-    add_reduce(1, split.dkv, H / Hkv, double(B) * Hkv, 2, false, "attention backward: dK, dV partials summed");
+    add_partials_kernel(k, 2, split_bytes(T, 1, split.dq, true, double(B) * H, 4.0 * hd, double(hd) * t),
+                        "attention_mma_reduce_kernel", "attention backward: dQ partials summed");
+    add_partials_kernel(k, 1, split_bytes(T, H / Hkv, split.dkv, false, double(B) * Hkv, 2 * 4.0 * hd, 2.0 * hd * t),
+                        "attention_mma_reduce_kernel", "attention backward: dK, dV partials summed");
     return k;
 }
 

@@ -162,9 +162,9 @@ std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, 
 // per 64×64 tile pair the block walks, `interior` instructions a trip and `masked` for the
 // diagonal's), `registers` per thread and the kernel's shared memory per block. attention_forward
 // and attention_backward pass today's kernels' counts (model/attention_sass.h); the calibration
-// passes those of the kernels it measured. The backward kernels' blocks are their tiles' segments
+// passes those of the kernels it measured. The kernels' blocks are their tiles' segments
 // of at most segment_steps steps (0: one block a tile; −1: the shape's split,
-// attention_mma_backward_split; the forward is not split).
+// attention_mma_dkv_segment_steps or attention_mma_query_segment_steps).
 void set_attention_issue(KernelCost& k, const char* kernel, int B, int T, int H, int Hkv, int hd, int interior,
                          int masked, int registers, int segment_steps = -1);
 // The CUDA-core forward.

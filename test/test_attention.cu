@@ -55,8 +55,8 @@ Run<T> run(const std::vector<T>& qkv, const std::vector<T>& dout, const Attentio
     DeviceArray<A> d_lse(s.B * s.H * s.T);
     DeviceArray<int> d_pos(positions ? *positions : std::vector<int>(1));
     const int* pos = positions ? d_pos.get() : nullptr;
-    DeviceArray<unsigned char> scratch(pv::attention_backward_scratch_bytes<T>(B, T_len, H, Hkv, hd));
-    pv::attention_forward(d_qkv.get(), pos, d_out.get(), d_lse.get(), B, T_len, H, Hkv, hd, nullptr);
+    DeviceArray<unsigned char> scratch(pv::attention_scratch_bytes<T>(B, T_len, H, Hkv, hd));
+    pv::attention_forward(d_qkv.get(), pos, d_out.get(), d_lse.get(), scratch.get(), B, T_len, H, Hkv, hd, nullptr);
     pv::attention_backward(d_qkv.get(), pos, d_out.get(), d_dout.get(), d_lse.get(), d_dqkv.get(), scratch.get(), B,
                            T_len, H, Hkv, hd, nullptr);
     return {d_out.download(), d_dqkv.download(), d_lse.download()};
@@ -186,15 +186,15 @@ void gradcheck(const AttentionShape& s, uint64_t seed, const std::vector<int>* p
     DeviceArray<double> d_qkv(qkv), d_g(g), d_out(g.size()), d_lse(s.B * s.H * s.T), d_grad(qkv.size());
     DeviceArray<int> d_pos(positions ? *positions : std::vector<int>(1));
     const int* pos = positions ? d_pos.get() : nullptr;
-    DeviceArray<unsigned char> scratch(pv::attention_backward_scratch_bytes<double>(B, T_len, H, Hkv, hd));
+    DeviceArray<unsigned char> scratch(pv::attention_scratch_bytes<double>(B, T_len, H, Hkv, hd));
     auto loss = [&] {
         d_qkv.upload(qkv);
-        pv::attention_forward(d_qkv.get(), pos, d_out.get(), d_lse.get(), B, T_len, H, Hkv, hd, nullptr);
+        pv::attention_forward(d_qkv.get(), pos, d_out.get(), d_lse.get(), scratch.get(), B, T_len, H, Hkv, hd, nullptr);
         return dot(d_out.download(), g);
     };
     const auto numeric = numerical_gradient(qkv, loss);
     d_qkv.upload(qkv);
-    pv::attention_forward(d_qkv.get(), pos, d_out.get(), d_lse.get(), B, T_len, H, Hkv, hd, nullptr);
+    pv::attention_forward(d_qkv.get(), pos, d_out.get(), d_lse.get(), scratch.get(), B, T_len, H, Hkv, hd, nullptr);
     pv::attention_backward(d_qkv.get(), pos, d_out.get(), d_g.get(), d_lse.get(), d_grad.get(), scratch.get(), B, T_len,
                            H, Hkv, hd, nullptr);
     const std::string err = compare(d_grad.download(), numeric, kGradTolerance);
@@ -336,7 +336,7 @@ void check_deterministic_and_overwrites(const AttentionShape& s, uint64_t seed,
     DeviceArray<T> d_qkv(qkv), d_dout(dout), d_out(first.out), d_dqkv(random_vector<T>(qkv.size(), seed + 2, 1e3, 2e3));
     DeviceArray<pv::acc_t<T>> d_lse(first.lse);
     DeviceArray<int> d_pos(positions ? *positions : std::vector<int>(1));
-    DeviceArray<unsigned char> scratch(pv::attention_backward_scratch_bytes<T>(B, T_len, H, Hkv, hd));
+    DeviceArray<unsigned char> scratch(pv::attention_scratch_bytes<T>(B, T_len, H, Hkv, hd));
     pv::attention_backward(d_qkv.get(), positions ? d_pos.get() : nullptr, d_out.get(), d_dout.get(), d_lse.get(),
                            d_dqkv.get(), scratch.get(), B, T_len, H, Hkv, hd, nullptr);
     REQUIRE(same_bits(d_dqkv.download(), first.dqkv));
@@ -595,6 +595,23 @@ std::vector<bf16> mma_backward_direct(const std::vector<bf16>& qkv, const std::v
     return d_dqkv.download();
 }
 
+// out and lse from the tensor-core forward called directly, its query tiles' key tiles in segments of
+// at most `segment_steps` (0: none): what attention_forward must produce when it dispatches there with
+// that split. The partials, out and lse are poisoned (NaN) first: a row no kernel wrote shows.
+Run<bf16> mma_forward_direct(const std::vector<bf16>& qkv, const AttentionShape& s, const std::vector<int>* positions,
+                             int segment_steps) {
+    const int B = int(s.B), T_len = int(s.T), H = int(s.H), Hkv = int(s.Hkv), hd = int(s.hd);
+    DeviceArray<bf16> d_qkv(qkv), d_out(std::vector<bf16>(s.B * s.T * s.H * s.hd, bf16(NAN)));
+    DeviceArray<float> d_lse(std::vector<float>(s.B * s.H * s.T, NAN));
+    const size_t partial_floats =
+        pv::attention_mma_forward_partial_bytes(B, T_len, H, hd, segment_steps) / sizeof(float);
+    DeviceArray<float> d_partial(std::vector<float>(std::max<size_t>(1, partial_floats), NAN));
+    DeviceArray<int> d_pos(positions ? *positions : std::vector<int>(1));
+    pv::attention_mma_forward(d_qkv.get(), positions ? d_pos.get() : nullptr, d_out.get(), d_lse.get(), B, T_len, H,
+                              Hkv, hd, nullptr, segment_steps, d_partial.get());
+    return {d_out.download(), {}, d_lse.download()};
+}
+
 // The public path against the fp64 reference, and its dqkv bit for bit the tensor-core kernels'
 // (so the dispatch reaches them: the CUDA-core kernels round differently).
 void check_mma_backward(const AttentionShape& s, uint64_t seed, const std::vector<int>* positions) {
@@ -700,23 +717,24 @@ TEST_CASE("bf16 attention backward at hd 128 on a GPU with 99 KiB a block runs d
     }
 }
 
-// The backward kernels' work split (kernels/attention_mma_blocks.h). Where a grid is small, a tile's
-// steps (dK/dV: query head and query tile; dQ: key tile) are split into segments of at most L, a
-// block each, whose fp32 partials a second kernel sums in segment order. The policy on named shapes,
-// worked by hand; then on shapes it splits, the splits (the shape's, smaller segments, every step its
-// own segment) meet the fp64 reference as the tensor cores must, and the shape's is deterministic and
-// is what the public path computes, causal and with documents (whose shorter windows leave segments
-// empty).
-TEST_CASE("bf16 attention backward splits a small grid's tiles into segments", "[kernels][attention][documents]") {
+// The tensor-core kernels' work split (kernels/attention_mma_blocks.h). Where a grid is small, a
+// tile's steps (dK/dV: query head and query tile; the forward and dQ: key tile) are split into
+// segments of at most L, a block each, whose fp32 partials a second kernel merges in segment order.
+// The policy on named shapes, worked by hand; then on shapes it splits, the splits (the shape's,
+// smaller segments, every step its own segment) meet the fp64 reference as the tensor cores must, and
+// the shape's is deterministic and is what the public path computes, causal and with documents (whose
+// shorter windows leave segments empty).
+TEST_CASE("bf16 attention splits a small grid's tiles into segments: forward and backward",
+          "[kernels][attention][documents]") {
     // 1B at 4 x 2048 (H 32, Hkv 8): 4·8 (b, KV head) x 4·528 steps over 264 slots is 256 a slot; the
     // heaviest block's 128 steps are under 1.5 x that: no split. dQ: 4·32 x 528 / 264, the same 256,
     // its heaviest block 32 steps.
     CHECK(pv::attention_mma_dkv_segment_steps(4, 2048, 32, 8, 64) == 0);
-    CHECK(pv::attention_mma_dq_segment_steps(4, 2048, 32, 64) == 0);
+    CHECK(pv::attention_mma_query_segment_steps(4, 2048, 32, 64) == 0);
     // One sequence: 8 x 2112 / 264 = 64 a slot, 128 > 96: split, L = ceil(64 / 3). dQ's heaviest
     // block, 32, is under 96.
     CHECK(pv::attention_mma_dkv_segment_steps(1, 2048, 32, 8, 128) == 22);
-    CHECK(pv::attention_mma_dq_segment_steps(1, 2048, 32, 128) == 0);
+    CHECK(pv::attention_mma_query_segment_steps(1, 2048, 32, 128) == 0);
     // 8B under --tp 8 at 1 x 4096 (a rank's 4 query heads, 1 KV head): 4·2080 / 264 = 31 a slot,
     // L = ceil(31 / 3) = 11. Key tile z has 4(64 − z) steps, ceil(4(64 − z) / 11) blocks: 786 in
     // all; those of more than one (4(64 − z) > 11: z < 62) hold all but the last two's. dQ: the
@@ -728,7 +746,7 @@ TEST_CASE("bf16 attention backward splits a small grid's tiles into segments", "
     CHECK(grid.blocks == 786);
     CHECK(grid.partial_slots == 784);
     CHECK(grid.split_tiles == 62);
-    CHECK(pv::attention_mma_dq_segment_steps(1, 4096, 4, 128) == 11);
+    CHECK(pv::attention_mma_query_segment_steps(1, 4096, 4, 128) == 11);
     const pv::AttentionMmaSplitGrid dq_grid = pv::attention_mma_split_grid(64, 1, 11);
     CHECK(4 * dq_grid.blocks == 876);
     CHECK(dq_grid.partial_slots == 208);
@@ -736,6 +754,9 @@ TEST_CASE("bf16 attention backward splits a small grid's tiles into segments", "
     // The scratch holds the larger of dK/dV's (two outputs a slot) and dQ's.
     CHECK(pv::attention_mma_partial_bytes(1, 4096, 4, 1, 128) == 784ull * 64 * 128 * 2 * 4);
     CHECK(pv::attention_mma_partial_bytes(1, 4096, 4, 1, 128, {0, 11}) == 4ull * 208 * 64 * 128 * 4);
+    // The forward splits its query tiles as dQ does: its partials, each slot's output and its rows'
+    // maximum and sum.
+    CHECK(pv::attention_mma_forward_partial_bytes(1, 4096, 4, 128) == 4ull * 208 * 64 * (128 + 2) * 4);
     // 70B at 1 x 4096 (H 64, Hkv 8): 8·8·2080 / 264 = 504 a slot, the heaviest block 512: no split.
     CHECK(pv::attention_mma_dkv_segment_steps(1, 4096, 64, 8, 128) == 0);
     CHECK(pv::attention_mma_partial_bytes(1, 4096, 64, 8, 128) == 0);
@@ -752,15 +773,15 @@ TEST_CASE("bf16 attention backward splits a small grid's tiles into segments", "
         return pos;
     };
     const std::vector<std::vector<size_t>> ragged = {{70, 3, 1, 100, 26}, {9, 120, 50, 21}};
-    // (Under TSan, whose question is races, hd 64 with documents alone: the public path against the
-    // direct call, and a direct call with dQ split twice over, bit for bit: the split and reduce
-    // kernels run under the race checker, empty segments too; the other checks cost minutes there and
-    // look for no race.)
+    // (Under TSan, whose question is races, hd 64 with documents alone: the forward and both backward
+    // kernels split and their partials merged, empty segments too, under the race checker, against
+    // the public path within bf16's tolerance; the other checks cost minutes there and look for no
+    // race.)
     for (size_t hd : kTsanBuild ? std::vector<size_t>{64} : std::vector<size_t>{64, 128}) {
         // B 2, T 200 (n 4), H 6, Hkv 2 (G 3): a slot's share under one step, L the least, 8: key tiles
-        // 0 and 1 (12 and 9 steps) split in two, 2 and 3 (6, 3) not; dQ's blocks, at most 4 key
-        // tiles, are not split.
-        const AttentionShape s = kTsanBuild ? AttentionShape{1, 130, 6, 1, hd} : AttentionShape{2, 200, 6, 2, hd};
+        // 0 and 1 (12 and 9 steps) split in two, 2 and 3 (6, 3) not; the forward's and dQ's blocks, at
+        // most 4 key tiles, are not split. (Under TSan B 1, T 130, H 3, Hkv 1: key tile 0's 9 steps.)
+        const AttentionShape s = kTsanBuild ? AttentionShape{1, 130, 3, 1, hd} : AttentionShape{2, 200, 6, 2, hd};
         const int B = int(s.B), T_len = int(s.T), H = int(s.H), Hkv = int(s.Hkv);
         const pv::AttentionMmaSplit L = pv::attention_mma_backward_split(B, T_len, H, Hkv, int(hd));
         REQUIRE(L.dkv == 8);
@@ -772,32 +793,48 @@ TEST_CASE("bf16 attention backward splits a small grid's tiles into segments", "
                                       : std::vector<const std::vector<int>*>{&pos, nullptr};
         for (const std::vector<int>* positions : cases) {
             INFO(describe(s) << (positions ? ", documents" : ", causal"));
-            Run<bf16> got = run(qkv, dout, s, positions);  // the public path
+            const Run<bf16> got = run(qkv, dout, s, positions);  // the public path
+            if (kTsanBuild) {
+                // Every key tile its own segment (with documents, the segments left of a query tile's
+                // windows are empty), in the forward, dQ and dK/dV.
+                Run<bf16> split = mma_forward_direct(qkv, s, positions, 1);
+                split.dqkv =
+                    mma_backward_direct(qkv, dout, s, positions, split, std::nullopt, pv::AttentionMmaSplit{1, 1});
+                for (const auto& [x, y] : {std::pair{&split.out, &got.out}, std::pair{&split.dqkv, &got.dqkv}}) {
+                    const std::string err = compare(to_double(*x), to_double(*y), tolerance<bf16>());
+                    INFO(err);
+                    CHECK(err.empty());
+                }
+                continue;
+            }
             const auto split = mma_backward_direct(qkv, dout, s, positions, got);
             REQUIRE(same_bits(got.dqkv, split));
-            // dQ's key tiles in segments of 1 (with documents, the segments left of a query tile's
-            // windows are empty): twice, the same bits.
-            const pv::AttentionMmaSplit dq_split{L.dkv, 1};
-            REQUIRE(same_bits(mma_backward_direct(qkv, dout, s, positions, got, std::nullopt, dq_split),
-                              mma_backward_direct(qkv, dout, s, positions, got, std::nullopt, dq_split)));
-            if (kTsanBuild) continue;  // (the kernels have run under the race checker)
             REQUIRE(same_bits(split, mma_backward_direct(qkv, dout, s, positions, got)));
-            // The shape's dK/dV split with dQ's 4 key tiles in segments of 3, and every step of
-            // both its own segment (the unsplit kernels meet the reference in the cases above whose
-            // grids are not split).
+            // The forward's and dQ's 4 key tiles in segments of 3 with the shape's dK/dV split, and
+            // every step of all three its own segment (the unsplit kernels meet the reference in the
+            // cases above whose grids are not split).
+            std::vector<double> ref_out, ref_lse;
+            pv::reference::attention_forward(to_double(qkv), s, ref_out, ref_lse, positions);
             for (const pv::AttentionMmaSplit steps : {pv::AttentionMmaSplit{L.dkv, 3}, pv::AttentionMmaSplit{1, 1}}) {
-                INFO("segments of at most " << steps.dkv << " (dK/dV) and " << steps.dq << " (dQ) steps");
-                got.dqkv = mma_backward_direct(qkv, dout, s, positions, got, std::nullopt, steps);
-                check_within_plain_bf16(qkv, dout, got, s, positions, "");
+                INFO("segments of at most " << steps.dkv << " (dK/dV) and " << steps.dq << " (forward, dQ) steps");
+                Run<bf16> parts = mma_forward_direct(qkv, s, positions, steps.dq);
+                const std::string lse_err = compare(to_double(parts.lse), ref_lse, tolerance<bf16>());
+                INFO("lse: " << lse_err);
+                CHECK(lse_err.empty());
+                parts.dqkv = mma_backward_direct(qkv, dout, s, positions, parts, std::nullopt, steps);
+                check_within_plain_bf16(qkv, dout, parts, s, positions, "");
             }
         }
     }
     if (kTsanBuild) return;
-    // Where the shape splits dQ: B 1, T 600 (n 10), H 1: L 8 for both kernels (a slot's share under a
-    // step); dQ's query tiles 9 and 8 (10 and 9 key tiles) in two segments, dK/dV's key tiles 0 and 1
-    // likewise. The public path computes that split, deterministically.
+    // Where the shape splits the forward and dQ: B 1, T 600 (n 10), H 1: L 8 for every kernel (a slot's
+    // share under a step); the forward's and dQ's query tiles 9 and 8 (10 and 9 key tiles) in two
+    // segments, dK/dV's key tiles 0 and 1 likewise. The public path computes that split's bits,
+    // deterministically. (That it launches the split kernels and those that merge their partials,
+    // test_kernel_traffic shows: its launches are the model's.)
     const AttentionShape s{1, 600, 1, 1, 64};
     REQUIRE(pv::attention_mma_backward_split(1, 600, 1, 1, 64).dq == 8);
+    REQUIRE(pv::attention_mma_query_segment_steps(1, 600, 1, 64) == 8);
     REQUIRE(pv::attention_mma_split_grid(10, 1, 8).split_tiles == 2);
     const auto pos = documents(s, {{70, 3, 1, 100, 26, 9, 120, 50, 21}});
     const auto qkv = random_vector<bf16>(s.B * s.T * s.width(), 2100, -2.0, 2.0);
@@ -805,11 +842,13 @@ TEST_CASE("bf16 attention backward splits a small grid's tiles into segments", "
     for (const std::vector<int>* positions : std::vector<const std::vector<int>*>{&pos, nullptr}) {
         INFO(describe(s) << (positions ? ", documents" : ", causal"));
         const Run<bf16> got = run(qkv, dout, s, positions);
+        const Run<bf16> forward = mma_forward_direct(qkv, s, positions, 8);
+        REQUIRE(same_bits(got.out, forward.out));
+        REQUIRE(same_bits(got.lse, forward.lse));
+        REQUIRE(same_bits(forward.out, mma_forward_direct(qkv, s, positions, 8).out));
         const auto split = mma_backward_direct(qkv, dout, s, positions, got);
         REQUIRE(same_bits(got.dqkv, split));
         REQUIRE(same_bits(split, mma_backward_direct(qkv, dout, s, positions, got)));
-        REQUIRE_FALSE(same_bits(
-            split, mma_backward_direct(qkv, dout, s, positions, got, std::nullopt, pv::AttentionMmaSplit{8, 0})));
     }
 }
 
@@ -854,9 +893,10 @@ TEST_CASE("bf16 attention backward with buffers the tensor cores cannot take fal
     std::copy(dout.begin(), dout.end(), dout_off.begin() + 1);
     DeviceArray<bf16> d_qkv(qkv_off), d_dout(dout_off), d_out(dout.size()), d_dqkv(qkv.size() + 1);
     DeviceArray<float> d_lse(s.B * s.H * s.T);
-    DeviceArray<unsigned char> scratch(pv::attention_backward_scratch_bytes<bf16>(B, T_len, H, Hkv, hd));
+    DeviceArray<unsigned char> scratch(pv::attention_scratch_bytes<bf16>(B, T_len, H, Hkv, hd));
     REQUIRE_FALSE(pv::attention_mma_backward_applies(d_qkv.get() + 1, d_dout.get() + 1, d_dqkv.get() + 1, hd));
-    pv::attention_forward(d_qkv.get() + 1, nullptr, d_out.get(), d_lse.get(), B, T_len, H, Hkv, hd, nullptr);
+    pv::attention_forward(d_qkv.get() + 1, nullptr, d_out.get(), d_lse.get(), scratch.get(), B, T_len, H, Hkv, hd,
+                          nullptr);
     pv::attention_backward(d_qkv.get() + 1, nullptr, d_out.get(), d_dout.get() + 1, d_lse.get(), d_dqkv.get() + 1,
                            scratch.get(), B, T_len, H, Hkv, hd, nullptr);
     const auto got = d_dqkv.download();
@@ -882,10 +922,11 @@ double check_against_plain_bf16(const AttentionShape& s, uint64_t seed, const st
     DeviceArray<float> d_lse(s.B * s.H * s.T);
     DeviceArray<int> d_pos(positions ? *positions : std::vector<int>(1));
     const int* pos = positions ? d_pos.get() : nullptr;
-    DeviceArray<unsigned char> scratch(pv::attention_backward_scratch_bytes<bf16>(B, T_len, H, Hkv, hd));
+    DeviceArray<unsigned char> scratch(pv::attention_scratch_bytes<bf16>(B, T_len, H, Hkv, hd));
     REQUIRE(pv::attention_mma_forward_supported(d_qkv.get(), d_out.get(), hd));
     REQUIRE(pv::attention_mma_backward_applies(d_qkv.get(), d_dout.get(), d_dqkv.get(), hd));
-    pv::attention_forward(d_qkv.get(), pos, d_out.get(), d_lse.get(), B, T_len, H, Hkv, hd, nullptr, p_fp32);
+    pv::attention_forward(d_qkv.get(), pos, d_out.get(), d_lse.get(), scratch.get(), B, T_len, H, Hkv, hd, nullptr,
+                          p_fp32);
     pv::attention_backward(d_qkv.get(), pos, d_out.get(), d_dout.get(), d_lse.get(), d_dqkv.get(), scratch.get(), B,
                            T_len, H, Hkv, hd, nullptr);
     return check_within_plain_bf16(qkv, dout, {d_out.download(), d_dqkv.download(), d_lse.download()}, s, positions,

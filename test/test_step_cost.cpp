@@ -551,16 +551,16 @@ TEST_CASE("step cost: the RTX 6000 Ada runs the dK/dV kernel with swizzled rows 
 
 // A small grid's tiles split into segments (kernels/attention_mma_blocks.h): 8B under --tp 8 at
 // 1 x 4096, a rank's 4 query heads and 1 KV head. Unsplit, key tile z's dK/dV block walks 4(64 − z)
-// steps and query tile q's dQ block q + 1 key tiles, and the first blocks run alone long after the
+// steps and query tile q's dQ (and forward) block q + 1 key tiles, and the first blocks run alone long after the
 // rest; split into segments of at most L = 11 steps, 786 and 876 blocks (test_attention works the
 // policy by hand). Each block's work by hand: its steps' interior and diagonal (dK/dV: a head's
 // first step; dQ: the last key tile; masked) tile pairs, 4 warps each; the same instructions in all
 // as unsplit, spread so each kernel ends within a block of the balanced time; and the reduce kernels
 // read the partials the split tiles wrote.
-TEST_CASE("step cost: a small grid's dK/dV and dQ tiles split into segments, priced block by block", "[step_cost]") {
+TEST_CASE("step cost: a small grid's tiles split into segments, priced block by block", "[step_cost]") {
     const int B = 1, T = 4096, H = 4, Hkv = 1, hd = 128, n = 64, G = 4, L = 11;
     REQUIRE(pv::attention_mma_dkv_segment_steps(B, T, H, Hkv, hd) == L);
-    REQUIRE(pv::attention_mma_dq_segment_steps(B, T, H, hd) == L);
+    REQUIRE(pv::attention_mma_query_segment_steps(B, T, H, hd) == L);
     const auto k = pv::cost::attention_backward(B, T, H, Hkv, hd, 2, 4, false);
     REQUIRE(k.size() == 5);  // in launch order: D, dK/dV, its reduce, dQ, its reduce
     const pv::KernelCost &dkv = k[1], &dq = k[3];
@@ -614,8 +614,20 @@ TEST_CASE("step cost: a small grid's dK/dV and dQ tiles split into segments, pri
     CHECK(dq_reduce.read_bytes == 208.0 * H * 64 * 128 * 4);
     CHECK(dq_reduce.written_bytes == 53.0 * H * 64 * 128 * 2);
     CHECK(dq.written_bytes == 1.0 * T * H * hd * 2 - dq_reduce.written_bytes + dq_reduce.read_bytes);
-    // Four sequences at 1024: no split, and no reduce kernel.
+    // The forward splits its query tiles as dQ does (the same blocks, its own instructions); the
+    // combine kernel reads each slot's output and its rows' maximum and sum, and writes the 53 split
+    // query tiles' bf16 rows and fp32 lse of each head.
+    const auto f = pv::cost::attention_forward(B, T, H, Hkv, hd, 2, 4, false);
+    REQUIRE(f.size() == 2);
+    REQUIRE(f[0].kernel == "attention_mma_forward_kernel");
+    check_blocks(f[0], "forward", 1, H, 876 / H);
+    CHECK(f[1].kernel == "attention_mma_forward_combine_kernel");
+    CHECK(f[1].read_bytes == 208.0 * H * 64 * (128 + 2) * 4);
+    CHECK(f[1].written_bytes == 53.0 * H * 64 * (128 * 2 + 4));
+    CHECK(f[0].written_bytes == T * H * (hd * 2.0 + 4) - f[1].written_bytes + f[1].read_bytes);
+    // Four sequences at 1024: no split, and no reduce or combine kernel.
     CHECK(pv::cost::attention_backward(4, 1024, 32, 8, hd, 2, 4, false).size() == 3);
+    CHECK(pv::cost::attention_forward(4, 1024, 32, 8, hd, 2, 4, false).size() == 1);
 }
 
 // Today's kernels are priced by their own instructions: the forward's time at the 1B shape is its

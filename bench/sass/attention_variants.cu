@@ -11,7 +11,7 @@ namespace pv {
 
 #define POLEVAULT_ATTENTION_FORWARD_BODY(HD, PATH)                                                                    \
     template __global__ void attention_mma_forward_kernel<HD, PATH>(const __nv_bfloat16*, const int*, __nv_bfloat16*, \
-                                                                    float*, int, int, int, int);
+                                                                    float*, int, int, int, int, int, float*, int);
 #define POLEVAULT_ATTENTION_BACKWARD_BODY(HD, PATH)                                                                    \
     template __global__ void attention_mma_dkv_kernel<HD, PATH>(const __nv_bfloat16*, const int*,                      \
                                                                 const __nv_bfloat16*, const float*, const float*,      \

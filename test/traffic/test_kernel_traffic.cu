@@ -136,7 +136,7 @@ struct AttentionBuffers {
           dout(random_of<bf16>(N * H * hd, seed + 1)),
           dqkv(N * (H + 2 * Hkv) * hd),
           lse(N * H),
-          scratch(pv::attention_backward_scratch_bytes<bf16>(B, T, H, Hkv, hd)),
+          scratch(pv::attention_scratch_bytes<bf16>(B, T, H, Hkv, hd)),
           pos(documents(N, T)) {}
     static std::vector<int> documents(long long N, int T) {
         std::vector<int> positions(static_cast<size_t>(N));
@@ -161,8 +161,9 @@ TEST_CASE("attention moves the bytes the model says, with and without document m
     for (const bool masked : {false, true}) {
         INFO("document masks: " << masked);
         const int* p = masked ? pos.get() : nullptr;
-        check_traffic(pv::cost::attention_forward(B, T, H, Hkv, hd, t, a, masked),
-                      [&] { pv::attention_forward(qkv.get(), p, out.get(), lse.get(), B, T, H, Hkv, hd, nullptr); });
+        check_traffic(pv::cost::attention_forward(B, T, H, Hkv, hd, t, a, masked), [&] {
+            pv::attention_forward(qkv.get(), p, out.get(), lse.get(), scratch.get(), B, T, H, Hkv, hd, nullptr);
+        });
         check_traffic(pv::cost::attention_forward_cuda_cores(B, T, H, Hkv, hd, t, a, masked), [&] {
             pv::attention_forward_launch<bf16, 64>(qkv.get(), p, out.get(), lse.get(), B, T, H, Hkv, hd, nullptr);
         });
@@ -178,13 +179,14 @@ TEST_CASE("attention moves the bytes the model says, with and without document m
     }
 }
 
-// A grid both backward kernels split (kernels/attention_mma_blocks.h: B 1, T 600, H 2, Hkv 1, L 8 for
-// each): their blocks write fp32 partials for the split tiles (dQ's include the last, ragged query
-// tile: the rows before T), which a reduce kernel after each reads and sums into their rows.
-TEST_CASE("the split dK/dV and dQ move the bytes the model says", "[traffic]") {
+// A grid every tensor-core kernel splits (kernels/attention_mma_blocks.h: B 1, T 600, H 2, Hkv 1,
+// L 8 for each): their blocks write fp32 partials for the split tiles (the forward's and dQ's include
+// the last, ragged query tile: the rows before T), which a kernel after each reads and merges into
+// their rows.
+TEST_CASE("the split forward, dK/dV and dQ move the bytes the model says", "[traffic]") {
     const int B = 1, T = 600, H = 2, Hkv = 1, hd = 64;
     REQUIRE(pv::attention_mma_dkv_segment_steps(B, T, H, Hkv, hd) == 8);
-    REQUIRE(pv::attention_mma_dq_segment_steps(B, T, H, hd) == 8);
+    REQUIRE(pv::attention_mma_query_segment_steps(B, T, H, hd) == 8);
     AttentionBuffers x(B, T, H, Hkv, hd, 21);
     auto &qkv = x.qkv, &out = x.out, &dout = x.dout, &dqkv = x.dqkv;
     auto& lse = x.lse;
@@ -193,7 +195,12 @@ TEST_CASE("the split dK/dV and dQ move the bytes the model says", "[traffic]") {
     for (const bool masked : {false, true}) {  // (with documents some segments have no steps: zeros)
         INFO("document masks: " << masked);
         const int* p = masked ? pos.get() : nullptr;
-        pv::attention_forward(qkv.get(), p, out.get(), lse.get(), B, T, H, Hkv, hd, nullptr);
+        const std::vector<KernelCost> forward = pv::cost::attention_forward(B, T, H, Hkv, hd, t, a, masked);
+        REQUIRE(forward.size() == 2);
+        CHECK(forward[1].kernel == "attention_mma_forward_combine_kernel");
+        check_traffic(forward, [&] {
+            pv::attention_forward(qkv.get(), p, out.get(), lse.get(), scratch.get(), B, T, H, Hkv, hd, nullptr);
+        });
         const std::vector<KernelCost> predicted = pv::cost::attention_backward(B, T, H, Hkv, hd, t, a, masked);
         REQUIRE(predicted.size() == 5);
         CHECK(predicted[2].kernel == "attention_mma_reduce_kernel");
