@@ -9,8 +9,9 @@
 #   tests    every one-rank test binary with the filter a single GPU can run (no MPI ranks, no
 #            host-only, sanitizer or hidden cases), each under a time limit; a line per binary
 #   kernels  kernels_bench at the 1B shape (head dim 64) and the 8B shape (head dim 128), T = 2048
-#            and 8192, and one sequence of 2048 (the split dK/dV), beside perf_model's predicted
-#            kernel times
+#            and 8192, one sequence of 2048 (the split dK/dV), and one rank of the 8B shape under
+#            --tp 8 at one sequence of 4096 (every attention kernel split), beside perf_model's
+#            predicted kernel times (its last table: the splits per layer)
 #   train    the default run and Llama-3.2-1B full at 4 x 2048 (two micro-batches a step), each
 #            eager and with --cuda-graphs, and Llama-3.1-8B QLoRA r 16 at 4 x 2048: ms per step and
 #            tokens/s over the steps after the first (metrics.jsonl)
@@ -20,7 +21,8 @@
 # TEST_LIMIT (seconds per test binary, 240), STEPS (train steps, 4), SHAPES_1B / SHAPES_8B (the
 # kernels_bench shapes, default llama-3.2-1b / llama-3.1-8b), TRAIN_PRESET_1B / TRAIN_PRESET_8B
 # (default the same presets), SEQ (the train runs' sequence length, 2048), KERNEL_SEQS (the
-# kernels_bench sequence lengths, "2048 8192": batch 4 and 1 at the first, 1 at the others).
+# kernels_bench sequence lengths, "2048 8192": batch 4 and 1 at the first, 1 at the others), TP_SPEC
+# (the tensor-parallel rank's kernels_bench run: shape, batch, seq, ranks; "SHAPES_8B 1 4096 8").
 # On the host flavour (BACKEND=host) it runs too, at whatever shapes the environment names: that is
 # how the script itself is checked.
 set -uo pipefail
@@ -79,16 +81,19 @@ phase_tests() {
 phase_kernels() {
   local specs=() first=1
   for t in $kernel_seqs; do
-    for shape in "$shape_1b" "$shape_8b"; do specs+=("$shape $((first ? 4 : 1)) $t"); done
+    for shape in "$shape_1b" "$shape_8b"; do specs+=("$shape $((first ? 4 : 1)) $t 1"); done
     # and one sequence at the first length: a grid the dK/dV kernel splits (attention_mma_blocks.h)
-    if ((first)); then for shape in "$shape_1b" "$shape_8b"; do specs+=("$shape 1 $t"); done; fi
+    if ((first)); then for shape in "$shape_1b" "$shape_8b"; do specs+=("$shape 1 $t 1"); done; fi
     first=0
   done
+  # one rank of --tp 8 (TP_SPEC: shape, batch, seq, ranks): the forward's, dK/dV's and dQ's grids split
+  specs+=("${TP_SPEC:-$shape_8b 1 4096 8}")
   for spec in "${specs[@]}"; do
-    read -r shape batch t <<< "$spec"
-    local log="$out/kernels_${shape}_${batch}x$t.log"
-    echo "kernels: $shape, batch $batch x $t"
-    "$build/bench/kernels_bench" --shape "$shape" --batch "$batch" --seq "$t" > "$log" 2>&1 || echo "kernels: FAILED ($log)"
+    read -r shape batch t tp <<< "$spec"
+    local log="$out/kernels_${shape}_${batch}x${t}_tp$tp.log"
+    echo "kernels: $shape, batch $batch x $t, --tp $tp"
+    "$build/bench/kernels_bench" --shape "$shape" --tp "$tp" --batch "$batch" --seq "$t" > "$log" 2>&1 ||
+      echo "kernels: FAILED ($log)"
     grep -E "attention|matmul qkv|rmsnorm|swiglu|cross" "$log" | sed 's/^/  /'
   done
   "$build/bench/perf_model" --kernels > "$out/perf_model.log" 2>&1 && echo "kernels: predictions in $out/perf_model.log"

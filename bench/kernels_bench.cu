@@ -4,7 +4,11 @@
 // bf16, 495 in tf32/fp32-input, 67 in fp64). On the host backend the times are CPU times and
 // are labelled so; they are for tracking the emulation, not for judging kernels.
 //
-//   kernels_bench [--shape NAME] [--dtype bf16|fp32|fp64] [--batch B] [--seq T] [--repeat R] [--dry-run]
+//   kernels_bench [--shape NAME] [--tp N] [--dtype bf16|fp32|fp64] [--batch B] [--seq T] [--repeat R] [--dry-run]
+//
+// --tp N runs one rank's kernels under N-way tensor parallelism (model/tensor_parallel.h: a rank's
+// query and KV heads, ffn and vocabulary rows): small attention grids, which the attention kernels
+// split (e.g. --shape llama-3.1-8b --tp 8 --batch 1 --seq 4096).
 //
 // --dry-run prints each kernel's bytes and FLOPs at the shape without allocating or running
 // anything (for shapes too large for the host).
@@ -28,6 +32,7 @@
 #include "kernels/rope.cuh"
 #include "kernels/swiglu.cuh"
 #include "model/config.h"
+#include "model/tensor_parallel.h"
 #include "model/dtype.h"
 
 #include <cstdio>
@@ -43,7 +48,7 @@ namespace kernels_bench {
 struct Options {
     std::string shape = "smollm2-135m";
     std::string dtype = "bf16";
-    int batch = 1, seq = 256, repeat = 3;
+    int batch = 1, seq = 256, repeat = 3, tp = 1;
     bool dry_run = false;
 };
 
@@ -51,7 +56,7 @@ bool g_dry_run = false;
 
 [[noreturn]] void usage(const char* problem) {
     std::fprintf(stderr,
-                 "kernels_bench: %s\nusage: kernels_bench [--shape NAME] [--dtype bf16|fp32|fp64] [--batch B] "
+                 "kernels_bench: %s\nusage: kernels_bench [--shape NAME] [--tp N] [--dtype bf16|fp32|fp64] [--batch B] "
                  "[--seq T] [--repeat R] [--dry-run]\nshapes:",
                  problem);
     for (const std::string& n : pv::preset_names()) std::fprintf(stderr, " %s", n.c_str());
@@ -80,10 +85,13 @@ Options parse(int argc, char** argv) {
             o.seq = std::atoi(v.c_str());
         else if (a == "--repeat")
             o.repeat = std::atoi(v.c_str());
+        else if (a == "--tp")
+            o.tp = std::atoi(v.c_str());
         else
             usage(("unknown option " + a).c_str());
     }
-    if (o.batch < 1 || o.seq < 1 || o.repeat < 1) usage("--batch, --seq and --repeat must be positive");
+    if (o.batch < 1 || o.seq < 1 || o.repeat < 1 || o.tp < 1)
+        usage("--batch, --seq, --repeat and --tp must be positive");
     try {
         (void)pv::parse_dtype(o.dtype);
     } catch (const std::invalid_argument& e) {
@@ -205,8 +213,9 @@ void run(const pv::LlamaConfig& c, const Options& o) {
     const long long N = (long long)B * Tn;
     const int qkv_w = c.qkv_width(), q_w = c.q_width();
     const double t = sizeof(T), a = sizeof(A);
-    std::printf("%s, %s, batch %d x seq %d (N = %lld rows)%s\n", c.name.c_str(), o.dtype.c_str(), B, Tn, N,
-                on_gpu ? "" : "  [host CPU emulation: times are CPU times, not GPU figures]");
+    const std::string rank = o.tp > 1 ? ", one rank of --tp " + std::to_string(o.tp) : "";
+    std::printf("%s%s, %s, batch %d x seq %d (N = %lld rows)%s\n", c.name.c_str(), rank.c_str(), o.dtype.c_str(), B, Tn,
+                N, on_gpu ? "" : "  [host CPU emulation: times are CPU times, not GPU figures]");
     cublasHandle_t handle;
     CUBLAS_CHECK(cublasCreate(&handle));
 
@@ -485,13 +494,14 @@ int main(int argc, char** argv) {
     using namespace kernels_bench;
     const Options o = parse(argc, argv);
     g_dry_run = o.dry_run;
-    const pv::LlamaConfig* config = nullptr;
+    pv::LlamaConfig config;
     try {
-        config = &pv::preset(o.shape);
+        config = pv::preset(o.shape);
+        if (o.tp > 1) config = pv::tensor_parallel_shape(config, pv::TensorParallel{.size = o.tp});
     } catch (const std::exception& e) {
         usage(e.what());
     }
-    if (o.seq > config->max_seq_len) usage("--seq exceeds the model's max_seq_len");
-    pv::with_dtype(o.dtype, [&](auto tag) { run<typename decltype(tag)::type>(*config, o); });
+    if (o.seq > config.max_seq_len) usage("--seq exceeds the model's max_seq_len");
+    pv::with_dtype(o.dtype, [&](auto tag) { run<typename decltype(tag)::type>(config, o); });
     return 0;
 }

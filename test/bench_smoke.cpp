@@ -50,10 +50,26 @@ TEST_CASE("kernels_bench runs every kernel at the test shapes, in every dtype, u
     INFO(dry.output);
     REQUIRE(dry.status == 0);
     CHECK(dry.output.find("attention forward") != std::string::npos);
+    // One rank of a tensor-parallel group: its kernels run at the rank's shape (test-tiny at --tp 2: 3
+    // query heads, 1 KV head); at a real shape, 8B under --tp 8 at one sequence of 4096, the attention
+    // grids are small enough that every kernel splits, and the unsplit kernels are timed beside them.
+    const Run rank = run_bench("kernels_bench", "--shape test-tiny --tp 2 --batch 3 --seq 21 --repeat 1");
+    INFO(rank.output);
+    REQUIRE(rank.status == 0);
+    CHECK(rank.output.find("one rank of --tp 2") != std::string::npos);
+    CHECK(timed_lines(rank.output) >= 20);
+    const Run tp8 = run_bench("kernels_bench", "--shape llama-3.1-8b --tp 8 --batch 1 --seq 4096 --dry-run");
+    INFO(tp8.output);
+    REQUIRE(tp8.status == 0);
+    CHECK(tp8.output.find("attention forward, unsplit") != std::string::npos);
+    CHECK(tp8.output.find("attention backward, unsplit") != std::string::npos);
     // What cannot work is refused with the usage.
     const Run bad = run_bench("kernels_bench", "--shape test-tiny --seq 100000");
     CHECK(bad.status != 0);
     CHECK(bad.output.find("--seq exceeds the model's max_seq_len") != std::string::npos);
+    const Run bad_tp = run_bench("kernels_bench", "--shape test-tiny --tp 4");
+    CHECK(bad_tp.status != 0);
+    CHECK(bad_tp.output.find("4 does not divide the 6 query heads of test-tiny") != std::string::npos);
 }
 
 TEST_CASE("decode_bench generates with and without the KV cache: in fp64 the same tokens", "[bench]") {
