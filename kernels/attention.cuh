@@ -532,12 +532,10 @@ void attention_forward_launch(const T* qkv, const int* positions, T* out, acc_t<
 }
 
 // The forward's scratch: for bf16 on tensor cores, a small grid's split partials
-// (kernels/attention_mma_blocks.h); none otherwise.
+// (kernels/attention_mma_blocks.h: none at a head dim without a split kernel); none otherwise.
 template <class T>
 size_t attention_forward_scratch_bytes(int B, int T_len, int H, int hd) {
-    return std::is_same_v<T, __nv_bfloat16> && (hd == 64 || hd == 128)
-               ? attention_mma_forward_partial_bytes(B, T_len, H, hd)
-               : 0;
+    return std::is_same_v<T, __nv_bfloat16> ? attention_mma_forward_partial_bytes(B, T_len, H, hd) : 0;
 }
 
 // out[B][T][H·hd] and lse[B][H][T] from qkv[B][T][(H + 2·Hkv)·hd]. positions: [B][T] device ints,

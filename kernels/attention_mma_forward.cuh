@@ -379,38 +379,35 @@ template <int HD>
 void attention_mma_forward_launch(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse, int B,
                                   int T_len, int H, int Hkv, cudaStream_t stream, int segment_steps, float* partial) {
     constexpr size_t smem = MmaAttentionForwardConfig<HD>::kSmemBytes;
-    constexpr bool kSplits = attention_mma_split_supports(HD);
+    static_assert(attention_mma_split_supports(HD), "the forward's head dims all have a split kernel");
     if constexpr (smem > 48 * 1024) {  // once per process and instantiation: the opt-in above the default limit
         static const bool opted_in = [] {
             CUDA_CHECK(cudaFuncSetAttribute(attention_mma_forward_kernel<HD>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-            if constexpr (kSplits)
-                CUDA_CHECK(cudaFuncSetAttribute(attention_mma_forward_kernel<HD, 0, true>,
-                                                cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+            CUDA_CHECK(cudaFuncSetAttribute(attention_mma_forward_kernel<HD, 0, true>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
             return true;
         }();
         (void)opted_in;
     }
     const AttentionMmaSplitGrid grid = attention_mma_split_grid(ceil_div(T_len, kMmaAttentionBr), 1, segment_steps);
-    if (segment_steps > 0 && (!kSplits || (grid.partial_slots > 0 && !partial))) {
-        std::fprintf(stderr, "polevault: attention_mma_forward: %s\n",
-                     kSplits ? "the split needs its partials' scratch" : "no split kernel at this head dim");
+    if (grid.partial_slots > 0 && !partial) {
+        std::fprintf(stderr, "polevault: attention_mma_forward: the split needs its partials' scratch\n");
         std::abort();
     }
     const dim3 blocks(unsigned(grid.blocks * H * B));
-    if constexpr (kSplits)
-        if (segment_steps > 0) {
-            launch(attention_mma_forward_kernel<HD, 0, true>, blocks, dim3(kMmaAttentionThreads), smem, stream, qkv,
-                   positions, out, lse, T_len, H, Hkv, B, segment_steps, partial, int(grid.partial_slots));
+    if (segment_steps > 0) {
+        launch(attention_mma_forward_kernel<HD, 0, true>, blocks, dim3(kMmaAttentionThreads), smem, stream, qkv,
+               positions, out, lse, T_len, H, Hkv, B, segment_steps, partial, int(grid.partial_slots));
+        CUDA_CHECK_LAUNCH();
+        if (grid.partial_slots > 0) {
+            launch(attention_mma_forward_combine_kernel<HD>, dim3(unsigned(grid.split_tiles), H, B),
+                   dim3(kMmaAttentionThreads), 0, stream, static_cast<const float*>(partial), out, lse, T_len, H,
+                   segment_steps, int(grid.partial_slots));
             CUDA_CHECK_LAUNCH();
-            if (grid.partial_slots > 0) {
-                launch(attention_mma_forward_combine_kernel<HD>, dim3(unsigned(grid.split_tiles), H, B),
-                       dim3(kMmaAttentionThreads), 0, stream, static_cast<const float*>(partial), out, lse, T_len, H,
-                       segment_steps, int(grid.partial_slots));
-                CUDA_CHECK_LAUNCH();
-            }
-            return;
         }
+        return;
+    }
     launch(attention_mma_forward_kernel<HD>, blocks, dim3(kMmaAttentionThreads), smem, stream, qkv, positions, out, lse,
            T_len, H, Hkv, B, 0, static_cast<float*>(nullptr), 0);
     CUDA_CHECK_LAUNCH();

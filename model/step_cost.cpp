@@ -260,7 +260,7 @@ std::vector<BlockRun> attention_blocks(const char* kernel, int B, int T, int H, 
         throw std::invalid_argument(std::string("step cost: no tensor-core attention ") + kernel + " kernel at head dim " +
                                     std::to_string(hd) + " in model/attention_sass.h");
     constexpr double kWarps = kAttentionMmaThreads / 32;
-    const int n = (T + kAttentionMmaTile - 1) / kAttentionMmaTile;
+    const int n = attention_mma_tiles(T);
     const std::string name = kernel;
     const bool dkv = name.starts_with("dkv");
     std::vector<BlockRun> grid;
