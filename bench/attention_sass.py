@@ -40,7 +40,13 @@ import sys
 from collections import Counter, OrderedDict
 
 SMS, CLOCK_HZ, ISSUE_PER_CLOCK = 132, 1.98e9, 4  # H100 SXM: SMs, boost clock, schedulers per SM
-WARP_ROWS, TILE = 16, 64  # rows of the 64-row tile each of the 4 warps owns; keys (queries) per tile
+TILE = 64  # rows of a tile: the keys (queries) a trip walks
+
+
+def warp_rows(kind, hd):
+    """The rows of its block's 64-row tile a warp owns: the forward's 2 warps 32 each at hd 64
+    (kernels/attention_mma_blocks.h attention_mma_forward_row_tiles), else 4 warps of 16."""
+    return 32 if kind == "forward" and hd == 64 else 16
 INNER_TRIPS = {"dkv": TILE // 16, "dkv-swizzled": TILE // 16, "dq": TILE // 16}
 KINDS = ["forward", "dkv", "dkv-swizzled", "dq"]
 
@@ -164,8 +170,9 @@ HEADER = """\
 // the sm_86/sm_89 GPUs, such as the RTX 4090, L40S and RTX 6000 Ada: the CUDA build ships sm_80 and
 // sm_90 code), tensor-core attention kernel (attention_mma_{forward,dkv,dq}_kernel; "dkv-swizzled":
 // the dK/dV kernel with swizzled shared rows) and head dim: the instructions one warp issues per
-// trip of its tile loop (a 64-key tile of its 16 query rows in the forward; a 64 x 64 tile pair in
-// the backward kernels, their loop over the tile's four 16-row chunks expanded) and the HMMA among
+// trip of its tile loop (a 64-key tile of its query rows in the forward, 32 at hd 64 and 16 at 128;
+// a 64 x 64 tile pair in the backward kernels, their loop over the tile's four 16-row chunks
+// expanded) and the HMMA among
 // them: through the body for tiles every row of the warp sees whole (interior), and through the
 // one with masks (a diagonal or document-boundary tile), and the registers per thread of the
 // instantiation programs run (ptxas; of the split and unsplit ones, kSplit, the more of the two:
@@ -283,7 +290,7 @@ def main():
             out.write(header_text(table, registers, compiler))
     slots = SMS * ISSUE_PER_CLOCK * CLOCK_HZ  # warp instructions per second, the whole GPU
     columns = list(CLASSES) + ["other"]
-    print("Tensor-core attention, per warp and tile-loop trip (the forward: 16 query rows x 64 keys; "
+    print("Tensor-core attention, per warp and tile-loop trip (the forward: 32 query rows at hd 64, 16 at 128, x 64 keys; "
           "dK/dV: 16 keys x 64 queries; dQ: 16 queries x 64 keys), through the interior tiles' body and the "
           "masked tiles' (single-body instantiations); the issue ceiling is the interior tiles' on an H100 "
           "(sm_90 SASS):")
@@ -297,7 +304,7 @@ def main():
                 interior, masked = table[(arch, kind, hd)]
                 for path, c in (("interior", interior), ("masked", masked)):
                     total = sum(c.values())
-                    useful = WARP_ROWS * TILE * (4 if kind == "forward" else 10) * hd  # FLOPs of the warp's share
+                    useful = warp_rows(kind, hd) * TILE * (4 if kind == "forward" else 10) * hd  # FLOPs of the warp's share
                     ceiling = ""
                     if path == "masked" or arch != 90:
                         pass

@@ -9,7 +9,8 @@
 namespace pv {
 
 inline constexpr int kAttentionMmaTile = 64;      // rows per tile, on both sides
-inline constexpr int kAttentionMmaThreads = 128;  // 4 warps, 16 rows of the block's tile each
+inline constexpr int kAttentionMmaThreads = 128;  // 4 warps, 16 rows of the block's tile each (the
+                                                  // forward at hd 64: 2 of 32, below)
 
 // How a shared [64][hd] bf16 tile's rows lie in shared memory. The 8 rows one ldmatrix reads must
 // fall on different banks:
@@ -31,9 +32,19 @@ constexpr int attention_mma_row_elements(int hd, AttentionMmaRows rows) {
 constexpr size_t attention_mma_tile_bytes(int hd, AttentionMmaRows rows = AttentionMmaRows::padded) {
     return size_t(kAttentionMmaTile) * size_t(attention_mma_row_elements(hd, rows)) * 2;  // bf16
 }
-// The forward: two K and two V tiles (Q is staged in a V buffer), the block's rows' window starts.
+// The forward's warps own 32 query rows each at hd 64 (two 16-row tiles, so each K and V fragment
+// feeds two mma: 9% fewer instructions per mma than 16 rows, 2 warps a block), 16 at hd 128 (there
+// 32 rows' accumulators spill: 4 warps). Either way a block owns a 64-row query tile.
+constexpr int attention_mma_forward_row_tiles(int hd) { return hd == 64 ? 2 : 1; }
+constexpr int attention_mma_forward_threads(int hd) {
+    return kAttentionMmaThreads / attention_mma_forward_row_tiles(hd);
+}
+// The forward: two K and two V tiles, the block's rows' window starts, and with 32 rows a warp a Q
+// tile the warps read their fragments from at every key tile (16 rows a warp hold theirs in registers:
+// Q is staged in a V buffer).
 constexpr size_t attention_mma_forward_smem_bytes(int hd) {
-    return 4 * attention_mma_tile_bytes(hd) + kAttentionMmaTile * sizeof(int);
+    return (attention_mma_forward_row_tiles(hd) > 1 ? 5 : 4) * attention_mma_tile_bytes(hd) +
+           kAttentionMmaTile * sizeof(int);
 }
 // dK/dV: K, V, two Q and two dO tiles; two buffers of the query tile's lse, D (fp32) and window starts.
 constexpr size_t attention_mma_dkv_smem_bytes(int hd, AttentionMmaRows rows = AttentionMmaRows::padded) {

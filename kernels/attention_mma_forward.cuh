@@ -11,16 +11,24 @@
 // Each exponential is one FFMA (c·x − c·m, c·m once per row and tile) and one MUFU.EX2 with
 // flush-to-zero (platform.h exp2_ftz): exponents are at most 0, so no subnormal range handling.
 //
-// Tiling. A block of 4 warps owns Br = 64 query rows of one (batch, head): warp w the 16 rows
-// q0 + 16w .. q0 + 16w + 15. Key tiles of Bc = 64 rows stream through shared memory, K and V
+// Tiling. A block owns Br = 64 query rows of one (batch, head), its warps WR rows each: at hd 128
+// 4 warps of 16 (warp w rows q0 + 16w .. q0 + 16w + 15), at hd 64 2 warps of 32, two 16-row tiles
+// (kernels/attention_mma_blocks.h attention_mma_forward_row_tiles): each K and V fragment a warp
+// loads then feeds two mma, 677 instructions a trip for 128 HMMA where 4 warps of 16 rows issued
+// 371 for 64 (9% fewer per HMMA), at 255 registers (4 blocks, 8 warps an SM, where the 16-row block
+// held 3 of 4 warps). At hd 128 32 rows spill (their O alone is 128 registers a lane: compiled so,
+// 160 bytes of spill stores and 260 of loads). Key tiles of Bc = 64 rows stream through shared memory, K and V
 // double-buffered with cp.async: at each tile the block waits for its copies, meets at one
 // barrier (tile t has landed everywhere, and everyone is done with tile t − 1's buffer), issues
-// tile t + 1 into that buffer and computes on tile t while it lands. Q is staged once in V's
-// second buffer, read into registers, and a second barrier (first tile only) frees the buffer.
-// Per key tile and warp, with mma.m16n8k16 (bf16 in, fp32 accumulate; layouts in kernels/mma.cuh):
-//   S (16×64) = Q_w (16×hd) · Kᵀ       Q's A fragments loaded once by ldmatrix and kept in
-//                                      registers (hd/16 × 4 regs); K by ldmatrix.x4, two k-chunks
-//                                      of one 8-key n-tile per load; 8 accumulator tiles
+// tile t + 1 into that buffer and computes on tile t while it lands. With one row tile Q is staged
+// once in V's second buffer, read into registers, and a second barrier (first tile only) frees the
+// buffer; with two (kQShared) Q stays in a buffer of its own and each warp reads its fragments from
+// it at every key tile, a k-chunk pair at a time (held, their 32 registers spill).
+// Per key tile and warp and 16-row tile, with mma.m16n8k16 (bf16 in, fp32 accumulate; layouts in
+// kernels/mma.cuh):
+//   S (16×64) = Q_w (16×hd) · Kᵀ       Q's A fragments by ldmatrix (kept in registers, hd/16 × 4,
+//                                      with one row tile); K by ldmatrix.x4, two k-chunks of one
+//                                      8-key n-tile per load, for every row tile; 8 accumulator tiles
 //   online softmax on the accumulators  each lane holds rows g and g+8 (g = lane/4), columns 2t,
 //                                      2t+1 of each n-tile: a row's max and sum over its 4 lanes by
 //                                      two xor shuffles; masked scores are −∞ and contribute 0
@@ -39,12 +47,13 @@
 //
 // Masks and skipping. Key tiles run from the one holding the block's smallest lo to the one
 // holding its last row (causal tile skipping; with documents, tiles left of every row's window
-// are never loaded). A warp whose 16 rows see no key of a tile skips its math (warp-uniform; the
+// are never loaded). A warp whose rows see no key of a tile skips its math (warp-uniform; the
 // result is the same bits as computing it fully masked: alpha = 1 and nothing added). A tile every
 // row of the warp sees whole (interior: causal, all but the diagonal tile) runs a body compiled
 // without masks or −∞ tests; the others (the diagonal, document boundaries, T) the masked body.
-// Per warp and tile at hd 64: about 410 instructions interior, 540 masked (model/attention_sass.h
-// has the counts, read from single-body instantiations: the Path template argument). Heavy
+// Per warp and tile at hd 64 (32 rows): 677 instructions interior, 914 masked on sm_90
+// (model/attention_sass.h has the counts, read from single-body instantiations: the Path template
+// argument). Heavy
 // tiles first: the grid is 1-D, query tile index descending with the block index, so the
 // blocks with the most key tiles are dispatched first and the short ones fill the tail.
 //
@@ -63,23 +72,24 @@
 // aligned (the dispatcher checks; cudaMalloc gives 256).
 //
 // Shared memory (bf16 rows padded to hd + 8 elements, 16 bytes, so the 8 rows an ldmatrix reads
-// fall in distinct banks): K [2][64][hd+8], V [2][64][hd+8] (Q staged in V[1]), lo [64] ints:
-//   hd 64:  37,120 bytes (under the default 48 KiB)     hd 128: 69,888 bytes (opt-in above 48 KiB)
-// 128 threads per block; ptxas (sm_90, nvcc 13.0; make ptxas-report): 168 registers at hd 64, 231
-// at hd 128, no local memory (the rows' windows are read from shared memory in the tile loop, not
-// held: with P in one bf16 ptxas otherwise spilled at hd 128). So three blocks per SM at hd 64 and
-// two at hd 128, where registers are the limit. __launch_bounds__ names one block per SM as the
-// minimum: told so, ptxas schedules the tile loop with 13 fewer instructions at hd 128 (566 → 553,
-// NOPs it had placed) and 5 fewer in the masked body at hd 64, and the blocks per SM stay as they
-// were. The same on the backward kernels cost dK/dV at hd 64 a block per SM (168 → 195 registers),
-// so they keep the default.
+// fall in distinct banks): K [2][64][hd+8], V [2][64][hd+8], at hd 64 Q [64][hd+8] (at hd 128 Q is
+// staged in V[1]), lo [64] ints:
+//   hd 64:  46,336 bytes (under the default 48 KiB)     hd 128: 69,888 bytes (opt-in above 48 KiB)
+// 64 threads a block at hd 64, 128 at hd 128; ptxas (sm_90, nvcc 13.0; make ptxas-report): 255
+// registers at hd 64, 231 at hd 128, no local memory (the rows' windows are read from shared memory
+// in the tile loop, not held: with P in one bf16 ptxas otherwise spilled at hd 128). So 8 warps an
+// SM at either (4 blocks at hd 64, 2 at hd 128), registers the limit. __launch_bounds__ names one
+// block per SM as the minimum: told so, ptxas schedules the tile loop at hd 128 with 13 fewer
+// instructions (566 → 553, NOPs it had placed), and the blocks per SM stay as they were. The same
+// on the backward kernels cost dK/dV at hd 64 a block per SM (168 → 195 registers), so they keep
+// the default.
 //
 // Global memory per launch (nq = ceil(T/64) query tiles; key tiles per query tile kt_q ≤ q + 1):
 //   reads  Q: B·H·T·hd·2 bytes once; K and V: Σ_q kt_q · 64·hd·2 bytes each per (b, h), rows past
 //          T not read; positions (if given): 64 ints per block
 //   writes out B·T·H·hd·2 bytes, lse B·H·T·4 bytes (each element once; no atomics: deterministic)
-// FLOPs per (warp, key tile) computed: 2·16·64·hd for S and 2·16·64·hd for P·V on tensor cores,
-// the 4·16·64·hd of the matmul-equivalent count.
+// FLOPs per (warp, key tile) computed: 2·WR·64·hd for S and 2·WR·64·hd for P·V on tensor cores,
+// the 4·WR·64·hd of the matmul-equivalent count.
 #pragma once
 
 #include "kernels/attention_mma_blocks.h"
@@ -94,29 +104,38 @@
 
 namespace pv {
 
-inline constexpr int kMmaAttentionWarps = 4;
-inline constexpr int kMmaAttentionThreads = 32 * kMmaAttentionWarps;
-inline constexpr int kMmaAttentionBr = 16 * kMmaAttentionWarps;  // query rows per block
-inline constexpr int kMmaAttentionBc = 64;                       // key rows per tile
+inline constexpr int kMmaAttentionBr = kAttentionMmaTile;          // query rows per block
+inline constexpr int kMmaAttentionBc = kAttentionMmaTile;          // key rows per tile
+inline constexpr int kMmaAttentionThreads = kAttentionMmaThreads;  // the combine kernel's block
 
+// The block at head dim HD (kernels/attention_mma_blocks.h, which the performance model reads too):
+// its warps own kRowTiles 16-row tiles of the query tile each (2 at hd 64, 1 at hd 128).
 template <int HD>
 struct MmaAttentionForwardConfig {
     static_assert(HD % 32 == 0 && HD <= 128, "head dim: a multiple of 32 up to 128");
-    static_assert(kMmaAttentionBr <= kMmaAttentionBc, "Q is staged in a V buffer");
+    static constexpr int kRowTiles = attention_mma_forward_row_tiles(HD);
+    static constexpr int kThreads = attention_mma_forward_threads(HD);
+    static constexpr int kWarpRows = 16 * kRowTiles;
+    // With two row tiles Q's fragments are read from shared memory at every key tile (held, their
+    // 32 more registers spill); one row tile holds them, Q staged in V's second buffer.
+    static constexpr bool kQShared = kRowTiles > 1;
+    static_assert(kThreads / 32 * kWarpRows == kMmaAttentionBr && kThreads >= kMmaAttentionBr,
+                  "the warps cover the query tile, and a thread a row can fill its window start");
+    static_assert(kQShared || kMmaAttentionBr <= kMmaAttentionBc, "Q is staged in a V buffer");
     static constexpr int kLd = HD + 8;  // shared row stride, elements
-    static_assert(kMmaAttentionBr == kAttentionMmaTile && kMmaAttentionBc == kAttentionMmaTile &&
-                      kMmaAttentionThreads == kAttentionMmaThreads && kLd == HD + kAttentionMmaRowPad &&
-                      sizeof(__nv_bfloat16) == 2,
+    static_assert(kLd == HD + kAttentionMmaRowPad && sizeof(__nv_bfloat16) == 2,
                   "the block attention_mma_blocks.h describes to the performance model");
     static constexpr size_t kSmemBytes = attention_mma_forward_smem_bytes(HD);
 };
 
 // Rows [row0, row0 + ROWS) of a [T][stride] bf16 matrix (hd = HD wide from `src`) into shared
-// dst[ROWS][HD + 8] with cp.async, zero-filled at or past T_len. Not committed here.
+// dst[ROWS][HD + 8] with cp.async by the block's threads, zero-filled at or past T_len. Not committed
+// here.
 template <int HD, int ROWS>
 __device__ inline void mma_attention_load_tile(__nv_bfloat16* dst, const __nv_bfloat16* src, long long stride, int row0,
                                                int T_len) {
-    cp_async_rows<HD, ROWS, MmaAttentionForwardConfig<HD>::kLd, kMmaAttentionThreads>(dst, src, stride, row0, T_len);
+    using Config = MmaAttentionForwardConfig<HD>;
+    cp_async_rows<HD, ROWS, Config::kLd, Config::kThreads>(dst, src, stride, row0, T_len);
 }
 
 // The max and sum over the 4 lanes holding one row (adjacent lanes): every lane gets the same bits.
@@ -132,18 +151,21 @@ __device__ inline float mma_row_sum(float v) {
 // Grid: ceil(T/64)·H·B blocks (1-D, heaviest query tiles first; with kSplit a query tile's segments
 // of at most segment_steps key tiles, attention_mma_split_grid(n, 1, segment_steps).blocks·H·B, the
 // split tiles' partials to `partial`, partial_slots a (batch, head): attention_mma_forward_launch),
-// 128 threads.
+// MmaAttentionForwardConfig<HD>::kThreads threads.
 // Path: 0 (what programs run) picks each tile's body; 1 and 2 compile only the interior or only the
 // masked body, for bench/sass/attention_variants.cu alone (bench/attention_sass.py counts them).
 template <int HD, int Path = 0, bool kSplit = false>
-__global__ void __launch_bounds__(kMmaAttentionThreads, 1)
+__global__ void __launch_bounds__(MmaAttentionForwardConfig<HD>::kThreads, 1)
     attention_mma_forward_kernel(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse,
                                  int T_len, int H, int Hkv, int B, int segment_steps, float* partial,
                                  int partial_slots) {
     using bf16 = __nv_bfloat16;
-    constexpr int Br = kMmaAttentionBr, Bc = kMmaAttentionBc, ld = MmaAttentionForwardConfig<HD>::kLd;
-    constexpr int KC = HD / 16;  // k-chunks of Q·Kᵀ
-    constexpr int NT = HD / 8;   // n-tiles of O
+    using Config = MmaAttentionForwardConfig<HD>;
+    constexpr int Br = kMmaAttentionBr, Bc = kMmaAttentionBc, ld = Config::kLd;
+    constexpr int KC = HD / 16;                                    // k-chunks of Q·Kᵀ
+    constexpr int NT = HD / 8;                                     // n-tiles of O
+    constexpr int RT = Config::kRowTiles, WR = Config::kWarpRows;  // a warp's 16-row tiles, rows
+    constexpr bool kQShared = Config::kQShared;
     const int q_tiles = ceil_div(T_len, Br), heads = H * B;
     // This block's query tile (the last first: the heaviest) and, split, its segment of the key tiles
     // (the partial slot is worked out again at the end, rather than held through the loop).
@@ -162,25 +184,26 @@ __global__ void __launch_bounds__(kMmaAttentionThreads, 1)
 
     PV_DYNAMIC_SHARED(bf16, Ks);        // [2][Bc][ld]
     bf16* const Vs = Ks + 2 * Bc * ld;  // [2][Bc][ld]
-    bf16* const Qs = Vs + Bc * ld;      // [Br][ld]: staged in V's second buffer until in registers
-    int* const lo_s = reinterpret_cast<int*>(Vs + 2 * Bc * ld);
+    // [Br][ld]: its own buffer (kQShared), or staged in V's second buffer until in registers
+    bf16* const Qs = kQShared ? Vs + 2 * Bc * ld : Vs + Bc * ld;
+    int* const lo_s = reinterpret_cast<int*>(kQShared ? Qs + Br * ld : Vs + 2 * Bc * ld);
 
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t4 = lane % 4;
     // Q and the first key tile are in flight while the rows' windows are worked out.
     mma_attention_load_tile<HD, Br>(Qs, q, stride, q0, T_len);
     if (threadIdx.x < Br) lo_s[threadIdx.x] = attention_first_key(pos, min(q0 + int(threadIdx.x), T_len - 1));
     __syncthreads();
-    int block_lo = lo_s[0], warp_lo = lo_s[16 * warp], warp_lo_max = warp_lo;
+    int block_lo = lo_s[0], warp_lo = lo_s[WR * warp], warp_lo_max = warp_lo;
     for (int r = 1; r < Br; ++r) block_lo = min(block_lo, lo_s[r]);
-    for (int r = 1; r < 16; ++r)
-        warp_lo = min(warp_lo, lo_s[16 * warp + r]), warp_lo_max = max(warp_lo_max, lo_s[16 * warp + r]);
-    const int warp_hi = min(q0 + 16 * warp + 15, T_len - 1);  // the warp's last key (rows past T: T − 1)
+    for (int r = 1; r < WR; ++r)
+        warp_lo = min(warp_lo, lo_s[WR * warp + r]), warp_lo_max = max(warp_lo_max, lo_s[WR * warp + r]);
+    const int warp_hi = min(q0 + WR * warp + WR - 1, T_len - 1);  // the warp's last key (rows past T: T − 1)
     // Keys every row of the warp sees: warp_lo_max .. the warp's first row (or T − 1). A tile inside
     // that range is an interior tile, computed without a mask.
-    const int warp_all_hi = min(q0 + 16 * warp, T_len - 1);
-    // This lane's two rows (g and g + 8 of the warp's 16) see keys lo_s[row] .. i_eff(half); read in
-    // the tile loop, not held: at hd 128 the loop needs every register.
-    const auto i_eff = [&](int half) { return min(q0 + 16 * warp + g + 8 * half, T_len - 1); };
+    const int warp_all_hi = min(q0 + WR * warp, T_len - 1);
+    // Row r of the warp's WR: this lane's rows are r = 16·rt + g + 8·half. Row r sees keys
+    // lo_s[WR·warp + r] .. i_eff(r); read in the tile loop, not held: the loop needs every register.
+    const auto i_eff = [&](int r) { return min(q0 + WR * warp + r, T_len - 1); };
 
     // Split, the key tiles in the segment's [segment·L, segment·L + L) (documents may leave a segment
     // none: it writes an empty partial, m = −∞ and l = 0).
@@ -195,11 +218,15 @@ __global__ void __launch_bounds__(kMmaAttentionThreads, 1)
 
     // Scores stay unscaled (m too); 2^(s·scale_log2 − m·scale_log2) is one FFMA and one MUFU.
     const float scale_log2 = kLog2e / sqrtf(float(HD));
-    uint32_t qf[KC][4];
-    float o[NT][4];
-    for (int n = 0; n < NT; ++n)
-        for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    uint32_t qf[kQShared ? 1 : KC][4];  // Q's A fragments, held (one row tile)
+    float o[RT][NT][4], m[RT][2], l[RT][2];
+    for (int rt = 0; rt < RT; ++rt) {
+        for (int n = 0; n < NT; ++n)
+            for (int e = 0; e < 4; ++e) o[rt][n][e] = 0.0f;
+        m[rt][0] = m[rt][1] = -INFINITY, l[rt][0] = l[rt][1] = 0.0f;
+    }
+    // This lane's ldmatrix row of Q's A fragments (row tile 0; tile rt is 16·rt rows on).
+    const bf16* const q_lane = Qs + (WR * warp + lane % 16) * ld + 8 * (lane / 16);
 
     // One key tile of the warp's rows: S = Q·Kᵀ, the online softmax, O += P·V. Masked: the tile
     // holds a key some row of the warp must not see (its window's start or end, or T, falls in
@@ -208,56 +235,81 @@ __global__ void __launch_bounds__(kMmaAttentionThreads, 1)
     // Kl and Vl: this lane's first ldmatrix row of the tile's K and V buffers (k_lane, v_lane below).
     const auto tile = [&](const bf16* Kl, const bf16* Vl, int k0, auto masked_tag) {
         constexpr bool kMasked = decltype(masked_tag)::value;
-        // S = Q·Kᵀ: n-tile n holds keys k0 + 8n .. k0 + 8n + 7.
-        float s[Bc / 8][4];
-        for (int n = 0; n < Bc / 8; ++n) {
-            for (int e = 0; e < 4; ++e) s[n][e] = 0.0f;
-            for (int c = 0; c < KC; c += 2) {  // matrices: this n-tile's keys × dims 16c + 0..31
-                uint32_t kb[4];
-                ldmatrix_x4(kb, Kl + 8 * n * ld + c * 16);
-                const uint32_t b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
-                mma_m16n8k16_bf16(s[n], qf[c], b0, s[n]);
-                mma_m16n8k16_bf16(s[n], qf[c + 1], b1, s[n]);
-            }
-        }
-        // Online softmax, per row half (accumulator elements 2·half and 2·half + 1).
-        for (int half = 0; half < 2; ++half) {
-            float tile_max = -INFINITY;
+        // S = Q·Kᵀ: n-tile n holds keys k0 + 8n .. k0 + 8n + 7; each K fragment feeds every row tile.
+        float s[RT][Bc / 8][4];
+        for (int rt = 0; rt < RT; ++rt)
             for (int n = 0; n < Bc / 8; ++n)
-                for (int e = 0; e < 2; ++e) {
-                    float& x = s[n][2 * half + e];
-                    if constexpr (kMasked) {
-                        const int j = k0 + 8 * n + 2 * t4 + e;
-                        x = lo_s[16 * warp + g + 8 * half] <= j && j <= i_eff(half) ? x : -INFINITY;
+                for (int e = 0; e < 4; ++e) s[rt][n][e] = 0.0f;
+        if constexpr (kQShared) {
+            for (int c = 0; c < KC; c += 2) {  // Q's fragments for dims 16c + 0..31, then every n-tile's keys
+                uint32_t qa[RT][2][4];
+                for (int rt = 0; rt < RT; ++rt) {
+                    ldmatrix_x4(qa[rt][0], q_lane + 16 * rt * ld + c * 16);
+                    ldmatrix_x4(qa[rt][1], q_lane + 16 * rt * ld + c * 16 + 16);
+                }
+                for (int n = 0; n < Bc / 8; ++n) {
+                    uint32_t kb[4];
+                    ldmatrix_x4(kb, Kl + 8 * n * ld + c * 16);
+                    const uint32_t b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
+                    for (int rt = 0; rt < RT; ++rt) {
+                        mma_m16n8k16_bf16(s[rt][n], qa[rt][0], b0, s[rt][n]);
+                        mma_m16n8k16_bf16(s[rt][n], qa[rt][1], b1, s[rt][n]);
                     }
-                    tile_max = fmaxf(tile_max, x);
                 }
-            const float m_new = fmaxf(m[half], mma_row_max(tile_max));
-            // Until a row's first key m_new = −∞: its offset is 0 instead, so that every 2^(−∞ − 0) = 0
-            // (alpha too: l and o are still 0) rather than 2^(−∞ + ∞).
-            const float offset = kMasked && m_new == -INFINITY ? 0.0f : m_new * scale_log2;
-            const float alpha = exp2_ftz(fmaf(m[half], scale_log2, -offset));
-            float sum = 0.0f;
+            }
+        } else {
             for (int n = 0; n < Bc / 8; ++n)
-                for (int e = 0; e < 2; ++e) {
-                    float& x = s[n][2 * half + e];
-                    x = exp2_ftz(fmaf(x, scale_log2, -offset));
-                    sum += x;
+                for (int c = 0; c < KC; c += 2) {  // matrices: this n-tile's keys × dims 16c + 0..31
+                    uint32_t kb[4];
+                    ldmatrix_x4(kb, Kl + 8 * n * ld + c * 16);
+                    const uint32_t b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
+                    mma_m16n8k16_bf16(s[0][n], qf[c], b0, s[0][n]);
+                    mma_m16n8k16_bf16(s[0][n], qf[c + 1], b1, s[0][n]);
                 }
-            l[half] = l[half] * alpha + sum;
-            m[half] = m_new;
-            for (int n = 0; n < NT; ++n) o[n][2 * half] *= alpha, o[n][2 * half + 1] *= alpha;
         }
-        // O += P·V: k-chunk c is keys 16c .. 16c + 15 (S tiles 2c and 2c + 1).
+        // Online softmax, per row tile and row half (accumulator elements 2·half and 2·half + 1).
+        for (int rt = 0; rt < RT; ++rt)
+            for (int half = 0; half < 2; ++half) {
+                const int r = 16 * rt + g + 8 * half;  // of the warp's rows
+                float tile_max = -INFINITY;
+                for (int n = 0; n < Bc / 8; ++n)
+                    for (int e = 0; e < 2; ++e) {
+                        float& x = s[rt][n][2 * half + e];
+                        if constexpr (kMasked) {
+                            const int j = k0 + 8 * n + 2 * t4 + e;
+                            x = lo_s[WR * warp + r] <= j && j <= i_eff(r) ? x : -INFINITY;
+                        }
+                        tile_max = fmaxf(tile_max, x);
+                    }
+                const float m_new = fmaxf(m[rt][half], mma_row_max(tile_max));
+                // Until a row's first key m_new = −∞: its offset is 0 instead, so that every 2^(−∞ − 0) = 0
+                // (alpha too: l and o are still 0) rather than 2^(−∞ + ∞).
+                const float offset = kMasked && m_new == -INFINITY ? 0.0f : m_new * scale_log2;
+                const float alpha = exp2_ftz(fmaf(m[rt][half], scale_log2, -offset));
+                float sum = 0.0f;
+                for (int n = 0; n < Bc / 8; ++n)
+                    for (int e = 0; e < 2; ++e) {
+                        float& x = s[rt][n][2 * half + e];
+                        x = exp2_ftz(fmaf(x, scale_log2, -offset));
+                        sum += x;
+                    }
+                l[rt][half] = l[rt][half] * alpha + sum;
+                m[rt][half] = m_new;
+                for (int n = 0; n < NT; ++n) o[rt][n][2 * half] *= alpha, o[rt][n][2 * half + 1] *= alpha;
+            }
+        // O += P·V: k-chunk c is keys 16c .. 16c + 15 (S tiles 2c and 2c + 1); each V fragment feeds
+        // every row tile.
         for (int c = 0; c < Bc / 16; ++c) {
-            uint32_t p[4];
-            accumulators_to_a_bf16(s[2 * c], s[2 * c + 1], p);
+            uint32_t p[RT][4];
+            for (int rt = 0; rt < RT; ++rt) accumulators_to_a_bf16(s[rt][2 * c], s[rt][2 * c + 1], p[rt]);
             for (int n = 0; n < NT; n += 2) {  // matrices: keys 16c + 0..7, 8..15 × dims 8n + 0..15
                 uint32_t vb[4];
                 ldmatrix_x4_trans(vb, Vl + 16 * c * ld + 8 * n);
                 const uint32_t b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
-                mma_m16n8k16_bf16(o[n], p, b0, o[n]);
-                mma_m16n8k16_bf16(o[n + 1], p, b1, o[n + 1]);
+                for (int rt = 0; rt < RT; ++rt) {
+                    mma_m16n8k16_bf16(o[rt][n], p[rt], b0, o[rt][n]);
+                    mma_m16n8k16_bf16(o[rt][n + 1], p[rt], b1, o[rt][n + 1]);
+                }
             }
         }
     };
@@ -272,10 +324,11 @@ __global__ void __launch_bounds__(kMmaAttentionThreads, 1)
         const int k0 = kt * Bc;
         cp_async_wait<0>();  // this thread's copies of tile kt (and Q) have landed
         __syncthreads();     // ... and everyone's; and everyone is done with tile kt − 1's buffer
-        if (kt == first) {
-            for (int c = 0; c < KC; ++c)
-                ldmatrix_x4(qf[c], Qs + (16 * warp + lane % 16) * ld + c * 16 + 8 * (lane / 16));
-            __syncthreads();  // Q is in every warp's registers: its buffer may be refilled
+        if constexpr (!kQShared) {
+            if (kt == first) {
+                for (int c = 0; c < KC; ++c) ldmatrix_x4(qf[c], q_lane + c * 16);
+                __syncthreads();  // Q is in every warp's registers: its buffer may be refilled
+            }
         }
         if (kt < last) {  // the next tile into the other buffer, in flight while this one is used
             mma_attention_load_tile<HD, Bc>(Ks + (Bc * ld - buf_off), k, stride, k0 + Bc, T_len);
@@ -295,28 +348,33 @@ __global__ void __launch_bounds__(kMmaAttentionThreads, 1)
             // unscaled scores) and sum, for attention_mma_forward_combine_kernel.
             const long long rows = (long long)B * H, row = (long long)b * H + h;
             float* stats = attention_mma_forward_stats(partial, rows, row, partial_slots, slot, HD);
-            attention_mma_store_partial<HD>(attention_mma_partial_tile<HD>(partial, 0, rows, row, partial_slots, slot),
-                                            16 * warp, T_len - q0, o);
-            for (int half = 0; half < 2; ++half) {
-                const float total = mma_row_sum(l[half]);
-                const int r = 16 * warp + g + 8 * half;
-                if (t4 == 0 && q0 + r < T_len) stats[r] = m[half], stats[Br + r] = total;
+            for (int rt = 0; rt < RT; ++rt) {
+                attention_mma_store_partial<HD>(
+                    attention_mma_partial_tile<HD>(partial, 0, rows, row, partial_slots, slot), WR * warp + 16 * rt,
+                    T_len - q0, o[rt]);
+                for (int half = 0; half < 2; ++half) {
+                    const float total = mma_row_sum(l[rt][half]);
+                    const int r = WR * warp + 16 * rt + g + 8 * half;
+                    if (t4 == 0 && q0 + r < T_len) stats[r] = m[rt][half], stats[Br + r] = total;
+                }
             }
             return;
         }
     }
-    for (int half = 0; half < 2; ++half) {
-        const float total = mma_row_sum(l[half]);  // ≥ 1: every row sees itself
-        const int i = q0 + 16 * warp + g + 8 * half;
-        if (i >= T_len) continue;
-        const float inv = 1.0f / total;
-        bf16* o_row = out + ((long long)b * T_len + i) * H * HD + (long long)h * HD;
-        for (int n = 0; n < NT; ++n)
-            *reinterpret_cast<uint32_t*>(o_row + 8 * n + 2 * t4) =
-                pack_bf16x2(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
-        if (t4 == 0)
-            lse[((long long)b * H + h) * T_len + i] = 0.6931471805599453f * (m[half] * scale_log2 + log2f(total));
-    }
+    for (int rt = 0; rt < RT; ++rt)
+        for (int half = 0; half < 2; ++half) {
+            const float total = mma_row_sum(l[rt][half]);  // ≥ 1: every row sees itself
+            const int i = q0 + WR * warp + 16 * rt + g + 8 * half;
+            if (i >= T_len) continue;
+            const float inv = 1.0f / total;
+            bf16* o_row = out + ((long long)b * T_len + i) * H * HD + (long long)h * HD;
+            for (int n = 0; n < NT; ++n)
+                *reinterpret_cast<uint32_t*>(o_row + 8 * n + 2 * t4) =
+                    pack_bf16x2(o[rt][n][2 * half] * inv, o[rt][n][2 * half + 1] * inv);
+            if (t4 == 0)
+                lse[((long long)b * H + h) * T_len + i] =
+                    0.6931471805599453f * (m[rt][half] * scale_log2 + log2f(total));
+        }
 }
 
 // The split forward's query tiles (attention_mma_blocks.h): block (z, head, batch) merges query tile
@@ -397,8 +455,8 @@ void attention_mma_forward_launch(const __nv_bfloat16* qkv, const int* positions
     }
     const dim3 blocks(unsigned(grid.blocks * H * B));
     if (segment_steps > 0) {
-        launch(attention_mma_forward_kernel<HD, 0, true>, blocks, dim3(kMmaAttentionThreads), smem, stream, qkv,
-               positions, out, lse, T_len, H, Hkv, B, segment_steps, partial, int(grid.partial_slots));
+        launch(attention_mma_forward_kernel<HD, 0, true>, blocks, dim3(MmaAttentionForwardConfig<HD>::kThreads), smem,
+               stream, qkv, positions, out, lse, T_len, H, Hkv, B, segment_steps, partial, int(grid.partial_slots));
         CUDA_CHECK_LAUNCH();
         if (grid.partial_slots > 0) {
             launch(attention_mma_forward_combine_kernel<HD>, dim3(unsigned(grid.split_tiles), H, B),
@@ -408,8 +466,8 @@ void attention_mma_forward_launch(const __nv_bfloat16* qkv, const int* positions
         }
         return;
     }
-    launch(attention_mma_forward_kernel<HD>, blocks, dim3(kMmaAttentionThreads), smem, stream, qkv, positions, out, lse,
-           T_len, H, Hkv, B, 0, static_cast<float*>(nullptr), 0);
+    launch(attention_mma_forward_kernel<HD>, blocks, dim3(MmaAttentionForwardConfig<HD>::kThreads), smem, stream, qkv,
+           positions, out, lse, T_len, H, Hkv, B, 0, static_cast<float*>(nullptr), 0);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -115,16 +115,24 @@ constexpr double kIssuePerClock = 4;  // four schedulers per SM, one warp instru
 // The attention kernels of the one measurement (attention_issue_efficiency): their registers per
 // thread, from ptxas (nvcc 13, sm_90) on 1a887b9's kernels_bench.cu.
 constexpr int kMeasuredForwardRegisters = 186, kMeasuredDkvRegisters = 166, kMeasuredDqRegisters = 134;
+// Its forward's block: 4 warps of 16 rows, Q staged in a V buffer (two K and two V tiles at hd 64);
+// its dK/dV and dQ blocks were today's.
+constexpr size_t kMeasuredForwardShared = 4 * attention_mma_tile_bytes(64) + kAttentionMmaTile * sizeof(int);
+cost::AttentionBlock measured_block(const std::string& kernel) {
+    return kernel == "forward" ? cost::AttentionBlock{kAttentionMmaThreads, kMeasuredForwardShared}
+                               : cost::attention_block(kernel, 64);
+}
 // The fewest warps an SM held in that measurement (the forward's 2 blocks of 4): the efficiency
 // calibrated there holds from that many warps up.
 int calibrated_warps_per_sm() {
     static const int warps = [] {
         const SmLimits h100;
-        const int blocks = std::min(
-            {resident_blocks(h100, kAttentionMmaThreads, kMeasuredForwardRegisters,
-                             attention_mma_forward_smem_bytes(64)),
-             resident_blocks(h100, kAttentionMmaThreads, kMeasuredDkvRegisters, attention_mma_dkv_smem_bytes(64)),
-             resident_blocks(h100, kAttentionMmaThreads, kMeasuredDqRegisters, attention_mma_dq_smem_bytes(64))});
+        const auto resident = [&](const char* kernel, int registers) {
+            const cost::AttentionBlock b = measured_block(kernel);
+            return resident_blocks(h100, b.threads, registers, b.shared);
+        };
+        const int blocks = std::min({resident("forward", kMeasuredForwardRegisters),
+                                     resident("dkv", kMeasuredDkvRegisters), resident("dq", kMeasuredDqRegisters)});
         return blocks * kAttentionMmaThreads / 32;
     }();
     return warps;
@@ -245,7 +253,7 @@ double attention_tile_pairs(int T) {
     return n * (n + 1) / 2;
 }
 // The tensor-core attention kernels' blocks at this shape, in launch order (heaviest first), each
-// block's 4 warps running the tile loop once per 64×64 tile pair the block walks: the forward and dQ
+// block's warps running the tile loop once per 64×64 tile pair the block walks: the forward and dQ
 // a block per (query tile, head, batch), over the key tiles up to the diagonal; dK/dV a block per
 // (key tile, KV head, batch), over its G = H/Hkv query heads' query tiles from the diagonal on. Where
 // the shape splits a kernel's tiles (attention_mma_dkv_segment_steps, attention_mma_query_segment_steps)
@@ -255,11 +263,10 @@ double attention_tile_pairs(int T) {
 // masked tiles, not priced).
 // Every block of one z index does the same work.
 std::vector<BlockRun> attention_blocks(const char* kernel, int B, int T, int H, int Hkv, int hd, int interior,
-                                       int masked, int segment_steps) {
+                                       int masked, int segment_steps, int warps) {
     if (interior <= 0 || masked <= 0)
-        throw std::invalid_argument(std::string("step cost: no tensor-core attention ") + kernel + " kernel at head dim " +
-                                    std::to_string(hd) + " in model/attention_sass.h");
-    constexpr double kWarps = kAttentionMmaThreads / 32;
+        throw std::invalid_argument(std::string("step cost: no tensor-core attention ") + kernel +
+                                    " kernel at head dim " + std::to_string(hd) + " in model/attention_sass.h");
     const int n = attention_mma_tiles(T);
     const std::string name = kernel;
     const bool dkv = name.starts_with("dkv");
@@ -278,7 +285,7 @@ std::vector<BlockRun> attention_blocks(const char* kernel, int B, int T, int H, 
             const int first = L ? segment * L : 0, count = L ? std::min(L, all - first) : all;
             int diagonal = 0;  // dK/dV: steps that are a head's first query tile; else the last key tile
             for (int i = first; i < first + count; ++i) diagonal += dkv ? i % pairs == 0 : i == pairs - 1;
-            grid.push_back({rows, kWarps * (double(count - diagonal) * interior + double(diagonal) * masked)});
+            grid.push_back({rows, warps * (double(count - diagonal) * interior + double(diagonal) * masked)});
         }
     }
     return grid;
@@ -313,20 +320,26 @@ void add_partials_kernel(std::vector<KernelCost>& k, size_t at, const SplitBytes
 
 }  // namespace
 
+AttentionBlock attention_block(const std::string& kernel, int hd) {
+    // (the split instantiations take the same block)
+    if (kernel == "forward") return {attention_mma_forward_threads(hd), attention_mma_forward_smem_bytes(hd)};
+    return {kAttentionMmaThreads, kernel == "dkv" ? attention_mma_dkv_smem_bytes(hd)
+                                  : kernel == "dkv-swizzled"
+                                      ? attention_mma_dkv_smem_bytes(hd, AttentionMmaRows::swizzled)
+                                      : attention_mma_dq_smem_bytes(hd)};
+}
+
 // The issue-bound part of a tensor-core attention kernel's cost: its blocks, their instructions
 // and the registers and shared memory a block takes.
 void set_attention_issue(KernelCost& k, const char* kernel, int B, int T, int H, int Hkv, int hd, int interior,
-                         int masked, int registers, int segment_steps) {
-    k.blocks = attention_blocks(kernel, B, T, H, Hkv, hd, interior, masked, segment_steps);
+                         int masked, int registers, int segment_steps, AttentionBlock block) {
+    if (block.threads == 0) block = attention_block(kernel, hd);
+    k.blocks = attention_blocks(kernel, B, T, H, Hkv, hd, interior, masked, segment_steps, block.threads / 32);
     k.warp_instructions = 0;
     for (const BlockRun& r : k.blocks) k.warp_instructions += double(r.blocks) * r.work;
-    k.block_threads = kAttentionMmaThreads;
+    k.block_threads = block.threads;
     k.block_registers = registers;
-    const std::string name = kernel;  // (the split instantiations take the same shared memory)
-    k.block_shared = name == "forward"        ? attention_mma_forward_smem_bytes(hd)
-                     : name == "dkv"          ? attention_mma_dkv_smem_bytes(hd)
-                     : name == "dkv-swizzled" ? attention_mma_dkv_smem_bytes(hd, AttentionMmaRows::swizzled)
-                                              : attention_mma_dq_smem_bytes(hd);
+    k.block_shared = block.shared;
 }
 namespace {
 // Today's kernels in the SASS for sass_arch (model/attention_sass.h).
@@ -455,8 +468,8 @@ std::vector<KernelCost> cross_entropy_sum(long long N, int a) {
 // H100, 33-66 MB at that width) about fill its 50 MB, so the DRAM bytes are counted once.
 std::vector<KernelCost> cross_entropy_loss_and_gradient(long long N, int V, int t, int a) {
     const double nv = double(N) * V;
-    return {kernel("cross_entropy_loss_and_gradient_kernel", "cross-entropy: loss and gradient",
-                   nv * t + double(N) * 4, nv * t + double(N) * 3 * a, 9 * nv, kVector)};
+    return {kernel("cross_entropy_loss_and_gradient_kernel", "cross-entropy: loss and gradient", nv * t + double(N) * 4,
+                   nv * t + double(N) * 3 * a, 9 * nv, kVector)};
 }
 // Vocabulary-parallel over `ranks` (a rank's V columns): cross_entropy_partial_kernel reads them
 // and the targets and writes a partial (max, sum, target logit) per row; after the all-gather,
@@ -464,8 +477,8 @@ std::vector<KernelCost> cross_entropy_loss_and_gradient(long long N, int V, int 
 // (max, sum) pair per row (the sum kernel after the last chunk is cross_entropy_sum).
 std::vector<KernelCost> cross_entropy_vocabulary_parallel_rows(long long N, int V, int ranks, int t, int a) {
     const double nv = double(N) * V;
-    return {kernel("cross_entropy_partial_kernel", "cross-entropy: partials", nv * t + double(N) * 4,
-                   double(N) * 3 * a, 4 * nv, kVector),
+    return {kernel("cross_entropy_partial_kernel", "cross-entropy: partials", nv * t + double(N) * 4, double(N) * 3 * a,
+                   4 * nv, kVector),
             kernel("cross_entropy_merge_kernel", "cross-entropy: merge", double(N) * (3.0 * a * ranks + 4),
                    double(N) * 3 * a, 6.0 * N * ranks, kScalar)};
 }
@@ -580,7 +593,8 @@ IssueEfficiency attention_issue_efficiency() {
             k.kernel = kernel;
             k.issue_efficiency = 1.0;
             cost::set_attention_issue(k, kernel, B, T, H, Hkv, hd, trip, trip, registers,
-                                      0);  // (one block a key tile then)
+                                      0,  // (one block a key tile then)
+                                      measured_block(kernel));
             return issue_seconds(k);
         };
         const double forward = full_rate("forward", kForward, kMeasuredForwardRegisters);
@@ -829,7 +843,8 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set, const De
         for (int j = 0; j < kLoraLinears; ++j) {
             const LoraLinearShape& a = shapes[size_t(j)];
             if (a.parts.empty()) continue;
-            const double whole = column_parallel(j) ? double(a.a_rows(s.lora.rank)) * a.in : double(a.b_rows()) * s.lora.rank;
+            const double whole =
+                column_parallel(j) ? double(a.a_rows(s.lora.rank)) * a.in : double(a.b_rows()) * s.lora.rank;
             append(k, cost::memset(whole * t, "tensor parallelism: adapter gradient share zeroed"), layers);
             append(k, cost::add((long long)whole, t, kShareAdded), layers);
         }
@@ -904,8 +919,9 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set, const De
 PhaseSeconds predict_phases(const StepShape& s, KernelSet set, const Device& d) {
     PhaseSeconds p;
     for (const KernelCost& k : step_kernels(s, set, d))
-        (k.phase == StepPhase::forward ? p.forward : k.phase == StepPhase::backward ? p.backward : p.update) +=
-            predicted_seconds(k, d) * k.count;
+        (k.phase == StepPhase::forward    ? p.forward
+         : k.phase == StepPhase::backward ? p.backward
+                                          : p.update) += predicted_seconds(k, d) * k.count;
     return p;
 }
 

@@ -66,7 +66,7 @@ struct KernelCost {
     int block_threads = 0, block_registers = 0;
     size_t block_shared = 0;
     std::vector<BlockRun> blocks;
-    double count = 1;  // launches of it per step with these figures
+    double count = 1;                      // launches of it per step with these figures
     StepPhase phase = StepPhase::forward;  // set by step_kernels
     double bytes() const { return read_bytes + written_bytes; }
 };
@@ -156,17 +156,26 @@ std::vector<KernelCost> add(long long n, int t, const std::string& op = "residua
 // sass_arch (Device::sass_arch).
 std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions,
                                           int sass_arch = 90);
+// A tensor-core attention kernel's block as launched: its threads (every warp runs the tile loop
+// once per 64×64 tile pair the block walks) and dynamic shared memory; threads 0: today's kernel's
+// at that head dim (kernels/attention_mma_blocks.h: the forward 2 warps of 32 rows at hd 64, else 4
+// of 16).
+struct AttentionBlock {
+    int threads = 0;
+    size_t shared = 0;
+};
+AttentionBlock attention_block(const std::string& kernel, int hd);
 // Sets k's issue-bound figures for a tensor-core attention kernel ("forward", "dkv", "dkv-swizzled",
 // "dq": model/attention_sass.h) at this
-// shape: its blocks in launch order, heaviest first (4 warps each, each running the tile loop once
-// per 64×64 tile pair the block walks, `interior` instructions a trip and `masked` for the
-// diagonal's), `registers` per thread and the kernel's shared memory per block. attention_forward
-// and attention_backward pass today's kernels' counts (model/attention_sass.h); the calibration
-// passes those of the kernels it measured. The kernels' blocks are their tiles' segments
+// shape: its blocks in launch order, heaviest first (`block.threads` / 32 warps each, each running the
+// tile loop once per 64×64 tile pair the block walks, `interior` instructions a trip and `masked` for
+// the diagonal's), `registers` per thread and the block's shared memory. attention_forward
+// and attention_backward pass today's kernels' counts (model/attention_sass.h) and blocks; the
+// calibration passes those of the kernels it measured. The kernels' blocks are their tiles' segments
 // of at most segment_steps steps (0: one block a tile; −1: the shape's split,
 // attention_mma_dkv_segment_steps or attention_mma_query_segment_steps).
 void set_attention_issue(KernelCost& k, const char* kernel, int B, int T, int H, int Hkv, int hd, int interior,
-                         int masked, int registers, int segment_steps = -1);
+                         int masked, int registers, int segment_steps = -1, AttentionBlock block = {});
 // The CUDA-core forward.
 std::vector<KernelCost> attention_forward_cuda_cores(int B, int T, int H, int Hkv, int hd, int t, int a,
                                                      bool positions);

@@ -111,18 +111,20 @@ TEST_CASE("step cost: a tensor-parallel rank computes its slices, the head's too
         if (k.op == "tensor parallelism: gradient share added") kv_added += k.written_bytes * k.count;
         if (k.kernel.find("adamw") != std::string::npos) update += k.count;
     }
-    CHECK(zeroed == 2 * 2 * (2 * 6) * 8 * 2);  // per block and micro-batch the whole model's 12 kv rows × 8, bf16
+    CHECK(zeroed == 2 * 2 * (2 * 6) * 8 * 2);    // per block and micro-batch the whole model's 12 kv rows × 8, bf16
     CHECK(kv_added == 2 * (6 * 8) * 2 * 2 * 2);  // its k and v rows (6 × 8 each), per block and micro-batch
     CHECK(update == 2 + 2);  // one AdamW per unit: the blocks, the embedding, the head (its final norm)
     CHECK(merges == 2);      // one per micro-batch
     CHECK(logits_read == 2 * (15 * 5 * 2 + 15 * 4));  // its 15 rows × 5 columns of bf16 logits and the targets
-    const pv::StepPrediction p1 = pv::predict_step(one, pv::KernelSet::now), p2 = pv::predict_step(two, pv::KernelSet::now);
+    const pv::StepPrediction p1 = pv::predict_step(one, pv::KernelSet::now),
+                             p2 = pv::predict_step(two, pv::KernelSet::now);
     CHECK(p2.model_flops == Approx(p1.model_flops / 2).epsilon(1e-12));
 
     two.lora.rank = 4;
     two.lora.targets = {"q_proj", "v_proj", "down_proj"};
     const double adapter_dims = (8 + 6) + (8 + 6) + (6 + 8);
-    CHECK(sums(two).gemm_flops == Approx(4 * (2 * slice + head) * tokens + 6 * 4 * adapter_dims * 2 * tokens).epsilon(1e-12));
+    CHECK(sums(two).gemm_flops ==
+          Approx(4 * (2 * slice + head) * tokens + 6 * 4 * adapter_dims * 2 * tokens).epsilon(1e-12));
     // Each micro-batch and block: the whole A of q/v (2·4 × 8) and B of down (8 × 4) zeroed, bf16.
     double shares = 0;
     for (const pv::KernelCost& k : pv::step_kernels(two, pv::KernelSet::now))
@@ -308,8 +310,8 @@ TEST_CASE("step cost: the RTX 6000 Ada's figures", "[step_cost]") {
 // The SASS table (model/attention_sass.h, from bench/attention_sass.py) against the kernels'
 // structure, counted from their source: per warp and tile-loop trip the forward does S = Q·Kᵀ
 // (16 rows × 64 keys × hd: 8 n-tiles × hd/16 k-steps of m16n8k16) and P·V with P in one bf16
-// (hd/8 n-tiles × 4 k-steps): hd HMMA; dK/dV over its tile's four 16-row chunks S, dP (hd/4 each),
-// dV and dK (hd/8 each): 2·hd (with swizzled rows too); dQ S, dP and dQ: 1.5·hd. And every
+// (hd/8 n-tiles × 4 k-steps): hd HMMA for each 16 rows of the warp (32 at hd 64, 16 at 128);
+// dK/dV over its tile's four 16-row chunks S, dP (hd/4 each), dV and dK (hd/8 each): 2·hd (with swizzled rows too); dQ S, dP and dQ: 1.5·hd. And every
 // head dim the dispatch sends to tensor cores is listed: the forward at 64 and 128, the backward
 // at the multiples of 16 from 32 to 128, its swizzled dK/dV at 128 (kernels/attention.cuh,
 // attention_mma_backward.cuh).
@@ -319,7 +321,7 @@ TEST_CASE("step cost: the attention SASS table covers the dispatch's head dims, 
     for (const pv::AttentionTileSass& a : pv::kAttentionTileSass) {
         INFO("sm_" << a.sass_arch << " " << a.kernel << " hd " << a.head_dim);
         const std::string k = a.kernel;
-        const double hmma_per_hd = k == "forward" ? 1.0 : k.starts_with("dkv") ? 2.0 : 1.5;
+        const double hmma_per_hd = k == "forward" ? (a.head_dim == 64 ? 2.0 : 1.0) : k.starts_with("dkv") ? 2.0 : 1.5;
         CHECK(a.hmma == hmma_per_hd * a.head_dim);
         CHECK(a.instructions > a.hmma);
         CHECK(a.registers > 0);
@@ -387,7 +389,11 @@ TEST_CASE("step cost: the attention issue efficiencies reproduce the measurement
         pv::KernelCost k;
         k.kernel = kernel;
         k.issue_efficiency = efficiency;
-        pv::cost::set_attention_issue(k, kernel, 4, 2048, 32, 8, 64, trip, trip, registers);
+        // Their blocks: 4 warps each; the forward's shared memory two K and two V tiles of 64 rows of
+        // 72 bf16 and 64 ints (dK/dV's and dQ's blocks are today's).
+        const size_t shared =
+            std::string(kernel) == "forward" ? 4 * 64 * 72 * 2 + 64 * 4 : pv::cost::attention_block(kernel, 64).shared;
+        pv::cost::set_attention_issue(k, kernel, 4, 2048, 32, 8, 64, trip, trip, registers, -1, {128, shared});
         CHECK(k.warp_instructions == trips * trip);
         return pv::issue_seconds(k);
     };
@@ -459,7 +465,8 @@ TEST_CASE("step cost: a grid's dispatch", "[step_cost]") {
 
 // The dispatch of an attention grid, worked by hand: at B 1, T 128, one head, the forward has two
 // blocks (query tiles 1 and 0, the heavier first), one on each of two SMs, so the time is the
-// heavier block's — 4 warps through one interior and one masked trip — alone on its SM.
+// heavier block's — at hd 64 2 warps (of 32 rows) through one interior and one masked trip — alone
+// on its SM.
 TEST_CASE("step cost: an attention grid's blocks and their time", "[step_cost]") {
     const pv::IssueEfficiency e = pv::attention_issue_efficiency();
     const pv::KernelCost f = pv::cost::attention_forward(1, 128, 1, 1, 64, 2, 4, false).front();
@@ -467,13 +474,19 @@ TEST_CASE("step cost: an attention grid's blocks and their time", "[step_cost]")
     const int I = pv::attention_tile_instructions("forward", 64),
               M = pv::attention_tile_instructions("forward", 64, true);
     CHECK(f.blocks[0].blocks == 1);
-    CHECK(f.blocks[0].work == 4.0 * (I + M));
-    CHECK(f.blocks[1].work == 4.0 * M);
-    CHECK(f.block_threads == 128);
+    CHECK(f.blocks[0].work == 2.0 * (I + M));
+    CHECK(f.blocks[1].work == 2.0 * M);
+    CHECK(f.block_threads == 64);
     CHECK(f.block_registers == pv::attention_kernel_registers("forward", 64));
-    CHECK(f.block_shared == 4 * 64 * 72 * 2 + 64 * 4);
-    // Each block alone on its SM: 4 warps, half the 8 the efficiency was measured at.
-    CHECK(pv::issue_seconds(f) == Approx(4.0 * (I + M) / (4 * 1.98e9 * e.forward * 0.5)).epsilon(1e-12));
+    // Two K, two V and a Q tile of 64 rows of 72 bf16, and 64 ints.
+    CHECK(f.block_shared == 5 * 64 * 72 * 2 + 64 * 4);
+    // Each block alone on its SM: 2 warps, a quarter of the 8 the efficiency was measured at.
+    CHECK(pv::issue_seconds(f) == Approx(2.0 * (I + M) / (4 * 1.98e9 * e.forward * 0.25)).epsilon(1e-12));
+    // At hd 128 4 warps of 16 rows, Q staged in a V buffer.
+    const pv::KernelCost f128 = pv::cost::attention_forward(1, 128, 1, 1, 128, 2, 4, false).front();
+    CHECK(f128.blocks[1].work == 4.0 * pv::attention_tile_instructions("forward", 128, true));
+    CHECK(f128.block_threads == 128);
+    CHECK(f128.block_shared == 4 * 64 * 136 * 2 + 64 * 4);
     // dK/dV: a block per (key tile, KV head, batch), each over the G query heads of its KV head.
     const auto b = pv::cost::attention_backward(2, 128, 4, 2, 64, 2, 4, false);
     const int Ik = pv::attention_tile_instructions("dkv", 64), Mk = pv::attention_tile_instructions("dkv", 64, true);
@@ -633,13 +646,15 @@ TEST_CASE("step cost: a small grid's tiles split into segments, priced block by 
 // Today's kernels are priced by their own instructions: the forward's time at the 1B shape is its
 // table entry's instructions over the issue rate (issue, not bytes or the tensor peak, binds), so
 // fewer instructions per trip predict proportionally less time. Per (batch, head) the n diagonal
-// tile pairs run the masked body and the other n(n−1)/2 the interior one (each by 4 warps).
+// tile pairs run the masked body and the other n(n−1)/2 the interior one (each by 4 warps; the
+// forward's by 2 at hd 64, each trip 32 rows).
 TEST_CASE("step cost: a tensor-core attention kernel's time follows its SASS instructions", "[step_cost]") {
     const pv::IssueEfficiency e = pv::attention_issue_efficiency();
     const double n = 2048 / 64, interior_trips = 4 * n * (n - 1) / 2 * 4 * 32, diagonal_trips = 4 * n * 4 * 32;
     const auto trips = [&](const char* kernel) {
-        return interior_trips * pv::attention_tile_instructions(kernel, 64) +
-               diagonal_trips * pv::attention_tile_instructions(kernel, 64, true);
+        const double warps = std::string(kernel) == "forward" ? 0.5 : 1.0;  // of 4
+        return warps * (interior_trips * pv::attention_tile_instructions(kernel, 64) +
+                        diagonal_trips * pv::attention_tile_instructions(kernel, 64, true));
     };
     const pv::KernelCost f = pv::cost::attention_forward(4, 2048, 32, 8, 64, 2, 4, false).front();
     CHECK(f.warp_instructions == trips("forward"));
