@@ -43,12 +43,12 @@ SMS, CLOCK_HZ, ISSUE_PER_CLOCK = 132, 1.98e9, 4  # H100 SXM: SMs, boost clock, s
 TILE = 64  # rows of a tile: the keys (queries) a trip walks
 
 
-def warp_rows(kind, hd):
-    """The rows of its block's 64-row tile a warp owns: the forward's 2 warps 32 each at hd 64
-    (kernels/attention_mma_blocks.h attention_mma_forward_row_tiles), else 4 warps of 16."""
-    return 32 if kind == "forward" and hd == 64 else 16
+def warp_rows(kind):
+    """The rows of its block's 64-row tile a warp owns: 32 in the forward with two row tiles a warp
+    (2 warps; kernels/attention_mma_blocks.h attention_mma_forward_row_tiles), else 16 (4 warps)."""
+    return 32 if kind == "forward-32rows" else 16
 INNER_TRIPS = {"dkv": TILE // 16, "dkv-swizzled": TILE // 16, "dq": TILE // 16}
-KINDS = ["forward", "dkv", "dkv-swizzled", "dq"]
+KINDS = ["forward", "forward-32rows", "dkv", "dkv-swizzled", "dq"]
 
 # Instruction classes, by the opcode's first component (HMMA.16816.F32.BF16 -> HMMA).
 CLASSES = OrderedDict([
@@ -143,17 +143,18 @@ def tile_loop_counts(name, code, inner_trips):
 
 
 def demangled_kind(name):
-    """(kind, head dim, path) of a mangled attention kernel name, or None. The kind is 'forward', 'dkv',
-    'dkv-swizzled' (the dK/dV kernel with swizzled shared rows: its third template argument,
+    """(kind, head dim, path) of a mangled attention kernel name, or None. The kind is 'forward',
+    'forward-32rows' (the forward whose warps own two 16-row tiles: its fourth template argument, 2),
+    'dkv', 'dkv-swizzled' (the dK/dV kernel with swizzled shared rows: its third template argument,
     AttentionMmaRows, 1) or 'dq'. kSplit (the dK/dV kernel's fourth template argument, dQ's third:
     its tiles split into segments) changes the block's first and last steps, not its tile loop: both
     instantiations are one kind (the single-body variants are unsplit; the registers recorded are the
     more of the two)."""
     m = re.match(r"_ZN2pv(?:\d+)attention_mma_(forward|dkv|dq)_kernelILi(\d+)ELi(\d)E"
-                 r"(?:LNS_16AttentionMmaRowsE(\d)E)?(?:Lb[01]E)?E", name)
+                 r"(?:LNS_16AttentionMmaRowsE(\d)E)?(?:Lb[01]E)?(?:Li(\d)E)?E", name)
     if not m:
         return None
-    kind = m.group(1) + ("-swizzled" if m.group(4) == "1" else "")
+    kind = m.group(1) + ("-swizzled" if m.group(4) == "1" else "") + ("-32rows" if m.group(5) == "2" else "")
     return kind, int(m.group(2)), int(m.group(3))
 
 
@@ -170,9 +171,9 @@ HEADER = """\
 // the sm_86/sm_89 GPUs, such as the RTX 4090, L40S and RTX 6000 Ada: the CUDA build ships sm_80 and
 // sm_90 code), tensor-core attention kernel (attention_mma_{forward,dkv,dq}_kernel; "dkv-swizzled":
 // the dK/dV kernel with swizzled shared rows) and head dim: the instructions one warp issues per
-// trip of its tile loop (a 64-key tile of its query rows in the forward, 32 at hd 64 and 16 at 128;
-// a 64 x 64 tile pair in the backward kernels, their loop over the tile's four 16-row chunks
-// expanded) and the HMMA among
+// trip of its tile loop (a 64-key tile of its 16 query rows in the forward, 32 in "forward-32rows",
+// whose warps own two 16-row tiles; a 64 x 64 tile pair in the backward kernels, their loop over the
+// tile's four 16-row chunks expanded) and the HMMA among
 // them: through the body for tiles every row of the warp sees whole (interior), and through the
 // one with masks (a diagonal or document-boundary tile), and the registers per thread of the
 // instantiation programs run (ptxas; of the split and unsplit ones, kSplit, the more of the two:
@@ -185,7 +186,8 @@ namespace pv {
 
 struct AttentionTileSass {
     int sass_arch;       // 90 (sm_90) or 80 (sm_80)
-    const char* kernel;  // "forward", "dkv", "dkv-swizzled" (the dK/dV kernel, rows swizzled) or "dq"
+    const char* kernel;  // "forward", "forward-32rows" (the forward, warps of 32 rows), "dkv",
+                         // "dkv-swizzled" (the dK/dV kernel, rows swizzled) or "dq"
     int head_dim;
     int instructions;         // per warp and tile-loop trip, an interior tile
     int masked_instructions;  // per warp and tile-loop trip, a tile with masks
@@ -290,11 +292,11 @@ def main():
             out.write(header_text(table, registers, compiler))
     slots = SMS * ISSUE_PER_CLOCK * CLOCK_HZ  # warp instructions per second, the whole GPU
     columns = list(CLASSES) + ["other"]
-    print("Tensor-core attention, per warp and tile-loop trip (the forward: 32 query rows at hd 64, 16 at 128, x 64 keys; "
+    print("Tensor-core attention, per warp and tile-loop trip (the forward: 16 query rows x 64 keys, 32 in forward-32rows; "
           "dK/dV: 16 keys x 64 queries; dQ: 16 queries x 64 keys), through the interior tiles' body and the "
           "masked tiles' (single-body instantiations); the issue ceiling is the interior tiles' on an H100 "
           "(sm_90 SASS):")
-    print(f"{'sass':<6} {'kernel':<12} {'tile':<8} {'hd':>4} {'instr':>6} {'instr/HMMA':>10}  "
+    print(f"{'sass':<6} {'kernel':<14} {'tile':<8} {'hd':>4} {'instr':>6} {'instr/HMMA':>10}  "
           + " ".join(f"{c:>7}" for c in columns) + "  issue ceiling")
     for arch in sorted(sass, reverse=True):
         for hd in sorted({hd for a, _, hd in table if a == arch}):
@@ -304,16 +306,16 @@ def main():
                 interior, masked = table[(arch, kind, hd)]
                 for path, c in (("interior", interior), ("masked", masked)):
                     total = sum(c.values())
-                    useful = warp_rows(kind, hd) * TILE * (4 if kind == "forward" else 10) * hd  # FLOPs of the warp's share
+                    useful = warp_rows(kind) * TILE * (4 if kind.startswith("forward") else 10) * hd  # FLOPs of the warp's share
                     ceiling = ""
                     if path == "masked" or arch != 90:
                         pass
-                    elif kind == "forward":
+                    elif kind.startswith("forward"):
                         ceiling = f"{slots * useful / total / 1e12:6.0f} TF/s"
                     elif kind == "dq" and (arch, "dkv", hd) in table:  # the backward: both kernels per tile pair
                         both = total + sum(table[(arch, "dkv", hd)][0].values())
                         ceiling = f"{slots * useful / both / 1e12:6.0f} TF/s (dK/dV + dQ)"
-                    print(f"sm_{arch:<3} {kind:<12} {path:<8} {hd:>4} {total:>6} "
+                    print(f"sm_{arch:<3} {kind:<14} {path:<8} {hd:>4} {total:>6} "
                           f"{total / c['HMMA']:>10.2f}  " + " ".join(f"{c[col]:>7}" for col in columns) + "  " +
                           ceiling)
 

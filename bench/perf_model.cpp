@@ -113,10 +113,12 @@ int main(int argc, char** argv) {
     std::printf(
         "\nThe tensor-core attention kernels are also priced by instruction issue: the instructions their "
         "warps issue (model/attention_sass.h: per warp and tile at hd 64, forward %d (%d on the diagonal, "
-        "with masks), dK/dV %d (%d), dQ %d (%d)), their grids dispatched block by block on %d SMs (blocks per "
+        "with masks; on an H100 its warps own 32 rows: %d (%d)), dK/dV %d (%d), dQ %d (%d)), their grids "
+        "dispatched block by block on %d SMs (blocks per "
         "SM from ptxas's registers) that each issue 4 per clock x %.2f GHz x an issue efficiency of "
         "%.3f forward, %.3f backward (%s).\n",
         attention_tile_instructions("forward", 64), attention_tile_instructions("forward", 64, true),
+        attention_tile_instructions("forward-32rows", 64), attention_tile_instructions("forward-32rows", 64, true),
         attention_tile_instructions("dkv", 64), attention_tile_instructions("dkv", 64, true),
         attention_tile_instructions("dq", 64), attention_tile_instructions("dq", 64, true), d.sms, d.clock_hz / 1e9,
         issue.forward, issue.backward, issue.source);
@@ -214,7 +216,7 @@ int main(int argc, char** argv) {
                             predicted_seconds(kernel) * 1e3, merge ? predicted_seconds(*merge) * 1e3 : 0.0,
                             merge ? merge->read_bytes / 1e6 : 0.0);
             };
-            row("forward", "forward", forward[0], split.dq, split.dq ? &forward[1] : nullptr);
+            row(cost::attention_forward_kind(x.hd), "forward", forward[0], split.dq, split.dq ? &forward[1] : nullptr);
             row("dkv", "dK/dV", k[1], split.dkv, split.dkv ? &k[2] : nullptr);
             const size_t dq = split.dkv ? 3 : 2;
             row("dq", "dQ", k[dq], split.dq, split.dq ? &k[dq + 1] : nullptr);

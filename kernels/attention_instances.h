@@ -28,7 +28,7 @@
 
 #define POLEVAULT_ATTENTION_MMA_FORWARD_INSTANCE(EXTERN, HD)                                                        \
     EXTERN template void attention_mma_forward_launch<HD>(const __nv_bfloat16*, const int*, __nv_bfloat16*, float*, \
-                                                          int, int, int, int, cudaStream_t, int, float*);
+                                                          int, int, int, int, cudaStream_t, int, float*, int);
 #define POLEVAULT_ATTENTION_MMA_BACKWARD_INSTANCE(EXTERN, HD)                                                         \
     EXTERN template void attention_mma_backward_launch<HD>(                                                           \
         const __nv_bfloat16*, const int*, const __nv_bfloat16*, const float*, const float*, __nv_bfloat16*, int, int, \

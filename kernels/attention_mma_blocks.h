@@ -10,7 +10,7 @@ namespace pv {
 
 inline constexpr int kAttentionMmaTile = 64;      // rows per tile, on both sides
 inline constexpr int kAttentionMmaThreads = 128;  // 4 warps, 16 rows of the block's tile each (the
-                                                  // forward at hd 64: 2 of 32, below)
+                                                  // forward on an H100 at hd 64: 2 of 32, below)
 
 // How a shared [64][hd] bf16 tile's rows lie in shared memory. The 8 rows one ldmatrix reads must
 // fall on different banks:
@@ -32,20 +32,27 @@ constexpr int attention_mma_row_elements(int hd, AttentionMmaRows rows) {
 constexpr size_t attention_mma_tile_bytes(int hd, AttentionMmaRows rows = AttentionMmaRows::padded) {
     return size_t(kAttentionMmaTile) * size_t(attention_mma_row_elements(hd, rows)) * 2;  // bf16
 }
-// The forward's warps own 32 query rows each at hd 64 (two 16-row tiles, so each K and V fragment
-// feeds two mma: 9% fewer instructions per mma than 16 rows, 2 warps a block), 16 at hd 128 (there
-// 32 rows' accumulators spill: 4 warps). Either way a block owns a 64-row query tile.
-constexpr int attention_mma_forward_row_tiles(int hd) { return hd == 64 ? 2 : 1; }
-constexpr int attention_mma_forward_threads(int hd) {
-    return kAttentionMmaThreads / attention_mma_forward_row_tiles(hd);
+// The forward: two K and two V tiles, the block's rows' window starts, and with two 16-row tiles a
+// warp (below) a Q tile the warps read their fragments from at every key tile (with one, each holds
+// its fragments in registers: Q is staged in a V buffer).
+constexpr size_t attention_mma_forward_smem_bytes(int hd, int row_tiles = 1) {
+    return (row_tiles > 1 ? 5 : 4) * attention_mma_tile_bytes(hd) + kAttentionMmaTile * sizeof(int);
 }
-// The forward: two K and two V tiles, the block's rows' window starts, and with 32 rows a warp a Q
-// tile the warps read their fragments from at every key tile (16 rows a warp hold theirs in registers:
-// Q is staged in a V buffer).
-constexpr size_t attention_mma_forward_smem_bytes(int hd) {
-    return (attention_mma_forward_row_tiles(hd) > 1 ? 5 : 4) * attention_mma_tile_bytes(hd) +
-           kAttentionMmaTile * sizeof(int);
+// The forward's block owns a 64-row query tile, its warps `row_tiles` 16-row tiles each: 4 warps of
+// 16 rows, or at hd 64 on a device whose SM holds 4 blocks of 2 warps of 32 rows (8 warps, as many
+// as the 16-row block's 2 of 4; the H100), 2 of 32 — each K and V fragment a warp loads then feeds
+// two mma, 9% fewer instructions per mma. Their 255 registers and 46,336 bytes of shared memory a
+// block leave an A100's SM 3 such blocks (6 warps) and an sm_86/sm_89 SM 2 (4 warps), too few warps
+// to hide the latencies: those keep 16 rows, as does hd 128, where 32 rows' accumulators spill. An
+// SM's shared memory is a block's opt-in limit and the 1 KiB a block reserves (228, 164, 100 KiB).
+inline constexpr size_t kAttentionMmaBlockReserve = 1024;
+constexpr int attention_mma_forward_row_tiles(int hd, size_t shared_per_block) {
+    return hd == 64 && 4 * (attention_mma_forward_smem_bytes(hd, 2) + kAttentionMmaBlockReserve) <=
+                           shared_per_block + kAttentionMmaBlockReserve
+               ? 2
+               : 1;
 }
+constexpr int attention_mma_forward_threads(int row_tiles) { return kAttentionMmaThreads / row_tiles; }
 // dK/dV: K, V, two Q and two dO tiles; two buffers of the query tile's lse, D (fp32) and window starts.
 constexpr size_t attention_mma_dkv_smem_bytes(int hd, AttentionMmaRows rows = AttentionMmaRows::padded) {
     return 6 * attention_mma_tile_bytes(hd, rows) + 2 * kAttentionMmaTile * (2 * sizeof(float) + sizeof(int));

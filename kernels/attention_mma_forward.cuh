@@ -11,13 +11,14 @@
 // Each exponential is one FFMA (c·x − c·m, c·m once per row and tile) and one MUFU.EX2 with
 // flush-to-zero (platform.h exp2_ftz): exponents are at most 0, so no subnormal range handling.
 //
-// Tiling. A block owns Br = 64 query rows of one (batch, head), its warps WR rows each: at hd 128
-// 4 warps of 16 (warp w rows q0 + 16w .. q0 + 16w + 15), at hd 64 2 warps of 32, two 16-row tiles
-// (kernels/attention_mma_blocks.h attention_mma_forward_row_tiles): each K and V fragment a warp
-// loads then feeds two mma, 677 instructions a trip for 128 HMMA where 4 warps of 16 rows issued
-// 371 for 64 (9% fewer per HMMA), at 255 registers (4 blocks, 8 warps an SM, where the 16-row block
-// held 3 of 4 warps). At hd 128 32 rows spill (their O alone is 128 registers a lane: compiled so,
-// 160 bytes of spill stores and 260 of loads). Key tiles of Bc = 64 rows stream through shared memory, K and V
+// Tiling. A block owns Br = 64 query rows of one (batch, head), its warps WR rows each: 4 warps of
+// 16 (warp w rows q0 + 16w .. q0 + 16w + 15), or (template argument RT = 2) 2 warps of 32, two
+// 16-row tiles: each K and V fragment a warp loads then feeds two mma, 677 instructions a trip for
+// 128 HMMA where 4 warps of 16 rows issue 371 for 64 (9% fewer per HMMA, sm_90), at 255 registers.
+// The launcher takes RT = 2 at hd 64 where an SM holds four such blocks, 8 warps (the H100), and
+// 16 rows elsewhere (kernels/attention_mma_blocks.h attention_mma_forward_row_tiles: an A100's SM
+// would hold 6 warps of them, an sm_86/sm_89 SM 4). At hd 128 32 rows spill (their O alone is 128
+// registers a lane: compiled so, 160 bytes of spill stores and 260 of loads). Key tiles of Bc = 64 rows stream through shared memory, K and V
 // double-buffered with cp.async: at each tile the block waits for its copies, meets at one
 // barrier (tile t has landed everywhere, and everyone is done with tile t − 1's buffer), issues
 // tile t + 1 into that buffer and computes on tile t while it lands. With one row tile Q is staged
@@ -51,9 +52,9 @@
 // result is the same bits as computing it fully masked: alpha = 1 and nothing added). A tile every
 // row of the warp sees whole (interior: causal, all but the diagonal tile) runs a body compiled
 // without masks or −∞ tests; the others (the diagonal, document boundaries, T) the masked body.
-// Per warp and tile at hd 64 (32 rows): 677 instructions interior, 914 masked on sm_90
-// (model/attention_sass.h has the counts, read from single-body instantiations: the Path template
-// argument). Heavy
+// Per warp and tile at hd 64 on sm_90: 371 instructions interior, 499 masked (16 rows); 677 and 914
+// (32 rows) (model/attention_sass.h has the counts, read from single-body instantiations: the Path
+// template argument). Heavy
 // tiles first: the grid is 1-D, query tile index descending with the block index, so the
 // blocks with the most key tiles are dispatched first and the short ones fill the tail.
 //
@@ -72,17 +73,19 @@
 // aligned (the dispatcher checks; cudaMalloc gives 256).
 //
 // Shared memory (bf16 rows padded to hd + 8 elements, 16 bytes, so the 8 rows an ldmatrix reads
-// fall in distinct banks): K [2][64][hd+8], V [2][64][hd+8], at hd 64 Q [64][hd+8] (at hd 128 Q is
-// staged in V[1]), lo [64] ints:
-//   hd 64:  46,336 bytes (under the default 48 KiB)     hd 128: 69,888 bytes (opt-in above 48 KiB)
-// 64 threads a block at hd 64, 128 at hd 128; ptxas (sm_90, nvcc 13.0; make ptxas-report): 255
-// registers at hd 64, 231 at hd 128, no local memory (the rows' windows are read from shared memory
-// in the tile loop, not held: with P in one bf16 ptxas otherwise spilled at hd 128). So 8 warps an
-// SM at either (4 blocks at hd 64, 2 at hd 128), registers the limit. __launch_bounds__ names one
-// block per SM as the minimum: told so, ptxas schedules the tile loop at hd 128 with 13 fewer
-// instructions (566 → 553, NOPs it had placed), and the blocks per SM stay as they were. The same
-// on the backward kernels cost dK/dV at hd 64 a block per SM (168 → 195 registers), so they keep
-// the default.
+// fall in distinct banks): K [2][64][hd+8], V [2][64][hd+8], with 32 rows a warp Q [64][hd+8] (with
+// 16 Q is staged in V[1]), lo [64] ints:
+//   hd 64:  37,120 bytes, 46,336 with 32 rows (under the default 48 KiB)
+//   hd 128: 69,888 bytes (opt-in above 48 KiB)
+// 128 threads a block (64 with 32 rows); ptxas (sm_90, nvcc 13.0; make ptxas-report): 168
+// registers at hd 64 (255 with 32 rows), 231 at hd 128, no local memory (the rows' windows are read
+// from shared memory in the tile loop, not held: with P in one bf16 ptxas otherwise spilled at
+// hd 128). So an H100 SM holds 12 warps at hd 64 (3 blocks; 8 with 32 rows: 4 blocks) and 8 at hd
+// 128 (2 blocks), registers the limit. __launch_bounds__ names one block per SM as the minimum:
+// told so, ptxas schedules the tile loop with 13 fewer instructions at hd 128 (566 → 553, NOPs it
+// had placed) and 5 fewer in the masked body at hd 64, and the blocks per SM stay as they were. The
+// same on the backward kernels cost dK/dV at hd 64 a block per SM (168 → 195 registers), so they
+// keep the default.
 //
 // Global memory per launch (nq = ceil(T/64) query tiles; key tiles per query tile kt_q ≤ q + 1):
 //   reads  Q: B·H·T·hd·2 bytes once; K and V: Σ_q kt_q · 64·hd·2 bytes each per (b, h), rows past
@@ -108,13 +111,15 @@ inline constexpr int kMmaAttentionBr = kAttentionMmaTile;          // query rows
 inline constexpr int kMmaAttentionBc = kAttentionMmaTile;          // key rows per tile
 inline constexpr int kMmaAttentionThreads = kAttentionMmaThreads;  // the combine kernel's block
 
-// The block at head dim HD (kernels/attention_mma_blocks.h, which the performance model reads too):
-// its warps own kRowTiles 16-row tiles of the query tile each (2 at hd 64, 1 at hd 128).
-template <int HD>
+// The block at head dim HD whose warps own RT 16-row tiles of the query tile each
+// (kernels/attention_mma_blocks.h, which the performance model reads too: 2 at hd 64 on an H100,
+// else 1).
+template <int HD, int RT = 1>
 struct MmaAttentionForwardConfig {
     static_assert(HD % 32 == 0 && HD <= 128, "head dim: a multiple of 32 up to 128");
-    static constexpr int kRowTiles = attention_mma_forward_row_tiles(HD);
-    static constexpr int kThreads = attention_mma_forward_threads(HD);
+    static_assert(RT == 1 || RT == 2, "16 or 32 rows a warp");
+    static constexpr int kRowTiles = RT;
+    static constexpr int kThreads = attention_mma_forward_threads(RT);
     static constexpr int kWarpRows = 16 * kRowTiles;
     // With two row tiles Q's fragments are read from shared memory at every key tile (held, their
     // 32 more registers spill); one row tile holds them, Q staged in V's second buffer.
@@ -125,16 +130,16 @@ struct MmaAttentionForwardConfig {
     static constexpr int kLd = HD + 8;  // shared row stride, elements
     static_assert(kLd == HD + kAttentionMmaRowPad && sizeof(__nv_bfloat16) == 2,
                   "the block attention_mma_blocks.h describes to the performance model");
-    static constexpr size_t kSmemBytes = attention_mma_forward_smem_bytes(HD);
+    static constexpr size_t kSmemBytes = attention_mma_forward_smem_bytes(HD, RT);
 };
 
 // Rows [row0, row0 + ROWS) of a [T][stride] bf16 matrix (hd = HD wide from `src`) into shared
-// dst[ROWS][HD + 8] with cp.async by the block's threads, zero-filled at or past T_len. Not committed
-// here.
-template <int HD, int ROWS>
+// dst[ROWS][HD + 8] with cp.async by the block's threads (RT as in the config), zero-filled at or
+// past T_len. Not committed here.
+template <int HD, int ROWS, int RT>
 __device__ inline void mma_attention_load_tile(__nv_bfloat16* dst, const __nv_bfloat16* src, long long stride, int row0,
                                                int T_len) {
-    using Config = MmaAttentionForwardConfig<HD>;
+    using Config = MmaAttentionForwardConfig<HD, RT>;
     cp_async_rows<HD, ROWS, Config::kLd, Config::kThreads>(dst, src, stride, row0, T_len);
 }
 
@@ -151,20 +156,20 @@ __device__ inline float mma_row_sum(float v) {
 // Grid: ceil(T/64)·H·B blocks (1-D, heaviest query tiles first; with kSplit a query tile's segments
 // of at most segment_steps key tiles, attention_mma_split_grid(n, 1, segment_steps).blocks·H·B, the
 // split tiles' partials to `partial`, partial_slots a (batch, head): attention_mma_forward_launch),
-// MmaAttentionForwardConfig<HD>::kThreads threads.
+// MmaAttentionForwardConfig<HD, RT>::kThreads threads (RT: each warp's 16-row tiles).
 // Path: 0 (what programs run) picks each tile's body; 1 and 2 compile only the interior or only the
 // masked body, for bench/sass/attention_variants.cu alone (bench/attention_sass.py counts them).
-template <int HD, int Path = 0, bool kSplit = false>
-__global__ void __launch_bounds__(MmaAttentionForwardConfig<HD>::kThreads, 1)
+template <int HD, int Path = 0, bool kSplit = false, int RT = 1>
+__global__ void __launch_bounds__(MmaAttentionForwardConfig<HD, RT>::kThreads, 1)
     attention_mma_forward_kernel(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse,
                                  int T_len, int H, int Hkv, int B, int segment_steps, float* partial,
                                  int partial_slots) {
     using bf16 = __nv_bfloat16;
-    using Config = MmaAttentionForwardConfig<HD>;
+    using Config = MmaAttentionForwardConfig<HD, RT>;
     constexpr int Br = kMmaAttentionBr, Bc = kMmaAttentionBc, ld = Config::kLd;
     constexpr int KC = HD / 16;                                    // k-chunks of Q·Kᵀ
     constexpr int NT = HD / 8;                                     // n-tiles of O
-    constexpr int RT = Config::kRowTiles, WR = Config::kWarpRows;  // a warp's 16-row tiles, rows
+    constexpr int WR = Config::kWarpRows;                          // a warp's rows
     constexpr bool kQShared = Config::kQShared;
     const int q_tiles = ceil_div(T_len, Br), heads = H * B;
     // This block's query tile (the last first: the heaviest) and, split, its segment of the key tiles
@@ -190,7 +195,7 @@ __global__ void __launch_bounds__(MmaAttentionForwardConfig<HD>::kThreads, 1)
 
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, g = lane / 4, t4 = lane % 4;
     // Q and the first key tile are in flight while the rows' windows are worked out.
-    mma_attention_load_tile<HD, Br>(Qs, q, stride, q0, T_len);
+    mma_attention_load_tile<HD, Br, RT>(Qs, q, stride, q0, T_len);
     if (threadIdx.x < Br) lo_s[threadIdx.x] = attention_first_key(pos, min(q0 + int(threadIdx.x), T_len - 1));
     __syncthreads();
     int block_lo = lo_s[0], warp_lo = lo_s[WR * warp], warp_lo_max = warp_lo;
@@ -211,8 +216,8 @@ __global__ void __launch_bounds__(MmaAttentionForwardConfig<HD>::kThreads, 1)
     if constexpr (kSplit)
         first = max(first, block.segment * segment_steps), last = min(last, (block.segment + 1) * segment_steps - 1);
     if (!kSplit || first <= last) {
-        mma_attention_load_tile<HD, Bc>(Ks, k, stride, first * Bc, T_len);
-        mma_attention_load_tile<HD, Bc>(Vs, v, stride, first * Bc, T_len);
+        mma_attention_load_tile<HD, Bc, RT>(Ks, k, stride, first * Bc, T_len);
+        mma_attention_load_tile<HD, Bc, RT>(Vs, v, stride, first * Bc, T_len);
     }
     cp_async_commit();
 
@@ -331,8 +336,8 @@ __global__ void __launch_bounds__(MmaAttentionForwardConfig<HD>::kThreads, 1)
             }
         }
         if (kt < last) {  // the next tile into the other buffer, in flight while this one is used
-            mma_attention_load_tile<HD, Bc>(Ks + (Bc * ld - buf_off), k, stride, k0 + Bc, T_len);
-            mma_attention_load_tile<HD, Bc>(Vs + (Bc * ld - buf_off), v, stride, k0 + Bc, T_len);
+            mma_attention_load_tile<HD, Bc, RT>(Ks + (Bc * ld - buf_off), k, stride, k0 + Bc, T_len);
+            mma_attention_load_tile<HD, Bc, RT>(Vs + (Bc * ld - buf_off), v, stride, k0 + Bc, T_len);
             cp_async_commit();
         }
         if (Path == 1 || (Path == 0 && k0 >= warp_lo_max && k0 + Bc - 1 <= warp_all_hi))
@@ -430,19 +435,20 @@ inline bool attention_mma_forward_supported(const void* qkv, const void* out, in
            reinterpret_cast<uintptr_t>(out) % 4 == 0 && attention_mma_forward_fits(hd, device_shared_bytes_per_block());
 }
 
-// The forward at head dim HD, its query tiles' key tiles split into segments of at most
-// segment_steps (0: none; attention_mma_query_segment_steps), whose partials go to `partial`
-// (attention_mma_forward_partial_bytes) and the combine kernel merges.
-template <int HD>
-void attention_mma_forward_launch(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse, int B,
-                                  int T_len, int H, int Hkv, cudaStream_t stream, int segment_steps, float* partial) {
-    constexpr size_t smem = MmaAttentionForwardConfig<HD>::kSmemBytes;
+// The forward at head dim HD with warps of RT 16-row tiles, its query tiles' key tiles split into
+// segments of at most segment_steps (0: none; attention_mma_query_segment_steps), whose partials go
+// to `partial` (attention_mma_forward_partial_bytes) and the combine kernel merges.
+template <int HD, int RT>
+void attention_mma_forward_rows(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse, int B,
+                                int T_len, int H, int Hkv, cudaStream_t stream, int segment_steps, float* partial) {
+    using Config = MmaAttentionForwardConfig<HD, RT>;
+    constexpr size_t smem = Config::kSmemBytes;
     static_assert(attention_mma_split_supports(HD), "the forward's head dims all have a split kernel");
     if constexpr (smem > 48 * 1024) {  // once per process and instantiation: the opt-in above the default limit
         static const bool opted_in = [] {
-            CUDA_CHECK(cudaFuncSetAttribute(attention_mma_forward_kernel<HD>,
+            CUDA_CHECK(cudaFuncSetAttribute(attention_mma_forward_kernel<HD, 0, false, RT>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-            CUDA_CHECK(cudaFuncSetAttribute(attention_mma_forward_kernel<HD, 0, true>,
+            CUDA_CHECK(cudaFuncSetAttribute(attention_mma_forward_kernel<HD, 0, true, RT>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
             return true;
         }();
@@ -455,8 +461,8 @@ void attention_mma_forward_launch(const __nv_bfloat16* qkv, const int* positions
     }
     const dim3 blocks(unsigned(grid.blocks * H * B));
     if (segment_steps > 0) {
-        launch(attention_mma_forward_kernel<HD, 0, true>, blocks, dim3(MmaAttentionForwardConfig<HD>::kThreads), smem,
-               stream, qkv, positions, out, lse, T_len, H, Hkv, B, segment_steps, partial, int(grid.partial_slots));
+        launch(attention_mma_forward_kernel<HD, 0, true, RT>, blocks, dim3(Config::kThreads), smem, stream, qkv,
+               positions, out, lse, T_len, H, Hkv, B, segment_steps, partial, int(grid.partial_slots));
         CUDA_CHECK_LAUNCH();
         if (grid.partial_slots > 0) {
             launch(attention_mma_forward_combine_kernel<HD>, dim3(unsigned(grid.split_tiles), H, B),
@@ -466,20 +472,46 @@ void attention_mma_forward_launch(const __nv_bfloat16* qkv, const int* positions
         }
         return;
     }
-    launch(attention_mma_forward_kernel<HD>, blocks, dim3(MmaAttentionForwardConfig<HD>::kThreads), smem, stream, qkv,
-           positions, out, lse, T_len, H, Hkv, B, 0, static_cast<float*>(nullptr), 0);
+    launch(attention_mma_forward_kernel<HD, 0, false, RT>, blocks, dim3(Config::kThreads), smem, stream, qkv, positions,
+           out, lse, T_len, H, Hkv, B, 0, static_cast<float*>(nullptr), 0);
     CUDA_CHECK_LAUNCH();
 }
 
-// The launch at a run-time head dim (64 or 128) with the split named, and with the shape's
-// (attention_mma_query_segment_steps; `partial` holds attention_mma_forward_partial_bytes).
+// The same at head dim HD with the row tiles named (attention_mma_forward_row_tiles: 2 only at hd 64).
+template <int HD>
+void attention_mma_forward_launch(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse, int B,
+                                  int T_len, int H, int Hkv, cudaStream_t stream, int segment_steps, float* partial,
+                                  int row_tiles) {
+    if constexpr (HD == 64)
+        if (row_tiles == 2)
+            return attention_mma_forward_rows<HD, 2>(qkv, positions, out, lse, B, T_len, H, Hkv, stream, segment_steps,
+                                                     partial);
+    if (row_tiles != 1) {
+        std::fprintf(stderr, "polevault: attention_mma_forward: no kernel with %d row tiles a warp at head dim %d\n",
+                     row_tiles, HD);
+        std::abort();
+    }
+    attention_mma_forward_rows<HD, 1>(qkv, positions, out, lse, B, T_len, H, Hkv, stream, segment_steps, partial);
+}
+
+// The launch at a run-time head dim (64 or 128) with the split and the row tiles named, with the
+// split named, and with the shape's split (attention_mma_query_segment_steps; `partial` holds
+// attention_mma_forward_partial_bytes) — the last two with the row tiles this device's shared memory
+// gives (attention_mma_forward_row_tiles).
+inline void attention_mma_forward(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse, int B,
+                                  int T_len, int H, int Hkv, int hd, cudaStream_t stream, int segment_steps,
+                                  float* partial, int row_tiles) {
+    if (hd == 64)
+        return attention_mma_forward_launch<64>(qkv, positions, out, lse, B, T_len, H, Hkv, stream, segment_steps,
+                                                partial, row_tiles);
+    attention_mma_forward_launch<128>(qkv, positions, out, lse, B, T_len, H, Hkv, stream, segment_steps, partial,
+                                      row_tiles);
+}
 inline void attention_mma_forward(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse, int B,
                                   int T_len, int H, int Hkv, int hd, cudaStream_t stream, int segment_steps,
                                   float* partial) {
-    if (hd == 64)
-        return attention_mma_forward_launch<64>(qkv, positions, out, lse, B, T_len, H, Hkv, stream, segment_steps,
-                                                partial);
-    attention_mma_forward_launch<128>(qkv, positions, out, lse, B, T_len, H, Hkv, stream, segment_steps, partial);
+    attention_mma_forward(qkv, positions, out, lse, B, T_len, H, Hkv, hd, stream, segment_steps, partial,
+                          attention_mma_forward_row_tiles(hd, device_shared_bytes_per_block()));
 }
 inline void attention_mma_forward(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse, int B,
                                   int T_len, int H, int Hkv, int hd, cudaStream_t stream, float* partial) {

@@ -10,9 +10,9 @@
 // the sm_86/sm_89 GPUs, such as the RTX 4090, L40S and RTX 6000 Ada: the CUDA build ships sm_80 and
 // sm_90 code), tensor-core attention kernel (attention_mma_{forward,dkv,dq}_kernel; "dkv-swizzled":
 // the dK/dV kernel with swizzled shared rows) and head dim: the instructions one warp issues per
-// trip of its tile loop (a 64-key tile of its query rows in the forward, 32 at hd 64 and 16 at 128;
-// a 64 x 64 tile pair in the backward kernels, their loop over the tile's four 16-row chunks
-// expanded) and the HMMA among
+// trip of its tile loop (a 64-key tile of its 16 query rows in the forward, 32 in "forward-32rows",
+// whose warps own two 16-row tiles; a 64 x 64 tile pair in the backward kernels, their loop over the
+// tile's four 16-row chunks expanded) and the HMMA among
 // them: through the body for tiles every row of the warp sees whole (interior), and through the
 // one with masks (a diagonal or document-boundary tile), and the registers per thread of the
 // instantiation programs run (ptxas; of the split and unsplit ones, kSplit, the more of the two:
@@ -25,7 +25,8 @@ namespace pv {
 
 struct AttentionTileSass {
     int sass_arch;       // 90 (sm_90) or 80 (sm_80)
-    const char* kernel;  // "forward", "dkv", "dkv-swizzled" (the dK/dV kernel, rows swizzled) or "dq"
+    const char* kernel;  // "forward", "forward-32rows" (the forward, warps of 32 rows), "dkv",
+                         // "dkv-swizzled" (the dK/dV kernel, rows swizzled) or "dq"
     int head_dim;
     int instructions;         // per warp and tile-loop trip, an interior tile
     int masked_instructions;  // per warp and tile-loop trip, a tile with masks
@@ -37,8 +38,9 @@ struct AttentionTileSass {
 // sass-check compares this file with its output byte for byte, so clang-format leaves the table alone.
 // clang-format off
 inline constexpr AttentionTileSass kAttentionTileSass[] = {
-    {90, "forward", 64, 677, 914, 128, 255},
+    {90, "forward", 64, 371, 499, 64, 168},
     {90, "forward", 128, 553, 681, 128, 235},
+    {90, "forward-32rows", 64, 677, 914, 128, 255},
     {90, "dkv", 32, 417, 698, 64, 128},
     {90, "dkv", 48, 508, 782, 96, 168},
     {90, "dkv", 64, 547, 828, 128, 168},
@@ -54,8 +56,9 @@ inline constexpr AttentionTileSass kAttentionTileSass[] = {
     {90, "dq", 96, 520, 769, 144, 243},
     {90, "dq", 112, 629, 815, 168, 231},
     {90, "dq", 128, 561, 790, 192, 255},
-    {80, "forward", 64, 677, 919, 128, 255},
+    {80, "forward", 64, 371, 500, 64, 184},
     {80, "forward", 128, 553, 683, 128, 232},
+    {80, "forward-32rows", 64, 677, 919, 128, 255},
     {80, "dkv", 32, 422, 679, 64, 128},
     {80, "dkv", 48, 516, 764, 96, 168},
     {80, "dkv", 64, 550, 826, 128, 168},

@@ -115,24 +115,16 @@ constexpr double kIssuePerClock = 4;  // four schedulers per SM, one warp instru
 // The attention kernels of the one measurement (attention_issue_efficiency): their registers per
 // thread, from ptxas (nvcc 13, sm_90) on 1a887b9's kernels_bench.cu.
 constexpr int kMeasuredForwardRegisters = 186, kMeasuredDkvRegisters = 166, kMeasuredDqRegisters = 134;
-// Its forward's block: 4 warps of 16 rows, Q staged in a V buffer (two K and two V tiles at hd 64);
-// its dK/dV and dQ blocks were today's.
-constexpr size_t kMeasuredForwardShared = 4 * attention_mma_tile_bytes(64) + kAttentionMmaTile * sizeof(int);
-cost::AttentionBlock measured_block(const std::string& kernel) {
-    return kernel == "forward" ? cost::AttentionBlock{kAttentionMmaThreads, kMeasuredForwardShared}
-                               : cost::attention_block(kernel, 64);
-}
 // The fewest warps an SM held in that measurement (the forward's 2 blocks of 4): the efficiency
 // calibrated there holds from that many warps up.
 int calibrated_warps_per_sm() {
     static const int warps = [] {
         const SmLimits h100;
-        const auto resident = [&](const char* kernel, int registers) {
-            const cost::AttentionBlock b = measured_block(kernel);
-            return resident_blocks(h100, b.threads, registers, b.shared);
-        };
-        const int blocks = std::min({resident("forward", kMeasuredForwardRegisters),
-                                     resident("dkv", kMeasuredDkvRegisters), resident("dq", kMeasuredDqRegisters)});
+        const int blocks = std::min(
+            {resident_blocks(h100, kAttentionMmaThreads, kMeasuredForwardRegisters,
+                             attention_mma_forward_smem_bytes(64)),
+             resident_blocks(h100, kAttentionMmaThreads, kMeasuredDkvRegisters, attention_mma_dkv_smem_bytes(64)),
+             resident_blocks(h100, kAttentionMmaThreads, kMeasuredDqRegisters, attention_mma_dq_smem_bytes(64))});
         return blocks * kAttentionMmaThreads / 32;
     }();
     return warps;
@@ -322,7 +314,8 @@ void add_partials_kernel(std::vector<KernelCost>& k, size_t at, const SplitBytes
 
 AttentionBlock attention_block(const std::string& kernel, int hd) {
     // (the split instantiations take the same block)
-    if (kernel == "forward") return {attention_mma_forward_threads(hd), attention_mma_forward_smem_bytes(hd)};
+    if (kernel == "forward") return {attention_mma_forward_threads(1), attention_mma_forward_smem_bytes(hd, 1)};
+    if (kernel == "forward-32rows") return {attention_mma_forward_threads(2), attention_mma_forward_smem_bytes(hd, 2)};
     return {kAttentionMmaThreads, kernel == "dkv" ? attention_mma_dkv_smem_bytes(hd)
                                   : kernel == "dkv-swizzled"
                                       ? attention_mma_dkv_smem_bytes(hd, AttentionMmaRows::swizzled)
@@ -332,8 +325,8 @@ AttentionBlock attention_block(const std::string& kernel, int hd) {
 // The issue-bound part of a tensor-core attention kernel's cost: its blocks, their instructions
 // and the registers and shared memory a block takes.
 void set_attention_issue(KernelCost& k, const char* kernel, int B, int T, int H, int Hkv, int hd, int interior,
-                         int masked, int registers, int segment_steps, AttentionBlock block) {
-    if (block.threads == 0) block = attention_block(kernel, hd);
+                         int masked, int registers, int segment_steps) {
+    const AttentionBlock block = attention_block(kernel, hd);
     k.blocks = attention_blocks(kernel, B, T, H, Hkv, hd, interior, masked, segment_steps, block.threads / 32);
     k.warp_instructions = 0;
     for (const BlockRun& r : k.blocks) k.warp_instructions += double(r.blocks) * r.work;
@@ -366,16 +359,21 @@ std::vector<KernelCost> attention_forward_cuda_cores(int B, int T, int H, int Hk
 // bytes; every warp computes whole 64-key tiles up to its query tile's diagonal, rows past T
 // included: n(n+1)/2 tile pairs of 64×64 per (batch, head), n = ceil(T/64); per pair S = Q·Kᵀ and
 // P·V with P in one bf16: 2 products, 4·hd FLOPs.
-// Issue: each of a block's 4 warps runs the tile loop once per such pair, at
-// attention_tile_instructions("forward", hd) instructions a trip, the diagonal's at its masked
-// count (prologue and epilogue not counted).
+// Issue: each of a block's warps runs the tile loop once per such pair, at
+// attention_tile_instructions(kernel, hd) instructions a trip, the diagonal's at its masked count
+// (prologue and epilogue not counted): the kernel with warps of 32 rows ("forward-32rows", 2 warps)
+// where the device's shared memory gives it (attention_mma_forward_row_tiles), else of 16 ("forward",
+// 4 warps).
+const char* attention_forward_kind(int hd, const Device& d) {
+    return attention_mma_forward_row_tiles(hd, d.sm.shared_bytes_per_block) == 2 ? "forward-32rows" : "forward";
+}
 std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions,
-                                          int sass_arch) {
+                                          const Device& d) {
     KernelCost k = attention_forward_cuda_cores(B, T, H, Hkv, hd, t, a, positions).front();
     k.kernel = "attention_mma_forward_kernel";
     k.flops = 4.0 * hd * (attention_tile_pairs(T) * 64.0 * 64.0) * B * H;
     k.roofline = Roofline::attention_mma;
-    set_attention_issue_now(k, "forward", B, T, H, Hkv, hd, sass_arch);
+    set_attention_issue_now(k, attention_forward_kind(hd, d), B, T, H, Hkv, hd, d.sass_arch);
     k.issue_efficiency = attention_issue_efficiency().forward;
     // Split (attention_mma_query_segment_steps): the split query tiles' blocks write their rows'
     // unnormalised output and running maximum and sum in fp32, which the combine kernel merges into
@@ -593,8 +591,7 @@ IssueEfficiency attention_issue_efficiency() {
             k.kernel = kernel;
             k.issue_efficiency = 1.0;
             cost::set_attention_issue(k, kernel, B, T, H, Hkv, hd, trip, trip, registers,
-                                      0,  // (one block a key tile then)
-                                      measured_block(kernel));
+                                      0);  // (one block a key tile then)
             return issue_seconds(k);
         };
         const double forward = full_rate("forward", kForward, kMeasuredForwardRegisters);
@@ -744,7 +741,7 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set, const De
         append(f, cost::gemm(N, c.qkv_width(), C, t, false, "q, k, v projection"));
         append(f, cost::rope(N, H, hd, t, a, false, s.seq_len));
         append(f, cost::rope(N, Hkv, hd, t, a, false, s.seq_len));
-        append(f, mma_forward ? cost::attention_forward(s.batch, s.seq_len, H, Hkv, hd, t, a, false, d.sass_arch)
+        append(f, mma_forward ? cost::attention_forward(s.batch, s.seq_len, H, Hkv, hd, t, a, false, d)
                               : cost::attention_forward_cuda_cores(s.batch, s.seq_len, H, Hkv, hd, t, a, false));
         append(f, cost::gemm(N, C, c.q_width(), t, false, "output projection"));
         // The block's closing residual add as the down GEMM's β = 1 (today's kernels only).

@@ -116,7 +116,7 @@ struct RooflineEfficiency {
 RooflineEfficiency roofline_efficiency(Roofline r);
 
 // The tensor-core attention kernels' issue-rate model. Instructions one warp issues per trip of a
-// kernel's tile loop ("forward", "dkv", "dkv-swizzled", "dq") at head dim hd in the SASS for
+// kernel's tile loop ("forward", "forward-32rows", "dkv", "dkv-swizzled", "dq") at head dim hd in the SASS for
 // sass_arch (Device::sass_arch), from model/attention_sass.h, through an interior tile or (masked)
 // one with masks (the diagonal's); 0 where the kernel has no such instantiation (that head dim runs
 // on the CUDA-core kernels).
@@ -128,7 +128,7 @@ double issue_seconds(double warp_instructions, double efficiency, const Device& 
 // warp_instructions over the whole GPU's rate. Throws, naming the kernel and the limit, when one of
 // its blocks cannot launch on the device.
 double issue_seconds(const KernelCost& k, const Device& d = {});
-// Registers per thread of a tensor-core attention kernel ("forward", "dkv", "dkv-swizzled", "dq") at
+// Registers per thread of a tensor-core attention kernel ("forward", "forward-32rows", "dkv", "dkv-swizzled", "dq") at
 // head dim hd in the SASS for sass_arch (model/attention_sass.h, from ptxas); 0 where it has no
 // instantiation.
 int attention_kernel_registers(const std::string& kernel, int hd, int sass_arch = 90);
@@ -152,30 +152,32 @@ std::vector<KernelCost> swiglu_backward(long long N, int F, int t);
 // table_rows: the distinct positions of the N rows (the RoPE table's rows read).
 std::vector<KernelCost> rope(long long N, int heads, int hd, int t, int a, bool positions, long long table_rows);
 std::vector<KernelCost> add(long long n, int t, const std::string& op = "residual add");
-// bf16 at head dims 64 and 128: the tensor-core forward, its issue priced from the SASS for
-// sass_arch (Device::sass_arch).
+// bf16 at head dims 64 and 128: the tensor-core forward with the warps the device's shared memory
+// gives it (attention_forward_kind), its issue priced from the SASS it runs (Device::sass_arch).
 std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions,
-                                          int sass_arch = 90);
-// A tensor-core attention kernel's block as launched: its threads (every warp runs the tile loop
-// once per 64×64 tile pair the block walks) and dynamic shared memory; threads 0: today's kernel's
-// at that head dim (kernels/attention_mma_blocks.h: the forward 2 warps of 32 rows at hd 64, else 4
-// of 16).
+                                          const Device& d = {});
+// "forward-32rows" where the device runs the forward with warps of 32 rows at head dim hd
+// (kernels/attention_mma_blocks.h attention_mma_forward_row_tiles: hd 64 on an H100), else "forward".
+const char* attention_forward_kind(int hd, const Device& d = {});
+// A tensor-core attention kernel's block as launched (kernels/attention_mma_blocks.h): its threads
+// (every warp runs the tile loop once per 64×64 tile pair the block walks; "forward-32rows" 2 warps,
+// the others 4) and dynamic shared memory.
 struct AttentionBlock {
     int threads = 0;
     size_t shared = 0;
 };
 AttentionBlock attention_block(const std::string& kernel, int hd);
-// Sets k's issue-bound figures for a tensor-core attention kernel ("forward", "dkv", "dkv-swizzled",
-// "dq": model/attention_sass.h) at this
-// shape: its blocks in launch order, heaviest first (`block.threads` / 32 warps each, each running the
+// Sets k's issue-bound figures for a tensor-core attention kernel ("forward", "forward-32rows", "dkv",
+// "dkv-swizzled", "dq": model/attention_sass.h) at this
+// shape: its blocks in launch order, heaviest first (attention_block's warps each, each running the
 // tile loop once per 64×64 tile pair the block walks, `interior` instructions a trip and `masked` for
-// the diagonal's), `registers` per thread and the block's shared memory. attention_forward
-// and attention_backward pass today's kernels' counts (model/attention_sass.h) and blocks; the
-// calibration passes those of the kernels it measured. The kernels' blocks are their tiles' segments
+// the diagonal's), `registers` per thread and the kernel's shared memory per block. attention_forward
+// and attention_backward pass today's kernels' counts (model/attention_sass.h); the calibration
+// passes those of the kernels it measured. The kernels' blocks are their tiles' segments
 // of at most segment_steps steps (0: one block a tile; −1: the shape's split,
 // attention_mma_dkv_segment_steps or attention_mma_query_segment_steps).
 void set_attention_issue(KernelCost& k, const char* kernel, int B, int T, int H, int Hkv, int hd, int interior,
-                         int masked, int registers, int segment_steps = -1, AttentionBlock block = {});
+                         int masked, int registers, int segment_steps = -1);
 // The CUDA-core forward.
 std::vector<KernelCost> attention_forward_cuda_cores(int B, int T, int H, int Hkv, int hd, int t, int a,
                                                      bool positions);

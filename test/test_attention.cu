@@ -596,10 +596,11 @@ std::vector<bf16> mma_backward_direct(const std::vector<bf16>& qkv, const std::v
 }
 
 // out and lse from the tensor-core forward called directly, its query tiles' key tiles in segments of
-// at most `segment_steps` (0: none): what attention_forward must produce when it dispatches there with
-// that split. The partials, out and lse are poisoned (NaN) first: a row no kernel wrote shows.
+// at most `segment_steps` (0: none), its warps of `row_tiles` 16-row tiles (0: the device's): what
+// attention_forward must produce when it dispatches there with that split. The partials, out and lse
+// are poisoned (NaN) first: a row no kernel wrote shows.
 Run<bf16> mma_forward_direct(const std::vector<bf16>& qkv, const AttentionShape& s, const std::vector<int>* positions,
-                             int segment_steps) {
+                             int segment_steps, int row_tiles = 0) {
     const int B = int(s.B), T_len = int(s.T), H = int(s.H), Hkv = int(s.Hkv), hd = int(s.hd);
     DeviceArray<bf16> d_qkv(qkv), d_out(std::vector<bf16>(s.B * s.T * s.H * s.hd, bf16(NAN)));
     DeviceArray<float> d_lse(std::vector<float>(s.B * s.H * s.T, NAN));
@@ -607,8 +608,9 @@ Run<bf16> mma_forward_direct(const std::vector<bf16>& qkv, const AttentionShape&
         pv::attention_mma_forward_partial_bytes(B, T_len, H, hd, segment_steps) / sizeof(float);
     DeviceArray<float> d_partial(std::vector<float>(std::max<size_t>(1, partial_floats), NAN));
     DeviceArray<int> d_pos(positions ? *positions : std::vector<int>(1));
+    if (row_tiles == 0) row_tiles = pv::attention_mma_forward_row_tiles(hd, pv::device_shared_bytes_per_block());
     pv::attention_mma_forward(d_qkv.get(), positions ? d_pos.get() : nullptr, d_out.get(), d_lse.get(), B, T_len, H,
-                              Hkv, hd, nullptr, segment_steps, d_partial.get());
+                              Hkv, hd, nullptr, segment_steps, d_partial.get(), row_tiles);
     return {d_out.download(), {}, d_lse.download()};
 }
 
@@ -669,6 +671,28 @@ TEST_CASE("bf16 attention backward on tensor cores over several 64-row tiles wit
     }
 }
 
+// Positions of ragged documents in each of a shape's sequences (at most 2), for the device-limit cases.
+std::vector<int> ragged_documents(const AttentionShape& s) {
+    const std::vector<std::vector<size_t>> ragged = {{70, 3, 1, 100, 26}, {9, 120, 50, 21}};
+    std::vector<int> pos;
+    for (size_t b = 0; b < s.B; ++b) {
+        const auto row = document_positions(ragged[b], s.T);
+        pos.insert(pos.end(), row.begin(), row.end());
+    }
+    return pos;
+}
+
+// Tells the host platform that a block may have `bytes` of shared memory while it lives
+// (POLEVAULT_HOST_SHARED_OPTIN; a real GPU keeps its own limit).
+struct HostSharedLimit {
+    explicit HostSharedLimit(size_t bytes) {
+        ::setenv("POLEVAULT_HOST_SHARED_OPTIN", std::to_string(bytes).c_str(), 1);
+    }
+    ~HostSharedLimit() { ::unsetenv("POLEVAULT_HOST_SHARED_OPTIN"); }
+    HostSharedLimit(const HostSharedLimit&) = delete;
+    HostSharedLimit& operator=(const HostSharedLimit&) = delete;
+};
+
 TEST_CASE("bf16 attention backward at hd 128 on a GPU with 99 KiB a block runs dK/dV with swizzled rows, bit for bit",
           "[kernels][attention][documents]") {
     // sm_86 and sm_89 (RTX 4090, L40S, RTX 6000 Ada) let a block have 101,376 bytes of shared
@@ -682,12 +706,7 @@ TEST_CASE("bf16 attention backward at hd 128 on a GPU with 99 KiB a block runs d
     static_assert(pv::attention_mma_dkv_smem_bytes(128) > kAdaShared &&
                   pv::attention_mma_dkv_smem_bytes(128, pv::AttentionMmaRows::swizzled) <= kAdaShared);
     const AttentionShape s = kTsanBuild ? AttentionShape{1, 130, 2, 1, 128} : AttentionShape{2, 200, 6, 2, 128};
-    const std::vector<std::vector<size_t>> ragged = {{70, 3, 1, 100, 26}, {9, 120, 50, 21}};
-    std::vector<int> pos;
-    for (size_t b = 0; b < s.B; ++b) {
-        const auto row = document_positions(ragged[b], s.T);
-        pos.insert(pos.end(), row.begin(), row.end());
-    }
+    const std::vector<int> pos = ragged_documents(s);
     const auto qkv = random_vector<bf16>(s.B * s.T * s.width(), 1800, -2.0, 2.0);
     const auto dout = random_vector<bf16>(s.B * s.T * s.H * s.hd, 1801);
     for (const std::vector<int>* positions : std::vector<const std::vector<int>*>{&pos, nullptr}) {
@@ -698,10 +717,7 @@ TEST_CASE("bf16 attention backward at hd 128 on a GPU with 99 KiB a block runs d
         REQUIRE(same_bits(padded, swizzled));
         REQUIRE(same_bits(full.dqkv, padded));
 
-        ::setenv("POLEVAULT_HOST_SHARED_OPTIN", std::to_string(kAdaShared).c_str(), 1);
-        struct Restore {
-            ~Restore() { ::unsetenv("POLEVAULT_HOST_SHARED_OPTIN"); }
-        } restore;
+        const HostSharedLimit limit(kAdaShared);
         if (pv::kHostBackend) {  // the host now reports that limit (and holds kernels to it: test_kernels_platform)
             REQUIRE(pv::device_shared_bytes_per_block() == kAdaShared);
             REQUIRE(pv::attention_mma_dkv_rows(128, pv::device_shared_bytes_per_block()) ==
@@ -714,6 +730,53 @@ TEST_CASE("bf16 attention backward at hd 128 on a GPU with 99 KiB a block runs d
         const Run<bf16> small = run(qkv, dout, s, positions);
         REQUIRE(same_bits(small.dqkv, swizzled));
         check_against_reference<bf16>(s, positions ? 1802 : 1803, positions);
+    }
+}
+
+// The forward at hd 64 runs warps of 32 rows (two 16-row tiles) where an SM holds four such blocks
+// (the H100: 227 KiB a block) and of 16 elsewhere (an A100's 163 KiB: three would fit, 6 warps).
+// Both compute each row's products in the same order, so: called directly, with and without a split,
+// they give the same bits; the dispatch picks 32 rows at the H100's limit and 16 at the A100's (the
+// host platform told that limit by POLEVAULT_HOST_SHARED_OPTIN); the public path gives those bits on
+// either device (which kernel ran does not show in them: the dispatch's choice is the one checked);
+// and both meet the fp64 reference within the tensor cores' tolerance.
+TEST_CASE(
+    "bf16 attention forward at hd 64: warps of 32 rows where an SM holds four blocks and of 16 elsewhere, "
+    "bit for bit",
+    "[kernels][attention][documents]") {
+    constexpr size_t kH100Shared = 227 * 1024, kA100Shared = 163 * 1024;
+    static_assert(pv::attention_mma_forward_row_tiles(64, kH100Shared) == 2 &&
+                  pv::attention_mma_forward_row_tiles(64, kA100Shared) == 1 &&
+                  pv::attention_mma_forward_row_tiles(128, kH100Shared) == 1);
+    const AttentionShape s = kTsanBuild ? AttentionShape{1, 130, 2, 1, 64} : AttentionShape{2, 200, 6, 2, 64};
+    const std::vector<int> pos = ragged_documents(s);
+    const auto qkv = random_vector<bf16>(s.B * s.T * s.width(), 1900, -2.0, 2.0);
+    const auto dout = random_vector<bf16>(s.B * s.T * s.H * s.hd, 1901);
+    for (const std::vector<int>* positions : std::vector<const std::vector<int>*>{&pos, nullptr}) {
+        INFO(describe(s) << (positions ? ", documents" : ", causal"));
+        const Run<bf16> wide = mma_forward_direct(qkv, s, positions, 0, 2);
+        const Run<bf16> narrow = mma_forward_direct(qkv, s, positions, 0, 1);
+        REQUIRE(same_bits(wide.out, narrow.out));
+        REQUIRE(same_bits(wide.lse, narrow.lse));
+        REQUIRE(same_bits(mma_forward_direct(qkv, s, positions, 2, 2).out,
+                          mma_forward_direct(qkv, s, positions, 2, 1).out));
+        if (pv::kHostBackend) {
+            REQUIRE(pv::device_shared_bytes_per_block() == kH100Shared);
+            REQUIRE(pv::attention_mma_forward_row_tiles(64, pv::device_shared_bytes_per_block()) == 2);
+        }
+        const Run<bf16> h100 = run(qkv, dout, s, positions);
+        REQUIRE(same_bits(h100.out, wide.out));
+        REQUIRE(same_bits(h100.lse, wide.lse));
+
+        const HostSharedLimit limit(kA100Shared);
+        if (pv::kHostBackend) {
+            REQUIRE(pv::device_shared_bytes_per_block() == kA100Shared);
+            REQUIRE(pv::attention_mma_forward_row_tiles(64, pv::device_shared_bytes_per_block()) == 1);
+        }
+        const Run<bf16> a100 = run(qkv, dout, s, positions);
+        REQUIRE(same_bits(a100.out, narrow.out));
+        REQUIRE(same_bits(a100.lse, narrow.lse));
+        check_against_reference<bf16>(s, positions ? 1902 : 1903, positions);
     }
 }
 

@@ -321,7 +321,10 @@ TEST_CASE("step cost: the attention SASS table covers the dispatch's head dims, 
     for (const pv::AttentionTileSass& a : pv::kAttentionTileSass) {
         INFO("sm_" << a.sass_arch << " " << a.kernel << " hd " << a.head_dim);
         const std::string k = a.kernel;
-        const double hmma_per_hd = k == "forward" ? (a.head_dim == 64 ? 2.0 : 1.0) : k.starts_with("dkv") ? 2.0 : 1.5;
+        const double hmma_per_hd = k == "forward"          ? 1.0
+                                   : k == "forward-32rows" ? 2.0
+                                   : k.starts_with("dkv")  ? 2.0
+                                                           : 1.5;
         CHECK(a.hmma == hmma_per_hd * a.head_dim);
         CHECK(a.instructions > a.hmma);
         CHECK(a.registers > 0);
@@ -329,20 +332,23 @@ TEST_CASE("step cost: the attention SASS table covers the dispatch's head dims, 
         ++rows[a.sass_arch];
     }
     // The two architectures the CUDA build ships (the Makefile's SASS_ARCHS), each with every kernel:
-    // and the swizzled dK/dV at hd 128 (kernels/attention_mma_blocks.h).
-    CHECK(rows == std::map<int, int>{{80, 2 + 2 * 7 + 1}, {90, 2 + 2 * 7 + 1}});
+    // the forward with warps of 32 rows at hd 64 and the swizzled dK/dV at hd 128
+    // (kernels/attention_mma_blocks.h).
+    CHECK(rows == std::map<int, int>{{80, 2 + 1 + 2 * 7 + 1}, {90, 2 + 1 + 2 * 7 + 1}});
     for (int arch : {80, 90}) {
         INFO("sm_" << arch);
         for (int hd = 32; hd <= 128; hd += 16)
             CHECK((pv::attention_tile_instructions("dkv-swizzled", hd, false, arch) > 0) ==
                   pv::attention_mma_dkv_has_swizzled(hd));
         for (int hd : {64, 128}) CHECK(pv::attention_tile_instructions("forward", hd, false, arch) > 0);
+        for (int hd = 32; hd <= 128; hd += 16)  // 32 rows a warp where some device runs them: hd 64
+            CHECK((pv::attention_tile_instructions("forward-32rows", hd, false, arch) > 0) == (hd == 64));
         for (int hd = 32; hd <= 128; hd += 16) {
             CHECK(pv::attention_tile_instructions("dkv", hd, false, arch) > 0);
             CHECK(pv::attention_tile_instructions("dq", hd, false, arch) > 0);
         }
         // The masked body does what the interior one does, and masks.
-        for (const char* k : {"forward", "dkv", "dkv-swizzled", "dq"})
+        for (const char* k : {"forward", "forward-32rows", "dkv", "dkv-swizzled", "dq"})
             for (int hd = 32; hd <= 128; hd += 16)
                 if (pv::attention_tile_instructions(k, hd, false, arch) > 0) {
                     INFO(k << " hd " << hd);
@@ -389,11 +395,7 @@ TEST_CASE("step cost: the attention issue efficiencies reproduce the measurement
         pv::KernelCost k;
         k.kernel = kernel;
         k.issue_efficiency = efficiency;
-        // Their blocks: 4 warps each; the forward's shared memory two K and two V tiles of 64 rows of
-        // 72 bf16 and 64 ints (dK/dV's and dQ's blocks are today's).
-        const size_t shared =
-            std::string(kernel) == "forward" ? 4 * 64 * 72 * 2 + 64 * 4 : pv::cost::attention_block(kernel, 64).shared;
-        pv::cost::set_attention_issue(k, kernel, 4, 2048, 32, 8, 64, trip, trip, registers, -1, {128, shared});
+        pv::cost::set_attention_issue(k, kernel, 4, 2048, 32, 8, 64, trip, trip, registers);
         CHECK(k.warp_instructions == trips * trip);
         return pv::issue_seconds(k);
     };
@@ -465,19 +467,19 @@ TEST_CASE("step cost: a grid's dispatch", "[step_cost]") {
 
 // The dispatch of an attention grid, worked by hand: at B 1, T 128, one head, the forward has two
 // blocks (query tiles 1 and 0, the heavier first), one on each of two SMs, so the time is the
-// heavier block's — at hd 64 2 warps (of 32 rows) through one interior and one masked trip — alone
-// on its SM.
+// heavier block's — on an H100 at hd 64 2 warps (of 32 rows) through one interior and one masked
+// trip — alone on its SM.
 TEST_CASE("step cost: an attention grid's blocks and their time", "[step_cost]") {
     const pv::IssueEfficiency e = pv::attention_issue_efficiency();
     const pv::KernelCost f = pv::cost::attention_forward(1, 128, 1, 1, 64, 2, 4, false).front();
     REQUIRE(f.blocks.size() == 2);
-    const int I = pv::attention_tile_instructions("forward", 64),
-              M = pv::attention_tile_instructions("forward", 64, true);
+    const int I = pv::attention_tile_instructions("forward-32rows", 64),
+              M = pv::attention_tile_instructions("forward-32rows", 64, true);
     CHECK(f.blocks[0].blocks == 1);
     CHECK(f.blocks[0].work == 2.0 * (I + M));
     CHECK(f.blocks[1].work == 2.0 * M);
     CHECK(f.block_threads == 64);
-    CHECK(f.block_registers == pv::attention_kernel_registers("forward", 64));
+    CHECK(f.block_registers == pv::attention_kernel_registers("forward-32rows", 64));
     // Two K, two V and a Q tile of 64 rows of 72 bf16, and 64 ints.
     CHECK(f.block_shared == 5 * 64 * 72 * 2 + 64 * 4);
     // Each block alone on its SM: 2 warps, a quarter of the 8 the efficiency was measured at.
@@ -487,6 +489,17 @@ TEST_CASE("step cost: an attention grid's blocks and their time", "[step_cost]")
     CHECK(f128.blocks[1].work == 4.0 * pv::attention_tile_instructions("forward", 128, true));
     CHECK(f128.block_threads == 128);
     CHECK(f128.block_shared == 4 * 64 * 136 * 2 + 64 * 4);
+    // On the RTX 6000 Ada (100 KiB an SM: two 32-row blocks of 46,336 bytes, 4 warps) hd 64 keeps
+    // 4 warps of 16 rows too, in its sm_80 code; and an A100's 164 KiB hold three (6 warps).
+    const pv::Device ada = pv::rtx_6000_ada();
+    const pv::KernelCost fa = pv::cost::attention_forward(1, 128, 1, 1, 64, 2, 4, false, ada).front();
+    CHECK(fa.blocks[1].work == 4.0 * pv::attention_tile_instructions("forward", 64, true, 80));
+    CHECK(fa.block_threads == 128);
+    CHECK(fa.block_shared == 4 * 64 * 72 * 2 + 64 * 4);
+    CHECK(pv::attention_mma_forward_row_tiles(64, 227 * 1024) == 2);
+    CHECK(pv::attention_mma_forward_row_tiles(64, 163 * 1024) == 1);
+    CHECK(pv::attention_mma_forward_row_tiles(64, 99 * 1024) == 1);
+    CHECK(pv::attention_mma_forward_row_tiles(128, 227 * 1024) == 1);
     // dK/dV: a block per (key tile, KV head, batch), each over the G query heads of its KV head.
     const auto b = pv::cost::attention_backward(2, 128, 4, 2, 64, 2, 4, false);
     const int Ik = pv::attention_tile_instructions("dkv", 64), Mk = pv::attention_tile_instructions("dkv", 64, true);
@@ -652,17 +665,19 @@ TEST_CASE("step cost: a tensor-core attention kernel's time follows its SASS ins
     const pv::IssueEfficiency e = pv::attention_issue_efficiency();
     const double n = 2048 / 64, interior_trips = 4 * n * (n - 1) / 2 * 4 * 32, diagonal_trips = 4 * n * 4 * 32;
     const auto trips = [&](const char* kernel) {
-        const double warps = std::string(kernel) == "forward" ? 0.5 : 1.0;  // of 4
+        const double warps = std::string(kernel) == "forward-32rows" ? 0.5 : 1.0;  // of 4
         return warps * (interior_trips * pv::attention_tile_instructions(kernel, 64) +
                         diagonal_trips * pv::attention_tile_instructions(kernel, 64, true));
     };
     const pv::KernelCost f = pv::cost::attention_forward(4, 2048, 32, 8, 64, 2, 4, false).front();
-    CHECK(f.warp_instructions == trips("forward"));
-    CHECK(pv::attention_tile_instructions("forward", 64, true) > pv::attention_tile_instructions("forward", 64));
+    CHECK(std::string(pv::cost::attention_forward_kind(64)) == "forward-32rows");  // on the H100
+    CHECK(f.warp_instructions == trips("forward-32rows"));
+    CHECK(pv::attention_tile_instructions("forward-32rows", 64, true) >
+          pv::attention_tile_instructions("forward-32rows", 64));
     CHECK(f.issue_efficiency == e.forward);
     // Issue binds, and the grid's tail makes it longer than its instructions over the whole GPU's
     // rate, but not by more than its heaviest block.
-    const double spread = pv::issue_seconds(trips("forward"), e.forward);
+    const double spread = pv::issue_seconds(trips("forward-32rows"), e.forward);
     CHECK(pv::predicted_seconds(f) == pv::issue_seconds(f));
     CHECK(pv::predicted_seconds(f) > spread);
     CHECK(pv::predicted_seconds(f) < spread * 1.3);
