@@ -326,24 +326,29 @@ void run(const pv::LlamaConfig& c, const Options& o) {
                   att_bytes_back, 2.5 * att_flops, on_gpu);
     if constexpr (std::is_same_v<T, __nv_bfloat16>)
         if (pv::attention_mma_backward_applies(qkv, datt, dqkv, hd)) {
-            // The tensor-core backward with its dK/dV rows and splits named: unsplit where this shape's
-            // grids are split (what the splits save), and with swizzled rows at the head dims that have
-            // them (what sm_86/sm_89 run, timed on this GPU) where the device holds their block.
-            const auto mma = [&](pv::AttentionMmaRows rows, pv::AttentionMmaSplit split) {
-                A* D = static_cast<A*>(att_scratch);
-                pv::attention_backward_dot(att, datt, D, B, Tn, H, hd, nullptr);
-                pv::attention_mma_backward(qkv, nullptr, datt, lse, D, dqkv, B, Tn, H, Hkv, hd, nullptr, rows, split,
-                                           pv::attention_backward_partials<T>(att_scratch, B, Tn, H));
-            };
+            // The tensor-core backward with its dK/dV rows, splits and dQ warps named: unsplit where this
+            // shape's grids are split (what the splits save), with swizzled rows at the head dims that
+            // have them (what sm_86/sm_89 run, timed on this GPU) where the device holds their block,
+            // and with dQ's warps of 16 rows where the device runs 32 (what those save).
             const pv::AttentionMmaSplit split = pv::attention_mma_backward_split(B, Tn, H, Hkv, hd);
             const pv::AttentionMmaRows rows = pv::attention_mma_dkv_rows(hd, pv::device_shared_bytes_per_block());
+            const int dq_row_tiles = pv::attention_mma_dq_row_tiles(hd, pv::device_shared_bytes_per_block());
+            const auto mma = [&](pv::AttentionMmaRows dkv_rows, pv::AttentionMmaSplit L, int dq_rows) {
+                A* D = static_cast<A*>(att_scratch);
+                pv::attention_backward_dot(att, datt, D, B, Tn, H, hd, nullptr);
+                pv::attention_mma_backward(qkv, nullptr, datt, lse, D, dqkv, B, Tn, H, Hkv, hd, nullptr, dkv_rows, L,
+                                           pv::attention_backward_partials<T>(att_scratch, B, Tn, H), dq_rows);
+            };
             if (split.dkv > 0 || split.dq > 0)
-                report<T>("attention backward, unsplit", time_it(R, [&] { mma(rows, {}); }), att_bytes_back,
-                          2.5 * att_flops, on_gpu);
+                report<T>("attention backward, unsplit", time_it(R, [&] { mma(rows, {}, dq_row_tiles); }),
+                          att_bytes_back, 2.5 * att_flops, on_gpu);
             if (pv::attention_mma_dkv_has_swizzled(hd) && rows == pv::AttentionMmaRows::padded)
                 report<T>("attention backward, dK/dV swizzled",
-                          time_it(R, [&] { mma(pv::AttentionMmaRows::swizzled, split); }), att_bytes_back,
+                          time_it(R, [&] { mma(pv::AttentionMmaRows::swizzled, split, dq_row_tiles); }), att_bytes_back,
                           2.5 * att_flops, on_gpu);
+            if (dq_row_tiles > 1)
+                report<T>("attention backward, dQ warps of 16 rows", time_it(R, [&] { mma(rows, split, 1); }),
+                          att_bytes_back, 2.5 * att_flops, on_gpu);
         }
     // Packed documents of T/4 tokens (--document-mask): each row attends within its document only,
     // so the scores are those of four causal blocks of T/4 (plus the positions, read once).

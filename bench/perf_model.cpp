@@ -113,15 +113,17 @@ int main(int argc, char** argv) {
     std::printf(
         "\nThe tensor-core attention kernels are also priced by instruction issue: the instructions their "
         "warps issue (model/attention_sass.h: per warp and tile at hd 64, forward %d (%d on the diagonal, "
-        "with masks; on an H100 its warps own 32 rows: %d (%d)), dK/dV %d (%d), dQ %d (%d)), their grids "
+        "with masks; on an H100 its warps own 32 rows: %d (%d)), dK/dV %d (%d), dQ %d (%d) (on an H100 or "
+        "A100, warps of 32 rows: %d (%d))), their grids "
         "dispatched block by block on %d SMs (blocks per "
         "SM from ptxas's registers) that each issue 4 per clock x %.2f GHz x an issue efficiency of "
         "%.3f forward, %.3f backward (%s).\n",
         attention_tile_instructions("forward", 64), attention_tile_instructions("forward", 64, true),
         attention_tile_instructions("forward-32rows", 64), attention_tile_instructions("forward-32rows", 64, true),
         attention_tile_instructions("dkv", 64), attention_tile_instructions("dkv", 64, true),
-        attention_tile_instructions("dq", 64), attention_tile_instructions("dq", 64, true), d.sms, d.clock_hz / 1e9,
-        issue.forward, issue.backward, issue.source);
+        attention_tile_instructions("dq", 64), attention_tile_instructions("dq", 64, true),
+        attention_tile_instructions("dq-32rows", 64), attention_tile_instructions("dq-32rows", 64, true), d.sms,
+        d.clock_hz / 1e9, issue.forward, issue.backward, issue.source);
     const double budget = 72 * GiB;  // 80 GB less the CUDA context, workspace and the allocator's slack
     StepShape one{preset("llama-3.2-1b"), 4, 2048, 1, 2};
     print_step("The issue's reference", one, "single", 1, kernels);
@@ -219,7 +221,7 @@ int main(int argc, char** argv) {
             row(cost::attention_forward_kind(x.hd), "forward", forward[0], split.dq, split.dq ? &forward[1] : nullptr);
             row("dkv", "dK/dV", k[1], split.dkv, split.dkv ? &k[2] : nullptr);
             const size_t dq = split.dkv ? 3 : 2;
-            row("dq", "dQ", k[dq], split.dq, split.dq ? &k[dq + 1] : nullptr);
+            row(cost::attention_dq_kind(x.hd), "dQ", k[dq], split.dq, split.dq ? &k[dq + 1] : nullptr);
         }
     }
     return 0;

@@ -16,7 +16,10 @@
 //
 // Tiles. Both kernels have 4 warps (128 threads) and tiles of 64 rows on each side; each warp owns
 // 16 rows of the block's tile and walks the other side's tile in chunks of 16 rows, so a chunk's
-// scores are one 16×16 accumulator per warp (two m16n8 fragments, 8 floats a lane). Its products
+// scores are one 16×16 accumulator per warp (two m16n8 fragments, 8 floats a lane). At hd 64 on a
+// device whose SM holds four 2-warp dQ blocks (H100, A100: kernels/attention_mma_blocks.h
+// attention_mma_dq_row_tiles) dQ's block has 2 warps of 32 rows, two 16-row tiles each, every K and
+// V fragment feeding both: 6% fewer instructions per HMMA in the interior tiles, 12% in the masked. Its products
 // need no shared memory: the C fragments of P and dS, rounded to bf16 in pairs, are exactly the A
 // fragment of the next product (the m16n8k16 layouts line up), so
 //   dK/dV, warp rows = keys:     Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ  (A = K, V; B = Q, dO rows via ldmatrix)
@@ -53,7 +56,8 @@
 // same result, since masked elements add exact zeros), and masks each remaining element by its
 // own row's window and by T. The interior body's four chunks are written out where that costs no
 // blocks per SM and no spills (attention_mma_chunks). Per warp and tile pair at hd 64 (sm_90,
-// model/attention_sass.h): dK/dV 547 instructions interior, 828 masked; dQ 375 and 624. dK/dV's
+// model/attention_sass.h): dK/dV 547 instructions interior, 828 masked; dQ 375 and 624 (706 and
+// 1,104 for 32 rows a warp). dK/dV's
 // steps (query head, query tile) advance by additions, not by a division and a remainder of the
 // step index.
 // Heavy tiles first: the grid puts the tile index in z (the slowest), and
@@ -78,9 +82,10 @@
 //     64 of D (and 64 positions); with positions first the positions past the tile (the scan for
 //     the last query row). Writes its dK and dV rows once (split: the rows before T of its slot,
 //     hd floats each, of both).
-//   dQ, grid (H, B, n) (split: the segments), 128 threads: reads its Q and dO tiles, lse and D of its
-//     rows once; then for each key tile from the block's smallest lo to the diagonal (split: in its
-//     segment) the K and V tiles. Writes dQ once (split: its slot's rows before T in fp32).
+//   dQ, grid (H, B, n) (split: the segments), 128 threads (64 with 32 rows a warp): reads its Q and
+//     dO tiles, lse and D of its rows once; then for each key tile from the block's smallest lo to
+//     the diagonal (split: in its segment) the K and V tiles. Writes dQ once (split: its slot's rows
+//     before T in fp32).
 // Causal, no documents: n(n+1)/2 tile pairs per (b, h), each costing 12·64²·hd tensor FLOPs in
 // dK/dV (S, dP, dV, dK) and 6·64²·hd in dQ; on the diagonal tile the warps skip the 6 of 16
 // chunks above it. Useful work (what a FLOP count of attention credits): 5 products.
@@ -125,6 +130,10 @@ template <int HD, AttentionMmaRows Rows>
 inline constexpr int kAttentionMmaLd = attention_mma_row_elements(HD, Rows);
 template <int HD>
 inline constexpr bool kAttentionMmaDkvHasSwizzled = attention_mma_dkv_has_swizzled(HD);
+template <int RT>
+inline constexpr int kAttentionMmaThreadsOf = attention_mma_threads(RT);
+template <int HD, int RT>
+inline constexpr bool kAttentionMmaHasRowTiles = attention_mma_has_row_tiles(HD, RT);
 template <int HD, AttentionMmaRows Rows = AttentionMmaRows::padded>
 __host__ __device__ constexpr int attention_mma_ld() {
     return kAttentionMmaLd<HD, Rows>;
@@ -133,13 +142,13 @@ static_assert(sizeof(__nv_bfloat16) == 2, "attention_mma_blocks.h counts bf16 el
 
 // Copies rows [row0, row0 + 64) of a global bf16 matrix (row stride `stride` elements, HD wide,
 // 16-byte aligned) into a shared [64][HD] tile laid out as Rows says with cp.async, zero-filling
-// the rows at or past `limit` (their source is never read). Every thread of the block issues its
-// share; the caller commits and waits.
-template <int HD, AttentionMmaRows Rows = AttentionMmaRows::padded>
+// the rows at or past `limit` (their source is never read). Every thread of the block (Threads of
+// them) issues its share; the caller commits and waits.
+template <int HD, AttentionMmaRows Rows = AttentionMmaRows::padded, int Threads = kAttentionMmaThreads>
 __device__ inline void attention_mma_load_tile(__nv_bfloat16* dst, const __nv_bfloat16* src, long long stride, int row0,
                                                int limit) {
-    cp_async_rows<HD, kAttentionMmaTile, attention_mma_ld<HD, Rows>(), kAttentionMmaThreads,
-                  Rows == AttentionMmaRows::swizzled>(dst, src, stride, row0, limit);
+    cp_async_rows<HD, kAttentionMmaTile, attention_mma_ld<HD, Rows>(), Threads, Rows == AttentionMmaRows::swizzled>(
+        dst, src, stride, row0, limit);
 }
 
 // The address of piece p ∈ {0, 1} (columns col0 + 8p .. + 7) of row row0 + r (r < 16) of a shared
@@ -176,10 +185,19 @@ __device__ inline const __nv_bfloat16* attention_mma_cols_then_rows(const __nv_b
     return attention_mma_piece<HD, Rows>(tile, row0, col0, (lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1);
 }
 
+// c0 += A·B0 and c1 += A·B1: one A fragment (16×16) against the two n-tiles of the B fragments one
+// ldmatrix_x4 gave (b[0..1] the first, b[2..3] the second).
+__device__ inline void attention_mma_two_tiles(float (&c0)[4], float (&c1)[4], const uint32_t (&a)[4],
+                                               const uint32_t (&b)[4]) {
+    const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+    mma_m16n8k16_bf16(c0, a, b0, c0);
+    mma_m16n8k16_bf16(c1, a, b1, c1);
+}
+
 // acc[n-tile] += A·B, A the 16×16 operand of two m16n8 C fragments side by side (columns 0–7 and
 // 8–15: P or dS, kernels/mma.cuh accumulators_to_a_bf16), over one 16-row chunk of a k-major tile
 // [k][HD]: the B fragments of n-tiles 2p and 2p+1 (columns 16p..16p+15) come from one
-// ldmatrix_x4_trans.
+// ldmatrix_x4_trans. The second form does it for RT row tiles' A at once, each B fragment feeding all.
 template <int HD, AttentionMmaRows Rows = AttentionMmaRows::padded>
 __device__ inline void attention_mma_accumulate(float (&acc)[HD / 8][4], const float (&c)[2][4],
                                                 const __nv_bfloat16* tile, int k0) {
@@ -188,22 +206,36 @@ __device__ inline void attention_mma_accumulate(float (&acc)[HD / 8][4], const f
     for (int p = 0; p < HD / 16; ++p) {
         uint32_t b[4];
         ldmatrix_x4_trans(b, attention_mma_rows_then_cols<HD, Rows>(tile, k0, 16 * p));
-        const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-        mma_m16n8k16_bf16(acc[2 * p], a, b0, acc[2 * p]);
-        mma_m16n8k16_bf16(acc[2 * p + 1], a, b1, acc[2 * p + 1]);
+        attention_mma_two_tiles(acc[2 * p], acc[2 * p + 1], a, b);
+    }
+}
+template <int HD, AttentionMmaRows Rows = AttentionMmaRows::padded, int RT>
+__device__ inline void attention_mma_accumulate(float (&acc)[RT][HD / 8][4], const float (&c)[RT][2][4],
+                                                const __nv_bfloat16* tile, int k0) {
+    uint32_t a[RT][4];
+    for (int rt = 0; rt < RT; ++rt) accumulators_to_a_bf16(c[rt][0], c[rt][1], a[rt]);
+    for (int p = 0; p < HD / 16; ++p) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, attention_mma_rows_then_cols<HD, Rows>(tile, k0, 16 * p));
+        for (int rt = 0; rt < RT; ++rt) attention_mma_two_tiles(acc[rt][2 * p], acc[rt][2 * p + 1], a[rt], b);
     }
 }
 
 // c[2] += A·Bᵀ for k-step ks (head dims 16·ks..16·ks+15) where B's 16 rows (the chunk's two
-// n-tiles) start at row r0 of an n-major tile [rows][HD].
+// n-tiles) start at row r0 of an n-major tile [rows][HD]. The second form for RT row tiles' A.
 template <int HD, AttentionMmaRows Rows = AttentionMmaRows::padded>
 __device__ inline void attention_mma_score_step(float (&c)[2][4], const uint32_t (&a)[4], const __nv_bfloat16* tile,
                                                 int r0, int ks) {
     uint32_t b[4];
     ldmatrix_x4(b, attention_mma_cols_then_rows<HD, Rows>(tile, r0, 16 * ks));
-    const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-    mma_m16n8k16_bf16(c[0], a, b0, c[0]);
-    mma_m16n8k16_bf16(c[1], a, b1, c[1]);
+    attention_mma_two_tiles(c[0], c[1], a, b);
+}
+template <int HD, AttentionMmaRows Rows = AttentionMmaRows::padded, int RT>
+__device__ inline void attention_mma_score_step(float (&c)[RT][2][4], const uint32_t (&a)[RT][4],
+                                                const __nv_bfloat16* tile, int r0, int ks) {
+    uint32_t b[4];
+    ldmatrix_x4(b, attention_mma_cols_then_rows<HD, Rows>(tile, r0, 16 * ks));
+    for (int rt = 0; rt < RT; ++rt) attention_mma_two_tiles(c[rt][0], c[rt][1], a[rt], b);
 }
 
 // Stores a warp's 16 accumulator rows × HD (C fragments, scaled, rounded to bf16 in pairs) to
@@ -494,21 +526,28 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
 // ---- dQ ----------------------------------------------------------------------------------------
 
 // Block (query head, batch, query tile), or with kSplit (query head, batch, segment of a query tile's
-// key tiles: segment_steps, partial, partial_slots as attention_mma_backward_launch says), 4 warps;
-// warp w owns query rows q0 + 16w .. + 15, their Q and dO fragments in registers. Shared: K[2], V[2]
-// [64][HD + 8] (bf16), then ints: each warp's smallest lo [4], its interior key tiles' range [4][2]
-// and the rows' lo [64] (read per tile and per masked chunk, not held: the registers are short).
-template <int HD, int Path = 0, bool kSplit = false>  // Path as in the dK/dV kernel
-__global__ void __launch_bounds__(kAttentionMmaThreads)
+// key tiles: segment_steps, partial, partial_slots as attention_mma_backward_launch says),
+// attention_mma_threads(RT) threads: warp w owns query rows q0 + WR·w .. + WR − 1 (WR = 16·RT: 4 warps
+// of 16 rows, or with RT = 2 two of 32, each K and V fragment feeding both 16-row tiles), their Q and
+// dO fragments in registers. Shared: K[2], V[2] [64][HD + 8] (bf16), then ints: each warp's smallest
+// lo [4], its interior key tiles' range [4][2] and the rows' lo [64] (read per tile and per masked
+// chunk, not held: the registers are short). Each row's sums are the same products in the same order
+// whatever RT: the same bits.
+template <int HD, int Path = 0, bool kSplit = false, int RT = 1>  // Path as in the dK/dV kernel
+__global__ void __launch_bounds__(kAttentionMmaThreadsOf<RT>)
     attention_mma_dq_kernel(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout, const float* lse,
                             const float* D, __nv_bfloat16* dqkv, int T_len, int H, int Hkv, int segment_steps,
                             float* partial, int partial_slots) {
     using bf16 = __nv_bfloat16;
+    static_assert(kAttentionMmaHasRowTiles<HD, RT>, "warps of 32 rows: hd 64 alone (attention_mma_blocks.h)");
     constexpr int Bt = kAttentionMmaTile, LD = attention_mma_ld<HD>(), KS = HD / 16;
+    constexpr int kThreads = kAttentionMmaThreadsOf<RT>, WR = 16 * RT;
+    constexpr AttentionMmaRows kPadded = AttentionMmaRows::padded;
     // The interior body's chunks written out (attention_mma_chunks) at every head dim but 112, where
     // ptxas then spilled: at hd 128, 610 → 561 instructions per tile pair (222 → 255 registers, 2 blocks
-    // per SM either way); at hd 64, 386 → 375.
-    constexpr bool kUnrollInterior = HD != 112;
+    // per SM either way); at hd 64, 386 → 375. With 32 rows a warp they spill (60 bytes stored, 52
+    // loaded at hd 64): a loop.
+    constexpr bool kUnrollInterior = HD != 112 && RT == 1;
     const int h = blockIdx.x, b = blockIdx.y, n = (T_len + Bt - 1) / Bt;
     // This block's query tile (the last first: the heaviest) and segment of its key tiles; its partial
     // slot is worked out again at the end, rather than held through the loop.
@@ -530,22 +569,23 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
     int* interior_s = lo_min_s + 4;                            // [4][2]
     int* lo_s = interior_s + 8;                                // [64]
 
-    // The warp's query rows i = q0 + 16·warp + g + 8·half, with their lse (base 2: P = 2^(c·s −
+    // The warp's query rows i = q0 + WR·warp + 16·rt + g + 8·half, with their lse (base 2: P = 2^(c·s −
     // log2e·lse)), D and first key.
-    const int qw = 16 * warp;
-    float lse_r[2], D_r[2];
+    const int qw = WR * warp;
+    float lse_r[RT][2], D_r[RT][2];
     int lo_min = T_len;  // the smallest first key over the block's rows below T
     int lo_max = 0;      // the largest over the warp's rows
-    for (int half = 0; half < 2; ++half) {
-        const int i = q0 + qw + g + 8 * half;
-        const long long at = ((long long)b * H + h) * T_len + i;
-        lse_r[half] = i < T_len ? kLog2e * lse[at] : 0.0f;
-        D_r[half] = i < T_len ? D[at] : 0.0f;
-        const int lo = i < T_len ? attention_first_key(pos, i) : 0;
-        if (t == 0) lo_s[qw + g + 8 * half] = lo;
-        if (i < T_len) lo_min = min(lo_min, lo);
-        lo_max = max(lo_max, lo);
-    }
+    for (int rt = 0; rt < RT; ++rt)
+        for (int half = 0; half < 2; ++half) {
+            const int r = qw + 16 * rt + g + 8 * half, i = q0 + r;
+            const long long at = ((long long)b * H + h) * T_len + i;
+            lse_r[rt][half] = i < T_len ? kLog2e * lse[at] : 0.0f;
+            D_r[rt][half] = i < T_len ? D[at] : 0.0f;
+            const int lo = i < T_len ? attention_first_key(pos, i) : 0;
+            if (t == 0) lo_s[r] = lo;
+            if (i < T_len) lo_min = min(lo_min, lo);
+            lo_max = max(lo_max, lo);
+        }
     for (int offset = 16; offset > 0; offset /= 2) {
         lo_min = min(lo_min, __shfl_xor_sync(0xffffffffu, lo_min, offset));
         lo_max = max(lo_max, __shfl_xor_sync(0xffffffffu, lo_max, offset));
@@ -556,37 +596,38 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
     if (lane == 0) lo_min_s[warp] = lo_min, interior_s[2 * warp] = lo_max, interior_s[2 * warp + 1] = q0 + qw;
 
     // Q and dO go through buffer 1 (free until the second key tile) into registers.
-    attention_mma_load_tile<HD>(Ks + Bt * LD, rows + (long long)h * HD, stride, q0, T_len);
-    attention_mma_load_tile<HD>(Vs + Bt * LD, dout + (long long)b * T_len * dstride + (long long)h * HD, dstride, q0,
-                                T_len);
+    attention_mma_load_tile<HD, kPadded, kThreads>(Ks + Bt * LD, rows + (long long)h * HD, stride, q0, T_len);
+    attention_mma_load_tile<HD, kPadded, kThreads>(
+        Vs + Bt * LD, dout + (long long)b * T_len * dstride + (long long)h * HD, dstride, q0, T_len);
     cp_async_commit();
     __syncthreads();  // lo_min_s, interior_s and lo_s written
-    for (int w = 0; w < kAttentionMmaThreads / 32; ++w) lo_min = min(lo_min, lo_min_s[w]);
+    for (int w = 0; w < kThreads / 32; ++w) lo_min = min(lo_min, lo_min_s[w]);
     // Key tiles from the one holding the block's smallest lo up to the diagonal; split, those of them in
     // the segment's [segment·L, segment·L + L) (documents may leave a segment none: it writes zeros).
     int first = lo_min / Bt, last = (min(q0 + Bt, T_len) - 1) / Bt;
     if constexpr (kSplit)
         first = max(first, block.segment * segment_steps), last = min(last, (block.segment + 1) * segment_steps - 1);
     if (!kSplit || first <= last) {
-        attention_mma_load_tile<HD>(Ks, k_src, stride, first * Bt, T_len);
-        attention_mma_load_tile<HD>(Vs, v_src, stride, first * Bt, T_len);
+        attention_mma_load_tile<HD, kPadded, kThreads>(Ks, k_src, stride, first * Bt, T_len);
+        attention_mma_load_tile<HD, kPadded, kThreads>(Vs, v_src, stride, first * Bt, T_len);
     }
     cp_async_commit();
     cp_async_wait<1>();  // Q and dO landed (the first key tile may still be in flight)
     __syncthreads();
-    uint32_t q_frag[KS][4], do_frag[KS][4];
-    for (int ks = 0; ks < KS; ++ks) {
-        ldmatrix_x4(q_frag[ks], attention_mma_rows_then_cols<HD>(Ks + Bt * LD, qw, 16 * ks));
-        ldmatrix_x4(do_frag[ks], attention_mma_rows_then_cols<HD>(Vs + Bt * LD, qw, 16 * ks));
-    }
+    uint32_t q_frag[KS][RT][4], do_frag[KS][RT][4];
+    for (int ks = 0; ks < KS; ++ks)
+        for (int rt = 0; rt < RT; ++rt) {
+            ldmatrix_x4(q_frag[ks][rt], attention_mma_rows_then_cols<HD>(Ks + Bt * LD, qw + 16 * rt, 16 * ks));
+            ldmatrix_x4(do_frag[ks][rt], attention_mma_rows_then_cols<HD>(Vs + Bt * LD, qw + 16 * rt, 16 * ks));
+        }
     __syncthreads();  // every warp has its fragments before buffer 1 is overwritten
 
-    float dq[HD / 8][4] = {};
+    float dq[RT][HD / 8][4] = {};
     for (int kt = first; kt <= last; ++kt) {
         const int buf = (kt - first) % 2, k0 = kt * Bt;
         if (kt < last) {  // the next key tile loads while this one computes
-            attention_mma_load_tile<HD>(Ks + (1 - buf) * Bt * LD, k_src, stride, k0 + Bt, T_len);
-            attention_mma_load_tile<HD>(Vs + (1 - buf) * Bt * LD, v_src, stride, k0 + Bt, T_len);
+            attention_mma_load_tile<HD, kPadded, kThreads>(Ks + (1 - buf) * Bt * LD, k_src, stride, k0 + Bt, T_len);
+            attention_mma_load_tile<HD, kPadded, kThreads>(Vs + (1 - buf) * Bt * LD, v_src, stride, k0 + Bt, T_len);
             cp_async_commit();
             cp_async_wait<1>();
         } else {
@@ -596,8 +637,8 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
         const bf16* K = Ks + buf * Bt * LD;
         const bf16* V = Vs + buf * Bt * LD;
 
-        // One chunk of 16 keys (columns of S) against the warp's 16 query rows; the mask as in the
-        // dK/dV kernel (bit 4·nt + 2·half + e: query row half against key k0 + c0 + 8·nt + 2t + e).
+        // One chunk of 16 keys (columns of S) against the warp's query rows; the mask as in the dK/dV
+        // kernel (bit 8·rt + 4·nt + 2·half + e: row tile rt's row half against key k0 + c0 + 8·nt + 2t + e).
         const auto chunk = [&](int c0, auto masked_tag) {
             constexpr bool kMasked = decltype(masked_tag)::value;
             unsigned in = ~0u;
@@ -606,26 +647,30 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
                 // The rows' first keys, read per chunk: volatile, so that the compiler does not hold
                 // them across the tile (at hd 128 two more registers spill).
                 const volatile int* lo_v = lo_s + qw + g;
-                const int lo[2] = {lo_v[0], lo_v[8]};
-                for (int nt = 0; nt < 2; ++nt)
-                    for (int x = 0; x < 4; ++x) {
-                        const int half = x >> 1, i = q0 + qw + g + 8 * half, j = k0 + c0 + 8 * nt + 2 * t + (x & 1);
-                        in |= unsigned(i < T_len && lo[half] <= j && j <= i) << (4 * nt + x);
-                    }
-                if (!__any_sync(0xffffffffu, in != 0)) return;  // the whole 16×16 chunk is masked for this warp
+                for (int rt = 0; rt < RT; ++rt) {
+                    const int lo[2] = {lo_v[16 * rt], lo_v[16 * rt + 8]};
+                    for (int nt = 0; nt < 2; ++nt)
+                        for (int x = 0; x < 4; ++x) {
+                            const int half = x >> 1, i = q0 + qw + 16 * rt + g + 8 * half;
+                            const int j = k0 + c0 + 8 * nt + 2 * t + (x & 1);
+                            in |= unsigned(i < T_len && lo[half] <= j && j <= i) << (8 * rt + 4 * nt + x);
+                        }
+                }
+                if (!__any_sync(0xffffffffu, in != 0)) return;  // the whole chunk is masked for this warp
             }
-            float s[2][4] = {}, dp[2][4] = {};  // S = Q·Kᵀ and dP = dO·Vᵀ
+            float s[RT][2][4] = {}, dp[RT][2][4] = {};  // S = Q·Kᵀ and dP = dO·Vᵀ
             for (int ks = 0; ks < KS; ++ks) {
                 attention_mma_score_step<HD>(s, q_frag[ks], K, c0, ks);
                 attention_mma_score_step<HD>(dp, do_frag[ks], V, c0, ks);
             }
-            for (int nt = 0; nt < 2; ++nt)  // dS in place, as in the dK/dV kernel
-                for (int x = 0; x < 4; ++x) {
-                    const int half = x >> 1;
-                    float p = exp2_ftz(fmaf(s[nt][x], scale_log2, -lse_r[half]));
-                    if constexpr (kMasked) p = in >> (4 * nt + x) & 1 ? p : 0.0f;
-                    dp[nt][x] = p * (dp[nt][x] - D_r[half]);
-                }
+            for (int rt = 0; rt < RT; ++rt)
+                for (int nt = 0; nt < 2; ++nt)  // dS in place, as in the dK/dV kernel
+                    for (int x = 0; x < 4; ++x) {
+                        const int half = x >> 1;
+                        float p = exp2_ftz(fmaf(s[rt][nt][x], scale_log2, -lse_r[rt][half]));
+                        if constexpr (kMasked) p = in >> (8 * rt + 4 * nt + x) & 1 ? p : 0.0f;
+                        dp[rt][nt][x] = p * (dp[rt][nt][x] - D_r[rt][half]);
+                    }
             attention_mma_accumulate<HD>(dq, dp, K, c0);  // dQ += dS·K
         };
         if (Path == 1 || (Path == 0 && k0 >= interior_s[2 * warp] && k0 + Bt - 1 <= interior_s[2 * warp + 1]))
@@ -635,13 +680,15 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
         __syncthreads();  // every warp is done with this buffer before the tile after next lands in it
     }
 
-    if (const int slot = kSplit ? attention_mma_split_block(int(blockIdx.z), n, 1, segment_steps).slot : -1; slot >= 0)
-        attention_mma_store_partial<HD>(attention_mma_partial_tile<HD>(partial, 0, (long long)gridDim.y * H,
-                                                                       (long long)b * H + h, partial_slots, slot),
-                                        qw, T_len - q0, dq);  // unscaled, for the reduce kernel
-    else
-        attention_mma_store_rows<HD>(dqkv + (long long)b * T_len * stride + (long long)h * HD, stride, q0 + qw, T_len,
-                                     dq, scale);
+    const int slot = kSplit ? attention_mma_split_block(int(blockIdx.z), n, 1, segment_steps).slot : -1;
+    for (int rt = 0; rt < RT; ++rt)
+        if (slot >= 0)
+            attention_mma_store_partial<HD>(attention_mma_partial_tile<HD>(partial, 0, (long long)gridDim.y * H,
+                                                                           (long long)b * H + h, partial_slots, slot),
+                                            qw + 16 * rt, T_len - q0, dq[rt]);  // unscaled, for the reduce kernel
+        else
+            attention_mma_store_rows<HD>(dqkv + (long long)b * T_len * stride + (long long)h * HD, stride,
+                                         q0 + qw + 16 * rt, T_len, dq[rt], scale);
 }
 
 // ---- launcher ----------------------------------------------------------------------------------
@@ -655,12 +702,13 @@ inline bool attention_mma_backward_applies(const void* qkv, const void* dout, co
            attention_mma_backward_fits(hd, device_shared_bytes_per_block());
 }
 
-// Launches `kernel` with `smem` bytes of dynamic shared memory, opting in above 48 KiB.
+// Launches `kernel` with `threads` a block and `smem` bytes of dynamic shared memory, opting in above
+// 48 KiB.
 template <class Kernel, class... Args>
-void attention_mma_backward_run(Kernel kernel, dim3 grid, size_t smem, cudaStream_t stream, Args... args) {
+void attention_mma_backward_run(Kernel kernel, dim3 grid, int threads, size_t smem, cudaStream_t stream, Args... args) {
     if (smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    launch(kernel, grid, dim3(kAttentionMmaThreads), smem, stream, args...);
+    launch(kernel, grid, dim3(unsigned(threads)), smem, stream, args...);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -671,12 +719,19 @@ void attention_mma_backward_run(Kernel kernel, dim3 grid, size_t smem, cudaStrea
 // head dims attention_mma_split_supports alone), whose partials go to `partial` and a reduce kernel
 // sums after it: attention_mma_split_grid(n, group, L).partial_slots per (batch, KV head) of 64 x HD
 // floats for dK, as many for dV; per (batch, query head) for dQ; attention_mma_partial_bytes holds
-// the larger, reused.
+// the larger, reused. dQ's warps own dq_row_tiles 16-row tiles each (attention_mma_dq_row_tiles: 2
+// at hd 64 alone).
 template <int HD>
 void attention_mma_backward_launch(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
                                    const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H,
                                    int Hkv, cudaStream_t stream, AttentionMmaRows dkv_rows, AttentionMmaSplit split,
-                                   float* partial) {
+                                   float* partial, int dq_row_tiles) {
+    if (!attention_mma_has_row_tiles(HD, dq_row_tiles)) {
+        std::fprintf(stderr,
+                     "polevault: attention_mma_backward: no dQ kernel with %d row tiles a warp at head dim %d\n",
+                     dq_row_tiles, HD);
+        std::abort();
+    }
     const int n = ceil_div(T_len, kAttentionMmaTile);
     const AttentionMmaSplitGrid dkv_grid = attention_mma_split_grid(n, H / Hkv, split.dkv),
                                 dq_grid = attention_mma_split_grid(n, 1, split.dq);
@@ -688,14 +743,14 @@ void attention_mma_backward_launch(const __nv_bfloat16* qkv, const int* position
         std::fprintf(stderr, "polevault: attention_mma_backward: the split needs its partials' scratch\n");
         std::abort();
     }
-    const auto run = [&](auto kernel, dim3 grid, size_t smem, int L, const AttentionMmaSplitGrid& g) {
-        attention_mma_backward_run(kernel, grid, smem, stream, qkv, positions, dout, lse, D, dqkv, T_len, H, Hkv, L,
-                                   partial, int(g.partial_slots));
+    const auto run = [&](auto kernel, dim3 grid, int threads, size_t smem, int L, const AttentionMmaSplitGrid& g) {
+        attention_mma_backward_run(kernel, grid, threads, smem, stream, qkv, positions, dout, lse, D, dqkv, T_len, H,
+                                   Hkv, L, partial, int(g.partial_slots));
     };
     const auto reduce = [&](auto kernel, int heads, int L, const AttentionMmaSplitGrid& g) {
         if (g.partial_slots > 0)
-            attention_mma_backward_run(kernel, dim3(unsigned(g.split_tiles), heads, B), 0, stream, partial, dqkv, T_len,
-                                       H, Hkv, L, int(g.partial_slots));
+            attention_mma_backward_run(kernel, dim3(unsigned(g.split_tiles), heads, B), kAttentionMmaThreads, 0, stream,
+                                       partial, dqkv, T_len, H, Hkv, L, int(g.partial_slots));
     };
     constexpr AttentionMmaRows kPadded = AttentionMmaRows::padded, kSwizzled = AttentionMmaRows::swizzled;
     constexpr bool kSplits = attention_mma_split_supports(HD);
@@ -705,8 +760,9 @@ void attention_mma_backward_launch(const __nv_bfloat16* qkv, const int* position
         const size_t smem = attention_mma_dkv_smem_bytes(HD, rows);
         if constexpr (kSplits)
             if (split.dkv > 0)
-                return run(attention_mma_dkv_kernel<HD, 0, rows, true>, dkv_dims, smem, split.dkv, dkv_grid);
-        run(attention_mma_dkv_kernel<HD, 0, rows>, dkv_dims, smem, split.dkv, dkv_grid);
+                return run(attention_mma_dkv_kernel<HD, 0, rows, true>, dkv_dims, kAttentionMmaThreads, smem, split.dkv,
+                           dkv_grid);
+        run(attention_mma_dkv_kernel<HD, 0, rows>, dkv_dims, kAttentionMmaThreads, smem, split.dkv, dkv_grid);
     };
     if (dkv_rows == kPadded) {
         dkv(std::integral_constant<AttentionMmaRows, kPadded>{});
@@ -719,23 +775,30 @@ void attention_mma_backward_launch(const __nv_bfloat16* qkv, const int* position
     if constexpr (kSplits) reduce(attention_mma_reduce_kernel<HD, false>, Hkv, split.dkv, dkv_grid);
     const dim3 dq_dims(H, B, unsigned(dq_grid.blocks));
     const size_t dq_smem = attention_mma_dq_smem_bytes(HD);
-    if constexpr (kSplits)
-        if (split.dq > 0) {
-            run(attention_mma_dq_kernel<HD, 0, true>, dq_dims, dq_smem, split.dq, dq_grid);
-            return reduce(attention_mma_reduce_kernel<HD, true>, H, split.dq, dq_grid);
-        }
-    run(attention_mma_dq_kernel<HD>, dq_dims, dq_smem, split.dq, dq_grid);
+    const auto dq = [&](auto row_tiles_tag) {
+        constexpr int RT = decltype(row_tiles_tag)::value;
+        constexpr int threads = attention_mma_threads(RT);
+        if constexpr (kSplits)
+            if (split.dq > 0) {
+                run(attention_mma_dq_kernel<HD, 0, true, RT>, dq_dims, threads, dq_smem, split.dq, dq_grid);
+                return reduce(attention_mma_reduce_kernel<HD, true>, H, split.dq, dq_grid);
+            }
+        run(attention_mma_dq_kernel<HD, 0, false, RT>, dq_dims, threads, dq_smem, split.dq, dq_grid);
+    };
+    if constexpr (attention_mma_has_row_tiles(HD, 2))
+        if (dq_row_tiles == 2) return dq(std::integral_constant<int, 2>{});
+    dq(std::integral_constant<int, 1>{});
 }
 
-// The same at a run-time head dim (attention_mma_backward_supports(hd)) with the dK/dV rows and
-// splits named.
+// The same at a run-time head dim (attention_mma_backward_supports(hd)) with the dK/dV rows, the
+// splits and dQ's row tiles named.
 inline void attention_mma_backward(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
                                    const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H,
                                    int Hkv, int hd, cudaStream_t stream, AttentionMmaRows dkv_rows,
-                                   AttentionMmaSplit split, float* partial) {
+                                   AttentionMmaSplit split, float* partial, int dq_row_tiles) {
     auto go = [&](auto hd_tag) {
         attention_mma_backward_launch<decltype(hd_tag)::value>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv,
-                                                               stream, dkv_rows, split, partial);
+                                                               stream, dkv_rows, split, partial, dq_row_tiles);
     };
     switch (hd) {
         case 32: return go(std::integral_constant<int, 32>{});
@@ -750,15 +813,16 @@ inline void attention_mma_backward(const __nv_bfloat16* qkv, const int* position
     std::abort();
 }
 
-// The same with the dK/dV rows the current device's shared memory allows (attention_mma_dkv_rows)
-// and the shape's splits (attention_mma_backward_split); `partial` holds
-// attention_mma_partial_bytes(B, T_len, H, Hkv, hd).
+// The same with the dK/dV rows and dQ's row tiles the current device's shared memory gives
+// (attention_mma_dkv_rows, attention_mma_dq_row_tiles) and the shape's splits
+// (attention_mma_backward_split); `partial` holds attention_mma_partial_bytes(B, T_len, H, Hkv, hd).
 inline void attention_mma_backward(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
                                    const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H,
                                    int Hkv, int hd, cudaStream_t stream, float* partial) {
+    const size_t shared = device_shared_bytes_per_block();
     attention_mma_backward(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream,
-                           attention_mma_dkv_rows(hd, device_shared_bytes_per_block()),
-                           attention_mma_backward_split(B, T_len, H, Hkv, hd), partial);
+                           attention_mma_dkv_rows(hd, shared), attention_mma_backward_split(B, T_len, H, Hkv, hd),
+                           partial, attention_mma_dq_row_tiles(hd, shared));
 }
 
 }  // namespace pv

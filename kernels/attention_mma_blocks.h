@@ -10,7 +10,7 @@ namespace pv {
 
 inline constexpr int kAttentionMmaTile = 64;      // rows per tile, on both sides
 inline constexpr int kAttentionMmaThreads = 128;  // 4 warps, 16 rows of the block's tile each (the
-                                                  // forward on an H100 at hd 64: 2 of 32, below)
+                                                  // forward and dQ at hd 64 on some GPUs: 2 of 32, below)
 
 // How a shared [64][hd] bf16 tile's rows lie in shared memory. The 8 rows one ldmatrix reads must
 // fall on different banks:
@@ -38,30 +38,44 @@ constexpr size_t attention_mma_tile_bytes(int hd, AttentionMmaRows rows = Attent
 constexpr size_t attention_mma_forward_smem_bytes(int hd, int row_tiles = 1) {
     return (row_tiles > 1 ? 5 : 4) * attention_mma_tile_bytes(hd) + kAttentionMmaTile * sizeof(int);
 }
-// The forward's block owns a 64-row query tile, its warps `row_tiles` 16-row tiles each: 4 warps of
-// 16 rows, or at hd 64 on a device whose SM holds 4 blocks of 2 warps of 32 rows (8 warps, as many
-// as the 16-row block's 2 of 4; the H100), 2 of 32 — each K and V fragment a warp loads then feeds
-// two mma, 9% fewer instructions per mma. Their 255 registers and 46,336 bytes of shared memory a
-// block leave an A100's SM 3 such blocks (6 warps) and an sm_86/sm_89 SM 2 (4 warps), too few warps
-// to hide the latencies: those keep 16 rows, as does hd 128, where 32 rows' accumulators spill. An
-// SM's shared memory is a block's opt-in limit and the 1 KiB a block reserves (228, 164, 100 KiB).
-inline constexpr size_t kAttentionMmaBlockReserve = 1024;
-constexpr int attention_mma_forward_row_tiles(int hd, size_t shared_per_block) {
-    return hd == 64 && 4 * (attention_mma_forward_smem_bytes(hd, 2) + kAttentionMmaBlockReserve) <=
-                           shared_per_block + kAttentionMmaBlockReserve
-               ? 2
-               : 1;
-}
-constexpr int attention_mma_forward_threads(int row_tiles) { return kAttentionMmaThreads / row_tiles; }
-// dK/dV: K, V, two Q and two dO tiles; two buffers of the query tile's lse, D (fp32) and window starts.
-constexpr size_t attention_mma_dkv_smem_bytes(int hd, AttentionMmaRows rows = AttentionMmaRows::padded) {
-    return 6 * attention_mma_tile_bytes(hd, rows) + 2 * kAttentionMmaTile * (2 * sizeof(float) + sizeof(int));
-}
 // dQ: two K and two V tiles (Q and dO go through buffer 1 first); 12 + 64 ints of window bounds.
 constexpr size_t attention_mma_dq_smem_bytes(int hd) {
     return 4 * attention_mma_tile_bytes(hd) + (12 + kAttentionMmaTile) * sizeof(int);
 }
 
+// Warps of 32 query rows. The forward's and dQ's blocks own a 64-row query tile, their warps
+// `row_tiles` 16-row tiles each: 4 warps of 16 rows, or at hd 64 on a device whose SM holds 4 blocks
+// of 2 warps of 32 rows (8 warps: the calibrated rate holds from 8 an SM), 2 of 32 — each K and V
+// fragment a warp loads then feeds two mma: 9% fewer instructions per mma in the forward, 6% in dQ's
+// interior tiles (12% in its masked ones). At up to 255 registers 4 such blocks fill an SM's 64 Ki;
+// where shared memory holds fewer (the forward: an A100's SM 3 blocks, 6 warps, an sm_86/sm_89 SM
+// 2; dQ: sm_86/sm_89 2), too few warps hide the latencies and the kernel keeps 16 rows, as hd 128
+// does everywhere (32 rows' accumulators spill there). An SM's shared memory is a block's opt-in
+// limit and the 1 KiB a block reserves (228, 164, 100 KiB).
+inline constexpr size_t kAttentionMmaBlockReserve = 1024;
+constexpr int attention_mma_row_tiles(int hd, size_t block_smem_32_rows, size_t shared_per_block) {
+    return hd == 64 &&
+                   4 * (block_smem_32_rows + kAttentionMmaBlockReserve) <= shared_per_block + kAttentionMmaBlockReserve
+               ? 2
+               : 1;
+}
+// The kernels compiled with warps of `row_tiles` 16-row tiles at head dim hd: 1 everywhere, 2 at 64.
+constexpr bool attention_mma_has_row_tiles(int hd, int row_tiles) {
+    return row_tiles == 1 || (row_tiles == 2 && hd == 64);
+}
+constexpr int attention_mma_threads(int row_tiles) { return kAttentionMmaThreads / row_tiles; }
+// The forward's 32-row block: 46,336 bytes at hd 64 (H100: 2 warps of 32 rows; A100, sm_86/sm_89: 16).
+constexpr int attention_mma_forward_row_tiles(int hd, size_t shared_per_block) {
+    return attention_mma_row_tiles(hd, attention_mma_forward_smem_bytes(hd, 2), shared_per_block);
+}
+// dQ's, the same block either way: 37,168 bytes at hd 64 (H100 and A100: 32 rows; sm_86/sm_89: 16).
+constexpr int attention_mma_dq_row_tiles(int hd, size_t shared_per_block) {
+    return attention_mma_row_tiles(hd, attention_mma_dq_smem_bytes(hd), shared_per_block);
+}
+// dK/dV: K, V, two Q and two dO tiles; two buffers of the query tile's lse, D (fp32) and window starts.
+constexpr size_t attention_mma_dkv_smem_bytes(int hd, AttentionMmaRows rows = AttentionMmaRows::padded) {
+    return 6 * attention_mma_tile_bytes(hd, rows) + 2 * kAttentionMmaTile * (2 * sizeof(float) + sizeof(int));
+}
 // The dK/dV block's rows on a device that lets a block have `shared_per_block` bytes of shared
 // memory: padded where that block fits (everywhere from sm_80 on up to hd 112, and on sm_80 and
 // sm_90 at hd 128), else swizzled (hd 128 on sm_86 and sm_89: 99,840 bytes where the padded block

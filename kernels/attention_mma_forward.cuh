@@ -119,7 +119,7 @@ struct MmaAttentionForwardConfig {
     static_assert(HD % 32 == 0 && HD <= 128, "head dim: a multiple of 32 up to 128");
     static_assert(RT == 1 || RT == 2, "16 or 32 rows a warp");
     static constexpr int kRowTiles = RT;
-    static constexpr int kThreads = attention_mma_forward_threads(RT);
+    static constexpr int kThreads = attention_mma_threads(RT);
     static constexpr int kWarpRows = 16 * kRowTiles;
     // With two row tiles Q's fragments are read from shared memory at every key tile (held, their
     // 32 more registers spill); one row tile holds them, Q staged in V's second buffer.
@@ -482,7 +482,7 @@ template <int HD>
 void attention_mma_forward_launch(const __nv_bfloat16* qkv, const int* positions, __nv_bfloat16* out, float* lse, int B,
                                   int T_len, int H, int Hkv, cudaStream_t stream, int segment_steps, float* partial,
                                   int row_tiles) {
-    if constexpr (HD == 64)
+    if constexpr (attention_mma_has_row_tiles(HD, 2))
         if (row_tiles == 2)
             return attention_mma_forward_rows<HD, 2>(qkv, positions, out, lse, B, T_len, H, Hkv, stream, segment_steps,
                                                      partial);

@@ -12,7 +12,7 @@
 // the dK/dV kernel with swizzled shared rows) and head dim: the instructions one warp issues per
 // trip of its tile loop (a 64-key tile of its 16 query rows in the forward, 32 in "forward-32rows",
 // whose warps own two 16-row tiles; a 64 x 64 tile pair in the backward kernels, their loop over the
-// tile's four 16-row chunks expanded) and the HMMA among
+// tile's four 16-row chunks expanded, dQ's 16 query rows of it, 32 in "dq-32rows") and the HMMA among
 // them: through the body for tiles every row of the warp sees whole (interior), and through the
 // one with masks (a diagonal or document-boundary tile), and the registers per thread of the
 // instantiation programs run (ptxas; of the split and unsplit ones, kSplit, the more of the two:
@@ -26,7 +26,7 @@ namespace pv {
 struct AttentionTileSass {
     int sass_arch;       // 90 (sm_90) or 80 (sm_80)
     const char* kernel;  // "forward", "forward-32rows" (the forward, warps of 32 rows), "dkv",
-                         // "dkv-swizzled" (the dK/dV kernel, rows swizzled) or "dq"
+                         // "dkv-swizzled" (the dK/dV kernel, rows swizzled), "dq" or "dq-32rows"
     int head_dim;
     int instructions;         // per warp and tile-loop trip, an interior tile
     int masked_instructions;  // per warp and tile-loop trip, a tile with masks
@@ -56,6 +56,7 @@ inline constexpr AttentionTileSass kAttentionTileSass[] = {
     {90, "dq", 96, 520, 769, 144, 243},
     {90, "dq", 112, 629, 815, 168, 231},
     {90, "dq", 128, 561, 790, 192, 255},
+    {90, "dq-32rows", 64, 706, 1104, 192, 238},
     {80, "forward", 64, 371, 500, 64, 184},
     {80, "forward", 128, 553, 683, 128, 232},
     {80, "forward-32rows", 64, 677, 919, 128, 255},
@@ -74,6 +75,7 @@ inline constexpr AttentionTileSass kAttentionTileSass[] = {
     {80, "dq", 96, 520, 735, 144, 242},
     {80, "dq", 112, 590, 800, 168, 255},
     {80, "dq", 128, 561, 776, 192, 255},
+    {80, "dq-32rows", 64, 678, 1096, 192, 255},
 };
 // clang-format on
 

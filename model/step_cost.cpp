@@ -314,12 +314,13 @@ void add_partials_kernel(std::vector<KernelCost>& k, size_t at, const SplitBytes
 
 AttentionBlock attention_block(const std::string& kernel, int hd) {
     // (the split instantiations take the same block)
-    if (kernel == "forward") return {attention_mma_forward_threads(1), attention_mma_forward_smem_bytes(hd, 1)};
-    if (kernel == "forward-32rows") return {attention_mma_forward_threads(2), attention_mma_forward_smem_bytes(hd, 2)};
-    return {kAttentionMmaThreads, kernel == "dkv" ? attention_mma_dkv_smem_bytes(hd)
-                                  : kernel == "dkv-swizzled"
-                                      ? attention_mma_dkv_smem_bytes(hd, AttentionMmaRows::swizzled)
-                                      : attention_mma_dq_smem_bytes(hd)};
+    if (kernel == "forward") return {attention_mma_threads(1), attention_mma_forward_smem_bytes(hd, 1)};
+    if (kernel == "forward-32rows") return {attention_mma_threads(2), attention_mma_forward_smem_bytes(hd, 2)};
+    if (kernel == "dq") return {attention_mma_threads(1), attention_mma_dq_smem_bytes(hd)};
+    if (kernel == "dq-32rows") return {attention_mma_threads(2), attention_mma_dq_smem_bytes(hd)};
+    return {kAttentionMmaThreads,
+            attention_mma_dkv_smem_bytes(
+                hd, kernel == "dkv-swizzled" ? AttentionMmaRows::swizzled : AttentionMmaRows::padded)};
 }
 
 // The issue-bound part of a tensor-core attention kernel's cost: its blocks, their instructions
@@ -417,9 +418,17 @@ double mma_backward_pairs(int T) {
 // attention_backward for bf16 at a head dim that is a multiple of 16 from 32 to 128 (attention_mma_backward.cuh):
 // the D kernel, then attention_mma_dkv_kernel (q, k, v, dout, lse and D read, dk and dv written;
 // per score pair S, dP, dV and dK, P and dS in one bf16: 8·hd FLOPs) and attention_mma_dq_kernel
-// (the same reads, dq written; S, dP, dQ: 6·hd).
+// (the same reads, dq written; S, dP, dQ: 6·hd). Their blocks are those the device's shared memory
+// gives: the dK/dV rows padded or swizzled, dQ's warps of 16 or 32 rows.
+const char* attention_dkv_kind(int hd, const Device& d) {
+    return attention_mma_dkv_rows(hd, d.sm.shared_bytes_per_block) == AttentionMmaRows::swizzled ? "dkv-swizzled"
+                                                                                                 : "dkv";
+}
+const char* attention_dq_kind(int hd, const Device& d) {
+    return attention_mma_dq_row_tiles(hd, d.sm.shared_bytes_per_block) == 2 ? "dq-32rows" : "dq";
+}
 std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions,
-                                           AttentionMmaRows dkv_rows, int sass_arch) {
+                                           const Device& d) {
     const double rows = double(B) * T, qo = rows * H * hd * t, kv = rows * Hkv * hd * t, stats = rows * H * a;
     const double pos = positions ? rows * 4 : 0, pairs = mma_backward_pairs(T) * B * H;
     std::vector<KernelCost> k = {
@@ -428,11 +437,11 @@ std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd,
                8.0 * hd * pairs, Roofline::attention_mma),
         kernel("attention_mma_dq_kernel", "attention backward: dQ", 2 * qo + 2 * kv + 2 * stats + pos, qo,
                6.0 * hd * pairs, Roofline::attention_mma)};
-    // Issue: every tile pair up to the diagonal, 4 warps each (the chunks above the diagonal that
-    // the warps skip are counted: n·6/16 of n(n+1)/2 pairs' inner-loop trips, 2% at T = 2048).
-    set_attention_issue_now(k[1], dkv_rows == AttentionMmaRows::swizzled ? "dkv-swizzled" : "dkv", B, T, H, Hkv, hd,
-                            sass_arch);
-    set_attention_issue_now(k[2], "dq", B, T, H, Hkv, hd, sass_arch);
+    // Issue: every tile pair up to the diagonal, each of the block's warps (the chunks above the
+    // diagonal that the warps skip are counted: n·6/16 of n(n+1)/2 pairs' inner-loop trips, 2% at
+    // T = 2048).
+    set_attention_issue_now(k[1], attention_dkv_kind(hd, d), B, T, H, Hkv, hd, d.sass_arch);
+    set_attention_issue_now(k[2], attention_dq_kind(hd, d), B, T, H, Hkv, hd, d.sass_arch);
     k[1].issue_efficiency = k[2].issue_efficiency = attention_issue_efficiency().backward;
     // The splits (attention_mma_backward_split): a split kernel's split tiles' blocks write fp32
     // partials (the rows before T of each slot) instead of bf16 rows, which attention_mma_reduce_kernel,
@@ -813,10 +822,7 @@ std::vector<KernelCost> step_kernels(const StepShape& s, KernelSet set, const De
     append(k, cost::gemm(N, c.q_width(), C, t, false, "output backward: dX"), layers);
     weight_gradient(k, C, c.q_width(), "output backward: dW", layers);
     if (mma_backward) {
-        append(k,
-               cost::attention_backward(s.batch, s.seq_len, H, Hkv, hd, t, a, false,
-                                        attention_mma_dkv_rows(hd, d.sm.shared_bytes_per_block), d.sass_arch),
-               layers);
+        append(k, cost::attention_backward(s.batch, s.seq_len, H, Hkv, hd, t, a, false, d), layers);
     } else {  // the same D kernel, then the CUDA-core kernels
         append(k, {cost::attention_dot(double(s.batch) * s.seq_len, H, hd, t, a)}, layers);
         append(k, cost::attention_backward_cuda_cores(s.batch, s.seq_len, H, Hkv, hd, t, a, false), layers);

@@ -116,7 +116,7 @@ struct RooflineEfficiency {
 RooflineEfficiency roofline_efficiency(Roofline r);
 
 // The tensor-core attention kernels' issue-rate model. Instructions one warp issues per trip of a
-// kernel's tile loop ("forward", "forward-32rows", "dkv", "dkv-swizzled", "dq") at head dim hd in the SASS for
+// kernel's tile loop ("forward", "forward-32rows", "dkv", "dkv-swizzled", "dq", "dq-32rows") at head dim hd in the SASS for
 // sass_arch (Device::sass_arch), from model/attention_sass.h, through an interior tile or (masked)
 // one with masks (the diagonal's); 0 where the kernel has no such instantiation (that head dim runs
 // on the CUDA-core kernels).
@@ -128,7 +128,7 @@ double issue_seconds(double warp_instructions, double efficiency, const Device& 
 // warp_instructions over the whole GPU's rate. Throws, naming the kernel and the limit, when one of
 // its blocks cannot launch on the device.
 double issue_seconds(const KernelCost& k, const Device& d = {});
-// Registers per thread of a tensor-core attention kernel ("forward", "forward-32rows", "dkv", "dkv-swizzled", "dq") at
+// Registers per thread of a tensor-core attention kernel ("forward", "forward-32rows", "dkv", "dkv-swizzled", "dq", "dq-32rows") at
 // head dim hd in the SASS for sass_arch (model/attention_sass.h, from ptxas); 0 where it has no
 // instantiation.
 int attention_kernel_registers(const std::string& kernel, int hd, int sass_arch = 90);
@@ -160,15 +160,15 @@ std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, 
 // (kernels/attention_mma_blocks.h attention_mma_forward_row_tiles: hd 64 on an H100), else "forward".
 const char* attention_forward_kind(int hd, const Device& d = {});
 // A tensor-core attention kernel's block as launched (kernels/attention_mma_blocks.h): its threads
-// (every warp runs the tile loop once per 64×64 tile pair the block walks; "forward-32rows" 2 warps,
-// the others 4) and dynamic shared memory.
+// (every warp runs the tile loop once per 64×64 tile pair the block walks; "forward-32rows" and
+// "dq-32rows" 2 warps, the others 4) and dynamic shared memory.
 struct AttentionBlock {
     int threads = 0;
     size_t shared = 0;
 };
 AttentionBlock attention_block(const std::string& kernel, int hd);
 // Sets k's issue-bound figures for a tensor-core attention kernel ("forward", "forward-32rows", "dkv",
-// "dkv-swizzled", "dq": model/attention_sass.h) at this
+// "dkv-swizzled", "dq", "dq-32rows": model/attention_sass.h) at this
 // shape: its blocks in launch order, heaviest first (attention_block's warps each, each running the
 // tile loop once per 64×64 tile pair the block walks, `interior` instructions a trip and `masked` for
 // the diagonal's), `registers` per thread and the kernel's shared memory per block. attention_forward
@@ -181,11 +181,17 @@ void set_attention_issue(KernelCost& k, const char* kernel, int B, int T, int H,
 // The CUDA-core forward.
 std::vector<KernelCost> attention_forward_cuda_cores(int B, int T, int H, int Hkv, int hd, int t, int a,
                                                      bool positions);
-// bf16 at a head dim that is a multiple of 16 from 32 to 128: the D kernel and the tensor-core kernels,
-// the dK/dV kernel's shared rows as the device allows (kernels/attention_mma_blocks.h), their issue
-// priced from the SASS for sass_arch.
+// bf16 at a head dim that is a multiple of 16 from 32 to 128: the D kernel and the tensor-core kernels
+// with the blocks the device's shared memory gives them (attention_dkv_kind, attention_dq_kind), their
+// issue priced from the SASS it runs (Device::sass_arch).
 std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions,
-                                           AttentionMmaRows dkv_rows = AttentionMmaRows::padded, int sass_arch = 90);
+                                           const Device& d = {});
+// "dkv-swizzled" where the device's shared memory is too small for the padded dK/dV block
+// (kernels/attention_mma_blocks.h attention_mma_dkv_rows: hd 128 on sm_86/sm_89), else "dkv".
+const char* attention_dkv_kind(int hd, const Device& d = {});
+// "dq-32rows" where the device runs dQ with warps of 32 rows at head dim hd (attention_mma_dq_row_tiles:
+// hd 64 on an H100 or A100), else "dq".
+const char* attention_dq_kind(int hd, const Device& d = {});
 // D = rowwise dO·O (attention_backward_dot_kernel) over `rows` rows of H heads: out and dout read, D
 // written; 16-byte loads where a row is whole 16-byte vectors (the model's buffers are aligned),
 // else a warp per row of one-element loads. `vectors` false prices the latter: the kernel of the

@@ -569,12 +569,13 @@ using bf16 = __nv_bfloat16;
 
 // dqkv from the tensor-core kernels called directly (the dot kernel, then the dK/dV and dQ
 // kernels), given the forward's out and lse: what attention_backward must produce when it
-// dispatches there. The dK/dV kernel's shared rows as named, else as the device allows.
-// The splits as named (segment steps, 0 none), else the shape's.
+// dispatches there. The dK/dV kernel's shared rows and dQ's row tiles a warp as named, else as the
+// device allows. The splits as named (segment steps, 0 none), else the shape's.
 std::vector<bf16> mma_backward_direct(const std::vector<bf16>& qkv, const std::vector<bf16>& dout,
                                       const AttentionShape& s, const std::vector<int>* positions, const Run<bf16>& fwd,
                                       std::optional<pv::AttentionMmaRows> dkv_rows = std::nullopt,
-                                      std::optional<pv::AttentionMmaSplit> split = std::nullopt) {
+                                      std::optional<pv::AttentionMmaSplit> split = std::nullopt,
+                                      std::optional<int> dq_row_tiles = std::nullopt) {
     const int B = int(s.B), T_len = int(s.T), H = int(s.H), Hkv = int(s.Hkv), hd = int(s.hd);
     DeviceArray<bf16> d_qkv(qkv), d_dout(dout), d_out(fwd.out), d_dqkv(qkv.size());
     DeviceArray<float> d_lse(fwd.lse), d_D(s.B * s.H * s.T);
@@ -585,11 +586,12 @@ std::vector<bf16> mma_backward_direct(const std::vector<bf16>& qkv, const std::v
     DeviceArray<int> d_pos(positions ? *positions : std::vector<int>(1));
     const int* pos = positions ? d_pos.get() : nullptr;
     pv::attention_backward_dot(d_out.get(), d_dout.get(), d_D.get(), B, T_len, H, hd, nullptr);
-    if (dkv_rows || split)
-        pv::attention_mma_backward(
-            d_qkv.get(), pos, d_dout.get(), d_lse.get(), d_D.get(), d_dqkv.get(), B, T_len, H, Hkv, hd, nullptr,
-            dkv_rows.value_or(pv::attention_mma_dkv_rows(hd, pv::device_shared_bytes_per_block())), L, d_partial.get());
-    else  // the rows the device allows, the shape's split
+    const size_t shared = pv::device_shared_bytes_per_block();
+    if (dkv_rows || split || dq_row_tiles)
+        pv::attention_mma_backward(d_qkv.get(), pos, d_dout.get(), d_lse.get(), d_D.get(), d_dqkv.get(), B, T_len, H,
+                                   Hkv, hd, nullptr, dkv_rows.value_or(pv::attention_mma_dkv_rows(hd, shared)), L,
+                                   d_partial.get(), dq_row_tiles.value_or(pv::attention_mma_dq_row_tiles(hd, shared)));
+    else  // the blocks the device allows, the shape's split
         pv::attention_mma_backward(d_qkv.get(), pos, d_dout.get(), d_lse.get(), d_D.get(), d_dqkv.get(), B, T_len, H,
                                    Hkv, hd, nullptr, d_partial.get());
     return d_dqkv.download();
@@ -733,51 +735,103 @@ TEST_CASE("bf16 attention backward at hd 128 on a GPU with 99 KiB a block runs d
     }
 }
 
+// The devices the 32-row kernels are chosen for or not (kernels/attention_mma_blocks.h
+// attention_mma_row_tiles): the shared memory a block may have, and the row tiles a warp the
+// dispatch must give the forward and dQ at hd 64 there.
+struct RowTilesDevice {
+    const char* name;
+    size_t shared;
+    int forward, dq;
+};
+constexpr RowTilesDevice kRowTilesDevices[] = {
+    {"H100", 227 * 1024, 2, 2}, {"A100", 163 * 1024, 1, 2}, {"RTX 6000 Ada", 99 * 1024, 1, 1}};
+static_assert([] {
+    for (const RowTilesDevice& d : kRowTilesDevices)
+        if (pv::attention_mma_forward_row_tiles(64, d.shared) != d.forward ||
+            pv::attention_mma_dq_row_tiles(64, d.shared) != d.dq ||
+            pv::attention_mma_forward_row_tiles(128, d.shared) != 1 ||
+            pv::attention_mma_dq_row_tiles(128, d.shared) != 1)
+            return false;
+    return true;
+}());
+
+// Runs check(device) with the host platform told that device's limit (POLEVAULT_HOST_SHARED_OPTIN),
+// after requiring that the host reports it and that the dispatch picks that device's row tiles.
+template <class Check>
+void on_each_row_tiles_device(Check check) {
+    for (const RowTilesDevice& d : kRowTilesDevices) {
+        INFO(d.name);
+        const HostSharedLimit limit(d.shared);
+        if (pv::kHostBackend) {
+            REQUIRE(pv::device_shared_bytes_per_block() == d.shared);
+            REQUIRE(pv::attention_mma_forward_row_tiles(64, pv::device_shared_bytes_per_block()) == d.forward);
+            REQUIRE(pv::attention_mma_dq_row_tiles(64, pv::device_shared_bytes_per_block()) == d.dq);
+        }
+        check(d);
+    }
+}
+
+// Calls body(s, qkv, dout, positions) on random inputs at hd 64 (seeds from `seed`), with ragged
+// documents and causal, and then holds the public path to the fp64 reference there.
+template <class Body>
+void on_row_tiles_inputs(uint64_t seed, Body body) {
+    const AttentionShape s = kTsanBuild ? AttentionShape{1, 130, 2, 1, 64} : AttentionShape{2, 200, 6, 2, 64};
+    const std::vector<int> pos = ragged_documents(s);
+    const auto qkv = random_vector<bf16>(s.B * s.T * s.width(), seed, -2.0, 2.0);
+    const auto dout = random_vector<bf16>(s.B * s.T * s.H * s.hd, seed + 1);
+    for (const std::vector<int>* positions : std::vector<const std::vector<int>*>{&pos, nullptr}) {
+        INFO(describe(s) << (positions ? ", documents" : ", causal"));
+        body(s, qkv, dout, positions);
+        check_against_reference<bf16>(s, positions ? seed + 2 : seed + 3, positions);
+    }
+}
+
 // The forward at hd 64 runs warps of 32 rows (two 16-row tiles) where an SM holds four such blocks
 // (the H100: 227 KiB a block) and of 16 elsewhere (an A100's 163 KiB: three would fit, 6 warps).
 // Both compute each row's products in the same order, so: called directly, with and without a split,
-// they give the same bits; the dispatch picks 32 rows at the H100's limit and 16 at the A100's (the
-// host platform told that limit by POLEVAULT_HOST_SHARED_OPTIN); the public path gives those bits on
-// either device (which kernel ran does not show in them: the dispatch's choice is the one checked);
-// and both meet the fp64 reference within the tensor cores' tolerance.
+// they give the same bits; the dispatch picks each device's (the host platform told its limit); the
+// public path gives those bits on each (which kernel ran does not show in them: the dispatch's
+// choice is the one checked); and both meet the fp64 reference within the tensor cores' tolerance.
 TEST_CASE(
     "bf16 attention forward at hd 64: warps of 32 rows where an SM holds four blocks and of 16 elsewhere, "
     "bit for bit",
     "[kernels][attention][documents]") {
-    constexpr size_t kH100Shared = 227 * 1024, kA100Shared = 163 * 1024;
-    static_assert(pv::attention_mma_forward_row_tiles(64, kH100Shared) == 2 &&
-                  pv::attention_mma_forward_row_tiles(64, kA100Shared) == 1 &&
-                  pv::attention_mma_forward_row_tiles(128, kH100Shared) == 1);
-    const AttentionShape s = kTsanBuild ? AttentionShape{1, 130, 2, 1, 64} : AttentionShape{2, 200, 6, 2, 64};
-    const std::vector<int> pos = ragged_documents(s);
-    const auto qkv = random_vector<bf16>(s.B * s.T * s.width(), 1900, -2.0, 2.0);
-    const auto dout = random_vector<bf16>(s.B * s.T * s.H * s.hd, 1901);
-    for (const std::vector<int>* positions : std::vector<const std::vector<int>*>{&pos, nullptr}) {
-        INFO(describe(s) << (positions ? ", documents" : ", causal"));
+    on_row_tiles_inputs(1900, [](const AttentionShape& s, const std::vector<bf16>& qkv, const std::vector<bf16>& dout,
+                                 const std::vector<int>* positions) {
         const Run<bf16> wide = mma_forward_direct(qkv, s, positions, 0, 2);
         const Run<bf16> narrow = mma_forward_direct(qkv, s, positions, 0, 1);
         REQUIRE(same_bits(wide.out, narrow.out));
         REQUIRE(same_bits(wide.lse, narrow.lse));
         REQUIRE(same_bits(mma_forward_direct(qkv, s, positions, 2, 2).out,
                           mma_forward_direct(qkv, s, positions, 2, 1).out));
-        if (pv::kHostBackend) {
-            REQUIRE(pv::device_shared_bytes_per_block() == kH100Shared);
-            REQUIRE(pv::attention_mma_forward_row_tiles(64, pv::device_shared_bytes_per_block()) == 2);
-        }
-        const Run<bf16> h100 = run(qkv, dout, s, positions);
-        REQUIRE(same_bits(h100.out, wide.out));
-        REQUIRE(same_bits(h100.lse, wide.lse));
+        on_each_row_tiles_device([&](const RowTilesDevice&) {
+            const Run<bf16> got = run(qkv, dout, s, positions);
+            REQUIRE(same_bits(got.out, wide.out));
+            REQUIRE(same_bits(got.lse, wide.lse));
+        });
+    });
+}
 
-        const HostSharedLimit limit(kA100Shared);
-        if (pv::kHostBackend) {
-            REQUIRE(pv::device_shared_bytes_per_block() == kA100Shared);
-            REQUIRE(pv::attention_mma_forward_row_tiles(64, pv::device_shared_bytes_per_block()) == 1);
-        }
-        const Run<bf16> a100 = run(qkv, dout, s, positions);
-        REQUIRE(same_bits(a100.out, narrow.out));
-        REQUIRE(same_bits(a100.lse, narrow.lse));
-        check_against_reference<bf16>(s, positions ? 1902 : 1903, positions);
-    }
+// dQ at hd 64 likewise: warps of 32 rows where an SM holds four of its blocks (the H100 and the
+// A100: its block is smaller than the forward's), of 16 on an sm_86/sm_89 GPU (99 KiB a block). Each
+// row's sums are the same products in the same order: called directly, unsplit and split, both give
+// the same bits; the public path gives them on each device; the fp64 reference is met.
+TEST_CASE("bf16 attention backward at hd 64: dQ's warps of 32 rows where an SM holds four blocks, bit for bit",
+          "[kernels][attention][documents]") {
+    on_row_tiles_inputs(2000, [](const AttentionShape& s, const std::vector<bf16>& qkv, const std::vector<bf16>& dout,
+                                 const std::vector<int>* positions) {
+        const Run<bf16> fwd = run(qkv, dout, s, positions);
+        const auto direct = [&](pv::AttentionMmaSplit split, int dq_row_tiles) {
+            return mma_backward_direct(qkv, dout, s, positions, fwd, pv::AttentionMmaRows::padded, split, dq_row_tiles);
+        };
+        const pv::AttentionMmaSplit shape_split = pv::attention_mma_backward_split(
+            int(s.B), int(s.T), int(s.H), int(s.Hkv), int(s.hd));  // what the public path takes
+        const auto wide = direct(shape_split, 2);
+        REQUIRE(same_bits(wide, direct(shape_split, 1)));
+        REQUIRE(same_bits(direct({.dkv = 0, .dq = 2}, 2), direct({.dkv = 0, .dq = 2}, 1)));
+        on_each_row_tiles_device(
+            [&](const RowTilesDevice&) { REQUIRE(same_bits(run(qkv, dout, s, positions).dqkv, wide)); });
+    });
 }
 
 // The tensor-core kernels' work split (kernels/attention_mma_blocks.h). Where a grid is small, a
@@ -928,7 +982,31 @@ TEST_CASE("attention's tensor-core kernels under the bank check", "[.bank-check]
         const Run<bf16> got = run(qkv, dout, s, &pos);  // the forward and backward the dispatch picks
         if (hd == 128)
             REQUIRE(same_bits(got.dqkv, mma_backward_direct(qkv, dout, s, &pos, got, pv::AttentionMmaRows::swizzled)));
+        if (hd == 64) {  // the host picks warps of 32 rows (an H100's limit): those of 16 too
+            REQUIRE(same_bits(got.out, mma_forward_direct(qkv, s, &pos, 0, 1).out));
+            REQUIRE(same_bits(got.dqkv, mma_backward_direct(qkv, dout, s, &pos, got, pv::AttentionMmaRows::padded,
+                                                            pv::AttentionMmaSplit{}, 1)));
+        }
     }
+}
+
+// A launcher asked for warps of 32 rows at a head dim without that kernel (the dispatch never asks:
+// attention_mma_row_tiles gives 2 at hd 64 alone) refuses by name rather than running another.
+TEST_CASE("the tensor-core forward refuses row tiles it has no kernel for", "[.refusal]") {
+    const AttentionShape s{1, 64, 2, 1, 128};
+    mma_forward_direct(random_vector<bf16>(s.B * s.T * s.width(), 2100), s, nullptr, 0, 2);
+}
+TEST_CASE("the tensor-core backward refuses row tiles it has no kernel for", "[.refusal]") {
+    const AttentionShape s{1, 64, 2, 1, 128};
+    const auto qkv = random_vector<bf16>(s.B * s.T * s.width(), 2101);
+    const auto dout = random_vector<bf16>(s.B * s.T * s.H * s.hd, 2102);
+    mma_backward_direct(qkv, dout, s, nullptr, run(qkv, dout, s, nullptr), std::nullopt, std::nullopt, 2);
+}
+TEST_CASE("attention's tensor-core launchers refuse warps of 32 rows at hd 128", "[kernels][attention]") {
+    REQUIRE_DIES_WITH("the tensor-core forward refuses row tiles it has no kernel for",
+                      "attention_mma_forward: no kernel with 2 row tiles a warp at head dim 128");
+    REQUIRE_DIES_WITH("the tensor-core backward refuses row tiles it has no kernel for",
+                      "attention_mma_backward: no dQ kernel with 2 row tiles a warp at head dim 128");
 }
 
 TEST_CASE("attention's tensor-core kernels read shared memory without bank conflicts",

@@ -311,7 +311,8 @@ TEST_CASE("step cost: the RTX 6000 Ada's figures", "[step_cost]") {
 // structure, counted from their source: per warp and tile-loop trip the forward does S = Q·Kᵀ
 // (16 rows × 64 keys × hd: 8 n-tiles × hd/16 k-steps of m16n8k16) and P·V with P in one bf16
 // (hd/8 n-tiles × 4 k-steps): hd HMMA for each 16 rows of the warp (32 at hd 64, 16 at 128);
-// dK/dV over its tile's four 16-row chunks S, dP (hd/4 each), dV and dK (hd/8 each): 2·hd (with swizzled rows too); dQ S, dP and dQ: 1.5·hd. And every
+// dK/dV over its tile's four 16-row chunks S, dP (hd/4 each), dV and dK (hd/8 each): 2·hd (with
+// swizzled rows too); dQ S, dP and dQ: 1.5·hd for each 16 rows of the warp. And every
 // head dim the dispatch sends to tensor cores is listed: the forward at 64 and 128, the backward
 // at the multiples of 16 from 32 to 128, its swizzled dK/dV at 128 (kernels/attention.cuh,
 // attention_mma_backward.cuh).
@@ -324,6 +325,7 @@ TEST_CASE("step cost: the attention SASS table covers the dispatch's head dims, 
         const double hmma_per_hd = k == "forward"          ? 1.0
                                    : k == "forward-32rows" ? 2.0
                                    : k.starts_with("dkv")  ? 2.0
+                                   : k == "dq-32rows"      ? 3.0
                                                            : 1.5;
         CHECK(a.hmma == hmma_per_hd * a.head_dim);
         CHECK(a.instructions > a.hmma);
@@ -332,23 +334,25 @@ TEST_CASE("step cost: the attention SASS table covers the dispatch's head dims, 
         ++rows[a.sass_arch];
     }
     // The two architectures the CUDA build ships (the Makefile's SASS_ARCHS), each with every kernel:
-    // the forward with warps of 32 rows at hd 64 and the swizzled dK/dV at hd 128
+    // the forward and dQ with warps of 32 rows at hd 64 and the swizzled dK/dV at hd 128
     // (kernels/attention_mma_blocks.h).
-    CHECK(rows == std::map<int, int>{{80, 2 + 1 + 2 * 7 + 1}, {90, 2 + 1 + 2 * 7 + 1}});
+    CHECK(rows == std::map<int, int>{{80, 2 + 1 + 2 * 7 + 1 + 1}, {90, 2 + 1 + 2 * 7 + 1 + 1}});
     for (int arch : {80, 90}) {
         INFO("sm_" << arch);
         for (int hd = 32; hd <= 128; hd += 16)
             CHECK((pv::attention_tile_instructions("dkv-swizzled", hd, false, arch) > 0) ==
                   pv::attention_mma_dkv_has_swizzled(hd));
         for (int hd : {64, 128}) CHECK(pv::attention_tile_instructions("forward", hd, false, arch) > 0);
-        for (int hd = 32; hd <= 128; hd += 16)  // 32 rows a warp where some device runs them: hd 64
+        for (int hd = 32; hd <= 128; hd += 16) {  // 32 rows a warp where some device runs them: hd 64
             CHECK((pv::attention_tile_instructions("forward-32rows", hd, false, arch) > 0) == (hd == 64));
+            CHECK((pv::attention_tile_instructions("dq-32rows", hd, false, arch) > 0) == (hd == 64));
+        }
         for (int hd = 32; hd <= 128; hd += 16) {
             CHECK(pv::attention_tile_instructions("dkv", hd, false, arch) > 0);
             CHECK(pv::attention_tile_instructions("dq", hd, false, arch) > 0);
         }
         // The masked body does what the interior one does, and masks.
-        for (const char* k : {"forward", "forward-32rows", "dkv", "dkv-swizzled", "dq"})
+        for (const char* k : {"forward", "forward-32rows", "dkv", "dkv-swizzled", "dq", "dq-32rows"})
             for (int hd = 32; hd <= 128; hd += 16)
                 if (pv::attention_tile_instructions(k, hd, false, arch) > 0) {
                     INFO(k << " hd " << hd);
@@ -507,7 +511,28 @@ TEST_CASE("step cost: an attention grid's blocks and their time", "[step_cost]")
     CHECK(b[1].blocks[0].blocks == 2 * 2);
     CHECK(b[1].blocks[0].work == 4.0 * 2 * (Ik + Mk));  // key tile 0: query tiles 0 and 1, two heads
     CHECK(b[1].blocks[1].work == 4.0 * 2 * Mk);
-    CHECK(b[2].blocks[0].blocks == 2 * 4);  // dQ: a block per (query tile, head, batch)
+    // dQ: a block per (query tile, head, batch), on the H100 at hd 64 2 warps of 32 rows (its block's
+    // shared memory the same: two K and two V tiles, 76 ints); query tile 1 (the heavier, first)
+    // walks an interior and a diagonal key tile, query tile 0 the diagonal.
+    const int Iq = pv::attention_tile_instructions("dq-32rows", 64),
+              Mq = pv::attention_tile_instructions("dq-32rows", 64, true);
+    REQUIRE(b[2].blocks.size() == 2);
+    CHECK(b[2].blocks[0].blocks == 2 * 4);
+    CHECK(b[2].blocks[0].work == 2.0 * (Iq + Mq));
+    CHECK(b[2].blocks[1].work == 2.0 * Mq);
+    CHECK(b[2].block_threads == 64);
+    CHECK(b[2].block_registers == pv::attention_kernel_registers("dq-32rows", 64));
+    CHECK(b[2].block_shared == 4 * 64 * 72 * 2 + 76 * 4);
+    // Four such blocks take 152,768 bytes with their reserves: an A100's SM holds them, an sm_89's
+    // 100 KiB not (there 4 warps of 16 rows, in its sm_80 code); hd 128 keeps 16 rows.
+    CHECK(pv::attention_mma_dq_row_tiles(64, 227 * 1024) == 2);
+    CHECK(pv::attention_mma_dq_row_tiles(64, 163 * 1024) == 2);
+    CHECK(pv::attention_mma_dq_row_tiles(64, 99 * 1024) == 1);
+    CHECK(pv::attention_mma_dq_row_tiles(128, 227 * 1024) == 1);
+    const pv::KernelCost qa = pv::cost::attention_backward(2, 128, 4, 2, 64, 2, 4, false, ada)[2];
+    CHECK(qa.blocks[1].work == 4.0 * pv::attention_tile_instructions("dq", 64, true, 80));
+    CHECK(qa.block_threads == 128);
+    CHECK(pv::cost::attention_backward(2, 128, 4, 2, 128, 2, 4, false)[2].block_threads == 128);
 }
 
 // Where the padded dK/dV block cannot launch (at hd 128 it takes 105,984 bytes of shared memory,
@@ -660,12 +685,12 @@ TEST_CASE("step cost: a small grid's tiles split into segments, priced block by 
 // table entry's instructions over the issue rate (issue, not bytes or the tensor peak, binds), so
 // fewer instructions per trip predict proportionally less time. Per (batch, head) the n diagonal
 // tile pairs run the masked body and the other n(n−1)/2 the interior one (each by 4 warps; the
-// forward's by 2 at hd 64, each trip 32 rows).
+// forward's and dQ's by 2 at hd 64 on the H100, each trip 32 rows).
 TEST_CASE("step cost: a tensor-core attention kernel's time follows its SASS instructions", "[step_cost]") {
     const pv::IssueEfficiency e = pv::attention_issue_efficiency();
     const double n = 2048 / 64, interior_trips = 4 * n * (n - 1) / 2 * 4 * 32, diagonal_trips = 4 * n * 4 * 32;
     const auto trips = [&](const char* kernel) {
-        const double warps = std::string(kernel) == "forward-32rows" ? 0.5 : 1.0;  // of 4
+        const double warps = std::string(kernel).ends_with("-32rows") ? 0.5 : 1.0;  // of 4
         return warps * (interior_trips * pv::attention_tile_instructions(kernel, 64) +
                         diagonal_trips * pv::attention_tile_instructions(kernel, 64, true));
     };
@@ -687,7 +712,8 @@ TEST_CASE("step cost: a tensor-core attention kernel's time follows its SASS ins
     const auto b = pv::cost::attention_backward(4, 2048, 32, 8, 64, 2, 4, false);
     REQUIRE(b.size() == 3);
     CHECK(b[1].warp_instructions == trips("dkv"));
-    CHECK(b[2].warp_instructions == trips("dq"));
+    CHECK(std::string(pv::cost::attention_dq_kind(64)) == "dq-32rows");
+    CHECK(b[2].warp_instructions == trips("dq-32rows"));
     CHECK(b[1].issue_efficiency == e.backward);
     // A head dim without a tensor-core kernel is refused by name, and a step at one is priced on
     // the CUDA-core kernels.

@@ -29,6 +29,11 @@ namespace pv {
 #define POLEVAULT_ATTENTION_FORWARD_32_ROWS_BODY(HD, PATH)                     \
     template __global__ void attention_mma_forward_kernel<HD, PATH, false, 2>( \
         const __nv_bfloat16*, const int*, __nv_bfloat16*, float*, int, int, int, int, int, float*, int);
+// dQ with warps of 32 rows (attention_mma_dq_row_tiles gives 2 on some device at hd 64).
+#define POLEVAULT_ATTENTION_DQ_32_ROWS_BODY(HD, PATH)                                                                 \
+    template __global__ void attention_mma_dq_kernel<HD, PATH, false, 2>(                                             \
+        const __nv_bfloat16*, const int*, const __nv_bfloat16*, const float*, const float*, __nv_bfloat16*, int, int, \
+        int, int, float*, int);
 #define POLEVAULT_ATTENTION_FORWARD_BODIES(HD) \
     POLEVAULT_ATTENTION_FORWARD_BODY(HD, 1)    \
     POLEVAULT_ATTENTION_FORWARD_BODY(HD, 2)
@@ -40,6 +45,8 @@ POLEVAULT_ATTENTION_FORWARD_BODIES(64)
 POLEVAULT_ATTENTION_FORWARD_BODIES(128)
 POLEVAULT_ATTENTION_FORWARD_32_ROWS_BODY(64, 1)
 POLEVAULT_ATTENTION_FORWARD_32_ROWS_BODY(64, 2)
+POLEVAULT_ATTENTION_DQ_32_ROWS_BODY(64, 1)
+POLEVAULT_ATTENTION_DQ_32_ROWS_BODY(64, 2)
 POLEVAULT_ATTENTION_BACKWARD_BODIES(32)
 POLEVAULT_ATTENTION_BACKWARD_BODIES(48)
 POLEVAULT_ATTENTION_BACKWARD_BODIES(64)
