@@ -19,8 +19,8 @@
 // scores are one 16×16 accumulator per warp (two m16n8 fragments, 8 floats a lane). At hd 64 on a
 // device whose SM holds four 2-warp dQ blocks (H100, A100: kernels/attention_mma_blocks.h
 // attention_mma_dq_row_tiles) dQ's block has 2 warps of 32 rows, two 16-row tiles each, every K and
-// V fragment feeding both: 6% fewer instructions per HMMA in the interior tiles, 12% in the masked. Its products
-// need no shared memory: the C fragments of P and dS, rounded to bf16 in pairs, are exactly the A
+// V fragment feeding both: 6% fewer instructions per HMMA in the interior tiles, 12% in the
+// masked. Its products need no shared memory: the C fragments of P and dS, rounded to bf16 in pairs, are exactly the A
 // fragment of the next product (the m16n8k16 layouts line up), so
 //   dK/dV, warp rows = keys:     Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ  (A = K, V; B = Q, dO rows via ldmatrix)
 //                                dV += Pᵀ·dO, dK += dSᵀ·Q (B = dO, Q via ldmatrix.trans)
@@ -28,7 +28,8 @@
 //                                dQ += dS·K              (B = K via ldmatrix.trans)
 // Precision. P and dS enter their products rounded to one bf16 each (FlashAttention-2's choice):
 // the tensor-core work is 7 matmul-equivalents (S, dP, dV, dK; S, dP, dQ). The rounding of the
-// large P of a row's first keys, up to 2^-9 of terms near 1, does not cancel when the sum does: single elements of dV and dQ can miss the fp64 reference by a few
+// large P of a row's first keys, up to 2^-9 of terms near 1, does not cancel when the sum does:
+// single elements of dV and dQ can miss the fp64 reference by a few
 // percent of its rms, as plain attention done the standard way (P and dS rounded to bf16 before
 // their products, fp32 accumulation) does — test_attention holds these kernels within 1.25× of
 // that reference's error against fp64.
@@ -57,9 +58,8 @@
 // own row's window and by T. The interior body's four chunks are written out where that costs no
 // blocks per SM and no spills (attention_mma_chunks). Per warp and tile pair at hd 64 (sm_90,
 // model/attention_sass.h): dK/dV 547 instructions interior, 828 masked; dQ 375 and 624 (706 and
-// 1,104 for 32 rows a warp). dK/dV's
-// steps (query head, query tile) advance by additions, not by a division and a remainder of the
-// step index.
+// 1,104 for 32 rows a warp). dK/dV's steps (query head, query tile) advance by additions, not by a
+// division and a remainder of the step index.
 // Heavy tiles first: the grid puts the tile index in z (the slowest), and
 // causal attention's heaviest tiles (dK/dV: the first key tiles; dQ: the last query tiles) get the
 // lowest block indices.

@@ -18,10 +18,11 @@
 // The launcher takes RT = 2 at hd 64 where an SM holds four such blocks, 8 warps (the H100), and
 // 16 rows elsewhere (kernels/attention_mma_blocks.h attention_mma_forward_row_tiles: an A100's SM
 // would hold 6 warps of them, an sm_86/sm_89 SM 4). At hd 128 32 rows spill (their O alone is 128
-// registers a lane: compiled so, 160 bytes of spill stores and 260 of loads). Key tiles of Bc = 64 rows stream through shared memory, K and V
-// double-buffered with cp.async: at each tile the block waits for its copies, meets at one
-// barrier (tile t has landed everywhere, and everyone is done with tile t − 1's buffer), issues
-// tile t + 1 into that buffer and computes on tile t while it lands. With one row tile Q is staged
+// registers a lane: compiled so, 160 bytes of spill stores and 260 of loads). Key tiles of Bc = 64
+// rows stream through shared memory, K and V double-buffered with cp.async: at each tile the block
+// waits for its copies, meets at one barrier (tile t has landed everywhere, and everyone is done
+// with tile t − 1's buffer), issues tile t + 1 into that buffer and computes on tile t while it
+// lands. With one row tile Q is staged
 // once in V's second buffer, read into registers, and a second barrier (first tile only) frees the
 // buffer; with two (kQShared) Q stays in a buffer of its own and each warp reads its fragments from
 // it at every key tile, a k-chunk pair at a time (held, their 32 registers spill).

@@ -116,10 +116,10 @@ struct RooflineEfficiency {
 RooflineEfficiency roofline_efficiency(Roofline r);
 
 // The tensor-core attention kernels' issue-rate model. Instructions one warp issues per trip of a
-// kernel's tile loop ("forward", "forward-32rows", "dkv", "dkv-swizzled", "dq", "dq-32rows") at head dim hd in the SASS for
-// sass_arch (Device::sass_arch), from model/attention_sass.h, through an interior tile or (masked)
-// one with masks (the diagonal's); 0 where the kernel has no such instantiation (that head dim runs
-// on the CUDA-core kernels).
+// kernel's tile loop ("forward", "forward-32rows", "dkv", "dkv-swizzled", "dq", "dq-32rows") at
+// head dim hd in the SASS for sass_arch (Device::sass_arch), from model/attention_sass.h, through
+// an interior tile or (masked) one with masks (the diagonal's); 0 where the kernel has no such
+// instantiation (that head dim runs on the CUDA-core kernels).
 int attention_tile_instructions(const std::string& kernel, int hd, bool masked = false, int sass_arch = 90);
 // Seconds to issue `warp_instructions` at `efficiency` of the device's issue rate.
 double issue_seconds(double warp_instructions, double efficiency, const Device& d = {});
@@ -128,9 +128,9 @@ double issue_seconds(double warp_instructions, double efficiency, const Device& 
 // warp_instructions over the whole GPU's rate. Throws, naming the kernel and the limit, when one of
 // its blocks cannot launch on the device.
 double issue_seconds(const KernelCost& k, const Device& d = {});
-// Registers per thread of a tensor-core attention kernel ("forward", "forward-32rows", "dkv", "dkv-swizzled", "dq", "dq-32rows") at
-// head dim hd in the SASS for sass_arch (model/attention_sass.h, from ptxas); 0 where it has no
-// instantiation.
+// Registers per thread of a tensor-core attention kernel ("forward", "forward-32rows", "dkv",
+// "dkv-swizzled", "dq", "dq-32rows") at head dim hd in the SASS for sass_arch (model/attention_sass.h,
+// from ptxas); 0 where it has no instantiation.
 int attention_kernel_registers(const std::string& kernel, int hd, int sass_arch = 90);
 // The fraction of the issue rate the kernels reach, forward and backward (dK/dV and dQ), from
 // their one measurement: the seconds their instructions of then would take at the full issue rate
