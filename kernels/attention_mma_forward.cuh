@@ -22,10 +22,10 @@
 // rows stream through shared memory, K and V double-buffered with cp.async: at each tile the block
 // waits for its copies, meets at one barrier (tile t has landed everywhere, and everyone is done
 // with tile t − 1's buffer), issues tile t + 1 into that buffer and computes on tile t while it
-// lands. With one row tile Q is staged
-// once in V's second buffer, read into registers, and a second barrier (first tile only) frees the
-// buffer; with two (kQShared) Q stays in a buffer of its own and each warp reads its fragments from
-// it at every key tile, a k-chunk pair at a time (held, their 32 registers spill).
+// lands. With one row tile Q is staged once in V's second buffer, read into registers, and a second
+// barrier (first tile only) frees the buffer; with two (kQShared) Q stays in a buffer of its own and
+// each warp reads its fragments from it at every key tile, a k-chunk pair at a time (held, their 32
+// registers spill).
 // Per key tile and warp and 16-row tile, with mma.m16n8k16 (bf16 in, fp32 accumulate; layouts in
 // kernels/mma.cuh):
 //   S (16×64) = Q_w (16×hd) · Kᵀ       Q's A fragments by ldmatrix (kept in registers, hd/16 × 4,
