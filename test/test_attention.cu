@@ -9,7 +9,8 @@
 // The default suite covers every sequence length (1, 7, 33, 130), head dim (8 generic, 64, 128
 // specialised) and head grouping ((1,1), (4,2), (9,3) as in SmolLM2) with a rotating choice of the
 // rest; "[.full]" runs the whole cross product (make test-full, or `test_attention "[full]"`).
-// Under ThreadSanitizer the suite shrinks to small shapes (kTsanBuild).
+// Under ThreadSanitizer the suite shrinks to small shapes (kTsanBuild), under AddressSanitizer its
+// bit-for-bit and split cases do (kSanitizerBuild).
 #include "kernels/attention_instances.h"
 #include "test/check.h"
 #include "test/child_process.h"
@@ -37,6 +38,11 @@ using pv::reference::AttentionShape;
 // kernel, so that build runs only T = 33 with two query heads per KV head, for every type and
 // head-dim instantiation, and skips the other cases (arithmetic, not races).
 constexpr bool kTsanBuild = pv::kThreadSanitizer;
+// The cases that hold kernel variants to the same bits (the 32- and 16-row forward and dQ, padded and
+// swizzled dK/dV) and the splits' run at TSan's shapes under AddressSanitizer too: its question is a
+// read or write outside a buffer, which a ragged last tile and a document boundary pose at B 1,
+// T 130 as at B 2, T 200, for about a fourteenth of the work (B·H·T²).
+constexpr bool kSanitizerBuild = kTsanBuild || pv::kAddressSanitizer;
 
 // The kernels' outputs for one shape: forward, then backward with the forward's out and lse.
 template <class T>
@@ -60,6 +66,18 @@ Run<T> run(const std::vector<T>& qkv, const std::vector<T>& dout, const Attentio
     pv::attention_backward(d_qkv.get(), pos, d_out.get(), d_dout.get(), d_lse.get(), d_dqkv.get(), scratch.get(), B,
                            T_len, H, Hkv, hd, nullptr);
     return {d_out.download(), d_dqkv.download(), d_lse.download()};
+}
+// The public path's forward alone: out and lse (dqkv empty).
+template <class T>
+Run<T> run_forward(const std::vector<T>& qkv, const AttentionShape& s, const std::vector<int>* positions = nullptr) {
+    const int B = int(s.B), T_len = int(s.T), H = int(s.H), Hkv = int(s.Hkv), hd = int(s.hd);
+    DeviceArray<T> d_qkv(qkv), d_out(s.B * s.T * s.H * s.hd);
+    DeviceArray<pv::acc_t<T>> d_lse(s.B * s.H * s.T);
+    DeviceArray<int> d_pos(positions ? *positions : std::vector<int>(1));
+    DeviceArray<unsigned char> scratch(pv::attention_scratch_bytes<T>(B, T_len, H, Hkv, hd));
+    pv::attention_forward(d_qkv.get(), positions ? d_pos.get() : nullptr, d_out.get(), d_lse.get(), scratch.get(), B,
+                          T_len, H, Hkv, hd, nullptr);
+    return {d_out.download(), {}, d_lse.download()};
 }
 
 std::string describe(const AttentionShape& s) {
@@ -137,13 +155,10 @@ double check_within_plain_bf16(const std::vector<bf16>& qkv, const std::vector<b
     return worst;
 }
 
-// Inputs rounded to T, so the reference sees exactly what the kernels see. q and k in [-2, 2]
-// give scores up to a few units: peaked rows that exercise the online softmax's rescaling.
+// The kernels' outputs `got` for inputs qkv and dout against the fp64 reference.
 template <class T>
-void check_against_reference(const AttentionShape& s, uint64_t seed, const std::vector<int>* positions = nullptr) {
-    const auto qkv = random_vector<T>(s.B * s.T * s.width(), seed, -2.0, 2.0);
-    const auto dout = random_vector<T>(s.B * s.T * s.H * s.hd, seed + 1);
-    const Run<T> got = run(qkv, dout, s, positions);
+void check_run_against_reference(const std::vector<T>& qkv, const std::vector<T>& dout, const Run<T>& got,
+                                 const AttentionShape& s, const std::vector<int>* positions) {
     std::vector<double> ref_out, ref_lse;
     pv::reference::attention_forward(to_double(qkv), s, ref_out, ref_lse, positions);
     // The backward's inputs include the forward's output, rounded to T: the reference gets it too
@@ -165,6 +180,21 @@ void check_against_reference(const AttentionShape& s, uint64_t seed, const std::
     INFO("out: " << e1 << "\ndqkv: " << e3);
     REQUIRE(e1.empty());
     REQUIRE(e3.empty());
+}
+
+// Random qkv and dout, rounded to T, so the reference sees exactly what the kernels see. q and k in
+// [-2, 2] give scores up to a few units: peaked rows that exercise the online softmax's rescaling.
+template <class T>
+std::pair<std::vector<T>, std::vector<T>> random_inputs(const AttentionShape& s, uint64_t seed) {
+    return {random_vector<T>(s.B * s.T * s.width(), seed, -2.0, 2.0), random_vector<T>(s.B * s.T * s.H * s.hd, seed + 1)};
+}
+// The kernels on random_inputs<T>(s, seed) against the fp64 reference; returns what they computed.
+template <class T>
+Run<T> check_against_reference(const AttentionShape& s, uint64_t seed, const std::vector<int>* positions = nullptr) {
+    const auto [qkv, dout] = random_inputs<T>(s, seed);
+    Run<T> got = run(qkv, dout, s, positions);
+    check_run_against_reference(qkv, dout, got, s, positions);
+    return got;
 }
 
 void check_all_types(const AttentionShape& s, uint64_t seed, const std::vector<int>* positions = nullptr) {
@@ -532,10 +562,9 @@ TEST_CASE("tensor-core bf16 forward over several 64-row tiles, causal and ragged
         const std::vector<int>* const masks[] = {nullptr, &ragged};
         for (const std::vector<int>* pos : masks) {
             INFO(describe(s) << (pos ? ", ragged documents" : ", causal"));
-            check_against_reference<bf16>(s, 1110 + s.hd, pos);
-            const auto qkv = random_vector<bf16>(s.B * s.T * s.width(), 1120 + s.hd, -2.0, 2.0);
-            const auto dout = random_vector<bf16>(s.B * s.T * s.H * s.hd, 1121 + s.hd);
-            REQUIRE(same_run(run(qkv, dout, s, pos), run(qkv, dout, s, pos)));
+            const Run<bf16> got = check_against_reference<bf16>(s, 1110 + s.hd, pos);
+            const auto [qkv, dout] = random_inputs<bf16>(s, 1110 + s.hd);
+            REQUIRE(same_run(got, run(qkv, dout, s, pos)));
         }
     }
     // The CUDA-core kernel the dispatcher no longer picks for these (only for unaligned pointers)
@@ -619,10 +648,8 @@ Run<bf16> mma_forward_direct(const std::vector<bf16>& qkv, const AttentionShape&
 // The public path against the fp64 reference, and its dqkv bit for bit the tensor-core kernels'
 // (so the dispatch reaches them: the CUDA-core kernels round differently).
 void check_mma_backward(const AttentionShape& s, uint64_t seed, const std::vector<int>* positions) {
-    check_against_reference<bf16>(s, seed, positions);
-    const auto qkv = random_vector<bf16>(s.B * s.T * s.width(), seed, -2.0, 2.0);
-    const auto dout = random_vector<bf16>(s.B * s.T * s.H * s.hd, seed + 1);
-    const Run<bf16> got = run(qkv, dout, s, positions);
+    const Run<bf16> got = check_against_reference<bf16>(s, seed, positions);
+    const auto [qkv, dout] = random_inputs<bf16>(s, seed);
     INFO(describe(s));
     REQUIRE(same_bits(got.dqkv, mma_backward_direct(qkv, dout, s, positions, got)));
 }
@@ -707,7 +734,7 @@ TEST_CASE("bf16 attention backward at hd 128 on a GPU with 99 KiB a block runs d
     constexpr size_t kAdaShared = 99 * 1024;
     static_assert(pv::attention_mma_dkv_smem_bytes(128) > kAdaShared &&
                   pv::attention_mma_dkv_smem_bytes(128, pv::AttentionMmaRows::swizzled) <= kAdaShared);
-    const AttentionShape s = kTsanBuild ? AttentionShape{1, 130, 2, 1, 128} : AttentionShape{2, 200, 6, 2, 128};
+    const AttentionShape s = kSanitizerBuild ? AttentionShape{1, 130, 2, 1, 128} : AttentionShape{2, 200, 6, 2, 128};
     const std::vector<int> pos = ragged_documents(s);
     const auto qkv = random_vector<bf16>(s.B * s.T * s.width(), 1800, -2.0, 2.0);
     const auto dout = random_vector<bf16>(s.B * s.T * s.H * s.hd, 1801);
@@ -731,7 +758,7 @@ TEST_CASE("bf16 attention backward at hd 128 on a GPU with 99 KiB a block runs d
         }
         const Run<bf16> small = run(qkv, dout, s, positions);
         REQUIRE(same_bits(small.dqkv, swizzled));
-        check_against_reference<bf16>(s, positions ? 1802 : 1803, positions);
+        check_run_against_reference(qkv, dout, small, s, positions);
     }
 }
 
@@ -771,18 +798,17 @@ void on_each_row_tiles_device(Check check) {
     }
 }
 
-// Calls body(s, qkv, dout, positions) on random inputs at hd 64 (seeds from `seed`), with ragged
-// documents and causal, and then holds the public path to the fp64 reference there.
+// Calls body(s, qkv, dout, positions) on random inputs at hd 64 (random_inputs(s, seed)), with
+// ragged documents and causal, and holds what it returns, the public path's outputs for those inputs
+// on the host's own device, to the fp64 reference.
 template <class Body>
 void on_row_tiles_inputs(uint64_t seed, Body body) {
-    const AttentionShape s = kTsanBuild ? AttentionShape{1, 130, 2, 1, 64} : AttentionShape{2, 200, 6, 2, 64};
+    const AttentionShape s = kSanitizerBuild ? AttentionShape{1, 130, 2, 1, 64} : AttentionShape{2, 200, 6, 2, 64};
     const std::vector<int> pos = ragged_documents(s);
-    const auto qkv = random_vector<bf16>(s.B * s.T * s.width(), seed, -2.0, 2.0);
-    const auto dout = random_vector<bf16>(s.B * s.T * s.H * s.hd, seed + 1);
+    const auto [qkv, dout] = random_inputs<bf16>(s, seed);
     for (const std::vector<int>* positions : std::vector<const std::vector<int>*>{&pos, nullptr}) {
         INFO(describe(s) << (positions ? ", documents" : ", causal"));
-        body(s, qkv, dout, positions);
-        check_against_reference<bf16>(s, positions ? seed + 2 : seed + 3, positions);
+        check_run_against_reference(qkv, dout, body(s, qkv, dout, positions), s, positions);
     }
 }
 
@@ -805,10 +831,11 @@ TEST_CASE(
         REQUIRE(same_bits(mma_forward_direct(qkv, s, positions, 2, 2).out,
                           mma_forward_direct(qkv, s, positions, 2, 1).out));
         on_each_row_tiles_device([&](const RowTilesDevice&) {
-            const Run<bf16> got = run(qkv, dout, s, positions);
+            const Run<bf16> got = run_forward(qkv, s, positions);
             REQUIRE(same_bits(got.out, wide.out));
             REQUIRE(same_bits(got.lse, wide.lse));
         });
+        return run(qkv, dout, s, positions);
     });
 }
 
@@ -831,6 +858,7 @@ TEST_CASE("bf16 attention backward at hd 64: dQ's warps of 32 rows where an SM h
         REQUIRE(same_bits(direct({.dkv = 0, .dq = 2}, 2), direct({.dkv = 0, .dq = 2}, 1)));
         on_each_row_tiles_device(
             [&](const RowTilesDevice&) { REQUIRE(same_bits(run(qkv, dout, s, positions).dqkv, wide)); });
+        return fwd;
     });
 }
 
@@ -893,12 +921,13 @@ TEST_CASE("bf16 attention splits a small grid's tiles into segments: forward and
     // (Under TSan, whose question is races, hd 64 with documents alone: the forward and both backward
     // kernels split and their partials merged, empty segments too, under the race checker, against
     // the public path within bf16's tolerance; the other checks cost minutes there and look for no
-    // race.)
+    // race. Under ASan, whose question is memory, the same at hd 64 and 128: every split kernel's
+    // reads and its partials' writes at both head dims' strides.)
     for (size_t hd : kTsanBuild ? std::vector<size_t>{64} : std::vector<size_t>{64, 128}) {
         // B 2, T 200 (n 4), H 6, Hkv 2 (G 3): a slot's share under one step, L the least, 8: key tiles
         // 0 and 1 (12 and 9 steps) split in two, 2 and 3 (6, 3) not; the forward's and dQ's blocks, at
         // most 4 key tiles, are not split. (Under TSan B 1, T 130, H 3, Hkv 1: key tile 0's 9 steps.)
-        const AttentionShape s = kTsanBuild ? AttentionShape{1, 130, 3, 1, hd} : AttentionShape{2, 200, 6, 2, hd};
+        const AttentionShape s = kSanitizerBuild ? AttentionShape{1, 130, 3, 1, hd} : AttentionShape{2, 200, 6, 2, hd};
         const int B = int(s.B), T_len = int(s.T), H = int(s.H), Hkv = int(s.Hkv);
         const pv::AttentionMmaSplit L = pv::attention_mma_backward_split(B, T_len, H, Hkv, int(hd));
         REQUIRE(L.dkv == 8);
@@ -906,12 +935,12 @@ TEST_CASE("bf16 attention splits a small grid's tiles into segments: forward and
         const auto pos = documents(s, ragged);
         const auto qkv = random_vector<bf16>(s.B * s.T * s.width(), 2000 + hd, -2.0, 2.0);
         const auto dout = random_vector<bf16>(s.B * s.T * s.H * s.hd, 2001 + hd);
-        const auto cases = kTsanBuild ? std::vector<const std::vector<int>*>{&pos}
+        const auto cases = kSanitizerBuild ? std::vector<const std::vector<int>*>{&pos}
                                       : std::vector<const std::vector<int>*>{&pos, nullptr};
         for (const std::vector<int>* positions : cases) {
             INFO(describe(s) << (positions ? ", documents" : ", causal"));
             const Run<bf16> got = run(qkv, dout, s, positions);  // the public path
-            if (kTsanBuild) {
+            if (kSanitizerBuild) {
                 // Every key tile its own segment (with documents, the segments left of a query tile's
                 // windows are empty), in the forward, dQ and dK/dV.
                 Run<bf16> split = mma_forward_direct(qkv, s, positions, 1);
@@ -924,9 +953,8 @@ TEST_CASE("bf16 attention splits a small grid's tiles into segments: forward and
                 }
                 continue;
             }
-            const auto split = mma_backward_direct(qkv, dout, s, positions, got);
-            REQUIRE(same_bits(got.dqkv, split));
-            REQUIRE(same_bits(split, mma_backward_direct(qkv, dout, s, positions, got)));
+            // The public path and the direct call: two runs of the shape's split, the same bits.
+            REQUIRE(same_bits(got.dqkv, mma_backward_direct(qkv, dout, s, positions, got)));
             // The forward's and dQ's 4 key tiles in segments of 3 with the shape's dK/dV split, and
             // every step of all three its own segment (the unsplit kernels meet the reference in the
             // cases above whose grids are not split).
@@ -943,7 +971,7 @@ TEST_CASE("bf16 attention splits a small grid's tiles into segments: forward and
             }
         }
     }
-    if (kTsanBuild) return;
+    if (kSanitizerBuild) return;  // the kernels below ran above, split as much as they can be
     // Where the shape splits the forward and dQ: B 1, T 600 (n 10), H 1: L 8 for every kernel (a slot's
     // share under a step); the forward's and dQ's query tiles 9 and 8 (10 and 9 key tiles) in two
     // segments, dK/dV's key tiles 0 and 1 likewise. The public path computes that split's bits,
@@ -958,14 +986,12 @@ TEST_CASE("bf16 attention splits a small grid's tiles into segments: forward and
     const auto dout = random_vector<bf16>(s.B * s.T * s.H * s.hd, 2101);
     for (const std::vector<int>* positions : std::vector<const std::vector<int>*>{&pos, nullptr}) {
         INFO(describe(s) << (positions ? ", documents" : ", causal"));
+        // The public path and the direct calls: two runs of that split, the same bits.
         const Run<bf16> got = run(qkv, dout, s, positions);
         const Run<bf16> forward = mma_forward_direct(qkv, s, positions, 8);
         REQUIRE(same_bits(got.out, forward.out));
         REQUIRE(same_bits(got.lse, forward.lse));
-        REQUIRE(same_bits(forward.out, mma_forward_direct(qkv, s, positions, 8).out));
-        const auto split = mma_backward_direct(qkv, dout, s, positions, got);
-        REQUIRE(same_bits(got.dqkv, split));
-        REQUIRE(same_bits(split, mma_backward_direct(qkv, dout, s, positions, got)));
+        REQUIRE(same_bits(got.dqkv, mma_backward_direct(qkv, dout, s, positions, got)));
     }
 }
 
