@@ -148,14 +148,20 @@ def demangled_kind(name):
     'dkv', 'dkv-swizzled' (the dK/dV kernel with swizzled shared rows: its third template argument,
     AttentionMmaRows, 1), 'dq' or 'dq-32rows' (dQ's fourth template argument, 2). kSplit (the dK/dV kernel's fourth template argument, dQ's third:
     its tiles split into segments) changes the block's first and last steps, not its tile loop: both
-    instantiations are one kind (the single-body variants are unsplit; the registers recorded are the
-    more of the two)."""
+    instantiations are one kind (the single-body variants are unsplit), whose registers are recorded
+    for each."""
+    named = split_kind(name)
+    return named and named[:3]
+
+
+def split_kind(name):
+    """demangled_kind's (kind, head dim, path) and whether the instantiation splits (kSplit), or None."""
     m = re.match(r"_ZN2pv(?:\d+)attention_mma_(forward|dkv|dq)_kernelILi(\d+)ELi(\d)E"
-                 r"(?:LNS_16AttentionMmaRowsE(\d)E)?(?:Lb[01]E)?(?:Li(\d)E)?E", name)
+                 r"(?:LNS_16AttentionMmaRowsE(\d)E)?(?:Lb([01])E)?(?:Li(\d)E)?E", name)
     if not m:
         return None
-    kind = m.group(1) + ("-swizzled" if m.group(4) == "1" else "") + ("-32rows" if m.group(5) == "2" else "")
-    return kind, int(m.group(2)), int(m.group(3))
+    kind = m.group(1) + ("-swizzled" if m.group(4) == "1" else "") + ("-32rows" if m.group(6) == "2" else "")
+    return kind, int(m.group(2)), int(m.group(3)), m.group(5) == "1"
 
 
 HEADER = """\
@@ -176,8 +182,9 @@ HEADER = """\
 // tile's four 16-row chunks expanded, dQ's 16 query rows of it, 32 in "dq-32rows") and the HMMA among
 // them: through the body for tiles every row of the warp sees whole (interior), and through the
 // one with masks (a diagonal or document-boundary tile), and the registers per thread of the
-// instantiation programs run (ptxas; of the split and unsplit ones, kSplit, the more of the two:
-// their tile loops are one source). model/step_cost.cpp turns them into time. A single-body
+// instantiations programs run (ptxas), the one a block per tile and the one that splits a tile's
+// steps into segments (kSplit: the same tile loop, registers that may differ, and with them the
+// blocks an SM holds). model/step_cost.cpp turns them into time. A single-body
 // instantiation that spills (make ptxas-report lists them) has its local loads and stores counted,
 // which the kernel programs run may not have.
 #pragma once
@@ -192,7 +199,8 @@ struct AttentionTileSass {
     int instructions;         // per warp and tile-loop trip, an interior tile
     int masked_instructions;  // per warp and tile-loop trip, a tile with masks
     int hmma;
-    int registers;  // per thread, the kernel programs run (ptxas)
+    int registers;        // per thread, the kernel programs run (ptxas)
+    int split_registers;  // the same of its kSplit instantiation; 0 where there is none
 };
 
 // A line per architecture, kernel and head dim, as bench/attention_sass.py writes them: make
@@ -211,20 +219,22 @@ def header_text(table, registers, compiler):
     order = sorted(table, key=lambda k: (-k[0], KINDS.index(k[1]), k[2]))
     rows = [f'    {{{arch}, "{kind}", {hd}, {sum(table[(arch, kind, hd)][0].values())}, '
             f'{sum(table[(arch, kind, hd)][1].values())}, {table[(arch, kind, hd)][0]["HMMA"]}, '
-            f'{registers[(arch, kind, hd)]}}},' for arch, kind, hd in order]
+            f'{registers[(arch, kind, hd)].get(False, 0)}, {registers[(arch, kind, hd)].get(True, 0)}}},'
+            for arch, kind, hd in order]
     return HEADER % (compiler, "\n".join(rows))
 
 
 def read_registers(path, arch):
-    """{(arch, kind, hd): registers} of the instantiations programs run (Path 0), from ptxas_report.sh's
-    table; a kernel compiled in several sources counts at its most."""
+    """{(arch, kind, hd): {split: registers}} of the instantiations programs run (Path 0), unsplit and
+    split (kSplit), from ptxas_report.sh's table; a kernel compiled in several sources counts at its
+    most."""
     registers = {}
     for line in open(path):
         fields = line.split()
-        kind = demangled_kind(fields[0]) if len(fields) > 1 else None
+        kind = split_kind(fields[0]) if len(fields) > 1 else None
         if kind and kind[2] == 0:
-            key = (arch,) + kind[:2]
-            registers[key] = max(registers.get(key, 0), int(fields[1]))
+            of_kind = registers.setdefault((arch,) + kind[:2], {})
+            of_kind[kind[3]] = max(of_kind.get(kind[3], 0), int(fields[1]))
     return registers
 
 

@@ -512,12 +512,6 @@ void check_aligned_16(const void* p, const char* what, std::source_location site
            site_text(site) + " is not 16-byte aligned");
 }
 
-void check_src_size(int src_bytes, std::source_location site) {
-    if (src_bytes < 0 || src_bytes > 16)
-        report("thread " + std::to_string(runner.current->linear) + ": cp.async at " + site_text(site) +
-               " with src-size " + std::to_string(src_bytes) + " (must be 0 to 16 bytes)");
-}
-
 void check_shared_operand(const void* p, const char* what, std::source_location site) {
     check_aligned_16(p, what, site);
     const auto* c = static_cast<const unsigned char*>(p);

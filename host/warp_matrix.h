@@ -61,8 +61,6 @@ bool bank_conflict_check();
 // shared memory (see the top of this file).
 void check_shared_operand(const void* p, const char* what, std::source_location site);
 void check_aligned_16(const void* p, const char* what, std::source_location site);
-// Aborts unless 0 <= src_bytes <= 16 (cp.async's src-size).
-void check_src_size(int src_bytes, std::source_location site);
 
 // One queued cp.async: the bytes read at issue and where they land.
 struct CpAsyncCopy {
@@ -148,21 +146,18 @@ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem_row,
     host::ldmatrix<4, true>(r, smem_row, "ldmatrix.x4.trans", site);
 }
 
-// cp.async.cg.shared.global with src-size `src_bytes` (0 to 16): the first src_bytes bytes come
-// from global_src, the rest are zeros; with 0, global_src is never read.
-inline void cp_async_16_zfill(void* smem_dst, const void* global_src, int src_bytes,
-                              std::source_location site = std::source_location::current()) {
+// cp.async.cg.shared.global, 16 bytes; with ignore_src (PTX's ignore-src predicate) the bytes are
+// zeros and global_src is never read, nor checked: it may lie outside any allocation.
+inline void cp_async_16_ignore_src(void* smem_dst, const void* global_src, bool ignore_src,
+                                   std::source_location site = std::source_location::current()) {
     host::check_shared_operand(smem_dst, "cp.async destination", site);
-    host::check_aligned_16(global_src, "cp.async source", site);
-    host::check_src_size(src_bytes, site);
     unsigned char bytes[16] = {};
-    if (src_bytes == 16) {  // two fixed-size loads: the traffic meter's instrumentation sees them
+    if (!ignore_src) {  // two fixed-size loads: the traffic meter's instrumentation sees them
+        host::check_aligned_16(global_src, "cp.async source", site);
         uint64_t half[2];
         std::memcpy(&half[0], global_src, 8);
         std::memcpy(&half[1], static_cast<const unsigned char*>(global_src) + 8, 8);
         std::memcpy(bytes, half, 16);
-    } else if (src_bytes > 0) {
-        std::memcpy(bytes, global_src, size_t(src_bytes));
     }
     // Undefined until the wait retires the copy. A copy, not memset: GCC folds a 16-byte memcpy
     // into stores ThreadSanitizer instruments, but expands memset after its instrumentation pass,
@@ -174,7 +169,7 @@ inline void cp_async_16_zfill(void* smem_dst, const void* global_src, int src_by
 }
 inline void cp_async_16(void* smem_dst, const void* global_src,
                         std::source_location site = std::source_location::current()) {
-    cp_async_16_zfill(smem_dst, global_src, 16, site);
+    cp_async_16_ignore_src(smem_dst, global_src, false, site);
 }
 // cp.async.commit_group: the copies issued since the last commit become one group.
 inline void cp_async_commit() { host::cp_async_commit_group(); }

@@ -68,8 +68,8 @@
 // (kernels/attention_mma_split.cuh), and attention_mma_forward_combine_kernel merges them in segment
 // order into out and lse. The scratch for them is the caller's (attention_forward_scratch_bytes).
 //
-// Bounds. Query and key rows at or past T are loaded with cp.async zfill (src-size 0: never
-// read; zeros in shared memory); key rows past T are masked (j ≤ i < T); query rows past T
+// Bounds. Query and key rows at or past T are loaded with cp.async's ignore-src (never read;
+// zeros in shared memory); key rows past T are masked (j ≤ i < T); query rows past T
 // attend like row T − 1 and are never stored. Requires qkv 16-byte aligned and out 4-byte
 // aligned (the dispatcher checks; cudaMalloc gives 256).
 //

@@ -45,8 +45,8 @@ __host__ __device__ constexpr int shared_piece(int r, int c) {
 
 // Rows [row0, row0 + ROWS) of a bf16 matrix (`stride` elements between rows, HD wide from `src`,
 // 16-byte aligned) into shared dst[ROWS][LD] with cp.async (each piece where shared_piece<LD,
-// kSwizzle> puts it), rows at or past `limit` zero-filled
-// (their source is never read: row 0's address stands in). The block's THREADS threads take the
+// kSwizzle> puts it), rows at or past `limit` zeros (cp.async's ignore-src: their source is never
+// read, so its address, past the tensor's rows, is left as it is and costs no select). The block's THREADS threads take the
 // ROWS·HD/8 16-byte pieces in turn, thread t the pieces t, t + THREADS, ... — the same number each,
 // so the trip count is a constant and the loop unrolls: no loop counter, branch or bound test in
 // the SASS, the divisions by the row's piece count are by a constant. Not committed here.
@@ -63,20 +63,16 @@ __device__ inline void cp_async_rows(__nv_bfloat16* dst, const __nv_bfloat16* sr
     if constexpr (THREADS % pieces == 0) {
         constexpr int apart = THREADS / pieces;  // rows between a thread's pieces
         const int r = int(threadIdx.x) / pieces, c = int(threadIdx.x) % pieces;
-        const __nv_bfloat16* first_row = src + c * 8;  // row 0's piece: the address of a zero-filled one
-        const __nv_bfloat16* p = first_row + (long long)(row0 + r) * stride;
+        const __nv_bfloat16* p = src + c * 8 + (long long)(row0 + r) * stride;
         const long long step = (long long)apart * stride;
-        for (int k = 0; k < ROWS / apart; ++k, p += step) {
-            const bool inside = row0 + r + k * apart < limit;
-            cp_async_16_zfill(dst + shared_piece<LD, kSwizzle>(r + k * apart, c), inside ? p : first_row,
-                              inside ? 16 : 0);
-        }
+        for (int k = 0; k < ROWS / apart; ++k, p += step)
+            cp_async_16_ignore_src(dst + shared_piece<LD, kSwizzle>(r + k * apart, c), p,
+                                   row0 + r + k * apart >= limit);
     } else {
         for (int k = 0; k < ROWS * pieces / THREADS; ++k) {
             const int idx = int(threadIdx.x) + k * THREADS, r = idx / pieces, c = idx % pieces, row = row0 + r;
-            const bool inside = row < limit;
-            cp_async_16_zfill(dst + shared_piece<LD, kSwizzle>(r, c),
-                              src + (long long)(inside ? row : 0) * stride + c * 8, inside ? 16 : 0);
+            cp_async_16_ignore_src(dst + shared_piece<LD, kSwizzle>(r, c), src + (long long)row * stride + c * 8,
+                                   row >= limit);
         }
     }
 }

@@ -15,8 +15,9 @@
 // tile's four 16-row chunks expanded, dQ's 16 query rows of it, 32 in "dq-32rows") and the HMMA among
 // them: through the body for tiles every row of the warp sees whole (interior), and through the
 // one with masks (a diagonal or document-boundary tile), and the registers per thread of the
-// instantiation programs run (ptxas; of the split and unsplit ones, kSplit, the more of the two:
-// their tile loops are one source). model/step_cost.cpp turns them into time. A single-body
+// instantiations programs run (ptxas), the one a block per tile and the one that splits a tile's
+// steps into segments (kSplit: the same tile loop, registers that may differ, and with them the
+// blocks an SM holds). model/step_cost.cpp turns them into time. A single-body
 // instantiation that spills (make ptxas-report lists them) has its local loads and stores counted,
 // which the kernel programs run may not have.
 #pragma once
@@ -31,51 +32,52 @@ struct AttentionTileSass {
     int instructions;         // per warp and tile-loop trip, an interior tile
     int masked_instructions;  // per warp and tile-loop trip, a tile with masks
     int hmma;
-    int registers;  // per thread, the kernel programs run (ptxas)
+    int registers;        // per thread, the kernel programs run (ptxas)
+    int split_registers;  // the same of its kSplit instantiation; 0 where there is none
 };
 
 // A line per architecture, kernel and head dim, as bench/attention_sass.py writes them: make
 // sass-check compares this file with its output byte for byte, so clang-format leaves the table alone.
 // clang-format off
 inline constexpr AttentionTileSass kAttentionTileSass[] = {
-    {90, "forward", 64, 371, 499, 64, 168},
-    {90, "forward", 128, 553, 681, 128, 235},
-    {90, "forward-32rows", 64, 677, 914, 128, 255},
-    {90, "dkv", 32, 417, 698, 64, 128},
-    {90, "dkv", 48, 508, 782, 96, 168},
-    {90, "dkv", 64, 547, 828, 128, 168},
-    {90, "dkv", 80, 768, 960, 160, 168},
-    {90, "dkv", 96, 747, 1036, 192, 255},
-    {90, "dkv", 112, 905, 1120, 224, 251},
-    {90, "dkv", 128, 904, 1110, 256, 251},
-    {90, "dkv-swizzled", 128, 1078, 1350, 256, 255},
-    {90, "dq", 32, 282, 513, 48, 101},
-    {90, "dq", 48, 344, 583, 72, 131},
-    {90, "dq", 64, 375, 624, 96, 138},
-    {90, "dq", 80, 469, 703, 120, 174},
-    {90, "dq", 96, 520, 769, 144, 243},
-    {90, "dq", 112, 629, 815, 168, 231},
-    {90, "dq", 128, 561, 790, 192, 255},
-    {90, "dq-32rows", 64, 706, 1104, 192, 238},
-    {80, "forward", 64, 371, 500, 64, 184},
-    {80, "forward", 128, 553, 683, 128, 232},
-    {80, "forward-32rows", 64, 677, 919, 128, 255},
-    {80, "dkv", 32, 422, 679, 64, 128},
-    {80, "dkv", 48, 516, 764, 96, 168},
-    {80, "dkv", 64, 550, 826, 128, 168},
-    {80, "dkv", 80, 698, 962, 160, 172},
-    {80, "dkv", 96, 773, 1032, 192, 255},
-    {80, "dkv", 112, 869, 1112, 224, 255},
-    {80, "dkv", 128, 875, 1107, 256, 255},
-    {80, "dkv-swizzled", 128, 996, 1358, 256, 255},
-    {80, "dq", 32, 282, 500, 48, 101},
-    {80, "dq", 48, 344, 560, 72, 130},
-    {80, "dq", 64, 379, 619, 96, 138},
-    {80, "dq", 80, 469, 690, 120, 174},
-    {80, "dq", 96, 520, 735, 144, 242},
-    {80, "dq", 112, 590, 800, 168, 255},
-    {80, "dq", 128, 561, 776, 192, 255},
-    {80, "dq-32rows", 64, 678, 1096, 192, 255},
+    {90, "forward", 64, 355, 483, 64, 168, 162},
+    {90, "forward", 128, 521, 649, 128, 227, 232},
+    {90, "forward-32rows", 64, 645, 882, 128, 255, 255},
+    {90, "dkv", 32, 407, 690, 64, 128, 0},
+    {90, "dkv", 48, 505, 779, 96, 168, 0},
+    {90, "dkv", 64, 527, 808, 128, 168, 175},
+    {90, "dkv", 80, 762, 955, 160, 168, 0},
+    {90, "dkv", 96, 738, 1029, 192, 255, 0},
+    {90, "dkv", 112, 894, 1111, 224, 252, 0},
+    {90, "dkv", 128, 869, 1075, 256, 251, 238},
+    {90, "dkv-swizzled", 128, 1043, 1314, 256, 255, 246},
+    {90, "dq", 32, 278, 506, 48, 100, 0},
+    {90, "dq", 48, 341, 580, 72, 131, 0},
+    {90, "dq", 64, 360, 600, 96, 137, 140},
+    {90, "dq", 80, 464, 698, 120, 174, 0},
+    {90, "dq", 96, 512, 763, 144, 243, 0},
+    {90, "dq", 112, 620, 800, 168, 232, 0},
+    {90, "dq", 128, 529, 758, 192, 254, 254},
+    {90, "dq-32rows", 64, 674, 1072, 192, 231, 234},
+    {80, "forward", 64, 355, 484, 64, 179, 180},
+    {80, "forward", 128, 521, 651, 128, 227, 229},
+    {80, "forward-32rows", 64, 645, 887, 128, 254, 253},
+    {80, "dkv", 32, 411, 671, 64, 128, 0},
+    {80, "dkv", 48, 513, 761, 96, 168, 0},
+    {80, "dkv", 64, 540, 806, 128, 168, 174},
+    {80, "dkv", 80, 693, 957, 160, 172, 0},
+    {80, "dkv", 96, 763, 1026, 192, 255, 0},
+    {80, "dkv", 112, 859, 1104, 224, 255, 0},
+    {80, "dkv", 128, 840, 1072, 256, 254, 255},
+    {80, "dkv-swizzled", 128, 961, 1323, 256, 255, 255},
+    {80, "dq", 32, 282, 489, 48, 96, 0},
+    {80, "dq", 48, 341, 557, 72, 130, 0},
+    {80, "dq", 64, 362, 577, 96, 137, 137},
+    {80, "dq", 80, 464, 685, 120, 174, 0},
+    {80, "dq", 96, 512, 729, 144, 242, 0},
+    {80, "dq", 112, 576, 791, 168, 255, 0},
+    {80, "dq", 128, 529, 744, 192, 243, 243},
+    {80, "dq-32rows", 64, 641, 1064, 192, 255, 255},
 };
 // clang-format on
 

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string_view>
 
 namespace pv {
 
@@ -105,9 +106,9 @@ int attention_tile_instructions(const std::string& kernel, int hd, bool masked, 
     return !a ? 0 : masked ? a->masked_instructions : a->instructions;
 }
 
-int attention_kernel_registers(const std::string& kernel, int hd, int sass_arch) {
+int attention_kernel_registers(const std::string& kernel, int hd, int sass_arch, bool split) {
     const AttentionTileSass* a = attention_tile_sass(kernel, hd, sass_arch);
-    return a ? a->registers : 0;
+    return !a ? 0 : split ? a->split_registers : a->registers;
 }
 
 namespace {
@@ -336,11 +337,14 @@ void set_attention_issue(KernelCost& k, const char* kernel, int B, int T, int H,
     k.block_shared = block.shared;
 }
 namespace {
-// Today's kernels in the SASS for sass_arch (model/attention_sass.h).
+// Today's kernels in the SASS for sass_arch (model/attention_sass.h): where the shape splits the
+// kernel's tiles, its kSplit instantiation's registers.
 void set_attention_issue_now(KernelCost& k, const char* kernel, int B, int T, int H, int Hkv, int hd, int sass_arch) {
+    const int L = std::string_view(kernel).starts_with("dkv") ? attention_mma_dkv_segment_steps(B, T, H, Hkv, hd)
+                                                              : attention_mma_query_segment_steps(B, T, H, hd);
     set_attention_issue(k, kernel, B, T, H, Hkv, hd, attention_tile_instructions(kernel, hd, false, sass_arch),
                         attention_tile_instructions(kernel, hd, true, sass_arch),
-                        attention_kernel_registers(kernel, hd, sass_arch));
+                        attention_kernel_registers(kernel, hd, sass_arch, L > 0), L);
 }
 }  // namespace
 

@@ -130,8 +130,9 @@ double issue_seconds(double warp_instructions, double efficiency, const Device& 
 double issue_seconds(const KernelCost& k, const Device& d = {});
 // Registers per thread of a tensor-core attention kernel ("forward", "forward-32rows", "dkv",
 // "dkv-swizzled", "dq", "dq-32rows") at head dim hd in the SASS for sass_arch (model/attention_sass.h,
-// from ptxas); 0 where it has no instantiation.
-int attention_kernel_registers(const std::string& kernel, int hd, int sass_arch = 90);
+// from ptxas), the instantiation a block per tile or, with split, the one that splits tiles into
+// segments; 0 where it has no such instantiation.
+int attention_kernel_registers(const std::string& kernel, int hd, int sass_arch = 90, bool split = false);
 // The fraction of the issue rate the kernels reach, forward and backward (dK/dV and dQ), from
 // their one measurement: the seconds their instructions of then would take at the full issue rate
 // over the seconds they took (step_cost.cpp states the measurement and the counts).

@@ -114,16 +114,20 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                  : "memory");
 }
 
-// cp.async.cg.shared.global, 16 bytes; the _zfill form reads src_bytes (0 to 16) and zero-fills
-// the rest (src-size), so rows past the end of a tensor are never read.
+// cp.async.cg.shared.global, 16 bytes. The _ignore_src form takes PTX's ignore-src predicate: when
+// it is set, the 16 bytes are zeros and the source is not read (its address need not be valid), so a
+// tile's rows past the end of a tensor cost one predicate, where a src-size operand cost a select
+// of the size and, to keep an unread address valid, of the 64-bit source too.
 __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* global_src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(smem_dst)), "l"(global_src)
                  : "memory");
 }
-__device__ __forceinline__ void cp_async_16_zfill(void* smem_dst, const void* global_src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(smem_dst)), "l"(global_src),
-                 "r"(src_bytes)
-                 : "memory");
+__device__ __forceinline__ void cp_async_16_ignore_src(void* smem_dst, const void* global_src, bool ignore_src) {
+    asm volatile(
+        "{\n .reg .pred ignore;\n setp.ne.b32 ignore, %2, 0;\n"
+        " cp.async.cg.shared.global [%0], [%1], 16, ignore;\n}\n" ::"r"(shared_address(smem_dst)),
+        "l"(global_src), "r"(int(ignore_src))
+        : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 

@@ -331,6 +331,13 @@ TEST_CASE("step cost: the attention SASS table covers the dispatch's head dims, 
         CHECK(a.instructions > a.hmma);
         CHECK(a.registers > 0);
         CHECK(a.registers <= 255);
+        // A kSplit instantiation exactly where the dispatch splits tiles.
+        if (pv::attention_mma_split_supports(a.head_dim)) {
+            CHECK(a.split_registers > 0);
+            CHECK(a.split_registers <= 255);
+        } else {
+            CHECK(a.split_registers == 0);
+        }
         ++rows[a.sass_arch];
     }
     // The two architectures the CUDA build ships (the Makefile's SASS_ARCHS), each with every kernel:
@@ -653,6 +660,9 @@ TEST_CASE("step cost: a small grid's tiles split into segments, priced block by 
     };
     check_blocks(dkv, "dkv", G, 1, 786);
     check_blocks(dq, "dq", 1, H, 876 / H);
+    // The split kernels' registers (the blocks an SM holds), not the unsplit ones'.
+    CHECK(dkv.block_registers == pv::attention_kernel_registers("dkv", hd, 90, true));
+    CHECK(dq.block_registers == pv::attention_kernel_registers("dq", hd, 90, true));
     // The reduce kernels: fp32 partials read (dK/dV: both outputs' 784 slots of 64 x 128; dQ: 208
     // slots a head), the split tiles' bf16 rows written (62 key tiles' dK and dV; 53 query tiles' dQ of
     // each head); each kernel writes the partials instead of those rows.
@@ -672,12 +682,15 @@ TEST_CASE("step cost: a small grid's tiles split into segments, priced block by 
     REQUIRE(f.size() == 2);
     REQUIRE(f[0].kernel == "attention_mma_forward_kernel");
     check_blocks(f[0], "forward", 1, H, 876 / H);
+    CHECK(f[0].block_registers == pv::attention_kernel_registers("forward", hd, 90, true));
     CHECK(f[1].kernel == "attention_mma_forward_combine_kernel");
     CHECK(f[1].read_bytes == 208.0 * H * 64 * (128 + 2) * 4);
     CHECK(f[1].written_bytes == 53.0 * H * 64 * (128 * 2 + 4));
     CHECK(f[0].written_bytes == T * H * (hd * 2.0 + 4) - f[1].written_bytes + f[1].read_bytes);
-    // Four sequences at 1024: no split, and no reduce or combine kernel.
-    CHECK(pv::cost::attention_backward(4, 1024, 32, 8, hd, 2, 4, false).size() == 3);
+    // Four sequences at 1024: no split, and no reduce or combine kernel; the unsplit kernels' registers.
+    const auto whole = pv::cost::attention_backward(4, 1024, 32, 8, hd, 2, 4, false);
+    CHECK(whole.size() == 3);
+    CHECK(whole[1].block_registers == pv::attention_kernel_registers("dkv", hd, 90));
     CHECK(pv::cost::attention_forward(4, 1024, 32, 8, hd, 2, 4, false).size() == 1);
 }
 

@@ -306,14 +306,14 @@ TEST_CASE("ldmatrix x1, x2, x4 with and without .trans: every element", "[kernel
 
 // ---- cp.async ----------------------------------------------------------------------------------
 // Each thread copies 16 bytes into each of four regions of dynamic shared memory: region 0 in
-// group 0, region 1 in group 1, region 2 in group 2 with zfill (src-size 0, 8 or 16 by thread;
-// with 0 the source is one past the end of `src`, which must never be read), region 3 first
+// group 0, region 1 in group 1, region 2 in group 2 with ignore-src set for every third thread
+// (zeros; its source is far past the end of `src`, which must never be read), region 3 first
 // without a commit. `seen` records what the thread's own regions held at each step (on the host,
 // copies land only at the wait that retires their group); `landed` the neighbour thread's
 // regions after every wait and a barrier.
 constexpr int kSeen = 7;
 
-__device__ inline int zfill_bytes(unsigned thread) { return int(thread % 3) * 8; }
+__host__ __device__ inline bool ignores_src(unsigned thread) { return thread % 3 == 0; }
 
 __global__ void cp_async_groups(const uint32_t* src, uint32_t* seen, uint32_t* landed, int src_words) {
     PV_DYNAMIC_SHARED(uint32_t, smem);
@@ -325,8 +325,8 @@ __global__ void cp_async_groups(const uint32_t* src, uint32_t* seen, uint32_t* l
     cp_async_commit();
     cp_async_16(region(1, t), source(1));
     cp_async_commit();
-    const int z = zfill_bytes(t);
-    cp_async_16_zfill(region(2, t), z ? source(2) : src + src_words, z);
+    const bool ignore = ignores_src(t);
+    cp_async_16_ignore_src(region(2, t), ignore ? src + src_words + 4096 * (t + 1) : source(2), ignore);
     cp_async_commit();
     s[0] = region(0, t)[0];  // before any wait
     cp_async_wait<2>();      // group 0 has landed
@@ -348,7 +348,7 @@ __global__ void cp_async_groups(const uint32_t* src, uint32_t* seen, uint32_t* l
         for (unsigned w = 0; w < 4; ++w) landed[(t * 4 + r) * 4 + w] = region(r, other)[w];
 }
 
-TEST_CASE("cp.async: groups land at their wait, zfill, uncommitted copies wait for a commit", "[kernels][mma]") {
+TEST_CASE("cp.async: groups land at their wait, ignore-src, uncommitted copies wait for a commit", "[kernels][mma]") {
     const unsigned n = 64;
     std::vector<uint32_t> src(4 * n * 4);
     std::mt19937 rng(41);
@@ -359,7 +359,7 @@ TEST_CASE("cp.async: groups land at their wait, zfill, uncommitted copies wait f
     CUDA_CHECK_LAUNCH();
     const auto s = seen.download(), l = landed.download();
     auto expected = [&](unsigned r, unsigned thread, unsigned w) -> uint32_t {
-        if (r == 2 && int(w) * 4 >= int(thread % 3) * 8) return 0;  // zero-filled past src-size
+        if (r == 2 && ignores_src(thread)) return 0;  // zeros, the source ignored
         return src[(r * n + thread) * 4 + w];
     };
     for (unsigned t = 0; t < n; ++t) {
