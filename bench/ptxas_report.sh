@@ -172,8 +172,8 @@ done
 #   and dQ (16): a few local loads and stores per tile pair of some 900 and 600 instructions;
 # - dK/dV with swizzled rows at hd 128 (what sm_86/sm_89 run there), 44 bytes of spill stores and 52
 #   of loads unsplit, 8 and 12 split: since the tile copies' zero-fill became cp.async's ignore-src
-#   (no selects; session 46) the unsplit kernel spills too, yet its single-body counts, local loads
-#   and stores included, fell (interior 996 -> 961 instructions a tile pair, masked 1,358 -> 1,323);
+#   (no selects) the unsplit kernel spills too, yet its single-body counts, local loads and stores
+#   included, fell (interior 996 -> 961 instructions a tile pair, masked 1,358 -> 1,323);
 # - dQ with warps of 32 rows at hd 64 (what an A100 runs; sm_86/sm_89 keep 16 rows), 40 bytes of
 #   spill stores and 44 of loads unsplit, 52 and 60 split: its interior tile pair takes 641
 #   instructions for 192 HMMA (3.34 a HMMA, local loads and stores included), 11% fewer per HMMA

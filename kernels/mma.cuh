@@ -46,10 +46,11 @@ __host__ __device__ constexpr int shared_piece(int r, int c) {
 // Rows [row0, row0 + ROWS) of a bf16 matrix (`stride` elements between rows, HD wide from `src`,
 // 16-byte aligned) into shared dst[ROWS][LD] with cp.async (each piece where shared_piece<LD,
 // kSwizzle> puts it), rows at or past `limit` zeros (cp.async's ignore-src: their source is never
-// read, so its address, past the tensor's rows, is left as it is and costs no select). The block's THREADS threads take the
-// ROWS·HD/8 16-byte pieces in turn, thread t the pieces t, t + THREADS, ... — the same number each,
-// so the trip count is a constant and the loop unrolls: no loop counter, branch or bound test in
-// the SASS, the divisions by the row's piece count are by a constant. Not committed here.
+// read, so its address, past the tensor's rows, is left as it is and costs no select). The block's
+// THREADS threads take the ROWS·HD/8 16-byte pieces in turn, thread t the pieces t, t + THREADS, ...
+// — the same number each, so the trip count is a constant and the loop unrolls: no loop counter,
+// branch or bound test in the SASS, the divisions by the row's piece count are by a constant. Not
+// committed here.
 //
 // Where THREADS is a multiple of a row's pieces (head dims 32, 64, 128 at 128 threads) a thread's
 // pieces all lie in one column, THREADS / (HD / 8) rows apart: one 64-bit multiply per call finds

@@ -186,7 +186,8 @@ void check_run_against_reference(const std::vector<T>& qkv, const std::vector<T>
 // [-2, 2] give scores up to a few units: peaked rows that exercise the online softmax's rescaling.
 template <class T>
 std::pair<std::vector<T>, std::vector<T>> random_inputs(const AttentionShape& s, uint64_t seed) {
-    return {random_vector<T>(s.B * s.T * s.width(), seed, -2.0, 2.0), random_vector<T>(s.B * s.T * s.H * s.hd, seed + 1)};
+    return {random_vector<T>(s.B * s.T * s.width(), seed, -2.0, 2.0),
+            random_vector<T>(s.B * s.T * s.H * s.hd, seed + 1)};
 }
 // The kernels on random_inputs<T>(s, seed) against the fp64 reference; returns what they computed.
 template <class T>
@@ -936,7 +937,7 @@ TEST_CASE("bf16 attention splits a small grid's tiles into segments: forward and
         const auto qkv = random_vector<bf16>(s.B * s.T * s.width(), 2000 + hd, -2.0, 2.0);
         const auto dout = random_vector<bf16>(s.B * s.T * s.H * s.hd, 2001 + hd);
         const auto cases = kSanitizerBuild ? std::vector<const std::vector<int>*>{&pos}
-                                      : std::vector<const std::vector<int>*>{&pos, nullptr};
+                                           : std::vector<const std::vector<int>*>{&pos, nullptr};
         for (const std::vector<int>* positions : cases) {
             INFO(describe(s) << (positions ? ", documents" : ", causal"));
             const Run<bf16> got = run(qkv, dout, s, positions);  // the public path
