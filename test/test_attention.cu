@@ -923,7 +923,8 @@ TEST_CASE("bf16 attention splits a small grid's tiles into segments: forward and
     // kernels split and their partials merged, empty segments too, under the race checker, against
     // the public path within bf16's tolerance; the other checks cost minutes there and look for no
     // race. Under ASan, whose question is memory, the same at hd 64 and 128: every split kernel's
-    // reads and its partials' writes at both head dims' strides.)
+    // reads and its partials' writes at both head dims' strides; and below, the public path's own
+    // split of the forward and dQ, in the scratch it sizes.)
     for (size_t hd : kTsanBuild ? std::vector<size_t>{64} : std::vector<size_t>{64, 128}) {
         // B 2, T 200 (n 4), H 6, Hkv 2 (G 3): a slot's share under one step, L the least, 8: key tiles
         // 0 and 1 (12 and 9 steps) split in two, 2 and 3 (6, 3) not; the forward's and dQ's blocks, at
@@ -972,7 +973,7 @@ TEST_CASE("bf16 attention splits a small grid's tiles into segments: forward and
             }
         }
     }
-    if (kSanitizerBuild) return;  // the kernels below ran above, split as much as they can be
+    if (kTsanBuild) return;
     // Where the shape splits the forward and dQ: B 1, T 600 (n 10), H 1: L 8 for every kernel (a slot's
     // share under a step); the forward's and dQ's query tiles 9 and 8 (10 and 9 key tiles) in two
     // segments, dK/dV's key tiles 0 and 1 likewise. The public path computes that split's bits,
