@@ -51,33 +51,33 @@ struct Run {
     std::vector<pv::acc_t<T>> lse;
 };
 
-// positions: [B][T] (document masking) or null (causal).
+// The public path (attention_forward, then with dout attention_backward given the forward's out and
+// lse). positions: [B][T] (document masking) or null (causal).
 template <class T>
-Run<T> run(const std::vector<T>& qkv, const std::vector<T>& dout, const AttentionShape& s,
-           const std::vector<int>* positions = nullptr) {
-    using A = pv::acc_t<T>;
-    const int B = int(s.B), T_len = int(s.T), H = int(s.H), Hkv = int(s.Hkv), hd = int(s.hd);
-    DeviceArray<T> d_qkv(qkv), d_dout(dout), d_out(dout.size()), d_dqkv(qkv.size());
-    DeviceArray<A> d_lse(s.B * s.H * s.T);
-    DeviceArray<int> d_pos(positions ? *positions : std::vector<int>(1));
-    const int* pos = positions ? d_pos.get() : nullptr;
-    DeviceArray<unsigned char> scratch(pv::attention_scratch_bytes<T>(B, T_len, H, Hkv, hd));
-    pv::attention_forward(d_qkv.get(), pos, d_out.get(), d_lse.get(), scratch.get(), B, T_len, H, Hkv, hd, nullptr);
-    pv::attention_backward(d_qkv.get(), pos, d_out.get(), d_dout.get(), d_lse.get(), d_dqkv.get(), scratch.get(), B,
-                           T_len, H, Hkv, hd, nullptr);
-    return {d_out.download(), d_dqkv.download(), d_lse.download()};
-}
-// The public path's forward alone: out and lse (dqkv empty).
-template <class T>
-Run<T> run_forward(const std::vector<T>& qkv, const AttentionShape& s, const std::vector<int>* positions = nullptr) {
+Run<T> run_public_path(const std::vector<T>& qkv, const std::vector<T>* dout, const AttentionShape& s,
+                       const std::vector<int>* positions) {
     const int B = int(s.B), T_len = int(s.T), H = int(s.H), Hkv = int(s.Hkv), hd = int(s.hd);
     DeviceArray<T> d_qkv(qkv), d_out(s.B * s.T * s.H * s.hd);
     DeviceArray<pv::acc_t<T>> d_lse(s.B * s.H * s.T);
     DeviceArray<int> d_pos(positions ? *positions : std::vector<int>(1));
+    const int* pos = positions ? d_pos.get() : nullptr;
     DeviceArray<unsigned char> scratch(pv::attention_scratch_bytes<T>(B, T_len, H, Hkv, hd));
-    pv::attention_forward(d_qkv.get(), positions ? d_pos.get() : nullptr, d_out.get(), d_lse.get(), scratch.get(), B,
-                          T_len, H, Hkv, hd, nullptr);
-    return {d_out.download(), {}, d_lse.download()};
+    pv::attention_forward(d_qkv.get(), pos, d_out.get(), d_lse.get(), scratch.get(), B, T_len, H, Hkv, hd, nullptr);
+    if (!dout) return {d_out.download(), {}, d_lse.download()};
+    DeviceArray<T> d_dout(*dout), d_dqkv(qkv.size());
+    pv::attention_backward(d_qkv.get(), pos, d_out.get(), d_dout.get(), d_lse.get(), d_dqkv.get(), scratch.get(), B,
+                           T_len, H, Hkv, hd, nullptr);
+    return {d_out.download(), d_dqkv.download(), d_lse.download()};
+}
+template <class T>
+Run<T> run(const std::vector<T>& qkv, const std::vector<T>& dout, const AttentionShape& s,
+           const std::vector<int>* positions = nullptr) {
+    return run_public_path(qkv, &dout, s, positions);
+}
+// The forward alone: out and lse (dqkv empty).
+template <class T>
+Run<T> run_forward(const std::vector<T>& qkv, const AttentionShape& s, const std::vector<int>* positions = nullptr) {
+    return run_public_path<T>(qkv, nullptr, s, positions);
 }
 
 std::string describe(const AttentionShape& s) {
