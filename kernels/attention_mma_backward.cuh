@@ -57,8 +57,8 @@
 // same result, since masked elements add exact zeros), and masks each remaining element by its
 // own row's window and by T. The interior body's four chunks are written out where that costs no
 // blocks per SM and no spills (attention_mma_chunks). Per warp and tile pair at hd 64 (sm_90,
-// model/attention_sass.h): dK/dV 547 instructions interior, 828 masked; dQ 375 and 624 (706 and
-// 1,104 for 32 rows a warp). dK/dV's steps (query head, query tile) advance by additions, not by a
+// model/attention_sass.h): dK/dV 527 instructions interior, 808 masked; dQ 360 and 600 (674 and
+// 1,072 for 32 rows a warp). dK/dV's steps (query head, query tile) advance by additions, not by a
 // division and a remainder of the step index.
 // Heavy tiles first: the grid puts the tile index in z (the slowest), and
 // causal attention's heaviest tiles (dK/dV: the first key tiles; dQ: the last query tiles) get the
@@ -100,7 +100,7 @@
 // (kernels/attention_mma_blocks.h). dK/dV at hd 128 is over the 99 KiB (101,376 bytes) a block may
 // have on sm_86 and sm_89: there it runs with swizzled rows (99,840 bytes), the same products in the
 // same order (the same bits), for 14% more instructions per interior tile pair in the sm_80 code
-// those GPUs run (996 against 875; 1,078 against 904 at sm_90: the lanes' swizzled column offsets
+// those GPUs run (961 against 840; 1,043 against 869 at sm_90: the lanes' swizzled column offsets
 // are recomputed per chunk, and written out the chunks spill there; model/attention_sass.h).
 #pragma once
 

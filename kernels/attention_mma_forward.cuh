@@ -13,8 +13,8 @@
 //
 // Tiling. A block owns Br = 64 query rows of one (batch, head), its warps WR rows each: 4 warps of
 // 16 (warp w rows q0 + 16w .. q0 + 16w + 15), or (template argument RT = 2) 2 warps of 32, two
-// 16-row tiles: each K and V fragment a warp loads then feeds two mma, 677 instructions a trip for
-// 128 HMMA where 4 warps of 16 rows issue 371 for 64 (9% fewer per HMMA, sm_90), at 255 registers.
+// 16-row tiles: each K and V fragment a warp loads then feeds two mma, 645 instructions a trip for
+// 128 HMMA where 4 warps of 16 rows issue 355 for 64 (9% fewer per HMMA, sm_90), at 255 registers.
 // The launcher takes RT = 2 at hd 64 where an SM holds four such blocks, 8 warps (the H100), and
 // 16 rows elsewhere (kernels/attention_mma_blocks.h attention_mma_forward_row_tiles: an A100's SM
 // would hold 6 warps of them, an sm_86/sm_89 SM 4). At hd 128 32 rows spill (their O alone is 128
@@ -53,7 +53,7 @@
 // result is the same bits as computing it fully masked: alpha = 1 and nothing added). A tile every
 // row of the warp sees whole (interior: causal, all but the diagonal tile) runs a body compiled
 // without masks or −∞ tests; the others (the diagonal, document boundaries, T) the masked body.
-// Per warp and tile at hd 64 on sm_90: 371 instructions interior, 499 masked (16 rows); 677 and 914
+// Per warp and tile at hd 64 on sm_90: 355 instructions interior, 483 masked (16 rows); 645 and 882
 // (32 rows) (model/attention_sass.h has the counts, read from single-body instantiations: the Path
 // template argument). Heavy
 // tiles first: the grid is 1-D, query tile index descending with the block index, so the
@@ -79,7 +79,7 @@
 //   hd 64:  37,120 bytes, 46,336 with 32 rows (under the default 48 KiB)
 //   hd 128: 69,888 bytes (opt-in above 48 KiB)
 // 128 threads a block (64 with 32 rows); ptxas (sm_90, nvcc 13.0; make ptxas-report): 168
-// registers at hd 64 (255 with 32 rows), 231 at hd 128, no local memory (the rows' windows are read
+// registers at hd 64 (255 with 32 rows), 227 at hd 128, no local memory (the rows' windows are read
 // from shared memory in the tile loop, not held: with P in one bf16 ptxas otherwise spilled at
 // hd 128). So an H100 SM holds 12 warps at hd 64 (3 blocks; 8 with 32 rows: 4 blocks) and 8 at hd
 // 128 (2 blocks), registers the limit. __launch_bounds__ names one block per SM as the minimum:
