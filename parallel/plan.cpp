@@ -108,12 +108,12 @@ void check_strategy(const StrategyOptions& o, int ranks) {
     const bool pipeline = has_pipeline(o);
     if (o.cuda_graphs && !captures_micro_steps(o))
         throw std::invalid_argument(
-            std::string("--cuda-graphs captures the micro-steps of single and ddp (ddp's but each step's last, which "
-                        "all-reduces), without a pipeline or --tp: --parallel ") +
+            std::string("--cuda-graphs captures the micro-steps of single, ddp and zero1 (but each step's last under "
+                        "ddp and zero1, which reduces the gradients), without a pipeline or --tp: --parallel ") +
             s.name + (has_pipeline(o) && !s.stages ? " --pipeline-stages " + std::to_string(o.pipeline_stages) : "") +
             (o.tensor > 1 ? " --tp " + std::to_string(o.tensor) : "") +
             " communicates or binds its buffers within micro-steps, which a captured graph would fix at their "
-            "first step; drop --cuda-graphs, or run single, or ddp without a pipeline or --tp");
+            "first step; drop --cuda-graphs, or run single, ddp or zero1 without a pipeline or --tp");
     if (o.sequence_parallel && o.tensor <= 1)
         throw std::invalid_argument("--sequence-parallel splits the rows over a tensor-parallel group: give --tp 2 or "
                                     "more, or leave it out");

@@ -73,9 +73,9 @@ struct StrategyOptions {
     // over the group (model/placement.h TensorParallel::sequence); needs tensor > 1.
     bool sequence_parallel = false;
     // --cuda-graphs: each micro-step captured once and launched as a CUDA graph (trainer/
-    // micro_step_graphs.h) where captures_micro_steps says it can be: single's, and ddp's but each
-    // step's last (the one that all-reduces). The model's cuBLAS handle then has a workspace of its
-    // own (kCublasGraphWorkspaceBytes).
+    // micro_step_graphs.h) where captures_micro_steps says it can be: single's, and ddp's and zero1's
+    // but each step's last (the one that reduces the gradients). The model's cuBLAS handle then has a
+    // workspace of its own (kCublasGraphWorkspaceBytes).
     bool cuda_graphs = false;
 };
 

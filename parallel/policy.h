@@ -46,13 +46,15 @@ struct DataPolicy {
 };
 
 // Whether --cuda-graphs can capture micro-steps (trainer/micro_step_graphs.h) under `policy`, with or
-// without a pipeline, at tensor-parallel size `tensor`: parameters, gradients and optimizer state
-// whole on every rank (single, ddp), no pipeline, no tensor parallelism. Such a micro-step
-// communicates nothing and binds no buffer on the host, except the last of a step under ddp, whose
-// backward all-reduces (parallel/gradients_all_reduce.h): that one runs eagerly
-// (Strategy::micro_step_capturable).
+// without a pipeline, at tensor-parallel size `tensor`: parameters whole on every rank and gradients
+// full-size, reduced once a step (single, ddp, zero1: the optimizer's placement plays no part in a
+// micro-step), no pipeline, no tensor parallelism. Such a micro-step communicates nothing and binds
+// no buffer on the host, except a step's last under ddp and zero1, whose backward all-reduces
+// (parallel/gradients_all_reduce.h) or reduce-scatters (gradients_reduce_scatter.h): that one runs
+// eagerly (Strategy::micro_step_capturable). zero2 reduce-scatters every micro-step out of rotating
+// buffers bound per unit, zero3 gathers and binds each unit's parameters.
 inline bool captures_micro_steps(const DataPolicy& policy, bool pipeline, int tensor) {
-    return !policy.shards() && policy.gradients == GradientReduction::all_reduce && !pipeline && tensor == 1;
+    return !policy.sharded_parameters() && !policy.rotating_gradients() && !pipeline && tensor == 1;
 }
 
 // The sizes the costs are written in, elements (model/parameters.h model_layouts, padded for the

@@ -146,8 +146,8 @@ class Strategy {
     }
     // Whether a micro-step's forward and backward can be captured once and launched again as a CUDA
     // graph (trainer/micro_step_graphs.h): nothing communicated, no buffer bound per unit on the
-    // host, one activation slot (policy.h captures_micro_steps) — single's micro-steps, and ddp's but
-    // the last of each step, whose backward all-reduces.
+    // host, one activation slot (policy.h captures_micro_steps) — single's micro-steps, and ddp's and
+    // zero1's but the last of each step, whose backward reduces the gradients over the ranks.
     bool captures_micro_steps() const {
         return pv::captures_micro_steps(policy_, pipeline_ != nullptr, model_.tensor_parallel().size);
     }

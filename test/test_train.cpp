@@ -351,41 +351,48 @@ TEST_CASE("train --cuda-graphs: the captured run's numbers and checkpoints are t
     const Run z = run_train(kTiny + " --parallel zero3 --cuda-graphs --out-dir " + dir.file("z"));
     INFO(z.output);
     REQUIRE(z.status != 0);
-    CHECK(z.output.find("--cuda-graphs captures the micro-steps of single and ddp (ddp's but each step's last, which "
-                        "all-reduces), without a pipeline or --tp: --parallel zero3 communicates") !=
+    CHECK(z.output.find("--cuda-graphs captures the micro-steps of single, ddp and zero1 (but each step's last under "
+                        "ddp and zero1, which reduces the gradients), without a pipeline or --tp: --parallel zero3 "
+                        "communicates") != std::string::npos);
+    CHECK(z.output.find("drop --cuda-graphs, or run single, ddp or zero1 without a pipeline or --tp") !=
           std::string::npos);
-    CHECK(z.output.find("drop --cuda-graphs, or run single, or ddp without a pipeline or --tp") != std::string::npos);
 }
 
 TEST_CASE(
-    "train --cuda-graphs under ddp: every micro-step but a step's last captured, the eager run's numbers and "
-    "checkpoints bit for bit",
+    "train --cuda-graphs under ddp and zero1: every micro-step but a step's last captured, the eager run's numbers "
+    "and checkpoints bit for bit",
     "[train][graphs][mpi]") {
     TempDir dir("train_graphs_ddp");
     const std::string train = (build_dir() / "train").string();
-    // 8 rows a step over 2 ranks, 2 a micro-batch: 2 micro-steps a rank, the first captured.
-    const std::string args =
-        " --steps 4 --batch 8 --micro-batch 2 --seq-len 16 --vocab 300 --warmup 1 --lr 3e-3 "
-        "--eval-interval 2 --eval-batches 1 --sample-tokens 0 --checkpoint-interval 2 --parallel ddp";
-    const fs::path eager = dir.path / "eager", graphs = dir.path / "graphs";
-    const Run a = run_mpi(2, train + args + " --out-dir " + eager.string());
-    const Run b = run_mpi(2, train + args + " --cuda-graphs --out-dir " + graphs.string());
-    INFO(a.output << "\n----\n" << b.output);
-    REQUIRE(a.status == 0);
-    REQUIRE(b.status == 0);
-    REQUIRE(losses(a.output).size() == 4);
-    REQUIRE(losses(b.output) == losses(a.output));
-    // One graph (micro-step 0, not the step's last), launched once a step.
-    CHECK(b.output.find("cuda graphs: 1 micro-step(s) captured") != std::string::npos);
-    CHECK(b.output.find("launched 4 times") != std::string::npos);
-    CHECK(check_graphs_run_is_eager_run(eager, graphs) == 8);  // model, master, m and v at steps 2 and 4
-    // A resume keeps --cuda-graphs under ddp.
-    const Run kept = run_mpi(2, train + " --resume " + (graphs / "step_2").string() + " --out-dir " + dir.file("kept"));
-    INFO(kept.output);
-    REQUIRE(kept.status == 0);
-    CHECK(kept.output.find("launched 2 times") != std::string::npos);  // steps 3 and 4
-    const std::vector<std::string> all = losses(a.output);
-    CHECK(losses(kept.output) == std::vector<std::string>(all.begin() + 2, all.end()));
+    // 8 rows a step over 2 ranks, 2 a micro-batch: 2 micro-steps a rank, the first captured. Under
+    // zero1 the last reduce-scatters (gradients_reduce_scatter.h) and each rank updates its slice.
+    for (const std::string strategy : {"ddp", "zero1"}) {
+        INFO(strategy);
+        const std::string args =
+            " --steps 4 --batch 8 --micro-batch 2 --seq-len 16 --vocab 300 --warmup 1 --lr 3e-3 "
+            "--eval-interval 2 --eval-batches 1 --sample-tokens 0 --checkpoint-interval 2 --parallel " +
+            strategy;
+        const fs::path eager = dir.path / (strategy + "_eager"), graphs = dir.path / (strategy + "_graphs");
+        const Run a = run_mpi(2, train + args + " --out-dir " + eager.string());
+        const Run b = run_mpi(2, train + args + " --cuda-graphs --out-dir " + graphs.string());
+        INFO(a.output << "\n----\n" << b.output);
+        REQUIRE(a.status == 0);
+        REQUIRE(b.status == 0);
+        REQUIRE(losses(a.output).size() == 4);
+        REQUIRE(losses(b.output) == losses(a.output));
+        // One graph (micro-step 0, not the step's last), launched once a step.
+        CHECK(b.output.find("cuda graphs: 1 micro-step(s) captured") != std::string::npos);
+        CHECK(b.output.find("launched 4 times") != std::string::npos);
+        CHECK(check_graphs_run_is_eager_run(eager, graphs) == 8);  // model, master, m and v at steps 2 and 4
+        // A resume keeps --cuda-graphs.
+        const Run kept = run_mpi(
+            2, train + " --resume " + (graphs / "step_2").string() + " --out-dir " + dir.file(strategy + "_kept"));
+        INFO(kept.output);
+        REQUIRE(kept.status == 0);
+        CHECK(kept.output.find("launched 2 times") != std::string::npos);  // steps 3 and 4
+        const std::vector<std::string> all = losses(a.output);
+        CHECK(losses(kept.output) == std::vector<std::string>(all.begin() + 2, all.end()));
+    }
     // Without accumulation every micro-step is a step's last: nothing is captured, and the run says so.
     const Run none = run_mpi(2, train +
                                     " --steps 1 --batch 4 --micro-batch 2 --seq-len 16 --vocab 300 --warmup 0 "
@@ -393,13 +400,20 @@ TEST_CASE(
                                     dir.file("none"));
     INFO(none.output);
     REQUIRE(none.status == 0);
-    CHECK(none.output.find("cuda graphs: nothing to capture: under ddp each step's last micro-step all-reduces") !=
-          std::string::npos);
-    // Tensor parallelism communicates inside every micro-step: refused, with the fix.
-    const Run tp = run_mpi(2, train + args + " --tp 2 --cuda-graphs --out-dir " + dir.file("tp"));
+    CHECK(none.output.find("cuda graphs: nothing to capture: under ddp each step's last micro-step reduces the "
+                           "gradients over the ranks") != std::string::npos);
+    // Tensor parallelism communicates inside every micro-step, zero2 reduce-scatters every micro-step
+    // out of buffers it binds per unit: refused, with the fix.
+    const std::string small = " --steps 1 --batch 8 --micro-batch 2 --seq-len 16 --vocab 300 --sample-tokens 0";
+    const Run tp = run_mpi(2, train + small + " --parallel ddp --tp 2 --cuda-graphs --out-dir " + dir.file("tp"));
     REQUIRE(tp.status != 0);
     CHECK(tp.output.find("--parallel ddp --tp 2 communicates or binds its buffers within micro-steps") !=
           std::string::npos);
+    const Run zero2 = run_mpi(2, train + small + " --parallel zero2 --cuda-graphs --out-dir " + dir.file("zero2"));
+    REQUIRE(zero2.status != 0);
+    CHECK(zero2.output.find("--parallel zero2 communicates or binds its buffers within micro-steps") !=
+          std::string::npos);
+    CHECK(zero2.output.find("or run single, ddp or zero1 without a pipeline or --tp") != std::string::npos);
 }
 
 namespace train_test {

@@ -20,8 +20,8 @@
 //
 // Only a micro-step that communicates nothing and binds no buffer per unit on the host can be
 // captured this way (Strategy::micro_step_capturable): every micro-step of --parallel single, and
-// of ddp every one but a step's last, whose backward all-reduces the gradients (that one runs
-// eagerly, after the captured ones, on the same stream).
+// of ddp and zero1 every one but a step's last, whose backward all-reduces or reduce-scatters the
+// gradients (that one runs eagerly, after the captured ones, on the same stream).
 #pragma once
 
 #include "model/llama.h"

@@ -221,8 +221,8 @@ class Trainer {
         bool have_count = false;  // the backward needs the count (its loss scale): one integer all-reduce
         const auto scale = DeviceScalar<double>::in_memory(loss_scale_.get());
         // Whether micro-step m runs as a captured graph (its forward with its backward): with
-        // --cuda-graphs, every one but a ddp step's last (strategy.h micro_step_capturable). No
-        // pipeline captures, so micro-step m is the step's last exactly when m + 1 == micro.size().
+        // --cuda-graphs, every one but a ddp or zero1 step's last (strategy.h micro_step_capturable).
+        // No pipeline captures, so micro-step m is the step's last exactly when m + 1 == micro.size().
         const auto captured = [&](size_t m) { return graphs_ && s_.micro_step_capturable(m + 1 == micro.size()); };
         s_.run_micro_steps(int(micro.size()), [&](const PipeStep& e, bool last) {
             const size_t m = size_t(e.micro);
