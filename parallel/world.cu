@@ -36,6 +36,12 @@ std::string gpu_sharing_problem(int local_ranks, int devices) {
            ":node) or make more GPUs visible (CUDA_VISIBLE_DEVICES)";
 }
 
+bool launched_as_rank() {
+    for (const char* variable : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
+        if (std::getenv(variable)) return true;
+    return false;
+}
+
 void abort_all_ranks(const std::string& message) {
     int rank = 0, size = 1;
     const bool running = mpi_running();
@@ -51,20 +57,23 @@ void abort_all_ranks(const std::string& message) {
 }
 
 World::World(int* argc, char*** argv) {
-    if (!mpi_running()) {
+    if (!mpi_running() && launched_as_rank()) {
         int provided = 0;
         mpi_check(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
         owns_mpi_ = true;
     }
-    mpi_check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
-    mpi_check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
-    MPI_Comm node;
-    mpi_check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
-              "MPI_Comm_split_type");
+    const bool mpi = mpi_running();  // else a world of one (rank 0 of 1, alone on its node)
     int local_ranks = 1;
-    mpi_check(MPI_Comm_rank(node, &local_rank_), "MPI_Comm_rank");
-    mpi_check(MPI_Comm_size(node, &local_ranks), "MPI_Comm_size");
-    MPI_Comm_free(&node);
+    if (mpi) {
+        mpi_check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
+        mpi_check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+        MPI_Comm node;
+        mpi_check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
+                  "MPI_Comm_split_type");
+        mpi_check(MPI_Comm_rank(node, &local_rank_), "MPI_Comm_rank");
+        mpi_check(MPI_Comm_size(node, &local_ranks), "MPI_Comm_size");
+        MPI_Comm_free(&node);
+    }
     int devices = 0;
     CUDA_CHECK(cudaGetDeviceCount(&devices));
     if (const std::string problem = gpu_sharing_problem(local_ranks, devices); !problem.empty())
@@ -73,7 +82,7 @@ World::World(int* argc, char*** argv) {
     CUDA_CHECK(cudaSetDevice(device_));
     ncclUniqueId id;
     if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-    mpi_check(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD), "MPI_Bcast of the NCCL id");
+    if (mpi) mpi_check(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD), "MPI_Bcast of the NCCL id");
     NCCL_CHECK(ncclCommInitRank(&nccl_, size_, id, rank_));
     comm_ = std::make_unique<Comm>(nccl_, "world");
 }

@@ -93,6 +93,31 @@ TEST_CASE("train: two runs with the same seed print identical losses", "[train][
     REQUIRE(losses(c.output) != losses(a.output));
 }
 
+// A plain `train`, no launcher, is a world of one without MPI (parallel/world.h): it trains where
+// Open MPI cannot start (a pml component that does not exist fails MPI_Init, as the old singleton
+// start-up did here), with the losses of the same run under mpirun -np 1; under mpirun the rank
+// starts MPI, and the same environment fails it.
+TEST_CASE("train: alone it runs without MPI; under mpirun its rank starts MPI", "[train][mpi]") {
+    TempDir dir("train_no_mpi");
+    const std::string train = (build_dir() / "train").string();
+    const std::string args =
+        " --steps 2 --batch 4 --micro-batch 2 --seq-len 16 --vocab 300 --warmup 0 "
+        "--eval-interval 0 --sample-tokens 0 --out-dir ";
+    const Run alone = run_train_command("OMPI_MCA_pml=nonexistent " + train + args + dir.file("alone"));
+    INFO(alone.output);
+    REQUIRE(alone.status == 0);
+    CHECK(alone.output.find("MPI_INIT") == std::string::npos);
+    REQUIRE(losses(alone.output).size() == 2);
+    const Run ranked = run_mpi(1, train + args + dir.file("ranked"));
+    INFO(ranked.output);
+    REQUIRE(ranked.status == 0);
+    CHECK(losses(ranked.output) == losses(alone.output));
+    const Run failing = run_mpi(1, "env OMPI_MCA_pml=nonexistent " + train + args + dir.file("failing"));
+    INFO(failing.output);
+    CHECK(failing.status != 0);  // (Open MPI's own report of the failure may be cut short by the abort)
+    CHECK(failing.output.find("trained steps") == std::string::npos);
+}
+
 // Activation checkpointing end to end: the same metrics bit for bit as without it; the setting
 // kept on resume, and turning it off on resume is allowed (the gradients are the same) and said.
 TEST_CASE("train --checkpoint-activations: identical metrics, kept on resume, changeable on resume",

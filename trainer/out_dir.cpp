@@ -146,10 +146,11 @@ void check_out_dir(const std::string& out_dir) {
 void check_file_size_limit() {
     const uint64_t limit = file_size_limit();
     if (limit == 0 || limit >= kMinFileSizeLimit) return;
-    throw std::invalid_argument("the file size limit (ulimit -f) is " + std::to_string(limit / 1024) +
-                                " KiB: too small for a run (MPI's start-up alone writes a file of " +
-                                std::to_string(kMinFileSizeLimit >> 20) +
-                                " MiB, a checkpoint's files are larger still); raise it with `ulimit -f unlimited`");
+    throw std::invalid_argument(
+        "the file size limit (ulimit -f) is " + std::to_string(limit / 1024) +
+        " KiB: too small for a run (a rank's MPI start-up under mpirun alone writes a file of " +
+        std::to_string(kMinFileSizeLimit >> 20) +
+        " MiB, a checkpoint's files are larger still); raise it with `ulimit -f unlimited`");
 }
 
 namespace {

@@ -43,7 +43,9 @@ void check_out_dir(const std::string& out_dir);
 
 // The smallest file size limit (ulimit -f) `train` can start under: Open MPI's start-up writes a
 // 4 MiB file (its PMIx shared-memory store; measured: one process fails at 4000 KiB, starts at
-// 4096 KiB, as do two ranks), and a checkpoint's files are larger still.
+// 4096 KiB, as do two ranks), and a checkpoint's files are larger still. A world of one that no
+// launcher started runs without MPI (parallel/world.h) but is held to the same floor, which only
+// toy models' checkpoints stay under.
 inline constexpr unsigned long long kMinFileSizeLimit = 4ull << 20;
 
 // Before MPI starts (MPI_Init fails with PMIx errors that say nothing of the limit): throws
