@@ -36,40 +36,33 @@ double f16_value(uint16_t bits) {
     return double(__half2float(__half(raw)));
 }
 
-// Where element (row, col) of each operand lives: (lane, 16-bit index within the operand's words).
-struct Position {
-    unsigned lane, index;
-};
-Position a_position(unsigned row, unsigned col) {  // A: words 0-3
-    const unsigned reg = (row >= 8 ? 1 : 0) + (col >= 8 ? 2 : 0);
-    return {(row % 8) * 4 + (col % 8) / 2, reg * 2 + col % 2};
-}
-Position b_position(unsigned k, unsigned n) {  // B: words 4-5
-    return {n * 4 + (k % 8) / 2, (k >= 8 ? 2 : 0) + k % 2};
-}
-// C and D: word index (a float each) within words 6-9 (C) or 0-3 (D).
-Position c_position(unsigned row, unsigned col) { return {(row % 8) * 4 + col / 2, (row >= 8 ? 2 : 0) + col % 2}; }
-
 template <double (*value)(uint16_t)>
 void mma_m16n8k16(const LaneWords* in, LaneWords* out) {
+    // Each lane's registers into the matrices, lane by lane (the layouts above; g = lane / 4,
+    // t = lane % 4): A register r holds row g + 8·(r % 2), cols 2t + 8·(r / 2) and the next; B
+    // register r holds k 2t + 8r and the next, column g.
     double a[16][16], b[16][8];
-    for (unsigned r = 0; r < 16; ++r)
-        for (unsigned c = 0; c < 16; ++c) {
-            const Position p = a_position(r, c);
-            a[r][c] = value(half_at(in[p.lane], 0, p.index));
+    for (unsigned l = 0; l < 32; ++l) {
+        const unsigned g = l / 4, t = l % 4;
+        for (unsigned r = 0; r < 4; ++r) {
+            const unsigned row = g + 8 * (r % 2), col = 2 * t + 8 * (r / 2);
+            a[row][col] = value(uint16_t(in[l].w[r])), a[row][col + 1] = value(uint16_t(in[l].w[r] >> 16));
         }
-    for (unsigned k = 0; k < 16; ++k)
-        for (unsigned n = 0; n < 8; ++n) {
-            const Position p = b_position(k, n);
-            b[k][n] = value(half_at(in[p.lane], 4, p.index));
+        for (unsigned r = 0; r < 2; ++r) {
+            const unsigned k = 2 * t + 8 * r;
+            b[k][g] = value(uint16_t(in[l].w[4 + r])), b[k + 1][g] = value(uint16_t(in[l].w[4 + r] >> 16));
         }
-    for (unsigned r = 0; r < 16; ++r)
-        for (unsigned n = 0; n < 8; ++n) {
-            const Position p = c_position(r, n);
-            double acc = double(std::bit_cast<float>(in[p.lane].w[6 + p.index]));
-            for (unsigned k = 0; k < 16; ++k) acc += a[r][k] * b[k][n];
-            out[p.lane].w[p.index] = std::bit_cast<uint32_t>(float(acc));
+    }
+    // D's element j of lane l: row g + 8·(j / 2), col 2t + j % 2, from C's element j of the lane.
+    for (unsigned l = 0; l < 32; ++l) {
+        const unsigned g = l / 4, t = l % 4;
+        for (unsigned j = 0; j < 4; ++j) {
+            const unsigned row = g + 8 * (j / 2), n = 2 * t + j % 2;
+            double acc = double(std::bit_cast<float>(in[l].w[6 + j]));
+            for (unsigned k = 0; k < 16; ++k) acc += a[row][k] * b[k][n];
+            out[l].w[j] = std::bit_cast<uint32_t>(float(acc));
         }
+    }
 }
 
 }  // namespace
