@@ -389,17 +389,26 @@ TEST_CASE(
     "[train][graphs][mpi]") {
     TempDir dir("train_graphs_ddp");
     const std::string train = (build_dir() / "train").string();
-    // 8 rows a step over 2 ranks, 2 a micro-batch: 2 micro-steps a rank, the first captured. Under
-    // zero1 the last reduce-scatters (gradients_reduce_scatter.h) and each rank updates its slice.
-    for (const std::string strategy : {"ddp", "zero1"}) {
+    // 4 rows a step a rank, 2 a micro-batch: 2 micro-steps a rank, the first captured. Under zero1
+    // the last reduce-scatters (gradients_reduce_scatter.h) and each rank updates its slice; hybrid
+    // zero1 (4 ranks, shards within groups of 2) reduce-scatters within a group and all-reduces the
+    // slices across the replicas, still all in the last micro-step.
+    struct Layout {
+        std::string name, parallel;
+        int ranks;
+    };
+    for (const Layout& layout :
+         {Layout{"ddp", "ddp", 2}, Layout{"zero1", "zero1", 2}, Layout{"hybrid_zero1", "zero1 --shard-group 2", 4}}) {
+        const std::string& strategy = layout.name;
         INFO(strategy);
-        const std::string args =
-            " --steps 4 --batch 8 --micro-batch 2 --seq-len 16 --vocab 300 --warmup 1 --lr 3e-3 "
-            "--eval-interval 2 --eval-batches 1 --sample-tokens 0 --checkpoint-interval 2 --parallel " +
-            strategy;
+        const std::string args = " --steps 4 --batch " + std::to_string(4 * layout.ranks) +
+                                 " --micro-batch 2 --seq-len 16 --vocab 300 --warmup 1 --lr 3e-3 "
+                                 "--eval-interval 2 --eval-batches 1 --sample-tokens 0 --checkpoint-interval 2 "
+                                 "--parallel " +
+                                 layout.parallel;
         const fs::path eager = dir.path / (strategy + "_eager"), graphs = dir.path / (strategy + "_graphs");
-        const Run a = run_mpi(2, train + args + " --out-dir " + eager.string());
-        const Run b = run_mpi(2, train + args + " --cuda-graphs --out-dir " + graphs.string());
+        const Run a = run_mpi(layout.ranks, train + args + " --out-dir " + eager.string());
+        const Run b = run_mpi(layout.ranks, train + args + " --cuda-graphs --out-dir " + graphs.string());
         INFO(a.output << "\n----\n" << b.output);
         REQUIRE(a.status == 0);
         REQUIRE(b.status == 0);
@@ -409,6 +418,7 @@ TEST_CASE(
         CHECK(b.output.find("cuda graphs: 1 micro-step(s) captured") != std::string::npos);
         CHECK(b.output.find("launched 4 times") != std::string::npos);
         CHECK(check_graphs_run_is_eager_run(eager, graphs) == 8);  // model, master, m and v at steps 2 and 4
+        if (layout.ranks != 2) continue;
         // A resume keeps --cuda-graphs.
         const Run kept = run_mpi(
             2, train + " --resume " + (graphs / "step_2").string() + " --out-dir " + dir.file(strategy + "_kept"));
