@@ -5,7 +5,9 @@
 #
 #   bench/gpu_session.sh [PHASE...]      default: build tests kernels train ncu
 #
-#   build    make BACKEND ($BACKEND, default cuda) everything, timed
+#   build    make BACKEND ($BACKEND, default cuda) everything, timed; on cuda SASS for sm_90 alone
+#            (SASS_ARCHS, default 90: the H100's and H200's; the Makefile's default adds sm_80's, a
+#            second device-code pass per file the lent GPU never runs) in build/cuda-sm90
 #   tests    every one-rank test binary with the filter a single GPU can run (no MPI ranks, no
 #            host-only, sanitizer or hidden cases), each under a time limit; a line per binary
 #   kernels  kernels_bench at the 1B shape (head dim 64) and the 8B shape (head dim 128), T = 2048
@@ -17,7 +19,7 @@
 #            tokens/s over the steps after the first (metrics.jsonl)
 #   ncu      Nsight Compute on the three attention kernels at the 1B shape, where ncu is installed
 #
-# Environment: OUT (default: a new directory under /tmp), BACKEND (cuda), JOBS (make -j; nproc),
+# Environment: OUT (default: a new directory under /tmp), BACKEND (cuda), SASS_ARCHS (90), JOBS (make -j; nproc),
 # TEST_LIMIT (seconds per test binary, 240), STEPS (train steps, 4), SHAPES_1B / SHAPES_8B (the
 # kernels_bench shapes, default llama-3.2-1b / llama-3.1-8b), TRAIN_PRESET_1B / TRAIN_PRESET_8B
 # (default the same presets), SEQ (the train runs' sequence length, 2048), KERNEL_SEQS (the
@@ -37,7 +39,12 @@ shape_1b="${SHAPES_1B:-llama-3.2-1b}"
 shape_8b="${SHAPES_8B:-llama-3.1-8b}"
 preset_1b="${TRAIN_PRESET_1B:-llama-3.2-1b}"
 preset_8b="${TRAIN_PRESET_8B:-llama-3.1-8b}"
+sass_archs="${SASS_ARCHS:-90}"
 build="build/$backend"
+# The Makefile builds SASS_ARCHS other than its default "80 90" in a folder of its own.
+if [[ $backend == cuda && $(echo $sass_archs) != "80 90" ]]; then
+  for a in $sass_archs; do build+="-sm$a"; done
+fi
 phases=("$@")
 [[ ${#phases[@]} -eq 0 ]] && phases=(build tests kernels train ncu)
 mkdir -p "$out"
@@ -52,8 +59,8 @@ mean_of() {
 
 phase_build() {
   local start=$SECONDS
-  if make -j"$jobs" BACKEND="$backend" everything > "$out/build.log" 2>&1; then
-    echo "build: $((SECONDS - start)) s"
+  if make -j"$jobs" BACKEND="$backend" SASS_ARCHS="$sass_archs" everything > "$out/build.log" 2>&1; then
+    echo "build: $((SECONDS - start)) s ($build)"
   else
     echo "build: FAILED after $((SECONDS - start)) s (tail of $out/build.log):"
     tail -20 "$out/build.log"
