@@ -414,6 +414,8 @@ TEST_CASE(
         REQUIRE(b.status == 0);
         REQUIRE(losses(a.output).size() == 4);
         REQUIRE(losses(b.output) == losses(a.output));
+        if (layout.ranks == 4)  // the layout asked for, not plain zero1 over 4
+            CHECK(b.output.find("strategy zero1, sharded within groups of 2 rank(s), 2 replicas") != std::string::npos);
         // One graph (micro-step 0, not the step's last), launched once a step.
         CHECK(b.output.find("cuda graphs: 1 micro-step(s) captured") != std::string::npos);
         CHECK(b.output.find("launched 4 times") != std::string::npos);
