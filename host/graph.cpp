@@ -4,7 +4,8 @@
 // allow: the order they were recorded in, or, with the deferred streams
 // (POLEVAULT_HOST_STREAMS=deferred or bursts), a random one drawn per launch from the schedule's
 // seed, so a node that reads what a node it does not wait for writes gives wrong answers here, as
-// the GPU's concurrent branches would.
+// the GPU's concurrent branches would. A graph holding ordered work (host/graph.h OrderedSubmit:
+// collectives) is submitted through its order, after the ordered work issued before the launch.
 #include "host/graph.h"
 
 #include "host/schedule.h"
@@ -15,10 +16,12 @@
 
 struct CUgraph_st {
     std::vector<pv::host::GraphNode> nodes;
+    pv::host::OrderedSubmit order = nullptr;
 };
 
 struct CUgraphExec_st {
     std::shared_ptr<const std::vector<pv::host::GraphNode>> nodes;  // shared with queued launches
+    pv::host::OrderedSubmit order = nullptr;  // the graph holds ordered work: launches go through it
 };
 
 namespace pv::host {
@@ -37,7 +40,9 @@ bool depends_on(const std::vector<GraphNode>& nodes, int node, int ancestor) {
     return false;
 }
 
-cudaGraph_t make_graph(std::vector<GraphNode> nodes) { return new CUgraph_st{std::move(nodes)}; }
+cudaGraph_t make_graph(std::vector<GraphNode> nodes, OrderedSubmit order) {
+    return new CUgraph_st{std::move(nodes), order};
+}
 
 namespace {
 
@@ -75,7 +80,7 @@ using namespace pv::host;
 
 extern "C" cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags) {
     if (!exec || !graph || flags != 0) return set_last_error(cudaErrorInvalidValue);
-    *exec = new CUgraphExec_st{std::make_shared<const std::vector<GraphNode>>(graph->nodes)};
+    *exec = new CUgraphExec_st{std::make_shared<const std::vector<GraphNode>>(graph->nodes), graph->order};
     return cudaSuccess;
 }
 
@@ -85,10 +90,13 @@ extern "C" cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream
     static std::atomic<uint64_t> launches{0};
     const uint64_t seed = mix_seed(schedule().seed, 0x4752415048ull, launches.fetch_add(1));  // "GRAPH"
     const bool shuffled = streams_are_deferred();
-    const cudaError_t e = stream_submit(stream, [nodes = exec->nodes, seed, shuffled] {
-        Rng rng(seed);
-        run_nodes(*nodes, shuffled ? &rng : nullptr);
-    });
+    const auto submit = [&] {
+        return stream_submit(stream, [nodes = exec->nodes, seed, shuffled] {
+            Rng rng(seed);
+            run_nodes(*nodes, shuffled ? &rng : nullptr);
+        });
+    };
+    const cudaError_t e = exec->order ? exec->order(stream, submit) : submit();
     return e == cudaSuccess ? cudaSuccess : set_last_error(e);
 }
 

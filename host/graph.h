@@ -32,21 +32,35 @@ struct GraphNode {
     std::vector<int> deps;
 };
 
+// Work that must keep one process-wide order with other work of its kind: the host NCCL's, whose
+// every piece runs after the one issued before it (host/nccl.cpp). A capture that records such
+// work is marked with the function that orders a submission, and each launch of its graph is
+// submitted through it, so a graph's collectives take their place in that order at each launch.
+using OrderedSubmit = cudaError_t (*)(cudaStream_t stream, const std::function<cudaError_t()>& submit);
+
 // A capture in progress: the nodes so far, the stream that began it and how strict it is.
 struct Capture {
+    unsigned long long id = 0;  // unique to this capture in the process, from 1
     std::vector<GraphNode> nodes;
     std::vector<cudaStream_t> streams;  // the stream that began it (first), then every one that joined
     cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
     std::thread::id thread;    // the thread that began it (ThreadLocal mode's scope)
     bool invalidated = false;  // an illegal call happened: EndCapture returns no graph
     bool ended = false;        // cudaStreamEndCapture ran: its events mark no work that will run
+    OrderedSubmit order = nullptr;  // set when it records ordered work: its graph's launches go through it
 };
 
 // Whether `node` is `ancestor` or depends on it, directly or through other nodes.
 bool depends_on(const std::vector<GraphNode>& nodes, int node, int ancestor);
 
-// A graph of these nodes (cudaStreamEndCapture's result).
-cudaGraph_t make_graph(std::vector<GraphNode> nodes);
+// A graph of these nodes (cudaStreamEndCapture's result); `order`: the capture's (may be null).
+cudaGraph_t make_graph(std::vector<GraphNode> nodes, OrderedSubmit order);
+
+// The id of the capture `stream` takes part in, 0 if none; whether the capture `id` has not ended.
+unsigned long long capture_id(cudaStream_t stream);
+bool capture_is_active(unsigned long long id);
+// Marks the capture `capturing` takes part in as recording ordered work (OrderedSubmit).
+void order_capture_launches(cudaStream_t capturing, OrderedSubmit order);
 
 // cudaSuccess, or the error a potentially unsafe call (cudaMalloc, cudaMemcpy, ...) gets while a
 // capture forbids it; the forbidding captures are invalidated.

@@ -56,6 +56,14 @@
 // and must be matched within the group. If a call inside a group fails its checks, ncclGroupEnd
 // returns that error and runs nothing.
 //
+// Graphs. A call on a capturing stream (host/graph.h) becomes a node of the graph, as NCCL's
+// kernels do on a GPU, and runs at each launch: a collective's MPI tags are numbered when it runs,
+// not at the call, so every launch's messages are new ones. Within the capture the calls are
+// chained in issue order; the capture is marked as holding ordered work, so each launch of its
+// graph is put in the process's order (after the NCCL work issued before the launch, before the
+// work issued after it). A failure inside a launch cannot be returned: it aborts the job, as in
+// the deferred mode.
+//
 // Deferred-mode safety (POLEVAULT_HOST_STREAMS=deferred). Queued work runs when the host
 // synchronises, and a collective blocks until its peers run theirs. That cannot deadlock if:
 //   1. ranks issue the collectives of a communicator in the same order (NCCL's own rule);
@@ -74,6 +82,7 @@
 // bad arguments ncclInvalidArgument, misuse ncclInvalidUsage, MPI failures ncclSystemError. A
 // failure inside stream work that runs later (the deferred mode) cannot be returned to anyone and
 // peers would wait for it forever: it prints its message and calls MPI_Abort.
+#include "host/graph.h"
 #include "host/nccl_reduce.h"
 #include "host/stream.h"
 
@@ -87,6 +96,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -103,7 +113,7 @@ struct ncclComm {
     MPI_Comm collectives = MPI_COMM_NULL;     // NULL for a one-rank communicator without MPI
     MPI_Comm point_to_point = MPI_COMM_NULL;  // ncclSend/ncclRecv
     int max_tag = 32767;                      // MPI_TAG_UB of `collectives` (MPI guarantees ≥ 32767)
-    unsigned long long collectives_issued = 0;
+    std::atomic<unsigned long long> collectives_run{0};  // numbers the collectives' MPI tags as they run
     std::atomic<int> async_error{ncclSuccess};  // ncclCommGetAsyncError; set by a failed collective
     std::atomic<bool> aborted{false};           // ncclCommAbort
 };
@@ -509,19 +519,79 @@ ncclResult_t execute(const std::vector<Op>& ops, const std::vector<SelfPair>& se
         else
             PV_NCCL_TRY(p2p.recv(op.recv, bytes, op.peer, 0, op.comm->point_to_point));
     }
-    for (const Op& op : ops)
-        if (!is_point_to_point(op)) PV_NCCL_TRY(run_collective(op));
+    for (Op op : ops)
+        if (!is_point_to_point(op)) {
+            // Two tags per collective (all-reduce has two phases), numbered as the communicator's
+            // collectives run (every rank runs them in the same order), cycling below MPI_TAG_UB:
+            // numbered at the call, a captured graph's launches would repeat its capture's tags.
+            const unsigned long long slots = (unsigned long long)(op.comm->max_tag) / 2 + 1;
+            op.tag = int((op.comm->collectives_run++ % slots) * 2);
+            PV_NCCL_TRY(run_collective(op));
+        }
     return p2p.wait();
 }
 
-// Orders NCCL work in issue order across streams: every launch waits for this event, which
-// records the end of the previous launch.
+// Orders NCCL work in issue order across streams: every piece waits for a chain event, which
+// records the end of the piece before it, and is recorded again after it. Outside a capture the
+// chain is the process's; inside one it is the capture's own (an event recorded outside a capture
+// cannot be waited for inside it), which orders the graph's collectives among themselves, and
+// every launch of that graph joins the process's chain (order_graph_launch), so a graph's
+// collectives run after the NCCL work issued before its launch and before the work issued after.
 std::mutex launch_mutex;
-cudaEvent_t previous_launch = nullptr;  // guarded by launch_mutex
+cudaEvent_t previous_launch = nullptr;                                   // guarded by launch_mutex
+std::vector<std::pair<unsigned long long, cudaEvent_t>> capture_chains;  // per active capture; guarded too
 
 ncclResult_t check_cuda(cudaError_t e, const char* what) {
     if (e != cudaSuccess) return fail(ncclUnhandledCudaError, "%s failed: %s", what, cudaGetErrorString(e));
     return ncclSuccess;
+}
+
+// The chain event for work on `stream` (under launch_mutex); forgets the chains of ended captures.
+ncclResult_t chain_for(cudaStream_t stream, cudaEvent_t** chain) {
+    const unsigned long long capture = capture_id(stream);
+    std::erase_if(capture_chains, [&](const auto& c) {
+        const bool ended = c.first != capture && !capture_is_active(c.first);
+        if (ended) cudaEventDestroy(c.second);
+        return ended;
+    });
+    cudaEvent_t* e = &previous_launch;
+    if (capture) {
+        auto it = std::find_if(capture_chains.begin(), capture_chains.end(),
+                               [&](const auto& c) { return c.first == capture; });
+        if (it == capture_chains.end()) it = capture_chains.insert(capture_chains.end(), {capture, nullptr});
+        e = &it->second;
+    }
+    if (!*e) PV_NCCL_TRY(check_cuda(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreateWithFlags"));
+    *chain = e;
+    return ncclSuccess;
+}
+
+// Submits `submit`'s work on `primary` in the chain (under launch_mutex): after the NCCL work
+// issued before it, with the `others` streams joined to `primary` before and after, as NCCL
+// joins a group's streams.
+ncclResult_t submit_in_order(cudaStream_t primary, const std::vector<cudaStream_t>& others,
+                             const std::function<cudaError_t()>& submit) {
+    cudaEvent_t* chain = nullptr;
+    PV_NCCL_TRY(chain_for(primary, &chain));
+    PV_NCCL_TRY(check_cuda(cudaStreamWaitEvent(primary, *chain, 0), "cudaStreamWaitEvent"));
+    for (cudaStream_t other : others) {  // the group's other streams join the primary ...
+        cudaEvent_t joined = nullptr;
+        PV_NCCL_TRY(check_cuda(cudaEventCreateWithFlags(&joined, cudaEventDisableTiming), "cudaEventCreateWithFlags"));
+        PV_NCCL_TRY(check_cuda(cudaEventRecord(joined, other), "cudaEventRecord"));
+        PV_NCCL_TRY(check_cuda(cudaStreamWaitEvent(primary, joined, 0), "cudaStreamWaitEvent"));
+        PV_NCCL_TRY(check_cuda(cudaEventDestroy(joined), "cudaEventDestroy"));
+    }
+    PV_NCCL_TRY(check_cuda(submit(), "the collective's stream work"));
+    PV_NCCL_TRY(check_cuda(cudaEventRecord(*chain, primary), "cudaEventRecord"));
+    for (cudaStream_t other : others)  // ... and wait for the group's end
+        PV_NCCL_TRY(check_cuda(cudaStreamWaitEvent(other, *chain, 0), "cudaStreamWaitEvent"));
+    return ncclSuccess;
+}
+
+// A graph holding NCCL work is launched through this (host/graph.h OrderedSubmit).
+cudaError_t order_graph_launch(cudaStream_t stream, const std::function<cudaError_t()>& submit) {
+    std::lock_guard lock(launch_mutex);
+    return submit_in_order(stream, {}, submit) == ncclSuccess ? cudaSuccess : cudaErrorUnknown;
 }
 
 // Asynchronous errors. A GPU's NCCL reports a failure that happens while its kernels run (a peer
@@ -561,7 +631,8 @@ ncclResult_t execute_unless_broken(const std::vector<Op>& ops, const std::vector
     return ncclSuccess;  // asynchronous: reported by ncclCommGetAsyncError, not by the call
 }
 
-// Submits a call or group as one piece of stream work.
+// Submits a call or group as one piece of stream work. Work that runs later — in the deferred
+// mode, or in a captured graph's launches — cannot return its failure to the caller.
 ncclResult_t launch(std::vector<Op> ops) {
     if (ops.empty()) return ncclSuccess;
     std::vector<SelfPair> self_pairs;
@@ -574,36 +645,25 @@ ncclResult_t launch(std::vector<Op> ops) {
             return fail(ncclInvalidArgument, "a stream of the group (%p) is no longer live", static_cast<void*>(s));
 
     std::lock_guard lock(launch_mutex);
-    if (!previous_launch)
-        PV_NCCL_TRY(
-            check_cuda(cudaEventCreateWithFlags(&previous_launch, cudaEventDisableTiming), "cudaEventCreateWithFlags"));
     const cudaStream_t primary = streams[0];
-    PV_NCCL_TRY(check_cuda(cudaStreamWaitEvent(primary, previous_launch, 0), "cudaStreamWaitEvent"));
-    for (size_t i = 1; i < streams.size(); ++i) {  // the group's other streams join the primary ...
-        cudaEvent_t joined = nullptr;
-        PV_NCCL_TRY(check_cuda(cudaEventCreateWithFlags(&joined, cudaEventDisableTiming), "cudaEventCreateWithFlags"));
-        PV_NCCL_TRY(check_cuda(cudaEventRecord(joined, streams[i]), "cudaEventRecord"));
-        PV_NCCL_TRY(check_cuda(cudaStreamWaitEvent(primary, joined, 0), "cudaStreamWaitEvent"));
-        PV_NCCL_TRY(check_cuda(cudaEventDestroy(joined), "cudaEventDestroy"));
-    }
-    const bool deferred = streams_are_deferred();
+    const bool captured = capture_id(primary) != 0;
+    if (captured) order_capture_launches(primary, order_graph_launch);
+    const bool later = streams_are_deferred() || captured;
     auto status = std::make_shared<ncclResult_t>(ncclSuccess);
-    const cudaError_t submitted = stream_submit(primary, [ops = std::move(ops), self_pairs = std::move(self_pairs),
-                                                          status, deferred] {
-        *status = execute_unless_broken(ops, self_pairs);
-        if (*status != ncclSuccess && deferred) {
-            std::fprintf(stderr,
-                         "polevault host NCCL: %s failed inside deferred stream work, where no caller can be told; "
-                         "aborting the MPI job\n",
-                         ops.size() == 1 ? ops[0].name : "a group");
-            abort_job();
-        }
-    });
-    PV_NCCL_TRY(check_cuda(submitted, "the collective's stream work"));
-    PV_NCCL_TRY(check_cuda(cudaEventRecord(previous_launch, primary), "cudaEventRecord"));
-    for (size_t i = 1; i < streams.size(); ++i)  // ... and wait for the group's end
-        PV_NCCL_TRY(check_cuda(cudaStreamWaitEvent(streams[i], previous_launch, 0), "cudaStreamWaitEvent"));
-    return *status;  // always ncclSuccess in the deferred mode
+    const auto submit = [&] {
+        return stream_submit(primary, [ops = std::move(ops), self_pairs = std::move(self_pairs), status, later] {
+            *status = execute_unless_broken(ops, self_pairs);
+            if (*status != ncclSuccess && later) {
+                std::fprintf(stderr,
+                             "polevault host NCCL: %s failed inside stream work that ran after the call (deferred "
+                             "streams or a graph's launch), where no caller can be told; aborting the MPI job\n",
+                             ops.size() == 1 ? ops[0].name : "a group");
+                abort_job();
+            }
+        });
+    };
+    PV_NCCL_TRY(submit_in_order(primary, std::vector<cudaStream_t>(streams.begin() + 1, streams.end()), submit));
+    return *status;  // always ncclSuccess when the work runs later
 }
 
 // ---- groups ------------------------------------------------------------------------------------
@@ -626,11 +686,6 @@ ncclResult_t note_failure(ncclResult_t result) {
 }
 
 ncclResult_t issue(Op op) {
-    if (!is_point_to_point(op)) {
-        // Two tags per collective (all-reduce has two phases), cycling below MPI_TAG_UB.
-        const unsigned long long slots = (unsigned long long)(op.comm->max_tag) / 2 + 1;
-        op.tag = int((op.comm->collectives_issued++ % slots) * 2);
-    }
     if (group.depth > 0) {
         group.ops.push_back(op);
         return ncclSuccess;

@@ -481,7 +481,9 @@ extern "C" cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCap
     CUstream_st* s = resolve(stream);
     if (s == &legacy_stream) return set_last_error(cudaErrorStreamCaptureUnsupported);
     if (s->capture) return set_last_error(cudaErrorIllegalState);
+    static unsigned long long captures_begun = 0;  // (under streams_mutex)
     auto c = std::make_shared<Capture>();
+    c->id = ++captures_begun;
     c->mode = mode, c->thread = std::this_thread::get_id(), c->streams = {s};
     s->capture = c, s->tails.clear();
     active_captures.push_back(c);
@@ -516,9 +518,29 @@ extern "C" cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* gr
     *graph = nullptr;
     if (c->invalidated) return set_last_error(cudaErrorStreamCaptureInvalidated);
     if (unjoined) return set_last_error(cudaErrorStreamCaptureUnjoined);
-    *graph = make_graph(std::move(c->nodes));
+    *graph = make_graph(std::move(c->nodes), c->order);
     return cudaSuccess;
 }
+
+namespace pv::host {
+
+unsigned long long capture_id(cudaStream_t stream) {
+    std::lock_guard lock(streams_mutex);
+    const CUstream_st* s = resolve(stream);
+    return s->capture ? s->capture->id : 0;
+}
+
+bool capture_is_active(unsigned long long id) {
+    std::lock_guard lock(streams_mutex);
+    return std::any_of(active_captures.begin(), active_captures.end(), [&](const auto& c) { return c->id == id; });
+}
+
+void order_capture_launches(cudaStream_t capturing, OrderedSubmit order) {
+    std::lock_guard lock(streams_mutex);
+    if (CUstream_st* s = resolve(capturing); s->capture) s->capture->order = order;
+}
+
+}  // namespace pv::host
 
 extern "C" cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
     if (!status) return set_last_error(cudaErrorInvalidValue);

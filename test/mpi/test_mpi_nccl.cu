@@ -278,6 +278,12 @@ __global__ void fill_values(float* x, int n, int rank) {
     if (i < n) x[i] = float(rank + 1) * 0.5f + float(i) * 0.25f;
 }
 
+// fill_values's values for rank `rank` + *round: read from device memory, so a graph's launches differ.
+__global__ void fill_round(float* x, int n, int rank, const int* round) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = float(rank + *round + 1) * 0.5f + float(i) * 0.25f;
+}
+
 __global__ void scale_into(float* out, const float* x, int n, float factor) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = x[i] * factor;
@@ -806,6 +812,97 @@ TEST_CASE("streams: a communication stream fenced by events; one communicator's 
     REQUIRE(bit_difference(b_out.download(), b_expected) == "");
     NCCL_REQUIRE(ncclCommDestroy(pairs));
 
+    CUDA_CHECK(cudaEventDestroy(produced));
+    CUDA_CHECK(cudaEventDestroy(reduced));
+    CUDA_CHECK(cudaStreamDestroy(compute));
+    CUDA_CHECK(cudaStreamDestroy(communication));
+    CUDA_CHECK(cudaStreamDestroy(other));
+}
+
+// NCCL calls captured in a CUDA graph (NCCL 2.9 and later; the host NCCL too) run at each launch,
+// not at the capture, and mixed with calls outside the graph on the same communicator (NCCL:
+// "any combination of graph-captured or non-captured is supported") they keep their issue order.
+TEST_CASE("graphs: captured collectives run at each launch, in issue order with the calls around them", "[nccl]") {
+    ncclComm_t comm = world_comm();
+    const int n = world_size(), r = world_rank();
+    const int block = 257, total = block * n;  // the reduce-scatter's block per rank, the all-reduce's count
+    cudaStream_t compute, communication, other;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&communication, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+    cudaEvent_t produced, reduced;
+    CUDA_CHECK(cudaEventCreateWithFlags(&produced, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&reduced, cudaEventDisableTiming));
+    DeviceArray<int> round(1);
+    DeviceArray<float> x{size_t(total)}, y{size_t(total)}, part{size_t(block)}, busy(256);
+    x.poison(), y.poison(), part.poison();
+    const std::vector<float> poisoned = part.download();
+
+    // compute: x = rank's values -> communication: all-reduce x in place, reduce-scatter it into
+    // part -> compute: y = 2x. Captured on compute, communication forked in and joined back.
+    CUDA_CHECK(cudaStreamBeginCapture(compute, cudaStreamCaptureModeThreadLocal));
+    launch(fill_round, dim3((total + 255) / 256), dim3(256), 0, compute, x.get(), total, r, round.get());
+    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK(cudaEventRecord(produced, compute));
+    CUDA_CHECK(cudaStreamWaitEvent(communication, produced, 0));
+    NCCL_REQUIRE(ncclAllReduce(x.get(), x.get(), size_t(total), ncclFloat32, ncclSum, comm, communication));
+    NCCL_REQUIRE(ncclReduceScatter(x.get(), part.get(), size_t(block), ncclFloat32, ncclSum, comm, communication));
+    CUDA_CHECK(cudaEventRecord(reduced, communication));
+    CUDA_CHECK(cudaStreamWaitEvent(compute, reduced, 0));
+    launch(scale_into, dim3((total + 255) / 256), dim3(256), 0, compute, y.get(), x.get(), total, 2.0f);
+    CUDA_CHECK_LAUNCH();
+    cudaGraph_t graph = nullptr;
+    CUDA_CHECK(cudaStreamEndCapture(compute, &graph));
+    cudaGraphExec_t exec = nullptr;
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    REQUIRE(bit_difference(part.download(), poisoned) == "");  // captured, not run
+
+    // Each launch sits between an eager all-reduce and an eager all-gather on another stream, with
+    // no event between them and the graph; each rank first keeps that stream busy differently.
+    const auto a_mine = input_of<float>(900, r, 1003);
+    const auto b_mine = input_of<int32_t>(901, r, 7);
+    std::vector<std::vector<float>> a_all;
+    std::vector<int32_t> b_expected;
+    for (int j = 0; j < n; ++j) {
+        a_all.push_back(input_of<float>(900, j, 1003));
+        const auto b = input_of<int32_t>(901, j, 7);
+        b_expected.insert(b_expected.end(), b.begin(), b.end());
+    }
+    DeviceArray<float> a(a_mine), a_out(1003);
+    DeviceArray<int32_t> b(b_mine), b_out(7 * size_t(n));
+    Digest digest;
+    for (int k = 0; k < 3; ++k) {
+        INFO("launch " << k);
+        round.upload({k});
+        x.poison(), y.poison(), part.poison(), a_out.poison(), b_out.poison();
+        for (int j = 0; j <= (r + k) % n; ++j) launch(fill_values, dim3(1), dim3(256), 0, other, busy.get(), 256, j);
+        NCCL_REQUIRE(ncclAllReduce(a.get(), a_out.get(), 1003, ncclFloat32, ncclMax, comm, other));
+        CUDA_CHECK(cudaGraphLaunch(exec, compute));
+        NCCL_REQUIRE(ncclAllGather(b.get(), b_out.get(), 7, ncclInt32, comm, other));
+        CUDA_CHECK(cudaDeviceSynchronize());
+
+        std::vector<std::vector<float>> filled;  // every rank's x before the all-reduce
+        for (int j = 0; j < n; ++j) {
+            filled.emplace_back(size_t(total));
+            for (int i = 0; i < total; ++i) filled.back()[size_t(i)] = float(j + k + 1) * 0.5f + float(i) * 0.25f;
+        }
+        const std::vector<float> summed = reduce_in_rank_order(filled, 0, size_t(total), ncclSum);
+        std::vector<float> doubled(summed.size());
+        for (size_t i = 0; i < summed.size(); ++i) doubled[i] = summed[i] * 2.0f;
+        const std::vector<std::vector<float>> every_rank_summed(size_t(n), summed);  // all-reduced on every rank
+        const auto expected_part = reduce_in_rank_order(every_rank_summed, size_t(r) * block, size_t(block), ncclSum);
+        REQUIRE(bit_difference(x.download(), summed) == "");
+        REQUIRE(bit_difference(y.download(), doubled) == "");
+        REQUIRE(bit_difference(part.download(), expected_part) == "");
+        REQUIRE(bit_difference(a_out.download(), reduce_in_rank_order(a_all, 0, 1003, ncclMax)) == "");
+        REQUIRE(bit_difference(b_out.download(), b_expected) == "");
+        digest.add(x.download());
+    }
+    digest.require_same_on_every_rank();
+
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(graph));
     CUDA_CHECK(cudaEventDestroy(produced));
     CUDA_CHECK(cudaEventDestroy(reduced));
     CUDA_CHECK(cudaStreamDestroy(compute));
