@@ -522,6 +522,18 @@ extern "C" cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* gr
     return cudaSuccess;
 }
 
+// The capture's status and id; the graph and its dependencies so far are not exposed (null only).
+extern "C" cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, cudaStreamCaptureStatus* status,
+                                                unsigned long long* id, cudaGraph_t* graph,
+                                                const cudaGraphNode_t** dependencies, const cudaGraphEdgeData** edges,
+                                                size_t* count) {
+    if (!status) return set_last_error(cudaErrorInvalidValue);
+    if (graph || dependencies || edges || count) return set_last_error(cudaErrorNotSupported);
+    if (const cudaError_t e = cudaStreamIsCapturing(stream, status); e != cudaSuccess) return e;
+    if (id) *id = pv::host::capture_id(stream);
+    return cudaSuccess;
+}
+
 namespace pv::host {
 
 unsigned long long capture_id(cudaStream_t stream) {

@@ -144,7 +144,10 @@ CollectiveTracker::~CollectiveTracker() {
         if (s.arrived) cudaEventDestroy(s.arrived), cudaEventDestroy(s.done);
 }
 
-void CollectiveTracker::before(const char* kind) {
+void CollectiveTracker::before(const char* kind) { before(kind, stream_); }
+void CollectiveTracker::after() { after(stream_); }
+
+void CollectiveTracker::before(const char* kind, cudaStream_t stream) {
     const CollectiveId id{kind, comm_, issued_ + 1, training_step.load()};
     maybe_stall(id, ++collectives_issued);
     Slot& s = slot(id.seq);  // its previous occupant is kTrackedCollectives earlier (arrived_unfinished)
@@ -152,7 +155,7 @@ void CollectiveTracker::before(const char* kind) {
         CUDA_CHECK(cudaEventCreateWithFlags(&s.arrived, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
     }
-    CUDA_CHECK(cudaEventRecord(s.arrived, stream_));
+    CUDA_CHECK(cudaEventRecord(s.arrived, stream));
     s.id = id;
     std::lock_guard lock(published_mutex);
     published.waiting = true;  // until the call returns (the host backend's block in MPI)
@@ -162,8 +165,8 @@ void CollectiveTracker::before(const char* kind) {
     published.issued_any = true;
 }
 
-void CollectiveTracker::after() {
-    CUDA_CHECK(cudaEventRecord(slot(issued_ + 1).done, stream_));
+void CollectiveTracker::after(cudaStream_t stream) {
+    CUDA_CHECK(cudaEventRecord(slot(issued_ + 1).done, stream));
     ++issued_;
     publish_no_wait();
 }

@@ -77,6 +77,10 @@ class CollectiveTracker {
     // wait (before); the `done` event (after).
     void before(const char* kind);
     void after();
+    // The same for work on another stream that holds collectives of this communicator (a graph's
+    // launch, which ends joined to the comm stream's work): `arrived` and `done` recorded on `stream`.
+    void before(const char* kind, cudaStream_t stream);
+    void after(cudaStream_t stream);
     // The oldest collective this rank's device has reached and not finished, if any.
     std::optional<CollectiveId> arrived_unfinished();
 

@@ -140,18 +140,59 @@ void Comm::fence_to(cudaStream_t compute) {
     CUDA_CHECK(cudaStreamWaitEvent(compute, to_, 0));
 }
 
+void Comm::join_to(cudaStream_t compute) {
+    cudaStreamCaptureStatus mine = cudaStreamCaptureStatusNone, theirs = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(stream_, &mine));
+    CUDA_CHECK(cudaStreamIsCapturing(compute, &theirs));
+    if (mine == cudaStreamCaptureStatusNone && theirs == cudaStreamCaptureStatusNone) return fence_to(compute);
+    if (mine == cudaStreamCaptureStatusNone || theirs == cudaStreamCaptureStatusNone) return;
+    unsigned long long my_capture = 0, their_capture = 0;
+    CUDA_CHECK(cudaStreamGetCaptureInfo(stream_, &mine, &my_capture));
+    CUDA_CHECK(cudaStreamGetCaptureInfo(compute, &theirs, &their_capture));
+    if (my_capture == their_capture) fence_to(compute);
+}
+
+bool Comm::capturing() const {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(stream_, &status));
+    return status != cudaStreamCaptureStatusNone;
+}
+
 void Comm::begin_group() {
     if (grouped_) throw std::logic_error("Comm::begin_group: a group is already open on " + name_);
     grouped_ = true;
-    if (tracker_) tracker_->before("send/recv group");
+    group_tracker_ = tracking();
+    if (group_tracker_) group_tracker_->before("send/recv group");
     NCCL_CHECK(ncclGroupStart());
 }
 
 void Comm::end_group() {
     if (!grouped_) throw std::logic_error("Comm::end_group without begin_group on " + name_);
     NCCL_CHECK(ncclGroupEnd());
-    if (tracker_) tracker_->after();
-    grouped_ = false;
+    if (group_tracker_) group_tracker_->after();
+    grouped_ = false, group_tracker_ = nullptr;
+}
+
+Comm::Calls Comm::calls_since(const Mark& m) const {
+    Calls c;
+    if (m.log <= log_.size()) c.log.assign(log_.begin() + long(m.log), log_.end());
+    for (size_t k = 0; k < c.totals.calls.size(); ++k) c.totals.calls[k] = totals_.calls[k] - m.totals.calls[k];
+    c.totals.wire_bytes = totals_.wire_bytes - m.totals.wire_bytes;
+    c.collectives = collectives_ - m.collectives;
+    return c;
+}
+
+void Comm::repeat(const Calls& c) {
+    if (keep_records_) log_.insert(log_.end(), c.log.begin(), c.log.end());
+    for (size_t k = 0; k < c.totals.calls.size(); ++k) totals_.calls[k] += c.totals.calls[k];
+    totals_.wire_bytes += c.totals.wire_bytes;
+    collectives_ += c.collectives;
+}
+
+void Comm::tracked_launch(cudaStream_t stream, const std::function<void()>& launch) {
+    if (tracker_) tracker_->before("captured micro-step", stream);
+    launch();
+    if (tracker_) tracker_->after(stream);
 }
 
 void Comm::record(CollectiveKind kind, size_t count, ncclDataType_t dtype, int peer) {

@@ -34,6 +34,7 @@
 
 #include <array>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -99,27 +100,27 @@ class Comm {
     template <class T>
     void all_reduce(const T* send, T* recv, size_t count, ncclRedOp_t op = ncclSum) {
         record(CollectiveKind::all_reduce, count, nccl_type<T>());
-        const Tracked tracked(tracker_.get(), CollectiveKind::all_reduce);
+        const Tracked tracked(tracking(), CollectiveKind::all_reduce);
         NCCL_CHECK(ncclAllReduce(send, recv, count, nccl_type<T>(), op, comm_, stream_));
     }
     // recv[recv_count] = the reduction of block rank() of every rank's send[size()·recv_count].
     template <class T>
     void reduce_scatter(const T* send, T* recv, size_t recv_count, ncclRedOp_t op = ncclSum) {
         record(CollectiveKind::reduce_scatter, recv_count, nccl_type<T>());
-        const Tracked tracked(tracker_.get(), CollectiveKind::reduce_scatter);
+        const Tracked tracked(tracking(), CollectiveKind::reduce_scatter);
         NCCL_CHECK(ncclReduceScatter(send, recv, recv_count, nccl_type<T>(), op, comm_, stream_));
     }
     // recv[size()·send_count] = every rank's send[send_count], in rank order.
     template <class T>
     void all_gather(const T* send, T* recv, size_t send_count) {
         record(CollectiveKind::all_gather, send_count, nccl_type<T>());
-        const Tracked tracked(tracker_.get(), CollectiveKind::all_gather);
+        const Tracked tracked(tracking(), CollectiveKind::all_gather);
         NCCL_CHECK(ncclAllGather(send, recv, send_count, nccl_type<T>(), comm_, stream_));
     }
     template <class T>
     void broadcast(const T* send, T* recv, size_t count, int root) {
         record(CollectiveKind::broadcast, count, nccl_type<T>());
-        const Tracked tracked(tracker_.get(), CollectiveKind::broadcast);
+        const Tracked tracked(tracking(), CollectiveKind::broadcast);
         NCCL_CHECK(ncclBroadcast(send, recv, count, nccl_type<T>(), root, comm_, stream_));
     }
     // Point-to-point transfers; between begin_group and end_group they form one NCCL group, posted
@@ -127,13 +128,13 @@ class Comm {
     template <class T>
     void send(const T* buf, size_t count, int peer) {
         record(CollectiveKind::send, count, nccl_type<T>(), peer);
-        const Tracked tracked(grouped_ ? nullptr : tracker_.get(), CollectiveKind::send);
+        const Tracked tracked(grouped_ ? nullptr : tracking(), CollectiveKind::send);
         NCCL_CHECK(ncclSend(buf, count, nccl_type<T>(), peer, comm_, stream_));
     }
     template <class T>
     void recv(T* buf, size_t count, int peer) {
         record(CollectiveKind::recv, count, nccl_type<T>(), peer);
-        const Tracked tracked(grouped_ ? nullptr : tracker_.get(), CollectiveKind::recv);
+        const Tracked tracked(grouped_ ? nullptr : tracking(), CollectiveKind::recv);
         NCCL_CHECK(ncclRecv(buf, count, nccl_type<T>(), peer, comm_, stream_));
     }
     // The watchdog brackets the whole group (its work is queued at ncclGroupEnd).
@@ -143,6 +144,13 @@ class Comm {
     // The comm stream waits for `compute`'s work so far; `compute` waits for the comm stream's.
     void fence_from(cudaStream_t compute);
     void fence_to(cudaStream_t compute);
+    // fence_to where `compute` may capture (a CUDA graph): only if the comm stream is part of the
+    // same capture (its collectives were captured, so the capture must join it back before it ends)
+    // or neither captures (an event recorded outside a capture cannot be waited for inside it).
+    void join_to(cudaStream_t compute);
+    // Whether the comm stream is capturing a CUDA graph: its calls are recorded, not run, and run at
+    // each launch of the graph (trainer/micro_step_graphs.h).
+    bool capturing() const;
 
     // The host waits for the comm stream's work, polling for asynchronous errors (wait_polling).
     void synchronize();
@@ -173,6 +181,27 @@ class Comm {
     // trainer's per-step check that every rank runs the same ones (trainer/step_checks.h).
     long long collectives() const { return collectives_; }
 
+    // A CUDA graph's launch runs the collectives it captured again without calling anything here:
+    // what they added to the record at the capture (the calls since a mark) is added again at each
+    // later launch (repeat), so the figures count every collective that ran.
+    struct Mark {
+        size_t log = 0;
+        Totals totals;
+        long long collectives = 0;
+    };
+    struct Calls {
+        std::vector<CollectiveRecord> log;  // (empty unless keep_records)
+        Totals totals;
+        long long collectives = 0;
+    };
+    Mark mark() const { return {log_.size(), totals_, collectives_}; }
+    Calls calls_since(const Mark& m) const;
+    void repeat(const Calls& c);
+    // A graph launch on `stream` holding this communicator's captured collectives, bracketed for
+    // the stall watchdog as one collective ("captured micro-step"): captured calls are not tracked
+    // one by one (a captured event cannot be queried).
+    void tracked_launch(cudaStream_t stream, const std::function<void()>& launch);
+
   private:
     // Brackets one NCCL call for the stall watchdog (CollectiveTracker::before/after).
     struct Tracked {
@@ -187,12 +216,15 @@ class Comm {
         CollectiveTracker* tracker;
     };
     void record(CollectiveKind kind, size_t count, ncclDataType_t dtype, int peer = -1);
+    // The tracker for a call now: none while the stream captures (tracked_launch brackets the launches).
+    CollectiveTracker* tracking() const { return tracker_ && !capturing() ? tracker_.get() : nullptr; }
     ncclComm_t comm_;
     std::string name_;
     int rank_ = 0, size_ = 1;
     cudaStream_t stream_ = nullptr;
     bool owns_stream_ = true;
     bool grouped_ = false;  // between begin_group and end_group
+    CollectiveTracker* group_tracker_ = nullptr;  // the tracker begin_group bracketed the group with
     cudaEvent_t from_ = nullptr, to_ = nullptr;
     std::vector<CollectiveRecord> log_;
     Totals totals_;

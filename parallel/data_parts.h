@@ -6,6 +6,8 @@
 // the strategy it is built on.
 #pragma once
 
+#include <vector>
+
 #include "model/llama.h"
 
 namespace pv {
@@ -29,6 +31,16 @@ class GradientPart {
     virtual void after_unit_backward(int u, bool last) = 0;
     // After the last micro-step: every reduction queued is ordered before the compute stream's work.
     virtual void finish() {}
+    // --cuda-graphs (Strategy::begin_micro_step): at the start of each micro-step, on the compute
+    // stream, which has waited for every collective issued before it, the part records again the
+    // events its micro-step waits for — a capture cannot wait for an event recorded outside it,
+    // and after a capture its events mark graph nodes, not work anything could wait for.
+    virtual void begin_micro_step() {}
+    // The host state a micro-step reads and changes (which unit each rotating buffer held last): a
+    // graph replays the work its capture's state decided, so it is kept per state and set after
+    // each launch as the capture left it.
+    virtual std::vector<int> micro_step_state() const { return {}; }
+    virtual void set_micro_step_state(const std::vector<int>& /*state*/) {}
     // The reduced gradient of this rank's slice of unit u, and of the range its optimizer owns.
     virtual const G* slice_grads(int u) { return s_.grads(u) + s_.slice_begin(u); }
     virtual const G* owned_grads(int u) { return s_.grads(u) + s_.owned_begin(u); }
@@ -52,6 +64,9 @@ class ParameterPart {
     // the compute stream's timeline (a part may leave collectives running; settle waits for them).
     virtual void after_update() {}
     virtual void settle() {}
+    // --cuda-graphs (Strategy::before_micro_step): the compute stream now waits for every
+    // collective issued so far, so nothing after_update left running needs a wait of its own.
+    virtual void settled_on_device() {}
     // Whether this part keeps every parameter of the units the rank holds (not a slice).
     virtual bool whole() const { return true; }
     // Whether the rank's parameters are pinned host memory (--offload params).

@@ -72,6 +72,14 @@ class RotatingGradients : public GradientPart<T, G> {
         for (auto& s : slices_) CUDA_CHECK(cudaMemsetAsync(s.get(), 0, s.bytes(), this->s_.model().stream()));
     }
     void finish() override { this->s_.shard_comm()->fence_to(this->s_.model().stream()); }
+    // Every buffer is free: the compute stream has waited for the reduce-scatters before it.
+    void begin_micro_step() override {
+        for (cudaEvent_t e : free_) CUDA_CHECK(cudaEventRecord(e, this->s_.model().stream()));
+    }
+    std::vector<int> micro_step_state() const override { return {occupant_, occupant_ + 3}; }
+    void set_micro_step_state(const std::vector<int>& state) override {
+        std::copy(state.begin(), state.end(), occupant_);
+    }
     const G* slice_grads(int u) override { return slices_[size_t(u)].get(); }
     const G* owned_grads(int u) override { return slices_[size_t(u)].get(); }
 

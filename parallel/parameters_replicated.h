@@ -46,6 +46,8 @@ class ReplicatedParameters : public ParameterPart<T, G> {
         pending_.assign(pending_.size(), false);
     }
 
+    void settled_on_device() override { pending_.assign(pending_.size(), false); }
+
     void before_unit_forward(int u) override {
         if (pending_.empty() || !pending_[size_t(u)]) return;
         CUDA_CHECK(cudaStreamWaitEvent(this->s_.model().stream(), gathered_[size_t(u)], 0));

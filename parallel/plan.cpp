@@ -72,9 +72,7 @@ StrategyOptions with_strategy(StrategyOptions o, StrategyKind kind) {
 
 bool has_pipeline(const StrategyOptions& o) { return strategy_info(o.kind).stages || o.pipeline_stages > 1; }
 
-bool captures_micro_steps(const StrategyOptions& o) {
-    return captures_micro_steps(strategy_info(o.kind).policy, has_pipeline(o), o.tensor);
-}
+bool captures_micro_steps(const StrategyOptions& o) { return captures_micro_steps(has_pipeline(o)); }
 
 MeshShape mesh_of(const StrategyOptions& o, int ranks) {
     const StrategyInfo& s = strategy_info(o.kind);
@@ -108,12 +106,10 @@ void check_strategy(const StrategyOptions& o, int ranks) {
     const bool pipeline = has_pipeline(o);
     if (o.cuda_graphs && !captures_micro_steps(o))
         throw std::invalid_argument(
-            std::string("--cuda-graphs captures the micro-steps of single, ddp and zero1 (but each step's last under "
-                        "ddp and zero1, which reduces the gradients), without a pipeline or --tp: --parallel ") +
-            s.name + (has_pipeline(o) && !s.stages ? " --pipeline-stages " + std::to_string(o.pipeline_stages) : "") +
-            (o.tensor > 1 ? " --tp " + std::to_string(o.tensor) : "") +
-            " communicates or binds its buffers within micro-steps, which a captured graph would fix at their "
-            "first step; drop --cuda-graphs, or run single, ddp or zero1 without a pipeline or --tp");
+            std::string("--cuda-graphs captures the micro-steps of every strategy without a pipeline: --parallel ") +
+            s.name + (pipeline && !s.stages ? " --pipeline-stages " + std::to_string(o.pipeline_stages) : "") +
+            " runs its micro-batches' forwards and backwards interleaved over activation slots, with transfers "
+            "between stages; drop --cuda-graphs, or run without a pipeline");
     if (o.sequence_parallel && o.tensor <= 1)
         throw std::invalid_argument("--sequence-parallel splits the rows over a tensor-parallel group: give --tp 2 or "
                                     "more, or leave it out");

@@ -45,17 +45,13 @@ struct DataPolicy {
     bool shards() const { return sharded_optimizer() || sharded_parameters() || rotating_gradients(); }
 };
 
-// Whether --cuda-graphs can capture micro-steps (trainer/micro_step_graphs.h) under `policy`, with or
-// without a pipeline, at tensor-parallel size `tensor`: parameters whole on every rank and gradients
-// full-size, reduced once a step (single, ddp, zero1: the optimizer's placement plays no part in a
-// micro-step), no pipeline, no tensor parallelism. Such a micro-step communicates nothing and binds
-// no buffer on the host, except a step's last under ddp and zero1, whose backward all-reduces
-// (parallel/gradients_all_reduce.h) or reduce-scatters (gradients_reduce_scatter.h): that one runs
-// eagerly (Strategy::micro_step_capturable). zero2 reduce-scatters every micro-step out of rotating
-// buffers bound per unit, zero3 gathers and binds each unit's parameters.
-inline bool captures_micro_steps(const DataPolicy& policy, bool pipeline, int tensor) {
-    return !policy.sharded_parameters() && !policy.rotating_gradients() && !pipeline && tensor == 1;
-}
+// Whether --cuda-graphs can capture micro-steps (trainer/micro_step_graphs.h), with or without a
+// pipeline: every data-parallel policy, with or without tensor parallelism — a micro-step's
+// collectives (ddp's all-reduces and zero1's reduce-scatters in a step's last, zero2's in every one,
+// zero3's gathers, the tensor-parallel layers' all-reduces and all-gathers) are captured with its
+// kernels and run at each launch — but no pipeline: its schedule interleaves micro-batches'
+// forwards and backwards over activation slots, with transfers between them.
+inline bool captures_micro_steps(bool pipeline) { return !pipeline; }
 
 // The sizes the costs are written in, elements (model/parameters.h model_layouts, padded for the
 // shards): Ψ the trainable groups', Ψall every group's (frozen, NF4 too); the largest unit that is

@@ -145,13 +145,27 @@ class Strategy {
         }
     }
     // Whether a micro-step's forward and backward can be captured once and launched again as a CUDA
-    // graph (trainer/micro_step_graphs.h): nothing communicated, no buffer bound per unit on the
-    // host, one activation slot (policy.h captures_micro_steps) — single's micro-steps, and ddp's and
-    // zero1's but the last of each step, whose backward reduces the gradients over the ranks.
-    bool captures_micro_steps() const {
-        return pv::captures_micro_steps(policy_, pipeline_ != nullptr, model_.tensor_parallel().size);
+    // graph (trainer/micro_step_graphs.h): one activation slot, no pipeline (policy.h
+    // captures_micro_steps) — every data-parallel policy and --tp, their collectives captured too.
+    bool captures_micro_steps() const { return pv::captures_micro_steps(pipeline_ != nullptr); }
+    // Around each micro-step under --cuda-graphs. Before it, outside any capture: the compute
+    // stream waits for every collective issued so far (the last step's parameter gathers, the last
+    // micro-step's reduce-scatters), so a captured micro-step waits for no event recorded outside
+    // it. At its start, inside: the parts record their events again (GradientPart::begin_micro_step).
+    // At its end, inside: the compute stream joins every comm stream that took part, which a
+    // capture must do before it ends (and which the gradient norm's per-unit waits for the
+    // reductions then need not repeat). The host state a micro-step decides by: micro_step_state.
+    void before_micro_step() {
+        for (Comm* c : comms()) c->fence_to(model_.stream());
+        parameters_->settled_on_device();
     }
-    bool micro_step_capturable(bool last) const { return captures_micro_steps() && !(comm_ && last); }
+    void begin_micro_step() { gradients_->begin_micro_step(); }
+    void end_micro_step() {
+        for (Comm* c : comms()) c->join_to(model_.stream());
+        reduce_pending_.assign(reduce_pending_.size(), false);  // joined: the gradients' collectives are done
+    }
+    std::vector<int> micro_step_state() const { return gradients_->micro_step_state(); }
+    void set_micro_step_state(const std::vector<int>& state) { gradients_->set_micro_step_state(state); }
     // Whether this rank holds every parameter whole (it can sample, for one).
     bool holds_whole_model() const {
         return parameters_->whole() && model_.runs_every_unit() && model_.tensor_parallel().size == 1;

@@ -361,47 +361,49 @@ TEST_CASE("train --cuda-graphs: the captured run's numbers and checkpoints are t
     // Captured: 2 at step 1, 3 at step 2 (3 micro-batches), then the last of 2 again; 6 x 2 + 1 launches.
     CHECK(longer.output.find("cuda graphs: 6 micro-step(s) captured") != std::string::npos);
     CHECK(longer.output.find("launched 13 times") != std::string::npos);
-    // A resume keeps the checkpoint's --cuda-graphs; under a strategy that cannot capture it is dropped.
+    // A resume keeps the checkpoint's --cuda-graphs, under another strategy too (zero3 on one rank:
+    // its gathers and reduce-scatters are no-ops, its per-unit buffer bindings captured).
     const fs::path step_3 = dir.path / "full_graphs" / "step_3";
     const Run kept = run_train("--resume " + step_3.string() + " --out-dir " + dir.file("kept"));
     INFO(kept.output);
     REQUIRE(kept.status == 0);
     CHECK(kept.output.find("launched 6 times") != std::string::npos);  // steps 4 to 6
-    const Run dropped = run_train("--resume " + step_3.string() + " --parallel zero3 --out-dir " + dir.file("dropped"));
-    INFO(dropped.output);
-    REQUIRE(dropped.status == 0);
-    CHECK(dropped.output.find("resume: --cuda-graphs: true -> false") != std::string::npos);
-    CHECK(dropped.output.find("cuda graphs:") == std::string::npos);
-    // A strategy that binds its buffers between micro-steps (or communicates) is refused, with the fix.
-    const Run z = run_train(kTiny + " --parallel zero3 --cuda-graphs --out-dir " + dir.file("z"));
-    INFO(z.output);
-    REQUIRE(z.status != 0);
-    CHECK(z.output.find("--cuda-graphs captures the micro-steps of single, ddp and zero1 (but each step's last under "
-                        "ddp and zero1, which reduces the gradients), without a pipeline or --tp: --parallel zero3 "
-                        "communicates") != std::string::npos);
-    CHECK(z.output.find("drop --cuda-graphs, or run single, ddp or zero1 without a pipeline or --tp") !=
-          std::string::npos);
+    const Run zero3 = run_train("--resume " + step_3.string() + " --parallel zero3 --out-dir " + dir.file("zero3"));
+    INFO(zero3.output);
+    REQUIRE(zero3.status == 0);
+    CHECK(zero3.output.find("launched 6 times") != std::string::npos);
+    // (the eager run's checkpoint is the captured run's, bit for bit: resumed eagerly under zero3)
+    const Run zero3_eager = run_train("--resume " + (dir.path / "full_eager" / "step_3").string() +
+                                      " --parallel zero3 --out-dir " + dir.file("zero3_eager"));
+    REQUIRE(zero3_eager.status == 0);
+    CHECK(zero3_eager.output.find("cuda graphs:") == std::string::npos);
+    CHECK(losses(zero3.output) == losses(zero3_eager.output));
 }
 
 TEST_CASE(
-    "train --cuda-graphs under ddp and zero1: every micro-step but a step's last captured, the eager run's numbers "
-    "and checkpoints bit for bit",
+    "train --cuda-graphs under ddp, zero1-3 and --tp: every micro-step captured, collectives too; the eager run's "
+    "numbers and checkpoints bit for bit",
     "[train][graphs][mpi]") {
     TempDir dir("train_graphs_ddp");
     const std::string train = (build_dir() / "train").string();
-    // 4 rows a step a rank, 2 a micro-batch: 2 micro-steps a rank, the first captured. Under zero1
-    // the last reduce-scatters (gradients_reduce_scatter.h) and each rank updates its slice; hybrid
+    // 4 rows a step a rank, 2 a micro-batch: 2 micro-steps a rank, each captured with its
+    // collectives. Under ddp and zero1 the last all-reduces or reduce-scatters the gradients; hybrid
     // zero1 (4 ranks, shards within groups of 2) reduce-scatters within a group and all-reduces the
-    // slices across the replicas, still all in the last micro-step.
+    // slices across the replicas; zero3 gathers each unit's parameters and reduce-scatters its
+    // gradients out of rotating buffers bound per unit, in every micro-step; --tp 2 all-reduces and
+    // gathers inside its layers (2 ranks: one data-parallel rank).
     struct Layout {
         std::string name, parallel;
-        int ranks;
+        int ranks, data_ranks;
+        int captured;  // graphs: one per micro-step, and zero3's first micro-step again once its
+                       // rotating buffers hold what a step leaves (its first capture zeroed them all)
     };
-    for (const Layout& layout :
-         {Layout{"ddp", "ddp", 2}, Layout{"zero1", "zero1", 2}, Layout{"hybrid_zero1", "zero1 --shard-group 2", 4}}) {
+    for (const Layout& layout : {Layout{"ddp", "ddp", 2, 2, 2}, Layout{"zero1", "zero1", 2, 2, 2},
+                                 Layout{"hybrid_zero1", "zero1 --shard-group 2", 4, 4, 2},
+                                 Layout{"zero3", "zero3", 2, 2, 3}, Layout{"tp", "ddp --tp 2", 2, 1, 2}}) {
         const std::string& strategy = layout.name;
         INFO(strategy);
-        const std::string args = " --steps 4 --batch " + std::to_string(4 * layout.ranks) +
+        const std::string args = " --steps 4 --batch " + std::to_string(4 * layout.data_ranks) +
                                  " --micro-batch 2 --seq-len 16 --vocab 300 --warmup 1 --lr 3e-3 "
                                  "--eval-interval 2 --eval-batches 1 --sample-tokens 0 --checkpoint-interval 2 "
                                  "--parallel " +
@@ -416,41 +418,38 @@ TEST_CASE(
         REQUIRE(losses(b.output) == losses(a.output));
         if (layout.ranks == 4)  // the layout asked for, not plain zero1 over 4
             CHECK(b.output.find("strategy zero1, sharded within groups of 2 rank(s), 2 replicas") != std::string::npos);
-        // One graph (micro-step 0, not the step's last), launched once a step.
-        CHECK(b.output.find("cuda graphs: 1 micro-step(s) captured") != std::string::npos);
-        CHECK(b.output.find("launched 4 times") != std::string::npos);
+        CHECK(b.output.find("cuda graphs: " + std::to_string(layout.captured) + " micro-step(s) captured") !=
+              std::string::npos);
+        CHECK(b.output.find("launched 8 times") != std::string::npos);  // 2 a step
         CHECK(check_graphs_run_is_eager_run(eager, graphs) == 8);  // model, master, m and v at steps 2 and 4
-        if (layout.ranks != 2) continue;
+        if (layout.ranks != 2 || layout.data_ranks != 2) continue;
         // A resume keeps --cuda-graphs.
         const Run kept = run_mpi(
             2, train + " --resume " + (graphs / "step_2").string() + " --out-dir " + dir.file(strategy + "_kept"));
         INFO(kept.output);
         REQUIRE(kept.status == 0);
-        CHECK(kept.output.find("launched 2 times") != std::string::npos);  // steps 3 and 4
+        CHECK(kept.output.find("launched 4 times") != std::string::npos);  // steps 3 and 4
         const std::vector<std::string> all = losses(a.output);
         CHECK(losses(kept.output) == std::vector<std::string>(all.begin() + 2, all.end()));
+        if (strategy != "ddp") continue;
+        // Resumed as a pipeline, which does not capture: dropped.
+        const Run dropped = run_mpi(
+            2, train + " --resume " + (graphs / "step_2").string() + " --parallel pp --out-dir " + dir.file("dropped"));
+        INFO(dropped.output);
+        REQUIRE(dropped.status == 0);
+        CHECK(dropped.output.find("resume: --cuda-graphs: true -> false") != std::string::npos);
+        CHECK(dropped.output.find("cuda graphs:") == std::string::npos);
     }
-    // Without accumulation every micro-step is a step's last: nothing is captured, and the run says so.
-    const Run none = run_mpi(2, train +
-                                    " --steps 1 --batch 4 --micro-batch 2 --seq-len 16 --vocab 300 --warmup 0 "
-                                    "--eval-interval 0 --sample-tokens 0 --parallel ddp --cuda-graphs --out-dir " +
-                                    dir.file("none"));
-    INFO(none.output);
-    REQUIRE(none.status == 0);
-    CHECK(none.output.find("cuda graphs: nothing to capture: under ddp each step's last micro-step reduces the "
-                           "gradients over the ranks") != std::string::npos);
-    // Tensor parallelism communicates inside every micro-step, zero2 reduce-scatters every micro-step
-    // out of buffers it binds per unit: refused, with the fix.
-    const std::string small = " --steps 1 --batch 8 --micro-batch 2 --seq-len 16 --vocab 300 --sample-tokens 0";
-    const Run tp = run_mpi(2, train + small + " --parallel ddp --tp 2 --cuda-graphs --out-dir " + dir.file("tp"));
-    REQUIRE(tp.status != 0);
-    CHECK(tp.output.find("--parallel ddp --tp 2 communicates or binds its buffers within micro-steps") !=
+    // A pipeline is refused, with the fix.
+    const Run pp = run_mpi(2, train +
+                                  " --steps 1 --batch 8 --micro-batch 2 --seq-len 16 --vocab 300 --sample-tokens 0 "
+                                  "--parallel pp --cuda-graphs --out-dir " +
+                                  dir.file("pp"));
+    REQUIRE(pp.status != 0);
+    CHECK(pp.output.find("--cuda-graphs captures the micro-steps of every strategy without a pipeline: --parallel pp "
+                         "runs its micro-batches' forwards and backwards interleaved over activation slots, with "
+                         "transfers between stages; drop --cuda-graphs, or run without a pipeline") !=
           std::string::npos);
-    const Run zero2 = run_mpi(2, train + small + " --parallel zero2 --cuda-graphs --out-dir " + dir.file("zero2"));
-    REQUIRE(zero2.status != 0);
-    CHECK(zero2.output.find("--parallel zero2 communicates or binds its buffers within micro-steps") !=
-          std::string::npos);
-    CHECK(zero2.output.find("or run single, ddp or zero1 without a pipeline or --tp") != std::string::npos);
 }
 
 namespace train_test {

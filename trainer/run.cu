@@ -245,19 +245,7 @@ class TrainingRun {
         if (parse_offload(o.offload) != Offload::none) std::printf("%s\n", describe_offload_pool().c_str());
         trainer_ = std::make_unique<Trainer<T, G>>(*strategy_, *optimizer_);
         trainer_->set_skip_nonfinite(o.skip_nonfinite);
-        if (plan_.options.cuda_graphs) {
-            trainer_->use_graphs();
-            // Under ddp and zero1 a step's last micro-step reduces the gradients and runs eagerly
-            // (Strategy::micro_step_capturable): without accumulation every micro-step is a step's last.
-            if (strategy_->comm() && accumulation_ == 1)
-                std::printf(
-                    "cuda graphs: nothing to capture: under %s each step's last micro-step reduces the gradients "
-                    "over the ranks and runs eagerly, and at accumulation 1 (batch %d = micro-batch %d x %d rank(s)) "
-                    "every "
-                    "micro-step is its step's last; raise --batch to accumulate micro-steps, or drop "
-                    "--cuda-graphs\n",
-                    strategy_->name(), o.batch, o.micro_batch, plan_.data_ranks);
-        }
+        if (plan_.options.cuda_graphs) trainer_->use_graphs();
     }
 
     int run() {

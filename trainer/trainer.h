@@ -181,9 +181,9 @@ class Trainer {
     void use_graphs() {
         if (!s_.captures_micro_steps())  // (check_strategy refuses such runs with the fix first)
             throw std::logic_error(std::string("use_graphs: ") + s_.name() + " cannot be captured");
-        graphs_ = std::make_unique<MicroStepGraphs<T>>(s_.model());
+        graphs_ = std::make_unique<MicroStepGraphs<T, G>>(s_);
     }
-    const MicroStepGraphs<T>* graphs() const { return graphs_.get(); }
+    const MicroStepGraphs<T, G>* graphs() const { return graphs_.get(); }
     long long skipped_steps() const { return skipped_; }
 
     // Before a checkpoint (collective over every rank): fails, naming the step, unit and tensor, if
@@ -220,15 +220,13 @@ class Trainer {
         CUDA_CHECK(cudaMemsetAsync(losses_.get(), 0, micro.size() * sizeof(A), stream));
         bool have_count = false;  // the backward needs the count (its loss scale): one integer all-reduce
         const auto scale = DeviceScalar<double>::in_memory(loss_scale_.get());
-        // Whether micro-step m runs as a captured graph (its forward with its backward): with
-        // --cuda-graphs, every one but a ddp or zero1 step's last (strategy.h micro_step_capturable).
-        // No pipeline captures, so micro-step m is the step's last exactly when m + 1 == micro.size().
-        const auto captured = [&](size_t m) { return graphs_ && s_.micro_step_capturable(m + 1 == micro.size()); };
+        // With --cuda-graphs every micro-step runs as a captured graph, its forward with its backward
+        // (no pipeline captures: each forward is followed by its own backward).
         s_.run_micro_steps(int(micro.size()), [&](const PipeStep& e, bool last) {
             const size_t m = size_t(e.micro);
             if (!e.backward) {
                 upload_slot(e.slot, micro[m], t);
-                if (!captured(m)) forward_slot(e.slot, micro[m], t, losses_.get() + m);
+                if (!graphs_) forward_slot(e.slot, micro[m], t, losses_.get() + m);
                 return;
             }
             if (!have_count) {  // after this rank's first forwards: the device is busy while it travels
@@ -241,8 +239,8 @@ class Trainer {
                                            stream));
             }
             const DeviceBatch batch = device_batch(size_t(e.slot), micro[m], t);
-            if (!captured(m)) return s_.backward(e.slot, batch, scale, last);
-            graphs_->run({int(m), last, batch.positions != nullptr}, [&] {
+            if (!graphs_) return s_.backward(e.slot, batch, scale, last);
+            graphs_->run({int(m), last, batch.positions != nullptr, {}}, [&] {
                 forward_slot(e.slot, micro[m], t, losses_.get() + m);
                 s_.backward(e.slot, batch, scale, last);
             });
@@ -445,7 +443,7 @@ class Trainer {
     long long updated_step_ = 0;                     // the last step whose update ran
     long long skip_budget_ = 0, skipped_ = 0;
     TestHook inject_, diverge_;
-    std::unique_ptr<MicroStepGraphs<T>> graphs_;  // --cuda-graphs (null: eager)
+    std::unique_ptr<MicroStepGraphs<T, G>> graphs_;  // --cuda-graphs (null: eager)
     struct Staging {
         long long* keys = nullptr;   // pinned [2], then host: the dropout keys (one allocation)
         int* host = nullptr;         // pinned [3][rows]: tokens, targets, positions
