@@ -305,7 +305,7 @@ TEST_RUNS := $(BENCH_SMOKE) $(TEST_RUNS)
 BENCH_BINS := $(patsubst bench/%.cu,$(BUILD)/bench/%,$(wildcard bench/*.cu)) \
               $(patsubst bench/%.cpp,$(BUILD)/bench/%,$(wildcard bench/*.cpp))
 
-.PHONY: all tests benches everything test test-full test-asan test-tsan tsan-suite test-interop bench ptxas-report attention-sass sass-check format clean
+.PHONY: all tests benches everything test test-full test-asan test-tsan tsan-suite test-interop bench ptxas-report attention-sass sass-check format clean print-build-dir
 .SECONDARY:
 .DEFAULT_GOAL := all
 
@@ -637,5 +637,10 @@ format:
 
 clean:
 	rm -rf build demo train
+
+# The build folder of the settings given (BACKEND, SASS_ARCHS, SANITIZE, DEBUG_INFO, ...), for
+# scripts that run what a build made (bench/gpu_session.sh) without repeating the naming rule.
+print-build-dir:
+	@echo $(BUILD)
 
 -include $(shell find build/$(FLAVOUR) $(FUZZ_BUILD) -name '*.d' 2>/dev/null)

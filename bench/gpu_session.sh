@@ -40,11 +40,8 @@ shape_8b="${SHAPES_8B:-llama-3.1-8b}"
 preset_1b="${TRAIN_PRESET_1B:-llama-3.2-1b}"
 preset_8b="${TRAIN_PRESET_8B:-llama-3.1-8b}"
 sass_archs="${SASS_ARCHS:-90}"
-build="build/$backend"
-# The Makefile builds SASS_ARCHS other than its default "80 90" in a folder of its own.
-if [[ $backend == cuda && $(echo $sass_archs) != "80 90" ]]; then
-  for a in $sass_archs; do build+="-sm$a"; done
-fi
+# The Makefile's folder for these settings (SASS_ARCHS other than its default "80 90" get one of their own).
+build=$(make --no-print-directory -s BACKEND="$backend" SASS_ARCHS="$sass_archs" print-build-dir)
 phases=("$@")
 [[ ${#phases[@]} -eq 0 ]] && phases=(build tests kernels train ncu)
 mkdir -p "$out"

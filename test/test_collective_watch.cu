@@ -69,6 +69,25 @@ TEST_CASE("collective watch: a device waits in the oldest collective it has reac
     CHECK(waits_in(device) == "broadcast #6 on communicator 'world' (step 8)");
 }
 
+// --cuda-graphs: a graph's launch holding the communicator's captured collectives is bracketed on
+// the stream it is launched on (the compute stream), as one collective numbered among the others.
+TEST_CASE("collective watch: a graph launched on another stream is one collective in the communicator's order",
+          "[collective_watch]") {
+    Stream comm, compute;
+    PlayedDevice device(comm.s);
+    pv::note_training_step(8);  // (the step the cases after this one were written at)
+    issue(device, 1, "all-reduce");
+    device.before("captured micro-step", compute.s);
+    device.after(compute.s);
+    issue(device, 1, "all-gather");
+    device.reached = 2, device.finished = 1;
+    CHECK(waits_in(device) == "captured micro-step #2 on communicator 'world' (step 8)");
+    device.reached = 3, device.finished = 2;
+    CHECK(waits_in(device) == "all-gather #3 on communicator 'world' (step 8)");
+    device.finished = 3;
+    CHECK(waits_in(device) == "none");
+}
+
 TEST_CASE("collective watch: a host more than the tracked collectives ahead of its device", "[collective_watch]") {
     Stream stream;
     PlayedDevice device(stream.s);

@@ -795,9 +795,10 @@ int main_checked(int argc, char** argv) {
         if (c.train.tp <= 1 && c.train.sequence_parallel && c.train_sources.of("sequence_parallel") == OptionSource::checkpoint)
             c.train.sequence_parallel = false;
         // A strategy that cannot capture its micro-steps drops the checkpoint's --cuda-graphs (unless
-        // given again; it changes no result). auto keeps it on one rank, where it runs single.
+        // given again; it changes no result). auto keeps it unless a pipeline is asked for: its
+        // search then takes only the layouts that capture (parallel/layout_search.h).
         const auto captures = [&] {
-            if (c.train.parallel == "auto") return world.size() == 1;
+            if (c.train.parallel == "auto") return c.train.pipeline_stages <= 1;
             StrategyOptions s;
             s.kind = strategy_kind(c.train.parallel);
             s.pipeline_stages = c.train.pipeline_stages, s.tensor = c.train.tp;
