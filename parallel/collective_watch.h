@@ -12,6 +12,9 @@
 //     it first saw it arrived;
 //   - on the host: while the NCCL call itself runs (the host backend's collectives block in MPI
 //     until every peer has joined; a GPU's return at once), the rank waits in that collective.
+//   A CUDA graph's launch (--cuda-graphs) holding a communicator's captured collectives is one
+//   tracked collective of it ("captured micro-step #9"), bracketed on the stream it is launched on:
+//   captured calls are not tracked one by one (an event recorded in a capture cannot be queried).
 // What a rank publishes (process-wide, under a mutex): whether it waits and in which collective
 // since when, its last issued collective, the training step. A waiting rank's collectives are
 // numbered per communicator from 1 ("all-reduce #7 on communicator 'world'").

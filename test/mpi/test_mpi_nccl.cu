@@ -289,6 +289,41 @@ __global__ void scale_into(float* out, const float* x, int n, float factor) {
     if (i < n) out[i] = x[i] * factor;
 }
 
+// The streams cases' set-up: a compute, a communication and another non-blocking stream, and two
+// events (x produced on compute, x reduced on communication).
+struct StreamsAndEvents {
+    cudaStream_t compute = nullptr, communication = nullptr, other = nullptr;
+    cudaEvent_t produced = nullptr, reduced = nullptr;
+    StreamsAndEvents() {
+        for (cudaStream_t* s : {&compute, &communication, &other})
+            CUDA_CHECK(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
+        for (cudaEvent_t* e : {&produced, &reduced}) CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    }
+    ~StreamsAndEvents() {
+        for (cudaEvent_t e : {produced, reduced}) cudaEventDestroy(e);
+        for (cudaStream_t s : {compute, communication, other}) cudaStreamDestroy(s);
+    }
+    StreamsAndEvents(const StreamsAndEvents&) = delete;
+    StreamsAndEvents& operator=(const StreamsAndEvents&) = delete;
+};
+
+// The inputs of an all-reduce of 1003 floats and an all-gather of 7 ints per rank, keyed by `key`:
+// this rank's, every rank's floats, and the all-gather's expected output.
+struct CallInputs {
+    std::vector<float> a_mine;
+    std::vector<int32_t> b_mine;
+    std::vector<std::vector<float>> a_all;
+    std::vector<int32_t> b_expected;
+    CallInputs(uint64_t key, int r, int n)
+        : a_mine(input_of<float>(key, r, 1003)), b_mine(input_of<int32_t>(key + 1, r, 7)) {
+        for (int j = 0; j < n; ++j) {
+            a_all.push_back(input_of<float>(key, j, 1003));
+            const auto b = input_of<int32_t>(key + 1, j, 7);
+            b_expected.insert(b_expected.end(), b.begin(), b.end());
+        }
+    }
+};
+
 }  // namespace nccl_test
 
 using namespace nccl_test;
@@ -736,13 +771,9 @@ TEST_CASE("streams: a communication stream fenced by events; one communicator's 
     ncclComm_t comm = world_comm();
     const int n = world_size(), r = world_rank();
     const int count = 1000;
-    cudaStream_t compute, communication, other;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaStreamCreateWithFlags(&communication, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
-    cudaEvent_t produced, reduced;
-    CUDA_CHECK(cudaEventCreateWithFlags(&produced, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventCreateWithFlags(&reduced, cudaEventDisableTiming));
+    const StreamsAndEvents streams;
+    cudaStream_t compute = streams.compute, communication = streams.communication, other = streams.other;
+    cudaEvent_t produced = streams.produced, reduced = streams.reduced;
     DeviceArray<float> x(count), y(count);
 
     // compute: produce x -> communication: all-reduce x in place -> compute: y = 2x.
@@ -771,14 +802,8 @@ TEST_CASE("streams: a communication stream fenced by events; one communicator's 
     // Calls on two streams with no event between them run in issue order on every rank (NCCL's
     // rule for one communicator), even when the ranks' streams are busy differently: each rank
     // first queues a rank-dependent number of kernels on one of them.
-    const auto a_mine = input_of<float>(800, r, 1003);
-    const auto b_mine = input_of<int32_t>(801, r, 7);
-    std::vector<std::vector<float>> a_all;
-    std::vector<std::vector<int32_t>> b_all;
-    for (int j = 0; j < n; ++j)
-        a_all.push_back(input_of<float>(800, j, 1003)), b_all.push_back(input_of<int32_t>(801, j, 7));
-    std::vector<int32_t> b_expected;
-    for (const auto& v : b_all) b_expected.insert(b_expected.end(), v.begin(), v.end());
+    const CallInputs in(800, r, n);
+    const auto& [a_mine, b_mine, a_all, b_expected] = in;
     DeviceArray<float> a(a_mine), a_out(1003), busy(256);
     DeviceArray<int32_t> b(b_mine), b_out(7 * size_t(n));
     for (int round = 0; round < 4; ++round) {
@@ -811,12 +836,6 @@ TEST_CASE("streams: a communication stream fenced by events; one communicator's 
     REQUIRE(bit_difference(a_out.download(), reduce_in_rank_order(pair_inputs, 0, 1003, ncclSum)) == "");
     REQUIRE(bit_difference(b_out.download(), b_expected) == "");
     NCCL_REQUIRE(ncclCommDestroy(pairs));
-
-    CUDA_CHECK(cudaEventDestroy(produced));
-    CUDA_CHECK(cudaEventDestroy(reduced));
-    CUDA_CHECK(cudaStreamDestroy(compute));
-    CUDA_CHECK(cudaStreamDestroy(communication));
-    CUDA_CHECK(cudaStreamDestroy(other));
 }
 
 // NCCL calls captured in a CUDA graph (NCCL 2.9 and later; the host NCCL too) run at each launch,
@@ -826,13 +845,9 @@ TEST_CASE("graphs: captured collectives run at each launch, in issue order with 
     ncclComm_t comm = world_comm();
     const int n = world_size(), r = world_rank();
     const int block = 257, total = block * n;  // the reduce-scatter's block per rank, the all-reduce's count
-    cudaStream_t compute, communication, other;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaStreamCreateWithFlags(&communication, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
-    cudaEvent_t produced, reduced;
-    CUDA_CHECK(cudaEventCreateWithFlags(&produced, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventCreateWithFlags(&reduced, cudaEventDisableTiming));
+    const StreamsAndEvents streams;
+    cudaStream_t compute = streams.compute, communication = streams.communication, other = streams.other;
+    cudaEvent_t produced = streams.produced, reduced = streams.reduced;
     DeviceArray<int> round(1);
     DeviceArray<float> x{size_t(total)}, y{size_t(total)}, part{size_t(block)}, busy(256);
     x.poison(), y.poison(), part.poison();
@@ -860,15 +875,8 @@ TEST_CASE("graphs: captured collectives run at each launch, in issue order with 
 
     // Each launch sits between an eager all-reduce and an eager all-gather on another stream, with
     // no event between them and the graph; each rank first keeps that stream busy differently.
-    const auto a_mine = input_of<float>(900, r, 1003);
-    const auto b_mine = input_of<int32_t>(901, r, 7);
-    std::vector<std::vector<float>> a_all;
-    std::vector<int32_t> b_expected;
-    for (int j = 0; j < n; ++j) {
-        a_all.push_back(input_of<float>(900, j, 1003));
-        const auto b = input_of<int32_t>(901, j, 7);
-        b_expected.insert(b_expected.end(), b.begin(), b.end());
-    }
+    const CallInputs in(900, r, n);
+    const auto& [a_mine, b_mine, a_all, b_expected] = in;
     DeviceArray<float> a(a_mine), a_out(1003);
     DeviceArray<int32_t> b(b_mine), b_out(7 * size_t(n));
     Digest digest;
@@ -903,9 +911,4 @@ TEST_CASE("graphs: captured collectives run at each launch, in issue order with 
 
     CUDA_CHECK(cudaGraphExecDestroy(exec));
     CUDA_CHECK(cudaGraphDestroy(graph));
-    CUDA_CHECK(cudaEventDestroy(produced));
-    CUDA_CHECK(cudaEventDestroy(reduced));
-    CUDA_CHECK(cudaStreamDestroy(compute));
-    CUDA_CHECK(cudaStreamDestroy(communication));
-    CUDA_CHECK(cudaStreamDestroy(other));
 }
