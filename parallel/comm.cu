@@ -142,14 +142,11 @@ void Comm::fence_to(cudaStream_t compute) {
 
 void Comm::join_to(cudaStream_t compute) {
     cudaStreamCaptureStatus mine = cudaStreamCaptureStatusNone, theirs = cudaStreamCaptureStatusNone;
-    CUDA_CHECK(cudaStreamIsCapturing(stream_, &mine));
-    CUDA_CHECK(cudaStreamIsCapturing(compute, &theirs));
-    if (mine == cudaStreamCaptureStatusNone && theirs == cudaStreamCaptureStatusNone) return fence_to(compute);
-    if (mine == cudaStreamCaptureStatusNone || theirs == cudaStreamCaptureStatusNone) return;
-    unsigned long long my_capture = 0, their_capture = 0;
+    unsigned long long my_capture = 0, their_capture = 0;  // (ids only while capturing)
     CUDA_CHECK(cudaStreamGetCaptureInfo(stream_, &mine, &my_capture));
     CUDA_CHECK(cudaStreamGetCaptureInfo(compute, &theirs, &their_capture));
-    if (my_capture == their_capture) fence_to(compute);
+    const cudaStreamCaptureStatus none = cudaStreamCaptureStatusNone;
+    if ((mine == none) == (theirs == none) && (mine == none || my_capture == their_capture)) fence_to(compute);
 }
 
 bool Comm::capturing() const {

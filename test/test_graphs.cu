@@ -122,6 +122,14 @@ TEST_CASE("a capture forks into another stream and joins back through events", "
     CUDA_CHECK(cudaEventRecord(fork.e, origin.s));
     CUDA_CHECK(cudaStreamWaitEvent(side.s, fork.e, 0));  // side joins the capture after a = 3a
     REQUIRE(status_of(side.s) == cudaStreamCaptureStatusActive);
+    // Both streams report the one capture's id (what Comm::join_to compares).
+    cudaStreamCaptureStatus origin_status = cudaStreamCaptureStatusNone, side_status = cudaStreamCaptureStatusNone;
+    unsigned long long origin_id = 0, side_id = 0;
+    CUDA_CHECK(cudaStreamGetCaptureInfo(origin.s, &origin_status, &origin_id));
+    CUDA_CHECK(cudaStreamGetCaptureInfo(side.s, &side_status, &side_id));
+    CHECK(origin_status == cudaStreamCaptureStatusActive);
+    CHECK(side_status == cudaStreamCaptureStatusActive);
+    CHECK(origin_id == side_id);
     add_into_on(side.s, a.get(), b.get());        // side: b += a (reads 3a)
     scale_add_on(origin.s, c.get(), 2.0f, 1.0f);  // origin, beside it: c = 2c + 1
     CUDA_CHECK(cudaEventRecord(join.e, side.s));
@@ -130,6 +138,17 @@ TEST_CASE("a capture forks into another stream and joins back through events", "
     cudaGraph_t graph = nullptr;
     CUDA_CHECK(cudaStreamEndCapture(origin.s, &graph));
     REQUIRE(status_of(side.s) == cudaStreamCaptureStatusNone);
+    {  // another capture has another id
+        CUDA_CHECK(cudaStreamBeginCapture(side.s, cudaStreamCaptureModeGlobal));
+        cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+        unsigned long long id = 0;
+        CUDA_CHECK(cudaStreamGetCaptureInfo(side.s, &status, &id));
+        CHECK(status == cudaStreamCaptureStatusActive);
+        CHECK(id != origin_id);
+        cudaGraph_t empty = nullptr;
+        CUDA_CHECK(cudaStreamEndCapture(side.s, &empty));
+        CUDA_CHECK(cudaGraphDestroy(empty));
+    }
     size_t nodes = 0;
     CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
     REQUIRE(nodes == 4);  // the kernels; events and waits are edges
