@@ -251,9 +251,7 @@ SearchResult search_layouts(const SearchRequest& r) {
                                 q.strategy.shard_group = shard_group;
                                 q.strategy.offload = offload;
                                 q.strategy.micro_per_step = accumulation;
-                                // --cuda-graphs given: only the layouts that capture (check_strategy
-                                // refuses the others below; with_strategy dropped the flag).
-                                q.strategy.cuda_graphs = r.run.strategy.cuda_graphs;
+                                q.strategy.cuda_graphs = r.run.strategy.cuda_graphs;  // (its workspace)
                                 q.ranks = r.world;
                                 q.micro_batch = m;
                                 q.accumulation = accumulation;

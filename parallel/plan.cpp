@@ -66,13 +66,10 @@ StrategyOptions with_strategy(StrategyOptions o, StrategyKind kind) {
     if (!s.policy.fp32_accumulation()) o.fp32_grad_accumulation = false;
     if (!s.policy.shards()) o.shard_group = 0;
     if (s.one_rank) o.tensor = 1, o.sequence_parallel = false;
-    if (!captures_micro_steps(o)) o.cuda_graphs = false;
     return o;
 }
 
 bool has_pipeline(const StrategyOptions& o) { return strategy_info(o.kind).stages || o.pipeline_stages > 1; }
-
-bool captures_micro_steps(const StrategyOptions& o) { return captures_micro_steps(has_pipeline(o)); }
 
 MeshShape mesh_of(const StrategyOptions& o, int ranks) {
     const StrategyInfo& s = strategy_info(o.kind);
@@ -104,12 +101,6 @@ Offload parse_offload(const std::string& name) {
 void check_strategy(const StrategyOptions& o, int ranks) {
     const StrategyInfo& s = strategy_info(o.kind);
     const bool pipeline = has_pipeline(o);
-    if (o.cuda_graphs && !captures_micro_steps(o))
-        throw std::invalid_argument(
-            std::string("--cuda-graphs captures the micro-steps of every strategy without a pipeline: --parallel ") +
-            s.name + (pipeline && !s.stages ? " --pipeline-stages " + std::to_string(o.pipeline_stages) : "") +
-            " runs its micro-batches' forwards and backwards interleaved over activation slots, with transfers "
-            "between stages; drop --cuda-graphs, or run without a pipeline");
     if (o.sequence_parallel && o.tensor <= 1)
         throw std::invalid_argument("--sequence-parallel splits the rows over a tensor-parallel group: give --tp 2 or "
                                     "more, or leave it out");

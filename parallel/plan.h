@@ -72,10 +72,9 @@ struct StrategyOptions {
     // --sequence-parallel: the residual stream between the tensor-parallel regions split by rows
     // over the group (model/placement.h TensorParallel::sequence); needs tensor > 1.
     bool sequence_parallel = false;
-    // --cuda-graphs: each micro-step captured once and launched as a CUDA graph (trainer/
-    // micro_step_graphs.h) where captures_micro_steps says it can be: single's, and ddp's and zero1's
-    // but each step's last (the one that reduces the gradients). The model's cuBLAS handle then has a
-    // workspace of its own (kCublasGraphWorkspaceBytes).
+    // --cuda-graphs: each micro-step (a pipeline's: each entry of its row) captured once and
+    // launched as a CUDA graph (trainer/micro_step_graphs.h), under every strategy. The model's
+    // cuBLAS handle then has a workspace of its own (kCublasGraphWorkspaceBytes).
     bool cuda_graphs = false;
 };
 
@@ -94,8 +93,6 @@ void check_strategy(const StrategyOptions& o, int ranks);
 MeshShape mesh_of(const StrategyOptions& o, int ranks);
 // Whether the options run a pipeline (pp, or a data-parallel strategy over --pipeline-stages > 1).
 bool has_pipeline(const StrategyOptions& o);
-// Whether --cuda-graphs can capture the options' micro-steps (parallel/policy.h captures_micro_steps).
-bool captures_micro_steps(const StrategyOptions& o);
 
 // A strategy decided for this rank: its geometry and how the model must be built.
 struct StrategyPlan {

@@ -45,14 +45,6 @@ struct DataPolicy {
     bool shards() const { return sharded_optimizer() || sharded_parameters() || rotating_gradients(); }
 };
 
-// Whether --cuda-graphs can capture micro-steps (trainer/micro_step_graphs.h), with or without a
-// pipeline: every data-parallel policy, with or without tensor parallelism — a micro-step's
-// collectives (ddp's all-reduces and zero1's reduce-scatters in a step's last, zero2's in every one,
-// zero3's gathers, the tensor-parallel layers' all-reduces and all-gathers) are captured with its
-// kernels and run at each launch — but no pipeline: its schedule interleaves micro-batches'
-// forwards and backwards over activation slots, with transfers between them.
-inline bool captures_micro_steps(bool pipeline) { return !pipeline; }
-
 // The sizes the costs are written in, elements (model/parameters.h model_layouts, padded for the
 // shards): Ψ the trainable groups', Ψall every group's (frozen, NF4 too); the largest unit that is
 // not a tied embedding (its trainable group, and all its groups), the tied embedding's own (0 when

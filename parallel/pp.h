@@ -32,9 +32,13 @@
 // 1F1B (the same over V chunks, the bubble about V times smaller). Between two rounds of the row
 // the rank issues the first round's sends and the next round's receives as one NCCL group, the
 // table's transfers exactly as the simulator checked them: 1F1B's neighbours would otherwise each
-// wait in a send for the other's receive. Every schedule runs the backwards in
-// micro-batch order, so gradients accumulate in micro-batch order and an untied model trains bit
-// for bit as on one rank. Evaluation (a forward alone, outside a step) receives and sends inline.
+// wait in a send for the other's receive. Each entry issues the group before it as its first
+// work (the row's last entry the one after it too), so an entry captured as a CUDA graph
+// (--cuda-graphs, trainer/micro_step_graphs.h) holds its transfers; every step starts from the same
+// host state (state()), so entry i's transfers are the same in every step. Every schedule runs the
+// backwards in micro-batch order, so gradients accumulate in micro-batch order and an untied model
+// trains bit for bit as on one rank. Evaluation (a forward alone, outside a step) receives and
+// sends inline.
 //
 // Tied embeddings. The head multiplies by wte, so the last stage's rank holds a copy of the
 // embedding's parameters and gradient (Llama's StageUnits). The head's part of that gradient goes
@@ -109,52 +113,98 @@ class Pipeline {
                                            " micro-batches need more activation slots than the model holds");
             schedule_ = std::move(other);
         }
-        const std::vector<PipeStep>& row = schedule_.steps[size_t(pipe_.rank())];
+        const std::vector<PipeStep>& row = this->row();
         std::vector<size_t> last(size_t(schedule_.chunks), row.size());  // per chunk, its last backward
         for (size_t i = 0; i < row.size(); ++i)
             if (row[i].backward) last[size_t(row[i].chunk)] = i;
+        // Every step starts from the same host state, so that entry i's transfers are a function of
+        // the table alone (a captured entry replays them: state()).
+        next_ = 0, sent_grad_ = received_grad_ = nullptr;
         scheduled_ = true;
-        for (size_t i = 0; i <= row.size(); ++i) {
-            exchange(row, i);
-            if (i == row.size()) break;
+        for (size_t i = 0; i < row.size(); ++i) {
             PipeStep e = row[i];
             e.slot = buffer(e.chunk, e.slot);
             run(e, i == last[size_t(e.chunk)]);
+            if (next_ != i + 1) {
+                scheduled_ = false;
+                throw std::logic_error("Pipeline: entry " + std::to_string(i) +
+                                       " of the row ran no forward or backward: the step must run each entry once");
+            }
         }
         scheduled_ = false;
     }
 
-    // Scheduled: one chunk's forward (the buffer names it). Evaluation: every chunk in turn, each
-    // receiving its input and sending its output inline.
+    // The host state the scheduled entries carry from one to the next: the table (its
+    // micro-batches), the next entry, and which residual-gradient buffer the last backward's input
+    // gradient is in and the next one's output gradient was received into (-1: none). A captured
+    // entry (trainer/micro_step_graphs.h) is keyed by it and sets it again after each launch.
+    std::vector<int> state() const {
+        return {schedule_.micro, int(next_), which_grad(sent_grad_), which_grad(received_grad_)};
+    }
+    void set_state(const std::vector<int>& s) {
+        if (s.size() != 4 || s[0] != schedule_.micro)
+            throw std::logic_error("Pipeline::set_state: the state of another table");
+        next_ = size_t(s[1]), sent_grad_ = grad_buffer(s[2]), received_grad_ = grad_buffer(s[3]);
+    }
+
+    // Scheduled: one chunk's forward (the buffer names it), after the table's transfers before it
+    // (scheduled_entry: they are part of whatever runs the entry, a captured graph too).
+    // Evaluation: every chunk in turn, each receiving its input and sending its output inline.
     void forward(int slot, const DeviceBatch& batch, acc_t<T>* loss_sum, int* count, const UnitHook& before_unit) {
         if (scheduled_) {
             const int c = chunk_of(slot);
-            return forward_chunk(c, slot - first_buffer_[size_t(c)], batch, loss_sum, count, before_unit);
+            return scheduled_entry(false, slot, [&] {
+                forward_chunk(c, slot - first_buffer_[size_t(c)], batch, loss_sum, count, before_unit);
+            });
         }
         for (int c = 0; c < schedule_.chunks; ++c)
             forward_chunk(c, slot % slots_[size_t(c)], batch, loss_sum, count, before_unit);
     }
 
-    // One chunk's backward; `unit_done(u)` after each unit's, and after the head's on a last stage
-    // holding the tied embedding's copy, `unit_done(0)` too (the head's part of wte is complete).
+    // One chunk's backward (scheduled only), after the table's transfers before it; `unit_done(u)`
+    // after each unit's, and after the head's on a last stage holding the tied embedding's copy,
+    // `unit_done(0)` too (the head's part of wte is complete).
     void backward(int slot, const DeviceBatch& batch, DeviceScalar<double> loss_scale, const UnitHook& before_unit,
                   const UnitHook& unit_done) {
-        const int chunk = chunk_of(slot), s = slot - first_buffer_[size_t(chunk)];
-        const int stage = schedule_.stage_of(pipe_.rank(), chunk);
-        const StageUnits units = model_.chunks()[size_t(chunk)];
-        T* grad_out = stage + 1 < schedule_.stages() ? received_grad_ : nullptr;  // received by the exchange before it
-        const T* input = stage > 0 ? inputs_[size_t(chunk)][size_t(s)].get() : nullptr;
-        T* grad_in = backward_units(model_, s, units.first, units.end, input, grad_out, batch, loss_scale, before_unit,
-                                    [&](int u) {
-                                        unit_done(u);
-                                        if (u == model_.num_units() - 1 && !model_.runs(0) && model_.holds(0))
-                                            unit_done(0);  // the head's part of wte
-                                    });
-        sent_grad_ = grad_in;  // sent by the exchange after it
+        if (!scheduled_) throw std::logic_error("Pipeline::backward outside a step's schedule");
+        scheduled_entry(true, slot, [&] {
+            const int chunk = chunk_of(slot), s = slot - first_buffer_[size_t(chunk)];
+            const int stage = schedule_.stage_of(pipe_.rank(), chunk);
+            const StageUnits units = model_.chunks()[size_t(chunk)];
+            T* grad_out = stage + 1 < schedule_.stages() ? received_grad_ : nullptr;  // received just before
+            const T* input = stage > 0 ? inputs_[size_t(chunk)][size_t(s)].get() : nullptr;
+            // The gradient of the chunk's input: sent by the transfers after the entry.
+            sent_grad_ = backward_units(model_, s, units.first, units.end, input, grad_out, batch, loss_scale,
+                                        before_unit, [&](int u) {
+                                            unit_done(u);
+                                            if (u == model_.num_units() - 1 && !model_.runs(0) && model_.holds(0))
+                                                unit_done(0);  // the head's part of wte
+                                        });
+        });
     }
 
   private:
     size_t rows_hidden() const { return size_t(model_.stream_rows() * model_.config().hidden_size); }
+    const std::vector<PipeStep>& row() const { return schedule_.steps[size_t(pipe_.rank())]; }
+    int which_grad(const T* p) const {
+        return p == model_.residual_grad(0) ? 0 : p == model_.residual_grad(1) ? 1 : -1;
+    }
+    T* grad_buffer(int which) const { return which < 0 ? nullptr : model_.residual_grad(which); }
+
+    // Entry next_ of the row (a forward or backward in `buffer`): the transfers before it, its work,
+    // and after the row's last entry the transfers after it.
+    template <class Work>
+    void scheduled_entry(bool backward, int buffer, Work&& work) {
+        const std::vector<PipeStep>& row = this->row();
+        if (next_ >= row.size() || row[next_].backward != backward ||
+            this->buffer(row[next_].chunk, row[next_].slot) != buffer)
+            throw std::logic_error("Pipeline: a " + std::string(backward ? "backward" : "forward") + " in buffer " +
+                                   std::to_string(buffer) + " out of the schedule's order (entry " +
+                                   std::to_string(next_) + " of " + std::to_string(row.size()) + ")");
+        exchange(row, next_);
+        work();
+        if (++next_ == row.size()) exchange(row, next_);
+    }
     int buffer(int chunk, int slot) const { return first_buffer_[size_t(chunk)] + slot; }
     int chunk_of(int buffer) const {
         return int(std::upper_bound(first_buffer_.begin(), first_buffer_.end(), buffer) - first_buffer_.begin()) - 1;
@@ -229,6 +279,7 @@ class Pipeline {
     std::vector<int> slots_;            // per chunk: its activation slots
     std::vector<int> first_buffer_;     // per chunk: its first buffer; then the total
     bool scheduled_ = false;            // inside run_micro_steps: the transfers are exchange's
+    size_t next_ = 0;                   // then: the row's next entry
     T* sent_grad_ = nullptr;            // the last backward's input gradient, to send
     T* received_grad_ = nullptr;        // where the next backward's output gradient was received
     std::vector<int> owner_;            // per unit, the rank holding it

@@ -144,17 +144,15 @@ class Strategy {
             run(PipeStep{true, m, 0, 0}, m + 1 == micro);
         }
     }
-    // Whether a micro-step's forward and backward can be captured once and launched again as a CUDA
-    // graph (trainer/micro_step_graphs.h): one activation slot, no pipeline (policy.h
-    // captures_micro_steps) — every data-parallel policy and --tp, their collectives captured too.
-    bool captures_micro_steps() const { return pv::captures_micro_steps(pipeline_ != nullptr); }
-    // Around each micro-step under --cuda-graphs. Before it, outside any capture: the compute
-    // stream waits for every collective issued so far (the last step's parameter gathers, the last
-    // micro-step's reduce-scatters), so a captured micro-step waits for no event recorded outside
-    // it. At its start, inside: the parts record their events again (GradientPart::begin_micro_step).
-    // At its end, inside: the compute stream joins every comm stream that took part, which a
-    // capture must do before it ends (and which the gradient norm's per-unit waits for the
-    // reductions then need not repeat). The host state a micro-step decides by: micro_step_state.
+    // Around each captured micro-step under --cuda-graphs (trainer/micro_step_graphs.h: a forward
+    // and its backward, or one entry of a pipeline's row with its transfers). Before it, outside any
+    // capture: the compute stream waits for every collective issued so far (the last step's
+    // parameter gathers, the last micro-step's reduce-scatters), so a captured micro-step waits for
+    // no event recorded outside it. At its start, inside: the parts record their events again
+    // (GradientPart::begin_micro_step). At its end, inside: the compute stream joins every comm
+    // stream that took part, which a capture must do before it ends (and which the gradient norm's
+    // per-unit waits for the reductions then need not repeat). The host state a micro-step decides
+    // by: micro_step_state (the gradient part's, then the pipeline's, pp.h).
     void before_micro_step() {
         for (Comm* c : comms()) c->fence_to(model_.stream());
         parameters_->settled_on_device();
@@ -164,8 +162,19 @@ class Strategy {
         for (Comm* c : comms()) c->join_to(model_.stream());
         reduce_pending_.assign(reduce_pending_.size(), false);  // joined: the gradients' collectives are done
     }
-    std::vector<int> micro_step_state() const { return gradients_->micro_step_state(); }
-    void set_micro_step_state(const std::vector<int>& state) { gradients_->set_micro_step_state(state); }
+    std::vector<int> micro_step_state() const {
+        std::vector<int> state = gradients_->micro_step_state();
+        if (pipeline_) {
+            const std::vector<int> pipe = pipeline_->state();
+            state.insert(state.end(), pipe.begin(), pipe.end());
+        }
+        return state;
+    }
+    void set_micro_step_state(const std::vector<int>& state) {
+        const auto parts = std::ptrdiff_t(gradients_->micro_step_state().size());
+        gradients_->set_micro_step_state({state.begin(), state.begin() + parts});
+        if (pipeline_) pipeline_->set_state({state.begin() + parts, state.end()});
+    }
     // Whether this rank holds every parameter whole (it can sample, for one).
     bool holds_whole_model() const {
         return parameters_->whole() && model_.runs_every_unit() && model_.tensor_parallel().size == 1;
@@ -397,7 +406,7 @@ class Strategy {
         return writer ? download_bytes(whole, padded) : std::vector<uint8_t>{};
     }
 
-    // For the parts (data_parts.h). Whether a pipeline runs this rank's units (a chunk at a time,
+    // For the parts (data_parts.h) and the trainer. Whether a pipeline runs this rank's units (a chunk at a time,
     // its forwards and backwards interleaved with other micro-batches'), and the chunk of this
     // rank's units holding unit u.
     bool pipelined() const { return pipeline_ != nullptr; }

@@ -381,8 +381,8 @@ TEST_CASE("train --cuda-graphs: the captured run's numbers and checkpoints are t
 }
 
 TEST_CASE(
-    "train --cuda-graphs under ddp, zero1-3 and --tp: every micro-step captured, collectives too; the eager run's "
-    "numbers and checkpoints bit for bit",
+    "train --cuda-graphs under ddp, zero1-3, --tp and pp: every micro-step or pipeline entry captured, collectives "
+    "and transfers too; the eager run's numbers and checkpoints bit for bit",
     "[train][graphs][mpi]") {
     TempDir dir("train_graphs_ddp");
     const std::string train = (build_dir() / "train").string();
@@ -391,16 +391,19 @@ TEST_CASE(
     // zero1 (4 ranks, shards within groups of 2) reduce-scatters within a group and all-reduces the
     // slices across the replicas; zero3 gathers each unit's parameters and reduce-scatters its
     // gradients out of rotating buffers bound per unit, in every micro-step; --tp 2 all-reduces and
-    // gathers inside its layers (2 ranks: one data-parallel rank).
+    // gathers inside its layers (2 ranks: one data-parallel rank). pp (2 stages, 1F1B) captures each
+    // entry of its row — 2 forwards and 2 backwards a step — with the transfers before it.
     struct Layout {
         std::string name, parallel;
         int ranks, data_ranks;
         int captured;  // graphs: one per micro-step, and zero3's first micro-step again once its
                        // rotating buffers hold what a step leaves (its first capture zeroed them all)
+        std::string what = "micro-step(s)";
     };
     for (const Layout& layout : {Layout{"ddp", "ddp", 2, 2, 2}, Layout{"zero1", "zero1", 2, 2, 2},
                                  Layout{"hybrid_zero1", "zero1 --shard-group 2", 4, 4, 2},
-                                 Layout{"zero3", "zero3", 2, 2, 3}, Layout{"tp", "ddp --tp 2", 2, 1, 2}}) {
+                                 Layout{"zero3", "zero3", 2, 2, 3}, Layout{"tp", "ddp --tp 2", 2, 1, 2},
+                                 Layout{"pp", "pp", 2, 1, 4, "pipeline entries (a forward or a backward)"}}) {
         const std::string& strategy = layout.name;
         INFO(strategy);
         const std::string args = " --steps 4 --batch " + std::to_string(4 * layout.data_ranks) +
@@ -418,9 +421,10 @@ TEST_CASE(
         REQUIRE(losses(b.output) == losses(a.output));
         if (layout.ranks == 4)  // the layout asked for, not plain zero1 over 4
             CHECK(b.output.find("strategy zero1, sharded within groups of 2 rank(s), 2 replicas") != std::string::npos);
-        CHECK(b.output.find("cuda graphs: " + std::to_string(layout.captured) + " micro-step(s) captured") !=
+        CHECK(b.output.find("cuda graphs: " + std::to_string(layout.captured) + " " + layout.what + " captured") !=
               std::string::npos);
-        CHECK(b.output.find("launched 8 times") != std::string::npos);  // 2 a step
+        const int launches = layout.name == "pp" ? 16 : 8;  // 2 micro-steps a step; pp: 4 entries a step
+        CHECK(b.output.find("launched " + std::to_string(launches) + " times") != std::string::npos);
         CHECK(check_graphs_run_is_eager_run(eager, graphs) == 8);  // model, master, m and v at steps 2 and 4
         if (layout.ranks != 2 || layout.data_ranks != 2) continue;
         // A resume keeps --cuda-graphs.
@@ -432,24 +436,15 @@ TEST_CASE(
         const std::vector<std::string> all = losses(a.output);
         CHECK(losses(kept.output) == std::vector<std::string>(all.begin() + 2, all.end()));
         if (strategy != "ddp") continue;
-        // Resumed as a pipeline, which does not capture: dropped.
-        const Run dropped = run_mpi(
-            2, train + " --resume " + (graphs / "step_2").string() + " --parallel pp --out-dir " + dir.file("dropped"));
-        INFO(dropped.output);
-        REQUIRE(dropped.status == 0);
-        CHECK(dropped.output.find("resume: --cuda-graphs: true -> false") != std::string::npos);
-        CHECK(dropped.output.find("cuda graphs:") == std::string::npos);
+        // Resumed as a pipeline: kept, its entries captured.
+        const Run piped = run_mpi(
+            2, train + " --resume " + (graphs / "step_2").string() + " --parallel pp --out-dir " + dir.file("piped"));
+        INFO(piped.output);
+        REQUIRE(piped.status == 0);
+        CHECK(piped.output.find("resume: --cuda-graphs") == std::string::npos);
+        CHECK(piped.output.find("cuda graphs: 8 pipeline entries (a forward or a backward) captured") !=
+              std::string::npos);  // 4 micro-batches (the whole batch) a step: 8 entries
     }
-    // A pipeline is refused, with the fix.
-    const Run pp = run_mpi(2, train +
-                                  " --steps 1 --batch 8 --micro-batch 2 --seq-len 16 --vocab 300 --sample-tokens 0 "
-                                  "--parallel pp --cuda-graphs --out-dir " +
-                                  dir.file("pp"));
-    REQUIRE(pp.status != 0);
-    CHECK(pp.output.find("--cuda-graphs captures the micro-steps of every strategy without a pipeline: --parallel pp "
-                         "runs its micro-batches' forwards and backwards interleaved over activation slots, with "
-                         "transfers between stages; drop --cuda-graphs, or run without a pipeline") !=
-          std::string::npos);
 }
 
 namespace train_test {

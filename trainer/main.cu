@@ -794,18 +794,6 @@ int main_checked(int argc, char** argv) {
         // No tensor parallelism drops the checkpoint's sequence parallelism (unless given again).
         if (c.train.tp <= 1 && c.train.sequence_parallel && c.train_sources.of("sequence_parallel") == OptionSource::checkpoint)
             c.train.sequence_parallel = false;
-        // A strategy that cannot capture its micro-steps drops the checkpoint's --cuda-graphs (unless
-        // given again; it changes no result). auto keeps it unless a pipeline is asked for: its
-        // search then takes only the layouts that capture (parallel/layout_search.h).
-        const auto captures = [&] {
-            if (c.train.parallel == "auto") return c.train.pipeline_stages <= 1;
-            StrategyOptions s;
-            s.kind = strategy_kind(c.train.parallel);
-            s.pipeline_stages = c.train.pipeline_stages, s.tensor = c.train.tp;
-            return captures_micro_steps(s);
-        };
-        if (c.train.cuda_graphs && c.train_sources.of("cuda_graphs") == OptionSource::checkpoint && !captures())
-            c.train.cuda_graphs = false;
         // Leaving ZeRO drops its shard group (unless given again): the checkpoint is whole either way.
         if (c.train.parallel != "auto" && !strategy_info(c.train.parallel).policy.shards() &&
             c.train.shard_group == saved.shard_group)

@@ -1,7 +1,10 @@
 // Captured micro-steps (--cuda-graphs): a step's micro-steps — each a forward and a
 // backward, hundreds to thousands of kernel, GEMM and collective launches — captured once each as a
 // CUDA graph by stream capture and from then on launched as one graph, so the host pays a launch
-// per micro-step instead of one per kernel.
+// per micro-step instead of one per kernel. Under a pipeline each entry of this rank's row of the
+// schedule (a chunk's forward or backward of one micro-batch) is captured alone, with the
+// transfers the table puts before it (parallel/pp.h): a forward's backward runs entries later, in
+// another round of transfers.
 //
 // A graph replays the work it captured with the arguments it captured, so what may differ between
 // its launches is kept out of it or read from device memory:
@@ -15,7 +18,9 @@
 //   the step's last (ddp all-reduces the gradients then, zero1 reduce-scatters them, hybrid
 //   sharding all-reduces the slices over the replicas), whether the micro-batch has document
 //   positions, and the strategy's host state (which unit each of zero2's and zero3's rotating
-//   gradient buffers held last, which decides whether a buffer is zeroed: Strategy::micro_step_state).
+//   gradient buffers held last, which decides whether a buffer is zeroed; a pipeline's place in
+//   its row and which residual-gradient buffers it sends from and receives into: Strategy::
+//   micro_step_state).
 // - The host state a micro-step changes — which units' gradients the next backward writes over
 //   (Llama::discarded_grads), and the strategy's — is saved after the capture and set again after
 //   each launch, as the eager micro-step would have left it; a launch from another model state than
@@ -43,10 +48,11 @@
 namespace pv {
 
 struct MicroStepKey {
-    int micro = 0;           // the micro-step's index in the optimizer step
-    bool last = false;       // the step's last micro-step
+    int micro = 0;           // the micro-batch's index in the optimizer step
+    bool last = false;       // the step's last backward (a pipeline's: of this rank's chunk)
     bool positions = false;  // the micro-batch has document positions (document masking)
-    std::vector<int> state;  // Strategy::micro_step_state before it
+    bool backward = true;    // holds a backward (a pipeline's forward entries are captured alone)
+    std::vector<int> state;  // Strategy::micro_step_state before it (a pipeline's: the entry's place)
     auto operator<=>(const MicroStepKey&) const = default;
 };
 

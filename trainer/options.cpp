@@ -422,9 +422,9 @@ void add_train_flags(CLI::App& app, TrainOptions& o, std::string* run_file = nul
     app.add_flag("--cuda-graphs", o.cuda_graphs,
                  "Capture each micro-step (its forward and backward, every kernel and GEMM) once as a CUDA graph "
                  "and launch it as one graph from then on: the same results bit for bit, the kernels' launch cost "
-                 "paid once. --parallel single, and ddp and zero1 (every micro-step but each step's last, whose "
-                 "backward reduces the gradients over the ranks), without a pipeline or --tp; the model's cuBLAS "
-                 "handle gets a 32 MiB workspace");
+                 "paid once. Every strategy: a micro-step's collectives are captured with its kernels, and under "
+                 "a pipeline each entry of the schedule (a forward or a backward) is captured alone with the "
+                 "transfers before it; the model's cuBLAS handle gets a 32 MiB workspace");
     app.add_option("--offload", o.offload,
                    "CPU offload (ZeRO-Offload): optimizer keeps the fp32 master and Adam m and v of this rank's "
                    "owned range in pinned host memory and runs AdamW on the CPU (single, ddp, zero1-3); params also "

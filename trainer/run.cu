@@ -538,8 +538,9 @@ class TrainingRun {
                     end_step_, seconds, double(end_step_ - start_step_) * o_.batch * o_.seq_len / seconds, first_loss_,
                     last_loss_);
         if (const auto* g = trainer_->graphs(); g && g->captured() > 0)
-            std::printf("cuda graphs: %zu micro-step(s) captured, %zu nodes in the largest, launched %lld times\n",
-                        g->captured(), g->largest_nodes(), g->launches());
+            std::printf("cuda graphs: %zu %s captured, %zu nodes in the largest, launched %lld times\n", g->captured(),
+                        strategy_->pipelined() ? "pipeline entries (a forward or a backward)" : "micro-step(s)",
+                        g->largest_nodes(), g->launches());
         if (stop_requests_ > 0 && end_step_ < o_.steps) {
             const int here = stop_signal();
             std::printf(

@@ -176,13 +176,9 @@ class Trainer {
     void set_skip_nonfinite(long long n) { skip_budget_ = n; }
 
     // Each micro-step captured once as a CUDA graph and launched as one from then on (--cuda-graphs;
-    // trainer/micro_step_graphs.h): the same results bit for bit. The strategy must allow it and the
-    // model should have its own cuBLAS workspace (ModelOptions::cublas_workspace_bytes).
-    void use_graphs() {
-        if (!s_.captures_micro_steps())  // (check_strategy refuses such runs with the fix first)
-            throw std::logic_error(std::string("use_graphs: ") + s_.name() + " cannot be captured");
-        graphs_ = std::make_unique<MicroStepGraphs<T, G>>(s_);
-    }
+    // trainer/micro_step_graphs.h), under a pipeline each entry of its row: the same results bit for
+    // bit. The model should have its own cuBLAS workspace (ModelOptions::cublas_workspace_bytes).
+    void use_graphs() { graphs_ = std::make_unique<MicroStepGraphs<T, G>>(s_); }
     const MicroStepGraphs<T, G>* graphs() const { return graphs_.get(); }
     long long skipped_steps() const { return skipped_; }
 
@@ -220,13 +216,19 @@ class Trainer {
         CUDA_CHECK(cudaMemsetAsync(losses_.get(), 0, micro.size() * sizeof(A), stream));
         bool have_count = false;  // the backward needs the count (its loss scale): one integer all-reduce
         const auto scale = DeviceScalar<double>::in_memory(loss_scale_.get());
-        // With --cuda-graphs every micro-step runs as a captured graph, its forward with its backward
-        // (no pipeline captures: each forward is followed by its own backward).
+        // With --cuda-graphs every micro-step runs as a captured graph: its forward with its backward,
+        // or under a pipeline each entry of the row alone (a forward's backward comes entries later),
+        // with the transfers before it (parallel/pp.h).
+        const bool pipelined = s_.pipelined();
         s_.run_micro_steps(int(micro.size()), [&](const PipeStep& e, bool last) {
             const size_t m = size_t(e.micro);
+            const bool positions = !micro[m].positions.empty();
             if (!e.backward) {
                 upload_slot(e.slot, micro[m], t);
                 if (!graphs_) forward_slot(e.slot, micro[m], t, losses_.get() + m);
+                if (graphs_ && pipelined)
+                    graphs_->run({int(m), false, positions, false, {}},
+                                 [&] { forward_slot(e.slot, micro[m], t, losses_.get() + m); });
                 return;
             }
             if (!have_count) {  // after this rank's first forwards: the device is busy while it travels
@@ -240,8 +242,8 @@ class Trainer {
             }
             const DeviceBatch batch = device_batch(size_t(e.slot), micro[m], t);
             if (!graphs_) return s_.backward(e.slot, batch, scale, last);
-            graphs_->run({int(m), last, batch.positions != nullptr, {}}, [&] {
-                forward_slot(e.slot, micro[m], t, losses_.get() + m);
+            graphs_->run({int(m), last, positions, true, {}}, [&] {
+                if (!pipelined) forward_slot(e.slot, micro[m], t, losses_.get() + m);
                 s_.backward(e.slot, batch, scale, last);
             });
         });

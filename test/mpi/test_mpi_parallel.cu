@@ -95,6 +95,7 @@ struct RunResult {
     std::vector<int> nonempty;           // per unit, groups with any element
     int units = 0;
     std::array<double, pv::kMemoryCategoryCount> peak{};  // peak bytes per category during the run
+    long long captured = 0, launched = 0;                 // --cuda-graphs: graphs captured and launches
 };
 
 template <class T>
@@ -233,6 +234,8 @@ RunResult train_here(const std::string& strategy, pv::Comm* comm, int world_rank
             r.per_step.push_back(all), r.logs.push_back(comm->log());
             if (mp) r.schedule.push_back(pipeline_order(comm->log(), rank, ranks));
         }
+        if (const auto* graphs = trainer.graphs())
+            r.captured = (long long)graphs->captured(), r.launched = graphs->launches();
         s->settle_parameters();  // the last step's parameter all-gathers, before reading them here
         for (int u = 0; u < model.num_units(); ++u)
             for (int g = 0; g < model.num_groups(u); ++g) {
@@ -1368,18 +1371,21 @@ TEST_CASE("--offload optimizer and params train bit for bit as without, the stat
     check_offload<__nv_bfloat16>(world, "zero3", lora_options(), pv::Offload::params);  // the base's slices too
 }
 
-// --cuda-graphs under every data-parallel strategy: each micro-step is captured once (its
-// collectives with its kernels) and launched as a graph from then on, yet the run is the eager
-// one's bit for bit, and every step's record holds the same collectives and bytes on the wire as
-// the eager step's — a launch adds its capture's calls to the record again (Comm::repeat).
+// --cuda-graphs under every strategy: each micro-step (a pipeline's: each entry of its row, with
+// the transfers before it) is captured once (its collectives with its kernels) and launched as a
+// graph from then on, yet the run is the eager one's bit for bit, and every step's record holds the
+// same collectives and bytes on the wire as the eager step's — a launch adds its capture's calls to
+// the record again (Comm::repeat) — and a pipeline stage runs its schedule in the same order.
 TEST_CASE(
-    "captured micro-steps under ddp and zero1-3, hybrid and LoRA too: the eager run bit for bit, every "
+    "captured micro-steps under ddp, zero1-3, pipelines, hybrid and LoRA too: the eager run bit for bit, every "
     "collective counted",
     "[parallel][graphs]") {
     pv::World world(nullptr, nullptr);
     const auto check = [&](const std::string& strategy, Options o) {
         INFO(strategy << ", shard group " << o.shard_group << ", accumulation " << o.accumulation
-                      << (o.lora.rank ? ", LoRA" : ""));
+                      << (o.lora.rank ? ", LoRA" : "") << ", stages " << o.stages << ", schedule "
+                      << pv::pipeline_schedule_name(o.pipeline) << " in flight " << o.microbatches << " chunks "
+                      << o.chunks << (o.documents ? ", documents" : "") << (o.tied ? "" : ", untied"));
         const RunResult eager = train<__nv_bfloat16>(strategy, &world.comm(), world.size(), o);
         o.graphs = true;
         const RunResult graphs = train<__nv_bfloat16>(strategy, &world.comm(), world.size(), o);
@@ -1400,10 +1406,32 @@ TEST_CASE(
             };
             CHECK(calls(graphs.logs[step]) == calls(eager.logs[step]));
         }
+        CHECK(graphs.schedule == eager.schedule);  // (mp: each stage's forwards and backwards)
+        // A launch per micro-batch, or per entry of a pipeline's row: a forward and a backward of each
+        // micro-batch (accumulation × stages of them) through each of the rank's chunks.
+        const bool mp = strategy == "mp", piped = mp || o.stages > 1;
+        const long long per_step =
+            piped ? 2LL * o.accumulation * (mp ? world.size() : o.stages) * o.chunks : o.accumulation;
+        CHECK(graphs.launched == per_step * o.steps);
+        CHECK(graphs.captured >= per_step);  // (zero2/zero3 capture their first step's apart)
+        CHECK(graphs.captured < graphs.launched);
+        if (mp) CHECK(graphs.captured == per_step);  // every step starts from the same host state
     };
     for (const char* strategy : {"ddp", "zero1", "zero2", "zero3"}) check(strategy, Options{});
     check("zero3", Options{1});  // one micro-step a step: every one a step's last
     check("zero2", lora_options());
+    // Pipelines: each schedule; LoRA with dropout; packed documents; an untied head.
+    Options gpipe{kAccumulation, 2}, one_f_one_b{kAccumulation, 0}, interleaved{kAccumulation, 0};
+    one_f_one_b.pipeline = pv::PipelineScheduleKind::one_f_one_b;
+    interleaved.pipeline = pv::PipelineScheduleKind::interleaved, interleaved.chunks = 2;
+    Options lora = lora_options(), documents{kAccumulation, 0, false, {}, true};
+    lora.pipeline = documents.pipeline = pv::PipelineScheduleKind::one_f_one_b, lora.microbatches = 0;
+    for (const Options& o : {gpipe, one_f_one_b, interleaved, lora, documents}) check("mp", o);
+    if (world.size() % 4 == 0) {  // two stages, each replicated: the data-parallel policies under a pipeline
+        Options staged = one_f_one_b;
+        staged.stages = 2;
+        for (const char* strategy : {"ddp", "zero2", "zero3"}) check(strategy, staged);
+    }
     if (world.size() % 2 == 0 && world.size() > 2) {  // hybrid: shards within groups of 2, replicas all-reduce
         Options hybrid;
         hybrid.shard_group = 2;
