@@ -21,7 +21,8 @@
 // another block) it is still zero and nothing is cleared; where the layout changes (a block after
 // the head, the embedding after a block, the head after the embedding) the buffer is zeroed and
 // the unit's backward adds to it, as before. So of a step's units, per micro-step, two to four
-// are zeroed (the head, an untied embedding and one or two blocks), not all of them.
+// are zeroed (the head, an untied embedding and one or two blocks), not all of them; and each
+// buffer's first binding in a step (begin_step).
 //
 // Per optimizer step with accumulation A that is A reduce-scatters per unit: A·(N − 1)/N·Ψ
 // elements (Ψ: trainable elements). Memory (bf16): slices 2Ψ/N plus the rotating buffers
@@ -39,6 +40,7 @@
 #include "parallel/strategy.h"
 
 #include <algorithm>
+#include <iterator>
 #include <stdexcept>
 
 namespace pv {
@@ -68,8 +70,13 @@ class RotatingGradients : public GradientPart<T, G> {
         for (cudaEvent_t e : free_) cudaEventDestroy(e);
     }
 
+    // Every step also starts from the same host state: each buffer's first binding zeroes it (three
+    // unit-sized memsets a step), so a step's micro-steps are the same host decisions in every step
+    // and --cuda-graphs captures each of them in the first step only, on every rank alike — as NCCL
+    // requires of captured collectives (trainer/micro_step_graphs.h).
     void begin_step() override {
         for (auto& s : slices_) CUDA_CHECK(cudaMemsetAsync(s.get(), 0, s.bytes(), this->s_.model().stream()));
+        std::fill(std::begin(occupant_), std::end(occupant_), -1);
     }
     void finish() override { this->s_.shard_comm()->fence_to(this->s_.model().stream()); }
     // Every buffer is free: the compute stream has waited for the reduce-scatters before it.

@@ -26,7 +26,11 @@
 //   each launch, as the eager micro-step would have left it; a launch from another model state than
 //   its capture's is refused (it would replay the wrong gradient writes).
 // Collectives are captured with the kernels (NCCL 2.9 and later captures; so does the host's,
-// host/nccl.cpp) and run at each launch. The strategy brackets each micro-step (Strategy::
+// host/nccl.cpp) and run at each launch. NCCL asks that whether an operation is captured be the
+// same on every rank taking part, and that each launch be of the graph made by that capture: every
+// step starts from the same host state (the model's, the gradient part's: RotatingGradients::
+// begin_step, the pipeline's: Pipeline::run_micro_steps), so every rank captures each of its graphs
+// in the first step and launches those from then on. The strategy brackets each micro-step (Strategy::
 // before_micro_step, begin_micro_step, end_micro_step) so that a capture waits for no event
 // recorded outside it and joins its comm streams back before it ends; each communicator's record
 // gets the captured calls again at each later launch (Comm::repeat), so per-step figures and the
