@@ -70,10 +70,11 @@ class RotatingGradients : public GradientPart<T, G> {
         for (cudaEvent_t e : free_) cudaEventDestroy(e);
     }
 
-    // Every step also starts from the same host state: each buffer's first binding zeroes it (three
-    // unit-sized memsets a step), so a step's micro-steps are the same host decisions in every step
-    // and --cuda-graphs captures each of them in the first step only, on every rank alike — as NCCL
-    // requires of captured collectives (trainer/micro_step_graphs.h).
+    // Every step also starts from the same host state: each buffer's first binding zeroes it (a
+    // unit-sized memset a step for each rotating buffer and a tied embedding's), so a step's
+    // micro-steps are the same host decisions in every step and --cuda-graphs captures each of them
+    // in the first step only, on every rank alike — as NCCL requires of captured collectives
+    // (trainer/micro_step_graphs.h).
     void begin_step() override {
         for (auto& s : slices_) CUDA_CHECK(cudaMemsetAsync(s.get(), 0, s.bytes(), this->s_.model().stream()));
         std::fill(std::begin(occupant_), std::end(occupant_), -1);

@@ -120,18 +120,21 @@ class Pipeline {
         // Every step starts from the same host state, so that entry i's transfers are a function of
         // the table alone (a captured entry replays them: state()).
         next_ = 0, sent_grad_ = received_grad_ = nullptr;
+        // Inside the row the transfers are the table's; after it, however it ends (a step that
+        // throws too), an evaluation's forward receives inline again.
+        struct Unscheduled {
+            bool& flag;
+            ~Unscheduled() { flag = false; }
+        } unscheduled{scheduled_};
         scheduled_ = true;
         for (size_t i = 0; i < row.size(); ++i) {
             PipeStep e = row[i];
             e.slot = buffer(e.chunk, e.slot);
             run(e, i == last[size_t(e.chunk)]);
-            if (next_ != i + 1) {
-                scheduled_ = false;
+            if (next_ != i + 1)
                 throw std::logic_error("Pipeline: entry " + std::to_string(i) +
                                        " of the row ran no forward or backward: the step must run each entry once");
-            }
         }
-        scheduled_ = false;
     }
 
     // The host state the scheduled entries carry from one to the next: the table (its

@@ -643,6 +643,64 @@ TEST_CASE("mp runs the GPipe schedule: M forwards then M backwards per group, on
     }
 }
 
+// A pipeline runs its row of the table in order, each entry once (parallel/pp.h), and refuses by
+// name before any transfer — so on every rank alike, no peer left waiting — a backward outside a
+// step, a step that skips an entry and an entry out of the table's order. A refused step leaves
+// nothing behind: a backward outside a step is refused as such again after each (an evaluation's
+// forward, outside a step too, then receives inline), and two steps after the refusals train what
+// a run without them trains, bit for bit.
+TEST_CASE("mp refuses a backward outside a step, a skipped entry and one out of order; nothing is left behind",
+          "[parallel][mp]") {
+    pv::World world(nullptr, nullptr);
+    const int ranks = world.size();
+    Options o;
+    o.steps = 2;
+    const RunResult expected = train<double>("mp", &world.comm(), ranks, o);
+    const pv::LlamaConfig config = awkward_model(ranks, o.tied, layers_of(o, ranks));
+    pv::StrategyOptions so;
+    so.kind = pv::strategy_kind("mp"), so.in_flight = o.microbatches, so.pipeline = o.pipeline;
+    so.micro_per_step = o.accumulation * ranks;
+    const pv::StrategyPlan plan = pv::plan_strategy(so, config, kSeq, world.rank(), ranks);
+    pv::ModelOptions mo;
+    mo.batch = kMicro, mo.seq_len = kSeq, mo.seed = 42, mo.placement = plan.placement;
+    pv::ComputeStream stream;
+    mo.stream = stream.get();
+    pv::Llama<double> model(config, mo);
+    std::unique_ptr<pv::Strategy<double, double>> s = pv::make_strategy<double, double>(plan, model, &world.comm(), 42);
+    auto optimizer = pv::Trainer<double, double>::make_optimizer(*s, false);
+    pv::Trainer<double, double> trainer(*s, *optimizer);
+
+    const int micro = o.accumulation * ranks;
+    const auto outside_refused = [&] {
+        REQUIRE_THROWS_WITH(s->backward(0, pv::DeviceBatch{}, 1.0, true),
+                            Catch::Contains("Pipeline::backward outside a step's schedule"));
+    };
+    const DataLoader::MicroBatch held_out = micro_batches(100, 0, kMicro, config.vocab_size, false).front();
+    const double evaluated = trainer.forward_loss(held_out);
+    REQUIRE(std::isfinite(evaluated));
+    outside_refused();
+    CHECK_THROWS_WITH(s->run_micro_steps(micro, [](const pv::PipeStep&, bool) {}),
+                      Catch::Contains("entry 0 of the row ran no forward or backward") &&
+                          Catch::Contains("must run each entry once"));
+    outside_refused();
+    // Every rank's row opens with a forward (of micro-batch 0, slot 0): a backward there is out of order.
+    CHECK_THROWS_WITH(s->run_micro_steps(micro, [&](const pv::PipeStep& e,
+                                                    bool last) { s->backward(e.slot, pv::DeviceBatch{}, 1.0, last); }),
+                      Catch::Contains("a backward in buffer 0 out of the schedule's order (entry 0 of"));
+    outside_refused();
+    CHECK(trainer.forward_loss(held_out) == evaluated);  // its transfers inline, as before any step
+
+    pv::AdamWSettings adamw;
+    adamw.weight_decay = 0.1;
+    adamw.seed = 7;
+    std::vector<double> losses;
+    for (long long step = 0; step < o.steps; ++step)
+        losses.push_back(
+            trainer.step(micro_batches(step, 0, kMicro * micro, config.vocab_size, false), 3e-3, step + 1, 1.0, adamw)
+                .loss);
+    CHECK(losses == expected.losses);
+}
+
 // 1F1B (parallel/schedule.h): stage r runs min(p − r − 1, M) warm-up forwards, then one forward
 // and one backward in turn, then the remaining backwards — read from its own transfers — and
 // trains what single trains: untied bit for bit, tied within 1e-10 (fp64), with and without a cap
