@@ -44,11 +44,13 @@ TILE = 64  # rows of a tile: the keys (queries) a trip walks
 
 
 def warp_rows(kind):
-    """The rows of its block's 64-row tile a warp owns: 32 in the forward and dQ with two row tiles a
-    warp (2 warps; kernels/attention_mma_blocks.h attention_mma_row_tiles), else 16 (4 warps)."""
+    """The rows of its block's 64-row tile a warp owns: 32 in the forward, dK/dV (keys) and dQ with two
+    row tiles a warp (2 warps; kernels/attention_mma_blocks.h attention_mma_row_tiles), else 16 (4
+    warps)."""
     return 32 if kind.endswith("-32rows") else 16
-INNER_TRIPS = {"dkv": TILE // 16, "dkv-swizzled": TILE // 16, "dq": TILE // 16, "dq-32rows": TILE // 16}
-KINDS = ["forward", "forward-32rows", "dkv", "dkv-swizzled", "dq", "dq-32rows"]
+INNER_TRIPS = {"dkv": TILE // 16, "dkv-32rows": TILE // 16, "dkv-swizzled": TILE // 16, "dq": TILE // 16,
+               "dq-32rows": TILE // 16}
+KINDS = ["forward", "forward-32rows", "dkv", "dkv-32rows", "dkv-swizzled", "dq", "dq-32rows"]
 
 # Instruction classes, by the opcode's first component (HMMA.16816.F32.BF16 -> HMMA).
 CLASSES = OrderedDict([
@@ -145,8 +147,9 @@ def tile_loop_counts(name, code, inner_trips):
 def demangled_kind(name):
     """(kind, head dim, path) of a mangled attention kernel name, or None. The kind is 'forward',
     'forward-32rows' (the forward whose warps own two 16-row tiles: its fourth template argument, 2),
-    'dkv', 'dkv-swizzled' (the dK/dV kernel with swizzled shared rows: its third template argument,
-    AttentionMmaRows, 1), 'dq' or 'dq-32rows' (dQ's fourth template argument, 2). kSplit (the dK/dV kernel's fourth template argument, dQ's third:
+    'dkv', 'dkv-32rows' (its fifth template argument, 2), 'dkv-swizzled' (the dK/dV kernel with swizzled
+    shared rows: its third template argument, AttentionMmaRows, 1), 'dq' or 'dq-32rows' (dQ's fourth
+    template argument, 2). kSplit (the dK/dV kernel's fourth template argument, dQ's third:
     its tiles split into segments) changes the block's first and last steps, not its tile loop: both
     instantiations are one kind (the single-body variants are unsplit), whose registers are recorded
     for each."""
@@ -179,7 +182,8 @@ HEADER = """\
 // the dK/dV kernel with swizzled shared rows) and head dim: the instructions one warp issues per
 // trip of its tile loop (a 64-key tile of its 16 query rows in the forward, 32 in "forward-32rows",
 // whose warps own two 16-row tiles; a 64 x 64 tile pair in the backward kernels, their loop over the
-// tile's four 16-row chunks expanded, dQ's 16 query rows of it, 32 in "dq-32rows") and the HMMA among
+// tile's four 16-row chunks expanded, dK/dV's 16 keys of it, 32 in "dkv-32rows", dQ's 16 query rows,
+// 32 in "dq-32rows") and the HMMA among
 // them: through the body for tiles every row of the warp sees whole (interior), and through the
 // one with masks (a diagonal or document-boundary tile), and the registers per thread of the
 // instantiations programs run (ptxas), the one a block per tile and the one that splits a tile's
@@ -194,7 +198,8 @@ namespace pv {
 struct AttentionTileSass {
     int sass_arch;       // 90 (sm_90) or 80 (sm_80)
     const char* kernel;  // "forward", "forward-32rows" (the forward, warps of 32 rows), "dkv",
-                         // "dkv-swizzled" (the dK/dV kernel, rows swizzled), "dq" or "dq-32rows"
+                         // "dkv-32rows", "dkv-swizzled" (the dK/dV kernel, rows swizzled), "dq" or
+                         // "dq-32rows"
     int head_dim;
     int instructions;         // per warp and tile-loop trip, an interior tile
     int masked_instructions;  // per warp and tile-loop trip, a tile with masks
@@ -303,7 +308,8 @@ def main():
     slots = SMS * ISSUE_PER_CLOCK * CLOCK_HZ  # warp instructions per second, the whole GPU
     columns = list(CLASSES) + ["other"]
     print("Tensor-core attention, per warp and tile-loop trip (the forward: 16 query rows x 64 keys, 32 in forward-32rows; "
-          "dK/dV: 16 keys x 64 queries; dQ: 16 queries x 64 keys, 32 in dq-32rows), through the interior tiles' body and the "
+          "dK/dV: 16 keys x 64 queries, 32 in dkv-32rows; dQ: 16 queries x 64 keys, 32 in dq-32rows), "
+          "through the interior tiles' body and the "
           "masked tiles' (single-body instantiations); the issue ceiling is the interior tiles' on an H100 "
           "(sm_90 SASS):")
     print(f"{'sass':<6} {'kernel':<14} {'tile':<8} {'hd':>4} {'instr':>6} {'instr/HMMA':>10}  "
@@ -323,8 +329,11 @@ def main():
                     elif kind.startswith("forward"):
                         ceiling = f"{slots * useful / total / 1e12:6.0f} TF/s"
                     elif kind.startswith("dq") and (arch, "dkv", hd) in table:  # the backward: both kernels
-                        # per 64 x 64 tile pair, dK/dV's 4 warps of 16 keys and dQ's warps
-                        pair = TILE // 16 * sum(table[(arch, "dkv", hd)][0].values()) + TILE // warp_rows(kind) * total
+                        # per 64 x 64 tile pair, dK/dV's warps (of 32 keys beside dQ's of 32 rows, where
+                        # there are such) and dQ's
+                        dkv = "dkv-32rows" if kind == "dq-32rows" and (arch, "dkv-32rows", hd) in table else "dkv"
+                        pair = (TILE // warp_rows(dkv) * sum(table[(arch, dkv, hd)][0].values()) +
+                                TILE // warp_rows(kind) * total)
                         ceiling = f"{slots * useful * TILE // warp_rows(kind) / pair / 1e12:6.0f} TF/s (dK/dV + dQ)"
                     print(f"sm_{arch:<3} {kind:<14} {path:<8} {hd:>4} {total:>6} "
                           f"{total / c['HMMA']:>10.2f}  " + " ".join(f"{c[col]:>7}" for col in columns) + "  " +

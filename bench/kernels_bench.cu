@@ -326,29 +326,41 @@ void run(const pv::LlamaConfig& c, const Options& o) {
                   att_bytes_back, 2.5 * att_flops, on_gpu);
     if constexpr (std::is_same_v<T, __nv_bfloat16>)
         if (pv::attention_mma_backward_applies(qkv, datt, dqkv, hd)) {
-            // The tensor-core backward with its dK/dV rows, splits and dQ warps named: unsplit where this
+            // The tensor-core backward with its dK/dV rows, splits and warps named: unsplit where this
             // shape's grids are split (what the splits save), with swizzled rows at the head dims that
             // have them (what sm_86/sm_89 run, timed on this GPU) where the device holds their block,
-            // and with dQ's warps of 16 rows where the device runs 32 (what those save).
+            // with dQ's warps of 16 rows where the device runs 32 (what those save), and with dK/dV's
+            // warps of the other width where the device has warps of 32 keys (the shape chooses:
+            // attention_mma_dkv_row_tiles; the other shows what the choice saves).
+            const size_t shared = pv::device_shared_bytes_per_block();
             const pv::AttentionMmaSplit split = pv::attention_mma_backward_split(B, Tn, H, Hkv, hd);
-            const pv::AttentionMmaRows rows = pv::attention_mma_dkv_rows(hd, pv::device_shared_bytes_per_block());
-            const int dq_row_tiles = pv::attention_mma_dq_row_tiles(hd, pv::device_shared_bytes_per_block());
-            const auto mma = [&](pv::AttentionMmaRows dkv_rows, pv::AttentionMmaSplit L, int dq_rows) {
+            const pv::AttentionMmaRows rows = pv::attention_mma_dkv_rows(hd, shared);
+            const int dq_row_tiles = pv::attention_mma_dq_row_tiles(hd, shared);
+            const int dkv_row_tiles = pv::attention_mma_dkv_row_tiles(hd, shared, B, Tn, H, Hkv);
+            const auto mma = [&](pv::AttentionMmaRows dkv_rows, pv::AttentionMmaSplit L, int dq_rows, int dkv_keys) {
                 A* D = static_cast<A*>(att_scratch);
                 pv::attention_backward_dot(att, datt, D, B, Tn, H, hd, nullptr);
                 pv::attention_mma_backward(qkv, nullptr, datt, lse, D, dqkv, B, Tn, H, Hkv, hd, nullptr, dkv_rows, L,
-                                           pv::attention_backward_partials<T>(att_scratch, B, Tn, H), dq_rows);
+                                           pv::attention_backward_partials<T>(att_scratch, B, Tn, H), dq_rows,
+                                           dkv_keys);
             };
             if (split.dkv > 0 || split.dq > 0)
-                report<T>("attention backward, unsplit", time_it(R, [&] { mma(rows, {}, dq_row_tiles); }),
-                          att_bytes_back, 2.5 * att_flops, on_gpu);
+                report<T>("attention backward, unsplit",
+                          time_it(R, [&] { mma(rows, {}, dq_row_tiles, dkv_row_tiles); }), att_bytes_back,
+                          2.5 * att_flops, on_gpu);
             if (pv::attention_mma_dkv_has_swizzled(hd) && rows == pv::AttentionMmaRows::padded)
                 report<T>("attention backward, dK/dV swizzled",
-                          time_it(R, [&] { mma(pv::AttentionMmaRows::swizzled, split, dq_row_tiles); }), att_bytes_back,
-                          2.5 * att_flops, on_gpu);
-            if (dq_row_tiles > 1)
-                report<T>("attention backward, dQ warps of 16 rows", time_it(R, [&] { mma(rows, split, 1); }),
+                          time_it(R, [&] { mma(pv::AttentionMmaRows::swizzled, split, dq_row_tiles, 1); }),
                           att_bytes_back, 2.5 * att_flops, on_gpu);
+            if (dq_row_tiles > 1)
+                report<T>("attention backward, dQ warps of 16 rows",
+                          time_it(R, [&] { mma(rows, split, 1, dkv_row_tiles); }), att_bytes_back, 2.5 * att_flops,
+                          on_gpu);
+            if (pv::attention_mma_dkv_row_tiles(hd, shared) > 1)
+                report<T>(dkv_row_tiles > 1 ? "attention backward, dK/dV warps of 16 keys"
+                                            : "attention backward, dK/dV warps of 32 keys",
+                          time_it(R, [&] { mma(rows, split, dq_row_tiles, 3 - dkv_row_tiles); }), att_bytes_back,
+                          2.5 * att_flops, on_gpu);
         }
     // Packed documents of T/4 tokens (--document-mask): each row attends within its document only,
     // so the scores are those of four causal blocks of T/4 (plus the positions, read once).

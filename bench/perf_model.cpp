@@ -113,7 +113,8 @@ int main(int argc, char** argv) {
     std::printf(
         "\nThe tensor-core attention kernels are also priced by instruction issue: the instructions their "
         "warps issue (model/attention_sass.h: per warp and tile at hd 64, forward %d (%d on the diagonal, "
-        "with masks; on an H100 its warps own 32 rows: %d (%d)), dK/dV %d (%d), dQ %d (%d) (on an H100 or "
+        "with masks; on an H100 its warps own 32 rows: %d (%d)), dK/dV %d (%d) (on an H100 at a grid large "
+        "enough, warps of 32 keys: %d (%d)), dQ %d (%d) (on an H100 or "
         "A100, warps of 32 rows: %d (%d))), their grids "
         "dispatched block by block on %d SMs (blocks per "
         "SM from ptxas's registers) that each issue 4 per clock x %.2f GHz x an issue efficiency of "
@@ -121,6 +122,7 @@ int main(int argc, char** argv) {
         attention_tile_instructions("forward", 64), attention_tile_instructions("forward", 64, true),
         attention_tile_instructions("forward-32rows", 64), attention_tile_instructions("forward-32rows", 64, true),
         attention_tile_instructions("dkv", 64), attention_tile_instructions("dkv", 64, true),
+        attention_tile_instructions("dkv-32rows", 64), attention_tile_instructions("dkv-32rows", 64, true),
         attention_tile_instructions("dq", 64), attention_tile_instructions("dq", 64, true),
         attention_tile_instructions("dq-32rows", 64), attention_tile_instructions("dq-32rows", 64, true), d.sms,
         d.clock_hz / 1e9, issue.forward, issue.backward, issue.source);
@@ -219,7 +221,8 @@ int main(int argc, char** argv) {
                             merge ? merge->read_bytes / 1e6 : 0.0);
             };
             row(cost::attention_forward_kind(x.hd), "forward", forward[0], split.dq, split.dq ? &forward[1] : nullptr);
-            row("dkv", "dK/dV", k[1], split.dkv, split.dkv ? &k[2] : nullptr);
+            row(cost::attention_dkv_kind(x.hd, Device{}, x.B, x.T, x.H, x.Hkv), "dK/dV", k[1], split.dkv,
+                split.dkv ? &k[2] : nullptr);
             const size_t dq = split.dkv ? 3 : 2;
             row(cost::attention_dq_kind(x.hd), "dQ", k[dq], split.dq, split.dq ? &k[dq + 1] : nullptr);
         }

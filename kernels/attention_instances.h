@@ -32,7 +32,7 @@
 #define POLEVAULT_ATTENTION_MMA_BACKWARD_INSTANCE(EXTERN, HD)                                                         \
     EXTERN template void attention_mma_backward_launch<HD>(                                                           \
         const __nv_bfloat16*, const int*, const __nv_bfloat16*, const float*, const float*, __nv_bfloat16*, int, int, \
-        int, int, cudaStream_t, AttentionMmaRows, AttentionMmaSplit, float*, int);
+        int, int, cudaStream_t, AttentionMmaRows, AttentionMmaSplit, float*, int, int);
 
 #define POLEVAULT_ATTENTION_INSTANCES(EXTERN)                    \
     POLEVAULT_ATTENTION_INSTANCES_OF_TYPE(EXTERN, __nv_bfloat16) \

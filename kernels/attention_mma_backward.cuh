@@ -20,8 +20,11 @@
 // device whose SM holds four 2-warp dQ blocks (H100, A100: kernels/attention_mma_blocks.h
 // attention_mma_dq_row_tiles) dQ's block has 2 warps of 32 rows, two 16-row tiles each, every K and
 // V fragment feeding both: 6% fewer instructions per HMMA in the interior tiles, 12% in the
-// masked. Its products need no shared memory: the C fragments of P and dS, rounded to bf16 in pairs, are exactly the A
-// fragment of the next product (the m16n8k16 layouts line up), so
+// masked. Likewise dK/dV's at hd 64 on an H100, where the grid is large enough
+// (attention_mma_dkv_row_tiles): 2 warps of 32 keys, every Q and dO fragment feeding both key
+// tiles: 7% fewer instructions per block and tile pair (13% masked). Their products need no shared
+// memory: the C fragments of P and dS, rounded to bf16 in pairs, are exactly the A fragment of the
+// next product (the m16n8k16 layouts line up), so
 //   dK/dV, warp rows = keys:     Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ  (A = K, V; B = Q, dO rows via ldmatrix)
 //                                dV += Pᵀ·dO, dK += dSᵀ·Q (B = dO, Q via ldmatrix.trans)
 //   dQ,   warp rows = queries:   S = Q·Kᵀ, dP = dO·Vᵀ    (A = Q, dO in registers; B = K, V rows)
@@ -57,9 +60,9 @@
 // same result, since masked elements add exact zeros), and masks each remaining element by its
 // own row's window and by T. The interior body's four chunks are written out where that costs no
 // blocks per SM and no spills (attention_mma_chunks). Per warp and tile pair at hd 64 (sm_90,
-// model/attention_sass.h): dK/dV 527 instructions interior, 808 masked; dQ 360 and 600 (674 and
-// 1,072 for 32 rows a warp). dK/dV's steps (query head, query tile) advance by additions, not by a
-// division and a remainder of the step index.
+// model/attention_sass.h): dK/dV 527 instructions interior, 808 masked (978 and 1,405 for 32 keys a
+// warp); dQ 360 and 600 (674 and 1,072 for 32 rows a warp). dK/dV's steps (query head, query tile)
+// advance by additions, not by a division and a remainder of the step index.
 // Heavy tiles first: the grid puts the tile index in z (the slowest), and
 // causal attention's heaviest tiles (dK/dV: the first key tiles; dQ: the last query tiles) get the
 // lowest block indices.
@@ -76,7 +79,8 @@
 // documents leave without steps writes zeros.
 //
 // Per launch, with n = ceil(T/64) tiles, Hkv KV heads, G = H/Hkv, every byte bf16 unless said:
-//   dK/dV, grid (Hkv, B, n) (split: the z extent the segments), 128 threads: reads its K and V
+//   dK/dV, grid (Hkv, B, n) (split: the z extent the segments), 128 threads (64 with 32 keys a
+//     warp): reads its K and V
 //     tiles once; for each of its G query heads (its segment's steps) and each query tile from its
 //     diagonal to the last row that sees it, the Q and dO tiles (64·hd each) and 64 floats of lse,
 //     64 of D (and 64 positions); with positions first the positions past the tile (the scan for
@@ -273,14 +277,16 @@ __device__ inline void attention_mma_chunks(Chunk&& chunk, Tag tag) {
 
 // Block (KV head, batch, key tile), or with kSplit (KV head, batch, segment of a key tile's steps:
 // segment_steps, partial, partial_slots as attention_mma_backward_launch says), 4 warps; warp w
-// owns key rows k0 + 16w .. + 15. Shared: K, V,
+// owns key rows k0 + 16w .. + 15 — or with RT = 2 (hd 64 on an H100: attention_mma_dkv_row_tiles)
+// 2 warps, warp w key rows k0 + 32w .. + 31, two 16-key tiles whose products share each Q and dO
+// fragment (plain and transposed) and each row's lse and D. Shared: K, V,
 // Q[2], dO[2] [64][LD] (bf16, rows as Rows says), then lse[2][64], D[2][64] (float), lo[2][64] (int).
 // Path: 0 (what programs run) picks each tile pair's body; 1 and 2 compile only the interior or
 // only the masked body, for bench/sass/attention_variants.cu alone (bench/attention_sass.py counts
 // them: a loop with two bodies is hard to read from SASS). Both row layouts compute the same
 // products in the same order: their results are the same bits.
-template <int HD, int Path = 0, AttentionMmaRows Rows = AttentionMmaRows::padded, bool kSplit = false>
-__global__ void __launch_bounds__(kAttentionMmaThreads)
+template <int HD, int Path = 0, AttentionMmaRows Rows = AttentionMmaRows::padded, bool kSplit = false, int RT = 1>
+__global__ void __launch_bounds__(kAttentionMmaThreadsOf<RT>)
     attention_mma_dkv_kernel(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
                              const float* lse, const float* D, __nv_bfloat16* dqkv, int T_len, int H, int Hkv,
                              int segment_steps, float* partial, int partial_slots) {
@@ -288,11 +294,16 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
     constexpr int Bt = kAttentionMmaTile, LD = attention_mma_ld<HD, Rows>(), KS = HD / 16;
     static_assert(Rows == AttentionMmaRows::padded || kAttentionMmaDkvHasSwizzled<HD>,
                   "no swizzled dK/dV at this head dim");
-    constexpr bool kKvInRegisters = HD <= 64;
+    static_assert(kAttentionMmaHasRowTiles<HD, RT>, "no dK/dV kernel with these row tiles a warp");
+    constexpr int Threads = kAttentionMmaThreadsOf<RT>;
+    // The warp's K and V fragments held through the loop up to hd 64 with 16 keys a warp; with 32
+    // they and the doubled accumulators spill (152 bytes stored at hd 64), so they are read per chunk.
+    constexpr bool kKvInRegisters = HD <= 64 && RT == 1;
     // The interior body's chunks written out (attention_mma_chunks) where ptxas then keeps the blocks
     // per SM and spills nothing: at hd 64, 640 → 547 instructions per tile pair, 168 registers either
-    // way. At hd 80 it took 243 registers (3 blocks per SM → 2), at 112 and 128 it spilled.
-    constexpr bool kUnrollInterior = HD <= 64 || HD == 96;
+    // way. At hd 80 it took 243 registers (3 blocks per SM → 2), at 112 and 128 it spilled, and with
+    // 32 keys a warp at hd 64 it spilled too (200 bytes stored).
+    constexpr bool kUnrollInterior = (HD <= 64 || HD == 96) && RT == 1;
     const int kvh = blockIdx.x, b = blockIdx.y, group = H / Hkv, n = (T_len + Bt - 1) / Bt;
     // This block's key tile and segment of its steps (key tile 0 first, the heaviest). Its partial
     // slot is worked out again at the end, rather than held through the loop.
@@ -339,7 +350,7 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
     // loaded into registers a step before they are stored, so the loads' latency passes behind a
     // step's compute instead of stalling the warps that issue them (a load and its store in one
     // place made warps 0 and 1 wait for memory every step).
-    static_assert(Bt <= kAttentionMmaThreads, "one statistics row per thread at most");
+    static_assert(Bt <= Threads, "one statistics row per thread at most");
     const int stat_row = int(threadIdx.x);
     float lse_next = 0.0f, D_next = 0.0f;
     int lo_next = 0;
@@ -361,8 +372,8 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
     };
     // Loads step st's Q and dO tiles into `buf` (cp.async).
     auto prefetch = [&](const Step& st, int buf) {
-        attention_mma_load_tile<HD, Rows>(Qs + buf * Bt * LD, rows + st.head_col, stride, st.q0, T_len);
-        attention_mma_load_tile<HD, Rows>(dOs + buf * Bt * LD, drows + st.head_col, dstride, st.q0, T_len);
+        attention_mma_load_tile<HD, Rows, Threads>(Qs + buf * Bt * LD, rows + st.head_col, stride, st.q0, T_len);
+        attention_mma_load_tile<HD, Rows, Threads>(dOs + buf * Bt * LD, drows + st.head_col, dstride, st.q0, T_len);
     };
     // The first step: head step0 / q_tiles of the group, its query tile step0 % q_tiles (one division
     // a block, outside the loop).
@@ -371,8 +382,8 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
              q_begin + (kSplit && steps > 0 ? step0 % q_tiles : 0) * Bt};
     Step ahead = next_step(now);  // the step prefetch loads next
     if (!kSplit || steps > 0) {   // (an empty segment loads nothing and writes zeros)
-        attention_mma_load_tile<HD, Rows>(Ks, rows + (long long)(H + kvh) * HD, stride, k0, T_len);
-        attention_mma_load_tile<HD, Rows>(Vs, rows + (long long)(H + Hkv + kvh) * HD, stride, k0, T_len);
+        attention_mma_load_tile<HD, Rows, Threads>(Ks, rows + (long long)(H + kvh) * HD, stride, k0, T_len);
+        attention_mma_load_tile<HD, Rows, Threads>(Vs, rows + (long long)(H + Hkv + kvh) * HD, stride, k0, T_len);
         prefetch(now, 0);
         cp_async_commit();
         load_statistics(now);
@@ -380,10 +391,11 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
         if (steps > 1) load_statistics(ahead);  // in registers until step 0 stores them into buffer 1
     }
 
-    // The warp's key rows: j = k0 + 16·warp + g + 8·half for accumulator elements 2·half + {0, 1}.
-    const int kw = 16 * warp, j0 = k0 + kw + g;
+    // The warp's key rows: j = k0 + kw + 16·rt + g + 8·half for row tile rt's accumulator elements
+    // 2·half + {0, 1}.
+    const int kw = 16 * RT * warp, j0 = k0 + kw + g;
     uint32_t k_frag[kKvInRegisters ? KS : 1][4], v_frag[kKvInRegisters ? KS : 1][4];
-    float dk[HD / 8][4] = {}, dv[HD / 8][4] = {};
+    float dk[RT][HD / 8][4] = {}, dv[RT][HD / 8][4] = {};
 
     for (int s = 0; s < steps; ++s) {
         const int buf = s & 1, q0 = now.q0;
@@ -410,10 +422,10 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
         const float* D_b = D_s + buf * Bt;
         const int* lo_b = lo_s + buf * Bt;
 
-        // One chunk of 16 query rows (columns of Sᵀ) against the warp's 16 keys. Masked: bit
-        // 4·nt + 2·half + e of `in` says whether element (n-tile nt, 2·half + e), key j0 + 8·half
-        // against query row q0 + c0 + 8·nt + 2t + e, is in its row's window; a chunk the warp sees
-        // none of is skipped. Interior chunks have no such test.
+        // One chunk of 16 query rows (columns of Sᵀ) against the warp's 16·RT keys. Masked: bit
+        // 8·rt + 4·nt + 2·half + e of `in` says whether element (row tile rt, n-tile nt, 2·half + e),
+        // key j0 + 16·rt + 8·half against query row q0 + c0 + 8·nt + 2t + e, is in its row's window;
+        // a chunk the warp sees none of is skipped. Interior chunks have no such test.
         const auto chunk = [&](int c0, auto masked_tag) {
             constexpr bool kMasked = decltype(masked_tag)::value;
             unsigned in = ~0u;
@@ -422,43 +434,58 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
                 for (int nt = 0; nt < 2; ++nt)
                     for (int e = 0; e < 2; ++e) {
                         const int r = c0 + 8 * nt + 2 * t + e, i = q0 + r, lo = lo_b[r];
-                        for (int half = 0; half < 2; ++half) {
-                            const int j = j0 + 8 * half;
-                            in |= unsigned(i < T_len && lo <= j && j <= i) << (4 * nt + 2 * half + e);
-                        }
+                        for (int rt = 0; rt < RT; ++rt)
+                            for (int half = 0; half < 2; ++half) {
+                                const int j = j0 + 16 * rt + 8 * half;
+                                in |= unsigned(i < T_len && lo <= j && j <= i) << (8 * rt + 4 * nt + 2 * half + e);
+                            }
                     }
                 if (!__any_sync(0xffffffffu, in != 0)) return;  // the whole 16×16 chunk is masked for this warp
             }
-            float st[2][4] = {}, dpt[2][4] = {};  // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ
+            float st[RT][2][4] = {}, dpt[RT][2][4] = {};  // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ, per row tile
             for (int ks = 0; ks < KS; ++ks) {
-                uint32_t ka[4], va[4];
-                if constexpr (kKvInRegisters) {
-                    for (int x = 0; x < 4; ++x) ka[x] = k_frag[ks][x], va[x] = v_frag[ks][x];
-                } else {
-                    ldmatrix_x4(ka, attention_mma_rows_then_cols<HD, Rows>(Ks, kw, 16 * ks));
-                    ldmatrix_x4(va, attention_mma_rows_then_cols<HD, Rows>(Vs, kw, 16 * ks));
+                uint32_t ka[RT][4], va[RT][4];
+                for (int rt = 0; rt < RT; ++rt) {
+                    if constexpr (kKvInRegisters) {
+                        for (int x = 0; x < 4; ++x) ka[rt][x] = k_frag[ks][x], va[rt][x] = v_frag[ks][x];
+                    } else {
+                        ldmatrix_x4(ka[rt], attention_mma_rows_then_cols<HD, Rows>(Ks, kw + 16 * rt, 16 * ks));
+                        ldmatrix_x4(va[rt], attention_mma_rows_then_cols<HD, Rows>(Vs, kw + 16 * rt, 16 * ks));
+                    }
                 }
-                attention_mma_score_step<HD, Rows>(st, ka, Q, c0, ks);
-                attention_mma_score_step<HD, Rows>(dpt, va, dO, c0, ks);
+                if constexpr (RT == 1) {  // (the 16-key kernel's code as it was: ptxas schedules it alike)
+                    attention_mma_score_step<HD, Rows>(st[0], ka[0], Q, c0, ks);
+                    attention_mma_score_step<HD, Rows>(dpt[0], va[0], dO, c0, ks);
+                } else {  // each B fragment feeds every row tile
+                    attention_mma_score_step<HD, Rows, RT>(st, ka, Q, c0, ks);
+                    attention_mma_score_step<HD, Rows, RT>(dpt, va, dO, c0, ks);
+                }
             }
             // Pᵀ and dSᵀ in place: one FFMA and one MUFU.EX2 per P, then (masked) a select: a masked
             // element's P and so its dS exact zeros (its exponent, computed anyway, may be anything).
             for (int nt = 0; nt < 2; ++nt)
                 for (int x = 0; x < 4; ++x) {
                     const int r = c0 + 8 * nt + 2 * t + (x & 1);
-                    float p = exp2_ftz(fmaf(st[nt][x], scale_log2, -lse_b[r]));
-                    if constexpr (kMasked) p = in >> (4 * nt + x) & 1 ? p : 0.0f;
-                    st[nt][x] = p;
-                    dpt[nt][x] = p * (dpt[nt][x] - D_b[r]);
+                    for (int rt = 0; rt < RT; ++rt) {  // (row r's lse and D read once for all)
+                        float p = exp2_ftz(fmaf(st[rt][nt][x], scale_log2, -lse_b[r]));
+                        if constexpr (kMasked) p = in >> (8 * rt + 4 * nt + x) & 1 ? p : 0.0f;
+                        st[rt][nt][x] = p;
+                        dpt[rt][nt][x] = p * (dpt[rt][nt][x] - D_b[r]);
+                    }
                 }
-            attention_mma_accumulate<HD, Rows>(dv, st, dO, c0);  // dV += Pᵀ·dO
-            attention_mma_accumulate<HD, Rows>(dk, dpt, Q, c0);  // dK += dSᵀ·Q
+            if constexpr (RT == 1) {
+                attention_mma_accumulate<HD, Rows>(dv[0], st[0], dO, c0);  // dV += Pᵀ·dO
+                attention_mma_accumulate<HD, Rows>(dk[0], dpt[0], Q, c0);  // dK += dSᵀ·Q
+            } else {
+                attention_mma_accumulate<HD, Rows, RT>(dv, st, dO, c0);
+                attention_mma_accumulate<HD, Rows, RT>(dk, dpt, Q, c0);
+            }
         };
         // Interior: every row of the query tile sees all of the warp's keys (causal: every query
         // tile past the diagonal's) ... Rows at or past T need no mask: their Q and dO rows are
         // zero-filled and their lse and D zeros, so P = 1 and dS = 0 there, and Pᵀ·dO and dSᵀ·Q add
         // exact zeros.
-        bool interior = q0 >= k0 + kw + 15;
+        bool interior = q0 >= k0 + kw + 16 * RT - 1;
         if (pos && interior) {  // ... and no row's window starts after the warp's first key
             int lo_max = max(lo_b[lane], lo_b[lane + 32]);
             for (int offset = 16; offset > 0; offset /= 2)
@@ -477,14 +504,22 @@ __global__ void __launch_bounds__(kAttentionMmaThreads)
         slot >= 0) {
         // A split key tile: this segment's sums, unscaled, for the reduce kernel.
         const long long grid_rows = (long long)gridDim.y * Hkv, row = (long long)b * Hkv + kvh;
-        attention_mma_store_partial<HD>(attention_mma_partial_tile<HD>(partial, 0, grid_rows, row, partial_slots, slot),
-                                        kw, T_len - k0, dk);
-        attention_mma_store_partial<HD>(attention_mma_partial_tile<HD>(partial, 1, grid_rows, row, partial_slots, slot),
-                                        kw, T_len - k0, dv);
+        for (int rt = 0; rt < RT; ++rt) {
+            attention_mma_store_partial<HD>(
+                attention_mma_partial_tile<HD>(partial, 0, grid_rows, row, partial_slots, slot), kw + 16 * rt,
+                T_len - k0, dk[rt]);
+            attention_mma_store_partial<HD>(
+                attention_mma_partial_tile<HD>(partial, 1, grid_rows, row, partial_slots, slot), kw + 16 * rt,
+                T_len - k0, dv[rt]);
+        }
     } else {
         bf16* out = dqkv + (long long)b * T_len * stride;
-        attention_mma_store_rows<HD>(out + (long long)(H + kvh) * HD, stride, k0 + kw, T_len, dk, scale);
-        attention_mma_store_rows<HD>(out + (long long)(H + Hkv + kvh) * HD, stride, k0 + kw, T_len, dv, 1.0f);
+        for (int rt = 0; rt < RT; ++rt) {
+            attention_mma_store_rows<HD>(out + (long long)(H + kvh) * HD, stride, k0 + kw + 16 * rt, T_len, dk[rt],
+                                         scale);
+            attention_mma_store_rows<HD>(out + (long long)(H + Hkv + kvh) * HD, stride, k0 + kw + 16 * rt, T_len,
+                                         dv[rt], 1.0f);
+        }
     }
 }
 
@@ -719,19 +754,23 @@ void attention_mma_backward_run(Kernel kernel, dim3 grid, int threads, size_t sm
 // head dims attention_mma_split_supports alone), whose partials go to `partial` and a reduce kernel
 // sums after it: attention_mma_split_grid(n, group, L).partial_slots per (batch, KV head) of 64 x HD
 // floats for dK, as many for dV; per (batch, query head) for dQ; attention_mma_partial_bytes holds
-// the larger, reused. dQ's warps own dq_row_tiles 16-row tiles each (attention_mma_dq_row_tiles: 2
-// at hd 64 alone).
+// the larger, reused. dK/dV's and dQ's warps own dkv_row_tiles and dq_row_tiles 16-row tiles each
+// (attention_mma_dkv_row_tiles, attention_mma_dq_row_tiles: 2 at hd 64 alone; dK/dV's with padded
+// rows).
 template <int HD>
 void attention_mma_backward_launch(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
                                    const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H,
                                    int Hkv, cudaStream_t stream, AttentionMmaRows dkv_rows, AttentionMmaSplit split,
-                                   float* partial, int dq_row_tiles) {
-    if (!attention_mma_has_row_tiles(HD, dq_row_tiles)) {
+                                   float* partial, int dq_row_tiles, int dkv_row_tiles) {
+    const auto refuse = [&](const char* kernel, int row_tiles, const char* rows) {
         std::fprintf(stderr,
-                     "polevault: attention_mma_backward: no dQ kernel with %d row tiles a warp at head dim %d\n",
-                     dq_row_tiles, HD);
+                     "polevault: attention_mma_backward: no %s kernel with %d row tiles a warp at head dim %d%s\n",
+                     kernel, row_tiles, HD, rows);
         std::abort();
-    }
+    };
+    if (!attention_mma_has_row_tiles(HD, dq_row_tiles)) refuse("dQ", dq_row_tiles, "");
+    if (!attention_mma_has_row_tiles(HD, dkv_row_tiles)) refuse("dK/dV", dkv_row_tiles, "");
+    if (dkv_row_tiles > 1 && dkv_rows != AttentionMmaRows::padded) refuse("dK/dV", dkv_row_tiles, " and swizzled rows");
     const int n = ceil_div(T_len, kAttentionMmaTile);
     const AttentionMmaSplitGrid dkv_grid = attention_mma_split_grid(n, H / Hkv, split.dkv),
                                 dq_grid = attention_mma_split_grid(n, 1, split.dq);
@@ -755,19 +794,26 @@ void attention_mma_backward_launch(const __nv_bfloat16* qkv, const int* position
     constexpr AttentionMmaRows kPadded = AttentionMmaRows::padded, kSwizzled = AttentionMmaRows::swizzled;
     constexpr bool kSplits = attention_mma_split_supports(HD);
     const dim3 dkv_dims(Hkv, B, unsigned(dkv_grid.blocks));
-    const auto dkv = [&](auto rows_tag) {
+    const auto dkv = [&](auto rows_tag, auto row_tiles_tag) {
         constexpr AttentionMmaRows rows = decltype(rows_tag)::value;
+        constexpr int RT = decltype(row_tiles_tag)::value;
+        constexpr int threads = attention_mma_threads(RT);
         const size_t smem = attention_mma_dkv_smem_bytes(HD, rows);
         if constexpr (kSplits)
             if (split.dkv > 0)
-                return run(attention_mma_dkv_kernel<HD, 0, rows, true>, dkv_dims, kAttentionMmaThreads, smem, split.dkv,
+                return run(attention_mma_dkv_kernel<HD, 0, rows, true, RT>, dkv_dims, threads, smem, split.dkv,
                            dkv_grid);
-        run(attention_mma_dkv_kernel<HD, 0, rows>, dkv_dims, kAttentionMmaThreads, smem, split.dkv, dkv_grid);
+        run(attention_mma_dkv_kernel<HD, 0, rows, false, RT>, dkv_dims, threads, smem, split.dkv, dkv_grid);
     };
+    using OneRowTile = std::integral_constant<int, 1>;
     if (dkv_rows == kPadded) {
-        dkv(std::integral_constant<AttentionMmaRows, kPadded>{});
+        bool ran = false;
+        if constexpr (attention_mma_has_row_tiles(HD, 2))
+            if (dkv_row_tiles == 2)
+                dkv(std::integral_constant<AttentionMmaRows, kPadded>{}, std::integral_constant<int, 2>{}), ran = true;
+        if (!ran) dkv(std::integral_constant<AttentionMmaRows, kPadded>{}, OneRowTile{});
     } else if constexpr (attention_mma_dkv_has_swizzled(HD)) {
-        dkv(std::integral_constant<AttentionMmaRows, kSwizzled>{});
+        dkv(std::integral_constant<AttentionMmaRows, kSwizzled>{}, OneRowTile{});
     } else {
         std::fprintf(stderr, "polevault: attention_mma_backward: no swizzled dK/dV kernel at head dim %d\n", HD);
         std::abort();
@@ -791,14 +837,15 @@ void attention_mma_backward_launch(const __nv_bfloat16* qkv, const int* position
 }
 
 // The same at a run-time head dim (attention_mma_backward_supports(hd)) with the dK/dV rows, the
-// splits and dQ's row tiles named.
+// splits and dQ's and dK/dV's row tiles named.
 inline void attention_mma_backward(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
                                    const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H,
                                    int Hkv, int hd, cudaStream_t stream, AttentionMmaRows dkv_rows,
-                                   AttentionMmaSplit split, float* partial, int dq_row_tiles) {
+                                   AttentionMmaSplit split, float* partial, int dq_row_tiles, int dkv_row_tiles) {
     auto go = [&](auto hd_tag) {
         attention_mma_backward_launch<decltype(hd_tag)::value>(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv,
-                                                               stream, dkv_rows, split, partial, dq_row_tiles);
+                                                               stream, dkv_rows, split, partial, dq_row_tiles,
+                                                               dkv_row_tiles);
     };
     switch (hd) {
         case 32: return go(std::integral_constant<int, 32>{});
@@ -813,8 +860,8 @@ inline void attention_mma_backward(const __nv_bfloat16* qkv, const int* position
     std::abort();
 }
 
-// The same with the dK/dV rows and dQ's row tiles the current device's shared memory gives
-// (attention_mma_dkv_rows, attention_mma_dq_row_tiles) and the shape's splits
+// The same with the dK/dV rows and the row tiles the current device's shared memory gives
+// (attention_mma_dkv_rows, attention_mma_dq_row_tiles, attention_mma_dkv_row_tiles) and the shape's splits
 // (attention_mma_backward_split); `partial` holds attention_mma_partial_bytes(B, T_len, H, Hkv, hd).
 inline void attention_mma_backward(const __nv_bfloat16* qkv, const int* positions, const __nv_bfloat16* dout,
                                    const float* lse, const float* D, __nv_bfloat16* dqkv, int B, int T_len, int H,
@@ -822,7 +869,8 @@ inline void attention_mma_backward(const __nv_bfloat16* qkv, const int* position
     const size_t shared = device_shared_bytes_per_block();
     attention_mma_backward(qkv, positions, dout, lse, D, dqkv, B, T_len, H, Hkv, hd, stream,
                            attention_mma_dkv_rows(hd, shared), attention_mma_backward_split(B, T_len, H, Hkv, hd),
-                           partial, attention_mma_dq_row_tiles(hd, shared));
+                           partial, attention_mma_dq_row_tiles(hd, shared),
+                           attention_mma_dkv_row_tiles(hd, shared, B, T_len, H, Hkv));
 }
 
 }  // namespace pv

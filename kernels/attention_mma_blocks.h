@@ -9,8 +9,8 @@
 namespace pv {
 
 inline constexpr int kAttentionMmaTile = 64;      // rows per tile, on both sides
-inline constexpr int kAttentionMmaThreads = 128;  // 4 warps, 16 rows of the block's tile each (the
-                                                  // forward and dQ at hd 64 on some GPUs: 2 of 32, below)
+inline constexpr int kAttentionMmaThreads = 128;  // 4 warps, 16 rows of the block's tile each (each
+                                                  // kernel at hd 64 on some GPUs: 2 of 32, below)
 
 // How a shared [64][hd] bf16 tile's rows lie in shared memory. The 8 rows one ldmatrix reads must
 // fall on different banks:
@@ -43,15 +43,16 @@ constexpr size_t attention_mma_dq_smem_bytes(int hd) {
     return 4 * attention_mma_tile_bytes(hd) + (12 + kAttentionMmaTile) * sizeof(int);
 }
 
-// Warps of 32 query rows. The forward's and dQ's blocks own a 64-row query tile, their warps
-// `row_tiles` 16-row tiles each: 4 warps of 16 rows, or at hd 64 on a device whose SM holds 4 blocks
-// of 2 warps of 32 rows (8 warps: the calibrated rate holds from 8 an SM), 2 of 32 — each K and V
-// fragment a warp loads then feeds two mma: 9% fewer instructions per mma in the forward, 6% in dQ's
-// interior tiles (12% in its masked ones). At up to 255 registers 4 such blocks fill an SM's 64 Ki;
-// where shared memory holds fewer (the forward: an A100's SM 3 blocks, 6 warps, an sm_86/sm_89 SM
-// 2; dQ: sm_86/sm_89 2), too few warps hide the latencies and the kernel keeps 16 rows, as hd 128
-// does everywhere (32 rows' accumulators spill there). An SM's shared memory is a block's opt-in
-// limit and the 1 KiB a block reserves (228, 164, 100 KiB).
+// Warps of 32 rows. The forward's and dQ's blocks own a 64-row query tile, dK/dV's a 64-row key
+// tile, their warps `row_tiles` 16-row tiles each: 4 warps of 16 rows, or at hd 64 on a device whose
+// SM holds 4 blocks of 2 warps of 32 rows (8 warps: the calibrated rate holds from 8 an SM), 2 of 32
+// — each fragment of the other side's tile a warp loads then feeds two mma: 9% fewer instructions
+// per mma in the forward, 6% in dQ's interior tiles (12% in its masked ones), 7% in dK/dV's (13%).
+// At up to 255 registers 4 such blocks fill an SM's 64 Ki; where shared memory holds fewer (the
+// forward: an A100's SM 3 blocks, 6 warps, an sm_86/sm_89 SM 2; dQ: sm_86/sm_89 2; dK/dV: both 2),
+// too few warps hide the latencies and the kernel keeps 16 rows, as hd 128 does everywhere (32 rows'
+// accumulators spill there). An SM's shared memory is a block's opt-in limit and the 1 KiB a block
+// reserves (228, 164, 100 KiB).
 inline constexpr size_t kAttentionMmaBlockReserve = 1024;
 constexpr int attention_mma_row_tiles(int hd, size_t block_smem_32_rows, size_t shared_per_block) {
     return hd == 64 &&
@@ -75,6 +76,11 @@ constexpr int attention_mma_dq_row_tiles(int hd, size_t shared_per_block) {
 // dK/dV: K, V, two Q and two dO tiles; two buffers of the query tile's lse, D (fp32) and window starts.
 constexpr size_t attention_mma_dkv_smem_bytes(int hd, AttentionMmaRows rows = AttentionMmaRows::padded) {
     return 6 * attention_mma_tile_bytes(hd, rows) + 2 * kAttentionMmaTile * (2 * sizeof(float) + sizeof(int));
+}
+// dK/dV's warps, by the same rule: 56,832 bytes at hd 64 (H100: 32 keys; A100, sm_86/sm_89: 16);
+// and at a shape, below, only where its grid is large enough.
+constexpr int attention_mma_dkv_row_tiles(int hd, size_t shared_per_block) {
+    return attention_mma_row_tiles(hd, attention_mma_dkv_smem_bytes(hd), shared_per_block);
 }
 // The dK/dV block's rows on a device that lets a block have `shared_per_block` bytes of shared
 // memory: padded where that block fits (everywhere from sm_80 on up to hd 112, and on sm_80 and
@@ -127,6 +133,23 @@ constexpr int attention_mma_dkv_segment_steps(int B, int T, int H, int Hkv, int 
 constexpr int attention_mma_query_segment_steps(int B, int T, int H, int hd) {
     return attention_mma_split_supports(hd) ? attention_mma_segment_steps((long long)B * H, attention_mma_tiles(T), 1)
                                             : 0;
+}
+// dK/dV's warps at a shape: 32 keys where the device has them (above) and the grid is large enough.
+// A 2-warp block issues from 2 of its SM's 4 schedulers at most, so a block takes about twice as long
+// as a 4-warp block's; where the heaviest blocks (the first key tiles, G·n steps) outlast a slot's
+// share of all the steps (at 4 blocks on each of an H100's 132 SMs) by more than 1.2x, they make the
+// kernel's tail, and 16 keys a warp finish first. The performance model's grid dispatch
+// (model/grid_dispatch.h) put the 32-key kernel at −18% at Llama-3.2-1B's 4 x 2048 (a heaviest block
+// of 1.0 shares), −13% at 2 x 4096 (1.02), −6% at 7 x 1024 (1.11), but +13% at 6 x 1024 (1.29) and
+// +47% at 2 x 2048 (2.0). Both give the same bits (each key row's products in the same order), so the
+// choice may follow the shape.
+inline constexpr long long kAttentionMmaWideSlots = 132 * 4;
+constexpr int attention_mma_dkv_row_tiles(int hd, size_t shared_per_block, int B, int T, int H, int Hkv) {
+    const long long n = attention_mma_tiles(T), G = H / Hkv;
+    const long long heaviest = G * n, steps = (long long)B * Hkv * G * (n * (n + 1) / 2);
+    return attention_mma_dkv_row_tiles(hd, shared_per_block) == 2 && 5 * heaviest * kAttentionMmaWideSlots <= 6 * steps
+               ? 2
+               : 1;
 }
 // Blocks (segments) of tile z: ceil(group·(n − z) / L), 1 unsplit (L = 0).
 constexpr int attention_mma_segments(int n, int z, int group, int L) {

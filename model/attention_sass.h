@@ -12,7 +12,8 @@
 // the dK/dV kernel with swizzled shared rows) and head dim: the instructions one warp issues per
 // trip of its tile loop (a 64-key tile of its 16 query rows in the forward, 32 in "forward-32rows",
 // whose warps own two 16-row tiles; a 64 x 64 tile pair in the backward kernels, their loop over the
-// tile's four 16-row chunks expanded, dQ's 16 query rows of it, 32 in "dq-32rows") and the HMMA among
+// tile's four 16-row chunks expanded, dK/dV's 16 keys of it, 32 in "dkv-32rows", dQ's 16 query rows,
+// 32 in "dq-32rows") and the HMMA among
 // them: through the body for tiles every row of the warp sees whole (interior), and through the
 // one with masks (a diagonal or document-boundary tile), and the registers per thread of the
 // instantiations programs run (ptxas), the one a block per tile and the one that splits a tile's
@@ -27,7 +28,8 @@ namespace pv {
 struct AttentionTileSass {
     int sass_arch;       // 90 (sm_90) or 80 (sm_80)
     const char* kernel;  // "forward", "forward-32rows" (the forward, warps of 32 rows), "dkv",
-                         // "dkv-swizzled" (the dK/dV kernel, rows swizzled), "dq" or "dq-32rows"
+                         // "dkv-32rows", "dkv-swizzled" (the dK/dV kernel, rows swizzled), "dq" or
+                         // "dq-32rows"
     int head_dim;
     int instructions;         // per warp and tile-loop trip, an interior tile
     int masked_instructions;  // per warp and tile-loop trip, a tile with masks
@@ -50,6 +52,7 @@ inline constexpr AttentionTileSass kAttentionTileSass[] = {
     {90, "dkv", 96, 738, 1029, 192, 255, 0},
     {90, "dkv", 112, 894, 1111, 224, 252, 0},
     {90, "dkv", 128, 869, 1075, 256, 251, 238},
+    {90, "dkv-32rows", 64, 978, 1405, 256, 245, 255},
     {90, "dkv-swizzled", 128, 1043, 1314, 256, 255, 246},
     {90, "dq", 32, 278, 506, 48, 100, 0},
     {90, "dq", 48, 341, 580, 72, 131, 0},
@@ -69,6 +72,7 @@ inline constexpr AttentionTileSass kAttentionTileSass[] = {
     {80, "dkv", 96, 763, 1026, 192, 255, 0},
     {80, "dkv", 112, 859, 1104, 224, 255, 0},
     {80, "dkv", 128, 840, 1072, 256, 254, 255},
+    {80, "dkv-32rows", 64, 941, 1380, 256, 255, 255},
     {80, "dkv-swizzled", 128, 961, 1323, 256, 255, 255},
     {80, "dq", 32, 282, 489, 48, 96, 0},
     {80, "dq", 48, 341, 557, 72, 130, 0},

@@ -319,6 +319,7 @@ AttentionBlock attention_block(const std::string& kernel, int hd) {
     if (kernel == "forward-32rows") return {attention_mma_threads(2), attention_mma_forward_smem_bytes(hd, 2)};
     if (kernel == "dq") return {attention_mma_threads(1), attention_mma_dq_smem_bytes(hd)};
     if (kernel == "dq-32rows") return {attention_mma_threads(2), attention_mma_dq_smem_bytes(hd)};
+    if (kernel == "dkv-32rows") return {attention_mma_threads(2), attention_mma_dkv_smem_bytes(hd)};
     return {kAttentionMmaThreads,
             attention_mma_dkv_smem_bytes(
                 hd, kernel == "dkv-swizzled" ? AttentionMmaRows::swizzled : AttentionMmaRows::padded)};
@@ -423,10 +424,10 @@ double mma_backward_pairs(int T) {
 // the D kernel, then attention_mma_dkv_kernel (q, k, v, dout, lse and D read, dk and dv written;
 // per score pair S, dP, dV and dK, P and dS in one bf16: 8·hd FLOPs) and attention_mma_dq_kernel
 // (the same reads, dq written; S, dP, dQ: 6·hd). Their blocks are those the device's shared memory
-// gives: the dK/dV rows padded or swizzled, dQ's warps of 16 or 32 rows.
-const char* attention_dkv_kind(int hd, const Device& d) {
-    return attention_mma_dkv_rows(hd, d.sm.shared_bytes_per_block) == AttentionMmaRows::swizzled ? "dkv-swizzled"
-                                                                                                 : "dkv";
+// gives: the dK/dV rows padded or swizzled, its warps of 16 or 32 keys, dQ's of 16 or 32 rows.
+const char* attention_dkv_kind(int hd, const Device& d, int B, int T, int H, int Hkv) {
+    if (attention_mma_dkv_rows(hd, d.sm.shared_bytes_per_block) == AttentionMmaRows::swizzled) return "dkv-swizzled";
+    return attention_mma_dkv_row_tiles(hd, d.sm.shared_bytes_per_block, B, T, H, Hkv) == 2 ? "dkv-32rows" : "dkv";
 }
 const char* attention_dq_kind(int hd, const Device& d) {
     return attention_mma_dq_row_tiles(hd, d.sm.shared_bytes_per_block) == 2 ? "dq-32rows" : "dq";
@@ -444,7 +445,7 @@ std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd,
     // Issue: every tile pair up to the diagonal, each of the block's warps (the chunks above the
     // diagonal that the warps skip are counted: n·6/16 of n(n+1)/2 pairs' inner-loop trips, 2% at
     // T = 2048).
-    set_attention_issue_now(k[1], attention_dkv_kind(hd, d), B, T, H, Hkv, hd, d.sass_arch);
+    set_attention_issue_now(k[1], attention_dkv_kind(hd, d, B, T, H, Hkv), B, T, H, Hkv, hd, d.sass_arch);
     set_attention_issue_now(k[2], attention_dq_kind(hd, d), B, T, H, Hkv, hd, d.sass_arch);
     k[1].issue_efficiency = k[2].issue_efficiency = attention_issue_efficiency().backward;
     // The splits (attention_mma_backward_split): a split kernel's split tiles' blocks write fp32

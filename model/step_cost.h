@@ -116,7 +116,7 @@ struct RooflineEfficiency {
 RooflineEfficiency roofline_efficiency(Roofline r);
 
 // The tensor-core attention kernels' issue-rate model. Instructions one warp issues per trip of a
-// kernel's tile loop ("forward", "forward-32rows", "dkv", "dkv-swizzled", "dq", "dq-32rows") at
+// kernel's tile loop ("forward", "forward-32rows", "dkv", "dkv-32rows", "dkv-swizzled", "dq", "dq-32rows") at
 // head dim hd in the SASS for sass_arch (Device::sass_arch), from model/attention_sass.h, through
 // an interior tile or (masked) one with masks (the diagonal's); 0 where the kernel has no such
 // instantiation (that head dim runs on the CUDA-core kernels).
@@ -129,7 +129,7 @@ double issue_seconds(double warp_instructions, double efficiency, const Device& 
 // its blocks cannot launch on the device.
 double issue_seconds(const KernelCost& k, const Device& d = {});
 // Registers per thread of a tensor-core attention kernel ("forward", "forward-32rows", "dkv",
-// "dkv-swizzled", "dq", "dq-32rows") at head dim hd in the SASS for sass_arch (model/attention_sass.h,
+// "dkv-32rows", "dkv-swizzled", "dq", "dq-32rows") at head dim hd in the SASS for sass_arch (model/attention_sass.h,
 // from ptxas), the instantiation a block per tile or, with split, the one that splits tiles into
 // segments; 0 where it has no such instantiation.
 int attention_kernel_registers(const std::string& kernel, int hd, int sass_arch = 90, bool split = false);
@@ -161,15 +161,15 @@ std::vector<KernelCost> attention_forward(int B, int T, int H, int Hkv, int hd, 
 // (kernels/attention_mma_blocks.h attention_mma_forward_row_tiles: hd 64 on an H100), else "forward".
 const char* attention_forward_kind(int hd, const Device& d = {});
 // A tensor-core attention kernel's block as launched (kernels/attention_mma_blocks.h): its threads
-// (every warp runs the tile loop once per 64×64 tile pair the block walks; "forward-32rows" and
-// "dq-32rows" 2 warps, the others 4) and dynamic shared memory.
+// (every warp runs the tile loop once per 64×64 tile pair the block walks; "forward-32rows",
+// "dkv-32rows" and "dq-32rows" 2 warps, the others 4) and dynamic shared memory.
 struct AttentionBlock {
     int threads = 0;
     size_t shared = 0;
 };
 AttentionBlock attention_block(const std::string& kernel, int hd);
 // Sets k's issue-bound figures for a tensor-core attention kernel ("forward", "forward-32rows", "dkv",
-// "dkv-swizzled", "dq", "dq-32rows": model/attention_sass.h) at this
+// "dkv-32rows", "dkv-swizzled", "dq", "dq-32rows": model/attention_sass.h) at this
 // shape: its blocks in launch order, heaviest first (attention_block's warps each, each running the
 // tile loop once per 64×64 tile pair the block walks, `interior` instructions a trip and `masked` for
 // the diagonal's), `registers` per thread and the kernel's shared memory per block. attention_forward
@@ -188,8 +188,10 @@ std::vector<KernelCost> attention_forward_cuda_cores(int B, int T, int H, int Hk
 std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions,
                                            const Device& d = {});
 // "dkv-swizzled" where the device's shared memory is too small for the padded dK/dV block
-// (kernels/attention_mma_blocks.h attention_mma_dkv_rows: hd 128 on sm_86/sm_89), else "dkv".
-const char* attention_dkv_kind(int hd, const Device& d = {});
+// (kernels/attention_mma_blocks.h attention_mma_dkv_rows: hd 128 on sm_86/sm_89), "dkv-32rows" where
+// the device runs dK/dV with warps of 32 keys at this shape (attention_mma_dkv_row_tiles: hd 64 on an
+// H100, a grid large enough), else "dkv".
+const char* attention_dkv_kind(int hd, const Device& d, int B, int T, int H, int Hkv);
 // "dq-32rows" where the device runs dQ with warps of 32 rows at head dim hd (attention_mma_dq_row_tiles:
 // hd 64 on an H100 or A100), else "dq".
 const char* attention_dq_kind(int hd, const Device& d = {});

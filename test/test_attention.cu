@@ -599,13 +599,14 @@ using bf16 = __nv_bfloat16;
 
 // dqkv from the tensor-core kernels called directly (the dot kernel, then the dK/dV and dQ
 // kernels), given the forward's out and lse: what attention_backward must produce when it
-// dispatches there. The dK/dV kernel's shared rows and dQ's row tiles a warp as named, else as the
-// device allows. The splits as named (segment steps, 0 none), else the shape's.
+// dispatches there. The dK/dV kernel's shared rows and dQ's and dK/dV's row tiles a warp as named,
+// else as the device allows. The splits as named (segment steps, 0 none), else the shape's.
 std::vector<bf16> mma_backward_direct(const std::vector<bf16>& qkv, const std::vector<bf16>& dout,
                                       const AttentionShape& s, const std::vector<int>* positions, const Run<bf16>& fwd,
                                       std::optional<pv::AttentionMmaRows> dkv_rows = std::nullopt,
                                       std::optional<pv::AttentionMmaSplit> split = std::nullopt,
-                                      std::optional<int> dq_row_tiles = std::nullopt) {
+                                      std::optional<int> dq_row_tiles = std::nullopt,
+                                      std::optional<int> dkv_row_tiles = std::nullopt) {
     const int B = int(s.B), T_len = int(s.T), H = int(s.H), Hkv = int(s.Hkv), hd = int(s.hd);
     DeviceArray<bf16> d_qkv(qkv), d_dout(dout), d_out(fwd.out), d_dqkv(qkv.size());
     DeviceArray<float> d_lse(fwd.lse), d_D(s.B * s.H * s.T);
@@ -617,10 +618,11 @@ std::vector<bf16> mma_backward_direct(const std::vector<bf16>& qkv, const std::v
     const int* pos = positions ? d_pos.get() : nullptr;
     pv::attention_backward_dot(d_out.get(), d_dout.get(), d_D.get(), B, T_len, H, hd, nullptr);
     const size_t shared = pv::device_shared_bytes_per_block();
-    if (dkv_rows || split || dq_row_tiles)
+    if (dkv_rows || split || dq_row_tiles || dkv_row_tiles)
         pv::attention_mma_backward(d_qkv.get(), pos, d_dout.get(), d_lse.get(), d_D.get(), d_dqkv.get(), B, T_len, H,
                                    Hkv, hd, nullptr, dkv_rows.value_or(pv::attention_mma_dkv_rows(hd, shared)), L,
-                                   d_partial.get(), dq_row_tiles.value_or(pv::attention_mma_dq_row_tiles(hd, shared)));
+                                   d_partial.get(), dq_row_tiles.value_or(pv::attention_mma_dq_row_tiles(hd, shared)),
+                                   dkv_row_tiles.value_or(pv::attention_mma_dkv_row_tiles(hd, shared)));
     else  // the blocks the device allows, the shape's split
         pv::attention_mma_backward(d_qkv.get(), pos, d_dout.get(), d_lse.get(), d_D.get(), d_dqkv.get(), B, T_len, H,
                                    Hkv, hd, nullptr, d_partial.get());
@@ -765,20 +767,21 @@ TEST_CASE("bf16 attention backward at hd 128 on a GPU with 99 KiB a block runs d
 
 // The devices the 32-row kernels are chosen for or not (kernels/attention_mma_blocks.h
 // attention_mma_row_tiles): the shared memory a block may have, and the row tiles a warp the
-// dispatch must give the forward and dQ at hd 64 there.
+// dispatch must give the forward, dQ and dK/dV at hd 64 there.
 struct RowTilesDevice {
     const char* name;
     size_t shared;
-    int forward, dq;
+    int forward, dq, dkv;
 };
 constexpr RowTilesDevice kRowTilesDevices[] = {
-    {"H100", 227 * 1024, 2, 2}, {"A100", 163 * 1024, 1, 2}, {"RTX 6000 Ada", 99 * 1024, 1, 1}};
+    {"H100", 227 * 1024, 2, 2, 2}, {"A100", 163 * 1024, 1, 2, 1}, {"RTX 6000 Ada", 99 * 1024, 1, 1, 1}};
 static_assert([] {
     for (const RowTilesDevice& d : kRowTilesDevices)
         if (pv::attention_mma_forward_row_tiles(64, d.shared) != d.forward ||
             pv::attention_mma_dq_row_tiles(64, d.shared) != d.dq ||
+            pv::attention_mma_dkv_row_tiles(64, d.shared) != d.dkv ||
             pv::attention_mma_forward_row_tiles(128, d.shared) != 1 ||
-            pv::attention_mma_dq_row_tiles(128, d.shared) != 1)
+            pv::attention_mma_dq_row_tiles(128, d.shared) != 1 || pv::attention_mma_dkv_row_tiles(128, d.shared) != 1)
             return false;
     return true;
 }());
@@ -794,6 +797,7 @@ void on_each_row_tiles_device(Check check) {
             REQUIRE(pv::device_shared_bytes_per_block() == d.shared);
             REQUIRE(pv::attention_mma_forward_row_tiles(64, pv::device_shared_bytes_per_block()) == d.forward);
             REQUIRE(pv::attention_mma_dq_row_tiles(64, pv::device_shared_bytes_per_block()) == d.dq);
+            REQUIRE(pv::attention_mma_dkv_row_tiles(64, pv::device_shared_bytes_per_block()) == d.dkv);
         }
         check(d);
     }
@@ -840,23 +844,34 @@ TEST_CASE(
     });
 }
 
-// dQ at hd 64 likewise: warps of 32 rows where an SM holds four of its blocks (the H100 and the
-// A100: its block is smaller than the forward's), of 16 on an sm_86/sm_89 GPU (99 KiB a block). Each
-// row's sums are the same products in the same order: called directly, unsplit and split, both give
-// the same bits; the public path gives them on each device; the fp64 reference is met.
-TEST_CASE("bf16 attention backward at hd 64: dQ's warps of 32 rows where an SM holds four blocks, bit for bit",
-          "[kernels][attention][documents]") {
+// dQ and dK/dV at hd 64 likewise: warps of 32 rows (dK/dV: keys) where an SM holds four of the
+// kernel's blocks (dQ on the H100 and the A100: its block is smaller than the forward's; dK/dV on the
+// H100 alone), of 16 elsewhere. Each row's sums are the same products in the same order: called
+// directly, unsplit and split, each pair gives the same bits; the public path gives them on each
+// device; the fp64 reference is met.
+TEST_CASE(
+    "bf16 attention backward at hd 64: dQ's and dK/dV's warps of 32 rows where an SM holds four blocks, bit "
+    "for bit",
+    "[kernels][attention][documents]") {
     on_row_tiles_inputs(2000, [](const AttentionShape& s, const std::vector<bf16>& qkv, const std::vector<bf16>& dout,
                                  const std::vector<int>* positions) {
         const Run<bf16> fwd = run(qkv, dout, s, positions);
-        const auto direct = [&](pv::AttentionMmaSplit split, int dq_row_tiles) {
-            return mma_backward_direct(qkv, dout, s, positions, fwd, pv::AttentionMmaRows::padded, split, dq_row_tiles);
+        const auto direct = [&](pv::AttentionMmaSplit split, int dq_row_tiles, int dkv_row_tiles) {
+            return mma_backward_direct(qkv, dout, s, positions, fwd, pv::AttentionMmaRows::padded, split, dq_row_tiles,
+                                       dkv_row_tiles);
         };
         const pv::AttentionMmaSplit shape_split = pv::attention_mma_backward_split(
             int(s.B), int(s.T), int(s.H), int(s.Hkv), int(s.hd));  // what the public path takes
-        const auto wide = direct(shape_split, 2);
-        REQUIRE(same_bits(wide, direct(shape_split, 1)));
-        REQUIRE(same_bits(direct({.dkv = 0, .dq = 2}, 2), direct({.dkv = 0, .dq = 2}, 1)));
+        const auto wide = direct(shape_split, 2, 2);
+        for (const auto& [dq, dkv] : {std::pair{1, 1}, std::pair{2, 1}, std::pair{1, 2}}) {
+            INFO("dQ row tiles " << dq << ", dK/dV row tiles " << dkv);
+            REQUIRE(same_bits(wide, direct(shape_split, dq, dkv)));
+        }
+        for (const pv::AttentionMmaSplit split :
+             {pv::AttentionMmaSplit{.dkv = 0, .dq = 2}, pv::AttentionMmaSplit{.dkv = 2, .dq = 0}}) {
+            INFO("split dK/dV " << split.dkv << ", dQ " << split.dq);
+            REQUIRE(same_bits(direct(split, 2, 2), direct(split, 1, 1)));
+        }
         on_each_row_tiles_device(
             [&](const RowTilesDevice&) { REQUIRE(same_bits(run(qkv, dout, s, positions).dqkv, wide)); });
         return fwd;
@@ -1030,11 +1045,19 @@ TEST_CASE("the tensor-core backward refuses row tiles it has no kernel for", "[.
     const auto dout = random_vector<bf16>(s.B * s.T * s.H * s.hd, 2102);
     mma_backward_direct(qkv, dout, s, nullptr, run(qkv, dout, s, nullptr), std::nullopt, std::nullopt, 2);
 }
+TEST_CASE("the tensor-core backward refuses dK/dV row tiles it has no kernel for", "[.refusal]") {
+    const AttentionShape s{1, 64, 2, 1, 128};
+    const auto qkv = random_vector<bf16>(s.B * s.T * s.width(), 2103);
+    const auto dout = random_vector<bf16>(s.B * s.T * s.H * s.hd, 2104);
+    mma_backward_direct(qkv, dout, s, nullptr, run(qkv, dout, s, nullptr), std::nullopt, std::nullopt, 1, 2);
+}
 TEST_CASE("attention's tensor-core launchers refuse warps of 32 rows at hd 128", "[kernels][attention]") {
     REQUIRE_DIES_WITH("the tensor-core forward refuses row tiles it has no kernel for",
                       "attention_mma_forward: no kernel with 2 row tiles a warp at head dim 128");
     REQUIRE_DIES_WITH("the tensor-core backward refuses row tiles it has no kernel for",
                       "attention_mma_backward: no dQ kernel with 2 row tiles a warp at head dim 128");
+    REQUIRE_DIES_WITH("the tensor-core backward refuses dK/dV row tiles it has no kernel for",
+                      "attention_mma_backward: no dK/dV kernel with 2 row tiles a warp at head dim 128");
 }
 
 TEST_CASE("attention's tensor-core kernels read shared memory without bank conflicts",

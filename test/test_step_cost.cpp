@@ -324,6 +324,7 @@ TEST_CASE("step cost: the attention SASS table covers the dispatch's head dims, 
         const std::string k = a.kernel;
         const double hmma_per_hd = k == "forward"          ? 1.0
                                    : k == "forward-32rows" ? 2.0
+                                   : k == "dkv-32rows"     ? 4.0
                                    : k.starts_with("dkv")  ? 2.0
                                    : k == "dq-32rows"      ? 3.0
                                                            : 1.5;
@@ -341,9 +342,9 @@ TEST_CASE("step cost: the attention SASS table covers the dispatch's head dims, 
         ++rows[a.sass_arch];
     }
     // The two architectures the CUDA build ships (the Makefile's SASS_ARCHS), each with every kernel:
-    // the forward and dQ with warps of 32 rows at hd 64 and the swizzled dK/dV at hd 128
+    // the forward, dK/dV and dQ with warps of 32 rows at hd 64 and the swizzled dK/dV at hd 128
     // (kernels/attention_mma_blocks.h).
-    CHECK(rows == std::map<int, int>{{80, 2 + 1 + 2 * 7 + 1 + 1}, {90, 2 + 1 + 2 * 7 + 1 + 1}});
+    CHECK(rows == std::map<int, int>{{80, 2 + 1 + 2 * 7 + 1 + 1 + 1}, {90, 2 + 1 + 2 * 7 + 1 + 1 + 1}});
     for (int arch : {80, 90}) {
         INFO("sm_" << arch);
         for (int hd = 32; hd <= 128; hd += 16)
@@ -353,13 +354,14 @@ TEST_CASE("step cost: the attention SASS table covers the dispatch's head dims, 
         for (int hd = 32; hd <= 128; hd += 16) {  // 32 rows a warp where some device runs them: hd 64
             CHECK((pv::attention_tile_instructions("forward-32rows", hd, false, arch) > 0) == (hd == 64));
             CHECK((pv::attention_tile_instructions("dq-32rows", hd, false, arch) > 0) == (hd == 64));
+            CHECK((pv::attention_tile_instructions("dkv-32rows", hd, false, arch) > 0) == (hd == 64));
         }
         for (int hd = 32; hd <= 128; hd += 16) {
             CHECK(pv::attention_tile_instructions("dkv", hd, false, arch) > 0);
             CHECK(pv::attention_tile_instructions("dq", hd, false, arch) > 0);
         }
         // The masked body does what the interior one does, and masks.
-        for (const char* k : {"forward", "forward-32rows", "dkv", "dkv-swizzled", "dq", "dq-32rows"})
+        for (const char* k : {"forward", "forward-32rows", "dkv", "dkv-32rows", "dkv-swizzled", "dq", "dq-32rows"})
             for (int hd = 32; hd <= 128; hd += 16)
                 if (pv::attention_tile_instructions(k, hd, false, arch) > 0) {
                     INFO(k << " hd " << hd);
@@ -518,6 +520,34 @@ TEST_CASE("step cost: an attention grid's blocks and their time", "[step_cost]")
     CHECK(b[1].blocks[0].blocks == 2 * 2);
     CHECK(b[1].blocks[0].work == 4.0 * 2 * (Ik + Mk));  // key tile 0: query tiles 0 and 1, two heads
     CHECK(b[1].blocks[1].work == 4.0 * 2 * Mk);
+    CHECK(b[1].block_threads == 128);
+    // On the H100 at hd 64, where the grid is large enough (its heaviest block, G·n steps, at most
+    // 1.2x a slot's share of the steps over 132 SMs x 4 blocks), 2 warps of 32 keys: its block's
+    // shared memory the same (K, V, two Q and two dO tiles, two buffers of 64 lse, D and window
+    // starts). 1B at 4 x 2048: 4·32 = 128 steps against 4·8·4·528 / 528 = 128; at 3 x 2048 against 96.
+    CHECK(pv::attention_mma_dkv_row_tiles(64, 227 * 1024, 4, 2048, 32, 8) == 2);
+    CHECK(pv::attention_mma_dkv_row_tiles(64, 227 * 1024, 3, 2048, 32, 8) == 1);
+    CHECK(pv::attention_mma_dkv_row_tiles(64, 227 * 1024, 2, 4096, 32, 8) == 2);  // 256 against 252
+    CHECK(pv::attention_mma_dkv_row_tiles(64, 227 * 1024, 1, 4096, 32, 8) == 1);  // 256 against 126
+    const pv::KernelCost wide = pv::cost::attention_backward(4, 2048, 32, 8, 64, 2, 4, false)[1];
+    const int Iw = pv::attention_tile_instructions("dkv-32rows", 64),
+              Mw = pv::attention_tile_instructions("dkv-32rows", 64, true);
+    CHECK(wide.blocks[0].blocks == 4 * 8);
+    CHECK(wide.blocks[0].work == 2.0 * 4 * (31 * Iw + Mw));  // key tile 0: 32 query tiles, 4 heads
+    CHECK(wide.block_threads == 64);
+    CHECK(wide.block_registers == pv::attention_kernel_registers("dkv-32rows", 64));
+    CHECK(wide.block_shared == 6 * 64 * 72 * 2 + 2 * 64 * 12);
+    // Four such blocks take 231,424 bytes with their reserves: an H100's SM holds them, an A100's
+    // 164 KiB not (there and on sm_86/sm_89 4 warps of 16 keys, in the sm_80 code); hd 128 keeps 16.
+    CHECK(pv::attention_mma_dkv_row_tiles(64, 227 * 1024) == 2);
+    CHECK(pv::attention_mma_dkv_row_tiles(64, 163 * 1024) == 1);
+    CHECK(pv::attention_mma_dkv_row_tiles(64, 99 * 1024) == 1);
+    CHECK(pv::attention_mma_dkv_row_tiles(128, 227 * 1024) == 1);
+    CHECK(pv::attention_mma_dkv_row_tiles(64, 163 * 1024, 4, 2048, 32, 8) == 1);
+    CHECK(pv::attention_mma_dkv_row_tiles(128, 227 * 1024, 4, 2048, 32, 8) == 1);
+    const pv::KernelCost ka = pv::cost::attention_backward(4, 2048, 32, 8, 64, 2, 4, false, ada)[1];
+    CHECK(ka.block_threads == 128);
+    CHECK(ka.block_registers == pv::attention_kernel_registers("dkv", 64, 80));
     // dQ: a block per (query tile, head, batch), on the H100 at hd 64 2 warps of 32 rows (its block's
     // shared memory the same: two K and two V tiles, 76 ints); query tile 1 (the heavier, first)
     // walks an interior and a diagonal key tile, query tile 0 the diagonal.
@@ -698,7 +728,7 @@ TEST_CASE("step cost: a small grid's tiles split into segments, priced block by 
 // table entry's instructions over the issue rate (issue, not bytes or the tensor peak, binds), so
 // fewer instructions per trip predict proportionally less time. Per (batch, head) the n diagonal
 // tile pairs run the masked body and the other n(n−1)/2 the interior one (each by 4 warps; the
-// forward's and dQ's by 2 at hd 64 on the H100, each trip 32 rows).
+// forward's, dK/dV's and dQ's by 2 at hd 64 on the H100, each trip 32 rows).
 TEST_CASE("step cost: a tensor-core attention kernel's time follows its SASS instructions", "[step_cost]") {
     const pv::IssueEfficiency e = pv::attention_issue_efficiency();
     const double n = 2048 / 64, interior_trips = 4 * n * (n - 1) / 2 * 4 * 32, diagonal_trips = 4 * n * 4 * 32;
@@ -724,7 +754,8 @@ TEST_CASE("step cost: a tensor-core attention kernel's time follows its SASS ins
     CHECK(pv::predicted_seconds(fewer) == Approx(pv::predicted_seconds(f) / 2).epsilon(1e-12));
     const auto b = pv::cost::attention_backward(4, 2048, 32, 8, 64, 2, 4, false);
     REQUIRE(b.size() == 3);
-    CHECK(b[1].warp_instructions == trips("dkv"));
+    CHECK(std::string(pv::cost::attention_dkv_kind(64, pv::Device{}, 4, 2048, 32, 8)) == "dkv-32rows");
+    CHECK(b[1].warp_instructions == trips("dkv-32rows"));
     CHECK(std::string(pv::cost::attention_dq_kind(64)) == "dq-32rows");
     CHECK(b[2].warp_instructions == trips("dq-32rows"));
     CHECK(b[1].issue_efficiency == e.backward);

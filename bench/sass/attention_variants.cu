@@ -34,6 +34,11 @@ namespace pv {
     template __global__ void attention_mma_dq_kernel<HD, PATH, false, 2>(                                             \
         const __nv_bfloat16*, const int*, const __nv_bfloat16*, const float*, const float*, __nv_bfloat16*, int, int, \
         int, int, float*, int);
+// dK/dV with warps of 32 keys (attention_mma_dkv_row_tiles gives 2 on some device at hd 64).
+#define POLEVAULT_ATTENTION_DKV_32_ROWS_BODY(HD, PATH)                                                                \
+    template __global__ void attention_mma_dkv_kernel<HD, PATH, AttentionMmaRows::padded, false, 2>(                  \
+        const __nv_bfloat16*, const int*, const __nv_bfloat16*, const float*, const float*, __nv_bfloat16*, int, int, \
+        int, int, float*, int);
 #define POLEVAULT_ATTENTION_FORWARD_BODIES(HD) \
     POLEVAULT_ATTENTION_FORWARD_BODY(HD, 1)    \
     POLEVAULT_ATTENTION_FORWARD_BODY(HD, 2)
@@ -47,6 +52,8 @@ POLEVAULT_ATTENTION_FORWARD_32_ROWS_BODY(64, 1)
 POLEVAULT_ATTENTION_FORWARD_32_ROWS_BODY(64, 2)
 POLEVAULT_ATTENTION_DQ_32_ROWS_BODY(64, 1)
 POLEVAULT_ATTENTION_DQ_32_ROWS_BODY(64, 2)
+POLEVAULT_ATTENTION_DKV_32_ROWS_BODY(64, 1)
+POLEVAULT_ATTENTION_DKV_32_ROWS_BODY(64, 2)
 POLEVAULT_ATTENTION_BACKWARD_BODIES(32)
 POLEVAULT_ATTENTION_BACKWARD_BODIES(48)
 POLEVAULT_ATTENTION_BACKWARD_BODIES(64)

@@ -37,9 +37,9 @@ std::string base_name(const std::string& demangled) {
     return s;
 }
 
-// Runs `work` under the meter and checks its launches, in order, against `predicted`.
+// Runs `work` under the meter and checks its launches, in order, against `predicted`; returns them.
 template <class F>
-void check_traffic(const std::vector<KernelCost>& predicted, F&& work) {
+std::vector<LaunchTraffic> check_traffic(const std::vector<KernelCost>& predicted, F&& work) {
     CUDA_CHECK(cudaDeviceSynchronize());
     pv::host::access_meter_start();
     work();
@@ -53,6 +53,7 @@ void check_traffic(const std::vector<KernelCost>& predicted, F&& work) {
         CHECK(double(got[i].written_bytes) == predicted[i].written_bytes);
         CHECK(got[i].accessed_bytes >= got[i].read_bytes + got[i].written_bytes);
     }
+    return got;
 }
 
 template <class T>
@@ -209,6 +210,33 @@ TEST_CASE("the split forward, dK/dV and dQ move the bytes the model says", "[tra
             pv::attention_backward(qkv.get(), p, out.get(), dout.get(), lse.get(), dqkv.get(), scratch.get(), B, T, H,
                                    Hkv, hd, nullptr);
         });
+    }
+}
+
+// dK/dV with warps of 32 keys (kernels/attention_mma_blocks.h attention_mma_dkv_row_tiles) runs where
+// the device holds four of its 2-warp blocks an SM (the host reports an H100's shared memory) and the
+// grid is large enough: 480 one-tile (batch, KV head) rows, the heaviest block's one step against a
+// slot's share of 480 / 528. There the model prices that kernel and the public path launches it (the
+// launch's template arguments name its row tiles), moving the bytes the model says; a grid half as
+// large keeps 16 keys in both.
+TEST_CASE("dK/dV's warps of 32 keys: where the model prices them, the public path launches them", "[traffic]") {
+    const int T = 64, H = 8, Hkv = 8, hd = 64;
+    for (const int B : {60, 30}) {
+        INFO("B " << B);
+        const int row_tiles = pv::attention_mma_dkv_row_tiles(hd, pv::device_shared_bytes_per_block(), B, T, H, Hkv);
+        REQUIRE(row_tiles == (B == 60 ? 2 : 1));
+        CHECK(std::string(pv::cost::attention_dkv_kind(hd, pv::Device{}, B, T, H, Hkv)) ==
+              (row_tiles == 2 ? "dkv-32rows" : "dkv"));
+        AttentionBuffers x(B, T, H, Hkv, hd, 23);
+        const std::vector<KernelCost> predicted = pv::cost::attention_backward(B, T, H, Hkv, hd, t, a, false);
+        const std::vector<LaunchTraffic> got = check_traffic(predicted, [&] {
+            pv::attention_backward(x.qkv.get(), nullptr, x.out.get(), x.dout.get(), x.lse.get(), x.dqkv.get(),
+                                   x.scratch.get(), B, T, H, Hkv, hd, nullptr);
+        });
+        REQUIRE(got.size() == 3);
+        INFO(got[1].kernel);
+        CHECK(base_name(got[1].kernel) == "attention_mma_dkv_kernel");
+        CHECK(got[1].kernel.find("false, " + std::to_string(row_tiles) + ">(") != std::string::npos);
     }
 }
 
