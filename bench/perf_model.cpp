@@ -4,9 +4,11 @@
 // each data-parallel strategy's communication (parallel/comm_cost.h, the comm counters' figures)
 // at NVLink and at 100 Gb/s Ethernet; one rank's step under --tp; and the dK/dV kernel's time per
 // layer at small grids, one block a key tile against its key tiles split into segments
-// (kernels/attention_mma_blocks.h). Predictions, not measurements: no GPU runs here.
+// (kernels/attention_mma_blocks.h); and dK/dV's time per layer at hd 64 with warps of 16 and of 32
+// keys, the width the shape takes beside the other. Predictions, not measurements: no GPU runs here.
 //
 //   build/<flavour>/bench/perf_model [--kernels]    (--kernels: the per-kernel table too)
+#include "kernels/attention_mma_blocks.h"
 #include "model/config.h"
 #include "model/llama.h"
 #include "model/step_cost.h"
@@ -225,6 +227,40 @@ int main(int argc, char** argv) {
                 split.dkv ? &k[2] : nullptr);
             const size_t dq = split.dkv ? 3 : 2;
             row(cost::attention_dq_kind(x.hd), "dQ", k[dq], split.dq, split.dq ? &k[dq + 1] : nullptr);
+        }
+    }
+    {  // dK/dV's warps at hd 64 on this device: 16 or 32 keys, chosen per shape (attention_mma_dkv_row_tiles)
+        std::printf(
+            "\n## dK/dV's warps at hd 64: 16 or 32 keys by the shape, per layer\n\n"
+            "32 keys where the heaviest block's steps are at most 1.2x a slot's share of all the steps "
+            "(%lld slots: 4 blocks on each of 132 SMs); both widths priced by the grid dispatch.\n\n"
+            "| B x T, H / Hkv | heaviest block / a slot's share | 16 keys (ms) | 32 keys (ms) | 32 / 16 | "
+            "taken |\n|---|---:|---:|---:|---:|---:|\n",
+            kAttentionMmaWideSlots);
+        struct Shape {
+            int B, T, H, Hkv;
+        };
+        const int hd = 64;
+        for (const Shape& x :
+             {Shape{8, 2048, 32, 8}, Shape{6, 2048, 32, 8}, Shape{4, 2048, 32, 8}, Shape{2, 4096, 32, 8},
+              Shape{1, 8192, 32, 8}, Shape{1, 12288, 32, 8}, Shape{7, 1024, 32, 8}, Shape{6, 1024, 32, 8},
+              Shape{3, 2048, 32, 8}, Shape{2, 2048, 32, 8}, Shape{1, 2048, 32, 8}}) {
+            const long long n = attention_mma_tiles(x.T), G = x.H / x.Hkv;
+            const double share = double(x.B) * x.Hkv * G * (n * (n + 1) / 2) / double(kAttentionMmaWideSlots);
+            const bool split = attention_mma_backward_split(x.B, x.T, x.H, x.Hkv, hd).dkv > 0;
+            double ms[2];
+            for (int w = 0; w < 2; ++w) {
+                const char* kind = w ? "dkv-32rows" : "dkv";
+                KernelCost k = cost::attention_backward(x.B, x.T, x.H, x.Hkv, hd, 2, 4, false, d)[1];
+                cost::set_attention_issue(k, kind, x.B, x.T, x.H, x.Hkv, hd, attention_tile_instructions(kind, hd),
+                                          attention_tile_instructions(kind, hd, true),
+                                          attention_kernel_registers(kind, hd, d.sass_arch, split));
+                ms[w] = predicted_seconds(k) * 1e3;
+            }
+            std::printf(
+                "| %d x %d, %d / %d%s | %.2f | %.3f | %.3f | %+.1f%% | %s |\n", x.B, x.T, x.H, x.Hkv,
+                split ? " (split)" : "", double(G * n) / share, ms[0], ms[1], 100 * (ms[1] / ms[0] - 1),
+                std::string(cost::attention_dkv_kind(hd, d, x.B, x.T, x.H, x.Hkv)) == "dkv-32rows" ? "32" : "16");
         }
     }
     return 0;
