@@ -50,19 +50,29 @@ trap 'rm -rf "$work"' EXIT
 flags=(-x cu -std=c++20 -O2 -I. -isystem "$CUDA_HOME/include")
 # Each source's object and ptxas log; the reports below read them together. (One compile per
 # source: the launch bounds come from the object's ELF below, not from a second pass to PTX.)
-: > "$work/ptxas.log"
-for i in "${!sources[@]}"; do
-  "${NVCC[@]}" "${flags[@]}" -gencode arch=compute_90,code=sm_90 -Xptxas -v -c "${sources[$i]}" -o "$work/k$i.o" \
-    2>> "$work/ptxas.log"
-done
+# The compiles run at once: each is single-threaded and about as long as the others (40-50 s cold
+# on a 2-core machine at -O2), and `make -j2 everything sass-check` starts this script only when
+# its last other job has started, so compiled one after another they were a tail with one core idle.
+# A compile that fails shows its own output.
+compiles=()  # "PID<TAB>LOG"
+compile() {  # ARCH SOURCE OBJECT LOG
+  "${NVCC[@]}" "${flags[@]}" -gencode "arch=compute_$1,code=sm_$1" -Xptxas -v -c "$2" -o "$3" 2> "$4" &
+  compiles+=("$!"$'\t'"$4")
+}
+for i in "${!sources[@]}"; do compile 90 "${sources[$i]}" "$work/k$i.o" "$work/ptxas$i.log"; done
 # The attention kernels for sm_80 as well, when their single-body variants are among the sources.
 sm80_source=bench/sass/attention_variants.cu
 sm80=false
 for source in "${sources[@]}"; do [[ "$source" == "$sm80_source" ]] && sm80=true; done
-if $sm80; then
-  "${NVCC[@]}" "${flags[@]}" -gencode arch=compute_80,code=sm_80 -Xptxas -v -c "$sm80_source" -o "$work/a80.o" \
-    2> "$work/ptxas80.log"
-fi
+if $sm80; then compile 80 "$sm80_source" "$work/a80.o" "$work/ptxas-sm80.log"; fi
+compile_failed=false
+for c in "${compiles[@]}"; do
+  if ! wait "${c%%$'\t'*}"; then
+    cat "${c#*$'\t'}" >&2; compile_failed=true
+  fi
+done
+if $compile_failed; then echo "ptxas-report: a compile failed (above)" >&2; exit 1; fi
+for i in "${!sources[@]}"; do cat "$work/ptxas$i.log"; done > "$work/ptxas.log"
 
 # cuobjdump (and the nvdisasm it runs): from $CUOBJDUMP, or pinned wheels in a virtual environment
 # in build/sass-tools (Debian's python3 has no pip of its own; python3-venv gives the environment one).
@@ -114,7 +124,7 @@ kernel_table() {  # LOG BOUNDS SASS_SUMMARY
   }' "$1" | sort -u
 }
 kernel_table "$work/ptxas.log" "$work/bounds" "$work/sass" > "$work/table"
-if $sm80; then kernel_table "$work/ptxas80.log" /dev/null /dev/null > "$work/table80"; fi
+if $sm80; then kernel_table "$work/ptxas-sm80.log" /dev/null /dev/null > "$work/table80"; fi
 
 failures=0
 printf "%-6s %5s %8s %6s %7s %9s %10s %5s %8s  %s\n" "dtype" "regs" "smem(B)" "spill" "bounds" "warps/SM" "blocks/SM" "HMMA" "LDG.128" "kernel (sm_90)"
