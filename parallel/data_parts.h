@@ -6,9 +6,9 @@
 // the strategy it is built on.
 #pragma once
 
-#include <vector>
-
 #include "model/llama.h"
+
+#include <vector>
 
 namespace pv {
 
