@@ -5,7 +5,8 @@
 // at NVLink and at 100 Gb/s Ethernet; one rank's step under --tp; and the dK/dV kernel's time per
 // layer at small grids, one block a key tile against its key tiles split into segments
 // (kernels/attention_mma_blocks.h); and dK/dV's time per layer at hd 64 with warps of 16 and of 32
-// keys, the width the shape takes beside the other. Predictions, not measurements: no GPU runs here.
+// keys, the width the shape takes beside the other; and where dK/dV splits, its time at other segment
+// lengths than the rule's. Predictions, not measurements: no GPU runs here.
 //
 //   build/<flavour>/bench/perf_model [--kernels]    (--kernels: the per-kernel table too)
 #include "kernels/attention_mma_blocks.h"
@@ -44,6 +45,12 @@ int filling_batch(const LlamaConfig& c, const std::string& strategy, int ranks, 
     }
     return best;
 }
+
+// An attention shape of the tables below: batch, sequence, query and KV heads, head dim.
+struct AttentionShape {
+    const char* name;
+    int B, T, H, Hkv, hd;
+};
 
 // Kernels grouped by op (their launches summed), before and now.
 void print_kernels(const StepShape& s) {
@@ -191,15 +198,13 @@ int main(int argc, char** argv) {
             "| shape | H / Hkv, hd | kernel | segment steps | blocks, one a tile | time (ms) | blocks, "
             "split | time (ms) | merge (ms) | partials (MB) |\n"
             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n");
-        struct Shape {
-            const char* name;
-            int B, T, H, Hkv, hd;
-        };
-        for (const Shape& x :
-             {Shape{"8B, 1 x 2048", 1, 2048, 32, 8, 128}, Shape{"1B, 1 x 2048", 1, 2048, 32, 8, 64},
-              Shape{"8B --tp 8, 1 x 4096", 1, 4096, 4, 1, 128}, Shape{"8B --tp 8, 1 x 8192", 1, 8192, 4, 1, 128},
-              Shape{"70B --tp 8, 1 x 4096", 1, 4096, 8, 1, 128}, Shape{"1B, 4 x 2048", 4, 2048, 32, 8, 64},
-              Shape{"70B, 1 x 4096", 1, 4096, 64, 8, 128}}) {
+        for (const AttentionShape& x :
+             {AttentionShape{"8B, 1 x 2048", 1, 2048, 32, 8, 128}, AttentionShape{"1B, 1 x 2048", 1, 2048, 32, 8, 64},
+              AttentionShape{"8B --tp 8, 1 x 4096", 1, 4096, 4, 1, 128},
+              AttentionShape{"8B --tp 8, 1 x 8192", 1, 8192, 4, 1, 128},
+              AttentionShape{"70B --tp 8, 1 x 4096", 1, 4096, 8, 1, 128},
+              AttentionShape{"1B, 4 x 2048", 4, 2048, 32, 8, 64},
+              AttentionShape{"70B, 1 x 4096", 1, 4096, 64, 8, 128}}) {
             const std::vector<KernelCost> forward = cost::attention_forward(x.B, x.T, x.H, x.Hkv, x.hd, 2, 4, false);
             const std::vector<KernelCost> k = cost::attention_backward(x.B, x.T, x.H, x.Hkv, x.hd, 2, 4, false);
             const AttentionMmaSplit split = attention_mma_backward_split(x.B, x.T, x.H, x.Hkv, x.hd);
@@ -261,6 +266,37 @@ int main(int argc, char** argv) {
                 "| %d x %d, %d / %d%s | %.2f | %.3f | %.3f | %+.1f%% | %s |\n", x.B, x.T, x.H, x.Hkv,
                 split ? " (split)" : "", double(G * n) / share, ms[0], ms[1], 100 * (ms[1] / ms[0] - 1),
                 std::string(cost::attention_dkv_kind(hd, d, x.B, x.T, x.H, x.Hkv)) == "dkv-32rows" ? "32" : "16");
+        }
+    }
+    {  // dK/dV's segment length where a grid splits: the rule's (a third of a slot's share) against others
+        std::printf(
+            "\n## dK/dV's segment length on small grids, per layer\n\nThe dK/dV kernel and the one that "
+            "sums its partials, their tiles cut into segments of at most L steps: the rule's L (a third of "
+            "a slot's share at %lld slots), half a share and a whole one, and one block a tile.\n\n"
+            "| shape | H / Hkv, hd | a slot's share (steps) | L = share / 3 (the rule) | L = share / 2 | "
+            "L = share | unsplit |\n|---|---|---:|---:|---:|---:|---:|\n",
+            kAttentionSplitBalanceSlots);
+        for (const AttentionShape& x :
+             {AttentionShape{"8B, 1 x 1024", 1, 1024, 32, 8, 128}, AttentionShape{"8B, 1 x 2048", 1, 2048, 32, 8, 128},
+              AttentionShape{"1B, 1 x 2048", 1, 2048, 32, 8, 64},
+              AttentionShape{"8B --tp 2, 1 x 2048", 1, 2048, 16, 4, 128},
+              AttentionShape{"8B --tp 4, 1 x 4096", 1, 4096, 8, 2, 128},
+              AttentionShape{"8B --tp 8, 1 x 4096", 1, 4096, 4, 1, 128},
+              AttentionShape{"8B --tp 8, 1 x 8192", 1, 8192, 4, 1, 128},
+              AttentionShape{"70B --tp 8, 1 x 4096", 1, 4096, 8, 1, 128}}) {
+            const long long n = attention_mma_tiles(x.T), G = x.H / x.Hkv;
+            const long long share = (long long)x.B * x.Hkv * G * (n * (n + 1) / 2) / kAttentionSplitBalanceSlots;
+            const int rule = attention_mma_dkv_segment_steps(x.B, x.T, x.H, x.Hkv, x.hd);
+            // The kernel and, where it splits, the sum of its partials after it.
+            const auto ms = [&](int L) {
+                const std::vector<KernelCost> k =
+                    cost::attention_backward(x.B, x.T, x.H, x.Hkv, x.hd, 2, 4, false, d, L);
+                double s = predicted_seconds(k[1]);
+                if (k[2].op == "attention backward: dK, dV partials summed") s += predicted_seconds(k[2]);
+                return s * 1e3;
+            };
+            std::printf("| %s | %d / %d, %d | %lld | %.3f ms (L %d) | %.3f ms | %.3f ms | %.3f ms |\n", x.name, x.H,
+                        x.Hkv, x.hd, share, ms(rule), rule, ms(int(share / 2)), ms(int(share)), ms(0));
         }
     }
     return 0;

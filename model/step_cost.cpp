@@ -340,9 +340,12 @@ void set_attention_issue(KernelCost& k, const char* kernel, int B, int T, int H,
 namespace {
 // Today's kernels in the SASS for sass_arch (model/attention_sass.h): where the shape splits the
 // kernel's tiles, its kSplit instantiation's registers.
-void set_attention_issue_now(KernelCost& k, const char* kernel, int B, int T, int H, int Hkv, int hd, int sass_arch) {
-    const int L = std::string_view(kernel).starts_with("dkv") ? attention_mma_dkv_segment_steps(B, T, H, Hkv, hd)
-                                                              : attention_mma_query_segment_steps(B, T, H, hd);
+// L: the segment length, −1 the shape's (attention_mma_dkv_segment_steps, attention_mma_query_segment_steps).
+void set_attention_issue_now(KernelCost& k, const char* kernel, int B, int T, int H, int Hkv, int hd, int sass_arch,
+                             int L = -1) {
+    if (L < 0)
+        L = std::string_view(kernel).starts_with("dkv") ? attention_mma_dkv_segment_steps(B, T, H, Hkv, hd)
+                                                        : attention_mma_query_segment_steps(B, T, H, hd);
     set_attention_issue(k, kernel, B, T, H, Hkv, hd, attention_tile_instructions(kernel, hd, false, sass_arch),
                         attention_tile_instructions(kernel, hd, true, sass_arch),
                         attention_kernel_registers(kernel, hd, sass_arch, L > 0), L);
@@ -433,7 +436,7 @@ const char* attention_dq_kind(int hd, const Device& d) {
     return attention_mma_dq_row_tiles(hd, d.sm.shared_bytes_per_block) == 2 ? "dq-32rows" : "dq";
 }
 std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions,
-                                           const Device& d) {
+                                           const Device& d, int dkv_segment_steps) {
     const double rows = double(B) * T, qo = rows * H * hd * t, kv = rows * Hkv * hd * t, stats = rows * H * a;
     const double pos = positions ? rows * 4 : 0, pairs = mma_backward_pairs(T) * B * H;
     std::vector<KernelCost> k = {
@@ -445,13 +448,14 @@ std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd,
     // Issue: every tile pair up to the diagonal, each of the block's warps (the chunks above the
     // diagonal that the warps skip are counted: n·6/16 of n(n+1)/2 pairs' inner-loop trips, 2% at
     // T = 2048).
-    set_attention_issue_now(k[1], attention_dkv_kind(hd, d, B, T, H, Hkv), B, T, H, Hkv, hd, d.sass_arch);
+    AttentionMmaSplit split = attention_mma_backward_split(B, T, H, Hkv, hd);
+    if (dkv_segment_steps >= 0) split.dkv = dkv_segment_steps;
+    set_attention_issue_now(k[1], attention_dkv_kind(hd, d, B, T, H, Hkv), B, T, H, Hkv, hd, d.sass_arch, split.dkv);
     set_attention_issue_now(k[2], attention_dq_kind(hd, d), B, T, H, Hkv, hd, d.sass_arch);
     k[1].issue_efficiency = k[2].issue_efficiency = attention_issue_efficiency().backward;
     // The splits (attention_mma_backward_split): a split kernel's split tiles' blocks write fp32
     // partials (the rows before T of each slot) instead of bf16 rows, which attention_mma_reduce_kernel,
     // launched after it, reads and sums into them.
-    const AttentionMmaSplit split = attention_mma_backward_split(B, T, H, Hkv, hd);
     add_partials_kernel(k, 2, split_bytes(T, 1, split.dq, true, double(B) * H, 4.0 * hd, double(hd) * t),
                         "attention_mma_reduce_kernel", "attention backward: dQ partials summed");
     add_partials_kernel(k, 1, split_bytes(T, H / Hkv, split.dkv, false, double(B) * Hkv, 2 * 4.0 * hd, 2.0 * hd * t),

@@ -184,9 +184,11 @@ std::vector<KernelCost> attention_forward_cuda_cores(int B, int T, int H, int Hk
                                                      bool positions);
 // bf16 at a head dim that is a multiple of 16 from 32 to 128: the D kernel and the tensor-core kernels
 // with the blocks the device's shared memory gives them (attention_dkv_kind, attention_dq_kind), their
-// issue priced from the SASS it runs (Device::sass_arch).
+// issue priced from the SASS it runs (Device::sass_arch). dkv_segment_steps: dK/dV's tiles cut into
+// segments of at most that many steps (0: one block a tile), in place of the shape's split (−1,
+// attention_mma_dkv_segment_steps): how perf_model prices other segment lengths.
 std::vector<KernelCost> attention_backward(int B, int T, int H, int Hkv, int hd, int t, int a, bool positions,
-                                           const Device& d = {});
+                                           const Device& d = {}, int dkv_segment_steps = -1);
 // "dkv-swizzled" where the device's shared memory is too small for the padded dK/dV block
 // (kernels/attention_mma_blocks.h attention_mma_dkv_rows: hd 128 on sm_86/sm_89), "dkv-32rows" where
 // the device runs dK/dV with warps of 32 keys at this shape (attention_mma_dkv_row_tiles: hd 64 on an

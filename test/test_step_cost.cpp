@@ -724,6 +724,41 @@ TEST_CASE("step cost: a small grid's tiles split into segments, priced block by 
     CHECK(pv::cost::attention_forward(4, 1024, 32, 8, hd, 2, 4, false).size() == 1);
 }
 
+// perf_model prices dK/dV at segment lengths other than the shape's (its table "dK/dV's segment
+// length on small grids"): at the shape above, L = 31 (a slot's whole share) gives key tile z
+// ceil(4(64 − z) / 31) blocks, the partials of the tiles cut in more than one, and dQ as before; −1
+// is the shape's own split and 0 one block a tile (no reduce kernel after dK/dV).
+TEST_CASE("step cost: dK/dV priced at another segment length", "[step_cost]") {
+    const int B = 1, T = 4096, H = 4, Hkv = 1, hd = 128, n = 64, G = 4, L = 31;
+    const auto shape = pv::cost::attention_backward(B, T, H, Hkv, hd, 2, 4, false);
+    const auto own = pv::cost::attention_backward(B, T, H, Hkv, hd, 2, 4, false, {}, -1);
+    REQUIRE(own.size() == shape.size());
+    for (size_t i = 0; i < own.size(); ++i) CHECK(pv::predicted_seconds(own[i]) == pv::predicted_seconds(shape[i]));
+    const auto other = pv::cost::attention_backward(B, T, H, Hkv, hd, 2, 4, false, {}, L);
+    REQUIRE(other.size() == 5);  // D, dK/dV, its reduce, dQ (the shape's split), its reduce
+    long long blocks = 0, slots = 0, split_tiles = 0;
+    for (int z = 0; z < n; ++z) {
+        const int segments = (G * (n - z) + L - 1) / L;
+        blocks += segments;
+        if (segments > 1) slots += segments, ++split_tiles;
+    }
+    long long priced = 0;
+    for (const pv::BlockRun& r : other[1].blocks) priced += r.blocks;
+    CHECK(priced == blocks);
+    CHECK(other[1].warp_instructions == shape[1].warp_instructions);  // the same steps, other blocks
+    CHECK(other[1].block_registers == pv::attention_kernel_registers("dkv", hd, 90, true));
+    CHECK(other[2].kernel == "attention_mma_reduce_kernel");
+    CHECK(other[2].read_bytes == double(slots) * 64 * hd * 2 * 4);
+    CHECK(other[2].written_bytes == double(split_tiles) * 64 * hd * 2 * 2);
+    CHECK(pv::predicted_seconds(other[3]) == pv::predicted_seconds(shape[3]));
+    const auto whole = pv::cost::attention_backward(B, T, H, Hkv, hd, 2, 4, false, {}, 0);
+    REQUIRE(whole.size() == 4);  // D, dK/dV, dQ, dQ's reduce
+    CHECK(whole[1].blocks.size() == size_t(n));
+    CHECK(whole[1].block_registers == pv::attention_kernel_registers("dkv", hd, 90));
+    CHECK(whole[2].kernel == "attention_mma_dq_kernel");
+    CHECK(pv::predicted_seconds(whole[1]) > 2 * pv::predicted_seconds(other[1]));  // 64 blocks on 132 SMs
+}
+
 // Today's kernels are priced by their own instructions: the forward's time at the 1B shape is its
 // table entry's instructions over the issue rate (issue, not bytes or the tensor peak, binds), so
 // fewer instructions per trip predict proportionally less time. Per (batch, head) the n diagonal
